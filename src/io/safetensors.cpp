@@ -1,0 +1,192 @@
+// safetensors reader and writer.
+#include "io/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "io/file_util.h"
+#include "tensor/error.h"
+
+namespace tfm {
+
+namespace {
+
+// Header larger than this is refused before parsing (the format's reference limit is 100 MB).
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+struct DtypeInfo {
+  const char* name;
+  int bytes;
+};
+const DtypeInfo kDtypes[] = {{"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I64", 8}, {"I32", 4}};
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exponent = 127 - 15 + 1;
+      while (!(mantissa & 0x400)) {
+        mantissa <<= 1;
+        --exponent;
+      }
+      bits = sign | (exponent << 23) | ((mantissa & 0x3ff) << 13);
+    }
+  } else if (exponent == 31) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+void convert_to_float(const std::string& dtype, const char* src, int64_t count, float* dst) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (dtype == "F32") {
+      std::memcpy(dst + i, src + 4 * i, 4);
+    } else if (dtype == "F16") {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      dst[i] = half_to_float(h);
+    } else if (dtype == "BF16") {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      const uint32_t bits = uint32_t(h) << 16;
+      std::memcpy(dst + i, &bits, 4);
+    } else if (dtype == "F64") {
+      double d;
+      std::memcpy(&d, src + 8 * i, 8);
+      dst[i] = float(d);
+    } else if (dtype == "I64") {
+      int64_t v;
+      std::memcpy(&v, src + 8 * i, 8);
+      dst[i] = float(v);
+    } else {
+      int32_t v;
+      std::memcpy(&v, src + 4 * i, 4);
+      dst[i] = float(v);
+    }
+  }
+}
+
+}  // namespace
+
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& where) {
+  auto fail = [&](const std::string& message) -> void {
+    throw Error(where + ": not a valid safetensors file: " + message);
+  };
+  if (bytes.size() < 8) fail("shorter than its 8-byte header length");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | uint8_t(bytes[size_t(i)]);
+  if (header_len > bytes.size() - 8)
+    fail("header length " + std::to_string(header_len) + " runs past the end of the file (" +
+         std::to_string(bytes.size()) + " bytes)");
+  if (header_len > kMaxHeaderBytes) fail("header larger than 100 MB");
+  nlohmann::json header =
+      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + int64_t(header_len), nullptr,
+                            /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) fail("header is not a JSON object");
+
+  const uint64_t data_begin = 8 + header_len;
+  const uint64_t data_size = bytes.size() - data_begin;
+  SafetensorsFile file;
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Range> ranges;
+
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& entry = it.value();
+    if (name == "__metadata__") {
+      if (!entry.is_object()) fail("__metadata__ is not an object");
+      for (auto m = entry.begin(); m != entry.end(); ++m) {
+        if (!m.value().is_string()) fail("__metadata__ value \"" + m.key() + "\" is not a string");
+        file.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string tensor = "tensor \"" + name + "\": ";
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets"))
+      fail(tensor + "needs dtype, shape and data_offsets");
+    if (!entry["dtype"].is_string()) fail(tensor + "dtype is not a string");
+    const std::string dtype = entry["dtype"].get<std::string>();
+    const DtypeInfo* info = nullptr;
+    for (const auto& d : kDtypes)
+      if (dtype == d.name) info = &d;
+    if (!info) fail(tensor + "unsupported dtype \"" + dtype + "\"");
+    const auto& shape_json = entry["shape"];
+    if (!shape_json.is_array() || shape_json.size() > 8) fail(tensor + "shape is not a short array");
+    Shape shape;
+    uint64_t numel = 1;
+    for (const auto& dim : shape_json) {
+      if (!dim.is_number_unsigned() && !(dim.is_number_integer() && dim.get<int64_t>() >= 0))
+        fail(tensor + "shape holds a value that is not a non-negative integer");
+      const uint64_t d = dim.get<uint64_t>();
+      if (d > data_size || (d != 0 && numel > data_size / d))
+        fail(tensor + "shape " + shape_json.dump() + " is larger than the file");
+      numel *= d;
+      shape.push_back(int64_t(d));
+    }
+    const auto& offsets = entry["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned())
+      fail(tensor + "data_offsets must be two non-negative integers");
+    const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+    if (begin > end || end > data_size)
+      fail(tensor + "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+           "] are outside the data section (" + std::to_string(data_size) + " bytes)");
+    if (end - begin != numel * uint64_t(info->bytes))
+      fail(tensor + "byte range of " + std::to_string(end - begin) + " does not match shape " +
+           shape_json.dump() + " of " + dtype);
+    ranges.push_back({begin, end, name});
+    Tensor t(shape);
+    convert_to_float(dtype, bytes.data() + data_begin + begin, int64_t(numel), t.ptr());
+    file.tensors.emplace(name, std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].begin < ranges[i - 1].end)
+      fail("tensors \"" + ranges[i - 1].name + "\" and \"" + ranges[i].name + "\" overlap");
+  return file;
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  return parse_safetensors(read_file_bytes(path), path);
+}
+
+void write_safetensors(const std::string& path, const TensorMap& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const uint64_t bytes = uint64_t(tensor.numel()) * 4;
+    header[name] = {{"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string header_text = header.dump();
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');  // align the data to 8 bytes
+  write_file_atomically(path, [&](std::FILE* f) {
+    uint8_t length[8];
+    uint64_t n = header_text.size();
+    for (int i = 0; i < 8; ++i) length[i] = uint8_t(n >> (8 * i));
+    bool ok = std::fwrite(length, 1, 8, f) == 8 &&
+              std::fwrite(header_text.data(), 1, header_text.size(), f) == header_text.size();
+    for (const auto& [name, tensor] : tensors)
+      ok = ok && std::fwrite(tensor.ptr(), 4, size_t(tensor.numel()), f) == size_t(tensor.numel());
+    if (!ok) throw Error(path + ": write failed");
+  });
+}
+
+}  // namespace tfm

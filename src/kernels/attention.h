@@ -1,0 +1,40 @@
+// Scaled dot-product attention over all heads of a padded batch:
+// softmax(Q·Kᵀ/sqrt(d_k) + mask)·V, with key padding, causal and windowed masks,
+// computed with one small GEMM pair per (sequence, head), run in parallel over batch × heads.
+#pragma once
+
+#include <cstdint>
+
+namespace tfm {
+
+// Where the heads live: row (b, t) of Q starts at q + (b * query_len + t) * q_row_stride and
+// head h occupies columns [h * head_dim, (h + 1) * head_dim) of that row. The same for K, V, out.
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t heads = 0;
+  int64_t query_len = 0;  // Tq (padded)
+  int64_t key_len = 0;    // Tk (padded)
+  int64_t head_dim = 0;   // d_k = d_v
+  int64_t q_row_stride = 0;
+  int64_t k_row_stride = 0;
+  int64_t v_row_stride = 0;
+  int64_t out_row_stride = 0;
+};
+
+// Which keys a query sees. Query t of sequence b has absolute position t + query_offset;
+// key j is visible iff j < key_lengths[b], and j <= position when causal, and the distance
+// is within window (window < 0: unrestricted; causal: position - j <= window).
+struct AttentionMask {
+  const int32_t* key_lengths = nullptr;  // [batch]; null: all key_len keys valid
+  bool causal = false;
+  int64_t window = -1;
+  int64_t query_offset = 0;
+};
+
+// out[b, t, h*d:(h+1)*d] = Σ_j p[b,h,t,j] · V[b, j, h*d:(h+1)*d]
+// probs: [batch, heads, query_len, key_len] scratch that receives the attention weights
+// (masked entries 0; a query with no visible key gets an all-zero row and a zero output).
+void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
+                       const float* k, const float* v, float* probs, float* out);
+
+}  // namespace tfm

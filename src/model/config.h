@@ -1,0 +1,71 @@
+// The model's hyper-parameters (DESIGN.md §4), their JSON form stored in every model file,
+// validation with clear errors, the presets of the paper's Table 3 and small CPU presets, and
+// the list of parameter tensors (names and shapes) a configuration implies.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/elementwise.h"
+#include "tensor/tensor.h"
+
+namespace tfm {
+
+enum class EmbeddingSharing { kAll, kTarget, kNone };
+enum class NormPosition { kPost, kPre };
+enum class PositionEncoding { kSinusoidal, kLearned, kNone };
+enum class SinusoidLayout { kInterleaved, kConcat };
+
+struct ModelConfig {
+  int64_t d_model = 512;
+  int64_t heads = 8;
+  int64_t d_ff = 2048;
+  int64_t encoder_layers = 6;
+  int64_t decoder_layers = 6;
+  int64_t src_vocab_size = 0;
+  int64_t tgt_vocab_size = 0;
+  EmbeddingSharing share_embeddings = EmbeddingSharing::kAll;
+  bool output_bias = false;
+  NormPosition norm = NormPosition::kPost;
+  Activation activation = Activation::kRelu;
+  float layer_norm_eps = 1e-5f;
+  bool scale_embeddings = true;
+  PositionEncoding position_encoding = PositionEncoding::kSinusoidal;
+  SinusoidLayout sinusoid_layout = SinusoidLayout::kInterleaved;
+  int64_t position_offset = 0;
+  int64_t max_positions = 1024;
+  int64_t self_attention_window = -1;  // -1: null (full attention)
+  int64_t pad_id = 0;
+  int64_t bos_id = 1;
+  int64_t eos_id = 2;
+  bool src_append_eos = true;
+
+  int64_t head_dim() const { return d_model / heads; }
+};
+
+// Reads a config object, applying defaults for absent keys; throws Error on unknown keys,
+// unknown values or inconsistent sizes. `where` names the source in messages.
+ModelConfig config_from_json(const nlohmann::json& j, const std::string& where);
+ModelConfig config_from_json_text(const std::string& text, const std::string& where);
+nlohmann::json config_to_json(const ModelConfig& c);
+std::string config_to_json_text(const ModelConfig& c);
+
+// Throws Error describing the first problem found.
+void validate_config(const ModelConfig& c, const std::string& where);
+
+// "tiny", "small", "base", "big"; vocabulary sizes are left 0 for the caller to set.
+ModelConfig preset_config(const std::string& name);
+std::vector<std::string> preset_names();
+
+struct ParameterSpec {
+  std::string name;
+  Shape shape;
+};
+
+// Every parameter tensor of the model, in a fixed order.
+std::vector<ParameterSpec> parameter_specs(const ModelConfig& c);
+int64_t parameter_count(const ModelConfig& c);
+
+}  // namespace tfm

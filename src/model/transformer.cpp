@@ -1,0 +1,244 @@
+// Encoder and decoder stacks, model loading and teacher-forced scoring.
+#include "model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "tensor/error.h"
+
+namespace tfm {
+
+Model::Model(ModelConfig config, TensorMap parameters, const std::string& where)
+    : config_(std::move(config)), parameters_(std::move(parameters)) {
+  validate_config(config_, where);
+  weights_ = bind_weights(config_, parameters_, where);
+  if (config_.position_encoding == PositionEncoding::kSinusoidal) {
+    sinusoids_.resize(size_t(config_.max_positions * config_.d_model));
+    fill_sinusoid_table(config_, sinusoids_.data());
+  }
+}
+
+const float* Model::encoder_positions() const {
+  if (config_.position_encoding == PositionEncoding::kLearned) return weights_.encoder_pos_embed;
+  if (config_.position_encoding == PositionEncoding::kSinusoidal) return sinusoids_.data();
+  return nullptr;
+}
+
+const float* Model::decoder_positions() const {
+  if (config_.position_encoding == PositionEncoding::kLearned) return weights_.decoder_pos_embed;
+  if (config_.position_encoding == PositionEncoding::kSinusoidal) return sinusoids_.data();
+  return nullptr;
+}
+
+Model load_model(const std::string& path) {
+  SafetensorsFile file = read_safetensors(path);
+  auto it = file.metadata.find("config");
+  if (it == file.metadata.end())
+    throw Error(path + ": not a transformer-cpp model (no \"config\" in __metadata__)");
+  ModelConfig config = config_from_json_text(it->second, path);
+  return Model(std::move(config), std::move(file.tensors), path);
+}
+
+void save_model(const Model& model, const std::string& path) {
+  write_safetensors(path, model.parameters(), {{"config", config_to_json_text(model.config())}});
+}
+
+TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<int32_t>>& sources,
+                      const std::vector<std::vector<int32_t>>& targets) {
+  if (sources.size() != targets.size())
+    throw Error("make_batch: " + std::to_string(sources.size()) + " sources but " +
+                std::to_string(targets.size()) + " targets");
+  TokenBatch b;
+  b.batch = int64_t(sources.size());
+  const int64_t extra_src = config.src_append_eos ? 1 : 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    b.src_len = std::max<int64_t>(b.src_len, int64_t(sources[i].size()) + extra_src);
+    b.tgt_len = std::max<int64_t>(b.tgt_len, int64_t(targets[i].size()) + 1);
+  }
+  const int64_t limit = config.max_positions - config.position_offset;
+  if (b.src_len > limit || b.tgt_len > limit)
+    throw Error("a sequence of " + std::to_string(std::max(b.src_len, b.tgt_len)) +
+                " positions is longer than the model allows (max_positions " +
+                std::to_string(config.max_positions) + ", position_offset " +
+                std::to_string(config.position_offset) + ")");
+  b.src_ids.assign(size_t(b.batch * b.src_len), int32_t(config.pad_id));
+  b.tgt_in.assign(size_t(b.batch * b.tgt_len), int32_t(config.pad_id));
+  b.tgt_out.assign(size_t(b.batch * b.tgt_len), int32_t(config.pad_id));
+  b.src_lengths.resize(size_t(b.batch));
+  b.tgt_lengths.resize(size_t(b.batch));
+  auto check = [](int32_t id, int64_t vocab, const char* side) {
+    if (id < 0 || id >= vocab)
+      throw Error(std::string("token id ") + std::to_string(id) + " is outside the " + side +
+                  " vocabulary (size " + std::to_string(vocab) + ")");
+  };
+  for (int64_t i = 0; i < b.batch; ++i) {
+    const auto& src = sources[size_t(i)];
+    int32_t* src_row = b.src_ids.data() + i * b.src_len;
+    for (size_t t = 0; t < src.size(); ++t) {
+      check(src[t], config.src_vocab_size, "source");
+      src_row[t] = src[t];
+    }
+    if (config.src_append_eos) src_row[src.size()] = int32_t(config.eos_id);
+    b.src_lengths[size_t(i)] = int32_t(src.size() + size_t(extra_src));
+
+    const auto& tgt = targets[size_t(i)];
+    int32_t* in_row = b.tgt_in.data() + i * b.tgt_len;
+    int32_t* out_row = b.tgt_out.data() + i * b.tgt_len;
+    in_row[0] = int32_t(config.bos_id);
+    for (size_t t = 0; t < tgt.size(); ++t) {
+      check(tgt[t], config.tgt_vocab_size, "target");
+      in_row[t + 1] = tgt[t];
+      out_row[t] = tgt[t];
+    }
+    out_row[tgt.size()] = int32_t(config.eos_id);
+    b.tgt_lengths[size_t(i)] = int32_t(tgt.size() + 1);
+  }
+  return b;
+}
+
+void encoder_layer_forward(const ModelConfig& config, const EncoderLayerWeights& w, float* x,
+                           int64_t batch, int64_t src_len, const int32_t* src_lengths,
+                           ForwardWorkspace& ws) {
+  const int64_t d = config.d_model, rows = batch * src_len;
+  const float eps = config.layer_norm_eps;
+  float* sublayer = ensure_size(ws.sublayer, rows * d);  // [B, S, D]
+  AttentionInputs attention;
+  attention.batch = batch;
+  attention.query_len = attention.key_len = src_len;
+  attention.mask.key_lengths = src_lengths;
+  attention.mask.window = config.self_attention_window;
+  if (config.norm == NormPosition::kPost) {
+    attention.query_input = attention.memory_input = x;
+    multi_head_attention_forward(w.self_attn, config.heads, attention, ws.attention, sublayer);
+    add_inplace(x, sublayer, rows * d);
+    layer_norm(x, w.norm1.weight, w.norm1.bias, x, rows, d, eps);
+    feed_forward_forward(w.ffn, config.activation, x, rows, ws.ffn_hidden, sublayer);
+    add_inplace(x, sublayer, rows * d);
+    layer_norm(x, w.norm2.weight, w.norm2.bias, x, rows, d, eps);
+  } else {
+    float* normed = ensure_size(ws.normed, rows * d);  // [B, S, D]
+    layer_norm(x, w.norm1.weight, w.norm1.bias, normed, rows, d, eps);
+    attention.query_input = attention.memory_input = normed;
+    multi_head_attention_forward(w.self_attn, config.heads, attention, ws.attention, sublayer);
+    add_inplace(x, sublayer, rows * d);
+    layer_norm(x, w.norm2.weight, w.norm2.bias, normed, rows, d, eps);
+    feed_forward_forward(w.ffn, config.activation, normed, rows, ws.ffn_hidden, sublayer);
+    add_inplace(x, sublayer, rows * d);
+  }
+}
+
+void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights& w, float* x,
+                           int64_t batch, int64_t tgt_len, const int32_t* tgt_lengths,
+                           const float* memory, int64_t src_len, const int32_t* src_lengths,
+                           ForwardWorkspace& ws) {
+  const int64_t d = config.d_model, rows = batch * tgt_len;
+  const float eps = config.layer_norm_eps;
+  float* sublayer = ensure_size(ws.sublayer, rows * d);  // [B, T, D]
+  AttentionInputs self_attention;
+  self_attention.batch = batch;
+  self_attention.query_len = self_attention.key_len = tgt_len;
+  self_attention.mask.key_lengths = tgt_lengths;
+  self_attention.mask.causal = true;
+  self_attention.mask.window = config.self_attention_window;
+  AttentionInputs cross_attention;
+  cross_attention.batch = batch;
+  cross_attention.query_len = tgt_len;
+  cross_attention.key_len = src_len;
+  cross_attention.memory_input = memory;
+  cross_attention.mask.key_lengths = src_lengths;
+  if (config.norm == NormPosition::kPost) {
+    self_attention.query_input = self_attention.memory_input = x;
+    multi_head_attention_forward(w.self_attn, config.heads, self_attention, ws.attention, sublayer);
+    add_inplace(x, sublayer, rows * d);
+    layer_norm(x, w.norm1.weight, w.norm1.bias, x, rows, d, eps);
+    cross_attention.query_input = x;
+    multi_head_attention_forward(w.cross_attn, config.heads, cross_attention, ws.attention, sublayer);
+    add_inplace(x, sublayer, rows * d);
+    layer_norm(x, w.norm2.weight, w.norm2.bias, x, rows, d, eps);
+    feed_forward_forward(w.ffn, config.activation, x, rows, ws.ffn_hidden, sublayer);
+    add_inplace(x, sublayer, rows * d);
+    layer_norm(x, w.norm3.weight, w.norm3.bias, x, rows, d, eps);
+  } else {
+    float* normed = ensure_size(ws.normed, rows * d);  // [B, T, D]
+    layer_norm(x, w.norm1.weight, w.norm1.bias, normed, rows, d, eps);
+    self_attention.query_input = self_attention.memory_input = normed;
+    multi_head_attention_forward(w.self_attn, config.heads, self_attention, ws.attention, sublayer);
+    add_inplace(x, sublayer, rows * d);
+    layer_norm(x, w.norm2.weight, w.norm2.bias, normed, rows, d, eps);
+    cross_attention.query_input = normed;
+    multi_head_attention_forward(w.cross_attn, config.heads, cross_attention, ws.attention, sublayer);
+    add_inplace(x, sublayer, rows * d);
+    layer_norm(x, w.norm3.weight, w.norm3.bias, normed, rows, d, eps);
+    feed_forward_forward(w.ffn, config.activation, normed, rows, ws.ffn_hidden, sublayer);
+    add_inplace(x, sublayer, rows * d);
+  }
+}
+
+void encoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws) {
+  const ModelConfig& config = model.config();
+  const TransformerWeights& w = model.weights();
+  const int64_t rows = batch.batch * batch.src_len, d = config.d_model;
+  float* x = ensure_size(ws.encoder_out, rows * d);  // [B, S, D]
+  embed_forward(config, w.src_embed, model.encoder_positions(), batch.src_ids.data(), batch.batch,
+                batch.src_len, 0, x);
+  for (const auto& layer : w.encoder_layers)
+    encoder_layer_forward(config, layer, x, batch.batch, batch.src_len, batch.src_lengths.data(), ws);
+  if (config.norm == NormPosition::kPre)
+    layer_norm(x, w.encoder_norm.weight, w.encoder_norm.bias, x, rows, d, config.layer_norm_eps);
+}
+
+void decoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws) {
+  const ModelConfig& config = model.config();
+  const TransformerWeights& w = model.weights();
+  const int64_t rows = batch.batch * batch.tgt_len, d = config.d_model;
+  float* x = ensure_size(ws.decoder_out, rows * d);  // [B, T, D]
+  embed_forward(config, w.tgt_embed, model.decoder_positions(), batch.tgt_in.data(), batch.batch,
+                batch.tgt_len, 0, x);
+  for (const auto& layer : w.decoder_layers)
+    decoder_layer_forward(config, layer, x, batch.batch, batch.tgt_len, batch.tgt_lengths.data(),
+                          ws.encoder_out.data(), batch.src_len, batch.src_lengths.data(), ws);
+  if (config.norm == NormPosition::kPre)
+    layer_norm(x, w.decoder_norm.weight, w.decoder_norm.bias, x, rows, d, config.layer_norm_eps);
+}
+
+void score_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws,
+                   std::vector<float>& token_logprobs) {
+  const ModelConfig& config = model.config();
+  const TransformerWeights& w = model.weights();
+  const int64_t d = config.d_model, vocab = config.tgt_vocab_size;
+  encoder_forward(model, batch, ws);
+  decoder_forward(model, batch, ws);
+
+  // Gather the decoder states of real (non-pad) positions so the vocabulary projection, the
+  // most expensive GEMM here, skips padding. normed: [valid_rows, D].
+  std::vector<int64_t> valid_rows;  // flat indices b * T + t
+  valid_rows.reserve(size_t(batch.batch * batch.tgt_len));
+  for (int64_t b = 0; b < batch.batch; ++b)
+    for (int64_t t = 0; t < batch.tgt_lengths[size_t(b)]; ++t) valid_rows.push_back(b * batch.tgt_len + t);
+  const int64_t count = int64_t(valid_rows.size());
+  float* states = ensure_size(ws.normed, count * d);
+  std::vector<int32_t> labels(static_cast<size_t>(count));
+  for (int64_t r = 0; r < count; ++r) {
+    std::copy_n(ws.decoder_out.data() + valid_rows[size_t(r)] * d, d, states + r * d);
+    labels[size_t(r)] = batch.tgt_out[size_t(valid_rows[size_t(r)])];
+  }
+  std::vector<float> picked(static_cast<size_t>(count));
+
+  // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(4) << 20) / vocab);
+  float* logits = ensure_size(ws.logits, std::min(chunk, std::max<int64_t>(count, 1)) * vocab);
+  for (int64_t begin = 0; begin < count; begin += chunk) {
+    const int64_t n = std::min(chunk, count - begin);
+    gemm(false, true, n, vocab, d, 1.f, states + begin * d, d, w.output_weight, d, 0.f, logits, vocab);
+    if (w.output_bias) add_bias(logits, w.output_bias, n, vocab);
+    log_softmax_pick(logits, labels.data() + begin, n, vocab, picked.data() + begin);
+  }
+  token_logprobs.assign(size_t(batch.batch * batch.tgt_len), 0.f);
+  for (int64_t r = 0; r < count; ++r) token_logprobs[size_t(valid_rows[size_t(r)])] = picked[size_t(r)];
+}
+
+}  // namespace tfm
