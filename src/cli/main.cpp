@@ -1,1 +1,62 @@
-int main() { return 0; }
+// Entry point of `transformer`: subcommand dispatch and the error contract
+// (one "error: ..." line on stderr; exit 1 for failures, 2 for usage errors).
+#include <omp.h>
+
+#include <cstdio>
+#include <map>
+#include <new>
+
+#include "cli/commands.h"
+#include "tensor/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "transformer: the Transformer of \"Attention Is All You Need\" (encoder-decoder, §3) —\n"
+      "build, score and import models. Run `transformer COMMAND --help` for each command."};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for all commands");
+  int threads = 0;
+  app.add_option("--threads", threads, "Worker threads (default: all cores, or OMP_NUM_THREADS)")
+      ->check(CLI::NonNegativeNumber);
+
+  std::map<CLI::App*, tfm::CommandRunner> runners;
+  auto add = [&](const char* name, const char* description, auto add_command) {
+    CLI::App* sub = app.add_subcommand(name, description);
+    runners[sub] = add_command(*sub);
+  };
+  add("info", "Show a model's or preset's config, exact parameter count and memory needs",
+      tfm::add_info_command);
+  add("init", "Write a randomly initialised model file from a preset or config",
+      tfm::add_init_command);
+  add("score", "Log-probability of each target given its source (force decoding)",
+      tfm::add_score_command);
+  add("import-ctranslate2", "Convert a CTranslate2 Transformer model directory into a model directory",
+      tfm::add_import_ctranslate2_command);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (see --help)\n", e.what());
+    return 2;
+  }
+  if (threads > 0) omp_set_num_threads(threads);
+  try {
+    for (CLI::App* sub : app.get_subcommands()) runners.at(sub)();
+  } catch (const tfm::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -116,7 +116,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   if (j.contains("layer_norm_eps")) {
     if (!j["layer_norm_eps"].is_number())
       throw Error(where + ": config key \"layer_norm_eps\" must be a number");
-    c.layer_norm_eps = j["layer_norm_eps"].get<float>();
+    c.layer_norm_eps = j["layer_norm_eps"].get<double>();
   }
   if (j.contains("self_attention_window") && !j["self_attention_window"].is_null())
     c.self_attention_window = int_from_json(j["self_attention_window"], "self_attention_window", where);

@@ -30,7 +30,7 @@ struct ModelConfig {
   bool output_bias = false;
   NormPosition norm = NormPosition::kPost;
   Activation activation = Activation::kRelu;
-  float layer_norm_eps = 1e-5f;
+  double layer_norm_eps = 1e-5;
   bool scale_embeddings = true;
   PositionEncoding position_encoding = PositionEncoding::kSinusoidal;
   SinusoidLayout sinusoid_layout = SinusoidLayout::kInterleaved;

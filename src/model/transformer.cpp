@@ -104,7 +104,7 @@ void encoder_layer_forward(const ModelConfig& config, const EncoderLayerWeights&
                            int64_t batch, int64_t src_len, const int32_t* src_lengths,
                            ForwardWorkspace& ws) {
   const int64_t d = config.d_model, rows = batch * src_len;
-  const float eps = config.layer_norm_eps;
+  const float eps = float(config.layer_norm_eps);
   float* sublayer = ensure_size(ws.sublayer, rows * d);  // [B, S, D]
   AttentionInputs attention;
   attention.batch = batch;
@@ -136,7 +136,7 @@ void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights&
                            const float* memory, int64_t src_len, const int32_t* src_lengths,
                            ForwardWorkspace& ws) {
   const int64_t d = config.d_model, rows = batch * tgt_len;
-  const float eps = config.layer_norm_eps;
+  const float eps = float(config.layer_norm_eps);
   float* sublayer = ensure_size(ws.sublayer, rows * d);  // [B, T, D]
   AttentionInputs self_attention;
   self_attention.batch = batch;
@@ -188,7 +188,7 @@ void encoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspa
   for (const auto& layer : w.encoder_layers)
     encoder_layer_forward(config, layer, x, batch.batch, batch.src_len, batch.src_lengths.data(), ws);
   if (config.norm == NormPosition::kPre)
-    layer_norm(x, w.encoder_norm.weight, w.encoder_norm.bias, x, rows, d, config.layer_norm_eps);
+    layer_norm(x, w.encoder_norm.weight, w.encoder_norm.bias, x, rows, d, float(config.layer_norm_eps));
 }
 
 void decoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws) {
@@ -202,7 +202,7 @@ void decoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspa
     decoder_layer_forward(config, layer, x, batch.batch, batch.tgt_len, batch.tgt_lengths.data(),
                           ws.encoder_out.data(), batch.src_len, batch.src_lengths.data(), ws);
   if (config.norm == NormPosition::kPre)
-    layer_norm(x, w.decoder_norm.weight, w.decoder_norm.bias, x, rows, d, config.layer_norm_eps);
+    layer_norm(x, w.decoder_norm.weight, w.decoder_norm.bias, x, rows, d, float(config.layer_norm_eps));
 }
 
 void score_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws,

@@ -1,0 +1,17 @@
+// The subcommands of the `transformer` binary. Each registers its flags on the CLI11 app and
+// returns the function that runs it; errors are thrown as tfm::Error and printed by main().
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace tfm {
+
+using CommandRunner = std::function<void()>;
+
+CommandRunner add_info_command(CLI::App& app);
+CommandRunner add_init_command(CLI::App& app);
+CommandRunner add_score_command(CLI::App& app);
+CommandRunner add_import_ctranslate2_command(CLI::App& app);
+
+}  // namespace tfm

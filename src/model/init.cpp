@@ -1,0 +1,52 @@
+// init_model(): deterministic for a given seed on every machine (tfm::Random).
+#include "model/init.h"
+
+#include <cmath>
+
+#include "tensor/random.h"
+
+namespace tfm {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_embedding(const std::string& name) {
+  return name == "embed.weight" || name == "src_embed.weight" || name == "tgt_embed.weight" ||
+         ends_with(name, "pos_embed.weight");
+}
+
+bool is_norm(const std::string& name) {
+  return name.find(".norm") != std::string::npos;
+}
+
+}  // namespace
+
+Model init_model(const ModelConfig& config, uint64_t seed) {
+  validate_config(config, "init");
+  Random random(seed);
+  TensorMap parameters;
+  for (const auto& spec : parameter_specs(config)) {
+    Tensor t(spec.shape);
+    float* p = t.ptr();
+    const int64_t n = t.numel();
+    if (is_embedding(spec.name)) {
+      const float std_dev = 1.f / std::sqrt(float(config.d_model));
+      for (int64_t i = 0; i < n; ++i) p[i] = random.normal() * std_dev;
+      if (spec.name != "encoder.pos_embed.weight" && spec.name != "decoder.pos_embed.weight")
+        for (int64_t c = 0; c < config.d_model; ++c) p[config.pad_id * config.d_model + c] = 0.f;
+    } else if (is_norm(spec.name)) {
+      const float value = ends_with(spec.name, ".weight") ? 1.f : 0.f;
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+    } else if (spec.shape.size() == 2) {  // Xavier-uniform on [out, in]
+      const float bound = std::sqrt(6.f / float(spec.shape[0] + spec.shape[1]));
+      for (int64_t i = 0; i < n; ++i) p[i] = random.uniform(-bound, bound);
+    }  // biases stay zero
+    parameters.emplace(spec.name, std::move(t));
+  }
+  return Model(config, std::move(parameters), "init");
+}
+
+}  // namespace tfm

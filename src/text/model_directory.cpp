@@ -1,0 +1,63 @@
+// Model directory loading and writing.
+#include "text/model_directory.h"
+
+#include <filesystem>
+
+#include "io/file_util.h"
+#include "tensor/error.h"
+
+namespace tfm {
+
+ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(path + ": no such file or directory");
+  if (!fs::is_directory(path, ec)) {
+    if (need_vocabulary)
+      throw Error(path + ": a bare model file has no vocabulary; pass a model directory or use --ids");
+    return {load_model(path), std::nullopt, std::nullopt};
+  }
+  const std::string model_path = path + "/model.safetensors";
+  if (!fs::exists(model_path, ec)) throw Error(path + ": no model.safetensors in this directory");
+  ModelBundle bundle{load_model(model_path), std::nullopt, std::nullopt};
+  auto file = [&](const char* name) { return path + "/" + name; };
+  if (fs::exists(file("vocab.spm"), ec)) {
+    bundle.source_vocabulary = Vocabulary::from_sentencepiece(file("vocab.spm"));
+    bundle.target_vocabulary = Vocabulary::from_sentencepiece(file("vocab.spm"));
+  } else if (fs::exists(file("source.spm"), ec) && fs::exists(file("target.spm"), ec)) {
+    bundle.source_vocabulary = Vocabulary::from_sentencepiece(file("source.spm"));
+    bundle.target_vocabulary = Vocabulary::from_sentencepiece(file("target.spm"));
+  } else if (fs::exists(file("source_vocabulary.txt"), ec) &&
+             fs::exists(file("target_vocabulary.txt"), ec)) {
+    bundle.source_vocabulary = Vocabulary::from_token_list(file("source_vocabulary.txt"));
+    bundle.target_vocabulary = Vocabulary::from_token_list(file("target_vocabulary.txt"));
+  } else if (need_vocabulary) {
+    throw Error(path + ": no vocabulary (vocab.spm, source.spm + target.spm, or "
+                       "source_vocabulary.txt + target_vocabulary.txt); use --ids for token ids");
+  }
+  const ModelConfig& c = bundle.model.config();
+  if (bundle.source_vocabulary && bundle.source_vocabulary->size() != c.src_vocab_size)
+    throw Error(bundle.source_vocabulary->where() + ": " + std::to_string(bundle.source_vocabulary->size()) +
+                " tokens, but the model's source vocabulary has " + std::to_string(c.src_vocab_size));
+  if (bundle.target_vocabulary && bundle.target_vocabulary->size() != c.tgt_vocab_size)
+    throw Error(bundle.target_vocabulary->where() + ": " + std::to_string(bundle.target_vocabulary->size()) +
+                " tokens, but the model's target vocabulary has " + std::to_string(c.tgt_vocab_size));
+  return bundle;
+}
+
+void write_model_directory(const std::string& dir, const Model& model,
+                           const std::vector<std::string>* source_tokens,
+                           const std::vector<std::string>* target_tokens) {
+  make_directories(dir);
+  auto write_tokens = [&](const std::string& path, const std::vector<std::string>& tokens) {
+    write_file_atomically(path, [&](std::FILE* f) {
+      for (const auto& token : tokens)
+        if (std::fprintf(f, "%s\n", token.c_str()) < 0) throw Error(path + ": write failed");
+    });
+  };
+  if (source_tokens) write_tokens(dir + "/source_vocabulary.txt", *source_tokens);
+  if (target_tokens) write_tokens(dir + "/target_vocabulary.txt", *target_tokens);
+  save_model(model, dir + "/model.safetensors");
+}
+
+}  // namespace tfm

@@ -1,0 +1,29 @@
+// What `translate` and `score` load: a model directory (model.safetensors plus its
+// vocabularies) or, for --ids work, a bare .safetensors file. Also writes directories.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "model/transformer.h"
+#include "text/vocabulary.h"
+
+namespace tfm {
+
+struct ModelBundle {
+  Model model;
+  std::optional<Vocabulary> source_vocabulary;  // absent for a bare model file
+  std::optional<Vocabulary> target_vocabulary;
+};
+
+// `path`: a directory or a .safetensors file. Vocabularies are looked up as vocab.spm,
+// source.spm + target.spm, or source_vocabulary.txt + target_vocabulary.txt; their sizes must
+// match the model's. With need_vocabulary, a missing vocabulary is an error.
+ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary);
+
+// Writes `dir/model.safetensors` and, when given, token-list vocabularies, each atomically.
+void write_model_directory(const std::string& dir, const Model& model,
+                           const std::vector<std::string>* source_tokens,
+                           const std::vector<std::string>* target_tokens);
+
+}  // namespace tfm

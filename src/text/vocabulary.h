@@ -1,0 +1,47 @@
+// How text becomes token ids and back: a SentencePiece model (vocab.spm, source.spm,
+// target.spm) or a token list (one token per line, id = line number; input is split on
+// spaces and unknown tokens map to <unk>). Also the --ids line parser.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace tfm {
+
+class Vocabulary {
+ public:
+  static Vocabulary from_token_list(const std::string& path);
+  static Vocabulary from_tokens(std::vector<std::string> tokens, const std::string& where);
+  static Vocabulary from_sentencepiece(const std::string& path);
+  Vocabulary(Vocabulary&&) noexcept;
+  Vocabulary& operator=(Vocabulary&&) noexcept;
+  ~Vocabulary();
+
+  int64_t size() const;
+  // Throws Error if a token is unknown and the vocabulary has no <unk>.
+  std::vector<int32_t> encode(const std::string& line) const;
+  std::string decode(const std::vector<int32_t>& ids) const;
+  const std::string& where() const { return where_; }
+
+ private:
+  Vocabulary() = default;
+  std::string where_;
+  std::vector<std::string> tokens_;
+  std::unordered_map<std::string, int32_t> token_ids_;
+  int32_t unk_id_ = -1;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sentencepiece_;
+};
+
+// Parses a line of space-separated non-negative token ids, each < vocab_size.
+// Throws Error("<where>:<line>: ...") on anything else.
+std::vector<int32_t> parse_id_line(const std::string& line, int64_t vocab_size,
+                                   const std::string& where, int64_t line_number);
+
+}  // namespace tfm
