@@ -33,6 +33,12 @@ int main(int argc, char** argv) {
   add("import-ctranslate2", "Convert a CTranslate2 Transformer model directory into a model directory",
       tfm::add_import_ctranslate2_command);
 
+  bool known_command = argc < 2 || argv[1][0] == '-';
+  for (const auto& [sub, runner] : runners) known_command = known_command || sub->check_name(argv[1]);
+  if (!known_command) {
+    std::fprintf(stderr, "error: unknown command \"%s\" (see --help)\n", argv[1]);
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

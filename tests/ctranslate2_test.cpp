@@ -1,0 +1,128 @@
+// A real model nobody here trained: CTranslate2's Arabic→English transliteration test models
+// (tests/data, MIT), imported and scored against the values CTranslate2 itself produces.
+#include <gtest/gtest.h>
+
+#include "io/ctranslate2.h"
+#include "io/file_util.h"
+#include "model/transformer.h"
+#include "tensor/error.h"
+#include "text/vocabulary.h"
+
+namespace tfm {
+namespace {
+
+const std::string kDataDir = std::string(TFM_FIXTURE_DIR) + "/../data/ctranslate2-aren-transliteration";
+
+struct Imported {
+  Model model;
+  Vocabulary source, target;
+};
+
+Imported import(const std::string& variant) {
+  ImportedModel m = import_ctranslate2(kDataDir + "/" + variant);
+  return {Model(m.config, std::move(m.parameters), variant),
+          Vocabulary::from_tokens(m.source_tokens, "source"),
+          Vocabulary::from_tokens(m.target_tokens, "target")};
+}
+
+std::vector<float> score(const Imported& m, const std::string& src, const std::string& tgt) {
+  TokenBatch batch = make_batch(m.model.config(), {m.source.encode(src)}, {m.target.encode(tgt)});
+  ForwardWorkspace ws;
+  std::vector<float> logprobs;
+  score_forward(m.model, batch, ws, logprobs);
+  logprobs.resize(size_t(batch.tgt_lengths[0]));
+  return logprobs;
+}
+
+TEST(CTranslate2, ImportedConfigFollowsCTranslate2Conventions) {
+  const Imported m = import("aren-transliteration");
+  const ModelConfig& c = m.model.config();
+  EXPECT_EQ(c.encoder_layers, 6);
+  EXPECT_EQ(c.decoder_layers, 6);
+  EXPECT_EQ(c.d_model, 32);
+  EXPECT_EQ(c.heads, 8);
+  EXPECT_EQ(c.d_ff, 128);
+  EXPECT_EQ(c.norm, NormPosition::kPre);
+  EXPECT_EQ(c.sinusoid_layout, SinusoidLayout::kConcat);
+  EXPECT_EQ(c.position_offset, 1);
+  EXPECT_FALSE(c.src_append_eos);
+  EXPECT_EQ(c.src_vocab_size, 51);  // 50 lines + <unk>
+  EXPECT_EQ(c.tgt_vocab_size, 43);
+  EXPECT_EQ(m.source.encode("آ zzz"), (std::vector<int32_t>{m.source.encode("آ")[0], 50}));
+}
+
+TEST(CTranslate2, FloatModelScoresMatchCTranslate2) {
+  const Imported m = import("aren-transliteration");
+  const auto first = score(m, "آ ت ز م و ن", "a t z m o n");
+  const std::vector<float> expected_first = {-0.106023f, -0.065410f, -0.056002f, -0.447953f,
+                                             -0.230714f, -0.092184f, -0.063463f};
+  ASSERT_EQ(first.size(), expected_first.size());
+  double total = 0;
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_NEAR(first[i], expected_first[i], 1e-5) << i;
+    total += first[i];
+  }
+  EXPECT_NEAR(total, -1.061750, 1e-5);
+  const auto second = score(m, "آ ت ش ي س و ن", "a c h i s o n");
+  const std::vector<float> expected_second = {-0.072660f, -0.300309f, -0.181187f, -0.395671f,
+                                              -0.025631f, -0.123466f, -0.002034f, -0.012639f};
+  ASSERT_EQ(second.size(), expected_second.size());
+  for (size_t i = 0; i < second.size(); ++i) EXPECT_NEAR(second[i], expected_second[i], 1e-5) << i;
+}
+
+// Per position, the most likely next token under teacher forcing.
+std::vector<int32_t> best_tokens(const Imported& m, const std::string& src, const std::string& tgt) {
+  const ModelConfig& c = m.model.config();
+  TokenBatch batch = make_batch(c, {m.source.encode(src)}, {m.target.encode(tgt)});
+  ForwardWorkspace ws;
+  std::vector<float> unused;
+  score_forward(m.model, batch, ws, unused);
+  std::vector<int32_t> best;
+  for (int64_t t = 0; t < batch.tgt_lengths[0]; ++t) {
+    const float* state = ws.decoder_out.data() + t * c.d_model;
+    int32_t arg = 0;
+    double best_logit = -1e30;
+    for (int64_t v = 0; v < c.tgt_vocab_size; ++v) {
+      double logit = m.model.weights().output_bias[v];
+      for (int64_t k = 0; k < c.d_model; ++k) logit += double(state[k]) * m.model.weights().output_weight[v * c.d_model + k];
+      if (logit > best_logit) best_logit = logit, arg = int32_t(v);
+    }
+    best.push_back(arg);
+  }
+  return best;
+}
+
+TEST(CTranslate2, QuantizedModelsAgreeWithFloat) {
+  const Imported reference = import("aren-transliteration");
+  for (const char* variant : {"aren-transliteration-i8", "aren-transliteration-i16"}) {
+    const Imported quantized = import(variant);
+    for (auto [src, tgt] : {std::pair{"آ ت ز م و ن", "a t z m o n"}, {"آ ت ش ي س و ن", "a c h i s o n"}}) {
+      const auto a = score(reference, src, tgt), b = score(quantized, src, tgt);
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-2) << variant;
+      EXPECT_EQ(best_tokens(reference, src, tgt), best_tokens(quantized, src, tgt)) << variant;
+    }
+  }
+}
+
+TEST(CTranslate2, CorruptModelBinIsAClearError) {
+  std::string bytes = "\x02\x00\x00\x00";
+  EXPECT_THROW(parse_ctranslate2_model(bytes, "model.bin"), Error);
+  bytes = std::string("\x09\x00\x00\x00", 4);
+  EXPECT_THROW(parse_ctranslate2_model(bytes, "model.bin"), Error);
+  EXPECT_THROW(import_ctranslate2("/nonexistent/dir"), Error);
+}
+
+}  // namespace
+}  // namespace tfm
+
+namespace tfm {
+namespace {
+
+TEST(CTranslate2, EveryTruncationIsRejectedCleanly) {
+  std::string bytes = read_file_bytes(kDataDir + "/aren-transliteration/model.bin");
+  for (size_t cut = 0; cut < bytes.size(); cut += 1499)
+    EXPECT_THROW(parse_ctranslate2_model(bytes.substr(0, cut), "model.bin"), Error) << cut;
+}
+
+}  // namespace
+}  // namespace tfm

@@ -1,0 +1,174 @@
+// Model files from strangers: safetensors round trip and every kind of corruption, config
+// validation, parameter checks, and the exact parameter counts of the paper's models.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "io/file_util.h"
+#include "io/safetensors.h"
+#include "model/init.h"
+#include "tensor/error.h"
+
+namespace tfm {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("tfm_io_test_" + name)).string();
+}
+
+// A safetensors byte string with the given header text and data size.
+std::string make_file(const std::string& header, size_t data_bytes) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);
+  return bytes + header + std::string(data_bytes, '\0');
+}
+
+void expect_error(const std::string& bytes, const std::string& fragment) {
+  try {
+    parse_safetensors(bytes, "file.safetensors");
+    FAIL() << "no error; expected one containing: " << fragment;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("file.safetensors"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Safetensors, RoundTripKeepsTensorsAndMetadata) {
+  TensorMap tensors;
+  tensors["b"] = Tensor({2, 3});
+  tensors["a"] = Tensor({5});
+  for (int i = 0; i < 6; ++i) tensors["b"].data[size_t(i)] = float(i) - 2.5f;
+  const std::string path = temp_path("roundtrip.safetensors");
+  write_safetensors(path, tensors, {{"config", "{}"}});
+  SafetensorsFile file = read_safetensors(path);
+  EXPECT_EQ(file.metadata.at("config"), "{}");
+  ASSERT_EQ(file.tensors.size(), 2u);
+  EXPECT_EQ(file.tensors.at("b").shape, (Shape{2, 3}));
+  EXPECT_EQ(file.tensors.at("b").data, tensors["b"].data);
+  std::remove(path.c_str());
+}
+
+TEST(Safetensors, RejectsCorruptFiles) {
+  expect_error("abc", "shorter than");
+  std::string long_header = make_file("{}", 0);
+  long_header[0] = char(200);
+  expect_error(long_header, "runs past the end");
+  expect_error(make_file("not json at all", 0), "not a JSON object");
+  expect_error(make_file(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,80]}})", 8),
+               "outside the data section");
+  expect_error(make_file(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+               "does not match shape");
+  expect_error(make_file(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                         R"("y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+               "overlap");
+  expect_error(make_file(R"({"x":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8),
+               "unsupported dtype");
+  expect_error(make_file(R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
+               "not a non-negative integer");
+  expect_error(make_file(R"({"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
+               "larger than the file");
+  expect_error(make_file(R"({"x":{"dtype":"F32","shape":[2]}})", 8), "needs dtype");
+}
+
+TEST(Safetensors, TruncatedModelFileIsAnError) {
+  ModelConfig c = preset_config("tiny");
+  c.src_vocab_size = c.tgt_vocab_size = 50;
+  const std::string path = temp_path("truncated.safetensors");
+  save_model(init_model(c, 3), path);
+  std::string bytes = read_file_bytes(path);
+  EXPECT_THROW(parse_safetensors(bytes.substr(0, bytes.size() - 100), path), Error);
+  std::remove(path.c_str());
+}
+
+TEST(Config, PaperParameterCounts) {
+  ModelConfig base = preset_config("base");
+  base.src_vocab_size = base.tgt_vocab_size = 37000;
+  EXPECT_EQ(parameter_count(base), 63082496);
+  ModelConfig big = preset_config("big");
+  big.src_vocab_size = big.tgt_vocab_size = 37000;
+  EXPECT_EQ(parameter_count(big), 214245376);
+}
+
+TEST(Config, JsonRoundTripAndDefaults) {
+  ModelConfig c = preset_config("small");
+  c.src_vocab_size = 100;
+  c.tgt_vocab_size = 90;
+  c.share_embeddings = EmbeddingSharing::kTarget;
+  c.norm = NormPosition::kPre;
+  c.activation = Activation::kGelu;
+  c.self_attention_window = 5;
+  c.sinusoid_layout = SinusoidLayout::kConcat;
+  const ModelConfig back = config_from_json_text(config_to_json_text(c), "test");
+  EXPECT_EQ(config_to_json(back), config_to_json(c));
+  const ModelConfig defaults = config_from_json_text(R"({"src_vocab_size": 10, "tgt_vocab_size": 10})", "t");
+  EXPECT_EQ(defaults.d_model, 512);
+  EXPECT_EQ(defaults.self_attention_window, -1);
+  EXPECT_TRUE(defaults.src_append_eos);
+}
+
+TEST(Config, RejectsUnknownValuesKeysAndInconsistentSizes) {
+  auto message = [](const std::string& json) -> std::string {
+    try {
+      config_from_json_text(json, "cfg.json");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"norm":"middle"})").find("unknown value \"middle\""), std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"activaton":"relu"})").find("unknown config key"), std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"heads":5})").find("divisible"), std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":8})").find("share_embeddings"), std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"format":"other/2"})").find("unsupported model format"), std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"d_model":"big"})").find("must be an integer"), std::string::npos);
+  EXPECT_NE(message("{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":2,"tgt_vocab_size":2})").find("outside the vocabulary"), std::string::npos);
+}
+
+TEST(ModelFile, MissingTensorAndWrongShapeAreNamed) {
+  ModelConfig c = preset_config("tiny");
+  c.src_vocab_size = c.tgt_vocab_size = 30;
+  Model model = init_model(c, 1);
+  TensorMap missing = model.parameters();
+  missing.erase("decoder.layers.1.ffn.fc2.bias");
+  try {
+    Model bad(c, std::move(missing), "m.safetensors");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing tensor \"decoder.layers.1.ffn.fc2.bias\""), std::string::npos);
+  }
+  TensorMap wrong = model.parameters();
+  wrong["encoder.layers.0.self_attn.q.weight"] = Tensor({64, 63});
+  try {
+    Model bad(c, std::move(wrong), "m.safetensors");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has shape [64, 63], expected [64, 64]"), std::string::npos);
+  }
+}
+
+TEST(ModelFile, InitIsDeterministicAndSaveLoadRoundTrips) {
+  ModelConfig c = preset_config("tiny");
+  c.src_vocab_size = 40;
+  c.tgt_vocab_size = 35;
+  c.share_embeddings = EmbeddingSharing::kNone;
+  c.output_bias = true;
+  c.position_encoding = PositionEncoding::kLearned;
+  c.max_positions = 64;
+  Model a = init_model(c, 9), b = init_model(c, 9), other = init_model(c, 10);
+  EXPECT_EQ(a.parameters().at("encoder.layers.0.ffn.fc1.weight").data,
+            b.parameters().at("encoder.layers.0.ffn.fc1.weight").data);
+  EXPECT_NE(a.parameters().at("encoder.layers.0.ffn.fc1.weight").data,
+            other.parameters().at("encoder.layers.0.ffn.fc1.weight").data);
+  const std::string path = temp_path("init.safetensors");
+  save_model(a, path);
+  Model loaded = load_model(path);
+  EXPECT_EQ(config_to_json(loaded.config()), config_to_json(c));
+  for (const auto& [name, tensor] : a.parameters()) EXPECT_EQ(loaded.parameters().at(name).data, tensor.data) << name;
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace tfm
