@@ -222,6 +222,20 @@ def gemm_peak(c, rows):
     return best
 
 
+def loaded_blas():
+    """Which BLAS library torch's dense GEMMs went to (Debian's torch uses libblas.so.3, an
+    alternative that is the slow netlib reference unless OpenBLAS or similar is installed)."""
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
+    for path in sorted(paths):
+        if "openblas" in path:
+            return "openblas"
+    for path in sorted(paths):
+        if "/blas/libblas" in path:
+            return "netlib-reference"
+    return ",".join(sorted(os.path.basename(p) for p in paths)) or "unknown"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work-dir", required=True, help="directory written by score_bench")
@@ -273,7 +287,7 @@ def main():
         "median_s": median_s, "min_s": min(seconds), "tokens_per_s": target_tokens / median_s,
         "peak_rss_mib": rss_mib, "load_s": load_seconds,
         "gflop": flops / 1e9, "gflops": achieved, "gemm_peak_gflops": peak, "mfu": achieved / peak,
-        "phases": phases, "totals": totals,
+        "phases": phases, "blas": loaded_blas(), "totals": totals,
     }, sort_keys=True), flush=True)
 
 

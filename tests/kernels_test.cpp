@@ -174,3 +174,22 @@ TEST(Attention, MatchesReferenceWithEveryMask) {
 
 }  // namespace
 }  // namespace tfm
+
+#include "kernels/fast_exp.h"
+
+namespace tfm {
+namespace {
+
+TEST(FastExp, RelativeErrorBelowOneMillionthAcrossTheRange) {
+  for (double x = -87.0; x < 88.0; x += 0.00731) {
+    const float xf = float(x);
+    const double e = std::exp(double(xf));
+    ASSERT_LT(std::abs(fast_exp(xf) - e) / e, 1e-6) << x;
+  }
+  EXPECT_EQ(fast_exp(-1000.f), 0.f);
+  EXPECT_EQ(fast_exp(-INFINITY), 0.f);
+  EXPECT_EQ(fast_exp(0.f), 1.f);
+}
+
+}  // namespace
+}  // namespace tfm

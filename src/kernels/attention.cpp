@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/fast_exp.h"
 #include "kernels/gemm.h"
 
 namespace tfm {
@@ -37,16 +38,17 @@ inline void masked_softmax_row(float* row, int64_t key_len, int64_t begin, int64
   for (int64_t j = 0; j < begin; ++j) row[j] = 0.f;
   for (int64_t j = end; j < key_len; ++j) row[j] = 0.f;
   float max_value = -INFINITY;
-  for (int64_t j = begin; j < end; ++j) {
-    row[j] *= scale;
-    max_value = row[j] > max_value ? row[j] : max_value;
-  }
+#pragma omp simd reduction(max : max_value)
+  for (int64_t j = begin; j < end; ++j) max_value = row[j] > max_value ? row[j] : max_value;
+  const float shift = max_value * scale;
   float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
   for (int64_t j = begin; j < end; ++j) {
-    row[j] = std::exp(row[j] - max_value);
+    row[j] = fast_exp(row[j] * scale - shift);
     sum += row[j];
   }
   const float inv_sum = 1.f / sum;
+#pragma omp simd
   for (int64_t j = begin; j < end; ++j) row[j] *= inv_sum;
 }
 

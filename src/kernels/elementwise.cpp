@@ -2,6 +2,8 @@
 // target's SIMD width (-O3 -march=native); accumulations use double where rows are long.
 #include "kernels/elementwise.h"
 
+#include "kernels/fast_exp.h"
+
 #include <cmath>
 
 namespace tfm {
@@ -74,9 +76,10 @@ void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
     float max_value = -INFINITY;
 #pragma omp simd reduction(max : max_value)
     for (int64_t c = 0; c < cols; ++c) max_value = in[c] > max_value ? in[c] : max_value;
-    double sum = 0.0;
-    for (int64_t c = 0; c < cols; ++c) sum += std::exp(double(in[c] - max_value));
-    const float log_sum = max_value + float(std::log(sum));
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < cols; ++c) sum += fast_exp(in[c] - max_value);
+    const float log_sum = max_value + std::log(sum);
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) out[c] = in[c] - log_sum;
   }
@@ -94,9 +97,10 @@ void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows,
     float max_value = -INFINITY;
 #pragma omp simd reduction(max : max_value)
     for (int64_t c = 0; c < cols; ++c) max_value = in[c] > max_value ? in[c] : max_value;
-    double sum = 0.0;
-    for (int64_t c = 0; c < cols; ++c) sum += std::exp(double(in[c] - max_value));
-    out[r] = float(double(in[targets[r]] - max_value) - std::log(sum));
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < cols; ++c) sum += fast_exp(in[c] - max_value);
+    out[r] = in[targets[r]] - max_value - std::log(sum);
   }
 }
 
