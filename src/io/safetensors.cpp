@@ -1,8 +1,15 @@
 // safetensors reader and writer.
 #include "io/safetensors.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -48,58 +55,63 @@ float half_to_float(uint16_t h) {
 }
 
 void convert_to_float(const std::string& dtype, const char* src, int64_t count, float* dst) {
-  for (int64_t i = 0; i < count; ++i) {
-    if (dtype == "F32") {
-      std::memcpy(dst + i, src + 4 * i, 4);
-    } else if (dtype == "F16") {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      dst[i] = half_to_float(h);
-    } else if (dtype == "BF16") {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      const uint32_t bits = uint32_t(h) << 16;
-      std::memcpy(dst + i, &bits, 4);
-    } else if (dtype == "F64") {
-      double d;
-      std::memcpy(&d, src + 8 * i, 8);
-      dst[i] = float(d);
-    } else if (dtype == "I64") {
-      int64_t v;
-      std::memcpy(&v, src + 8 * i, 8);
-      dst[i] = float(v);
-    } else {
-      int32_t v;
-      std::memcpy(&v, src + 4 * i, 4);
-      dst[i] = float(v);
+  auto convert = [&](auto element_type, auto to_float) {
+    using Element = decltype(element_type);
+    for (int64_t i = 0; i < count; ++i) {
+      Element value;
+      std::memcpy(&value, src + sizeof(Element) * size_t(i), sizeof(Element));
+      dst[i] = to_float(value);
     }
+  };
+  if (dtype == "F32") {
+    std::memcpy(dst, src, size_t(count) * 4);
+  } else if (dtype == "F16") {
+    convert(uint16_t(), half_to_float);
+  } else if (dtype == "BF16") {
+    convert(uint16_t(), [](uint16_t h) {
+      const uint32_t bits = uint32_t(h) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    });
+  } else if (dtype == "F64") {
+    convert(double(), [](double v) { return float(v); });
+  } else if (dtype == "I64") {
+    convert(int64_t(), [](int64_t v) { return float(v); });
+  } else {
+    convert(int32_t(), [](int32_t v) { return float(v); });
   }
 }
 
-}  // namespace
+// Validates the header of a file of file_size bytes (head = its first 8 + header_len bytes, or
+// fewer if the file is shorter) and reads each tensor's bytes through read_data(offset into
+// the data section, byte count, destination).
+using DataReader = std::function<void(uint64_t offset, uint64_t bytes, char* destination)>;
 
-SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& where) {
+SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataReader& read_data,
+                      const std::string& where) {
   auto fail = [&](const std::string& message) -> void {
     throw Error(where + ": not a valid safetensors file: " + message);
   };
-  if (bytes.size() < 8) fail("shorter than its 8-byte header length");
+  if (file_size < 8) fail("shorter than its 8-byte header length");
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | uint8_t(bytes[size_t(i)]);
-  if (header_len > bytes.size() - 8)
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | uint8_t(head[size_t(i)]);
+  if (header_len > file_size - 8)
     fail("header length " + std::to_string(header_len) + " runs past the end of the file (" +
-         std::to_string(bytes.size()) + " bytes)");
+         std::to_string(file_size) + " bytes)");
   if (header_len > kMaxHeaderBytes) fail("header larger than 100 MB");
   nlohmann::json header =
-      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + int64_t(header_len), nullptr,
+      nlohmann::json::parse(head.begin() + 8, head.begin() + 8 + int64_t(header_len), nullptr,
                             /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) fail("header is not a JSON object");
 
-  const uint64_t data_begin = 8 + header_len;
-  const uint64_t data_size = bytes.size() - data_begin;
+  const uint64_t data_size = file_size - 8 - header_len;
   SafetensorsFile file;
   struct Range {
     uint64_t begin, end;
     std::string name;
+    std::string dtype;
+    Shape shape;
   };
   std::vector<Range> ranges;
 
@@ -148,21 +160,78 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
     if (end - begin != numel * uint64_t(info->bytes))
       fail(tensor + "byte range of " + std::to_string(end - begin) + " does not match shape " +
            shape_json.dump() + " of " + dtype);
-    ranges.push_back({begin, end, name});
-    Tensor t(shape);
-    convert_to_float(dtype, bytes.data() + data_begin + begin, int64_t(numel), t.ptr());
-    file.tensors.emplace(name, std::move(t));
+    ranges.push_back({begin, end, name, dtype, std::move(shape)});
   }
   std::sort(ranges.begin(), ranges.end(),
             [](const Range& a, const Range& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].begin < ranges[i - 1].end)
       fail("tensors \"" + ranges[i - 1].name + "\" and \"" + ranges[i].name + "\" overlap");
+
+  // Only now, with every declaration checked against the file's size, allocate and read.
+  std::vector<char> staging;  // non-F32 tensors are converted from here
+  for (Range& range : ranges) {
+    Tensor t(std::move(range.shape));
+    const uint64_t bytes = range.end - range.begin;
+    if (range.dtype == "F32") {
+      read_data(range.begin, bytes, reinterpret_cast<char*>(t.ptr()));
+    } else {
+      staging.resize(size_t(bytes));
+      read_data(range.begin, bytes, staging.data());
+      convert_to_float(range.dtype, staging.data(), t.numel(), t.ptr());
+    }
+    file.tensors.emplace(range.name, std::move(t));
+  }
   return file;
 }
 
+}  // namespace
+
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& where) {
+  // parse() validates the header length before any read, so data_begin is only used when valid.
+  uint64_t header_len = 0;
+  if (bytes.size() >= 8)
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | uint8_t(bytes[size_t(i)]);
+  const uint64_t data_begin = 8 + header_len;
+  return parse(bytes, bytes.size(),
+               [&](uint64_t offset, uint64_t n, char* destination) {
+                 std::memcpy(destination, bytes.data() + data_begin + offset, size_t(n));
+               },
+               where);
+}
+
 SafetensorsFile read_safetensors(const std::string& path) {
-  return parse_safetensors(read_file_bytes(path), path);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory, not a file");
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  struct stat info;
+  if (::fstat(::fileno(f.get()), &info) != 0) throw Error(path + ": cannot stat");
+  const uint64_t file_size = uint64_t(info.st_size);
+  std::string head(size_t(std::min<uint64_t>(file_size, 8)), '\0');
+  if (std::fread(head.data(), 1, head.size(), f.get()) != head.size()) throw Error(path + ": read failed");
+  if (file_size >= 8) {
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | uint8_t(head[size_t(i)]);
+    if (header_len <= std::min<uint64_t>(file_size - 8, kMaxHeaderBytes)) {
+      head.resize(size_t(8 + header_len));
+      if (std::fread(head.data() + 8, 1, size_t(header_len), f.get()) != header_len)
+        throw Error(path + ": read failed");
+    }
+  }
+  const uint64_t data_begin = head.size();
+  const int fd = ::fileno(f.get());
+  return parse(head, file_size,
+               [&](uint64_t offset, uint64_t n, char* destination) {
+                 uint64_t done = 0;
+                 while (done < n) {
+                   const ssize_t got = ::pread(fd, destination + done, size_t(n - done),
+                                               off_t(data_begin + offset + done));
+                   if (got <= 0) throw Error(path + ": read failed");
+                   done += uint64_t(got);
+                 }
+               },
+               path);
 }
 
 void write_safetensors(const std::string& path, const TensorMap& tensors,
