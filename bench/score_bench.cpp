@@ -55,7 +55,8 @@ const char* kUsage =
     "  --work-dir DIR       where the model and id files go (created if missing)\n"
     "  --repeats N          timed repetitions after warm-up (default 10)\n"
     "  --warmup N           untimed repetitions first (default 1)\n"
-    "  --phase-repeats N    repetitions for the encoder/decoder/projection split (default 3, 0 = off)\n"
+    "  --phase-repeats N    repetitions for the encoder/decoder/projection split (default 3, 0 = "
+    "off)\n"
     "  --batch N --src-len N --tgt-len N --vocab N   batch shape (default 32, 32, 32, 8000)\n"
     "  --seed N             model and batch seed (default 1234)\n"
     "  --prepare-only       write the model and ids, then exit\n"
@@ -78,7 +79,8 @@ Options parse_options(int argc, char** argv) {
       if (used != text.size() || v < 0) throw std::invalid_argument(text);
       return v;
     } catch (const std::exception&) {
-      usage_error(std::string(argv[i - 1]) + " expects a non-negative integer, got \"" + text + "\"");
+      usage_error(std::string(argv[i - 1]) + " expects a non-negative integer, got \"" + text +
+                  "\"");
     }
   };
   for (int i = 1; i < argc; ++i) {
@@ -163,7 +165,8 @@ double median(std::vector<double> v) {
 }
 
 // Median seconds of `repeats` calls of fn after `warmup` untimed calls.
-double time_median(int warmup, int repeats, const std::function<void()>& fn, std::vector<double>* all) {
+double time_median(int warmup, int repeats, const std::function<void()>& fn,
+                   std::vector<double>* all) {
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<double> seconds;
   for (int i = 0; i < repeats; ++i) {
@@ -181,9 +184,9 @@ double time_median(int warmup, int repeats, const std::function<void()>& fn, std
 double score_flops(const tfm::ModelConfig& c, double batch, double src_len, double tgt_len) {
   const double d = double(c.d_model), f = double(c.d_ff), v = double(c.tgt_vocab_size);
   const double src_rows = batch * src_len, tgt_rows = batch * tgt_len;
-  const double encoder_layer = 2 * src_rows * 4 * d * d          // q, k, v, o
+  const double encoder_layer = 2 * src_rows * 4 * d * d             // q, k, v, o
                                + 4 * batch * src_len * src_len * d  // QKᵀ and PV
-                               + 2 * src_rows * 2 * d * f;         // fc1, fc2
+                               + 2 * src_rows * 2 * d * f;          // fc1, fc2
   const double decoder_layer = 2 * tgt_rows * 4 * d * d             // self q, k, v, o
                                + 4 * batch * tgt_len * tgt_len * d  // self QKᵀ and PV
                                + 2 * tgt_rows * 2 * d * d           // cross q, o
@@ -199,16 +202,17 @@ double measure_gemm_peak(const tfm::ModelConfig& c, int64_t rows) {
   struct GemmShape {
     int64_t m, n, k;
   };
-  const GemmShape shapes[] = {{rows, c.d_ff, c.d_model},   // fc1
-                              {rows, c.d_model, c.d_ff},   // fc2
+  const GemmShape shapes[] = {{rows, c.d_ff, c.d_model},             // fc1
+                              {rows, c.d_model, c.d_ff},             // fc2
                               {rows, c.tgt_vocab_size, c.d_model}};  // vocabulary projection
   double best = 0;
   for (const auto& s : shapes) {
     std::vector<float> a(size_t(s.m * s.k), 0.01f);  // [m, k] activations
     std::vector<float> b(size_t(s.n * s.k), 0.02f);  // [n, k] weight, used transposed
-    std::vector<float> out(size_t(s.m * s.n));      // [m, n]
+    std::vector<float> out(size_t(s.m * s.n));       // [m, n]
     auto run = [&] {
-      tfm::gemm(false, true, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.k, 0.f, out.data(), s.n);
+      tfm::gemm(false, true, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.k, 0.f, out.data(),
+                s.n);
     };
     std::vector<double> seconds;
     time_median(1, 5, run, &seconds);
@@ -269,7 +273,8 @@ int run(const Options& o) {
   std::vector<double> totals;  // per sentence: sum of natural-log probabilities
   for (int64_t b = 0; b < std::min<int64_t>(o.show_totals, batch.batch); ++b) {
     double total = 0;
-    for (int64_t t = 0; t < batch.tgt_len; ++t) total += token_logprobs[size_t(b * batch.tgt_len + t)];
+    for (int64_t t = 0; t < batch.tgt_len; ++t)
+      total += token_logprobs[size_t(b * batch.tgt_len + t)];
     totals.push_back(total);
   }
 
@@ -277,15 +282,18 @@ int run(const Options& o) {
   // log-softmax is the rest of score_forward's median.
   nlohmann::json phases = nullptr;
   if (o.phase_repeats > 0) {
-    const double encoder = time_median(0, o.phase_repeats, [&] { tfm::encoder_forward(*model, batch, ws); }, nullptr);
-    const double decoder = time_median(0, o.phase_repeats, [&] { tfm::decoder_forward(*model, batch, ws); }, nullptr);
+    const double encoder = time_median(
+        0, o.phase_repeats, [&] { tfm::encoder_forward(*model, batch, ws); }, nullptr);
+    const double decoder = time_median(
+        0, o.phase_repeats, [&] { tfm::decoder_forward(*model, batch, ws); }, nullptr);
     phases = {{"encoder_s", encoder},
               {"decoder_s", decoder},
               {"projection_s", std::max(0.0, median_seconds - encoder - decoder)}};
   }
 
   const double rss_mib = peak_rss_mib();  // before the GEMM probe's own buffers
-  const double flops = score_flops(config, double(batch.batch), double(batch.src_len), double(batch.tgt_len));
+  const double flops =
+      score_flops(config, double(batch.batch), double(batch.src_len), double(batch.tgt_len));
   const double gemm_peak = measure_gemm_peak(config, batch.batch * batch.tgt_len);
   const double achieved = flops / median_seconds / 1e9;
 

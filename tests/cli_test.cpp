@@ -22,14 +22,17 @@ struct CliResult {
 
 const std::string& work_dir() {
   static const std::string dir = [] {
-    std::string d = (fs::temp_directory_path() / ("tfm_cli_test_" + std::to_string(::getpid()))).string();
+    std::string d =
+        (fs::temp_directory_path() / ("tfm_cli_test_" + std::to_string(::getpid()))).string();
     fs::create_directories(d);
     return d;
   }();
   return dir;
 }
 
-std::string path(const std::string& name) { return work_dir() + "/" + name; }
+std::string path(const std::string& name) {
+  return work_dir() + "/" + name;
+}
 
 void write(const std::string& name, const std::string& text) {
   std::ofstream(path(name), std::ios::binary) << text;
@@ -37,7 +40,8 @@ void write(const std::string& name, const std::string& text) {
 
 CliResult run(const std::string& args) {
   const std::string err_file = path("stderr.txt");
-  const std::string command = std::string(TFM_CLI_PATH) + " " + args + " 2>" + err_file + " </dev/null";
+  const std::string command =
+      std::string(TFM_CLI_PATH) + " " + args + " 2>" + err_file + " </dev/null";
   FILE* pipe = ::popen(command.c_str(), "r");
   std::string out;
   char buffer[4096];
@@ -55,7 +59,8 @@ void expect_error(const CliResult& r, int code, std::initializer_list<std::strin
   EXPECT_EQ(r.exit_code, code) << r.err;
   EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  for (const auto& f : fragments) EXPECT_NE(r.err.find(f), std::string::npos) << "missing \"" << f << "\" in " << r.err;
+  for (const auto& f : fragments)
+    EXPECT_NE(r.err.find(f), std::string::npos) << "missing \"" << f << "\" in " << r.err;
 }
 
 const std::string& tiny_model() {
@@ -87,8 +92,10 @@ TEST(Cli, InitIsDeterministic) {
 TEST(Cli, ScoreIsIndependentOfBatchingAndHandlesEmptyLines) {
   write("src.txt", "3 4 5 6 7\n\n8 9 10\n11 12 13 14 15 16 17 18 19\n4\n");
   write("tgt.txt", "5 6 7\n9 9\n\n12 13 14 15 16 17\n18 3\n");
-  CliResult big = run("score --model " + tiny_model() + " --ids --src " + path("src.txt") + " --tgt " + path("tgt.txt") + " --per-token");
-  CliResult small = run("score --model " + tiny_model() + " --ids --src " + path("src.txt") + " --tgt " + path("tgt.txt") + " --per-token --batch-tokens 1");
+  CliResult big = run("score --model " + tiny_model() + " --ids --src " + path("src.txt") +
+                      " --tgt " + path("tgt.txt") + " --per-token");
+  CliResult small = run("score --model " + tiny_model() + " --ids --src " + path("src.txt") +
+                        " --tgt " + path("tgt.txt") + " --per-token --batch-tokens 1");
   ASSERT_EQ(big.exit_code, 0) << big.err;
   ASSERT_EQ(small.exit_code, 0) << small.err;
   std::istringstream a(big.out), b(small.out);
@@ -101,7 +108,10 @@ TEST(Cli, ScoreIsIndependentOfBatchingAndHandlesEmptyLines) {
     int fields = 0;
     while (fa >> x && fb >> y) {
       EXPECT_NEAR(x, y, 1e-5);
-      if (fields == 0) total = x; else sum += x;
+      if (fields == 0)
+        total = x;
+      else
+        sum += x;
       ++fields;
     }
     EXPECT_EQ(fields, expected_fields[lines]) << line_a;
@@ -111,7 +121,8 @@ TEST(Cli, ScoreIsIndependentOfBatchingAndHandlesEmptyLines) {
   }
   EXPECT_EQ(lines, 5);
   // Without --per-token: one field per line; with -o: the same, written to a file.
-  CliResult plain = run("score --model " + tiny_model() + " --ids --src " + path("src.txt") + " --tgt " + path("tgt.txt") + " -o " + path("scores.txt"));
+  CliResult plain = run("score --model " + tiny_model() + " --ids --src " + path("src.txt") +
+                        " --tgt " + path("tgt.txt") + " -o " + path("scores.txt"));
   EXPECT_EQ(plain.exit_code, 0) << plain.err;
   std::ifstream scores(path("scores.txt"));
   std::string first;
@@ -125,15 +136,16 @@ TEST(Cli, ScoreRejectsBadInputNamingFileAndLine) {
   write("bad_text.txt", "3 4\n5 six\n");
   write("short.txt", "3 4\n");
   const std::string base = "score --model " + tiny_model() + " --ids ";
-  expect_error(run(base + "--src " + path("good.txt") + " --tgt " + path("bad_id.txt")),
-               1, {"bad_id.txt:2", "600", "outside the vocabulary"});
-  expect_error(run(base + "--src " + path("bad_text.txt") + " --tgt " + path("good.txt")),
-               1, {"bad_text.txt:2", "\"six\""});
-  expect_error(run(base + "--src " + path("good.txt") + " --tgt " + path("short.txt")),
-               1, {"good.txt", "short.txt", "2 lines", "1"});
-  expect_error(run(base + "--src " + path("missing.txt") + " --tgt " + path("good.txt")),
-               1, {"missing.txt"});
-  expect_error(run("score --model " + tiny_model() + " --src " + path("good.txt") + " --tgt " + path("good.txt")),
+  expect_error(run(base + "--src " + path("good.txt") + " --tgt " + path("bad_id.txt")), 1,
+               {"bad_id.txt:2", "600", "outside the vocabulary"});
+  expect_error(run(base + "--src " + path("bad_text.txt") + " --tgt " + path("good.txt")), 1,
+               {"bad_text.txt:2", "\"six\""});
+  expect_error(run(base + "--src " + path("good.txt") + " --tgt " + path("short.txt")), 1,
+               {"good.txt", "short.txt", "2 lines", "1"});
+  expect_error(run(base + "--src " + path("missing.txt") + " --tgt " + path("good.txt")), 1,
+               {"missing.txt"});
+  expect_error(run("score --model " + tiny_model() + " --src " + path("good.txt") + " --tgt " +
+                   path("good.txt")),
                1, {"vocabulary"});
 }
 
@@ -143,20 +155,24 @@ TEST(Cli, CorruptModelFilesAreClearErrors) {
   write("src.txt", "3\n");
   write("tgt.txt", "4\n");
   write("truncated.safetensors", model.substr(0, model.size() / 2));
-  expect_error(run("score --model " + path("truncated.safetensors") + score), 1, {"truncated.safetensors"});
+  expect_error(run("score --model " + path("truncated.safetensors") + score), 1,
+               {"truncated.safetensors"});
   std::string huge_header = model;
   huge_header[5] = char(0x7f);
   write("header.safetensors", huge_header);
-  expect_error(run("score --model " + path("header.safetensors") + score), 1, {"header.safetensors", "header length"});
+  expect_error(run("score --model " + path("header.safetensors") + score), 1,
+               {"header.safetensors", "header length"});
   write("json.safetensors", std::string("\x04\0\0\0\0\0\0\0{{{{", 12));
-  expect_error(run("score --model " + path("json.safetensors") + score), 1, {"json.safetensors", "JSON"});
+  expect_error(run("score --model " + path("json.safetensors") + score), 1,
+               {"json.safetensors", "JSON"});
   // A valid container whose config has an unknown value.
   std::string bad_config = model;
   const size_t at = bad_config.find("\\\"post\\\"");
   ASSERT_NE(at, std::string::npos);
   bad_config.replace(at, 8, "\\\"pest\\\"");
   write("config.safetensors", bad_config);
-  expect_error(run("score --model " + path("config.safetensors") + score), 1, {"config.safetensors", "\"pest\"", "norm"});
+  expect_error(run("score --model " + path("config.safetensors") + score), 1,
+               {"config.safetensors", "\"pest\"", "norm"});
   expect_error(run("info --model " + path("nothing.safetensors")), 1, {"nothing.safetensors"});
 }
 
@@ -171,14 +187,16 @@ TEST(Cli, UsageErrorsExitWithTwo) {
 }
 
 TEST(Cli, ImportCTranslate2AndScoreText) {
-  const std::string data = std::string(TFM_FIXTURE_DIR) + "/../data/ctranslate2-aren-transliteration/aren-transliteration";
+  const std::string data = std::string(TFM_FIXTURE_DIR) +
+                           "/../data/ctranslate2-aren-transliteration/aren-transliteration";
   CliResult r = run("import-ctranslate2 " + data + " -o " + path("aren"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(fs::exists(path("aren/model.safetensors")));
   EXPECT_TRUE(fs::exists(path("aren/source_vocabulary.txt")));
   write("ar.txt", "آ ت ز م و ن\n");
   write("en.txt", "a t z m o n\n");
-  r = run("score --model " + path("aren") + " --src " + path("ar.txt") + " --tgt " + path("en.txt"));
+  r = run("score --model " + path("aren") + " --src " + path("ar.txt") + " --tgt " +
+          path("en.txt"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NEAR(std::stod(r.out), -1.061750, 1e-5);
   expect_error(run("import-ctranslate2 " + path("nowhere") + " -o " + path("x")), 1, {"nowhere"});

@@ -1,8 +1,12 @@
 // A real model nobody here trained: CTranslate2's Arabic→English transliteration test models
 // (tests/data, MIT), imported and scored against the values CTranslate2 itself produces.
+#include "io/ctranslate2.h"
+
 #include <gtest/gtest.h>
 
-#include "io/ctranslate2.h"
+#include <cstring>
+#include <filesystem>
+
 #include "io/file_util.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
@@ -11,7 +15,8 @@
 namespace tfm {
 namespace {
 
-const std::string kDataDir = std::string(TFM_FIXTURE_DIR) + "/../data/ctranslate2-aren-transliteration";
+const std::string kDataDir =
+    std::string(TFM_FIXTURE_DIR) + "/../data/ctranslate2-aren-transliteration";
 
 struct Imported {
   Model model;
@@ -71,7 +76,8 @@ TEST(CTranslate2, FloatModelScoresMatchCTranslate2) {
 }
 
 // Per position, the most likely next token under teacher forcing.
-std::vector<int32_t> best_tokens(const Imported& m, const std::string& src, const std::string& tgt) {
+std::vector<int32_t> best_tokens(const Imported& m, const std::string& src,
+                                 const std::string& tgt) {
   const ModelConfig& c = m.model.config();
   TokenBatch batch = make_batch(c, {m.source.encode(src)}, {m.target.encode(tgt)});
   ForwardWorkspace ws;
@@ -84,7 +90,8 @@ std::vector<int32_t> best_tokens(const Imported& m, const std::string& src, cons
     double best_logit = -1e30;
     for (int64_t v = 0; v < c.tgt_vocab_size; ++v) {
       double logit = m.model.weights().output_bias[v];
-      for (int64_t k = 0; k < c.d_model; ++k) logit += double(state[k]) * m.model.weights().output_weight[v * c.d_model + k];
+      for (int64_t k = 0; k < c.d_model; ++k)
+        logit += double(state[k]) * m.model.weights().output_weight[v * c.d_model + k];
       if (logit > best_logit) best_logit = logit, arg = int32_t(v);
     }
     best.push_back(arg);
@@ -96,7 +103,8 @@ TEST(CTranslate2, QuantizedModelsAgreeWithFloat) {
   const Imported reference = import("aren-transliteration");
   for (const char* variant : {"aren-transliteration-i8", "aren-transliteration-i16"}) {
     const Imported quantized = import(variant);
-    for (auto [src, tgt] : {std::pair{"آ ت ز م و ن", "a t z m o n"}, {"آ ت ش ي س و ن", "a c h i s o n"}}) {
+    for (auto [src, tgt] :
+         {std::pair{"آ ت ز م و ن", "a t z m o n"}, {"آ ت ش ي س و ن", "a c h i s o n"}}) {
       const auto a = score(reference, src, tgt), b = score(quantized, src, tgt);
       for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-2) << variant;
       EXPECT_EQ(best_tokens(reference, src, tgt), best_tokens(quantized, src, tgt)) << variant;
@@ -122,6 +130,94 @@ TEST(CTranslate2, EveryTruncationIsRejectedCleanly) {
   std::string bytes = read_file_bytes(kDataDir + "/aren-transliteration/model.bin");
   for (size_t cut = 0; cut < bytes.size(); cut += 1499)
     EXPECT_THROW(parse_ctranslate2_model(bytes.substr(0, cut), "model.bin"), Error) << cut;
+}
+
+}  // namespace
+}  // namespace tfm
+
+namespace tfm {
+namespace {
+
+// Writes variables in model.bin version 6 layout: dtype ids + byte counts, then aliases.
+class ModelBinWriter {
+ public:
+  void string(const std::string& s) {
+    const uint16_t n = uint16_t(s.size() + 1);
+    raw(&n, 2);
+    bytes_ += s;
+    bytes_ += '\0';
+  }
+  void raw(const void* p, size_t n) { bytes_.append(static_cast<const char*>(p), n); }
+  template <typename T>
+  void value(T v) {
+    raw(&v, sizeof v);
+  }
+  // dtype 0: f32 as given; 4: f16 (values must be f16-representable for an exact check).
+  void variable(const std::string& name, const Tensor& t, uint8_t dtype) {
+    string(name);
+    value(uint8_t(t.shape.size()));
+    for (int64_t d : t.shape) value(uint32_t(d));
+    value(dtype);
+    if (dtype == 0) {
+      value(uint32_t(t.numel() * 4));
+      raw(t.ptr(), size_t(t.numel()) * 4);
+    } else {
+      value(uint32_t(t.numel() * 2));
+      for (float f : t.data) {  // f32 -> f16 by truncation, exact for the rounded inputs below
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        const uint32_t sign = (bits >> 16) & 0x8000;
+        const int32_t exponent = int32_t((bits >> 23) & 0xff) - 127 + 15;
+        uint16_t h = uint16_t(sign);
+        if (exponent > 0 && exponent < 31)
+          h = uint16_t(sign | uint32_t(exponent) << 10 | ((bits >> 13) & 0x3ff));
+        value(h);
+      }
+    }
+  }
+  const std::string& bytes() const { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+TEST(CTranslate2, Version6WithFloat16AndAliasesImports) {
+  CTranslate2Variables v2 = parse_ctranslate2_model(
+      read_file_bytes(kDataDir + "/aren-transliteration/model.bin"), "model.bin");
+  TensorMap vars = v2.variables;
+  // Round the encoder embeddings to f16 precision, so an f16 copy must read back exactly.
+  for (float& f : vars["encoder/embeddings/weight"].data) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    bits &= 0xffffe000u;
+    std::memcpy(&f, &bits, 4);
+  }
+  ModelBinWriter w;
+  w.value(uint32_t(6));
+  w.string("TransformerSpec");
+  w.value(uint32_t(7));
+  w.value(uint32_t(vars.size() - 1));  // projection weight becomes an alias
+  for (const auto& [name, t] : vars)
+    if (name != "decoder/projection/weight")
+      w.variable(name, t, name == "encoder/embeddings/weight" ? 4 : 0);
+  w.value(uint32_t(1));
+  w.string("decoder/projection/weight");
+  w.string("decoder/embeddings/weight");
+
+  const std::string dir = std::filesystem::temp_directory_path() / "tfm_ct2_v6";
+  std::filesystem::create_directories(dir);
+  for (const char* vocab : {"source_vocabulary.txt", "target_vocabulary.txt"})
+    std::filesystem::copy_file(kDataDir + "/aren-transliteration/" + vocab, dir + "/" + vocab,
+                               std::filesystem::copy_options::overwrite_existing);
+  write_file_atomically(dir + "/model.bin", [&](std::FILE* f) {
+    std::fwrite(w.bytes().data(), 1, w.bytes().size(), f);
+  });
+  ImportedModel m = import_ctranslate2(dir);
+  EXPECT_EQ(m.parameters.at("src_embed.weight").data, vars["encoder/embeddings/weight"].data);
+  EXPECT_EQ(m.parameters.at("out_proj.weight").data, vars["decoder/embeddings/weight"].data);
+  EXPECT_EQ(m.parameters.at("encoder.layers.3.self_attn.v.bias").data.size(), 32u);
+  Model model(m.config, std::move(m.parameters), dir);  // every tensor present, right shapes
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

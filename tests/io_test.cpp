@@ -61,14 +61,16 @@ TEST(Safetensors, RejectsCorruptFiles) {
   expect_error(make_file(R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
                "does not match shape");
   expect_error(make_file(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                         R"("y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+                         R"("y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                         12),
                "overlap");
   expect_error(make_file(R"({"x":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8),
                "unsupported dtype");
   expect_error(make_file(R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
                "not a non-negative integer");
-  expect_error(make_file(R"({"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
-               "larger than the file");
+  expect_error(
+      make_file(R"({"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
+      "larger than the file");
   expect_error(make_file(R"({"x":{"dtype":"F32","shape":[2]}})", 8), "needs dtype");
 }
 
@@ -102,7 +104,8 @@ TEST(Config, JsonRoundTripAndDefaults) {
   c.sinusoid_layout = SinusoidLayout::kConcat;
   const ModelConfig back = config_from_json_text(config_to_json_text(c), "test");
   EXPECT_EQ(config_to_json(back), config_to_json(c));
-  const ModelConfig defaults = config_from_json_text(R"({"src_vocab_size": 10, "tgt_vocab_size": 10})", "t");
+  const ModelConfig defaults =
+      config_from_json_text(R"({"src_vocab_size": 10, "tgt_vocab_size": 10})", "t");
   EXPECT_EQ(defaults.d_model, 512);
   EXPECT_EQ(defaults.self_attention_window, -1);
   EXPECT_TRUE(defaults.src_append_eos);
@@ -117,14 +120,25 @@ TEST(Config, RejectsUnknownValuesKeysAndInconsistentSizes) {
     }
     return "";
   };
-  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"norm":"middle"})").find("unknown value \"middle\""), std::string::npos);
-  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"activaton":"relu"})").find("unknown config key"), std::string::npos);
-  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"heads":5})").find("divisible"), std::string::npos);
-  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":8})").find("share_embeddings"), std::string::npos);
-  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"format":"other/2"})").find("unsupported model format"), std::string::npos);
-  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"d_model":"big"})").find("must be an integer"), std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"norm":"middle"})")
+                .find("unknown value \"middle\""),
+            std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"activaton":"relu"})")
+                .find("unknown config key"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"heads":5})").find("divisible"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":8})").find("share_embeddings"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"format":"other/2"})")
+                .find("unsupported model format"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"d_model":"big"})")
+                .find("must be an integer"),
+            std::string::npos);
   EXPECT_NE(message("{not json").find("not valid JSON"), std::string::npos);
-  EXPECT_NE(message(R"({"src_vocab_size":2,"tgt_vocab_size":2})").find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":2,"tgt_vocab_size":2})").find("outside the vocabulary"),
+            std::string::npos);
 }
 
 TEST(ModelFile, MissingTensorAndWrongShapeAreNamed) {
@@ -137,7 +151,8 @@ TEST(ModelFile, MissingTensorAndWrongShapeAreNamed) {
     Model bad(c, std::move(missing), "m.safetensors");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("missing tensor \"decoder.layers.1.ffn.fc2.bias\""), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("missing tensor \"decoder.layers.1.ffn.fc2.bias\""),
+              std::string::npos);
   }
   TensorMap wrong = model.parameters();
   wrong["encoder.layers.0.self_attn.q.weight"] = Tensor({64, 63});
@@ -145,7 +160,8 @@ TEST(ModelFile, MissingTensorAndWrongShapeAreNamed) {
     Model bad(c, std::move(wrong), "m.safetensors");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("has shape [64, 63], expected [64, 64]"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("has shape [64, 63], expected [64, 64]"),
+              std::string::npos);
   }
 }
 
@@ -166,7 +182,8 @@ TEST(ModelFile, InitIsDeterministicAndSaveLoadRoundTrips) {
   save_model(a, path);
   Model loaded = load_model(path);
   EXPECT_EQ(config_to_json(loaded.config()), config_to_json(c));
-  for (const auto& [name, tensor] : a.parameters()) EXPECT_EQ(loaded.parameters().at(name).data, tensor.data) << name;
+  for (const auto& [name, tensor] : a.parameters())
+    EXPECT_EQ(loaded.parameters().at(name).data, tensor.data) << name;
   std::remove(path.c_str());
 }
 

@@ -70,7 +70,9 @@ TEST(LayerNorm, MatchesReference) {
       for (int64_t c = 0; c < cols; ++c) var += std::pow(x[size_t(r * cols + c)] - mean, 2);
       var /= double(cols);
       for (int64_t c = 0; c < cols; ++c) {
-        const double e = (x[size_t(r * cols + c)] - mean) / std::sqrt(var + 1e-5) * gamma[size_t(c)] + beta[size_t(c)];
+        const double e =
+            (x[size_t(r * cols + c)] - mean) / std::sqrt(var + 1e-5) * gamma[size_t(c)] +
+            beta[size_t(c)];
         ASSERT_NEAR(y[size_t(r * cols + c)], e, 1e-4) << cols;
       }
     }
@@ -86,7 +88,8 @@ TEST(Elementwise, BiasActivationsAndLogSoftmax) {
     add_bias_activation(y.data(), bias.data(), rows, cols, act);
     for (int64_t i = 0; i < rows * cols; ++i) {
       const double v = double(x[size_t(i)]) + bias[size_t(i % cols)];
-      const double e = act == Activation::kRelu ? std::max(v, 0.0) : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+      const double e = act == Activation::kRelu ? std::max(v, 0.0)
+                                                : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
       ASSERT_NEAR(y[size_t(i)], e, 1e-5);
     }
   }
@@ -119,7 +122,8 @@ std::vector<float> reference_attention(const AttentionShape& s, const AttentionM
         for (int64_t j = 0; j < s.key_len; ++j) {
           bool visible = j < valid && (!mask.causal || j <= position);
           if (mask.window >= 0)
-            visible = visible && (mask.causal ? position - j <= mask.window : std::abs(position - j) <= mask.window);
+            visible = visible && (mask.causal ? position - j <= mask.window
+                                              : std::abs(position - j) <= mask.window);
           if (!visible) continue;
           double dot = 0;
           for (int64_t c = 0; c < s.head_dim; ++c)
@@ -134,7 +138,8 @@ std::vector<float> reference_attention(const AttentionShape& s, const AttentionM
         for (int64_t c = 0; c < s.head_dim; ++c) {
           double acc = 0;
           for (int64_t j = 0; j < s.key_len; ++j)
-            acc += scores[size_t(j)] / sum * v[size_t((b * s.key_len + j) * s.v_row_stride + h * s.head_dim + c)];
+            acc += scores[size_t(j)] / sum *
+                   v[size_t((b * s.key_len + j) * s.v_row_stride + h * s.head_dim + c)];
           out[size_t((b * s.query_len + i) * s.out_row_stride + h * s.head_dim + c)] = float(acc);
         }
       }
@@ -152,7 +157,8 @@ TEST(Attention, MatchesReferenceWithEveryMask) {
         s.query_len = query_len;
         s.key_len = variant == 4 ? 1 : (variant % 2 ? query_len : 9);
         s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * head_dim;
-        std::vector<int32_t> lengths = {int32_t(s.key_len), int32_t(std::max<int64_t>(s.key_len - 2, 1)), 0};
+        std::vector<int32_t> lengths = {int32_t(s.key_len),
+                                        int32_t(std::max<int64_t>(s.key_len - 2, 1)), 0};
         AttentionMask mask;
         mask.key_lengths = lengths.data();
         mask.causal = variant == 1 || variant == 3;
@@ -167,7 +173,8 @@ TEST(Attention, MatchesReferenceWithEveryMask) {
         auto expected = reference_attention(s, mask, q, k, v);
         for (size_t i = 0; i < out.size(); ++i) {
           ASSERT_FALSE(std::isnan(out[i]));
-          ASSERT_NEAR(out[i], expected[i], 1e-4) << "variant " << variant << " d " << head_dim << " T " << query_len;
+          ASSERT_NEAR(out[i], expected[i], 1e-4)
+              << "variant " << variant << " d " << head_dim << " T " << query_len;
         }
       }
 }

@@ -17,7 +17,8 @@ std::vector<std::string> fixture_names() {
   for (const auto& entry : std::filesystem::directory_iterator(TFM_FIXTURE_DIR)) {
     const std::string file = entry.path().filename().string();
     const std::string suffix = ".io.safetensors";
-    if (file.size() > suffix.size() && file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0)
+    if (file.size() > suffix.size() &&
+        file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0)
       names.push_back(file.substr(0, file.size() - suffix.size()));
   }
   std::sort(names.begin(), names.end());
@@ -43,7 +44,8 @@ Fixture load_fixture(const std::string& name) {
       }
     return rows;
   };
-  TokenBatch batch = make_batch(model.config(), ragged(io.at("src_tokens")), ragged(io.at("tgt_tokens")));
+  TokenBatch batch =
+      make_batch(model.config(), ragged(io.at("src_tokens")), ragged(io.at("tgt_tokens")));
   return {std::move(model), std::move(io), std::move(batch)};
 }
 
@@ -74,8 +76,8 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
 
   // Embeddings + positional encodings, encoder side.
   std::vector<float> x(size_t(B * std::max<int64_t>(S, 1) * d));
-  embed_forward(config, f.model.weights().src_embed, f.model.encoder_positions(), batch.src_ids.data(),
-                B, S, 0, x.data());
+  embed_forward(config, f.model.weights().src_embed, f.model.encoder_positions(),
+                batch.src_ids.data(), B, S, 0, x.data());
   expect_valid_rows_near(x.data(), S, f.io.at("enc_input"), batch.src_lengths, 1e-5, "enc_input");
 
   // One encoder layer from the reference input.
@@ -89,8 +91,8 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   const Tensor& memory = f.io.at("memory");
   const Tensor& dec_input = f.io.at("dec_input");
   std::vector<float> y(size_t(B * T * d));
-  embed_forward(config, f.model.weights().tgt_embed, f.model.decoder_positions(), batch.tgt_in.data(),
-                B, T, 0, y.data());
+  embed_forward(config, f.model.weights().tgt_embed, f.model.decoder_positions(),
+                batch.tgt_in.data(), B, T, 0, y.data());
   expect_valid_rows_near(y.data(), T, dec_input, batch.tgt_lengths, 1e-5, "dec_input");
 
   const DecoderLayerWeights& layer0 = f.model.weights().decoder_layers[0];
@@ -102,7 +104,8 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   self_in.mask.causal = true;
   self_in.mask.window = config.self_attention_window;
   multi_head_attention_forward(layer0.self_attn, config.heads, self_in, ws.attention, y.data());
-  expect_valid_rows_near(y.data(), T, f.io.at("mha_self_out"), batch.tgt_lengths, 1e-5, "mha_self_out");
+  expect_valid_rows_near(y.data(), T, f.io.at("mha_self_out"), batch.tgt_lengths, 1e-5,
+                         "mha_self_out");
 
   AttentionInputs cross_in;
   cross_in.query_input = dec_input.ptr();
@@ -130,7 +133,8 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   const Tensor& expected = f.io.at("token_logprobs");
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < batch.tgt_lengths[size_t(b)]; ++t)
-      EXPECT_NEAR(logprobs[size_t(b * T + t)], expected.data[size_t(b * expected.shape[1] + t)], 1e-4)
+      EXPECT_NEAR(logprobs[size_t(b * T + t)], expected.data[size_t(b * expected.shape[1] + t)],
+                  1e-4)
           << "sentence " << b << " position " << t;
 }
 
@@ -147,9 +151,11 @@ TEST(ModelParity, ScoresDoNotDependOnBatchComposition) {
   for (int64_t b = 0; b < f.batch.batch; ++b) {
     std::vector<int32_t> s, t;
     for (int64_t j = 0; j < src.shape[1]; ++j)
-      if (src.data[size_t(b * src.shape[1] + j)] >= 0) s.push_back(int32_t(src.data[size_t(b * src.shape[1] + j)]));
+      if (src.data[size_t(b * src.shape[1] + j)] >= 0)
+        s.push_back(int32_t(src.data[size_t(b * src.shape[1] + j)]));
     for (int64_t j = 0; j < tgt.shape[1]; ++j)
-      if (tgt.data[size_t(b * tgt.shape[1] + j)] >= 0) t.push_back(int32_t(tgt.data[size_t(b * tgt.shape[1] + j)]));
+      if (tgt.data[size_t(b * tgt.shape[1] + j)] >= 0)
+        t.push_back(int32_t(tgt.data[size_t(b * tgt.shape[1] + j)]));
     TokenBatch alone = make_batch(f.model.config(), {s}, {t});
     std::vector<float> single;
     score_forward(f.model, alone, ws, single);

@@ -16,8 +16,9 @@ void ConfigOptions::add_to(CLI::App& app) {
                  "d_ff 2048/4096, h 8/16); small (3+3 layers, d_model 256) and tiny (2+2, d_model "
                  "64) are for CPUs and tests")
       ->check(CLI::IsMember(preset_names()));
-  app.add_option("--config", config_path,
-                 "JSON file with model config keys (DESIGN.md §4); absent keys take their defaults");
+  app.add_option(
+      "--config", config_path,
+      "JSON file with model config keys (DESIGN.md §4); absent keys take their defaults");
   app.add_option("--vocab", vocab, "Shared vocabulary size (source = target)")
       ->check(CLI::PositiveNumber);
   app.add_option("--src-vocab", src_vocab, "Source vocabulary size")->check(CLI::PositiveNumber);
@@ -52,7 +53,8 @@ ModelConfig ConfigOptions::resolve() const {
   if (tgt_vocab > 0) j["tgt_vocab_size"] = tgt_vocab;
   if (!share.empty()) {
     j["share_embeddings"] = share;
-  } else if (!overrides.contains("share_embeddings") && j["src_vocab_size"] != j["tgt_vocab_size"]) {
+  } else if (!overrides.contains("share_embeddings") &&
+             j["src_vocab_size"] != j["tgt_vocab_size"]) {
     j["share_embeddings"] = "target";
   }
   return config_from_json(j, preset.empty() ? config_path : "preset " + preset);

@@ -15,10 +15,12 @@ CommandRunner add_import_ctranslate2_command(CLI::App& app) {
     std::string output;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("DIR", o->input, "CTranslate2 model directory (model.bin + vocabularies)")->required();
+  app.add_option("DIR", o->input, "CTranslate2 model directory (model.bin + vocabularies)")
+      ->required();
   app.add_option("-o,--output", o->output, "Model directory to write")->required();
   app.footer(
-      "Reads model.bin versions 1-6 (float32; int8/int16/float16/bfloat16 weights are converted to\n"
+      "Reads model.bin versions 1-6 (float32; int8/int16/float16/bfloat16 weights are converted "
+      "to\n"
       "float32) and source/target vocabularies (.txt or .json).\n"
       "Example:\n  transformer import-ctranslate2 ende_ctranslate2 -o ende");
   return [o] {

@@ -29,14 +29,18 @@ void print_info(const ModelConfig& c) {
   int64_t embeddings = 0, encoder = 0, decoder = 0;
   for (const auto& spec : parameter_specs(c)) {
     const int64_t n = Tensor::numel_of(spec.shape);
-    if (spec.name.rfind("encoder.", 0) == 0) encoder += n;
-    else if (spec.name.rfind("decoder.", 0) == 0) decoder += n;
-    else embeddings += n;
+    if (spec.name.rfind("encoder.", 0) == 0)
+      encoder += n;
+    else if (spec.name.rfind("decoder.", 0) == 0)
+      decoder += n;
+    else
+      embeddings += n;
   }
   const int64_t total = embeddings + encoder + decoder;
   std::printf("parameters: %s (%.1fM)\n", with_commas(total).c_str(), double(total) / 1e6);
   std::printf("  embeddings + output: %s\n  encoder: %s\n  decoder: %s\n",
-              with_commas(embeddings).c_str(), with_commas(encoder).c_str(), with_commas(decoder).c_str());
+              with_commas(embeddings).c_str(), with_commas(encoder).c_str(),
+              with_commas(decoder).c_str());
   const double mib = 1024.0 * 1024.0;
   // Activations of one 4096-token batch in inference: a few [tokens, d_model] buffers, the
   // FFN hidden layer, and attention weights for 64-token sentences.
@@ -58,7 +62,9 @@ CommandRunner add_info_command(CLI::App& app) {
   auto model_path = std::make_shared<std::string>();
   options->add_to(app);
   app.add_option("--model", *model_path, "A model directory or .safetensors file to describe");
-  app.footer("Examples:\n  transformer info --preset base --vocab 37000\n  transformer info --model model_dir");
+  app.footer(
+      "Examples:\n  transformer info --preset base --vocab 37000\n  transformer info --model "
+      "model_dir");
   return [options, model_path] {
     if (!model_path->empty()) {
       ModelBundle bundle = load_model_bundle(*model_path, false);

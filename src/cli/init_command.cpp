@@ -20,7 +20,9 @@ CommandRunner add_init_command(CLI::App& app) {
   options->config.add_to(app);
   app.add_option("--seed", options->seed, "Random seed (same seed, same model on every machine)");
   app.add_option("-o,--output", options->output, "Model file to write (.safetensors)")->required();
-  app.footer("Example:\n  transformer init --preset tiny --src-vocab 1000 --tgt-vocab 1000 --seed 7 -o model.safetensors");
+  app.footer(
+      "Example:\n  transformer init --preset tiny --src-vocab 1000 --tgt-vocab 1000 --seed 7 -o "
+      "model.safetensors");
   return [options] {
     const ModelConfig config = options->config.resolve();
     Model model = init_model(config, options->seed);

@@ -30,11 +30,13 @@ int main(int argc, char** argv) {
       tfm::add_init_command);
   add("score", "Log-probability of each target given its source (force decoding)",
       tfm::add_score_command);
-  add("import-ctranslate2", "Convert a CTranslate2 Transformer model directory into a model directory",
+  add("import-ctranslate2",
+      "Convert a CTranslate2 Transformer model directory into a model directory",
       tfm::add_import_ctranslate2_command);
 
   bool known_command = argc < 2 || argv[1][0] == '-';
-  for (const auto& [sub, runner] : runners) known_command = known_command || sub->check_name(argv[1]);
+  for (const auto& [sub, runner] : runners)
+    known_command = known_command || sub->check_name(argv[1]);
   if (!known_command) {
     std::fprintf(stderr, "error: unknown command \"%s\" (see --help)\n", argv[1]);
     return 2;

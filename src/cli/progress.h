@@ -13,7 +13,10 @@ namespace tfm {
 class Progress {
  public:
   Progress(std::string what, int64_t total)
-      : what_(std::move(what)), total_(total), terminal_(::isatty(2)), start_(Clock::now()),
+      : what_(std::move(what)),
+        total_(total),
+        terminal_(::isatty(2)),
+        start_(Clock::now()),
         last_(start_) {}
 
   void update(int64_t done) {
@@ -33,9 +36,9 @@ class Progress {
   using Clock = std::chrono::steady_clock;
   void print(int64_t done, const char* prefix, const char* suffix) {
     const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    std::fprintf(stderr, "%s%s: %lld/%lld (%.0f%%) %.1fs%s", prefix, what_.c_str(),
-                 (long long)done, (long long)total_, total_ ? 100.0 * double(done) / double(total_) : 100.0,
-                 seconds, suffix);
+    std::fprintf(stderr, "%s%s: %lld/%lld (%.0f%%) %.1fs%s", prefix, what_.c_str(), (long long)done,
+                 (long long)total_, total_ ? 100.0 * double(done) / double(total_) : 100.0, seconds,
+                 suffix);
     std::fflush(stderr);
   }
   std::string what_;

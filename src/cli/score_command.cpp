@@ -36,10 +36,12 @@ void run_score(const ScoreOptions& o) {
   if (src_lines.size() != tgt_lines.size())
     throw Error(o.src + " has " + std::to_string(src_lines.size()) + " lines but " + o.tgt +
                 " has " + std::to_string(tgt_lines.size()));
-  const auto sources = encode_lines(src_lines, bundle.source_vocabulary ? &*bundle.source_vocabulary : nullptr,
-                                    o.ids, config.src_vocab_size, o.src);
-  const auto targets = encode_lines(tgt_lines, bundle.target_vocabulary ? &*bundle.target_vocabulary : nullptr,
-                                    o.ids, config.tgt_vocab_size, o.tgt);
+  const auto sources =
+      encode_lines(src_lines, bundle.source_vocabulary ? &*bundle.source_vocabulary : nullptr,
+                   o.ids, config.src_vocab_size, o.src);
+  const auto targets =
+      encode_lines(tgt_lines, bundle.target_vocabulary ? &*bundle.target_vocabulary : nullptr,
+                   o.ids, config.tgt_vocab_size, o.tgt);
   const int64_t limit = config.max_positions - config.position_offset;
   const int64_t extra_src = config.src_append_eos ? 1 : 0;
   for (size_t i = 0; i < sources.size(); ++i) {
@@ -117,11 +119,13 @@ void run_score(const ScoreOptions& o) {
 
 CommandRunner add_score_command(CLI::App& app) {
   auto o = std::make_shared<ScoreOptions>();
-  app.add_option("--model", o->model,
-                 "Model directory (model.safetensors + vocabulary), or a .safetensors file with --ids")
+  app.add_option(
+         "--model", o->model,
+         "Model directory (model.safetensors + vocabulary), or a .safetensors file with --ids")
       ->required();
   app.add_option("--src", o->src, "Source sentences, one per line (- for stdin)")->required();
-  app.add_option("--tgt", o->tgt, "Target sentences, one per line, same count (- for stdin)")->required();
+  app.add_option("--tgt", o->tgt, "Target sentences, one per line, same count (- for stdin)")
+      ->required();
   app.add_option("-o,--output", o->output, "Write scores here (atomically) instead of stdout");
   app.add_flag("--ids", o->ids, "Lines are space-separated token ids, not text");
   app.add_flag("--per-token", o->per_token,

@@ -120,7 +120,8 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
     uint64_t numel = 1;
     for (uint8_t r = 0; r < rank; ++r) {
       const uint32_t dim = in.read<uint32_t>();
-      if (dim != 0 && numel > bytes.size() / dim) in.fail("variable \"" + name + "\" is larger than the file");
+      if (dim != 0 && numel > bytes.size() / dim)
+        in.fail("variable \"" + name + "\" is larger than the file");
       numel *= dim;
       shape.push_back(dim);
     }
@@ -134,11 +135,16 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
     } else {
       const uint8_t item_size = in.read<uint8_t>();
       const uint32_t element_count = in.read<uint32_t>();
-      if (item_size == 4) dtype = CtDtype::kF32;
-      else if (item_size == 2) dtype = CtDtype::kI16;
-      else if (item_size == 1) dtype = CtDtype::kI8;
-      else in.fail("variable \"" + name + "\" has item size " + std::to_string(item_size));
-      if (element_count != numel) in.fail("variable \"" + name + "\" element count does not match its shape");
+      if (item_size == 4)
+        dtype = CtDtype::kF32;
+      else if (item_size == 2)
+        dtype = CtDtype::kI16;
+      else if (item_size == 1)
+        dtype = CtDtype::kI8;
+      else
+        in.fail("variable \"" + name + "\" has item size " + std::to_string(item_size));
+      if (element_count != numel)
+        in.fail("variable \"" + name + "\" element count does not match its shape");
       byte_count = uint64_t(item_size) * element_count;
     }
     static const int kItemSize[] = {4, 1, 2, 4, 2, 2};
@@ -149,12 +155,36 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
     float* out = t.ptr();
     for (uint64_t e = 0; e < numel; ++e) {
       switch (dtype) {
-        case CtDtype::kF32: std::memcpy(out + e, data + 4 * e, 4); break;
-        case CtDtype::kI8: out[e] = float(int8_t(data[e])); break;
-        case CtDtype::kI16: { int16_t v; std::memcpy(&v, data + 2 * e, 2); out[e] = float(v); break; }
-        case CtDtype::kI32: { int32_t v; std::memcpy(&v, data + 4 * e, 4); out[e] = float(v); break; }
-        case CtDtype::kF16: { uint16_t v; std::memcpy(&v, data + 2 * e, 2); out[e] = f16_to_float(v); break; }
-        case CtDtype::kBF16: { uint16_t v; std::memcpy(&v, data + 2 * e, 2); out[e] = bf16_to_float(v); break; }
+        case CtDtype::kF32:
+          std::memcpy(out + e, data + 4 * e, 4);
+          break;
+        case CtDtype::kI8:
+          out[e] = float(int8_t(data[e]));
+          break;
+        case CtDtype::kI16: {
+          int16_t v;
+          std::memcpy(&v, data + 2 * e, 2);
+          out[e] = float(v);
+          break;
+        }
+        case CtDtype::kI32: {
+          int32_t v;
+          std::memcpy(&v, data + 4 * e, 4);
+          out[e] = float(v);
+          break;
+        }
+        case CtDtype::kF16: {
+          uint16_t v;
+          std::memcpy(&v, data + 2 * e, 2);
+          out[e] = f16_to_float(v);
+          break;
+        }
+        case CtDtype::kBF16: {
+          uint16_t v;
+          std::memcpy(&v, data + 2 * e, 2);
+          out[e] = bf16_to_float(v);
+          break;
+        }
       }
     }
     if (!raw.emplace(name, RawVariable{std::move(t), dtype}).second)
@@ -174,7 +204,8 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
   // Dequantise: w = q / scale, per output row (scale [rows]) or one scalar.
   const std::string suffix = "_scale";
   for (auto& [name, variable] : raw) {
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
       continue;
     auto scale_it = raw.find(name + suffix);
     if (scale_it == raw.end()) {
@@ -189,14 +220,16 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
       throw Error(where + ": scale \"" + name + suffix + "\" does not match its weight's rows");
     for (int64_t r = 0; r < rows; ++r) {
       const float s = scale.numel() == 1 ? scale.data[0] : scale.data[size_t(r)];
-      if (!(s != 0.f) || !std::isfinite(s)) throw Error(where + ": scale \"" + name + suffix + "\" holds 0 or a non-finite value");
+      if (!(s != 0.f) || !std::isfinite(s))
+        throw Error(where + ": scale \"" + name + suffix + "\" holds 0 or a non-finite value");
       for (int64_t c = 0; c < row_size; ++c) w.data[size_t(r * row_size + c)] /= s;
     }
     result.variables.emplace(name, std::move(w));
   }
   for (auto& [alias, target] : aliases) {
     auto it = result.variables.find(target);
-    if (it == result.variables.end()) throw Error(where + ": alias \"" + alias + "\" names missing variable \"" + target + "\"");
+    if (it == result.variables.end())
+      throw Error(where + ": alias \"" + alias + "\" names missing variable \"" + target + "\"");
     result.variables.emplace(alias, it->second);
   }
   return result;
@@ -207,7 +240,8 @@ namespace {
 std::vector<std::string> read_vocabulary(const std::string& directory, const std::string& side) {
   namespace fs = std::filesystem;
   for (const std::string& stem : {side + "_vocabulary", std::string("shared_vocabulary")}) {
-    const std::string txt = directory + "/" + stem + ".txt", json = directory + "/" + stem + ".json";
+    const std::string txt = directory + "/" + stem + ".txt",
+                      json = directory + "/" + stem + ".json";
     if (fs::exists(txt)) {
       std::istringstream lines(read_file_bytes(txt));
       std::vector<std::string> tokens;
@@ -275,15 +309,18 @@ ImportedModel import_ctranslate2(const std::string& directory) {
     c.norm = NormPosition::kPost;
   const float activation = take_flag("encoder/activation", 2.f);  // CTranslate2: 0 gelu, 2 relu
   take_flag("decoder/activation", activation);
-  if (activation == 0.f) c.activation = Activation::kGelu;
-  else if (activation != 2.f) fail("unsupported activation id " + std::to_string(int(activation)));
+  if (activation == 0.f)
+    c.activation = Activation::kGelu;
+  else if (activation != 2.f)
+    fail("unsupported activation id " + std::to_string(int(activation)));
   if (take_flag("encoder/scale_embeddings", 1.f) == 0.f) c.scale_embeddings = false;
   take_flag("decoder/scale_embeddings", 1.f);
 
   // Embeddings, output projection and position tables.
   Tensor src_embed = take("encoder/embeddings/weight");
   Tensor tgt_embed = take("decoder/embeddings/weight");
-  if (src_embed.shape.size() != 2 || tgt_embed.shape.size() != 2) fail("embeddings are not matrices");
+  if (src_embed.shape.size() != 2 || tgt_embed.shape.size() != 2)
+    fail("embeddings are not matrices");
   c.d_model = src_embed.shape[1];
   c.src_vocab_size = src_embed.shape[0];
   c.tgt_vocab_size = tgt_embed.shape[0];
@@ -308,7 +345,8 @@ ImportedModel import_ctranslate2(const std::string& directory) {
 
   const int64_t d = c.d_model;
   auto split_rows = [&](Tensor fused, int64_t parts, const std::vector<std::string>& names) {
-    if (fused.shape.empty() || fused.shape[0] != parts * d) fail("fused projection has the wrong number of rows");
+    if (fused.shape.empty() || fused.shape[0] != parts * d)
+      fail("fused projection has the wrong number of rows");
     const int64_t part_size = fused.numel() / parts;
     for (int64_t i = 0; i < parts; ++i) {
       Shape shape = fused.shape;
@@ -327,7 +365,8 @@ ImportedModel import_ctranslate2(const std::string& directory) {
     p[to + ".bias"] = take(from + "/beta");
   };
   auto map_self_attention = [&](const std::string& from, const std::string& to) {
-    split_rows(take(from + "/linear_0/weight"), 3, {to + ".q.weight", to + ".k.weight", to + ".v.weight"});
+    split_rows(take(from + "/linear_0/weight"), 3,
+               {to + ".q.weight", to + ".k.weight", to + ".v.weight"});
     split_rows(take(from + "/linear_0/bias"), 3, {to + ".q.bias", to + ".k.bias", to + ".v.bias"});
     map_linear(from + "/linear_1", to + ".o");
   };
@@ -344,19 +383,23 @@ ImportedModel import_ctranslate2(const std::string& directory) {
   c.decoder_layers = count_layers("decoder");
   if (c.encoder_layers == 0 || c.decoder_layers == 0) fail("no encoder or decoder layers found");
   for (int64_t i = 0; i < c.encoder_layers; ++i) {
-    const std::string from = "encoder/layer_" + std::to_string(i), to = "encoder.layers." + std::to_string(i);
+    const std::string from = "encoder/layer_" + std::to_string(i),
+                      to = "encoder.layers." + std::to_string(i);
     map_self_attention(from + "/self_attention", to + ".self_attn");
     map_norm(from + "/self_attention/layer_norm", to + ".norm1");
     map_ffn(from + "/ffn", to + ".ffn");
     map_norm(from + "/ffn/layer_norm", to + ".norm2");
   }
   for (int64_t i = 0; i < c.decoder_layers; ++i) {
-    const std::string from = "decoder/layer_" + std::to_string(i), to = "decoder.layers." + std::to_string(i);
+    const std::string from = "decoder/layer_" + std::to_string(i),
+                      to = "decoder.layers." + std::to_string(i);
     map_self_attention(from + "/self_attention", to + ".self_attn");
     map_norm(from + "/self_attention/layer_norm", to + ".norm1");
     map_linear(from + "/attention/linear_0", to + ".cross_attn.q");
-    split_rows(take(from + "/attention/linear_1/weight"), 2, {to + ".cross_attn.k.weight", to + ".cross_attn.v.weight"});
-    split_rows(take(from + "/attention/linear_1/bias"), 2, {to + ".cross_attn.k.bias", to + ".cross_attn.v.bias"});
+    split_rows(take(from + "/attention/linear_1/weight"), 2,
+               {to + ".cross_attn.k.weight", to + ".cross_attn.v.weight"});
+    split_rows(take(from + "/attention/linear_1/bias"), 2,
+               {to + ".cross_attn.k.bias", to + ".cross_attn.v.bias"});
     map_linear(from + "/attention/linear_2", to + ".cross_attn.o");
     map_norm(from + "/attention/layer_norm", to + ".norm2");
     map_ffn(from + "/ffn", to + ".ffn");
@@ -366,22 +409,27 @@ ImportedModel import_ctranslate2(const std::string& directory) {
     map_norm("encoder/layer_norm", "encoder.norm");
     map_norm("decoder/layer_norm", "decoder.norm");
   }
-  if (!v.empty()) fail("unsupported variable \"" + v.begin()->first + "\" (a model feature this importer does not know)");
+  if (!v.empty())
+    fail("unsupported variable \"" + v.begin()->first +
+         "\" (a model feature this importer does not know)");
   if (d % c.heads != 0)
-    fail("d_model " + std::to_string(d) + " is not divisible by " + std::to_string(c.heads) + " heads");
+    fail("d_model " + std::to_string(d) + " is not divisible by " + std::to_string(c.heads) +
+         " heads");
   c.d_ff = p["encoder.layers.0.ffn.fc1.weight"].shape[0];
 
   // Vocabularies: CTranslate2 appends <unk> when the file lacks it.
   out.source_tokens = read_vocabulary(directory, "source");
   out.target_tokens = read_vocabulary(directory, "target");
   for (auto* tokens : {&out.source_tokens, &out.target_tokens})
-    if (std::find(tokens->begin(), tokens->end(), "<unk>") == tokens->end()) tokens->push_back("<unk>");
+    if (std::find(tokens->begin(), tokens->end(), "<unk>") == tokens->end())
+      tokens->push_back("<unk>");
   if (int64_t(out.source_tokens.size()) != c.src_vocab_size ||
       int64_t(out.target_tokens.size()) != c.tgt_vocab_size)
     fail("vocabulary sizes (" + std::to_string(out.source_tokens.size()) + ", " +
          std::to_string(out.target_tokens.size()) + ") do not match the embeddings (" +
          std::to_string(c.src_vocab_size) + ", " + std::to_string(c.tgt_vocab_size) + ")");
-  auto find_id = [&](const std::vector<std::string>& tokens, const std::string& token, int64_t fallback) {
+  auto find_id = [&](const std::vector<std::string>& tokens, const std::string& token,
+                     int64_t fallback) {
     auto it = std::find(tokens.begin(), tokens.end(), token);
     return it == tokens.end() ? fallback : int64_t(it - tokens.begin());
   };

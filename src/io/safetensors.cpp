@@ -27,7 +27,8 @@ struct DtypeInfo {
   const char* name;
   int bytes;
 };
-const DtypeInfo kDtypes[] = {{"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I64", 8}, {"I32", 4}};
+const DtypeInfo kDtypes[] = {{"F32", 4}, {"F16", 2}, {"BF16", 2},
+                             {"F64", 8}, {"I64", 8}, {"I32", 4}};
 
 float half_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
@@ -137,7 +138,8 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
       if (dtype == d.name) info = &d;
     if (!info) fail(tensor + "unsupported dtype \"" + dtype + "\"");
     const auto& shape_json = entry["shape"];
-    if (!shape_json.is_array() || shape_json.size() > 8) fail(tensor + "shape is not a short array");
+    if (!shape_json.is_array() || shape_json.size() > 8)
+      fail(tensor + "shape is not a short array");
     Shape shape;
     uint64_t numel = 1;
     for (const auto& dim : shape_json) {
@@ -193,11 +195,12 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
   if (bytes.size() >= 8)
     for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | uint8_t(bytes[size_t(i)]);
   const uint64_t data_begin = 8 + header_len;
-  return parse(bytes, bytes.size(),
-               [&](uint64_t offset, uint64_t n, char* destination) {
-                 std::memcpy(destination, bytes.data() + data_begin + offset, size_t(n));
-               },
-               where);
+  return parse(
+      bytes, bytes.size(),
+      [&](uint64_t offset, uint64_t n, char* destination) {
+        std::memcpy(destination, bytes.data() + data_begin + offset, size_t(n));
+      },
+      where);
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
@@ -209,7 +212,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
   if (::fstat(::fileno(f.get()), &info) != 0) throw Error(path + ": cannot stat");
   const uint64_t file_size = uint64_t(info.st_size);
   std::string head(size_t(std::min<uint64_t>(file_size, 8)), '\0');
-  if (std::fread(head.data(), 1, head.size(), f.get()) != head.size()) throw Error(path + ": read failed");
+  if (std::fread(head.data(), 1, head.size(), f.get()) != head.size())
+    throw Error(path + ": read failed");
   if (file_size >= 8) {
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | uint8_t(head[size_t(i)]);
@@ -221,17 +225,18 @@ SafetensorsFile read_safetensors(const std::string& path) {
   }
   const uint64_t data_begin = head.size();
   const int fd = ::fileno(f.get());
-  return parse(head, file_size,
-               [&](uint64_t offset, uint64_t n, char* destination) {
-                 uint64_t done = 0;
-                 while (done < n) {
-                   const ssize_t got = ::pread(fd, destination + done, size_t(n - done),
-                                               off_t(data_begin + offset + done));
-                   if (got <= 0) throw Error(path + ": read failed");
-                   done += uint64_t(got);
-                 }
-               },
-               path);
+  return parse(
+      head, file_size,
+      [&](uint64_t offset, uint64_t n, char* destination) {
+        uint64_t done = 0;
+        while (done < n) {
+          const ssize_t got =
+              ::pread(fd, destination + done, size_t(n - done), off_t(data_begin + offset + done));
+          if (got <= 0) throw Error(path + ": read failed");
+          done += uint64_t(got);
+        }
+      },
+      path);
 }
 
 void write_safetensors(const std::string& path, const TensorMap& tensors,
@@ -241,7 +246,8 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     const uint64_t bytes = uint64_t(tensor.numel()) * 4;
-    header[name] = {{"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string header_text = header.dump();

@@ -11,7 +11,7 @@
 namespace tfm {
 
 struct SafetensorsFile {
-  TensorMap tensors;                           // all converted to fp32
+  TensorMap tensors;                            // all converted to fp32
   std::map<std::string, std::string> metadata;  // "__metadata__" string pairs
 };
 

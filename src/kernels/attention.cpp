@@ -21,7 +21,8 @@ inline void visible_keys(const AttentionMask& mask, int64_t key_count, int64_t q
   if (mask.causal && query_position + 1 < hi) hi = query_position + 1;
   if (mask.window >= 0) {
     if (query_position - mask.window > lo) lo = query_position - mask.window;
-    if (!mask.causal && query_position + mask.window + 1 < hi) hi = query_position + mask.window + 1;
+    if (!mask.causal && query_position + mask.window + 1 < hi)
+      hi = query_position + mask.window + 1;
   }
   if (hi < lo) hi = lo;
   *begin = lo;

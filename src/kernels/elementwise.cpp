@@ -2,9 +2,9 @@
 // target's SIMD width (-O3 -march=native); accumulations use double where rows are long.
 #include "kernels/elementwise.h"
 
-#include "kernels/fast_exp.h"
-
 #include <cmath>
+
+#include "kernels/fast_exp.h"
 
 namespace tfm {
 
@@ -17,8 +17,7 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
   }
 }
 
-void add_bias_activation(float* y, const float* bias, int64_t rows, int64_t cols,
-                         Activation act) {
+void add_bias_activation(float* y, const float* bias, int64_t rows, int64_t cols, Activation act) {
   const float inv_sqrt2 = 0.70710678118654752440f;
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
   for (int64_t r = 0; r < rows; ++r) {
@@ -31,7 +30,8 @@ void add_bias_activation(float* y, const float* bias, int64_t rows, int64_t cols
 #pragma omp simd
       for (int64_t c = 0; c < cols; ++c) row[c] = row[c] > 0.f ? row[c] : 0.f;
     } else {
-      for (int64_t c = 0; c < cols; ++c) row[c] = 0.5f * row[c] * (1.f + std::erf(row[c] * inv_sqrt2));
+      for (int64_t c = 0; c < cols; ++c)
+        row[c] = 0.5f * row[c] * (1.f + std::erf(row[c] * inv_sqrt2));
     }
   }
 }

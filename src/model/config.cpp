@@ -67,12 +67,29 @@ bool bool_from_json(const nlohmann::json& j, const char* key, const std::string&
 
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) throw Error(where + ": model config must be a JSON object");
-  static const std::set<std::string> known = {
-      "format", "d_model", "heads", "d_ff", "encoder_layers", "decoder_layers",
-      "src_vocab_size", "tgt_vocab_size", "share_embeddings", "output_bias", "norm",
-      "activation", "layer_norm_eps", "scale_embeddings", "position_encoding",
-      "sinusoid_layout", "position_offset", "max_positions", "self_attention_window",
-      "pad_id", "bos_id", "eos_id", "src_append_eos"};
+  static const std::set<std::string> known = {"format",
+                                              "d_model",
+                                              "heads",
+                                              "d_ff",
+                                              "encoder_layers",
+                                              "decoder_layers",
+                                              "src_vocab_size",
+                                              "tgt_vocab_size",
+                                              "share_embeddings",
+                                              "output_bias",
+                                              "norm",
+                                              "activation",
+                                              "layer_norm_eps",
+                                              "scale_embeddings",
+                                              "position_encoding",
+                                              "sinusoid_layout",
+                                              "position_offset",
+                                              "max_positions",
+                                              "self_attention_window",
+                                              "pad_id",
+                                              "bos_id",
+                                              "eos_id",
+                                              "src_append_eos"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key())) throw Error(where + ": unknown config key \"" + it.key() + "\"");
 
@@ -104,7 +121,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
   read_bool("scale_embeddings", c.scale_embeddings);
   read_bool("src_append_eos", c.src_append_eos);
   if (j.contains("share_embeddings"))
-    c.share_embeddings = enum_from_json(kSharingNames, j["share_embeddings"], "share_embeddings", where);
+    c.share_embeddings =
+        enum_from_json(kSharingNames, j["share_embeddings"], "share_embeddings", where);
   if (j.contains("norm")) c.norm = enum_from_json(kNormNames, j["norm"], "norm", where);
   if (j.contains("activation"))
     c.activation = enum_from_json(kActivationNames, j["activation"], "activation", where);
@@ -112,14 +130,16 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
     c.position_encoding =
         enum_from_json(kPositionNames, j["position_encoding"], "position_encoding", where);
   if (j.contains("sinusoid_layout"))
-    c.sinusoid_layout = enum_from_json(kLayoutNames, j["sinusoid_layout"], "sinusoid_layout", where);
+    c.sinusoid_layout =
+        enum_from_json(kLayoutNames, j["sinusoid_layout"], "sinusoid_layout", where);
   if (j.contains("layer_norm_eps")) {
     if (!j["layer_norm_eps"].is_number())
       throw Error(where + ": config key \"layer_norm_eps\" must be a number");
     c.layer_norm_eps = j["layer_norm_eps"].get<double>();
   }
   if (j.contains("self_attention_window") && !j["self_attention_window"].is_null())
-    c.self_attention_window = int_from_json(j["self_attention_window"], "self_attention_window", where);
+    c.self_attention_window =
+        int_from_json(j["self_attention_window"], "self_attention_window", where);
   validate_config(c, where);
   return c;
 }
@@ -150,8 +170,9 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   j["sinusoid_layout"] = enum_to_name(kLayoutNames, c.sinusoid_layout);
   j["position_offset"] = c.position_offset;
   j["max_positions"] = c.max_positions;
-  j["self_attention_window"] =
-      c.self_attention_window < 0 ? nlohmann::json(nullptr) : nlohmann::json(c.self_attention_window);
+  j["self_attention_window"] = c.self_attention_window < 0
+                                   ? nlohmann::json(nullptr)
+                                   : nlohmann::json(c.self_attention_window);
   j["pad_id"] = c.pad_id;
   j["bos_id"] = c.bos_id;
   j["eos_id"] = c.eos_id;
@@ -159,7 +180,9 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   return j;
 }
 
-std::string config_to_json_text(const ModelConfig& c) { return config_to_json(c).dump(); }
+std::string config_to_json_text(const ModelConfig& c) {
+  return config_to_json(c).dump();
+}
 
 void validate_config(const ModelConfig& c, const std::string& where) {
   auto fail = [&](const std::string& message) { throw Error(where + ": " + message); };
@@ -198,7 +221,9 @@ void validate_config(const ModelConfig& c, const std::string& where) {
            " is outside the vocabulary");
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "small", "base", "big"}; }
+std::vector<std::string> preset_names() {
+  return {"tiny", "small", "base", "big"};
+}
 
 ModelConfig preset_config(const std::string& name) {
   ModelConfig c;  // defaults are the paper's base model

@@ -22,9 +22,9 @@ void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
                                   const AttentionInputs& in, AttentionWorkspace& ws, float* out) {
   const int64_t d = w.q.out;
   const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
-  float* q = ensure_size(ws.q, query_rows * d);  // [B, Tq, D]
-  float* k = ensure_size(ws.k, key_rows * d);    // [B, Tk, D]
-  float* v = ensure_size(ws.v, key_rows * d);    // [B, Tk, D]
+  float* q = ensure_size(ws.q, query_rows * d);              // [B, Tq, D]
+  float* k = ensure_size(ws.k, key_rows * d);                // [B, Tk, D]
+  float* v = ensure_size(ws.v, key_rows * d);                // [B, Tk, D]
   float* context = ensure_size(ws.context, query_rows * d);  // [B, Tq, D]
   float* probs = ensure_size(ws.probs, in.batch * heads * in.query_len * in.key_len);
   linear_forward(w.q, in.query_input, query_rows, q);
@@ -41,8 +41,8 @@ void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
   linear_forward(w.o, context, query_rows, out);
 }
 
-void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x,
-                          int64_t rows, std::vector<float>& hidden, float* out) {
+void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x, int64_t rows,
+                          std::vector<float>& hidden, float* out) {
   float* h = ensure_size(hidden, rows * w.fc1.out);  // [rows, d_ff]
   gemm(false, true, rows, w.fc1.out, w.fc1.in, 1.f, x, w.fc1.in, w.fc1.weight, w.fc1.in, 0.f, h,
        w.fc1.out);

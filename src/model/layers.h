@@ -29,7 +29,7 @@ struct AttentionWorkspace {
 };
 
 struct AttentionInputs {
-  const float* query_input = nullptr;  // [B, Tq, D]
+  const float* query_input = nullptr;   // [B, Tq, D]
   const float* memory_input = nullptr;  // [B, Tk, D] (keys and values come from here)
   int64_t batch = 0, query_len = 0, key_len = 0;
   AttentionMask mask;
@@ -41,8 +41,8 @@ void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
                                   const AttentionInputs& in, AttentionWorkspace& ws, float* out);
 
 // out[rows, D] = fc2(act(fc1(x))); hidden: workspace for [rows, d_ff].
-void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x,
-                          int64_t rows, std::vector<float>& hidden, float* out);
+void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x, int64_t rows,
+                          std::vector<float>& hidden, float* out);
 
 // out[B, T, D] = table[ids] * (sqrt(D) if scale) + position_table[t + first_position + offset];
 // ids [B, T]. Positions past a sequence's length are still embedded (their ids are pad) and

@@ -156,7 +156,8 @@ void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights&
     add_inplace(x, sublayer, rows * d);
     layer_norm(x, w.norm1.weight, w.norm1.bias, x, rows, d, eps);
     cross_attention.query_input = x;
-    multi_head_attention_forward(w.cross_attn, config.heads, cross_attention, ws.attention, sublayer);
+    multi_head_attention_forward(w.cross_attn, config.heads, cross_attention, ws.attention,
+                                 sublayer);
     add_inplace(x, sublayer, rows * d);
     layer_norm(x, w.norm2.weight, w.norm2.bias, x, rows, d, eps);
     feed_forward_forward(w.ffn, config.activation, x, rows, ws.ffn_hidden, sublayer);
@@ -170,7 +171,8 @@ void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights&
     add_inplace(x, sublayer, rows * d);
     layer_norm(x, w.norm2.weight, w.norm2.bias, normed, rows, d, eps);
     cross_attention.query_input = normed;
-    multi_head_attention_forward(w.cross_attn, config.heads, cross_attention, ws.attention, sublayer);
+    multi_head_attention_forward(w.cross_attn, config.heads, cross_attention, ws.attention,
+                                 sublayer);
     add_inplace(x, sublayer, rows * d);
     layer_norm(x, w.norm3.weight, w.norm3.bias, normed, rows, d, eps);
     feed_forward_forward(w.ffn, config.activation, normed, rows, ws.ffn_hidden, sublayer);
@@ -186,9 +188,11 @@ void encoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspa
   embed_forward(config, w.src_embed, model.encoder_positions(), batch.src_ids.data(), batch.batch,
                 batch.src_len, 0, x);
   for (const auto& layer : w.encoder_layers)
-    encoder_layer_forward(config, layer, x, batch.batch, batch.src_len, batch.src_lengths.data(), ws);
+    encoder_layer_forward(config, layer, x, batch.batch, batch.src_len, batch.src_lengths.data(),
+                          ws);
   if (config.norm == NormPosition::kPre)
-    layer_norm(x, w.encoder_norm.weight, w.encoder_norm.bias, x, rows, d, float(config.layer_norm_eps));
+    layer_norm(x, w.encoder_norm.weight, w.encoder_norm.bias, x, rows, d,
+               float(config.layer_norm_eps));
 }
 
 void decoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws) {
@@ -202,7 +206,8 @@ void decoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspa
     decoder_layer_forward(config, layer, x, batch.batch, batch.tgt_len, batch.tgt_lengths.data(),
                           ws.encoder_out.data(), batch.src_len, batch.src_lengths.data(), ws);
   if (config.norm == NormPosition::kPre)
-    layer_norm(x, w.decoder_norm.weight, w.decoder_norm.bias, x, rows, d, float(config.layer_norm_eps));
+    layer_norm(x, w.decoder_norm.weight, w.decoder_norm.bias, x, rows, d,
+               float(config.layer_norm_eps));
 }
 
 void score_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws,
@@ -218,7 +223,8 @@ void score_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace
   std::vector<int64_t> valid_rows;  // flat indices b * T + t
   valid_rows.reserve(size_t(batch.batch * batch.tgt_len));
   for (int64_t b = 0; b < batch.batch; ++b)
-    for (int64_t t = 0; t < batch.tgt_lengths[size_t(b)]; ++t) valid_rows.push_back(b * batch.tgt_len + t);
+    for (int64_t t = 0; t < batch.tgt_lengths[size_t(b)]; ++t)
+      valid_rows.push_back(b * batch.tgt_len + t);
   const int64_t count = int64_t(valid_rows.size());
   float* states = ensure_size(ws.normed, count * d);
   std::vector<int32_t> labels(static_cast<size_t>(count));
@@ -233,12 +239,14 @@ void score_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace
   float* logits = ensure_size(ws.logits, std::min(chunk, std::max<int64_t>(count, 1)) * vocab);
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
-    gemm(false, true, n, vocab, d, 1.f, states + begin * d, d, w.output_weight, d, 0.f, logits, vocab);
+    gemm(false, true, n, vocab, d, 1.f, states + begin * d, d, w.output_weight, d, 0.f, logits,
+         vocab);
     if (w.output_bias) add_bias(logits, w.output_bias, n, vocab);
     log_softmax_pick(logits, labels.data() + begin, n, vocab, picked.data() + begin);
   }
   token_logprobs.assign(size_t(batch.batch * batch.tgt_len), 0.f);
-  for (int64_t r = 0; r < count; ++r) token_logprobs[size_t(valid_rows[size_t(r)])] = picked[size_t(r)];
+  for (int64_t r = 0; r < count; ++r)
+    token_logprobs[size_t(valid_rows[size_t(r)])] = picked[size_t(r)];
 }
 
 }  // namespace tfm

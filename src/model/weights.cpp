@@ -45,12 +45,16 @@ EncoderLayerWeights bind_encoder_layer(const TensorMap& tensors, const std::stri
 }
 
 DecoderLayerWeights bind_decoder_layer(const TensorMap& tensors, const std::string& prefix) {
-  return {bind_attention(tensors, prefix + ".self_attn"), bind_norm(tensors, prefix + ".norm1"),
-          bind_attention(tensors, prefix + ".cross_attn"), bind_norm(tensors, prefix + ".norm2"),
-          bind_ffn(tensors, prefix + ".ffn"),           bind_norm(tensors, prefix + ".norm3")};
+  return {bind_attention(tensors, prefix + ".self_attn"),
+          bind_norm(tensors, prefix + ".norm1"),
+          bind_attention(tensors, prefix + ".cross_attn"),
+          bind_norm(tensors, prefix + ".norm2"),
+          bind_ffn(tensors, prefix + ".ffn"),
+          bind_norm(tensors, prefix + ".norm3")};
 }
 
-void check_parameters(const ModelConfig& config, const TensorMap& tensors, const std::string& where) {
+void check_parameters(const ModelConfig& config, const TensorMap& tensors,
+                      const std::string& where) {
   const auto specs = parameter_specs(config);
   for (const auto& spec : specs) {
     auto it = tensors.find(spec.name);

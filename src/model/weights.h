@@ -45,10 +45,10 @@ struct DecoderLayerWeights {
 };
 
 struct TransformerWeights {
-  const float* src_embed = nullptr;        // [src_vocab, d_model]
-  const float* tgt_embed = nullptr;        // [tgt_vocab, d_model]
-  const float* output_weight = nullptr;    // [tgt_vocab, d_model] (may alias an embedding)
-  const float* output_bias = nullptr;      // [tgt_vocab] or null
+  const float* src_embed = nullptr;          // [src_vocab, d_model]
+  const float* tgt_embed = nullptr;          // [tgt_vocab, d_model]
+  const float* output_weight = nullptr;      // [tgt_vocab, d_model] (may alias an embedding)
+  const float* output_bias = nullptr;        // [tgt_vocab] or null
   const float* encoder_pos_embed = nullptr;  // [max_positions, d_model] when learned
   const float* decoder_pos_embed = nullptr;
   std::vector<EncoderLayerWeights> encoder_layers;
@@ -59,7 +59,8 @@ struct TransformerWeights {
 
 // Throws Error("<where>: missing tensor ..." / "... has shape ..., expected ...") on mismatch,
 // and on tensors the config does not use.
-void check_parameters(const ModelConfig& config, const TensorMap& tensors, const std::string& where);
+void check_parameters(const ModelConfig& config, const TensorMap& tensors,
+                      const std::string& where);
 
 // Views into `tensors` (which must outlive the result); checks as above.
 TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tensors,

@@ -14,7 +14,8 @@ ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary) {
   if (!fs::exists(path, ec)) throw Error(path + ": no such file or directory");
   if (!fs::is_directory(path, ec)) {
     if (need_vocabulary)
-      throw Error(path + ": a bare model file has no vocabulary; pass a model directory or use --ids");
+      throw Error(path +
+                  ": a bare model file has no vocabulary; pass a model directory or use --ids");
     return {load_model(path), std::nullopt, std::nullopt};
   }
   const std::string model_path = path + "/model.safetensors";
@@ -32,16 +33,21 @@ ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary) {
     bundle.source_vocabulary = Vocabulary::from_token_list(file("source_vocabulary.txt"));
     bundle.target_vocabulary = Vocabulary::from_token_list(file("target_vocabulary.txt"));
   } else if (need_vocabulary) {
-    throw Error(path + ": no vocabulary (vocab.spm, source.spm + target.spm, or "
-                       "source_vocabulary.txt + target_vocabulary.txt); use --ids for token ids");
+    throw Error(path +
+                ": no vocabulary (vocab.spm, source.spm + target.spm, or "
+                "source_vocabulary.txt + target_vocabulary.txt); use --ids for token ids");
   }
   const ModelConfig& c = bundle.model.config();
   if (bundle.source_vocabulary && bundle.source_vocabulary->size() != c.src_vocab_size)
-    throw Error(bundle.source_vocabulary->where() + ": " + std::to_string(bundle.source_vocabulary->size()) +
-                " tokens, but the model's source vocabulary has " + std::to_string(c.src_vocab_size));
+    throw Error(bundle.source_vocabulary->where() + ": " +
+                std::to_string(bundle.source_vocabulary->size()) +
+                " tokens, but the model's source vocabulary has " +
+                std::to_string(c.src_vocab_size));
   if (bundle.target_vocabulary && bundle.target_vocabulary->size() != c.tgt_vocab_size)
-    throw Error(bundle.target_vocabulary->where() + ": " + std::to_string(bundle.target_vocabulary->size()) +
-                " tokens, but the model's target vocabulary has " + std::to_string(c.tgt_vocab_size));
+    throw Error(bundle.target_vocabulary->where() + ": " +
+                std::to_string(bundle.target_vocabulary->size()) +
+                " tokens, but the model's target vocabulary has " +
+                std::to_string(c.tgt_vocab_size));
   return bundle;
 }
 
