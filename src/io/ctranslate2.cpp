@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "io/file_util.h"
+#include "tensor/float16.h"
 #include "tensor/error.h"
 
 namespace tfm {
@@ -61,37 +62,6 @@ class ByteReader {
 };
 
 enum class CtDtype { kF32, kI8, kI16, kI32, kF16, kBF16 };
-
-float bf16_to_float(uint16_t h) {
-  const uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float f16_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16;
-  uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
-  if (exponent == 0) {
-    if (mantissa == 0) {
-      bits = sign;
-    } else {
-      exponent = 113;
-      while (!(mantissa & 0x400)) {
-        mantissa <<= 1;
-        --exponent;
-      }
-      bits = sign | (exponent << 23) | ((mantissa & 0x3ff) << 13);
-    }
-  } else if (exponent == 31) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 struct RawVariable {
   Tensor values;  // converted to fp32, not yet dequantised
@@ -176,13 +146,13 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
         case CtDtype::kF16: {
           uint16_t v;
           std::memcpy(&v, data + 2 * e, 2);
-          out[e] = f16_to_float(v);
+          out[e] = half_to_float(v);
           break;
         }
         case CtDtype::kBF16: {
           uint16_t v;
           std::memcpy(&v, data + 2 * e, 2);
-          out[e] = bf16_to_float(v);
+          out[e] = bfloat16_to_float(v);
           break;
         }
       }

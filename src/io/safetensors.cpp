@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/file_util.h"
+#include "tensor/float16.h"
 #include "tensor/error.h"
 
 namespace tfm {
@@ -30,31 +31,6 @@ struct DtypeInfo {
 const DtypeInfo kDtypes[] = {{"F32", 4}, {"F16", 2}, {"BF16", 2},
                              {"F64", 8}, {"I64", 8}, {"I32", 4}};
 
-float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16;
-  uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0) {
-    if (mantissa == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      exponent = 127 - 15 + 1;
-      while (!(mantissa & 0x400)) {
-        mantissa <<= 1;
-        --exponent;
-      }
-      bits = sign | (exponent << 23) | ((mantissa & 0x3ff) << 13);
-    }
-  } else if (exponent == 31) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else {
-    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 void convert_to_float(const std::string& dtype, const char* src, int64_t count, float* dst) {
   auto convert = [&](auto element_type, auto to_float) {
     using Element = decltype(element_type);
@@ -69,12 +45,7 @@ void convert_to_float(const std::string& dtype, const char* src, int64_t count, 
   } else if (dtype == "F16") {
     convert(uint16_t(), half_to_float);
   } else if (dtype == "BF16") {
-    convert(uint16_t(), [](uint16_t h) {
-      const uint32_t bits = uint32_t(h) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    });
+    convert(uint16_t(), bfloat16_to_float);
   } else if (dtype == "F64") {
     convert(double(), [](double v) { return float(v); });
   } else if (dtype == "I64") {

@@ -8,6 +8,21 @@
 
 namespace tfm {
 
+namespace {
+
+// log Σ exp(x[c]) of one row, shifted by its maximum for stability.
+inline float log_sum_exp(const float* x, int64_t cols) {
+  float max_value = -INFINITY;
+#pragma omp simd reduction(max : max_value)
+  for (int64_t c = 0; c < cols; ++c) max_value = x[c] > max_value ? x[c] : max_value;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < cols; ++c) sum += fast_exp(x[c] - max_value);
+  return max_value + std::log(sum);
+}
+
+}  // namespace
+
 void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
   for (int64_t r = 0; r < rows; ++r) {
@@ -73,13 +88,7 @@ void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * cols;
     float* out = y + r * cols;
-    float max_value = -INFINITY;
-#pragma omp simd reduction(max : max_value)
-    for (int64_t c = 0; c < cols; ++c) max_value = in[c] > max_value ? in[c] : max_value;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < cols; ++c) sum += fast_exp(in[c] - max_value);
-    const float log_sum = max_value + std::log(sum);
+    const float log_sum = log_sum_exp(in, cols);
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) out[c] = in[c] - log_sum;
   }
@@ -94,13 +103,7 @@ void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows,
 #pragma omp parallel for schedule(static) if (rows * cols > 32768)
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = logits + r * cols;
-    float max_value = -INFINITY;
-#pragma omp simd reduction(max : max_value)
-    for (int64_t c = 0; c < cols; ++c) max_value = in[c] > max_value ? in[c] : max_value;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < cols; ++c) sum += fast_exp(in[c] - max_value);
-    out[r] = in[targets[r]] - max_value - std::log(sum);
+    out[r] = in[targets[r]] - log_sum_exp(in, cols);
   }
 }
 
