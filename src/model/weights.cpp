@@ -7,16 +7,19 @@ namespace tfm {
 
 namespace {
 
-const Tensor& find(const TensorMap& tensors, const std::string& name) {
+// Map is TensorMap or const TensorMap; F is float or const float to match.
+template <typename Map>
+auto& find(Map& tensors, const std::string& name) {
   auto it = tensors.find(name);
   if (it == tensors.end()) throw Error("missing tensor \"" + name + "\"");
   return it->second;
 }
 
-LinearWeights bind_linear(const TensorMap& tensors, const std::string& prefix) {
-  const Tensor& w = find(tensors, prefix + ".weight");
+template <typename F, typename Map>
+Linear<F> bind_linear(Map& tensors, const std::string& prefix) {
+  auto& w = find(tensors, prefix + ".weight");
   if (w.shape.size() != 2) throw Error("tensor \"" + prefix + ".weight\" is not a matrix");
-  LinearWeights l;
+  Linear<F> l;
   l.weight = w.ptr();
   l.out = w.shape[0];
   l.in = w.shape[1];
@@ -24,33 +27,86 @@ LinearWeights bind_linear(const TensorMap& tensors, const std::string& prefix) {
   return l;
 }
 
-LayerNormWeights bind_norm(const TensorMap& tensors, const std::string& prefix) {
+template <typename F, typename Map>
+LayerNormParams<F> bind_norm(Map& tensors, const std::string& prefix) {
   return {find(tensors, prefix + ".weight").ptr(), find(tensors, prefix + ".bias").ptr()};
 }
 
-FeedForwardWeights bind_ffn(const TensorMap& tensors, const std::string& prefix) {
-  return {bind_linear(tensors, prefix + ".fc1"), bind_linear(tensors, prefix + ".fc2")};
+template <typename F, typename Map>
+FeedForward<F> bind_ffn(Map& tensors, const std::string& prefix) {
+  return {bind_linear<F>(tensors, prefix + ".fc1"), bind_linear<F>(tensors, prefix + ".fc2")};
+}
+
+template <typename F, typename Map>
+Attention<F> bind_attention_of(Map& tensors, const std::string& prefix) {
+  return {bind_linear<F>(tensors, prefix + ".q"), bind_linear<F>(tensors, prefix + ".k"),
+          bind_linear<F>(tensors, prefix + ".v"), bind_linear<F>(tensors, prefix + ".o")};
+}
+
+template <typename F, typename Map>
+EncoderLayer<F> bind_encoder_layer_of(Map& tensors, const std::string& prefix) {
+  return {bind_attention_of<F>(tensors, prefix + ".self_attn"),
+          bind_norm<F>(tensors, prefix + ".norm1"), bind_ffn<F>(tensors, prefix + ".ffn"),
+          bind_norm<F>(tensors, prefix + ".norm2")};
+}
+
+template <typename F, typename Map>
+DecoderLayer<F> bind_decoder_layer_of(Map& tensors, const std::string& prefix) {
+  return {bind_attention_of<F>(tensors, prefix + ".self_attn"),
+          bind_norm<F>(tensors, prefix + ".norm1"),
+          bind_attention_of<F>(tensors, prefix + ".cross_attn"),
+          bind_norm<F>(tensors, prefix + ".norm2"),
+          bind_ffn<F>(tensors, prefix + ".ffn"),
+          bind_norm<F>(tensors, prefix + ".norm3")};
+}
+
+template <typename F, typename Map>
+TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors) {
+  TransformerParams<F> w;
+  switch (config.share_embeddings) {
+    case EmbeddingSharing::kAll:
+      w.src_embed = w.tgt_embed = w.output_weight = find(tensors, "embed.weight").ptr();
+      break;
+    case EmbeddingSharing::kTarget:
+      w.src_embed = find(tensors, "src_embed.weight").ptr();
+      w.tgt_embed = w.output_weight = find(tensors, "tgt_embed.weight").ptr();
+      break;
+    case EmbeddingSharing::kNone:
+      w.src_embed = find(tensors, "src_embed.weight").ptr();
+      w.tgt_embed = find(tensors, "tgt_embed.weight").ptr();
+      w.output_weight = find(tensors, "out_proj.weight").ptr();
+      break;
+  }
+  if (config.output_bias) w.output_bias = find(tensors, "out_proj.bias").ptr();
+  if (config.position_encoding == PositionEncoding::kLearned) {
+    w.encoder_pos_embed = find(tensors, "encoder.pos_embed.weight").ptr();
+    w.decoder_pos_embed = find(tensors, "decoder.pos_embed.weight").ptr();
+  }
+  for (int64_t i = 0; i < config.encoder_layers; ++i)
+    w.encoder_layers.push_back(
+        bind_encoder_layer_of<F>(tensors, "encoder.layers." + std::to_string(i)));
+  for (int64_t i = 0; i < config.decoder_layers; ++i)
+    w.decoder_layers.push_back(
+        bind_decoder_layer_of<F>(tensors, "decoder.layers." + std::to_string(i)));
+  if (config.norm == NormPosition::kPre) {
+    w.encoder_norm = bind_norm<F>(tensors, "encoder.norm");
+    w.decoder_norm = bind_norm<F>(tensors, "decoder.norm");
+  }
+  return w;
 }
 
 }  // namespace
 
 AttentionWeights bind_attention(const TensorMap& tensors, const std::string& prefix) {
-  return {bind_linear(tensors, prefix + ".q"), bind_linear(tensors, prefix + ".k"),
-          bind_linear(tensors, prefix + ".v"), bind_linear(tensors, prefix + ".o")};
+  return bind_attention_of<const float>(tensors, prefix);
 }
 
 EncoderLayerWeights bind_encoder_layer(const TensorMap& tensors, const std::string& prefix) {
-  return {bind_attention(tensors, prefix + ".self_attn"), bind_norm(tensors, prefix + ".norm1"),
-          bind_ffn(tensors, prefix + ".ffn"), bind_norm(tensors, prefix + ".norm2")};
+  return bind_encoder_layer_of<const float>(tensors, prefix);
 }
 
 DecoderLayerWeights bind_decoder_layer(const TensorMap& tensors, const std::string& prefix) {
-  return {bind_attention(tensors, prefix + ".self_attn"),
-          bind_norm(tensors, prefix + ".norm1"),
-          bind_attention(tensors, prefix + ".cross_attn"),
-          bind_norm(tensors, prefix + ".norm2"),
-          bind_ffn(tensors, prefix + ".ffn"),
-          bind_norm(tensors, prefix + ".norm3")};
+  return bind_decoder_layer_of<const float>(tensors, prefix);
 }
 
 void check_parameters(const ModelConfig& config, const TensorMap& tensors,
@@ -75,35 +131,12 @@ void check_parameters(const ModelConfig& config, const TensorMap& tensors,
 TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tensors,
                                 const std::string& where) {
   check_parameters(config, tensors, where);
-  TransformerWeights w;
-  switch (config.share_embeddings) {
-    case EmbeddingSharing::kAll:
-      w.src_embed = w.tgt_embed = w.output_weight = find(tensors, "embed.weight").ptr();
-      break;
-    case EmbeddingSharing::kTarget:
-      w.src_embed = find(tensors, "src_embed.weight").ptr();
-      w.tgt_embed = w.output_weight = find(tensors, "tgt_embed.weight").ptr();
-      break;
-    case EmbeddingSharing::kNone:
-      w.src_embed = find(tensors, "src_embed.weight").ptr();
-      w.tgt_embed = find(tensors, "tgt_embed.weight").ptr();
-      w.output_weight = find(tensors, "out_proj.weight").ptr();
-      break;
-  }
-  if (config.output_bias) w.output_bias = find(tensors, "out_proj.bias").ptr();
-  if (config.position_encoding == PositionEncoding::kLearned) {
-    w.encoder_pos_embed = find(tensors, "encoder.pos_embed.weight").ptr();
-    w.decoder_pos_embed = find(tensors, "decoder.pos_embed.weight").ptr();
-  }
-  for (int64_t i = 0; i < config.encoder_layers; ++i)
-    w.encoder_layers.push_back(bind_encoder_layer(tensors, "encoder.layers." + std::to_string(i)));
-  for (int64_t i = 0; i < config.decoder_layers; ++i)
-    w.decoder_layers.push_back(bind_decoder_layer(tensors, "decoder.layers." + std::to_string(i)));
-  if (config.norm == NormPosition::kPre) {
-    w.encoder_norm = bind_norm(tensors, "encoder.norm");
-    w.decoder_norm = bind_norm(tensors, "decoder.norm");
-  }
-  return w;
+  return bind_all<const float>(config, tensors);
+}
+
+TransformerGradients bind_gradients(const ModelConfig& config, TensorMap& gradients) {
+  check_parameters(config, gradients, "gradients");
+  return bind_all<float>(config, gradients);
 }
 
 }  // namespace tfm

@@ -9,53 +9,72 @@
 
 namespace tfm {
 
-struct LinearWeights {
-  const float* weight = nullptr;  // [out, in]
-  const float* bias = nullptr;    // [out] or null
+// Each view is a template over the element type: `const float` for weights, `float` for the
+// gradients, which are bound from a TensorMap of the same names and shapes. A shared embedding
+// binds one gradient buffer to all of its uses, so their gradients add up.
+template <typename F>
+struct Linear {
+  F* weight = nullptr;  // [out, in]
+  F* bias = nullptr;    // [out] or null
   int64_t in = 0, out = 0;
 };
 
-struct LayerNormWeights {
-  const float* weight = nullptr;  // [d_model]
-  const float* bias = nullptr;    // [d_model]
+template <typename F>
+struct LayerNormParams {
+  F* weight = nullptr;  // [d_model]
+  F* bias = nullptr;    // [d_model]
 };
 
-struct AttentionWeights {
-  LinearWeights q, k, v, o;
+template <typename F>
+struct Attention {
+  Linear<F> q, k, v, o;
 };
 
-struct FeedForwardWeights {
-  LinearWeights fc1, fc2;  // fc1: [d_ff, d_model], fc2: [d_model, d_ff]
+template <typename F>
+struct FeedForward {
+  Linear<F> fc1, fc2;  // fc1: [d_ff, d_model], fc2: [d_model, d_ff]
 };
 
-struct EncoderLayerWeights {
-  AttentionWeights self_attn;
-  LayerNormWeights norm1;
-  FeedForwardWeights ffn;
-  LayerNormWeights norm2;
+template <typename F>
+struct EncoderLayer {
+  Attention<F> self_attn;
+  LayerNormParams<F> norm1;
+  FeedForward<F> ffn;
+  LayerNormParams<F> norm2;
 };
 
-struct DecoderLayerWeights {
-  AttentionWeights self_attn;
-  LayerNormWeights norm1;
-  AttentionWeights cross_attn;
-  LayerNormWeights norm2;
-  FeedForwardWeights ffn;
-  LayerNormWeights norm3;
+template <typename F>
+struct DecoderLayer {
+  Attention<F> self_attn;
+  LayerNormParams<F> norm1;
+  Attention<F> cross_attn;
+  LayerNormParams<F> norm2;
+  FeedForward<F> ffn;
+  LayerNormParams<F> norm3;
 };
 
-struct TransformerWeights {
-  const float* src_embed = nullptr;          // [src_vocab, d_model]
-  const float* tgt_embed = nullptr;          // [tgt_vocab, d_model]
-  const float* output_weight = nullptr;      // [tgt_vocab, d_model] (may alias an embedding)
-  const float* output_bias = nullptr;        // [tgt_vocab] or null
-  const float* encoder_pos_embed = nullptr;  // [max_positions, d_model] when learned
-  const float* decoder_pos_embed = nullptr;
-  std::vector<EncoderLayerWeights> encoder_layers;
-  LayerNormWeights encoder_norm;  // pre-norm only
-  std::vector<DecoderLayerWeights> decoder_layers;
-  LayerNormWeights decoder_norm;  // pre-norm only
+template <typename F>
+struct TransformerParams {
+  F* src_embed = nullptr;          // [src_vocab, d_model]
+  F* tgt_embed = nullptr;          // [tgt_vocab, d_model]
+  F* output_weight = nullptr;      // [tgt_vocab, d_model] (may alias an embedding)
+  F* output_bias = nullptr;        // [tgt_vocab] or null
+  F* encoder_pos_embed = nullptr;  // [max_positions, d_model] when learned
+  F* decoder_pos_embed = nullptr;
+  std::vector<EncoderLayer<F>> encoder_layers;
+  LayerNormParams<F> encoder_norm;  // pre-norm only
+  std::vector<DecoderLayer<F>> decoder_layers;
+  LayerNormParams<F> decoder_norm;  // pre-norm only
 };
+
+using LinearWeights = Linear<const float>;
+using LayerNormWeights = LayerNormParams<const float>;
+using AttentionWeights = Attention<const float>;
+using FeedForwardWeights = FeedForward<const float>;
+using EncoderLayerWeights = EncoderLayer<const float>;
+using DecoderLayerWeights = DecoderLayer<const float>;
+using TransformerWeights = TransformerParams<const float>;
+using TransformerGradients = TransformerParams<float>;
 
 // Throws Error("<where>: missing tensor ..." / "... has shape ..., expected ...") on mismatch,
 // and on tensors the config does not use.
@@ -65,6 +84,8 @@ void check_parameters(const ModelConfig& config, const TensorMap& tensors,
 // Views into `tensors` (which must outlive the result); checks as above.
 TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tensors,
                                 const std::string& where);
+// The same over gradient buffers (a TensorMap with the parameters' names and shapes).
+TransformerGradients bind_gradients(const ModelConfig& config, TensorMap& gradients);
 
 // Single-layer binders used by tests and tools: prefix like "encoder.layers.0".
 EncoderLayerWeights bind_encoder_layer(const TensorMap& tensors, const std::string& prefix);
