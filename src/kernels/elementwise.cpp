@@ -3,6 +3,7 @@
 #include "kernels/elementwise.h"
 
 #include <cmath>
+#include <vector>
 
 #include "kernels/fast_exp.h"
 
@@ -62,7 +63,7 @@ void scale_inplace(float* x, float s, int64_t n) {
 }
 
 void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
-                int64_t cols, float eps) {
+                int64_t cols, float eps, float* mean_out, float* rstd_out) {
 #pragma omp parallel for schedule(static) if (rows * cols > 32768)
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * cols;
@@ -78,9 +79,97 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float* y,
       sum_sq += d * d;
     }
     const float inv_std = 1.f / std::sqrt(sum_sq / float(cols) + eps);
+    if (mean_out) mean_out[r] = mean;
+    if (rstd_out) rstd_out[r] = inv_std;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) out[c] = (in[c] - mean) * inv_std * gamma[c] + beta[c];
   }
+}
+
+void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                         int64_t cols, bool accumulate) {
+#pragma omp parallel if (rows * cols > 32768)
+  {
+    // Per-thread partial sums of dgamma / dbeta, added under a lock at the end.
+    std::vector<float> local_dgamma(size_t(cols), 0.f), local_dbeta(size_t(cols), 0.f);
+    float* lg = local_dgamma.data();
+    float* lb = local_dbeta.data();
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* g = dy + r * cols;
+      const float* in = x + r * cols;
+      float* out = dx + r * cols;
+      const float m = mean[r], s = rstd[r];
+      float sum_gy = 0.f, sum_gy_xhat = 0.f;
+#pragma omp simd reduction(+ : sum_gy, sum_gy_xhat)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float xhat = (in[c] - m) * s;
+        const float gy = g[c] * gamma[c];
+        sum_gy += gy;
+        sum_gy_xhat += gy * xhat;
+        lg[c] += g[c] * xhat;
+        lb[c] += g[c];
+      }
+      const float mean_gy = sum_gy / float(cols), mean_gy_xhat = sum_gy_xhat / float(cols);
+      if (accumulate) {
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c)
+          out[c] += s * (g[c] * gamma[c] - mean_gy - (in[c] - m) * s * mean_gy_xhat);
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c)
+          out[c] = s * (g[c] * gamma[c] - mean_gy - (in[c] - m) * s * mean_gy_xhat);
+      }
+    }
+#pragma omp critical
+    for (int64_t c = 0; c < cols; ++c) {
+      dgamma[c] += lg[c];
+      dbeta[c] += lb[c];
+    }
+  }
+}
+
+void activation_backward(float* d, const float* pre_activation, int64_t n, Activation act) {
+  if (act == Activation::kRelu) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) d[i] = pre_activation[i] > 0.f ? d[i] : 0.f;
+  } else {
+    const float inv_sqrt2 = 0.70710678118654752440f, inv_sqrt_2pi = 0.39894228040143267794f;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = pre_activation[i];
+      const float cdf = 0.5f * (1.f + std::erf(x * inv_sqrt2));
+      const float pdf = inv_sqrt_2pi * std::exp(-0.5f * x * x);
+      d[i] *= cdf + x * pdf;
+    }
+  }
+}
+
+void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = dy + r * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) dbias[c] += g[c];
+  }
+}
+
+void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) {
+  const uint32_t threshold = uint32_t(double(p) * 16777216.0);  // p in units of 2^-24
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t z = key + uint64_t(i) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    mask[i] = uint32_t(z >> 40) >= threshold ? 1 : 0;
+  }
+}
+
+void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) {
+  const float keep_scale = 1.f / (1.f - p);
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) x[i] = mask[i] ? x[i] * keep_scale : 0.f;
 }
 
 void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {

@@ -18,9 +18,28 @@ void add_bias_activation(float* y, const float* bias, int64_t rows, int64_t cols
 void add_inplace(float* y, const float* x, int64_t n);
 
 // y[rows, cols] = (x - mean) / sqrt(var + eps) * gamma + beta, per row, biased variance.
-// y may alias x.
+// y may alias x. mean / rstd ([rows], may be null) receive the statistics backward needs.
 void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
-                int64_t cols, float eps);
+                int64_t cols, float eps, float* mean = nullptr, float* rstd = nullptr);
+
+// Backward of layer_norm given its input x and statistics: dx (= or += when accumulate),
+// dgamma += Σ_rows dy·x̂, dbeta += Σ_rows dy. dx must not alias dy.
+void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                         int64_t cols, bool accumulate);
+
+// d[n] *= act'(pre_activation[n]) — backward of add_bias_activation.
+void activation_backward(float* d, const float* pre_activation, int64_t n, Activation act);
+
+// dbias[cols] += Σ_rows dy[rows, cols]
+void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias);
+
+// Inverted dropout with a counter-based generator: element i is kept iff
+// hash(key, i) >= p, so masks depend only on (key, i) — reproducible, parallel, and
+// needing no generator state to resume. mask[n] receives 1 (kept) or 0.
+void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key);
+// x[n] = x * mask / (1 - p): forward, and also backward on the gradient.
+void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p);
 
 // y[rows, cols] = x - logsumexp(x) per row; y may alias x.
 void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);

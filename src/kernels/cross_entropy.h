@@ -1,0 +1,22 @@
+// The training loss on rows of logits: label-smoothed cross-entropy exactly as PyTorch defines
+// it, (1-ε)·(−log p_y) + ε·mean_k(−log p_k), fused with its gradient so the [rows, vocab]
+// logits buffer is turned into d loss / d logits in place (no second vocabulary-sized buffer).
+#pragma once
+
+#include <cstdint>
+
+namespace tfm {
+
+struct CrossEntropyTotals {
+  double loss = 0;      // Σ rows of the smoothed loss
+  double nll = 0;       // Σ rows of −log p_y (for perplexity)
+  int64_t correct = 0;  // rows whose argmax is the target
+};
+
+// logits[rows, vocab] becomes grad_scale · (softmax − ((1-ε)·onehot(y) + ε/vocab)).
+// Returns the sums over rows. targets[rows] must be valid ids.
+CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
+                                                  int64_t rows, int64_t vocab, float smoothing,
+                                                  float grad_scale);
+
+}  // namespace tfm
