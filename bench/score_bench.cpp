@@ -262,7 +262,7 @@ int run(const Options& o) {
   const tfm::ModelConfig& config = model->config();
   const tfm::TokenBatch batch = tfm::make_batch(config, sources, targets);
 
-  tfm::ForwardWorkspace ws;
+  tfm::StackCache ws;
   std::vector<float> token_logprobs;  // [B, T] log p(target + eos)
   auto score = [&] { tfm::score_forward(*model, batch, ws, token_logprobs); };
   std::vector<double> all_seconds;
@@ -283,9 +283,9 @@ int run(const Options& o) {
   nlohmann::json phases = nullptr;
   if (o.phase_repeats > 0) {
     const double encoder = time_median(
-        0, o.phase_repeats, [&] { tfm::encoder_forward(*model, batch, ws); }, nullptr);
+        0, o.phase_repeats, [&] { tfm::encoder_forward(*model, batch, {}, ws); }, nullptr);
     const double decoder = time_median(
-        0, o.phase_repeats, [&] { tfm::decoder_forward(*model, batch, ws); }, nullptr);
+        0, o.phase_repeats, [&] { tfm::decoder_forward(*model, batch, {}, ws); }, nullptr);
     phases = {{"encoder_s", encoder},
               {"decoder_s", decoder},
               {"projection_s", std::max(0.0, median_seconds - encoder - decoder)}};

@@ -32,7 +32,7 @@ Imported import(const std::string& variant) {
 
 std::vector<float> score(const Imported& m, const std::string& src, const std::string& tgt) {
   TokenBatch batch = make_batch(m.model.config(), {m.source.encode(src)}, {m.target.encode(tgt)});
-  ForwardWorkspace ws;
+  StackCache ws;
   std::vector<float> logprobs;
   score_forward(m.model, batch, ws, logprobs);
   logprobs.resize(size_t(batch.tgt_lengths[0]));
@@ -80,7 +80,7 @@ std::vector<int32_t> best_tokens(const Imported& m, const std::string& src,
                                  const std::string& tgt) {
   const ModelConfig& c = m.model.config();
   TokenBatch batch = make_batch(c, {m.source.encode(src)}, {m.target.encode(tgt)});
-  ForwardWorkspace ws;
+  StackCache ws;
   std::vector<float> unused;
   score_forward(m.model, batch, ws, unused);
   std::vector<int32_t> best;

@@ -84,8 +84,9 @@ TEST(Elementwise, BiasActivationsAndLogSoftmax) {
   auto x = random_vector(rows * cols, 21, 2.f);
   auto bias = random_vector(cols, 22);
   for (Activation act : {Activation::kRelu, Activation::kGelu}) {
-    auto y = x;
-    add_bias_activation(y.data(), bias.data(), rows, cols, act);
+    auto pre = x;
+    std::vector<float> y(x.size());
+    add_bias_activation(pre.data(), bias.data(), y.data(), rows, cols, act);
     for (int64_t i = 0; i < rows * cols; ++i) {
       const double v = double(x[size_t(i)]) + bias[size_t(i % cols)];
       const double e = act == Activation::kRelu ? std::max(v, 0.0)

@@ -72,7 +72,7 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   const ModelConfig& config = f.model.config();
   const TokenBatch& batch = f.batch;
   const int64_t d = config.d_model, S = batch.src_len, T = batch.tgt_len, B = batch.batch;
-  ForwardWorkspace ws;
+  StackCache ws;
 
   // Embeddings + positional encodings, encoder side.
   std::vector<float> x(size_t(B * std::max<int64_t>(S, 1) * d));
@@ -81,11 +81,11 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   expect_valid_rows_near(x.data(), S, f.io.at("enc_input"), batch.src_lengths, 1e-5, "enc_input");
 
   // One encoder layer from the reference input.
-  std::copy_n(f.io.at("enc_input").ptr(), f.io.at("enc_input").numel(), x.data());
-  encoder_layer_forward(config, f.model.weights().encoder_layers[0], x.data(), B, S,
-                        batch.src_lengths.data(), ws);
-  expect_valid_rows_near(x.data(), S, f.io.at("enc_layer0_out"), batch.src_lengths, 1e-4,
-                         "enc_layer0_out");
+  EncoderLayerCache encoder_layer;
+  encoder_layer_forward(config, f.model.weights().encoder_layers[0], f.io.at("enc_input").ptr(), B,
+                        S, batch.src_lengths.data(), {}, 0, encoder_layer);
+  expect_valid_rows_near(encoder_layer.output(), S, f.io.at("enc_layer0_out"), batch.src_lengths,
+                         1e-4, "enc_layer0_out");
 
   // Decoder input, both attentions and one decoder layer from the reference memory.
   const Tensor& memory = f.io.at("memory");
@@ -103,7 +103,8 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   self_in.mask.key_lengths = batch.tgt_lengths.data();
   self_in.mask.causal = true;
   self_in.mask.window = config.self_attention_window;
-  multi_head_attention_forward(layer0.self_attn, config.heads, self_in, ws.attention, y.data());
+  AttentionCache attention;
+  multi_head_attention_forward(layer0.self_attn, config.heads, self_in, attention, y.data());
   expect_valid_rows_near(y.data(), T, f.io.at("mha_self_out"), batch.tgt_lengths, 1e-5,
                          "mha_self_out");
 
@@ -114,20 +115,20 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   cross_in.query_len = T;
   cross_in.key_len = S;
   cross_in.mask.key_lengths = batch.src_lengths.data();
-  multi_head_attention_forward(layer0.cross_attn, config.heads, cross_in, ws.attention, y.data());
+  multi_head_attention_forward(layer0.cross_attn, config.heads, cross_in, attention, y.data());
   expect_valid_rows_near(y.data(), T, f.io.at("mha_cross_out"), batch.tgt_lengths, 1e-5,
                          "mha_cross_out");
 
-  std::copy_n(dec_input.ptr(), dec_input.numel(), y.data());
-  decoder_layer_forward(config, layer0, y.data(), B, T, batch.tgt_lengths.data(), memory.ptr(), S,
-                        batch.src_lengths.data(), ws);
-  expect_valid_rows_near(y.data(), T, f.io.at("dec_layer0_out"), batch.tgt_lengths, 1e-4,
-                         "dec_layer0_out");
+  DecoderLayerCache decoder_layer;
+  decoder_layer_forward(config, layer0, dec_input.ptr(), B, T, batch.tgt_lengths.data(),
+                        memory.ptr(), S, batch.src_lengths.data(), {}, 0, decoder_layer);
+  expect_valid_rows_near(decoder_layer.output(), T, f.io.at("dec_layer0_out"), batch.tgt_lengths,
+                         1e-4, "dec_layer0_out");
 
   // Whole stacks and the log-probabilities of target + eos.
   std::vector<float> logprobs;
   score_forward(f.model, batch, ws, logprobs);
-  expect_valid_rows_near(ws.encoder_out.data(), S, memory, batch.src_lengths, 1e-4, "memory");
+  expect_valid_rows_near(ws.memory.data(), S, memory, batch.src_lengths, 1e-4, "memory");
   expect_valid_rows_near(ws.decoder_out.data(), T, f.io.at("dec_output"), batch.tgt_lengths, 1e-4,
                          "dec_output");
   const Tensor& expected = f.io.at("token_logprobs");
@@ -143,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity, ::testing::ValuesIn(fixture_name
 
 TEST(ModelParity, ScoresDoNotDependOnBatchComposition) {
   Fixture f = load_fixture("paper_post");
-  ForwardWorkspace ws;
+  StackCache ws;
   std::vector<float> together;
   score_forward(f.model, f.batch, ws, together);
   const Tensor& src = f.io.at("src_tokens");

@@ -60,7 +60,7 @@ void run_score(const ScoreOptions& o) {
     return sources[a].size() + targets[a].size() > sources[b].size() + targets[b].size();
   });
   std::vector<std::vector<float>> results(sources.size());  // per pair: per-token log-probs
-  ForwardWorkspace ws;
+  StackCache ws;
   std::vector<float> logprobs;
   Progress progress("score", int64_t(order.size()));
   size_t next = 0;

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "kernels/elementwise.h"
 #include "kernels/fast_exp.h"
 #include "kernels/gemm.h"
 
@@ -53,12 +55,30 @@ inline void masked_softmax_row(float* row, int64_t key_len, int64_t begin, int64
   for (int64_t j = begin; j < end; ++j) row[j] *= inv_sum;
 }
 
+// Per-thread scratch of at least n floats, reused across calls (no allocation once warm).
+float* thread_scratch(int64_t n, int slot) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float>& buffer = buffers[slot];
+  if (int64_t(buffer.size()) < n) buffer.resize(size_t(n));
+  return buffer.data();
+}
+
+// dropped[Tq, Tk] = probs ⊙ mask / (1 - p), the weights actually applied to V.
+void dropped_probs(const float* probs, const uint8_t* mask, float p, int64_t n, float* dropped) {
+  const float keep_scale = 1.f / (1.f - p);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dropped[i] = mask[i] ? probs[i] * keep_scale : 0.f;
+}
+
 }  // namespace
 
 void attention_forward(const AttentionShape& s, const AttentionMask& mask, const float* q,
-                       const float* k, const float* v, float* probs, float* out) {
+                       const float* k, const float* v, float* probs, float* out,
+                       const AttentionDropout& dropout) {
   const float scale = 1.f / std::sqrt(float(s.head_dim));
   const int64_t pairs = s.batch * s.heads;
+  const int64_t pair_size = s.query_len * s.key_len;
+  if (dropout.p > 0.f) dropout_mask(dropout.mask, pairs * pair_size, dropout.p, dropout.key);
 #pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t b = pair / s.heads, h = pair % s.heads;
@@ -68,7 +88,7 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
     const float* k_bh = k + b * s.key_len * s.k_row_stride + h * s.head_dim;
     const float* v_bh = v + b * s.key_len * s.v_row_stride + h * s.head_dim;
     float* out_bh = out + b * s.query_len * s.out_row_stride + h * s.head_dim;
-    float* p_bh = probs + pair * s.query_len * s.key_len;  // [Tq, Tk]
+    float* p_bh = probs + pair * pair_size;  // [Tq, Tk]
 
     // Only the first key_count keys can be visible: skip padded keys in both GEMMs.
     if (key_count > 0)
@@ -79,8 +99,80 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
       visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
       masked_softmax_row(p_bh + t * s.key_len, s.key_len, begin, end, scale);
     }
-    gemm(false, false, s.query_len, s.head_dim, key_count, 1.f, p_bh, s.key_len, v_bh,
+    const float* weights = p_bh;
+    if (dropout.p > 0.f) {
+      float* dropped = thread_scratch(pair_size, 0);  // [Tq, Tk]
+      dropped_probs(p_bh, dropout.mask + pair * pair_size, dropout.p, pair_size, dropped);
+      weights = dropped;
+    }
+    gemm(false, false, s.query_len, s.head_dim, key_count, 1.f, weights, s.key_len, v_bh,
          s.v_row_stride, 0.f, out_bh, s.out_row_stride);
+  }
+}
+
+void attention_backward(const AttentionShape& s, const AttentionMask& mask, const float* q,
+                        const float* k, const float* v, const float* probs,
+                        const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
+                        float* dv) {
+  const float scale = 1.f / std::sqrt(float(s.head_dim));
+  const int64_t pairs = s.batch * s.heads;
+  const int64_t pair_size = s.query_len * s.key_len;
+#pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t b = pair / s.heads, h = pair % s.heads;
+    const int64_t key_count =
+        mask.key_lengths ? std::min<int64_t>(mask.key_lengths[b], s.key_len) : s.key_len;
+    const int64_t q_offset = b * s.query_len * s.q_row_stride + h * s.head_dim;
+    const int64_t k_offset = b * s.key_len * s.k_row_stride + h * s.head_dim;
+    const int64_t v_offset = b * s.key_len * s.v_row_stride + h * s.head_dim;
+    const float* d_out_bh = d_out + b * s.query_len * s.out_row_stride + h * s.head_dim;
+    const float* p_bh = probs + pair * pair_size;  // [Tq, Tk]
+    const uint8_t* mask_bh = dropout.p > 0.f ? dropout.mask + pair * pair_size : nullptr;
+
+    // Padded keys get no gradient.
+    for (int64_t j = key_count; j < s.key_len; ++j)
+      for (int64_t c = 0; c < s.head_dim; ++c) {
+        dk[k_offset + j * s.k_row_stride + c] = 0.f;
+        dv[v_offset + j * s.v_row_stride + c] = 0.f;
+      }
+    if (key_count == 0) {
+      for (int64_t t = 0; t < s.query_len; ++t)
+        for (int64_t c = 0; c < s.head_dim; ++c) dq[q_offset + t * s.q_row_stride + c] = 0.f;
+      continue;
+    }
+    // dV = P'ᵀ · dO, with P' the weights applied in the forward pass.
+    const float* weights = p_bh;
+    if (mask_bh) {
+      float* dropped = thread_scratch(pair_size, 0);
+      dropped_probs(p_bh, mask_bh, dropout.p, pair_size, dropped);
+      weights = dropped;
+    }
+    gemm(true, false, key_count, s.head_dim, s.query_len, 1.f, weights, s.key_len, d_out_bh,
+         s.out_row_stride, 0.f, dv + v_offset, s.v_row_stride);
+    // dP' = dO · Vᵀ  [Tq, key_count], stored with row stride key_len.
+    float* d_scores = thread_scratch(pair_size, 1);
+    gemm(false, true, s.query_len, key_count, s.head_dim, 1.f, d_out_bh, s.out_row_stride,
+         v + v_offset, s.v_row_stride, 0.f, d_scores, s.key_len);
+    // Through dropout, then softmax: dS = P ⊙ (dP − Σ_j dP·P), scaled by 1/sqrt(d_k).
+    const float keep_scale = mask_bh ? 1.f / (1.f - dropout.p) : 1.f;
+    for (int64_t t = 0; t < s.query_len; ++t) {
+      float* row = d_scores + t * s.key_len;
+      const float* p_row = p_bh + t * s.key_len;
+      if (mask_bh) {
+        const uint8_t* m_row = mask_bh + t * s.key_len;
+        for (int64_t j = 0; j < key_count; ++j) row[j] = m_row[j] ? row[j] * keep_scale : 0.f;
+      }
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < key_count; ++j) dot += row[j] * p_row[j];
+#pragma omp simd
+      for (int64_t j = 0; j < key_count; ++j) row[j] = p_row[j] * (row[j] - dot) * scale;
+    }
+    // dQ = dS · K, dK = dSᵀ · Q.
+    gemm(false, false, s.query_len, s.head_dim, key_count, 1.f, d_scores, s.key_len,
+         k + k_offset, s.k_row_stride, 0.f, dq + q_offset, s.q_row_stride);
+    gemm(true, false, key_count, s.head_dim, s.query_len, 1.f, d_scores, s.key_len, q + q_offset,
+         s.q_row_stride, 0.f, dk + k_offset, s.k_row_stride);
   }
 }
 

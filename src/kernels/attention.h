@@ -31,10 +31,26 @@ struct AttentionMask {
   int64_t query_offset = 0;
 };
 
+// Dropout on the attention weights (training only). mask: [batch, heads, query_len, key_len],
+// written by the forward pass (from key) and read by the backward pass.
+struct AttentionDropout {
+  float p = 0.f;
+  uint8_t* mask = nullptr;
+  uint64_t key = 0;
+};
+
 // out[b, t, h*d:(h+1)*d] = Σ_j p[b,h,t,j] · V[b, j, h*d:(h+1)*d]
-// probs: [batch, heads, query_len, key_len] scratch that receives the attention weights
+// probs: [batch, heads, query_len, key_len] receives the attention weights before dropout
 // (masked entries 0; a query with no visible key gets an all-zero row and a zero output).
 void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
-                       const float* k, const float* v, float* probs, float* out);
+                       const float* k, const float* v, float* probs, float* out,
+                       const AttentionDropout& dropout = {});
+
+// Gradients of attention_forward: given d_out (layout of out), writes dq, dk, dv (layouts of
+// q, k, v; padded key rows get 0). probs and dropout are what the forward pass saved.
+void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
+                        const float* k, const float* v, const float* probs,
+                        const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
+                        float* dv);
 
 }  // namespace tfm

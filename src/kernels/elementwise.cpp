@@ -33,21 +33,23 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
   }
 }
 
-void add_bias_activation(float* y, const float* bias, int64_t rows, int64_t cols, Activation act) {
+void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
+                         Activation act) {
   const float inv_sqrt2 = 0.70710678118654752440f;
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = y + r * cols;
+    float* in_row = pre + r * cols;
+    float* out_row = out + r * cols;
     if (bias) {
 #pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+      for (int64_t c = 0; c < cols; ++c) in_row[c] += bias[c];
     }
     if (act == Activation::kRelu) {
 #pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) row[c] = row[c] > 0.f ? row[c] : 0.f;
+      for (int64_t c = 0; c < cols; ++c) out_row[c] = in_row[c] > 0.f ? in_row[c] : 0.f;
     } else {
       for (int64_t c = 0; c < cols; ++c)
-        row[c] = 0.5f * row[c] * (1.f + std::erf(row[c] * inv_sqrt2));
+        out_row[c] = 0.5f * in_row[c] * (1.f + std::erf(in_row[c] * inv_sqrt2));
     }
   }
 }

@@ -11,8 +11,9 @@ enum class Activation { kRelu, kGelu };
 // y[rows, cols] += bias[cols]
 void add_bias(float* y, const float* bias, int64_t rows, int64_t cols);
 
-// y[rows, cols] = act(y + bias[cols]); bias may be null.
-void add_bias_activation(float* y, const float* bias, int64_t rows, int64_t cols, Activation act);
+// pre[rows, cols] += bias (bias may be null), then out = act(pre); out may alias pre.
+void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
+                         Activation act);
 
 // y[n] += x[n]
 void add_inplace(float* y, const float* x, int64_t n);

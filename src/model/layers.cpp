@@ -8,9 +8,10 @@
 
 namespace tfm {
 
-float* ensure_size(std::vector<float>& buffer, int64_t n) {
-  if (int64_t(buffer.size()) < n) buffer.resize(size_t(n));
-  return buffer.data();
+uint64_t dropout_key(uint64_t seed, uint64_t site) {
+  uint64_t z = seed ^ (site * 0xD1B54A32D192ED03ull);
+  z = (z ^ (z >> 32)) * 0x9E3779B97F4A7C15ull;
+  return z ^ (z >> 29);
 }
 
 void linear_forward(const LinearWeights& w, const float* x, int64_t rows, float* y) {
@@ -18,18 +19,18 @@ void linear_forward(const LinearWeights& w, const float* x, int64_t rows, float*
   if (w.bias) add_bias(y, w.bias, rows, w.out);
 }
 
-void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
-                                  const AttentionInputs& in, AttentionWorkspace& ws, float* out) {
-  const int64_t d = w.q.out;
-  const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
-  float* q = ensure_size(ws.q, query_rows * d);              // [B, Tq, D]
-  float* k = ensure_size(ws.k, key_rows * d);                // [B, Tk, D]
-  float* v = ensure_size(ws.v, key_rows * d);                // [B, Tk, D]
-  float* context = ensure_size(ws.context, query_rows * d);  // [B, Tq, D]
-  float* probs = ensure_size(ws.probs, in.batch * heads * in.query_len * in.key_len);
-  linear_forward(w.q, in.query_input, query_rows, q);
-  linear_forward(w.k, in.memory_input, key_rows, k);
-  linear_forward(w.v, in.memory_input, key_rows, v);
+void linear_backward(const LinearWeights& w, const Linear<float>& g, const float* x,
+                     const float* dy, int64_t rows, float* dx, bool accumulate_dx) {
+  if (dx)
+    gemm(false, false, rows, w.in, w.out, 1.f, dy, w.out, w.weight, w.in,
+         accumulate_dx ? 1.f : 0.f, dx, w.in);
+  gemm(true, false, w.out, w.in, rows, 1.f, dy, w.out, x, w.in, 1.f, g.weight, w.in);
+  if (g.bias) bias_backward(dy, rows, w.out, g.bias);
+}
+
+namespace {
+
+AttentionShape attention_shape(const AttentionInputs& in, int64_t heads, int64_t d) {
   AttentionShape shape;
   shape.batch = in.batch;
   shape.heads = heads;
@@ -37,17 +38,84 @@ void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
   shape.key_len = in.key_len;
   shape.head_dim = d / heads;
   shape.q_row_stride = shape.k_row_stride = shape.v_row_stride = shape.out_row_stride = d;
-  attention_forward(shape, in.mask, q, k, v, probs, context);
+  return shape;
+}
+
+}  // namespace
+
+void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
+                                  const AttentionInputs& in, AttentionCache& cache, float* out) {
+  const int64_t d = w.q.out;
+  const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
+  float* q = ensure_size(cache.q, query_rows * d);                // [B, Tq, D]
+  float* k = ensure_size(cache.k, key_rows * d);                  // [B, Tk, D]
+  float* v = ensure_size(cache.v, key_rows * d);                  // [B, Tk, D]
+  float* context = ensure_size(cache.context, query_rows * d);    // [B, Tq, D]
+  const int64_t prob_count = in.batch * heads * in.query_len * in.key_len;
+  float* probs = ensure_size(cache.probs, prob_count);            // [B, H, Tq, Tk]
+  linear_forward(w.q, in.query_input, query_rows, q);
+  linear_forward(w.k, in.memory_input, key_rows, k);
+  linear_forward(w.v, in.memory_input, key_rows, v);
+  AttentionDropout dropout;
+  if (in.dropout > 0.f) {
+    dropout.p = in.dropout;
+    dropout.mask = ensure_size(cache.dropout_mask, prob_count);
+    dropout.key = in.dropout_key;
+  }
+  attention_forward(attention_shape(in, heads, d), in.mask, q, k, v, probs, context, dropout);
   linear_forward(w.o, context, query_rows, out);
 }
 
-void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x, int64_t rows,
-                          std::vector<float>& hidden, float* out) {
-  float* h = ensure_size(hidden, rows * w.fc1.out);  // [rows, d_ff]
-  gemm(false, true, rows, w.fc1.out, w.fc1.in, 1.f, x, w.fc1.in, w.fc1.weight, w.fc1.in, 0.f, h,
-       w.fc1.out);
-  add_bias_activation(h, w.fc1.bias, rows, w.fc1.out, act);
-  linear_forward(w.fc2, h, rows, out);
+void multi_head_attention_backward(const AttentionWeights& w, const Attention<float>& g,
+                                   int64_t heads, const AttentionInputs& in,
+                                   AttentionCache& cache, const float* d_out,
+                                   BackwardScratch& scratch, float* d_query_input,
+                                   bool accumulate, float* d_memory_input) {
+  const int64_t d = w.q.out;
+  const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
+  float* d_context = ensure_size(scratch.d_context, query_rows * d);  // [B, Tq, D]
+  float* dq = ensure_size(scratch.dq, query_rows * d);                // [B, Tq, D]
+  float* dk = ensure_size(scratch.dk, key_rows * d);                  // [B, Tk, D]
+  float* dv = ensure_size(scratch.dv, key_rows * d);                  // [B, Tk, D]
+  linear_backward(w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false);
+  AttentionDropout dropout;
+  if (in.dropout > 0.f) {
+    dropout.p = in.dropout;
+    dropout.mask = cache.dropout_mask.data();
+  }
+  attention_backward(attention_shape(in, heads, d), in.mask, cache.q.data(), cache.k.data(),
+                     cache.v.data(), cache.probs.data(), dropout, d_context, dq, dk, dv);
+  linear_backward(w.q, g.q, in.query_input, dq, query_rows, d_query_input, accumulate);
+  linear_backward(w.k, g.k, in.memory_input, dk, key_rows, d_memory_input, true);
+  linear_backward(w.v, g.v, in.memory_input, dv, key_rows, d_memory_input, true);
+}
+
+void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x,
+                          int64_t rows, float dropout, uint64_t key, FeedForwardCache& cache,
+                          float* out) {
+  float* pre = ensure_size(cache.pre_activation, rows * w.fc1.out);  // [rows, d_ff]
+  float* hidden = ensure_size(cache.hidden, rows * w.fc1.out);       // [rows, d_ff]
+  gemm(false, true, rows, w.fc1.out, w.fc1.in, 1.f, x, w.fc1.in, w.fc1.weight, w.fc1.in, 0.f,
+       pre, w.fc1.out);
+  add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
+  if (dropout > 0.f) {
+    uint8_t* mask = ensure_size(cache.dropout_mask, rows * w.fc1.out);
+    dropout_mask(mask, rows * w.fc1.out, dropout, key);
+    apply_dropout(hidden, mask, rows * w.fc1.out, dropout);
+  }
+  linear_forward(w.fc2, hidden, rows, out);
+}
+
+void feed_forward_backward(const FeedForwardWeights& w, const FeedForward<float>& g,
+                           Activation act, const float* x, int64_t rows, float dropout,
+                           FeedForwardCache& cache, const float* d_out, BackwardScratch& scratch,
+                           float* dx, bool accumulate) {
+  const int64_t hidden_size = rows * w.fc1.out;
+  float* d_hidden = ensure_size(scratch.d_hidden, hidden_size);  // [rows, d_ff]
+  linear_backward(w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false);
+  if (dropout > 0.f) apply_dropout(d_hidden, cache.dropout_mask.data(), hidden_size, dropout);
+  activation_backward(d_hidden, cache.pre_activation.data(), hidden_size, act);
+  linear_backward(w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate);
 }
 
 void fill_sinusoid_table(const ModelConfig& config, float* table) {
@@ -90,6 +158,24 @@ void embed_forward(const ModelConfig& config, const float* table, const float* p
     } else {
 #pragma omp simd
       for (int64_t c = 0; c < d; ++c) o[c] = embedding[c] * scale;
+    }
+  }
+}
+
+void embed_backward(const ModelConfig& config, const float* d_out, const int32_t* ids,
+                    int64_t batch, int64_t len, float* d_table, float* d_positions) {
+  const int64_t d = config.d_model;
+  const float scale = config.scale_embeddings ? std::sqrt(float(d)) : 1.f;
+  // Serial over rows (the same id may repeat), vectorised over d_model.
+  for (int64_t row = 0; row < batch * len; ++row) {
+    const float* g = d_out + row * d;
+    float* table_row = d_table + int64_t(ids[row]) * d;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) table_row[c] += scale * g[c];
+    if (d_positions) {
+      float* position_row = d_positions + (row % len + config.position_offset) * d;
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) position_row[c] += g[c];
     }
   }
 }

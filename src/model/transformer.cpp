@@ -100,149 +100,40 @@ TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<i
   return b;
 }
 
-void encoder_layer_forward(const ModelConfig& config, const EncoderLayerWeights& w, float* x,
-                           int64_t batch, int64_t src_len, const int32_t* src_lengths,
-                           ForwardWorkspace& ws) {
-  const int64_t d = config.d_model, rows = batch * src_len;
-  const float eps = float(config.layer_norm_eps);
-  float* sublayer = ensure_size(ws.sublayer, rows * d);  // [B, S, D]
-  AttentionInputs attention;
-  attention.batch = batch;
-  attention.query_len = attention.key_len = src_len;
-  attention.mask.key_lengths = src_lengths;
-  attention.mask.window = config.self_attention_window;
-  if (config.norm == NormPosition::kPost) {
-    attention.query_input = attention.memory_input = x;
-    multi_head_attention_forward(w.self_attn, config.heads, attention, ws.attention, sublayer);
-    add_inplace(x, sublayer, rows * d);
-    layer_norm(x, w.norm1.weight, w.norm1.bias, x, rows, d, eps);
-    feed_forward_forward(w.ffn, config.activation, x, rows, ws.ffn_hidden, sublayer);
-    add_inplace(x, sublayer, rows * d);
-    layer_norm(x, w.norm2.weight, w.norm2.bias, x, rows, d, eps);
-  } else {
-    float* normed = ensure_size(ws.normed, rows * d);  // [B, S, D]
-    layer_norm(x, w.norm1.weight, w.norm1.bias, normed, rows, d, eps);
-    attention.query_input = attention.memory_input = normed;
-    multi_head_attention_forward(w.self_attn, config.heads, attention, ws.attention, sublayer);
-    add_inplace(x, sublayer, rows * d);
-    layer_norm(x, w.norm2.weight, w.norm2.bias, normed, rows, d, eps);
-    feed_forward_forward(w.ffn, config.activation, normed, rows, ws.ffn_hidden, sublayer);
-    add_inplace(x, sublayer, rows * d);
-  }
-}
-
-void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights& w, float* x,
-                           int64_t batch, int64_t tgt_len, const int32_t* tgt_lengths,
-                           const float* memory, int64_t src_len, const int32_t* src_lengths,
-                           ForwardWorkspace& ws) {
-  const int64_t d = config.d_model, rows = batch * tgt_len;
-  const float eps = float(config.layer_norm_eps);
-  float* sublayer = ensure_size(ws.sublayer, rows * d);  // [B, T, D]
-  AttentionInputs self_attention;
-  self_attention.batch = batch;
-  self_attention.query_len = self_attention.key_len = tgt_len;
-  self_attention.mask.key_lengths = tgt_lengths;
-  self_attention.mask.causal = true;
-  self_attention.mask.window = config.self_attention_window;
-  AttentionInputs cross_attention;
-  cross_attention.batch = batch;
-  cross_attention.query_len = tgt_len;
-  cross_attention.key_len = src_len;
-  cross_attention.memory_input = memory;
-  cross_attention.mask.key_lengths = src_lengths;
-  if (config.norm == NormPosition::kPost) {
-    self_attention.query_input = self_attention.memory_input = x;
-    multi_head_attention_forward(w.self_attn, config.heads, self_attention, ws.attention, sublayer);
-    add_inplace(x, sublayer, rows * d);
-    layer_norm(x, w.norm1.weight, w.norm1.bias, x, rows, d, eps);
-    cross_attention.query_input = x;
-    multi_head_attention_forward(w.cross_attn, config.heads, cross_attention, ws.attention,
-                                 sublayer);
-    add_inplace(x, sublayer, rows * d);
-    layer_norm(x, w.norm2.weight, w.norm2.bias, x, rows, d, eps);
-    feed_forward_forward(w.ffn, config.activation, x, rows, ws.ffn_hidden, sublayer);
-    add_inplace(x, sublayer, rows * d);
-    layer_norm(x, w.norm3.weight, w.norm3.bias, x, rows, d, eps);
-  } else {
-    float* normed = ensure_size(ws.normed, rows * d);  // [B, T, D]
-    layer_norm(x, w.norm1.weight, w.norm1.bias, normed, rows, d, eps);
-    self_attention.query_input = self_attention.memory_input = normed;
-    multi_head_attention_forward(w.self_attn, config.heads, self_attention, ws.attention, sublayer);
-    add_inplace(x, sublayer, rows * d);
-    layer_norm(x, w.norm2.weight, w.norm2.bias, normed, rows, d, eps);
-    cross_attention.query_input = normed;
-    multi_head_attention_forward(w.cross_attn, config.heads, cross_attention, ws.attention,
-                                 sublayer);
-    add_inplace(x, sublayer, rows * d);
-    layer_norm(x, w.norm3.weight, w.norm3.bias, normed, rows, d, eps);
-    feed_forward_forward(w.ffn, config.activation, normed, rows, ws.ffn_hidden, sublayer);
-    add_inplace(x, sublayer, rows * d);
-  }
-}
-
-void encoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws) {
-  const ModelConfig& config = model.config();
-  const TransformerWeights& w = model.weights();
-  const int64_t rows = batch.batch * batch.src_len, d = config.d_model;
-  float* x = ensure_size(ws.encoder_out, rows * d);  // [B, S, D]
-  embed_forward(config, w.src_embed, model.encoder_positions(), batch.src_ids.data(), batch.batch,
-                batch.src_len, 0, x);
-  for (const auto& layer : w.encoder_layers)
-    encoder_layer_forward(config, layer, x, batch.batch, batch.src_len, batch.src_lengths.data(),
-                          ws);
-  if (config.norm == NormPosition::kPre)
-    layer_norm(x, w.encoder_norm.weight, w.encoder_norm.bias, x, rows, d,
-               float(config.layer_norm_eps));
-}
-
-void decoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws) {
-  const ModelConfig& config = model.config();
-  const TransformerWeights& w = model.weights();
-  const int64_t rows = batch.batch * batch.tgt_len, d = config.d_model;
-  float* x = ensure_size(ws.decoder_out, rows * d);  // [B, T, D]
-  embed_forward(config, w.tgt_embed, model.decoder_positions(), batch.tgt_in.data(), batch.batch,
-                batch.tgt_len, 0, x);
-  for (const auto& layer : w.decoder_layers)
-    decoder_layer_forward(config, layer, x, batch.batch, batch.tgt_len, batch.tgt_lengths.data(),
-                          ws.encoder_out.data(), batch.src_len, batch.src_lengths.data(), ws);
-  if (config.norm == NormPosition::kPre)
-    layer_norm(x, w.decoder_norm.weight, w.decoder_norm.bias, x, rows, d,
-               float(config.layer_norm_eps));
-}
-
-void score_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws,
+void score_forward(const Model& model, const TokenBatch& batch, StackCache& cache,
                    std::vector<float>& token_logprobs) {
   const ModelConfig& config = model.config();
   const TransformerWeights& w = model.weights();
   const int64_t d = config.d_model, vocab = config.tgt_vocab_size;
-  encoder_forward(model, batch, ws);
-  decoder_forward(model, batch, ws);
+  const DropoutOptions no_dropout;
+  encoder_forward(model, batch, no_dropout, cache);
+  decoder_forward(model, batch, no_dropout, cache);
 
   // Gather the decoder states of real (non-pad) positions so the vocabulary projection, the
-  // most expensive GEMM here, skips padding. normed: [valid_rows, D].
+  // most expensive GEMM here, skips padding.
   std::vector<int64_t> valid_rows;  // flat indices b * T + t
   valid_rows.reserve(size_t(batch.batch * batch.tgt_len));
   for (int64_t b = 0; b < batch.batch; ++b)
     for (int64_t t = 0; t < batch.tgt_lengths[size_t(b)]; ++t)
       valid_rows.push_back(b * batch.tgt_len + t);
   const int64_t count = int64_t(valid_rows.size());
-  float* states = ensure_size(ws.normed, count * d);
+  std::vector<float> states(static_cast<size_t>(count * d));  // [valid_rows, D]
   std::vector<int32_t> labels(static_cast<size_t>(count));
   for (int64_t r = 0; r < count; ++r) {
-    std::copy_n(ws.decoder_out.data() + valid_rows[size_t(r)] * d, d, states + r * d);
+    std::copy_n(cache.decoder_out.data() + valid_rows[size_t(r)] * d, d, states.data() + r * d);
     labels[size_t(r)] = batch.tgt_out[size_t(valid_rows[size_t(r)])];
   }
   std::vector<float> picked(static_cast<size_t>(count));
 
   // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
   const int64_t chunk = std::max<int64_t>(1, (int64_t(4) << 20) / vocab);
-  float* logits = ensure_size(ws.logits, std::min(chunk, std::max<int64_t>(count, 1)) * vocab);
+  std::vector<float> logits(static_cast<size_t>(std::min(chunk, std::max<int64_t>(count, 1)) * vocab));
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
-    gemm(false, true, n, vocab, d, 1.f, states + begin * d, d, w.output_weight, d, 0.f, logits,
-         vocab);
-    if (w.output_bias) add_bias(logits, w.output_bias, n, vocab);
-    log_softmax_pick(logits, labels.data() + begin, n, vocab, picked.data() + begin);
+    gemm(false, true, n, vocab, d, 1.f, states.data() + begin * d, d, w.output_weight, d, 0.f,
+         logits.data(), vocab);
+    if (w.output_bias) add_bias(logits.data(), w.output_bias, n, vocab);
+    log_softmax_pick(logits.data(), labels.data() + begin, n, vocab, picked.data() + begin);
   }
   token_logprobs.assign(size_t(batch.batch * batch.tgt_len), 0.f);
   for (int64_t r = 0; r < count; ++r)

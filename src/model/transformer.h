@@ -8,6 +8,7 @@
 
 #include "model/config.h"
 #include "model/layers.h"
+#include "model/stacks.h"
 #include "model/weights.h"
 #include "tensor/tensor.h"
 
@@ -58,34 +59,9 @@ struct TokenBatch {
 TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<int32_t>>& sources,
                       const std::vector<std::vector<int32_t>>& targets);
 
-struct ForwardWorkspace {
-  std::vector<float> encoder_out;  // [B, S, D] memory
-  std::vector<float> decoder_out;  // [B, T, D]
-  std::vector<float> sublayer;     // [B, max(S,T), D] sublayer output before the residual add
-  std::vector<float> normed;       // [B, max(S,T), D] pre-norm input of a sublayer
-  std::vector<float> ffn_hidden;   // [B, max(S,T), d_ff]
-  std::vector<float> logits;       // [rows_per_chunk, V]
-  AttentionWorkspace attention;
-};
-
-// Single layers, in place on x (used by the stacks and by layer-level tests).
-// x: [B, S, D]; src_lengths: [B].
-void encoder_layer_forward(const ModelConfig& config, const EncoderLayerWeights& w, float* x,
-                           int64_t batch, int64_t src_len, const int32_t* src_lengths,
-                           ForwardWorkspace& ws);
-// x: [B, T, D]; memory: [B, S, D].
-void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights& w, float* x,
-                           int64_t batch, int64_t tgt_len, const int32_t* tgt_lengths,
-                           const float* memory, int64_t src_len, const int32_t* src_lengths,
-                           ForwardWorkspace& ws);
-
-// ws.encoder_out[B, S, D] = encoder stack output (after the final norm for pre-norm).
-void encoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws);
-// ws.decoder_out[B, T, D] = decoder stack output given ws.encoder_out.
-void decoder_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws);
-
 // token_logprobs[B, T]: log p(tgt_out[b, t] | ...) for t < tgt_lengths[b], 0 past the length.
-void score_forward(const Model& model, const TokenBatch& batch, ForwardWorkspace& ws,
+// Runs both stacks (inference mode, no dropout) into cache.
+void score_forward(const Model& model, const TokenBatch& batch, StackCache& cache,
                    std::vector<float>& token_logprobs);
 
 }  // namespace tfm

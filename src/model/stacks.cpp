@@ -1,0 +1,340 @@
+// Encoder / decoder layers and stacks, forward and backward.
+#include "model/stacks.h"
+
+#include <algorithm>
+
+#include "kernels/elementwise.h"
+#include "model/transformer.h"
+
+namespace tfm {
+
+namespace {
+
+// Dropout site numbers: every dropout location of a step gets its own mask key.
+constexpr uint64_t kEncoderInputSite = 1, kDecoderInputSite = 2;
+uint64_t encoder_site(int64_t layer, int offset) { return 1000 + uint64_t(layer) * 16 + uint64_t(offset); }
+uint64_t decoder_site(int64_t layer, int offset) { return 100000 + uint64_t(layer) * 16 + uint64_t(offset); }
+
+// function(in [rows, D], out [rows, D]) is the sublayer's attention or feed-forward.
+template <typename Function>
+void sublayer_forward(const ModelConfig& config, const LayerNormWeights& norm, const float* input,
+                      int64_t rows, float dropout, uint64_t key, SublayerCache& cache,
+                      Function&& function) {
+  const int64_t d = config.d_model, n = rows * d;
+  const float eps = float(config.layer_norm_eps);
+  float* output = ensure_size(cache.output, n);  // [rows, D]
+  float* mean = ensure_size(cache.norm.mean, rows);
+  float* rstd = ensure_size(cache.norm.rstd, rows);
+  auto drop = [&](float* x) {
+    if (dropout <= 0.f) return;
+    uint8_t* mask = ensure_size(cache.dropout_mask, n);
+    dropout_mask(mask, n, dropout, key);
+    apply_dropout(x, mask, n, dropout);
+  };
+  if (config.norm == NormPosition::kPost) {
+    float* residual = ensure_size(cache.residual, n);  // [rows, D]
+    function(input, residual);
+    drop(residual);
+    add_inplace(residual, input, n);
+    layer_norm(residual, norm.weight, norm.bias, output, rows, d, eps, mean, rstd);
+  } else {
+    float* normed = ensure_size(cache.normed, n);  // [rows, D]
+    layer_norm(input, norm.weight, norm.bias, normed, rows, d, eps, mean, rstd);
+    function(normed, output);
+    drop(output);
+    add_inplace(output, input, n);
+  }
+}
+
+// function_backward(d_out, function_input, d_function_input, accumulate) runs the function's
+// backward. d_input (= the sublayer input's gradient) must not alias d_output.
+template <typename FunctionBackward>
+void sublayer_backward(const ModelConfig& config, const LayerNormWeights& norm,
+                       const LayerNormParams<float>& norm_grad, const float* input, int64_t rows,
+                       float dropout, SublayerCache& cache, const float* d_output, float* d_input,
+                       BackwardScratch& scratch, FunctionBackward&& function_backward) {
+  const int64_t d = config.d_model, n = rows * d;
+  float* d_function_out = ensure_size(scratch.d_sublayer, n);  // [rows, D]
+  const float* mean = cache.norm.mean.data();
+  const float* rstd = cache.norm.rstd.data();
+  if (config.norm == NormPosition::kPost) {
+    // d residual = LN backward; it flows to the input directly and through the dropout to F.
+    layer_norm_backward(d_output, cache.residual.data(), mean, rstd, norm.weight, d_input,
+                        norm_grad.weight, norm_grad.bias, rows, d, false);
+    std::copy_n(d_input, n, d_function_out);
+    if (dropout > 0.f) apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
+    function_backward(d_function_out, input, d_input, true);
+  } else {
+    std::copy_n(d_output, n, d_input);
+    std::copy_n(d_output, n, d_function_out);
+    if (dropout > 0.f) apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
+    float* d_normed = ensure_size(scratch.d_normed, n);  // [rows, D]
+    function_backward(d_function_out, cache.normed.data(), d_normed, false);
+    layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_input, norm_grad.weight,
+                        norm_grad.bias, rows, d, true);
+  }
+}
+
+AttentionInputs self_attention_inputs(const ModelConfig& config, const float* x, int64_t batch,
+                                      int64_t len, const int32_t* lengths, bool causal,
+                                      float dropout, uint64_t key) {
+  AttentionInputs in;
+  in.query_input = in.memory_input = x;
+  in.batch = batch;
+  in.query_len = in.key_len = len;
+  in.mask.key_lengths = lengths;
+  in.mask.causal = causal;
+  in.mask.window = config.self_attention_window;
+  in.dropout = dropout;
+  in.dropout_key = key;
+  return in;
+}
+
+AttentionInputs cross_attention_inputs(const float* x, const float* memory, int64_t batch,
+                                       int64_t tgt_len, int64_t src_len,
+                                       const int32_t* src_lengths, float dropout, uint64_t key) {
+  AttentionInputs in;
+  in.query_input = x;
+  in.memory_input = memory;
+  in.batch = batch;
+  in.query_len = tgt_len;
+  in.key_len = src_len;
+  in.mask.key_lengths = src_lengths;
+  in.dropout = dropout;
+  in.dropout_key = key;
+  return in;
+}
+
+template <typename LayerCache>
+LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t layers,
+                        int64_t i) {
+  const size_t needed = training ? size_t(layers) : size_t(std::min<int64_t>(layers, 2));
+  if (caches.size() < needed) caches.resize(needed);
+  return caches[training ? size_t(i) : size_t(i % 2)];
+}
+
+// x [rows, D] = embeddings + positions, then dropout with its own mask.
+void embed_with_dropout(const ModelConfig& config, const float* table, const float* positions,
+                        const int32_t* ids, int64_t batch, int64_t len, float dropout,
+                        uint64_t key, std::vector<float>& out, std::vector<uint8_t>& mask) {
+  const int64_t n = batch * len * config.d_model;
+  float* x = ensure_size(out, n);
+  embed_forward(config, table, positions, ids, batch, len, 0, x);
+  if (dropout > 0.f) {
+    dropout_mask(ensure_size(mask, n), n, dropout, key);
+    apply_dropout(x, mask.data(), n, dropout);
+  }
+}
+
+// out = LayerNorm(in) for pre-norm stacks (final norm), a copy for post-norm.
+void final_norm(const ModelConfig& config, const LayerNormWeights& norm, const float* in,
+                int64_t rows, LayerNormCache& cache, std::vector<float>& out) {
+  const int64_t d = config.d_model;
+  float* y = ensure_size(out, rows * d);
+  if (config.norm == NormPosition::kPre) {
+    layer_norm(in, norm.weight, norm.bias, y, rows, d, float(config.layer_norm_eps),
+               ensure_size(cache.mean, rows), ensure_size(cache.rstd, rows));
+  } else {
+    std::copy_n(in, rows * d, y);
+  }
+}
+
+}  // namespace
+
+void encoder_layer_forward(const ModelConfig& config, const EncoderLayerWeights& w,
+                           const float* input, int64_t batch, int64_t src_len,
+                           const int32_t* src_lengths, const DropoutOptions& dropout,
+                           int64_t layer_index, EncoderLayerCache& cache) {
+  const int64_t rows = batch * src_len;
+  sublayer_forward(config, w.norm1, input, rows, dropout.dropout,
+                   dropout_key(dropout.seed, encoder_site(layer_index, 0)), cache.attention_sublayer,
+                   [&](const float* x, float* out) {
+                     const AttentionInputs in = self_attention_inputs(
+                         config, x, batch, src_len, src_lengths, false, dropout.attention_dropout,
+                         dropout_key(dropout.seed, encoder_site(layer_index, 1)));
+                     multi_head_attention_forward(w.self_attn, config.heads, in, cache.self_attn, out);
+                   });
+  sublayer_forward(config, w.norm2, cache.attention_sublayer.output.data(), rows, dropout.dropout,
+                   dropout_key(dropout.seed, encoder_site(layer_index, 2)), cache.ffn_sublayer,
+                   [&](const float* x, float* out) {
+                     feed_forward_forward(w.ffn, config.activation, x, rows, dropout.relu_dropout,
+                                          dropout_key(dropout.seed, encoder_site(layer_index, 3)),
+                                          cache.ffn, out);
+                   });
+}
+
+void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights& w,
+                           const float* input, int64_t batch, int64_t tgt_len,
+                           const int32_t* tgt_lengths, const float* memory, int64_t src_len,
+                           const int32_t* src_lengths, const DropoutOptions& dropout,
+                           int64_t layer_index, DecoderLayerCache& cache) {
+  const int64_t rows = batch * tgt_len;
+  sublayer_forward(config, w.norm1, input, rows, dropout.dropout,
+                   dropout_key(dropout.seed, decoder_site(layer_index, 0)), cache.self_sublayer,
+                   [&](const float* x, float* out) {
+                     const AttentionInputs in = self_attention_inputs(
+                         config, x, batch, tgt_len, tgt_lengths, true, dropout.attention_dropout,
+                         dropout_key(dropout.seed, decoder_site(layer_index, 1)));
+                     multi_head_attention_forward(w.self_attn, config.heads, in, cache.self_attn, out);
+                   });
+  sublayer_forward(config, w.norm2, cache.self_sublayer.output.data(), rows, dropout.dropout,
+                   dropout_key(dropout.seed, decoder_site(layer_index, 2)), cache.cross_sublayer,
+                   [&](const float* x, float* out) {
+                     const AttentionInputs in = cross_attention_inputs(
+                         x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout,
+                         dropout_key(dropout.seed, decoder_site(layer_index, 3)));
+                     multi_head_attention_forward(w.cross_attn, config.heads, in, cache.cross_attn, out);
+                   });
+  sublayer_forward(config, w.norm3, cache.cross_sublayer.output.data(), rows, dropout.dropout,
+                   dropout_key(dropout.seed, decoder_site(layer_index, 4)), cache.ffn_sublayer,
+                   [&](const float* x, float* out) {
+                     feed_forward_forward(w.ffn, config.activation, x, rows, dropout.relu_dropout,
+                                          dropout_key(dropout.seed, decoder_site(layer_index, 5)),
+                                          cache.ffn, out);
+                   });
+}
+
+void encoder_forward(const Model& model, const TokenBatch& batch, const DropoutOptions& dropout,
+                     StackCache& cache) {
+  const ModelConfig& config = model.config();
+  const TransformerWeights& w = model.weights();
+  const int64_t layers = config.encoder_layers;
+  embed_with_dropout(config, w.src_embed, model.encoder_positions(), batch.src_ids.data(),
+                     batch.batch, batch.src_len, dropout.dropout,
+                     dropout_key(dropout.seed, kEncoderInputSite), cache.encoder_input,
+                     cache.encoder_input_mask);
+  const float* x = cache.encoder_input.data();
+  for (int64_t i = 0; i < layers; ++i) {
+    EncoderLayerCache& layer = layer_cache(cache.encoder_layers, cache.training, layers, i);
+    encoder_layer_forward(config, w.encoder_layers[size_t(i)], x, batch.batch, batch.src_len,
+                          batch.src_lengths.data(), dropout, i, layer);
+    x = layer.output();
+  }
+  final_norm(config, w.encoder_norm, x, batch.batch * batch.src_len, cache.encoder_norm,
+             cache.memory);
+}
+
+void decoder_forward(const Model& model, const TokenBatch& batch, const DropoutOptions& dropout,
+                     StackCache& cache) {
+  const ModelConfig& config = model.config();
+  const TransformerWeights& w = model.weights();
+  const int64_t layers = config.decoder_layers;
+  embed_with_dropout(config, w.tgt_embed, model.decoder_positions(), batch.tgt_in.data(),
+                     batch.batch, batch.tgt_len, dropout.dropout,
+                     dropout_key(dropout.seed, kDecoderInputSite), cache.decoder_input,
+                     cache.decoder_input_mask);
+  const float* x = cache.decoder_input.data();
+  for (int64_t i = 0; i < layers; ++i) {
+    DecoderLayerCache& layer = layer_cache(cache.decoder_layers, cache.training, layers, i);
+    decoder_layer_forward(config, w.decoder_layers[size_t(i)], x, batch.batch, batch.tgt_len,
+                          batch.tgt_lengths.data(), cache.memory.data(), batch.src_len,
+                          batch.src_lengths.data(), dropout, i, layer);
+    x = layer.output();
+  }
+  final_norm(config, w.decoder_norm, x, batch.batch * batch.tgt_len, cache.decoder_norm,
+             cache.decoder_out);
+}
+
+void stacks_backward(const Model& model, const TransformerGradients& g, const TokenBatch& batch,
+                     const DropoutOptions& dropout, StackCache& cache,
+                     const float* d_decoder_out, BackwardScratch& scratch) {
+  const ModelConfig& config = model.config();
+  const TransformerWeights& w = model.weights();
+  const int64_t d = config.d_model;
+  const int64_t B = batch.batch, S = batch.src_len, T = batch.tgt_len;
+  const int64_t max_rows = B * std::max(S, T);
+  float* stream[2] = {ensure_size(scratch.d_stream[0], max_rows * d),
+                      ensure_size(scratch.d_stream[1], max_rows * d)};
+  float* d_memory = ensure_size(scratch.d_memory, B * S * d);  // [B, S, D]
+  std::fill_n(d_memory, B * S * d, 0.f);
+  int current = 0;  // stream[current] holds the gradient flowing down the residual stream
+
+  // Final norm (pre-norm) or identity, from the stack output to the last layer's output.
+  auto final_norm_backward = [&](const LayerNormWeights& norm, const LayerNormParams<float>& ng,
+                                 const float* last_output, LayerNormCache& norm_cache,
+                                 const float* d_out, int64_t rows) {
+    if (config.norm == NormPosition::kPre) {
+      layer_norm_backward(d_out, last_output, norm_cache.mean.data(), norm_cache.rstd.data(),
+                          norm.weight, stream[current], ng.weight, ng.bias, rows, d, false);
+    } else {
+      std::copy_n(d_out, rows * d, stream[current]);
+    }
+  };
+  // Runs one sublayer's backward from stream[current] into the other buffer.
+  auto sublayer = [&](const LayerNormWeights& norm, const LayerNormParams<float>& ng,
+                      const float* input, int64_t rows, SublayerCache& sub_cache,
+                      auto&& function_backward) {
+    sublayer_backward(config, norm, ng, input, rows, dropout.dropout, sub_cache, stream[current],
+                      stream[1 - current], scratch, function_backward);
+    current = 1 - current;
+  };
+
+  // Decoder, top to bottom.
+  const int64_t tgt_rows = B * T;
+  const int64_t dec_layers = config.decoder_layers;
+  final_norm_backward(w.decoder_norm, g.decoder_norm, cache.decoder_layers.back().output(),
+                      cache.decoder_norm, d_decoder_out, tgt_rows);
+  for (int64_t i = dec_layers - 1; i >= 0; --i) {
+    DecoderLayerCache& lc = cache.decoder_layers[size_t(i)];
+    const DecoderLayerWeights& lw = w.decoder_layers[size_t(i)];
+    const DecoderLayer<float>& lg = g.decoder_layers[size_t(i)];
+    const float* input = i == 0 ? cache.decoder_input.data() : cache.decoder_layers[size_t(i - 1)].output();
+    sublayer(lw.norm3, lg.norm3, lc.cross_sublayer.output.data(), tgt_rows, lc.ffn_sublayer,
+             [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+               feed_forward_backward(lw.ffn, lg.ffn, config.activation, x, tgt_rows,
+                                     dropout.relu_dropout, lc.ffn, d_out, scratch, dx, accumulate);
+             });
+    sublayer(lw.norm2, lg.norm2, lc.self_sublayer.output.data(), tgt_rows, lc.cross_sublayer,
+             [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+               const AttentionInputs in = cross_attention_inputs(
+                   x, cache.memory.data(), B, T, S, batch.src_lengths.data(),
+                   dropout.attention_dropout, 0);
+               multi_head_attention_backward(lw.cross_attn, lg.cross_attn, config.heads, in,
+                                             lc.cross_attn, d_out, scratch, dx, accumulate, d_memory);
+             });
+    sublayer(lw.norm1, lg.norm1, input, tgt_rows, lc.self_sublayer,
+             [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+               const AttentionInputs in = self_attention_inputs(
+                   config, x, B, T, batch.tgt_lengths.data(), true, dropout.attention_dropout, 0);
+               // Self-attention: the query and memory inputs are the same tensor.
+               if (!accumulate) std::fill_n(dx, tgt_rows * d, 0.f);
+               multi_head_attention_backward(lw.self_attn, lg.self_attn, config.heads, in,
+                                             lc.self_attn, d_out, scratch, dx, true, dx);
+             });
+  }
+  if (dropout.dropout > 0.f)
+    apply_dropout(stream[current], cache.decoder_input_mask.data(), tgt_rows * d, dropout.dropout);
+  embed_backward(config, stream[current], batch.tgt_in.data(), B, T, g.tgt_embed,
+                 g.decoder_pos_embed);
+
+  // Encoder, from the gradient its output received from every cross-attention.
+  const int64_t src_rows = B * S;
+  const int64_t enc_layers = config.encoder_layers;
+  final_norm_backward(w.encoder_norm, g.encoder_norm, cache.encoder_layers.back().output(),
+                      cache.encoder_norm, d_memory, src_rows);
+  for (int64_t i = enc_layers - 1; i >= 0; --i) {
+    EncoderLayerCache& lc = cache.encoder_layers[size_t(i)];
+    const EncoderLayerWeights& lw = w.encoder_layers[size_t(i)];
+    const EncoderLayer<float>& lg = g.encoder_layers[size_t(i)];
+    const float* input = i == 0 ? cache.encoder_input.data() : cache.encoder_layers[size_t(i - 1)].output();
+    sublayer(lw.norm2, lg.norm2, lc.attention_sublayer.output.data(), src_rows, lc.ffn_sublayer,
+             [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+               feed_forward_backward(lw.ffn, lg.ffn, config.activation, x, src_rows,
+                                     dropout.relu_dropout, lc.ffn, d_out, scratch, dx, accumulate);
+             });
+    sublayer(lw.norm1, lg.norm1, input, src_rows, lc.attention_sublayer,
+             [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+               const AttentionInputs in = self_attention_inputs(
+                   config, x, B, S, batch.src_lengths.data(), false, dropout.attention_dropout, 0);
+               if (!accumulate) std::fill_n(dx, src_rows * d, 0.f);
+               multi_head_attention_backward(lw.self_attn, lg.self_attn, config.heads, in,
+                                             lc.self_attn, d_out, scratch, dx, true, dx);
+             });
+  }
+  if (dropout.dropout > 0.f)
+    apply_dropout(stream[current], cache.encoder_input_mask.data(), src_rows * d, dropout.dropout);
+  embed_backward(config, stream[current], batch.src_ids.data(), B, S, g.src_embed,
+                 g.encoder_pos_embed);
+}
+
+}  // namespace tfm

@@ -1,0 +1,92 @@
+// The encoder and decoder stacks of §3.1 (Figure 1) as forward / backward pairs. Each layer is
+// a chain of residual sublayers — post-norm LayerNorm(x + Dropout(F(x))) as in the paper, or
+// pre-norm x + Dropout(F(LayerNorm(x))) — and saves what its backward needs in its cache.
+// Inference runs the same code with two alternating layer caches and dropout 0.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/layers.h"
+
+namespace tfm {
+
+class Model;
+struct TokenBatch;
+
+struct LayerNormCache {
+  std::vector<float> mean;  // [rows]
+  std::vector<float> rstd;  // [rows]
+};
+
+// One residual sublayer around a function F (attention or feed-forward).
+struct SublayerCache {
+  std::vector<float> normed;          // [rows, D] pre-norm: LayerNorm(input), F's input
+  std::vector<float> residual;        // [rows, D] post-norm: input + Dropout(F), the norm's input
+  LayerNormCache norm;
+  std::vector<uint8_t> dropout_mask;  // [rows, D] when dropout > 0
+  std::vector<float> output;          // [rows, D]
+};
+
+struct EncoderLayerCache {
+  SublayerCache attention_sublayer, ffn_sublayer;
+  AttentionCache self_attn;
+  FeedForwardCache ffn;
+  const float* output() const { return ffn_sublayer.output.data(); }  // [B, S, D]
+};
+
+struct DecoderLayerCache {
+  SublayerCache self_sublayer, cross_sublayer, ffn_sublayer;
+  AttentionCache self_attn, cross_attn;
+  FeedForwardCache ffn;
+  const float* output() const { return ffn_sublayer.output.data(); }  // [B, T, D]
+};
+
+// Dropout probabilities and the key that makes every mask of one step reproducible.
+struct DropoutOptions {
+  float dropout = 0.f;            // sublayer outputs and embedding sums (the paper's P_drop)
+  float attention_dropout = 0.f;  // attention weights
+  float relu_dropout = 0.f;       // feed-forward hidden layer
+  uint64_t seed = 0;              // mixed with a site number per dropout location
+};
+
+struct StackCache {
+  bool training = false;               // keep every layer's cache for backward
+  std::vector<float> encoder_input;    // [B, S, D] embeddings + positions (after dropout)
+  std::vector<uint8_t> encoder_input_mask;
+  std::vector<EncoderLayerCache> encoder_layers;  // N when training, else 2 (alternating)
+  LayerNormCache encoder_norm;
+  std::vector<float> memory;           // [B, S, D] encoder output
+  std::vector<float> decoder_input;    // [B, T, D]
+  std::vector<uint8_t> decoder_input_mask;
+  std::vector<DecoderLayerCache> decoder_layers;
+  LayerNormCache decoder_norm;
+  std::vector<float> decoder_out;      // [B, T, D] decoder output
+};
+
+// Single layers from `input`, output in the cache (used by the stacks and by layer-level tests).
+// input: [B, S, D]; src_lengths: [B]; layer_index numbers the dropout sites.
+void encoder_layer_forward(const ModelConfig& config, const EncoderLayerWeights& w,
+                           const float* input, int64_t batch, int64_t src_len,
+                           const int32_t* src_lengths, const DropoutOptions& dropout,
+                           int64_t layer_index, EncoderLayerCache& cache);
+// input: [B, T, D]; memory: [B, S, D].
+void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights& w,
+                           const float* input, int64_t batch, int64_t tgt_len,
+                           const int32_t* tgt_lengths, const float* memory, int64_t src_len,
+                           const int32_t* src_lengths, const DropoutOptions& dropout,
+                           int64_t layer_index, DecoderLayerCache& cache);
+
+// cache.memory = encoder stack output; cache.decoder_out = decoder stack output.
+void encoder_forward(const Model& model, const TokenBatch& batch, const DropoutOptions& dropout,
+                     StackCache& cache);
+void decoder_forward(const Model& model, const TokenBatch& batch, const DropoutOptions& dropout,
+                     StackCache& cache);
+
+// Backward through both stacks (cache from a training forward) given d_decoder_out [B, T, D];
+// accumulates every parameter gradient, embeddings included.
+void stacks_backward(const Model& model, const TransformerGradients& g, const TokenBatch& batch,
+                     const DropoutOptions& dropout, StackCache& cache,
+                     const float* d_decoder_out, BackwardScratch& scratch);
+
+}  // namespace tfm

@@ -1,0 +1,44 @@
+// One batch through the whole model and back: the label-smoothed cross-entropy of DESIGN.md §4
+// on every real target position (eos included, padding excluded), and the gradient of
+// grad_scale × Σ loss with respect to every parameter, accumulated into the gradient buffers.
+#pragma once
+
+#include <vector>
+
+#include "model/stacks.h"
+#include "model/transformer.h"
+
+namespace tfm {
+
+struct LossTotals {
+  double loss = 0;      // Σ over target tokens of the smoothed loss
+  double nll = 0;       // Σ over target tokens of −log p(y) (perplexity = exp(nll / tokens))
+  int64_t tokens = 0;   // target tokens (eos included)
+  int64_t correct = 0;  // target tokens whose argmax prediction is right (teacher-forced)
+
+  LossTotals& operator+=(const LossTotals& o) {
+    loss += o.loss;
+    nll += o.nll;
+    tokens += o.tokens;
+    correct += o.correct;
+    return *this;
+  }
+};
+
+struct TrainingWorkspace {
+  StackCache cache;                 // training = true: every layer's activations
+  BackwardScratch scratch;
+  std::vector<float> states;        // [tokens, D] decoder outputs at real positions
+  std::vector<float> d_states;      // [tokens, D]
+  std::vector<float> logits;        // [chunk, V] logits, then their gradient
+  std::vector<float> d_decoder_out; // [B, T, D]
+  std::vector<int32_t> labels;      // [tokens]
+  std::vector<int64_t> rows;        // [tokens] flat b * T + t of each real position
+};
+
+// With grad_scale = 0 only the loss is computed (no backward): validation.
+LossTotals loss_and_gradients(const Model& model, const TransformerGradients& gradients,
+                              const TokenBatch& batch, const DropoutOptions& dropout,
+                              float label_smoothing, float grad_scale, TrainingWorkspace& ws);
+
+}  // namespace tfm
