@@ -91,14 +91,19 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float* y,
 void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
                          const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
                          int64_t cols, bool accumulate) {
-#pragma omp parallel if (rows * cols > 32768)
-  {
-    // Per-thread partial sums of dgamma / dbeta, added under a lock at the end.
-    std::vector<float> local_dgamma(size_t(cols), 0.f), local_dbeta(size_t(cols), 0.f);
-    float* lg = local_dgamma.data();
-    float* lb = local_dbeta.data();
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+  // Rows are split into a fixed number of contiguous blocks whose partial dgamma / dbeta sums
+  // are added in block order, so results do not depend on thread scheduling (resumed training
+  // must reproduce an uninterrupted run bit for bit).
+  constexpr int64_t kBlocks = 8;
+  thread_local std::vector<float> partials;
+  partials.assign(size_t(2 * kBlocks * cols), 0.f);
+  float* partial = partials.data();
+#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+  for (int64_t block = 0; block < kBlocks; ++block) {
+    float* lg = partial + block * 2 * cols;
+    float* lb = lg + cols;
+    const int64_t begin = rows * block / kBlocks, end = rows * (block + 1) / kBlocks;
+    for (int64_t r = begin; r < end; ++r) {
       const float* g = dy + r * cols;
       const float* in = x + r * cols;
       float* out = dx + r * cols;
@@ -124,7 +129,10 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
           out[c] = s * (g[c] * gamma[c] - mean_gy - (in[c] - m) * s * mean_gy_xhat);
       }
     }
-#pragma omp critical
+  }
+  for (int64_t block = 0; block < kBlocks; ++block) {
+    const float* lg = partial + block * 2 * cols;
+    const float* lb = lg + cols;
     for (int64_t c = 0; c < cols; ++c) {
       dgamma[c] += lg[c];
       dbeta[c] += lb[c];

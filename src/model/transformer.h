@@ -25,6 +25,8 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const TransformerWeights& weights() const { return weights_; }
   const TensorMap& parameters() const { return parameters_; }
+  // For optimizers: values may change in place, never shapes or names (the views stay valid).
+  TensorMap& mutable_parameters() { return parameters_; }
   // [max_positions, D] encodings added to the encoder / decoder inputs, or null for "none".
   const float* encoder_positions() const;
   const float* decoder_positions() const;

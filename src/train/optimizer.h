@@ -1,0 +1,47 @@
+// The optimizer of §5.3: Adam (β1 0.9, β2 0.98, ε 1e-9) with the paper's learning-rate
+// schedule lrate = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), or a constant
+// rate; plain SGD for tests; optional clipping of the global gradient norm.
+#pragma once
+
+#include <string>
+
+#include "kernels/optimizer.h"
+#include "tensor/tensor.h"
+
+namespace tfm {
+
+struct OptimizerOptions {
+  std::string algorithm = "adam";  // "adam" | "sgd"
+  std::string schedule = "noam";   // "noam" (the paper's) | "constant"
+  double lr = 1e-3;                // constant schedule's rate
+  double lr_factor = 1.0;          // multiplies the noam schedule
+  int64_t warmup = 4000;
+  float beta1 = 0.9f, beta2 = 0.98f, eps = 1e-9f;
+  double clip_norm = 0;            // 0: no clipping
+};
+
+// The learning rate of step (1-based).
+double learning_rate(const OptimizerOptions& o, int64_t d_model, int64_t step);
+
+class Optimizer {
+ public:
+  Optimizer(OptimizerOptions options, const TensorMap& parameters);
+
+  // Applies one update with gradients (optionally clipped first, in place); step becomes
+  // step() + 1. Returns the gradient norm before clipping.
+  double apply(TensorMap& parameters, TensorMap& gradients, int64_t d_model);
+
+  int64_t step() const { return step_; }
+  void set_step(int64_t step) { step_ = step; }
+  // Adam moments, named "adam_m.<param>" / "adam_v.<param>", for checkpoints.
+  TensorMap state() const;
+  void load_state(const TensorMap& tensors, const std::string& where);
+  const OptimizerOptions& options() const { return options_; }
+
+ private:
+  OptimizerOptions options_;
+  int64_t step_ = 0;
+  TensorMap first_moment_, second_moment_;
+};
+
+}  // namespace tfm
