@@ -1,0 +1,69 @@
+// `transformer vocab`: a joint byte-pair-encoding vocabulary (the paper's shared source-target
+// BPE, §5.1) trained with SentencePiece, with the special ids of DESIGN.md §4:
+// pad 0, bos 1, eos 2, unk 3.
+#include <sentencepiece_trainer.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli/commands.h"
+#include "io/file_util.h"
+#include "tensor/error.h"
+
+// Declared by SentencePiece's internal headers, which Debian does not install.
+namespace sentencepiece::logging {
+void SetMinLogLevel(int level);
+}
+
+namespace tfm {
+
+CommandRunner add_vocab_command(CLI::App& app) {
+  struct Options {
+    std::vector<std::string> inputs;
+    int64_t size = 8000;
+    std::string output;
+    double character_coverage = 1.0;
+    int64_t max_sentences = 2000000;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("--input", o->inputs, "Text files, one sentence per line (source and target)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--size", o->size, "Vocabulary size, special tokens included (default 8000)")
+      ->check(CLI::Range(int64_t(8), int64_t(1) << 22));
+  app.add_option("-o,--output", o->output, "SentencePiece model file to write (e.g. vocab.spm)")
+      ->required();
+  app.add_option("--character-coverage", o->character_coverage,
+                 "Share of characters covered by the vocabulary (default 1.0; 0.9995 for CJK)");
+  app.add_option("--max-sentences", o->max_sentences,
+                 "Train on at most this many sentences, sampled (default 2,000,000)");
+  app.footer("Example:\n  transformer vocab --input train.en train.es --size 8000 -o vocab.spm");
+  return [o] {
+    std::string inputs;
+    for (const auto& f : o->inputs) inputs += (inputs.empty() ? "" : ",") + f;
+    const std::filesystem::path output(o->output);
+    const std::string prefix = (output.parent_path().empty() ? std::filesystem::path(".") : output.parent_path()) /
+                               (".vocab-" + std::to_string(::getpid()));
+    const std::string args =
+        "--input=" + inputs + " --model_prefix=" + prefix + " --model_type=bpe --vocab_size=" +
+        std::to_string(o->size) + " --character_coverage=" + std::to_string(o->character_coverage) +
+        " --pad_id=0 --bos_id=1 --eos_id=2 --unk_id=3 --pad_piece=<pad> --input_sentence_size=" +
+        std::to_string(o->max_sentences) + " --shuffle_input_sentence=true --num_threads=2 --minloglevel=1";
+    sentencepiece::logging::SetMinLogLevel(1);  // warnings and errors only
+    const auto status = sentencepiece::SentencePieceTrainer::Train(args);
+    std::remove((prefix + ".vocab").c_str());
+    if (!status.ok()) {
+      std::remove((prefix + ".model").c_str());
+      throw Error("SentencePiece training failed: " + status.ToString());
+    }
+    if (std::rename((prefix + ".model").c_str(), o->output.c_str()) != 0) {
+      std::remove((prefix + ".model").c_str());
+      throw Error(o->output + ": cannot write");
+    }
+    std::printf("wrote %s: %lld-token BPE vocabulary\n", o->output.c_str(), (long long)o->size);
+  };
+}
+
+}  // namespace tfm

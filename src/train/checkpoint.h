@@ -1,0 +1,48 @@
+// Training checkpoints in a model directory:
+//   DIR/model.safetensors            the latest model (what translate / score load)
+//   DIR/checkpoint.safetensors       model + Adam moments + training state, one atomic file,
+//                                    everything --resume needs to continue bit for bit
+//   DIR/checkpoints/step-N.safetensors  the last --keep models, for `transformer average`
+//   DIR/model.best.safetensors       the model with the best validation perplexity
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/transformer.h"
+#include "train/optimizer.h"
+
+namespace tfm {
+
+struct TrainingState {
+  int64_t step = 0;
+  int64_t epoch = 0;        // epochs completed
+  int64_t batch_index = 0;  // next batch of this epoch's plan
+  uint64_t seed = 1;
+  double best_valid_nll = -1;  // per token; < 0: none yet
+  int64_t validations_without_improvement = 0;
+  int64_t target_tokens_seen = 0;
+  double train_seconds = 0;
+
+  nlohmann::json to_json() const;
+  static TrainingState from_json(const nlohmann::json& j, const std::string& where);
+};
+
+// Writes the snapshot, the checkpoint and the latest model (each atomically, in that order),
+// then deletes snapshots beyond the newest `keep`.
+void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& optimizer,
+                     const TrainingState& state, int64_t keep);
+
+struct LoadedCheckpoint {
+  Model model;
+  TensorMap optimizer_state;
+  TrainingState state;
+};
+LoadedCheckpoint load_checkpoint(const std::string& dir);
+bool has_checkpoint(const std::string& dir);
+
+// Snapshot files in DIR/checkpoints, oldest first.
+std::vector<std::string> list_snapshots(const std::string& dir);
+
+}  // namespace tfm

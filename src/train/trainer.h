@@ -1,0 +1,50 @@
+// The training loop of `transformer train`: token batches grouped by length and shuffled per
+// epoch, gradient accumulation, Adam with the paper's schedule, dropout, label smoothing,
+// validation with best-model keeping and early stopping, periodic atomic checkpoints, resume
+// that continues bit for bit, and a clean save on SIGINT / SIGTERM.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "train/optimizer.h"
+
+namespace tfm {
+
+struct TrainOptions {
+  std::string model_dir;
+  std::string train_src, train_tgt, valid_src, valid_tgt;
+  bool ids = false;
+  std::vector<std::string> vocabularies;  // one joint, or source + target (.spm or token .txt)
+  int64_t max_length = 256;
+  int64_t batch_tokens = 4096;
+  int64_t accumulate = 1;
+
+  bool has_config = false;  // config below is used for a new model (not --init / --resume)
+  ModelConfig config;
+  std::string init_path;
+  bool resume = false;
+
+  float label_smoothing = 0.1f;
+  float dropout = 0.1f, attention_dropout = 0.f, relu_dropout = 0.f;
+  OptimizerOptions optimizer;
+  uint64_t seed = 1;
+
+  int64_t max_steps = 0, max_epochs = 0;  // 0: unlimited
+  double max_minutes = 0;
+  int64_t valid_every = 500, save_every = 500, log_every = 100;
+  int64_t keep = 5, early_stopping = 0;
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double last_loss = 0;            // per target token, last logged interval
+  double best_valid_nll = -1;
+  bool interrupted = false;
+};
+
+// Throws Error on bad data or options. Installs SIGINT / SIGTERM handlers while it runs.
+TrainResult train(const TrainOptions& options);
+
+}  // namespace tfm
