@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
   add("vocab", "Train a joint BPE SentencePiece vocabulary from text files", tfm::add_vocab_command);
   add("train", "Train a model (from scratch, from --init, or --resume)", tfm::add_train_command);
   add("average", "Average the parameters of several checkpoints", tfm::add_average_command);
+  add("translate", "Translate text with greedy or beam search", tfm::add_translate_command);
+  add("bleu", "Corpus BLEU (and chrF) of hypotheses against references, sacreBLEU-compatible",
+      tfm::add_bleu_command);
   add("score", "Log-probability of each target given its source (force decoding)",
       tfm::add_score_command);
   add("import-ctranslate2",
