@@ -55,6 +55,38 @@ inline void masked_softmax_row(float* row, int64_t key_len, int64_t begin, int64
   for (int64_t j = begin; j < end; ++j) row[j] *= inv_sum;
 }
 
+int64_t key_batch_stride(const AttentionShape& s) {
+  return s.k_batch_stride ? s.k_batch_stride : s.key_len * s.k_row_stride;
+}
+int64_t value_batch_stride(const AttentionShape& s) {
+  return s.v_batch_stride ? s.v_batch_stride : s.key_len * s.v_row_stride;
+}
+
+// One query row against key_count keys with plain vectorised loops: at decoding time a GEMM
+// call per (hypothesis, head) would cost more in overhead than the arithmetic.
+void single_query_attention(const AttentionShape& s, const AttentionMask& mask, int64_t key_count,
+                            float scale, const float* q, const float* k, const float* v,
+                            float* probs, float* out) {
+  const int64_t d = s.head_dim;
+  int64_t begin, end;
+  visible_keys(mask, key_count, mask.query_offset, &begin, &end);
+  for (int64_t j = begin; j < end; ++j) {
+    const float* key = k + j * s.k_row_stride;
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t c = 0; c < d; ++c) dot += q[c] * key[c];
+    probs[j] = dot;
+  }
+  masked_softmax_row(probs, s.key_len, begin, end, scale);
+  for (int64_t c = 0; c < d; ++c) out[c] = 0.f;
+  for (int64_t j = begin; j < end; ++j) {
+    const float p = probs[j];
+    const float* value = v + j * s.v_row_stride;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) out[c] += p * value[c];
+  }
+}
+
 // Per-thread scratch of at least n floats, reused across calls (no allocation once warm).
 float* thread_scratch(int64_t n, int slot) {
   thread_local std::vector<float> buffers[2];
@@ -82,13 +114,18 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
 #pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t b = pair / s.heads, h = pair % s.heads;
+    const int64_t kb = mask.key_batch ? mask.key_batch[b] : b;
     const int64_t key_count =
-        mask.key_lengths ? std::min<int64_t>(mask.key_lengths[b], s.key_len) : s.key_len;
+        mask.key_lengths ? std::min<int64_t>(mask.key_lengths[kb], s.key_len) : s.key_len;
     const float* q_bh = q + b * s.query_len * s.q_row_stride + h * s.head_dim;
-    const float* k_bh = k + b * s.key_len * s.k_row_stride + h * s.head_dim;
-    const float* v_bh = v + b * s.key_len * s.v_row_stride + h * s.head_dim;
+    const float* k_bh = k + kb * key_batch_stride(s) + h * s.head_dim;
+    const float* v_bh = v + kb * value_batch_stride(s) + h * s.head_dim;
     float* out_bh = out + b * s.query_len * s.out_row_stride + h * s.head_dim;
     float* p_bh = probs + pair * pair_size;  // [Tq, Tk]
+    if (s.query_len == 1 && dropout.p == 0.f) {  // incremental decoding: dot products, no GEMM
+      single_query_attention(s, mask, key_count, scale, q_bh, k_bh, v_bh, p_bh, out_bh);
+      continue;
+    }
 
     // Only the first key_count keys can be visible: skip padded keys in both GEMMs.
     if (key_count > 0)
@@ -123,8 +160,8 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
     const int64_t key_count =
         mask.key_lengths ? std::min<int64_t>(mask.key_lengths[b], s.key_len) : s.key_len;
     const int64_t q_offset = b * s.query_len * s.q_row_stride + h * s.head_dim;
-    const int64_t k_offset = b * s.key_len * s.k_row_stride + h * s.head_dim;
-    const int64_t v_offset = b * s.key_len * s.v_row_stride + h * s.head_dim;
+    const int64_t k_offset = b * key_batch_stride(s) + h * s.head_dim;
+    const int64_t v_offset = b * value_batch_stride(s) + h * s.head_dim;
     const float* d_out_bh = d_out + b * s.query_len * s.out_row_stride + h * s.head_dim;
     const float* p_bh = probs + pair * pair_size;  // [Tq, Tk]
     const uint8_t* mask_bh = dropout.p > 0.f ? dropout.mask + pair * pair_size : nullptr;

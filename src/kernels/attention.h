@@ -19,13 +19,20 @@ struct AttentionShape {
   int64_t k_row_stride = 0;
   int64_t v_row_stride = 0;
   int64_t out_row_stride = 0;
+  // Distance between consecutive sequences; 0 means len × row stride (a dense batch). A KV
+  // cache with room for more positions than key_len sets these to its capacity × row stride.
+  int64_t k_batch_stride = 0;
+  int64_t v_batch_stride = 0;
 };
 
 // Which keys a query sees. Query t of sequence b has absolute position t + query_offset;
 // key j is visible iff j < key_lengths[b], and j <= position when causal, and the distance
 // is within window (window < 0: unrestricted; causal: position - j <= window).
 struct AttentionMask {
-  const int32_t* key_lengths = nullptr;  // [batch]; null: all key_len keys valid
+  const int32_t* key_lengths = nullptr;  // [key batches]; null: all key_len keys valid
+  // Which key/value sequence serves query sequence b (beam search: the hypotheses of one
+  // sentence share its encoder keys); null: sequence b itself.
+  const int32_t* key_batch = nullptr;
   bool causal = false;
   int64_t window = -1;
   int64_t query_offset = 0;

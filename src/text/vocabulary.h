@@ -28,6 +28,12 @@ class Vocabulary {
   // Throws Error if a token is unknown and the vocabulary has no <unk>.
   std::vector<int32_t> encode(const std::string& line) const;
   std::string decode(const std::vector<int32_t>& ids) const;
+  // Token strings: the pieces a line is split into (unknown words kept as they are), one id's
+  // piece, and the text a sequence of pieces stands for.
+  std::vector<std::string> to_pieces(const std::string& line) const;
+  std::string piece(int32_t id) const;
+  std::string decode_pieces(const std::vector<std::string>& pieces) const;
+  int32_t unk_id() const;
   const std::string& where() const { return where_; }
 
  private:
@@ -38,6 +44,9 @@ class Vocabulary {
   int32_t unk_id_ = -1;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sentencepiece_;
 };
+
+// True when `text` is well-formed UTF-8 (no overlongs, surrogates or values past U+10FFFF).
+bool is_valid_utf8(const std::string& text);
 
 // Parses a line of space-separated non-negative token ids, each < vocab_size.
 // Throws Error("<where>:<line>: ...") on anything else.

@@ -1,0 +1,218 @@
+// `transformer translate`: reads sentences (stdin or --input), translates them with greedy or
+// beam search in length-sorted batches, and writes one line per input in input order (or
+// --nbest lines `index ||| hypothesis ||| score`). Empty lines give empty lines.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "decode/beam_search.h"
+#include "io/file_util.h"
+#include "tensor/error.h"
+#include "text/corpus.h"
+#include "text/model_directory.h"
+
+namespace tfm {
+
+namespace {
+
+struct TranslateOptions {
+  std::string model, input = "-", output;
+  bool ids = false;
+  SearchOptions search;
+  int64_t nbest = 0;  // 0: plain output
+  int64_t batch_tokens = 4096;
+  std::string prefix, prefix_file;
+  bool replace_unknowns = false;
+  bool attention = false;
+};
+
+// Source line i, encoded; empty when the line is empty or skipped.
+struct Source {
+  std::vector<int32_t> ids;
+  std::vector<std::string> pieces;  // for --replace-unknowns
+  bool translate = false;
+};
+
+std::string format_attention(const Hypothesis& h) {
+  std::string out;
+  char buffer[32];
+  for (size_t t = 0; t < h.attention.size(); ++t) {
+    if (t) out += ' ';
+    for (size_t j = 0; j < h.attention[t].size(); ++j) {
+      std::snprintf(buffer, sizeof buffer, j ? ",%.4f" : "%.4f", double(h.attention[t][j]));
+      out += buffer;
+    }
+  }
+  return out;
+}
+
+void run_translate(TranslateOptions o) {
+  ModelBundle bundle = load_model_bundle(o.model, !o.ids);
+  const ModelConfig& config = bundle.model.config();
+  const Vocabulary* source_vocabulary = bundle.source_vocabulary ? &*bundle.source_vocabulary : nullptr;
+  const Vocabulary* target_vocabulary = bundle.target_vocabulary ? &*bundle.target_vocabulary : nullptr;
+  if (o.search.beam < 1) throw Error("--beam must be at least 1");
+  if (o.nbest > o.search.beam) throw Error("--nbest cannot exceed --beam");
+  if (o.replace_unknowns && o.ids) throw Error("--replace-unknowns needs text input, not --ids");
+  o.search.nbest = std::max<int64_t>(o.nbest, 1);
+  o.search.attention = o.attention || o.replace_unknowns;
+  const std::string where = o.input == "-" ? "stdin" : o.input;
+  const std::vector<std::string> lines = read_lines(o.input);
+
+  // Target prefixes: one for all, or one per line.
+  std::vector<std::vector<int32_t>> prefixes;
+  auto encode_target = [&](const std::string& text, const std::string& file, int64_t line) {
+    if (o.ids) return parse_id_line(text, config.tgt_vocab_size, file, line);
+    if (!is_valid_utf8(text)) throw Error(file + ":" + std::to_string(line) + ": invalid UTF-8");
+    return target_vocabulary->encode(text);
+  };
+  if (!o.prefix.empty() && !o.prefix_file.empty()) throw Error("give --prefix or --prefix-file, not both");
+  if (!o.prefix.empty()) {
+    prefixes.assign(lines.size(), encode_target(o.prefix, "--prefix", 1));
+  } else if (!o.prefix_file.empty()) {
+    const auto prefix_lines = read_lines(o.prefix_file);
+    if (prefix_lines.size() != lines.size())
+      throw Error(o.prefix_file + " has " + std::to_string(prefix_lines.size()) + " lines but " + where +
+                  " has " + std::to_string(lines.size()));
+    for (size_t i = 0; i < prefix_lines.size(); ++i)
+      prefixes.push_back(encode_target(prefix_lines[i], o.prefix_file, int64_t(i) + 1));
+  }
+
+  const int64_t limit = config.max_positions - config.position_offset - (config.src_append_eos ? 1 : 0);
+  std::vector<Source> sources(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string at = where + ":" + std::to_string(i + 1);
+    Source& s = sources[i];
+    if (o.ids) {
+      s.ids = parse_id_line(lines[i], config.src_vocab_size, where, int64_t(i) + 1);
+    } else {
+      if (!is_valid_utf8(lines[i])) throw Error(at + ": invalid UTF-8");
+      s.ids = source_vocabulary->encode(lines[i]);
+      if (o.replace_unknowns) s.pieces = source_vocabulary->to_pieces(lines[i]);
+    }
+    if (s.ids.empty()) continue;
+    if (int64_t(s.ids.size()) > limit) {
+      std::fprintf(stderr, "warning: %s: %zu tokens exceed the model's limit of %lld; writing an empty line\n",
+                   at.c_str(), s.ids.size(), (long long)limit);
+      continue;
+    }
+    s.translate = true;
+  }
+
+  // Longest first, batched so that sentences × longest source × beam stays within budget.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < sources.size(); ++i)
+    if (sources[i].translate) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return sources[a].ids.size() > sources[b].ids.size(); });
+  std::vector<std::vector<Hypothesis>> results(sources.size());
+  Progress progress("translate", int64_t(order.size()));
+  for (size_t next = 0; next < order.size();) {
+    const int64_t longest = int64_t(sources[order[next]].ids.size()) + 1;
+    const int64_t count = std::max<int64_t>(1, o.batch_tokens / (longest * o.search.beam));
+    std::vector<std::vector<int32_t>> batch_sources, batch_prefixes;
+    std::vector<size_t> members;
+    for (; next < order.size() && int64_t(members.size()) < count; ++next) {
+      members.push_back(order[next]);
+      batch_sources.push_back(sources[order[next]].ids);
+      if (!prefixes.empty()) batch_prefixes.push_back(prefixes[order[next]]);
+    }
+    auto hypotheses = search(bundle.model, batch_sources, batch_prefixes, o.search);
+    for (size_t m = 0; m < members.size(); ++m) results[members[m]] = std::move(hypotheses[m]);
+    progress.update(int64_t(next));
+  }
+  progress.finish(int64_t(order.size()));
+
+  auto render = [&](size_t line, const Hypothesis& h) {
+    if (o.ids) {
+      std::string text;
+      for (int32_t id : h.tokens) text += (text.empty() ? "" : " ") + std::to_string(id);
+      return text;
+    }
+    std::vector<std::string> pieces;
+    for (size_t t = 0; t < h.tokens.size(); ++t) {
+      std::string piece = target_vocabulary->piece(h.tokens[t]);
+      if (o.replace_unknowns && h.tokens[t] == target_vocabulary->unk_id() && t < h.attention.size()) {
+        const auto& weights = h.attention[t];
+        const size_t best = size_t(std::max_element(weights.begin(), weights.end()) - weights.begin());
+        if (best < sources[line].pieces.size()) piece = sources[line].pieces[best];
+      }
+      pieces.push_back(piece);
+    }
+    return target_vocabulary->decode_pieces(pieces);
+  };
+  auto write = [&](std::FILE* f) {
+    std::string out;
+    char score[32];
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (o.nbest > 0) {
+        if (results[i].empty()) results[i].emplace_back();
+        for (const Hypothesis& h : results[i]) {
+          std::snprintf(score, sizeof score, "%.6f", h.logprob);
+          out += std::to_string(i) + " ||| " + render(i, h) + " ||| " + score;
+          if (o.attention) out += " ||| " + format_attention(h);
+          out += '\n';
+        }
+      } else {
+        if (!results[i].empty()) {
+          out += render(i, results[i].front());
+          if (o.attention) out += " ||| " + format_attention(results[i].front());
+        }
+        out += '\n';
+      }
+      if (out.size() > (1 << 16) || i + 1 == sources.size()) {
+        if (std::fwrite(out.data(), 1, out.size(), f) != out.size()) throw Error("write failed");
+        out.clear();
+      }
+    }
+  };
+  if (o.output.empty() || o.output == "-") {
+    write(stdout);
+    std::fflush(stdout);
+  } else {
+    write_file_atomically(o.output, write);
+  }
+}
+
+}  // namespace
+
+CommandRunner add_translate_command(CLI::App& app) {
+  auto o = std::make_shared<TranslateOptions>();
+  app.add_option("--model", o->model,
+                 "Model directory (model.safetensors + vocabulary), or a .safetensors file with --ids")
+      ->required();
+  app.add_option("-i,--input", o->input, "Sentences to translate, one per line (default: stdin)");
+  app.add_option("-o,--output", o->output, "Write translations here (atomically) instead of stdout");
+  app.add_flag("--ids", o->ids, "Input and output are space-separated token ids");
+  app.add_option("--beam", o->search.beam, "Beam size; 1 is greedy search (default 4)");
+  app.add_option("--alpha", o->search.alpha,
+                 "Length penalty α: hypotheses are ranked by log p / ((5+|Y|)/6)^α (default 0.6)");
+  app.add_option("--max-length-a", o->search.max_length_a,
+                 "At most a·(source length) + b output tokens (default a 1)");
+  app.add_option("--max-length-b", o->search.max_length_b, "... + b (default 50)");
+  app.add_option("--max-length", o->search.max_length, "Hard cap on output tokens (default: none)");
+  app.add_option("--min-length", o->search.min_length, "At least this many output tokens before eos");
+  app.add_option("--nbest", o->nbest,
+                 "Print the K best hypotheses per input as `index ||| hypothesis ||| score` "
+                 "(index from 0; score = natural-log probability of the tokens and eos)");
+  app.add_option("--batch-tokens", o->batch_tokens,
+                 "Budget per batch: sentences × longest source × beam (default 4096)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--prefix", o->prefix, "Force every translation to start with this target text");
+  app.add_option("--prefix-file", o->prefix_file, "Force line i's translation to start with line i of FILE");
+  app.add_flag("--replace-unknowns", o->replace_unknowns,
+               "Replace each <unk> output with the source token it attends to most");
+  app.add_flag("--attention", o->attention,
+               "After each hypothesis print ` ||| ` and its attention: per output token (eos included), "
+               "the last decoder layer's cross-attention averaged over heads, comma-separated over "
+               "source positions; tokens separated by spaces");
+  app.footer(
+      "Example:\n  echo 'the house is small' | transformer translate --model run --beam 4\n"
+      "  transformer translate --model run -i test.en -o test.out --nbest 4");
+  return [o] { run_translate(*o); };
+}
+
+}  // namespace tfm

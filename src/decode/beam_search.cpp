@@ -1,0 +1,183 @@
+// Beam search: per step, every live hypothesis of every unfinished sentence is extended by the
+// decoder in one call; each sentence keeps its `beam` best continuations by cumulative
+// log-probability, moves those ending in eos to its finished list, and is done once it has
+// `beam` finished hypotheses or reaches its length limit.
+#include "decode/beam_search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "decode/incremental_decoder.h"
+#include "tensor/error.h"
+
+namespace tfm {
+
+namespace {
+
+double length_penalty(double alpha, int64_t length) {
+  return alpha == 0 ? 1.0 : std::pow((5.0 + double(length)) / 6.0, alpha);
+}
+
+struct Live {
+  std::vector<int32_t> tokens;
+  double logprob = 0;
+  std::vector<std::vector<float>> attention;
+};
+
+}  // namespace
+
+std::vector<std::vector<Hypothesis>> search(const Model& model,
+                                            const std::vector<std::vector<int32_t>>& sources,
+                                            const std::vector<std::vector<int32_t>>& prefixes,
+                                            const SearchOptions& o) {
+  const ModelConfig& c = model.config();
+  const int64_t sentences = int64_t(sources.size());
+  std::vector<std::vector<Hypothesis>> results(sources.size());
+  if (sentences == 0) return results;
+  if (o.beam < 1) throw Error("the beam size must be at least 1");
+  if (!prefixes.empty() && prefixes.size() != sources.size())
+    throw Error("one prefix per source sentence is needed");
+  const int64_t beam = o.beam, vocab = c.tgt_vocab_size;
+  const int64_t nbest = std::min(std::max<int64_t>(o.nbest, 1), beam);
+
+  // Encoder, once for the batch.
+  const TokenBatch batch = make_batch(c, sources, std::vector<std::vector<int32_t>>(sources.size()));
+  StackCache cache;
+  encoder_forward(model, batch, {}, cache);
+
+  // Length limits per sentence (generated tokens, eos excluded).
+  const int64_t position_limit = c.max_positions - c.position_offset;
+  std::vector<int64_t> max_len(static_cast<size_t>(sentences)), prefix_len(static_cast<size_t>(sentences), 0);
+  int64_t longest = 0;
+  for (int64_t s = 0; s < sentences; ++s) {
+    int64_t limit = int64_t(std::floor(o.max_length_a * double(sources[size_t(s)].size()))) + o.max_length_b;
+    if (o.max_length > 0) limit = std::min(limit, o.max_length);
+    limit = std::max<int64_t>(1, std::min(limit, position_limit - 1));
+    if (!prefixes.empty()) {
+      prefix_len[size_t(s)] = int64_t(prefixes[size_t(s)].size());
+      for (int32_t id : prefixes[size_t(s)])
+        if (id < 0 || id >= vocab) throw Error("prefix token id " + std::to_string(id) + " is outside the target vocabulary");
+      limit = std::max(limit, std::min(prefix_len[size_t(s)], position_limit - 1));
+    }
+    max_len[size_t(s)] = limit;
+    longest = std::max(longest, limit);
+  }
+  IncrementalDecoder decoder(model, cache.memory.data(), sentences, batch.src_len,
+                             batch.src_lengths.data(), longest + 1);
+
+  // Live hypotheses, grouped by sentence in ascending sentence order.
+  std::vector<Live> live(static_cast<size_t>(sentences));
+  std::vector<int32_t> live_sentence(static_cast<size_t>(sentences));
+  std::iota(live_sentence.begin(), live_sentence.end(), 0);
+  decoder.start(live_sentence);
+  std::vector<std::vector<Hypothesis>> finished(static_cast<size_t>(sentences));
+  std::vector<float> logprobs, attention;
+  std::vector<int32_t> inputs;
+
+  auto finish = [&](int64_t s, Live&& h, bool with_eos, int64_t length) {
+    Hypothesis out;
+    out.tokens = std::move(h.tokens);
+    out.logprob = h.logprob;
+    out.score = h.logprob / length_penalty(o.alpha, length);
+    out.finished_with_eos = with_eos;
+    out.attention = std::move(h.attention);
+    finished[size_t(s)].push_back(std::move(out));
+  };
+
+  for (int64_t t = 0; !live.empty(); ++t) {
+    const int64_t n = int64_t(live.size());
+    inputs.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i)
+      inputs[size_t(i)] = live[size_t(i)].tokens.empty() ? int32_t(c.bos_id) : live[size_t(i)].tokens.back();
+    logprobs.resize(size_t(n * vocab));
+    if (o.attention) attention.resize(size_t(n * batch.src_len));
+    decoder.step(inputs.data(), logprobs.data(), o.attention ? attention.data() : nullptr);
+
+    std::vector<Live> next_live;
+    std::vector<int32_t> parents, next_sentence;
+    for (int64_t begin = 0; begin < n;) {
+      const int32_t s = live_sentence[size_t(begin)];
+      int64_t end = begin;
+      while (end < n && live_sentence[size_t(end)] == s) ++end;
+      // Candidates (cumulative log-prob, hypothesis, token), best first.
+      struct Candidate {
+        double logprob;
+        int64_t hypothesis;
+        int32_t token;
+      };
+      std::vector<Candidate> candidates;
+      const bool forced = t < prefix_len[size_t(s)];
+      for (int64_t h = begin; h < end; ++h) {
+        const float* row = logprobs.data() + h * vocab;
+        const double base = live[size_t(h)].logprob;
+        if (forced) {
+          const int32_t token = prefixes[size_t(s)][size_t(t)];
+          candidates.push_back({base + row[token], h, token});
+          continue;
+        }
+        // The best 2·beam tokens of this hypothesis are enough to fill the beam even if
+        // beam of them end the sentence.
+        const int64_t keep = std::min<int64_t>(vocab, 2 * beam);
+        std::vector<int32_t> order(static_cast<size_t>(vocab));
+        std::iota(order.begin(), order.end(), 0);
+        const bool eos_allowed = t >= o.min_length;
+        auto value = [&](int32_t id) { return id == c.eos_id && !eos_allowed ? -INFINITY : row[id]; };
+        std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                          [&](int32_t a, int32_t b) { return value(a) > value(b) || (value(a) == value(b) && a < b); });
+        for (int64_t r = 0; r < keep; ++r)
+          if (value(order[size_t(r)]) > -INFINITY) candidates.push_back({base + value(order[size_t(r)]), h, order[size_t(r)]});
+      }
+      std::stable_sort(candidates.begin(), candidates.end(),
+                       [](const Candidate& a, const Candidate& b) { return a.logprob > b.logprob; });
+      int64_t kept = 0;
+      for (const Candidate& cand : candidates) {
+        if (kept >= beam || int64_t(finished[size_t(s)].size()) >= beam) break;
+        Live extended;
+        extended.tokens = live[size_t(cand.hypothesis)].tokens;
+        extended.logprob = cand.logprob;
+        if (o.attention) {
+          extended.attention = live[size_t(cand.hypothesis)].attention;
+          const float* a = attention.data() + cand.hypothesis * batch.src_len;
+          extended.attention.emplace_back(a, a + batch.src_lengths[size_t(s)]);
+        }
+        if (cand.token == c.eos_id && !forced) {
+          finish(s, std::move(extended), true, t + 1);
+          continue;
+        }
+        extended.tokens.push_back(cand.token);
+        if (t + 1 >= max_len[size_t(s)] && t + 1 >= prefix_len[size_t(s)]) {
+          finish(s, std::move(extended), false, t + 1);  // length limit: ends without eos
+          continue;
+        }
+        next_live.push_back(std::move(extended));
+        parents.push_back(int32_t(cand.hypothesis));
+        next_sentence.push_back(s);
+        ++kept;
+      }
+      // A sentence with enough finished hypotheses stops; its live ones are dropped.
+      if (int64_t(finished[size_t(s)].size()) >= beam) {
+        while (!next_sentence.empty() && next_sentence.back() == s) {
+          next_sentence.pop_back();
+          parents.pop_back();
+          next_live.pop_back();
+        }
+      }
+      begin = end;
+    }
+    live = std::move(next_live);
+    live_sentence = std::move(next_sentence);
+    if (!live.empty()) decoder.reorder(parents);
+  }
+
+  for (int64_t s = 0; s < sentences; ++s) {
+    auto& f = finished[size_t(s)];
+    if (f.empty()) f.emplace_back();  // every continuation was impossible: empty output
+    std::stable_sort(f.begin(), f.end(), [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
+    if (int64_t(f.size()) > nbest) f.resize(size_t(nbest));
+    results[size_t(s)] = std::move(f);
+  }
+  return results;
+}
+
+}  // namespace tfm

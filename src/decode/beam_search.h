@@ -1,0 +1,39 @@
+// Greedy and beam search over the incremental decoder, batched over sentences and beams:
+// GEMMs for all live hypotheses of all sentences together, finished sentences dropped from the
+// batch. Hypotheses are ranked by log p / lp(Y) with GNMT's lp(Y) = ((5 + |Y|) / 6)^α.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/transformer.h"
+
+namespace tfm {
+
+struct SearchOptions {
+  int64_t beam = 4;          // 1: greedy
+  double alpha = 0.6;        // length penalty exponent (0: raw log-probability)
+  double max_length_a = 1.0;  // generated tokens <= a · source length + b (and <= max_length)
+  int64_t max_length_b = 50;
+  int64_t max_length = 0;    // hard cap; 0: the model's positions limit
+  int64_t min_length = 0;    // eos is not allowed before this many tokens
+  int64_t nbest = 1;
+  bool attention = false;    // keep the last layer's cross-attention (mean over heads)
+};
+
+struct Hypothesis {
+  std::vector<int32_t> tokens;  // without bos / eos
+  double logprob = 0;           // Σ log p of tokens (+ eos when it ended with one)
+  double score = 0;             // logprob / lp(length), what ranks hypotheses
+  bool finished_with_eos = false;
+  std::vector<std::vector<float>> attention;  // [steps][source positions] when requested
+};
+
+// sources: raw ids (no eos); prefixes: forced target starts (empty vectors, or none at all).
+// Returns up to nbest hypotheses per sentence, best first.
+std::vector<std::vector<Hypothesis>> search(const Model& model,
+                                            const std::vector<std::vector<int32_t>>& sources,
+                                            const std::vector<std::vector<int32_t>>& prefixes,
+                                            const SearchOptions& options);
+
+}  // namespace tfm

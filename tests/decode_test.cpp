@@ -1,0 +1,128 @@
+// Decoding: CTranslate2's own expectations on its transliteration test model (greedy, beam,
+// length limits, prefixes), and incremental (KV-cached) decoding agreeing with a full forward
+// pass of the final hypothesis for every fixture variant.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "decode/beam_search.h"
+#include "io/ctranslate2.h"
+#include "io/safetensors.h"
+#include "text/vocabulary.h"
+
+namespace tfm {
+namespace {
+
+struct Transliterator {
+  Model model;
+  Vocabulary source, target;
+
+  static Transliterator load() {
+    ImportedModel m = import_ctranslate2(std::string(TFM_FIXTURE_DIR) +
+                                         "/../data/ctranslate2-aren-transliteration/aren-transliteration");
+    return {Model(m.config, std::move(m.parameters), "aren"), Vocabulary::from_tokens(m.source_tokens, "s"),
+            Vocabulary::from_tokens(m.target_tokens, "t")};
+  }
+
+  Hypothesis best(const std::string& text, SearchOptions o, const std::string& prefix = "") {
+    std::vector<std::vector<int32_t>> prefixes;
+    if (!prefix.empty()) prefixes.push_back(target.encode(prefix));
+    return search(model, {source.encode(text)}, prefixes, o)[0][0];
+  }
+  std::string translate(const std::string& text, SearchOptions o, const std::string& prefix = "") {
+    return target.decode(best(text, o, prefix).tokens);
+  }
+};
+
+SearchOptions beam(int64_t size) {
+  SearchOptions o;
+  o.beam = size;
+  return o;
+}
+
+TEST(Decode, CTranslate2TransliterationExpectations) {
+  Transliterator t = Transliterator::load();
+  for (int64_t size : {1, 2, 4}) EXPECT_EQ(t.translate("آ ت ز م و ن", beam(size)), "a t z m o n") << size;
+  EXPECT_EQ(t.translate("آ ز ا", beam(4)), "a z z a");
+  EXPECT_EQ(t.translate("آ ت ش ي س و ن", beam(4)), "a c h i s o n");
+  SearchOptions short_output = beam(4);
+  short_output.max_length = 3;
+  EXPECT_EQ(t.best("آ ت ز م و ن", short_output).tokens.size(), 3u);
+  SearchOptions long_output = beam(1);
+  long_output.min_length = 8;
+  EXPECT_EQ(t.translate("آ ت ز م و ن", long_output), "a t z m o n e n");
+  const Hypothesis greedy = t.best("آ ت ز م و ن", beam(1));
+  const Hypothesis two = t.best("آ ت ز م و ن", beam(2));
+  EXPECT_NEAR(greedy.logprob, two.logprob, 1e-5);
+  EXPECT_NEAR(greedy.logprob, -1.061750, 1e-4);  // = `transformer score` of the same pair
+  EXPECT_EQ(t.translate("آ ت ز م و ن", beam(2), "a t s"), "a t s u m o n");
+}
+
+TEST(Decode, BatchedSearchEqualsOneSentenceAtATime) {
+  Transliterator t = Transliterator::load();
+  const std::vector<std::string> inputs = {"آ ت ز م و ن", "آ ز ا", "آ ت ش ي س و ن", "ن"};
+  std::vector<std::vector<int32_t>> sources;
+  for (const auto& s : inputs) sources.push_back(t.source.encode(s));
+  for (int64_t size : {1, 3}) {
+    SearchOptions o = beam(size);
+    o.nbest = size;
+    const auto together = search(t.model, sources, {}, o);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto alone = search(t.model, {sources[i]}, {}, o);
+      ASSERT_EQ(together[i].size(), alone[0].size());
+      for (size_t k = 0; k < alone[0].size(); ++k) {
+        EXPECT_EQ(together[i][k].tokens, alone[0][k].tokens);
+        EXPECT_NEAR(together[i][k].logprob, alone[0][k].logprob, 1e-4);
+      }
+    }
+  }
+}
+
+std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(TFM_FIXTURE_DIR)) {
+    const std::string file = entry.path().filename().string();
+    if (file.size() > 15 && file.compare(file.size() - 15, 15, ".io.safetensors") == 0)
+      names.push_back(file.substr(0, file.size() - 15));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class IncrementalDecoding : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(IncrementalDecoding, LogProbsEqualAFullForwardOfTheHypothesis) {
+  const std::string dir = TFM_FIXTURE_DIR;
+  Model model = load_model(dir + "/" + GetParam() + ".safetensors");
+  const TensorMap io = read_safetensors(dir + "/" + GetParam() + ".io.safetensors").tensors;
+  const Tensor& src = io.at("src_tokens");
+  std::vector<std::vector<int32_t>> sources(static_cast<size_t>(src.shape[0]));
+  for (int64_t b = 0; b < src.shape[0]; ++b)
+    for (int64_t j = 0; j < src.shape[1]; ++j)
+      if (src.data[size_t(b * src.shape[1] + j)] >= 0) sources[size_t(b)].push_back(int32_t(src.data[size_t(b * src.shape[1] + j)]));
+  for (int64_t size : {1, 3}) {
+    SearchOptions o = beam(size);
+    o.max_length = 12;
+    o.nbest = size;
+    const auto results = search(model, sources, {}, o);
+    StackCache cache;
+    for (size_t s = 0; s < sources.size(); ++s)
+      for (const Hypothesis& h : results[s]) {
+        std::vector<float> logprobs;
+        const TokenBatch batch = make_batch(model.config(), {sources[s]}, {h.tokens});
+        score_forward(model, batch, cache, logprobs);
+        // score_forward scores tokens + eos; a hypothesis cut by the length limit has no eos.
+        double total = 0;
+        const size_t count = h.tokens.size() + (h.finished_with_eos ? 1 : 0);
+        for (size_t t = 0; t < count; ++t) total += logprobs[t];
+        EXPECT_NEAR(h.logprob, total, 1e-4) << "sentence " << s << " beam " << size;
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, IncrementalDecoding, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace tfm
