@@ -1,0 +1,347 @@
+// train_bench: times one full training step of the paper's base model — zero the gradients,
+// tfm::loss_and_gradients (forward, label-smoothed cross-entropy, backward) and one Adam update —
+// on a fixed batch, so that bench/run_train_bench.sh can compare it with the same step written in
+// PyTorch (bench/train_peer.py) in the same run (DESIGN.md §6). The training loop of
+// `transformer train` does exactly these three things per step; this program isolates them from
+// data loading, logging and checkpoints.
+//
+// It prints one JSON line: median seconds per step, target tokens/s, peak RSS, the model FLOPs
+// of a step, the fp32 GEMM peak measured in this process and the resulting MFU, the step split
+// into gradient zeroing / forward+backward / Adam, and with --profile the forward on its own
+// (hence the backward) and the encoder / decoder / projection parts of the forward.
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "model/config.h"
+#include "model/init.h"
+#include "model/transformer.h"
+#include "model/weights.h"
+#include "tensor/random.h"
+#include "train/loss.h"
+#include "train/optimizer.h"
+
+namespace {
+
+using Sentences = std::vector<std::vector<int32_t>>;
+
+struct Options {
+  int batch = 64;
+  int src_len = 31;  // raw source tokens; the encoder sees src_len + 1 with eos
+  int tgt_len = 31;  // raw target tokens; the decoder sees tgt_len + 1 with bos
+  int vocab = 8000;
+  int warmup = 2;
+  int steps = 5;
+  int phase_repeats = 3;  // repetitions of each --profile measurement
+  int gemm_size = 2048;   // side of the square sgemm that defines the peak
+  float dropout = 0.1f;
+  float label_smoothing = 0.1f;
+  uint64_t seed = 1234;
+  bool profile = false;
+};
+
+const char* kUsage =
+    "usage: train_bench [options]\n"
+    "Times training steps (zero grads + tfm::loss_and_gradients + Adam) of the base model with a\n"
+    "shared vocabulary on one fixed random batch; prints one JSON line.\n"
+    "  --steps N            timed steps after warm-up (default 5)\n"
+    "  --warmup N           untimed steps first (default 2)\n"
+    "  --batch N --src-len N --tgt-len N   pairs and raw lengths, before eos/bos (default 64, 31, "
+    "31)\n"
+    "  --vocab N            shared vocabulary size (default 8000)\n"
+    "  --gemm-size N        side of the square sgemm timed for the peak (default 2048)\n"
+    "  --profile            also time the forward alone (loss only) to split forward from\n"
+    "                       backward, and the encoder and decoder stacks on their own\n"
+    "  --phase-repeats N    repetitions of each --profile measurement (default 3)\n"
+    "  --seed N             model, batch and dropout seed (default 1234)\n"
+    "Threads: OMP_NUM_THREADS (default 2).\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::cerr << "error: " << message << "\n" << kUsage;
+  std::exit(2);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  auto int_value = [&](int& i) -> long long {
+    if (i + 1 >= argc) usage_error(std::string(argv[i]) + " needs a value");
+    const std::string text = argv[++i];
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(text, &used);
+      if (used != text.size() || v < 0) throw std::invalid_argument(text);
+      return v;
+    } catch (const std::exception&) {
+      usage_error(std::string(argv[i - 1]) + " expects a non-negative integer, got \"" + text +
+                  "\"");
+    }
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (a == "--steps") {
+      o.steps = int(int_value(i));
+    } else if (a == "--warmup") {
+      o.warmup = int(int_value(i));
+    } else if (a == "--batch") {
+      o.batch = int(int_value(i));
+    } else if (a == "--src-len") {
+      o.src_len = int(int_value(i));
+    } else if (a == "--tgt-len") {
+      o.tgt_len = int(int_value(i));
+    } else if (a == "--vocab") {
+      o.vocab = int(int_value(i));
+    } else if (a == "--gemm-size") {
+      o.gemm_size = int(int_value(i));
+    } else if (a == "--phase-repeats") {
+      o.phase_repeats = int(int_value(i));
+    } else if (a == "--seed") {
+      o.seed = uint64_t(int_value(i));
+    } else if (a == "--profile") {
+      o.profile = true;
+    } else {
+      usage_error("unknown argument \"" + a + "\"");
+    }
+  }
+  if (o.steps < 1) usage_error("--steps must be at least 1");
+  if (o.batch < 1 || o.src_len < 1 || o.tgt_len < 1) usage_error("batch shape must be positive");
+  if (o.vocab < 4) usage_error("--vocab must be at least 4");
+  if (o.gemm_size < 1) usage_error("--gemm-size must be positive");
+  if (o.profile && o.phase_repeats < 1) usage_error("--phase-repeats must be at least 1");
+  return o;
+}
+
+// Deterministic ids in [3, vocab): 0..2 are pad, bos, eos.
+Sentences random_sentences(tfm::Random& random, int count, int length, int vocab) {
+  Sentences out(size_t(count), std::vector<int32_t>(size_t(length), 0));
+  for (auto& sentence : out)
+    for (auto& id : sentence) id = int32_t(3 + random.next_u64() % uint64_t(vocab - 3));
+  return out;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median seconds of `repeats` calls of fn after `warmup` untimed calls; every time in *all.
+double time_median(int warmup, int repeats, const std::function<void()>& fn,
+                   std::vector<double>* all) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats; ++i) {
+    const double start = now_seconds();
+    fn();
+    seconds.push_back(now_seconds() - start);
+  }
+  if (all) *all = seconds;
+  return median(seconds);
+}
+
+// Multiply-add FLOPs (2 per MAC) of the matrix products of one forward pass on a batch without
+// padding (S, T: encoder / decoder input lengths with eos / bos): every projection, both
+// attention products (QKᵀ and PV, full: causal masking not subtracted), the feed-forward layers
+// and the vocabulary projection. Element-wise work (softmax, layer norm, dropout, Adam) is not
+// counted. The same count as score_bench's score_flops.
+double forward_flops(const tfm::ModelConfig& c, double batch, double src_len, double tgt_len) {
+  const double d = double(c.d_model), f = double(c.d_ff), v = double(c.tgt_vocab_size);
+  const double src_rows = batch * src_len, tgt_rows = batch * tgt_len;
+  const double encoder_layer = 2 * src_rows * 4 * d * d             // q, k, v, o
+                               + 4 * batch * src_len * src_len * d  // QKᵀ and PV
+                               + 2 * src_rows * 2 * d * f;          // fc1, fc2
+  const double decoder_layer = 2 * tgt_rows * 4 * d * d             // self q, k, v, o
+                               + 4 * batch * tgt_len * tgt_len * d  // self QKᵀ and PV
+                               + 2 * tgt_rows * 2 * d * d           // cross q, o
+                               + 2 * src_rows * 2 * d * d           // cross k, v on the memory
+                               + 4 * batch * tgt_len * src_len * d  // cross QKᵀ and PV
+                               + 2 * tgt_rows * 2 * d * f;          // fc1, fc2
+  return double(c.encoder_layers) * encoder_layer + double(c.decoder_layers) * decoder_layer +
+         2 * tgt_rows * d * v;  // vocabulary projection (tied to the embedding)
+}
+
+// A training step's model FLOPs: 3× the forward products. Every product Y = X·W of the forward
+// has two of the same size in the backward, dX = dY·Wᵀ and dW = Xᵀ·dY (the embedding is a
+// parameter, so even the first layer needs dX); QKᵀ and PV likewise need both operands'
+// gradients. The optimizer and element-wise work are not counted (the usual MFU convention).
+double step_flops(const tfm::ModelConfig& c, double batch, double src_len, double tgt_len) {
+  return 3.0 * forward_flops(c, batch, src_len, tgt_len);
+}
+
+// Best GFLOP/s of tfm::gemm (oneDNN sgemm) on an n×n×n product, measured in this process: the
+// fp32 peak the MFU is relative to.
+double measure_gemm_peak(int64_t n, int repeats) {
+  std::vector<float> a(size_t(n * n), 0.01f);  // [n, n]
+  std::vector<float> b(size_t(n * n), 0.02f);  // [n, n]
+  std::vector<float> c(size_t(n * n));         // [n, n]
+  auto run = [&] { tfm::gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); };
+  std::vector<double> seconds;
+  time_median(1, repeats, run, &seconds);
+  const double fastest = *std::min_element(seconds.begin(), seconds.end());
+  return 2.0 * double(n) * double(n) * double(n) / fastest / 1e9;
+}
+
+// User + system CPU seconds of this process so far (the run script compares them with the whole
+// machine's busy time to see how much other processes took during the run).
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+void zero(tfm::TensorMap& tensors) {
+  for (auto& [name, t] : tensors) std::fill(t.data.begin(), t.data.end(), 0.f);
+}
+
+int run(const Options& o) {
+  const double setup_start = now_seconds();
+  tfm::ModelConfig config = tfm::preset_config("base");
+  config.src_vocab_size = config.tgt_vocab_size = o.vocab;
+  tfm::Model model = tfm::init_model(config, o.seed);
+  tfm::Random random(o.seed + 1);
+  const Sentences sources = random_sentences(random, o.batch, o.src_len, o.vocab);
+  const Sentences targets = random_sentences(random, o.batch, o.tgt_len, o.vocab);
+  const tfm::TokenBatch batch = tfm::make_batch(config, sources, targets);
+
+  int64_t target_tokens = 0;  // target + eos: what the loss is averaged over
+  for (int32_t n : batch.tgt_lengths) target_tokens += n;
+  int64_t source_tokens = 0;  // source + eos
+  for (int32_t n : batch.src_lengths) source_tokens += n;
+
+  tfm::TensorMap gradients;  // same names and shapes as the parameters
+  for (const auto& [name, t] : model.parameters()) gradients.emplace(name, tfm::Tensor(t.shape));
+  const tfm::TransformerGradients grad_views = tfm::bind_gradients(config, gradients);
+  tfm::OptimizerOptions optimizer_options;  // Adam 0.9 / 0.98 / 1e-9, the paper's schedule
+  tfm::Optimizer optimizer(optimizer_options, model.parameters());
+  tfm::TrainingWorkspace ws;
+  tfm::DropoutOptions dropout;
+  dropout.dropout = o.dropout;
+  const float grad_scale = 1.f / float(target_tokens);
+  const double setup_seconds = now_seconds() - setup_start;
+
+  // Each timed step is also split into its three calls (steady_clock around each; free).
+  int64_t step = 0;
+  std::vector<double> losses;  // per-token smoothed loss of every step, warm-up included
+  std::vector<double> zero_times, loss_grad_times, adam_times;  // one entry per step
+  auto train_step = [&] {
+    ++step;
+    const double t0 = now_seconds();
+    zero(gradients);
+    const double t1 = now_seconds();
+    dropout.seed = o.seed * 0x9E3779B97F4A7C15ull + uint64_t(step);  // new masks every step
+    const tfm::LossTotals totals = tfm::loss_and_gradients(
+        model, grad_views, batch, dropout, o.label_smoothing, grad_scale, ws);
+    const double t2 = now_seconds();
+    optimizer.apply(model.mutable_parameters(), gradients, config.d_model);
+    const double t3 = now_seconds();
+    zero_times.push_back(t1 - t0);
+    loss_grad_times.push_back(t2 - t1);
+    adam_times.push_back(t3 - t2);
+    losses.push_back(totals.loss / double(totals.tokens));
+  };
+  std::vector<double> step_seconds;
+  const double median_seconds = time_median(o.warmup, o.steps, train_step, &step_seconds);
+  const double rss_mib = peak_rss_mib();  // the training steps' peak, before --profile's extra
+                                          // workspace and the GEMM probe's buffers
+  auto timed_median = [&](const std::vector<double>& v) {  // over the timed steps only
+    return median(std::vector<double>(v.end() - o.steps, v.end()));
+  };
+  nlohmann::json phases = {{"zero_grad_s", timed_median(zero_times)},
+                           {"forward_backward_s", timed_median(loss_grad_times)},
+                           {"optimizer_s", timed_median(adam_times)}};
+
+  // --profile: the forward alone = loss_and_gradients with grad_scale 0 (loss only, no
+  // backward; its cache keeps 2 layers instead of all 12, otherwise the same work as the
+  // training forward), so backward = forward_backward − forward (the projection's, the loss's
+  // and both stacks' gradients); encoder / decoder = the stacks alone with a training cache;
+  // projection + loss = forward − both.
+  if (o.profile) {
+    const int r = o.phase_repeats;
+    tfm::TrainingWorkspace forward_ws;
+    const double forward = time_median(1, r, [&] {
+      tfm::loss_and_gradients(model, grad_views, batch, dropout, o.label_smoothing, 0.f, forward_ws);
+    }, nullptr);
+    ws.cache.training = true;  // ws's cache is already sized for all layers
+    const double encoder =
+        time_median(1, r, [&] { tfm::encoder_forward(model, batch, dropout, ws.cache); }, nullptr);
+    const double decoder =
+        time_median(1, r, [&] { tfm::decoder_forward(model, batch, dropout, ws.cache); }, nullptr);
+    phases["forward_s"] = forward;
+    phases["encoder_forward_s"] = encoder;
+    phases["decoder_forward_s"] = decoder;
+    phases["projection_loss_forward_s"] = std::max(0.0, forward - encoder - decoder);
+    phases["backward_s"] = std::max(0.0, phases["forward_backward_s"].get<double>() - forward);
+  }
+
+  const double flops =
+      step_flops(config, double(batch.batch), double(batch.src_len), double(batch.tgt_len));
+  const double gemm_peak = measure_gemm_peak(o.gemm_size, 5);
+  const double achieved = flops / median_seconds / 1e9;
+
+  nlohmann::json line = {
+      {"impl", "transformer-cpp"},
+      {"threads", omp_get_max_threads()},
+      {"parameters", tfm::parameter_count(config)},
+      {"batch", batch.batch},
+      {"src_len", batch.src_len},
+      {"tgt_len", batch.tgt_len},
+      {"source_tokens", source_tokens},
+      {"target_tokens", target_tokens},
+      {"warmup", o.warmup},
+      {"steps", o.steps},
+      {"median_s", median_seconds},
+      {"min_s", *std::min_element(step_seconds.begin(), step_seconds.end())},
+      {"step_s", step_seconds},
+      {"tokens_per_s", double(target_tokens) / median_seconds},
+      {"peak_rss_mib", rss_mib},
+      {"setup_s", setup_seconds},
+      {"gflop", flops / 1e9},
+      {"gflops", achieved},
+      {"gemm_size", o.gemm_size},
+      {"gemm_peak_gflops", gemm_peak},
+      {"mfu", achieved / gemm_peak},
+      {"phases", phases},
+      {"cpu_s", cpu_seconds()},
+      {"loss_first", losses.front()},
+      {"loss_last", losses.back()},
+  };
+  std::cout << line.dump() << std::endl;
+  return std::isfinite(losses.back()) ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = parse_options(argc, argv);
+  if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(2);
+  try {
+    return run(options);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}

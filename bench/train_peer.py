@@ -1,0 +1,204 @@
+#!/usr/bin/python3
+"""The PyTorch peer of bench/train_bench.cpp (DESIGN.md §6): the same training step of the same
+model shape on the same batch shape, written the way a careful PyTorch user would: the stock
+nn.Transformer (post-norm, relu, batch_first), one nn.Embedding shared by source, target and the
+output projection (scaled by sqrt(d_model), N(0, d^-1/2) initialisation as usual when tying),
+sinusoidal positions with dropout, a causal target mask, F.cross_entropy with label smoothing,
+torch.optim.Adam (0.9, 0.98, 1e-9) under the paper's learning-rate schedule, float32, the same
+thread count, warm-up and number of timed steps.
+
+Dropout sites match train_bench's tfm::DropoutOptions (dropout 0.1 on the embedding sums and on
+every sublayer output before the residual add; attention_dropout 0 and relu_dropout 0), so both
+sides draw the same masks' worth of random numbers: nn.Transformer(dropout=0.1) would also drop
+attention weights and the feed-forward hidden layer, so those two dropouts are set to 0 after
+construction, the way a user reproducing the paper's P_drop would (--stock-dropout keeps them).
+
+Differences it cannot avoid: nn.Transformer always adds a final LayerNorm after the encoder and
+after the decoder stacks (two extra layer norms, negligible work), and its own initialisation
+and random ids (the loss values are a sanity check, not a cross-check).
+
+Prints one JSON line with the same fields as train_bench; its phases (zero_grad / forward /
+backward / optimizer) are timed around each call of every timed step.
+
+Run: /usr/bin/python3 bench/train_peer.py [--steps 5] [--warmup 2]
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+D_MODEL, HEADS, D_FF, LAYERS, BOS, EOS = 512, 8, 2048, 6, 1, 2
+
+
+def sinusoids(length, d):
+    """[length, d] encodings of the paper: sin on even, cos on odd dimensions."""
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # [L, 1]
+    rate = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))  # [d/2]
+    table = torch.zeros(length, d)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate)
+    return table
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, vocab, dropout, stock_dropout):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, D_MODEL)  # [V, D], shared everywhere
+        nn.init.normal_(self.embedding.weight, std=D_MODEL ** -0.5)
+        self.scale = math.sqrt(D_MODEL)
+        self.register_buffer("positions", sinusoids(1024, D_MODEL), persistent=False)  # [1024, D]
+        self.dropout = nn.Dropout(dropout)
+        self.transformer = nn.Transformer(
+            d_model=D_MODEL, nhead=HEADS, num_encoder_layers=LAYERS, num_decoder_layers=LAYERS,
+            dim_feedforward=D_FF, dropout=dropout, batch_first=True)
+        if not stock_dropout:  # keep only the paper's residual dropouts, as train_bench does
+            for layer in self.transformer.encoder.layers:
+                layer.dropout.p = 0.0          # feed-forward hidden layer (relu dropout)
+                layer.self_attn.dropout = 0.0  # attention weights
+            for layer in self.transformer.decoder.layers:
+                layer.dropout.p = 0.0
+                layer.self_attn.dropout = 0.0
+                layer.multihead_attn.dropout = 0.0
+
+    def embed(self, ids):
+        return self.dropout(self.embedding(ids) * self.scale + self.positions[: ids.shape[1]])  # [B, L, D]
+
+    def forward(self, src, tgt_in, causal):
+        states = self.transformer(self.embed(src), self.embed(tgt_in), tgt_mask=causal)  # [B, T, D]
+        return F.linear(states, self.embedding.weight)  # [B, T, V], tied output projection
+
+
+def forward_flops(batch, s, t, vocab):
+    """Same count as train_bench.cpp's forward_flops (matrix products only, 2 per MAC)."""
+    d, f = D_MODEL, D_FF
+    enc = 2 * batch * s * 4 * d * d + 4 * batch * s * s * d + 2 * batch * s * 2 * d * f
+    dec = (2 * batch * t * 4 * d * d + 4 * batch * t * t * d + 2 * batch * t * 2 * d * d
+           + 2 * batch * s * 2 * d * d + 4 * batch * t * s * d + 2 * batch * t * 2 * d * f)
+    return LAYERS * enc + LAYERS * dec + 2 * batch * t * d * vocab
+
+
+def time_median(warmup, repeats, fn):
+    for _ in range(warmup):
+        fn()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds), seconds
+
+
+def gemm_peak(n, repeats=5):
+    """Best GFLOP/s of torch.mm on an n×n×n float32 product, measured in this process."""
+    a = torch.full((n, n), 0.01)  # [n, n]
+    b = torch.full((n, n), 0.02)  # [n, n]
+    _, seconds = time_median(1, repeats, lambda: torch.mm(a, b))
+    return 2.0 * n * n * n / min(seconds) / 1e9
+
+
+def loaded_blas():
+    """Which BLAS library torch's dense GEMMs went to (Debian's torch uses libblas.so.3, the slow
+    netlib reference unless OpenBLAS or similar provides that alternative)."""
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
+    if any("openblas" in p for p in paths):
+        return "openblas"
+    if any("/blas/libblas" in p for p in paths):
+        return "netlib-reference"
+    return ",".join(sorted(os.path.basename(p) for p in paths)) or "unknown"
+
+
+def peak_rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=5, help="timed steps after warm-up")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    ap.add_argument("--batch", type=int, default=64, help="sentence pairs")
+    ap.add_argument("--src-len", type=int, default=31, help="raw source tokens (eos appended)")
+    ap.add_argument("--tgt-len", type=int, default=31, help="raw target tokens (bos / eos added)")
+    ap.add_argument("--vocab", type=int, default=8000, help="shared vocabulary size")
+    ap.add_argument("--gemm-size", type=int, default=2048, help="side of the square GEMM for the peak")
+    ap.add_argument("--stock-dropout", action="store_true",
+                    help="keep nn.Transformer's attention and feed-forward dropout too (more work than ours)")
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args()
+
+    threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
+    torch.set_num_threads(threads)
+    torch.manual_seed(args.seed)
+
+    setup_start = time.perf_counter()
+    model = Seq2Seq(args.vocab, 0.1, args.stock_dropout)
+    model.train()
+    warmup_steps = 4000
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    schedule = torch.optim.lr_scheduler.LambdaLR(  # the paper's rate; LambdaLR counts from 0
+        optimizer, lambda i: D_MODEL ** -0.5 * min((i + 1) ** -0.5, (i + 1) * warmup_steps ** -1.5))
+
+    b = args.batch
+    source = torch.randint(3, args.vocab, (b, args.src_len))  # raw ids, 0..2 = pad, bos, eos
+    target = torch.randint(3, args.vocab, (b, args.tgt_len))
+    src = torch.cat([source, torch.full((b, 1), EOS)], dim=1)     # [B, S] source + eos
+    tgt_in = torch.cat([torch.full((b, 1), BOS), target], dim=1)   # [B, T] bos + target
+    tgt_out = torch.cat([target, torch.full((b, 1), EOS)], dim=1)  # [B, T] target + eos
+    causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1])  # [T, T]
+    target_tokens = tgt_out.numel()
+    setup_s = time.perf_counter() - setup_start
+
+    losses = []
+    parts = {"zero_grad_s": [], "forward_s": [], "backward_s": [], "optimizer_s": []}  # per step
+
+    def train_step():
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        t1 = time.perf_counter()
+        logits = model(src, tgt_in, causal)  # [B, T, V]
+        loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt_out.reshape(-1), label_smoothing=0.1)
+        losses.append(loss.item())
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        optimizer.step()
+        schedule.step()
+        t4 = time.perf_counter()
+        for key, seconds in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            parts[key].append(seconds)
+
+    median_s, seconds = time_median(args.warmup, args.steps, train_step)
+    rss = peak_rss_mib()  # the training steps' peak, before the GEMM probe's buffers
+    # Medians over the timed steps of each call: PyTorch's forward and backward are separate
+    # calls, so unlike ours no extra forward-only run is needed.
+    phases = {key: statistics.median(v[args.warmup:]) for key, v in parts.items()}
+
+    flops = 3.0 * forward_flops(b, src.shape[1], tgt_in.shape[1], args.vocab)
+    peak = gemm_peak(args.gemm_size)
+    achieved = flops / median_s / 1e9
+    print(json.dumps({
+        "impl": f"pytorch-{torch.__version__}", "threads": torch.get_num_threads(),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "batch": b, "src_len": src.shape[1], "tgt_len": tgt_in.shape[1],
+        "source_tokens": src.numel(), "target_tokens": target_tokens,
+        "warmup": args.warmup, "steps": args.steps,
+        "median_s": median_s, "min_s": min(seconds), "step_s": seconds,
+        "tokens_per_s": target_tokens / median_s, "peak_rss_mib": rss, "setup_s": setup_s,
+        "gflop": flops / 1e9, "gflops": achieved, "gemm_size": args.gemm_size,
+        "gemm_peak_gflops": peak, "mfu": achieved / peak, "phases": phases,
+        "dropout_sites": "stock" if args.stock_dropout else "residual+embedding",
+        "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),  # user + system
+        "loss_first": losses[0], "loss_last": losses[-1], "blas": loaded_blas(),
+    }, sort_keys=True), flush=True)
+    return 0 if math.isfinite(losses[-1]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
