@@ -79,6 +79,24 @@ TEST(TranslateCli, NbestPrefixAndAttentionFormats) {
   EXPECT_EQ(std::count(attention.begin(), attention.end(), ','), 7 * 5);  // 6 source positions
 }
 
+TEST(TranslateCli, ReplaceUnknownsAndAttentionFile) {
+  write("one.txt", "آ ت ز م و ن\n");
+  // A forced <unk> first token is replaced by the source token it attends to most.
+  Result r = run("translate --model " + model_dir() + " -i " + path("one.txt") +
+                 " --beam 2 --prefix '<unk>' --replace-unknowns");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string first = r.out.substr(0, r.out.find(' '));
+  EXPECT_NE(first, "<unk>");
+  EXPECT_NE(std::string("آ ت ز م و ن").find(first), std::string::npos) << r.out;
+  r = run("translate --model " + model_dir() + " -i " + path("one.txt") + " --attention-layer 3 --attention-file " +
+          path("att.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string json = tfm::read_file_bytes(path("att.jsonl"));
+  EXPECT_NE(json.find("\"layer\":3"), std::string::npos);
+  EXPECT_NE(json.find("\"target\":[\"a\",\"t\",\"z\",\"m\",\"o\",\"n\",\"</s>\"]"), std::string::npos) << json.substr(0, 300);
+  EXPECT_EQ(run("translate --model " + model_dir() + " -i " + path("one.txt") + " --attention-layer 6").exit_code, 1);
+}
+
 TEST(TranslateCli, BadInputIsAClearError) {
   auto expect_error = [](const Result& r, int code, const std::string& fragment) {
     EXPECT_EQ(r.exit_code, code) << r.err;

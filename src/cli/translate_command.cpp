@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "cli/commands.h"
@@ -27,6 +28,7 @@ struct TranslateOptions {
   std::string prefix, prefix_file;
   bool replace_unknowns = false;
   bool attention = false;
+  std::string attention_file;  // JSON lines with every head of one layer
 };
 
 // Source line i, encoded; empty when the line is empty or skipped.
@@ -36,13 +38,24 @@ struct Source {
   bool translate = false;
 };
 
-std::string format_attention(const Hypothesis& h) {
+// Step t's attention averaged over heads (rows hold `heads` blocks of source positions).
+std::vector<float> mean_attention(const Hypothesis& h, size_t t, int64_t heads) {
+  const std::vector<float>& row = h.attention[t];
+  const size_t width = row.size() / size_t(heads);
+  std::vector<float> mean(width, 0.f);
+  for (int64_t head = 0; head < heads; ++head)
+    for (size_t j = 0; j < width; ++j) mean[j] += row[size_t(head) * width + j] / float(heads);
+  return mean;
+}
+
+std::string format_attention(const Hypothesis& h, int64_t heads) {
   std::string out;
   char buffer[32];
   for (size_t t = 0; t < h.attention.size(); ++t) {
     if (t) out += ' ';
-    for (size_t j = 0; j < h.attention[t].size(); ++j) {
-      std::snprintf(buffer, sizeof buffer, j ? ",%.4f" : "%.4f", double(h.attention[t][j]));
+    const std::vector<float> row = mean_attention(h, t, heads);
+    for (size_t j = 0; j < row.size(); ++j) {
+      std::snprintf(buffer, sizeof buffer, j ? ",%.4f" : "%.4f", double(row[j]));
       out += buffer;
     }
   }
@@ -58,7 +71,9 @@ void run_translate(TranslateOptions o) {
   if (o.nbest > o.search.beam) throw Error("--nbest cannot exceed --beam");
   if (o.replace_unknowns && o.ids) throw Error("--replace-unknowns needs text input, not --ids");
   o.search.nbest = std::max<int64_t>(o.nbest, 1);
-  o.search.attention = o.attention || o.replace_unknowns;
+  o.search.attention = o.attention || o.replace_unknowns || !o.attention_file.empty();
+  o.search.attention_per_head = !o.attention_file.empty();
+  const int64_t stored_heads = o.search.attention_per_head ? config.heads : 1;
   const std::string where = o.input == "-" ? "stdin" : o.input;
   const std::vector<std::string> lines = read_lines(o.input);
 
@@ -136,7 +151,7 @@ void run_translate(TranslateOptions o) {
     for (size_t t = 0; t < h.tokens.size(); ++t) {
       std::string piece = target_vocabulary->piece(h.tokens[t]);
       if (o.replace_unknowns && h.tokens[t] == target_vocabulary->unk_id() && t < h.attention.size()) {
-        const auto& weights = h.attention[t];
+        const std::vector<float> weights = mean_attention(h, t, stored_heads);
         const size_t best = size_t(std::max_element(weights.begin(), weights.end()) - weights.begin());
         if (best < sources[line].pieces.size()) piece = sources[line].pieces[best];
       }
@@ -153,13 +168,13 @@ void run_translate(TranslateOptions o) {
         for (const Hypothesis& h : results[i]) {
           std::snprintf(score, sizeof score, "%.6f", h.logprob);
           out += std::to_string(i) + " ||| " + render(i, h) + " ||| " + score;
-          if (o.attention) out += " ||| " + format_attention(h);
+          if (o.attention) out += " ||| " + format_attention(h, stored_heads);
           out += '\n';
         }
       } else {
         if (!results[i].empty()) {
           out += render(i, results[i].front());
-          if (o.attention) out += " ||| " + format_attention(results[i].front());
+          if (o.attention) out += " ||| " + format_attention(results[i].front(), stored_heads);
         }
         out += '\n';
       }
@@ -174,6 +189,35 @@ void run_translate(TranslateOptions o) {
     std::fflush(stdout);
   } else {
     write_file_atomically(o.output, write);
+  }
+  if (!o.attention_file.empty()) {
+    // One JSON object per translated line: pieces and attention[head][target step][source].
+    write_file_atomically(o.attention_file, [&](std::FILE* f) {
+      for (size_t i = 0; i < sources.size(); ++i) {
+        if (results[i].empty()) continue;
+        const Hypothesis& h = results[i].front();
+        nlohmann::json line;
+        line["line"] = i;
+        line["source"] = o.ids ? nlohmann::json(sources[i].ids) : nlohmann::json(source_vocabulary->to_pieces(lines[i]));
+        nlohmann::json target = nlohmann::json::array();
+        for (int32_t id : h.tokens) target.push_back(o.ids ? nlohmann::json(id) : nlohmann::json(target_vocabulary->piece(id)));
+        if (h.finished_with_eos) target.push_back("</s>");
+        line["target"] = target;
+        line["layer"] = o.search.attention_layer < 0 ? config.decoder_layers - 1 : o.search.attention_layer;
+        nlohmann::json heads = nlohmann::json::array();
+        for (int64_t head = 0; head < config.heads; ++head) {
+          nlohmann::json rows = nlohmann::json::array();
+          for (const auto& step : h.attention) {
+            const size_t width = step.size() / size_t(config.heads);
+            rows.push_back(std::vector<float>(step.begin() + long(head * width), step.begin() + long((head + 1) * width)));
+          }
+          heads.push_back(rows);
+        }
+        line["attention"] = heads;
+        const std::string text = line.dump() + "\n";
+        if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) throw Error(o.attention_file + ": write failed");
+      }
+    });
   }
 }
 
@@ -209,6 +253,12 @@ CommandRunner add_translate_command(CLI::App& app) {
                "After each hypothesis print ` ||| ` and its attention: per output token (eos included), "
                "the last decoder layer's cross-attention averaged over heads, comma-separated over "
                "source positions; tokens separated by spaces");
+  app.add_option("--attention-layer", o->search.attention_layer,
+                 "Decoder layer (0-based) whose cross-attention --attention / --attention-file report "
+                 "(default: the last)");
+  app.add_option("--attention-file", o->attention_file,
+                 "Write JSON lines {line, source, target, layer, attention[head][target][source]} with "
+                 "every head of that layer, for visualisation");
   app.footer(
       "Example:\n  echo 'the house is small' | transformer translate --model run --beam 4\n"
       "  transformer translate --model run -i test.en -o test.out --nbest 4");

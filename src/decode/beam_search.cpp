@@ -36,6 +36,9 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
   std::vector<std::vector<Hypothesis>> results(sources.size());
   if (sentences == 0) return results;
   if (o.beam < 1) throw Error("the beam size must be at least 1");
+  if (o.attention_layer >= c.decoder_layers)
+    throw Error("attention layer " + std::to_string(o.attention_layer) + " does not exist (the decoder has " +
+                std::to_string(c.decoder_layers) + " layers)");
   if (!prefixes.empty() && prefixes.size() != sources.size())
     throw Error("one prefix per source sentence is needed");
   const int64_t beam = o.beam, vocab = c.tgt_vocab_size;
@@ -91,8 +94,10 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
     for (int64_t i = 0; i < n; ++i)
       inputs[size_t(i)] = live[size_t(i)].tokens.empty() ? int32_t(c.bos_id) : live[size_t(i)].tokens.back();
     logprobs.resize(size_t(n * vocab));
-    if (o.attention) attention.resize(size_t(n * batch.src_len));
-    decoder.step(inputs.data(), logprobs.data(), o.attention ? attention.data() : nullptr);
+    const int64_t attention_width = (o.attention_per_head ? c.heads : 1) * batch.src_len;
+    if (o.attention) attention.resize(size_t(n * attention_width));
+    decoder.step(inputs.data(), logprobs.data(), o.attention ? attention.data() : nullptr,
+                 o.attention_layer, o.attention_per_head);
 
     std::vector<Live> next_live;
     std::vector<int32_t> parents, next_sentence;
@@ -138,8 +143,11 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
         extended.logprob = cand.logprob;
         if (o.attention) {
           extended.attention = live[size_t(cand.hypothesis)].attention;
-          const float* a = attention.data() + cand.hypothesis * batch.src_len;
-          extended.attention.emplace_back(a, a + batch.src_lengths[size_t(s)]);
+          const float* a = attention.data() + cand.hypothesis * attention_width;
+          std::vector<float> row;
+          for (int64_t head = 0; head < attention_width / std::max<int64_t>(batch.src_len, 1); ++head)
+            row.insert(row.end(), a + head * batch.src_len, a + head * batch.src_len + batch.src_lengths[size_t(s)]);
+          extended.attention.push_back(std::move(row));
         }
         if (cand.token == c.eos_id && !forced) {
           finish(s, std::move(extended), true, t + 1);

@@ -18,7 +18,9 @@ struct SearchOptions {
   int64_t max_length = 0;    // hard cap; 0: the model's positions limit
   int64_t min_length = 0;    // eos is not allowed before this many tokens
   int64_t nbest = 1;
-  bool attention = false;    // keep the last layer's cross-attention (mean over heads)
+  bool attention = false;    // keep cross-attention weights of one decoder layer:
+  int64_t attention_layer = -1;  // which (0-based; -1: the last)
+  bool attention_per_head = false;  // every head, else the mean over heads
 };
 
 struct Hypothesis {
@@ -26,7 +28,9 @@ struct Hypothesis {
   double logprob = 0;           // Σ log p of tokens (+ eos when it ended with one)
   double score = 0;             // logprob / lp(length), what ranks hypotheses
   bool finished_with_eos = false;
-  std::vector<std::vector<float>> attention;  // [steps][source positions] when requested
+  // When requested, per step (eos included): [source positions], or [heads · source positions]
+  // (head-major) with attention_per_head.
+  std::vector<std::vector<float>> attention;
 };
 
 // sources: raw ids (no eos); prefixes: forced target starts (empty vectors, or none at all).

@@ -39,10 +39,12 @@ void IncrementalDecoder::start(const std::vector<int32_t>& hypothesis_sentence) 
   }
 }
 
-void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cross_attention) {
+void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cross_attention,
+                              int64_t attention_layer, bool per_head) {
   const ModelConfig& c = model_.config();
   const TransformerWeights& w = model_.weights();
   const int64_t n = hypotheses(), d = c.d_model, heads = c.heads, t = position_;
+  const int64_t kept_layer = attention_layer < 0 ? c.decoder_layers - 1 : attention_layer;
   float* x = ensure_size(x_, n * d);            // [N, D] residual stream
   float* q = ensure_size(q_, n * d);            // [N, D]
   float* k = ensure_size(k_, n * d);            // [N, D]
@@ -92,13 +94,18 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
       float* probs = ensure_size(probs_, n * heads * std::max<int64_t>(src_len_, 1));  // [N, H, S]
       attention_forward(s, mask, q, cross_keys_[size_t(layer)].data(),
                         cross_values_[size_t(layer)].data(), probs, context);
-      if (cross_attention && layer == c.decoder_layers - 1)
-        for (int64_t h = 0; h < n; ++h)
-          for (int64_t j = 0; j < src_len_; ++j) {
-            float sum = 0.f;
-            for (int64_t head = 0; head < heads; ++head) sum += probs[(h * heads + head) * src_len_ + j];
-            cross_attention[h * src_len_ + j] = sum / float(heads);
-          }
+      if (cross_attention && layer == kept_layer) {
+        if (per_head) {
+          std::copy_n(probs, n * heads * src_len_, cross_attention);
+        } else {
+          for (int64_t h = 0; h < n; ++h)
+            for (int64_t j = 0; j < src_len_; ++j) {
+              float sum = 0.f;
+              for (int64_t head = 0; head < heads; ++head) sum += probs[(h * heads + head) * src_len_ + j];
+              cross_attention[h * src_len_ + j] = sum / float(heads);
+            }
+        }
+      }
       linear_forward(lw.cross_attn.o, context, n, out);
     };
     sublayer_forward(c, lw.norm1, x, n, 0.f, 0, layer_cache_.self_sublayer, self_attention);

@@ -23,9 +23,11 @@ class IncrementalDecoder {
   void start(const std::vector<int32_t>& hypothesis_sentence);
 
   // Feeds tokens[N] at the current position; logprobs[N, V] receive log p(next token).
-  // With cross_attention non-null, it receives the last layer's cross-attention weights
-  // averaged over heads, [N, src_len].
-  void step(const int32_t* tokens, float* logprobs, float* cross_attention);
+  // With cross_attention non-null, it receives the cross-attention weights of decoder layer
+  // attention_layer (-1: the last): averaged over heads, [N, src_len], or with per_head
+  // [N, heads, src_len].
+  void step(const int32_t* tokens, float* logprobs, float* cross_attention,
+            int64_t attention_layer = -1, bool per_head = false);
 
   // Keeps hypotheses parents[0..M) (indices into the current set, repeats allowed) as the new
   // set, in that order.
