@@ -4,16 +4,14 @@
 #include "text/bleu.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli_runner.h"
 #include "tensor/error.h"
 
 namespace {
@@ -410,42 +408,14 @@ TEST(Chrf, DefaultsAndMultipleReferences) {
 
 // ---- `transformer bleu` (the binary at TFM_CLI_PATH) ----
 
-namespace fs = std::filesystem;
+using tfm::testing_support::CliResult;
 
-struct CliResult {
-  int exit_code;
-  std::string out, err;
-};
-
-std::string work_path(const std::string& name) {
-  static const std::string dir = [] {
-    const fs::path d = fs::temp_directory_path() / ("tfm_bleu_test_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d.string();
-  }();
-  return dir + "/" + name;
-}
+const tfm::testing_support::CliWorkDir work("tfm_bleu_test");
 
 std::string write_lines(const std::string& name, const std::vector<std::string>& lines) {
-  std::ofstream out(work_path(name), std::ios::binary);
-  for (const auto& line : lines) out << line << '\n';
-  return work_path(name);
-}
-
-CliResult run_cli(const std::string& args, const std::string& stdin_path = "/dev/null") {
-  const std::string err_file = work_path("stderr.txt");
-  const std::string command =
-      std::string(TFM_CLI_PATH) + " " + args + " 2>" + err_file + " <" + stdin_path;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string out;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  const int status = ::pclose(pipe);
-  std::ifstream err_in(err_file);
-  std::stringstream err;
-  err << err_in.rdbuf();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out, err.str()};
+  std::string text;
+  for (const auto& line : lines) text += line + '\n';
+  return work.write_file(name, text);
 }
 
 void expect_one_error_line(const CliResult& r, int code,
@@ -461,19 +431,19 @@ TEST(BleuCli, PrintsSacrebleuLines) {
   const std::string hyp = write_lines("hyp.txt", kHyps);
   const std::string ref1 = write_lines("ref1.txt", kRefs[0]);
   const std::string ref2 = write_lines("ref2.txt", kRefs[1]);
-  CliResult r = run_cli("bleu --ref " + ref1 + " --ref " + ref2 + " --input " + hyp);
+  CliResult r = work.run_cli("bleu --ref " + ref1 + " --ref " + ref2 + " --input " + hyp);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out,
             "BLEU = 48.53 82.4/50.0/45.5/37.5 (BP = 0.943 ratio = 0.944 hyp_len = 17 ref_len = "
             "18)\nchrF2 = 59.73\n");
   // Hypotheses from stdin; BLEU only; another tokenizer.
-  r = run_cli("bleu -r " + ref1 + " -r " + ref2 + " --tokenize intl --metrics bleu", hyp);
+  r = work.run_cli("bleu -r " + ref1 + " -r " + ref2 + " --tokenize intl --metrics bleu", hyp);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("BLEU = 43.92 ", 0), 0u) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   // Empty hypotheses give 0.
   const std::string blank = write_lines("blank.txt", {"", "", ""});
-  r = run_cli("bleu -r " + ref1 + " -r " + ref2 + " -i " + blank + " -m bleu");
+  r = work.run_cli("bleu -r " + ref1 + " -r " + ref2 + " -i " + blank + " -m bleu");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("BLEU = 0.00 0.0/0.0/0.0/0.0 (BP = 0.000", 0), 0u) << r.out;
 }
@@ -483,7 +453,7 @@ TEST(BleuCli, JsonObject) {
   const std::string ref1 = write_lines("ref1.txt", kRefs[0]);
   const std::string ref2 = write_lines("ref2.txt", kRefs[1]);
   const CliResult r =
-      run_cli("bleu --ref " + ref1 + " --ref " + ref2 + " --input " + hyp + " --json");
+      work.run_cli("bleu --ref " + ref1 + " --ref " + ref2 + " --input " + hyp + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["name"], "BLEU");
@@ -500,7 +470,7 @@ TEST(BleuCli, JsonObject) {
   EXPECT_NEAR(j["chrf"]["score"].get<double>(), 59.72751782684763, 1e-9);
   // --lowercase shows in the signature.
   const CliResult lc =
-      run_cli("bleu --ref " + ref1 + " --input " + hyp + " --json --lowercase -m bleu");
+      work.run_cli("bleu --ref " + ref1 + " --input " + hyp + " --json --lowercase -m bleu");
   ASSERT_EQ(lc.exit_code, 0) << lc.err;
   EXPECT_EQ(nlohmann::json::parse(lc.out)["signature"].get<std::string>().find("nrefs:1|case:lc"),
             0u);
@@ -510,27 +480,27 @@ TEST(BleuCli, Errors) {
   const std::string hyp = write_lines("hyp.txt", kHyps);
   const std::string ref1 = write_lines("ref1.txt", kRefs[0]);
   const std::string short_ref = write_lines("short.txt", {"a", "b"});
-  expect_one_error_line(run_cli("bleu --ref " + short_ref + " --input " + hyp), 1,
+  expect_one_error_line(work.run_cli("bleu --ref " + short_ref + " --input " + hyp), 1,
                         {"hyp.txt", "short.txt", "3 lines", "has 2"});
-  expect_one_error_line(run_cli("bleu --ref " + work_path("missing.txt") + " --input " + hyp), 1,
-                        {"missing.txt"});
-  expect_one_error_line(run_cli("bleu --ref " + ref1 + " --input " + work_path("nohyp.txt")), 1,
-                        {"nohyp.txt"});
+  expect_one_error_line(work.run_cli("bleu --ref " + work.path("missing.txt") + " --input " + hyp),
+                        1, {"missing.txt"});
+  expect_one_error_line(work.run_cli("bleu --ref " + ref1 + " --input " + work.path("nohyp.txt")),
+                        1, {"nohyp.txt"});
   const std::string bad = write_lines("bad.txt", {"fine", "bad \xff", "fine"});
-  expect_one_error_line(run_cli("bleu --ref " + ref1 + " --input " + bad), 1,
+  expect_one_error_line(work.run_cli("bleu --ref " + ref1 + " --input " + bad), 1,
                         {"bad.txt:2", "UTF-8"});
   const std::string empty_ref = write_lines("empty_ref.txt", {"x", "", "z"});
-  expect_one_error_line(run_cli("bleu --ref " + empty_ref + " --input " + hyp), 1,
+  expect_one_error_line(work.run_cli("bleu --ref " + empty_ref + " --input " + hyp), 1,
                         {"line 2", "empty_ref.txt"});
-  expect_one_error_line(run_cli("bleu --input " + hyp), 2, {"--ref"});
-  expect_one_error_line(run_cli("bleu --ref " + ref1 + " --input " + hyp + " --tokenize zh"), 2,
-                        {"--tokenize"});
-  expect_one_error_line(run_cli("bleu --ref " + ref1 + " --input " + hyp + " --metrics ter"), 2,
-                        {"--metrics"});
+  expect_one_error_line(work.run_cli("bleu --input " + hyp), 2, {"--ref"});
+  expect_one_error_line(work.run_cli("bleu --ref " + ref1 + " --input " + hyp + " --tokenize zh"),
+                        2, {"--tokenize"});
+  expect_one_error_line(work.run_cli("bleu --ref " + ref1 + " --input " + hyp + " --metrics ter"),
+                        2, {"--metrics"});
 }
 
 TEST(BleuCli, HelpExplainsEveryFlag) {
-  const CliResult r = run_cli("bleu --help");
+  const CliResult r = work.run_cli("bleu --help");
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag : {"--ref", "--input", "--tokenize", "--lowercase", "--metrics", "--json",
                            "--output", "Example"})

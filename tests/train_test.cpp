@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli_runner.h"
 #include "io/file_util.h"
 #include "model/transformer.h"
 
@@ -21,32 +22,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string& work_dir() {
-  static const std::string dir = [] {
-    std::string d = (fs::temp_directory_path() / ("tfm_train_test_" + std::to_string(::getpid()))).string();
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
-}
-std::string path(const std::string& name) { return work_dir() + "/" + name; }
+using tfm::testing_support::CliResult;
 
-struct Result {
-  int exit_code;
-  std::string err;
-};
-
-Result run(const std::string& args) {
-  const std::string err = path("stderr.txt");
-  const int status = std::system((std::string(TFM_CLI_PATH) + " " + args + " >/dev/null 2>" + err + " </dev/null").c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), tfm::read_file_bytes(err)};
-}
+const tfm::testing_support::CliWorkDir work("tfm_train_test");
 
 // Random token sequences (ids 4..31) and their reversals.
-void write_reversal_data(const std::string& prefix, int pairs, int min_len, int max_len, unsigned seed) {
+void write_reversal_data(const std::string& prefix, int pairs, int min_len, int max_len,
+                         unsigned seed) {
   std::mt19937 random(seed);
-  std::ofstream src(path(prefix + ".src")), tgt(path(prefix + ".tgt"));
+  std::ofstream src(work.path(prefix + ".src")), tgt(work.path(prefix + ".tgt"));
   for (int i = 0; i < pairs; ++i) {
     const int len = min_len + int(random() % unsigned(max_len - min_len + 1));
     std::vector<int> tokens(static_cast<size_t>(len));
@@ -66,20 +50,24 @@ std::vector<nlohmann::json> log_events(const std::string& dir, const std::string
   return events;
 }
 
-
 std::string data_flags(const std::string& train, const std::string& valid = "") {
-  std::string flags = " --ids --train-src " + path(train + ".src") + " --train-tgt " + path(train + ".tgt");
-  if (!valid.empty()) flags += " --valid-src " + path(valid + ".src") + " --valid-tgt " + path(valid + ".tgt");
+  std::string flags = " --ids --train-src " + work.path(train + ".src") + " --train-tgt " +
+                      work.path(train + ".tgt");
+  if (!valid.empty())
+    flags +=
+        " --valid-src " + work.path(valid + ".src") + " --valid-tgt " + work.path(valid + ".tgt");
   return flags;
 }
 
 // Exact-match rate of translating prefix.src (token ids) against prefix.tgt.
 double exact_match(const std::string& model, const std::string& prefix, int beam) {
-  const std::string out = path(prefix + ".beam" + std::to_string(beam));
-  const Result r = run("translate --model " + model + " --ids -i " + path(prefix + ".src") + " -o " + out +
-                       " --beam " + std::to_string(beam));
+  const std::string out = work.path(prefix + ".beam" + std::to_string(beam));
+  const CliResult r =
+      work.run_cli("translate --model " + model + " --ids -i " + work.path(prefix + ".src") +
+                   " -o " + out + " --beam " + std::to_string(beam));
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  std::istringstream hyp(tfm::read_file_bytes(out)), ref(tfm::read_file_bytes(path(prefix + ".tgt")));
+  std::istringstream hyp(tfm::read_file_bytes(out)),
+      ref(tfm::read_file_bytes(work.path(prefix + ".tgt")));
   int total = 0, same = 0;
   for (std::string h, t; std::getline(ref, t);) {
     std::getline(hyp, h);
@@ -92,41 +80,53 @@ double exact_match(const std::string& model, const std::string& prefix, int beam
 TEST(Train, ReversalTaskIsLearnedAndTranslated) {
   write_reversal_data("rev_train", 20000, 3, 8, 1);
   write_reversal_data("rev_dev", 200, 3, 8, 2);
-  const Result r = run("train --preset tiny --vocab 32" + data_flags("rev_train", "rev_dev") +
-                       " --model-dir " + path("rev") +
-                       " --max-steps 2000 --warmup 300 --batch-tokens 2048 --valid-every 250 --log-every 250");
+  const CliResult r = work.run_cli(
+      "train --preset tiny --vocab 32" + data_flags("rev_train", "rev_dev") + " --model-dir " +
+      work.path("rev") +
+      " --max-steps 2000 --warmup 300 --batch-tokens 2048 --valid-every 250 --log-every 250");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto valid = log_events(path("rev"), "valid");
+  const auto valid = log_events(work.path("rev"), "valid");
   ASSERT_GE(valid.size(), 8u);
   double best = 0;
   for (const auto& v : valid) best = std::max(best, v["accuracy"].get<double>());
   EXPECT_GE(best, 0.99) << r.err;  // teacher-forced per-token accuracy
-  const auto train = log_events(path("rev"), "train");
+  const auto train = log_events(work.path("rev"), "train");
   EXPECT_LT(train.back()["loss"].get<double>(), 0.5 * train.front()["loss"].get<double>());
-  ASSERT_TRUE(fs::exists(path("rev/model.best.safetensors")));
+  ASSERT_TRUE(fs::exists(work.path("rev/model.best.safetensors")));
   // Held-out sequences reversed exactly, greedy and beam.
-  EXPECT_GE(exact_match(path("rev/model.best.safetensors"), "rev_dev", 1), 0.99);
-  EXPECT_GE(exact_match(path("rev/model.best.safetensors"), "rev_dev", 4), 0.99);
+  EXPECT_GE(exact_match(work.path("rev/model.best.safetensors"), "rev_dev", 1), 0.99);
+  EXPECT_GE(exact_match(work.path("rev/model.best.safetensors"), "rev_dev", 4), 0.99);
 }
 
 TEST(Train, ResumeContinuesBitForBit) {
   write_reversal_data("small", 300, 2, 9, 3);
-  const std::string common = "train --preset tiny --vocab 32" + data_flags("small") +
-                             " --batch-tokens 256 --accumulate 2 --attention-dropout 0.1 --relu-dropout 0.1"
-                             " --save-every 5 --valid-every 0 --log-every 5 --seed 7";
-  ASSERT_EQ(run(common + " --model-dir " + path("straight") + " --max-steps 20").exit_code, 0);
-  ASSERT_EQ(run(common + " --model-dir " + path("halves") + " --max-steps 10").exit_code, 0);
-  EXPECT_NE(run(common + " --model-dir " + path("halves") + " --max-steps 20").exit_code, 0);  // needs --resume
-  const Result resumed = run(common + " --model-dir " + path("halves") + " --max-steps 20 --resume");
+  const std::string common =
+      "train --preset tiny --vocab 32" + data_flags("small") +
+      " --batch-tokens 256 --accumulate 2 --attention-dropout 0.1 --relu-dropout 0.1"
+      " --save-every 5 --valid-every 0 --log-every 5 --seed 7";
+  ASSERT_EQ(
+      work.run_cli(common + " --model-dir " + work.path("straight") + " --max-steps 20").exit_code,
+      0);
+  ASSERT_EQ(
+      work.run_cli(common + " --model-dir " + work.path("halves") + " --max-steps 10").exit_code,
+      0);
+  EXPECT_NE(
+      work.run_cli(common + " --model-dir " + work.path("halves") + " --max-steps 20").exit_code,
+      0);  // needs --resume
+  const CliResult resumed =
+      work.run_cli(common + " --model-dir " + work.path("halves") + " --max-steps 20 --resume");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.err.find("resuming at step 10"), std::string::npos) << resumed.err;
-  EXPECT_EQ(tfm::read_file_bytes(path("straight/model.safetensors")),
-            tfm::read_file_bytes(path("halves/model.safetensors")));
+  EXPECT_EQ(tfm::read_file_bytes(work.path("straight/model.safetensors")),
+            tfm::read_file_bytes(work.path("halves/model.safetensors")));
   // Averaging the kept snapshots gives their element-wise mean.
-  ASSERT_EQ(run("average --model-dir " + path("straight") + " --last 2 -o " + path("avg.safetensors")).exit_code, 0);
-  tfm::Model average = tfm::load_model(path("avg.safetensors"));
-  tfm::Model a = tfm::load_model(path("straight/checkpoints/step-000000015.safetensors"));
-  tfm::Model b = tfm::load_model(path("straight/checkpoints/step-000000020.safetensors"));
+  ASSERT_EQ(work.run_cli("average --model-dir " + work.path("straight") + " --last 2 -o " +
+                         work.path("avg.safetensors"))
+                .exit_code,
+            0);
+  tfm::Model average = tfm::load_model(work.path("avg.safetensors"));
+  tfm::Model a = tfm::load_model(work.path("straight/checkpoints/step-000000015.safetensors"));
+  tfm::Model b = tfm::load_model(work.path("straight/checkpoints/step-000000020.safetensors"));
   const auto& name = "decoder.layers.1.ffn.fc2.weight";
   for (size_t i = 0; i < 50; ++i)
     EXPECT_FLOAT_EQ(average.parameters().at(name).data[i],
@@ -142,12 +142,14 @@ int train_and_signal(const std::string& dir, int signal) {
     freopen(devnull.c_str(), "w", stderr);
     freopen(devnull.c_str(), "w", stdout);
     execl(TFM_CLI_PATH, TFM_CLI_PATH, "train", "--preset", "tiny", "--vocab", "32", "--ids",
-          "--train-src", path("long.src").c_str(), "--train-tgt", path("long.tgt").c_str(),
-          "--model-dir", dir.c_str(), "--save-every", "3", "--max-steps", "100000", nullptr);
+          "--train-src", work.path("long.src").c_str(), "--train-tgt",
+          work.path("long.tgt").c_str(), "--model-dir", dir.c_str(), "--save-every", "3",
+          "--max-steps", "100000", nullptr);
     _exit(127);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(dir + "/checkpoint.safetensors") && std::chrono::steady_clock::now() < deadline)
+  while (!fs::exists(dir + "/checkpoint.safetensors") &&
+         std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   kill(pid, signal);
@@ -157,36 +159,39 @@ int train_and_signal(const std::string& dir, int signal) {
 }
 
 TEST(Train, SigtermSavesAndExitsCleanlyAndSigkillLeavesALoadableCheckpoint) {
-  EXPECT_EQ(train_and_signal(path("term"), SIGTERM), 0);
-  EXPECT_NO_THROW(tfm::load_model(path("term/model.safetensors")));
-  EXPECT_EQ(train_and_signal(path("killed"), SIGKILL), 128 + SIGKILL);
-  EXPECT_NO_THROW(tfm::load_model(path("killed/model.safetensors")));
+  EXPECT_EQ(train_and_signal(work.path("term"), SIGTERM), 0);
+  EXPECT_NO_THROW(tfm::load_model(work.path("term/model.safetensors")));
+  EXPECT_EQ(train_and_signal(work.path("killed"), SIGKILL), 128 + SIGKILL);
+  EXPECT_NO_THROW(tfm::load_model(work.path("killed/model.safetensors")));
   // And the killed run resumes.
-  const Result r = run("train" + data_flags("long") + " --model-dir " + path("killed") +
-                       " --resume --max-steps 1 --valid-every 0");
+  const CliResult r = work.run_cli("train" + data_flags("long") + " --model-dir " +
+                                   work.path("killed") + " --resume --max-steps 1 --valid-every 0");
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 TEST(Train, BadDataIsAClearError) {
   write_reversal_data("bad", 10, 2, 5, 5);
-  std::ofstream(path("short.tgt")) << "4 5\n";
-  Result r = run("train --preset tiny --vocab 32 --ids --train-src " + path("bad.src") + " --train-tgt " +
-                 path("short.tgt") + " --model-dir " + path("bad_run"));
+  work.write_file("short.tgt", "4 5\n");
+  CliResult r = work.run_cli("train --preset tiny --vocab 32 --ids --train-src " +
+                             work.path("bad.src") + " --train-tgt " + work.path("short.tgt") +
+                             " --model-dir " + work.path("bad_run"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("bad.src"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("short.tgt"), std::string::npos) << r.err;
-  std::ofstream(path("oov.tgt")) << "4 5\n4 99\n4\n4\n4\n4\n4\n4\n4\n4\n";
-  r = run("train --preset tiny --vocab 32 --ids --train-src " + path("bad.src") + " --train-tgt " +
-          path("oov.tgt") + " --model-dir " + path("bad_run2"));
+  work.write_file("oov.tgt", "4 5\n4 99\n4\n4\n4\n4\n4\n4\n4\n4\n");
+  r = work.run_cli("train --preset tiny --vocab 32 --ids --train-src " + work.path("bad.src") +
+                   " --train-tgt " + work.path("oov.tgt") + " --model-dir " +
+                   work.path("bad_run2"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("oov.tgt:2"), std::string::npos) << r.err;
 }
 
 TEST(Train, VocabTrainsSentencePieceAndTrainingUsesIt) {
   {
-    std::ofstream en(path("text.en")), es(path("text.es"));
+    std::ofstream en(work.path("text.en")), es(work.path("text.es"));
     const char* words[] = {"the", "house", "is", "red", "green", "a", "small", "big", "dog", "cat"};
-    const char* palabras[] = {"la", "casa", "es", "roja", "verde", "una", "pequeña", "grande", "perro", "gato"};
+    const char* palabras[] = {"la",  "casa",    "es",     "roja",  "verde",
+                              "una", "pequeña", "grande", "perro", "gato"};
     std::mt19937 random(9);
     for (int i = 0; i < 400; ++i) {
       const int len = 3 + int(random() % 5);
@@ -197,13 +202,16 @@ TEST(Train, VocabTrainsSentencePieceAndTrainingUsesIt) {
       }
     }
   }
-  Result r = run("vocab --input " + path("text.en") + " " + path("text.es") + " --size 60 -o " + path("vocab.spm"));
+  CliResult r = work.run_cli("vocab --input " + work.path("text.en") + " " + work.path("text.es") +
+                             " --size 60 -o " + work.path("vocab.spm"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = run("train --preset tiny --vocabs " + path("vocab.spm") + " --train-src " + path("text.en") +
-          " --train-tgt " + path("text.es") + " --model-dir " + path("text_run") + " --max-steps 3 --valid-every 0");
+  r = work.run_cli("train --preset tiny --vocabs " + work.path("vocab.spm") + " --train-src " +
+                   work.path("text.en") + " --train-tgt " + work.path("text.es") + " --model-dir " +
+                   work.path("text_run") + " --max-steps 3 --valid-every 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(fs::exists(path("text_run/vocab.spm")));
-  r = run("score --model " + path("text_run") + " --src " + path("text.en") + " --tgt " + path("text.es"));
+  EXPECT_TRUE(fs::exists(work.path("text_run/vocab.spm")));
+  r = work.run_cli("score --model " + work.path("text_run") + " --src " + work.path("text.en") +
+                   " --tgt " + work.path("text.es"));
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 

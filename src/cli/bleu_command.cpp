@@ -122,12 +122,7 @@ void run_bleu(const BleuCommandOptions& o) {
   auto write = [&](std::FILE* f) {
     if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) throw Error("write failed");
   };
-  if (o.output.empty() || o.output == "-") {
-    write(stdout);
-    std::fflush(stdout);
-  } else {
-    write_file_atomically(o.output, write);
-  }
+  write_output(o.output, write);
 }
 
 }  // namespace

@@ -107,12 +107,7 @@ void run_score(const ScoreOptions& o) {
       if (std::fwrite(line.data(), 1, line.size(), f) != line.size()) throw Error("write failed");
     }
   };
-  if (o.output.empty() || o.output == "-") {
-    write(stdout);
-    std::fflush(stdout);
-  } else {
-    write_file_atomically(o.output, write);
-  }
+  write_output(o.output, write);
 }
 
 }  // namespace

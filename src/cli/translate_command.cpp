@@ -65,8 +65,10 @@ std::string format_attention(const Hypothesis& h, int64_t heads) {
 void run_translate(TranslateOptions o) {
   ModelBundle bundle = load_model_bundle(o.model, !o.ids);
   const ModelConfig& config = bundle.model.config();
-  const Vocabulary* source_vocabulary = bundle.source_vocabulary ? &*bundle.source_vocabulary : nullptr;
-  const Vocabulary* target_vocabulary = bundle.target_vocabulary ? &*bundle.target_vocabulary : nullptr;
+  const Vocabulary* source_vocabulary =
+      bundle.source_vocabulary ? &*bundle.source_vocabulary : nullptr;
+  const Vocabulary* target_vocabulary =
+      bundle.target_vocabulary ? &*bundle.target_vocabulary : nullptr;
   if (o.search.beam < 1) throw Error("--beam must be at least 1");
   if (o.nbest > o.search.beam) throw Error("--nbest cannot exceed --beam");
   if (o.replace_unknowns && o.ids) throw Error("--replace-unknowns needs text input, not --ids");
@@ -84,19 +86,21 @@ void run_translate(TranslateOptions o) {
     if (!is_valid_utf8(text)) throw Error(file + ":" + std::to_string(line) + ": invalid UTF-8");
     return target_vocabulary->encode(text);
   };
-  if (!o.prefix.empty() && !o.prefix_file.empty()) throw Error("give --prefix or --prefix-file, not both");
+  if (!o.prefix.empty() && !o.prefix_file.empty())
+    throw Error("give --prefix or --prefix-file, not both");
   if (!o.prefix.empty()) {
     prefixes.assign(lines.size(), encode_target(o.prefix, "--prefix", 1));
   } else if (!o.prefix_file.empty()) {
     const auto prefix_lines = read_lines(o.prefix_file);
     if (prefix_lines.size() != lines.size())
-      throw Error(o.prefix_file + " has " + std::to_string(prefix_lines.size()) + " lines but " + where +
-                  " has " + std::to_string(lines.size()));
+      throw Error(o.prefix_file + " has " + std::to_string(prefix_lines.size()) + " lines but " +
+                  where + " has " + std::to_string(lines.size()));
     for (size_t i = 0; i < prefix_lines.size(); ++i)
       prefixes.push_back(encode_target(prefix_lines[i], o.prefix_file, int64_t(i) + 1));
   }
 
-  const int64_t limit = config.max_positions - config.position_offset - (config.src_append_eos ? 1 : 0);
+  const int64_t limit =
+      config.max_positions - config.position_offset - (config.src_append_eos ? 1 : 0);
   std::vector<Source> sources(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::string at = where + ":" + std::to_string(i + 1);
@@ -110,8 +114,10 @@ void run_translate(TranslateOptions o) {
     }
     if (s.ids.empty()) continue;
     if (int64_t(s.ids.size()) > limit) {
-      std::fprintf(stderr, "warning: %s: %zu tokens exceed the model's limit of %lld; writing an empty line\n",
-                   at.c_str(), s.ids.size(), (long long)limit);
+      std::fprintf(
+          stderr,
+          "warning: %s: %zu tokens exceed the model's limit of %lld; writing an empty line\n",
+          at.c_str(), s.ids.size(), (long long)limit);
       continue;
     }
     s.translate = true;
@@ -121,8 +127,9 @@ void run_translate(TranslateOptions o) {
   std::vector<size_t> order;
   for (size_t i = 0; i < sources.size(); ++i)
     if (sources[i].translate) order.push_back(i);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return sources[a].ids.size() > sources[b].ids.size(); });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return sources[a].ids.size() > sources[b].ids.size();
+  });
   std::vector<std::vector<Hypothesis>> results(sources.size());
   Progress progress("translate", int64_t(order.size()));
   for (size_t next = 0; next < order.size();) {
@@ -150,9 +157,11 @@ void run_translate(TranslateOptions o) {
     std::vector<std::string> pieces;
     for (size_t t = 0; t < h.tokens.size(); ++t) {
       std::string piece = target_vocabulary->piece(h.tokens[t]);
-      if (o.replace_unknowns && h.tokens[t] == target_vocabulary->unk_id() && t < h.attention.size()) {
+      if (o.replace_unknowns && h.tokens[t] == target_vocabulary->unk_id() &&
+          t < h.attention.size()) {
         const std::vector<float> weights = mean_attention(h, t, stored_heads);
-        const size_t best = size_t(std::max_element(weights.begin(), weights.end()) - weights.begin());
+        const size_t best =
+            size_t(std::max_element(weights.begin(), weights.end()) - weights.begin());
         if (best < sources[line].pieces.size()) piece = sources[line].pieces[best];
       }
       pieces.push_back(piece);
@@ -184,12 +193,7 @@ void run_translate(TranslateOptions o) {
       }
     }
   };
-  if (o.output.empty() || o.output == "-") {
-    write(stdout);
-    std::fflush(stdout);
-  } else {
-    write_file_atomically(o.output, write);
-  }
+  write_output(o.output, write);
   if (!o.attention_file.empty()) {
     // One JSON object per translated line: pieces and attention[head][target step][source].
     write_file_atomically(o.attention_file, [&](std::FILE* f) {
@@ -198,24 +202,30 @@ void run_translate(TranslateOptions o) {
         const Hypothesis& h = results[i].front();
         nlohmann::json line;
         line["line"] = i;
-        line["source"] = o.ids ? nlohmann::json(sources[i].ids) : nlohmann::json(source_vocabulary->to_pieces(lines[i]));
+        line["source"] = o.ids ? nlohmann::json(sources[i].ids)
+                               : nlohmann::json(source_vocabulary->to_pieces(lines[i]));
         nlohmann::json target = nlohmann::json::array();
-        for (int32_t id : h.tokens) target.push_back(o.ids ? nlohmann::json(id) : nlohmann::json(target_vocabulary->piece(id)));
+        for (int32_t id : h.tokens)
+          target.push_back(o.ids ? nlohmann::json(id)
+                                 : nlohmann::json(target_vocabulary->piece(id)));
         if (h.finished_with_eos) target.push_back("</s>");
         line["target"] = target;
-        line["layer"] = o.search.attention_layer < 0 ? config.decoder_layers - 1 : o.search.attention_layer;
+        line["layer"] =
+            o.search.attention_layer < 0 ? config.decoder_layers - 1 : o.search.attention_layer;
         nlohmann::json heads = nlohmann::json::array();
         for (int64_t head = 0; head < config.heads; ++head) {
           nlohmann::json rows = nlohmann::json::array();
           for (const auto& step : h.attention) {
             const size_t width = step.size() / size_t(config.heads);
-            rows.push_back(std::vector<float>(step.begin() + long(head * width), step.begin() + long((head + 1) * width)));
+            rows.push_back(std::vector<float>(step.begin() + long(head * width),
+                                              step.begin() + long((head + 1) * width)));
           }
           heads.push_back(rows);
         }
         line["attention"] = heads;
         const std::string text = line.dump() + "\n";
-        if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) throw Error(o.attention_file + ": write failed");
+        if (std::fwrite(text.data(), 1, text.size(), f) != text.size())
+          throw Error(o.attention_file + ": write failed");
       }
     });
   }
@@ -225,11 +235,13 @@ void run_translate(TranslateOptions o) {
 
 CommandRunner add_translate_command(CLI::App& app) {
   auto o = std::make_shared<TranslateOptions>();
-  app.add_option("--model", o->model,
-                 "Model directory (model.safetensors + vocabulary), or a .safetensors file with --ids")
+  app.add_option(
+         "--model", o->model,
+         "Model directory (model.safetensors + vocabulary), or a .safetensors file with --ids")
       ->required();
   app.add_option("-i,--input", o->input, "Sentences to translate, one per line (default: stdin)");
-  app.add_option("-o,--output", o->output, "Write translations here (atomically) instead of stdout");
+  app.add_option("-o,--output", o->output,
+                 "Write translations here (atomically) instead of stdout");
   app.add_flag("--ids", o->ids, "Input and output are space-separated token ids");
   app.add_option("--beam", o->search.beam, "Beam size; 1 is greedy search (default 4)");
   app.add_option("--alpha", o->search.alpha,
@@ -238,7 +250,8 @@ CommandRunner add_translate_command(CLI::App& app) {
                  "At most a·(source length) + b output tokens (default a 1)");
   app.add_option("--max-length-b", o->search.max_length_b, "... + b (default 50)");
   app.add_option("--max-length", o->search.max_length, "Hard cap on output tokens (default: none)");
-  app.add_option("--min-length", o->search.min_length, "At least this many output tokens before eos");
+  app.add_option("--min-length", o->search.min_length,
+                 "At least this many output tokens before eos");
   app.add_option("--nbest", o->nbest,
                  "Print the K best hypotheses per input as `index ||| hypothesis ||| score` "
                  "(index from 0; score = natural-log probability of the tokens and eos)");
@@ -246,19 +259,23 @@ CommandRunner add_translate_command(CLI::App& app) {
                  "Budget per batch: sentences × longest source × beam (default 4096)")
       ->check(CLI::PositiveNumber);
   app.add_option("--prefix", o->prefix, "Force every translation to start with this target text");
-  app.add_option("--prefix-file", o->prefix_file, "Force line i's translation to start with line i of FILE");
+  app.add_option("--prefix-file", o->prefix_file,
+                 "Force line i's translation to start with line i of FILE");
   app.add_flag("--replace-unknowns", o->replace_unknowns,
                "Replace each <unk> output with the source token it attends to most");
-  app.add_flag("--attention", o->attention,
-               "After each hypothesis print ` ||| ` and its attention: per output token (eos included), "
-               "the last decoder layer's cross-attention averaged over heads, comma-separated over "
-               "source positions; tokens separated by spaces");
-  app.add_option("--attention-layer", o->search.attention_layer,
-                 "Decoder layer (0-based) whose cross-attention --attention / --attention-file report "
-                 "(default: the last)");
-  app.add_option("--attention-file", o->attention_file,
-                 "Write JSON lines {line, source, target, layer, attention[head][target][source]} with "
-                 "every head of that layer, for visualisation");
+  app.add_flag(
+      "--attention", o->attention,
+      "After each hypothesis print ` ||| ` and its attention: per output token (eos included), "
+      "the last decoder layer's cross-attention averaged over heads, comma-separated over "
+      "source positions; tokens separated by spaces");
+  app.add_option(
+      "--attention-layer", o->search.attention_layer,
+      "Decoder layer (0-based) whose cross-attention --attention / --attention-file report "
+      "(default: the last)");
+  app.add_option(
+      "--attention-file", o->attention_file,
+      "Write JSON lines {line, source, target, layer, attention[head][target][source]} with "
+      "every head of that layer, for visualisation");
   app.footer(
       "Example:\n  echo 'the house is small' | transformer translate --model run --beam 4\n"
       "  transformer translate --model run -i test.en -o test.out --nbest 4");

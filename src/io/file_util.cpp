@@ -49,6 +49,15 @@ void write_file_atomically(const std::string& path, const std::function<void(std
   }
 }
 
+void write_output(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  if (path.empty() || path == "-") {
+    write(stdout);
+    std::fflush(stdout);
+  } else {
+    write_file_atomically(path, write);
+  }
+}
+
 void make_directories(const std::string& path) {
   std::error_code ec;
   std::filesystem::create_directories(path, ec);

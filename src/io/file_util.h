@@ -2,6 +2,7 @@
 // interrupted run never leaves a half-written model, checkpoint or output behind.
 #pragma once
 
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -13,6 +14,10 @@ std::string read_file_bytes(const std::string& path);
 // Calls write(stream) on a temp file next to `path`, then renames it over `path`.
 // On any failure the temp file is removed and Error is thrown; `path` is untouched.
 void write_file_atomically(const std::string& path, const std::function<void(std::FILE*)>& write);
+
+// A command's main output: calls write(stdout) and flushes it when `path` is empty or "-",
+// otherwise writes `path` through write_file_atomically.
+void write_output(const std::string& path, const std::function<void(std::FILE*)>& write);
 
 // Creates the directory (and parents) if missing; throws Error on failure.
 void make_directories(const std::string& path);

@@ -1,0 +1,73 @@
+// Runs the `transformer` binary (TFM_CLI_PATH) the way a user does, for the command-line tests
+// (cli_test, translate_cli_test, train_test, bleu_test). It exists so that those files share one
+// scratch directory helper, one file writer and one way of capturing exit code, stdout and
+// stderr, instead of each keeping its own copy.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace tfm::testing_support {
+
+struct CliResult {
+  int exit_code;  // the command's exit status, or 128 + signal when it was killed
+  std::string out, err;
+};
+
+// A scratch directory for one test file and this process:
+// <temp dir>/<test_name>_<pid>, emptied and created on first use.
+class CliWorkDir {
+ public:
+  explicit CliWorkDir(std::string test_name) : test_name_(std::move(test_name)) {}
+
+  const std::string& dir() const {
+    if (dir_.empty()) {
+      namespace fs = std::filesystem;
+      const fs::path d =
+          fs::temp_directory_path() / (test_name_ + "_" + std::to_string(::getpid()));
+      fs::remove_all(d);
+      fs::create_directories(d);
+      dir_ = d.string();
+    }
+    return dir_;
+  }
+
+  std::string path(const std::string& name) const { return dir() + "/" + name; }
+
+  // Writes `text` byte for byte to path(name) and returns that path.
+  std::string write_file(const std::string& name, const std::string& text) const {
+    std::ofstream(path(name), std::ios::binary) << text;
+    return path(name);
+  }
+
+  // Runs `TFM_CLI_PATH args` through the shell (so args may quote), stdin from `stdin_path`.
+  CliResult run_cli(const std::string& args, const std::string& stdin_path = "/dev/null") const {
+    const std::string err_file = path("stderr.txt");
+    const std::string command =
+        std::string(TFM_CLI_PATH) + " " + args + " 2>" + err_file + " <" + stdin_path;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    if (!pipe) return {-1, "", "popen failed: " + command};
+    std::string out;
+    char buffer[4096];
+    size_t n;
+    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+    const int status = ::pclose(pipe);
+    std::ifstream err_in(err_file, std::ios::binary);
+    std::ostringstream err;
+    err << err_in.rdbuf();
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out, err.str()};
+  }
+
+ private:
+  std::string test_name_;
+  mutable std::string dir_;
+};
+
+}  // namespace tfm::testing_support
