@@ -19,9 +19,11 @@ struct Transliterator {
   Vocabulary source, target;
 
   static Transliterator load() {
-    ImportedModel m = import_ctranslate2(std::string(TFM_FIXTURE_DIR) +
-                                         "/../data/ctranslate2-aren-transliteration/aren-transliteration");
-    return {Model(m.config, std::move(m.parameters), "aren"), Vocabulary::from_tokens(m.source_tokens, "s"),
+    ImportedModel m =
+        import_ctranslate2(std::string(TFM_FIXTURE_DIR) +
+                           "/../data/ctranslate2-aren-transliteration/aren-transliteration");
+    return {Model(m.config, std::move(m.parameters), "aren"),
+            Vocabulary::from_tokens(m.source_tokens, "s"),
             Vocabulary::from_tokens(m.target_tokens, "t")};
   }
 
@@ -43,7 +45,8 @@ SearchOptions beam(int64_t size) {
 
 TEST(Decode, CTranslate2TransliterationExpectations) {
   Transliterator t = Transliterator::load();
-  for (int64_t size : {1, 2, 4}) EXPECT_EQ(t.translate("آ ت ز م و ن", beam(size)), "a t z m o n") << size;
+  for (int64_t size : {1, 2, 4})
+    EXPECT_EQ(t.translate("آ ت ز م و ن", beam(size)), "a t z m o n") << size;
   EXPECT_EQ(t.translate("آ ز ا", beam(4)), "a z z a");
   EXPECT_EQ(t.translate("آ ت ش ي س و ن", beam(4)), "a c h i s o n");
   SearchOptions short_output = beam(4);
@@ -100,7 +103,8 @@ TEST_P(IncrementalDecoding, LogProbsEqualAFullForwardOfTheHypothesis) {
   std::vector<std::vector<int32_t>> sources(static_cast<size_t>(src.shape[0]));
   for (int64_t b = 0; b < src.shape[0]; ++b)
     for (int64_t j = 0; j < src.shape[1]; ++j)
-      if (src.data[size_t(b * src.shape[1] + j)] >= 0) sources[size_t(b)].push_back(int32_t(src.data[size_t(b * src.shape[1] + j)]));
+      if (src.data[size_t(b * src.shape[1] + j)] >= 0)
+        sources[size_t(b)].push_back(int32_t(src.data[size_t(b * src.shape[1] + j)]));
   for (int64_t size : {1, 3}) {
     SearchOptions o = beam(size);
     o.max_length = 12;

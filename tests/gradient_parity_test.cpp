@@ -21,7 +21,8 @@ std::vector<std::string> fixtures_with_gradients() {
   for (const auto& entry : std::filesystem::directory_iterator(TFM_FIXTURE_DIR)) {
     const std::string file = entry.path().filename().string();
     const std::string suffix = ".grads.safetensors";
-    if (file.size() > suffix.size() && file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0)
+    if (file.size() > suffix.size() &&
+        file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0)
       names.push_back(file.substr(0, file.size() - suffix.size()));
   }
   std::sort(names.begin(), names.end());
@@ -33,7 +34,8 @@ TokenBatch fixture_batch(const ModelConfig& config, const TensorMap& io) {
     std::vector<std::vector<int32_t>> rows(static_cast<size_t>(t.shape[0]));
     for (int64_t b = 0; b < t.shape[0]; ++b)
       for (int64_t j = 0; j < t.shape[1]; ++j)
-        if (t.data[size_t(b * t.shape[1] + j)] >= 0) rows[size_t(b)].push_back(int32_t(t.data[size_t(b * t.shape[1] + j)]));
+        if (t.data[size_t(b * t.shape[1] + j)] >= 0)
+          rows[size_t(b)].push_back(int32_t(t.data[size_t(b * t.shape[1] + j)]));
     return rows;
   };
   return make_batch(config, ragged(io.at("src_tokens")), ragged(io.at("tgt_tokens")));
@@ -64,7 +66,8 @@ TEST_P(GradientParity, EveryParameterGradientMatchesPyTorch) {
   const std::string dir = TFM_FIXTURE_DIR;
   Model model = load_model(dir + "/" + GetParam() + ".safetensors");
   const TensorMap io = read_safetensors(dir + "/" + GetParam() + ".io.safetensors").tensors;
-  const TensorMap expected = read_safetensors(dir + "/" + GetParam() + ".grads.safetensors").tensors;
+  const TensorMap expected =
+      read_safetensors(dir + "/" + GetParam() + ".grads.safetensors").tensors;
   const TokenBatch batch = fixture_batch(model.config(), io);
   TensorMap gradients = zero_gradients(model);
   const TransformerGradients g = bind_gradients(model.config(), gradients);
@@ -74,12 +77,13 @@ TEST_P(GradientParity, EveryParameterGradientMatchesPyTorch) {
   const LossTotals totals = loss_and_gradients(model, g, batch, {}, 0.1f, 1.f / float(tokens), ws);
   EXPECT_EQ(totals.tokens, tokens);
   EXPECT_NEAR(totals.loss / double(tokens), expected.at("loss").data[0], 1e-5);
-  for (const auto& [name, grad] : gradients) expect_tensor_near(grad, expected.at("grad." + name), name);
+  for (const auto& [name, grad] : gradients)
+    expect_tensor_near(grad, expected.at("grad." + name), name);
 
   // ε = 0: the loss is the plain negative log-likelihood.
   TensorMap unused = zero_gradients(model);
-  const LossTotals plain = loss_and_gradients(model, bind_gradients(model.config(), unused), batch,
-                                              {}, 0.f, 0.f, ws);
+  const LossTotals plain =
+      loss_and_gradients(model, bind_gradients(model.config(), unused), batch, {}, 0.f, 0.f, ws);
   EXPECT_NEAR(plain.loss / double(tokens), expected.at("loss_eps0").data[0], 1e-5);
   EXPECT_NEAR(plain.nll, plain.loss, 1e-6 * std::abs(plain.loss));
 }
@@ -100,7 +104,8 @@ void check_finite_differences(std::vector<float>& x, const std::vector<float>& a
     const double down = loss();
     x[i] = saved;
     const double numeric = (up - down) / (2.0 * h);
-    EXPECT_NEAR(analytic[i], numeric, tolerance * (1.0 + std::abs(numeric))) << what << " index " << i;
+    EXPECT_NEAR(analytic[i], numeric, tolerance * (1.0 + std::abs(numeric)))
+        << what << " index " << i;
   }
 }
 
@@ -122,9 +127,11 @@ TEST(FiniteDifferences, LayerNormBackward) {
   const int64_t rows = 3, cols = 7;
   auto x = randoms(rows * cols, 1), gamma = randoms(cols, 2), beta = randoms(cols, 3);
   auto probe = randoms(rows * cols, 4);
-  std::vector<float> y(x.size()), mean(rows), rstd(rows), dx(x.size()), dgamma(cols, 0.f), dbeta(cols, 0.f);
+  std::vector<float> y(x.size()), mean(rows), rstd(rows), dx(x.size()), dgamma(cols, 0.f),
+      dbeta(cols, 0.f);
   auto loss = [&] {
-    layer_norm(x.data(), gamma.data(), beta.data(), y.data(), rows, cols, 1e-5f, mean.data(), rstd.data());
+    layer_norm(x.data(), gamma.data(), beta.data(), y.data(), rows, cols, 1e-5f, mean.data(),
+               rstd.data());
     return dot(y, probe);
   };
   loss();

@@ -1,13 +1,14 @@
 // Optimizer steps against PyTorch: one SGD step (lr 1) moves every parameter by minus its
 // float64 autograd gradient; three Adam steps match torch.optim.Adam (betas 0.9/0.98, eps 1e-9).
 // Also the paper's learning-rate schedule.
+#include "train/optimizer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "io/safetensors.h"
 #include "train/loss.h"
-#include "train/optimizer.h"
 
 namespace tfm {
 namespace {
@@ -17,14 +18,16 @@ TokenBatch batch_from(const ModelConfig& config, const TensorMap& io) {
     std::vector<std::vector<int32_t>> rows(static_cast<size_t>(t.shape[0]));
     for (int64_t b = 0; b < t.shape[0]; ++b)
       for (int64_t j = 0; j < t.shape[1]; ++j)
-        if (t.data[size_t(b * t.shape[1] + j)] >= 0) rows[size_t(b)].push_back(int32_t(t.data[size_t(b * t.shape[1] + j)]));
+        if (t.data[size_t(b * t.shape[1] + j)] >= 0)
+          rows[size_t(b)].push_back(int32_t(t.data[size_t(b * t.shape[1] + j)]));
     return rows;
   };
   return make_batch(config, ragged(io.at("src_tokens")), ragged(io.at("tgt_tokens")));
 }
 
 // Runs `steps` optimizer steps on the fixture batch; returns the loss before each.
-std::vector<double> train_steps(Model& model, const TokenBatch& batch, Optimizer& optimizer, int steps) {
+std::vector<double> train_steps(Model& model, const TokenBatch& batch, Optimizer& optimizer,
+                                int steps) {
   TensorMap gradients;
   for (const auto& [name, t] : model.parameters()) gradients.emplace(name, Tensor(t.shape));
   const TransformerGradients g = bind_gradients(model.config(), gradients);
@@ -34,18 +37,20 @@ std::vector<double> train_steps(Model& model, const TokenBatch& batch, Optimizer
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
     for (auto& [name, t] : gradients) std::fill(t.data.begin(), t.data.end(), 0.f);
-    losses.push_back(loss_and_gradients(model, g, batch, {}, 0.1f, 1.f / float(tokens), ws).loss / double(tokens));
+    losses.push_back(loss_and_gradients(model, g, batch, {}, 0.1f, 1.f / float(tokens), ws).loss /
+                     double(tokens));
     optimizer.apply(model.mutable_parameters(), gradients, model.config().d_model);
   }
   return losses;
 }
 
-void expect_parameters_near(const Model& model, const TensorMap& expected, const std::string& prefix,
-                            double tolerance) {
+void expect_parameters_near(const Model& model, const TensorMap& expected,
+                            const std::string& prefix, double tolerance) {
   for (const auto& [name, t] : model.parameters()) {
     const Tensor& e = expected.at(prefix + name);
     double worst = 0;
-    for (size_t i = 0; i < t.data.size(); ++i) worst = std::max(worst, double(std::abs(t.data[i] - e.data[i])));
+    for (size_t i = 0; i < t.data.size(); ++i)
+      worst = std::max(worst, double(std::abs(t.data[i] - e.data[i])));
     EXPECT_LT(worst, tolerance) << name;
   }
 }
@@ -54,14 +59,16 @@ TEST(Optimizer, OneSgdStepMovesEveryParameterByMinusItsGradient) {
   for (const char* name : {"paper_post", "pre_gelu_target", "none_learned"}) {
     const std::string dir = TFM_FIXTURE_DIR;
     Model model = load_model(dir + "/" + name + ".safetensors");
-    const TokenBatch batch = batch_from(model.config(), read_safetensors(dir + "/" + name + ".io.safetensors").tensors);
+    const TokenBatch batch =
+        batch_from(model.config(), read_safetensors(dir + "/" + name + ".io.safetensors").tensors);
     OptimizerOptions o;
     o.algorithm = "sgd";
     o.schedule = "constant";
     o.lr = 1.0;
     Optimizer sgd(o, model.parameters());
     train_steps(model, batch, sgd, 1);
-    expect_parameters_near(model, read_safetensors(dir + "/" + name + ".grads.safetensors").tensors, "sgd.", 2e-5);
+    expect_parameters_near(model, read_safetensors(dir + "/" + name + ".grads.safetensors").tensors,
+                           "sgd.", 2e-5);
   }
 }
 
@@ -69,7 +76,8 @@ TEST(Optimizer, ThreeAdamStepsMatchTorchOptimAdam) {
   for (const char* name : {"paper_post", "pre_gelu_target"}) {
     const std::string dir = TFM_FIXTURE_DIR;
     Model model = load_model(dir + "/" + name + ".safetensors");
-    const TokenBatch batch = batch_from(model.config(), read_safetensors(dir + "/" + name + ".io.safetensors").tensors);
+    const TokenBatch batch =
+        batch_from(model.config(), read_safetensors(dir + "/" + name + ".io.safetensors").tensors);
     OptimizerOptions o;
     o.schedule = "constant";
     o.lr = 1e-3;
@@ -77,7 +85,8 @@ TEST(Optimizer, ThreeAdamStepsMatchTorchOptimAdam) {
     const auto losses = train_steps(model, batch, adam, 3);
     const TensorMap expected = read_safetensors(dir + "/" + name + ".adam.safetensors").tensors;
     for (int s = 0; s < 3; ++s)
-      EXPECT_NEAR(losses[size_t(s)], expected.at("loss_step" + std::to_string(s + 1)).data[0], 1e-5);
+      EXPECT_NEAR(losses[size_t(s)], expected.at("loss_step" + std::to_string(s + 1)).data[0],
+                  1e-5);
     // k.bias gradients are exactly zero in theory; Adam turns float rounding noise there into
     // steps of up to lr, so those tensors are checked with lr-sized tolerance.
     for (const auto& [param, t] : model.parameters()) {

@@ -33,7 +33,8 @@ CommandRunner add_average_command(CLI::App& app) {
       if (!files.empty()) throw Error("give model files or --model-dir, not both");
       const auto snapshots = list_snapshots(o->model_dir);
       if (snapshots.empty()) throw Error(o->model_dir + ": no snapshots in checkpoints/");
-      files.assign(snapshots.end() - std::min<int64_t>(o->last, int64_t(snapshots.size())), snapshots.end());
+      files.assign(snapshots.end() - std::min<int64_t>(o->last, int64_t(snapshots.size())),
+                   snapshots.end());
     }
     if (files.empty()) throw Error("nothing to average: give model files or --model-dir");
     TensorMap sum;

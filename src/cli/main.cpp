@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
       tfm::add_info_command);
   add("init", "Write a randomly initialised model file from a preset or config",
       tfm::add_init_command);
-  add("vocab", "Train a joint BPE SentencePiece vocabulary from text files", tfm::add_vocab_command);
+  add("vocab", "Train a joint BPE SentencePiece vocabulary from text files",
+      tfm::add_vocab_command);
   add("train", "Train a model (from scratch, from --init, or --resume)", tfm::add_train_command);
   add("average", "Average the parameters of several checkpoints", tfm::add_average_command);
   add("translate", "Translate text with greedy or beam search", tfm::add_translate_command);

@@ -21,18 +21,20 @@ CommandRunner add_train_command(CLI::App& app) {
                  "Where checkpoints and the model go; DIR/model.safetensors is always the latest")
       ->required();
   app.add_option("--train-src", t.train_src, "Training source sentences, one per line")->required();
-  app.add_option("--train-tgt", t.train_tgt, "Training target sentences, same line count")->required();
+  app.add_option("--train-tgt", t.train_tgt, "Training target sentences, same line count")
+      ->required();
   app.add_option("--valid-src", t.valid_src, "Validation source sentences");
   app.add_option("--valid-tgt", t.valid_tgt, "Validation target sentences");
-  app.add_option("--vocabs", t.vocabularies,
-                 "Vocabulary: one joint SentencePiece model (from `transformer vocab`), or source and "
-                 "target models; token lists (.txt) also work. Copied into the model directory")
+  app.add_option(
+         "--vocabs", t.vocabularies,
+         "Vocabulary: one joint SentencePiece model (from `transformer vocab`), or source and "
+         "target models; token lists (.txt) also work. Copied into the model directory")
       ->expected(1, 2);
   app.add_flag("--ids", t.ids, "Data files hold space-separated token ids (no vocabulary)");
   o->config.add_to(app);
   app.add_option("--init", t.init_path, "Start from this model file instead of a random one");
   app.add_flag("--resume", t.resume,
-                "Continue the run saved in --model-dir exactly where it stopped (bit for bit)");
+               "Continue the run saved in --model-dir exactly where it stopped (bit for bit)");
   app.add_option("--max-length", t.max_length,
                  "Skip pairs with a side longer than this many tokens (default 256)")
       ->check(CLI::PositiveNumber);
@@ -45,8 +47,10 @@ CommandRunner add_train_command(CLI::App& app) {
   app.add_option("--label-smoothing", t.label_smoothing, "Label smoothing ε (default 0.1)");
   app.add_option("--dropout", t.dropout,
                  "Dropout on sublayer outputs and embedding sums (default 0.1)");
-  app.add_option("--attention-dropout", t.attention_dropout, "Dropout on attention weights (default 0)");
-  app.add_option("--relu-dropout", t.relu_dropout, "Dropout inside the feed-forward layer (default 0)");
+  app.add_option("--attention-dropout", t.attention_dropout,
+                 "Dropout on attention weights (default 0)");
+  app.add_option("--relu-dropout", t.relu_dropout,
+                 "Dropout inside the feed-forward layer (default 0)");
   app.add_option("--optimizer", t.optimizer.algorithm, "adam (default) or sgd")
       ->check(CLI::IsMember({"adam", "sgd"}));
   app.add_option("--lr-schedule", t.optimizer.schedule,
@@ -54,8 +58,10 @@ CommandRunner add_train_command(CLI::App& app) {
                  "constant: --lr")
       ->check(CLI::IsMember({"noam", "constant"}));
   app.add_option("--lr", t.optimizer.lr, "Learning rate of the constant schedule (default 1e-3)");
-  app.add_option("--lr-factor", t.optimizer.lr_factor, "Multiplier of the noam schedule (default 1)");
-  app.add_option("--warmup", t.optimizer.warmup, "Warm-up steps of the noam schedule (default 4000)")
+  app.add_option("--lr-factor", t.optimizer.lr_factor,
+                 "Multiplier of the noam schedule (default 1)");
+  app.add_option("--warmup", t.optimizer.warmup,
+                 "Warm-up steps of the noam schedule (default 4000)")
       ->check(CLI::PositiveNumber);
   app.add_option("--adam-beta1", t.optimizer.beta1, "Adam β1 (default 0.9)");
   app.add_option("--adam-beta2", t.optimizer.beta2, "Adam β2 (default 0.98)");
@@ -66,7 +72,8 @@ CommandRunner add_train_command(CLI::App& app) {
   app.add_option("--max-steps", t.max_steps, "Stop after this many optimizer steps");
   app.add_option("--max-epochs", t.max_epochs, "Stop after this many passes over the data");
   app.add_option("--max-minutes", t.max_minutes, "Stop after this many minutes of training");
-  app.add_option("--valid-every", t.valid_every, "Validate every N steps (default 500; 0: at the end)");
+  app.add_option("--valid-every", t.valid_every,
+                 "Validate every N steps (default 500; 0: at the end)");
   app.add_option("--save-every", t.save_every, "Checkpoint every N steps (default 500)");
   app.add_option("--log-every", t.log_every, "Log a line every N steps (default 100)");
   app.add_option("--keep", t.keep, "Keep the last K step snapshots for `average` (default 5)");
@@ -74,16 +81,20 @@ CommandRunner add_train_command(CLI::App& app) {
                  "Stop after N validations without a better perplexity (default 0: off)");
   app.footer(
       "Example (reversal task on token ids, tiny model):\n"
-      "  transformer train --preset tiny --vocab 32 --ids --train-src train.src --train-tgt train.tgt \\\n"
-      "    --valid-src dev.src --valid-tgt dev.tgt --model-dir rev --max-steps 2000 --warmup 400 --lr-factor 2");
+      "  transformer train --preset tiny --vocab 32 --ids --train-src train.src --train-tgt "
+      "train.tgt \\\n"
+      "    --valid-src dev.src --valid-tgt dev.tgt --model-dir rev --max-steps 2000 --warmup 400 "
+      "--lr-factor 2");
   return [o] {
     TrainOptions train = o->train;
     ConfigOptions config = o->config;
     if (!config.preset.empty() || !config.config_path.empty()) {
-      if (!train.vocabularies.empty() && config.vocab == 0 && config.src_vocab == 0 && config.tgt_vocab == 0) {
+      if (!train.vocabularies.empty() && config.vocab == 0 && config.src_vocab == 0 &&
+          config.tgt_vocab == 0) {
         auto size_of = [](const std::string& path) {
           const bool list = path.size() > 4 && path.compare(path.size() - 4, 4, ".txt") == 0;
-          return (list ? Vocabulary::from_token_list(path) : Vocabulary::from_sentencepiece(path)).size();
+          return (list ? Vocabulary::from_token_list(path) : Vocabulary::from_sentencepiece(path))
+              .size();
         };
         config.src_vocab = size_of(train.vocabularies.front());
         config.tgt_vocab = size_of(train.vocabularies.back());

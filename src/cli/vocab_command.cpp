@@ -44,13 +44,16 @@ CommandRunner add_vocab_command(CLI::App& app) {
     std::string inputs;
     for (const auto& f : o->inputs) inputs += (inputs.empty() ? "" : ",") + f;
     const std::filesystem::path output(o->output);
-    const std::string prefix = (output.parent_path().empty() ? std::filesystem::path(".") : output.parent_path()) /
-                               (".vocab-" + std::to_string(::getpid()));
+    const std::string prefix =
+        (output.parent_path().empty() ? std::filesystem::path(".") : output.parent_path()) /
+        (".vocab-" + std::to_string(::getpid()));
     const std::string args =
-        "--input=" + inputs + " --model_prefix=" + prefix + " --model_type=bpe --vocab_size=" +
-        std::to_string(o->size) + " --character_coverage=" + std::to_string(o->character_coverage) +
+        "--input=" + inputs + " --model_prefix=" + prefix +
+        " --model_type=bpe --vocab_size=" + std::to_string(o->size) +
+        " --character_coverage=" + std::to_string(o->character_coverage) +
         " --pad_id=0 --bos_id=1 --eos_id=2 --unk_id=3 --pad_piece=<pad> --input_sentence_size=" +
-        std::to_string(o->max_sentences) + " --shuffle_input_sentence=true --num_threads=2 --minloglevel=1";
+        std::to_string(o->max_sentences) +
+        " --shuffle_input_sentence=true --num_threads=2 --minloglevel=1";
     sentencepiece::logging::SetMinLogLevel(1);  // warnings and errors only
     const auto status = sentencepiece::SentencePieceTrainer::Train(args);
     std::remove((prefix + ".vocab").c_str());

@@ -37,30 +37,36 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
   if (sentences == 0) return results;
   if (o.beam < 1) throw Error("the beam size must be at least 1");
   if (o.attention_layer >= c.decoder_layers)
-    throw Error("attention layer " + std::to_string(o.attention_layer) + " does not exist (the decoder has " +
-                std::to_string(c.decoder_layers) + " layers)");
+    throw Error("attention layer " + std::to_string(o.attention_layer) +
+                " does not exist (the decoder has " + std::to_string(c.decoder_layers) +
+                " layers)");
   if (!prefixes.empty() && prefixes.size() != sources.size())
     throw Error("one prefix per source sentence is needed");
   const int64_t beam = o.beam, vocab = c.tgt_vocab_size;
   const int64_t nbest = std::min(std::max<int64_t>(o.nbest, 1), beam);
 
   // Encoder, once for the batch.
-  const TokenBatch batch = make_batch(c, sources, std::vector<std::vector<int32_t>>(sources.size()));
+  const TokenBatch batch =
+      make_batch(c, sources, std::vector<std::vector<int32_t>>(sources.size()));
   StackCache cache;
   encoder_forward(model, batch, {}, cache);
 
   // Length limits per sentence (generated tokens, eos excluded).
   const int64_t position_limit = c.max_positions - c.position_offset;
-  std::vector<int64_t> max_len(static_cast<size_t>(sentences)), prefix_len(static_cast<size_t>(sentences), 0);
+  std::vector<int64_t> max_len(static_cast<size_t>(sentences)),
+      prefix_len(static_cast<size_t>(sentences), 0);
   int64_t longest = 0;
   for (int64_t s = 0; s < sentences; ++s) {
-    int64_t limit = int64_t(std::floor(o.max_length_a * double(sources[size_t(s)].size()))) + o.max_length_b;
+    int64_t limit =
+        int64_t(std::floor(o.max_length_a * double(sources[size_t(s)].size()))) + o.max_length_b;
     if (o.max_length > 0) limit = std::min(limit, o.max_length);
     limit = std::max<int64_t>(1, std::min(limit, position_limit - 1));
     if (!prefixes.empty()) {
       prefix_len[size_t(s)] = int64_t(prefixes[size_t(s)].size());
       for (int32_t id : prefixes[size_t(s)])
-        if (id < 0 || id >= vocab) throw Error("prefix token id " + std::to_string(id) + " is outside the target vocabulary");
+        if (id < 0 || id >= vocab)
+          throw Error("prefix token id " + std::to_string(id) +
+                      " is outside the target vocabulary");
       limit = std::max(limit, std::min(prefix_len[size_t(s)], position_limit - 1));
     }
     max_len[size_t(s)] = limit;
@@ -92,7 +98,8 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
     const int64_t n = int64_t(live.size());
     inputs.resize(size_t(n));
     for (int64_t i = 0; i < n; ++i)
-      inputs[size_t(i)] = live[size_t(i)].tokens.empty() ? int32_t(c.bos_id) : live[size_t(i)].tokens.back();
+      inputs[size_t(i)] =
+          live[size_t(i)].tokens.empty() ? int32_t(c.bos_id) : live[size_t(i)].tokens.back();
     logprobs.resize(size_t(n * vocab));
     const int64_t attention_width = (o.attention_per_head ? c.heads : 1) * batch.src_len;
     if (o.attention) attention.resize(size_t(n * attention_width));
@@ -127,14 +134,20 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
         std::vector<int32_t> order(static_cast<size_t>(vocab));
         std::iota(order.begin(), order.end(), 0);
         const bool eos_allowed = t >= o.min_length;
-        auto value = [&](int32_t id) { return id == c.eos_id && !eos_allowed ? -INFINITY : row[id]; };
+        auto value = [&](int32_t id) {
+          return id == c.eos_id && !eos_allowed ? -INFINITY : row[id];
+        };
         std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                          [&](int32_t a, int32_t b) { return value(a) > value(b) || (value(a) == value(b) && a < b); });
+                          [&](int32_t a, int32_t b) {
+                            return value(a) > value(b) || (value(a) == value(b) && a < b);
+                          });
         for (int64_t r = 0; r < keep; ++r)
-          if (value(order[size_t(r)]) > -INFINITY) candidates.push_back({base + value(order[size_t(r)]), h, order[size_t(r)]});
+          if (value(order[size_t(r)]) > -INFINITY)
+            candidates.push_back({base + value(order[size_t(r)]), h, order[size_t(r)]});
       }
-      std::stable_sort(candidates.begin(), candidates.end(),
-                       [](const Candidate& a, const Candidate& b) { return a.logprob > b.logprob; });
+      std::stable_sort(
+          candidates.begin(), candidates.end(),
+          [](const Candidate& a, const Candidate& b) { return a.logprob > b.logprob; });
       int64_t kept = 0;
       for (const Candidate& cand : candidates) {
         if (kept >= beam || int64_t(finished[size_t(s)].size()) >= beam) break;
@@ -145,8 +158,10 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
           extended.attention = live[size_t(cand.hypothesis)].attention;
           const float* a = attention.data() + cand.hypothesis * attention_width;
           std::vector<float> row;
-          for (int64_t head = 0; head < attention_width / std::max<int64_t>(batch.src_len, 1); ++head)
-            row.insert(row.end(), a + head * batch.src_len, a + head * batch.src_len + batch.src_lengths[size_t(s)]);
+          for (int64_t head = 0; head < attention_width / std::max<int64_t>(batch.src_len, 1);
+               ++head)
+            row.insert(row.end(), a + head * batch.src_len,
+                       a + head * batch.src_len + batch.src_lengths[size_t(s)]);
           extended.attention.push_back(std::move(row));
         }
         if (cand.token == c.eos_id && !forced) {
@@ -181,7 +196,8 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
   for (int64_t s = 0; s < sentences; ++s) {
     auto& f = finished[size_t(s)];
     if (f.empty()) f.emplace_back();  // every continuation was impossible: empty output
-    std::stable_sort(f.begin(), f.end(), [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
+    std::stable_sort(f.begin(), f.end(),
+                     [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
     if (int64_t(f.size()) > nbest) f.resize(size_t(nbest));
     results[size_t(s)] = std::move(f);
   }

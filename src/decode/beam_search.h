@@ -11,15 +11,15 @@
 namespace tfm {
 
 struct SearchOptions {
-  int64_t beam = 4;          // 1: greedy
-  double alpha = 0.6;        // length penalty exponent (0: raw log-probability)
+  int64_t beam = 4;           // 1: greedy
+  double alpha = 0.6;         // length penalty exponent (0: raw log-probability)
   double max_length_a = 1.0;  // generated tokens <= a · source length + b (and <= max_length)
   int64_t max_length_b = 50;
-  int64_t max_length = 0;    // hard cap; 0: the model's positions limit
-  int64_t min_length = 0;    // eos is not allowed before this many tokens
+  int64_t max_length = 0;  // hard cap; 0: the model's positions limit
+  int64_t min_length = 0;  // eos is not allowed before this many tokens
   int64_t nbest = 1;
-  bool attention = false;    // keep cross-attention weights of one decoder layer:
-  int64_t attention_layer = -1;  // which (0-based; -1: the last)
+  bool attention = false;           // keep cross-attention weights of one decoder layer:
+  int64_t attention_layer = -1;     // which (0-based; -1: the last)
   bool attention_per_head = false;  // every head, else the mean over heads
 };
 

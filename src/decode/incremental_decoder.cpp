@@ -12,8 +12,12 @@ namespace tfm {
 IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, int64_t sentences,
                                        int64_t src_len, const int32_t* src_lengths,
                                        int64_t max_steps)
-    : model_(model), memory_(memory), sentences_(sentences), src_len_(src_len),
-      max_steps_(max_steps), src_lengths_(src_lengths) {
+    : model_(model),
+      memory_(memory),
+      sentences_(sentences),
+      src_len_(src_len),
+      max_steps_(max_steps),
+      src_lengths_(src_lengths) {
   const ModelConfig& c = model.config();
   const int64_t layers = c.decoder_layers, d = c.d_model, rows = sentences * src_len;
   self_keys_.resize(size_t(layers));
@@ -45,10 +49,10 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
   const TransformerWeights& w = model_.weights();
   const int64_t n = hypotheses(), d = c.d_model, heads = c.heads, t = position_;
   const int64_t kept_layer = attention_layer < 0 ? c.decoder_layers - 1 : attention_layer;
-  float* x = ensure_size(x_, n * d);            // [N, D] residual stream
-  float* q = ensure_size(q_, n * d);            // [N, D]
-  float* k = ensure_size(k_, n * d);            // [N, D]
-  float* v = ensure_size(v_, n * d);            // [N, D]
+  float* x = ensure_size(x_, n * d);              // [N, D] residual stream
+  float* q = ensure_size(q_, n * d);              // [N, D]
+  float* k = ensure_size(k_, n * d);              // [N, D]
+  float* v = ensure_size(v_, n * d);              // [N, D]
   float* context = ensure_size(context_, n * d);  // [N, D]
   embed_forward(c, w.tgt_embed, model_.decoder_positions(), tokens, n, 1, t, x);
 
@@ -76,7 +80,8 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
       mask.causal = true;
       mask.window = c.self_attention_window;
       mask.query_offset = t;
-      attention_forward(s, mask, q, self_k, self_v, ensure_size(probs_, n * heads * (t + 1)), context);
+      attention_forward(s, mask, q, self_k, self_v, ensure_size(probs_, n * heads * (t + 1)),
+                        context);
       linear_forward(lw.self_attn.o, context, n, out);
     };
     auto cross_attention_fn = [&](const float* in, float* out) {
@@ -101,7 +106,8 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
           for (int64_t h = 0; h < n; ++h)
             for (int64_t j = 0; j < src_len_; ++j) {
               float sum = 0.f;
-              for (int64_t head = 0; head < heads; ++head) sum += probs[(h * heads + head) * src_len_ + j];
+              for (int64_t head = 0; head < heads; ++head)
+                sum += probs[(h * heads + head) * src_len_ + j];
               cross_attention[h * src_len_ + j] = sum / float(heads);
             }
         }
@@ -113,7 +119,8 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
                      layer_cache_.cross_sublayer, cross_attention_fn);
     sublayer_forward(c, lw.norm3, layer_cache_.cross_sublayer.output.data(), n, 0.f, 0,
                      layer_cache_.ffn_sublayer, [&](const float* in, float* out) {
-                       feed_forward_forward(lw.ffn, c.activation, in, n, 0.f, 0, layer_cache_.ffn, out);
+                       feed_forward_forward(lw.ffn, c.activation, in, n, 0.f, 0, layer_cache_.ffn,
+                                            out);
                      });
     std::copy_n(layer_cache_.ffn_sublayer.output.data(), n * d, x);
   }
@@ -137,7 +144,8 @@ void IncrementalDecoder::reorder(const std::vector<int32_t>& parents) {
       std::swap(*cache, reorder_buffer_);  // the gathered copy becomes the cache
     }
   std::vector<int32_t> sentence(parents.size());
-  for (size_t i = 0; i < parents.size(); ++i) sentence[i] = hypothesis_sentence_[size_t(parents[i])];
+  for (size_t i = 0; i < parents.size(); ++i)
+    sentence[i] = hypothesis_sentence_[size_t(parents[i])];
   hypothesis_sentence_ = std::move(sentence);
 }
 

@@ -44,8 +44,8 @@ class IncrementalDecoder {
   int64_t position_ = 0;
   std::vector<int32_t> hypothesis_sentence_;  // [N]
   // Per decoder layer.
-  std::vector<std::vector<float>> self_keys_, self_values_;     // [N, max_steps, D]
-  std::vector<std::vector<float>> cross_keys_, cross_values_;   // [sentences, S, D]
+  std::vector<std::vector<float>> self_keys_, self_values_;    // [N, max_steps, D]
+  std::vector<std::vector<float>> cross_keys_, cross_values_;  // [sentences, S, D]
   // Step buffers.
   std::vector<float> x_, q_, k_, v_, context_, probs_, logits_;
   std::vector<float> reorder_buffer_;

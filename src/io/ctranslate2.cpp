@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "io/file_util.h"
-#include "tensor/float16.h"
 #include "tensor/error.h"
+#include "tensor/float16.h"
 
 namespace tfm {
 

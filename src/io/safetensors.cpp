@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "io/file_util.h"
-#include "tensor/float16.h"
 #include "tensor/error.h"
+#include "tensor/float16.h"
 
 namespace tfm {
 

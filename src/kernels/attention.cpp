@@ -121,7 +121,7 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
     const float* k_bh = k + kb * key_batch_stride(s) + h * s.head_dim;
     const float* v_bh = v + kb * value_batch_stride(s) + h * s.head_dim;
     float* out_bh = out + b * s.query_len * s.out_row_stride + h * s.head_dim;
-    float* p_bh = probs + pair * pair_size;  // [Tq, Tk]
+    float* p_bh = probs + pair * pair_size;      // [Tq, Tk]
     if (s.query_len == 1 && dropout.p == 0.f) {  // incremental decoding: dot products, no GEMM
       single_query_attention(s, mask, key_count, scale, q_bh, k_bh, v_bh, p_bh, out_bh);
       continue;
@@ -206,8 +206,8 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
       for (int64_t j = 0; j < key_count; ++j) row[j] = p_row[j] * (row[j] - dot) * scale;
     }
     // dQ = dS · K, dK = dSᵀ · Q.
-    gemm(false, false, s.query_len, s.head_dim, key_count, 1.f, d_scores, s.key_len,
-         k + k_offset, s.k_row_stride, 0.f, dq + q_offset, s.q_row_stride);
+    gemm(false, false, s.query_len, s.head_dim, key_count, 1.f, d_scores, s.key_len, k + k_offset,
+         s.k_row_stride, 0.f, dq + q_offset, s.q_row_stride);
     gemm(true, false, key_count, s.head_dim, s.query_len, 1.f, d_scores, s.key_len, q + q_offset,
          s.q_row_stride, 0.f, dk + k_offset, s.k_row_stride);
   }

@@ -22,8 +22,8 @@ void linear_forward(const LinearWeights& w, const float* x, int64_t rows, float*
 void linear_backward(const LinearWeights& w, const Linear<float>& g, const float* x,
                      const float* dy, int64_t rows, float* dx, bool accumulate_dx) {
   if (dx)
-    gemm(false, false, rows, w.in, w.out, 1.f, dy, w.out, w.weight, w.in,
-         accumulate_dx ? 1.f : 0.f, dx, w.in);
+    gemm(false, false, rows, w.in, w.out, 1.f, dy, w.out, w.weight, w.in, accumulate_dx ? 1.f : 0.f,
+         dx, w.in);
   gemm(true, false, w.out, w.in, rows, 1.f, dy, w.out, x, w.in, 1.f, g.weight, w.in);
   if (g.bias) bias_backward(dy, rows, w.out, g.bias);
 }
@@ -47,12 +47,12 @@ void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
                                   const AttentionInputs& in, AttentionCache& cache, float* out) {
   const int64_t d = w.q.out;
   const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
-  float* q = ensure_size(cache.q, query_rows * d);                // [B, Tq, D]
-  float* k = ensure_size(cache.k, key_rows * d);                  // [B, Tk, D]
-  float* v = ensure_size(cache.v, key_rows * d);                  // [B, Tk, D]
-  float* context = ensure_size(cache.context, query_rows * d);    // [B, Tq, D]
+  float* q = ensure_size(cache.q, query_rows * d);              // [B, Tq, D]
+  float* k = ensure_size(cache.k, key_rows * d);                // [B, Tk, D]
+  float* v = ensure_size(cache.v, key_rows * d);                // [B, Tk, D]
+  float* context = ensure_size(cache.context, query_rows * d);  // [B, Tq, D]
   const int64_t prob_count = in.batch * heads * in.query_len * in.key_len;
-  float* probs = ensure_size(cache.probs, prob_count);            // [B, H, Tq, Tk]
+  float* probs = ensure_size(cache.probs, prob_count);  // [B, H, Tq, Tk]
   linear_forward(w.q, in.query_input, query_rows, q);
   linear_forward(w.k, in.memory_input, key_rows, k);
   linear_forward(w.v, in.memory_input, key_rows, v);
@@ -67,10 +67,9 @@ void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
 }
 
 void multi_head_attention_backward(const AttentionWeights& w, const Attention<float>& g,
-                                   int64_t heads, const AttentionInputs& in,
-                                   AttentionCache& cache, const float* d_out,
-                                   BackwardScratch& scratch, float* d_query_input,
-                                   bool accumulate, float* d_memory_input) {
+                                   int64_t heads, const AttentionInputs& in, AttentionCache& cache,
+                                   const float* d_out, BackwardScratch& scratch,
+                                   float* d_query_input, bool accumulate, float* d_memory_input) {
   const int64_t d = w.q.out;
   const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
   float* d_context = ensure_size(scratch.d_context, query_rows * d);  // [B, Tq, D]
@@ -90,13 +89,12 @@ void multi_head_attention_backward(const AttentionWeights& w, const Attention<fl
   linear_backward(w.v, g.v, in.memory_input, dv, key_rows, d_memory_input, true);
 }
 
-void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x,
-                          int64_t rows, float dropout, uint64_t key, FeedForwardCache& cache,
-                          float* out) {
+void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x, int64_t rows,
+                          float dropout, uint64_t key, FeedForwardCache& cache, float* out) {
   float* pre = ensure_size(cache.pre_activation, rows * w.fc1.out);  // [rows, d_ff]
   float* hidden = ensure_size(cache.hidden, rows * w.fc1.out);       // [rows, d_ff]
-  gemm(false, true, rows, w.fc1.out, w.fc1.in, 1.f, x, w.fc1.in, w.fc1.weight, w.fc1.in, 0.f,
-       pre, w.fc1.out);
+  gemm(false, true, rows, w.fc1.out, w.fc1.in, 1.f, x, w.fc1.in, w.fc1.weight, w.fc1.in, 0.f, pre,
+       w.fc1.out);
   add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
   if (dropout > 0.f) {
     uint8_t* mask = ensure_size(cache.dropout_mask, rows * w.fc1.out);
@@ -106,10 +104,10 @@ void feed_forward_forward(const FeedForwardWeights& w, Activation act, const flo
   linear_forward(w.fc2, hidden, rows, out);
 }
 
-void feed_forward_backward(const FeedForwardWeights& w, const FeedForward<float>& g,
-                           Activation act, const float* x, int64_t rows, float dropout,
-                           FeedForwardCache& cache, const float* d_out, BackwardScratch& scratch,
-                           float* dx, bool accumulate) {
+void feed_forward_backward(const FeedForwardWeights& w, const FeedForward<float>& g, Activation act,
+                           const float* x, int64_t rows, float dropout, FeedForwardCache& cache,
+                           const float* d_out, BackwardScratch& scratch, float* dx,
+                           bool accumulate) {
   const int64_t hidden_size = rows * w.fc1.out;
   float* d_hidden = ensure_size(scratch.d_hidden, hidden_size);  // [rows, d_ff]
   linear_backward(w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false);

@@ -41,25 +41,25 @@ struct AttentionInputs {
 };
 
 struct AttentionCache {
-  std::vector<float> q;                   // [B, Tq, D]
-  std::vector<float> k;                   // [B, Tk, D]
-  std::vector<float> v;                   // [B, Tk, D]
-  std::vector<float> context;             // [B, Tq, D] heads concatenated (input of W_o)
-  std::vector<float> probs;               // [B, H, Tq, Tk] softmax before dropout
-  std::vector<uint8_t> dropout_mask;      // [B, H, Tq, Tk] when dropout > 0
+  std::vector<float> q;               // [B, Tq, D]
+  std::vector<float> k;               // [B, Tk, D]
+  std::vector<float> v;               // [B, Tk, D]
+  std::vector<float> context;         // [B, Tq, D] heads concatenated (input of W_o)
+  std::vector<float> probs;           // [B, H, Tq, Tk] softmax before dropout
+  std::vector<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
 };
 
 // Scratch of the backward passes, shared by all layers.
 struct BackwardScratch {
-  std::vector<float> d_context;  // [B, Tq, D]
-  std::vector<float> dq;         // [B, Tq, D]
-  std::vector<float> dk;         // [B, Tk, D]
-  std::vector<float> dv;         // [B, Tk, D]
-  std::vector<float> d_hidden;   // [rows, d_ff]
-  std::vector<float> d_sublayer; // [rows, D] gradient entering a sublayer's function
-  std::vector<float> d_normed;   // [rows, D] gradient of a pre-norm sublayer's function input
+  std::vector<float> d_context;    // [B, Tq, D]
+  std::vector<float> dq;           // [B, Tq, D]
+  std::vector<float> dk;           // [B, Tk, D]
+  std::vector<float> dv;           // [B, Tk, D]
+  std::vector<float> d_hidden;     // [rows, d_ff]
+  std::vector<float> d_sublayer;   // [rows, D] gradient entering a sublayer's function
+  std::vector<float> d_normed;     // [rows, D] gradient of a pre-norm sublayer's function input
   std::vector<float> d_stream[2];  // [rows, D] gradients of the residual stream, ping-pong
-  std::vector<float> d_memory;   // [B, S, D] gradient of the encoder output (cross-attention)
+  std::vector<float> d_memory;     // [B, S, D] gradient of the encoder output (cross-attention)
 };
 
 // out[B, Tq, D] = W_o · Concat_h(softmax(Q_h K_hᵀ / sqrt(d_k)) V_h): one GEMM per projection
@@ -69,10 +69,9 @@ void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
 // Given d_out [B, Tq, D]: d_query_input (= or += when accumulate), d_memory_input += (the same
 // pointer for self-attention), and the parameter gradients.
 void multi_head_attention_backward(const AttentionWeights& w, const Attention<float>& g,
-                                   int64_t heads, const AttentionInputs& in,
-                                   AttentionCache& cache, const float* d_out,
-                                   BackwardScratch& scratch, float* d_query_input,
-                                   bool accumulate, float* d_memory_input);
+                                   int64_t heads, const AttentionInputs& in, AttentionCache& cache,
+                                   const float* d_out, BackwardScratch& scratch,
+                                   float* d_query_input, bool accumulate, float* d_memory_input);
 
 struct FeedForwardCache {
   std::vector<float> pre_activation;  // [rows, d_ff] fc1 output
@@ -81,14 +80,13 @@ struct FeedForwardCache {
 };
 
 // out[rows, D] = fc2(dropout(act(fc1(x)))).
-void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x,
-                          int64_t rows, float dropout, uint64_t key, FeedForwardCache& cache,
-                          float* out);
+void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x, int64_t rows,
+                          float dropout, uint64_t key, FeedForwardCache& cache, float* out);
 // dx (= or += when accumulate) and parameter gradients, given d_out [rows, D].
-void feed_forward_backward(const FeedForwardWeights& w, const FeedForward<float>& g,
-                           Activation act, const float* x, int64_t rows, float dropout,
-                           FeedForwardCache& cache, const float* d_out, BackwardScratch& scratch,
-                           float* dx, bool accumulate);
+void feed_forward_backward(const FeedForwardWeights& w, const FeedForward<float>& g, Activation act,
+                           const float* x, int64_t rows, float dropout, FeedForwardCache& cache,
+                           const float* d_out, BackwardScratch& scratch, float* dx,
+                           bool accumulate);
 
 // out[B, T, D] = table[ids] * (sqrt(D) if scale) + position_table[t + first_position + offset];
 // ids [B, T]. Positions past a sequence's length are still embedded (their ids are pad) and

@@ -13,8 +13,12 @@ namespace {
 
 // Dropout site numbers: every dropout location of a step gets its own mask key.
 constexpr uint64_t kEncoderInputSite = 1, kDecoderInputSite = 2;
-uint64_t encoder_site(int64_t layer, int offset) { return 1000 + uint64_t(layer) * 16 + uint64_t(offset); }
-uint64_t decoder_site(int64_t layer, int offset) { return 100000 + uint64_t(layer) * 16 + uint64_t(offset); }
+uint64_t encoder_site(int64_t layer, int offset) {
+  return 1000 + uint64_t(layer) * 16 + uint64_t(offset);
+}
+uint64_t decoder_site(int64_t layer, int offset) {
+  return 100000 + uint64_t(layer) * 16 + uint64_t(offset);
+}
 
 // function_backward(d_out, function_input, d_function_input, accumulate) runs the function's
 // backward. d_input (= the sublayer input's gradient) must not alias d_output.
@@ -61,8 +65,8 @@ AttentionInputs self_attention_inputs(const ModelConfig& config, const float* x,
 }
 
 AttentionInputs cross_attention_inputs(const float* x, const float* memory, int64_t batch,
-                                       int64_t tgt_len, int64_t src_len,
-                                       const int32_t* src_lengths, float dropout, uint64_t key) {
+                                       int64_t tgt_len, int64_t src_len, const int32_t* src_lengths,
+                                       float dropout, uint64_t key) {
   AttentionInputs in;
   in.query_input = x;
   in.memory_input = memory;
@@ -76,8 +80,7 @@ AttentionInputs cross_attention_inputs(const float* x, const float* memory, int6
 }
 
 template <typename LayerCache>
-LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t layers,
-                        int64_t i) {
+LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t layers, int64_t i) {
   const size_t needed = training ? size_t(layers) : size_t(std::min<int64_t>(layers, 2));
   if (caches.size() < needed) caches.resize(needed);
   return caches[training ? size_t(i) : size_t(i % 2)];
@@ -85,8 +88,8 @@ LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t 
 
 // x [rows, D] = embeddings + positions, then dropout with its own mask.
 void embed_with_dropout(const ModelConfig& config, const float* table, const float* positions,
-                        const int32_t* ids, int64_t batch, int64_t len, float dropout,
-                        uint64_t key, std::vector<float>& out, std::vector<uint8_t>& mask) {
+                        const int32_t* ids, int64_t batch, int64_t len, float dropout, uint64_t key,
+                        std::vector<float>& out, std::vector<uint8_t>& mask) {
   const int64_t n = batch * len * config.d_model;
   float* x = ensure_size(out, n);
   embed_forward(config, table, positions, ids, batch, len, 0, x);
@@ -117,12 +120,13 @@ void encoder_layer_forward(const ModelConfig& config, const EncoderLayerWeights&
                            int64_t layer_index, EncoderLayerCache& cache) {
   const int64_t rows = batch * src_len;
   sublayer_forward(config, w.norm1, input, rows, dropout.dropout,
-                   dropout_key(dropout.seed, encoder_site(layer_index, 0)), cache.attention_sublayer,
-                   [&](const float* x, float* out) {
+                   dropout_key(dropout.seed, encoder_site(layer_index, 0)),
+                   cache.attention_sublayer, [&](const float* x, float* out) {
                      const AttentionInputs in = self_attention_inputs(
                          config, x, batch, src_len, src_lengths, false, dropout.attention_dropout,
                          dropout_key(dropout.seed, encoder_site(layer_index, 1)));
-                     multi_head_attention_forward(w.self_attn, config.heads, in, cache.self_attn, out);
+                     multi_head_attention_forward(w.self_attn, config.heads, in, cache.self_attn,
+                                                  out);
                    });
   sublayer_forward(config, w.norm2, cache.attention_sublayer.output.data(), rows, dropout.dropout,
                    dropout_key(dropout.seed, encoder_site(layer_index, 2)), cache.ffn_sublayer,
@@ -145,7 +149,8 @@ void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights&
                      const AttentionInputs in = self_attention_inputs(
                          config, x, batch, tgt_len, tgt_lengths, true, dropout.attention_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 1)));
-                     multi_head_attention_forward(w.self_attn, config.heads, in, cache.self_attn, out);
+                     multi_head_attention_forward(w.self_attn, config.heads, in, cache.self_attn,
+                                                  out);
                    });
   sublayer_forward(config, w.norm2, cache.self_sublayer.output.data(), rows, dropout.dropout,
                    dropout_key(dropout.seed, decoder_site(layer_index, 2)), cache.cross_sublayer,
@@ -153,7 +158,8 @@ void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights&
                      const AttentionInputs in = cross_attention_inputs(
                          x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 3)));
-                     multi_head_attention_forward(w.cross_attn, config.heads, in, cache.cross_attn, out);
+                     multi_head_attention_forward(w.cross_attn, config.heads, in, cache.cross_attn,
+                                                  out);
                    });
   sublayer_forward(config, w.norm3, cache.cross_sublayer.output.data(), rows, dropout.dropout,
                    dropout_key(dropout.seed, decoder_site(layer_index, 4)), cache.ffn_sublayer,
@@ -206,8 +212,8 @@ void decoder_forward(const Model& model, const TokenBatch& batch, const DropoutO
 }
 
 void stacks_backward(const Model& model, const TransformerGradients& g, const TokenBatch& batch,
-                     const DropoutOptions& dropout, StackCache& cache,
-                     const float* d_decoder_out, BackwardScratch& scratch) {
+                     const DropoutOptions& dropout, StackCache& cache, const float* d_decoder_out,
+                     BackwardScratch& scratch) {
   const ModelConfig& config = model.config();
   const TransformerWeights& w = model.weights();
   const int64_t d = config.d_model;
@@ -248,7 +254,8 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
     DecoderLayerCache& lc = cache.decoder_layers[size_t(i)];
     const DecoderLayerWeights& lw = w.decoder_layers[size_t(i)];
     const DecoderLayer<float>& lg = g.decoder_layers[size_t(i)];
-    const float* input = i == 0 ? cache.decoder_input.data() : cache.decoder_layers[size_t(i - 1)].output();
+    const float* input =
+        i == 0 ? cache.decoder_input.data() : cache.decoder_layers[size_t(i - 1)].output();
     sublayer(lw.norm3, lg.norm3, lc.cross_sublayer.output.data(), tgt_rows, lc.ffn_sublayer,
              [&](const float* d_out, const float* x, float* dx, bool accumulate) {
                feed_forward_backward(lw.ffn, lg.ffn, config.activation, x, tgt_rows,
@@ -256,11 +263,12 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
              });
     sublayer(lw.norm2, lg.norm2, lc.self_sublayer.output.data(), tgt_rows, lc.cross_sublayer,
              [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-               const AttentionInputs in = cross_attention_inputs(
-                   x, cache.memory.data(), B, T, S, batch.src_lengths.data(),
-                   dropout.attention_dropout, 0);
+               const AttentionInputs in =
+                   cross_attention_inputs(x, cache.memory.data(), B, T, S, batch.src_lengths.data(),
+                                          dropout.attention_dropout, 0);
                multi_head_attention_backward(lw.cross_attn, lg.cross_attn, config.heads, in,
-                                             lc.cross_attn, d_out, scratch, dx, accumulate, d_memory);
+                                             lc.cross_attn, d_out, scratch, dx, accumulate,
+                                             d_memory);
              });
     sublayer(lw.norm1, lg.norm1, input, tgt_rows, lc.self_sublayer,
              [&](const float* d_out, const float* x, float* dx, bool accumulate) {
@@ -286,7 +294,8 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
     EncoderLayerCache& lc = cache.encoder_layers[size_t(i)];
     const EncoderLayerWeights& lw = w.encoder_layers[size_t(i)];
     const EncoderLayer<float>& lg = g.encoder_layers[size_t(i)];
-    const float* input = i == 0 ? cache.encoder_input.data() : cache.encoder_layers[size_t(i - 1)].output();
+    const float* input =
+        i == 0 ? cache.encoder_input.data() : cache.encoder_layers[size_t(i - 1)].output();
     sublayer(lw.norm2, lg.norm2, lc.attention_sublayer.output.data(), src_rows, lc.ffn_sublayer,
              [&](const float* d_out, const float* x, float* dx, bool accumulate) {
                feed_forward_backward(lw.ffn, lg.ffn, config.activation, x, src_rows,

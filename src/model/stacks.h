@@ -21,8 +21,8 @@ struct LayerNormCache {
 
 // One residual sublayer around a function F (attention or feed-forward).
 struct SublayerCache {
-  std::vector<float> normed;          // [rows, D] pre-norm: LayerNorm(input), F's input
-  std::vector<float> residual;        // [rows, D] post-norm: input + Dropout(F), the norm's input
+  std::vector<float> normed;    // [rows, D] pre-norm: LayerNorm(input), F's input
+  std::vector<float> residual;  // [rows, D] post-norm: input + Dropout(F), the norm's input
   LayerNormCache norm;
   std::vector<uint8_t> dropout_mask;  // [rows, D] when dropout > 0
   std::vector<float> output;          // [rows, D]
@@ -51,17 +51,17 @@ struct DropoutOptions {
 };
 
 struct StackCache {
-  bool training = false;               // keep every layer's cache for backward
-  std::vector<float> encoder_input;    // [B, S, D] embeddings + positions (after dropout)
+  bool training = false;             // keep every layer's cache for backward
+  std::vector<float> encoder_input;  // [B, S, D] embeddings + positions (after dropout)
   std::vector<uint8_t> encoder_input_mask;
   std::vector<EncoderLayerCache> encoder_layers;  // N when training, else 2 (alternating)
   LayerNormCache encoder_norm;
-  std::vector<float> memory;           // [B, S, D] encoder output
-  std::vector<float> decoder_input;    // [B, T, D]
+  std::vector<float> memory;         // [B, S, D] encoder output
+  std::vector<float> decoder_input;  // [B, T, D]
   std::vector<uint8_t> decoder_input_mask;
   std::vector<DecoderLayerCache> decoder_layers;
   LayerNormCache decoder_norm;
-  std::vector<float> decoder_out;      // [B, T, D] decoder output
+  std::vector<float> decoder_out;  // [B, T, D] decoder output
 };
 
 // Single layers from `input`, output in the cache (used by the stacks and by layer-level tests).
@@ -86,7 +86,7 @@ void decoder_forward(const Model& model, const TokenBatch& batch, const DropoutO
 // Backward through both stacks (cache from a training forward) given d_decoder_out [B, T, D];
 // accumulates every parameter gradient, embeddings included.
 void stacks_backward(const Model& model, const TransformerGradients& g, const TokenBatch& batch,
-                     const DropoutOptions& dropout, StackCache& cache,
-                     const float* d_decoder_out, BackwardScratch& scratch);
+                     const DropoutOptions& dropout, StackCache& cache, const float* d_decoder_out,
+                     BackwardScratch& scratch);
 
 }  // namespace tfm

@@ -127,7 +127,8 @@ void score_forward(const Model& model, const TokenBatch& batch, StackCache& cach
 
   // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
   const int64_t chunk = std::max<int64_t>(1, (int64_t(4) << 20) / vocab);
-  std::vector<float> logits(static_cast<size_t>(std::min(chunk, std::max<int64_t>(count, 1)) * vocab));
+  std::vector<float> logits(
+      static_cast<size_t>(std::min(chunk, std::max<int64_t>(count, 1)) * vocab));
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
     gemm(false, true, n, vocab, d, 1.f, states.data() + begin * d, d, w.output_weight, d, 0.f,

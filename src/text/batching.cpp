@@ -54,14 +54,16 @@ BatchPlan plan_batches(const ParallelCorpus& corpus, int64_t batch_tokens, int64
   std::vector<int64_t> current;
   int64_t max_src = 0, max_tgt = 0;
   for (int64_t index : order) {
-    const int64_t s = std::max<int64_t>(max_src, int64_t(corpus.sources[size_t(index)].size()) + extra_source);
+    const int64_t s =
+        std::max<int64_t>(max_src, int64_t(corpus.sources[size_t(index)].size()) + extra_source);
     const int64_t t = std::max<int64_t>(max_tgt, int64_t(corpus.targets[size_t(index)].size()) + 1);
     if (!current.empty() && int64_t(current.size() + 1) * (s + t) > batch_tokens) {
       plan.push_back(std::move(current));
       current.clear();
       max_src = max_tgt = 0;
     }
-    max_src = std::max<int64_t>(max_src, int64_t(corpus.sources[size_t(index)].size()) + extra_source);
+    max_src =
+        std::max<int64_t>(max_src, int64_t(corpus.sources[size_t(index)].size()) + extra_source);
     max_tgt = std::max<int64_t>(max_tgt, int64_t(corpus.targets[size_t(index)].size()) + 1);
     current.push_back(index);
   }

@@ -100,7 +100,8 @@ std::vector<std::string> Vocabulary::to_pieces(const std::string& line) const {
 }
 
 std::string Vocabulary::piece(int32_t id) const {
-  if (sentencepiece_) return id >= 0 && id < sentencepiece_->GetPieceSize() ? sentencepiece_->IdToPiece(id) : "<unk>";
+  if (sentencepiece_)
+    return id >= 0 && id < sentencepiece_->GetPieceSize() ? sentencepiece_->IdToPiece(id) : "<unk>";
   return id >= 0 && id < int32_t(tokens_.size()) ? tokens_[size_t(id)] : "<unk>";
 }
 
@@ -116,7 +117,9 @@ std::string Vocabulary::decode_pieces(const std::vector<std::string>& pieces) co
   return text;
 }
 
-int32_t Vocabulary::unk_id() const { return sentencepiece_ ? sentencepiece_->unk_id() : unk_id_; }
+int32_t Vocabulary::unk_id() const {
+  return sentencepiece_ ? sentencepiece_->unk_id() : unk_id_;
+}
 
 bool is_valid_utf8(const std::string& text) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
@@ -143,7 +146,8 @@ bool is_valid_utf8(const std::string& text) {
       code = (code << 6) | (s[i + k] & 0x3F);
     }
     static const uint32_t kMinimum[] = {0, 0x80, 0x800, 0x10000};
-    if (code < kMinimum[extra] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    if (code < kMinimum[extra] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF))
+      return false;
     i += extra + 1;
   }
   return true;

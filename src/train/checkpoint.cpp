@@ -72,9 +72,9 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
   for (const auto& [param, t] : model.parameters()) everything.emplace("model." + param, t);
   nlohmann::json training = state.to_json();
   training["optimizer_step"] = optimizer.step();
-  write_safetensors(dir + "/checkpoint.safetensors", everything,
-                    {{"config", config_to_json_text(model.config())},
-                     {"training_state", training.dump()}});
+  write_safetensors(
+      dir + "/checkpoint.safetensors", everything,
+      {{"config", config_to_json_text(model.config())}, {"training_state", training.dump()}});
   save_model(model, dir + "/model.safetensors");
 
   const auto snapshots = list_snapshots(dir);

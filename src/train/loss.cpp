@@ -23,7 +23,8 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
 
   ws.rows.clear();
   for (int64_t b = 0; b < batch.batch; ++b)
-    for (int64_t t = 0; t < batch.tgt_lengths[size_t(b)]; ++t) ws.rows.push_back(b * batch.tgt_len + t);
+    for (int64_t t = 0; t < batch.tgt_lengths[size_t(b)]; ++t)
+      ws.rows.push_back(b * batch.tgt_len + t);
   const int64_t count = int64_t(ws.rows.size());
   float* states = ensure_size(ws.states, count * d);      // [tokens, D]
   float* d_states = ensure_size(ws.d_states, count * d);  // [tokens, D]
@@ -42,8 +43,8 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
     const float* x = states + begin * d;  // [n, D]
     gemm(false, true, n, vocab, d, 1.f, x, d, w.output_weight, d, 0.f, logits, vocab);
     if (w.output_bias) add_bias(logits, w.output_bias, n, vocab);
-    const CrossEntropyTotals ce = cross_entropy_forward_backward(
-        logits, labels + begin, n, vocab, label_smoothing, grad_scale);
+    const CrossEntropyTotals ce = cross_entropy_forward_backward(logits, labels + begin, n, vocab,
+                                                                 label_smoothing, grad_scale);
     totals.loss += ce.loss;
     totals.nll += ce.nll;
     totals.correct += ce.correct;

@@ -19,7 +19,8 @@ Optimizer::Optimizer(OptimizerOptions options, const TensorMap& parameters)
   if (options_.algorithm != "adam" && options_.algorithm != "sgd")
     throw Error("unknown optimizer \"" + options_.algorithm + "\" (expected adam or sgd)");
   if (options_.schedule != "noam" && options_.schedule != "constant")
-    throw Error("unknown learning-rate schedule \"" + options_.schedule + "\" (expected noam or constant)");
+    throw Error("unknown learning-rate schedule \"" + options_.schedule +
+                "\" (expected noam or constant)");
   if (options_.algorithm == "adam")
     for (const auto& [name, t] : parameters) {
       first_moment_.emplace(name, Tensor(t.shape));
@@ -62,8 +63,10 @@ void Optimizer::load_state(const TensorMap& tensors, const std::string& where) {
   auto load = [&](TensorMap& moments, const std::string& prefix) {
     for (auto& [name, t] : moments) {
       auto it = tensors.find(prefix + name);
-      if (it == tensors.end()) throw Error(where + ": missing optimizer state \"" + prefix + name + "\"");
-      if (it->second.shape != t.shape) throw Error(where + ": optimizer state \"" + prefix + name + "\" has the wrong shape");
+      if (it == tensors.end())
+        throw Error(where + ": missing optimizer state \"" + prefix + name + "\"");
+      if (it->second.shape != t.shape)
+        throw Error(where + ": optimizer state \"" + prefix + name + "\" has the wrong shape");
       t = it->second;
     }
   };

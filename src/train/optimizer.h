@@ -17,7 +17,7 @@ struct OptimizerOptions {
   double lr_factor = 1.0;          // multiplies the noam schedule
   int64_t warmup = 4000;
   float beta1 = 0.9f, beta2 = 0.98f, eps = 1e-9f;
-  double clip_norm = 0;            // 0: no clipping
+  double clip_norm = 0;  // 0: no clipping
 };
 
 // The learning rate of step (1-based).

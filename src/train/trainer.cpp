@@ -24,11 +24,14 @@ namespace tfm {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int signal) { g_stop_signal = signal; }
+extern "C" void on_stop_signal(int signal) {
+  g_stop_signal = signal;
+}
 
 // Installs the handlers for the lifetime of a training run.
 struct SignalGuard {
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
   SignalGuard() {
     g_stop_signal = 0;
     struct sigaction action {};
@@ -44,17 +47,20 @@ struct SignalGuard {
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 Vocabulary load_vocabulary(const std::string& path) {
-  return ends_with(path, ".txt") ? Vocabulary::from_token_list(path) : Vocabulary::from_sentencepiece(path);
+  return ends_with(path, ".txt") ? Vocabulary::from_token_list(path)
+                                 : Vocabulary::from_sentencepiece(path);
 }
 
 void copy_file_atomically(const std::string& from, const std::string& to) {
   const std::string bytes = read_file_bytes(from);
   write_file_atomically(to, [&](std::FILE* f) {
-    if (std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) throw Error(to + ": write failed");
+    if (std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size())
+      throw Error(to + ": write failed");
   });
 }
 
@@ -91,8 +97,10 @@ std::vector<TokenBatch> make_batches(const ModelConfig& config, const ParallelCo
 std::string format_duration(double seconds) {
   char buffer[32];
   const long s = long(seconds);
-  if (s >= 3600) std::snprintf(buffer, sizeof buffer, "%ldh%02ldm", s / 3600, (s / 60) % 60);
-  else std::snprintf(buffer, sizeof buffer, "%ldm%02lds", s / 60, s % 60);
+  if (s >= 3600)
+    std::snprintf(buffer, sizeof buffer, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  else
+    std::snprintf(buffer, sizeof buffer, "%ldm%02lds", s / 60, s % 60);
   return buffer;
 }
 
@@ -102,13 +110,15 @@ TrainResult train(const TrainOptions& o) {
   using Clock = std::chrono::steady_clock;
   if (o.model_dir.empty()) throw Error("--model-dir is required");
   if (o.accumulate < 1) throw Error("--accumulate must be at least 1");
-  if (!(o.label_smoothing >= 0.f && o.label_smoothing < 1.f)) throw Error("--label-smoothing must be in [0, 1)");
+  if (!(o.label_smoothing >= 0.f && o.label_smoothing < 1.f))
+    throw Error("--label-smoothing must be in [0, 1)");
   for (float p : {o.dropout, o.attention_dropout, o.relu_dropout})
     if (!(p >= 0.f && p < 1.f)) throw Error("dropout probabilities must be in [0, 1)");
   if (o.ids == !o.vocabularies.empty())
     throw Error(o.ids ? "--ids and --vocabs exclude each other"
                       : "give --vocabs (SentencePiece or token list) or --ids");
-  if (o.vocabularies.size() > 2) throw Error("--vocabs takes one joint or two (source, target) files");
+  if (o.vocabularies.size() > 2)
+    throw Error("--vocabs takes one joint or two (source, target) files");
 
   // The model: resumed, given, or new.
   make_directories(o.model_dir);
@@ -118,7 +128,9 @@ TrainResult train(const TrainOptions& o) {
   state.seed = o.seed;
   if (has_checkpoint(o.model_dir)) {
     if (!o.resume)
-      throw Error(o.model_dir + " already holds a training run; pass --resume to continue it, or choose another --model-dir");
+      throw Error(o.model_dir +
+                  " already holds a training run; pass --resume to continue it, or choose another "
+                  "--model-dir");
     resumed.emplace(load_checkpoint(o.model_dir));
     state = resumed->state;
   }
@@ -141,28 +153,35 @@ TrainResult train(const TrainOptions& o) {
   if (!o.ids) {
     encoding.source_vocabulary = &vocabularies.front();
     encoding.target_vocabulary = &vocabularies.back();
-    if (vocabularies.front().size() != config.src_vocab_size || vocabularies.back().size() != config.tgt_vocab_size)
+    if (vocabularies.front().size() != config.src_vocab_size ||
+        vocabularies.back().size() != config.tgt_vocab_size)
       throw Error("the vocabularies have " + std::to_string(vocabularies.front().size()) + "/" +
                   std::to_string(vocabularies.back().size()) + " tokens but the model expects " +
-                  std::to_string(config.src_vocab_size) + "/" + std::to_string(config.tgt_vocab_size));
+                  std::to_string(config.src_vocab_size) + "/" +
+                  std::to_string(config.tgt_vocab_size));
   }
   encoding.src_vocab_size = config.src_vocab_size;
   encoding.tgt_vocab_size = config.tgt_vocab_size;
   const int64_t position_limit = config.max_positions - config.position_offset - 1;
   encoding.max_length = o.max_length > 0 ? std::min(o.max_length, position_limit) : position_limit;
-  if (o.train_src.empty() || o.train_tgt.empty()) throw Error("--train-src and --train-tgt are required");
+  if (o.train_src.empty() || o.train_tgt.empty())
+    throw Error("--train-src and --train-tgt are required");
   const ParallelCorpus corpus = load_parallel_corpus(o.train_src, o.train_tgt, encoding);
   if (corpus.sources.empty()) throw Error(o.train_src + ": no usable training pairs");
-  std::fprintf(stderr, "train: %lld pairs read, %lld used, %lld skipped (empty side), %lld skipped (longer than %lld tokens)\n",
+  std::fprintf(stderr,
+               "train: %lld pairs read, %lld used, %lld skipped (empty side), %lld skipped (longer "
+               "than %lld tokens)\n",
                (long long)corpus.lines, (long long)corpus.sources.size(),
                (long long)corpus.skipped_empty, (long long)corpus.skipped_too_long,
                (long long)encoding.max_length);
   std::optional<ParallelCorpus> valid;
   std::vector<TokenBatch> valid_batches;
   if (!o.valid_src.empty() || !o.valid_tgt.empty()) {
-    if (o.valid_src.empty() || o.valid_tgt.empty()) throw Error("give both --valid-src and --valid-tgt");
+    if (o.valid_src.empty() || o.valid_tgt.empty())
+      throw Error("give both --valid-src and --valid-tgt");
     valid.emplace(load_parallel_corpus(o.valid_src, o.valid_tgt, encoding));
-    valid_batches = make_batches(config, *valid, plan_batches(*valid, o.batch_tokens, config.src_append_eos, 0, 0, false));
+    valid_batches = make_batches(
+        config, *valid, plan_batches(*valid, o.batch_tokens, config.src_append_eos, 0, 0, false));
     std::fprintf(stderr, "valid: %lld pairs used\n", (long long)valid->sources.size());
   }
   install_vocabularies(o.vocabularies, o.model_dir);
@@ -184,7 +203,8 @@ TrainResult train(const TrainOptions& o) {
   dropout.relu_dropout = o.relu_dropout;
 
   const int64_t extra_source = config.src_append_eos ? 1 : 0;
-  BatchPlan plan = plan_batches(corpus, o.batch_tokens, extra_source, state.seed, state.epoch, true);
+  BatchPlan plan =
+      plan_batches(corpus, o.batch_tokens, extra_source, state.seed, state.epoch, true);
   std::FILE* log = std::fopen((o.model_dir + "/train.log.jsonl").c_str(), "a");
   if (!log) throw Error(o.model_dir + "/train.log.jsonl: cannot open for writing");
   const bool terminal = ::isatty(2);
@@ -216,14 +236,22 @@ TrainResult train(const TrainOptions& o) {
     }
     last_validated = state.step;
     const double accuracy = double(totals.correct) / double(std::max<int64_t>(totals.tokens, 1));
-    std::fprintf(stderr, "%svalid step %lld: loss %.4f ppl %.2f accuracy %.2f%%%s\n", terminal ? "\r\033[K" : "",
-                 (long long)state.step, totals.loss / double(std::max<int64_t>(totals.tokens, 1)),
-                 std::exp(nll), 100.0 * accuracy, best ? " (best)" : "");
-    std::fprintf(log, "%s\n",
-                 nlohmann::json({{"event", "valid"}, {"step", state.step}, {"epoch", state.epoch},
-                                 {"loss", totals.loss / double(std::max<int64_t>(totals.tokens, 1))},
-                                 {"ppl", std::exp(nll)}, {"accuracy", accuracy}, {"best", best},
-                                 {"minutes", elapsed_minutes()}}).dump().c_str());
+    std::fprintf(stderr, "%svalid step %lld: loss %.4f ppl %.2f accuracy %.2f%%%s\n",
+                 terminal ? "\r\033[K" : "", (long long)state.step,
+                 totals.loss / double(std::max<int64_t>(totals.tokens, 1)), std::exp(nll),
+                 100.0 * accuracy, best ? " (best)" : "");
+    std::fprintf(
+        log, "%s\n",
+        nlohmann::json({{"event", "valid"},
+                        {"step", state.step},
+                        {"epoch", state.epoch},
+                        {"loss", totals.loss / double(std::max<int64_t>(totals.tokens, 1))},
+                        {"ppl", std::exp(nll)},
+                        {"accuracy", accuracy},
+                        {"best", best},
+                        {"minutes", elapsed_minutes()}})
+            .dump()
+            .c_str());
     std::fflush(log);
   };
   auto save = [&] {
@@ -236,7 +264,8 @@ TrainResult train(const TrainOptions& o) {
     if (o.max_steps > 0 && state.step >= o.max_steps) break;
     if (o.max_minutes > 0 && elapsed_minutes() >= o.max_minutes) break;
     if (o.early_stopping > 0 && state.validations_without_improvement >= o.early_stopping) {
-      std::fprintf(stderr, "early stopping: no improvement in %lld validations\n", (long long)o.early_stopping);
+      std::fprintf(stderr, "early stopping: no improvement in %lld validations\n",
+                   (long long)o.early_stopping);
       break;
     }
     if (g_stop_signal) break;
@@ -275,7 +304,8 @@ TrainResult train(const TrainOptions& o) {
     ++state.step;
     state.target_tokens_seen += tokens;
 
-    const double interval_seconds = std::chrono::duration<double>(Clock::now() - interval_start).count();
+    const double interval_seconds =
+        std::chrono::duration<double>(Clock::now() - interval_start).count();
     const bool log_now = o.log_every > 0 && state.step % o.log_every == 0;
     if (terminal || log_now) {
       const double loss = interval.loss / double(std::max<int64_t>(interval.tokens, 1));
@@ -286,18 +316,27 @@ TrainResult train(const TrainOptions& o) {
       if (o.max_steps > 0 && state.step > first_step)
         eta = " | ETA " + format_duration(double(o.max_steps - state.step) * run_seconds /
                                           double(state.step - first_step));
-      if (o.max_minutes > 0) eta = " | " + format_duration(std::max(0.0, o.max_minutes - elapsed_minutes()) * 60) + " left";
+      if (o.max_minutes > 0)
+        eta = " | " + format_duration(std::max(0.0, o.max_minutes - elapsed_minutes()) * 60) +
+              " left";
       char line[256];
-      std::snprintf(line, sizeof line, "step %lld | epoch %lld | loss %.4f | ppl %.2f | lr %.3g | %.0f tok/s%s",
+      std::snprintf(line, sizeof line,
+                    "step %lld | epoch %lld | loss %.4f | ppl %.2f | lr %.3g | %.0f tok/s%s",
                     (long long)state.step, (long long)state.epoch + 1, loss, ppl,
                     learning_rate(o.optimizer, config.d_model, state.step), speed, eta.c_str());
       if (log_now) {
         std::fprintf(stderr, "%s%s\n", terminal ? "\r\033[K" : "", line);
         std::fprintf(log, "%s\n",
-                     nlohmann::json({{"event", "train"}, {"step", state.step}, {"epoch", state.epoch},
-                                     {"loss", loss}, {"ppl", ppl},
+                     nlohmann::json({{"event", "train"},
+                                     {"step", state.step},
+                                     {"epoch", state.epoch},
+                                     {"loss", loss},
+                                     {"ppl", ppl},
                                      {"lr", learning_rate(o.optimizer, config.d_model, state.step)},
-                                     {"target_tokens_per_s", speed}, {"minutes", elapsed_minutes()}}).dump().c_str());
+                                     {"target_tokens_per_s", speed},
+                                     {"minutes", elapsed_minutes()}})
+                         .dump()
+                         .c_str());
         std::fflush(log);
         result.last_loss = loss;
         interval = {};
@@ -318,7 +357,8 @@ TrainResult train(const TrainOptions& o) {
   result.best_valid_nll = state.best_valid_nll;
   result.interrupted = g_stop_signal != 0;
   if (result.interrupted)
-    std::fprintf(stderr, "interrupted: checkpoint saved at step %lld; continue with --resume\n", (long long)state.step);
+    std::fprintf(stderr, "interrupted: checkpoint saved at step %lld; continue with --resume\n",
+                 (long long)state.step);
   return result;
 }
 

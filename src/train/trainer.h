@@ -39,7 +39,7 @@ struct TrainOptions {
 
 struct TrainResult {
   int64_t steps = 0;
-  double last_loss = 0;            // per target token, last logged interval
+  double last_loss = 0;  // per target token, last logged interval
   double best_valid_nll = -1;
   bool interrupted = false;
 };
