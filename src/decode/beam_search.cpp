@@ -82,6 +82,7 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
   decoder.start(live_sentence);
   std::vector<std::vector<Hypothesis>> finished(static_cast<size_t>(sentences));
   std::vector<float> logprobs, attention;
+  std::vector<int32_t> token_order;  // [V] scratch for the top-k selection
   std::vector<int32_t> inputs;
 
   auto finish = [&](int64_t s, Live&& h, bool with_eos, int64_t length) {
@@ -128,15 +129,23 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
           candidates.push_back({base + row[token], h, token});
           continue;
         }
-        // The best 2·beam tokens of this hypothesis are enough to fill the beam even if
-        // beam of them end the sentence.
-        const int64_t keep = std::min<int64_t>(vocab, 2 * beam);
-        std::vector<int32_t> order(static_cast<size_t>(vocab));
-        std::iota(order.begin(), order.end(), 0);
         const bool eos_allowed = t >= o.min_length;
         auto value = [&](int32_t id) {
           return id == c.eos_id && !eos_allowed ? -INFINITY : row[id];
         };
+        if (beam == 1) {  // greedy: the arg max is all that is needed
+          int32_t best = 0;
+          for (int32_t id = 1; id < int32_t(vocab); ++id)
+            if (value(id) > value(best)) best = id;
+          candidates.push_back({base + value(best), h, best});
+          continue;
+        }
+        // The best 2·beam tokens of this hypothesis are enough to fill the beam even if
+        // beam of them end the sentence.
+        const int64_t keep = std::min<int64_t>(vocab, 2 * beam);
+        std::vector<int32_t>& order = token_order;
+        order.resize(static_cast<size_t>(vocab));
+        std::iota(order.begin(), order.end(), 0);
         std::partial_sort(order.begin(), order.begin() + keep, order.end(),
                           [&](int32_t a, int32_t b) {
                             return value(a) > value(b) || (value(a) == value(b) && a < b);
