@@ -1,0 +1,451 @@
+// decode_bench: times tfm::search (greedy or beam, exactly what `transformer translate` runs) of
+// the paper's base model on one fixed batch of random sources, with every output forced to the
+// same length, so that bench/run_decode_bench.sh can compare it with PyTorch decoding loops
+// (bench/decode_peer.py) on the same model file and the same sources in the same run
+// (DESIGN.md §6).
+//
+// Output length: a random model stops at random places, so both sides generate exactly
+// --out-len tokens: min_length = max_length = out_len (eos is forbidden before out_len tokens
+// and the search stops there). Every hypothesis then has the same length, so the length penalty
+// does not change the ranking.
+//
+// It writes the model and the source ids into a work directory for the peer (--prepare-only),
+// then prints one JSON line: target tokens/s (generated tokens, out_len per sentence), median
+// seconds, peak RSS, the fp32 GEMM peak measured in this process and MFU, the generated tokens
+// and log-probabilities of every sentence (the cross-check against the peer), and with
+// --profile where the time goes: encoder, decoder setup (cross-attention keys/values, cache
+// allocation), decoder steps (and the
+// vocabulary projection inside them), cache reorders, and the search's own bookkeeping.
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "decode/beam_search.h"
+#include "decode/incremental_decoder.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "model/config.h"
+#include "model/init.h"
+#include "model/stacks.h"
+#include "model/transformer.h"
+#include "tensor/error.h"
+#include "tensor/random.h"
+
+namespace {
+
+using Sentences = std::vector<std::vector<int32_t>>;
+
+struct Options {
+  std::string work_dir;
+  int beam = 1;
+  int batch = 32;
+  int src_len = 32;  // raw source tokens; the encoder sees src_len + 1 with eos
+  int out_len = 32;  // generated tokens per sentence (eos never generated)
+  int vocab = 8000;
+  int warmup = 1;
+  int repeats = 5;
+  int phase_repeats = 3;  // repetitions of each --profile measurement
+  int gemm_size = 2048;   // side of the square sgemm that defines the peak
+  uint64_t seed = 1234;
+  bool profile = false;
+  bool prepare_only = false;  // write model + ids, time nothing
+};
+
+const char* kUsage =
+    "usage: decode_bench --work-dir DIR [options]\n"
+    "Times tfm::search (greedy or beam) of the base model (shared 8000-token vocabulary) on one\n"
+    "fixed batch of random sources, every output forced to --out-len tokens; prints one JSON line.\n"
+    "  --work-dir DIR       model.safetensors + source.ids: written by --prepare-only, read otherwise\n"
+    "  --prepare-only       write a fresh model and sources into DIR, then exit\n"
+    "  --beam N             1: greedy (default 1)\n"
+    "  --repeats N          timed searches after warm-up (default 5)\n"
+    "  --warmup N           untimed searches first (default 1)\n"
+    "  --profile            also replay the search's decoder calls on the same shapes to split\n"
+    "                       the time into encoder / decoder steps / cache reorder / bookkeeping\n"
+    "  --phase-repeats N    repetitions of each --profile measurement (default 3)\n"
+    "  --gemm-size N        side of the square sgemm timed for the peak (default 2048)\n"
+    "  --batch N --src-len N --out-len N --vocab N   shapes (default 32, 32, 32, 8000;\n"
+    "                       with --prepare-only; later runs take them from DIR)\n"
+    "  --seed N             model and source seed (default 1234)\n"
+    "Threads: OMP_NUM_THREADS (default 2).\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::cerr << "error: " << message << "\n" << kUsage;
+  std::exit(2);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  auto int_value = [&](int& i) -> long long {
+    if (i + 1 >= argc) usage_error(std::string(argv[i]) + " needs a value");
+    const std::string text = argv[++i];
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(text, &used);
+      if (used != text.size() || v < 0) throw std::invalid_argument(text);
+      return v;
+    } catch (const std::exception&) {
+      usage_error(std::string(argv[i - 1]) + " expects a non-negative integer, got \"" + text +
+                  "\"");
+    }
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (a == "--work-dir") {
+      if (i + 1 >= argc) usage_error("--work-dir needs a value");
+      o.work_dir = argv[++i];
+    } else if (a == "--beam") {
+      o.beam = int(int_value(i));
+    } else if (a == "--repeats") {
+      o.repeats = int(int_value(i));
+    } else if (a == "--warmup") {
+      o.warmup = int(int_value(i));
+    } else if (a == "--phase-repeats") {
+      o.phase_repeats = int(int_value(i));
+    } else if (a == "--gemm-size") {
+      o.gemm_size = int(int_value(i));
+    } else if (a == "--batch") {
+      o.batch = int(int_value(i));
+    } else if (a == "--src-len") {
+      o.src_len = int(int_value(i));
+    } else if (a == "--out-len") {
+      o.out_len = int(int_value(i));
+    } else if (a == "--vocab") {
+      o.vocab = int(int_value(i));
+    } else if (a == "--seed") {
+      o.seed = uint64_t(int_value(i));
+    } else if (a == "--profile") {
+      o.profile = true;
+    } else if (a == "--prepare-only") {
+      o.prepare_only = true;
+    } else {
+      usage_error("unknown argument \"" + a + "\"");
+    }
+  }
+  if (o.work_dir.empty()) usage_error("--work-dir is required");
+  if (o.beam < 1) usage_error("--beam must be at least 1");
+  if (o.repeats < 1) usage_error("--repeats must be at least 1");
+  if (o.batch < 1 || o.src_len < 1 || o.out_len < 1) usage_error("shapes must be positive");
+  if (o.vocab < 4) usage_error("--vocab must be at least 4");
+  if (o.gemm_size < 1) usage_error("--gemm-size must be positive");
+  if (o.profile && o.phase_repeats < 1) usage_error("--phase-repeats must be at least 1");
+  return o;
+}
+
+// Deterministic ids in [3, vocab): 0..2 are pad, bos, eos.
+Sentences random_sentences(tfm::Random& random, int count, int length, int vocab) {
+  Sentences out(size_t(count), std::vector<int32_t>(size_t(length), 0));
+  for (auto& sentence : out)
+    for (auto& id : sentence) id = int32_t(3 + random.next_u64() % uint64_t(vocab - 3));
+  return out;
+}
+
+void write_ids(const std::string& path, const Sentences& sentences) {
+  std::ofstream f(path);
+  for (const auto& s : sentences) {
+    for (size_t i = 0; i < s.size(); ++i) f << (i ? " " : "") << s[i];
+    f << "\n";
+  }
+  if (!f) throw tfm::Error(path + ": write failed");
+}
+
+Sentences read_ids(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw tfm::Error(path + ": cannot open (run with --prepare-only first)");
+  Sentences out;
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream words(line);
+    std::vector<int32_t> ids;
+    long long id;
+    while (words >> id) ids.push_back(int32_t(id));
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median seconds of `repeats` calls of fn after `warmup` untimed calls; every time in *all.
+double time_median(int warmup, int repeats, const std::function<void()>& fn,
+                   std::vector<double>* all) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats; ++i) {
+    const double start = now_seconds();
+    fn();
+    seconds.push_back(now_seconds() - start);
+  }
+  if (all) *all = seconds;
+  return median(seconds);
+}
+
+// Hypotheses the decoder runs at step t: one per sentence at the first step (every beam starts
+// from bos), then `beam` per sentence (no sentence finishes early: eos is forbidden).
+int64_t rows_at_step(int64_t batch, int64_t beam, int64_t t) { return t == 0 ? batch : batch * beam; }
+
+// Multiply-add FLOPs (2 per MAC) of the matrix products of one KV-cached search: the encoder on
+// the batch (S positions with eos), the cross-attention keys/values of its output, then per step
+// t (key length t + 1) and row: self q/k/v/o, cross q/o, attention products against t + 1 cached
+// and S source positions, feed-forward, and the tied vocabulary projection. Element-wise work
+// and the search are not counted. The useful work of decoding, the same count for every side
+// (the peer that re-runs the whole prefix each step does more work than this).
+double search_flops(const tfm::ModelConfig& c, double batch, double src_len, double out_len,
+                    double beam) {
+  const double d = double(c.d_model), f = double(c.d_ff), v = double(c.tgt_vocab_size);
+  const double src_rows = batch * src_len;
+  const double encoder = double(c.encoder_layers) * (2 * src_rows * 4 * d * d +
+                                                     4 * batch * src_len * src_len * d +
+                                                     2 * src_rows * 2 * d * f);
+  const double cross_kv = double(c.decoder_layers) * 2 * src_rows * 2 * d * d;
+  double steps = 0;
+  for (int64_t t = 0; t < int64_t(out_len); ++t) {
+    const double n = double(rows_at_step(int64_t(batch), int64_t(beam), t));
+    const double layer = 2 * n * 4 * d * d                 // self q, k, v, o
+                         + 4 * n * double(t + 1) * d       // self QKᵀ and PV
+                         + 2 * n * 2 * d * d               // cross q, o
+                         + 4 * n * src_len * d             // cross QKᵀ and PV
+                         + 2 * n * 2 * d * f;              // fc1, fc2
+    steps += double(c.decoder_layers) * layer + 2 * n * d * v;
+  }
+  return encoder + cross_kv + steps;
+}
+
+// Best GFLOP/s of tfm::gemm (oneDNN sgemm) on an n×n×n product, measured in this process: the
+// fp32 peak the MFU is relative to (as train_bench).
+double measure_gemm_peak(int64_t n, int repeats) {
+  std::vector<float> a(size_t(n * n), 0.01f);  // [n, n]
+  std::vector<float> b(size_t(n * n), 0.02f);  // [n, n]
+  std::vector<float> c(size_t(n * n));         // [n, n]
+  auto run = [&] { tfm::gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); };
+  std::vector<double> seconds;
+  time_median(1, repeats, run, &seconds);
+  const double fastest = *std::min_element(seconds.begin(), seconds.end());
+  return 2.0 * double(n) * double(n) * double(n) / fastest / 1e9;
+}
+
+// User + system CPU seconds of this process so far (the run script compares them with the whole
+// machine's busy time to see how much other processes took during the run).
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+// --profile: tfm::search has no hooks, so its decoder work is replayed here with the public
+// pieces it is made of, on the same shapes: make_batch + encoder_forward, the decoder setup (the
+// IncrementalDecoder's constructor, which computes every layer's cross-attention keys/values
+// into fresh buffers, and start(), which allocates the self-attention caches), out_len steps with the
+// same number of hypotheses as the search (batch at the first step, batch·beam after), and the
+// reorder the search calls after every step but the last (greedy too: identity parents). Step
+// times do not depend on the token values; reorder copies the same amount whatever the parents
+// (here: each sentence's hypotheses rotated, so that rows really move). The vocabulary
+// projection + log-softmax inside a step is timed on its own with the same kernels and shapes.
+// Bookkeeping = the search's median − all of the above: candidate selection (a partial sort of
+// the vocabulary per hypothesis), hypothesis copies, and everything else search() does itself.
+nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources, int64_t beam,
+                              int64_t out_len, int repeats, double search_median) {
+  const tfm::ModelConfig& c = model.config();
+  const int64_t batch = int64_t(sources.size()), d = c.d_model, vocab = c.tgt_vocab_size;
+  std::vector<double> encoder_t, setup_t, step_t, reorder_t, projection_t;
+  for (int r = 0; r < repeats + 1; ++r) {  // the first repetition is a warm-up
+    double t0 = now_seconds();
+    const tfm::TokenBatch tb = tfm::make_batch(c, sources, Sentences(sources.size()));
+    tfm::StackCache cache;
+    tfm::encoder_forward(model, tb, {}, cache);
+    double t1 = now_seconds();
+    tfm::IncrementalDecoder decoder(model, cache.memory.data(), batch, tb.src_len,
+                                    tb.src_lengths.data(), out_len + 1);
+    std::vector<int32_t> hypothesis_sentence(static_cast<size_t>(batch));
+    std::iota(hypothesis_sentence.begin(), hypothesis_sentence.end(), 0);
+    decoder.start(hypothesis_sentence);
+    const double t2 = now_seconds();
+    double steps = 0, reorders = 0;
+    std::vector<float> logprobs;
+    std::vector<int32_t> tokens, parents;
+    for (int64_t t = 0; t < out_len; ++t) {
+      const int64_t n = decoder.hypotheses();
+      tokens.assign(size_t(n), int32_t(t == 0 ? c.bos_id : 3 + (t * 37) % (vocab - 3)));
+      logprobs.resize(size_t(n * vocab));
+      const double s0 = now_seconds();
+      decoder.step(tokens.data(), logprobs.data(), nullptr);
+      const double s1 = now_seconds();
+      steps += s1 - s0;
+      if (t + 1 == out_len) break;  // the search finishes every hypothesis at the last step
+      const int64_t next = rows_at_step(batch, beam, t + 1);
+      parents.resize(size_t(next));
+      for (int64_t i = 0; i < next; ++i) {
+        const int64_t sentence = i / beam, k = i % beam;
+        parents[size_t(i)] = int32_t(t == 0 ? sentence : sentence * beam + (k + 1) % beam);
+      }
+      const double r0 = now_seconds();
+      decoder.reorder(parents);
+      reorders += now_seconds() - r0;
+    }
+    // The vocabulary projection + log-softmax of every step, alone.
+    std::vector<float> x(size_t(batch * beam * d), 0.01f);
+    double projection = 0;
+    for (int64_t t = 0; t < out_len; ++t) {
+      const int64_t n = rows_at_step(batch, beam, t);
+      const double p0 = now_seconds();
+      tfm::gemm(false, true, n, vocab, d, 1.f, x.data(), d, model.weights().output_weight, d, 0.f,
+                logprobs.data(), vocab);
+      tfm::log_softmax(logprobs.data(), logprobs.data(), n, vocab);
+      projection += now_seconds() - p0;
+    }
+    if (r == 0) continue;
+    encoder_t.push_back(t1 - t0);
+    setup_t.push_back(t2 - t1);
+    step_t.push_back(steps);
+    reorder_t.push_back(reorders);
+    projection_t.push_back(projection);
+  }
+  const double encoder = median(encoder_t), setup = median(setup_t), steps = median(step_t),
+               reorders = median(reorder_t);
+  return {{"encoder_s", encoder},
+          {"decoder_setup_s", setup},
+          {"decoder_steps_s", steps},
+          {"projection_in_steps_s", median(projection_t)},
+          {"reorder_s", reorders},
+          {"bookkeeping_s", std::max(0.0, search_median - encoder - setup - steps - reorders)},
+          {"replay_total_s", encoder + setup + steps + reorders}};
+}
+
+int run(const Options& o) {
+  const std::filesystem::path dir(o.work_dir);
+  const std::string model_path = (dir / "model.safetensors").string();
+  const std::string source_path = (dir / "source.ids").string();
+
+  if (o.prepare_only) {
+    std::filesystem::create_directories(dir);
+    tfm::ModelConfig config = tfm::preset_config("base");
+    config.src_vocab_size = config.tgt_vocab_size = o.vocab;
+    const tfm::Model model = tfm::init_model(config, o.seed);
+    tfm::save_model(model, model_path);
+    tfm::Random random(o.seed + 1);
+    write_ids(source_path, random_sentences(random, o.batch, o.src_len, o.vocab));
+    std::cerr << "wrote " << model_path << " (" << tfm::parameter_count(config)
+              << " parameters), " << source_path << "\n";
+    return 0;
+  }
+
+  const double load_start = now_seconds();
+  const tfm::Model model = tfm::load_model(model_path);
+  const Sentences sources = read_ids(source_path);
+  const double load_seconds = now_seconds() - load_start;
+  const tfm::ModelConfig& config = model.config();
+  if (sources.empty()) throw tfm::Error(source_path + ": no sentences");
+
+  tfm::SearchOptions search_options;
+  search_options.beam = o.beam;
+  search_options.alpha = 0.6;  // irrelevant here: every hypothesis has out_len tokens
+  search_options.min_length = o.out_len;
+  search_options.max_length = o.out_len;
+  search_options.max_length_a = 0;
+  search_options.max_length_b = o.out_len;
+  search_options.nbest = 1;
+
+  std::vector<std::vector<tfm::Hypothesis>> results;
+  auto decode = [&] { results = tfm::search(model, sources, {}, search_options); };
+  std::vector<double> all_seconds;
+  const double median_seconds = time_median(o.warmup, o.repeats, decode, &all_seconds);
+  const double rss_mib = peak_rss_mib();  // before --profile and the GEMM probe's buffers
+
+  int64_t generated = 0;
+  nlohmann::json outputs = nlohmann::json::array(), logprobs = nlohmann::json::array();
+  for (const auto& hypotheses : results) {
+    const tfm::Hypothesis& best = hypotheses.front();
+    if (int64_t(best.tokens.size()) != o.out_len)
+      throw tfm::Error("a hypothesis has " + std::to_string(best.tokens.size()) +
+                       " tokens instead of " + std::to_string(o.out_len));
+    generated += int64_t(best.tokens.size());
+    outputs.push_back(best.tokens);
+    logprobs.push_back(best.logprob);
+  }
+
+  nlohmann::json phases = nullptr;
+  if (o.profile)
+    phases = profile_search(model, sources, o.beam, o.out_len, o.phase_repeats, median_seconds);
+
+  const int64_t batch = int64_t(sources.size()), src_len = int64_t(sources[0].size()) +
+                                                          (config.src_append_eos ? 1 : 0);
+  const double flops =
+      search_flops(config, double(batch), double(src_len), double(o.out_len), double(o.beam));
+  const double gemm_peak = measure_gemm_peak(o.gemm_size, 5);
+  const double achieved = flops / median_seconds / 1e9;
+
+  nlohmann::json line = {
+      {"impl", "transformer-cpp"},
+      {"side", o.beam == 1 ? "ours-greedy" : "ours-beam"},
+      {"threads", omp_get_max_threads()},
+      {"beam", o.beam},
+      {"batch", batch},
+      {"src_len", src_len},
+      {"out_len", o.out_len},
+      {"target_tokens", generated},
+      {"warmup", o.warmup},
+      {"repeats", o.repeats},
+      {"median_s", median_seconds},
+      {"min_s", *std::min_element(all_seconds.begin(), all_seconds.end())},
+      {"run_s", all_seconds},
+      {"tokens_per_s", double(generated) / median_seconds},
+      {"peak_rss_mib", rss_mib},
+      {"load_s", load_seconds},
+      {"gflop", flops / 1e9},
+      {"gflops", achieved},
+      {"gemm_size", o.gemm_size},
+      {"gemm_peak_gflops", gemm_peak},
+      {"mfu", achieved / gemm_peak},
+      {"phases", phases},
+      {"cpu_s", cpu_seconds()},
+      {"outputs", outputs},
+      {"logprobs", logprobs},
+  };
+  std::cout << line.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = parse_options(argc, argv);
+  if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(2);
+  try {
+    return run(options);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
