@@ -155,6 +155,12 @@ for line in 1 150 420 700; do
 done
 echo
 bash scripts/plot_training.sh "$run" "$run/training.png"
+# Attention of every head of the last decoder layer for a few verses, as heat maps (HTML).
+head -n 5 "$corpus/test.en" > "$out/attention.en"
+$bin translate --model "$averaged" -i "$out/attention.en" --beam 4 -o "$out/attention.es" \
+  --attention-file "$out/attention.jsonl"
+/usr/bin/python3 scripts/attention_html.py "$out/attention.jsonl" "$out/attention.html" \
+  --references "$corpus/test.es" --title "Acts 1:1-5, English to Spanish: encoder-decoder attention"
 
 echo
 echo "== done in $(elapsed)"
@@ -163,3 +169,4 @@ echo "training run:      $run/ (model.safetensors = last, model.best.safetensors
 echo "averaged model:    $averaged/ (use: $bin translate --model $averaged)"
 echo "translation of Acts: $hyp   score: $out/test.bleu.txt"
 echo "training curve:    $run/training.png"
+echo "attention viewer:  $out/attention.html (open in a browser)"

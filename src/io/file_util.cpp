@@ -26,6 +26,22 @@ std::string read_file_bytes(const std::string& path) {
 }
 
 void write_file_atomically(const std::string& path, const std::function<void(std::FILE*)>& write) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+      !std::filesystem::is_directory(status)) {
+    // A device or pipe (e.g. /dev/null, a FIFO): write straight into it, never replace it.
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) throw Error(path + ": cannot write (" + std::strerror(errno) + ")");
+    try {
+      write(f);
+    } catch (...) {
+      std::fclose(f);
+      throw;
+    }
+    if (std::fclose(f) != 0) throw Error(path + ": write failed");
+    return;
+  }
   const std::string temp = path + ".tmp." + std::to_string(::getpid());
   std::FILE* f = std::fopen(temp.c_str(), "wb");
   if (!f) throw Error(path + ": cannot write (" + std::strerror(errno) + ")");
