@@ -37,6 +37,7 @@
 #include "decode/beam_search.h"
 #include "decode/incremental_decoder.h"
 #include "kernels/elementwise.h"
+#include "bench_util.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/init.h"
@@ -47,7 +48,10 @@
 
 namespace {
 
-using Sentences = std::vector<std::vector<int32_t>>;
+using bench::median;
+using bench::now_seconds;
+using bench::Sentences;
+using bench::time_median;
 
 struct Options {
   std::string work_dir;
@@ -83,26 +87,11 @@ const char* kUsage =
     "  --seed N             model and source seed (default 1234)\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
 
-[[noreturn]] void usage_error(const std::string& message) {
-  std::cerr << "error: " << message << "\n" << kUsage;
-  std::exit(2);
-}
+[[noreturn]] void usage_error(const std::string& message) { bench::usage_error(kUsage, message); }
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  auto int_value = [&](int& i) -> long long {
-    if (i + 1 >= argc) usage_error(std::string(argv[i]) + " needs a value");
-    const std::string text = argv[++i];
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(text, &used);
-      if (used != text.size() || v < 0) throw std::invalid_argument(text);
-      return v;
-    } catch (const std::exception&) {
-      usage_error(std::string(argv[i - 1]) + " expects a non-negative integer, got \"" + text +
-                  "\"");
-    }
-  };
+  auto int_value = [&](int& i) { return bench::int_arg(argc, argv, i, kUsage); };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -149,62 +138,6 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
-// Deterministic ids in [3, vocab): 0..2 are pad, bos, eos.
-Sentences random_sentences(tfm::Random& random, int count, int length, int vocab) {
-  Sentences out(size_t(count), std::vector<int32_t>(size_t(length), 0));
-  for (auto& sentence : out)
-    for (auto& id : sentence) id = int32_t(3 + random.next_u64() % uint64_t(vocab - 3));
-  return out;
-}
-
-void write_ids(const std::string& path, const Sentences& sentences) {
-  std::ofstream f(path);
-  for (const auto& s : sentences) {
-    for (size_t i = 0; i < s.size(); ++i) f << (i ? " " : "") << s[i];
-    f << "\n";
-  }
-  if (!f) throw tfm::Error(path + ": write failed");
-}
-
-Sentences read_ids(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw tfm::Error(path + ": cannot open (run with --prepare-only first)");
-  Sentences out;
-  std::string line;
-  while (std::getline(f, line)) {
-    std::istringstream words(line);
-    std::vector<int32_t> ids;
-    long long id;
-    while (words >> id) ids.push_back(int32_t(id));
-    out.push_back(std::move(ids));
-  }
-  return out;
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Median seconds of `repeats` calls of fn after `warmup` untimed calls; every time in *all.
-double time_median(int warmup, int repeats, const std::function<void()>& fn,
-                   std::vector<double>* all) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> seconds;
-  for (int i = 0; i < repeats; ++i) {
-    const double start = now_seconds();
-    fn();
-    seconds.push_back(now_seconds() - start);
-  }
-  if (all) *all = seconds;
-  return median(seconds);
-}
-
 // Hypotheses the decoder runs at step t: one per sentence at the first step (every beam starts
 // from bos), then `beam` per sentence (no sentence finishes early: eos is forbidden).
 int64_t rows_at_step(int64_t batch, int64_t beam, int64_t t) { return t == 0 ? batch : batch * beam; }
@@ -234,34 +167,6 @@ double search_flops(const tfm::ModelConfig& c, double batch, double src_len, dou
     steps += double(c.decoder_layers) * layer + 2 * n * d * v;
   }
   return encoder + cross_kv + steps;
-}
-
-// Best GFLOP/s of tfm::gemm (oneDNN sgemm) on an n×n×n product, measured in this process: the
-// fp32 peak the MFU is relative to (as train_bench).
-double measure_gemm_peak(int64_t n, int repeats) {
-  std::vector<float> a(size_t(n * n), 0.01f);  // [n, n]
-  std::vector<float> b(size_t(n * n), 0.02f);  // [n, n]
-  std::vector<float> c(size_t(n * n));         // [n, n]
-  auto run = [&] { tfm::gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); };
-  std::vector<double> seconds;
-  time_median(1, repeats, run, &seconds);
-  const double fastest = *std::min_element(seconds.begin(), seconds.end());
-  return 2.0 * double(n) * double(n) * double(n) / fastest / 1e9;
-}
-
-// User + system CPU seconds of this process so far (the run script compares them with the whole
-// machine's busy time to see how much other processes took during the run).
-double cpu_seconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  auto seconds = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
-  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
-
-double peak_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
 }
 
 // --profile: tfm::search has no hooks, so its decoder work is replayed here with the public
@@ -355,7 +260,7 @@ int run(const Options& o) {
     const tfm::Model model = tfm::init_model(config, o.seed);
     tfm::save_model(model, model_path);
     tfm::Random random(o.seed + 1);
-    write_ids(source_path, random_sentences(random, o.batch, o.src_len, o.vocab));
+    bench::write_ids(source_path, bench::random_sentences(random, o.batch, o.src_len, o.vocab));
     std::cerr << "wrote " << model_path << " (" << tfm::parameter_count(config)
               << " parameters), " << source_path << "\n";
     return 0;
@@ -363,7 +268,7 @@ int run(const Options& o) {
 
   const double load_start = now_seconds();
   const tfm::Model model = tfm::load_model(model_path);
-  const Sentences sources = read_ids(source_path);
+  const Sentences sources = bench::read_ids(source_path, "run with --prepare-only first");
   const double load_seconds = now_seconds() - load_start;
   const tfm::ModelConfig& config = model.config();
   if (sources.empty()) throw tfm::Error(source_path + ": no sentences");
@@ -381,7 +286,7 @@ int run(const Options& o) {
   auto decode = [&] { results = tfm::search(model, sources, {}, search_options); };
   std::vector<double> all_seconds;
   const double median_seconds = time_median(o.warmup, o.repeats, decode, &all_seconds);
-  const double rss_mib = peak_rss_mib();  // before --profile and the GEMM probe's buffers
+  const double rss_mib = bench::peak_rss_mib();  // before --profile and the GEMM probe's buffers
 
   int64_t generated = 0;
   nlohmann::json outputs = nlohmann::json::array(), logprobs = nlohmann::json::array();
@@ -403,13 +308,12 @@ int run(const Options& o) {
                                                           (config.src_append_eos ? 1 : 0);
   const double flops =
       search_flops(config, double(batch), double(src_len), double(o.out_len), double(o.beam));
-  const double gemm_peak = measure_gemm_peak(o.gemm_size, 5);
-  const double achieved = flops / median_seconds / 1e9;
+  const double gemm_peak = bench::measure_square_gemm_peak(o.gemm_size, 5);
 
-  nlohmann::json line = {
-      {"impl", "transformer-cpp"},
+  nlohmann::json line =
+      bench::common_fields(median_seconds, all_seconds, generated, rss_mib, flops, gemm_peak);
+  line.update({
       {"side", o.beam == 1 ? "ours-greedy" : "ours-beam"},
-      {"threads", omp_get_max_threads()},
       {"beam", o.beam},
       {"batch", batch},
       {"src_len", src_len},
@@ -417,35 +321,18 @@ int run(const Options& o) {
       {"target_tokens", generated},
       {"warmup", o.warmup},
       {"repeats", o.repeats},
-      {"median_s", median_seconds},
-      {"min_s", *std::min_element(all_seconds.begin(), all_seconds.end())},
       {"run_s", all_seconds},
-      {"tokens_per_s", double(generated) / median_seconds},
-      {"peak_rss_mib", rss_mib},
       {"load_s", load_seconds},
-      {"gflop", flops / 1e9},
-      {"gflops", achieved},
       {"gemm_size", o.gemm_size},
-      {"gemm_peak_gflops", gemm_peak},
-      {"mfu", achieved / gemm_peak},
       {"phases", phases},
-      {"cpu_s", cpu_seconds()},
+      {"cpu_s", bench::cpu_seconds()},
       {"outputs", outputs},
       {"logprobs", logprobs},
-  };
+  });
   std::cout << line.dump() << std::endl;
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const Options options = parse_options(argc, argv);
-  if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(2);
-  try {
-    return run(options);
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return bench::bench_main(argc, argv, parse_options, run); }

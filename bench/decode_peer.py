@@ -34,8 +34,6 @@ import json
 import math
 import os
 import resource
-import statistics
-import struct
 import sys
 import time
 import warnings
@@ -45,26 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def read_safetensors(path):
-    """Returns ({name: float32 tensor}, metadata dict). Only F32, as our writer produces."""
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
-        data = np.fromfile(f, dtype=np.uint8)  # the whole data section, writable
-    metadata = header.pop("__metadata__", {})
-    tensors = {}
-    for name, entry in header.items():
-        if entry["dtype"] != "F32":
-            sys.exit(f"error: {path}: tensor {name} has dtype {entry['dtype']}, expected F32")
-        begin, end = entry["data_offsets"]
-        tensors[name] = torch.from_numpy(data[begin:end].view(np.float32).reshape(entry["shape"]))
-    return tensors, metadata
-
-
-def read_ids(path):
-    with open(path) as f:
-        return [[int(w) for w in line.split()] for line in f if line.strip()]
+import bench_util
+from bench_util import loaded_blas, read_safetensors, time_median
 
 
 def sinusoids(positions, d, layout):
@@ -351,37 +331,6 @@ def search_flops(c, batch, src_len, out_len, beam):
     return total
 
 
-def time_median(warmup, repeats, fn):
-    for _ in range(warmup):
-        fn()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), seconds
-
-
-def gemm_peak(n, repeats=5):
-    """Best GFLOP/s of torch.mm on an n×n×n float32 product, measured in this process."""
-    a = torch.full((n, n), 0.01)  # [n, n]
-    b = torch.full((n, n), 0.02)  # [n, n]
-    _, seconds = time_median(1, repeats, lambda: torch.mm(a, b))
-    return 2.0 * n * n * n / min(seconds) / 1e9
-
-
-def loaded_blas():
-    """Which BLAS library torch's dense GEMMs went to (Debian's torch uses libblas.so.3, the slow
-    netlib reference unless OpenBLAS or similar provides that alternative)."""
-    with open("/proc/self/maps") as f:
-        paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
-    if any("openblas" in p for p in paths):
-        return "openblas"
-    if any("/blas/libblas" in p for p in paths):
-        return "netlib-reference"
-    return ",".join(sorted(os.path.basename(p) for p in paths)) or "unknown"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work-dir", required=True, help="directory written by decode_bench --prepare-only")
@@ -405,7 +354,7 @@ def main():
     load_start = time.perf_counter()
     params, metadata = read_safetensors(os.path.join(args.work_dir, "model.safetensors"))
     config = json.loads(metadata["config"])
-    sources = read_ids(os.path.join(args.work_dir, "source.ids"))
+    sources = bench_util.read_ids(os.path.join(args.work_dir, "source.ids"), skip_blank=True)
     with torch.inference_mode():
         model = Model(config, params)
         src, padding = model.source_batch(sources)
@@ -423,8 +372,8 @@ def main():
         def run():
             result["tokens"], result["totals"] = decode(args.out_len)
         median_s, seconds = time_median(0, args.repeats, run)
-        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # before the GEMM probe
-        peak = gemm_peak(args.gemm_size)
+        rss_mib = bench_util.peak_rss_mib()  # before the GEMM probe
+        peak = bench_util.square_gemm_peak(args.gemm_size)
 
     tokens = result["tokens"]
     generated = tokens.numel()

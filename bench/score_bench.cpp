@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/init.h"
@@ -31,7 +32,10 @@
 
 namespace {
 
-using Sentences = std::vector<std::vector<int32_t>>;
+using bench::median;
+using bench::now_seconds;
+using bench::Sentences;
+using bench::time_median;
 
 struct Options {
   std::string work_dir;
@@ -63,26 +67,11 @@ const char* kUsage =
     "  --reuse              load the model and ids already in DIR (what `transformer score` does)\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
 
-[[noreturn]] void usage_error(const std::string& message) {
-  std::cerr << "error: " << message << "\n" << kUsage;
-  std::exit(2);
-}
+[[noreturn]] void usage_error(const std::string& message) { bench::usage_error(kUsage, message); }
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  auto int_value = [&](int& i) -> long long {
-    if (i + 1 >= argc) usage_error(std::string(argv[i]) + " needs a value");
-    const std::string text = argv[++i];
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(text, &used);
-      if (used != text.size() || v < 0) throw std::invalid_argument(text);
-      return v;
-    } catch (const std::exception&) {
-      usage_error(std::string(argv[i - 1]) + " expects a non-negative integer, got \"" + text +
-                  "\"");
-    }
-  };
+  auto int_value = [&](int& i) { return bench::int_arg(argc, argv, i, kUsage); };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -122,62 +111,6 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
-// Deterministic ids in [3, vocab): 0..2 are pad, bos, eos.
-Sentences random_sentences(tfm::Random& random, int count, int length, int vocab) {
-  Sentences out(size_t(count), std::vector<int32_t>(size_t(length), 0));
-  for (auto& sentence : out)
-    for (auto& id : sentence) id = int32_t(3 + random.next_u64() % uint64_t(vocab - 3));
-  return out;
-}
-
-void write_ids(const std::string& path, const Sentences& sentences) {
-  std::ofstream f(path);
-  for (const auto& s : sentences) {
-    for (size_t i = 0; i < s.size(); ++i) f << (i ? " " : "") << s[i];
-    f << "\n";
-  }
-  if (!f) throw tfm::Error(path + ": write failed");
-}
-
-Sentences read_ids(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw tfm::Error(path + ": cannot open (run without --reuse first)");
-  Sentences out;
-  std::string line;
-  while (std::getline(f, line)) {
-    std::istringstream words(line);
-    std::vector<int32_t> ids;
-    long long id;
-    while (words >> id) ids.push_back(int32_t(id));
-    out.push_back(std::move(ids));
-  }
-  return out;
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Median seconds of `repeats` calls of fn after `warmup` untimed calls.
-double time_median(int warmup, int repeats, const std::function<void()>& fn,
-                   std::vector<double>* all) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> seconds;
-  for (int i = 0; i < repeats; ++i) {
-    const double start = now_seconds();
-    fn();
-    seconds.push_back(now_seconds() - start);
-  }
-  if (all) *all = seconds;
-  return median(seconds);
-}
-
 // Multiply-add FLOPs (2 per MAC) of the matrix products in one score_forward on a batch with
 // no padding: projections, both attention products (full, causal masking not subtracted),
 // feed-forward, and the vocabulary projection. Element-wise work is not counted.
@@ -207,25 +140,9 @@ double measure_gemm_peak(const tfm::ModelConfig& c, int64_t rows) {
                               {rows, c.tgt_vocab_size, c.d_model}};  // vocabulary projection
   double best = 0;
   for (const auto& s : shapes) {
-    std::vector<float> a(size_t(s.m * s.k), 0.01f);  // [m, k] activations
-    std::vector<float> b(size_t(s.n * s.k), 0.02f);  // [n, k] weight, used transposed
-    std::vector<float> out(size_t(s.m * s.n));       // [m, n]
-    auto run = [&] {
-      tfm::gemm(false, true, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.k, 0.f, out.data(),
-                s.n);
-    };
-    std::vector<double> seconds;
-    time_median(1, 5, run, &seconds);
-    const double fastest = *std::min_element(seconds.begin(), seconds.end());
-    best = std::max(best, 2.0 * double(s.m) * double(s.n) * double(s.k) / fastest / 1e9);
+    best = std::max(best, bench::gemm_gflops(s.m, s.n, s.k, /*trans_b=*/true, 5));
   }
   return best;
-}
-
-double peak_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
 }
 
 int run(const Options& o) {
@@ -239,8 +156,8 @@ int run(const Options& o) {
   std::optional<tfm::Model> model;
   if (o.reuse) {
     model.emplace(tfm::load_model(model_path));
-    sources = read_ids(source_path);
-    targets = read_ids(target_path);
+    sources = bench::read_ids(source_path, "run without --reuse first");
+    targets = bench::read_ids(target_path, "run without --reuse first");
   } else {
     std::filesystem::create_directories(dir);
     tfm::ModelConfig config = tfm::preset_config("base");
@@ -248,10 +165,10 @@ int run(const Options& o) {
     model.emplace(tfm::init_model(config, o.seed));
     tfm::save_model(*model, model_path);
     tfm::Random random(o.seed + 1);
-    sources = random_sentences(random, o.batch, o.src_len, o.vocab);
-    targets = random_sentences(random, o.batch, o.tgt_len, o.vocab);
-    write_ids(source_path, sources);
-    write_ids(target_path, targets);
+    sources = bench::random_sentences(random, o.batch, o.src_len, o.vocab);
+    targets = bench::random_sentences(random, o.batch, o.tgt_len, o.vocab);
+    bench::write_ids(source_path, sources);
+    bench::write_ids(target_path, targets);
     if (o.prepare_only) {
       std::cerr << "wrote " << model_path << " (" << tfm::parameter_count(config)
                 << " parameters), " << source_path << ", " << target_path << "\n";
@@ -291,46 +208,28 @@ int run(const Options& o) {
               {"projection_s", std::max(0.0, median_seconds - encoder - decoder)}};
   }
 
-  const double rss_mib = peak_rss_mib();  // before the GEMM probe's own buffers
+  const double rss_mib = bench::peak_rss_mib();  // before the GEMM probe's own buffers
   const double flops =
       score_flops(config, double(batch.batch), double(batch.src_len), double(batch.tgt_len));
   const double gemm_peak = measure_gemm_peak(config, batch.batch * batch.tgt_len);
-  const double achieved = flops / median_seconds / 1e9;
 
-  nlohmann::json line = {
-      {"impl", "transformer-cpp"},
-      {"threads", omp_get_max_threads()},
+  nlohmann::json line =
+      bench::common_fields(median_seconds, all_seconds, target_tokens, rss_mib, flops, gemm_peak);
+  line.update({
       {"batch", batch.batch},
       {"src_len", batch.src_len},
       {"tgt_len", batch.tgt_len},
       {"target_tokens", target_tokens},
       {"warmup", o.warmup},
       {"repeats", o.repeats},
-      {"median_s", median_seconds},
-      {"min_s", *std::min_element(all_seconds.begin(), all_seconds.end())},
-      {"tokens_per_s", double(target_tokens) / median_seconds},
-      {"peak_rss_mib", rss_mib},
       {"load_s", load_seconds},
-      {"gflop", flops / 1e9},
-      {"gflops", achieved},
-      {"gemm_peak_gflops", gemm_peak},
-      {"mfu", achieved / gemm_peak},
       {"phases", phases},
       {"totals", totals},
-  };
+  });
   std::cout << line.dump() << std::endl;
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const Options options = parse_options(argc, argv);
-  if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(2);
-  try {
-    return run(options);
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return bench::bench_main(argc, argv, parse_options, run); }

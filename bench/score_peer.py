@@ -14,9 +14,6 @@ import argparse
 import json
 import math
 import os
-import resource
-import statistics
-import struct
 import sys
 import time
 
@@ -25,27 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def read_safetensors(path):
-    """Returns ({name: float32 tensor}, metadata dict). Only F32, as our writer produces."""
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
-        data = np.fromfile(f, dtype=np.uint8)  # the whole data section, writable
-    metadata = header.pop("__metadata__", {})
-    tensors = {}
-    for name, entry in header.items():
-        if entry["dtype"] != "F32":
-            sys.exit(f"error: {path}: tensor {name} has dtype {entry['dtype']}, expected F32")
-        begin, end = entry["data_offsets"]
-        array = data[begin:end].view(np.float32).reshape(entry["shape"])
-        tensors[name] = torch.from_numpy(array)  # shares memory with `data`
-    return tensors, metadata
-
-
-def read_ids(path):
-    with open(path) as f:
-        return [[int(w) for w in line.split()] for line in f]
+import bench_util
+from bench_util import loaded_blas, read_safetensors, time_median
 
 
 def sinusoids(max_positions, d, layout):
@@ -199,17 +177,6 @@ def score_flops(c, batch, s, t):
     return c["encoder_layers"] * enc + c["decoder_layers"] * dec + 2 * batch * t * d * v
 
 
-def time_median(warmup, repeats, fn):
-    for _ in range(warmup):
-        fn()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), seconds
-
-
 def gemm_peak(c, rows):
     """Best GFLOP/s of torch's F.linear on the model's own GEMM shapes, measured in this run."""
     best = 0.0
@@ -220,20 +187,6 @@ def gemm_peak(c, rows):
         _, seconds = time_median(1, 5, lambda: F.linear(a, w))
         best = max(best, 2.0 * m * n * k / min(seconds) / 1e9)
     return best
-
-
-def loaded_blas():
-    """Which BLAS library torch's dense GEMMs went to (Debian's torch uses libblas.so.3, an
-    alternative that is the slow netlib reference unless OpenBLAS or similar is installed)."""
-    with open("/proc/self/maps") as f:
-        paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
-    for path in sorted(paths):
-        if "openblas" in path:
-            return "openblas"
-    for path in sorted(paths):
-        if "/blas/libblas" in path:
-            return "netlib-reference"
-    return ",".join(sorted(os.path.basename(p) for p in paths)) or "unknown"
 
 
 def main():
@@ -251,8 +204,8 @@ def main():
     load_start = time.perf_counter()
     params, metadata = read_safetensors(os.path.join(args.work_dir, "model.safetensors"))
     config = json.loads(metadata["config"])
-    sources = read_ids(os.path.join(args.work_dir, "source.ids"))
-    targets = read_ids(os.path.join(args.work_dir, "target.ids"))
+    sources = bench_util.read_ids(os.path.join(args.work_dir, "source.ids"))
+    targets = bench_util.read_ids(os.path.join(args.work_dir, "target.ids"))
     with torch.inference_mode():
         model = Scorer(config, params)
         src, src_valid, tgt_in, tgt_out, tgt_valid = model.make_batch(sources, targets)
@@ -274,7 +227,7 @@ def main():
                                        lambda: model.decode(memory, src_valid, tgt_in, tgt_valid))
             phases = {"encoder_s": encoder_s, "decoder_s": decoder_s,
                       "projection_s": max(0.0, median_s - encoder_s - decoder_s)}
-        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # before the GEMM probe
+        rss_mib = bench_util.peak_rss_mib()  # before the GEMM probe
         peak = gemm_peak(config, src.shape[0] * tgt_in.shape[1])
 
     flops = score_flops(config, src.shape[0], src.shape[1], tgt_in.shape[1])

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/init.h"
@@ -34,7 +35,10 @@
 
 namespace {
 
-using Sentences = std::vector<std::vector<int32_t>>;
+using bench::median;
+using bench::now_seconds;
+using bench::Sentences;
+using bench::time_median;
 
 struct Options {
   int batch = 64;
@@ -67,26 +71,11 @@ const char* kUsage =
     "  --seed N             model, batch and dropout seed (default 1234)\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
 
-[[noreturn]] void usage_error(const std::string& message) {
-  std::cerr << "error: " << message << "\n" << kUsage;
-  std::exit(2);
-}
+[[noreturn]] void usage_error(const std::string& message) { bench::usage_error(kUsage, message); }
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  auto int_value = [&](int& i) -> long long {
-    if (i + 1 >= argc) usage_error(std::string(argv[i]) + " needs a value");
-    const std::string text = argv[++i];
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(text, &used);
-      if (used != text.size() || v < 0) throw std::invalid_argument(text);
-      return v;
-    } catch (const std::exception&) {
-      usage_error(std::string(argv[i - 1]) + " expects a non-negative integer, got \"" + text +
-                  "\"");
-    }
-  };
+  auto int_value = [&](int& i) { return bench::int_arg(argc, argv, i, kUsage); };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -124,38 +113,6 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
-// Deterministic ids in [3, vocab): 0..2 are pad, bos, eos.
-Sentences random_sentences(tfm::Random& random, int count, int length, int vocab) {
-  Sentences out(size_t(count), std::vector<int32_t>(size_t(length), 0));
-  for (auto& sentence : out)
-    for (auto& id : sentence) id = int32_t(3 + random.next_u64() % uint64_t(vocab - 3));
-  return out;
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Median seconds of `repeats` calls of fn after `warmup` untimed calls; every time in *all.
-double time_median(int warmup, int repeats, const std::function<void()>& fn,
-                   std::vector<double>* all) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> seconds;
-  for (int i = 0; i < repeats; ++i) {
-    const double start = now_seconds();
-    fn();
-    seconds.push_back(now_seconds() - start);
-  }
-  if (all) *all = seconds;
-  return median(seconds);
-}
-
 // Multiply-add FLOPs (2 per MAC) of the matrix products of one forward pass on a batch without
 // padding (S, T: encoder / decoder input lengths with eos / bos): every projection, both
 // attention products (QKᵀ and PV, full: causal masking not subtracted), the feed-forward layers
@@ -185,34 +142,6 @@ double step_flops(const tfm::ModelConfig& c, double batch, double src_len, doubl
   return 3.0 * forward_flops(c, batch, src_len, tgt_len);
 }
 
-// Best GFLOP/s of tfm::gemm (oneDNN sgemm) on an n×n×n product, measured in this process: the
-// fp32 peak the MFU is relative to.
-double measure_gemm_peak(int64_t n, int repeats) {
-  std::vector<float> a(size_t(n * n), 0.01f);  // [n, n]
-  std::vector<float> b(size_t(n * n), 0.02f);  // [n, n]
-  std::vector<float> c(size_t(n * n));         // [n, n]
-  auto run = [&] { tfm::gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); };
-  std::vector<double> seconds;
-  time_median(1, repeats, run, &seconds);
-  const double fastest = *std::min_element(seconds.begin(), seconds.end());
-  return 2.0 * double(n) * double(n) * double(n) / fastest / 1e9;
-}
-
-// User + system CPU seconds of this process so far (the run script compares them with the whole
-// machine's busy time to see how much other processes took during the run).
-double cpu_seconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  auto seconds = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
-  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
-
-double peak_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
-}
-
 void zero(tfm::TensorMap& tensors) {
   for (auto& [name, t] : tensors) std::fill(t.data.begin(), t.data.end(), 0.f);
 }
@@ -223,8 +152,8 @@ int run(const Options& o) {
   config.src_vocab_size = config.tgt_vocab_size = o.vocab;
   tfm::Model model = tfm::init_model(config, o.seed);
   tfm::Random random(o.seed + 1);
-  const Sentences sources = random_sentences(random, o.batch, o.src_len, o.vocab);
-  const Sentences targets = random_sentences(random, o.batch, o.tgt_len, o.vocab);
+  const Sentences sources = bench::random_sentences(random, o.batch, o.src_len, o.vocab);
+  const Sentences targets = bench::random_sentences(random, o.batch, o.tgt_len, o.vocab);
   const tfm::TokenBatch batch = tfm::make_batch(config, sources, targets);
 
   int64_t target_tokens = 0;  // target + eos: what the loss is averaged over
@@ -265,7 +194,7 @@ int run(const Options& o) {
   };
   std::vector<double> step_seconds;
   const double median_seconds = time_median(o.warmup, o.steps, train_step, &step_seconds);
-  const double rss_mib = peak_rss_mib();  // the training steps' peak, before --profile's extra
+  const double rss_mib = bench::peak_rss_mib();  // the training steps' peak, before --profile's extra
                                           // workspace and the GEMM probe's buffers
   auto timed_median = [&](const std::vector<double>& v) {  // over the timed steps only
     return median(std::vector<double>(v.end() - o.steps, v.end()));
@@ -299,12 +228,11 @@ int run(const Options& o) {
 
   const double flops =
       step_flops(config, double(batch.batch), double(batch.src_len), double(batch.tgt_len));
-  const double gemm_peak = measure_gemm_peak(o.gemm_size, 5);
-  const double achieved = flops / median_seconds / 1e9;
+  const double gemm_peak = bench::measure_square_gemm_peak(o.gemm_size, 5);
 
-  nlohmann::json line = {
-      {"impl", "transformer-cpp"},
-      {"threads", omp_get_max_threads()},
+  nlohmann::json line =
+      bench::common_fields(median_seconds, step_seconds, target_tokens, rss_mib, flops, gemm_peak);
+  line.update({
       {"parameters", tfm::parameter_count(config)},
       {"batch", batch.batch},
       {"src_len", batch.src_len},
@@ -313,35 +241,18 @@ int run(const Options& o) {
       {"target_tokens", target_tokens},
       {"warmup", o.warmup},
       {"steps", o.steps},
-      {"median_s", median_seconds},
-      {"min_s", *std::min_element(step_seconds.begin(), step_seconds.end())},
       {"step_s", step_seconds},
-      {"tokens_per_s", double(target_tokens) / median_seconds},
-      {"peak_rss_mib", rss_mib},
       {"setup_s", setup_seconds},
-      {"gflop", flops / 1e9},
-      {"gflops", achieved},
       {"gemm_size", o.gemm_size},
-      {"gemm_peak_gflops", gemm_peak},
-      {"mfu", achieved / gemm_peak},
       {"phases", phases},
-      {"cpu_s", cpu_seconds()},
+      {"cpu_s", bench::cpu_seconds()},
       {"loss_first", losses.front()},
       {"loss_last", losses.back()},
-  };
+  });
   std::cout << line.dump() << std::endl;
   return std::isfinite(losses.back()) ? 0 : 1;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const Options options = parse_options(argc, argv);
-  if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(2);
-  try {
-    return run(options);
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return bench::bench_main(argc, argv, parse_options, run); }

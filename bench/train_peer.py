@@ -34,6 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import bench_util
+from bench_util import loaded_blas, time_median
+
 D_MODEL, HEADS, D_FF, LAYERS, BOS, EOS = 512, 8, 2048, 6, 1, 2
 
 
@@ -82,41 +85,6 @@ def forward_flops(batch, s, t, vocab):
     dec = (2 * batch * t * 4 * d * d + 4 * batch * t * t * d + 2 * batch * t * 2 * d * d
            + 2 * batch * s * 2 * d * d + 4 * batch * t * s * d + 2 * batch * t * 2 * d * f)
     return LAYERS * enc + LAYERS * dec + 2 * batch * t * d * vocab
-
-
-def time_median(warmup, repeats, fn):
-    for _ in range(warmup):
-        fn()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), seconds
-
-
-def gemm_peak(n, repeats=5):
-    """Best GFLOP/s of torch.mm on an n×n×n float32 product, measured in this process."""
-    a = torch.full((n, n), 0.01)  # [n, n]
-    b = torch.full((n, n), 0.02)  # [n, n]
-    _, seconds = time_median(1, repeats, lambda: torch.mm(a, b))
-    return 2.0 * n * n * n / min(seconds) / 1e9
-
-
-def loaded_blas():
-    """Which BLAS library torch's dense GEMMs went to (Debian's torch uses libblas.so.3, the slow
-    netlib reference unless OpenBLAS or similar provides that alternative)."""
-    with open("/proc/self/maps") as f:
-        paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
-    if any("openblas" in p for p in paths):
-        return "openblas"
-    if any("/blas/libblas" in p for p in paths):
-        return "netlib-reference"
-    return ",".join(sorted(os.path.basename(p) for p in paths)) or "unknown"
-
-
-def peak_rss_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
 def main():
@@ -175,13 +143,13 @@ def main():
             parts[key].append(seconds)
 
     median_s, seconds = time_median(args.warmup, args.steps, train_step)
-    rss = peak_rss_mib()  # the training steps' peak, before the GEMM probe's buffers
+    rss = bench_util.peak_rss_mib()  # the training steps' peak, before the GEMM probe's buffers
     # Medians over the timed steps of each call: PyTorch's forward and backward are separate
     # calls, so unlike ours no extra forward-only run is needed.
     phases = {key: statistics.median(v[args.warmup:]) for key, v in parts.items()}
 
     flops = 3.0 * forward_flops(b, src.shape[1], tgt_in.shape[1], args.vocab)
-    peak = gemm_peak(args.gemm_size)
+    peak = bench_util.square_gemm_peak(args.gemm_size)
     achieved = flops / median_s / 1e9
     print(json.dumps({
         "impl": f"pytorch-{torch.__version__}", "threads": torch.get_num_threads(),
