@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config libdnnl-dev libsentencepiece-dev libcli11-dev
-          nlohmann-json3-dev libgtest-dev libbenchmark-dev libicu-dev "$@")
+          nlohmann-json3-dev libgtest-dev libbenchmark-dev libicu-dev libopenmpi-dev openmpi-bin "$@")
 
 missing=()
 for p in "${packages[@]}"; do

@@ -10,9 +10,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace tfm::testing_support {
 
@@ -47,11 +49,13 @@ class CliWorkDir {
     return path(name);
   }
 
-  // Runs `TFM_CLI_PATH args` through the shell (so args may quote), stdin from `stdin_path`.
-  CliResult run_cli(const std::string& args, const std::string& stdin_path = "/dev/null") const {
+  // Runs `launcher TFM_CLI_PATH args` through the shell (so args may quote), stdin from
+  // `stdin_path`; launcher is e.g. "mpirun -np 2 " or empty.
+  CliResult run_cli(const std::string& args, const std::string& stdin_path = "/dev/null",
+                    const std::string& launcher = "") const {
     const std::string err_file = path("stderr.txt");
     const std::string command =
-        std::string(TFM_CLI_PATH) + " " + args + " 2>" + err_file + " <" + stdin_path;
+        launcher + std::string(TFM_CLI_PATH) + " " + args + " 2>" + err_file + " <" + stdin_path;
     FILE* pipe = ::popen(command.c_str(), "r");
     if (!pipe) return {-1, "", "popen failed: " + command};
     std::string out;
@@ -69,5 +73,20 @@ class CliWorkDir {
   std::string test_name_;
   mutable std::string dir_;
 };
+
+// The reversal task on token ids: work/prefix.src holds random sequences of ids 4..31 (lengths
+// min_len..max_len), work/prefix.tgt their reversals, one pair per line.
+inline void write_reversal_data(const CliWorkDir& work, const std::string& prefix, int pairs,
+                                int min_len, int max_len, unsigned seed) {
+  std::mt19937 random(seed);
+  std::ofstream src(work.path(prefix + ".src")), tgt(work.path(prefix + ".tgt"));
+  for (int i = 0; i < pairs; ++i) {
+    const int len = min_len + int(random() % unsigned(max_len - min_len + 1));
+    std::vector<int> tokens(static_cast<size_t>(len));
+    for (int& t : tokens) t = 4 + int(random() % 28);
+    for (int j = 0; j < len; ++j) src << tokens[size_t(j)] << (j + 1 < len ? " " : "\n");
+    for (int j = len - 1; j >= 0; --j) tgt << tokens[size_t(j)] << (j > 0 ? " " : "\n");
+  }
+}
 
 }  // namespace tfm::testing_support

@@ -26,18 +26,9 @@ using tfm::testing_support::CliResult;
 
 const tfm::testing_support::CliWorkDir work("tfm_train_test");
 
-// Random token sequences (ids 4..31) and their reversals.
 void write_reversal_data(const std::string& prefix, int pairs, int min_len, int max_len,
                          unsigned seed) {
-  std::mt19937 random(seed);
-  std::ofstream src(work.path(prefix + ".src")), tgt(work.path(prefix + ".tgt"));
-  for (int i = 0; i < pairs; ++i) {
-    const int len = min_len + int(random() % unsigned(max_len - min_len + 1));
-    std::vector<int> tokens(static_cast<size_t>(len));
-    for (int& t : tokens) t = 4 + int(random() % 28);
-    for (int j = 0; j < len; ++j) src << tokens[size_t(j)] << (j + 1 < len ? " " : "\n");
-    for (int j = len - 1; j >= 0; --j) tgt << tokens[size_t(j)] << (j > 0 ? " " : "\n");
-  }
+  tfm::testing_support::write_reversal_data(work, prefix, pairs, min_len, max_len, seed);
 }
 
 std::vector<nlohmann::json> log_events(const std::string& dir, const std::string& event) {
@@ -139,7 +130,7 @@ int train_and_signal(const std::string& dir, int signal) {
   const pid_t pid = fork();
   if (pid == 0) {
     const std::string devnull = "/dev/null";
-    freopen(devnull.c_str(), "w", stderr);
+    freopen((dir + ".stderr").c_str(), "w", stderr);
     freopen(devnull.c_str(), "w", stdout);
     execl(TFM_CLI_PATH, TFM_CLI_PATH, "train", "--preset", "tiny", "--vocab", "32", "--ids",
           "--train-src", work.path("long.src").c_str(), "--train-tgt",

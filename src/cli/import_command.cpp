@@ -25,6 +25,7 @@ CommandRunner add_import_ctranslate2_command(CLI::App& app) {
       "Example:\n  transformer import-ctranslate2 ende_ctranslate2 -o ende");
   return [o] {
     ImportedModel imported = import_ctranslate2(o->input);
+    check_finite_parameters(imported.parameters, o->input + "/model.bin");
     Model model(imported.config, std::move(imported.parameters), o->input + "/model.bin");
     write_model_directory(o->output, model, &imported.source_tokens, &imported.target_tokens);
     const ModelConfig& c = model.config();

@@ -7,7 +7,10 @@
 #include <new>
 
 #include "cli/commands.h"
+#include "model/transformer.h"
 #include "tensor/error.h"
+#include "tensor/memory_budget.h"
+#include "train/replicas.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -18,6 +21,14 @@ int main(int argc, char** argv) {
   int threads = 0;
   app.add_option("--threads", threads, "Worker threads (default: all cores, or OMP_NUM_THREADS)")
       ->check(CLI::NonNegativeNumber);
+  bool allow_nonfinite = false;
+  app.add_flag("--allow-nonfinite", allow_nonfinite,
+               "Load model weights that contain NaN or Inf instead of refusing them");
+  std::string max_memory;
+  app.add_option("--max-memory", max_memory,
+                 "Refuse models and files that need more memory than this (e.g. 8G; default: "
+                 "the machine's physical memory)");
+  app.fallthrough();  // the options above may also follow the command
 
   std::map<CLI::App*, tfm::CommandRunner> runners;
   auto add = [&](const char* name, const char* description, auto add_command) {
@@ -61,16 +72,22 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (threads > 0) omp_set_num_threads(threads);
+  tfm::allow_nonfinite_weights(allow_nonfinite);
   try {
+    if (!max_memory.empty()) tfm::set_memory_limit(tfm::parse_memory_size(max_memory));
     for (CLI::App* sub : app.get_subcommands()) runners.at(sub)();
   } catch (const tfm::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    tfm::abort_replicas(
+        1);  // under mpirun: end the other ranks too instead of leaving them waiting
     return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of memory\n");
+    tfm::abort_replicas(1);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    tfm::abort_replicas(1);
     return 1;
   }
   return 0;

@@ -79,12 +79,26 @@ CommandRunner add_train_command(CLI::App& app) {
   app.add_option("--keep", t.keep, "Keep the last K step snapshots for `average` (default 5)");
   app.add_option("--early-stopping", t.early_stopping,
                  "Stop after N validations without a better perplexity (default 0: off)");
+  app.add_option("--max-bad-steps", t.max_bad_steps,
+                 "A step with a NaN/Inf loss or gradient is skipped; stop with an error after this "
+                 "many in a row, leaving the last checkpoint as it was (default 20)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--replica-timeout", t.replica_timeout,
+                 "Under mpirun: seconds a rank waits for the others before ending the job with an "
+                 "error (default 300)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--replica-check-every", t.replica_check_every,
+                 "Under mpirun: compare the ranks' parameter checksums every N steps (default 0: "
+                 "off; 100 in debug builds)")
+      ->check(CLI::NonNegativeNumber);
   app.footer(
       "Example (reversal task on token ids, tiny model):\n"
       "  transformer train --preset tiny --vocab 32 --ids --train-src train.src --train-tgt "
       "train.tgt \\\n"
       "    --valid-src dev.src --valid-tgt dev.tgt --model-dir rev --max-steps 2000 --warmup 400 "
-      "--lr-factor 2");
+      "--lr-factor 2\n"
+      "Data parallel (P processes, each --batch-tokens / P of every global batch; rank 0 writes):\n"
+      "  mpirun -np 2 -x OMP_NUM_THREADS=1 --bind-to none transformer train ...");
   return [o] {
     TrainOptions train = o->train;
     ConfigOptions config = o->config;
@@ -103,8 +117,9 @@ CommandRunner add_train_command(CLI::App& app) {
       train.has_config = true;
     }
     const TrainResult result = tfm::train(train);
-    std::printf("trained %lld steps; model: %s/model.safetensors\n", (long long)result.steps,
-                train.model_dir.c_str());
+    if (result.primary)
+      std::printf("trained %lld steps; model: %s/model.safetensors\n", (long long)result.steps,
+                  train.model_dir.c_str());
   };
 }
 

@@ -16,6 +16,7 @@
 #include "io/file_util.h"
 #include "tensor/error.h"
 #include "tensor/float16.h"
+#include "tensor/memory_budget.h"
 
 namespace tfm {
 
@@ -141,7 +142,11 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
     if (ranges[i].begin < ranges[i - 1].end)
       fail("tensors \"" + ranges[i - 1].name + "\" and \"" + ranges[i].name + "\" overlap");
 
-  // Only now, with every declaration checked against the file's size, allocate and read.
+  // Only now, with every declaration checked against the file's size (and the fp32 total
+  // against the memory limit), allocate and read.
+  uint64_t fp32_bytes = 0;
+  for (const Range& range : ranges) fp32_bytes += uint64_t(Tensor::numel_of(range.shape)) * 4;
+  check_memory(int64_t(std::min<uint64_t>(fp32_bytes, INT64_MAX)), where + ": its tensors");
   std::vector<char> staging;  // non-F32 tensors are converted from here
   for (Range& range : ranges) {
     Tensor t(std::move(range.shape));

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "tensor/memory_budget.h"
 #include "tensor/random.h"
 
 namespace tfm {
@@ -27,6 +28,7 @@ bool is_norm(const std::string& name) {
 
 Model init_model(const ModelConfig& config, uint64_t seed) {
   validate_config(config, "init");
+  check_memory(parameter_count(config) * int64_t(sizeof(float)), "a model of this config");
   Random random(seed);
   TensorMap parameters;
   for (const auto& spec : parameter_specs(config)) {

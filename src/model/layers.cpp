@@ -85,7 +85,12 @@ void multi_head_attention_backward(const AttentionWeights& w, const Attention<fl
   attention_backward(attention_shape(in, heads, d), in.mask, cache.q.data(), cache.k.data(),
                      cache.v.data(), cache.probs.data(), dropout, d_context, dq, dk, dv);
   linear_backward(w.q, g.q, in.query_input, dq, query_rows, d_query_input, accumulate);
-  linear_backward(w.k, g.k, in.memory_input, dk, key_rows, d_memory_input, true);
+  // The key bias adds q·b_k to every logit of a query's row, which softmax ignores: its gradient
+  // is exactly zero. Computing it would give float rounding noise, which Adam's m/√v scales up
+  // to steps of ~lr (and which differs between data-parallel replicas), so it stays zero.
+  Linear<float> key_grads = g.k;
+  key_grads.bias = nullptr;
+  linear_backward(w.k, key_grads, in.memory_input, dk, key_rows, d_memory_input, true);
   linear_backward(w.v, g.v, in.memory_input, dv, key_rows, d_memory_input, true);
 }
 

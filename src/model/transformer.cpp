@@ -34,12 +34,35 @@ const float* Model::decoder_positions() const {
   return nullptr;
 }
 
+namespace {
+bool g_allow_nonfinite_weights = false;
+}  // namespace
+
+void allow_nonfinite_weights(bool allow) {
+  g_allow_nonfinite_weights = allow;
+}
+
+void check_finite_parameters(const TensorMap& parameters, const std::string& where) {
+  if (g_allow_nonfinite_weights) return;
+  for (const auto& [name, t] : parameters) {
+    bool finite = true;
+    for (float x : t.data) finite &= std::isfinite(x);  // branch-free: vectorises
+    if (finite) continue;
+    for (size_t i = 0; i < t.data.size(); ++i)
+      if (!std::isfinite(t.data[i]))
+        throw Error(where + ": tensor \"" + name + "\" holds " +
+                    (std::isnan(t.data[i]) ? "NaN" : "an infinity") + " at index " +
+                    std::to_string(i) + " (--allow-nonfinite loads it anyway)");
+  }
+}
+
 Model load_model(const std::string& path) {
   SafetensorsFile file = read_safetensors(path);
   auto it = file.metadata.find("config");
   if (it == file.metadata.end())
     throw Error(path + ": not a transformer-cpp model (no \"config\" in __metadata__)");
   ModelConfig config = config_from_json_text(it->second, path);
+  check_finite_parameters(file.tensors, path);
   return Model(std::move(config), std::move(file.tensors), path);
 }
 

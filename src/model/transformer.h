@@ -38,8 +38,15 @@ class Model {
   std::vector<float> sinusoids_;  // [max_positions, D] when sinusoidal
 };
 
-// Reads a model .safetensors file (config from __metadata__.config).
+// Reads a model .safetensors file (config from __metadata__.config); its weights must be finite
+// (check_finite_parameters).
 Model load_model(const std::string& path);
+
+// Weights read from files (models, checkpoints, imports) are checked for NaN / Inf: throws Error
+// naming `where`, the first bad tensor and index. allow_nonfinite_weights(true) (the CLI's
+// --allow-nonfinite) turns the check off for the whole process.
+void check_finite_parameters(const TensorMap& parameters, const std::string& where);
+void allow_nonfinite_weights(bool allow);
 // Writes config + parameters atomically.
 void save_model(const Model& model, const std::string& path);
 

@@ -21,7 +21,9 @@ nlohmann::json TrainingState::to_json() const {
           {"best_valid_nll", best_valid_nll},
           {"validations_without_improvement", validations_without_improvement},
           {"target_tokens_seen", target_tokens_seen},
-          {"train_seconds", train_seconds}};
+          {"train_seconds", train_seconds},
+          {"skipped_steps", skipped_steps},
+          {"bad_steps_in_a_row", bad_steps_in_a_row}};
 }
 
 TrainingState TrainingState::from_json(const nlohmann::json& j, const std::string& where) {
@@ -35,6 +37,8 @@ TrainingState TrainingState::from_json(const nlohmann::json& j, const std::strin
     s.validations_without_improvement = j.at("validations_without_improvement").get<int64_t>();
     s.target_tokens_seen = j.at("target_tokens_seen").get<int64_t>();
     s.train_seconds = j.at("train_seconds").get<double>();
+    s.skipped_steps = j.value("skipped_steps", int64_t(0));  // absent in older checkpoints
+    s.bad_steps_in_a_row = j.value("bad_steps_in_a_row", int64_t(0));
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + ": bad training state (" + e.what() + ")");
@@ -100,6 +104,7 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
       optimizer_state.emplace(name, std::move(t));
     }
   }
+  check_finite_parameters(parameters, path);
   return {Model(config, std::move(parameters), path), std::move(optimizer_state),
           TrainingState::from_json(state_json, path)};
 }

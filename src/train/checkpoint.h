@@ -24,6 +24,8 @@ struct TrainingState {
   int64_t validations_without_improvement = 0;
   int64_t target_tokens_seen = 0;
   double train_seconds = 0;
+  int64_t skipped_steps = 0;       // updates skipped for a non-finite loss or gradient
+  int64_t bad_steps_in_a_row = 0;  // consecutive skipped updates, up to now
 
   nlohmann::json to_json() const;
   static TrainingState from_json(const nlohmann::json& j, const std::string& where);

@@ -32,6 +32,7 @@ double Optimizer::apply(TensorMap& parameters, TensorMap& gradients, int64_t d_m
   double squares = 0;
   for (const auto& [name, g] : gradients) squares += sum_of_squares(g.ptr(), g.numel());
   const double norm = std::sqrt(squares);
+  if (!std::isfinite(norm)) return norm;  // no update: the caller skips this step
   if (options_.clip_norm > 0 && norm > options_.clip_norm) {
     const float scale = float(options_.clip_norm / norm);
     for (auto& [name, g] : gradients)

@@ -28,7 +28,8 @@ class Optimizer {
   Optimizer(OptimizerOptions options, const TensorMap& parameters);
 
   // Applies one update with gradients (optionally clipped first, in place); step becomes
-  // step() + 1. Returns the gradient norm before clipping.
+  // step() + 1. Returns the gradient norm before clipping. A non-finite norm (NaN / Inf in a
+  // gradient) is returned without touching anything.
   double apply(TensorMap& parameters, TensorMap& gradients, int64_t d_model);
 
   int64_t step() const { return step_; }

@@ -14,10 +14,12 @@
 #include "io/file_util.h"
 #include "model/init.h"
 #include "tensor/error.h"
+#include "tensor/memory_budget.h"
 #include "text/batching.h"
 #include "text/model_directory.h"
 #include "train/checkpoint.h"
 #include "train/loss.h"
+#include "train/replicas.h"
 
 namespace tfm {
 
@@ -94,6 +96,13 @@ std::vector<TokenBatch> make_batches(const ModelConfig& config, const ParallelCo
   return batches;
 }
 
+// Sums loss totals over the ranks (nothing to do in one process).
+void sum_totals(Replicas& replicas, LossTotals& totals) {
+  double values[4] = {totals.loss, totals.nll, double(totals.tokens), double(totals.correct)};
+  replicas.sum(values, 4);
+  totals = {values[0], values[1], int64_t(values[2]), int64_t(values[3])};
+}
+
 std::string format_duration(double seconds) {
   char buffer[32];
   const long s = long(seconds);
@@ -120,8 +129,14 @@ TrainResult train(const TrainOptions& o) {
   if (o.vocabularies.size() > 2)
     throw Error("--vocabs takes one joint or two (source, target) files");
 
+  Replicas& replicas = Replicas::world();
+  replicas.set_timeout(o.replica_timeout);
+  replicas.watch_stop_signal(&g_stop_signal);
+  const bool primary = replicas.primary();
+  if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
+
   // The model: resumed, given, or new.
-  make_directories(o.model_dir);
+  if (primary) make_directories(o.model_dir);
   std::optional<Model> model;
   std::optional<LoadedCheckpoint> resumed;
   TrainingState state;
@@ -144,6 +159,11 @@ TrainResult train(const TrainOptions& o) {
     throw Error("choose a model: --preset, --config or --init (or --resume an existing run)");
   }
   const ModelConfig& config = model->config();
+  // Weights + gradients (+ Adam's two moments), before any of the last three is allocated.
+  check_memory(
+      parameter_count(config) * int64_t(sizeof(float)) * (o.optimizer.algorithm == "adam" ? 4 : 2),
+      "training this model (weights, gradients, optimizer state)");
+  replicas.broadcast_tensors(model->mutable_parameters());  // every rank starts from rank 0's
 
   // Data.
   std::vector<Vocabulary> vocabularies;
@@ -168,12 +188,13 @@ TrainResult train(const TrainOptions& o) {
     throw Error("--train-src and --train-tgt are required");
   const ParallelCorpus corpus = load_parallel_corpus(o.train_src, o.train_tgt, encoding);
   if (corpus.sources.empty()) throw Error(o.train_src + ": no usable training pairs");
-  std::fprintf(stderr,
-               "train: %lld pairs read, %lld used, %lld skipped (empty side), %lld skipped (longer "
-               "than %lld tokens)\n",
-               (long long)corpus.lines, (long long)corpus.sources.size(),
-               (long long)corpus.skipped_empty, (long long)corpus.skipped_too_long,
-               (long long)encoding.max_length);
+  if (primary)
+    std::fprintf(
+        stderr,
+        "train: %lld pairs read, %lld used, %lld skipped (empty side), %lld skipped (longer "
+        "than %lld tokens)\n",
+        (long long)corpus.lines, (long long)corpus.sources.size(), (long long)corpus.skipped_empty,
+        (long long)corpus.skipped_too_long, (long long)encoding.max_length);
   std::optional<ParallelCorpus> valid;
   std::vector<TokenBatch> valid_batches;
   if (!o.valid_src.empty() || !o.valid_tgt.empty()) {
@@ -182,16 +203,22 @@ TrainResult train(const TrainOptions& o) {
     valid.emplace(load_parallel_corpus(o.valid_src, o.valid_tgt, encoding));
     valid_batches = make_batches(
         config, *valid, plan_batches(*valid, o.batch_tokens, config.src_append_eos, 0, 0, false));
-    std::fprintf(stderr, "valid: %lld pairs used\n", (long long)valid->sources.size());
+    if (primary) std::fprintf(stderr, "valid: %lld pairs used\n", (long long)valid->sources.size());
   }
-  install_vocabularies(o.vocabularies, o.model_dir);
+  if (primary) install_vocabularies(o.vocabularies, o.model_dir);
+  if (replicas.distributed() && primary)
+    std::fprintf(stderr,
+                 "data parallel: %d ranks, each takes every %d-th sentence of a global batch of "
+                 "%lld tokens\n",
+                 replicas.size(), replicas.size(), (long long)o.batch_tokens);
 
   Optimizer optimizer(o.optimizer, model->parameters());
   if (resumed) {
     optimizer.load_state(resumed->optimizer_state, o.model_dir + "/checkpoint.safetensors");
     optimizer.set_step(state.step);
-    std::fprintf(stderr, "resuming at step %lld (epoch %lld, batch %lld)\n", (long long)state.step,
-                 (long long)state.epoch, (long long)state.batch_index);
+    if (primary)
+      std::fprintf(stderr, "resuming at step %lld (epoch %lld, batch %lld)\n",
+                   (long long)state.step, (long long)state.epoch, (long long)state.batch_index);
   }
   TensorMap gradients;
   for (const auto& [name, t] : model->parameters()) gradients.emplace(name, Tensor(t.shape));
@@ -205,9 +232,17 @@ TrainResult train(const TrainOptions& o) {
   const int64_t extra_source = config.src_append_eos ? 1 : 0;
   BatchPlan plan =
       plan_batches(corpus, o.batch_tokens, extra_source, state.seed, state.epoch, true);
-  std::FILE* log = std::fopen((o.model_dir + "/train.log.jsonl").c_str(), "a");
-  if (!log) throw Error(o.model_dir + "/train.log.jsonl: cannot open for writing");
-  const bool terminal = ::isatty(2);
+  std::FILE* log = nullptr;  // rank 0's
+  if (primary) {
+    log = std::fopen((o.model_dir + "/train.log.jsonl").c_str(), "a");
+    if (!log) throw Error(o.model_dir + "/train.log.jsonl: cannot open for writing");
+  }
+  const bool terminal = primary && ::isatty(2);
+#ifdef NDEBUG
+  const int64_t check_every = o.replica_check_every;
+#else
+  const int64_t check_every = o.replica_check_every > 0 ? o.replica_check_every : 100;
+#endif
   SignalGuard signals;
   TrainResult result;
   const auto start = Clock::now();
@@ -216,25 +251,29 @@ TrainResult train(const TrainOptions& o) {
     return (seconds_before + std::chrono::duration<double>(Clock::now() - start).count()) / 60.0;
   };
   LossTotals interval;
+  double interval_reduce_seconds = 0;
   auto interval_start = Clock::now();
   const int64_t first_step = state.step;
   int64_t last_saved = state.step, last_validated = -1;
 
   auto validate = [&] {
     if (!valid) return;
-    LossTotals totals;
-    for (const TokenBatch& batch : valid_batches)
-      totals += loss_and_gradients(*model, grad_views, batch, {}, o.label_smoothing, 0.f, ws);
+    LossTotals totals;  // each rank scores every size()-th batch; the totals are summed
+    for (size_t i = size_t(replicas.rank()); i < valid_batches.size(); i += size_t(replicas.size()))
+      totals +=
+          loss_and_gradients(*model, grad_views, valid_batches[i], {}, o.label_smoothing, 0.f, ws);
+    sum_totals(replicas, totals);
     const double nll = totals.nll / double(std::max<int64_t>(totals.tokens, 1));
     const bool best = state.best_valid_nll < 0 || nll < state.best_valid_nll;
     if (best) {
       state.best_valid_nll = nll;
       state.validations_without_improvement = 0;
-      save_model(*model, o.model_dir + "/model.best.safetensors");
+      if (primary) save_model(*model, o.model_dir + "/model.best.safetensors");
     } else {
       ++state.validations_without_improvement;
     }
     last_validated = state.step;
+    if (!primary) return;
     const double accuracy = double(totals.correct) / double(std::max<int64_t>(totals.tokens, 1));
     std::fprintf(stderr, "%svalid step %lld: loss %.4f ppl %.2f accuracy %.2f%%%s\n",
                  terminal ? "\r\033[K" : "", (long long)state.step,
@@ -256,19 +295,28 @@ TrainResult train(const TrainOptions& o) {
   };
   auto save = [&] {
     state.train_seconds = elapsed_minutes() * 60.0;
-    save_checkpoint(o.model_dir, *model, optimizer, state, o.keep);
+    if (primary) save_checkpoint(o.model_dir, *model, optimizer, state, o.keep);
     last_saved = state.step;
   };
+  bool stop_agreed = false;      // distributed: all ranks agreed (end of the last step) to stop
+  if (replicas.distributed()) {  // a resumed run may have no time left (rank 0's clock decides)
+    double vote = primary && o.max_minutes > 0 && elapsed_minutes() >= o.max_minutes;
+    replicas.sum(&vote, 1);
+    stop_agreed = vote > 0;
+  }
+  int64_t gradient_bytes = 0;  // all-reduced per step
+  for (const auto& [name, g] : gradients) gradient_bytes += g.numel() * int64_t(sizeof(float));
 
   while (true) {
     if (o.max_steps > 0 && state.step >= o.max_steps) break;
-    if (o.max_minutes > 0 && elapsed_minutes() >= o.max_minutes) break;
+    if (!replicas.distributed() && o.max_minutes > 0 && elapsed_minutes() >= o.max_minutes) break;
+    if (stop_agreed) break;
     if (o.early_stopping > 0 && state.validations_without_improvement >= o.early_stopping) {
       std::fprintf(stderr, "early stopping: no improvement in %lld validations\n",
                    (long long)o.early_stopping);
       break;
     }
-    if (g_stop_signal) break;
+    if (!replicas.distributed() && g_stop_signal) break;
     // Gather the micro-batches of this step, moving to the next epoch when one is used up.
     std::vector<TokenBatch> micro;
     bool epochs_done = false;
@@ -282,27 +330,82 @@ TrainResult train(const TrainOptions& o) {
         }
         plan = plan_batches(corpus, o.batch_tokens, extra_source, state.seed, state.epoch, true);
       }
+      // This rank's share of the global batch: every size()-th sentence of a length-sorted
+      // batch, so the shares have similar lengths and together hold each sentence once.
       const auto& members = plan[size_t(state.batch_index++)];
       std::vector<std::vector<int32_t>> src, tgt;
-      for (int64_t i : members) {
-        src.push_back(corpus.sources[size_t(i)]);
-        tgt.push_back(corpus.targets[size_t(i)]);
+      for (size_t i = size_t(replicas.rank()); i < members.size(); i += size_t(replicas.size())) {
+        src.push_back(corpus.sources[size_t(members[i])]);
+        tgt.push_back(corpus.targets[size_t(members[i])]);
       }
       micro.push_back(make_batch(config, src, tgt));
     }
-    if (epochs_done && micro.empty()) break;
-    int64_t tokens = 0;
+    if (epochs_done && micro.empty()) break;  // the same on every rank: the plan is global
+    double step_tokens[1] = {0};
     for (const auto& b : micro)
-      for (int32_t n : b.tgt_lengths) tokens += n;
+      for (int32_t n : b.tgt_lengths) step_tokens[0] += n;
+    replicas.sum(step_tokens, 1);  // the loss is normalised by the global target-token count
+    const int64_t tokens = int64_t(step_tokens[0]);
     for (auto& [name, g] : gradients) std::fill(g.data.begin(), g.data.end(), 0.f);
+    LossTotals step_totals;
     for (size_t m = 0; m < micro.size(); ++m) {
+      if (micro[m].tgt_lengths.empty()) continue;  // a share can be empty in a tiny batch
       dropout.seed = dropout_key(state.seed, uint64_t(state.step + 1) * 1024 + m);
-      interval += loss_and_gradients(*model, grad_views, micro[m], dropout, o.label_smoothing,
-                                     1.f / float(tokens), ws);
+      if (replicas.rank() > 0) dropout.seed = dropout_key(dropout.seed, uint64_t(replicas.rank()));
+      step_totals += loss_and_gradients(*model, grad_views, micro[m], dropout, o.label_smoothing,
+                                        1.f / float(tokens), ws);
     }
-    optimizer.apply(model->mutable_parameters(), gradients, config.d_model);
+    interval_reduce_seconds += replicas.sum_tensors(gradients);
+    if (replicas.distributed()) {
+      // One small all-reduce per step: the step's loss totals, and the votes to stop (a signal
+      // on any rank; the time limit on rank 0's clock), so that every rank stops at the same step.
+      const bool time_up = primary && o.max_minutes > 0 && elapsed_minutes() >= o.max_minutes;
+      double shared[5] = {step_totals.loss, step_totals.nll, double(step_totals.tokens),
+                          double(step_totals.correct), double(g_stop_signal != 0 || time_up)};
+      replicas.sum(shared, 5);
+      step_totals = {shared[0], shared[1], int64_t(shared[2]), int64_t(shared[3])};
+      stop_agreed = shared[4] > 0;
+    }
+    // A non-finite loss or gradient skips the update (same decision on every rank: both are
+    // global sums); too many in a row end the run without overwriting the last checkpoint.
+    const bool finite_loss = std::isfinite(step_totals.loss) && std::isfinite(step_totals.nll);
+    if (!finite_loss ||
+        !std::isfinite(optimizer.apply(model->mutable_parameters(), gradients, config.d_model))) {
+      ++state.skipped_steps;
+      ++state.bad_steps_in_a_row;
+      if (primary)
+        std::fprintf(stderr,
+                     "%swarning: step %lld: %s is not finite; update skipped (%lld in a row, %lld "
+                     "in all)\n",
+                     terminal ? "\r\033[K" : "", (long long)state.step + 1,
+                     finite_loss ? "the gradient norm" : "the loss",
+                     (long long)state.bad_steps_in_a_row, (long long)state.skipped_steps);
+      if (log)
+        std::fprintf(log, "%s\n",
+                     nlohmann::json({{"event", "skipped"},
+                                     {"step", state.step + 1},
+                                     {"reason", finite_loss ? "gradient" : "loss"},
+                                     {"skipped_steps", state.skipped_steps}})
+                         .dump()
+                         .c_str());
+      if (state.bad_steps_in_a_row >= o.max_bad_steps)
+        throw Error(replicas.prefix() +
+                    "training stopped: " + std::to_string(state.bad_steps_in_a_row) +
+                    " steps in a row had a non-finite loss or gradient (--max-bad-steps); the last "
+                    "checkpoint (" +
+                    (has_checkpoint(o.model_dir) ? "step " + std::to_string(last_saved) : "none") +
+                    ") is left as it was. Try a lower learning rate or --clip-norm");
+      if (epochs_done) break;
+      continue;
+    }
+    state.bad_steps_in_a_row = 0;
     ++state.step;
     state.target_tokens_seen += tokens;
+    if (replicas.distributed() && check_every > 0 && state.step % check_every == 0 &&
+        !replicas.all_equal(checksum_tensors(model->parameters())))
+      throw Error(replicas.prefix() + "the ranks' parameters differ after step " +
+                  std::to_string(state.step) + " (replicas diverged)");
+    interval += step_totals;
 
     const double interval_seconds =
         std::chrono::duration<double>(Clock::now() - interval_start).count();
@@ -325,21 +428,27 @@ TrainResult train(const TrainOptions& o) {
                     (long long)state.step, (long long)state.epoch + 1, loss, ppl,
                     learning_rate(o.optimizer, config.d_model, state.step), speed, eta.c_str());
       if (log_now) {
-        std::fprintf(stderr, "%s%s\n", terminal ? "\r\033[K" : "", line);
-        std::fprintf(log, "%s\n",
-                     nlohmann::json({{"event", "train"},
-                                     {"step", state.step},
-                                     {"epoch", state.epoch},
-                                     {"loss", loss},
-                                     {"ppl", ppl},
-                                     {"lr", learning_rate(o.optimizer, config.d_model, state.step)},
-                                     {"target_tokens_per_s", speed},
-                                     {"minutes", elapsed_minutes()}})
-                         .dump()
-                         .c_str());
-        std::fflush(log);
+        if (primary) {
+          std::fprintf(stderr, "%s%s\n", terminal ? "\r\033[K" : "", line);
+          nlohmann::json entry = {{"event", "train"},
+                                  {"step", state.step},
+                                  {"epoch", state.epoch},
+                                  {"loss", loss},
+                                  {"ppl", ppl},
+                                  {"lr", learning_rate(o.optimizer, config.d_model, state.step)},
+                                  {"target_tokens_per_s", speed},
+                                  {"minutes", elapsed_minutes()}};
+          if (replicas.distributed()) {
+            entry["ranks"] = replicas.size();
+            entry["allreduce_seconds_per_step"] = interval_reduce_seconds / double(o.log_every);
+            entry["allreduce_bytes_per_step"] = gradient_bytes;
+          }
+          std::fprintf(log, "%s\n", entry.dump().c_str());
+          std::fflush(log);
+        }
         result.last_loss = loss;
         interval = {};
+        interval_reduce_seconds = 0;
         interval_start = Clock::now();
       } else {
         std::fprintf(stderr, "\r\033[K%s", line);
@@ -351,12 +460,13 @@ TrainResult train(const TrainOptions& o) {
   }
   if (terminal) std::fprintf(stderr, "\n");
   if (state.step != last_validated) validate();
-  if (state.step != last_saved || !has_checkpoint(o.model_dir)) save();
-  std::fclose(log);
+  if (state.step != last_saved || (primary && !has_checkpoint(o.model_dir))) save();
+  if (log) std::fclose(log);
   result.steps = state.step;
+  result.primary = primary;
   result.best_valid_nll = state.best_valid_nll;
   result.interrupted = g_stop_signal != 0;
-  if (result.interrupted)
+  if (result.interrupted && primary)
     std::fprintf(stderr, "interrupted: checkpoint saved at step %lld; continue with --resume\n",
                  (long long)state.step);
   return result;

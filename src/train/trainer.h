@@ -35,6 +35,15 @@ struct TrainOptions {
   double max_minutes = 0;
   int64_t valid_every = 500, save_every = 500, log_every = 100;
   int64_t keep = 5, early_stopping = 0;
+  // A step whose loss or gradient norm is NaN / Inf is skipped (no update); this many in a row
+  // end training with an error, the last checkpoint left as it was.
+  int64_t max_bad_steps = 20;
+
+  // Data parallelism (under mpirun): seconds a rank waits for the others before giving up, and
+  // every how many steps the ranks compare parameter checksums (0: only in debug builds, every
+  // 100 steps).
+  double replica_timeout = 300;
+  int64_t replica_check_every = 0;
 };
 
 struct TrainResult {
@@ -42,9 +51,12 @@ struct TrainResult {
   double last_loss = 0;  // per target token, last logged interval
   double best_valid_nll = -1;
   bool interrupted = false;
+  bool primary = true;  // rank 0 (or the only process): the one that reports
 };
 
 // Throws Error on bad data or options. Installs SIGINT / SIGTERM handlers while it runs.
+// Under mpirun every rank runs this with the same options: each takes its share of every
+// global batch, gradients are summed across ranks, rank 0 alone writes files and logs.
 TrainResult train(const TrainOptions& options);
 
 }  // namespace tfm

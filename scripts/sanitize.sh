@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test suite under AddressSanitizer + UndefinedBehaviorSanitizer: a separate Debug build in
+# build-asan/ (-O1, so the suite stays fast enough for CI), every test but the slow end-to-end
+# training ones, which run in the Release build only (scripts/test.sh runs both). Any ASan or
+# UBSan report fails the run. The MPI tests are left out here: OpenMPI's own allocations are
+# reported as leaks by LeakSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTRANSFORMER_BENCH=OFF \
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+cmake --build build-asan -j"$(nproc)"
+export ASAN_OPTIONS=abort_on_error=0:detect_leaks=1:check_initialization_order=1:strict_string_checks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+slow='^Train\.ReversalTaskIsLearnedAndTranslated$|^MpiTrain\.'
+ctest --test-dir build-asan --output-on-failure -E "$slow"

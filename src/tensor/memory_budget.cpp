@@ -1,0 +1,69 @@
+// The memory limit: physical memory by default.
+#include "tensor/memory_budget.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "tensor/error.h"
+
+namespace tfm {
+
+namespace {
+
+int64_t g_limit = 0;  // 0: physical memory
+
+int64_t physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return INT64_MAX;
+  return int64_t(pages) * int64_t(page_size);
+}
+
+std::string gib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
+  return text;
+}
+
+}  // namespace
+
+void set_memory_limit(int64_t bytes) {
+  g_limit = bytes;
+}
+
+int64_t memory_limit() {
+  return g_limit > 0 ? g_limit : physical_memory();
+}
+
+void check_memory(int64_t bytes, const std::string& what) {
+  const int64_t limit = memory_limit();
+  if (bytes < 0 || bytes > limit)
+    throw Error(what + " needs " + (bytes < 0 ? std::string("more than 8 EiB") : gib(bytes)) +
+                ", more than the " + gib(limit) +
+                (g_limit > 0 ? " allowed by --max-memory" : " of memory this machine has"));
+}
+
+int64_t parse_memory_size(const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  double scale = 1;
+  const std::string unit = end ? std::string(end) : "";
+  if (unit == "K" || unit == "k" || unit == "KiB")
+    scale = 1024.0;
+  else if (unit == "M" || unit == "MiB")
+    scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TiB")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty())
+    throw Error("--max-memory: unknown unit in \"" + text + "\" (use e.g. 512M or 8G)");
+  if (text.empty() || end == text.c_str() || !std::isfinite(value) || value <= 0 ||
+      value * scale >= 9.2e18)
+    throw Error("--max-memory: \"" + text + "\" is not a positive size (use e.g. 512M or 8G)");
+  return int64_t(value * scale);
+}
+
+}  // namespace tfm

@@ -1,0 +1,22 @@
+// Memory that a command can tell it will need before allocating it — a model file's tensors,
+// a new model's parameters, training's weights + gradients + Adam moments — is checked against
+// a limit: the machine's physical memory, or --max-memory. A stranger's file or config that
+// declares more is refused with a clear error instead of being allocated until the OOM killer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tfm {
+
+// 0 restores the default: the machine's physical memory.
+void set_memory_limit(int64_t bytes);
+int64_t memory_limit();
+
+// Throws Error("<what> needs N GiB, more than the M GiB ...") when bytes exceed the limit.
+void check_memory(int64_t bytes, const std::string& what);
+
+// "8G", "512M", "1.5G", "1048576" (bytes) → bytes; throws Error on anything else.
+int64_t parse_memory_size(const std::string& text);
+
+}  // namespace tfm

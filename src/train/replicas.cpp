@@ -1,0 +1,212 @@
+// Replicas over MPI (non-blocking collectives polled against a deadline), or a single process.
+#include "train/replicas.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "tensor/error.h"
+
+#ifdef TRANSFORMER_WITH_MPI
+#define OMPI_SKIP_MPICXX 1  // the C API only: MPI's deprecated C++ bindings need another library
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
+namespace tfm {
+
+namespace {
+
+bool launched_by_mpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(name)) return true;
+  return false;
+}
+
+// 16 Mi floats (64 MiB) per non-blocking all-reduce: large enough to run at link speed, small
+// enough that the wait loop checks its deadline and signals often.
+constexpr int64_t kBucketFloats = int64_t(1) << 24;
+
+}  // namespace
+
+Replicas& Replicas::world() {
+  static Replicas* replicas = [] {
+    auto* r = new Replicas();  // never destroyed: MPI_Finalize runs at exit
+    if (launched_by_mpi()) r->join_mpi();
+    return r;
+  }();
+  return *replicas;
+}
+
+std::string Replicas::prefix() const {
+  if (!distributed()) return "";
+  return "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": ";
+}
+
+uint64_t checksum_tensors(const TensorMap& tensors) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  auto mix = [&](const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 0x100000001b3ull;
+  };
+  for (const auto& [name, t] : tensors) {
+    mix(name.data(), name.size());
+    mix(t.data.data(), t.data.size() * sizeof(float));
+  }
+  return hash;
+}
+
+#ifdef TRANSFORMER_WITH_MPI
+
+namespace {
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  throw Error(std::string("MPI ") + what + " failed: " + std::string(text, size_t(length)));
+}
+
+}  // namespace
+
+void Replicas::join_mpi() {
+  int provided = 0;
+  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "init");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
+}
+
+void Replicas::wait(void* request_ptr, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  auto* request = static_cast<MPI_Request*>(request_ptr);
+  const auto start = Clock::now();
+  Clock::time_point signalled{};
+  for (int64_t polls = 0;; ++polls) {
+    int done = 0;
+    check_mpi(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+    if (done) return;
+    sched_yield();  // lets OpenMP / other processes on this core run; MPI_Test drives progress
+    if (polls % 256 != 0) continue;
+    const auto now = Clock::now();
+    if (stop_signal_ && *stop_signal_ && signalled == Clock::time_point{}) signalled = now;
+    // mpirun sends SIGTERM to every rank when one dies; live ranks finish this collective well
+    // within the grace period and then stop together at the end of the step.
+    if (signalled != Clock::time_point{} && now - signalled > std::chrono::seconds(5))
+      throw Error(prefix() + "stopped by a signal while waiting for the other ranks (" + what +
+                  "); a rank has probably failed. The last checkpoint is intact");
+    if (std::chrono::duration<double>(now - start).count() > timeout_seconds_)
+      throw Error(prefix() + "no answer from the other ranks for " +
+                  std::to_string(int64_t(timeout_seconds_)) + " s (" + what +
+                  "); a rank has failed or hangs (--replica-timeout sets the limit)");
+  }
+}
+
+void Replicas::sum(double* values, int64_t count) {
+  if (!distributed() || count == 0) return;
+  MPI_Request request;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values, int(count), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD,
+                           &request),
+            "all-reduce");
+  wait(&request, "all-reduce of step totals");
+}
+
+double Replicas::sum_tensors(TensorMap& tensors) {
+  if (!distributed()) return 0;
+  int64_t total = 0;
+  for (const auto& [name, t] : tensors) total += t.numel();
+  flat_.resize(size_t(total));  // [Σ numel]
+  float* cursor = flat_.data();
+  for (const auto& [name, t] : tensors) cursor = std::copy(t.data.begin(), t.data.end(), cursor);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<MPI_Request> requests;
+  for (int64_t begin = 0; begin < total; begin += kBucketFloats) {
+    const int64_t count = std::min(kBucketFloats, total - begin);
+    requests.emplace_back();
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, flat_.data() + begin, int(count), MPI_FLOAT, MPI_SUM,
+                             MPI_COMM_WORLD, &requests.back()),
+              "gradient all-reduce");
+  }
+  for (MPI_Request& request : requests) wait(&request, "gradient all-reduce");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const float* from = flat_.data();
+  for (auto& [name, t] : tensors) {
+    std::copy(from, from + t.numel(), t.data.begin());
+    from += t.numel();
+  }
+  return seconds;
+}
+
+void Replicas::broadcast_tensors(TensorMap& tensors) {
+  if (!distributed()) return;
+  for (auto& [name, t] : tensors)
+    for (int64_t begin = 0; begin < t.numel(); begin += kBucketFloats) {
+      MPI_Request request;
+      check_mpi(MPI_Ibcast(t.data.data() + begin, int(std::min(kBucketFloats, t.numel() - begin)),
+                           MPI_FLOAT, 0, MPI_COMM_WORLD, &request),
+                "broadcast");
+      wait(&request, "parameter broadcast");
+    }
+}
+
+bool Replicas::all_equal(uint64_t value) {
+  if (!distributed()) return true;
+  uint64_t low = value, high = value;
+  MPI_Request requests[2];
+  check_mpi(
+      MPI_Iallreduce(MPI_IN_PLACE, &low, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD, &requests[0]),
+      "all-reduce");
+  check_mpi(
+      MPI_Iallreduce(MPI_IN_PLACE, &high, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD, &requests[1]),
+      "all-reduce");
+  wait(&requests[0], "replica check");
+  wait(&requests[1], "replica check");
+  return low == high;
+}
+
+void abort_replicas(int exit_code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) {
+    std::fflush(nullptr);
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+  }
+}
+
+#else  // built without MPI: one replica, and a clear error under mpirun
+
+void Replicas::join_mpi() {
+  throw Error(
+      "this transformer was built without MPI, so it cannot join an mpirun job (install "
+      "libopenmpi-dev and rebuild)");
+}
+
+void Replicas::wait(void*, const char*) {}
+void Replicas::sum(double*, int64_t) {}
+double Replicas::sum_tensors(TensorMap&) {
+  return 0;
+}
+void Replicas::broadcast_tensors(TensorMap&) {}
+bool Replicas::all_equal(uint64_t) {
+  return true;
+}
+void abort_replicas(int) {}
+
+#endif
+
+}  // namespace tfm

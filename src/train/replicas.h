@@ -1,0 +1,68 @@
+// Data-parallel training across processes (`mpirun -np P transformer train ...`): the few
+// collective operations the trainer needs, over MPI when the process was started by an MPI
+// launcher, and nothing at all (no MPI call, no copy) in a single process. Every wait has a
+// deadline and watches for SIGINT / SIGTERM, so a rank that dies or hangs ends the job with an
+// error on the survivors instead of a silent hang.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace tfm {
+
+class Replicas {
+ public:
+  // The process's replica group: joins the MPI job when an MPI launcher started this process
+  // (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK in the environment) and this build has MPI;
+  // otherwise one replica. Throws Error when launched by mpirun but built without MPI.
+  static Replicas& world();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool distributed() const { return size_ > 1; }
+  bool primary() const { return rank_ == 0; }
+  // "rank 1 of 4: " in a distributed job, "" otherwise (for messages).
+  std::string prefix() const;
+
+  // Seconds a collective may wait for the other ranks before the job is declared broken.
+  void set_timeout(double seconds) { timeout_seconds_ = seconds; }
+  // A flag set by the trainer's signal handler: a signal while waiting for the other ranks ends
+  // the wait after a short grace period (mpirun signals every rank when one of them dies).
+  void watch_stop_signal(const std::atomic<int>* flag) { stop_signal_ = flag; }
+
+  // In place: every rank ends with the element-wise sum over ranks. No-ops with one replica.
+  void sum(double* values, int64_t count);
+  // Sums all tensors of `tensors` (same names and shapes on every rank) through one flat
+  // buffer, reduced in buckets; returns the seconds spent waiting for the reduction.
+  double sum_tensors(TensorMap& tensors);
+  // Copies rank 0's tensors to every rank.
+  void broadcast_tensors(TensorMap& tensors);
+  // True when `value` is the same on every rank.
+  bool all_equal(uint64_t value);
+
+  Replicas(const Replicas&) = delete;
+  Replicas& operator=(const Replicas&) = delete;
+
+ private:
+  Replicas() = default;
+  void join_mpi();
+  void wait(void* request, const char* what);
+
+  int rank_ = 0, size_ = 1;
+  double timeout_seconds_ = 300;
+  const std::atomic<int>* stop_signal_ = nullptr;
+  std::vector<float> flat_;  // [Σ numel] gradient staging buffer for sum_tensors
+};
+
+// After an error on this rank: ends the whole MPI job (MPI_Abort) so the other ranks do not
+// wait for it. Does nothing outside a distributed job.
+void abort_replicas(int exit_code);
+
+// 64-bit FNV-1a over the bytes of every tensor (names included), for replica checks.
+uint64_t checksum_tensors(const TensorMap& tensors);
+
+}  // namespace tfm

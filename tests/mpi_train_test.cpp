@@ -1,0 +1,157 @@
+// Data-parallel `transformer train` under OpenMPI's mpirun: two ranks sharing a global batch end
+// where one process with the same batch ends (the gradient sum is the same sum, in another
+// order), a run resumes with a different number of ranks, and killing one rank ends the whole
+// job quickly with the last checkpoint intact. Skipped when the build or the machine lacks MPI.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "cli_runner.h"
+#include "io/file_util.h"
+#include "model/transformer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using tfm::testing_support::CliResult;
+
+const tfm::testing_support::CliWorkDir work("tfm_mpi_train_test");
+
+// Two ranks of one thread each on any machine (this one has 2 cores; CI may be root).
+const std::string kLauncher =
+    "mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np 2 ";
+
+bool mpi_available() {
+#ifdef TRANSFORMER_WITH_MPI
+  return std::system("command -v mpirun >/dev/null 2>&1") == 0;
+#else
+  return false;
+#endif
+}
+
+std::string train_flags(const std::string& dir, int steps) {
+  return "train --preset tiny --vocab 32 --ids --train-src " + work.path("data.src") +
+         " --train-tgt " + work.path("data.tgt") + " --valid-src " + work.path("dev.src") +
+         " --valid-tgt " + work.path("dev.tgt") + " --model-dir " + work.path(dir) +
+         " --max-steps " + std::to_string(steps) +
+         " --dropout 0 --batch-tokens 600 --warmup 10 --seed 5 --valid-every 10"
+         " --save-every 10 --log-every 5 --replica-check-every 5";
+}
+
+// The largest ‖a − b‖ / ‖b‖ over the tensors (L2 norms). Element-wise comparison is not the
+// right measure: float rounding that differs with the summation order flips a few ReLU units
+// near 0 after a few steps, which moves single elements of a bias by more than 1e-5 of the
+// tensor's largest value while the tensor as a whole agrees to ~1e-6.
+double max_relative_difference(const tfm::Model& a, const tfm::Model& b, std::string& where) {
+  double worst = 0;
+  for (const auto& [name, tb] : b.parameters()) {
+    const auto& ta = a.parameters().at(name);
+    double norm = 0, diff = 0;
+    for (size_t i = 0; i < tb.data.size(); ++i) {
+      norm += double(tb.data[i]) * tb.data[i];
+      diff += (double(ta.data[i]) - tb.data[i]) * (double(ta.data[i]) - tb.data[i]);
+    }
+    const double relative = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+    if (relative > worst) {
+      worst = relative;
+      where = name;
+    }
+  }
+  return worst;
+}
+
+class MpiTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!mpi_available()) GTEST_SKIP() << "MPI not available (build without MPI or no mpirun)";
+    tfm::testing_support::write_reversal_data(work, "data", 1500, 3, 12, 11);
+    tfm::testing_support::write_reversal_data(work, "dev", 60, 3, 12, 12);
+  }
+};
+
+TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
+  CliResult r = work.run_cli(train_flags("one", 20));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = work.run_cli(train_flags("two", 20), "/dev/null", kLauncher);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("data parallel: 2 ranks"), std::string::npos) << r.err;
+  // Rank 0 alone reports and writes.
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  const tfm::Model one = tfm::load_model(work.path("one/model.safetensors"));
+  const tfm::Model two = tfm::load_model(work.path("two/model.safetensors"));
+  std::string where;
+  EXPECT_LT(max_relative_difference(two, one, where), 1e-5) << where;
+  // Plain SGD is not scale-invariant as Adam is, so it also checks the normalisation by the
+  // global token count (a rank dividing by its own count would double the step).
+  const std::string sgd = " --optimizer sgd --lr-schedule constant --lr 0.03";
+  r = work.run_cli(train_flags("one_sgd", 20) + sgd);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = work.run_cli(train_flags("two_sgd", 20) + sgd, "/dev/null", kLauncher);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(max_relative_difference(tfm::load_model(work.path("two_sgd/model.safetensors")),
+                                    tfm::load_model(work.path("one_sgd/model.safetensors")), where),
+            1e-5)
+      << where;
+  // The parameters moved: the comparison is not of two untouched initialisations.
+  const tfm::Model start = tfm::load_model(work.path("one/checkpoints/step-000000010.safetensors"));
+  EXPECT_GT(max_relative_difference(start, one, where), 1e-3);
+
+  // 10 steps on 2 ranks, then resumed on 1 process to step 20: the same run.
+  r = work.run_cli(train_flags("switch", 10), "/dev/null", kLauncher);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = work.run_cli(train_flags("switch", 20) + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const tfm::Model switched = tfm::load_model(work.path("switch/model.safetensors"));
+  EXPECT_LT(max_relative_difference(switched, one, where), 1e-5) << where;
+}
+
+TEST_F(MpiTrain, KillingOneRankEndsTheJobAndKeepsTheLastCheckpoint) {
+  const std::string dir = work.path("killed");
+  const std::string err = work.path("killed.err");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string command =
+        kLauncher + TFM_CLI_PATH + " " + train_flags("killed", 1000000) + " >/dev/null 2>" + err;
+    execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
+    _exit(127);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(dir + "/checkpoint.safetensors") &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(fs::exists(dir + "/checkpoint.safetensors"));
+  // Rank processes are the ones whose command line starts with the binary's path.
+  const std::string pattern = std::string("^") + TFM_CLI_PATH + " train .*" + dir + " ";
+  const std::string kill_one = "kill -KILL $(pgrep -f '" + pattern + "' | tail -n 1)";
+  ASSERT_EQ(std::system(kill_one.c_str()), 0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  int status = 0;
+  for (deadline = killed_at + std::chrono::seconds(60); waitpid(pid, &status, WNOHANG) == 0;) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::system(("pkill -KILL -f '" + pattern + "'").c_str());
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      FAIL() << "the job did not end within 60 s of a rank's death";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(seconds, 30.0);
+  EXPECT_TRUE(!WIFEXITED(status) || WEXITSTATUS(status) != 0) << "the job reported success";
+  EXPECT_NO_THROW(tfm::load_model(dir + "/model.safetensors"));
+  const CliResult r = work.run_cli(train_flags("killed", 1) + " --resume");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::printf("job ended %.1f s after the kill; its stderr:\n%s\n", seconds,
+              tfm::read_file_bytes(err).c_str());
+}
+
+}  // namespace
