@@ -4,6 +4,8 @@
 // stderr, instead of each keeping its own copy.
 #pragma once
 
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -73,6 +75,30 @@ class CliWorkDir {
   std::string test_name_;
   mutable std::string dir_;
 };
+
+// Starts `argv` (argv[0] is the program's path) in the background in a new process group,
+// stdout to /dev/null and stderr to `stderr_path`, through posix_spawn (no code runs between
+// fork and exec in this multithreaded test process). Returns the pid (its process group id).
+inline pid_t spawn_in_background(const std::vector<std::string>& argv,
+                                 const std::string& stderr_path) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&files, 2, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, args[0], &files, &attributes, args.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&files);
+  posix_spawnattr_destroy(&attributes);
+  return pid;
+}
 
 // The reversal task on token ids: work/prefix.src holds random sequences of ids 4..31 (lengths
 // min_len..max_len), work/prefix.tgt their reversals, one pair per line.

@@ -12,10 +12,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cli_runner.h"
 #include "io/file_util.h"
+#include "io/safetensors.h"
 #include "model/transformer.h"
 
 namespace {
@@ -68,6 +70,12 @@ double max_relative_difference(const tfm::Model& a, const tfm::Model& b, std::st
   return worst;
 }
 
+// Target tokens trained on, from the run's checkpoint (global over the ranks).
+int64_t tokens_seen(const std::string& dir) {
+  const auto file = tfm::read_safetensors(work.path(dir + "/checkpoint.safetensors"));
+  return nlohmann::json::parse(file.metadata.at("training_state"))["target_tokens_seen"];
+}
+
 class MpiTrain : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -89,6 +97,9 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
   const tfm::Model two = tfm::load_model(work.path("two/model.safetensors"));
   std::string where;
   EXPECT_LT(max_relative_difference(two, one, where), 1e-5) << where;
+  // Each sentence was used once: the ranks' shares add up to the global batches.
+  EXPECT_EQ(tokens_seen("two"), tokens_seen("one"));
+  EXPECT_GT(tokens_seen("one"), 0);
   // Plain SGD is not scale-invariant as Adam is, so it also checks the normalisation by the
   // global token count (a rank dividing by its own count would double the step).
   const std::string sgd = " --optimizer sgd --lr-schedule constant --lr 0.03";
@@ -116,31 +127,30 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
 TEST_F(MpiTrain, KillingOneRankEndsTheJobAndKeepsTheLastCheckpoint) {
   const std::string dir = work.path("killed");
   const std::string err = work.path("killed.err");
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const std::string command =
-        kLauncher + TFM_CLI_PATH + " " + train_flags("killed", 1000000) + " >/dev/null 2>" + err;
-    execl("/bin/sh", "sh", "-c", command.c_str(), nullptr);
-    _exit(127);
-  }
+  const pid_t job = tfm::testing_support::spawn_in_background(
+      {"/bin/sh", "-c", kLauncher + TFM_CLI_PATH + " " + train_flags("killed", 1000000)}, err);
+  ASSERT_GT(job, 0);
+  // Whatever happens below, the job's process group does not outlive the test.
+  struct KillOnExit {
+    pid_t group;
+    ~KillOnExit() {
+      kill(-group, SIGKILL);
+      waitpid(group, nullptr, WNOHANG);
+    }
+  } cleanup{job};
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!fs::exists(dir + "/checkpoint.safetensors") &&
-         std::chrono::steady_clock::now() < deadline)
+  while (!fs::exists(dir + "/model.safetensors") && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(fs::exists(dir + "/checkpoint.safetensors"));
+  ASSERT_TRUE(fs::exists(dir + "/model.safetensors"));
   // Rank processes are the ones whose command line starts with the binary's path.
   const std::string pattern = std::string("^") + TFM_CLI_PATH + " train .*" + dir + " ";
   const std::string kill_one = "kill -KILL $(pgrep -f '" + pattern + "' | tail -n 1)";
   ASSERT_EQ(std::system(kill_one.c_str()), 0);
   const auto killed_at = std::chrono::steady_clock::now();
   int status = 0;
-  for (deadline = killed_at + std::chrono::seconds(60); waitpid(pid, &status, WNOHANG) == 0;) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::system(("pkill -KILL -f '" + pattern + "'").c_str());
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      FAIL() << "the job did not end within 60 s of a rank's death";
-    }
+  for (deadline = killed_at + std::chrono::seconds(60); waitpid(job, &status, WNOHANG) == 0;) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "the job did not end within 60 s of a rank's death";
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   const double seconds =

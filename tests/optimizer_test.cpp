@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "io/safetensors.h"
 #include "train/loss.h"
@@ -124,6 +125,27 @@ TEST(Optimizer, ClippingScalesTheGlobalNorm) {
   EXPECT_NEAR(sgd.apply(params, grads, 4), 5.0, 1e-9);
   EXPECT_NEAR(params.at("a").data[0], -0.6f, 1e-6);
   EXPECT_NEAR(params.at("a").data[1], -0.8f, 1e-6);
+}
+
+TEST(Optimizer, NonFiniteGradientLeavesEverythingUntouched) {
+  TensorMap params, grads;
+  params.emplace("a", Tensor({3}));
+  grads.emplace("a", Tensor({3}));
+  params.at("a").data = {1.f, 2.f, 3.f};
+  grads.at("a").data = {0.5f, -0.25f, 1.f};
+  OptimizerOptions o;
+  o.schedule = "constant";
+  o.lr = 0.1;
+  Optimizer adam(o, params);
+  adam.apply(params, grads, 4);  // one good step: moments become non-zero
+  const TensorMap params_before = params, moments_before = adam.state();
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    grads.at("a").data = {0.5f, bad, 1.f};
+    EXPECT_FALSE(std::isfinite(adam.apply(params, grads, 4)));
+    EXPECT_EQ(adam.step(), 1);
+    EXPECT_EQ(params.at("a").data, params_before.at("a").data);
+    for (const auto& [name, t] : adam.state()) EXPECT_EQ(t.data, moments_before.at(name).data);
+  }
 }
 
 }  // namespace

@@ -127,26 +127,24 @@ TEST(Train, ResumeContinuesBitForBit) {
 // Starts a long run in the background, waits for its first checkpoint, signals it.
 int train_and_signal(const std::string& dir, int signal) {
   write_reversal_data("long", 2000, 3, 12, 4);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const std::string devnull = "/dev/null";
-    freopen((dir + ".stderr").c_str(), "w", stderr);
-    freopen(devnull.c_str(), "w", stdout);
-    execl(TFM_CLI_PATH, TFM_CLI_PATH, "train", "--preset", "tiny", "--vocab", "32", "--ids",
-          "--train-src", work.path("long.src").c_str(), "--train-tgt",
-          work.path("long.tgt").c_str(), "--model-dir", dir.c_str(), "--save-every", "3",
-          "--max-steps", "100000", nullptr);
-    _exit(127);
-  }
+  const pid_t pid = tfm::testing_support::spawn_in_background(
+      {TFM_CLI_PATH, "train", "--preset", "tiny", "--vocab", "32", "--ids", "--train-src",
+       work.path("long.src"), "--train-tgt", work.path("long.tgt"), "--model-dir", dir,
+       "--save-every", "3", "--max-steps", "100000"},
+      dir + ".stderr");
+  if (pid <= 0) return -1;
+  // save_checkpoint writes model.safetensors last.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(dir + "/checkpoint.safetensors") &&
-         std::chrono::steady_clock::now() < deadline)
+  while (!fs::exists(dir + "/model.safetensors") && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   kill(pid, signal);
   int status = 0;
   waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (code != 0 && code != 128 + SIGKILL)
+    std::printf("%s\n", tfm::read_file_bytes(dir + ".stderr").c_str());  // what went wrong
+  return code;
 }
 
 TEST(Train, SigtermSavesAndExitsCleanlyAndSigkillLeavesALoadableCheckpoint) {

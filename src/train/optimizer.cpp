@@ -60,7 +60,7 @@ TensorMap Optimizer::state() const {
   return out;
 }
 
-void Optimizer::load_state(const TensorMap& tensors, const std::string& where) {
+void Optimizer::load_state(TensorMap&& tensors, const std::string& where) {
   auto load = [&](TensorMap& moments, const std::string& prefix) {
     for (auto& [name, t] : moments) {
       auto it = tensors.find(prefix + name);
@@ -68,7 +68,7 @@ void Optimizer::load_state(const TensorMap& tensors, const std::string& where) {
         throw Error(where + ": missing optimizer state \"" + prefix + name + "\"");
       if (it->second.shape != t.shape)
         throw Error(where + ": optimizer state \"" + prefix + name + "\" has the wrong shape");
-      t = it->second;
+      t = std::move(it->second);
     }
   };
   load(first_moment_, "adam_m.");

@@ -36,7 +36,8 @@ class Optimizer {
   void set_step(int64_t step) { step_ = step; }
   // Adam moments, named "adam_m.<param>" / "adam_v.<param>", for checkpoints.
   TensorMap state() const;
-  void load_state(const TensorMap& tensors, const std::string& where);
+  // Takes the moments out of `tensors` (moved, not copied: they are as large as the model).
+  void load_state(TensorMap&& tensors, const std::string& where);
   const OptimizerOptions& options() const { return options_; }
 
  private:

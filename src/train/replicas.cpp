@@ -42,6 +42,13 @@ Replicas& Replicas::world() {
   return *replicas;
 }
 
+int Replicas::local_size() const {
+  if (!distributed()) return 1;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* value = std::getenv(name)) return std::max(1, std::atoi(value));
+  return 1;
+}
+
 std::string Replicas::prefix() const {
   if (!distributed()) return "";
   return "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": ";
@@ -77,6 +84,8 @@ void check_mpi(int rc, const char* what) {
 void Replicas::join_mpi() {
   int provided = 0;
   check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "init");
+  if (provided < MPI_THREAD_FUNNELED)
+    throw Error("the MPI library does not support threads (MPI_THREAD_FUNNELED)");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -100,9 +109,12 @@ void Replicas::wait(void* request_ptr, const char* what) {
     if (polls % 256 != 0) continue;
     const auto now = Clock::now();
     if (stop_signal_ && *stop_signal_ && signalled == Clock::time_point{}) signalled = now;
-    // mpirun sends SIGTERM to every rank when one dies; live ranks finish this collective well
-    // within the grace period and then stop together at the end of the step.
-    if (signalled != Clock::time_point{} && now - signalled > std::chrono::seconds(5))
+    // mpirun sends SIGTERM to every rank when one dies; live ranks finish this collective
+    // (rank 0 may be saving a checkpoint meanwhile) within the grace period and then stop
+    // together at the end of the step.
+    const double grace_seconds = std::min(timeout_seconds_, 60.0);
+    if (signalled != Clock::time_point{} &&
+        std::chrono::duration<double>(now - signalled).count() > grace_seconds)
       throw Error(prefix() + "stopped by a signal while waiting for the other ranks (" + what +
                   "); a rank has probably failed. The last checkpoint is intact");
     if (std::chrono::duration<double>(now - start).count() > timeout_seconds_)

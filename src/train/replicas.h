@@ -25,6 +25,8 @@ class Replicas {
   int size() const { return size_; }
   bool distributed() const { return size_ > 1; }
   bool primary() const { return rank_ == 0; }
+  // Ranks on this machine (they share its memory): from the launcher's environment, else 1.
+  int local_size() const;
   // "rank 1 of 4: " in a distributed job, "" otherwise (for messages).
   std::string prefix() const;
 

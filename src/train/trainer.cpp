@@ -1,6 +1,8 @@
 // train(): the loop, its logging and its stopping rules.
 #include "train/trainer.h"
 
+#include <omp.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "io/file_util.h"
 #include "model/init.h"
@@ -30,22 +33,59 @@ extern "C" void on_stop_signal(int signal) {
   g_stop_signal = signal;
 }
 
-// Installs the handlers for the lifetime of a training run.
-struct SignalGuard {
-  struct sigaction old_int {
-  }, old_term{};
+// For the lifetime of a training run, SIGINT / SIGTERM only set g_stop_signal, and never
+// interrupt the computation: they are blocked in this thread and in every OpenMP worker (threads
+// created later inherit the mask) and taken by one waiting thread. A signal handler running
+// inside a GEMM or an allocation on a compute thread is what this avoids. The handler stays
+// installed for threads that do not block them (e.g. an MPI library's own threads).
+class SignalGuard {
+ public:
   SignalGuard() {
     g_stop_signal = 0;
     struct sigaction action {};
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &old_int);
-    sigaction(SIGTERM, &action, &old_term);
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+    sigemptyset(&signals_);
+    sigaddset(&signals_, SIGINT);
+    sigaddset(&signals_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals_, &old_mask_);
+#pragma omp parallel
+    if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+    waiter_ = std::thread([this] {
+      while (!quit_) {
+        const timespec tick{0, 100 * 1000 * 1000};  // 0.1 s: how soon the destructor returns
+        const int signal = sigtimedwait(&signals_, nullptr, &tick);
+        if (signal > 0) g_stop_signal = signal;
+      }
+    });
   }
   ~SignalGuard() {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
+    quit_ = true;
+    waiter_.join();
+    // Handlers first, then masks: a signal still pending acts as it would have without us.
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    const bool int_was_blocked = sigismember(&old_mask_, SIGINT) == 1;
+    const bool term_was_blocked = sigismember(&old_mask_, SIGTERM) == 1;
+    sigset_t unblock;
+    sigemptyset(&unblock);
+    if (!int_was_blocked) sigaddset(&unblock, SIGINT);
+    if (!term_was_blocked) sigaddset(&unblock, SIGTERM);
+#pragma omp parallel
+    if (omp_get_thread_num() != 0) pthread_sigmask(SIG_UNBLOCK, &unblock, nullptr);
+    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
   }
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
+  sigset_t signals_{}, old_mask_{};
+  std::atomic<bool> quit_{false};
+  std::thread waiter_;
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -159,10 +199,12 @@ TrainResult train(const TrainOptions& o) {
     throw Error("choose a model: --preset, --config or --init (or --resume an existing run)");
   }
   const ModelConfig& config = model->config();
-  // Weights + gradients (+ Adam's two moments), before any of the last three is allocated.
-  check_memory(
-      parameter_count(config) * int64_t(sizeof(float)) * (o.optimizer.algorithm == "adam" ? 4 : 2),
-      "training this model (weights, gradients, optimizer state)");
+  // Weights + gradients (+ Adam's two moments, + the all-reduce buffer), for every rank on this
+  // machine, before any of them is allocated.
+  const int64_t copies =
+      (o.optimizer.algorithm == "adam" ? 4 : 2) + (replicas.distributed() ? 1 : 0);
+  check_memory(parameter_count(config) * int64_t(sizeof(float)) * copies * replicas.local_size(),
+               "training this model (weights, gradients, optimizer state)");
   replicas.broadcast_tensors(model->mutable_parameters());  // every rank starts from rank 0's
 
   // Data.
@@ -214,7 +256,8 @@ TrainResult train(const TrainOptions& o) {
 
   Optimizer optimizer(o.optimizer, model->parameters());
   if (resumed) {
-    optimizer.load_state(resumed->optimizer_state, o.model_dir + "/checkpoint.safetensors");
+    optimizer.load_state(std::move(resumed->optimizer_state),
+                         o.model_dir + "/checkpoint.safetensors");
     optimizer.set_step(state.step);
     if (primary)
       std::fprintf(stderr, "resuming at step %lld (epoch %lld, batch %lld)\n",
@@ -238,6 +281,23 @@ TrainResult train(const TrainOptions& o) {
     if (!log) throw Error(o.model_dir + "/train.log.jsonl: cannot open for writing");
   }
   const bool terminal = primary && ::isatty(2);
+  if (replicas.distributed()) {
+    // Every rank read the checkpoint, corpus and options itself: they must agree before any
+    // gradient is summed, or the ranks would train on different batches without noticing.
+    const std::string start_state =
+        state.to_json().dump() + " " + std::to_string(optimizer.step()) + " " +
+        std::to_string(corpus.sources.size()) + " " + std::to_string(plan.size()) + " " +
+        std::to_string(valid_batches.size());
+    TensorMap start;
+    start.emplace(start_state, Tensor());
+    const uint64_t hash = checksum_tensors(start) ^ checksum_tensors(optimizer.state()) ^
+                          (checksum_tensors(model->parameters()) * 31);
+    if (!replicas.all_equal(hash))
+      throw Error(replicas.prefix() +
+                  "the ranks start from different states (checkpoint, data or options differ "
+                  "between them; every rank needs the same --model-dir and data files, e.g. on a "
+                  "shared file system)");
+  }
 #ifdef NDEBUG
   const int64_t check_every = o.replica_check_every;
 #else
@@ -298,8 +358,9 @@ TrainResult train(const TrainOptions& o) {
     if (primary) save_checkpoint(o.model_dir, *model, optimizer, state, o.keep);
     last_saved = state.step;
   };
-  bool stop_agreed = false;      // distributed: all ranks agreed (end of the last step) to stop
-  if (replicas.distributed()) {  // a resumed run may have no time left (rank 0's clock decides)
+  bool stop_agreed = false;          // distributed: all ranks agreed (end of the last step) to stop
+  bool signalled_somewhere = false;  // distributed: some rank got SIGINT / SIGTERM
+  if (replicas.distributed()) {      // a resumed run may have no time left (rank 0's clock decides)
     double vote = primary && o.max_minutes > 0 && elapsed_minutes() >= o.max_minutes;
     replicas.sum(&vote, 1);
     stop_agreed = vote > 0;
@@ -360,11 +421,13 @@ TrainResult train(const TrainOptions& o) {
       // One small all-reduce per step: the step's loss totals, and the votes to stop (a signal
       // on any rank; the time limit on rank 0's clock), so that every rank stops at the same step.
       const bool time_up = primary && o.max_minutes > 0 && elapsed_minutes() >= o.max_minutes;
-      double shared[5] = {step_totals.loss, step_totals.nll, double(step_totals.tokens),
-                          double(step_totals.correct), double(g_stop_signal != 0 || time_up)};
-      replicas.sum(shared, 5);
+      double shared[6] = {step_totals.loss,           step_totals.nll,
+                          double(step_totals.tokens), double(step_totals.correct),
+                          double(g_stop_signal != 0), double(time_up)};
+      replicas.sum(shared, 6);
       step_totals = {shared[0], shared[1], int64_t(shared[2]), int64_t(shared[3])};
-      stop_agreed = shared[4] > 0;
+      signalled_somewhere = shared[4] > 0;
+      stop_agreed = shared[4] > 0 || shared[5] > 0;
     }
     // A non-finite loss or gradient skips the update (same decision on every rank: both are
     // global sums); too many in a row end the run without overwriting the last checkpoint.
@@ -459,13 +522,15 @@ TrainResult train(const TrainOptions& o) {
     if (epochs_done) break;
   }
   if (terminal) std::fprintf(stderr, "\n");
-  if (state.step != last_validated) validate();
+  const bool interrupted = g_stop_signal != 0 || signalled_somewhere;
+  // Interrupted: save first (a scheduler's SIGKILL may follow); the validation can wait.
+  if (!interrupted && state.step != last_validated) validate();
   if (state.step != last_saved || (primary && !has_checkpoint(o.model_dir))) save();
   if (log) std::fclose(log);
   result.steps = state.step;
   result.primary = primary;
   result.best_valid_nll = state.best_valid_nll;
-  result.interrupted = g_stop_signal != 0;
+  result.interrupted = interrupted;
   if (result.interrupted && primary)
     std::fprintf(stderr, "interrupted: checkpoint saved at step %lld; continue with --resume\n",
                  (long long)state.step);
