@@ -27,10 +27,6 @@ bool launched_by_mpi() {
   return false;
 }
 
-// 16 Mi floats (64 MiB) per non-blocking all-reduce: large enough to run at link speed, small
-// enough that the wait loop checks its deadline and signals often.
-constexpr int64_t kBucketFloats = int64_t(1) << 24;
-
 }  // namespace
 
 Replicas& Replicas::world() {
@@ -70,6 +66,10 @@ uint64_t checksum_tensors(const TensorMap& tensors) {
 #ifdef TRANSFORMER_WITH_MPI
 
 namespace {
+
+// 16 Mi floats (64 MiB) per non-blocking all-reduce: large enough to run at link speed, small
+// enough that the wait loop checks its deadline and signals often.
+constexpr int64_t kBucketFloats = int64_t(1) << 24;
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
