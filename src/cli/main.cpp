@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
     for (CLI::App* sub : app.get_subcommands()) runners.at(sub)();
   } catch (const tfm::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-    tfm::abort_replicas(
-        1);  // under mpirun: end the other ranks too instead of leaving them waiting
+    // Under mpirun: end the other ranks too instead of leaving them waiting.
+    tfm::abort_replicas(1);
     return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of memory\n");

@@ -50,12 +50,13 @@ std::string Replicas::prefix() const {
   return "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": ";
 }
 
-uint64_t checksum_tensors(const TensorMap& tensors) {
+uint64_t checksum_tensors(const TensorMap& tensors, const std::string& text) {
   uint64_t hash = 0xcbf29ce484222325ull;
   auto mix = [&](const void* data, size_t bytes) {
     const auto* p = static_cast<const unsigned char*>(data);
     for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 0x100000001b3ull;
   };
+  mix(text.data(), text.size());
   for (const auto& [name, t] : tensors) {
     mix(name.data(), name.size());
     mix(t.data.data(), t.data.size() * sizeof(float));

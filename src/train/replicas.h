@@ -64,7 +64,7 @@ class Replicas {
 // wait for it. Does nothing outside a distributed job.
 void abort_replicas(int exit_code);
 
-// 64-bit FNV-1a over the bytes of every tensor (names included), for replica checks.
-uint64_t checksum_tensors(const TensorMap& tensors);
+// 64-bit FNV-1a over `text`, then the bytes of every tensor (names included), for replica checks.
+uint64_t checksum_tensors(const TensorMap& tensors, const std::string& text = "");
 
 }  // namespace tfm
