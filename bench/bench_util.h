@@ -24,6 +24,7 @@
 
 #include "kernels/gemm.h"
 #include "tensor/error.h"
+#include "tensor/memory_budget.h"
 #include "tensor/random.h"
 
 namespace bench {
@@ -46,8 +47,8 @@ inline long long int_arg(int argc, char** argv, int& i, const char* usage) {
     if (used != text.size() || v < 0) throw std::invalid_argument(text);
     return v;
   } catch (const std::exception&) {
-    usage_error(usage, std::string(argv[i - 1]) + " expects a non-negative integer, got \"" +
-                           text + "\"");
+    usage_error(usage,
+                std::string(argv[i - 1]) + " expects a non-negative integer, got \"" + text + "\"");
   }
 }
 
@@ -69,7 +70,8 @@ inline void write_ids(const std::string& path, const Sentences& sentences) {
   if (!f) throw tfm::Error(path + ": write failed");
 }
 
-// missing_hint: what the error says to do when the file is absent, e.g. "run without --reuse first".
+// missing_hint: what the error says to do when the file is absent, e.g. "run without --reuse
+// first".
 inline Sentences read_ids(const std::string& path, const std::string& missing_hint) {
   std::ifstream f(path);
   if (!f) throw tfm::Error(path + ": cannot open (" + missing_hint + ")");
@@ -172,6 +174,7 @@ template <typename Parse, typename Run>
 int bench_main(int argc, char** argv, Parse parse, Run run) {
   const auto options = parse(argc, argv);
   if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(2);
+  tfm::retain_freed_memory();  // as the transformer binary does
   try {
     return run(options);
   } catch (const std::exception& e) {

@@ -34,10 +34,10 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "decode/beam_search.h"
 #include "decode/incremental_decoder.h"
 #include "kernels/elementwise.h"
-#include "bench_util.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/init.h"
@@ -72,8 +72,10 @@ struct Options {
 const char* kUsage =
     "usage: decode_bench --work-dir DIR [options]\n"
     "Times tfm::search (greedy or beam) of the base model (shared 8000-token vocabulary) on one\n"
-    "fixed batch of random sources, every output forced to --out-len tokens; prints one JSON line.\n"
-    "  --work-dir DIR       model.safetensors + source.ids: written by --prepare-only, read otherwise\n"
+    "fixed batch of random sources, every output forced to --out-len tokens; prints one JSON "
+    "line.\n"
+    "  --work-dir DIR       model.safetensors + source.ids: written by --prepare-only, read "
+    "otherwise\n"
     "  --prepare-only       write a fresh model and sources into DIR, then exit\n"
     "  --beam N             1: greedy (default 1)\n"
     "  --repeats N          timed searches after warm-up (default 5)\n"
@@ -87,7 +89,9 @@ const char* kUsage =
     "  --seed N             model and source seed (default 1234)\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
 
-[[noreturn]] void usage_error(const std::string& message) { bench::usage_error(kUsage, message); }
+[[noreturn]] void usage_error(const std::string& message) {
+  bench::usage_error(kUsage, message);
+}
 
 Options parse_options(int argc, char** argv) {
   Options o;
@@ -140,7 +144,9 @@ Options parse_options(int argc, char** argv) {
 
 // Hypotheses the decoder runs at step t: one per sentence at the first step (every beam starts
 // from bos), then `beam` per sentence (no sentence finishes early: eos is forbidden).
-int64_t rows_at_step(int64_t batch, int64_t beam, int64_t t) { return t == 0 ? batch : batch * beam; }
+int64_t rows_at_step(int64_t batch, int64_t beam, int64_t t) {
+  return t == 0 ? batch : batch * beam;
+}
 
 // Multiply-add FLOPs (2 per MAC) of the matrix products of one KV-cached search: the encoder on
 // the batch (S positions with eos), the cross-attention keys/values of its output, then per step
@@ -152,18 +158,18 @@ double search_flops(const tfm::ModelConfig& c, double batch, double src_len, dou
                     double beam) {
   const double d = double(c.d_model), f = double(c.d_ff), v = double(c.tgt_vocab_size);
   const double src_rows = batch * src_len;
-  const double encoder = double(c.encoder_layers) * (2 * src_rows * 4 * d * d +
-                                                     4 * batch * src_len * src_len * d +
-                                                     2 * src_rows * 2 * d * f);
+  const double encoder =
+      double(c.encoder_layers) *
+      (2 * src_rows * 4 * d * d + 4 * batch * src_len * src_len * d + 2 * src_rows * 2 * d * f);
   const double cross_kv = double(c.decoder_layers) * 2 * src_rows * 2 * d * d;
   double steps = 0;
   for (int64_t t = 0; t < int64_t(out_len); ++t) {
     const double n = double(rows_at_step(int64_t(batch), int64_t(beam), t));
-    const double layer = 2 * n * 4 * d * d                 // self q, k, v, o
-                         + 4 * n * double(t + 1) * d       // self QKᵀ and PV
-                         + 2 * n * 2 * d * d               // cross q, o
-                         + 4 * n * src_len * d             // cross QKᵀ and PV
-                         + 2 * n * 2 * d * f;              // fc1, fc2
+    const double layer = 2 * n * 4 * d * d            // self q, k, v, o
+                         + 4 * n * double(t + 1) * d  // self QKᵀ and PV
+                         + 2 * n * 2 * d * d          // cross q, o
+                         + 4 * n * src_len * d        // cross QKᵀ and PV
+                         + 2 * n * 2 * d * f;         // fc1, fc2
     steps += double(c.decoder_layers) * layer + 2 * n * d * v;
   }
   return encoder + cross_kv + steps;
@@ -172,11 +178,11 @@ double search_flops(const tfm::ModelConfig& c, double batch, double src_len, dou
 // --profile: tfm::search has no hooks, so its decoder work is replayed here with the public
 // pieces it is made of, on the same shapes: make_batch + encoder_forward, the decoder setup (the
 // IncrementalDecoder's constructor, which computes every layer's cross-attention keys/values
-// into fresh buffers, and start(), which allocates the self-attention caches), out_len steps with the
-// same number of hypotheses as the search (batch at the first step, batch·beam after), and the
-// reorder the search calls after every step but the last (greedy too: identity parents). Step
-// times do not depend on the token values; reorder copies the same amount whatever the parents
-// (here: each sentence's hypotheses rotated, so that rows really move). The vocabulary
+// and reserves the self-attention caches, and start()), out_len steps with the same number of
+// hypotheses as the search (batch at the first step, batch·beam after), and the reorder the
+// search calls after every step but the last (greedy too: identity parents). Step times do not
+// depend on the token values; reorder copies the same amount whatever the parents (here: each
+// sentence's hypotheses rotated). The vocabulary
 // projection + log-softmax inside a step is timed on its own with the same kernels and shapes.
 // Bookkeeping = the search's median − all of the above: candidate selection (a partial sort of
 // the vocabulary per hypothesis), hypothesis copies, and everything else search() does itself.
@@ -192,7 +198,7 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     tfm::encoder_forward(model, tb, {}, cache);
     double t1 = now_seconds();
     tfm::IncrementalDecoder decoder(model, cache.memory.data(), batch, tb.src_len,
-                                    tb.src_lengths.data(), out_len + 1);
+                                    tb.src_lengths.data(), out_len + 1, batch * beam);
     std::vector<int32_t> hypothesis_sentence(static_cast<size_t>(batch));
     std::iota(hypothesis_sentence.begin(), hypothesis_sentence.end(), 0);
     decoder.start(hypothesis_sentence);
@@ -225,8 +231,8 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     for (int64_t t = 0; t < out_len; ++t) {
       const int64_t n = rows_at_step(batch, beam, t);
       const double p0 = now_seconds();
-      tfm::gemm(false, true, n, vocab, d, 1.f, x.data(), d, model.weights().output_weight, d, 0.f,
-                logprobs.data(), vocab);
+      tfm::packed_linear_forward(model.packed_decoder()->output, model.weights().output_bias,
+                                 x.data(), n, logprobs.data());
       tfm::log_softmax(logprobs.data(), logprobs.data(), n, vocab);
       projection += now_seconds() - p0;
     }
@@ -261,8 +267,8 @@ int run(const Options& o) {
     tfm::save_model(model, model_path);
     tfm::Random random(o.seed + 1);
     bench::write_ids(source_path, bench::random_sentences(random, o.batch, o.src_len, o.vocab));
-    std::cerr << "wrote " << model_path << " (" << tfm::parameter_count(config)
-              << " parameters), " << source_path << "\n";
+    std::cerr << "wrote " << model_path << " (" << tfm::parameter_count(config) << " parameters), "
+              << source_path << "\n";
     return 0;
   }
 
@@ -304,8 +310,8 @@ int run(const Options& o) {
   if (o.profile)
     phases = profile_search(model, sources, o.beam, o.out_len, o.phase_repeats, median_seconds);
 
-  const int64_t batch = int64_t(sources.size()), src_len = int64_t(sources[0].size()) +
-                                                          (config.src_append_eos ? 1 : 0);
+  const int64_t batch = int64_t(sources.size()),
+                src_len = int64_t(sources[0].size()) + (config.src_append_eos ? 1 : 0);
   const double flops =
       search_flops(config, double(batch), double(src_len), double(o.out_len), double(o.beam));
   const double gemm_peak = bench::measure_square_gemm_peak(o.gemm_size, 5);
@@ -335,4 +341,6 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return bench::bench_main(argc, argv, parse_options, run); }
+int main(int argc, char** argv) {
+  return bench::bench_main(argc, argv, parse_options, run);
+}

@@ -20,7 +20,9 @@ std::vector<float> random_vector(int64_t n, uint64_t seed, float scale = 1.f) {
   return v;
 }
 
-TEST(Gemm, MatchesReferenceForAllTransposesAndOddSizes) {
+// gemm() has two paths: a cached oneDNN matmul primitive (alpha 1, beta 0 or 1, outside OpenMP
+// regions) and dnnl_sgemm (other alpha/beta, or inside a parallel region). Every case runs both.
+void check_gemm_against_reference(float alpha, float beta, bool inside_parallel_region) {
   const int64_t sizes[] = {1, 7, 63, 65};
   uint64_t seed = 1;
   for (int64_t m : sizes)
@@ -33,7 +35,6 @@ TEST(Gemm, MatchesReferenceForAllTransposesAndOddSizes) {
             auto b = random_vector((tb ? n : k) * ldb, seed++);
             auto c = random_vector(m * ldc, seed++);
             auto expected = c;
-            const float alpha = 0.75f, beta = 0.5f;
             for (int64_t i = 0; i < m; ++i)
               for (int64_t j = 0; j < n; ++j) {
                 double sum = 0;
@@ -42,12 +43,28 @@ TEST(Gemm, MatchesReferenceForAllTransposesAndOddSizes) {
                          double(tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
                 expected[size_t(i * ldc + j)] = float(alpha * sum + beta * c[size_t(i * ldc + j)]);
               }
-            gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+            if (inside_parallel_region) {
+#pragma omp parallel num_threads(2)
+#pragma omp single
+              gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+            } else {
+              gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+            }
             for (int64_t i = 0; i < m; ++i)
               for (int64_t j = 0; j < n; ++j)
                 ASSERT_NEAR(c[size_t(i * ldc + j)], expected[size_t(i * ldc + j)], 1e-4)
-                    << "m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb;
+                    << "m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb
+                    << " alpha=" << alpha << " beta=" << beta
+                    << " parallel region=" << inside_parallel_region;
           }
+}
+
+TEST(Gemm, MatchesReferenceForAllTransposesAndOddSizes) {
+  for (bool parallel : {false, true}) {
+    check_gemm_against_reference(0.75f, 0.5f, parallel);
+    check_gemm_against_reference(1.f, 0.f, parallel);
+    check_gemm_against_reference(1.f, 1.f, parallel);
+  }
 }
 
 TEST(Gemm, ZeroInnerDimensionLeavesBetaTimesC) {
@@ -178,6 +195,186 @@ TEST(Attention, MatchesReferenceWithEveryMask) {
               << "variant " << variant << " d " << head_dim << " T " << query_len;
         }
       }
+}
+
+// Weights not kept (probs null): the streamed online-softmax path, at lengths that span several
+// query blocks (64) and key blocks (256), with the band restricted by causal and window masks.
+TEST(Attention, StreamedMatchesReferenceAcrossBlocks) {
+  struct Case {
+    int64_t query_len, key_len;
+    bool causal;
+    int64_t window, offset;
+  };
+  for (const Case& c :
+       {Case{300, 300, false, -1, 0}, Case{300, 300, true, -1, 0}, Case{300, 300, false, 5, 0},
+        Case{300, 300, true, 40, 0}, Case{70, 600, false, -1, 0}, Case{1, 600, true, 3, 599},
+        Case{65, 65, false, 0, 0}}) {
+    AttentionShape s;
+    s.batch = 2;
+    s.heads = 2;
+    s.head_dim = 16;
+    s.query_len = c.query_len;
+    s.key_len = c.key_len;
+    s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * s.head_dim;
+    std::vector<int32_t> lengths = {int32_t(c.key_len), int32_t(c.key_len * 2 / 3)};
+    AttentionMask mask;
+    mask.key_lengths = lengths.data();
+    mask.causal = c.causal;
+    mask.window = c.window;
+    mask.query_offset = c.offset;
+    auto q = random_vector(s.batch * s.query_len * s.q_row_stride, 41, 2.f);
+    auto k = random_vector(s.batch * s.key_len * s.k_row_stride, 42, 2.f);
+    auto v = random_vector(s.batch * s.key_len * s.v_row_stride, 43);
+    auto expected = reference_attention(s, mask, q, k, v);
+    std::vector<float> probs(size_t(s.batch * s.heads * s.query_len * s.key_len));
+    for (bool keep_weights : {true, false}) {
+      std::vector<float> out(expected.size(), 123.f);
+      attention_forward(s, mask, q.data(), k.data(), v.data(),
+                        keep_weights ? probs.data() : nullptr, out.data());
+      for (size_t i = 0; i < out.size(); ++i)
+        ASSERT_NEAR(out[i], expected[i], 2e-5)
+            << "Tq " << c.query_len << " Tk " << c.key_len << " causal " << c.causal << " window "
+            << c.window << " kept " << keep_weights << " at " << i;
+    }
+  }
+}
+
+// Double-precision gradients of reference_attention: dq, dk, dv for upstream d_out.
+void reference_attention_backward(const AttentionShape& s, const AttentionMask& mask,
+                                  const std::vector<float>& q, const std::vector<float>& k,
+                                  const std::vector<float>& v, const std::vector<float>& d_out,
+                                  std::vector<double>& dq, std::vector<double>& dk,
+                                  std::vector<double>& dv) {
+  dq.assign(q.size(), 0.0);
+  dk.assign(k.size(), 0.0);
+  dv.assign(v.size(), 0.0);
+  const double scale = 1.0 / std::sqrt(double(s.head_dim));
+  auto at = [&](int64_t b, int64_t t, int64_t h, int64_t c, int64_t len, int64_t stride) {
+    return size_t((b * len + t) * stride + h * s.head_dim + c);
+  };
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < s.query_len; ++i) {
+        const int64_t position = i + mask.query_offset;
+        const int64_t valid = mask.key_lengths ? mask.key_lengths[b] : s.key_len;
+        std::vector<double> p(size_t(s.key_len), 0.0);
+        std::vector<bool> visible(size_t(s.key_len));
+        double max_score = -INFINITY;
+        for (int64_t j = 0; j < s.key_len; ++j) {
+          bool seen = j < valid && (!mask.causal || j <= position);
+          if (mask.window >= 0)
+            seen = seen && (mask.causal ? position - j <= mask.window
+                                        : std::abs(position - j) <= mask.window);
+          visible[size_t(j)] = seen;
+          if (!seen) continue;
+          double dot = 0;
+          for (int64_t c = 0; c < s.head_dim; ++c)
+            dot += double(q[at(b, i, h, c, s.query_len, s.q_row_stride)]) *
+                   k[at(b, j, h, c, s.key_len, s.k_row_stride)];
+          p[size_t(j)] = dot * scale;
+          max_score = std::max(max_score, p[size_t(j)]);
+        }
+        if (max_score == -INFINITY) continue;
+        double sum = 0;
+        for (int64_t j = 0; j < s.key_len; ++j)
+          sum += (p[size_t(j)] = visible[size_t(j)] ? std::exp(p[size_t(j)] - max_score) : 0.0);
+        std::vector<double> dp(size_t(s.key_len), 0.0);
+        double weighted = 0;
+        for (int64_t j = 0; j < s.key_len; ++j) {
+          p[size_t(j)] /= sum;
+          for (int64_t c = 0; c < s.head_dim; ++c) {
+            const double g = d_out[at(b, i, h, c, s.query_len, s.out_row_stride)];
+            dp[size_t(j)] += g * v[at(b, j, h, c, s.key_len, s.v_row_stride)];
+            dv[at(b, j, h, c, s.key_len, s.v_row_stride)] += p[size_t(j)] * g;
+          }
+          weighted += p[size_t(j)] * dp[size_t(j)];
+        }
+        for (int64_t j = 0; j < s.key_len; ++j) {
+          const double ds = p[size_t(j)] * (dp[size_t(j)] - weighted) * scale;
+          for (int64_t c = 0; c < s.head_dim; ++c) {
+            dq[at(b, i, h, c, s.query_len, s.q_row_stride)] +=
+                ds * k[at(b, j, h, c, s.key_len, s.k_row_stride)];
+            dk[at(b, j, h, c, s.key_len, s.k_row_stride)] +=
+                ds * q[at(b, i, h, c, s.query_len, s.q_row_stride)];
+          }
+        }
+      }
+}
+
+// Restricted (windowed) and causal attention computes only the band, per block of 64 queries:
+// forward and backward against float64, at lengths spanning several blocks.
+TEST(Attention, BandedForwardAndBackwardMatchFloat64) {
+  struct Case {
+    int64_t len;
+    bool causal;
+    int64_t window;
+  };
+  for (const Case& c : {Case{150, false, 7}, Case{150, true, 7}, Case{150, true, -1},
+                        Case{130, false, 64}, Case{129, true, 0}}) {
+    AttentionShape s;
+    s.batch = 2;
+    s.heads = 2;
+    s.head_dim = 8;
+    s.query_len = s.key_len = c.len;
+    s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * s.head_dim;
+    std::vector<int32_t> lengths = {int32_t(c.len), int32_t(c.len - 20)};
+    AttentionMask mask;
+    mask.key_lengths = lengths.data();
+    mask.causal = c.causal;
+    mask.window = c.window;
+    auto q = random_vector(s.batch * c.len * s.q_row_stride, 51);
+    auto k = random_vector(s.batch * c.len * s.k_row_stride, 52);
+    auto v = random_vector(s.batch * c.len * s.v_row_stride, 53);
+    auto d_out = random_vector(s.batch * c.len * s.out_row_stride, 54);
+    std::vector<float> probs(size_t(s.batch * s.heads * c.len * c.len), 7.f);
+    std::vector<float> out(q.size());
+    attention_forward(s, mask, q.data(), k.data(), v.data(), probs.data(), out.data());
+    auto expected = reference_attention(s, mask, q, k, v);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-5) << i;
+    std::vector<float> dq(q.size(), 9.f), dk(k.size(), 9.f), dv(v.size(), 9.f);
+    attention_backward(s, mask, q.data(), k.data(), v.data(), probs.data(), {}, d_out.data(),
+                       dq.data(), dk.data(), dv.data());
+    std::vector<double> rq, rk, rv;
+    reference_attention_backward(s, mask, q, k, v, d_out, rq, rk, rv);
+    for (size_t i = 0; i < dq.size(); ++i) {
+      ASSERT_NEAR(dq[i], rq[i], 1e-4) << "dq " << i << " len " << c.len << " window " << c.window;
+      ASSERT_NEAR(dk[i], rk[i], 1e-4) << "dk " << i << " len " << c.len << " window " << c.window;
+      ASSERT_NEAR(dv[i], rv[i], 1e-4) << "dv " << i << " len " << c.len << " window " << c.window;
+    }
+  }
+}
+
+// PackedMatrix: stacked parts in oneDNN's blocked layout, against the plain product.
+TEST(PackedMatrix, StackedProductMatchesReference) {
+  for (int64_t k : {1, 7, 64, 513}) {
+    const std::vector<int64_t> part_rows = {5, 1, 33};
+    std::vector<std::vector<float>> parts;
+    std::vector<const float*> pointers;
+    for (size_t i = 0; i < part_rows.size(); ++i) {
+      parts.push_back(random_vector(part_rows[i] * k, 60 + i));
+      pointers.push_back(parts.back().data());
+    }
+    const PackedMatrix packed(pointers, part_rows, k);
+    ASSERT_EQ(packed.rows(), 39);
+    ASSERT_EQ(packed.cols(), k);
+    for (int64_t m : {1, 3, 32, 100}) {
+      const int64_t ldx = k + 2, ldy = 41;
+      auto x = random_vector(m * ldx, 70 + m);
+      std::vector<float> y(size_t(m * ldy), 5.f);
+      packed.multiply(x.data(), m, ldx, y.data(), ldy);
+      for (int64_t r = 0; r < m; ++r) {
+        int64_t row = 0;
+        for (size_t part = 0; part < parts.size(); ++part)
+          for (int64_t j = 0; j < part_rows[part]; ++j, ++row) {
+            double sum = 0;
+            for (int64_t c = 0; c < k; ++c)
+              sum += double(x[size_t(r * ldx + c)]) * parts[part][size_t(j * k + c)];
+            ASSERT_NEAR(y[size_t(r * ldy + row)], sum, 1e-4) << "m " << m << " k " << k;
+          }
+        for (int64_t j = 39; j < ldy; ++j) ASSERT_EQ(y[size_t(r * ldy + j)], 5.f);  // untouched
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "train/replicas.h"
 
 int main(int argc, char** argv) {
+  tfm::retain_freed_memory();
   CLI::App app{
       "transformer: the Transformer of \"Attention Is All You Need\" (encoder-decoder, §3) —\n"
       "build, score and import models. Run `transformer COMMAND --help` for each command."};

@@ -1,12 +1,15 @@
 // Incremental decoding: the decoder run one position at a time for a set of hypotheses, with
 // each layer's self-attention keys/values kept in a cache (so a step costs O(length), not a
 // recomputation of the prefix) and the cross-attention keys/values of the encoder output
-// computed once per batch and shared by all hypotheses of a sentence.
+// computed once per batch and shared by all hypotheses of a sentence. The weights are the
+// model's packed copies (model/packed_weights.h); beam reordering moves indices, not cache rows.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "model/packed_weights.h"
 #include "model/stacks.h"
 #include "model/transformer.h"
 
@@ -15,9 +18,9 @@ namespace tfm {
 class IncrementalDecoder {
  public:
   // memory: [sentences, src_len, D] encoder output; src_lengths: [sentences]. Both must stay
-  // valid while decoding. max_steps bounds the cache.
+  // valid while decoding. max_steps bounds the positions, max_hypotheses the live set.
   IncrementalDecoder(const Model& model, const float* memory, int64_t sentences, int64_t src_len,
-                     const int32_t* src_lengths, int64_t max_steps);
+                     const int32_t* src_lengths, int64_t max_steps, int64_t max_hypotheses);
 
   // Starts `hypothesis_sentence.size()` hypotheses (sentence index of each) at position 0.
   void start(const std::vector<int32_t>& hypothesis_sentence);
@@ -30,7 +33,7 @@ class IncrementalDecoder {
             int64_t attention_layer = -1, bool per_head = false);
 
   // Keeps hypotheses parents[0..M) (indices into the current set, repeats allowed) as the new
-  // set, in that order.
+  // set, in that order. Costs M × position index copies: the cached rows stay where they are.
   void reorder(const std::vector<int32_t>& parents);
 
   int64_t hypotheses() const { return int64_t(hypothesis_sentence_.size()); }
@@ -38,17 +41,27 @@ class IncrementalDecoder {
 
  private:
   const Model& model_;
-  const float* memory_;
-  int64_t sentences_, src_len_, max_steps_;
+  std::shared_ptr<const PackedDecoderWeights> packed_;
+  int64_t sentences_, src_len_, max_steps_, max_hypotheses_;
   const int32_t* src_lengths_;
   int64_t position_ = 0;
   std::vector<int32_t> hypothesis_sentence_;  // [N]
-  // Per decoder layer.
-  std::vector<std::vector<float>> self_keys_, self_values_;    // [N, max_steps, D]
-  std::vector<std::vector<float>> cross_keys_, cross_values_;  // [sentences, S, D]
+  // Per decoder layer, what every step wrote: [max_hypotheses, max_steps, D], row
+  // i * max_steps + t from hypothesis slot i at position t (uninitialised until written). A
+  // slot's rows before t may still serve other hypotheses (its old self's descendants); rows at
+  // t are new, so writing them never disturbs a history. Slot-major keeps a hypothesis' rows
+  // mostly contiguous (always, in greedy search), which the attention reads far faster.
+  std::vector<std::unique_ptr<float[]>> self_keys_, self_values_;
+  // Cache row holding position j of hypothesis i: history_[i * max_steps + j], j < position.
+  std::vector<int32_t> history_, reordered_history_;  // [max_hypotheses, max_steps]
+  std::vector<std::unique_ptr<float[]>> cross_kv_;    // per layer [sentences, S, 2D]: keys | values
   // Step buffers.
-  std::vector<float> x_, q_, k_, v_, context_, probs_, logits_;
-  std::vector<float> reorder_buffer_;
+  std::vector<float> x_;           // [N, D] residual stream
+  std::vector<float> qkv_;         // [N, 3D] self-attention projections
+  std::vector<float> q_;           // [N, D] cross-attention queries
+  std::vector<float> context_;     // [N, D] heads concatenated
+  std::vector<float> probs_;       // [N, H, keys] attention weights
+  std::vector<float> hidden_;      // [N, d_ff] feed-forward hidden layer
   DecoderLayerCache layer_cache_;  // sublayer buffers (one layer at a time)
 };
 

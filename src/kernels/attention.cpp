@@ -1,11 +1,13 @@
-// attention_forward(): per (sequence, head) the scores come from one GEMM (Q·Kᵀ, transpose
-// absorbed by the GEMM flag), then scale, mask and softmax run in one pass per row, then a
-// second GEMM multiplies by V. OpenMP spreads the batch × heads pairs over the threads; the
-// GEMMs inside run single-threaded (no nested parallelism).
+// attention_forward(): per (sequence, head) and block of queries the scores come from one GEMM
+// over the block's visible keys (Q·Kᵀ, transpose absorbed by the GEMM flag), then scale, mask
+// and softmax run in one pass per row, then a second GEMM multiplies by V; without a weights
+// buffer, the keys are streamed with an online softmax instead. OpenMP spreads the
+// batch × heads pairs over the threads; the GEMMs inside run single-threaded.
 #include "kernels/attention.h"
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/elementwise.h"
@@ -62,31 +64,6 @@ int64_t value_batch_stride(const AttentionShape& s) {
   return s.v_batch_stride ? s.v_batch_stride : s.key_len * s.v_row_stride;
 }
 
-// One query row against key_count keys with plain vectorised loops: at decoding time a GEMM
-// call per (hypothesis, head) would cost more in overhead than the arithmetic.
-void single_query_attention(const AttentionShape& s, const AttentionMask& mask, int64_t key_count,
-                            float scale, const float* q, const float* k, const float* v,
-                            float* probs, float* out) {
-  const int64_t d = s.head_dim;
-  int64_t begin, end;
-  visible_keys(mask, key_count, mask.query_offset, &begin, &end);
-  for (int64_t j = begin; j < end; ++j) {
-    const float* key = k + j * s.k_row_stride;
-    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t c = 0; c < d; ++c) dot += q[c] * key[c];
-    probs[j] = dot;
-  }
-  masked_softmax_row(probs, s.key_len, begin, end, scale);
-  for (int64_t c = 0; c < d; ++c) out[c] = 0.f;
-  for (int64_t j = begin; j < end; ++j) {
-    const float p = probs[j];
-    const float* value = v + j * s.v_row_stride;
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) out[c] += p * value[c];
-  }
-}
-
 // Per-thread scratch of at least n floats, reused across calls (no allocation once warm).
 float* thread_scratch(int64_t n, int slot) {
   thread_local std::vector<float> buffers[2];
@@ -102,6 +79,132 @@ void dropped_probs(const float* probs, const uint8_t* mask, float p, int64_t n, 
   for (int64_t i = 0; i < n; ++i) dropped[i] = mask[i] ? probs[i] * keep_scale : 0.f;
 }
 
+// Query rows are taken in blocks; a block's GEMMs cover only the keys visible to some row of
+// it, so causal attention skips the future and restricted attention (window w) costs O(w·n·d).
+constexpr int64_t kQueryBlock = 64;
+constexpr int64_t kKeyBlock = 256;  // streamed attention: keys per online-softmax update
+
+// Keys visible to any query of [t0, t1) (visibility is an interval moving right with t).
+void block_keys(const AttentionMask& mask, int64_t key_count, int64_t t0, int64_t t1, int64_t* lo,
+                int64_t* hi) {
+  int64_t begin_first, end_first, begin_last, end_last;
+  visible_keys(mask, key_count, t0 + mask.query_offset, &begin_first, &end_first);
+  visible_keys(mask, key_count, t1 - 1 + mask.query_offset, &begin_last, &end_last);
+  // A row past the last valid key has an empty interval starting beyond key_count: clamp.
+  *lo = std::min(begin_first, key_count);
+  *hi = std::min(std::max(end_last, *lo), key_count);
+}
+
+int64_t query_block(const AttentionShape& s, const AttentionMask& mask) {
+  return mask.causal || mask.window >= 0 ? kQueryBlock : std::max<int64_t>(s.query_len, 1);
+}
+
+// Inference without the weights kept: each block of queries visits its visible keys kKeyBlock at
+// a time with an online softmax (running max m, running sum l, unnormalised output acc), so a
+// thread holds O(kQueryBlock · kKeyBlock) scores, never the Tq × Tk matrix.
+void streamed_attention(const AttentionShape& s, const AttentionMask& mask, int64_t key_count,
+                        float scale, const float* q, const float* k, const float* v, float* out) {
+  const int64_t d = s.head_dim;
+  float* scratch = thread_scratch(kQueryBlock * (kKeyBlock + d + 2), 0);
+  float* scores = scratch;                         // [kQueryBlock, kKeyBlock]
+  float* acc = scores + kQueryBlock * kKeyBlock;   // [kQueryBlock, d]
+  float* running_max = acc + kQueryBlock * d;      // [kQueryBlock]
+  float* running_sum = running_max + kQueryBlock;  // [kQueryBlock]
+  for (int64_t t0 = 0; t0 < s.query_len; t0 += kQueryBlock) {
+    const int64_t t1 = std::min(t0 + kQueryBlock, s.query_len), rows = t1 - t0;
+    int64_t lo, hi;
+    block_keys(mask, key_count, t0, t1, &lo, &hi);
+    std::fill_n(acc, rows * d, 0.f);
+    std::fill_n(running_max, rows, -INFINITY);
+    std::fill_n(running_sum, rows, 0.f);
+    for (int64_t j0 = lo; j0 < hi; j0 += kKeyBlock) {
+      const int64_t j1 = std::min(j0 + kKeyBlock, hi);
+      gemm(false, true, rows, j1 - j0, d, 1.f, q + t0 * s.q_row_stride, s.q_row_stride,
+           k + j0 * s.k_row_stride, s.k_row_stride, 0.f, scores, kKeyBlock);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = scores + r * kKeyBlock;  // [j1 - j0], column c is key j0 + c
+        int64_t begin, end;
+        visible_keys(mask, key_count, t0 + r + mask.query_offset, &begin, &end);
+        begin = std::max(begin, j0) - j0;
+        end = std::min(end, j1) - j0;
+        if (begin >= end) {
+          std::fill_n(row, j1 - j0, 0.f);
+          continue;
+        }
+        float block_max = -INFINITY;
+#pragma omp simd reduction(max : block_max)
+        for (int64_t j = begin; j < end; ++j) block_max = std::max(block_max, row[j] * scale);
+        const float new_max = std::max(running_max[r], block_max);
+        const float correction = fast_exp(running_max[r] - new_max);  // exp(-inf) = 0 at first
+        float sum = 0.f;
+        for (int64_t j = 0; j < begin; ++j) row[j] = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = begin; j < end; ++j) {
+          row[j] = fast_exp(row[j] * scale - new_max);
+          sum += row[j];
+        }
+        for (int64_t j = end; j < j1 - j0; ++j) row[j] = 0.f;
+        running_sum[r] = running_sum[r] * correction + sum;
+        running_max[r] = new_max;
+        float* acc_row = acc + r * d;
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) acc_row[c] *= correction;
+      }
+      gemm(false, false, rows, d, j1 - j0, 1.f, scores, kKeyBlock, v + j0 * s.v_row_stride,
+           s.v_row_stride, 1.f, acc, d);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float inv_sum = running_sum[r] > 0.f ? 1.f / running_sum[r] : 0.f;
+      float* o = out + (t0 + r) * s.out_row_stride;
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) o[c] = acc[r * d + c] * inv_sum;
+    }
+  }
+}
+
+// Incremental decoding: the single query of sequence b, all heads at once, with plain vectorised
+// loops (a GEMM call per head would cost more in overhead than the arithmetic). Each visible
+// key row is read once, front to back, for every head. probs: [heads, key_len] of sequence b.
+// kHeadDim > 0 fixes the head size at compile time (fully unrolled dot products); 0: runtime.
+template <int64_t kHeadDim>
+void single_query_attention(const AttentionShape& s, const AttentionMask& mask, int64_t b,
+                            float scale, const float* q, const float* k, const float* v,
+                            float* probs, float* out) {
+  const int64_t d = kHeadDim > 0 ? kHeadDim : s.head_dim, heads = s.heads;
+  const int64_t kb = mask.key_batch ? mask.key_batch[b] : b;
+  const int64_t key_count =
+      mask.key_lengths ? std::min<int64_t>(mask.key_lengths[kb], s.key_len) : s.key_len;
+  // Key j is row rows[j] of k and v (shared cache rows), else row j of sequence kb.
+  const int32_t* rows = s.key_rows ? s.key_rows + b * s.key_rows_stride : nullptr;
+  const float* k_base = rows ? k : k + kb * key_batch_stride(s);
+  const float* v_base = rows ? v : v + kb * value_batch_stride(s);
+  const float* q_b = q + b * s.q_row_stride;
+  float* out_b = out + b * s.out_row_stride;
+  int64_t begin, end;
+  visible_keys(mask, key_count, mask.query_offset, &begin, &end);
+  for (int64_t j = begin; j < end; ++j) {
+    const float* key = k_base + (rows ? int64_t(rows[j]) : j) * s.k_row_stride;
+    for (int64_t h = 0; h < heads; ++h) {
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < d; ++c) dot += q_b[h * d + c] * key[h * d + c];
+      probs[h * s.key_len + j] = dot;
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h)
+    masked_softmax_row(probs + h * s.key_len, s.key_len, begin, end, scale);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t c = 0; c < d; ++c) out_b[h * d + c] = 0.f;
+  for (int64_t j = begin; j < end; ++j) {
+    const float* value = v_base + (rows ? int64_t(rows[j]) : j) * s.v_row_stride;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float p = probs[h * s.key_len + j];
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) out_b[h * d + c] += p * value[h * d + c];
+    }
+  }
+}
+
 }  // namespace
 
 void attention_forward(const AttentionShape& s, const AttentionMask& mask, const float* q,
@@ -110,6 +213,20 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
   const float scale = 1.f / std::sqrt(float(s.head_dim));
   const int64_t pairs = s.batch * s.heads;
   const int64_t pair_size = s.query_len * s.key_len;
+  const int64_t block = query_block(s, mask);
+  if (!probs && dropout.p > 0.f)
+    throw std::invalid_argument("attention_forward: dropout needs the probs buffer");
+  if (s.query_len == 1 && (s.key_rows || dropout.p == 0.f)) {  // incremental decoding
+#pragma omp parallel for schedule(static) if (s.batch > 1)
+    for (int64_t b = 0; b < s.batch; ++b) {
+      float* p_b = probs ? probs + b * s.heads * s.key_len : thread_scratch(s.heads * s.key_len, 1);
+      if (s.head_dim == 64)  // base and big models
+        single_query_attention<64>(s, mask, b, scale, q, k, v, p_b, out);
+      else
+        single_query_attention<0>(s, mask, b, scale, q, k, v, p_b, out);
+    }
+    return;
+  }
   if (dropout.p > 0.f) dropout_mask(dropout.mask, pairs * pair_size, dropout.p, dropout.key);
 #pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
   for (int64_t pair = 0; pair < pairs; ++pair) {
@@ -121,29 +238,37 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
     const float* k_bh = k + kb * key_batch_stride(s) + h * s.head_dim;
     const float* v_bh = v + kb * value_batch_stride(s) + h * s.head_dim;
     float* out_bh = out + b * s.query_len * s.out_row_stride + h * s.head_dim;
-    float* p_bh = probs + pair * pair_size;      // [Tq, Tk]
-    if (s.query_len == 1 && dropout.p == 0.f) {  // incremental decoding: dot products, no GEMM
-      single_query_attention(s, mask, key_count, scale, q_bh, k_bh, v_bh, p_bh, out_bh);
+    // [Tq, Tk] this pair's weights (per-thread scratch when the caller keeps none)
+    float* p_bh = probs ? probs + pair * pair_size : nullptr;
+    if (!p_bh) {
+      streamed_attention(s, mask, key_count, scale, q_bh, k_bh, v_bh, out_bh);
       continue;
     }
-
-    // Only the first key_count keys can be visible: skip padded keys in both GEMMs.
-    if (key_count > 0)
-      gemm(false, true, s.query_len, key_count, s.head_dim, 1.f, q_bh, s.q_row_stride, k_bh,
-           s.k_row_stride, 0.f, p_bh, s.key_len);
-    for (int64_t t = 0; t < s.query_len; ++t) {
-      int64_t begin, end;
-      visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
-      masked_softmax_row(p_bh + t * s.key_len, s.key_len, begin, end, scale);
+    for (int64_t t0 = 0; t0 < s.query_len; t0 += block) {
+      const int64_t t1 = std::min(t0 + block, s.query_len), rows = t1 - t0;
+      int64_t lo, hi;
+      block_keys(mask, key_count, t0, t1, &lo, &hi);
+      float* p_block = p_bh + t0 * s.key_len;  // [rows, Tk]
+      if (hi > lo)
+        gemm(false, true, rows, hi - lo, s.head_dim, 1.f, q_bh + t0 * s.q_row_stride,
+             s.q_row_stride, k_bh + lo * s.k_row_stride, s.k_row_stride, 0.f, p_block + lo,
+             s.key_len);
+      for (int64_t t = t0; t < t1; ++t) {  // also zeroes the columns outside [lo, hi)
+        int64_t begin, end;
+        visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
+        masked_softmax_row(p_bh + t * s.key_len, s.key_len, begin, end, scale);
+      }
+      const float* weights = p_block;
+      if (dropout.p > 0.f) {
+        float* dropped = thread_scratch(rows * s.key_len, 0);  // [rows, Tk]
+        dropped_probs(p_block, dropout.mask + pair * pair_size + t0 * s.key_len, dropout.p,
+                      rows * s.key_len, dropped);
+        weights = dropped;
+      }
+      gemm(false, false, rows, s.head_dim, hi - lo, 1.f, weights + lo, s.key_len,
+           v_bh + lo * s.v_row_stride, s.v_row_stride, 0.f, out_bh + t0 * s.out_row_stride,
+           s.out_row_stride);
     }
-    const float* weights = p_bh;
-    if (dropout.p > 0.f) {
-      float* dropped = thread_scratch(pair_size, 0);  // [Tq, Tk]
-      dropped_probs(p_bh, dropout.mask + pair * pair_size, dropout.p, pair_size, dropped);
-      weights = dropped;
-    }
-    gemm(false, false, s.query_len, s.head_dim, key_count, 1.f, weights, s.key_len, v_bh,
-         s.v_row_stride, 0.f, out_bh, s.out_row_stride);
   }
 }
 
@@ -154,6 +279,7 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
   const float scale = 1.f / std::sqrt(float(s.head_dim));
   const int64_t pairs = s.batch * s.heads;
   const int64_t pair_size = s.query_len * s.key_len;
+  const int64_t block = query_block(s, mask);
 #pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t b = pair / s.heads, h = pair % s.heads;
@@ -165,51 +291,66 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
     const float* d_out_bh = d_out + b * s.query_len * s.out_row_stride + h * s.head_dim;
     const float* p_bh = probs + pair * pair_size;  // [Tq, Tk]
     const uint8_t* mask_bh = dropout.p > 0.f ? dropout.mask + pair * pair_size : nullptr;
+    const float keep_scale = mask_bh ? 1.f / (1.f - dropout.p) : 1.f;
 
-    // Padded keys get no gradient.
-    for (int64_t j = key_count; j < s.key_len; ++j)
+    // dK and dV accumulate over the query blocks; keys no query sees (padding) keep 0.
+    for (int64_t j = 0; j < s.key_len; ++j)
       for (int64_t c = 0; c < s.head_dim; ++c) {
         dk[k_offset + j * s.k_row_stride + c] = 0.f;
         dv[v_offset + j * s.v_row_stride + c] = 0.f;
       }
-    if (key_count == 0) {
-      for (int64_t t = 0; t < s.query_len; ++t)
-        for (int64_t c = 0; c < s.head_dim; ++c) dq[q_offset + t * s.q_row_stride + c] = 0.f;
-      continue;
-    }
-    // dV = P'ᵀ · dO, with P' the weights applied in the forward pass.
-    const float* weights = p_bh;
-    if (mask_bh) {
-      float* dropped = thread_scratch(pair_size, 0);
-      dropped_probs(p_bh, mask_bh, dropout.p, pair_size, dropped);
-      weights = dropped;
-    }
-    gemm(true, false, key_count, s.head_dim, s.query_len, 1.f, weights, s.key_len, d_out_bh,
-         s.out_row_stride, 0.f, dv + v_offset, s.v_row_stride);
-    // dP' = dO · Vᵀ  [Tq, key_count], stored with row stride key_len.
-    float* d_scores = thread_scratch(pair_size, 1);
-    gemm(false, true, s.query_len, key_count, s.head_dim, 1.f, d_out_bh, s.out_row_stride,
-         v + v_offset, s.v_row_stride, 0.f, d_scores, s.key_len);
-    // Through dropout, then softmax: dS = P ⊙ (dP − Σ_j dP·P), scaled by 1/sqrt(d_k).
-    const float keep_scale = mask_bh ? 1.f / (1.f - dropout.p) : 1.f;
-    for (int64_t t = 0; t < s.query_len; ++t) {
-      float* row = d_scores + t * s.key_len;
-      const float* p_row = p_bh + t * s.key_len;
-      if (mask_bh) {
-        const uint8_t* m_row = mask_bh + t * s.key_len;
-        for (int64_t j = 0; j < key_count; ++j) row[j] = m_row[j] ? row[j] * keep_scale : 0.f;
+    for (int64_t t0 = 0; t0 < s.query_len; t0 += block) {
+      const int64_t t1 = std::min(t0 + block, s.query_len), rows = t1 - t0;
+      int64_t lo, hi;
+      block_keys(mask, key_count, t0, t1, &lo, &hi);
+      if (hi <= lo) {  // no visible key: no gradient to the queries
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t c = 0; c < s.head_dim; ++c) dq[q_offset + t * s.q_row_stride + c] = 0.f;
+        continue;
       }
-      float dot = 0.f;
+      const int64_t width = hi - lo;
+      const float* p_block = p_bh + t0 * s.key_len + lo;  // [rows, width], row stride Tk
+      // dV += P'ᵀ · dO, with P' the weights applied in the forward pass.
+      const float* weights = p_block;
+      int64_t weights_stride = s.key_len;
+      if (mask_bh) {
+        float* dropped = thread_scratch(rows * width, 0);  // [rows, width]
+        for (int64_t r = 0; r < rows; ++r)
+          dropped_probs(p_block + r * s.key_len, mask_bh + (t0 + r) * s.key_len + lo, dropout.p,
+                        width, dropped + r * width);
+        weights = dropped;
+        weights_stride = width;
+      }
+      gemm(true, false, width, s.head_dim, rows, 1.f, weights, weights_stride,
+           d_out_bh + t0 * s.out_row_stride, s.out_row_stride, 1.f,
+           dv + v_offset + lo * s.v_row_stride, s.v_row_stride);
+      // dP' = dO · Vᵀ  [rows, width]
+      float* d_scores = thread_scratch(rows * width, 1);
+      gemm(false, true, rows, width, s.head_dim, 1.f, d_out_bh + t0 * s.out_row_stride,
+           s.out_row_stride, v + v_offset + lo * s.v_row_stride, s.v_row_stride, 0.f, d_scores,
+           width);
+      // Through dropout, then softmax: dS = P ⊙ (dP − Σ_j dP·P), scaled by 1/sqrt(d_k).
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = d_scores + r * width;
+        const float* p_row = p_block + r * s.key_len;
+        if (mask_bh) {
+          const uint8_t* m_row = mask_bh + (t0 + r) * s.key_len + lo;
+          for (int64_t j = 0; j < width; ++j) row[j] = m_row[j] ? row[j] * keep_scale : 0.f;
+        }
+        float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < key_count; ++j) dot += row[j] * p_row[j];
+        for (int64_t j = 0; j < width; ++j) dot += row[j] * p_row[j];
 #pragma omp simd
-      for (int64_t j = 0; j < key_count; ++j) row[j] = p_row[j] * (row[j] - dot) * scale;
+        for (int64_t j = 0; j < width; ++j) row[j] = p_row[j] * (row[j] - dot) * scale;
+      }
+      // dQ = dS · K, dK += dSᵀ · Q.
+      gemm(false, false, rows, s.head_dim, width, 1.f, d_scores, width,
+           k + k_offset + lo * s.k_row_stride, s.k_row_stride, 0.f,
+           dq + q_offset + t0 * s.q_row_stride, s.q_row_stride);
+      gemm(true, false, width, s.head_dim, rows, 1.f, d_scores, width,
+           q + q_offset + t0 * s.q_row_stride, s.q_row_stride, 1.f,
+           dk + k_offset + lo * s.k_row_stride, s.k_row_stride);
     }
-    // dQ = dS · K, dK = dSᵀ · Q.
-    gemm(false, false, s.query_len, s.head_dim, key_count, 1.f, d_scores, s.key_len, k + k_offset,
-         s.k_row_stride, 0.f, dq + q_offset, s.q_row_stride);
-    gemm(true, false, key_count, s.head_dim, s.query_len, 1.f, d_scores, s.key_len, q + q_offset,
-         s.q_row_stride, 0.f, dk + k_offset, s.k_row_stride);
   }
 }
 

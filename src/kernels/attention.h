@@ -1,6 +1,6 @@
 // Scaled dot-product attention over all heads of a padded batch:
 // softmax(Q·Kᵀ/sqrt(d_k) + mask)·V, with key padding, causal and windowed masks,
-// computed with one small GEMM pair per (sequence, head), run in parallel over batch × heads.
+// computed with small GEMMs per (sequence, head), run in parallel over batch × heads.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,11 @@ struct AttentionShape {
   // cache with room for more positions than key_len sets these to its capacity × row stride.
   int64_t k_batch_stride = 0;
   int64_t v_batch_stride = 0;
+  // Incremental decoding (query_len 1, no dropout): key j of sequence b is row
+  // key_rows[b * key_rows_stride + j] of k and v (batch strides unused), so beam hypotheses
+  // that share a prefix read the same cached rows instead of each holding a copy. Null: dense.
+  const int32_t* key_rows = nullptr;
+  int64_t key_rows_stride = 0;
 };
 
 // Which keys a query sees. Query t of sequence b has absolute position t + query_offset;
@@ -49,6 +54,10 @@ struct AttentionDropout {
 // out[b, t, h*d:(h+1)*d] = Σ_j p[b,h,t,j] · V[b, j, h*d:(h+1)*d]
 // probs: [batch, heads, query_len, key_len] receives the attention weights before dropout
 // (masked entries 0; a query with no visible key gets an all-zero row and a zero output).
+// probs null (inference, no dropout): the weights are not kept; each block of queries streams
+// over its visible keys with an online softmax, in O(block²) memory per thread.
+// Either way, causal and windowed masks restrict the products to the visible band of keys
+// (per block of 64 queries), so a window w costs O(w·n·d), not O(n²·d).
 void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                        const float* k, const float* v, float* probs, float* out,
                        const AttentionDropout& dropout = {});

@@ -52,7 +52,8 @@ void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
   float* v = ensure_size(cache.v, key_rows * d);                // [B, Tk, D]
   float* context = ensure_size(cache.context, query_rows * d);  // [B, Tq, D]
   const int64_t prob_count = in.batch * heads * in.query_len * in.key_len;
-  float* probs = ensure_size(cache.probs, prob_count);  // [B, H, Tq, Tk]
+  const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
+  float* probs = keep ? ensure_size(cache.probs, prob_count) : nullptr;  // [B, H, Tq, Tk]
   linear_forward(w.q, in.query_input, query_rows, q);
   linear_forward(w.k, in.memory_input, key_rows, k);
   linear_forward(w.v, in.memory_input, key_rows, v);

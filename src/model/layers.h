@@ -41,11 +41,14 @@ struct AttentionInputs {
 };
 
 struct AttentionCache {
-  std::vector<float> q;               // [B, Tq, D]
-  std::vector<float> k;               // [B, Tk, D]
-  std::vector<float> v;               // [B, Tk, D]
-  std::vector<float> context;         // [B, Tq, D] heads concatenated (input of W_o)
-  std::vector<float> probs;           // [B, H, Tq, Tk] softmax before dropout
+  std::vector<float> q;        // [B, Tq, D]
+  std::vector<float> k;        // [B, Tk, D]
+  std::vector<float> v;        // [B, Tk, D]
+  std::vector<float> context;  // [B, Tq, D] heads concatenated (input of W_o)
+  std::vector<float> probs;    // [B, H, Tq, Tk] softmax before dropout
+  // Inference sets this to false: the weights are then never stored (attention streams over
+  // the keys with an online softmax), and backward cannot run.
+  bool keep_weights = true;
   std::vector<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
 };
 

@@ -79,11 +79,22 @@ AttentionInputs cross_attention_inputs(const float* x, const float* memory, int6
   return in;
 }
 
+void set_keep_attention_weights(EncoderLayerCache& cache, bool keep) {
+  cache.self_attn.keep_weights = keep;
+}
+void set_keep_attention_weights(DecoderLayerCache& cache, bool keep) {
+  cache.self_attn.keep_weights = cache.cross_attn.keep_weights = keep;
+}
+
+// Training keeps every layer's cache (and attention weights) for backward; inference alternates
+// two caches and streams attention.
 template <typename LayerCache>
 LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t layers, int64_t i) {
   const size_t needed = training ? size_t(layers) : size_t(std::min<int64_t>(layers, 2));
   if (caches.size() < needed) caches.resize(needed);
-  return caches[training ? size_t(i) : size_t(i % 2)];
+  LayerCache& cache = caches[training ? size_t(i) : size_t(i % 2)];
+  set_keep_attention_weights(cache, training);
+  return cache;
 }
 
 // x [rows, D] = embeddings + positions, then dropout with its own mask.

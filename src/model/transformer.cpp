@@ -8,6 +8,7 @@
 #include "io/safetensors.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "model/packed_weights.h"
 #include "tensor/error.h"
 
 namespace tfm {
@@ -20,6 +21,20 @@ Model::Model(ModelConfig config, TensorMap parameters, const std::string& where)
     sinusoids_.resize(size_t(config_.max_positions * config_.d_model));
     fill_sinusoid_table(config_, sinusoids_.data());
   }
+}
+
+TensorMap& Model::mutable_parameters() {
+  std::lock_guard<std::mutex> lock(packs_->mutex);
+  packs_->decoder.reset();
+  return parameters_;
+}
+
+std::shared_ptr<const PackedDecoderWeights> Model::packed_decoder() const {
+  std::lock_guard<std::mutex> lock(packs_->mutex);
+  if (!packs_->decoder)
+    packs_->decoder =
+        std::make_shared<const PackedDecoderWeights>(pack_decoder_weights(config_, weights_));
+  return packs_->decoder;
 }
 
 const float* Model::encoder_positions() const {

@@ -3,6 +3,8 @@
 // projection + log-softmax, on padded batches, with all activations in a reusable workspace.
 #pragma once
 
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,8 @@
 #include "tensor/tensor.h"
 
 namespace tfm {
+
+struct PackedDecoderWeights;  // model/packed_weights.h
 
 class Model {
  public:
@@ -26,7 +30,11 @@ class Model {
   const TransformerWeights& weights() const { return weights_; }
   const TensorMap& parameters() const { return parameters_; }
   // For optimizers: values may change in place, never shapes or names (the views stay valid).
-  TensorMap& mutable_parameters() { return parameters_; }
+  // Drops the packed decoder weights, so call it again before each change.
+  TensorMap& mutable_parameters();
+  // The decoder's weights packed for incremental decoding, built on first use and shared by
+  // every later decoder (a translation run packs once). Thread-safe.
+  std::shared_ptr<const PackedDecoderWeights> packed_decoder() const;
   // [max_positions, D] encodings added to the encoder / decoder inputs, or null for "none".
   const float* encoder_positions() const;
   const float* decoder_positions() const;
@@ -36,6 +44,11 @@ class Model {
   TensorMap parameters_;
   TransformerWeights weights_;
   std::vector<float> sinusoids_;  // [max_positions, D] when sinusoidal
+  struct PackCache {
+    std::mutex mutex;
+    std::shared_ptr<const PackedDecoderWeights> decoder;
+  };
+  std::unique_ptr<PackCache> packs_ = std::make_unique<PackCache>();
 };
 
 // Reads a model .safetensors file (config from __metadata__.config); its weights must be finite

@@ -1,6 +1,7 @@
 // The memory limit: physical memory by default.
 #include "tensor/memory_budget.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -64,6 +65,13 @@ int64_t parse_memory_size(const std::string& text) {
       value * scale < 1 || value * scale >= 9.2e18)
     throw Error("--max-memory: \"" + text + "\" is not a positive size (use e.g. 512M or 8G)");
   return int64_t(value * scale);
+}
+
+void retain_freed_memory() {
+  // Blocks come from the heap up to 1 GiB (never mmap'd on their own), and a free top of the heap
+  // is returned to the system only beyond 1 GiB.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 }  // namespace tfm
