@@ -19,7 +19,7 @@
 #        PHASE_REPEATS (3: --profile replays)  QUIET_WAIT (30: seconds to wait for other
 #        processes to go idle before each run)  BUILD_DIR (build)
 #        WORK_DIR (a fresh temp dir, removed at the end unless given)
-#        DECODE_BENCH_NO_INSTALL=1: fail instead of installing OpenBLAS for the peer
+#        BENCH_NO_INSTALL=1: fail instead of installing OpenBLAS for the peer
 # Takes about 4 minutes on 2 cores when the machine is otherwise idle (plus up to QUIET_WAIT
 # seconds before each of the 15 runs when it is not).
 set -euo pipefail
@@ -40,30 +40,8 @@ beam=4
 
 fail() { echo "error: $*" >&2; exit 1; }
 
-bash scripts/bootstrap.sh python3-torch python3-numpy
-[ -f "$build/CMakeCache.txt" ] || bash scripts/build.sh >/dev/null
-if grep -q '^TRANSFORMER_BENCH:BOOL=OFF' "$build/CMakeCache.txt"; then
-  cmake -S . -B "$build" -DTRANSFORMER_BENCH=ON >/dev/null
-fi
-# Configure again if this build tree predates the decode_bench target.
-cmake --build "$build" --target decode_bench -j2 >/dev/null 2>&1 ||
-  { cmake -S . -B "$build" >/dev/null && cmake --build "$build" --target decode_bench -j2 >/dev/null; } ||
-  fail "building decode_bench failed"
-bench_bin="$build/bench/decode_bench"
-
-# Debian's torch does its dense GEMMs through libblas.so.3; when that alternative is the netlib
-# reference BLAS, PyTorch runs ~50x below its real speed, which would make the comparison
-# meaningless. libtorch1.13 recommends OpenBLAS; install it as a user would.
-blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)
-if [[ -z "$blas" || "$blas" == */blas/libblas.so.3* ]]; then
-  if [[ "${DECODE_BENCH_NO_INSTALL:-0}" == 1 || $(id -u) != 0 ]]; then
-    fail "PyTorch would use the netlib reference BLAS ($blas); install libopenblas0-openmp"
-  fi
-  echo "installing libopenblas0-openmp (PyTorch's BLAS; the netlib reference is ~50x slower)" >&2
-  apt-get install -y -q libopenblas0-openmp >/dev/null 2>&1 ||
-    { apt-get update -q >/dev/null && apt-get install -y -q libopenblas0-openmp >/dev/null; } ||
-    fail "could not install libopenblas0-openmp"
-fi
+source bench/common.sh
+bench_prepare decode_bench
 
 if [[ -n "${WORK_DIR:-}" ]]; then
   work=$WORK_DIR
@@ -291,7 +269,7 @@ each one's own); each run: {runs['ours_greedy'][0]['warmup']} warm-up + {runs['o
 ({runs['torch_nocache_greedy'][0]['repeats']} for the no-cache peer, whose warm-up decodes 4 tokens).
 GFLOP/s counts the useful work of a KV-cached search ({runs['ours_greedy'][0]['gflop']:.0f} GFLOP greedy,
 {runs['ours_beam'][0]['gflop']:.0f} GFLOP beam 4) for every side; MFU is against the square
-{runs['ours_greedy'][0]['gemm_size']}³ fp32 GEMM each process measured itself (oneDNN for ours, torch.mm →
+{runs['ours_greedy'][0]['gemm_size']}³ fp32 GEMM each process measured itself (the faster of oneDNN's sgemm and matmul for ours, torch.mm →
 OpenBLAS for PyTorch {torch_version}, {blas}).
 
 ## Greedy ({rounds_note('greedy')})
@@ -317,10 +295,10 @@ For context only — **measured elsewhere, not in this run** (another machine): 
 
 tfm::search has no hooks, so `--profile` replays its decoder calls with the public pieces on
 the same shapes and times each: make_batch + encoder_forward; the decoder setup (the
-IncrementalDecoder's constructor, which computes every layer's cross-attention keys/values into
-freshly allocated buffers, and start(), which allocates the self-attention caches); {report['out_len']} steps;
-the cache reorder the search calls after every step but the last (greedy included, with identity
-parents). The vocabulary projection +
+IncrementalDecoder's constructor, which computes every layer's cross-attention keys/values and
+reserves the self-attention caches, and start()); {report['out_len']} steps;
+the reorder the search calls after every step but the last (greedy included, with identity
+parents; it copies history indices, not cache rows). The vocabulary projection +
 log-softmax inside the steps is timed alone on the same kernels and shapes. Bookkeeping = the
 search's median − everything else (per-hypothesis partial sort of the vocabulary, hypothesis
 copies). Seconds per batch (share of the search's median):

@@ -7,7 +7,7 @@
 # usage: bench/run_score_bench.sh        (from anywhere; installs packages and builds as needed)
 # env:   OMP_NUM_THREADS (default 2)  ROUNDS (3)  REPEATS (10)  BUILD_DIR (build)
 #        WORK_DIR (a fresh temp dir, removed at the end unless given)
-#        SCORE_BENCH_NO_INSTALL=1: fail instead of installing OpenBLAS for the peer
+#        BENCH_NO_INSTALL=1: fail instead of installing OpenBLAS for the peer
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,27 +21,8 @@ results=bench/results
 
 fail() { echo "error: $*" >&2; exit 1; }
 
-bash scripts/bootstrap.sh python3-torch python3-numpy
-[ -f "$build/CMakeCache.txt" ] || bash scripts/build.sh >/dev/null
-if grep -q '^TRANSFORMER_BENCH:BOOL=OFF' "$build/CMakeCache.txt"; then
-  cmake -S . -B "$build" -DTRANSFORMER_BENCH=ON >/dev/null
-fi
-cmake --build "$build" --target score_bench -j2 >/dev/null || fail "building score_bench failed"
-bench_bin="$build/bench/score_bench"
-
-# Debian's torch does its dense GEMMs through libblas.so.3; when that alternative is the netlib
-# reference BLAS, PyTorch runs ~50x below its real speed (measured: 4 GFLOP/s), which would make
-# the comparison meaningless. libtorch1.13 recommends OpenBLAS; install it as a user would.
-blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)
-if [[ -z "$blas" || "$blas" == */blas/libblas.so.3* ]]; then
-  if [[ "${SCORE_BENCH_NO_INSTALL:-0}" == 1 || $(id -u) != 0 ]]; then
-    fail "PyTorch would use the netlib reference BLAS ($blas); install libopenblas0-openmp"
-  fi
-  echo "installing libopenblas0-openmp (PyTorch's BLAS; the netlib reference is ~50x slower)" >&2
-  apt-get install -y -q libopenblas0-openmp >/dev/null 2>&1 ||
-    { apt-get update -q >/dev/null && apt-get install -y -q libopenblas0-openmp >/dev/null; } ||
-    fail "could not install libopenblas0-openmp"
-fi
+source bench/common.sh
+bench_prepare score_bench
 
 if [[ -n "${WORK_DIR:-}" ]]; then
   work=$WORK_DIR

@@ -9,7 +9,7 @@
 # usage: bench/run_train_bench.sh        (from anywhere; installs packages and builds as needed)
 # env:   OMP_NUM_THREADS (default 2)  ROUNDS (3)  STEPS (5)  WARMUP (2)  PHASE_REPEATS (3)
 #        QUIET_WAIT (60: seconds to wait for other processes to go idle before each run)
-#        BUILD_DIR (build)  TRAIN_BENCH_NO_INSTALL=1: fail instead of installing OpenBLAS
+#        BUILD_DIR (build)  BENCH_NO_INSTALL=1: fail instead of installing OpenBLAS
 # Takes about 5 minutes on 2 cores when the machine is otherwise idle (PyTorch needs ~5 s a
 # step, ours ~2 s).
 set -euo pipefail
@@ -28,30 +28,8 @@ results=bench/results
 
 fail() { echo "error: $*" >&2; exit 1; }
 
-bash scripts/bootstrap.sh python3-torch python3-numpy
-[ -f "$build/CMakeCache.txt" ] || bash scripts/build.sh >/dev/null
-if grep -q '^TRANSFORMER_BENCH:BOOL=OFF' "$build/CMakeCache.txt"; then
-  cmake -S . -B "$build" -DTRANSFORMER_BENCH=ON >/dev/null
-fi
-# Configure again if this build tree predates the train_bench target.
-cmake --build "$build" --target train_bench -j2 >/dev/null 2>&1 ||
-  { cmake -S . -B "$build" >/dev/null && cmake --build "$build" --target train_bench -j2 >/dev/null; } ||
-  fail "building train_bench failed"
-bench_bin="$build/bench/train_bench"
-
-# Debian's torch does its dense GEMMs through libblas.so.3; when that alternative is the netlib
-# reference BLAS, PyTorch runs ~50x below its real speed, which would make the comparison
-# meaningless. libtorch1.13 recommends OpenBLAS; install it as a user would.
-blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)
-if [[ -z "$blas" || "$blas" == */blas/libblas.so.3* ]]; then
-  if [[ "${TRAIN_BENCH_NO_INSTALL:-0}" == 1 || $(id -u) != 0 ]]; then
-    fail "PyTorch would use the netlib reference BLAS ($blas); install libopenblas0-openmp"
-  fi
-  echo "installing libopenblas0-openmp (PyTorch's BLAS; the netlib reference is ~50x slower)" >&2
-  apt-get install -y -q libopenblas0-openmp >/dev/null 2>&1 ||
-    { apt-get update -q >/dev/null && apt-get install -y -q libopenblas0-openmp >/dev/null; } ||
-    fail "could not install libopenblas0-openmp"
-fi
+source bench/common.sh
+bench_prepare train_bench
 
 work=$(mktemp -d /tmp/train_bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -219,7 +197,8 @@ One fixed batch: {shape['batch']} pairs × {shape['src_len']} source positions (
 (3 × the forward's: each product has two of the same size in the backward).
 {len(ours_all)} rounds, each one run of ours then one of PyTorch; each run: {shape['warmup']} warm-up + {shape['steps']} timed steps.
 MFU is against the fp32 GEMM peak each side measured in the same process (square
-{shape['gemm_size']}³ sgemm: oneDNN for ours, torch.mm → OpenBLAS for PyTorch).
+{shape['gemm_size']}³ product: the faster of oneDNN's sgemm and matmul for ours, torch.mm → OpenBLAS
+for PyTorch).
 
 | | target tokens/s | median s/step | peak RSS MiB | GFLOP/s | GEMM peak GFLOP/s | MFU |
 |---|---:|---:|---:|---:|---:|---:|

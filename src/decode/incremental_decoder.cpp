@@ -16,7 +16,6 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
                                        int64_t max_steps, int64_t max_hypotheses)
     : model_(model),
       packed_(model.packed_decoder()),
-      sentences_(sentences),
       src_len_(src_len),
       max_steps_(max_steps),
       max_hypotheses_(max_hypotheses),

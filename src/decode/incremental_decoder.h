@@ -42,7 +42,7 @@ class IncrementalDecoder {
  private:
   const Model& model_;
   std::shared_ptr<const PackedDecoderWeights> packed_;
-  int64_t sentences_, src_len_, max_steps_, max_hypotheses_;
+  int64_t src_len_, max_steps_, max_hypotheses_;
   const int32_t* src_lengths_;
   int64_t position_ = 0;
   std::vector<int32_t> hypothesis_sentence_;  // [N]
