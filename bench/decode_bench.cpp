@@ -67,6 +67,7 @@ struct Options {
   uint64_t seed = 1234;
   bool profile = false;
   bool prepare_only = false;  // write model + ids, time nothing
+  bool bfloat16 = false;      // the decoder's weight products in bfloat16
 };
 
 const char* kUsage =
@@ -78,6 +79,7 @@ const char* kUsage =
     "otherwise\n"
     "  --prepare-only       write a fresh model and sources into DIR, then exit\n"
     "  --beam N             1: greedy (default 1)\n"
+    "  --compute-type T     float32 (default) or bfloat16 (translate --compute-type)\n"
     "  --repeats N          timed searches after warm-up (default 5)\n"
     "  --warmup N           untimed searches first (default 1)\n"
     "  --profile            also replay the search's decoder calls on the same shapes to split\n"
@@ -106,6 +108,12 @@ Options parse_options(int argc, char** argv) {
       o.work_dir = argv[++i];
     } else if (a == "--beam") {
       o.beam = int(int_value(i));
+    } else if (a == "--compute-type") {
+      if (i + 1 >= argc) usage_error("--compute-type needs a value");
+      const std::string type = argv[++i];
+      if (type != "float32" && type != "bfloat16")
+        usage_error("--compute-type is float32 or bfloat16, not " + type);
+      o.bfloat16 = type == "bfloat16";
     } else if (a == "--repeats") {
       o.repeats = int(int_value(i));
     } else if (a == "--warmup") {
@@ -187,7 +195,8 @@ double search_flops(const tfm::ModelConfig& c, double batch, double src_len, dou
 // Bookkeeping = the search's median − all of the above: candidate selection (a partial sort of
 // the vocabulary per hypothesis), hypothesis copies, and everything else search() does itself.
 nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources, int64_t beam,
-                              int64_t out_len, int repeats, double search_median) {
+                              int64_t out_len, int repeats, double search_median,
+                              tfm::Precision precision) {
   const tfm::ModelConfig& c = model.config();
   const int64_t batch = int64_t(sources.size()), d = c.d_model, vocab = c.tgt_vocab_size;
   std::vector<double> encoder_t, setup_t, step_t, reorder_t, projection_t;
@@ -198,7 +207,7 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     tfm::encoder_forward(model, tb, {}, cache);
     double t1 = now_seconds();
     tfm::IncrementalDecoder decoder(model, cache.memory.data(), batch, tb.src_len,
-                                    tb.src_lengths.data(), out_len + 1, batch * beam);
+                                    tb.src_lengths.data(), out_len + 1, batch * beam, precision);
     std::vector<int32_t> hypothesis_sentence(static_cast<size_t>(batch));
     std::iota(hypothesis_sentence.begin(), hypothesis_sentence.end(), 0);
     decoder.start(hypothesis_sentence);
@@ -231,8 +240,8 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     for (int64_t t = 0; t < out_len; ++t) {
       const int64_t n = rows_at_step(batch, beam, t);
       const double p0 = now_seconds();
-      tfm::packed_linear_forward(model.packed_decoder()->output, model.weights().output_bias,
-                                 x.data(), n, logprobs.data());
+      tfm::packed_linear_forward(model.packed_decoder(precision)->output,
+                                 model.weights().output_bias, x.data(), n, logprobs.data());
       tfm::log_softmax(logprobs.data(), logprobs.data(), n, vocab);
       projection += now_seconds() - p0;
     }
@@ -287,6 +296,10 @@ int run(const Options& o) {
   search_options.max_length_a = 0;
   search_options.max_length_b = o.out_len;
   search_options.nbest = 1;
+  if (o.bfloat16) {
+    if (!tfm::bfloat16_supported()) throw tfm::Error("this CPU has no AVX512-BF16 instructions");
+    search_options.precision = tfm::Precision::kBFloat16;
+  }
 
   std::vector<std::vector<tfm::Hypothesis>> results;
   auto decode = [&] { results = tfm::search(model, sources, {}, search_options); };
@@ -308,7 +321,8 @@ int run(const Options& o) {
 
   nlohmann::json phases = nullptr;
   if (o.profile)
-    phases = profile_search(model, sources, o.beam, o.out_len, o.phase_repeats, median_seconds);
+    phases = profile_search(model, sources, o.beam, o.out_len, o.phase_repeats, median_seconds,
+                            search_options.precision);
 
   const int64_t batch = int64_t(sources.size()),
                 src_len = int64_t(sources[0].size()) + (config.src_append_eos ? 1 : 0);
@@ -319,7 +333,9 @@ int run(const Options& o) {
   nlohmann::json line =
       bench::common_fields(median_seconds, all_seconds, generated, rss_mib, flops, gemm_peak);
   line.update({
-      {"side", o.beam == 1 ? "ours-greedy" : "ours-beam"},
+      {"side",
+       std::string(o.beam == 1 ? "ours-greedy" : "ours-beam") + (o.bfloat16 ? "-bfloat16" : "")},
+      {"compute_type", o.bfloat16 ? "bfloat16" : "float32"},
       {"beam", o.beam},
       {"batch", batch},
       {"src_len", src_len},

@@ -80,8 +80,12 @@ ticks_per_s=$(getconf CLK_TCK)
 
 start=$(date +%s)
 "$bench_bin" --work-dir "$work" --prepare-only 2>/dev/null || fail "decode_bench --prepare-only failed"
-sides=(ours_greedy torch_nocache_greedy torch_cached_greedy ours_beam torch_cached_beam)
+sides=(ours_greedy torch_nocache_greedy torch_cached_greedy ours_beam torch_cached_beam
+       ours_greedy_bf16 ours_beam_bf16)
 for side in "${sides[@]}"; do : >"$work/$side.jsonl"; : >"$work/$side.load"; done
+# `translate --compute-type bfloat16` too, where the CPU has AVX512-BF16 (decode_bench refuses
+# otherwise, and the report leaves it out).
+bf16=1
 ours=("$bench_bin" --work-dir "$work" --warmup "$warmup" --repeats "$repeats" --profile
       --phase-repeats "$phase_repeats")
 peer=("$python" bench/decode_peer.py --work-dir "$work" --warmup "$warmup")
@@ -100,6 +104,15 @@ for round in $(seq 1 "$rounds"); do
   wait_quiet
   measured torch_cached_beam "${peer[@]}" --impl cached --beam "$beam" --repeats "$repeats" ||
     fail "decode_peer.py --impl cached --beam $beam failed in round $round"
+  if ((bf16)); then
+    for b in 1 "$beam"; do
+      side=ours_greedy_bf16
+      [ "$b" = 1 ] || side=ours_beam_bf16
+      wait_quiet
+      measured "$side" "${ours[@]}" --beam "$b" --compute-type bfloat16 2>/dev/null ||
+        { echo "no bfloat16 runs: this CPU lacks AVX512-BF16" >&2; bf16=0; break; }
+    done
+  fi
   echo "round $round/$rounds done ($(( $(date +%s) - start )) s)" >&2
 done
 
@@ -129,6 +142,9 @@ def read_runs(side):
 
 runs = {side: read_runs(side) for side in
         ("ours_greedy", "torch_nocache_greedy", "torch_cached_greedy", "ours_beam", "torch_cached_beam")}
+bf16_runs = {side: read_runs(side) for side in ("ours_greedy_bf16", "ours_beam_bf16")}
+if any(len(r) != len(runs["ours_greedy"]) for r in bf16_runs.values()):
+    bf16_runs = {}  # no AVX512-BF16 (or a failed run): the report leaves bfloat16 out
 cases = {"greedy": ["ours_greedy", "torch_nocache_greedy", "torch_cached_greedy"],
          "beam4": ["ours_beam", "torch_cached_beam"]}
 names = {"ours_greedy": "transformer-cpp (tfm::search, beam 1)",
@@ -209,6 +225,30 @@ report["greedy_min_identical_fraction"] = min_identical
 report["greedy_outputs_ok"] = greedy_ok
 report["noisy_cases"] = noisy_cases
 
+# bfloat16 weights: medians over all rounds, compared with our float32 side and the peers of the
+# same rounds.
+bfloat16 = {}
+for case, side, fp32 in (("greedy", "ours_greedy_bf16", "ours_greedy"),
+                         ("beam4", "ours_beam_bf16", "ours_beam")):
+    if not bf16_runs:
+        break
+    rs = bf16_runs[side]
+    tps = statistics.median(r["tokens_per_s"] for r in rs)
+    fp32_runs = runs[fp32]
+    same = [i for i, (x, y) in enumerate(zip(rs[0]["outputs"], fp32_runs[0]["outputs"])) if x == y]
+    entry = {"tokens_per_s": tps, "median_s": statistics.median(r["median_s"] for r in rs),
+             "peak_rss_mib": max(r["peak_rss_mib"] for r in rs),
+             "over_float32_each_round": [r["tokens_per_s"] / f["tokens_per_s"] for r, f in zip(rs, fp32_runs)],
+             "outputs_identical_to_float32": len(same), "sentences": len(rs[0]["outputs"]),
+             "logprob_max_abs_diff_of_identical": max((abs(rs[0]["logprobs"][i] - fp32_runs[0]["logprobs"][i])
+                                                      for i in same), default=None),
+             "phases": {k: statistics.median(r["phases"][k] for r in rs) for k in rs[0]["phases"]}
+                       if rs[0].get("phases") else None}
+    for peer in cases[case][1:]:
+        entry[f"over_{peer}_each_round"] = [r["tokens_per_s"] / q["tokens_per_s"] for r, q in zip(rs, runs[peer])]
+    bfloat16[case] = entry
+report["bfloat16"] = bfloat16
+
 with open(f"{results}/decode.json", "w") as f:
     json.dump(report, f, indent=2)
     f.write("\n")
@@ -251,6 +291,28 @@ def profile(case, side):
     pct = lambda v: f"{v:.3f} ({100 * v / total:.0f}%)"
     return f"| beam {report['cases'][case]['sides'][side]['beam']} | {total:.3f} | " + " | ".join(pct(v) for v in cells) + " |"
 
+def bfloat16_section():
+    if not bfloat16:
+        return "(No bfloat16 runs: this CPU lacks AVX512-BF16.)\n"
+    med = lambda v: statistics.median(v)
+    rows = []
+    for case, label in (("greedy", "greedy"), ("beam4", "beam 4")):
+        b = bfloat16[case]
+        peers = " / ".join(f"{med(b[f'over_{p}_each_round']):.2f}×" for p in cases[case][1:])
+        d = b["logprob_max_abs_diff_of_identical"]
+        rows.append(f"| {label} | {b['tokens_per_s']:.0f} | {med(b['over_float32_each_round']):.2f}× | {peers} | "
+                    f"{b['peak_rss_mib']:.0f} | {b['outputs_identical_to_float32']}/{b['sentences']}"
+                    + (f", log-prob within {d:.2f}" if d is not None else "") + " |")
+    return f"""## bfloat16 weights (`translate --compute-type bfloat16`)
+
+The decoder's weight products in bfloat16 (weights packed once, activations rounded at each
+product, float32 accumulation; the encoder stays float32), same runs as above. Ratios are
+medians over all rounds of the per-round ratios.
+
+| | target tokens/s | over our float32 | over the peers (greedy: nn.Transformer / cached loop; beam: cached loop) | peak RSS MiB | outputs identical to float32 |
+|---|---:|---:|---:|---:|---|
+""" + "\n".join(rows) + "\n"
+
 beam_c = report["cases"]["beam4"]["sides"]["torch_cached_beam"]["outputs_vs_ours"]
 blas = greedy["torch_cached_greedy"].get("blas", "?")
 torch_version = greedy["torch_cached_greedy"]["impl"].split("-", 1)[1]
@@ -291,6 +353,7 @@ penalty does not matter); step 1 runs one hypothesis per sentence, the other 31 
 For context only — **measured elsewhere, not in this run** (another machine): CTranslate2
 {ct2['version']} fp32 at exactly these shapes, greedy {ct2['greedy_tokens_per_s']} tokens/s, beam 4 {ct2['beam4_tokens_per_s']} tokens/s.
 
+{bfloat16_section()}
 ## Where our time goes (`decode_bench --profile`)
 
 tfm::search has no hooks, so `--profile` replays its decoder calls with the public pieces on

@@ -62,6 +62,24 @@ TEST(Decode, CTranslate2TransliterationExpectations) {
   EXPECT_EQ(t.translate("آ ت ز م و ن", beam(2), "a t s"), "a t s u m o n");
 }
 
+// --compute-type bfloat16: the decoder's products in bfloat16 give CTranslate2's expected
+// outputs and log-probabilities within bfloat16's rounding of the float32 ones.
+TEST(Decode, BFloat16WeightsKeepTheOutputs) {
+  if (!bfloat16_supported()) GTEST_SKIP() << "this CPU has no AVX512-BF16 instructions";
+  Transliterator t = Transliterator::load();
+  for (int64_t size : {1, 4}) {
+    SearchOptions o = beam(size);
+    o.precision = Precision::kBFloat16;
+    EXPECT_EQ(t.translate("آ ت ز م و ن", o), "a t z m o n") << size;
+    EXPECT_EQ(t.translate("آ ت ش ي س و ن", o), "a c h i s o n") << size;
+    const Hypothesis reduced = t.best("آ ت ز م و ن", o);
+    const Hypothesis full = t.best("آ ت ز م و ن", beam(size));
+    ASSERT_EQ(reduced.tokens, full.tokens);
+    EXPECT_NEAR(reduced.logprob, full.logprob, 0.05) << size;
+    EXPECT_NE(reduced.logprob, full.logprob) << "bfloat16 was not used";
+  }
+}
+
 TEST(Decode, BatchedSearchEqualsOneSentenceAtATime) {
   Transliterator t = Transliterator::load();
   const std::vector<std::string> inputs = {"آ ت ز م و ن", "آ ز ا", "آ ت ش ي س و ن", "ن"};

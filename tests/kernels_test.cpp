@@ -377,6 +377,33 @@ TEST(PackedMatrix, StackedProductMatchesReference) {
   }
 }
 
+// bfloat16 packing: weights and inputs rounded to 8-bit mantissas, float32 accumulation. The
+// error bound is relative to Σ|x·w| (each product carries at most ~2 · 2^-8 relative error).
+TEST(PackedMatrix, BFloat16ProductWithinRoundingOfFloat32) {
+  if (!bfloat16_supported()) GTEST_SKIP() << "this CPU has no AVX512-BF16 instructions";
+  const int64_t k = 300, n = 70, m = 9;
+  auto w = random_vector(n * k, 80);
+  auto x = random_vector(m * k, 81);
+  x[5] = 1e30f;  // far outside float16's range, inside bfloat16's
+  const PackedMatrix packed({w.data()}, {n}, k, Precision::kBFloat16);
+  std::vector<float> y(size_t(m * n));
+  packed.multiply(x.data(), m, k, y.data(), n);
+  double worst = 0;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0, magnitude = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double p = double(x[size_t(r * k + c)]) * w[size_t(j * k + c)];
+        sum += p;
+        magnitude += std::abs(p);
+      }
+      const double error = std::abs(y[size_t(r * n + j)] - sum) / magnitude;
+      ASSERT_LT(error, 2.0 / 256) << r << " " << j;
+      worst = std::max(worst, error);
+    }
+  EXPECT_GT(worst, 1e-6) << "no rounding at all: not a bfloat16 product";
+}
+
 }  // namespace
 }  // namespace tfm
 

@@ -29,6 +29,7 @@ struct TranslateOptions {
   bool replace_unknowns = false;
   bool attention = false;
   std::string attention_file;  // JSON lines with every head of one layer
+  std::string compute_type = "float32";
 };
 
 // Source line i, encoded; empty when the line is empty or skipped.
@@ -72,6 +73,11 @@ void run_translate(TranslateOptions o) {
   if (o.search.beam < 1) throw Error("--beam must be at least 1");
   if (o.nbest > o.search.beam) throw Error("--nbest cannot exceed --beam");
   if (o.replace_unknowns && o.ids) throw Error("--replace-unknowns needs text input, not --ids");
+  if (o.compute_type == "bfloat16") {
+    if (!bfloat16_supported())
+      throw Error("--compute-type bfloat16 needs a CPU with AVX512-BF16 instructions");
+    o.search.precision = Precision::kBFloat16;
+  }
   o.search.nbest = std::max<int64_t>(o.nbest, 1);
   o.search.attention = o.attention || o.replace_unknowns || !o.attention_file.empty();
   o.search.attention_per_head = !o.attention_file.empty();
@@ -276,6 +282,11 @@ CommandRunner add_translate_command(CLI::App& app) {
       "--attention-file", o->attention_file,
       "Write JSON lines {line, source, target, layer, attention[head][target][source]} with "
       "every head of that layer, for visualisation");
+  app.add_option("--compute-type", o->compute_type,
+                 "Number format of the decoder's weight products: float32 (default) or "
+                 "bfloat16 (half the weight memory, ~1.3x faster decoding on CPUs with "
+                 "AVX512-BF16; log-probabilities move by ~1e-2)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
   app.footer(
       "Example:\n  echo 'the house is small' | transformer translate --model run --beam 4\n"
       "  transformer translate --model run -i test.en -o test.out --nbest 4");

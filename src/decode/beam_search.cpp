@@ -73,7 +73,7 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
     longest = std::max(longest, limit);
   }
   IncrementalDecoder decoder(model, cache.memory.data(), sentences, batch.src_len,
-                             batch.src_lengths.data(), longest + 1, sentences * beam);
+                             batch.src_lengths.data(), longest + 1, sentences * beam, o.precision);
 
   // Live hypotheses, grouped by sentence in ascending sentence order.
   std::vector<Live> live(static_cast<size_t>(sentences));

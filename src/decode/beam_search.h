@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/gemm.h"
 #include "model/transformer.h"
 
 namespace tfm {
@@ -21,6 +22,8 @@ struct SearchOptions {
   bool attention = false;           // keep cross-attention weights of one decoder layer:
   int64_t attention_layer = -1;     // which (0-based; -1: the last)
   bool attention_per_head = false;  // every head, else the mean over heads
+  // The decoder's weight products (the encoder always runs in float32).
+  Precision precision = Precision::kFloat32;
 };
 
 struct Hypothesis {

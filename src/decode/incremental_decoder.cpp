@@ -13,9 +13,10 @@ namespace tfm {
 
 IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, int64_t sentences,
                                        int64_t src_len, const int32_t* src_lengths,
-                                       int64_t max_steps, int64_t max_hypotheses)
+                                       int64_t max_steps, int64_t max_hypotheses,
+                                       Precision precision)
     : model_(model),
-      packed_(model.packed_decoder()),
+      packed_(model.packed_decoder(precision)),
       src_len_(src_len),
       max_steps_(max_steps),
       max_hypotheses_(max_hypotheses),

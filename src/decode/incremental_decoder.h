@@ -18,9 +18,11 @@ namespace tfm {
 class IncrementalDecoder {
  public:
   // memory: [sentences, src_len, D] encoder output; src_lengths: [sentences]. Both must stay
-  // valid while decoding. max_steps bounds the positions, max_hypotheses the live set.
+  // valid while decoding. max_steps bounds the positions, max_hypotheses the live set;
+  // precision is that of the decoder's weight products.
   IncrementalDecoder(const Model& model, const float* memory, int64_t sentences, int64_t src_len,
-                     const int32_t* src_lengths, int64_t max_steps, int64_t max_hypotheses);
+                     const int32_t* src_lengths, int64_t max_steps, int64_t max_hypotheses,
+                     Precision precision = Precision::kFloat32);
 
   // Starts `hypothesis_sentence.size()` hypotheses (sentence index of each) at position 0.
   void start(const std::vector<int32_t>& hypothesis_sentence);

@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <dnnl.hpp>
 #include <map>
 #include <memory>
@@ -101,10 +102,43 @@ void run_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     throw std::runtime_error("oneDNN sgemm failed with status " + std::to_string(int(status)));
 }
 
+// x[m, k] (row stride ldx) rounded to bfloat16 (nearest, ties to even) into out[m, k].
+void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* out) {
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * ldx;
+    uint16_t* o = out + r * k;
+#pragma omp simd
+    for (int64_t c = 0; c < k; ++c) {
+      const uint32_t b = std::bit_cast<uint32_t>(row[c]);
+      const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+      o[c] = nan ? uint16_t((b >> 16) | 0x40u) : uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+  }
+}
+
 }  // namespace
+
+bool bfloat16_supported() {
+  static const bool supported = [] {
+    try {
+      const auto bf16 = dnnl::memory::data_type::bf16;
+      dnnl::matmul::primitive_desc pd(
+          dnnl::matmul::desc(dnnl::memory::desc({32, 64}, bf16, dnnl::memory::format_tag::ab),
+                             dnnl::memory::desc({64, 64}, bf16, dnnl::memory::format_tag::any),
+                             dnnl::memory::desc({32, 64}, dnnl::memory::data_type::f32,
+                                                dnnl::memory::format_tag::ab)),
+          cpu_engine());
+      return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return supported;
+}
 
 struct PackedMatrix::Impl {
   int64_t n = 0, k = 0;
+  Precision precision = Precision::kFloat32;
   dnnl::memory::desc packed_desc;  // [k, n] in oneDNN's blocked layout
   dnnl::memory packed;             // owns the packed copy of W
   std::vector<float> plain;        // [n, k] stacked copy, only when oneDNN could not pack
@@ -114,12 +148,17 @@ struct PackedMatrix::Impl {
 };
 
 PackedMatrix::PackedMatrix(const std::vector<const float*>& parts,
-                           const std::vector<int64_t>& part_rows, int64_t k)
+                           const std::vector<int64_t>& part_rows, int64_t k, Precision precision)
     : impl_(std::make_shared<Impl>()) {
   if (parts.size() != part_rows.size() || k <= 0)
     throw std::invalid_argument("PackedMatrix: bad parts");
+  if (precision == Precision::kBFloat16 && !bfloat16_supported())
+    throw std::invalid_argument("this CPU has no bfloat16 matrix instructions (AVX512-BF16)");
   Impl& p = *impl_;
   p.k = k;
+  p.precision = precision;
+  const auto weight_type = precision == Precision::kBFloat16 ? dnnl::memory::data_type::bf16
+                                                             : dnnl::memory::data_type::f32;
   for (int64_t r : part_rows) p.n += r;
   // The stacked matrix in plain layout, read as Wᵀ ([k, n], strides {1, k}).
   std::vector<float> stacked(size_t(p.n * k));  // [n, k]
@@ -132,18 +171,18 @@ PackedMatrix::PackedMatrix(const std::vector<const float*>& parts,
     // The layout matmul picks for 32 rows; the same one serves every row count (the kernels
     // block over n and k only).
     dnnl::matmul::primitive_desc pd(
-        dnnl::matmul::desc(matrix_desc(32, k, k, false),
-                           dnnl::memory::desc({k, p.n}, dnnl::memory::data_type::f32,
-                                              dnnl::memory::format_tag::any),
+        dnnl::matmul::desc(dnnl::memory::desc({32, k}, weight_type, dnnl::memory::format_tag::ab),
+                           dnnl::memory::desc({k, p.n}, weight_type, dnnl::memory::format_tag::any),
                            matrix_desc(32, p.n, p.n, false)),
         cpu_engine());
     p.packed_desc = pd.weights_desc();
     p.packed = dnnl::memory(p.packed_desc, cpu_engine());
     dnnl::memory source(matrix_desc(k, p.n, k, true), cpu_engine(), stacked.data());
     dnnl::stream stream(cpu_engine());
-    dnnl::reorder(source, p.packed).execute(stream, source, p.packed);
+    dnnl::reorder(source, p.packed).execute(stream, source, p.packed);  // converts to bf16 too
     stream.wait();
   } catch (const dnnl::error&) {
+    if (precision == Precision::kBFloat16) throw std::invalid_argument("bfloat16 packing failed");
     p.packed = dnnl::memory();
     p.plain = std::move(stacked);
   }
@@ -172,7 +211,10 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
       mm = found->second;
     } else {
       auto entry = std::make_shared<CachedMatmul>();
-      entry->a = matrix_desc(m, p.k, ldx, false);
+      entry->a = p.precision == Precision::kBFloat16
+                     ? dnnl::memory::desc({m, p.k}, dnnl::memory::data_type::bf16,
+                                          dnnl::memory::format_tag::ab)  // the rounded copy
+                     : matrix_desc(m, p.k, ldx, false);
       entry->b = p.packed_desc;
       entry->c = matrix_desc(m, p.n, ldy, false);
       entry->primitive = dnnl::matmul(dnnl::matmul::primitive_desc(
@@ -183,7 +225,14 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
     }
   }
   dnnl::stream& stream = thread_stream();
-  dnnl::memory a_mem(mm->a, cpu_engine(), const_cast<float*>(x));
+  void* source = const_cast<float*>(x);
+  if (p.precision == Precision::kBFloat16) {
+    thread_local std::vector<uint16_t> rounded;  // [m, k] bfloat16 copy of x
+    if (rounded.size() < size_t(m * p.k)) rounded.resize(size_t(m * p.k));
+    round_to_bfloat16(x, m, p.k, ldx, rounded.data());
+    source = rounded.data();
+  }
+  dnnl::memory a_mem(mm->a, cpu_engine(), source);
   dnnl::memory c_mem(mm->c, cpu_engine(), y);
   mm->primitive.execute(
       stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, p.packed}, {DNNL_ARG_DST, c_mem}});

@@ -7,8 +7,8 @@ namespace tfm {
 
 namespace {
 
-PackedMatrix pack(const LinearWeights& w) {
-  return PackedMatrix({w.weight}, {w.out}, w.in);
+PackedMatrix pack(const LinearWeights& w, Precision precision) {
+  return PackedMatrix({w.weight}, {w.out}, w.in, precision);
 }
 
 // Biases of stacked projections, concatenated; empty when none of them has one.
@@ -25,22 +25,24 @@ std::vector<float> stacked_bias(const std::vector<const LinearWeights*>& parts) 
 }  // namespace
 
 PackedDecoderWeights pack_decoder_weights(const ModelConfig& config,
-                                          const TransformerWeights& weights) {
+                                          const TransformerWeights& weights, Precision precision) {
   PackedDecoderWeights packed{
-      {}, PackedMatrix({weights.output_weight}, {config.tgt_vocab_size}, config.d_model)};
+      {},
+      PackedMatrix({weights.output_weight}, {config.tgt_vocab_size}, config.d_model, precision)};
   for (const DecoderLayerWeights& w : weights.decoder_layers) {
     const AttentionWeights &self = w.self_attn, &cross = w.cross_attn;
     packed.layers.push_back(PackedDecoderLayer{
         PackedMatrix({self.q.weight, self.k.weight, self.v.weight},
-                     {self.q.out, self.k.out, self.v.out}, self.q.in),
+                     {self.q.out, self.k.out, self.v.out}, self.q.in, precision),
         stacked_bias({&self.q, &self.k, &self.v}),
-        pack(self.o),
-        pack(cross.q),
-        PackedMatrix({cross.k.weight, cross.v.weight}, {cross.k.out, cross.v.out}, cross.k.in),
+        pack(self.o, precision),
+        pack(cross.q, precision),
+        PackedMatrix({cross.k.weight, cross.v.weight}, {cross.k.out, cross.v.out}, cross.k.in,
+                     precision),
         stacked_bias({&cross.k, &cross.v}),
-        pack(cross.o),
-        pack(w.ffn.fc1),
-        pack(w.ffn.fc2),
+        pack(cross.o, precision),
+        pack(w.ffn.fc1, precision),
+        pack(w.ffn.fc2, precision),
     });
   }
   return packed;

@@ -30,7 +30,7 @@ struct PackedDecoderWeights {
 };
 
 PackedDecoderWeights pack_decoder_weights(const ModelConfig& config,
-                                          const TransformerWeights& weights);
+                                          const TransformerWeights& weights, Precision precision);
 
 // y[rows, out] = x[rows, in] · Wᵀ + bias (bias null: none). The packed twin of linear_forward.
 void packed_linear_forward(const PackedMatrix& w, const float* bias, const float* x, int64_t rows,

@@ -25,16 +25,17 @@ Model::Model(ModelConfig config, TensorMap parameters, const std::string& where)
 
 TensorMap& Model::mutable_parameters() {
   std::lock_guard<std::mutex> lock(packs_->mutex);
-  packs_->decoder.reset();
+  for (auto& packed : packs_->decoder) packed.reset();
   return parameters_;
 }
 
-std::shared_ptr<const PackedDecoderWeights> Model::packed_decoder() const {
+std::shared_ptr<const PackedDecoderWeights> Model::packed_decoder(Precision precision) const {
   std::lock_guard<std::mutex> lock(packs_->mutex);
-  if (!packs_->decoder)
-    packs_->decoder =
-        std::make_shared<const PackedDecoderWeights>(pack_decoder_weights(config_, weights_));
-  return packs_->decoder;
+  auto& packed = packs_->decoder[precision == Precision::kBFloat16 ? 1 : 0];
+  if (!packed)
+    packed = std::make_shared<const PackedDecoderWeights>(
+        pack_decoder_weights(config_, weights_, precision));
+  return packed;
 }
 
 const float* Model::encoder_positions() const {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/layers.h"
 #include "model/stacks.h"
@@ -32,9 +33,10 @@ class Model {
   // For optimizers: values may change in place, never shapes or names (the views stay valid).
   // Drops the packed decoder weights, so call it again before each change.
   TensorMap& mutable_parameters();
-  // The decoder's weights packed for incremental decoding, built on first use and shared by
-  // every later decoder (a translation run packs once). Thread-safe.
-  std::shared_ptr<const PackedDecoderWeights> packed_decoder() const;
+  // The decoder's weights packed for incremental decoding, built on first use (per precision)
+  // and shared by every later decoder (a translation run packs once). Thread-safe.
+  std::shared_ptr<const PackedDecoderWeights> packed_decoder(
+      Precision precision = Precision::kFloat32) const;
   // [max_positions, D] encodings added to the encoder / decoder inputs, or null for "none".
   const float* encoder_positions() const;
   const float* decoder_positions() const;
@@ -46,7 +48,7 @@ class Model {
   std::vector<float> sinusoids_;  // [max_positions, D] when sinusoidal
   struct PackCache {
     std::mutex mutex;
-    std::shared_ptr<const PackedDecoderWeights> decoder;
+    std::shared_ptr<const PackedDecoderWeights> decoder[2];  // by Precision
   };
   std::unique_ptr<PackCache> packs_ = std::make_unique<PackCache>();
 };
