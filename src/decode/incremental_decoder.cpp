@@ -150,6 +150,10 @@ void IncrementalDecoder::reorder(const std::vector<int32_t>& parents) {
   const int64_t m = int64_t(parents.size());
   if (m > max_hypotheses_)
     throw std::invalid_argument("IncrementalDecoder: more hypotheses than max_hypotheses");
+  for (int32_t parent : parents)
+    if (parent < 0 || parent >= hypotheses())
+      throw std::invalid_argument("IncrementalDecoder: parent " + std::to_string(parent) +
+                                  " is not a current hypothesis");
   for (int64_t i = 0; i < m; ++i)
     std::copy_n(history_.data() + int64_t(parents[size_t(i)]) * max_steps_, position_,
                 reordered_history_.data() + i * max_steps_);

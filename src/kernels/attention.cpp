@@ -216,6 +216,8 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
   const int64_t block = query_block(s, mask);
   if (!probs && dropout.p > 0.f)
     throw std::invalid_argument("attention_forward: dropout needs the probs buffer");
+  if (s.key_rows && (s.query_len != 1 || dropout.p > 0.f))
+    throw std::invalid_argument("attention_forward: key_rows is for one query without dropout");
   if (s.query_len == 1 && (s.key_rows || dropout.p == 0.f)) {  // incremental decoding
 #pragma omp parallel for schedule(static) if (s.batch > 1)
     for (int64_t b = 0; b < s.batch; ++b) {

@@ -128,7 +128,11 @@ bool bfloat16_supported() {
                              dnnl::memory::desc({32, 64}, dnnl::memory::data_type::f32,
                                                 dnnl::memory::format_tag::ab)),
           cpu_engine());
-      return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+      // Native bf16 instructions (elsewhere oneDNN emulates them, slower than float32).
+      const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+      const auto bf16_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+      return (isa & bf16_isa) == bf16_isa &&
+             std::string(pd.impl_info_str()).find("ref") == std::string::npos;
     } catch (const dnnl::error&) {
       return false;
     }
@@ -217,8 +221,13 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
                      : matrix_desc(m, p.k, ldx, false);
       entry->b = p.packed_desc;
       entry->c = matrix_desc(m, p.n, ldy, false);
-      entry->primitive = dnnl::matmul(dnnl::matmul::primitive_desc(
-          dnnl::matmul::desc(entry->a, entry->b, entry->c), cpu_engine()));
+      try {
+        entry->primitive = dnnl::matmul(dnnl::matmul::primitive_desc(
+            dnnl::matmul::desc(entry->a, entry->b, entry->c), cpu_engine()));
+      } catch (const dnnl::error& e) {
+        throw std::runtime_error("oneDNN has no matmul for " + std::to_string(m) +
+                                 " rows with packed weights: " + e.what());
+      }
       if (p.by_rows.size() >= 1024) p.by_rows.clear();
       p.by_rows[key] = entry;
       mm = entry;

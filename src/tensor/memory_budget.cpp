@@ -69,9 +69,9 @@ int64_t parse_memory_size(const std::string& text) {
 
 void retain_freed_memory() {
   // Blocks come from the heap up to 1 GiB (never mmap'd on their own), and a free top of the heap
-  // is returned to the system only beyond 1 GiB.
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // is returned to the system only beyond 1 GiB. A glibc that refuses the threshold keeps its
+  // defaults: setting only the trim threshold would turn off its adaptive mmap threshold.
+  if (mallopt(M_MMAP_THRESHOLD, 1 << 30) == 1) mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 }  // namespace tfm
