@@ -112,6 +112,15 @@ inline double time_median(int warmup, int repeats, const std::function<void()>& 
   return median(seconds);
 }
 
+// GFLOP/s of the fastest of `repeats` calls of product (after one warm-up), an m×n×k product.
+inline double fastest_gflops(int64_t m, int64_t n, int64_t k, int repeats,
+                             const std::function<void()>& product) {
+  std::vector<double> seconds;
+  time_median(1, repeats, product, &seconds);
+  const double fastest = *std::min_element(seconds.begin(), seconds.end());
+  return 2.0 * double(m) * double(n) * double(k) / fastest / 1e9;
+}
+
 // GFLOP/s of the fastest of `repeats` tfm::gemm calls (after one warm-up) on an m×n×k product:
 // a [m, k] times b, where b is [n, k] used transposed (trans_b, as y = x·Wᵀ) or [k, n].
 inline double gemm_gflops(int64_t m, int64_t n, int64_t k, bool trans_b, int repeats) {
@@ -119,13 +128,9 @@ inline double gemm_gflops(int64_t m, int64_t n, int64_t k, bool trans_b, int rep
   std::vector<float> b(size_t(n * k), 0.02f);
   std::vector<float> out(size_t(m * n));
   const int64_t ldb = trans_b ? k : n;
-  auto run = [&] {
+  return fastest_gflops(m, n, k, repeats, [&] {
     tfm::gemm(false, trans_b, m, n, k, 1.f, a.data(), k, b.data(), ldb, 0.f, out.data(), n);
-  };
-  std::vector<double> seconds;
-  time_median(1, repeats, run, &seconds);
-  const double fastest = *std::min_element(seconds.begin(), seconds.end());
-  return 2.0 * double(m) * double(n) * double(k) / fastest / 1e9;
+  });
 }
 
 // Best GFLOP/s on an n×n×n product, measured in this process: the fp32 peak the MFU is relative
@@ -133,13 +138,9 @@ inline double gemm_gflops(int64_t m, int64_t n, int64_t k, bool trans_b, int rep
 // kernel, is timed too and the faster one counts, so that the peak is oneDNN's best.
 inline double measure_square_gemm_peak(int64_t n, int repeats) {
   std::vector<float> a(size_t(n * n), 0.01f), b(size_t(n * n), 0.02f), out(size_t(n * n));
-  std::vector<double> seconds;
-  time_median(
-      1, repeats,
-      [&] { dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, out.data(), n); },
-      &seconds);
-  const double sgemm = 2.0 * double(n) * double(n) * double(n) /
-                       *std::min_element(seconds.begin(), seconds.end()) / 1e9;
+  const double sgemm = fastest_gflops(n, n, n, repeats, [&] {
+    dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, out.data(), n);
+  });
   return std::max(sgemm, gemm_gflops(n, n, n, false, repeats));
 }
 

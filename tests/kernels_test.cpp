@@ -125,6 +125,15 @@ TEST(Elementwise, BiasActivationsAndLogSoftmax) {
   }
 }
 
+// Whether key j (of `valid` keys) is visible to the query at `position`, by AttentionMask's rule.
+bool reference_visible(const AttentionMask& mask, int64_t valid, int64_t position, int64_t j) {
+  bool visible = j < valid && (!mask.causal || j <= position);
+  if (mask.window >= 0)
+    visible = visible &&
+              (mask.causal ? position - j <= mask.window : std::abs(position - j) <= mask.window);
+  return visible;
+}
+
 // Naive attention for one configuration; returns out [B, Tq, H*d].
 std::vector<float> reference_attention(const AttentionShape& s, const AttentionMask& mask,
                                        const std::vector<float>& q, const std::vector<float>& k,
@@ -138,11 +147,7 @@ std::vector<float> reference_attention(const AttentionShape& s, const AttentionM
         std::vector<double> scores(size_t(s.key_len), -INFINITY);
         double max_score = -INFINITY;
         for (int64_t j = 0; j < s.key_len; ++j) {
-          bool visible = j < valid && (!mask.causal || j <= position);
-          if (mask.window >= 0)
-            visible = visible && (mask.causal ? position - j <= mask.window
-                                              : std::abs(position - j) <= mask.window);
-          if (!visible) continue;
+          if (!reference_visible(mask, valid, position, j)) continue;
           double dot = 0;
           for (int64_t c = 0; c < s.head_dim; ++c)
             dot += double(q[size_t((b * s.query_len + i) * s.q_row_stride + h * s.head_dim + c)]) *
@@ -261,12 +266,8 @@ void reference_attention_backward(const AttentionShape& s, const AttentionMask& 
         std::vector<bool> visible(size_t(s.key_len));
         double max_score = -INFINITY;
         for (int64_t j = 0; j < s.key_len; ++j) {
-          bool seen = j < valid && (!mask.causal || j <= position);
-          if (mask.window >= 0)
-            seen = seen && (mask.causal ? position - j <= mask.window
-                                        : std::abs(position - j) <= mask.window);
-          visible[size_t(j)] = seen;
-          if (!seen) continue;
+          visible[size_t(j)] = reference_visible(mask, valid, position, j);
+          if (!visible[size_t(j)]) continue;
           double dot = 0;
           for (int64_t c = 0; c < s.head_dim; ++c)
             dot += double(q[at(b, i, h, c, s.query_len, s.q_row_stride)]) *

@@ -218,7 +218,7 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
     throw std::invalid_argument("attention_forward: dropout needs the probs buffer");
   if (s.key_rows && (s.query_len != 1 || dropout.p > 0.f))
     throw std::invalid_argument("attention_forward: key_rows is for one query without dropout");
-  if (s.query_len == 1 && (s.key_rows || dropout.p == 0.f)) {  // incremental decoding
+  if (s.query_len == 1 && dropout.p == 0.f) {  // incremental decoding
 #pragma omp parallel for schedule(static) if (s.batch > 1)
     for (int64_t b = 0; b < s.batch; ++b) {
       float* p_b = probs ? probs + b * s.heads * s.key_len : thread_scratch(s.heads * s.key_len, 1);
@@ -240,7 +240,7 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
     const float* k_bh = k + kb * key_batch_stride(s) + h * s.head_dim;
     const float* v_bh = v + kb * value_batch_stride(s) + h * s.head_dim;
     float* out_bh = out + b * s.query_len * s.out_row_stride + h * s.head_dim;
-    // [Tq, Tk] this pair's weights (per-thread scratch when the caller keeps none)
+    // [Tq, Tk] this pair's weights; null when the caller keeps none (streamed instead)
     float* p_bh = probs ? probs + pair * pair_size : nullptr;
     if (!p_bh) {
       streamed_attention(s, mask, key_count, scale, q_bh, k_bh, v_bh, out_bh);
