@@ -214,7 +214,10 @@ TEST(CTranslate2, Version6WithFloat16AndAliasesImports) {
   });
   ImportedModel m = import_ctranslate2(dir);
   EXPECT_EQ(m.parameters.at("src_embed.weight").data, vars["encoder/embeddings/weight"].data);
-  EXPECT_EQ(m.parameters.at("out_proj.weight").data, vars["decoder/embeddings/weight"].data);
+  // The projection is an alias of the target embeddings: one tied matrix.
+  EXPECT_EQ(m.config.share_embeddings, EmbeddingSharing::kTarget);
+  EXPECT_EQ(m.parameters.at("tgt_embed.weight").data, vars["decoder/embeddings/weight"].data);
+  EXPECT_EQ(m.parameters.count("out_proj.weight"), 0u);
   EXPECT_EQ(m.parameters.at("encoder.layers.3.self_attn.v.bias").data.size(), 32u);
   Model model(m.config, std::move(m.parameters), dir);  // every tensor present, right shapes
   std::filesystem::remove_all(dir);

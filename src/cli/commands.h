@@ -13,6 +13,7 @@ CommandRunner add_info_command(CLI::App& app);
 CommandRunner add_init_command(CLI::App& app);
 CommandRunner add_score_command(CLI::App& app);
 CommandRunner add_import_ctranslate2_command(CLI::App& app);
+CommandRunner add_export_ctranslate2_command(CLI::App& app);
 CommandRunner add_train_command(CLI::App& app);
 CommandRunner add_vocab_command(CLI::App& app);
 CommandRunner add_average_command(CLI::App& app);

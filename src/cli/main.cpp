@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
   add("import-ctranslate2",
       "Convert a CTranslate2 Transformer model directory into a model directory",
       tfm::add_import_ctranslate2_command);
+  add("export-ctranslate2", "Write a model directory as a CTranslate2 model directory",
+      tfm::add_export_ctranslate2_command);
 
   bool known_command = argc < 2 || argv[1][0] == '-';
   for (const auto& [sub, runner] : runners)

@@ -1,4 +1,5 @@
-// Conversions from the 16-bit float formats found in model files (IEEE half, bfloat16) to fp32.
+// Conversions between fp32 and the 16-bit float formats found in model files (IEEE half,
+// bfloat16); fp32 -> 16 bits rounds to nearest even, as numpy and PyTorch casts do.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,35 @@ inline float bfloat16_to_float(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
+}
+
+inline uint16_t float_to_bfloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);  // quiet NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return uint16_t(bits >> 16);
+}
+
+inline uint16_t float_to_half(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return uint16_t(sign | 0x7e00u);     // NaN
+  if (magnitude >= 0x477ff000u) return uint16_t(sign | 0x7c00u);    // rounds past 65504: Inf
+  if (magnitude < 0x38800000u) {                                    // below 2^-14: subnormal
+    if (magnitude < 0x33000000u) return sign;                       // below half of 2^-24
+    const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+    const int dropped = 126 - int(magnitude >> 23);  // f / 2^-24 = mantissa >> dropped (14..24)
+    uint32_t value = mantissa >> dropped;
+    const uint32_t rest = mantissa & ((1u << dropped) - 1u), half = 1u << (dropped - 1);
+    if (rest > half || (rest == half && (value & 1u))) ++value;
+    return uint16_t(sign | value);
+  }
+  uint32_t value = magnitude - 0x38000000u;  // rebias the exponent (127 -> 15)
+  value += 0xfffu + ((value >> 13) & 1u);   // round to nearest even on the dropped 13 bits
+  return uint16_t(sign | (value >> 13));
 }
 
 }  // namespace tfm

@@ -1,0 +1,96 @@
+// `transformer import-ctranslate2` and `export-ctranslate2`: model directories to and from
+// CTranslate2's format (see io/ctranslate2.h for what maps onto what).
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli/commands.h"
+#include "io/ctranslate2.h"
+#include "text/model_directory.h"
+#include "tensor/error.h"
+
+namespace tfm {
+
+CommandRunner add_import_ctranslate2_command(CLI::App& app) {
+  struct Options {
+    std::string input;
+    std::string output;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("DIR", o->input, "CTranslate2 model directory (model.bin + vocabularies)")
+      ->required();
+  app.add_option("-o,--output", o->output, "Model directory to write")->required();
+  app.footer(
+      "Reads TransformerSpec models as CTranslate2's converters write them (model.bin binary\n"
+      "versions 1-6, spec revisions 1-7; int8/int16/float16/bfloat16 weights converted to\n"
+      "float32), config.json (special tokens, add_source_eos, layer_norm_epsilon) and the\n"
+      "shared or source/target vocabularies (.json or .txt). Features our Transformer does not\n"
+      "have (rotary or relative positions, ALiBi, multi-query attention, GLU, RMS norm, ...) are\n"
+      "refused by name when switched on.\n"
+      "Example:\n  transformer import-ctranslate2 ende_ctranslate2 -o ende");
+  return [o] {
+    ImportedModel imported = import_ctranslate2(o->input);
+    check_finite_parameters(imported.parameters, o->input + "/model.bin");
+    Model model(imported.config, std::move(imported.parameters), o->input + "/model.bin");
+    write_model_directory(o->output, model, &imported.source_tokens, &imported.target_tokens);
+    const ModelConfig& c = model.config();
+    std::printf("wrote %s: %lld+%lld layers, d_model %lld, %lld heads, vocabularies %lld/%lld\n",
+                o->output.c_str(), (long long)c.encoder_layers, (long long)c.decoder_layers,
+                (long long)c.d_model, (long long)c.heads, (long long)c.src_vocab_size,
+                (long long)c.tgt_vocab_size);
+  };
+}
+
+CommandRunner add_export_ctranslate2_command(CLI::App& app) {
+  struct Options {
+    std::string model;
+    std::string output;
+    std::string quantization = "float32";
+    bool force = false;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("--model", o->model, "Model directory (model.safetensors + its vocabulary)")
+      ->required();
+  app.add_option("-o,--output", o->output, "CTranslate2 model directory to write")->required();
+  app.add_option("--quantization", o->quantization,
+                 "Weight type: float32 (default), int8, int16, float16 or bfloat16, "
+                 "quantised as CTranslate2's converters do")
+      ->check(CLI::IsMember({"float32", "int8", "int16", "float16", "bfloat16"}));
+  app.add_flag("--force", o->force, "Write into an output directory that is not empty");
+  app.footer(
+      "Writes model.bin (binary version 6, TransformerSpec revision 7), config.json and the\n"
+      "vocabularies as JSON token lists (shared_vocabulary.json when source and target are the\n"
+      "same). Positions other than CTranslate2's own sinusoid (concat layout from position 1)\n"
+      "are written as a position table; restricted self-attention cannot be exported.\n"
+      "Example:\n  transformer export-ctranslate2 --model run -o run_ct2 --quantization int8\n"
+      "  ct2-translator --model run_ct2 --src test.pieces");
+  return [o] {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!o->force && fs::is_directory(o->output, ec) && !fs::is_empty(o->output, ec))
+      throw Error(o->output + ": directory is not empty (use --force to write into it)");
+    ModelBundle bundle = load_model_bundle(o->model, /*need_vocabulary=*/true);
+    CTranslate2Tokens tokens;
+    for (const auto* side : {&*bundle.source_vocabulary, &*bundle.target_vocabulary}) {
+      auto& list = side == &*bundle.source_vocabulary ? tokens.source : tokens.target;
+      for (int64_t id = 0; id < side->size(); ++id) list.push_back(side->piece(int32_t(id)));
+      if (side->unk_id() < 0)
+        throw Error(side->where() + ": no unknown token, which CTranslate2 vocabularies need");
+      const std::string unk = side->piece(side->unk_id());
+      if (!tokens.unk_token.empty() && unk != tokens.unk_token)
+        throw Error("the source and target vocabularies name their unknown token differently");
+      tokens.unk_token = unk;
+    }
+    if (o->force)  // a stale vocabulary of another name would be read instead of ours
+      for (const char* stale : {"shared_vocabulary", "source_vocabulary", "target_vocabulary"})
+        for (const char* ext : {".json", ".txt"})
+          fs::remove(o->output + "/" + stale + ext, ec);
+    export_ctranslate2(bundle.model, tokens, parse_ct_quantization(o->quantization), o->output);
+    const ModelConfig& c = bundle.model.config();
+    std::printf("wrote %s: CTranslate2 TransformerSpec, %lld+%lld layers, d_model %lld, %s\n",
+                o->output.c_str(), (long long)c.encoder_layers, (long long)c.decoder_layers,
+                (long long)c.d_model, o->quantization.c_str());
+  };
+}
+
+}  // namespace tfm

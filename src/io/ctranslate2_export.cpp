@@ -1,0 +1,239 @@
+// Export of our models as CTranslate2 4.x model directories: TransformerSpec revision 7 in
+// binary version 6, with the variables, flags, aliases and config.json that CTranslate2's own
+// converters write for the same architecture (TransformerSpec.from_config), so its runtime
+// (ct2-translator, the Python Translator) loads them unchanged.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "io/ctranslate2.h"
+#include "io/file_util.h"
+#include "model/layers.h"
+#include "model/transformer.h"
+#include "tensor/error.h"
+
+namespace tfm {
+
+namespace {
+
+// Our position scheme as CTranslate2 sees it: nothing when its own sinusoid (concat layout,
+// positions from 1) is ours, else the table of rows for positions 0..limit-1 that we add.
+std::optional<Tensor> position_table(const Model& model, const std::string& stack) {
+  const ModelConfig& c = model.config();
+  if (c.position_encoding == PositionEncoding::kSinusoidal &&
+      c.sinusoid_layout == SinusoidLayout::kConcat && c.position_offset == 1 &&
+      c.max_positions == ModelConfig{}.max_positions)
+    return std::nullopt;
+  const int64_t rows = c.max_positions - c.position_offset, d = c.d_model;
+  if (rows < 1) throw Error("the model has no usable positions (max_positions <= position_offset)");
+  Tensor table({rows, d});  // [positions, d_model]
+  if (c.position_encoding == PositionEncoding::kSinusoidal) {
+    std::vector<float> full(size_t(c.max_positions * d));  // [max_positions, d_model]
+    fill_sinusoid_table(c, full.data());
+    std::copy(full.begin() + c.position_offset * d, full.end(), table.data.begin());
+  } else if (c.position_encoding == PositionEncoding::kLearned) {
+    const Tensor& learned = model.parameters().at(stack + ".pos_embed.weight");
+    std::copy(learned.data.begin() + c.position_offset * d, learned.data.end(), table.data.begin());
+  }  // kNone: zeros, which CTranslate2 adds as a table
+  return table;
+}
+
+// The float tensors of the spec, by CTranslate2 name (sorted), and whether each is
+// quantizable (a Linear's or Embeddings' weight).
+struct SpecTensors {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, bool> quantizable;
+  void add(const std::string& name, Tensor t, bool is_weight) {
+    tensors[name] = std::move(t);
+    quantizable[name] = is_weight;
+  }
+};
+
+Tensor stack_rows(const TensorMap& p, const std::vector<std::string>& names) {
+  Tensor out;
+  for (const std::string& name : names) {
+    const Tensor& t = p.at(name);
+    if (out.shape.empty()) {
+      out.shape = t.shape;
+      out.shape[0] = 0;
+    }
+    out.shape[0] += t.shape[0];
+    out.data.insert(out.data.end(), t.data.begin(), t.data.end());
+  }
+  return out;
+}
+
+SpecTensors spec_tensors(const Model& model) {
+  const ModelConfig& c = model.config();
+  const TensorMap& p = model.parameters();
+  SpecTensors s;
+  auto linear = [&](const std::string& to, const std::string& from,
+                    const std::vector<const char*>& parts) {
+    std::vector<std::string> weights, biases;
+    for (const char* part : parts) {
+      weights.push_back(from + part + ".weight");
+      biases.push_back(from + part + ".bias");
+    }
+    s.add(to + "/weight", stack_rows(p, weights), true);
+    s.add(to + "/bias", stack_rows(p, biases), false);
+  };
+  auto norm = [&](const std::string& to, const std::string& from) {
+    s.add(to + "/gamma", p.at(from + ".weight"), false);
+    s.add(to + "/beta", p.at(from + ".bias"), false);
+  };
+  const char* src_embed = c.share_embeddings == EmbeddingSharing::kAll ? "embed.weight" : "src_embed.weight";
+  const char* tgt_embed = c.share_embeddings == EmbeddingSharing::kAll ? "embed.weight" : "tgt_embed.weight";
+  const char* projection = c.share_embeddings == EmbeddingSharing::kNone ? "out_proj.weight" : tgt_embed;
+  s.add("encoder/embeddings_0/weight", p.at(src_embed), true);
+  s.add("decoder/embeddings/weight", p.at(tgt_embed), true);
+  s.add("decoder/projection/weight", p.at(projection), true);
+  if (c.output_bias) s.add("decoder/projection/bias", p.at("out_proj.bias"), false);
+  for (const char* stack : {"encoder", "decoder"}) {
+    if (auto table = position_table(model, stack))
+      s.add(std::string(stack) + "/position_encodings/encodings", std::move(*table), false);
+    if (c.norm == NormPosition::kPre) norm(std::string(stack) + "/layer_norm", std::string(stack) + ".norm");
+  }
+  for (int64_t i = 0; i < c.encoder_layers + c.decoder_layers; ++i) {
+    const bool encoder = i < c.encoder_layers;
+    const int64_t index = encoder ? i : i - c.encoder_layers;
+    const std::string stack = encoder ? "encoder" : "decoder";
+    const std::string to = stack + "/layer_" + std::to_string(index),
+                      from = stack + ".layers." + std::to_string(index);
+    linear(to + "/self_attention/linear_0", from + ".self_attn", {".q", ".k", ".v"});
+    linear(to + "/self_attention/linear_1", from + ".self_attn", {".o"});
+    norm(to + "/self_attention/layer_norm", from + ".norm1");
+    linear(to + "/ffn/linear_0", from + ".ffn", {".fc1"});
+    linear(to + "/ffn/linear_1", from + ".ffn", {".fc2"});
+    if (encoder) {
+      norm(to + "/ffn/layer_norm", from + ".norm2");
+    } else {
+      linear(to + "/attention/linear_0", from + ".cross_attn", {".q"});
+      linear(to + "/attention/linear_1", from + ".cross_attn", {".k", ".v"});
+      linear(to + "/attention/linear_2", from + ".cross_attn", {".o"});
+      norm(to + "/attention/layer_norm", from + ".norm2");
+      norm(to + "/ffn/layer_norm", from + ".norm3");
+    }
+  }
+  return s;
+}
+
+// The scalar flags TransformerSpec.from_config(...) stores for our architecture.
+std::vector<CtVariable> spec_flags(const ModelConfig& c) {
+  const int8_t activation = c.activation == Activation::kRelu ? 0 : 3;  // RELU 0, GELU 3
+  const int8_t pre_norm = c.norm == NormPosition::kPre ? 1 : 0;
+  std::vector<CtVariable> flags;
+  for (const std::string stack : {"encoder", "decoder"}) {
+    flags.push_back(ct_int8_scalar(stack + "/activation", activation));
+    flags.push_back(ct_int16_scalar(stack + "/num_heads", int16_t(c.heads)));
+    flags.push_back(ct_int8_scalar(stack + "/pre_norm", pre_norm));
+    flags.push_back(ct_int8_scalar(stack + "/scale_embeddings", c.scale_embeddings ? 1 : 0));
+  }
+  flags.push_back(ct_int8_scalar("encoder/embeddings_merge", 0));
+  flags.push_back(ct_int8_scalar("encoder/multi_query_attention", 0));
+  flags.push_back(ct_int8_scalar("decoder/alibi", 0));
+  flags.push_back(ct_int8_scalar("decoder/alibi_use_positive_positions", 0));
+  flags.push_back(ct_int16_scalar("decoder/alignment_heads", 1));
+  flags.push_back(ct_int16_scalar("decoder/alignment_layer", -1));
+  flags.push_back(ct_int8_scalar("decoder/scale_alibi", 0));
+  flags.push_back(ct_int8_scalar("decoder/start_from_zero_embedding", 0));
+  return flags;
+}
+
+void check_exportable(const ModelConfig& c, const CTranslate2Tokens& tokens) {
+  if (c.self_attention_window >= 0)
+    throw Error("restricted self-attention (self_attention_window " +
+                std::to_string(c.self_attention_window) +
+                ") has no CTranslate2 equivalent: its sliding_window only bounds the decoder's "
+                "cache, the encoder would attend everywhere");
+  if (c.heads > 32767) throw Error("CTranslate2 stores num_heads as int16");
+  if (int64_t(tokens.source.size()) != c.src_vocab_size ||
+      int64_t(tokens.target.size()) != c.tgt_vocab_size)
+    throw Error("the vocabularies do not match the model's vocabulary sizes");
+  // CTranslate2 maps a token string to its first id and appends unk_token when it is missing.
+  auto first_id = [](const std::vector<std::string>& list, const std::string& token) {
+    return int64_t(std::find(list.begin(), list.end(), token) - list.begin());
+  };
+  for (const auto* list : {&tokens.source, &tokens.target})
+    if (first_id(*list, tokens.unk_token) == int64_t(list->size()))
+      throw Error("the vocabularies need the unknown token \"" + tokens.unk_token +
+                  "\" (CTranslate2 would append it and change their size)");
+  const std::pair<const char*, int64_t> specials[] = {{"bos_id", c.bos_id}, {"eos_id", c.eos_id}};
+  for (const auto& [key, id] : specials)
+    if (first_id(tokens.target, tokens.target[size_t(id)]) != id)
+      throw Error(std::string("the target token of ") + key + " (\"" + tokens.target[size_t(id)] +
+                  "\") also appears at a lower id, which CTranslate2 would use instead");
+  if (c.src_append_eos && first_id(tokens.source, tokens.target[size_t(c.eos_id)]) != c.eos_id)
+    throw Error("the source vocabulary does not hold the end token \"" +
+                tokens.target[size_t(c.eos_id)] + "\" at eos_id " + std::to_string(c.eos_id) +
+                ", which CTranslate2 appends to every source");
+}
+
+uint64_t content_hash(const Tensor& t) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  for (int64_t d : t.shape) mix(&d, sizeof d);
+  mix(t.data.data(), t.data.size() * sizeof(float));
+  return h;
+}
+
+}  // namespace
+
+void export_ctranslate2(const Model& model, const CTranslate2Tokens& tokens,
+                        CtQuantization quantization, const std::string& directory) {
+  const ModelConfig& c = model.config();
+  check_exportable(c, tokens);
+  SpecTensors spec = spec_tensors(model);
+  // Converter aliasing: a tensor equal to one earlier in name order becomes an alias of it.
+  std::vector<std::pair<std::string, std::string>> aliases;
+  std::unordered_multimap<uint64_t, std::string> seen;
+  std::vector<CtVariable> variables = spec_flags(c);
+  for (const auto& [name, tensor] : spec.tensors) {
+    const uint64_t hash = content_hash(tensor);
+    std::string alias_of;
+    auto [begin, end] = seen.equal_range(hash);
+    for (auto it = begin; it != end && alias_of.empty(); ++it) {
+      const Tensor& other = spec.tensors.at(it->second);
+      if (other.shape == tensor.shape && other.data == tensor.data) alias_of = it->second;
+    }
+    if (!alias_of.empty()) {
+      aliases.emplace_back(name, alias_of);
+      continue;
+    }
+    seen.emplace(hash, name);
+    append_ct_variable(variables, name, tensor, spec.quantizable.at(name), quantization);
+  }
+  const std::string bytes = serialize_ctranslate2_model("TransformerSpec", 7, std::move(variables), aliases);
+
+  nlohmann::json config = {
+      {"add_source_bos", false},
+      {"add_source_eos", c.src_append_eos},
+      {"bos_token", tokens.target[size_t(c.bos_id)]},
+      {"decoder_start_token", tokens.target[size_t(c.bos_id)]},
+      {"eos_token", tokens.target[size_t(c.eos_id)]},
+      {"layer_norm_epsilon", c.layer_norm_eps},
+      {"multi_query_attention", false},
+      {"unk_token", tokens.unk_token},
+  };
+  auto write_text = [](const std::string& path, const std::string& text) {
+    write_file_atomically(path, [&](std::FILE* f) {
+      if (std::fwrite(text.data(), 1, text.size(), f) != text.size())
+        throw Error(path + ": write failed");
+    });
+  };
+  make_directories(directory);
+  if (tokens.source == tokens.target) {
+    write_text(directory + "/shared_vocabulary.json", nlohmann::json(tokens.target).dump(2) + "\n");
+  } else {
+    write_text(directory + "/source_vocabulary.json", nlohmann::json(tokens.source).dump(2) + "\n");
+    write_text(directory + "/target_vocabulary.json", nlohmann::json(tokens.target).dump(2) + "\n");
+  }
+  write_text(directory + "/config.json", config.dump(2) + "\n");
+  write_text(directory + "/model.bin", bytes);
+}
+
+}  // namespace tfm
