@@ -6,8 +6,8 @@
 
 #include "cli/commands.h"
 #include "io/ctranslate2.h"
-#include "text/model_directory.h"
 #include "tensor/error.h"
+#include "text/model_directory.h"
 
 namespace tfm {
 
@@ -83,8 +83,7 @@ CommandRunner add_export_ctranslate2_command(CLI::App& app) {
     }
     if (o->force)  // a stale vocabulary of another name would be read instead of ours
       for (const char* stale : {"shared_vocabulary", "source_vocabulary", "target_vocabulary"})
-        for (const char* ext : {".json", ".txt"})
-          fs::remove(o->output + "/" + stale + ext, ec);
+        for (const char* ext : {".json", ".txt"}) fs::remove(o->output + "/" + stale + ext, ec);
     export_ctranslate2(bundle.model, tokens, parse_ct_quantization(o->quantization), o->output);
     const ModelConfig& c = bundle.model.config();
     std::printf("wrote %s: CTranslate2 TransformerSpec, %lld+%lld layers, d_model %lld, %s\n",

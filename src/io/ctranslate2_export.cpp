@@ -83,9 +83,12 @@ SpecTensors spec_tensors(const Model& model) {
     s.add(to + "/gamma", p.at(from + ".weight"), false);
     s.add(to + "/beta", p.at(from + ".bias"), false);
   };
-  const char* src_embed = c.share_embeddings == EmbeddingSharing::kAll ? "embed.weight" : "src_embed.weight";
-  const char* tgt_embed = c.share_embeddings == EmbeddingSharing::kAll ? "embed.weight" : "tgt_embed.weight";
-  const char* projection = c.share_embeddings == EmbeddingSharing::kNone ? "out_proj.weight" : tgt_embed;
+  const char* src_embed =
+      c.share_embeddings == EmbeddingSharing::kAll ? "embed.weight" : "src_embed.weight";
+  const char* tgt_embed =
+      c.share_embeddings == EmbeddingSharing::kAll ? "embed.weight" : "tgt_embed.weight";
+  const char* projection =
+      c.share_embeddings == EmbeddingSharing::kNone ? "out_proj.weight" : tgt_embed;
   s.add("encoder/embeddings_0/weight", p.at(src_embed), true);
   s.add("decoder/embeddings/weight", p.at(tgt_embed), true);
   s.add("decoder/projection/weight", p.at(projection), true);
@@ -93,7 +96,8 @@ SpecTensors spec_tensors(const Model& model) {
   for (const char* stack : {"encoder", "decoder"}) {
     if (auto table = position_table(model, stack))
       s.add(std::string(stack) + "/position_encodings/encodings", std::move(*table), false);
-    if (c.norm == NormPosition::kPre) norm(std::string(stack) + "/layer_norm", std::string(stack) + ".norm");
+    if (c.norm == NormPosition::kPre)
+      norm(std::string(stack) + "/layer_norm", std::string(stack) + ".norm");
   }
   for (int64_t i = 0; i < c.encoder_layers + c.decoder_layers; ++i) {
     const bool encoder = i < c.encoder_layers;
@@ -207,7 +211,8 @@ void export_ctranslate2(const Model& model, const CTranslate2Tokens& tokens,
     seen.emplace(hash, name);
     append_ct_variable(variables, name, tensor, spec.quantizable.at(name), quantization);
   }
-  const std::string bytes = serialize_ctranslate2_model("TransformerSpec", 7, std::move(variables), aliases);
+  const std::string bytes =
+      serialize_ctranslate2_model("TransformerSpec", 7, std::move(variables), aliases);
 
   nlohmann::json config = {
       {"add_source_bos", false},

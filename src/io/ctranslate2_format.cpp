@@ -176,8 +176,9 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
     if (ends_with(name, suffix)) continue;
     result.stored_dtypes[name] = variable.dtype;
     auto scale_it = raw.find(name + suffix);
-    const bool integer_weight = (variable.dtype == CtDtype::kI8 || variable.dtype == CtDtype::kI16) &&
-                                !variable.values.shape.empty() && ends_with(name, "weight");
+    const bool integer_weight =
+        (variable.dtype == CtDtype::kI8 || variable.dtype == CtDtype::kI16) &&
+        !variable.values.shape.empty() && ends_with(name, "weight");
     if (scale_it == raw.end() && !integer_weight) {
       result.variables.emplace(name, std::move(variable.values));
       continue;
@@ -209,7 +210,6 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
   }
   return result;
 }
-
 
 CtQuantization parse_ct_quantization(const std::string& name) {
   for (CtQuantization q : {CtQuantization::kFloat32, CtQuantization::kInt8, CtQuantization::kInt16,
@@ -252,8 +252,8 @@ CtVariable ct_int16_scalar(const std::string& name, int16_t value) {
   return {name, CtDtype::kI16, {}, to_bytes(std::vector<int16_t>{value})};
 }
 
-void append_ct_variable(std::vector<CtVariable>& out, const std::string& name,
-                        const Tensor& tensor, bool quantizable, CtQuantization quantization) {
+void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, const Tensor& tensor,
+                        bool quantizable, CtQuantization quantization) {
   const std::vector<float>& w = tensor.data;
   if (quantizable && quantization == CtQuantization::kInt8) {
     const int64_t rows = tensor.shape.empty() ? 1 : tensor.shape[0];
@@ -262,7 +262,8 @@ void append_ct_variable(std::vector<CtVariable>& out, const std::string& name,
     std::vector<float> scales(size_t(rows), 0.f);  // [rows]
     for (int64_t r = 0; r < rows; ++r) {
       float amax = 0.f;
-      for (int64_t c = 0; c < row_size; ++c) amax = std::max(amax, std::fabs(w[size_t(r * row_size + c)]));
+      for (int64_t c = 0; c < row_size; ++c)
+        amax = std::max(amax, std::fabs(w[size_t(r * row_size + c)]));
       if (amax == 0.f) amax = 127.f;
       const float scale = 127.f / amax;
       scales[size_t(r)] = scale;
@@ -287,7 +288,8 @@ void append_ct_variable(std::vector<CtVariable>& out, const std::string& name,
   if (quantization == CtQuantization::kFloat16 || quantization == CtQuantization::kBFloat16) {
     const bool half = quantization == CtQuantization::kFloat16;
     std::vector<uint16_t> bits(w.size());
-    for (size_t i = 0; i < w.size(); ++i) bits[i] = half ? float_to_half(w[i]) : float_to_bfloat16(w[i]);
+    for (size_t i = 0; i < w.size(); ++i)
+      bits[i] = half ? float_to_half(w[i]) : float_to_bfloat16(w[i]);
     out.push_back({name, half ? CtDtype::kF16 : CtDtype::kBF16, tensor.shape, to_bytes(bits)});
     return;
   }

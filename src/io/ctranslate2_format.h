@@ -49,8 +49,8 @@ CtVariable ct_int16_scalar(const std::string& name, int16_t value);
 // (127 / max|row|, rows of zeros use 127) or int16 with one scale (2^10 / max|w|), rounded
 // half to even; float16 / bfloat16 convert every float tensor; int8 / int16 leave the other
 // tensors in float32.
-void append_ct_variable(std::vector<CtVariable>& out, const std::string& name,
-                        const Tensor& tensor, bool quantizable, CtQuantization quantization);
+void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, const Tensor& tensor,
+                        bool quantizable, CtQuantization quantization);
 
 // Binary version 6: variables sorted by name, then `aliases` (alias name -> variable name).
 std::string serialize_ctranslate2_model(

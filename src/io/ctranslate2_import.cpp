@@ -223,7 +223,9 @@ void read_architecture(SpecVariables& v, ModelConfig& c) {
   check_stack_flags(v, "decoder");
 }
 
-bool same_values(const Tensor& a, const Tensor& b) { return a.shape == b.shape && a.data == b.data; }
+bool same_values(const Tensor& a, const Tensor& b) {
+  return a.shape == b.shape && a.data == b.data;
+}
 
 // Source and target embeddings, the pre-softmax projection, and which of them are one matrix
 // (CTranslate2's converters alias equal variables; equal values are what sharing means).
@@ -261,8 +263,7 @@ void map_embeddings(SpecVariables& v, ModelConfig& c, TensorMap& p) {
   if (v.has("decoder/projection/weight_zero")) v.refuse("AWQ-quantised weights");
   const bool encoder_scale = read_embedding_scale(v, "encoder", c.d_model);
   const bool decoder_scale = read_embedding_scale(v, "decoder", c.d_model);
-  if (encoder_scale != decoder_scale)
-    v.refuse("embedding scaling in one stack only");
+  if (encoder_scale != decoder_scale) v.refuse("embedding scaling in one stack only");
   c.scale_embeddings = encoder_scale;
 }
 

@@ -51,10 +51,10 @@ inline uint16_t float_to_half(float f) {
   std::memcpy(&bits, &f, 4);
   const uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
   const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return uint16_t(sign | 0x7e00u);     // NaN
-  if (magnitude >= 0x477ff000u) return uint16_t(sign | 0x7c00u);    // rounds past 65504: Inf
-  if (magnitude < 0x38800000u) {                                    // below 2^-14: subnormal
-    if (magnitude < 0x33000000u) return sign;                       // below half of 2^-24
+  if (magnitude > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
+  if (magnitude >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds past 65504: Inf
+  if (magnitude < 0x38800000u) {                                  // below 2^-14: subnormal
+    if (magnitude < 0x33000000u) return sign;                     // below half of 2^-24
     const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
     const int dropped = 126 - int(magnitude >> 23);  // f / 2^-24 = mantissa >> dropped (14..24)
     uint32_t value = mantissa >> dropped;
@@ -63,7 +63,7 @@ inline uint16_t float_to_half(float f) {
     return uint16_t(sign | value);
   }
   uint32_t value = magnitude - 0x38000000u;  // rebias the exponent (127 -> 15)
-  value += 0xfffu + ((value >> 13) & 1u);   // round to nearest even on the dropped 13 bits
+  value += 0xfffu + ((value >> 13) & 1u);    // round to nearest even on the dropped 13 bits
   return uint16_t(sign | (value >> 13));
 }
 
