@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
+#include "fixture_batch.h"
 #include "io/ctranslate2.h"
 #include "io/file_util.h"
 #include "io/safetensors.h"
@@ -28,21 +29,10 @@ const std::string kFixtures = TFM_FIXTURE_DIR;
 const std::string kSpec7 = kFixtures + "/../data/ctranslate2-spec7";
 const testing_support::CliWorkDir work("tfm_ct2_interchange_test");
 
-std::vector<std::vector<int32_t>> ragged(const Tensor& t) {
-  std::vector<std::vector<int32_t>> rows(size_t(t.shape[0]));
-  for (int64_t b = 0; b < t.shape[0]; ++b)
-    for (int64_t j = 0; j < t.shape[1]; ++j) {
-      const float v = t.data[size_t(b * t.shape[1] + j)];
-      if (v >= 0) rows[size_t(b)].push_back(int32_t(v));
-    }
-  return rows;
-}
-
 // Largest |ours - PyTorch| over the fixture's target tokens (eos included).
 double worst_logprob_error(const Model& model, const std::string& fixture) {
   TensorMap io = read_safetensors(kFixtures + "/" + fixture + ".io.safetensors").tensors;
-  TokenBatch batch =
-      make_batch(model.config(), ragged(io.at("src_tokens")), ragged(io.at("tgt_tokens")));
+  TokenBatch batch = testing_support::fixture_batch(model.config(), io);
   StackCache ws;
   std::vector<float> logprobs;
   score_forward(model, batch, ws, logprobs);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "fixture_batch.h"
 #include "io/safetensors.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
@@ -29,17 +30,7 @@ std::vector<std::string> fixtures_with_gradients() {
   return names;
 }
 
-TokenBatch fixture_batch(const ModelConfig& config, const TensorMap& io) {
-  auto ragged = [](const Tensor& t) {
-    std::vector<std::vector<int32_t>> rows(static_cast<size_t>(t.shape[0]));
-    for (int64_t b = 0; b < t.shape[0]; ++b)
-      for (int64_t j = 0; j < t.shape[1]; ++j)
-        if (t.data[size_t(b * t.shape[1] + j)] >= 0)
-          rows[size_t(b)].push_back(int32_t(t.data[size_t(b * t.shape[1] + j)]));
-    return rows;
-  };
-  return make_batch(config, ragged(io.at("src_tokens")), ragged(io.at("tgt_tokens")));
-}
+using testing_support::fixture_batch;
 
 TensorMap zero_gradients(const Model& model) {
   TensorMap g;

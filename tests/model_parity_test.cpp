@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "fixture_batch.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
 
@@ -35,17 +36,7 @@ Fixture load_fixture(const std::string& name) {
   const std::string dir = TFM_FIXTURE_DIR;
   Model model = load_model(dir + "/" + name + ".safetensors");
   TensorMap io = read_safetensors(dir + "/" + name + ".io.safetensors").tensors;
-  auto ragged = [](const Tensor& t) {
-    std::vector<std::vector<int32_t>> rows(size_t(t.shape[0]));
-    for (int64_t b = 0; b < t.shape[0]; ++b)
-      for (int64_t j = 0; j < t.shape[1]; ++j) {
-        const float v = t.data[size_t(b * t.shape[1] + j)];
-        if (v >= 0) rows[size_t(b)].push_back(int32_t(v));
-      }
-    return rows;
-  };
-  TokenBatch batch =
-      make_batch(model.config(), ragged(io.at("src_tokens")), ragged(io.at("tgt_tokens")));
+  TokenBatch batch = testing_support::fixture_batch(model.config(), io);
   return {std::move(model), std::move(io), std::move(batch)};
 }
 

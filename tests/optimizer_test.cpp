@@ -8,23 +8,14 @@
 #include <cmath>
 #include <limits>
 
+#include "fixture_batch.h"
 #include "io/safetensors.h"
 #include "train/loss.h"
 
 namespace tfm {
 namespace {
 
-TokenBatch batch_from(const ModelConfig& config, const TensorMap& io) {
-  auto ragged = [](const Tensor& t) {
-    std::vector<std::vector<int32_t>> rows(static_cast<size_t>(t.shape[0]));
-    for (int64_t b = 0; b < t.shape[0]; ++b)
-      for (int64_t j = 0; j < t.shape[1]; ++j)
-        if (t.data[size_t(b * t.shape[1] + j)] >= 0)
-          rows[size_t(b)].push_back(int32_t(t.data[size_t(b * t.shape[1] + j)]));
-    return rows;
-  };
-  return make_batch(config, ragged(io.at("src_tokens")), ragged(io.at("tgt_tokens")));
-}
+using testing_support::fixture_batch;
 
 // Runs `steps` optimizer steps on the fixture batch; returns the loss before each.
 std::vector<double> train_steps(Model& model, const TokenBatch& batch, Optimizer& optimizer,
@@ -60,8 +51,8 @@ TEST(Optimizer, OneSgdStepMovesEveryParameterByMinusItsGradient) {
   for (const char* name : {"paper_post", "pre_gelu_target", "none_learned"}) {
     const std::string dir = TFM_FIXTURE_DIR;
     Model model = load_model(dir + "/" + name + ".safetensors");
-    const TokenBatch batch =
-        batch_from(model.config(), read_safetensors(dir + "/" + name + ".io.safetensors").tensors);
+    const TokenBatch batch = fixture_batch(
+        model.config(), read_safetensors(dir + "/" + name + ".io.safetensors").tensors);
     OptimizerOptions o;
     o.algorithm = "sgd";
     o.schedule = "constant";
@@ -77,8 +68,8 @@ TEST(Optimizer, ThreeAdamStepsMatchTorchOptimAdam) {
   for (const char* name : {"paper_post", "pre_gelu_target"}) {
     const std::string dir = TFM_FIXTURE_DIR;
     Model model = load_model(dir + "/" + name + ".safetensors");
-    const TokenBatch batch =
-        batch_from(model.config(), read_safetensors(dir + "/" + name + ".io.safetensors").tensors);
+    const TokenBatch batch = fixture_batch(
+        model.config(), read_safetensors(dir + "/" + name + ".io.safetensors").tensors);
     OptimizerOptions o;
     o.schedule = "constant";
     o.lr = 1e-3;
