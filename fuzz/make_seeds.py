@@ -108,6 +108,9 @@ put("ctranslate2", "v6_int8.bin", ct2_model(6, [
     [("shared", "b")]))
 with open("tests/data/ctranslate2-aren-transliteration/aren-transliteration-i8/model.bin", "rb") as f:
     put("ctranslate2", "aren_i8_prefix.bin", f.read()[:4096])
+# A spec-revision-7 file as CTranslate2 4.x converters write it (aliases, int16 scales).
+with open("tests/data/ctranslate2-spec7/pre_gelu_target_int16/model.bin", "rb") as f:
+    put("ctranslate2", "spec7_int16.bin", f.read())
 
 # id lines: the first byte picks the vocabulary size (byte * 1000 + 1).
 put("id_line", "plain", b"\x01" + b"4 5 6 999")
