@@ -10,7 +10,6 @@
 
 #include "io/ctranslate2.h"
 #include "io/file_util.h"
-#include "model/layers.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
 
@@ -19,8 +18,9 @@ namespace tfm {
 namespace {
 
 // Our position scheme as CTranslate2 sees it: nothing when its own sinusoid (concat layout,
-// positions from 1) is ours, else the table of rows for positions 0..limit-1 that we add.
-std::optional<Tensor> position_table(const Model& model, const std::string& stack) {
+// positions from 1) is ours, else the rows the model adds for positions 0..limit-1 (zeros for
+// "none", which CTranslate2 then adds as a table).
+std::optional<Tensor> position_table(const Model& model, bool encoder) {
   const ModelConfig& c = model.config();
   if (c.position_encoding == PositionEncoding::kSinusoidal &&
       c.sinusoid_layout == SinusoidLayout::kConcat && c.position_offset == 1 &&
@@ -29,14 +29,8 @@ std::optional<Tensor> position_table(const Model& model, const std::string& stac
   const int64_t rows = c.max_positions - c.position_offset, d = c.d_model;
   if (rows < 1) throw Error("the model has no usable positions (max_positions <= position_offset)");
   Tensor table({rows, d});  // [positions, d_model]
-  if (c.position_encoding == PositionEncoding::kSinusoidal) {
-    std::vector<float> full(size_t(c.max_positions * d));  // [max_positions, d_model]
-    fill_sinusoid_table(c, full.data());
-    std::copy(full.begin() + c.position_offset * d, full.end(), table.data.begin());
-  } else if (c.position_encoding == PositionEncoding::kLearned) {
-    const Tensor& learned = model.parameters().at(stack + ".pos_embed.weight");
-    std::copy(learned.data.begin() + c.position_offset * d, learned.data.end(), table.data.begin());
-  }  // kNone: zeros, which CTranslate2 adds as a table
+  const float* added = encoder ? model.encoder_positions() : model.decoder_positions();
+  if (added) std::copy_n(added + c.position_offset * d, rows * d, table.data.begin());
   return table;
 }
 
@@ -94,7 +88,7 @@ SpecTensors spec_tensors(const Model& model) {
   s.add("decoder/projection/weight", p.at(projection), true);
   if (c.output_bias) s.add("decoder/projection/bias", p.at("out_proj.bias"), false);
   for (const char* stack : {"encoder", "decoder"}) {
-    if (auto table = position_table(model, stack))
+    if (auto table = position_table(model, std::string(stack) == "encoder"))
       s.add(std::string(stack) + "/position_encodings/encodings", std::move(*table), false);
     if (c.norm == NormPosition::kPre)
       norm(std::string(stack) + "/layer_norm", std::string(stack) + ".norm");
