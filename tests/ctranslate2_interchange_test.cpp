@@ -264,8 +264,7 @@ std::string edited_copy(
       append_ct_variable(out, n, t, false, CtQuantization::kFloat32);
   }
   const std::string bytes = serialize_ctranslate2_model("TransformerSpec", 7, std::move(out), {});
-  write_file_atomically(dir + "/model.bin",
-                        [&](std::FILE* f) { std::fwrite(bytes.data(), 1, bytes.size(), f); });
+  write_bytes_atomically(dir + "/model.bin", bytes);
   return dir;
 }
 
@@ -360,10 +359,7 @@ TEST(CTranslate2Import, SpecialTokensComeFromConfigJson) {
   fs::remove_all(dir);
   fs::copy(kSpec7 + "/single", dir);
   auto write_config = [&](const nlohmann::json& j) {
-    write_file_atomically(dir + "/config.json", [&](std::FILE* f) {
-      const std::string s = j.dump();
-      std::fwrite(s.data(), 1, s.size(), f);
-    });
+    write_bytes_atomically(dir + "/config.json", j.dump());
   };
   nlohmann::json j = nlohmann::json::parse(read_file_bytes(dir + "/config.json"));
   j["decoder_start_token"] = "</s>";  // fairseq's converters start the decoder with </s>

@@ -209,9 +209,7 @@ TEST(CTranslate2, Version6WithFloat16AndAliasesImports) {
   for (const char* vocab : {"source_vocabulary.txt", "target_vocabulary.txt"})
     std::filesystem::copy_file(kDataDir + "/aren-transliteration/" + vocab, dir + "/" + vocab,
                                std::filesystem::copy_options::overwrite_existing);
-  write_file_atomically(dir + "/model.bin", [&](std::FILE* f) {
-    std::fwrite(w.bytes().data(), 1, w.bytes().size(), f);
-  });
+  write_bytes_atomically(dir + "/model.bin", w.bytes());
   ImportedModel m = import_ctranslate2(dir);
   EXPECT_EQ(m.parameters.at("src_embed.weight").data, vars["encoder/embeddings/weight"].data);
   // The projection is an alias of the target embeddings: one tied matrix.

@@ -218,21 +218,18 @@ void export_ctranslate2(const Model& model, const CTranslate2Tokens& tokens,
       {"multi_query_attention", false},
       {"unk_token", tokens.unk_token},
   };
-  auto write_text = [](const std::string& path, const std::string& text) {
-    write_file_atomically(path, [&](std::FILE* f) {
-      if (std::fwrite(text.data(), 1, text.size(), f) != text.size())
-        throw Error(path + ": write failed");
-    });
-  };
   make_directories(directory);
   if (tokens.source == tokens.target) {
-    write_text(directory + "/shared_vocabulary.json", nlohmann::json(tokens.target).dump(2) + "\n");
+    write_bytes_atomically(directory + "/shared_vocabulary.json",
+                           nlohmann::json(tokens.target).dump(2) + "\n");
   } else {
-    write_text(directory + "/source_vocabulary.json", nlohmann::json(tokens.source).dump(2) + "\n");
-    write_text(directory + "/target_vocabulary.json", nlohmann::json(tokens.target).dump(2) + "\n");
+    write_bytes_atomically(directory + "/source_vocabulary.json",
+                           nlohmann::json(tokens.source).dump(2) + "\n");
+    write_bytes_atomically(directory + "/target_vocabulary.json",
+                           nlohmann::json(tokens.target).dump(2) + "\n");
   }
-  write_text(directory + "/config.json", config.dump(2) + "\n");
-  write_text(directory + "/model.bin", bytes);
+  write_bytes_atomically(directory + "/config.json", config.dump(2) + "\n");
+  write_bytes_atomically(directory + "/model.bin", bytes);
 }
 
 }  // namespace tfm

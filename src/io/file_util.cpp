@@ -65,6 +65,13 @@ void write_file_atomically(const std::string& path, const std::function<void(std
   }
 }
 
+void write_bytes_atomically(const std::string& path, const std::string& bytes) {
+  write_file_atomically(path, [&](std::FILE* f) {
+    if (std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size())
+      throw Error(path + ": write failed");
+  });
+}
+
 void write_output(const std::string& path, const std::function<void(std::FILE*)>& write) {
   if (path.empty() || path == "-") {
     write(stdout);

@@ -15,6 +15,9 @@ std::string read_file_bytes(const std::string& path);
 // On any failure the temp file is removed and Error is thrown; `path` is untouched.
 void write_file_atomically(const std::string& path, const std::function<void(std::FILE*)>& write);
 
+// write_file_atomically for bytes already in memory.
+void write_bytes_atomically(const std::string& path, const std::string& bytes);
+
 // A command's main output: calls write(stdout) and flushes it when `path` is empty or "-",
 // otherwise writes `path` through write_file_atomically.
 void write_output(const std::string& path, const std::function<void(std::FILE*)>& write);

@@ -99,11 +99,7 @@ Vocabulary load_vocabulary(const std::string& path) {
 }
 
 void copy_file_atomically(const std::string& from, const std::string& to) {
-  const std::string bytes = read_file_bytes(from);
-  write_file_atomically(to, [&](std::FILE* f) {
-    if (std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size())
-      throw Error(to + ": write failed");
-  });
+  write_bytes_atomically(to, read_file_bytes(from));
 }
 
 // Puts the vocabularies into the model directory under the names translate / score look for.
