@@ -70,17 +70,19 @@ CommandRunner add_export_ctranslate2_command(CLI::App& app) {
     if (!o->force && fs::is_directory(o->output, ec) && !fs::is_empty(o->output, ec))
       throw Error(o->output + ": directory is not empty (use --force to write into it)");
     ModelBundle bundle = load_model_bundle(o->model, /*need_vocabulary=*/true);
-    CTranslate2Tokens tokens;
-    for (const auto* side : {&*bundle.source_vocabulary, &*bundle.target_vocabulary}) {
-      auto& list = side == &*bundle.source_vocabulary ? tokens.source : tokens.target;
-      for (int64_t id = 0; id < side->size(); ++id) list.push_back(side->piece(int32_t(id)));
-      if (side->unk_id() < 0)
-        throw Error(side->where() + ": no unknown token, which CTranslate2 vocabularies need");
-      const std::string unk = side->piece(side->unk_id());
-      if (!tokens.unk_token.empty() && unk != tokens.unk_token)
-        throw Error("the source and target vocabularies name their unknown token differently");
-      tokens.unk_token = unk;
-    }
+    const Vocabulary& source = *bundle.source_vocabulary;
+    const Vocabulary& target = *bundle.target_vocabulary;
+    auto token_list = [](const Vocabulary& v) {
+      if (v.unk_id() < 0)
+        throw Error(v.where() + ": no unknown token, which CTranslate2 vocabularies need");
+      std::vector<std::string> list;
+      for (int64_t id = 0; id < v.size(); ++id) list.push_back(v.piece(int32_t(id)));
+      return list;
+    };
+    const CTranslate2Tokens tokens{token_list(source), token_list(target),
+                                   target.piece(target.unk_id())};
+    if (source.piece(source.unk_id()) != tokens.unk_token)
+      throw Error("the source and target vocabularies name their unknown token differently");
     if (o->force)  // a stale vocabulary of another name would be read instead of ours
       for (const char* stale : {"shared_vocabulary", "source_vocabulary", "target_vocabulary"})
         for (const char* ext : {".json", ".txt"}) fs::remove(o->output + "/" + stale + ext, ec);
