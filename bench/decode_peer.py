@@ -64,7 +64,7 @@ def sinusoids(positions, d, layout):
 
 
 class Model:
-    """The model of DESIGN.md §4 from our parameters: embeddings, a stock encoder, and the decoder
+    """The model of docs/model-file.md from our parameters: embeddings, a stock encoder, and the decoder
     both as stock nn.TransformerDecoder layers (no-cache peer) and as raw tensors (cached peer)."""
 
     def __init__(self, config, params):

@@ -44,7 +44,7 @@ def sinusoids(max_positions, d, layout):
 
 
 class Scorer(nn.Module):
-    """Encoder–decoder of DESIGN.md §4 on stock PyTorch layers, for log p(target + eos)."""
+    """Encoder–decoder of docs/model-file.md on stock PyTorch layers, for log p(target + eos)."""
 
     def __init__(self, config, params):
         super().__init__()

@@ -18,7 +18,7 @@ void ConfigOptions::add_to(CLI::App& app) {
       ->check(CLI::IsMember(preset_names()));
   app.add_option(
       "--config", config_path,
-      "JSON file with model config keys (DESIGN.md §4); absent keys take their defaults");
+      "JSON file with model config keys (docs/model-file.md); absent keys take their defaults");
   app.add_option("--vocab", vocab, "Shared vocabulary size (source = target)")
       ->check(CLI::PositiveNumber);
   app.add_option("--src-vocab", src_vocab, "Source vocabulary size")->check(CLI::PositiveNumber);

@@ -1,5 +1,5 @@
 // `transformer score`: force-decodes each (source, target) pair and prints the sum of the
-// natural-log probabilities of target + eos (DESIGN.md §4), optionally per token. Pairs are
+// natural-log probabilities of target + eos (docs/model-file.md), optionally per token. Pairs are
 // sorted by length and batched by tokens; output keeps input order.
 #include <algorithm>
 #include <cstdio>

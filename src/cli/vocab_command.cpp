@@ -1,5 +1,5 @@
 // `transformer vocab`: a joint byte-pair-encoding vocabulary (the paper's shared source-target
-// BPE, §5.1) trained with SentencePiece, with the special ids of DESIGN.md §4:
+// BPE, §5.1) trained with SentencePiece, with the special ids of docs/model-file.md:
 // pad 0, bos 1, eos 2, unk 3.
 #include <sentencepiece_trainer.h>
 #include <unistd.h>

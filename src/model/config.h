@@ -1,4 +1,4 @@
-// The model's hyper-parameters (DESIGN.md §4), their JSON form stored in every model file,
+// The model's hyper-parameters (docs/model-file.md), their JSON form stored in every model file,
 // validation with clear errors, the presets of the paper's Table 3 and small CPU presets, and
 // the list of parameter tensors (names and shapes) a configuration implies.
 #pragma once

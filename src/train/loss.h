@@ -1,6 +1,7 @@
-// One batch through the whole model and back: the label-smoothed cross-entropy of DESIGN.md §4
-// on every real target position (eos included, padding excluded), and the gradient of
-// grad_scale × Σ loss with respect to every parameter, accumulated into the gradient buffers.
+// One batch through the whole model and back: the label-smoothed cross-entropy of
+// docs/model-file.md on every real target position (eos included, padding excluded), and the
+// gradient of grad_scale × Σ loss with respect to every parameter, accumulated into the gradient
+// buffers.
 #pragma once
 
 #include <vector>
