@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/option_ranges.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
 #include "train/checkpoint.h"
@@ -22,7 +23,7 @@ CommandRunner add_average_command(CLI::App& app) {
   app.add_option("--model-dir", o->model_dir,
                  "Average the newest --last snapshots in DIR/checkpoints (written by train)");
   app.add_option("--last", o->last, "How many snapshots with --model-dir (default 5)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   app.add_option("-o,--output", o->output, "Model file to write")->required();
   app.footer(
       "Examples:\n  transformer average --model-dir run --last 5 -o run/model.avg.safetensors\n"

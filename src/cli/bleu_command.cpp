@@ -31,16 +31,12 @@ std::string display_name(const std::string& path) {
   return path == "-" ? "stdin" : path;
 }
 
-// The lines of `path`, checked to be UTF-8, each with trailing whitespace removed.
+// The lines of `path` (read_lines: UTF-8, no NUL, BOM dropped), each with trailing whitespace
+// removed.
 std::vector<std::string> read_text(const std::string& path) {
   std::vector<std::string> lines = read_lines(path);
-  for (size_t i = 0; i < lines.size(); ++i) {
-    std::string& line = lines[i];
-    if (!is_valid_utf8(line))
-      throw Error(display_name(path) + ":" + std::to_string(i + 1) + ": not valid UTF-8 text");
-    // sacreBLEU's command line applies Python's str.rstrip() to every line it reads.
-    line = rstrip_whitespace(line);
-  }
+  // sacreBLEU's command line applies Python's str.rstrip() to every line it reads.
+  for (std::string& line : lines) line = rstrip_whitespace(line);
   return lines;
 }
 
@@ -63,16 +59,6 @@ void run_bleu(const BleuCommandOptions& o) {
                   " (hypotheses and references must match line for line)");
   }
   if (hypotheses.empty()) throw Error(display_name(o.input) + " has no lines: nothing to score");
-  for (size_t i = 0; i < hypotheses.size(); ++i) {
-    bool any = false;
-    for (const auto& stream : references) any = any || !stream[i].empty();
-    if (!any) {
-      std::string files;
-      for (const auto& ref : o.refs) files += (files.empty() ? "" : ", ") + display_name(ref);
-      throw Error("line " + std::to_string(i + 1) + " is empty in every reference (" + files +
-                  "); a segment needs at least one reference");
-    }
-  }
 
   BleuOptions bleu_options;
   bleu_options.tokenizer = parse_bleu_tokenizer(o.tokenize);
@@ -119,9 +105,7 @@ void run_bleu(const BleuCommandOptions& o) {
     if (want_chrf) text += corpus_chrf(hypotheses, references, chrf_options).format() + "\n";
   }
 
-  auto write = [&](std::FILE* f) {
-    if (std::fwrite(text.data(), 1, text.size(), f) != text.size()) throw Error("write failed");
-  };
+  auto write = [&](std::FILE* f) { write_text(f, text); };
   write_output(o.output, write);
 }
 
@@ -132,8 +116,8 @@ CommandRunner add_bleu_command(CLI::App& app) {
   app.add_option(
          "-r,--ref", o->refs,
          "Reference file, one sentence per line; for several references repeat --ref or list "
-         "the files after it (an empty line means no reference from that file for that "
-         "sentence)")
+         "the files after it (an empty line is an empty reference, as in sacreBLEU 2.2 and "
+         "later)")
       ->required();
   app.add_option("-i,--input", o->input,
                  "Hypotheses (system output), one per line, same line count as each reference "

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/option_ranges.h"
 #include "io/file_util.h"
 #include "tensor/error.h"
 
@@ -19,10 +20,9 @@ void ConfigOptions::add_to(CLI::App& app) {
   app.add_option(
       "--config", config_path,
       "JSON file with model config keys (docs/model-file.md); absent keys take their defaults");
-  app.add_option("--vocab", vocab, "Shared vocabulary size (source = target)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--src-vocab", src_vocab, "Source vocabulary size")->check(CLI::PositiveNumber);
-  app.add_option("--tgt-vocab", tgt_vocab, "Target vocabulary size")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", vocab, "Shared vocabulary size (source = target)")->check(at_least(1));
+  app.add_option("--src-vocab", src_vocab, "Source vocabulary size")->check(at_least(1));
+  app.add_option("--tgt-vocab", tgt_vocab, "Target vocabulary size")->check(at_least(1));
   app.add_option("--share", share,
                  "Embedding sharing: all (one matrix for source, target and pre-softmax, the "
                  "paper's choice; default when sizes match), target (target embedding = "

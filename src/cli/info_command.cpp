@@ -1,12 +1,18 @@
 // `transformer info`: what a model or preset is, how many parameters it has (exactly) and how
 // much memory it needs to run and to train.
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/config_options.h"
+#include "io/safetensors.h"
+#include "model/weights.h"
+#include "tensor/error.h"
 #include "text/model_directory.h"
+#include "train/checkpoint.h"
 
 namespace tfm {
 
@@ -55,18 +61,51 @@ void print_info(const ModelConfig& c) {
               16.0 * double(total) / mib);
 }
 
+// A model or checkpoint file, from its header alone (no tensor is read): its config, checked
+// against the declared shapes, and a checkpoint's training state.
+void print_file_info(const std::string& path) {
+  const SafetensorsHeader header = read_safetensors_header(path);
+  auto config_it = header.metadata.find("config");
+  if (config_it == header.metadata.end())
+    throw Error(path + ": not a transformer-cpp model (no \"config\" in __metadata__)");
+  const ModelConfig config = config_from_json_text(config_it->second, path);
+  validate_config(config, path);
+  auto state_it = header.metadata.find("training_state");
+  std::map<std::string, Shape> model_shapes;
+  for (const auto& [name, shape] : header.shapes)
+    if (state_it == header.metadata.end() || name.rfind("model.", 0) == 0)
+      model_shapes.emplace(state_it == header.metadata.end() ? name : name.substr(6), shape);
+  check_parameter_shapes(config, model_shapes, path);
+  print_info(config);
+  if (state_it == header.metadata.end()) return;
+  const nlohmann::json j = nlohmann::json::parse(state_it->second, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw Error(path + ": training_state is not JSON");
+  const TrainingState s = TrainingState::from_json(j, path);
+  std::printf(
+      "training checkpoint:\n  step %lld, epoch %lld (batch %lld), %lld target tokens, %.1f "
+      "minutes\n",
+      (long long)s.step, (long long)s.epoch + 1, (long long)s.batch_index,
+      (long long)s.target_tokens_seen, s.train_seconds / 60.0);
+  if (s.best_valid_nll >= 0)
+    std::printf("  best validation perplexity %.2f\n", std::exp(s.best_valid_nll));
+}
+
 }  // namespace
 
 CommandRunner add_info_command(CLI::App& app) {
   auto options = std::make_shared<ConfigOptions>();
   auto model_path = std::make_shared<std::string>();
   options->add_to(app);
-  app.add_option("--model", *model_path, "A model directory or .safetensors file to describe");
+  app.add_option("--model", *model_path,
+                 "A model directory, model file or training checkpoint (.safetensors) to describe");
   app.footer(
       "Examples:\n  transformer info --preset base --vocab 37000\n  transformer info --model "
       "model_dir");
   return [options, model_path] {
-    if (!model_path->empty()) {
+    std::error_code ec;
+    if (!model_path->empty() && !std::filesystem::is_directory(*model_path, ec)) {
+      print_file_info(*model_path);
+    } else if (!model_path->empty()) {
       ModelBundle bundle = load_model_bundle(*model_path, false);
       print_info(bundle.model.config());
     } else {

@@ -7,12 +7,16 @@
 #include <new>
 
 #include "cli/commands.h"
+#include "cli/option_ranges.h"
+#include "io/file_util.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
 #include "tensor/memory_budget.h"
+#include "text/corpus.h"
 #include "train/replicas.h"
 
 int main(int argc, char** argv) {
+  tfm::remove_temp_files_on_signals();
   tfm::retain_freed_memory();
   CLI::App app{
       "transformer: the Transformer of \"Attention Is All You Need\" (encoder-decoder, §3) —\n"
@@ -21,7 +25,7 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show help for all commands");
   int threads = 0;
   app.add_option("--threads", threads, "Worker threads (default: all cores, or OMP_NUM_THREADS)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(tfm::at_least(0));
   bool allow_nonfinite = false;
   app.add_flag("--allow-nonfinite", allow_nonfinite,
                "Load model weights that contain NaN or Inf instead of refusing them");
@@ -29,6 +33,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-memory", max_memory,
                  "Refuse models and files that need more memory than this (e.g. 8G; default: "
                  "the machine's physical memory)");
+  int64_t max_line_bytes = 0;
+  app.add_option("--max-line-bytes", max_line_bytes,
+                 "Refuse text lines longer than this many bytes (default 1048576)")
+      ->check(tfm::at_least(1));
   app.fallthrough();  // the options above may also follow the command
 
   std::map<CLI::App*, tfm::CommandRunner> runners;
@@ -78,7 +86,9 @@ int main(int argc, char** argv) {
   tfm::allow_nonfinite_weights(allow_nonfinite);
   try {
     if (!max_memory.empty()) tfm::set_memory_limit(tfm::parse_memory_size(max_memory));
+    if (max_line_bytes) tfm::set_max_line_bytes(max_line_bytes);
     for (CLI::App* sub : app.get_subcommands()) runners.at(sub)();
+    tfm::flush_standard_output();  // a full disk or /dev/full must not pass for success
   } catch (const tfm::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     // Under mpirun: end the other ranks too instead of leaving them waiting.

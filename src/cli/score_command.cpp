@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "cli/commands.h"
+#include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "io/file_util.h"
 #include "tensor/error.h"
@@ -104,7 +105,7 @@ void run_score(const ScoreOptions& o) {
           line += buffer;
         }
       line += '\n';
-      if (std::fwrite(line.data(), 1, line.size(), f) != line.size()) throw Error("write failed");
+      write_text(f, line);
     }
   };
   write_output(o.output, write);
@@ -127,7 +128,7 @@ CommandRunner add_score_command(CLI::App& app) {
                "After the total, print each token's log-probability (target tokens, then eos)");
   app.add_option("--batch-tokens", o->batch_tokens,
                  "Padded source + target tokens per batch (default 4096)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   app.footer(
       "Output: one line per pair; the first field is the sum of natural-log probabilities of the\n"
       "target tokens and eos. An empty target scores eos alone.\n"

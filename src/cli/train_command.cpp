@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/config_options.h"
+#include "cli/option_ranges.h"
 #include "tensor/error.h"
 #include "text/vocabulary.h"
 #include "train/trainer.h"
@@ -37,60 +38,77 @@ CommandRunner add_train_command(CLI::App& app) {
                "Continue the run saved in --model-dir exactly where it stopped (bit for bit)");
   app.add_option("--max-length", t.max_length,
                  "Skip pairs with a side longer than this many tokens (default 256)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   app.add_option("--batch-tokens", t.batch_tokens,
                  "Padded source + target tokens per batch (default 4096)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   app.add_option("--accumulate", t.accumulate,
                  "Batches per optimizer step (gradient accumulation; default 1)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--label-smoothing", t.label_smoothing, "Label smoothing ε (default 0.1)");
+      ->check(at_least(1));
+  app.add_option("--label-smoothing", t.label_smoothing, "Label smoothing ε (default 0.1)")
+      ->check(in_range(0, 1, true, false));
   app.add_option("--dropout", t.dropout,
-                 "Dropout on sublayer outputs and embedding sums (default 0.1)");
+                 "Dropout on sublayer outputs and embedding sums (default 0.1)")
+      ->check(in_range(0, 1, true, false));
   app.add_option("--attention-dropout", t.attention_dropout,
-                 "Dropout on attention weights (default 0)");
+                 "Dropout on attention weights (default 0)")
+      ->check(in_range(0, 1, true, false));
   app.add_option("--relu-dropout", t.relu_dropout,
-                 "Dropout inside the feed-forward layer (default 0)");
+                 "Dropout inside the feed-forward layer (default 0)")
+      ->check(in_range(0, 1, true, false));
   app.add_option("--optimizer", t.optimizer.algorithm, "adam (default) or sgd")
       ->check(CLI::IsMember({"adam", "sgd"}));
   app.add_option("--lr-schedule", t.optimizer.schedule,
                  "noam: the paper's d_model^-0.5·min(step^-0.5, step·warmup^-1.5) (default); "
                  "constant: --lr")
       ->check(CLI::IsMember({"noam", "constant"}));
-  app.add_option("--lr", t.optimizer.lr, "Learning rate of the constant schedule (default 1e-3)");
+  app.add_option("--lr", t.optimizer.lr, "Learning rate of the constant schedule (default 1e-3)")
+      ->check(at_least(0, false));
   app.add_option("--lr-factor", t.optimizer.lr_factor,
-                 "Multiplier of the noam schedule (default 1)");
+                 "Multiplier of the noam schedule (default 1)")
+      ->check(at_least(0, false));
   app.add_option("--warmup", t.optimizer.warmup,
                  "Warm-up steps of the noam schedule (default 4000)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--adam-beta1", t.optimizer.beta1, "Adam β1 (default 0.9)");
-  app.add_option("--adam-beta2", t.optimizer.beta2, "Adam β2 (default 0.98)");
-  app.add_option("--adam-eps", t.optimizer.eps, "Adam ε (default 1e-9)");
+      ->check(at_least(1));
+  app.add_option("--adam-beta1", t.optimizer.beta1, "Adam β1 (default 0.9)")
+      ->check(in_range(0, 1, true, false));
+  app.add_option("--adam-beta2", t.optimizer.beta2, "Adam β2 (default 0.98)")
+      ->check(in_range(0, 1, true, false));
+  app.add_option("--adam-eps", t.optimizer.eps, "Adam ε (default 1e-9)")->check(at_least(0, false));
   app.add_option("--clip-norm", t.optimizer.clip_norm,
-                 "Clip the global gradient norm to this value (default 0: off)");
+                 "Clip the global gradient norm to this value (default 0: off)")
+      ->check(at_least(0));
   app.add_option("--seed", t.seed, "Seed of initialisation, shuffling and dropout (default 1)");
-  app.add_option("--max-steps", t.max_steps, "Stop after this many optimizer steps");
-  app.add_option("--max-epochs", t.max_epochs, "Stop after this many passes over the data");
-  app.add_option("--max-minutes", t.max_minutes, "Stop after this many minutes of training");
+  app.add_option("--max-steps", t.max_steps, "Stop after this many optimizer steps")
+      ->check(at_least(0));
+  app.add_option("--max-epochs", t.max_epochs, "Stop after this many passes over the data")
+      ->check(at_least(0));
+  app.add_option("--max-minutes", t.max_minutes, "Stop after this many minutes of training")
+      ->check(at_least(0));
   app.add_option("--valid-every", t.valid_every,
-                 "Validate every N steps (default 500; 0: at the end)");
-  app.add_option("--save-every", t.save_every, "Checkpoint every N steps (default 500)");
-  app.add_option("--log-every", t.log_every, "Log a line every N steps (default 100)");
-  app.add_option("--keep", t.keep, "Keep the last K step snapshots for `average` (default 5)");
+                 "Validate every N steps (default 500; 0: at the end)")
+      ->check(at_least(0));
+  app.add_option("--save-every", t.save_every, "Checkpoint every N steps (default 500)")
+      ->check(at_least(0));
+  app.add_option("--log-every", t.log_every, "Log a line every N steps (default 100)")
+      ->check(at_least(0));
+  app.add_option("--keep", t.keep, "Keep the last K step snapshots for `average` (default 5)")
+      ->check(at_least(0));
   app.add_option("--early-stopping", t.early_stopping,
-                 "Stop after N validations without a better perplexity (default 0: off)");
+                 "Stop after N validations without a better perplexity (default 0: off)")
+      ->check(at_least(0));
   app.add_option("--max-bad-steps", t.max_bad_steps,
                  "A step with a NaN/Inf loss or gradient is skipped; stop with an error after this "
                  "many in a row, leaving the last checkpoint as it was (default 20)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   app.add_option("--replica-timeout", t.replica_timeout,
                  "Under mpirun: seconds a rank waits for the others before ending the job with an "
                  "error (default 300)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(0, false));
   app.add_option("--replica-check-every", t.replica_check_every,
                  "Under mpirun: compare the ranks' parameter checksums every N steps (default 0: "
                  "off; 100 in debug builds)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   app.footer(
       "Example (reversal task on token ids, tiny model):\n"
       "  transformer train --preset tiny --vocab 32 --ids --train-src train.src --train-tgt "
@@ -117,7 +135,7 @@ CommandRunner add_train_command(CLI::App& app) {
       train.has_config = true;
     }
     const TrainResult result = tfm::train(train);
-    if (result.primary)
+    if (result.primary && !result.stopped_before_start)
       std::printf("trained %lld steps; model: %s/model.safetensors\n", (long long)result.steps,
                   train.model_dir.c_str());
   };

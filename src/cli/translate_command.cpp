@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "cli/commands.h"
+#include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "decode/beam_search.h"
 #include "io/file_util.h"
@@ -114,7 +115,6 @@ void run_translate(TranslateOptions o) {
     if (o.ids) {
       s.ids = parse_id_line(lines[i], config.src_vocab_size, where, int64_t(i) + 1);
     } else {
-      if (!is_valid_utf8(lines[i])) throw Error(at + ": invalid UTF-8");
       s.ids = source_vocabulary->encode(lines[i]);
       if (o.replace_unknowns) s.pieces = source_vocabulary->to_pieces(lines[i]);
     }
@@ -179,7 +179,8 @@ void run_translate(TranslateOptions o) {
     char score[32];
     for (size_t i = 0; i < sources.size(); ++i) {
       if (o.nbest > 0) {
-        if (results[i].empty()) results[i].emplace_back();
+        // A line that was not translated (empty, or too long) has no entries: an empty
+        // hypothesis with a log-probability would claim a translation that never happened.
         for (const Hypothesis& h : results[i]) {
           std::snprintf(score, sizeof score, "%.6f", h.logprob);
           out += std::to_string(i) + " ||| " + render(i, h) + " ||| " + score;
@@ -194,7 +195,7 @@ void run_translate(TranslateOptions o) {
         out += '\n';
       }
       if (out.size() > (1 << 16) || i + 1 == sources.size()) {
-        if (std::fwrite(out.data(), 1, out.size(), f) != out.size()) throw Error("write failed");
+        write_text(f, out);
         out.clear();
       }
     }
@@ -230,8 +231,7 @@ void run_translate(TranslateOptions o) {
         }
         line["attention"] = heads;
         const std::string text = line.dump() + "\n";
-        if (std::fwrite(text.data(), 1, text.size(), f) != text.size())
-          throw Error(o.attention_file + ": write failed");
+        write_text(f, text);
       }
     });
   }
@@ -249,21 +249,30 @@ CommandRunner add_translate_command(CLI::App& app) {
   app.add_option("-o,--output", o->output,
                  "Write translations here (atomically) instead of stdout");
   app.add_flag("--ids", o->ids, "Input and output are space-separated token ids");
-  app.add_option("--beam", o->search.beam, "Beam size; 1 is greedy search (default 4)");
+  app.add_option("--beam", o->search.beam, "Beam size; 1 is greedy search (default 4)")
+      ->check(in_range(1, 1 << 20));
   app.add_option("--alpha", o->search.alpha,
-                 "Length penalty α: hypotheses are ranked by log p / ((5+|Y|)/6)^α (default 0.6)");
+                 "Length penalty α: hypotheses are ranked by log p / ((5+|Y|)/6)^α (default 0.6)")
+      ->check(in_range(0, 10));
   app.add_option("--max-length-a", o->search.max_length_a,
-                 "At most a·(source length) + b output tokens (default a 1)");
-  app.add_option("--max-length-b", o->search.max_length_b, "... + b (default 50)");
-  app.add_option("--max-length", o->search.max_length, "Hard cap on output tokens (default: none)");
+                 "At most a·(source length) + b output tokens (default a 1)")
+      ->check(in_range(0, 1000));
+  app.add_option("--max-length-b", o->search.max_length_b, "... + b (default 50)")
+      ->check(in_range(0, 1 << 20));
+  app.add_option("--max-length", o->search.max_length, "Hard cap on output tokens (default: none)")
+      ->check(in_range(1, 1 << 20));
   app.add_option("--min-length", o->search.min_length,
-                 "At least this many output tokens before eos");
-  app.add_option("--nbest", o->nbest,
-                 "Print the K best hypotheses per input as `index ||| hypothesis ||| score` "
-                 "(index from 0; score = natural-log probability of the tokens and eos)");
+                 "At least this many output tokens before eos")
+      ->check(in_range(0, 1 << 20));
+  app.add_option(
+         "--nbest", o->nbest,
+         "Print the K best hypotheses per input as `index ||| hypothesis ||| score` "
+         "(index from 0; score = natural-log probability of the tokens and eos; a line that is "
+         "not translated, empty or too long, has no entries)")
+      ->check(in_range(1, 1 << 20));
   app.add_option("--batch-tokens", o->batch_tokens,
                  "Budget per batch: sentences × longest source × beam (default 4096)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   app.add_option("--prefix", o->prefix, "Force every translation to start with this target text");
   app.add_option("--prefix-file", o->prefix_file,
                  "Force line i's translation to start with line i of FILE");
@@ -275,9 +284,10 @@ CommandRunner add_translate_command(CLI::App& app) {
       "the last decoder layer's cross-attention averaged over heads, comma-separated over "
       "source positions; tokens separated by spaces");
   app.add_option(
-      "--attention-layer", o->search.attention_layer,
-      "Decoder layer (0-based) whose cross-attention --attention / --attention-file report "
-      "(default: the last)");
+         "--attention-layer", o->search.attention_layer,
+         "Decoder layer (0-based) whose cross-attention --attention / --attention-file report "
+         "(default: the last)")
+      ->check(at_least(0));
   app.add_option(
       "--attention-file", o->attention_file,
       "Write JSON lines {line, source, target, layer, attention[head][target][source]} with "

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/option_ranges.h"
 #include "io/file_util.h"
 #include "tensor/error.h"
 
@@ -32,39 +33,32 @@ CommandRunner add_vocab_command(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--size", o->size, "Vocabulary size, special tokens included (default 8000)")
-      ->check(CLI::Range(int64_t(8), int64_t(1) << 22));
+      ->check(in_range(8, 1 << 22));
   app.add_option("-o,--output", o->output, "SentencePiece model file to write (e.g. vocab.spm)")
       ->required();
   app.add_option("--character-coverage", o->character_coverage,
-                 "Share of characters covered by the vocabulary (default 1.0; 0.9995 for CJK)");
+                 "Share of characters covered by the vocabulary (default 1.0; 0.9995 for CJK)")
+      ->check(in_range(0, 1, false, true));
   app.add_option("--max-sentences", o->max_sentences,
-                 "Train on at most this many sentences, sampled (default 2,000,000)");
+                 "Train on at most this many sentences, sampled (default 2,000,000)")
+      ->check(at_least(1));
   app.footer("Example:\n  transformer vocab --input train.en train.es --size 8000 -o vocab.spm");
   return [o] {
     std::string inputs;
     for (const auto& f : o->inputs) inputs += (inputs.empty() ? "" : ",") + f;
-    const std::filesystem::path output(o->output);
-    const std::string prefix =
-        (output.parent_path().empty() ? std::filesystem::path(".") : output.parent_path()) /
-        (".vocab-" + std::to_string(::getpid()));
     const std::string args =
-        "--input=" + inputs + " --model_prefix=" + prefix +
-        " --model_type=bpe --vocab_size=" + std::to_string(o->size) +
+        "--input=" + inputs + " --model_type=bpe --vocab_size=" + std::to_string(o->size) +
         " --character_coverage=" + std::to_string(o->character_coverage) +
         " --pad_id=0 --bos_id=1 --eos_id=2 --unk_id=3 --pad_piece=<pad> --input_sentence_size=" +
         std::to_string(o->max_sentences) +
         " --shuffle_input_sentence=true --num_threads=2 --minloglevel=1";
     sentencepiece::logging::SetMinLogLevel(1);  // warnings and errors only
-    const auto status = sentencepiece::SentencePieceTrainer::Train(args);
-    std::remove((prefix + ".vocab").c_str());
-    if (!status.ok()) {
-      std::remove((prefix + ".model").c_str());
-      throw Error("SentencePiece training failed: " + status.ToString());
-    }
-    if (std::rename((prefix + ".model").c_str(), o->output.c_str()) != 0) {
-      std::remove((prefix + ".model").c_str());
-      throw Error(o->output + ": cannot write");
-    }
+    // The model comes back in memory (SentencePiece writes no file of its own, whose write
+    // errors it would not report) and is written atomically and checked.
+    std::string model;
+    const auto status = sentencepiece::SentencePieceTrainer::Train(args, nullptr, &model);
+    if (!status.ok()) throw Error("SentencePiece training failed: " + status.ToString());
+    write_bytes_atomically(o->output, model);
     std::printf("wrote %s: %lld-token BPE vocabulary\n", o->output.c_str(), (long long)o->size);
   };
 }

@@ -10,6 +10,7 @@
 
 #include "decode/incremental_decoder.h"
 #include "tensor/error.h"
+#include "tensor/memory_budget.h"
 
 namespace tfm {
 
@@ -24,6 +25,33 @@ struct Live {
   double logprob = 0;
   std::vector<std::vector<float>> attention;
 };
+
+// What one search() call can allocate, in bytes, at most: the encoder's activations, the
+// decoder's self-attention cache (layers × K,V × steps × hypotheses × d) and cross-attention
+// K,V, every hypothesis' row of log-probabilities, the per-sentence candidates, the live
+// hypotheses' tokens and histories (twice: this step's and the next) and, if kept, attention.
+// Saturates instead of overflowing: a beam of 10⁹ must be refused, not wrap around.
+int64_t search_memory_bytes(const ModelConfig& c, int64_t sentences, int64_t src_len, int64_t steps,
+                            const SearchOptions& o) {
+  auto mul = [](std::initializer_list<int64_t> factors) {
+    long double p = 1;
+    for (int64_t f : factors) p *= (long double)std::max<int64_t>(f, 0);
+    return p;
+  };
+  const int64_t n = sentences, beam = o.beam;  // n · beam hypotheses at most
+  const int64_t d = c.d_model, layers = c.decoder_layers, vocab = c.tgt_vocab_size;
+  long double bytes = 0;
+  bytes += mul({n, src_len, 12 * d + c.d_ff + c.heads * src_len, 4});               // encoder
+  bytes += mul({layers, 2, steps, n, beam, d, 4});                                  // self K, V
+  bytes += mul({layers, n, src_len, 2 * d, 4});                                     // cross K, V
+  bytes += mul({n, beam, 6 * d + c.d_ff + c.heads * std::max(steps, src_len), 4});  // scratch
+  bytes += mul({n, beam, vocab, 4});                                                // log-probs
+  bytes += mul({beam, 2 * std::min<int64_t>(vocab, beam), 16});                     // candidates
+  bytes += mul({n, beam, steps, 4, 4});  // tokens and histories, this step's and the next
+  if (o.attention)
+    bytes += mul({n, beam, steps, o.attention_per_head ? c.heads : 1, src_len, 4, 2});
+  return bytes >= (long double)INT64_MAX ? INT64_MAX : int64_t(bytes);
+}
 
 }  // namespace
 
@@ -45,11 +73,8 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
   const int64_t beam = o.beam, vocab = c.tgt_vocab_size;
   const int64_t nbest = std::min(std::max<int64_t>(o.nbest, 1), beam);
 
-  // Encoder, once for the batch.
   const TokenBatch batch =
       make_batch(c, sources, std::vector<std::vector<int32_t>>(sources.size()));
-  StackCache cache;
-  encoder_forward(model, batch, {}, cache);
 
   // Length limits per sentence (generated tokens, eos excluded).
   const int64_t position_limit = c.max_positions - c.position_offset;
@@ -72,6 +97,14 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
     max_len[size_t(s)] = limit;
     longest = std::max(longest, limit);
   }
+  check_memory(search_memory_bytes(c, sentences, batch.src_len, longest + 1, o),
+               "decoding " + std::to_string(sentences) + " sentence" + (sentences > 1 ? "s" : "") +
+                   " of " + std::to_string(batch.src_len) + " tokens with beam " +
+                   std::to_string(beam) + " (up to " + std::to_string(longest) + " steps)");
+
+  // Encoder, once for the batch.
+  StackCache cache;
+  encoder_forward(model, batch, {}, cache);
   IncrementalDecoder decoder(model, cache.memory.data(), sentences, batch.src_len,
                              batch.src_lengths.data(), longest + 1, sentences * beam, o.precision);
 

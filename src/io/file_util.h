@@ -1,15 +1,28 @@
 // Whole-file reads and atomic writes (temp file in the same directory + fsync + rename), so an
-// interrupted run never leaves a half-written model, checkpoint or output behind.
+// interrupted run never leaves a half-written model, checkpoint or output behind; checked writes
+// to standard output; the cleanup of temp files on signals and after a crash.
 #pragma once
 
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <string_view>
 
 namespace tfm {
 
-// Throws Error naming the file if it cannot be read.
+// Throws Error unless `path` is a regular file: a FIFO or device where a model, vocabulary or
+// config is expected would block in open() or never end.
+void require_regular_file(const std::string& path);
+
+// The bytes of a regular file; throws Error naming the file if it cannot be read.
 std::string read_file_bytes(const std::string& path);
+
+// Writes `text` to `f`; throws WriteFailed (errno) when the stream refuses it. Writers passed to
+// write_file_atomically / write_output use this; those name the file in the Error they throw.
+void write_text(std::FILE* f, std::string_view text);
+struct WriteFailed {
+  int error_number;
+};
 
 // Calls write(stream) on a temp file next to `path`, then renames it over `path`.
 // On any failure the temp file is removed and Error is thrown; `path` is untouched.
@@ -22,7 +35,20 @@ void write_bytes_atomically(const std::string& path, const std::string& bytes);
 // otherwise writes `path` through write_file_atomically.
 void write_output(const std::string& path, const std::function<void(std::FILE*)>& write);
 
+// Flushes standard output; throws Error("standard output: write failed (<reason>)") if anything
+// written to it was lost (a full disk, /dev/full, a closed pipe).
+void flush_standard_output();
+
 // Creates the directory (and parents) if missing; throws Error on failure.
 void make_directories(const std::string& path);
+
+// Removes the temp files (`<name>.tmp.<pid>`) in `dir` that a process that no longer runs left
+// behind (kill -9, power loss); only those whose name starts with `prefix` when it is given.
+void remove_stale_temp_files(const std::string& dir, const std::string& prefix = "");
+
+// SIGINT, SIGTERM and SIGHUP remove the temp files this process is writing, then end it as the
+// signal would have. Called once at program start; a command that handles these signals itself
+// (training) installs its own handlers for its lifetime.
+void remove_temp_files_on_signals();
 
 }  // namespace tfm

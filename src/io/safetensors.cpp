@@ -62,7 +62,7 @@ void convert_to_float(const std::string& dtype, const char* src, int64_t count, 
 using DataReader = std::function<void(uint64_t offset, uint64_t bytes, char* destination)>;
 
 SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataReader& read_data,
-                      const std::string& where) {
+                      const std::string& where, const SafetensorsHeaderCheck& check) {
   auto fail = [&](const std::string& message) -> void {
     throw Error(where + ": not a valid safetensors file: " + message);
   };
@@ -142,8 +142,14 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
     if (ranges[i].begin < ranges[i - 1].end)
       fail("tensors \"" + ranges[i - 1].name + "\" and \"" + ranges[i].name + "\" overlap");
 
-  // Only now, with every declaration checked against the file's size (and the fp32 total
-  // against the memory limit), allocate and read.
+  if (check) {
+    std::map<std::string, Shape> shapes;
+    for (const Range& range : ranges) shapes.emplace(range.name, range.shape);
+    check(file.metadata, shapes);
+  }
+  if (!read_data) return file;  // the caller wanted the header alone
+  // Only now, with every declaration checked against the file's size, the caller's config (and
+  // the fp32 total against the memory limit), allocate and read.
   uint64_t fp32_bytes = 0;
   for (const Range& range : ranges) fp32_bytes += uint64_t(Tensor::numel_of(range.shape)) * 4;
   check_memory(int64_t(std::min<uint64_t>(fp32_bytes, INT64_MAX)), where + ": its tensors");
@@ -165,7 +171,8 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
 
 }  // namespace
 
-SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& where) {
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& where,
+                                  const SafetensorsHeaderCheck& check) {
   // parse() validates the header length before any read, so data_begin is only used when valid.
   uint64_t header_len = 0;
   if (bytes.size() >= 8)
@@ -176,12 +183,15 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
       [&](uint64_t offset, uint64_t n, char* destination) {
         std::memcpy(destination, bytes.data() + data_begin + offset, size_t(n));
       },
-      where);
+      where, check);
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory, not a file");
+namespace {
+
+// read_safetensors, or only its header when !read_tensors.
+SafetensorsFile read_from_file(const std::string& path, const SafetensorsHeaderCheck& check,
+                               bool read_tensors) {
+  require_regular_file(path);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   struct stat info;
@@ -201,6 +211,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   }
   const uint64_t data_begin = head.size();
   const int fd = ::fileno(f.get());
+  if (!read_tensors) return parse(head, file_size, DataReader(), path, check);
   return parse(
       head, file_size,
       [&](uint64_t offset, uint64_t n, char* destination) {
@@ -212,7 +223,25 @@ SafetensorsFile read_safetensors(const std::string& path) {
           done += uint64_t(got);
         }
       },
-      path);
+      path, check);
+}
+
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::string& path, const SafetensorsHeaderCheck& check) {
+  return read_from_file(path, check, true);
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  SafetensorsHeader header;
+  read_from_file(
+      path,
+      [&](const auto& metadata, const auto& shapes) {
+        header.metadata = metadata;
+        header.shapes = shapes;
+      },
+      false);
+  return header;
 }
 
 void write_safetensors(const std::string& path, const TensorMap& tensors,
@@ -232,11 +261,11 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
     uint8_t length[8];
     uint64_t n = header_text.size();
     for (int i = 0; i < 8; ++i) length[i] = uint8_t(n >> (8 * i));
-    bool ok = std::fwrite(length, 1, 8, f) == 8 &&
-              std::fwrite(header_text.data(), 1, header_text.size(), f) == header_text.size();
+    write_text(f, std::string_view(reinterpret_cast<const char*>(length), 8));
+    write_text(f, header_text);
     for (const auto& [name, tensor] : tensors)
-      ok = ok && std::fwrite(tensor.ptr(), 4, size_t(tensor.numel()), f) == size_t(tensor.numel());
-    if (!ok) throw Error(path + ": write failed");
+      write_text(f, std::string_view(reinterpret_cast<const char*>(tensor.ptr()),
+                                     size_t(tensor.numel()) * sizeof(float)));
   });
 }
 

@@ -3,6 +3,7 @@
 // stranger's file could get wrong before allocating; the writer writes atomically.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -15,10 +16,26 @@ struct SafetensorsFile {
   std::map<std::string, std::string> metadata;  // "__metadata__" string pairs
 };
 
+// Called with the metadata and every tensor's declared shape once the header is validated and
+// before any tensor is allocated or read, so that a file whose shapes do not fit its config is
+// refused at once instead of after reading gigabytes. Throws Error to refuse.
+using SafetensorsHeaderCheck =
+    std::function<void(const std::map<std::string, std::string>& metadata,
+                       const std::map<std::string, Shape>& shapes)>;
+
 // Parses bytes read from `where` (a path, used in messages). Accepts F32, F16, BF16, F64,
 // I64, I32 tensors (converted to fp32). Throws Error on any malformed or inconsistent header.
-SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& where);
-SafetensorsFile read_safetensors(const std::string& path);
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& where,
+                                  const SafetensorsHeaderCheck& check = {});
+// The same from a regular file (anything else is refused before it is opened).
+SafetensorsFile read_safetensors(const std::string& path, const SafetensorsHeaderCheck& check = {});
+
+// The validated header alone (metadata and declared shapes), without reading any tensor.
+struct SafetensorsHeader {
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, Shape> shapes;
+};
+SafetensorsHeader read_safetensors_header(const std::string& path);
 
 // Writes all tensors as F32, names sorted, with the metadata; atomically.
 void write_safetensors(const std::string& path, const TensorMap& tensors,

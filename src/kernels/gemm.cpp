@@ -1,8 +1,10 @@
 // gemm() on oneDNN. Two paths, chosen per call, so that callers never pick:
 // - Outside OpenMP parallel regions: a oneDNN matmul primitive (brgemm kernels) with the
 //   operands described by their strides, so transposes cost nothing. Creating one costs ~0.3 ms,
-//   so primitives are kept per shape. With few rows (decoding: 32 hypotheses) it runs 3–6× the
-//   rate of dnnl_sgemm, which repacks the weights on every call.
+//   so primitives are kept per shape, the most recently used 1024 of them: each holds ~120 KB of
+//   generated code, and training meets a new row count with every batch (an unbounded cache
+//   grew training's memory by 2 GB in one epoch). With few rows (decoding: 32 hypotheses) it
+//   runs 3–6× the rate of dnnl_sgemm, which repacks the weights on every call.
 // - Inside a parallel construct (attention's per-(sequence, head) products, which the region
 //   already spreads over the threads): dnnl_sgemm, single-threaded there, with no creation cost
 //   for the many small shapes.
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <bit>
 #include <dnnl.hpp>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,7 +44,12 @@ struct GemmShapeHash {
 };
 
 dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine engine = [] {
+    // Our caches keep the primitives we reuse; oneDNN's own (1024 by default) would hold the
+    // evicted ones' code a second time.
+    dnnl::set_primitive_cache_capacity(0);
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 
@@ -71,16 +79,30 @@ void execute(const CachedMatmul& mm, void* a, const dnnl::memory& b, float* c) {
   stream.wait();
 }
 
-// The primitive for a shape, created on first use; null if oneDNN has none for it. Shared
-// pointers, so that clearing a full cache never frees one that another thread is running.
+// The primitive for a shape, created on first use; null if oneDNN has none for it. The cache
+// keeps the kMaxShapes most recently used (a decoding step's ~10 shapes × up to a few hundred
+// live-hypothesis counts fit). Shared pointers, so that evicting one never frees a primitive
+// that another thread is running.
 std::shared_ptr<const CachedMatmul> matmul_for(const GemmShape& s) {
+  constexpr size_t kMaxShapes = 1024;
+  using Recency = std::list<GemmShape>;  // most recent first
+  struct Entry {
+    std::shared_ptr<const CachedMatmul> matmul;
+    Recency::iterator position;
+  };
   static std::mutex mutex;
-  static std::unordered_map<GemmShape, std::shared_ptr<const CachedMatmul>, GemmShapeHash> cache;
-  constexpr size_t kMaxShapes = 4096;  // training sees a few hundred (rows vary per batch)
+  static Recency recency;
+  static std::unordered_map<GemmShape, Entry, GemmShapeHash> cache;
   std::lock_guard<std::mutex> lock(mutex);
   auto found = cache.find(s);
-  if (found != cache.end()) return found->second;
-  if (cache.size() >= kMaxShapes) cache.clear();
+  if (found != cache.end()) {
+    recency.splice(recency.begin(), recency, found->second.position);
+    return found->second.matmul;
+  }
+  if (cache.size() >= kMaxShapes) {
+    cache.erase(recency.back());
+    recency.pop_back();
+  }
   auto entry = std::make_shared<CachedMatmul>();
   try {
     entry->a = matrix_desc(s.m, s.k, s.lda, s.trans_a);
@@ -98,7 +120,8 @@ std::shared_ptr<const CachedMatmul> matmul_for(const GemmShape& s) {
   } catch (const dnnl::error&) {
     return nullptr;
   }
-  cache.emplace(s, entry);
+  recency.push_front(s);
+  cache.emplace(s, Entry{entry, recency.begin()});
   return entry;
 }
 

@@ -73,11 +73,16 @@ void check_finite_parameters(const TensorMap& parameters, const std::string& whe
 }
 
 Model load_model(const std::string& path) {
-  SafetensorsFile file = read_safetensors(path);
-  auto it = file.metadata.find("config");
-  if (it == file.metadata.end())
-    throw Error(path + ": not a transformer-cpp model (no \"config\" in __metadata__)");
-  ModelConfig config = config_from_json_text(it->second, path);
+  ModelConfig config;
+  // The config and every declared shape are checked before any tensor is read.
+  SafetensorsFile file = read_safetensors(path, [&](const auto& metadata, const auto& shapes) {
+    auto it = metadata.find("config");
+    if (it == metadata.end())
+      throw Error(path + ": not a transformer-cpp model (no \"config\" in __metadata__)");
+    config = config_from_json_text(it->second, path);
+    validate_config(config, path);
+    check_parameter_shapes(config, shapes, path);
+  });
   check_finite_parameters(file.tensors, path);
   return Model(std::move(config), std::move(file.tensors), path);
 }

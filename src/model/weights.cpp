@@ -109,23 +109,30 @@ DecoderLayerWeights bind_decoder_layer(const TensorMap& tensors, const std::stri
   return bind_decoder_layer_of<const float>(tensors, prefix);
 }
 
-void check_parameters(const ModelConfig& config, const TensorMap& tensors,
-                      const std::string& where) {
+void check_parameter_shapes(const ModelConfig& config, const std::map<std::string, Shape>& shapes,
+                            const std::string& where) {
   const auto specs = parameter_specs(config);
   for (const auto& spec : specs) {
-    auto it = tensors.find(spec.name);
-    if (it == tensors.end()) throw Error(where + ": missing tensor \"" + spec.name + "\"");
-    if (it->second.shape != spec.shape)
+    auto it = shapes.find(spec.name);
+    if (it == shapes.end()) throw Error(where + ": missing tensor \"" + spec.name + "\"");
+    if (it->second != spec.shape)
       throw Error(where + ": tensor \"" + spec.name + "\" has shape " +
-                  shape_to_string(it->second.shape) + ", expected " + shape_to_string(spec.shape));
+                  shape_to_string(it->second) + ", expected " + shape_to_string(spec.shape));
   }
-  if (tensors.size() != specs.size()) {
-    for (const auto& [name, tensor] : tensors) {
+  if (shapes.size() != specs.size()) {
+    for (const auto& [name, shape] : shapes) {
       bool used = false;
       for (const auto& spec : specs) used = used || spec.name == name;
       if (!used) throw Error(where + ": unexpected tensor \"" + name + "\" for this config");
     }
   }
+}
+
+void check_parameters(const ModelConfig& config, const TensorMap& tensors,
+                      const std::string& where) {
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, tensor] : tensors) shapes.emplace(name, tensor.shape);
+  check_parameter_shapes(config, shapes, where);
 }
 
 TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tensors,

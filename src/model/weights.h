@@ -80,6 +80,9 @@ using TransformerGradients = TransformerParams<float>;
 // and on tensors the config does not use.
 void check_parameters(const ModelConfig& config, const TensorMap& tensors,
                       const std::string& where);
+// The same on declared shapes alone (a file's header, before its data is read).
+void check_parameter_shapes(const ModelConfig& config, const std::map<std::string, Shape>& shapes,
+                            const std::string& where);
 
 // Views into `tensors` (which must outlive the result); checks as above.
 TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tensors,

@@ -289,13 +289,12 @@ void check_streams(size_t num_hypotheses, const std::vector<std::vector<std::str
                   std::to_string(num_hypotheses) + " hypotheses");
 }
 
-// The non-empty references of segment i (sacreBLEU drops "" as "no reference here").
+// The references of segment i. An empty line is a reference like any other (sacreBLEU ≥ 2.2:
+// its length 0 takes part in the brevity penalty; it has no n-grams to match).
 std::vector<const std::string*> segment_references(
     const std::vector<std::vector<std::string>>& references, size_t i) {
   std::vector<const std::string*> refs;
-  for (const auto& stream : references)
-    if (!stream[i].empty()) refs.push_back(&stream[i]);
-  if (refs.empty()) throw Error("segment " + std::to_string(i + 1) + ": every reference is empty");
+  for (const auto& stream : references) refs.push_back(&stream[i]);
   return refs;
 }
 
@@ -678,15 +677,7 @@ ChrfScore corpus_chrf(const std::vector<std::string>& hypotheses,
 // ---- public: signatures ----
 
 std::string reference_count(const std::vector<std::vector<std::string>>& references) {
-  if (references.empty() || references[0].empty()) return std::to_string(references.size());
-  std::set<size_t> counts;
-  for (size_t i = 0; i < references[0].size(); ++i) {
-    size_t n = 0;
-    for (const auto& stream : references)
-      if (i < stream.size() && !stream[i].empty()) ++n;
-    counts.insert(n);
-  }
-  return counts.size() == 1 ? std::to_string(*counts.begin()) : "var";
+  return std::to_string(references.size());
 }
 
 std::string bleu_signature(const BleuOptions& options, const std::string& nrefs) {

@@ -117,8 +117,9 @@ ChrfScore corpus_chrf(const std::vector<std::string>& hypotheses,
 // `version:` field of the signatures.
 inline constexpr const char* kSacrebleuVersion = "2.5.1";
 
-// The number of references per segment as sacreBLEU's signature writes it: the count of
-// non-empty references if every segment has the same, otherwise "var".
+// The number of references per segment as sacreBLEU's signature writes it. Every stream counts
+// for every segment, empty lines included: sacreBLEU ≥ 2.2 drops only undefined (None)
+// references, which text files cannot hold.
 std::string reference_count(const std::vector<std::vector<std::string>>& references);
 
 // "nrefs:2|case:mixed|eff:no|tok:13a|smooth:exp|version:2.5.1"

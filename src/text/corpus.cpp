@@ -1,31 +1,76 @@
 // Line reading and encoding.
 #include "text/corpus.h"
 
-#include <iostream>
-#include <iterator>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
 
 #include "io/file_util.h"
 #include "tensor/error.h"
 
 namespace tfm {
 
+namespace {
+
+int64_t g_max_line_bytes = int64_t(1) << 20;
+
+}  // namespace
+
+void set_max_line_bytes(int64_t bytes) {
+  g_max_line_bytes = bytes > 0 ? bytes : int64_t(1) << 20;
+}
+
+int64_t max_line_bytes() {
+  return g_max_line_bytes;
+}
+
 std::vector<std::string> read_lines(const std::string& path) {
-  std::string bytes;
-  if (path == "-") {
-    bytes.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  } else {
-    bytes = read_file_bytes(path);
+  const std::string where = path == "-" ? "stdin" : path;
+  std::FILE* f = stdin;
+  if (path != "-") {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory, not a file");
+    f = std::fopen(path.c_str(), "rb");
+    if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   }
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> owner(f == stdin ? nullptr : f, &std::fclose);
   std::vector<std::string> lines;
-  size_t begin = 0;
-  while (begin < bytes.size()) {
-    size_t end = bytes.find('\n', begin);
-    if (end == std::string::npos) end = bytes.size();
-    std::string line = bytes.substr(begin, end - begin);
+  std::string line;
+  auto finish_line = [&] {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (int64_t(line.size()) > g_max_line_bytes)
+      throw Error(where + ":" + std::to_string(lines.size() + 1) + ": line longer than " +
+                  std::to_string(g_max_line_bytes) + " bytes (raise --max-line-bytes)");
+    if (lines.empty() && line.compare(0, 3, "\xEF\xBB\xBF") == 0) line.erase(0, 3);
+    const std::string at = where + ":" + std::to_string(lines.size() + 1);
+    if (line.find('\0') != std::string::npos)
+      throw Error(at + ": holds a NUL byte (binary data, or text in UTF-16?)");
+    if (!is_valid_utf8(line)) throw Error(at + ": not valid UTF-8 text");
     lines.push_back(std::move(line));
-    begin = end + 1;
+    line.clear();
+  };
+  std::vector<char> buffer(1 << 16);
+  bool pending = false;  // bytes of a line without its newline yet
+  while (true) {
+    const size_t got = std::fread(buffer.data(), 1, buffer.size(), f);
+    for (size_t begin = 0; begin < got;) {
+      const char* newline =
+          static_cast<const char*>(std::memchr(buffer.data() + begin, '\n', got - begin));
+      const size_t end = newline ? size_t(newline - buffer.data()) : got;
+      line.append(buffer.data() + begin, end - begin);
+      if (int64_t(line.size()) > g_max_line_bytes + 1)  // + 1: a "\r" before the newline
+        throw Error(where + ":" + std::to_string(lines.size() + 1) + ": line longer than " +
+                    std::to_string(g_max_line_bytes) + " bytes (raise --max-line-bytes)");
+      pending = !newline;
+      if (newline) finish_line();
+      begin = end + 1;
+    }
+    if (got < buffer.size()) break;
   }
+  if (std::ferror(f)) throw Error(where + ": read failed (" + std::strerror(errno) + ")");
+  if (pending) finish_line();
   return lines;
 }
 

@@ -10,8 +10,15 @@
 
 namespace tfm {
 
-// All lines of `path` ("-" = stdin); a final line without newline counts; "\r\n" accepted.
+// All lines of `path` ("-" = stdin); a final line without newline counts; "\r\n" accepted; a
+// UTF-8 byte-order mark at the start is dropped. Every text command reads its input here, so
+// all refuse the same things, with file:line: bytes that are not UTF-8, NUL bytes, and a line
+// longer than max_line_bytes() (read as a stream: /dev/zero fails at the cap, not at OOM).
 std::vector<std::string> read_lines(const std::string& path);
+
+// The line-length cap of read_lines (the CLI's --max-line-bytes; default 1 MiB).
+void set_max_line_bytes(int64_t bytes);
+int64_t max_line_bytes();
 
 // Encodes every line: with ids (vocabulary unused) or with the vocabulary.
 std::vector<std::vector<int32_t>> encode_lines(const std::vector<std::string>& lines,

@@ -57,8 +57,7 @@ void write_model_directory(const std::string& dir, const Model& model,
   make_directories(dir);
   auto write_tokens = [&](const std::string& path, const std::vector<std::string>& tokens) {
     write_file_atomically(path, [&](std::FILE* f) {
-      for (const auto& token : tokens)
-        if (std::fprintf(f, "%s\n", token.c_str()) < 0) throw Error(path + ": write failed");
+      for (const auto& token : tokens) write_text(f, token + "\n");
     });
   };
   if (source_tokens) write_tokens(dir + "/source_vocabulary.txt", *source_tokens);

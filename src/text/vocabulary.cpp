@@ -39,7 +39,8 @@ Vocabulary Vocabulary::from_sentencepiece(const std::string& path) {
   Vocabulary v;
   v.where_ = path;
   v.sentencepiece_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  const auto status = v.sentencepiece_->Load(path);
+  // Read here (a FIFO or device is refused), parsed from memory.
+  const auto status = v.sentencepiece_->LoadFromSerializedProto(read_file_bytes(path));
   if (!status.ok()) throw Error(path + ": not a SentencePiece model (" + status.ToString() + ")");
   return v;
 }

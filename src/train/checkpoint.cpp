@@ -2,6 +2,8 @@
 #include "train/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 
@@ -12,6 +14,19 @@
 namespace tfm {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+bool all_finite(const TensorMap& tensors) {
+  for (const auto& [name, t] : tensors) {
+    bool finite = true;
+    for (float x : t.data) finite &= std::isfinite(x);  // branch-free: vectorises
+    if (!finite) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 nlohmann::json TrainingState::to_json() const {
   return {{"step", step},
@@ -27,22 +42,44 @@ nlohmann::json TrainingState::to_json() const {
 }
 
 TrainingState TrainingState::from_json(const nlohmann::json& j, const std::string& where) {
-  try {
-    TrainingState s;
-    s.step = j.at("step").get<int64_t>();
-    s.epoch = j.at("epoch").get<int64_t>();
-    s.batch_index = j.at("batch_index").get<int64_t>();
-    s.seed = j.at("seed").get<uint64_t>();
-    s.best_valid_nll = j.at("best_valid_nll").get<double>();
-    s.validations_without_improvement = j.at("validations_without_improvement").get<int64_t>();
-    s.target_tokens_seen = j.at("target_tokens_seen").get<int64_t>();
-    s.train_seconds = j.at("train_seconds").get<double>();
-    s.skipped_steps = j.value("skipped_steps", int64_t(0));  // absent in older checkpoints
-    s.bad_steps_in_a_row = j.value("bad_steps_in_a_row", int64_t(0));
-    return s;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(where + ": bad training state (" + e.what() + ")");
-  }
+  auto bad = [&](const std::string& key, const std::string& why) {
+    return Error(where + ": bad training state: \"" + key + "\" " + why);
+  };
+  // Counters are non-negative integers; an absent optional one (older checkpoints) is 0.
+  auto count = [&](const char* key, bool required) -> int64_t {
+    if (!j.is_object() || !j.contains(key)) {
+      if (required) throw bad(key, "is missing");
+      return 0;
+    }
+    const nlohmann::json& v = j.at(key);
+    if (!v.is_number_integer()) throw bad(key, "is not an integer");
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(INT64_MAX) : v.get<int64_t>() < 0)
+      throw bad(key, "is out of range (" + v.dump() + ")");
+    return v.get<int64_t>();
+  };
+  auto real = [&](const char* key) -> double {
+    if (!j.is_object() || !j.contains(key)) throw bad(key, "is missing");
+    const nlohmann::json& v = j.at(key);
+    if (!v.is_number()) throw bad(key, "is not a number");
+    const double x = v.get<double>();
+    if (!std::isfinite(x)) throw bad(key, "is not finite");
+    return x;
+  };
+  TrainingState s;
+  s.step = count("step", true);
+  s.epoch = count("epoch", true);
+  s.batch_index = count("batch_index", true);
+  if (!j.contains("seed") || !j.at("seed").is_number_unsigned()) throw bad("seed", "is not a seed");
+  s.seed = j.at("seed").get<uint64_t>();
+  s.best_valid_nll = real("best_valid_nll");
+  if (s.best_valid_nll < 0 && s.best_valid_nll != -1) throw bad("best_valid_nll", "is negative");
+  s.validations_without_improvement = count("validations_without_improvement", true);
+  s.target_tokens_seen = count("target_tokens_seen", true);
+  s.train_seconds = real("train_seconds");
+  if (s.train_seconds < 0) throw bad("train_seconds", "is negative");
+  s.skipped_steps = count("skipped_steps", false);
+  s.bad_steps_in_a_row = count("bad_steps_in_a_row", false);
+  return s;
 }
 
 bool has_checkpoint(const std::string& dir) {
@@ -67,6 +104,13 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
 
 void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& optimizer,
                      const TrainingState& state, int64_t keep) {
+  // A finite checkpoint is never replaced by one that could not be resumed.
+  const std::string step = "step " + std::to_string(state.step);
+  if (!all_finite(model.parameters()) || !all_finite(optimizer.state()))
+    throw Error(
+        step + ": the model or optimizer state holds NaN or Inf; not saved (" +
+        (has_checkpoint(dir) ? "the last checkpoint in " + dir + " is kept" : "nothing saved") +
+        ")");
   make_directories(dir + "/checkpoints");
   char name[64];
   std::snprintf(name, sizeof name, "/checkpoints/step-%09lld.safetensors", (long long)state.step);
@@ -88,14 +132,34 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
 
 LoadedCheckpoint load_checkpoint(const std::string& dir) {
   const std::string path = dir + "/checkpoint.safetensors";
-  SafetensorsFile file = read_safetensors(path);
-  auto config_it = file.metadata.find("config");
-  auto state_it = file.metadata.find("training_state");
-  if (config_it == file.metadata.end() || state_it == file.metadata.end())
-    throw Error(path + ": not a training checkpoint (no config / training_state metadata)");
-  const ModelConfig config = config_from_json_text(config_it->second, path);
-  const nlohmann::json state_json = nlohmann::json::parse(state_it->second, nullptr, false);
-  if (state_json.is_discarded()) throw Error(path + ": training_state is not valid JSON");
+  ModelConfig config;
+  TrainingState state;
+  // Config, state fields and every declared shape are checked before any tensor is read.
+  SafetensorsFile file = read_safetensors(path, [&](const auto& metadata, const auto& shapes) {
+    auto config_it = metadata.find("config");
+    auto state_it = metadata.find("training_state");
+    if (config_it == metadata.end() || state_it == metadata.end())
+      throw Error(path + ": not a training checkpoint (no config / training_state metadata)");
+    config = config_from_json_text(config_it->second, path);
+    validate_config(config, path);
+    const nlohmann::json state_json = nlohmann::json::parse(state_it->second, nullptr, false);
+    if (state_json.is_discarded() || !state_json.is_object())
+      throw Error(path + ": training_state is not a JSON object");
+    state = TrainingState::from_json(state_json, path);
+    std::map<std::string, Shape> model_shapes;
+    for (const auto& [name, shape] : shapes)
+      if (name.rfind("model.", 0) == 0) model_shapes.emplace(name.substr(6), shape);
+    check_parameter_shapes(config, model_shapes, path);
+    for (const auto& [name, shape] : shapes) {
+      if (name.rfind("model.", 0) == 0) continue;
+      const size_t dot = name.find('.');
+      const std::string kind = name.substr(0, dot == std::string::npos ? 0 : dot);
+      auto param = model_shapes.find(dot == std::string::npos ? "" : name.substr(dot + 1));
+      if ((kind != "adam_m" && kind != "adam_v") || param == model_shapes.end() ||
+          param->second != shape)
+        throw Error(path + ": unexpected optimizer state tensor \"" + name + "\"");
+    }
+  });
   TensorMap parameters, optimizer_state;
   for (auto& [name, t] : file.tensors) {
     if (name.rfind("model.", 0) == 0) {
@@ -105,8 +169,8 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
     }
   }
   check_finite_parameters(parameters, path);
-  return {Model(config, std::move(parameters), path), std::move(optimizer_state),
-          TrainingState::from_json(state_json, path)};
+  check_finite_parameters(optimizer_state, path);
+  return {Model(config, std::move(parameters), path), std::move(optimizer_state), state};
 }
 
 }  // namespace tfm

@@ -68,6 +68,11 @@ void Optimizer::load_state(TensorMap&& tensors, const std::string& where) {
         throw Error(where + ": missing optimizer state \"" + prefix + name + "\"");
       if (it->second.shape != t.shape)
         throw Error(where + ": optimizer state \"" + prefix + name + "\" has the wrong shape");
+      if (prefix == "adam_v.")  // Adam's second moment is a running mean of squares
+        for (float x : it->second.data)
+          if (x < 0)
+            throw Error(where + ": optimizer state \"" + prefix + name +
+                        "\" holds a negative value");
       t = std::move(it->second);
     }
   };

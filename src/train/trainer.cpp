@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "io/directory_lock.h"
 #include "io/file_util.h"
 #include "model/init.h"
 #include "tensor/error.h"
@@ -165,14 +166,33 @@ TrainResult train(const TrainOptions& o) {
   if (o.vocabularies.size() > 2)
     throw Error("--vocabs takes one joint or two (source, target) files");
 
+  // From here on SIGINT / SIGTERM stop the run cleanly, also while it is still loading.
+  SignalGuard signals;
   Replicas& replicas = Replicas::world();
   replicas.set_timeout(o.replica_timeout);
   replicas.watch_stop_signal(&g_stop_signal);
   const bool primary = replicas.primary();
   if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
+  TrainResult result;
+  result.primary = primary;
+  // A signal before the first step: nothing to save, and no point loading the rest.
+  auto stopped_before_start = [&] {
+    if (replicas.distributed() || !g_stop_signal) return false;
+    if (primary)
+      std::fprintf(stderr, "train: stopped by %s before the first step; nothing was written\n",
+                   g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
+    result.interrupted = result.stopped_before_start = true;
+    return true;
+  };
 
-  // The model: resumed, given, or new.
-  if (primary) make_directories(o.model_dir);
+  // The model: resumed, given, or new. One run per directory: rank 0 locks it.
+  std::optional<DirectoryLock> lock;
+  if (primary) {
+    make_directories(o.model_dir);
+    lock.emplace(o.model_dir, "training run");
+    remove_stale_temp_files(o.model_dir);
+    remove_stale_temp_files(o.model_dir + "/checkpoints");
+  }
   std::optional<Model> model;
   std::optional<LoadedCheckpoint> resumed;
   TrainingState state;
@@ -184,6 +204,14 @@ TrainResult train(const TrainOptions& o) {
                   "--model-dir");
     resumed.emplace(load_checkpoint(o.model_dir));
     state = resumed->state;
+  } else if (o.resume) {
+    if (o.init_path.empty() && !o.has_config)
+      throw Error("--resume: " + o.model_dir +
+                  " holds no checkpoint to continue; give --preset, --config or --init to start a "
+                  "new run there");
+    if (primary)
+      std::fprintf(stderr, "train: --resume: %s holds no checkpoint yet; starting a new run\n",
+                   o.model_dir.c_str());
   }
   if (resumed) {
     model.emplace(std::move(resumed->model));
@@ -194,6 +222,7 @@ TrainResult train(const TrainOptions& o) {
   } else {
     throw Error("choose a model: --preset, --config or --init (or --resume an existing run)");
   }
+  if (stopped_before_start()) return result;
   const ModelConfig& config = model->config();
   // Weights + gradients (+ Adam's two moments, + the all-reduce buffer), for every rank on this
   // machine, before any of them is allocated.
@@ -226,6 +255,7 @@ TrainResult train(const TrainOptions& o) {
     throw Error("--train-src and --train-tgt are required");
   const ParallelCorpus corpus = load_parallel_corpus(o.train_src, o.train_tgt, encoding);
   if (corpus.sources.empty()) throw Error(o.train_src + ": no usable training pairs");
+  if (stopped_before_start()) return result;
   if (primary)
     std::fprintf(
         stderr,
@@ -271,6 +301,12 @@ TrainResult train(const TrainOptions& o) {
   const int64_t extra_source = config.src_append_eos ? 1 : 0;
   BatchPlan plan =
       plan_batches(corpus, o.batch_tokens, extra_source, state.seed, state.epoch, true);
+  if (state.batch_index > int64_t(plan.size()))
+    throw Error(o.model_dir + "/checkpoint.safetensors: its data position (batch_index " +
+                std::to_string(state.batch_index) + " in epoch " + std::to_string(state.epoch + 1) +
+                ") is past the " + std::to_string(plan.size()) +
+                " batches of this data; resume with the run's own --train-src/--train-tgt and "
+                "--batch-tokens");
   std::FILE* log = nullptr;  // rank 0's
   if (primary) {
     log = std::fopen((o.model_dir + "/train.log.jsonl").c_str(), "a");
@@ -296,8 +332,6 @@ TrainResult train(const TrainOptions& o) {
 #else
   const int64_t check_every = o.replica_check_every > 0 ? o.replica_check_every : 100;
 #endif
-  SignalGuard signals;
-  TrainResult result;
   const auto start = Clock::now();
   const double seconds_before = state.train_seconds;
   auto elapsed_minutes = [&] {
@@ -521,7 +555,6 @@ TrainResult train(const TrainOptions& o) {
   if (state.step != last_saved || (primary && !has_checkpoint(o.model_dir))) save();
   if (log) std::fclose(log);
   result.steps = state.step;
-  result.primary = primary;
   result.best_valid_nll = state.best_valid_nll;
   result.interrupted = interrupted;
   if (result.interrupted && primary)

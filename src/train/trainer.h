@@ -51,7 +51,8 @@ struct TrainResult {
   double last_loss = 0;  // per target token, last logged interval
   double best_valid_nll = -1;
   bool interrupted = false;
-  bool primary = true;  // rank 0 (or the only process): the one that reports
+  bool stopped_before_start = false;  // a signal came before the first step: nothing written
+  bool primary = true;                // rank 0 (or the only process): the one that reports
 };
 
 // Throws Error on bad data or options. Installs SIGINT / SIGTERM handlers while it runs.
