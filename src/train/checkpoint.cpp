@@ -15,8 +15,6 @@ namespace tfm {
 
 namespace fs = std::filesystem;
 
-namespace {
-
 bool all_finite(const TensorMap& tensors) {
   for (const auto& [name, t] : tensors) {
     bool finite = true;
@@ -25,8 +23,6 @@ bool all_finite(const TensorMap& tensors) {
   }
   return true;
 }
-
-}  // namespace
 
 nlohmann::json TrainingState::to_json() const {
   return {{"step", step},
@@ -103,10 +99,9 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
 }
 
 void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& optimizer,
-                     const TrainingState& state, int64_t keep) {
-  // A finite checkpoint is never replaced by one that could not be resumed.
+                     const TrainingState& state, int64_t keep, bool allow_nonfinite) {
   const std::string step = "step " + std::to_string(state.step);
-  if (!all_finite(model.parameters()) || !all_finite(optimizer.state()))
+  if (!allow_nonfinite && (!all_finite(model.parameters()) || !all_finite(optimizer.state())))
     throw Error(
         step + ": the model or optimizer state holds NaN or Inf; not saved (" +
         (has_checkpoint(dir) ? "the last checkpoint in " + dir + " is kept" : "nothing saved") +

@@ -32,9 +32,15 @@ struct TrainingState {
 };
 
 // Writes the snapshot, the checkpoint and the latest model (each atomically, in that order),
-// then deletes snapshots beyond the newest `keep`.
+// then deletes snapshots beyond the newest `keep`. Unless `allow_nonfinite` (a run that started
+// from NaN / Inf values the user let in with --allow-nonfinite), a model or optimizer state
+// holding NaN or Inf is refused with an Error and nothing is written: a checkpoint that can be
+// resumed is never replaced by one that cannot.
 void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& optimizer,
-                     const TrainingState& state, int64_t keep);
+                     const TrainingState& state, int64_t keep, bool allow_nonfinite = false);
+
+// True when every element of every tensor is finite.
+bool all_finite(const TensorMap& tensors);
 
 struct LoadedCheckpoint {
   Model model;

@@ -380,9 +380,13 @@ TrainResult train(const TrainOptions& o) {
             .c_str());
     std::fflush(log);
   };
+  // A run that starts from finite values never saves NaN / Inf over them; one that starts from
+  // non-finite weights (--allow-nonfinite) may.
+  const bool started_nonfinite =
+      primary && (!all_finite(model->parameters()) || !all_finite(optimizer.state()));
   auto save = [&] {
     state.train_seconds = elapsed_minutes() * 60.0;
-    if (primary) save_checkpoint(o.model_dir, *model, optimizer, state, o.keep);
+    if (primary) save_checkpoint(o.model_dir, *model, optimizer, state, o.keep, started_nonfinite);
     last_saved = state.step;
   };
   bool stop_agreed = false;          // distributed: all ranks agreed (end of the last step) to stop
