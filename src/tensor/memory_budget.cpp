@@ -67,6 +67,15 @@ int64_t parse_memory_size(const std::string& text) {
   return int64_t(value * scale);
 }
 
+int64_t resident_memory_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long total = 0, resident = 0;
+  const bool ok = std::fscanf(f, "%lld %lld", &total, &resident) == 2;
+  std::fclose(f);
+  return ok ? resident * int64_t(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
 void retain_freed_memory() {
   // Blocks come from the heap up to 1 GiB (never mmap'd on their own), and a free top of the heap
   // is returned to the system only beyond 1 GiB. A glibc that refuses the threshold keeps its

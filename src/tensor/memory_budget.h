@@ -16,6 +16,9 @@ int64_t memory_limit();
 // Throws Error("<what> needs N GiB, more than the M GiB ...") when bytes exceed the limit.
 void check_memory(int64_t bytes, const std::string& what);
 
+// This process's resident memory now, in bytes (0 where /proc is unavailable).
+int64_t resident_memory_bytes();
+
 // "8G", "512M", "1.5G", "1048576" (bytes) → bytes; throws Error on anything else.
 int64_t parse_memory_size(const std::string& text);
 

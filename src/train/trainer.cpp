@@ -531,7 +531,8 @@ TrainResult train(const TrainOptions& o) {
                                   {"ppl", ppl},
                                   {"lr", learning_rate(o.optimizer, config.d_model, state.step)},
                                   {"target_tokens_per_s", speed},
-                                  {"minutes", elapsed_minutes()}};
+                                  {"minutes", elapsed_minutes()},
+                                  {"rss_mb", double(resident_memory_bytes()) / (1 << 20)}};
           if (replicas.distributed()) {
             entry["ranks"] = replicas.size();
             entry["allreduce_seconds_per_step"] = interval_reduce_seconds / double(o.log_every);
