@@ -59,11 +59,14 @@ int wait_for(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// Polls `ready` every 2 ms until it returns true (once) or `seconds` pass.
 bool wait_until(const std::function<bool()>& ready, int seconds = 60) {
   const auto deadline = Clock::now() + std::chrono::seconds(seconds);
-  while (!ready() && Clock::now() < deadline)
+  while (Clock::now() < deadline) {
+    if (ready()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  return ready();
+  }
+  return false;
 }
 
 std::vector<std::string> temp_files_in(const std::string& dir) {
@@ -498,10 +501,15 @@ TEST(EarlySigterm, TrainStoppedBeforeItsFirstStepExitsCleanly) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   kill(pid, SIGTERM);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  {
-    std::ofstream feed(fifo);  // unblocks the reader
-    feed << tfm::read_file_bytes(work.path("rev.src"));
-  }
+  // Feed the FIFO once train has it open (never block here if it ended without opening it).
+  int feed = -1;
+  ASSERT_TRUE(
+      wait_until([&] { return (feed = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK)) >= 0; }, 30))
+      << tfm::read_file_bytes(dir + ".stderr");
+  ::fcntl(feed, F_SETFL, 0);
+  const std::string data = tfm::read_file_bytes(work.path("rev.src"));
+  EXPECT_EQ(::write(feed, data.data(), data.size()), ssize_t(data.size()));
+  ::close(feed);
   EXPECT_EQ(wait_for(pid), 0);
   EXPECT_NE(tfm::read_file_bytes(dir + ".stderr")
                 .find("train: stopped by SIGTERM before the first step; nothing was written"),
