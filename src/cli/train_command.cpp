@@ -79,20 +79,25 @@ CommandRunner add_train_command(CLI::App& app) {
                  "Clip the global gradient norm to this value (default 0: off)")
       ->check(at_least(0));
   app.add_option("--seed", t.seed, "Seed of initialisation, shuffling and dropout (default 1)");
-  app.add_option("--max-steps", t.max_steps, "Stop after this many optimizer steps")
+  app.add_option("--max-steps", t.max_steps,
+                 "Stop after this many optimizer steps (default 0: no limit)")
       ->check(at_least(0));
-  app.add_option("--max-epochs", t.max_epochs, "Stop after this many passes over the data")
+  app.add_option("--max-epochs", t.max_epochs,
+                 "Stop after this many passes over the data (default 0: no limit)")
       ->check(at_least(0));
-  app.add_option("--max-minutes", t.max_minutes, "Stop after this many minutes of training")
+  app.add_option("--max-minutes", t.max_minutes,
+                 "Stop after this many minutes of training (default 0: no limit)")
       ->check(at_least(0));
   app.add_option("--valid-every", t.valid_every,
                  "Validate every N steps (default 500; 0: at the end)")
       ->check(at_least(0));
-  app.add_option("--save-every", t.save_every, "Checkpoint every N steps (default 500)")
+  app.add_option("--save-every", t.save_every,
+                 "Checkpoint every N steps (default 500; 0: at the end)")
       ->check(at_least(0));
-  app.add_option("--log-every", t.log_every, "Log a line every N steps (default 100)")
+  app.add_option("--log-every", t.log_every, "Log a line every N steps (default 100; 0: none)")
       ->check(at_least(0));
-  app.add_option("--keep", t.keep, "Keep the last K step snapshots for `average` (default 5)")
+  app.add_option("--keep", t.keep,
+                 "Keep the last K step snapshots for `average` (default 5; 0: none)")
       ->check(at_least(0));
   app.add_option("--early-stopping", t.early_stopping,
                  "Stop after N validations without a better perplexity (default 0: off)")
