@@ -9,8 +9,6 @@
 #include "cli/commands.h"
 #include "cli/config_options.h"
 #include "io/safetensors.h"
-#include "model/weights.h"
-#include "tensor/error.h"
 #include "text/model_directory.h"
 #include "train/checkpoint.h"
 
@@ -65,22 +63,13 @@ void print_info(const ModelConfig& c) {
 // against the declared shapes, and a checkpoint's training state.
 void print_file_info(const std::string& path) {
   const SafetensorsHeader header = read_safetensors_header(path);
-  auto config_it = header.metadata.find("config");
-  if (config_it == header.metadata.end())
-    throw Error(path + ": not a transformer-cpp model (no \"config\" in __metadata__)");
-  const ModelConfig config = config_from_json_text(config_it->second, path);
-  validate_config(config, path);
-  auto state_it = header.metadata.find("training_state");
-  std::map<std::string, Shape> model_shapes;
-  for (const auto& [name, shape] : header.shapes)
-    if (state_it == header.metadata.end() || name.rfind("model.", 0) == 0)
-      model_shapes.emplace(state_it == header.metadata.end() ? name : name.substr(6), shape);
-  check_parameter_shapes(config, model_shapes, path);
-  print_info(config);
-  if (state_it == header.metadata.end()) return;
-  const nlohmann::json j = nlohmann::json::parse(state_it->second, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw Error(path + ": training_state is not JSON");
-  const TrainingState s = TrainingState::from_json(j, path);
+  if (!header.metadata.count("training_state")) {
+    print_info(model_config_of_header(header.metadata, header.shapes, path));
+    return;
+  }
+  const CheckpointHeader checkpoint = checkpoint_of_header(header.metadata, header.shapes, path);
+  print_info(checkpoint.config);
+  const TrainingState& s = checkpoint.state;
   std::printf(
       "training checkpoint:\n  step %lld, epoch %lld (batch %lld), %lld target tokens, %.1f "
       "minutes\n",

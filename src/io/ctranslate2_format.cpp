@@ -117,40 +117,27 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
       in.fail("variable \"" + name + "\" byte count does not match its shape");
     const char* data = in.take(byte_count, "variable \"" + name + "\"");
     Tensor t(shape);
-    float* out = t.ptr();
-    for (uint64_t e = 0; e < numel; ++e) {
-      switch (dtype) {
-        case CtDtype::kF32:
-          std::memcpy(out + e, data + 4 * e, 4);
-          break;
-        case CtDtype::kI8:
-          out[e] = float(int8_t(data[e]));
-          break;
-        case CtDtype::kI16: {
-          int16_t v;
-          std::memcpy(&v, data + 2 * e, 2);
-          out[e] = float(v);
-          break;
-        }
-        case CtDtype::kI32: {
-          int32_t v;
-          std::memcpy(&v, data + 4 * e, 4);
-          out[e] = float(v);
-          break;
-        }
-        case CtDtype::kF16: {
-          uint16_t v;
-          std::memcpy(&v, data + 2 * e, 2);
-          out[e] = half_to_float(v);
-          break;
-        }
-        case CtDtype::kBF16: {
-          uint16_t v;
-          std::memcpy(&v, data + 2 * e, 2);
-          out[e] = bfloat16_to_float(v);
-          break;
-        }
-      }
+    const int64_t count = int64_t(numel);
+    auto cast = [](auto v) { return float(v); };
+    switch (dtype) {
+      case CtDtype::kF32:
+        std::memcpy(t.ptr(), data, size_t(count) * 4);
+        break;
+      case CtDtype::kI8:
+        elements_to_float<int8_t>(data, count, t.ptr(), cast);
+        break;
+      case CtDtype::kI16:
+        elements_to_float<int16_t>(data, count, t.ptr(), cast);
+        break;
+      case CtDtype::kI32:
+        elements_to_float<int32_t>(data, count, t.ptr(), cast);
+        break;
+      case CtDtype::kF16:
+        elements_to_float<uint16_t>(data, count, t.ptr(), half_to_float);
+        break;
+      case CtDtype::kBF16:
+        elements_to_float<uint16_t>(data, count, t.ptr(), bfloat16_to_float);
+        break;
     }
     if (!raw.emplace(name, RawVariable{std::move(t), dtype}).second)
       in.fail("variable \"" + name + "\" appears twice");

@@ -33,26 +33,19 @@ const DtypeInfo kDtypes[] = {{"F32", 4}, {"F16", 2}, {"BF16", 2},
                              {"F64", 8}, {"I64", 8}, {"I32", 4}};
 
 void convert_to_float(const std::string& dtype, const char* src, int64_t count, float* dst) {
-  auto convert = [&](auto element_type, auto to_float) {
-    using Element = decltype(element_type);
-    for (int64_t i = 0; i < count; ++i) {
-      Element value;
-      std::memcpy(&value, src + sizeof(Element) * size_t(i), sizeof(Element));
-      dst[i] = to_float(value);
-    }
-  };
+  auto cast = [](auto v) { return float(v); };
   if (dtype == "F32") {
     std::memcpy(dst, src, size_t(count) * 4);
   } else if (dtype == "F16") {
-    convert(uint16_t(), half_to_float);
+    elements_to_float<uint16_t>(src, count, dst, half_to_float);
   } else if (dtype == "BF16") {
-    convert(uint16_t(), bfloat16_to_float);
+    elements_to_float<uint16_t>(src, count, dst, bfloat16_to_float);
   } else if (dtype == "F64") {
-    convert(double(), [](double v) { return float(v); });
+    elements_to_float<double>(src, count, dst, cast);
   } else if (dtype == "I64") {
-    convert(int64_t(), [](int64_t v) { return float(v); });
+    elements_to_float<int64_t>(src, count, dst, cast);
   } else {
-    convert(int32_t(), [](int32_t v) { return float(v); });
+    elements_to_float<int32_t>(src, count, dst, cast);
   }
 }
 

@@ -3,6 +3,7 @@
 // projection + log-softmax, on padded batches, with all activations in a reusable workspace.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,6 +57,15 @@ class Model {
 // Reads a model .safetensors file (config from __metadata__.config); its weights must be finite
 // (check_finite_parameters).
 Model load_model(const std::string& path);
+
+// The config of a model file's header (its metadata and declared shapes, before any tensor is
+// read), checked: valid, and every declared shape what it asks for. Throws Error naming `where`.
+ModelConfig model_config_of_header(const std::map<std::string, std::string>& metadata,
+                                   const std::map<std::string, Shape>& shapes,
+                                   const std::string& where);
+
+// True when every element of every tensor is finite.
+bool all_finite(const TensorMap& tensors);
 
 // Weights read from files (models, checkpoints, imports) are checked for NaN / Inf: throws Error
 // naming `where`, the first bad tensor and index. allow_nonfinite_weights(true) (the CLI's

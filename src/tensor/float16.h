@@ -1,5 +1,6 @@
 // Conversions between fp32 and the 16-bit float formats found in model files (IEEE half,
-// bfloat16); fp32 -> 16 bits rounds to nearest even, as numpy and PyTorch casts do.
+// bfloat16); fp32 -> 16 bits rounds to nearest even, as numpy and PyTorch casts do. And the one
+// loop that turns a file's raw tensor bytes of any element type into fp32.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +66,17 @@ inline uint16_t float_to_half(float f) {
   uint32_t value = magnitude - 0x38000000u;  // rebias the exponent (127 -> 15)
   value += 0xfffu + ((value >> 13) & 1u);    // round to nearest even on the dropped 13 bits
   return uint16_t(sign | (value >> 13));
+}
+
+// dst[i] = to_float(element i) for `count` Elements stored (little-endian, unaligned) at src:
+// what the safetensors and CTranslate2 readers convert every non-fp32 tensor with.
+template <typename Element, typename ToFloat>
+void elements_to_float(const char* src, int64_t count, float* dst, ToFloat to_float) {
+  for (int64_t i = 0; i < count; ++i) {
+    Element value;
+    std::memcpy(&value, src + sizeof(Element) * size_t(i), sizeof(Element));
+    dst[i] = to_float(value);
+  }
 }
 
 }  // namespace tfm

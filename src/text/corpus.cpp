@@ -38,11 +38,13 @@ std::vector<std::string> read_lines(const std::string& path) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> owner(f == stdin ? nullptr : f, &std::fclose);
   std::vector<std::string> lines;
   std::string line;
+  auto too_long = [&] {
+    return Error(where + ":" + std::to_string(lines.size() + 1) + ": line longer than " +
+                 std::to_string(g_max_line_bytes) + " bytes (raise --max-line-bytes)");
+  };
   auto finish_line = [&] {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (int64_t(line.size()) > g_max_line_bytes)
-      throw Error(where + ":" + std::to_string(lines.size() + 1) + ": line longer than " +
-                  std::to_string(g_max_line_bytes) + " bytes (raise --max-line-bytes)");
+    if (int64_t(line.size()) > g_max_line_bytes) throw too_long();
     if (lines.empty() && line.compare(0, 3, "\xEF\xBB\xBF") == 0) line.erase(0, 3);
     const std::string at = where + ":" + std::to_string(lines.size() + 1);
     if (line.find('\0') != std::string::npos)
@@ -60,9 +62,7 @@ std::vector<std::string> read_lines(const std::string& path) {
           static_cast<const char*>(std::memchr(buffer.data() + begin, '\n', got - begin));
       const size_t end = newline ? size_t(newline - buffer.data()) : got;
       line.append(buffer.data() + begin, end - begin);
-      if (int64_t(line.size()) > g_max_line_bytes + 1)  // + 1: a "\r" before the newline
-        throw Error(where + ":" + std::to_string(lines.size() + 1) + ": line longer than " +
-                    std::to_string(g_max_line_bytes) + " bytes (raise --max-line-bytes)");
+      if (int64_t(line.size()) > g_max_line_bytes + 1) throw too_long();  // + 1: a "\r"
       pending = !newline;
       if (newline) finish_line();
       begin = end + 1;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "io/file_util.h"
 #include "io/safetensors.h"
@@ -14,15 +15,6 @@
 namespace tfm {
 
 namespace fs = std::filesystem;
-
-bool all_finite(const TensorMap& tensors) {
-  for (const auto& [name, t] : tensors) {
-    bool finite = true;
-    for (float x : t.data) finite &= std::isfinite(x);  // branch-free: vectorises
-    if (!finite) return false;
-  }
-  return true;
-}
 
 nlohmann::json TrainingState::to_json() const {
   return {{"step", step},
@@ -125,35 +117,41 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
     std::remove(snapshots[i].c_str());
 }
 
+CheckpointHeader checkpoint_of_header(const std::map<std::string, std::string>& metadata,
+                                      const std::map<std::string, Shape>& shapes,
+                                      const std::string& where) {
+  auto config_it = metadata.find("config");
+  auto state_it = metadata.find("training_state");
+  if (config_it == metadata.end() || state_it == metadata.end())
+    throw Error(where + ": not a training checkpoint (no config / training_state metadata)");
+  CheckpointHeader header{config_from_json_text(config_it->second, where), {}};
+  validate_config(header.config, where);
+  const nlohmann::json state_json = nlohmann::json::parse(state_it->second, nullptr, false);
+  if (state_json.is_discarded() || !state_json.is_object())
+    throw Error(where + ": training_state is not a JSON object");
+  header.state = TrainingState::from_json(state_json, where);
+  std::map<std::string, Shape> model_shapes;
+  for (const auto& [name, shape] : shapes)
+    if (name.rfind("model.", 0) == 0) model_shapes.emplace(name.substr(6), shape);
+  check_parameter_shapes(header.config, model_shapes, where);
+  for (const auto& [name, shape] : shapes) {
+    if (name.rfind("model.", 0) == 0) continue;
+    const size_t dot = name.find('.');
+    const std::string kind = name.substr(0, dot == std::string::npos ? 0 : dot);
+    auto param = model_shapes.find(dot == std::string::npos ? "" : name.substr(dot + 1));
+    if ((kind != "adam_m" && kind != "adam_v") || param == model_shapes.end() ||
+        param->second != shape)
+      throw Error(where + ": unexpected optimizer state tensor \"" + name + "\"");
+  }
+  return header;
+}
+
 LoadedCheckpoint load_checkpoint(const std::string& dir) {
   const std::string path = dir + "/checkpoint.safetensors";
-  ModelConfig config;
-  TrainingState state;
+  std::optional<CheckpointHeader> header;
   // Config, state fields and every declared shape are checked before any tensor is read.
   SafetensorsFile file = read_safetensors(path, [&](const auto& metadata, const auto& shapes) {
-    auto config_it = metadata.find("config");
-    auto state_it = metadata.find("training_state");
-    if (config_it == metadata.end() || state_it == metadata.end())
-      throw Error(path + ": not a training checkpoint (no config / training_state metadata)");
-    config = config_from_json_text(config_it->second, path);
-    validate_config(config, path);
-    const nlohmann::json state_json = nlohmann::json::parse(state_it->second, nullptr, false);
-    if (state_json.is_discarded() || !state_json.is_object())
-      throw Error(path + ": training_state is not a JSON object");
-    state = TrainingState::from_json(state_json, path);
-    std::map<std::string, Shape> model_shapes;
-    for (const auto& [name, shape] : shapes)
-      if (name.rfind("model.", 0) == 0) model_shapes.emplace(name.substr(6), shape);
-    check_parameter_shapes(config, model_shapes, path);
-    for (const auto& [name, shape] : shapes) {
-      if (name.rfind("model.", 0) == 0) continue;
-      const size_t dot = name.find('.');
-      const std::string kind = name.substr(0, dot == std::string::npos ? 0 : dot);
-      auto param = model_shapes.find(dot == std::string::npos ? "" : name.substr(dot + 1));
-      if ((kind != "adam_m" && kind != "adam_v") || param == model_shapes.end() ||
-          param->second != shape)
-        throw Error(path + ": unexpected optimizer state tensor \"" + name + "\"");
-    }
+    header = checkpoint_of_header(metadata, shapes, path);
   });
   TensorMap parameters, optimizer_state;
   for (auto& [name, t] : file.tensors) {
@@ -165,7 +163,8 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
   }
   check_finite_parameters(parameters, path);
   check_finite_parameters(optimizer_state, path);
-  return {Model(config, std::move(parameters), path), std::move(optimizer_state), state};
+  return {Model(header->config, std::move(parameters), path), std::move(optimizer_state),
+          header->state};
 }
 
 }  // namespace tfm

@@ -6,6 +6,7 @@
 //   DIR/model.best.safetensors       the model with the best validation perplexity
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -39,8 +40,16 @@ struct TrainingState {
 void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& optimizer,
                      const TrainingState& state, int64_t keep, bool allow_nonfinite = false);
 
-// True when every element of every tensor is finite.
-bool all_finite(const TensorMap& tensors);
+// A checkpoint file's header (metadata and declared shapes, before any tensor is read), checked:
+// the config, every training-state field, the model's shapes against the config and each
+// optimizer tensor against its parameter. Throws Error naming `where`.
+struct CheckpointHeader {
+  ModelConfig config;
+  TrainingState state;
+};
+CheckpointHeader checkpoint_of_header(const std::map<std::string, std::string>& metadata,
+                                      const std::map<std::string, Shape>& shapes,
+                                      const std::string& where);
 
 struct LoadedCheckpoint {
   Model model;
