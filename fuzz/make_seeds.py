@@ -106,6 +106,8 @@ put("ctranslate2", "v6_int8.bin", ct2_model(6, [
     ("c", [2], 5, struct.pack("<2H", 0x3F80, 0x4000)),
     ("d", [1], 2, struct.pack("<h", -7)), ("e", [1], 3, struct.pack("<i", 9))],
     [("shared", "b")]))
+# Empty variables of every dtype (a [0] shape: no data at all, the tensor has no storage).
+put("ctranslate2", "v6_empty.bin", ct2_model(6, [("z" + str(t), [0], t, b"") for t in range(6)]))
 with open("tests/data/ctranslate2-aren-transliteration/aren-transliteration-i8/model.bin", "rb") as f:
     put("ctranslate2", "aren_i8_prefix.bin", f.read()[:4096])
 # A spec-revision-7 file as CTranslate2 4.x converters write it (aliases, int16 scales).

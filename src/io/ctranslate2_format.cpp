@@ -121,7 +121,7 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
     auto cast = [](auto v) { return float(v); };
     switch (dtype) {
       case CtDtype::kF32:
-        std::memcpy(t.ptr(), data, size_t(count) * 4);
+        if (count > 0) std::memcpy(t.ptr(), data, size_t(count) * 4);  // empty: ptr() is null
         break;
       case CtDtype::kI8:
         elements_to_float<int8_t>(data, count, t.ptr(), cast);
