@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(cmake g++ make pkg-config libdnnl-dev libsentencepiece-dev libcli11-dev
-          nlohmann-json3-dev libgtest-dev libbenchmark-dev libicu-dev libopenmpi-dev openmpi-bin "$@")
+          nlohmann-json3-dev libgtest-dev libbenchmark-dev libicu-dev libopenmpi-dev openmpi-bin
+          libcpp-httplib-dev "$@")
 
 missing=()
 for p in "${packages[@]}"; do

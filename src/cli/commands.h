@@ -19,5 +19,6 @@ CommandRunner add_vocab_command(CLI::App& app);
 CommandRunner add_average_command(CLI::App& app);
 CommandRunner add_translate_command(CLI::App& app);
 CommandRunner add_bleu_command(CLI::App& app);
+CommandRunner add_serve_command(CLI::App& app);
 
 }  // namespace tfm

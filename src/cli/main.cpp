@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
       tfm::add_bleu_command);
   add("score", "Log-probability of each target given its source (force decoding)",
       tfm::add_score_command);
+  add("serve", "Serve translations over HTTP (JSON API, LibreTranslate API, web page)",
+      tfm::add_serve_command);
   add("import-ctranslate2",
       "Convert a CTranslate2 Transformer model directory into a model directory",
       tfm::add_import_ctranslate2_command);

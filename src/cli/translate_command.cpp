@@ -11,6 +11,7 @@
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "decode/beam_search.h"
+#include "decode/hypothesis_text.h"
 #include "io/file_util.h"
 #include "tensor/error.h"
 #include "text/corpus.h"
@@ -39,16 +40,6 @@ struct Source {
   std::vector<std::string> pieces;  // for --replace-unknowns
   bool translate = false;
 };
-
-// Step t's attention averaged over heads (rows hold `heads` blocks of source positions).
-std::vector<float> mean_attention(const Hypothesis& h, size_t t, int64_t heads) {
-  const std::vector<float>& row = h.attention[t];
-  const size_t width = row.size() / size_t(heads);
-  std::vector<float> mean(width, 0.f);
-  for (int64_t head = 0; head < heads; ++head)
-    for (size_t j = 0; j < width; ++j) mean[j] += row[size_t(head) * width + j] / float(heads);
-  return mean;
-}
 
 std::string format_attention(const Hypothesis& h, int64_t heads) {
   std::string out;
@@ -106,8 +97,7 @@ void run_translate(TranslateOptions o) {
       prefixes.push_back(encode_target(prefix_lines[i], o.prefix_file, int64_t(i) + 1));
   }
 
-  const int64_t limit =
-      config.max_positions - config.position_offset - (config.src_append_eos ? 1 : 0);
+  const int64_t limit = max_source_tokens(config);
   std::vector<Source> sources(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::string at = where + ":" + std::to_string(i + 1);
@@ -139,8 +129,8 @@ void run_translate(TranslateOptions o) {
   std::vector<std::vector<Hypothesis>> results(sources.size());
   Progress progress("translate", int64_t(order.size()));
   for (size_t next = 0; next < order.size();) {
-    const int64_t longest = int64_t(sources[order[next]].ids.size()) + 1;
-    const int64_t count = std::max<int64_t>(1, o.batch_tokens / (longest * o.search.beam));
+    const int64_t count = sentences_within_budget(
+        o.batch_tokens, int64_t(sources[order[next]].ids.size()), o.search.beam);
     std::vector<std::vector<int32_t>> batch_sources, batch_prefixes;
     std::vector<size_t> members;
     for (; next < order.size() && int64_t(members.size()) < count; ++next) {
@@ -160,19 +150,8 @@ void run_translate(TranslateOptions o) {
       for (int32_t id : h.tokens) text += (text.empty() ? "" : " ") + std::to_string(id);
       return text;
     }
-    std::vector<std::string> pieces;
-    for (size_t t = 0; t < h.tokens.size(); ++t) {
-      std::string piece = target_vocabulary->piece(h.tokens[t]);
-      if (o.replace_unknowns && h.tokens[t] == target_vocabulary->unk_id() &&
-          t < h.attention.size()) {
-        const std::vector<float> weights = mean_attention(h, t, stored_heads);
-        const size_t best =
-            size_t(std::max_element(weights.begin(), weights.end()) - weights.begin());
-        if (best < sources[line].pieces.size()) piece = sources[line].pieces[best];
-      }
-      pieces.push_back(piece);
-    }
-    return target_vocabulary->decode_pieces(pieces);
+    return hypothesis_text(h, *target_vocabulary, stored_heads,
+                           o.replace_unknowns ? &sources[line].pieces : nullptr);
   };
   auto write = [&](std::FILE* f) {
     std::string out;

@@ -3,6 +3,7 @@
 // batch. Hypotheses are ranked by log p / lp(Y) with GNMT's lp(Y) = ((5 + |Y|) / 6)^α.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -35,6 +36,12 @@ struct Hypothesis {
   // (head-major) with attention_per_head.
   std::vector<std::vector<float>> attention;
 };
+
+// How many sentences one search() call takes under a budget of batch_tokens, counted as
+// sentences × (longest source + eos) × beam; at least one.
+inline int64_t sentences_within_budget(int64_t batch_tokens, int64_t longest_source, int64_t beam) {
+  return std::max<int64_t>(1, batch_tokens / ((longest_source + 1) * beam));
+}
 
 // sources: raw ids (no eos); prefixes: forced target starts (empty vectors, or none at all).
 // Returns up to nbest hypotheses per sentence, best first.

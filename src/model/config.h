@@ -45,6 +45,11 @@ struct ModelConfig {
   int64_t head_dim() const { return d_model / heads; }
 };
 
+// The most source tokens a sentence may have (without the eos the encoder appends itself).
+inline int64_t max_source_tokens(const ModelConfig& c) {
+  return c.max_positions - c.position_offset - (c.src_append_eos ? 1 : 0);
+}
+
 // Reads a config object, applying defaults for absent keys; throws Error on unknown keys,
 // unknown values or inconsistent sizes. `where` names the source in messages.
 ModelConfig config_from_json(const nlohmann::json& j, const std::string& where);

@@ -1,0 +1,102 @@
+// `transformer serve`: a translation server over HTTP with dynamic batching and a web page.
+// The options here set the server's defaults and limits; the server lives in src/serve/.
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/option_ranges.h"
+#include "kernels/gemm.h"
+#include "serve/http_server.h"
+#include "tensor/error.h"
+
+namespace tfm {
+
+CommandRunner add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeSettings>();
+  auto compute_type = std::make_shared<std::string>("float32");
+  auto no_batching = std::make_shared<bool>(false);
+  o->batcher.max_wait_ms = 0;
+  app.add_option("--model", o->model, "Model directory (model.safetensors + vocabulary)")
+      ->required();
+  app.add_option("--host", o->host,
+                 "Address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for all)");
+  app.add_option("--port", o->port, "TCP port (default 8080; 0: any free port, printed)")
+      ->check(in_range(0, 65535));
+  app.add_option("--beam", o->search.beam, "Default beam size; 1 is greedy (default 4)")
+      ->check(in_range(1, 1 << 20));
+  app.add_option("--alpha", o->search.alpha, "Default length penalty α (default 0.6)")
+      ->check(in_range(0, 10));
+  app.add_option("--max-length-a", o->search.max_length_a,
+                 "At most a·(source length) + b output tokens (default a 1)")
+      ->check(in_range(0, 1000));
+  app.add_option("--max-length-b", o->search.max_length_b, "... + b (default 50)")
+      ->check(in_range(0, 1 << 20));
+  app.add_option("--max-length", o->search.max_length,
+                 "Default hard cap on output tokens (default: none)")
+      ->check(in_range(1, 1 << 20));
+  app.add_option("--min-length", o->search.min_length,
+                 "At least this many output tokens before eos")
+      ->check(in_range(0, 1 << 20));
+  app.add_option("--compute-type", *compute_type,
+                 "Number format of the decoder's weight products: float32 (default) or bfloat16")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_option("--batch-tokens", o->batcher.batch_tokens,
+                 "Budget per decoded batch: sentences × longest source × beam (default 4096)")
+      ->check(at_least(1));
+  app.add_option("--batch-wait-ms", o->batcher.max_wait_ms,
+                 "How long the oldest queued sentence waits for others to fill its batch "
+                 "(default 0: decode at once; sentences arriving meanwhile form the next batch)")
+      ->check(in_range(0, 10000));
+  app.add_flag("--no-batching", *no_batching,
+               "Decode every sentence alone (for comparison; much slower under load)");
+  app.add_option("--max-queued-sentences", o->batcher.max_queued_sentences,
+                 "Sentences that may wait to be decoded; more get 503 (default 1024)")
+      ->check(at_least(1));
+  app.add_option("--max-connections", o->max_connections,
+                 "Connections answered at once; as many more may wait, the rest get 503 "
+                 "(default 256)")
+      ->check(in_range(1, 4096));
+  app.add_option("--max-body-bytes", o->limits.max_body_bytes,
+                 "Largest request body; larger gets 413 (default 1048576)")
+      ->check(at_least(1));
+  app.add_option("--max-sentences", o->limits.max_sentences,
+                 "Sentences per request; more get 413 (default 64)")
+      ->check(at_least(1));
+  app.add_option("--max-sentence-tokens", o->limits.max_sentence_tokens,
+                 "Source tokens per sentence; more get 400 (default: the model's limit)")
+      ->check(at_least(1));
+  o->limits.max_sentence_tokens = 0;
+  app.add_option("--max-beam", o->limits.max_beam,
+                 "Largest beam (and n-best) a request may ask for (default 16)")
+      ->check(in_range(1, 1024));
+  app.add_option("--request-timeout", o->request_timeout_seconds,
+                 "Seconds a request may take; then 504 and its queued work is dropped "
+                 "(default 60)")
+      ->check(in_range(0.001, 86400));
+  app.add_option("--source-language", o->source_language,
+                 "Language code of the model's source, for LibreTranslate clients "
+                 "(/languages; /translate then refuses other codes)");
+  app.add_option("--target-language", o->target_language,
+                 "Language code of the model's target, for LibreTranslate clients");
+  app.add_option("--allow-origin", o->allow_origin,
+                 "Send Access-Control-Allow-Origin with this value (e.g. '*'), for browser "
+                 "clients on other origins (default: none)");
+  app.footer(
+      "Endpoints: GET / (web page), POST /v1/translate, GET /v1/model, GET /health,\n"
+      "GET /metrics (Prometheus), POST /translate and GET /languages (LibreTranslate's API).\n"
+      "Example:\n  transformer serve --model run --port 8080 &\n"
+      "  curl -s localhost:8080/v1/translate -d '{\"text\": \"the house is small\"}'");
+  return [o, compute_type, no_batching] {
+    if (o->search.beam > o->limits.max_beam)
+      throw Error("--beam " + std::to_string(o->search.beam) + " exceeds --max-beam " +
+                  std::to_string(o->limits.max_beam));
+    if (*compute_type == "bfloat16") {
+      if (!bfloat16_supported())
+        throw Error("--compute-type bfloat16 needs a CPU with AVX512-BF16 instructions");
+      o->search.precision = Precision::kBFloat16;
+    }
+    o->batcher.batching = !*no_batching;
+    run_server(*o);
+  };
+}
+
+}  // namespace tfm

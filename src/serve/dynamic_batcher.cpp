@@ -1,0 +1,178 @@
+// The queue and decoding thread of `serve` (see dynamic_batcher.h).
+#include "serve/dynamic_batcher.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace tfm {
+
+namespace {
+
+// Sentences may share a search() call only when every option of the search is the same.
+bool same_search(const SearchOptions& a, const SearchOptions& b) {
+  return a.beam == b.beam && a.alpha == b.alpha && a.max_length_a == b.max_length_a &&
+         a.max_length_b == b.max_length_b && a.max_length == b.max_length &&
+         a.min_length == b.min_length && a.nbest == b.nbest && a.attention == b.attention &&
+         a.attention_layer == b.attention_layer && a.attention_per_head == b.attention_per_head &&
+         a.precision == b.precision;
+}
+
+}  // namespace
+
+DynamicBatcher::DynamicBatcher(const Model& model, BatcherSettings settings, ServeMetrics& metrics)
+    : model_(model), settings_(settings), metrics_(metrics), thread_([this] { run(); }) {}
+
+DynamicBatcher::~DynamicBatcher() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_.notify_all();
+  thread_.join();
+}
+
+bool DynamicBatcher::submit(const std::shared_ptr<BatchTicket>& ticket) {
+  const size_t n = ticket->sources.size();
+  ticket->results.assign(n, {});
+  ticket->errors.assign(n, "");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (int64_t(queue_.size() + n) > settings_.max_queued_sentences) return false;
+    ticket->pending = int64_t(n);
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) queue_.push_back({ticket, i, now});
+  }
+  work_.notify_one();
+  return true;
+}
+
+bool DynamicBatcher::wait(const std::shared_ptr<BatchTicket>& ticket,
+                          std::chrono::steady_clock::time_point deadline,
+                          const std::function<bool()>& give_up) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (ticket->pending > 0) {
+    if (std::chrono::steady_clock::now() >= deadline || give_up()) {
+      ticket->cancelled = true;
+      drop_cancelled(ticket.get());
+      return false;
+    }
+    done_.wait_for(lock, std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+int64_t DynamicBatcher::queued_sentences() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return int64_t(queue_.size());
+}
+
+void DynamicBatcher::drop_cancelled(const BatchTicket* ticket) {
+  const size_t before = queue_.size();
+  queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
+                              [&](const Entry& e) { return e.ticket.get() == ticket; }),
+               queue_.end());
+  metrics_.count_dropped(int64_t(before - queue_.size()));
+}
+
+bool DynamicBatcher::budget_filled() const {
+  const SearchOptions& key = queue_.front().ticket->search;
+  int64_t count = 0, longest = 0;
+  for (const Entry& e : queue_) {
+    if (!same_search(e.ticket->search, key)) continue;
+    ++count;
+    longest = std::max<int64_t>(longest, int64_t(e.ticket->sources[e.sentence].size()));
+    if (count >= sentences_within_budget(settings_.batch_tokens, longest, key.beam)) return true;
+  }
+  return false;
+}
+
+std::vector<DynamicBatcher::Entry> DynamicBatcher::take_batch() {
+  std::vector<Entry> batch;
+  const SearchOptions key = queue_.front().ticket->search;
+  int64_t longest = 0;
+  std::deque<Entry> rest;
+  for (Entry& e : queue_) {
+    // The oldest sentence always goes; others join while the batch stays within budget.
+    const int64_t length = int64_t(e.ticket->sources[e.sentence].size());
+    const bool joins =
+        batch.empty() ||
+        (settings_.batching && same_search(e.ticket->search, key) &&
+         int64_t(batch.size()) + 1 <=
+             sentences_within_budget(settings_.batch_tokens, std::max(longest, length), key.beam));
+    if (joins) {
+      longest = std::max(longest, length);
+      batch.push_back(std::move(e));
+    } else {
+      rest.push_back(std::move(e));
+    }
+  }
+  queue_ = std::move(rest);
+  return batch;
+}
+
+void DynamicBatcher::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    work_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+    if (queue_.empty()) return;  // stopping, and nothing left to decode
+    if (settings_.batching && settings_.max_wait_ms > 0 && !budget_filled()) {
+      const auto until =
+          queue_.front().queued_at + std::chrono::milliseconds(settings_.max_wait_ms);
+      work_.wait_until(lock, until, [&] { return stopping_ || budget_filled(); });
+    }
+    std::vector<Entry> batch = take_batch();
+    lock.unlock();
+    decode(batch);
+    metrics_.count_batch(int64_t(batch.size()));
+    lock.lock();
+    for (const Entry& e : batch) --e.ticket->pending;
+    done_.notify_all();
+  }
+}
+
+void DynamicBatcher::decode(const std::vector<Entry>& batch) {
+  // Longest first, as `translate` orders its batches.
+  std::vector<size_t> order(batch.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return batch[a].ticket->sources[batch[a].sentence].size() >
+           batch[b].ticket->sources[batch[b].sentence].size();
+  });
+  auto run_search = [&](const std::vector<size_t>& members) {
+    std::vector<std::vector<int32_t>> sources, prefixes;
+    bool any_prefix = false;
+    for (size_t m : members) {
+      const Entry& e = batch[m];
+      sources.push_back(e.ticket->sources[e.sentence]);
+      prefixes.push_back(e.ticket->prefixes.empty() ? std::vector<int32_t>{}
+                                                    : e.ticket->prefixes[e.sentence]);
+      any_prefix = any_prefix || !prefixes.back().empty();
+    }
+    if (!any_prefix) prefixes.clear();
+    auto hypotheses = search(model_, sources, prefixes, batch[members.front()].ticket->search);
+    // Results are written without the mutex: each (ticket, sentence) slot belongs to this
+    // batch alone, and its waiter reads it only after `pending` drops under the mutex.
+    for (size_t i = 0; i < members.size(); ++i) {
+      const Entry& e = batch[members[i]];
+      e.ticket->results[e.sentence] = std::move(hypotheses[i]);
+    }
+  };
+  try {
+    run_search(order);
+  } catch (const std::exception& whole) {
+    if (order.size() == 1) {
+      const Entry& e = batch[order.front()];
+      e.ticket->errors[e.sentence] = whole.what();
+      return;
+    }
+    for (size_t m : order) {  // find the sentence that fails; the others still get answers
+      try {
+        run_search({m});
+      } catch (const std::exception& alone) {
+        batch[m].ticket->errors[batch[m].sentence] = alone.what();
+      }
+    }
+  }
+}
+
+}  // namespace tfm

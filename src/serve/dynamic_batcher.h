@@ -1,0 +1,82 @@
+// Dynamic batching for `serve`: sentences of concurrent requests wait in one bounded queue, and
+// a single decoding thread takes them in arrival order into search() calls under a token budget
+// (the same budget rule as `translate --batch-tokens`), sorted longest first inside each batch.
+// Sentences join a batch only with sentences that asked for the same search options. Results go
+// back to each request's ticket in its own order; a failing batch is retried one sentence at a
+// time, so one bad sentence fails only its own request.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "decode/beam_search.h"
+#include "model/transformer.h"
+#include "serve/metrics.h"
+
+namespace tfm {
+
+struct BatcherSettings {
+  int64_t batch_tokens = 4096;  // sentences × (longest source + 1) × beam per search() call
+  int64_t max_wait_ms = 0;      // how long the oldest queued sentence waits for company
+  int64_t max_queued_sentences = 1024;  // submit() refuses what would not fit
+  bool batching = true;                 // false: every search() call decodes one sentence
+};
+
+// One request's sentences on their way through the queue. The batcher's mutex guards
+// results, errors, pending and cancelled once the ticket is submitted.
+struct BatchTicket {
+  SearchOptions search;
+  std::vector<std::vector<int32_t>> sources;     // [sentences][source tokens], none empty
+  std::vector<std::vector<int32_t>> prefixes;    // [sentences][prefix tokens], or empty
+  std::vector<std::vector<Hypothesis>> results;  // [sentences][up to nbest], best first
+  std::vector<std::string> errors;               // [sentences]: "" or why decoding failed
+  int64_t pending = 0;                           // sentences not decoded yet
+  bool cancelled = false;                        // its queued sentences are dropped
+};
+
+class DynamicBatcher {
+ public:
+  DynamicBatcher(const Model& model, BatcherSettings settings, ServeMetrics& metrics);
+  ~DynamicBatcher();  // decodes everything still queued, then stops the thread
+  DynamicBatcher(const DynamicBatcher&) = delete;
+  DynamicBatcher& operator=(const DynamicBatcher&) = delete;
+
+  // Queues every sentence of the ticket; false (nothing queued) when they do not fit.
+  bool submit(const std::shared_ptr<BatchTicket>& ticket);
+  // Blocks until the ticket is decoded (true), or until the deadline passes or give_up()
+  // says so (false; its sentences still queued are dropped). give_up is polled every 20 ms.
+  bool wait(const std::shared_ptr<BatchTicket>& ticket,
+            std::chrono::steady_clock::time_point deadline, const std::function<bool()>& give_up);
+  int64_t queued_sentences() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<BatchTicket> ticket;
+    size_t sentence;  // index into the ticket's sources
+    std::chrono::steady_clock::time_point queued_at;
+  };
+  void run();
+  bool budget_filled() const;       // the queue already holds a full batch (mutex held)
+  std::vector<Entry> take_batch();  // the next batch, removed from the queue (mutex held)
+  void decode(const std::vector<Entry>& batch);    // without the mutex; fills results/errors
+  void drop_cancelled(const BatchTicket* ticket);  // (mutex held)
+
+  const Model& model_;
+  const BatcherSettings settings_;
+  ServeMetrics& metrics_;
+  mutable std::mutex mutex_;
+  std::condition_variable work_, done_;
+  std::deque<Entry> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace tfm

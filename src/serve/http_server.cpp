@@ -1,0 +1,431 @@
+// The HTTP server of `transformer serve` (see http_server.h).
+#include "serve/http_server.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <thread>
+
+#include "model/config.h"
+#include "serve/metrics.h"
+#include "serve/translation_service.h"
+#include "serve/web_page.h"
+#include "tensor/error.h"
+#include "text/model_directory.h"
+
+namespace tfm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+// Set on a connection-pool thread while it answers a connection that found the pool full.
+thread_local bool g_overflow_connection = false;
+// When the request on this thread arrived (set by the pre-routing handler).
+thread_local Clock::time_point g_request_start;
+
+// httplib's pool of connection threads, bounded: `threads` answer, as many more connections
+// wait; a connection beyond that is answered at once with 503 on the accepting thread.
+class ConnectionPool : public httplib::TaskQueue {
+ public:
+  ConnectionPool(size_t threads, size_t max_waiting) : max_waiting_(max_waiting) {
+    for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+  }
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (jobs_.size() < max_waiting_) {
+        jobs_.push_back(std::move(fn));
+        ready_.notify_one();
+        return;
+      }
+    }
+    g_overflow_connection = true;
+    fn();
+    g_overflow_connection = false;
+  }
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and every waiting connection answered
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      fn();
+    }
+  }
+  const size_t max_waiting_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// The socket connected to addr:port, found among this process' descriptors; -1 if none.
+// httplib 0.11 does not hand handlers their socket, and a handler needs it to notice a client
+// that went away while its sentences wait.
+int find_client_socket(const std::string& addr, int port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (const dirent* entry = readdir(dir)) {
+    const int fd = std::atoi(entry->d_name);
+    struct stat st {};
+    if (fd <= 2 || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage peer{};
+    socklen_t length = sizeof peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    int peer_port = -1;
+    if (peer.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&peer);
+      inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+      peer_port = ntohs(in->sin_port);
+    } else if (peer.ss_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&peer);
+      inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+      peer_port = ntohs(in6->sin6_port);
+    }
+    if (peer_port == port && addr == text) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// True once the peer closed its side (or the socket failed).
+bool peer_closed(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
+  char byte;
+  return (p.revents & POLLIN) && recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+void reply_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void reply_error(httplib::Response& res, int status, const std::string& message) {
+  if (status == 503) res.set_header("Retry-After", "1");
+  reply_json(res, status, {{"error", message}});
+}
+
+// The JSON of one answered sentence for /v1/translate.
+json sentence_json(const TranslationService& service, const TranslateRequest& request,
+                   const SentenceResult& r) {
+  json j;
+  const bool any = r.translated && !r.hypotheses.empty();
+  j["text"] = any ? r.texts.front() : "";
+  j["score"] = any ? json(r.hypotheses.front().logprob) : json(nullptr);
+  j["source_tokens"] = r.source_tokens;
+  j["target_tokens"] = any ? r.hypotheses.front().tokens.size() : 0;
+  if (request.nbest_requested) {
+    json list = json::array();
+    for (size_t k = 0; k < r.hypotheses.size(); ++k)
+      list.push_back({{"text", r.texts[k]},
+                      {"score", r.hypotheses[k].logprob},
+                      {"target_tokens", r.hypotheses[k].tokens.size()}});
+    j["nbest"] = list;
+  }
+  if (request.attention && any)
+    j["attention"] = service.attention_json(r, request.search.attention_layer);
+  return j;
+}
+
+}  // namespace
+
+void run_server(const ServeSettings& settings) {
+  // SIGINT and SIGTERM are taken by one watcher thread (sigtimedwait), so they are blocked
+  // before any other thread exists: no thread of the pool, of the decoder or of OpenMP can be
+  // interrupted by them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::atomic<bool> finished{false}, stop_requested{false};
+  std::atomic<int> stop_signal{0};
+  httplib::Server server;
+  std::thread watcher([&] {
+    const timespec tick{0, 100 * 1000 * 1000};
+    while (!finished) {
+      const int s = sigtimedwait(&stop_signals, nullptr, &tick);
+      if (s != SIGINT && s != SIGTERM) continue;
+      stop_signal = s;
+      stop_requested = true;
+      // The server may not be listening yet: stop it as soon as it is.
+      while (!finished && !server.is_running())
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      server.stop();
+      return;
+    }
+  });
+  struct JoinWatcher {
+    std::atomic<bool>& finished;
+    std::thread& watcher;
+    ~JoinWatcher() {
+      finished = true;
+      watcher.join();
+    }
+  } join_watcher{finished, watcher};
+
+  const ModelBundle bundle = load_model_bundle(settings.model, true);
+  const ModelConfig& config = bundle.model.config();
+  ServeLimits limits = settings.limits;
+  const int64_t model_tokens = max_source_tokens(config);
+  if (limits.max_sentence_tokens <= 0 || limits.max_sentence_tokens > model_tokens)
+    limits.max_sentence_tokens = model_tokens;
+  limits.max_length = config.max_positions - config.position_offset - 1;
+  limits.decoder_layers = config.decoder_layers;
+  SearchOptions defaults = settings.search;
+  defaults.nbest = 1;
+  ServeMetrics metrics;
+  TranslationService service(bundle, settings.batcher, limits, metrics);
+  std::atomic<int64_t> in_flight{0};
+  std::atomic<uint64_t> answered{0};
+
+  server.new_task_queue = [&] {
+    return new ConnectionPool(size_t(settings.max_connections), size_t(settings.max_connections));
+  };
+  const auto io_seconds = std::chrono::duration<double>(settings.io_timeout_seconds);
+  server.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(io_seconds));
+  server.set_write_timeout(std::chrono::duration_cast<std::chrono::microseconds>(io_seconds));
+  server.set_keep_alive_timeout(2);
+  server.set_payload_max_length(size_t(limits.max_body_bytes));
+
+  server.set_pre_routing_handler([&](const httplib::Request&, httplib::Response& res) {
+    g_request_start = Clock::now();
+    ++in_flight;
+    if (!g_overflow_connection) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");
+    reply_error(res, 503,
+                "the server is answering --max-connections connections and as many wait; "
+                "retry later");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  server.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 413)
+      reply_error(res, 413,
+                  "the request body is larger than " + std::to_string(limits.max_body_bytes) +
+                      " bytes (--max-body-bytes)");
+    else if (res.status == 404)
+      reply_error(res, 404, "no such endpoint: " + req.method + " " + req.path);
+    else if (res.status == 400)
+      reply_error(res, 400, "malformed HTTP request");
+    else
+      reply_error(res, res.status, "HTTP status " + std::to_string(res.status));
+  });
+  server.set_logger([&](const httplib::Request& req, const httplib::Response& res) {
+    const bool routed = g_request_start != Clock::time_point{};
+    const double seconds =
+        routed ? std::chrono::duration<double>(Clock::now() - g_request_start).count() : 0.0;
+    metrics.count_request(req.path, res.status, seconds);
+    if (routed) --in_flight;
+    g_request_start = {};
+    ++answered;
+  });
+  if (!settings.allow_origin.empty()) {
+    server.set_post_routing_handler([&](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Access-Control-Allow-Origin", settings.allow_origin);
+    });
+    server.Options(".*", [&](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "Content-Type");
+      res.status = 204;
+    });
+  }
+
+  // Every handler answers a RequestError or any other failure with a JSON error, never by
+  // letting it escape into httplib.
+  auto guarded = [](auto handler) {
+    return [handler](const httplib::Request& req, httplib::Response& res) {
+      try {
+        handler(req, res);
+      } catch (const RequestError& e) {
+        reply_error(res, e.status(), e.what());
+      } catch (const std::bad_alloc&) {
+        reply_error(res, 500, "out of memory");
+      } catch (const std::exception& e) {
+        reply_error(res, 500, e.what());
+      }
+    };
+  };
+  // Gives up on a request whose client closed its connection; looks the socket up only once
+  // the request has waited a while, so short requests pay nothing.
+  auto make_give_up = [](const httplib::Request& req) {
+    return [&req, fd = -2, since = Clock::now()]() mutable {
+      if (fd == -2) {
+        if (Clock::now() - since < std::chrono::milliseconds(100)) return false;
+        fd = find_client_socket(req.remote_addr, req.remote_port);
+      }
+      return fd >= 0 && peer_closed(fd);
+    };
+  };
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(settings.request_timeout_seconds));
+
+  server.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(web_page_html(), "text/html; charset=utf-8");
+  });
+  server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    reply_json(res, 200, {{"status", "ok"}});
+  });
+  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.render(service.queued_sentences(), in_flight.load()),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server.Get("/v1/model", [&](const httplib::Request&, httplib::Response& res) {
+    const Vocabulary& sv = *bundle.source_vocabulary;
+    const Vocabulary& tv = *bundle.target_vocabulary;
+    reply_json(
+        res, 200,
+        {{"model", settings.model},
+         {"config", config_to_json(config)},
+         {"parameters", parameter_count(config)},
+         {"source_vocabulary", {{"size", sv.size()}, {"file", sv.where()}}},
+         {"target_vocabulary", {{"size", tv.size()}, {"file", tv.where()}}},
+         {"shared_vocabulary", sv.where() == tv.where()},
+         {"languages",
+          {{"source", settings.source_language}, {"target", settings.target_language}}},
+         {"defaults",
+          {{"beam", defaults.beam},
+           {"alpha", defaults.alpha},
+           {"max_length", defaults.max_length},
+           {"compute_type", defaults.precision == Precision::kBFloat16 ? "bfloat16" : "float32"}}},
+         {"limits",
+          {{"max_body_bytes", limits.max_body_bytes},
+           {"max_sentences", limits.max_sentences},
+           {"max_sentence_tokens", limits.max_sentence_tokens},
+           {"max_beam", limits.max_beam},
+           {"max_length", limits.max_length}}}});
+  });
+  server.Post("/v1/translate", guarded([&](const httplib::Request& req, httplib::Response& res) {
+                const TranslateRequest request =
+                    parse_translate_request(req.body, defaults, limits);
+                const auto results =
+                    service.translate(request, g_request_start + timeout, make_give_up(req));
+                json list = json::array();
+                for (const SentenceResult& r : results)
+                  list.push_back(sentence_json(service, request, r));
+                reply_json(res, 200, {{"translations", list}});
+              }));
+  server.Post(
+      "/translate", guarded([&](const httplib::Request& req, httplib::Response& res) {
+        // LibreTranslate's fields come as JSON, or as form fields (urlencoded or
+        // multipart), or in the query string.
+        json fields = json::object();
+        if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
+          try {
+            fields = json::parse(req.body);
+          } catch (const json::parse_error&) {
+            throw RequestError(400, "Invalid JSON format");
+          }
+        } else {
+          for (const auto& [key, value] : req.params)
+            if (!fields.contains(key)) fields[key] = value;
+          for (const auto& [key, part] : req.files)
+            if (!fields.contains(key)) fields[key] = part.content;
+          if (fields.contains("q") && fields["q"].is_string()) {
+            std::string q = fields["q"];  // form text: \r\n → \n, as LibreTranslate
+            for (size_t at; (at = q.find("\r\n")) != std::string::npos;) q.erase(at, 1);
+            fields["q"] = q;
+          }
+        }
+        const LibreTranslateRequest lr = parse_libretranslate_request(
+            fields, defaults, limits, settings.source_language, settings.target_language);
+        const auto results =
+            service.translate(lr.translate, g_request_start + timeout, make_give_up(req));
+        json texts = json::array(), alternatives = json::array();
+        for (const SentenceResult& r : results) {
+          texts.push_back(r.texts.empty() ? "" : r.texts.front());
+          json others = json::array();
+          for (size_t k = 1; k < r.texts.size(); ++k) others.push_back(r.texts[k]);
+          alternatives.push_back(others);
+        }
+        const bool list = lr.translate.text_was_list;
+        json out = {{"translatedText", list ? texts : texts.front()}};
+        if (lr.alternatives > 0) out["alternatives"] = list ? alternatives : alternatives.front();
+        if (lr.detect_source) {
+          const json detected = {
+              {"confidence", settings.source_language.empty() ? 0.0 : 100.0},
+              {"language", settings.source_language.empty() ? "auto" : settings.source_language}};
+          out["detectedLanguage"] =
+              list ? json(std::vector<json>(results.size(), detected)) : detected;
+        }
+        reply_json(res, 200, out);
+      }));
+  server.Get("/languages", [&](const httplib::Request&, httplib::Response& res) {
+    json languages = json::array();
+    if (!settings.source_language.empty() && !settings.target_language.empty())
+      languages.push_back({{"code", settings.source_language},
+                           {"name", settings.source_language},
+                           {"targets", {settings.target_language}}});
+    reply_json(res, 200, languages);
+  });
+  server.Get("/frontend/settings", [&](const httplib::Request&, httplib::Response& res) {
+    auto language = [](const std::string& code) {
+      const std::string c = code.empty() ? "auto" : code;
+      return json{{"code", c}, {"name", c}};
+    };
+    reply_json(res, 200,
+               {{"charLimit", -1},
+                {"frontendTimeout", 500},
+                {"apiKeys", false},
+                {"keyRequired", false},
+                {"suggestions", false},
+                {"filesTranslation", false},
+                {"supportedFilesFormat", json::array()},
+                {"language",
+                 {{"source", language(settings.source_language)},
+                  {"target", language(settings.target_language)}}}});
+  });
+
+  int port = settings.port;
+  if (port == 0) {
+    port = server.bind_to_any_port(settings.host);
+    if (port < 0) throw Error("cannot listen on " + settings.host + ": " + std::strerror(errno));
+  } else if (!server.bind_to_port(settings.host, port)) {
+    throw Error("cannot listen on " + settings.host + ":" + std::to_string(port) + ": " +
+                std::strerror(errno));
+  }
+  std::fprintf(stderr, "serve: listening on http://%s:%d/ (model %s; stop with Ctrl-C)\n",
+               settings.host.find(':') != std::string::npos ? ("[" + settings.host + "]").c_str()
+                                                            : settings.host.c_str(),
+               port, settings.model.c_str());
+  std::fflush(stderr);
+  if (!stop_requested && !server.listen_after_bind() && !stop_requested)
+    throw Error("the server stopped listening: " + std::string(std::strerror(errno)));
+  std::fprintf(stderr, "serve: stopped by %s after answering %llu requests\n",
+               stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (unsigned long long)answered.load());
+}
+
+}  // namespace tfm

@@ -1,0 +1,68 @@
+// The requests `transformer serve` accepts, parsed and checked before any work is queued: its
+// own `POST /v1/translate` body and LibreTranslate's `POST /translate` fields. Pure functions
+// of the bytes (no model, no sockets), so the fuzz target and the tests call them directly.
+// Every problem is a RequestError carrying the HTTP status and a message naming the field or
+// the limit.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "decode/beam_search.h"
+
+namespace tfm {
+
+// A client's mistake: answered with `status` and {"error": message}, never a crash.
+class RequestError : public std::runtime_error {
+ public:
+  RequestError(int status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
+
+// What one request may ask for; each is a `serve` option, named in the errors.
+struct ServeLimits {
+  int64_t max_body_bytes = 1 << 20;   // --max-body-bytes → 413
+  int64_t max_sentences = 64;         // --max-sentences, per request → 413
+  int64_t max_sentence_tokens = 256;  // --max-sentence-tokens, source pieces → 400
+  int64_t max_beam = 16;              // --max-beam → 400
+  int64_t max_length = 256;           // the largest per-request max_length → 400
+  int64_t decoder_layers = 1;         // attention_layer must be below this
+};
+
+struct TranslateRequest {
+  std::vector<std::string> texts;     // [sentences], each valid UTF-8
+  bool text_was_list = false;         // answer with a list even for one sentence
+  std::vector<std::string> prefixes;  // empty, or [sentences]: forced target starts
+  SearchOptions search;               // the server's defaults with this request's overrides
+  bool nbest_requested = false;       // the answer lists hypotheses
+  bool attention = false;             // the answer carries the best hypothesis' attention
+};
+
+// `POST /v1/translate`: {"text": "..." | ["...", ...], "beam", "alpha", "nbest", "max_length",
+// "prefix": "..." | [...], "attention", "attention_layer"}; unknown fields are refused.
+TranslateRequest parse_translate_request(const std::string& body, const SearchOptions& defaults,
+                                         const ServeLimits& limits);
+
+// LibreTranslate's `POST /translate`, its fields gathered into one JSON object by the caller
+// (from a JSON body, or from form fields as strings): q, source, target, format, alternatives,
+// api_key. `source_language` / `target_language`: the codes the server was told its model
+// translates between ("" accepts any code). Error messages follow LibreTranslate's wording.
+struct LibreTranslateRequest {
+  TranslateRequest translate;
+  bool detect_source = false;  // source was "auto"
+  int64_t alternatives = 0;
+};
+LibreTranslateRequest parse_libretranslate_request(const nlohmann::json& fields,
+                                                   const SearchOptions& defaults,
+                                                   const ServeLimits& limits,
+                                                   const std::string& source_language,
+                                                   const std::string& target_language);
+
+}  // namespace tfm
