@@ -75,6 +75,7 @@ void DynamicBatcher::drop_cancelled(const BatchTicket* ticket) {
 }
 
 bool DynamicBatcher::budget_filled() const {
+  if (queue_.empty()) return false;
   const SearchOptions& key = queue_.front().ticket->search;
   int64_t count = 0, longest = 0;
   for (const Entry& e : queue_) {
@@ -119,6 +120,7 @@ void DynamicBatcher::run() {
       const auto until =
           queue_.front().queued_at + std::chrono::milliseconds(settings_.max_wait_ms);
       work_.wait_until(lock, until, [&] { return stopping_ || budget_filled(); });
+      if (queue_.empty()) continue;  // every waiting request gave up meanwhile
     }
     std::vector<Entry> batch = take_batch();
     lock.unlock();

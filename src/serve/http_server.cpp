@@ -85,6 +85,14 @@ class ConnectionPool : public httplib::TaskQueue {
   std::vector<std::thread> threads_;
 };
 
+// httplib::Server with a deeper listen backlog: Debian's libcpp-httplib is compiled with a
+// backlog of 5, which drops the connections of more than a handful of clients arriving at once.
+class Server : public httplib::Server {
+ public:
+  // Calling listen() again on the bound socket only changes its backlog.
+  bool deepen_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+
 // The socket connected to addr:port, found among this process' descriptors; -1 if none.
 // httplib 0.11 does not hand handlers their socket, and a handler needs it to notice a client
 // that went away while its sentences wait.
@@ -173,7 +181,7 @@ void run_server(const ServeSettings& settings) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::atomic<bool> finished{false}, stop_requested{false};
   std::atomic<int> stop_signal{0};
-  httplib::Server server;
+  Server server;
   std::thread watcher([&] {
     const timespec tick{0, 100 * 1000 * 1000};
     while (!finished) {
@@ -220,6 +228,12 @@ void run_server(const ServeSettings& settings) {
   server.set_write_timeout(std::chrono::duration_cast<std::chrono::microseconds>(io_seconds));
   server.set_keep_alive_timeout(2);
   server.set_payload_max_length(size_t(limits.max_body_bytes));
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second
+  // server bind the same port silently instead of failing.
+  server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
 
   server.set_pre_routing_handler([&](const httplib::Request&, httplib::Response& res) {
     g_request_start = Clock::now();
@@ -417,6 +431,8 @@ void run_server(const ServeSettings& settings) {
     throw Error("cannot listen on " + settings.host + ":" + std::to_string(port) + ": " +
                 std::strerror(errno));
   }
+  if (!server.deepen_backlog(SOMAXCONN))
+    throw Error("cannot listen on " + settings.host + ": " + std::strerror(errno));
   std::fprintf(stderr, "serve: listening on http://%s:%d/ (model %s; stop with Ctrl-C)\n",
                settings.host.find(':') != std::string::npos ? ("[" + settings.host + "]").c_str()
                                                             : settings.host.c_str(),

@@ -19,9 +19,12 @@ int64_t integer_field(const nlohmann::json& value, const std::string& name, int6
                       int64_t high, const std::string& limit_option = "") {
   if (!value.is_number_integer())
     throw RequestError(400, name + " must be a whole number, not " + value.dump());
-  const bool too_big = value.is_number_unsigned() ? value.get<uint64_t>() > uint64_t(high)
-                                                  : value.get<int64_t>() > high;
-  if (too_big || (!value.is_number_unsigned() && value.get<int64_t>() < low)) {
+  const bool is_unsigned = value.is_number_unsigned();  // nlohmann parses 0, 1, ... as unsigned
+  const bool too_big =
+      is_unsigned ? value.get<uint64_t>() > uint64_t(high) : value.get<int64_t>() > high;
+  const bool too_small =
+      is_unsigned ? low > 0 && value.get<uint64_t>() < uint64_t(low) : value.get<int64_t>() < low;
+  if (too_big || too_small) {
     std::string message = name + " must be between " + std::to_string(low) + " and " +
                           std::to_string(high) + ", not " + value.dump();
     if (too_big && !limit_option.empty()) message += " (the server's " + limit_option + ")";

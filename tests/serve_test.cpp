@@ -1,0 +1,527 @@
+// `transformer serve` tested as a client sees it: a real server process on a free loopback port
+// (--port 0, the port read from its "listening on" line), driven over HTTP. Every endpoint,
+// every error path of issue #17, concurrent requests whose answers must equal `translate`'s
+// for the same lines, and a graceful stop with a request in flight. The request parser is also
+// tested directly, as the fuzz target calls it.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "cli_runner.h"
+#include "model/config.h"
+#include "serve/translate_request.h"
+
+namespace {
+
+using nlohmann::json;
+using tfm::testing_support::CliResult;
+using tfm::testing_support::CliWorkDir;
+
+CliWorkDir work("serve_test");
+
+const std::string& model_dir() {
+  static const std::string dir = [] {
+    const std::string data = std::string(TFM_FIXTURE_DIR) +
+                             "/../data/ctranslate2-aren-transliteration/aren-transliteration";
+    EXPECT_EQ(work.run_cli("import-ctranslate2 " + data + " -o " + work.path("aren")).exit_code, 0);
+    return work.path("aren");
+  }();
+  return dir;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A running `transformer serve`; stopped with SIGTERM (and reaped) by stop() or the destructor.
+class Server {
+ public:
+  explicit Server(const std::string& options, const std::string& name = "server") {
+    err_ = work.path(name + ".err");
+    std::vector<std::string> argv = {TFM_CLI_PATH, "serve", "--model",   model_dir(),
+                                     "--port",     "0",     "--threads", "2"};
+    std::istringstream extra(options);
+    for (std::string word; extra >> word;) argv.push_back(word);
+    pid_ = tfm::testing_support::spawn_in_background(argv, err_);
+    const std::regex listening("listening on http://127\\.0\\.0\\.1:([0-9]+)/");
+    for (int i = 0; i < 600 && port_ == 0; ++i) {
+      std::smatch m;
+      const std::string text = slurp(err_);
+      if (std::regex_search(text, m, listening))
+        port_ = std::stoi(m[1]);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ~Server() {
+    if (pid_ > 0) stop();
+  }
+  int port() const { return port_; }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  // SIGTERM, then the exit status (128 + signal if killed).
+  int stop() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string stderr_text() const { return slurp(err_); }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string err_;
+};
+
+json post_json(const Server& s, const std::string& path, const std::string& body, int* status) {
+  auto r = s.client().Post(path.c_str(), body, "application/json");
+  if (!r) {
+    *status = -1;
+    return json();
+  }
+  *status = r->status;
+  return json::parse(r->body);
+}
+
+// Random "words" of Arabic letters, space-separated as the transliteration model reads them.
+std::vector<std::string> arabic_words(int count, unsigned seed) {
+  const std::vector<std::string> letters = {"ا", "ب", "ت", "ث", "ج", "ح", "د", "ر",
+                                            "ز", "س", "ش", "ص", "ع", "ف", "ق", "ك",
+                                            "ل", "م", "ن", "ه", "و", "ي", "آ"};
+  std::mt19937 random(seed);
+  std::vector<std::string> words;
+  for (int i = 0; i < count; ++i) {
+    std::string w;
+    const int length = 2 + int(random() % 9);
+    for (int j = 0; j < length; ++j) w += (j ? " " : "") + letters[random() % letters.size()];
+    words.push_back(w);
+  }
+  return words;
+}
+
+// `translate`'s answers for lines (beam 4): plain text, and the n-best lines.
+std::vector<std::string> translate_lines(const std::vector<std::string>& lines,
+                                         const std::string& options) {
+  std::string text;
+  for (const auto& l : lines) text += l + "\n";
+  work.write_file("lines.txt", text);
+  CliResult r = work.run_cli("translate --model " + model_dir() + " -i " + work.path("lines.txt") +
+                             " --threads 2 " + options);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> out;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+TEST(Serve, EndpointsAnswer) {
+  Server server("");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  auto c = server.client();
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body), json({{"status", "ok"}}));
+
+  auto model = c.Get("/v1/model");
+  ASSERT_TRUE(model);
+  const json m = json::parse(model->body);
+  const tfm::ModelConfig config = tfm::config_from_json(m["config"], "/v1/model");
+  EXPECT_EQ(m["parameters"].get<int64_t>(), tfm::parameter_count(config));
+  EXPECT_EQ(m["source_vocabulary"]["size"].get<int64_t>(), config.src_vocab_size);
+  EXPECT_EQ(m["target_vocabulary"]["size"].get<int64_t>(), config.tgt_vocab_size);
+  EXPECT_EQ(m["defaults"]["beam"], 4);
+
+  auto page = c.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_NE(page->get_header_value("Content-Type").find("text/html"), std::string::npos);
+  EXPECT_NE(page->body.find("/v1/translate"), std::string::npos);
+  EXPECT_EQ(page->body.find("src=\"http"), std::string::npos);  // nothing loaded from outside
+  EXPECT_EQ(page->body.find("href=\"http"), std::string::npos);
+
+  auto missing = c.Get("/no/such/thing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(json::parse(missing->body)["error"], "no such endpoint: GET /no/such/thing");
+
+  int status = 0;
+  post_json(server, "/v1/translate", R"({"text": ["آ ت ز م و ن", "آ ز ا"]})", &status);
+  EXPECT_EQ(status, 200);
+  post_json(server, "/v1/translate", R"({"text": 3})", &status);
+  EXPECT_EQ(status, 400);
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->get_header_value("Content-Type").find("text/plain"), std::string::npos);
+  const std::string& text = metrics->body;
+  for (const char* line :
+       {"transformer_requests_total{path=\"/v1/translate\",code=\"200\"} 1\n",
+        "transformer_requests_total{path=\"/v1/translate\",code=\"400\"} 1\n",
+        "transformer_request_errors_total{code=\"404\"} 1\n", "transformer_sentences_total 2\n",
+        "transformer_source_tokens_total 9\n", "transformer_batch_sentences_count 1\n",
+        "transformer_batch_sentences_bucket{le=\"2\"} 1\n", "transformer_queue_sentences 0\n",
+        "# TYPE transformer_request_duration_seconds histogram\n",
+        "transformer_request_duration_seconds_bucket{le=\"+Inf\"} "})
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\nnot in:\n" << text;
+  EXPECT_EQ(server.stop(), 0);
+}
+
+TEST(Serve, ConcurrentRequestsEqualTranslate) {
+  const std::vector<std::string> words = arabic_words(48, 7);
+  const std::vector<std::string> expected = translate_lines(words, "--beam 4");
+  const std::vector<std::string> nbest = translate_lines(words, "--beam 4 --nbest 2");
+  ASSERT_EQ(expected.size(), words.size());
+  // A short wait makes concurrent sentences share batches; the answers must not change.
+  Server server("--batch-wait-ms 30");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  std::vector<std::future<json>> answers;
+  for (size_t i = 0; i < words.size(); ++i)
+    answers.push_back(std::async(std::launch::async, [&, i] {
+      int status = 0;
+      json j = post_json(server, "/v1/translate", json({{"text", words[i]}, {"nbest", 2}}).dump(),
+                         &status);
+      EXPECT_EQ(status, 200) << j;
+      return j;
+    }));
+  for (size_t i = 0; i < words.size(); ++i) {
+    const json j = answers[i].get();
+    ASSERT_TRUE(j.contains("translations")) << j;
+    const json& t = j["translations"][0];
+    EXPECT_EQ(t["text"], expected[i]) << words[i];
+    // The n-best scores are `translate --nbest`'s numbers (printed there with 6 decimals).
+    for (int k = 0; k < 2; ++k) {
+      const std::string& line = nbest[2 * i + size_t(k)];
+      const size_t score_at = line.rfind(" ||| ");
+      EXPECT_EQ(t["nbest"][k]["text"],
+                line.substr(line.find(" ||| ") + 5, score_at - line.find(" ||| ") - 5));
+      EXPECT_NEAR(t["nbest"][k]["score"].get<double>(), std::stod(line.substr(score_at + 5)), 2e-6);
+    }
+  }
+  // One request with many lines (and an empty one) is answered in its own order.
+  std::vector<std::string> some(words.begin(), words.begin() + 10);
+  some.insert(some.begin() + 3, "");
+  int status = 0;
+  const json many = post_json(server, "/v1/translate", json({{"text", some}}).dump(), &status);
+  ASSERT_EQ(status, 200) << many;
+  for (size_t i = 0, w = 0; i < some.size(); ++i) {
+    if (i == 3) {
+      EXPECT_EQ(many["translations"][i]["text"], "");
+      EXPECT_TRUE(many["translations"][i]["score"].is_null());
+      continue;
+    }
+    EXPECT_EQ(many["translations"][i]["text"], expected[w++]);
+  }
+  // The sentences really were batched together.
+  const std::string metrics = server.client().Get("/metrics")->body;
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_search(metrics, m, std::regex("transformer_batch_sentences_count (\\d+)")));
+  EXPECT_LT(std::stoi(m[1]), 48 + 10) << metrics;
+  EXPECT_EQ(server.stop(), 0);
+}
+
+TEST(Serve, RequestOptionsPrefixAndAttention) {
+  Server server("");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  int status = 0;
+  json j = post_json(server, "/v1/translate",
+                     R"({"text": "آ ت ز م و ن", "beam": 2, "prefix": "a t s"})", &status);
+  ASSERT_EQ(status, 200) << j;
+  EXPECT_EQ(j["translations"][0]["text"], "a t s u m o n");  // as `translate --prefix`
+  j = post_json(server, "/v1/translate",
+                R"({"text": ["آ ت ز م و ن"], "attention": true, "attention_layer": 0})", &status);
+  ASSERT_EQ(status, 200) << j;
+  const json& a = j["translations"][0]["attention"];
+  const tfm::ModelConfig config = tfm::config_from_json(
+      json::parse(server.client().Get("/v1/model")->body)["config"], "/v1/model");
+  EXPECT_EQ(a["layer"], 0);
+  EXPECT_EQ(a["heads"].size(), size_t(config.heads));
+  EXPECT_EQ(a["target"].back(), "</s>");
+  EXPECT_EQ(a["target"].size(), 7u);  // a t z m o n + eos
+  for (const json& head : a["heads"]) {
+    ASSERT_EQ(head.size(), a["target"].size());
+    for (const json& row : head) {
+      ASSERT_EQ(row.size(), a["source"].size());
+      double sum = 0;
+      for (const json& w : row) sum += w.get<double>();
+      EXPECT_NEAR(sum, 1.0, 1e-4);  // a softmax over the source positions
+    }
+  }
+  j = post_json(server, "/v1/translate", R"({"text": "آ ز ا", "beam": 1, "max_length": 2})",
+                &status);
+  ASSERT_EQ(status, 200) << j;
+  EXPECT_LE(j["translations"][0]["target_tokens"].get<int>(), 2);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+TEST(Serve, ClientErrorsAreJsonNamingTheProblem) {
+  Server server("--max-body-bytes 4000 --max-sentences 4 --max-sentence-tokens 12");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  struct Case {
+    std::string body;
+    int status;
+    std::string message_part;
+  };
+  const std::string long_sentence = "آ ب ت ث ج ح د ر ز س ش ص ع";  // 13 letters
+  const std::vector<Case> cases = {
+      {"{\"text\": ", 400, "malformed JSON"},
+      {"[1, 2]", 400, "must be a JSON object"},
+      {R"({"txt": "x"})", 400, "unknown field \"txt\""},
+      {R"({"beam": 2})", 400, "missing field \"text\""},
+      {R"({"text": 5})", 400, "text must be a string or a list of strings"},
+      {R"({"text": ["a", 7]})", 400, "text[1] must be a string"},
+      {R"({"text": []})", 400, "at least one sentence"},
+      {"{\"text\": \"\xff\xfe\"}", 400, "malformed JSON"},  // invalid UTF-8 inside a string
+      {R"({"text": "a\u0000b"})", 400, "NUL"},
+      {R"({"text": "a", "beam": 0})", 400, "beam must be between 1 and 16"},
+      {R"({"text": "a", "beam": 2.5})", 400, "beam must be a whole number"},
+      {R"({"text": "a", "beam": 17})", 400, "--max-beam"},
+      {R"({"text": "a", "beam": 2, "nbest": 3})", 400, "nbest (3) cannot exceed beam (2)"},
+      {R"({"text": "a", "alpha": "big"})", 400, "alpha must be a number"},
+      {R"({"text": "a", "attention": 1})", 400, "attention must be true or false"},
+      {R"({"text": "a", "attention_layer": 99})", 400, "attention_layer must be between"},
+      {R"({"text": ["a", "b"], "prefix": ["x"]})", 400, "prefix has 1 entries but text has 2"},
+      {R"({"text": "a", "max_length": 0})", 400, "max_length must be between"},
+      {R"({"text": ["a", "b", "c", "d", "e"]})", 413, "at most 4 per request (--max-sentences)"},
+      {json({{"text", long_sentence}}).dump(), 400,
+       "text[0] has 13 tokens; this server takes at most 12 per sentence (--max-sentence-tokens)"},
+      {json({{"text", std::string(5000, 'a')}}).dump(), 413,
+       "larger than 4000 bytes (--max-body-bytes)"},
+  };
+  for (const Case& c : cases) {
+    int status = 0;
+    const json j = post_json(server, "/v1/translate", c.body, &status);
+    EXPECT_EQ(status, c.status) << c.body << " → " << j;
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << c.body << " → " << j;
+    EXPECT_NE(j["error"].get<std::string>().find(c.message_part), std::string::npos)
+        << c.body << " → " << j;
+  }
+  // After all that the server still translates.
+  int status = 0;
+  const json ok = post_json(server, "/v1/translate", R"({"text": "آ ز ا"})", &status);
+  EXPECT_EQ(status, 200) << ok;
+  EXPECT_EQ(ok["translations"][0]["text"], "a z z a");
+  EXPECT_EQ(server.stop(), 0);
+}
+
+TEST(Serve, FullQueueTimeoutAndDisconnect) {
+  // The first sentence waits up to 1.5 s for company, so the queue stays occupied meanwhile.
+  Server server("--batch-wait-ms 1500 --max-queued-sentences 3 --request-timeout 0.5");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  auto first = std::async(std::launch::async, [&] {
+    int status = 0;
+    post_json(server, "/v1/translate", R"({"text": ["آ ز ا", "آ ت ز م و ن", "آ ب"]})", &status);
+    return status;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto full = server.client().Post("/v1/translate", R"({"text": "آ ز ا"})", "application/json");
+  ASSERT_TRUE(full);
+  EXPECT_EQ(full->status, 503);
+  EXPECT_EQ(full->get_header_value("Retry-After"), "1");
+  EXPECT_NE(full->body.find("queue is full"), std::string::npos) << full->body;
+  // The first request runs past --request-timeout while it waits: 504, its sentences dropped.
+  EXPECT_EQ(first.get(), 504);
+
+  // A client that sends a request and goes away: its queued sentence is dropped.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(server.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string body = R"({"text": ["آ ز ا", "آ ب"]})";
+  const std::string request =
+      "POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ::close(fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const std::string metrics = server.client().Get("/metrics")->body;
+  EXPECT_NE(metrics.find("transformer_dropped_sentences_total 5\n"), std::string::npos)
+      << metrics;  // 3 of the timed-out request + 2 of the one that went away
+  EXPECT_NE(metrics.find("transformer_request_errors_total{code=\"503\"} 1\n"), std::string::npos);
+  EXPECT_NE(metrics.find("transformer_request_errors_total{code=\"504\"} 1\n"), std::string::npos);
+  EXPECT_NE(metrics.find("transformer_sentences_total 0\n"), std::string::npos) << metrics;
+  EXPECT_EQ(server.stop(), 0);
+}
+
+TEST(Serve, TooManyConnectionsGet503) {
+  // One connection answered, one waiting; a third is answered 503 at once.
+  Server server("--max-connections 1 --batch-wait-ms 1500");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  auto slow = [&] {
+    return std::async(std::launch::async, [&] {
+      int status = 0;
+      post_json(server, "/v1/translate", R"({"text": "آ ز ا"})", &status);
+      return status;
+    });
+  };
+  auto a = slow();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto b = slow();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto started = std::chrono::steady_clock::now();
+  auto c = server.client().Get("/health");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 503);
+  EXPECT_EQ(c->get_header_value("Retry-After"), "1");
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1000));
+  EXPECT_EQ(a.get(), 200);
+  EXPECT_EQ(b.get(), 200);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+TEST(Serve, GracefulStopFinishesRequestsInFlight) {
+  Server server("--batch-wait-ms 1000");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  auto in_flight = std::async(std::launch::async, [&] {
+    int status = 0;
+    const json j = post_json(server, "/v1/translate", R"({"text": "آ ز ا"})", &status);
+    return std::make_pair(status, j);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(server.stop(), 0);  // SIGTERM while the request waits in the queue
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+  const auto [status, j] = in_flight.get();
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(j["translations"][0]["text"], "a z z a");
+  EXPECT_NE(server.stderr_text().find("serve: stopped by SIGTERM"), std::string::npos);
+  httplib::Client after("127.0.0.1", server.port());
+  EXPECT_FALSE(after.Get("/health"));  // no longer accepting
+}
+
+TEST(Serve, LibreTranslateClientsWorkUnchanged) {
+  Server server("--source-language ar --target-language en");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  auto c = server.client();
+  // JSON, as LibreTranslate's documentation shows.
+  auto r =
+      c.Post("/translate", R"({"q": "آ ز ا", "source": "ar", "target": "en", "format": "text"})",
+             "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body), json({{"translatedText", "a z z a"}}));
+  // A batch with alternatives, source auto.
+  r = c.Post(
+      "/translate",
+      R"({"q": ["آ ز ا", "آ ت ز م و ن"], "source": "auto", "target": "en", "alternatives": 1})",
+      "application/json");
+  ASSERT_TRUE(r);
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["translatedText"], json({"a z z a", "a t z m o n"}));
+  EXPECT_EQ(j["alternatives"].size(), 2u);
+  EXPECT_EQ(j["alternatives"][0].size(), 1u);
+  EXPECT_EQ(j["detectedLanguage"][0], json({{"confidence", 100.0}, {"language", "ar"}}));
+  // Form-encoded, as libretranslate-py and browser forms send it.
+  httplib::Params form = {{"q", "آ ز ا"}, {"source", "ar"}, {"target", "en"}};
+  r = c.Post("/translate", form);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["translatedText"], "a z z a");
+  // Multipart form.
+  httplib::MultipartFormDataItems parts = {
+      {"q", "آ ز ا", "", ""}, {"source", "ar", "", ""}, {"target", "en", "", ""}};
+  r = c.Post("/translate", parts);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["translatedText"], "a z z a");
+  // Its error shapes.
+  const std::vector<std::pair<std::string, std::string>> errors = {
+      {R"({"source": "ar", "target": "en"})", "Invalid request: missing q parameter"},
+      {R"({"q": "x", "target": "en"})", "Invalid request: missing source parameter"},
+      {R"({"q": "x", "source": "ar"})", "Invalid request: missing target parameter"},
+      {R"({"q": "x", "source": "fr", "target": "en"})", "fr is not supported"},
+      {R"({"q": "x", "source": "ar", "target": "de"})", "de is not supported"},
+      {R"({"q": "x", "source": "ar", "target": "en", "format": "xml"})",
+       "xml format is not supported"},
+      {R"({"q": "x", "source": "ar", "target": "en", "alternatives": "z"})",
+       "Invalid request: alternatives parameter is not a number"},
+      {"{", "Invalid JSON format"}};
+  for (const auto& [body, message] : errors) {
+    r = c.Post("/translate", body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << body;
+    EXPECT_EQ(json::parse(r->body), json({{"error", message}})) << body;
+  }
+  r = c.Get("/languages");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body),
+            json::parse(R"([{"code": "ar", "name": "ar", "targets": ["en"]}])"));
+  r = c.Get("/frontend/settings");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["language"]["target"]["code"], "en");
+  EXPECT_EQ(server.stop(), 0);
+}
+
+TEST(Serve, BadStartIsOneErrorLine) {
+  CliResult r = work.run_cli("serve --model " + work.path("no_such_model") + " --port 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+  r = work.run_cli("serve --model " + model_dir() + " --beam 20");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--beam 20 exceeds --max-beam 16"), std::string::npos) << r.err;
+  // A port that is taken.
+  Server first("");
+  ASSERT_GT(first.port(), 0);
+  r = work.run_cli("serve --model " + model_dir() + " --port " + std::to_string(first.port()));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("error: cannot listen on 127.0.0.1:" + std::to_string(first.port())),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(ServeRequest, ParserDefaultsAndOverrides) {
+  tfm::SearchOptions defaults;
+  defaults.beam = 5;
+  tfm::ServeLimits limits;
+  limits.decoder_layers = 6;
+  tfm::TranslateRequest r = tfm::parse_translate_request(R"({"text": "hello"})", defaults, limits);
+  EXPECT_EQ(r.texts, std::vector<std::string>{"hello"});
+  EXPECT_FALSE(r.text_was_list);
+  EXPECT_EQ(r.search.beam, 5);
+  EXPECT_EQ(r.search.nbest, 1);
+  EXPECT_FALSE(r.search.attention);
+  // nbest above the default beam raises the beam when the request left the beam alone.
+  r = tfm::parse_translate_request(R"({"text": ["a"], "nbest": 8, "alpha": 0})", defaults, limits);
+  EXPECT_TRUE(r.text_was_list);
+  EXPECT_EQ(r.search.beam, 8);
+  EXPECT_EQ(r.search.nbest, 8);
+  EXPECT_EQ(r.search.alpha, 0);
+  r = tfm::parse_translate_request(R"({"text": "a", "attention_layer": 2, "prefix": "p"})",
+                                   defaults, limits);
+  EXPECT_TRUE(r.attention && r.search.attention && r.search.attention_per_head);
+  EXPECT_EQ(r.search.attention_layer, 2);
+  EXPECT_EQ(r.prefixes, std::vector<std::string>{"p"});
+  // Integers beyond int64 are refused as out of range, not wrapped.
+  try {
+    tfm::parse_translate_request(R"({"text": "a", "beam": 18446744073709551615})", defaults,
+                                 limits);
+    FAIL();
+  } catch (const tfm::RequestError& e) {
+    EXPECT_EQ(e.status(), 400);
+  }
+}
+
+}  // namespace
