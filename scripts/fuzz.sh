@@ -2,7 +2,7 @@
 # Coverage-guided fuzzing of every parser of outside input (libFuzzer, clang, ASan + UBSan):
 #   bash scripts/fuzz.sh [SECONDS] [TARGET...]
 # SECONDS per target (default 30); targets default to all of: safetensors ctranslate2 config
-# id_line sentencepiece bleu. Seeds come from fuzz/corpus/<target>/ (committed); what the
+# id_line sentencepiece bleu serve_request. Seeds come from fuzz/corpus/<target>/ (committed); what the
 # fuzzer learns goes to build-fuzz/corpus/<target>/, crashes to build-fuzz/crashes/<target>/.
 # Exits non-zero when a target finds a crash (the input is kept there to reproduce:
 # build-fuzz/fuzz/<target>_fuzz <input>).
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors ctranslate2 config id_line sentencepiece bleu)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors ctranslate2 config id_line sentencepiece bleu serve_request)
 [[ "$seconds" =~ ^[0-9]+$ ]] || { echo "error: SECONDS must be a whole number, not '$seconds'" >&2; exit 2; }
 bash scripts/bootstrap.sh clang libclang-rt-dev libomp-dev
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g -Wno-pass-failed"

@@ -287,6 +287,7 @@ TEST(Serve, ClientErrorsAreJsonNamingTheProblem) {
   const std::vector<Case> cases = {
       {"{\"text\": ", 400, "malformed JSON"},
       {"[1, 2]", 400, "must be a JSON object"},
+      {R"({"text": "a", "beam": 5E0755})", 400, "malformed JSON"},  // too large for a double
       {R"({"txt": "x"})", 400, "unknown field \"txt\""},
       {R"({"beam": 2})", 400, "missing field \"text\""},
       {R"({"text": 5})", 400, "text must be a string or a list of strings"},

@@ -360,7 +360,7 @@ void run_server(const ServeSettings& settings) {
         if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
           try {
             fields = json::parse(req.body);
-          } catch (const json::parse_error&) {
+          } catch (const json::exception&) {  // syntax, or a number out of range
             throw RequestError(400, "Invalid JSON format");
           }
         } else {

@@ -91,8 +91,8 @@ TranslateRequest parse_translate_request(const std::string& body, const SearchOp
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(body);
-  } catch (const nlohmann::json::parse_error& e) {
-    // nlohmann's message names the byte offset and what it expected there.
+  } catch (const nlohmann::json::exception& e) {
+    // A syntax error (with the byte offset) or a number too large for a double.
     throw RequestError(400, std::string("malformed JSON: ") + e.what());
   }
   if (!j.is_object()) throw RequestError(400, "the request must be a JSON object");
