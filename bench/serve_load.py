@@ -103,25 +103,30 @@ def load(port, verses, clients, requests, max_seconds):
         connection.close()
 
     started = time.monotonic()
+    cpu_started = time.process_time()
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     seconds = time.monotonic() - started
+    client_cpu = time.process_time() - cpu_started  # this load generator's own CPU time
     n = len(latencies)
     return {"clients": clients, "requests": n, "errors": len(errors), "seconds": seconds,
             "sentences_per_s": n / seconds, "source_tokens_per_s": source_tokens[0] / seconds,
             "target_tokens_per_s": target_tokens[0] / seconds,
+            "mean_ms": 1000 * statistics.mean(latencies) if latencies else float("nan"),
             "p50_ms": 1000 * percentile(latencies, 50), "p95_ms": 1000 * percentile(latencies, 95),
-            "p99_ms": 1000 * percentile(latencies, 99), "first_error": errors[0] if errors else None}
+            "p99_ms": 1000 * percentile(latencies, 99),
+            "client_cpu_share": client_cpu / seconds, "first_error": errors[0] if errors else None}
 
 
-def translate_seconds(cli, model, threads, lines):
+def translate_seconds(cli, model, threads, lines, extra=()):
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write("".join(line + "\n" for line in lines))
     started = time.monotonic()
-    subprocess.run([cli, "translate", "--model", model, "--threads", str(threads), "-i", f.name],
+    subprocess.run([cli, "translate", "--model", model, "--threads", str(threads), "-i", f.name,
+                    *extra],
                    check=True, stdout=subprocess.DEVNULL)
     seconds = time.monotonic() - started
     os.unlink(f.name)
@@ -138,22 +143,30 @@ def main():
     parser.add_argument("--levels", default="1,8,32,128")
     parser.add_argument("--max-seconds", type=float, default=60)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--serve-args", default="", help="more options of the batched server")
+    parser.add_argument("--skip-unbatched", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     verses = [v.strip() for v in open(args.verses, encoding="utf-8") if v.strip()]
     levels = [int(x) for x in args.levels.split(",")]
     used = verses[:args.requests]
 
+    beam = ["--beam", str(args.beam)]
     # Offline, same verses, one process; start-up (model load) measured on an empty input.
-    startup = statistics.median(translate_seconds(args.cli, args.model, args.threads, [])
+    startup = statistics.median(translate_seconds(args.cli, args.model, args.threads, [], beam)
                                 for _ in range(3))
-    offline_seconds = translate_seconds(args.cli, args.model, args.threads, used) - startup
-    # Each 1-client verse alone.
-    alone_ms = [1000 * max(0.0, translate_seconds(args.cli, args.model, args.threads, [v]) - startup)
-                for v in used[:args.alone]]
+    offline_seconds = translate_seconds(args.cli, args.model, args.threads, used, beam) - startup
+    # The 1-client verses each decoded alone (a batch budget of one sentence), in one process.
+    alone = used[:args.alone]
+    alone_seconds = translate_seconds(args.cli, args.model, args.threads, alone,
+                                      beam + ["--batch-tokens", "1"]) - startup
 
     results = {"batched": [], "unbatched": []}
-    for mode, extra in (("batched", []), ("unbatched", ["--no-batching"])):
+    modes = [("batched", beam + args.serve_args.split())]
+    if not args.skip_unbatched:
+        modes.append(("unbatched", beam + ["--no-batching"]))
+    for mode, extra in modes:
         server = Server(args.cli, args.model, args.threads, extra)
         load(server.port, used, 4, 8, args.max_seconds)  # warm-up
         for clients in levels:
@@ -162,7 +175,8 @@ def main():
             results[mode].append(r)
             print(f"{mode:9s} {clients:4d} clients: {r['sentences_per_s']:7.2f} sentences/s, "
                   f"p50 {r['p50_ms']:7.1f} ms, p99 {r['p99_ms']:7.1f} ms, {r['requests']} answers, "
-                  f"{r['errors']} errors", file=sys.stderr)
+                  f"{r['errors']} errors, client CPU {r['client_cpu_share']:.0%} of a core",
+                  file=sys.stderr)
         server.stop()
     tokens = results["batched"][-1]
     per_sentence_source = tokens["source_tokens_per_s"] / tokens["sentences_per_s"]
@@ -170,23 +184,26 @@ def main():
     offline = {"sentences": len(used), "seconds": offline_seconds,
                "sentences_per_s": len(used) / offline_seconds,
                "startup_seconds": startup,
-               "alone_p50_ms": percentile(alone_ms, 50), "alone_p95_ms": percentile(alone_ms, 95),
-               "alone_p99_ms": percentile(alone_ms, 99)}
+               "alone_sentences": len(alone), "alone_mean_ms": 1000 * alone_seconds / len(alone)}
     out = {"date": time.strftime("%Y-%m-%d"), "model": args.model, "verses": args.verses,
+           "beam": args.beam,
            "threads": args.threads, "cpus": os.cpu_count(), "offline": offline, **results}
     with open(args.out + ".json", "w") as f:
         json.dump(out, f, indent=2)
 
     lines = [f"`transformer serve` load test, {out['date']}: {args.model}, {args.threads} threads, "
-             f"{os.cpu_count()} CPUs, verses of {args.verses} one per request (beam 4), clients "
+             f"{os.cpu_count()} CPUs, verses of {args.verses} one per request (beam {args.beam}), clients "
              f"on the same machine.", "",
              "| clients | server | sentences/s | source tok/s | target tok/s | p50 ms | p95 ms | "
              "p99 ms | vs offline | vs unbatched |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, clients in enumerate(levels):
-        b, u = results["batched"][i], results["unbatched"][i]
+        b = results["batched"][i]
+        u = results["unbatched"][i] if results["unbatched"] else None
         for name, r in (("batched", b), ("unbatched", u)):
-            vs_u = f"{b['sentences_per_s'] / u['sentences_per_s']:.2f}x" if name == "batched" else ""
+            if r is None:
+                continue
+            vs_u = f"{b['sentences_per_s'] / u['sentences_per_s']:.2f}x" if name == "batched" and u else ""
             lines.append(
                 f"| {clients} | {name} | {r['sentences_per_s']:.1f} | {r['source_tokens_per_s']:.0f} "
                 f"| {r['target_tokens_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | "
@@ -197,11 +214,14 @@ def main():
               f"({offline['sentences_per_s'] * per_sentence_source:.0f} source tok/s, "
               f"{offline['sentences_per_s'] * per_sentence_target:.0f} target tok/s; "
               f"model load of {startup * 1000:.0f} ms excluded).",
-              f"Each of the first {len(alone_ms)} verses translated alone: p50 "
-              f"{offline['alone_p50_ms']:.0f} ms, p99 {offline['alone_p99_ms']:.0f} ms; the server "
-              f"at 1 client: p50 {results['batched'][0]['p50_ms']:.0f} ms, p99 "
-              f"{results['batched'][0]['p99_ms']:.0f} ms "
-              f"(p99 ratio {results['batched'][0]['p99_ms'] / offline['alone_p99_ms']:.2f})."]
+              f"The {len(alone)} verses of the 1-client level, each decoded alone in one "
+              f"`translate` process: {offline['alone_mean_ms']:.0f} ms per sentence on average; "
+              f"the server at 1 client answers in {results['batched'][0]['mean_ms']:.0f} ms on "
+              f"average (ratio {results['batched'][0]['mean_ms'] / offline['alone_mean_ms']:.2f})"
+              + (f", p99 {results['batched'][0]['p99_ms']:.0f} ms against the unbatched "
+                 f"server's {results['unbatched'][0]['p99_ms']:.0f} ms (ratio "
+                 f"{results['batched'][0]['p99_ms'] / results['unbatched'][0]['p99_ms']:.2f})."
+                 if results["unbatched"] else ".")]
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

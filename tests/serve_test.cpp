@@ -171,9 +171,14 @@ TEST(Serve, EndpointsAnswer) {
   EXPECT_EQ(status, 200);
   post_json(server, "/v1/translate", R"({"text": 3})", &status);
   EXPECT_EQ(status, 400);
-  auto metrics = c.Get("/metrics");
-  ASSERT_TRUE(metrics);
-  EXPECT_NE(metrics->get_header_value("Content-Type").find("text/plain"), std::string::npos);
+  // A request is counted just after its answer is sent: poll briefly for the last one.
+  httplib::Result metrics;
+  for (int i = 0; i < 100; ++i) {
+    metrics = c.Get("/metrics");
+    ASSERT_TRUE(metrics);
+    if (metrics->body.find("code=\"400\"} 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   const std::string& text = metrics->body;
   for (const char* line :
        {"transformer_requests_total{path=\"/v1/translate\",code=\"200\"} 1\n",
@@ -193,7 +198,7 @@ TEST(Serve, ConcurrentRequestsEqualTranslate) {
   const std::vector<std::string> nbest = translate_lines(words, "--beam 4 --nbest 2");
   ASSERT_EQ(expected.size(), words.size());
   // A short wait makes concurrent sentences share batches; the answers must not change.
-  Server server("--batch-wait-ms 30");
+  Server server("--batch-wait-ms 30 --batch-quiet-ms 30");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
   std::vector<std::future<json>> answers;
   for (size_t i = 0; i < words.size(); ++i)
@@ -327,8 +332,9 @@ TEST(Serve, ClientErrorsAreJsonNamingTheProblem) {
 }
 
 TEST(Serve, FullQueueTimeoutAndDisconnect) {
-  // The first sentence waits up to 1.5 s for company, so the queue stays occupied meanwhile.
-  Server server("--batch-wait-ms 1500 --max-queued-sentences 3 --request-timeout 0.5");
+  // The first sentence waits 1.5 s for company, so the queue stays occupied meanwhile.
+  Server server(
+      "--batch-wait-ms 1500 --batch-quiet-ms 1500 --max-queued-sentences 3 --request-timeout 0.5");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
   auto first = std::async(std::launch::async, [&] {
     int status = 0;
@@ -371,7 +377,7 @@ TEST(Serve, FullQueueTimeoutAndDisconnect) {
 
 TEST(Serve, TooManyConnectionsGet503) {
   // One connection answered, one waiting; a third is answered 503 at once.
-  Server server("--max-connections 1 --batch-wait-ms 1500");
+  Server server("--max-connections 1 --batch-wait-ms 1500 --batch-quiet-ms 1500");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
   auto slow = [&] {
     return std::async(std::launch::async, [&] {
@@ -396,7 +402,7 @@ TEST(Serve, TooManyConnectionsGet503) {
 }
 
 TEST(Serve, GracefulStopFinishesRequestsInFlight) {
-  Server server("--batch-wait-ms 1000");
+  Server server("--batch-wait-ms 1000 --batch-quiet-ms 1000");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
   auto in_flight = std::async(std::launch::async, [&] {
     int status = 0;

@@ -14,7 +14,7 @@ CommandRunner add_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServeSettings>();
   auto compute_type = std::make_shared<std::string>("float32");
   auto no_batching = std::make_shared<bool>(false);
-  o->batcher.max_wait_ms = 0;
+  o->batcher.max_wait_ms = 5;
   app.add_option("--model", o->model, "Model directory (model.safetensors + vocabulary)")
       ->required();
   app.add_option("--host", o->host,
@@ -42,10 +42,15 @@ CommandRunner add_serve_command(CLI::App& app) {
   app.add_option("--batch-tokens", o->batcher.batch_tokens,
                  "Budget per decoded batch: sentences × longest source × beam (default 4096)")
       ->check(at_least(1));
-  app.add_option("--batch-wait-ms", o->batcher.max_wait_ms,
-                 "How long the oldest queued sentence waits for others to fill its batch "
-                 "(default 0: decode at once; sentences arriving meanwhile form the next batch)")
+  app.add_option(
+         "--batch-wait-ms", o->batcher.max_wait_ms,
+         "Longest wait of the oldest queued sentence for others to fill its batch; the wait "
+         "ends early when no sentence arrived for --batch-quiet-ms (default 5; 0: decode "
+         "at once)")
       ->check(in_range(0, 10000));
+  app.add_option("--batch-quiet-ms", o->batcher.quiet_gap_ms,
+                 "End the wait for company when no sentence arrived for this long (default 1)")
+      ->check(in_range(0.001, 10000));
   app.add_flag("--no-batching", *no_batching,
                "Decode every sentence alone (for comparison; much slower under load)");
   app.add_option("--max-queued-sentences", o->batcher.max_queued_sentences,

@@ -116,10 +116,19 @@ void DynamicBatcher::run() {
   for (;;) {
     work_.wait(lock, [&] { return !queue_.empty() || stopping_; });
     if (queue_.empty()) return;  // stopping, and nothing left to decode
-    if (settings_.batching && settings_.max_wait_ms > 0 && !budget_filled()) {
+    if (settings_.batching && settings_.max_wait_ms > 0) {
+      // Wait for company while sentences keep arriving: until the batch is full, the oldest
+      // sentence has waited max_wait_ms, or none arrived for a quiet gap (so a lone request
+      // waits only the gap).
       const auto until =
           queue_.front().queued_at + std::chrono::milliseconds(settings_.max_wait_ms);
-      work_.wait_until(lock, until, [&] { return stopping_ || budget_filled(); });
+      const auto gap = std::chrono::microseconds(
+          int64_t(1000 * std::min<double>(settings_.quiet_gap_ms, double(settings_.max_wait_ms))));
+      while (!stopping_ && !queue_.empty() && !budget_filled()) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= until || now - queue_.back().queued_at >= gap) break;
+        work_.wait_until(lock, std::min(until, queue_.back().queued_at + gap));
+      }
       if (queue_.empty()) continue;  // every waiting request gave up meanwhile
     }
     std::vector<Entry> batch = take_batch();

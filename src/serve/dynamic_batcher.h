@@ -25,7 +25,8 @@ namespace tfm {
 
 struct BatcherSettings {
   int64_t batch_tokens = 4096;  // sentences × (longest source + 1) × beam per search() call
-  int64_t max_wait_ms = 0;      // how long the oldest queued sentence waits for company
+  int64_t max_wait_ms = 0;      // how long the oldest queued sentence waits for company,
+  double quiet_gap_ms = 1;      // unless no sentence arrived for this long
   int64_t max_queued_sentences = 1024;  // submit() refuses what would not fit
   bool batching = true;                 // false: every search() call decodes one sentence
 };

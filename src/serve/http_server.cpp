@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <httplib.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -230,9 +231,14 @@ void run_server(const ServeSettings& settings) {
   server.set_payload_max_length(size_t(limits.max_body_bytes));
   // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second
   // server bind the same port silently instead of failing.
+  // TCP_NODELAY (inherited by accepted sockets): httplib writes a response's headers and body
+  // in two sends, and Nagle's algorithm would hold the body until the client's delayed ACK —
+  // measured: +20 ms per request at beam 4, +35 ms greedy, on loopback.
+  server.set_tcp_nodelay(true);
   server.set_socket_options([](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
   });
 
   server.set_pre_routing_handler([&](const httplib::Request&, httplib::Response& res) {
