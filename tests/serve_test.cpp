@@ -172,14 +172,15 @@ TEST(Serve, EndpointsAnswer) {
   post_json(server, "/v1/translate", R"({"text": 3})", &status);
   EXPECT_EQ(status, 400);
   // A request is counted just after its answer is sent: poll briefly for the last one.
-  httplib::Result metrics;
+  std::string text;
   for (int i = 0; i < 100; ++i) {
-    metrics = c.Get("/metrics");
+    auto metrics = c.Get("/metrics");
     ASSERT_TRUE(metrics);
-    if (metrics->body.find("code=\"400\"} 1") != std::string::npos) break;
+    EXPECT_NE(metrics->get_header_value("Content-Type").find("text/plain"), std::string::npos);
+    text = metrics->body;
+    if (text.find("code=\"400\"} 1") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  const std::string& text = metrics->body;
   for (const char* line :
        {"transformer_requests_total{path=\"/v1/translate\",code=\"200\"} 1\n",
         "transformer_requests_total{path=\"/v1/translate\",code=\"400\"} 1\n",
