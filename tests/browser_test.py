@@ -83,7 +83,7 @@ def main():
         options = webdriver.ChromeOptions()
         options.binary_location = chromium
         for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1280,1000", "--no-first-run", "--disable-extensions"):
+                     "--window-size=1280,1500", "--no-first-run", "--disable-extensions"):
             options.add_argument(flag)
         browser = webdriver.Chrome(service=Service(executable_path=driver), options=options)
         wait = WebDriverWait(browser, 60)
