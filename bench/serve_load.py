@@ -7,8 +7,11 @@ batching disabled; each level is bounded in requests and in seconds. Reports thr
 (sentences/s, source and target tokens/s) and latency p50/p95/p99 per level, next to:
   - offline: `transformer translate` of the same verses in one process (model load excluded:
     the time of translating an empty input is subtracted);
-  - alone: each of the 1-client verses translated by its own `translate` process, minus that
-    same start-up time: what translating that sentence alone costs.
+  - alone (1 client): the same verses decoded one sentence per batch in one `translate`
+    process: what translating each sentence alone costs.
+Both servers run side by side, and each level measures batched, unbatched and offline one
+right after the other: this machine's speed drifts by tens of percent over minutes, and the
+ratios must compare runs made under the same conditions.
 Writes a Markdown table and JSON. Only 127.0.0.1 is ever contacted.
 
   serve_load.py --cli build/transformer --model DIR --verses FILE [--requests 256]
@@ -139,7 +142,7 @@ def main():
     parser.add_argument("--model", required=True)
     parser.add_argument("--verses", required=True)
     parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--alone", type=int, default=48, help="verses timed alone")
+    parser.add_argument("--alone", type=int, default=48, help="requests of the 1-client level")
     parser.add_argument("--levels", default="1,8,32,128")
     parser.add_argument("--max-seconds", type=float, default=60)
     parser.add_argument("--threads", type=int, default=2)
@@ -150,78 +153,78 @@ def main():
     args = parser.parse_args()
     verses = [v.strip() for v in open(args.verses, encoding="utf-8") if v.strip()]
     levels = [int(x) for x in args.levels.split(",")]
-    used = verses[:args.requests]
-
     beam = ["--beam", str(args.beam)]
-    # Offline, same verses, one process; start-up (model load) measured on an empty input.
+
+    # Start-up (model load) of a `translate` process, measured on an empty input.
     startup = statistics.median(translate_seconds(args.cli, args.model, args.threads, [], beam)
                                 for _ in range(3))
-    offline_seconds = translate_seconds(args.cli, args.model, args.threads, used, beam) - startup
-    # The 1-client verses each decoded alone (a batch budget of one sentence), in one process.
-    alone = used[:args.alone]
-    alone_seconds = translate_seconds(args.cli, args.model, args.threads, alone,
-                                      beam + ["--batch-tokens", "1"]) - startup
-
-    results = {"batched": [], "unbatched": []}
-    modes = [("batched", beam + args.serve_args.split())]
+    servers = {"batched": Server(args.cli, args.model, args.threads,
+                                 beam + args.serve_args.split())}
     if not args.skip_unbatched:
-        modes.append(("unbatched", beam + ["--no-batching"]))
-    for mode, extra in modes:
-        server = Server(args.cli, args.model, args.threads, extra)
-        load(server.port, used, 4, 8, args.max_seconds)  # warm-up
-        for clients in levels:
-            requests = args.alone if clients == 1 else args.requests
+        servers["unbatched"] = Server(args.cli, args.model, args.threads, beam + ["--no-batching"])
+    for server in servers.values():
+        load(server.port, verses, 4, 8, args.max_seconds)  # warm-up
+    results = {"batched": [], "unbatched": [], "offline": []}
+    for clients in levels:
+        requests = args.alone if clients == 1 else args.requests
+        used = verses[:requests]
+        for mode, server in servers.items():
             r = load(server.port, used, clients, requests, args.max_seconds)
             results[mode].append(r)
             print(f"{mode:9s} {clients:4d} clients: {r['sentences_per_s']:7.2f} sentences/s, "
                   f"p50 {r['p50_ms']:7.1f} ms, p99 {r['p99_ms']:7.1f} ms, {r['requests']} answers, "
                   f"{r['errors']} errors, client CPU {r['client_cpu_share']:.0%} of a core",
                   file=sys.stderr)
+        offline = {"sentences": len(used),
+                   "seconds": translate_seconds(args.cli, args.model, args.threads, used, beam)
+                   - startup}
+        offline["sentences_per_s"] = len(used) / offline["seconds"]
+        if clients == 1:  # each sentence alone: a batch budget of one sentence
+            alone = translate_seconds(args.cli, args.model, args.threads, used,
+                                      beam + ["--batch-tokens", "1"]) - startup
+            offline["alone_mean_ms"] = 1000 * alone / len(used)
+        results["offline"].append(offline)
+        print(f"offline   {clients:4d} clients: {offline['sentences_per_s']:7.2f} sentences/s",
+              file=sys.stderr)
+    for server in servers.values():
         server.stop()
-    tokens = results["batched"][-1]
-    per_sentence_source = tokens["source_tokens_per_s"] / tokens["sentences_per_s"]
-    per_sentence_target = tokens["target_tokens_per_s"] / tokens["sentences_per_s"]
-    offline = {"sentences": len(used), "seconds": offline_seconds,
-               "sentences_per_s": len(used) / offline_seconds,
-               "startup_seconds": startup,
-               "alone_sentences": len(alone), "alone_mean_ms": 1000 * alone_seconds / len(alone)}
     out = {"date": time.strftime("%Y-%m-%d"), "model": args.model, "verses": args.verses,
-           "beam": args.beam,
-           "threads": args.threads, "cpus": os.cpu_count(), "offline": offline, **results}
+           "beam": args.beam, "threads": args.threads, "cpus": os.cpu_count(),
+           "startup_seconds": startup, **results}
     with open(args.out + ".json", "w") as f:
         json.dump(out, f, indent=2)
 
     lines = [f"`transformer serve` load test, {out['date']}: {args.model}, {args.threads} threads, "
-             f"{os.cpu_count()} CPUs, verses of {args.verses} one per request (beam {args.beam}), clients "
-             f"on the same machine.", "",
-             "| clients | server | sentences/s | source tok/s | target tok/s | p50 ms | p95 ms | "
-             "p99 ms | vs offline | vs unbatched |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{os.cpu_count()} CPUs, verses of {args.verses} one per request (beam {args.beam}), "
+             f"clients on the same machine; each level's offline `translate` of the same verses "
+             f"ran right after it (model load of {startup * 1000:.0f} ms excluded).", "",
+             "| clients | sentences/s batched | unbatched | offline | source tok/s batched | "
+             "target tok/s batched | p50 / p95 / p99 ms batched | p50 / p95 / p99 ms unbatched "
+             "| batched vs offline | batched vs unbatched |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, clients in enumerate(levels):
-        b = results["batched"][i]
+        b, o = results["batched"][i], results["offline"][i]
         u = results["unbatched"][i] if results["unbatched"] else None
-        for name, r in (("batched", b), ("unbatched", u)):
-            if r is None:
-                continue
-            vs_u = f"{b['sentences_per_s'] / u['sentences_per_s']:.2f}x" if name == "batched" and u else ""
-            lines.append(
-                f"| {clients} | {name} | {r['sentences_per_s']:.1f} | {r['source_tokens_per_s']:.0f} "
-                f"| {r['target_tokens_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | "
-                f"{r['p99_ms']:.0f} | {r['sentences_per_s'] / offline['sentences_per_s']:.0%} | "
-                f"{vs_u} |")
-    lines += ["", f"Offline `translate` of the same {len(used)} verses: "
-              f"{offline['sentences_per_s']:.1f} sentences/s "
-              f"({offline['sentences_per_s'] * per_sentence_source:.0f} source tok/s, "
-              f"{offline['sentences_per_s'] * per_sentence_target:.0f} target tok/s; "
-              f"model load of {startup * 1000:.0f} ms excluded).",
-              f"The {len(alone)} verses of the 1-client level, each decoded alone in one "
-              f"`translate` process: {offline['alone_mean_ms']:.0f} ms per sentence on average; "
-              f"the server at 1 client answers in {results['batched'][0]['mean_ms']:.0f} ms on "
-              f"average (ratio {results['batched'][0]['mean_ms'] / offline['alone_mean_ms']:.2f})"
-              + (f", p99 {results['batched'][0]['p99_ms']:.0f} ms against the unbatched "
-                 f"server's {results['unbatched'][0]['p99_ms']:.0f} ms (ratio "
-                 f"{results['batched'][0]['p99_ms'] / results['unbatched'][0]['p99_ms']:.2f})."
-                 if results["unbatched"] else ".")]
+        lines.append(
+            f"| {clients} | {b['sentences_per_s']:.1f} | "
+            f"{u['sentences_per_s']:.1f} | " if u else f"| {clients} | {b['sentences_per_s']:.1f} | – | ")
+        lines[-1] += (
+            f"{o['sentences_per_s']:.1f} | {b['source_tokens_per_s']:.0f} | "
+            f"{b['target_tokens_per_s']:.0f} | {b['p50_ms']:.0f} / {b['p95_ms']:.0f} / "
+            f"{b['p99_ms']:.0f} | "
+            + (f"{u['p50_ms']:.0f} / {u['p95_ms']:.0f} / {u['p99_ms']:.0f}" if u else "–")
+            + f" | {b['sentences_per_s'] / o['sentences_per_s']:.0%} | "
+            + (f"{b['sentences_per_s'] / u['sentences_per_s']:.2f}x |" if u else "– |"))
+    first = results["offline"][0]
+    if "alone_mean_ms" in first:
+        b = results["batched"][0]
+        lines += ["", f"At 1 client the server answers in {b['mean_ms']:.0f} ms on average (p99 "
+                  f"{b['p99_ms']:.0f} ms); the same {first['sentences']} verses decoded alone "
+                  f"in `translate` take {first['alone_mean_ms']:.0f} ms each on average (ratio "
+                  f"{b['mean_ms'] / first['alone_mean_ms']:.2f})"
+                  + (f"; the unbatched server's p99 is {results['unbatched'][0]['p99_ms']:.0f} ms "
+                     f"(ratio {b['p99_ms'] / results['unbatched'][0]['p99_ms']:.2f})."
+                     if results["unbatched"] else ".")]
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
