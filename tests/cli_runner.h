@@ -5,6 +5,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -75,6 +76,15 @@ class CliWorkDir {
   std::string test_name_;
   mutable std::string dir_;
 };
+
+// Imports CTranslate2's Arabic→English transliteration test model (tests/data) into work/aren
+// with `import-ctranslate2` and returns that directory (callers keep it in a static).
+inline std::string import_transliteration_model(const CliWorkDir& work) {
+  const std::string data = std::string(TFM_FIXTURE_DIR) +
+                           "/../data/ctranslate2-aren-transliteration/aren-transliteration";
+  EXPECT_EQ(work.run_cli("import-ctranslate2 " + data + " -o " + work.path("aren")).exit_code, 0);
+  return work.path("aren");
+}
 
 // Starts `argv` (argv[0] is the program's path) in the background in a new process group,
 // stdout to /dev/null and stderr to `stderr_path`, through posix_spawn (no code runs between

@@ -33,12 +33,7 @@ using tfm::testing_support::CliWorkDir;
 CliWorkDir work("serve_test");
 
 const std::string& model_dir() {
-  static const std::string dir = [] {
-    const std::string data = std::string(TFM_FIXTURE_DIR) +
-                             "/../data/ctranslate2-aren-transliteration/aren-transliteration";
-    EXPECT_EQ(work.run_cli("import-ctranslate2 " + data + " -o " + work.path("aren")).exit_code, 0);
-    return work.path("aren");
-  }();
+  static const std::string dir = tfm::testing_support::import_transliteration_model(work);
   return dir;
 }
 

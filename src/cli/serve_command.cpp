@@ -4,7 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
-#include "kernels/gemm.h"
+#include "cli/search_options.h"
 #include "serve/http_server.h"
 #include "tensor/error.h"
 
@@ -12,7 +12,7 @@ namespace tfm {
 
 CommandRunner add_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServeSettings>();
-  auto compute_type = std::make_shared<std::string>("float32");
+  auto decoding = std::make_shared<SearchFlags>();  // the defaults of every request
   auto no_batching = std::make_shared<bool>(false);
   o->batcher.max_wait_ms = 5;
   app.add_option("--model", o->model, "Model directory (model.safetensors + vocabulary)")
@@ -21,24 +21,7 @@ CommandRunner add_serve_command(CLI::App& app) {
                  "Address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for all)");
   app.add_option("--port", o->port, "TCP port (default 8080; 0: any free port, printed)")
       ->check(in_range(0, 65535));
-  app.add_option("--beam", o->search.beam, "Default beam size; 1 is greedy (default 4)")
-      ->check(in_range(1, 1 << 20));
-  app.add_option("--alpha", o->search.alpha, "Default length penalty α (default 0.6)")
-      ->check(in_range(0, 10));
-  app.add_option("--max-length-a", o->search.max_length_a,
-                 "At most a·(source length) + b output tokens (default a 1)")
-      ->check(in_range(0, 1000));
-  app.add_option("--max-length-b", o->search.max_length_b, "... + b (default 50)")
-      ->check(in_range(0, 1 << 20));
-  app.add_option("--max-length", o->search.max_length,
-                 "Default hard cap on output tokens (default: none)")
-      ->check(in_range(1, 1 << 20));
-  app.add_option("--min-length", o->search.min_length,
-                 "At least this many output tokens before eos")
-      ->check(in_range(0, 1 << 20));
-  app.add_option("--compute-type", *compute_type,
-                 "Number format of the decoder's weight products: float32 (default) or bfloat16")
-      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  decoding->add_to(app);
   app.add_option("--batch-tokens", o->batcher.batch_tokens,
                  "Budget per decoded batch: sentences × longest source × beam (default 4096)")
       ->check(at_least(1));
@@ -90,15 +73,11 @@ CommandRunner add_serve_command(CLI::App& app) {
       "GET /metrics (Prometheus), POST /translate and GET /languages (LibreTranslate's API).\n"
       "Example:\n  transformer serve --model run --port 8080 &\n"
       "  curl -s localhost:8080/v1/translate -d '{\"text\": \"the house is small\"}'");
-  return [o, compute_type, no_batching] {
+  return [o, decoding, no_batching] {
+    o->search = decoding->resolve();
     if (o->search.beam > o->limits.max_beam)
       throw Error("--beam " + std::to_string(o->search.beam) + " exceeds --max-beam " +
                   std::to_string(o->limits.max_beam));
-    if (*compute_type == "bfloat16") {
-      if (!bfloat16_supported())
-        throw Error("--compute-type bfloat16 needs a CPU with AVX512-BF16 instructions");
-      o->search.precision = Precision::kBFloat16;
-    }
     o->batcher.batching = !*no_batching;
     run_server(*o);
   };

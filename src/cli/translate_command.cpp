@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
+#include "cli/search_options.h"
 #include "decode/beam_search.h"
 #include "decode/hypothesis_text.h"
 #include "io/file_util.h"
@@ -24,14 +25,14 @@ namespace {
 struct TranslateOptions {
   std::string model, input = "-", output;
   bool ids = false;
-  SearchOptions search;
-  int64_t nbest = 0;  // 0: plain output
+  SearchFlags decoding;  // --beam, --alpha, length limits, --compute-type
+  SearchOptions search;  // decoding, resolved when the command runs
+  int64_t nbest = 0;     // 0: plain output
   int64_t batch_tokens = 4096;
   std::string prefix, prefix_file;
   bool replace_unknowns = false;
   bool attention = false;
   std::string attention_file;  // JSON lines with every head of one layer
-  std::string compute_type = "float32";
 };
 
 // Source line i, encoded; empty when the line is empty or skipped.
@@ -62,14 +63,10 @@ void run_translate(TranslateOptions o) {
       bundle.source_vocabulary ? &*bundle.source_vocabulary : nullptr;
   const Vocabulary* target_vocabulary =
       bundle.target_vocabulary ? &*bundle.target_vocabulary : nullptr;
+  o.search = o.decoding.resolve();
   if (o.search.beam < 1) throw Error("--beam must be at least 1");
   if (o.nbest > o.search.beam) throw Error("--nbest cannot exceed --beam");
   if (o.replace_unknowns && o.ids) throw Error("--replace-unknowns needs text input, not --ids");
-  if (o.compute_type == "bfloat16") {
-    if (!bfloat16_supported())
-      throw Error("--compute-type bfloat16 needs a CPU with AVX512-BF16 instructions");
-    o.search.precision = Precision::kBFloat16;
-  }
   o.search.nbest = std::max<int64_t>(o.nbest, 1);
   o.search.attention = o.attention || o.replace_unknowns || !o.attention_file.empty();
   o.search.attention_per_head = !o.attention_file.empty();
@@ -228,21 +225,7 @@ CommandRunner add_translate_command(CLI::App& app) {
   app.add_option("-o,--output", o->output,
                  "Write translations here (atomically) instead of stdout");
   app.add_flag("--ids", o->ids, "Input and output are space-separated token ids");
-  app.add_option("--beam", o->search.beam, "Beam size; 1 is greedy search (default 4)")
-      ->check(in_range(1, 1 << 20));
-  app.add_option("--alpha", o->search.alpha,
-                 "Length penalty α: hypotheses are ranked by log p / ((5+|Y|)/6)^α (default 0.6)")
-      ->check(in_range(0, 10));
-  app.add_option("--max-length-a", o->search.max_length_a,
-                 "At most a·(source length) + b output tokens (default a 1)")
-      ->check(in_range(0, 1000));
-  app.add_option("--max-length-b", o->search.max_length_b, "... + b (default 50)")
-      ->check(in_range(0, 1 << 20));
-  app.add_option("--max-length", o->search.max_length, "Hard cap on output tokens (default: none)")
-      ->check(in_range(1, 1 << 20));
-  app.add_option("--min-length", o->search.min_length,
-                 "At least this many output tokens before eos")
-      ->check(in_range(0, 1 << 20));
+  o->decoding.add_to(app);
   app.add_option(
          "--nbest", o->nbest,
          "Print the K best hypotheses per input as `index ||| hypothesis ||| score` "
@@ -263,7 +246,7 @@ CommandRunner add_translate_command(CLI::App& app) {
       "the last decoder layer's cross-attention averaged over heads, comma-separated over "
       "source positions; tokens separated by spaces");
   app.add_option(
-         "--attention-layer", o->search.attention_layer,
+         "--attention-layer", o->decoding.search.attention_layer,
          "Decoder layer (0-based) whose cross-attention --attention / --attention-file report "
          "(default: the last)")
       ->check(at_least(0));
@@ -271,11 +254,6 @@ CommandRunner add_translate_command(CLI::App& app) {
       "--attention-file", o->attention_file,
       "Write JSON lines {line, source, target, layer, attention[head][target][source]} with "
       "every head of that layer, for visualisation");
-  app.add_option("--compute-type", o->compute_type,
-                 "Number format of the decoder's weight products: float32 (default) or "
-                 "bfloat16 (half the weight memory, ~1.3x faster decoding on CPUs with "
-                 "AVX512-BF16; log-probabilities move by ~1e-2)")
-      ->check(CLI::IsMember({"float32", "bfloat16"}));
   app.footer(
       "Example:\n  echo 'the house is small' | transformer translate --model run --beam 4\n"
       "  transformer translate --model run -i test.en -o test.out --nbest 4");

@@ -1,0 +1,21 @@
+// The decoding flags that `translate` and `serve` share (beam, length penalty, length limits,
+// compute type), registered once so both commands spell, bound and explain them the same way.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "decode/beam_search.h"
+
+namespace tfm {
+
+struct SearchFlags {
+  SearchOptions search;
+  std::string compute_type = "float32";
+
+  void add_to(CLI::App& app);
+  // search with the precision of --compute-type; throws Error for bfloat16 on a CPU without it.
+  SearchOptions resolve() const;
+};
+
+}  // namespace tfm
