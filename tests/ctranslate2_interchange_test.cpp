@@ -196,12 +196,15 @@ TEST(CTranslate2Export, RoundTripIsIdentityForEveryFixtureModel) {
     if (file.find('.') != file.rfind('.') || entry.path().extension() != ".safetensors") continue;
     const Model model = load_model(entry.path().string());
     const ModelConfig& c = model.config();
-    if (c.self_attention_window >= 0) {
+    if (c.self_attention_window >= 0 || c.attention == AttentionScoring::kAdditive) {
       try {
         export_to(model, "refused", CtQuantization::kFloat32);
-        ADD_FAILURE() << file << ": restricted attention exported";
+        ADD_FAILURE() << file << ": restricted or additive attention exported";
       } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("restricted self-attention"), std::string::npos);
+        EXPECT_NE(std::string(e.what()).find(c.self_attention_window >= 0 ? "restricted self-attention"
+                                                                        : "additive attention"),
+                  std::string::npos)
+            << e.what();
       }
       continue;
     }
@@ -337,6 +340,33 @@ TEST(CTranslate2Import, FeaturesAreRefusedOnlyWhenSwitchedOn) {
         m["decoder/sliding_window"] = scalar(0);
         d["decoder/sliding_window"] = CtDtype::kI16;
       })));
+  // queries_scale: 1/sqrt(d_k) is the paper's attention, 1 on every layer unscaled dot products
+  // (what the exporter writes for attention "dot"); anything else, or a mix, is refused.
+  auto set_queries_scale = [](float encoder, float decoder) {
+    return [=](TensorMap& m, auto& d) {
+      for (const char* name : {"encoder/layer_0/self_attention/queries_scale",
+                               "encoder/layer_1/self_attention/queries_scale"}) {
+        m[name] = scalar(encoder);
+        d[name] = CtDtype::kF32;
+      }
+      for (const char* name : {"decoder/layer_0/self_attention/queries_scale",
+                               "decoder/layer_1/attention/queries_scale"}) {
+        m[name] = scalar(decoder);
+        d[name] = CtDtype::kF32;
+      }
+    };
+  };
+  EXPECT_EQ(import_ctranslate2(edited_copy("paper_post", "unscaled", set_queries_scale(1.f, 1.f)))
+                .config.attention,
+            AttentionScoring::kDot);
+  EXPECT_EQ(import_ctranslate2(edited_copy("paper_post", "scaled",
+                                           set_queries_scale(0.5f, 1.f / std::sqrt(4.f))))
+                .config.attention,
+            AttentionScoring::kScaledDot);
+  expect_refused(edited_copy("paper_post", "scale_mixed", set_queries_scale(1.f, 0.5f)),
+                 "a query scale other than 1/sqrt(d_k) or 1");
+  expect_refused(edited_copy("paper_post", "scale_other", set_queries_scale(0.3f, 0.3f)),
+                 "a query scale other than 1/sqrt(d_k) or 1");
   // The embedding scale may be a float (fairseq's converter): sqrt(d_model) or 1.
   const ModelConfig scaled =
       import_ctranslate2(edited_copy("paper_post", "scale_f", [](TensorMap& m, auto& d) {

@@ -136,6 +136,17 @@ std::vector<CtVariable> spec_flags(const ModelConfig& c) {
   flags.push_back(ct_int16_scalar("decoder/alignment_layer", -1));
   flags.push_back(ct_int8_scalar("decoder/scale_alibi", 0));
   flags.push_back(ct_int8_scalar("decoder/start_from_zero_embedding", 0));
+  // Unscaled dot-product attention: every attention layer's queries_scale is 1 (CTranslate2's
+  // MultiHeadAttention reads it per layer; absent, it is 1/sqrt(d_k)).
+  if (c.attention == AttentionScoring::kDot) {
+    for (int64_t i = 0; i < c.encoder_layers; ++i)
+      flags.push_back(ct_float32_scalar(
+          "encoder/layer_" + std::to_string(i) + "/self_attention/queries_scale", 1.f));
+    for (int64_t i = 0; i < c.decoder_layers; ++i)
+      for (const char* scope : {"/self_attention", "/attention"})
+        flags.push_back(ct_float32_scalar(
+            "decoder/layer_" + std::to_string(i) + scope + "/queries_scale", 1.f));
+  }
   return flags;
 }
 
@@ -145,6 +156,9 @@ void check_exportable(const ModelConfig& c, const CTranslate2Tokens& tokens) {
                 std::to_string(c.self_attention_window) +
                 ") has no CTranslate2 equivalent: its sliding_window only bounds the decoder's "
                 "cache, the encoder would attend everywhere");
+  if (c.attention == AttentionScoring::kAdditive)
+    throw Error("additive attention (config \"attention\": \"additive\") has no CTranslate2 "
+                "equivalent");
   if (c.heads > 32767) throw Error("CTranslate2 stores num_heads as int16");
   if (int64_t(tokens.source.size()) != c.src_vocab_size ||
       int64_t(tokens.target.size()) != c.tgt_vocab_size)

@@ -160,7 +160,10 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
     return s.size() > end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
   };
   for (auto& [name, variable] : raw) {
-    if (ends_with(name, suffix)) continue;
+    // A weight's quantisation scale is read with its weight below; other names that end in
+    // "_scale" (an attention's queries_scale) are variables of their own.
+    if (ends_with(name, suffix) && raw.count(name.substr(0, name.size() - suffix.size())))
+      continue;
     result.stored_dtypes[name] = variable.dtype;
     auto scale_it = raw.find(name + suffix);
     const bool integer_weight =
@@ -237,6 +240,10 @@ CtVariable ct_int8_scalar(const std::string& name, int8_t value) {
 
 CtVariable ct_int16_scalar(const std::string& name, int16_t value) {
   return {name, CtDtype::kI16, {}, to_bytes(std::vector<int16_t>{value})};
+}
+
+CtVariable ct_float32_scalar(const std::string& name, float value) {
+  return {name, CtDtype::kF32, {}, to_bytes(std::vector<float>{value})};
 }
 
 void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, const Tensor& tensor,

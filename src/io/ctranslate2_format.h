@@ -43,6 +43,7 @@ struct CtVariable {
 // A scalar flag as the spec stores it (booleans and enums int8, counts int16).
 CtVariable ct_int8_scalar(const std::string& name, int8_t value);
 CtVariable ct_int16_scalar(const std::string& name, int16_t value);
+CtVariable ct_float32_scalar(const std::string& name, float value);  // e.g. queries_scale
 
 // Appends `tensor` as CTranslate2's ModelSpec._quantize would store it: a quantizable weight
 // (a Linear's or an Embeddings' `weight`) becomes int8 with a per-row `<name>_scale`

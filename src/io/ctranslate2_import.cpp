@@ -219,6 +219,12 @@ void read_architecture(SpecVariables& v, ModelConfig& c) {
   if (encoder_activation != decoder_activation)
     v.refuse("different activations in the encoder and the decoder");
   c.activation = encoder_activation;
+  // Dot products without the 1/sqrt(d_k) factor: queries_scale 1 (every attention scope is
+  // checked against this one in refuse_scope_features).
+  const auto first_scale = v.file().variables.find("encoder/layer_0/self_attention/queries_scale");
+  if (first_scale != v.file().variables.end() && first_scale->second.numel() == 1 &&
+      first_scale->second.data[0] == 1.f)
+    c.attention = AttentionScoring::kDot;
   check_stack_flags(v, "encoder");
   check_stack_flags(v, "decoder");
 }
@@ -354,11 +360,14 @@ void refuse_scope_features(SpecVariables& v, const std::string& scope, const Mod
     v.refuse("multi-query or grouped-query attention (num_heads_kv)");
   if (v.has(scope + "/head_dim") && v.take_scalar(scope + "/head_dim", 0.0) != double(c.head_dim()))
     v.refuse("a head size other than d_model / heads (head_dim)");
-  if (v.has(scope + "/queries_scale")) {
+  if (v.has(scope + "/queries_scale")) {  // 1/sqrt(d_k) (the default) or 1 (unscaled dot)
     const double scale = v.take_scalar(scope + "/queries_scale", 0.0),
-                 expected = 1.0 / std::sqrt(double(c.head_dim()));
+                 expected = c.attention == AttentionScoring::kDot
+                                ? 1.0
+                                : 1.0 / std::sqrt(double(c.head_dim()));
     if (std::fabs(scale - expected) > 1e-6 * expected)
-      v.refuse("a query scale other than 1/sqrt(d_k) (queries_scale)");
+      v.refuse("a query scale other than 1/sqrt(d_k) or 1, or one that differs between "
+               "attention layers (queries_scale)");
   }
   if (v.has(scope + "/layer_scalar") && v.take_scalar(scope + "/layer_scalar", 1.0) != 1.0)
     v.refuse("a scaled layer output (layer_scalar)");

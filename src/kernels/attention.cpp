@@ -1,8 +1,9 @@
 // attention_forward(): per (sequence, head) and block of queries the scores come from one GEMM
-// over the block's visible keys (Q·Kᵀ, transpose absorbed by the GEMM flag), then scale, mask
-// and softmax run in one pass per row, then a second GEMM multiplies by V; without a weights
-// buffer, the keys are streamed with an online softmax instead. OpenMP spreads the
-// batch × heads pairs over the threads; the GEMMs inside run single-threaded.
+// over the block's visible keys (Q·Kᵀ, transpose absorbed by the GEMM flag) — or, for additive
+// scores, from a vectorised loop over (query, key) pairs — then scale, mask and softmax run in
+// one pass per row, then a second GEMM multiplies by V; without a weights buffer, the keys are
+// streamed with an online softmax instead. OpenMP spreads the batch × heads pairs over the
+// threads; the GEMMs inside run single-threaded.
 #include "kernels/attention.h"
 
 #include <algorithm>
@@ -16,7 +17,60 @@
 
 namespace tfm {
 
+float attention_score_scale(AttentionScoring kind, int64_t head_dim) {
+  return kind == AttentionScoring::kScaledDot ? 1.f / std::sqrt(float(head_dim)) : 1.f;
+}
+
 namespace {
+
+// One additive logit: Σ_c v[c]·tanh(q[c] + k[c]) over the d entries of a head.
+inline float additive_score(const float* q, const float* k, const float* v, int64_t d) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < d; ++c) sum += v[c] * fast_tanh(q[c] + k[c]);
+  return sum;
+}
+
+// Unscaled logits of one head for `rows` queries × `cols` keys: scores[r * ld + c] is query r's
+// logit for key c. v_head: the head's additive vector [d] (additive scores only).
+void head_scores(AttentionScoring kind, int64_t rows, int64_t cols, int64_t d, const float* q,
+                 int64_t q_stride, const float* k, int64_t k_stride, const float* v_head,
+                 float* scores, int64_t ld) {
+  if (kind != AttentionScoring::kAdditive) {
+    gemm(false, true, rows, cols, d, 1.f, q, q_stride, k, k_stride, 0.f, scores, ld);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      scores[r * ld + c] = additive_score(q + r * q_stride, k + c * k_stride, v_head, d);
+}
+
+// Backward of head_scores for additive logits, given d_scores [rows, cols] (row stride ld):
+// with t = tanh(q_r + k_c), u = dS[r, c]·v ⊙ (1 − t²): dq_r += u, dk_c += u, dv += dS[r, c]·t.
+// tanh is recomputed per pair, so nothing of size rows × cols × d is ever stored.
+void additive_scores_backward(int64_t rows, int64_t cols, int64_t d, const float* q,
+                              int64_t q_stride, const float* k, int64_t k_stride,
+                              const float* v_head, const float* d_scores, int64_t ld, float* dq,
+                              int64_t dq_stride, float* dk, int64_t dk_stride, float* dv_head) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* q_r = q + r * q_stride;
+    float* dq_r = dq + r * dq_stride;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float g = d_scores[r * ld + c];
+      if (g == 0.f) continue;  // masked keys (and exact zeros) contribute nothing
+      const float* k_c = k + c * k_stride;
+      float* dk_c = dk + c * dk_stride;
+#pragma omp simd
+      for (int64_t e = 0; e < d; ++e) {
+        const float t = fast_tanh(q_r[e] + k_c[e]);
+        const float u = g * v_head[e] * (1.f - t * t);
+        dq_r[e] += u;
+        dk_c[e] += u;
+        dv_head[e] += g * t;
+      }
+    }
+  }
+}
 
 // Visible key range [begin, end) of one query row under the mask.
 inline void visible_keys(const AttentionMask& mask, int64_t key_count, int64_t query_position,
@@ -103,7 +157,8 @@ int64_t query_block(const AttentionShape& s, const AttentionMask& mask) {
 // a time with an online softmax (running max m, running sum l, unnormalised output acc), so a
 // thread holds O(kQueryBlock · kKeyBlock) scores, never the Tq × Tk matrix.
 void streamed_attention(const AttentionShape& s, const AttentionMask& mask, int64_t key_count,
-                        float scale, const float* q, const float* k, const float* v, float* out) {
+                        float scale, const float* v_head, const float* q, const float* k,
+                        const float* v, float* out) {
   const int64_t d = s.head_dim;
   float* scratch = thread_scratch(kQueryBlock * (kKeyBlock + d + 2), 0);
   float* scores = scratch;                         // [kQueryBlock, kKeyBlock]
@@ -119,8 +174,8 @@ void streamed_attention(const AttentionShape& s, const AttentionMask& mask, int6
     std::fill_n(running_sum, rows, 0.f);
     for (int64_t j0 = lo; j0 < hi; j0 += kKeyBlock) {
       const int64_t j1 = std::min(j0 + kKeyBlock, hi);
-      gemm(false, true, rows, j1 - j0, d, 1.f, q + t0 * s.q_row_stride, s.q_row_stride,
-           k + j0 * s.k_row_stride, s.k_row_stride, 0.f, scores, kKeyBlock);
+      head_scores(s.score.kind, rows, j1 - j0, d, q + t0 * s.q_row_stride, s.q_row_stride,
+                  k + j0 * s.k_row_stride, s.k_row_stride, v_head, scores, kKeyBlock);
       for (int64_t r = 0; r < rows; ++r) {
         float* row = scores + r * kKeyBlock;  // [j1 - j0], column c is key j0 + c
         int64_t begin, end;
@@ -182,9 +237,15 @@ void single_query_attention(const AttentionShape& s, const AttentionMask& mask, 
   float* out_b = out + b * s.out_row_stride;
   int64_t begin, end;
   visible_keys(mask, key_count, mask.query_offset, &begin, &end);
+  const float* additive_v = s.score.kind == AttentionScoring::kAdditive ? s.score.additive_v
+                                                                          : nullptr;
   for (int64_t j = begin; j < end; ++j) {
     const float* key = k_base + (rows ? int64_t(rows[j]) : j) * s.k_row_stride;
     for (int64_t h = 0; h < heads; ++h) {
+      if (additive_v) {
+        probs[h * s.key_len + j] = additive_score(q_b + h * d, key + h * d, additive_v + h * d, d);
+        continue;
+      }
       float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
       for (int64_t c = 0; c < d; ++c) dot += q_b[h * d + c] * key[h * d + c];
@@ -210,10 +271,13 @@ void single_query_attention(const AttentionShape& s, const AttentionMask& mask, 
 void attention_forward(const AttentionShape& s, const AttentionMask& mask, const float* q,
                        const float* k, const float* v, float* probs, float* out,
                        const AttentionDropout& dropout) {
-  const float scale = 1.f / std::sqrt(float(s.head_dim));
+  const float scale = attention_score_scale(s.score.kind, s.head_dim);
   const int64_t pairs = s.batch * s.heads;
   const int64_t pair_size = s.query_len * s.key_len;
   const int64_t block = query_block(s, mask);
+  const bool additive = s.score.kind == AttentionScoring::kAdditive;
+  if (additive && !s.score.additive_v)
+    throw std::invalid_argument("attention_forward: additive scores need their v vectors");
   if (!probs && dropout.p > 0.f)
     throw std::invalid_argument("attention_forward: dropout needs the probs buffer");
   if (s.key_rows && (s.query_len != 1 || dropout.p > 0.f))
@@ -240,10 +304,11 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
     const float* k_bh = k + kb * key_batch_stride(s) + h * s.head_dim;
     const float* v_bh = v + kb * value_batch_stride(s) + h * s.head_dim;
     float* out_bh = out + b * s.query_len * s.out_row_stride + h * s.head_dim;
+    const float* v_head = additive ? s.score.additive_v + h * s.head_dim : nullptr;  // [d_k]
     // [Tq, Tk] this pair's weights; null when the caller keeps none (streamed instead)
     float* p_bh = probs ? probs + pair * pair_size : nullptr;
     if (!p_bh) {
-      streamed_attention(s, mask, key_count, scale, q_bh, k_bh, v_bh, out_bh);
+      streamed_attention(s, mask, key_count, scale, v_head, q_bh, k_bh, v_bh, out_bh);
       continue;
     }
     for (int64_t t0 = 0; t0 < s.query_len; t0 += block) {
@@ -252,9 +317,9 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
       block_keys(mask, key_count, t0, t1, &lo, &hi);
       float* p_block = p_bh + t0 * s.key_len;  // [rows, Tk]
       if (hi > lo)
-        gemm(false, true, rows, hi - lo, s.head_dim, 1.f, q_bh + t0 * s.q_row_stride,
-             s.q_row_stride, k_bh + lo * s.k_row_stride, s.k_row_stride, 0.f, p_block + lo,
-             s.key_len);
+        head_scores(s.score.kind, rows, hi - lo, s.head_dim, q_bh + t0 * s.q_row_stride,
+                    s.q_row_stride, k_bh + lo * s.k_row_stride, s.k_row_stride, v_head,
+                    p_block + lo, s.key_len);
       for (int64_t t = t0; t < t1; ++t) {  // also zeroes the columns outside [lo, hi)
         int64_t begin, end;
         visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
@@ -277,11 +342,17 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
 void attention_backward(const AttentionShape& s, const AttentionMask& mask, const float* q,
                         const float* k, const float* v, const float* probs,
                         const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
-                        float* dv) {
-  const float scale = 1.f / std::sqrt(float(s.head_dim));
+                        float* dv, float* d_additive_v) {
+  const float scale = attention_score_scale(s.score.kind, s.head_dim);
   const int64_t pairs = s.batch * s.heads;
   const int64_t pair_size = s.query_len * s.key_len;
   const int64_t block = query_block(s, mask);
+  const bool additive = s.score.kind == AttentionScoring::kAdditive;
+  if (additive && (!s.score.additive_v || !d_additive_v))
+    throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
+  // [pairs, d_k] each pair's share of d_additive_v, summed over the batch after the loop (a
+  // fixed order, so the result does not depend on the thread count).
+  std::vector<float> pair_dv(additive ? size_t(pairs * s.head_dim) : 0, 0.f);
 #pragma omp parallel for schedule(dynamic, 1) if (pairs > 1)
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t b = pair / s.heads, h = pair % s.heads;
@@ -345,6 +416,17 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
 #pragma omp simd
         for (int64_t j = 0; j < width; ++j) row[j] = p_row[j] * (row[j] - dot) * scale;
       }
+      if (additive) {  // through v_hᵀ·tanh(q_i + k_j)
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t c = 0; c < s.head_dim; ++c) dq[q_offset + t * s.q_row_stride + c] = 0.f;
+        additive_scores_backward(rows, width, s.head_dim, q + q_offset + t0 * s.q_row_stride,
+                                 s.q_row_stride, k + k_offset + lo * s.k_row_stride,
+                                 s.k_row_stride, s.score.additive_v + h * s.head_dim, d_scores,
+                                 width, dq + q_offset + t0 * s.q_row_stride, s.q_row_stride,
+                                 dk + k_offset + lo * s.k_row_stride, s.k_row_stride,
+                                 pair_dv.data() + pair * s.head_dim);
+        continue;
+      }
       // dQ = dS · K, dK += dSᵀ · Q.
       gemm(false, false, rows, s.head_dim, width, 1.f, d_scores, width,
            k + k_offset + lo * s.k_row_stride, s.k_row_stride, 0.f,
@@ -354,6 +436,10 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
            dk + k_offset + lo * s.k_row_stride, s.k_row_stride);
     }
   }
+  if (additive)
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t i = 0; i < s.heads * s.head_dim; ++i)
+        d_additive_v[i] += pair_dv[size_t(b * s.heads * s.head_dim + i)];
 }
 
 }  // namespace tfm

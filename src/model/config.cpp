@@ -30,6 +30,9 @@ const EnumName<PositionEncoding> kPositionNames[] = {{PositionEncoding::kSinusoi
                                                      {PositionEncoding::kNone, "none"}};
 const EnumName<SinusoidLayout> kLayoutNames[] = {{SinusoidLayout::kInterleaved, "interleaved"},
                                                  {SinusoidLayout::kConcat, "concat"}};
+const EnumName<AttentionScoring> kAttentionNames[] = {{AttentionScoring::kScaledDot, "scaled_dot"},
+                                                      {AttentionScoring::kDot, "dot"},
+                                                      {AttentionScoring::kAdditive, "additive"}};
 
 template <typename Enum, size_t N>
 const char* enum_to_name(const EnumName<Enum> (&names)[N], Enum value) {
@@ -86,6 +89,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
                                               "position_offset",
                                               "max_positions",
                                               "self_attention_window",
+                                              "attention",
                                               "pad_id",
                                               "bos_id",
                                               "eos_id",
@@ -137,6 +141,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
       throw Error(where + ": config key \"layer_norm_eps\" must be a number");
     c.layer_norm_eps = j["layer_norm_eps"].get<double>();
   }
+  if (j.contains("attention"))
+    c.attention = enum_from_json(kAttentionNames, j["attention"], "attention", where);
   if (j.contains("self_attention_window") && !j["self_attention_window"].is_null())
     c.self_attention_window =
         int_from_json(j["self_attention_window"], "self_attention_window", where);
@@ -173,6 +179,7 @@ nlohmann::json config_to_json(const ModelConfig& c) {
   j["self_attention_window"] = c.self_attention_window < 0
                                    ? nlohmann::json(nullptr)
                                    : nlohmann::json(c.self_attention_window);
+  j["attention"] = enum_to_name(kAttentionNames, c.attention);
   j["pad_id"] = c.pad_id;
   j["bos_id"] = c.bos_id;
   j["eos_id"] = c.eos_id;
@@ -268,6 +275,8 @@ std::vector<ParameterSpec> parameter_specs(const ModelConfig& c) {
   };
   auto add_attention = [&](const std::string& prefix) {
     for (const char* p : {"q", "k", "v", "o"}) add_linear(prefix + "." + p, d, d);
+    if (c.attention == AttentionScoring::kAdditive)
+      specs.push_back({prefix + ".additive_v", {c.heads, c.head_dim()}});
   };
   auto add_ffn = [&](const std::string& prefix) {
     add_linear(prefix + ".fc1", c.d_ff, d);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "tensor/tensor.h"
 
@@ -37,6 +38,7 @@ struct ModelConfig {
   int64_t position_offset = 0;
   int64_t max_positions = 1024;
   int64_t self_attention_window = -1;  // -1: null (full attention)
+  AttentionScoring attention = AttentionScoring::kScaledDot;  // every attention's logits
   int64_t pad_id = 0;
   int64_t bos_id = 1;
   int64_t eos_id = 2;

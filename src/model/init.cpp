@@ -43,6 +43,11 @@ Model init_model(const ModelConfig& config, uint64_t seed) {
     } else if (is_norm(spec.name)) {
       const float value = ends_with(spec.name, ".weight") ? 1.f : 0.f;
       for (int64_t i = 0; i < n; ++i) p[i] = value;
+    } else if (ends_with(spec.name, ".additive_v")) {
+      // Xavier-uniform of each head's [1, d_k] map tanh(q + k) -> logit: with tanh outputs of
+      // variance ~1/2 the initial logits have variance ~1 at every d_k.
+      const float bound = std::sqrt(6.f / float(config.head_dim() + 1));
+      for (int64_t i = 0; i < n; ++i) p[i] = random.uniform(-bound, bound);
     } else if (spec.shape.size() == 2) {  // Xavier-uniform on [out, in]
       const float bound = std::sqrt(6.f / float(spec.shape[0] + spec.shape[1]));
       for (int64_t i = 0; i < n; ++i) p[i] = random.uniform(-bound, bound);

@@ -30,8 +30,10 @@ void linear_backward(const LinearWeights& w, const Linear<float>& g, const float
 
 namespace {
 
-AttentionShape attention_shape(const AttentionInputs& in, int64_t heads, int64_t d) {
+AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs& in,
+                               int64_t heads, int64_t d) {
   AttentionShape shape;
+  shape.score = {w.scoring, w.additive_v};
   shape.batch = in.batch;
   shape.heads = heads;
   shape.query_len = in.query_len;
@@ -63,7 +65,7 @@ void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
     dropout.mask = ensure_size(cache.dropout_mask, prob_count);
     dropout.key = in.dropout_key;
   }
-  attention_forward(attention_shape(in, heads, d), in.mask, q, k, v, probs, context, dropout);
+  attention_forward(attention_shape(w, in, heads, d), in.mask, q, k, v, probs, context, dropout);
   linear_forward(w.o, context, query_rows, out);
 }
 
@@ -83,14 +85,16 @@ void multi_head_attention_backward(const AttentionWeights& w, const Attention<fl
     dropout.p = in.dropout;
     dropout.mask = cache.dropout_mask.data();
   }
-  attention_backward(attention_shape(in, heads, d), in.mask, cache.q.data(), cache.k.data(),
-                     cache.v.data(), cache.probs.data(), dropout, d_context, dq, dk, dv);
+  attention_backward(attention_shape(w, in, heads, d), in.mask, cache.q.data(), cache.k.data(),
+                     cache.v.data(), cache.probs.data(), dropout, d_context, dq, dk, dv,
+                     g.additive_v);
   linear_backward(w.q, g.q, in.query_input, dq, query_rows, d_query_input, accumulate);
-  // The key bias adds q·b_k to every logit of a query's row, which softmax ignores: its gradient
-  // is exactly zero. Computing it would give float rounding noise, which Adam's m/√v scales up
-  // to steps of ~lr (and which differs between data-parallel replicas), so it stays zero.
+  // With dot-product scores the key bias adds q·b_k to every logit of a query's row, which
+  // softmax ignores: its gradient is exactly zero. Computing it would give float rounding noise,
+  // which Adam's m/√v scales up to steps of ~lr (and which differs between data-parallel
+  // replicas), so it stays zero. Inside additive scores' tanh(q + k) the bias does matter.
   Linear<float> key_grads = g.k;
-  key_grads.bias = nullptr;
+  if (w.scoring != AttentionScoring::kAdditive) key_grads.bias = nullptr;
   linear_backward(w.k, key_grads, in.memory_input, dk, key_rows, d_memory_input, true);
   linear_backward(w.v, g.v, in.memory_input, dv, key_rows, d_memory_input, true);
 }

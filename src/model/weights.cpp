@@ -38,23 +38,29 @@ FeedForward<F> bind_ffn(Map& tensors, const std::string& prefix) {
 }
 
 template <typename F, typename Map>
-Attention<F> bind_attention_of(Map& tensors, const std::string& prefix) {
-  return {bind_linear<F>(tensors, prefix + ".q"), bind_linear<F>(tensors, prefix + ".k"),
-          bind_linear<F>(tensors, prefix + ".v"), bind_linear<F>(tensors, prefix + ".o")};
+Attention<F> bind_attention_of(Map& tensors, const std::string& prefix, AttentionScoring scoring) {
+  Attention<F> a{bind_linear<F>(tensors, prefix + ".q"), bind_linear<F>(tensors, prefix + ".k"),
+                 bind_linear<F>(tensors, prefix + ".v"), bind_linear<F>(tensors, prefix + ".o")};
+  a.scoring = scoring;
+  if (scoring == AttentionScoring::kAdditive)
+    a.additive_v = find(tensors, prefix + ".additive_v").ptr();
+  return a;
 }
 
 template <typename F, typename Map>
-EncoderLayer<F> bind_encoder_layer_of(Map& tensors, const std::string& prefix) {
-  return {bind_attention_of<F>(tensors, prefix + ".self_attn"),
+EncoderLayer<F> bind_encoder_layer_of(Map& tensors, const std::string& prefix,
+                                      AttentionScoring scoring) {
+  return {bind_attention_of<F>(tensors, prefix + ".self_attn", scoring),
           bind_norm<F>(tensors, prefix + ".norm1"), bind_ffn<F>(tensors, prefix + ".ffn"),
           bind_norm<F>(tensors, prefix + ".norm2")};
 }
 
 template <typename F, typename Map>
-DecoderLayer<F> bind_decoder_layer_of(Map& tensors, const std::string& prefix) {
-  return {bind_attention_of<F>(tensors, prefix + ".self_attn"),
+DecoderLayer<F> bind_decoder_layer_of(Map& tensors, const std::string& prefix,
+                                      AttentionScoring scoring) {
+  return {bind_attention_of<F>(tensors, prefix + ".self_attn", scoring),
           bind_norm<F>(tensors, prefix + ".norm1"),
-          bind_attention_of<F>(tensors, prefix + ".cross_attn"),
+          bind_attention_of<F>(tensors, prefix + ".cross_attn", scoring),
           bind_norm<F>(tensors, prefix + ".norm2"),
           bind_ffn<F>(tensors, prefix + ".ffn"),
           bind_norm<F>(tensors, prefix + ".norm3")};
@@ -84,10 +90,10 @@ TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors) {
   }
   for (int64_t i = 0; i < config.encoder_layers; ++i)
     w.encoder_layers.push_back(
-        bind_encoder_layer_of<F>(tensors, "encoder.layers." + std::to_string(i)));
+        bind_encoder_layer_of<F>(tensors, "encoder.layers." + std::to_string(i), config.attention));
   for (int64_t i = 0; i < config.decoder_layers; ++i)
     w.decoder_layers.push_back(
-        bind_decoder_layer_of<F>(tensors, "decoder.layers." + std::to_string(i)));
+        bind_decoder_layer_of<F>(tensors, "decoder.layers." + std::to_string(i), config.attention));
   if (config.norm == NormPosition::kPre) {
     w.encoder_norm = bind_norm<F>(tensors, "encoder.norm");
     w.decoder_norm = bind_norm<F>(tensors, "decoder.norm");
@@ -97,16 +103,14 @@ TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors) {
 
 }  // namespace
 
-AttentionWeights bind_attention(const TensorMap& tensors, const std::string& prefix) {
-  return bind_attention_of<const float>(tensors, prefix);
+EncoderLayerWeights bind_encoder_layer(const TensorMap& tensors, const std::string& prefix,
+                                       AttentionScoring scoring) {
+  return bind_encoder_layer_of<const float>(tensors, prefix, scoring);
 }
 
-EncoderLayerWeights bind_encoder_layer(const TensorMap& tensors, const std::string& prefix) {
-  return bind_encoder_layer_of<const float>(tensors, prefix);
-}
-
-DecoderLayerWeights bind_decoder_layer(const TensorMap& tensors, const std::string& prefix) {
-  return bind_decoder_layer_of<const float>(tensors, prefix);
+DecoderLayerWeights bind_decoder_layer(const TensorMap& tensors, const std::string& prefix,
+                                       AttentionScoring scoring) {
+  return bind_decoder_layer_of<const float>(tensors, prefix, scoring);
 }
 
 void check_parameter_shapes(const ModelConfig& config, const std::map<std::string, Shape>& shapes,

@@ -28,6 +28,8 @@ struct LayerNormParams {
 template <typename F>
 struct Attention {
   Linear<F> q, k, v, o;
+  AttentionScoring scoring = AttentionScoring::kScaledDot;  // config "attention"
+  F* additive_v = nullptr;  // [heads, d_k] when scoring is additive, else null
 };
 
 template <typename F>
@@ -91,8 +93,10 @@ TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tens
 TransformerGradients bind_gradients(const ModelConfig& config, TensorMap& gradients);
 
 // Single-layer binders used by tests and tools: prefix like "encoder.layers.0".
-EncoderLayerWeights bind_encoder_layer(const TensorMap& tensors, const std::string& prefix);
-DecoderLayerWeights bind_decoder_layer(const TensorMap& tensors, const std::string& prefix);
-AttentionWeights bind_attention(const TensorMap& tensors, const std::string& prefix);
+// The layer's attentions score with `scoring` (additive: their .additive_v tensors are bound).
+EncoderLayerWeights bind_encoder_layer(const TensorMap& tensors, const std::string& prefix,
+                                       AttentionScoring scoring = AttentionScoring::kScaledDot);
+DecoderLayerWeights bind_decoder_layer(const TensorMap& tensors, const std::string& prefix,
+                                       AttentionScoring scoring = AttentionScoring::kScaledDot);
 
 }  // namespace tfm
