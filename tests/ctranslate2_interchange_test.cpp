@@ -201,9 +201,10 @@ TEST(CTranslate2Export, RoundTripIsIdentityForEveryFixtureModel) {
         export_to(model, "refused", CtQuantization::kFloat32);
         ADD_FAILURE() << file << ": restricted or additive attention exported";
       } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(c.self_attention_window >= 0 ? "restricted self-attention"
-                                                                        : "additive attention"),
-                  std::string::npos)
+        EXPECT_NE(
+            std::string(e.what()).find(c.self_attention_window >= 0 ? "restricted self-attention"
+                                                                    : "additive attention"),
+            std::string::npos)
             << e.what();
       }
       continue;
@@ -359,8 +360,8 @@ TEST(CTranslate2Import, FeaturesAreRefusedOnlyWhenSwitchedOn) {
   EXPECT_EQ(import_ctranslate2(edited_copy("paper_post", "unscaled", set_queries_scale(1.f, 1.f)))
                 .config.attention,
             AttentionScoring::kDot);
-  EXPECT_EQ(import_ctranslate2(edited_copy("paper_post", "scaled",
-                                           set_queries_scale(0.5f, 1.f / std::sqrt(4.f))))
+  EXPECT_EQ(import_ctranslate2(
+                edited_copy("paper_post", "scaled", set_queries_scale(0.5f, 1.f / std::sqrt(4.f))))
                 .config.attention,
             AttentionScoring::kScaledDot);
   expect_refused(edited_copy("paper_post", "scale_mixed", set_queries_scale(1.f, 0.5f)),

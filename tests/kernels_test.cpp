@@ -134,6 +134,21 @@ bool reference_visible(const AttentionMask& mask, int64_t valid, int64_t positio
   return visible;
 }
 
+// The logit of query i and key j of sequence b, head h, in double: (scaled) dot product or
+// v_hᵀ·tanh(q + k) (s.score.additive_v).
+double reference_score(const AttentionShape& s, const std::vector<float>& q,
+                       const std::vector<float>& k, int64_t b, int64_t h, int64_t i, int64_t j) {
+  double sum = 0;
+  for (int64_t c = 0; c < s.head_dim; ++c) {
+    const double qc = q[size_t((b * s.query_len + i) * s.q_row_stride + h * s.head_dim + c)];
+    const double kc = k[size_t((b * s.key_len + j) * s.k_row_stride + h * s.head_dim + c)];
+    sum += s.score.kind == AttentionScoring::kAdditive
+               ? double(s.score.additive_v[h * s.head_dim + c]) * std::tanh(qc + kc)
+               : qc * kc;
+  }
+  return s.score.kind == AttentionScoring::kScaledDot ? sum / std::sqrt(double(s.head_dim)) : sum;
+}
+
 // Naive attention for one configuration; returns out [B, Tq, H*d].
 std::vector<float> reference_attention(const AttentionShape& s, const AttentionMask& mask,
                                        const std::vector<float>& q, const std::vector<float>& k,
@@ -148,11 +163,7 @@ std::vector<float> reference_attention(const AttentionShape& s, const AttentionM
         double max_score = -INFINITY;
         for (int64_t j = 0; j < s.key_len; ++j) {
           if (!reference_visible(mask, valid, position, j)) continue;
-          double dot = 0;
-          for (int64_t c = 0; c < s.head_dim; ++c)
-            dot += double(q[size_t((b * s.query_len + i) * s.q_row_stride + h * s.head_dim + c)]) *
-                   k[size_t((b * s.key_len + j) * s.k_row_stride + h * s.head_dim + c)];
-          scores[size_t(j)] = dot / std::sqrt(double(s.head_dim));
+          scores[size_t(j)] = reference_score(s, q, k, b, h, i, j);
           max_score = std::max(max_score, scores[size_t(j)]);
         }
         if (max_score == -INFINITY) continue;  // no visible key: zero output
@@ -169,37 +180,45 @@ std::vector<float> reference_attention(const AttentionShape& s, const AttentionM
   return out;
 }
 
+// Every scoring kind; additive_v gets values large enough to matter.
+const AttentionScoring kScorings[] = {AttentionScoring::kScaledDot, AttentionScoring::kDot,
+                                      AttentionScoring::kAdditive};
+
 TEST(Attention, MatchesReferenceWithEveryMask) {
-  for (int64_t head_dim : {1, 7, 64})
-    for (int64_t query_len : {1, 7, 37})
-      for (int variant = 0; variant < 5; ++variant) {
-        AttentionShape s;
-        s.batch = 3;
-        s.heads = 3;
-        s.head_dim = head_dim;
-        s.query_len = query_len;
-        s.key_len = variant == 4 ? 1 : (variant % 2 ? query_len : 9);
-        s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * head_dim;
-        std::vector<int32_t> lengths = {int32_t(s.key_len),
-                                        int32_t(std::max<int64_t>(s.key_len - 2, 1)), 0};
-        AttentionMask mask;
-        mask.key_lengths = lengths.data();
-        mask.causal = variant == 1 || variant == 3;
-        mask.window = variant >= 2 && variant < 4 ? 2 : -1;
-        mask.query_offset = variant == 3 ? 1 : 0;
-        auto q = random_vector(s.batch * s.query_len * s.q_row_stride, 31);
-        auto k = random_vector(s.batch * s.key_len * s.k_row_stride, 32);
-        auto v = random_vector(s.batch * s.key_len * s.v_row_stride, 33);
-        std::vector<float> probs(size_t(s.batch * s.heads * s.query_len * s.key_len));
-        std::vector<float> out(size_t(s.batch * s.query_len * s.out_row_stride), 123.f);
-        attention_forward(s, mask, q.data(), k.data(), v.data(), probs.data(), out.data());
-        auto expected = reference_attention(s, mask, q, k, v);
-        for (size_t i = 0; i < out.size(); ++i) {
-          ASSERT_FALSE(std::isnan(out[i]));
-          ASSERT_NEAR(out[i], expected[i], 1e-4)
-              << "variant " << variant << " d " << head_dim << " T " << query_len;
+  for (AttentionScoring scoring : kScorings)
+    for (int64_t head_dim : {1, 7, 64})
+      for (int64_t query_len : {1, 7, 37})
+        for (int variant = 0; variant < 5; ++variant) {
+          AttentionShape s;
+          const auto additive_v = random_vector(3 * head_dim, 34, 1.5f);
+          s.score = {scoring, additive_v.data()};
+          s.batch = 3;
+          s.heads = 3;
+          s.head_dim = head_dim;
+          s.query_len = query_len;
+          s.key_len = variant == 4 ? 1 : (variant % 2 ? query_len : 9);
+          s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * head_dim;
+          std::vector<int32_t> lengths = {int32_t(s.key_len),
+                                          int32_t(std::max<int64_t>(s.key_len - 2, 1)), 0};
+          AttentionMask mask;
+          mask.key_lengths = lengths.data();
+          mask.causal = variant == 1 || variant == 3;
+          mask.window = variant >= 2 && variant < 4 ? 2 : -1;
+          mask.query_offset = variant == 3 ? 1 : 0;
+          auto q = random_vector(s.batch * s.query_len * s.q_row_stride, 31);
+          auto k = random_vector(s.batch * s.key_len * s.k_row_stride, 32);
+          auto v = random_vector(s.batch * s.key_len * s.v_row_stride, 33);
+          std::vector<float> probs(size_t(s.batch * s.heads * s.query_len * s.key_len));
+          std::vector<float> out(size_t(s.batch * s.query_len * s.out_row_stride), 123.f);
+          attention_forward(s, mask, q.data(), k.data(), v.data(), probs.data(), out.data());
+          auto expected = reference_attention(s, mask, q, k, v);
+          for (size_t i = 0; i < out.size(); ++i) {
+            ASSERT_FALSE(std::isnan(out[i]));
+            ASSERT_NEAR(out[i], expected[i], 1e-4)
+                << "variant " << variant << " d " << head_dim << " T " << query_len << " scoring "
+                << int(scoring);
+          }
         }
-      }
 }
 
 // Weights not kept (probs null): the streamed online-softmax path, at lengths that span several
@@ -210,38 +229,41 @@ TEST(Attention, StreamedMatchesReferenceAcrossBlocks) {
     bool causal;
     int64_t window, offset;
   };
-  for (const Case& c :
-       {Case{300, 300, false, -1, 0}, Case{300, 300, true, -1, 0}, Case{300, 300, false, 5, 0},
-        Case{300, 300, true, 40, 0}, Case{70, 600, false, -1, 0}, Case{1, 600, true, 3, 599},
-        Case{65, 65, false, 0, 0}}) {
-    AttentionShape s;
-    s.batch = 2;
-    s.heads = 2;
-    s.head_dim = 16;
-    s.query_len = c.query_len;
-    s.key_len = c.key_len;
-    s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * s.head_dim;
-    std::vector<int32_t> lengths = {int32_t(c.key_len), int32_t(c.key_len * 2 / 3)};
-    AttentionMask mask;
-    mask.key_lengths = lengths.data();
-    mask.causal = c.causal;
-    mask.window = c.window;
-    mask.query_offset = c.offset;
-    auto q = random_vector(s.batch * s.query_len * s.q_row_stride, 41, 2.f);
-    auto k = random_vector(s.batch * s.key_len * s.k_row_stride, 42, 2.f);
-    auto v = random_vector(s.batch * s.key_len * s.v_row_stride, 43);
-    auto expected = reference_attention(s, mask, q, k, v);
-    std::vector<float> probs(size_t(s.batch * s.heads * s.query_len * s.key_len));
-    for (bool keep_weights : {true, false}) {
-      std::vector<float> out(expected.size(), 123.f);
-      attention_forward(s, mask, q.data(), k.data(), v.data(),
-                        keep_weights ? probs.data() : nullptr, out.data());
-      for (size_t i = 0; i < out.size(); ++i)
-        ASSERT_NEAR(out[i], expected[i], 2e-5)
-            << "Tq " << c.query_len << " Tk " << c.key_len << " causal " << c.causal << " window "
-            << c.window << " kept " << keep_weights << " at " << i;
+  const auto additive_v = random_vector(2 * 16, 44, 1.f);
+  for (AttentionScoring scoring : kScorings)
+    for (const Case& c :
+         {Case{300, 300, false, -1, 0}, Case{300, 300, true, -1, 0}, Case{300, 300, false, 5, 0},
+          Case{300, 300, true, 40, 0}, Case{70, 600, false, -1, 0}, Case{1, 600, true, 3, 599},
+          Case{65, 65, false, 0, 0}}) {
+      AttentionShape s;
+      s.score = {scoring, additive_v.data()};
+      s.batch = 2;
+      s.heads = 2;
+      s.head_dim = 16;
+      s.query_len = c.query_len;
+      s.key_len = c.key_len;
+      s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * s.head_dim;
+      std::vector<int32_t> lengths = {int32_t(c.key_len), int32_t(c.key_len * 2 / 3)};
+      AttentionMask mask;
+      mask.key_lengths = lengths.data();
+      mask.causal = c.causal;
+      mask.window = c.window;
+      mask.query_offset = c.offset;
+      auto q = random_vector(s.batch * s.query_len * s.q_row_stride, 41, 2.f);
+      auto k = random_vector(s.batch * s.key_len * s.k_row_stride, 42, 2.f);
+      auto v = random_vector(s.batch * s.key_len * s.v_row_stride, 43);
+      auto expected = reference_attention(s, mask, q, k, v);
+      std::vector<float> probs(size_t(s.batch * s.heads * s.query_len * s.key_len));
+      for (bool keep_weights : {true, false}) {
+        std::vector<float> out(expected.size(), 123.f);
+        attention_forward(s, mask, q.data(), k.data(), v.data(),
+                          keep_weights ? probs.data() : nullptr, out.data());
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], expected[i], 2e-5)
+              << "Tq " << c.query_len << " Tk " << c.key_len << " causal " << c.causal << " window "
+              << c.window << " kept " << keep_weights << " scoring " << int(scoring) << " at " << i;
+      }
     }
-  }
 }
 
 // Double-precision gradients of reference_attention: dq, dk, dv for upstream d_out.
@@ -249,11 +271,14 @@ void reference_attention_backward(const AttentionShape& s, const AttentionMask& 
                                   const std::vector<float>& q, const std::vector<float>& k,
                                   const std::vector<float>& v, const std::vector<float>& d_out,
                                   std::vector<double>& dq, std::vector<double>& dk,
-                                  std::vector<double>& dv) {
+                                  std::vector<double>& dv, std::vector<double>& d_additive_v) {
   dq.assign(q.size(), 0.0);
   dk.assign(k.size(), 0.0);
   dv.assign(v.size(), 0.0);
-  const double scale = 1.0 / std::sqrt(double(s.head_dim));
+  d_additive_v.assign(size_t(s.heads * s.head_dim), 0.0);
+  const bool additive = s.score.kind == AttentionScoring::kAdditive;
+  const double scale =
+      s.score.kind == AttentionScoring::kScaledDot ? 1.0 / std::sqrt(double(s.head_dim)) : 1.0;
   auto at = [&](int64_t b, int64_t t, int64_t h, int64_t c, int64_t len, int64_t stride) {
     return size_t((b * len + t) * stride + h * s.head_dim + c);
   };
@@ -268,11 +293,7 @@ void reference_attention_backward(const AttentionShape& s, const AttentionMask& 
         for (int64_t j = 0; j < s.key_len; ++j) {
           visible[size_t(j)] = reference_visible(mask, valid, position, j);
           if (!visible[size_t(j)]) continue;
-          double dot = 0;
-          for (int64_t c = 0; c < s.head_dim; ++c)
-            dot += double(q[at(b, i, h, c, s.query_len, s.q_row_stride)]) *
-                   k[at(b, j, h, c, s.key_len, s.k_row_stride)];
-          p[size_t(j)] = dot * scale;
+          p[size_t(j)] = reference_score(s, q, k, b, h, i, j);
           max_score = std::max(max_score, p[size_t(j)]);
         }
         if (max_score == -INFINITY) continue;
@@ -293,10 +314,18 @@ void reference_attention_backward(const AttentionShape& s, const AttentionMask& 
         for (int64_t j = 0; j < s.key_len; ++j) {
           const double ds = p[size_t(j)] * (dp[size_t(j)] - weighted) * scale;
           for (int64_t c = 0; c < s.head_dim; ++c) {
-            dq[at(b, i, h, c, s.query_len, s.q_row_stride)] +=
-                ds * k[at(b, j, h, c, s.key_len, s.k_row_stride)];
-            dk[at(b, j, h, c, s.key_len, s.k_row_stride)] +=
-                ds * q[at(b, i, h, c, s.query_len, s.q_row_stride)];
+            const double qc = q[at(b, i, h, c, s.query_len, s.q_row_stride)];
+            const double kc = k[at(b, j, h, c, s.key_len, s.k_row_stride)];
+            if (additive) {  // d/dq = d/dk = v_c (1 - tanh²), d/dv_c = tanh(q_c + k_c)
+              const double t = std::tanh(qc + kc);
+              const double u = ds * s.score.additive_v[h * s.head_dim + c] * (1 - t * t);
+              dq[at(b, i, h, c, s.query_len, s.q_row_stride)] += u;
+              dk[at(b, j, h, c, s.key_len, s.k_row_stride)] += u;
+              d_additive_v[size_t(h * s.head_dim + c)] += ds * t;
+              continue;
+            }
+            dq[at(b, i, h, c, s.query_len, s.q_row_stride)] += ds * kc;
+            dk[at(b, j, h, c, s.key_len, s.k_row_stride)] += ds * qc;
           }
         }
       }
@@ -310,39 +339,48 @@ TEST(Attention, BandedForwardAndBackwardMatchFloat64) {
     bool causal;
     int64_t window;
   };
-  for (const Case& c : {Case{150, false, 7}, Case{150, true, 7}, Case{150, true, -1},
-                        Case{130, false, 64}, Case{129, true, 0}}) {
-    AttentionShape s;
-    s.batch = 2;
-    s.heads = 2;
-    s.head_dim = 8;
-    s.query_len = s.key_len = c.len;
-    s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * s.head_dim;
-    std::vector<int32_t> lengths = {int32_t(c.len), int32_t(c.len - 20)};
-    AttentionMask mask;
-    mask.key_lengths = lengths.data();
-    mask.causal = c.causal;
-    mask.window = c.window;
-    auto q = random_vector(s.batch * c.len * s.q_row_stride, 51);
-    auto k = random_vector(s.batch * c.len * s.k_row_stride, 52);
-    auto v = random_vector(s.batch * c.len * s.v_row_stride, 53);
-    auto d_out = random_vector(s.batch * c.len * s.out_row_stride, 54);
-    std::vector<float> probs(size_t(s.batch * s.heads * c.len * c.len), 7.f);
-    std::vector<float> out(q.size());
-    attention_forward(s, mask, q.data(), k.data(), v.data(), probs.data(), out.data());
-    auto expected = reference_attention(s, mask, q, k, v);
-    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-5) << i;
-    std::vector<float> dq(q.size(), 9.f), dk(k.size(), 9.f), dv(v.size(), 9.f);
-    attention_backward(s, mask, q.data(), k.data(), v.data(), probs.data(), {}, d_out.data(),
-                       dq.data(), dk.data(), dv.data());
-    std::vector<double> rq, rk, rv;
-    reference_attention_backward(s, mask, q, k, v, d_out, rq, rk, rv);
-    for (size_t i = 0; i < dq.size(); ++i) {
-      ASSERT_NEAR(dq[i], rq[i], 1e-4) << "dq " << i << " len " << c.len << " window " << c.window;
-      ASSERT_NEAR(dk[i], rk[i], 1e-4) << "dk " << i << " len " << c.len << " window " << c.window;
-      ASSERT_NEAR(dv[i], rv[i], 1e-4) << "dv " << i << " len " << c.len << " window " << c.window;
+  const auto additive_v = random_vector(2 * 8, 55, 1.f);
+  for (AttentionScoring scoring : kScorings)
+    for (const Case& c : {Case{150, false, 7}, Case{150, true, 7}, Case{150, true, -1},
+                          Case{130, false, 64}, Case{129, true, 0}}) {
+      AttentionShape s;
+      s.score = {scoring, additive_v.data()};
+      s.batch = 2;
+      s.heads = 2;
+      s.head_dim = 8;
+      s.query_len = s.key_len = c.len;
+      s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * s.head_dim;
+      std::vector<int32_t> lengths = {int32_t(c.len), int32_t(c.len - 20)};
+      AttentionMask mask;
+      mask.key_lengths = lengths.data();
+      mask.causal = c.causal;
+      mask.window = c.window;
+      auto q = random_vector(s.batch * c.len * s.q_row_stride, 51);
+      auto k = random_vector(s.batch * c.len * s.k_row_stride, 52);
+      auto v = random_vector(s.batch * c.len * s.v_row_stride, 53);
+      auto d_out = random_vector(s.batch * c.len * s.out_row_stride, 54);
+      std::vector<float> probs(size_t(s.batch * s.heads * c.len * c.len), 7.f);
+      std::vector<float> out(q.size());
+      attention_forward(s, mask, q.data(), k.data(), v.data(), probs.data(), out.data());
+      auto expected = reference_attention(s, mask, q, k, v);
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-5) << i;
+      std::vector<float> dq(q.size(), 9.f), dk(k.size(), 9.f), dv(v.size(), 9.f);
+      std::vector<float> d_additive_v(additive_v.size(), 0.5f);  // accumulated into
+      attention_backward(s, mask, q.data(), k.data(), v.data(), probs.data(), {}, d_out.data(),
+                         dq.data(), dk.data(), dv.data(), d_additive_v.data());
+      std::vector<double> rq, rk, rv, r_additive_v;
+      reference_attention_backward(s, mask, q, k, v, d_out, rq, rk, rv, r_additive_v);
+      for (size_t i = 0; i < d_additive_v.size(); ++i) {
+        const double expected =
+            scoring == AttentionScoring::kAdditive ? 0.5 + r_additive_v[i] : 0.5;
+        ASSERT_NEAR(d_additive_v[i], expected, 1e-4 * (1 + std::abs(expected))) << "dv_add " << i;
+      }
+      for (size_t i = 0; i < dq.size(); ++i) {
+        ASSERT_NEAR(dq[i], rq[i], 1e-4) << "dq " << i << " len " << c.len << " window " << c.window;
+        ASSERT_NEAR(dk[i], rk[i], 1e-4) << "dk " << i << " len " << c.len << " window " << c.window;
+        ASSERT_NEAR(dv[i], rv[i], 1e-4) << "dv " << i << " len " << c.len << " window " << c.window;
+      }
     }
-  }
 }
 
 // PackedMatrix: stacked parts in oneDNN's blocked layout, against the plain product.

@@ -157,8 +157,9 @@ void check_exportable(const ModelConfig& c, const CTranslate2Tokens& tokens) {
                 ") has no CTranslate2 equivalent: its sliding_window only bounds the decoder's "
                 "cache, the encoder would attend everywhere");
   if (c.attention == AttentionScoring::kAdditive)
-    throw Error("additive attention (config \"attention\": \"additive\") has no CTranslate2 "
-                "equivalent");
+    throw Error(
+        "additive attention (config \"attention\": \"additive\") has no CTranslate2 "
+        "equivalent");
   if (c.heads > 32767) throw Error("CTranslate2 stores num_heads as int16");
   if (int64_t(tokens.source.size()) != c.src_vocab_size ||
       int64_t(tokens.target.size()) != c.tgt_vocab_size)

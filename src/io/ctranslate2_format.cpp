@@ -162,8 +162,7 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
   for (auto& [name, variable] : raw) {
     // A weight's quantisation scale is read with its weight below; other names that end in
     // "_scale" (an attention's queries_scale) are variables of their own.
-    if (ends_with(name, suffix) && raw.count(name.substr(0, name.size() - suffix.size())))
-      continue;
+    if (ends_with(name, suffix) && raw.count(name.substr(0, name.size() - suffix.size()))) continue;
     result.stored_dtypes[name] = variable.dtype;
     auto scale_it = raw.find(name + suffix);
     const bool integer_weight =

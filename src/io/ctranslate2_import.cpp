@@ -366,8 +366,9 @@ void refuse_scope_features(SpecVariables& v, const std::string& scope, const Mod
                                 ? 1.0
                                 : 1.0 / std::sqrt(double(c.head_dim()));
     if (std::fabs(scale - expected) > 1e-6 * expected)
-      v.refuse("a query scale other than 1/sqrt(d_k) or 1, or one that differs between "
-               "attention layers (queries_scale)");
+      v.refuse(
+          "a query scale other than 1/sqrt(d_k) or 1, or one that differs between "
+          "attention layers (queries_scale)");
   }
   if (v.has(scope + "/layer_scalar") && v.take_scalar(scope + "/layer_scalar", 1.0) != 1.0)
     v.refuse("a scaled layer output (layer_scalar)");

@@ -237,8 +237,8 @@ void single_query_attention(const AttentionShape& s, const AttentionMask& mask, 
   float* out_b = out + b * s.out_row_stride;
   int64_t begin, end;
   visible_keys(mask, key_count, mask.query_offset, &begin, &end);
-  const float* additive_v = s.score.kind == AttentionScoring::kAdditive ? s.score.additive_v
-                                                                          : nullptr;
+  const float* additive_v =
+      s.score.kind == AttentionScoring::kAdditive ? s.score.additive_v : nullptr;
   for (int64_t j = begin; j < end; ++j) {
     const float* key = k_base + (rows ? int64_t(rows[j]) : j) * s.k_row_stride;
     for (int64_t h = 0; h < heads; ++h) {
@@ -420,9 +420,9 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
         for (int64_t t = t0; t < t1; ++t)
           for (int64_t c = 0; c < s.head_dim; ++c) dq[q_offset + t * s.q_row_stride + c] = 0.f;
         additive_scores_backward(rows, width, s.head_dim, q + q_offset + t0 * s.q_row_stride,
-                                 s.q_row_stride, k + k_offset + lo * s.k_row_stride,
-                                 s.k_row_stride, s.score.additive_v + h * s.head_dim, d_scores,
-                                 width, dq + q_offset + t0 * s.q_row_stride, s.q_row_stride,
+                                 s.q_row_stride, k + k_offset + lo * s.k_row_stride, s.k_row_stride,
+                                 s.score.additive_v + h * s.head_dim, d_scores, width,
+                                 dq + q_offset + t0 * s.q_row_stride, s.q_row_stride,
                                  dk + k_offset + lo * s.k_row_stride, s.k_row_stride,
                                  pair_dv.data() + pair * s.head_dim);
         continue;

@@ -37,7 +37,7 @@ struct ModelConfig {
   SinusoidLayout sinusoid_layout = SinusoidLayout::kInterleaved;
   int64_t position_offset = 0;
   int64_t max_positions = 1024;
-  int64_t self_attention_window = -1;  // -1: null (full attention)
+  int64_t self_attention_window = -1;                         // -1: null (full attention)
   AttentionScoring attention = AttentionScoring::kScaledDot;  // every attention's logits
   int64_t pad_id = 0;
   int64_t bos_id = 1;

@@ -30,8 +30,8 @@ void linear_backward(const LinearWeights& w, const Linear<float>& g, const float
 
 namespace {
 
-AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs& in,
-                               int64_t heads, int64_t d) {
+AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs& in, int64_t heads,
+                               int64_t d) {
   AttentionShape shape;
   shape.score = {w.scoring, w.additive_v};
   shape.batch = in.batch;
