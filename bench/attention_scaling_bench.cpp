@@ -60,33 +60,13 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
-std::vector<float> random_values(tfm::Random& random, int64_t n, float scale) {
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = random.normal() * scale;
-  return v;
-}
-
-// Median seconds of fn over at least 3 calls and min_seconds of calls, after one warm-up.
-double time_case(const std::function<void()>& fn, double min_seconds) {
-  fn();
-  std::vector<double> seconds;
-  double total = 0;
-  while (seconds.size() < 3 || total < min_seconds) {
-    const double start = bench::now_seconds();
-    fn();
-    seconds.push_back(bench::now_seconds() - start);
-    total += seconds.back();
-  }
-  return bench::median(seconds);
-}
-
 int run(const Options& o) {
   const int64_t d = o.d_model;
   tfm::Random random(7);
   const float weight_scale = 1.f / std::sqrt(float(d));
   std::vector<std::vector<float>> weights;  // q, k, v, o of attention; W_x, W_h of the RNN
-  for (int i = 0; i < 6; ++i) weights.push_back(random_values(random, d * d, weight_scale));
-  const std::vector<float> bias = random_values(random, d, 0.1f);
+  for (int i = 0; i < 6; ++i) weights.push_back(bench::random_values(random, d * d, weight_scale));
+  const std::vector<float> bias = bench::random_values(random, d, 0.1f);
   auto linear = [&](int i) {
     tfm::LinearWeights w;
     w.weight = weights[size_t(i)].data();
@@ -100,8 +80,8 @@ int run(const Options& o) {
   const tfm::PackedMatrix recurrent_weight({weights[5].data()}, {d}, d);
 
   for (int64_t n = 64; n <= o.max_n; n *= 2) {
-    const std::vector<float> x = random_values(random, n * d, 1.f);  // [n, D] layer input
-    std::vector<float> out(size_t(n * d));                           // [n, D]
+    const std::vector<float> x = bench::random_values(random, n * d, 1.f);  // [n, D] layer input
+    std::vector<float> out(size_t(n * d));                                  // [n, D]
     // Projected Q, K, V for the core-only timings.
     std::vector<float> q(size_t(n * d)), k(size_t(n * d)), v(size_t(n * d));  // [n, D] each
     tfm::linear_forward(attention.q, x.data(), n, q.data());
@@ -116,7 +96,7 @@ int run(const Options& o) {
       in.mask.window = window;
       tfm::AttentionCache cache;
       cache.keep_weights = false;  // inference: streamed, nothing n×n kept
-      const double layer = time_case(
+      const double layer = bench::time_for_at_least(
           [&] { tfm::multi_head_attention_forward(attention, o.heads, in, cache, out.data()); },
           min_seconds);
       tfm::AttentionShape shape;
@@ -125,7 +105,7 @@ int run(const Options& o) {
       shape.query_len = shape.key_len = n;
       shape.head_dim = d / o.heads;
       shape.q_row_stride = shape.k_row_stride = shape.v_row_stride = shape.out_row_stride = d;
-      const double core = time_case(
+      const double core = bench::time_for_at_least(
           [&] {
             tfm::attention_forward(shape, in.mask, q.data(), k.data(), v.data(), nullptr,
                                    out.data());
@@ -149,7 +129,7 @@ int run(const Options& o) {
         for (int64_t c = 0; c < d; ++c) h[c] = std::tanh(h[c] + pre[size_t(t * d + c)]);
       }
     };
-    const double rnn_layer = time_case(
+    const double rnn_layer = bench::time_for_at_least(
         [&] {
           tfm::gemm(false, true, n, d, d, 1.f, x.data(), d, weights[4].data(), d, 0.f, pre.data(),
                     d);
@@ -157,7 +137,7 @@ int run(const Options& o) {
           recurrence();
         },
         min_seconds);
-    const double rnn_core = time_case(recurrence, min_seconds);
+    const double rnn_core = bench::time_for_at_least(recurrence, min_seconds);
     std::cout << nlohmann::json{{"variant", "recurrent"},
                                 {"n", n},
                                 {"window", nullptr},

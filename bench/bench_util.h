@@ -112,6 +112,27 @@ inline double time_median(int warmup, int repeats, const std::function<void()>& 
   return median(seconds);
 }
 
+// Median seconds of fn over at least 3 calls and min_seconds of calls, after one warm-up.
+inline double time_for_at_least(const std::function<void()>& fn, double min_seconds) {
+  fn();
+  std::vector<double> seconds;
+  double total = 0;
+  while (seconds.size() < 3 || total < min_seconds) {
+    const double start = now_seconds();
+    fn();
+    seconds.push_back(now_seconds() - start);
+    total += seconds.back();
+  }
+  return median(seconds);
+}
+
+// n normally distributed values times scale.
+inline std::vector<float> random_values(tfm::Random& random, int64_t n, float scale) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = random.normal() * scale;
+  return v;
+}
+
 // GFLOP/s of the fastest of `repeats` calls of product (after one warm-up), an m×n×k product.
 inline double fastest_gflops(int64_t m, int64_t n, int64_t k, int repeats,
                              const std::function<void()>& product) {
