@@ -108,6 +108,15 @@ TEST(Config, JsonRoundTripAndDefaults) {
       config_from_json_text(R"({"src_vocab_size": 10, "tgt_vocab_size": 10})", "t");
   EXPECT_EQ(defaults.d_model, 512);
   EXPECT_EQ(defaults.self_attention_window, -1);
+  EXPECT_EQ(defaults.attention, AttentionScoring::kScaledDot);
+  // Additive attention adds one [heads, d_k] vector per attention: 3 in a decoder layer's two
+  // attentions and the encoder layer's one.
+  ModelConfig additive = defaults;
+  additive.attention = AttentionScoring::kAdditive;
+  EXPECT_EQ(parameter_count(additive) - parameter_count(defaults),
+            (additive.encoder_layers + 2 * additive.decoder_layers) * additive.d_model);
+  EXPECT_EQ(config_from_json_text(config_to_json_text(additive), "t").attention,
+            AttentionScoring::kAdditive);
   EXPECT_TRUE(defaults.src_append_eos);
 }
 
@@ -122,6 +131,13 @@ TEST(Config, RejectsUnknownValuesKeysAndInconsistentSizes) {
   };
   EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"norm":"middle"})")
                 .find("unknown value \"middle\""),
+            std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"attention":"luong"})")
+                .find("unknown value \"luong\" for config key \"attention\" (expected one of "
+                      "\"scaled_dot\", \"dot\", \"additive\")"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"attention":1})")
+                .find("\"attention\" must be a string"),
             std::string::npos);
   EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"activaton":"relu"})")
                 .find("unknown config key"),
