@@ -185,7 +185,7 @@ plot "%s" u 1:2 w lp lw 2 pt 7 lc 1 t "entropy, scaled", "" u 1:4 w lp lw 2 pt 5
     return {"cases": variance}
 
 
-def heads_section(heads, runs, results, md):
+def heads_section(heads, steps, runs, results, md):
     if heads:
         md.append("One multi-head self-attention layer, d_model 256, projections included, 2 threads "
                   "(ms), and its forward FLOPs: the projections and the two attention products "
@@ -202,19 +202,30 @@ def heads_section(heads, runs, results, md):
         md.append("")
     else:
         md.append("_Layer timings not measured (stage `heads` not run)._\n")
+    if steps:
+        md.append("Whole training steps of the small model (d_model 256, d_ff 1024, 3+3 layers; "
+                  "zero grads + forward + backward + Adam) on %d pairs of 31 + 31 tokens, 2 threads "
+                  "(train_bench --config; median of 5 steps). The model FLOPs of a step do not "
+                  "depend on h.\n" % steps[0]["batch"])
+        md.append("| h | d_k | ms per step | GFLOP per step | GFLOP/s |")
+        md.append("|---:|---:|---:|---:|---:|")
+        for r in steps:
+            h = r["config"]["heads"]
+            md.append("| %d | %d | %.1f | %.2f | %.0f |" % (
+                h, r["config"]["d_model"] // h, r["median_s"] * 1e3, r["gflop"], r["gflops"]))
+        md.append("")
     scaled = [r for r in runs if r["kind"] == "scaled_dot"]
     if scaled:
-        md.append("Whole training steps and quality of the small model (scaled dot product) at equal "
-                  "steps, by heads (mean ± half the range over seeds):\n")
-        md.append("| h | d_k | seeds | seconds per step | dev perplexity | Acts BLEU (greedy) |")
-        md.append("|---:|---:|---:|---:|---:|---:|")
+        md.append("Quality of the small model (scaled dot product) at equal steps, by heads (the "
+                  "runs of section 3; mean ± half the range over seeds):\n")
+        md.append("| h | d_k | seeds | dev perplexity | Acts BLEU (greedy) |")
+        md.append("|---:|---:|---:|---:|---:|")
         for h in sorted({r["heads"] for r in scaled}):
             group = [r for r in scaled if r["heads"] == h]
-            step_s = spread([r["train_seconds"] / r["steps"] for r in group])
             ppl = spread([r["dev_ppl"] for r in group])
             bleu = spread([r["bleu"] for r in group])
-            md.append("| %d | %d | %d | %.3f ± %.3f | %.1f ± %.1f | %.2f ± %.2f |" % (
-                h, 256 // h, len(group), *step_s, *ppl, *bleu))
+            md.append("| %d | %d | %d | %.1f ± %.1f | %.2f ± %.2f |" % (
+                h, 256 // h, len(group), *ppl, *bleu))
         md.append("")
     if heads:
         dat = os.path.join(results, "attention_claims_heads.dat")
@@ -235,7 +246,7 @@ set grid
 plot "%s" u 1:2 w lp lw 2 pt 7 t "forward", "" u 1:3 w lp lw 2 pt 5 t "forward + backward"
 """ % (os.path.join(results, "attention_claims_heads.png"), heads[0]["batch"], heads[0]["n"], dat))
         os.remove(dat)
-    return {"layer": heads}
+    return {"layer": heads, "training_steps": steps}
 
 
 def quality_section(runs, results, md, args):
@@ -310,6 +321,7 @@ def main():
     speed = load_lines(os.path.join(args.work, "speed.jsonl"))
     variance = load_lines(os.path.join(args.work, "variance.jsonl"))
     heads = load_lines(os.path.join(args.work, "heads.jsonl"))
+    heads_steps = load_lines(os.path.join(args.work, "heads_steps.jsonl"))
     runs = load_runs(args.work)
     cpu = "unknown CPU"
     if os.path.exists("/proc/cpuinfo"):
@@ -331,7 +343,7 @@ def main():
     md += ["## 3. Quality: scaled vs unscaled vs additive at d_k 32, 64, 128", ""]
     report["quality"] = quality_section(runs, args.results, md, args)
     md += ["## 4. Heads at fixed d_model (§3.2.2, Table 3 row A)", ""]
-    report["heads"] = heads_section(heads, runs, args.results, md)
+    report["heads"] = heads_section(heads, heads_steps, runs, args.results, md)
     with open(os.path.join(args.results, "attention_claims.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(args.results, "attention_claims.json"), "w") as f:

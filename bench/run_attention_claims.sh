@@ -8,7 +8,8 @@
 #             entropy and the gradient norm reaching the queries, scaled vs unscaled vs additive
 #             (attention_claims_bench --mode variance)
 #   heads     one multi-head attention layer of the small model (d_model 256) with h = 1 … 16:
-#             time and FLOPs, forward and forward+backward (attention_claims_bench --mode heads)
+#             time and FLOPs, forward and forward+backward (attention_claims_bench --mode heads),
+#             and whole training steps of the small model at each h (train_bench --config)
 #   quality   small-preset models (d_model 256, 3+3 layers) trained on the quickstart corpus for
 #             the same number of steps: scaled_dot / dot / additive at h = 8, 4, 2 (d_k 32, 64,
 #             128: heads vary at fixed d_model, so every model has the same size apart from
@@ -71,6 +72,15 @@ fi
 if wants heads; then
   echo "== heads: one multi-head attention layer, d_model 256, h = 1..16" >&2
   "$bench_bin" --mode heads > "$work/heads.jsonl"
+  echo "== heads: whole training steps of the small model, h = 1..16 (train_bench)" >&2
+  cmake --build "$build" --target train_bench -j2 >/dev/null || fail "building train_bench failed"
+  : > "$work/heads_steps.jsonl"
+  for h in 1 2 4 8 16; do
+    printf '{"d_model":256,"heads":%d,"d_ff":1024,"encoder_layers":3,"decoder_layers":3}\n' "$h" \
+      > "$work/heads_$h.json"
+    "$build/bench/train_bench" --config "$work/heads_$h.json" --batch 32 --src-len 31 \
+      --tgt-len 31 --steps 5 --gemm-size 512 >> "$work/heads_steps.jsonl"
+  done
 fi
 
 if wants quality; then

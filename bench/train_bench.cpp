@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -52,6 +53,7 @@ struct Options {
   float dropout = 0.1f;
   float label_smoothing = 0.1f;
   uint64_t seed = 1234;
+  std::string config_path;  // JSON config keys over the base model's; empty: the base model
   bool profile = false;
 };
 
@@ -64,6 +66,7 @@ const char* kUsage =
     "  --batch N --src-len N --tgt-len N   pairs and raw lengths, before eos/bos (default 64, 31, "
     "31)\n"
     "  --vocab N            shared vocabulary size (default 8000)\n"
+    "  --config FILE        model config keys (docs/model-file.md) replacing the base model's\n"
     "  --gemm-size N        side of the square sgemm timed for the peak (default 2048)\n"
     "  --profile            also time the forward alone (loss only) to split forward from\n"
     "                       backward, and the encoder and decoder stacks on their own\n"
@@ -71,7 +74,9 @@ const char* kUsage =
     "  --seed N             model, batch and dropout seed (default 1234)\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
 
-[[noreturn]] void usage_error(const std::string& message) { bench::usage_error(kUsage, message); }
+[[noreturn]] void usage_error(const std::string& message) {
+  bench::usage_error(kUsage, message);
+}
 
 Options parse_options(int argc, char** argv) {
   Options o;
@@ -101,6 +106,9 @@ Options parse_options(int argc, char** argv) {
       o.seed = uint64_t(int_value(i));
     } else if (a == "--profile") {
       o.profile = true;
+    } else if (a == "--config") {
+      if (i + 1 >= argc) usage_error("--config needs a file");
+      o.config_path = argv[++i];
     } else {
       usage_error("unknown argument \"" + a + "\"");
     }
@@ -150,6 +158,14 @@ int run(const Options& o) {
   const double setup_start = now_seconds();
   tfm::ModelConfig config = tfm::preset_config("base");
   config.src_vocab_size = config.tgt_vocab_size = o.vocab;
+  if (!o.config_path.empty()) {  // the file's keys over the base model with this vocabulary
+    std::ifstream file(o.config_path);
+    const nlohmann::json keys = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+    if (!file || !keys.is_object()) throw tfm::Error(o.config_path + ": not a JSON object");
+    nlohmann::json merged = tfm::config_to_json(config);
+    merged.update(keys);
+    config = tfm::config_from_json(merged, o.config_path);
+  }
   tfm::Model model = tfm::init_model(config, o.seed);
   tfm::Random random(o.seed + 1);
   const Sentences sources = bench::random_sentences(random, o.batch, o.src_len, o.vocab);
@@ -182,8 +198,8 @@ int run(const Options& o) {
     zero(gradients);
     const double t1 = now_seconds();
     dropout.seed = o.seed * 0x9E3779B97F4A7C15ull + uint64_t(step);  // new masks every step
-    const tfm::LossTotals totals = tfm::loss_and_gradients(
-        model, grad_views, batch, dropout, o.label_smoothing, grad_scale, ws);
+    const tfm::LossTotals totals = tfm::loss_and_gradients(model, grad_views, batch, dropout,
+                                                           o.label_smoothing, grad_scale, ws);
     const double t2 = now_seconds();
     optimizer.apply(model.mutable_parameters(), gradients, config.d_model);
     const double t3 = now_seconds();
@@ -194,8 +210,8 @@ int run(const Options& o) {
   };
   std::vector<double> step_seconds;
   const double median_seconds = time_median(o.warmup, o.steps, train_step, &step_seconds);
-  const double rss_mib = bench::peak_rss_mib();  // the training steps' peak, before --profile's extra
-                                          // workspace and the GEMM probe's buffers
+  const double rss_mib = bench::peak_rss_mib();  // the training steps' peak, before --profile's
+                                                 // extra workspace and the GEMM probe's buffers
   auto timed_median = [&](const std::vector<double>& v) {  // over the timed steps only
     return median(std::vector<double>(v.end() - o.steps, v.end()));
   };
@@ -211,14 +227,18 @@ int run(const Options& o) {
   if (o.profile) {
     const int r = o.phase_repeats;
     tfm::TrainingWorkspace forward_ws;
-    const double forward = time_median(1, r, [&] {
-      tfm::loss_and_gradients(model, grad_views, batch, dropout, o.label_smoothing, 0.f, forward_ws);
-    }, nullptr);
+    const double forward = time_median(
+        1, r,
+        [&] {
+          tfm::loss_and_gradients(model, grad_views, batch, dropout, o.label_smoothing, 0.f,
+                                  forward_ws);
+        },
+        nullptr);
     ws.cache.training = true;  // ws's cache is already sized for all layers
-    const double encoder =
-        time_median(1, r, [&] { tfm::encoder_forward(model, batch, dropout, ws.cache); }, nullptr);
-    const double decoder =
-        time_median(1, r, [&] { tfm::decoder_forward(model, batch, dropout, ws.cache); }, nullptr);
+    const double encoder = time_median(
+        1, r, [&] { tfm::encoder_forward(model, batch, dropout, ws.cache); }, nullptr);
+    const double decoder = time_median(
+        1, r, [&] { tfm::decoder_forward(model, batch, dropout, ws.cache); }, nullptr);
     phases["forward_s"] = forward;
     phases["encoder_forward_s"] = encoder;
     phases["decoder_forward_s"] = decoder;
@@ -233,6 +253,7 @@ int run(const Options& o) {
   nlohmann::json line =
       bench::common_fields(median_seconds, step_seconds, target_tokens, rss_mib, flops, gemm_peak);
   line.update({
+      {"config", tfm::config_to_json(config)},
       {"parameters", tfm::parameter_count(config)},
       {"batch", batch.batch},
       {"src_len", batch.src_len},
@@ -255,4 +276,6 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return bench::bench_main(argc, argv, parse_options, run); }
+int main(int argc, char** argv) {
+  return bench::bench_main(argc, argv, parse_options, run);
+}
