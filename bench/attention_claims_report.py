@@ -104,7 +104,8 @@ def speed_section(speed, results, md):
                     n, d, s["forward_backward_peak_bytes"] / 1024, a["forward_backward_peak_bytes"] / 1024,
                     a["materialised_bytes"] / 1024))
     md.append("")
-    with open(os.path.join(results, "attention_claims_speed.dat"), "w") as f:
+    dat = os.path.join(results, "attention_claims_speed.dat")
+    with open(dat, "w") as f:
         for n in ns:
             row = [str(n)]
             for d in d_ks:
@@ -115,10 +116,9 @@ def speed_section(speed, results, md):
     columns = []
     for index, d in enumerate(d_ks):
         columns.append('"%s" u 1:%d w lp lw 2 pt 7 lc %d t "scaled dot, d_k %d"' % (
-            "DAT", 2 + 2 * index, index + 1, d))
+            dat, 2 + 2 * index, index + 1, d))
         columns.append('"%s" u 1:%d w lp lw 2 dt 2 pt 6 lc %d t "additive, d_k %d"' % (
-            "DAT", 3 + 2 * index, index + 1, d))
-    dat = os.path.join(results, "attention_claims_speed.dat")
+            dat, 3 + 2 * index, index + 1, d))
     gnuplot("""set terminal pngcairo size 900,640 font ",11" noenhanced
 set output "%s"
 set logscale xy 2
@@ -128,7 +128,7 @@ set title "Scaled dot-product vs additive attention (§3.2.1)"
 set key top left
 set grid
 plot %s
-""" % (os.path.join(results, "attention_claims_speed.png"), ", ".join(columns).replace("DAT", dat)))
+""" % (os.path.join(results, "attention_claims_speed.png"), ", ".join(columns)))
     os.remove(dat)
     return {"median_forward_ratio": statistics.median(forward_ratios),
             "median_forward_backward_ratio": statistics.median(ratios), "cases": speed}

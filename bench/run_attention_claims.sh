@@ -85,7 +85,7 @@ fi
 
 if wants quality; then
   corpus=out/corpus
-  vocab=out/attention_claims/vocab.spm
+  vocab=$work/vocab.spm
   if [ ! -f "$corpus/train.en" ]; then
     echo "== preparing the quickstart corpus" >&2
     /usr/bin/python3 scripts/prepare_corpus.py --out "$corpus"

@@ -87,7 +87,7 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
       s.k_row_stride = s.v_row_stride = s.out_row_stride = d;
       s.key_rows = history_.data();
       s.key_rows_stride = max_steps_;
-      s.score = {lw.self_attn.scoring, lw.self_attn.additive_v};
+      s.score = lw.self_attn.score();
       AttentionMask mask;
       mask.causal = true;
       mask.window = c.self_attention_window;
@@ -106,7 +106,7 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
       s.head_dim = d / heads;
       s.q_row_stride = s.out_row_stride = d;
       s.k_row_stride = s.v_row_stride = 2 * d;
-      s.score = {lw.cross_attn.scoring, lw.cross_attn.additive_v};
+      s.score = lw.cross_attn.score();
       AttentionMask mask;
       mask.key_lengths = src_lengths_;
       mask.key_batch = hypothesis_sentence_.data();

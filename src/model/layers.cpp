@@ -33,7 +33,7 @@ namespace {
 AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs& in, int64_t heads,
                                int64_t d) {
   AttentionShape shape;
-  shape.score = {w.scoring, w.additive_v};
+  shape.score = w.score();
   shape.batch = in.batch;
   shape.heads = heads;
   shape.query_len = in.query_len;

@@ -30,6 +30,9 @@ struct Attention {
   Linear<F> q, k, v, o;
   AttentionScoring scoring = AttentionScoring::kScaledDot;  // config "attention"
   F* additive_v = nullptr;  // [heads, d_k] when scoring is additive, else null
+
+  // What the attention kernels need to score queries against keys.
+  AttentionScore score() const { return {scoring, additive_v}; }
 };
 
 template <typename F>
