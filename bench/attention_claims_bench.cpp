@@ -303,9 +303,11 @@ int run_heads(const Options& o) {
     g.in = g.out = d;
     return g;
   };
-  const tfm::AttentionWeights w{linear(0), linear(1), linear(2), linear(3)};
-  const tfm::Attention<float> g{linear_gradient(0), linear_gradient(1), linear_gradient(2),
-                                linear_gradient(3)};
+  tfm::AttentionWeights w;
+  w.q = linear(0), w.k = linear(1), w.v = linear(2), w.o = linear(3);
+  tfm::Attention<float> g;
+  g.q = linear_gradient(0), g.k = linear_gradient(1), g.v = linear_gradient(2),
+  g.o = linear_gradient(3);
   struct Shape {
     int64_t batch, n;
   };

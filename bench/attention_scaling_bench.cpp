@@ -74,7 +74,9 @@ int run(const Options& o) {
     w.in = w.out = d;
     return w;
   };
-  const tfm::AttentionWeights attention{linear(0), linear(1), linear(2), linear(3)};
+  tfm::AttentionWeights attention;
+  attention.q = linear(0), attention.k = linear(1), attention.v = linear(2),
+  attention.o = linear(3);
   const double min_seconds = double(o.min_centis) / 100.0;
   // W_h, packed once: the recurrence multiplies one row by it per step.
   const tfm::PackedMatrix recurrent_weight({weights[5].data()}, {d}, d);

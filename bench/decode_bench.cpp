@@ -41,6 +41,7 @@
 #include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/init.h"
+#include "model/prepared_weights.h"
 #include "model/stacks.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
@@ -204,7 +205,7 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     double t0 = now_seconds();
     const tfm::TokenBatch tb = tfm::make_batch(c, sources, Sentences(sources.size()));
     tfm::StackCache cache;
-    tfm::encoder_forward(model, tb, {}, cache);
+    tfm::encoder_forward(model, model.prepared(precision)->weights, tb, {}, cache);
     double t1 = now_seconds();
     tfm::IncrementalDecoder decoder(model, cache.memory.data(), batch, tb.src_len,
                                     tb.src_lengths.data(), out_len + 1, batch * beam, precision);
@@ -240,8 +241,7 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     for (int64_t t = 0; t < out_len; ++t) {
       const int64_t n = rows_at_step(batch, beam, t);
       const double p0 = now_seconds();
-      tfm::packed_linear_forward(model.packed_decoder(precision)->output,
-                                 model.weights().output_bias, x.data(), n, logprobs.data());
+      tfm::linear_forward(model.prepared(precision)->weights.output, x.data(), n, logprobs.data());
       tfm::log_softmax(logprobs.data(), logprobs.data(), n, vocab);
       projection += now_seconds() - p0;
     }

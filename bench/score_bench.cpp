@@ -26,6 +26,7 @@
 #include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/init.h"
+#include "model/prepared_weights.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
 #include "tensor/random.h"
@@ -50,6 +51,7 @@ struct Options {
   uint64_t seed = 1234;
   bool reuse = false;         // load model + ids written by an earlier run
   bool prepare_only = false;  // write model + ids, time nothing
+  bool bfloat16 = false;      // --compute-type bfloat16
 };
 
 const char* kUsage =
@@ -65,9 +67,12 @@ const char* kUsage =
     "  --seed N             model and batch seed (default 1234)\n"
     "  --prepare-only       write the model and ids, then exit\n"
     "  --reuse              load the model and ids already in DIR (what `transformer score` does)\n"
+    "  --compute-type T     float32 (default) or bfloat16 (score --compute-type)\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
 
-[[noreturn]] void usage_error(const std::string& message) { bench::usage_error(kUsage, message); }
+[[noreturn]] void usage_error(const std::string& message) {
+  bench::usage_error(kUsage, message);
+}
 
 Options parse_options(int argc, char** argv) {
   Options o;
@@ -100,6 +105,12 @@ Options parse_options(int argc, char** argv) {
       o.reuse = true;
     } else if (a == "--prepare-only") {
       o.prepare_only = true;
+    } else if (a == "--compute-type") {
+      if (i + 1 >= argc) usage_error("--compute-type needs a value");
+      const std::string type = argv[++i];
+      if (type != "float32" && type != "bfloat16")
+        usage_error("--compute-type is float32 or bfloat16, not " + type);
+      o.bfloat16 = type == "bfloat16";
     } else {
       usage_error("unknown argument \"" + a + "\"");
     }
@@ -181,7 +192,11 @@ int run(const Options& o) {
 
   tfm::StackCache ws;
   std::vector<float> token_logprobs;  // [B, T] log p(target + eos)
-  auto score = [&] { tfm::score_forward(*model, batch, ws, token_logprobs); };
+  const tfm::Precision precision =
+      o.bfloat16 ? tfm::Precision::kBFloat16 : tfm::Precision::kFloat32;
+  if (o.bfloat16 && !tfm::bfloat16_supported())
+    throw std::runtime_error("--compute-type bfloat16: this CPU lacks AVX512-BF16");
+  auto score = [&] { tfm::score_forward(*model, batch, ws, token_logprobs, precision); };
   std::vector<double> all_seconds;
   const double median_seconds = time_median(o.warmup, o.repeats, score, &all_seconds);
 
@@ -199,10 +214,13 @@ int run(const Options& o) {
   // log-softmax is the rest of score_forward's median.
   nlohmann::json phases = nullptr;
   if (o.phase_repeats > 0) {
+    const tfm::TransformerWeights& prepared = model->prepared(precision)->weights;
     const double encoder = time_median(
-        0, o.phase_repeats, [&] { tfm::encoder_forward(*model, batch, {}, ws); }, nullptr);
+        0, o.phase_repeats, [&] { tfm::encoder_forward(*model, prepared, batch, {}, ws); },
+        nullptr);
     const double decoder = time_median(
-        0, o.phase_repeats, [&] { tfm::decoder_forward(*model, batch, {}, ws); }, nullptr);
+        0, o.phase_repeats, [&] { tfm::decoder_forward(*model, prepared, batch, {}, ws); },
+        nullptr);
     phases = {{"encoder_s", encoder},
               {"decoder_s", decoder},
               {"projection_s", std::max(0.0, median_seconds - encoder - decoder)}};
@@ -223,6 +241,7 @@ int run(const Options& o) {
       {"warmup", o.warmup},
       {"repeats", o.repeats},
       {"load_s", load_seconds},
+      {"compute_type", o.bfloat16 ? "bfloat16" : "float32"},
       {"phases", phases},
       {"totals", totals},
   });
@@ -232,4 +251,6 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return bench::bench_main(argc, argv, parse_options, run); }
+int main(int argc, char** argv) {
+  return bench::bench_main(argc, argv, parse_options, run);
+}

@@ -236,9 +236,11 @@ int run(const Options& o) {
         nullptr);
     ws.cache.training = true;  // ws's cache is already sized for all layers
     const double encoder = time_median(
-        1, r, [&] { tfm::encoder_forward(model, batch, dropout, ws.cache); }, nullptr);
+        1, r, [&] { tfm::encoder_forward(model, model.weights(), batch, dropout, ws.cache); },
+        nullptr);
     const double decoder = time_median(
-        1, r, [&] { tfm::decoder_forward(model, batch, dropout, ws.cache); }, nullptr);
+        1, r, [&] { tfm::decoder_forward(model, model.weights(), batch, dropout, ws.cache); },
+        nullptr);
     phases["forward_s"] = forward;
     phases["encoder_forward_s"] = encoder;
     phases["decoder_forward_s"] = decoder;

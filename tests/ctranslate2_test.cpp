@@ -89,9 +89,9 @@ std::vector<int32_t> best_tokens(const Imported& m, const std::string& src,
     int32_t arg = 0;
     double best_logit = -1e30;
     for (int64_t v = 0; v < c.tgt_vocab_size; ++v) {
-      double logit = m.model.weights().output_bias[v];
+      double logit = m.model.weights().output.bias[v];
       for (int64_t k = 0; k < c.d_model; ++k)
-        logit += double(state[k]) * m.model.weights().output_weight[v * c.d_model + k];
+        logit += double(state[k]) * m.model.weights().output.weight[v * c.d_model + k];
       if (logit > best_logit) best_logit = logit, arg = int32_t(v);
     }
     best.push_back(arg);

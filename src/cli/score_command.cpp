@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "cli/commands.h"
+#include "cli/compute_type_option.h"
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "io/file_util.h"
@@ -26,9 +27,11 @@ struct ScoreOptions {
   bool ids = false;
   bool per_token = false;
   int64_t batch_tokens = 4096;
+  ComputeTypeOption compute_type;
 };
 
 void run_score(const ScoreOptions& o) {
+  const Precision precision = o.compute_type.resolve();
   ModelBundle bundle = load_model_bundle(o.model, !o.ids);
   const ModelConfig& config = bundle.model.config();
   if (o.src == "-" && o.tgt == "-") throw Error("--src and --tgt cannot both be stdin");
@@ -82,7 +85,7 @@ void run_score(const ScoreOptions& o) {
       ++next;
     }
     const TokenBatch batch = make_batch(config, batch_src, batch_tgt);
-    score_forward(bundle.model, batch, ws, logprobs);
+    score_forward(bundle.model, batch, ws, logprobs, precision);
     for (size_t m = 0; m < members.size(); ++m) {
       const float* row = logprobs.data() + int64_t(m) * batch.tgt_len;
       results[members[m]].assign(row, row + batch.tgt_lengths[m]);
@@ -129,6 +132,7 @@ CommandRunner add_score_command(CLI::App& app) {
   app.add_option("--batch-tokens", o->batch_tokens,
                  "Padded source + target tokens per batch (default 4096)")
       ->check(at_least(1));
+  o->compute_type.add_to(app);
   app.footer(
       "Output: one line per pair; the first field is the sum of natural-log probabilities of the\n"
       "target tokens and eos. An empty target scores eos alone.\n"

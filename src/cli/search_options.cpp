@@ -2,8 +2,6 @@
 #include "cli/search_options.h"
 
 #include "cli/option_ranges.h"
-#include "kernels/gemm.h"
-#include "tensor/error.h"
 
 namespace tfm {
 
@@ -22,20 +20,12 @@ void SearchFlags::add_to(CLI::App& app) {
       ->check(in_range(1, 1 << 20));
   app.add_option("--min-length", search.min_length, "At least this many output tokens before eos")
       ->check(in_range(0, 1 << 20));
-  app.add_option("--compute-type", compute_type,
-                 "Number format of the decoder's weight products: float32 (default) or "
-                 "bfloat16 (half the weight memory, ~1.3x faster decoding on CPUs with "
-                 "AVX512-BF16; log-probabilities move by ~1e-2)")
-      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  compute_type.add_to(app);
 }
 
 SearchOptions SearchFlags::resolve() const {
   SearchOptions s = search;
-  if (compute_type == "bfloat16") {
-    if (!bfloat16_supported())
-      throw Error("--compute-type bfloat16 needs a CPU with AVX512-BF16 instructions");
-    s.precision = Precision::kBFloat16;
-  }
+  s.precision = compute_type.resolve();
   return s;
 }
 

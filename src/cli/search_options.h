@@ -5,13 +5,14 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "cli/compute_type_option.h"
 #include "decode/beam_search.h"
 
 namespace tfm {
 
 struct SearchFlags {
   SearchOptions search;
-  std::string compute_type = "float32";
+  ComputeTypeOption compute_type;
 
   void add_to(CLI::App& app);
   // search with the precision of --compute-type; throws Error for bfloat16 on a CPU without it.

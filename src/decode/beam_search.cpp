@@ -104,7 +104,7 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
 
   // Encoder, once for the batch.
   StackCache cache;
-  encoder_forward(model, batch, {}, cache);
+  encoder_forward(model, model.prepared(o.precision)->weights, batch, {}, cache);
   IncrementalDecoder decoder(model, cache.memory.data(), sentences, batch.src_len,
                              batch.src_lengths.data(), longest + 1, sentences * beam, o.precision);
 

@@ -23,7 +23,7 @@ struct SearchOptions {
   bool attention = false;           // keep cross-attention weights of one decoder layer:
   int64_t attention_layer = -1;     // which (0-based; -1: the last)
   bool attention_per_head = false;  // every head, else the mean over heads
-  // The decoder's weight products (the encoder always runs in float32).
+  // The number format of every weight product (encoder, decoder, output projection).
   Precision precision = Precision::kFloat32;
 };
 

@@ -1,15 +1,17 @@
 // Incremental decoding: the decoder run one position at a time for a set of hypotheses, with
 // each layer's self-attention keys/values kept in a cache (so a step costs O(length), not a
 // recomputation of the prefix) and the cross-attention keys/values of the encoder output
-// computed once per batch and shared by all hypotheses of a sentence. The weights are the
-// model's packed copies (model/packed_weights.h); beam reordering moves indices, not cache rows.
+// computed once per batch and shared by all hypotheses of a sentence. Each layer is the one
+// decoder_layer_forward of training and scoring, given the cache as its key/value policy
+// (DecoderStep), on the model's prepared weights (model/prepared_weights.h); beam reordering
+// moves indices, not cache rows.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "model/packed_weights.h"
+#include "model/prepared_weights.h"
 #include "model/stacks.h"
 #include "model/transformer.h"
 
@@ -19,7 +21,7 @@ class IncrementalDecoder {
  public:
   // memory: [sentences, src_len, D] encoder output; src_lengths: [sentences]. Both must stay
   // valid while decoding. max_steps bounds the positions, max_hypotheses the live set;
-  // precision is that of the decoder's weight products.
+  // precision is that of the weight products.
   IncrementalDecoder(const Model& model, const float* memory, int64_t sentences, int64_t src_len,
                      const int32_t* src_lengths, int64_t max_steps, int64_t max_hypotheses,
                      Precision precision = Precision::kFloat32);
@@ -43,7 +45,7 @@ class IncrementalDecoder {
 
  private:
   const Model& model_;
-  std::shared_ptr<const PackedDecoderWeights> packed_;
+  std::shared_ptr<const PreparedWeights> prepared_;
   int64_t src_len_, max_steps_, max_hypotheses_;
   const int32_t* src_lengths_;
   int64_t position_ = 0;
@@ -57,14 +59,8 @@ class IncrementalDecoder {
   // Cache row holding position j of hypothesis i: history_[i * max_steps + j], j < position.
   std::vector<int32_t> history_, reordered_history_;  // [max_hypotheses, max_steps]
   std::vector<std::unique_ptr<float[]>> cross_kv_;    // per layer [sentences, S, 2D]: keys | values
-  // Step buffers.
-  std::vector<float> x_;           // [N, D] residual stream
-  std::vector<float> qkv_;         // [N, 3D] self-attention projections
-  std::vector<float> q_;           // [N, D] cross-attention queries
-  std::vector<float> context_;     // [N, D] heads concatenated
-  std::vector<float> probs_;       // [N, H, keys] attention weights
-  std::vector<float> hidden_;      // [N, d_ff] feed-forward hidden layer
-  DecoderLayerCache layer_cache_;  // sublayer buffers (one layer at a time)
+  std::vector<float> x_;                              // [N, D] residual stream
+  DecoderLayerCache layer_cache_;                     // the layer's buffers (one layer at a time)
 };
 
 }  // namespace tfm

@@ -1,6 +1,7 @@
 // Forward passes of the individual layers.
 #include "model/layers.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/elementwise.h"
@@ -15,7 +16,10 @@ uint64_t dropout_key(uint64_t seed, uint64_t site) {
 }
 
 void linear_forward(const LinearWeights& w, const float* x, int64_t rows, float* y) {
-  gemm(false, true, rows, w.out, w.in, 1.f, x, w.in, w.weight, w.in, 0.f, y, w.out);
+  if (w.prepared)
+    w.prepared->multiply(x, rows, w.in, y, w.out);
+  else
+    gemm(false, true, rows, w.out, w.in, 1.f, x, w.in, w.weight, w.in, 0.f, y, w.out);
   if (w.bias) add_bias(y, w.bias, rows, w.out);
 }
 
@@ -45,27 +49,87 @@ AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs&
 
 }  // namespace
 
+namespace {
+
+// Q, K, V of one attention call and their row strides.
+struct Projections {
+  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+};
+
+// Q from query_input, and K, V from memory_input, into the cache: one stacked product where the
+// weights are prepared for it, else one product each (what backward reads).
+Projections project(const AttentionWeights& w, const AttentionInputs& in, int64_t query_rows,
+                    int64_t key_rows, AttentionCache& cache) {
+  const int64_t d = w.q.out;
+  Projections p;
+  if (w.qkv.prepared && (in.cached || in.query_input == in.memory_input)) {
+    float* qkv = ensure_size(cache.q, query_rows * 3 * d);  // [B, T, 3D] rows q | k | v
+    linear_forward(w.qkv, in.query_input, query_rows, qkv);
+    return {qkv, qkv + d, qkv + 2 * d, 3 * d, 3 * d, 3 * d};
+  }
+  float* q = ensure_size(cache.q, query_rows * d);  // [B, Tq, D]
+  linear_forward(w.q, in.query_input, query_rows, q);
+  const float* keys_from = in.cached ? in.query_input : in.memory_input;
+  if (w.kv.prepared && !in.cached) {
+    float* kv = ensure_size(cache.k, key_rows * 2 * d);  // [B, Tk, 2D] rows k | v
+    linear_forward(w.kv, keys_from, key_rows, kv);
+    return {q, kv, kv + d, d, 2 * d, 2 * d};
+  }
+  float* k = ensure_size(cache.k, key_rows * d);  // [B, Tk, D]
+  float* v = ensure_size(cache.v, key_rows * d);  // [B, Tk, D]
+  linear_forward(w.k, keys_from, key_rows, k);
+  linear_forward(w.v, keys_from, key_rows, v);
+  return {q, k, v, d, d, d};
+}
+
+}  // namespace
+
 void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
                                   const AttentionInputs& in, AttentionCache& cache, float* out) {
   const int64_t d = w.q.out;
   const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
-  float* q = ensure_size(cache.q, query_rows * d);              // [B, Tq, D]
-  float* k = ensure_size(cache.k, key_rows * d);                // [B, Tk, D]
-  float* v = ensure_size(cache.v, key_rows * d);                // [B, Tk, D]
   float* context = ensure_size(cache.context, query_rows * d);  // [B, Tq, D]
   const int64_t prob_count = in.batch * heads * in.query_len * in.key_len;
   const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
   float* probs = keep ? ensure_size(cache.probs, prob_count) : nullptr;  // [B, H, Tq, Tk]
-  linear_forward(w.q, in.query_input, query_rows, q);
-  linear_forward(w.k, in.memory_input, key_rows, k);
-  linear_forward(w.v, in.memory_input, key_rows, v);
+  AttentionShape shape = attention_shape(w, in, heads, d);
+  Projections p;
+  if (in.cached && in.cached->key_rows) {
+    // Self-attention, one position: project this position's q, k, v and append k, v.
+    p = project(w, in, query_rows, query_rows, cache);
+    const CachedKeysValues& kv = *in.cached;
+    for (int64_t i = 0; i < in.batch; ++i) {
+      const int64_t row = kv.key_rows[i * kv.key_rows_stride + in.mask.query_offset];
+      std::copy_n(p.k + i * p.k_stride, d, kv.keys + row * kv.row_stride);
+      std::copy_n(p.v + i * p.v_stride, d, kv.values + row * kv.row_stride);
+    }
+  } else if (in.cached) {
+    // Cross-attention, one position: only the queries are new.
+    float* q = ensure_size(cache.q, query_rows * d);  // [B, 1, D]
+    linear_forward(w.q, in.query_input, query_rows, q);
+    p.q = q;
+    p.q_stride = d;
+  } else {
+    p = project(w, in, query_rows, key_rows, cache);
+  }
+  if (in.cached) {
+    p.k = in.cached->keys;
+    p.v = in.cached->values;
+    p.k_stride = p.v_stride = in.cached->row_stride;
+    shape.key_rows = in.cached->key_rows;
+    shape.key_rows_stride = in.cached->key_rows_stride;
+  }
+  shape.q_row_stride = p.q_stride;
+  shape.k_row_stride = p.k_stride;
+  shape.v_row_stride = p.v_stride;
   AttentionDropout dropout;
   if (in.dropout > 0.f) {
     dropout.p = in.dropout;
     dropout.mask = ensure_size(cache.dropout_mask, prob_count);
     dropout.key = in.dropout_key;
   }
-  attention_forward(attention_shape(w, in, heads, d), in.mask, q, k, v, probs, context, dropout);
+  attention_forward(shape, in.mask, p.q, p.k, p.v, probs, context, dropout);
   linear_forward(w.o, context, query_rows, out);
 }
 
@@ -103,8 +167,10 @@ void feed_forward_forward(const FeedForwardWeights& w, Activation act, const flo
                           float dropout, uint64_t key, FeedForwardCache& cache, float* out) {
   float* pre = ensure_size(cache.pre_activation, rows * w.fc1.out);  // [rows, d_ff]
   float* hidden = ensure_size(cache.hidden, rows * w.fc1.out);       // [rows, d_ff]
-  gemm(false, true, rows, w.fc1.out, w.fc1.in, 1.f, x, w.fc1.in, w.fc1.weight, w.fc1.in, 0.f, pre,
-       w.fc1.out);
+  // fc1 without its bias, which add_bias_activation adds in the same pass as the activation.
+  LinearWeights fc1 = w.fc1;
+  fc1.bias = nullptr;
+  linear_forward(fc1, x, rows, pre);
   add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
   if (dropout > 0.f) {
     uint8_t* mask = ensure_size(cache.dropout_mask, rows * w.fc1.out);

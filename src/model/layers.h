@@ -31,6 +31,22 @@ void linear_forward(const LinearWeights& w, const float* x, int64_t rows, float*
 void linear_backward(const LinearWeights& w, const Linear<float>& g, const float* x,
                      const float* dy, int64_t rows, float* dx, bool accumulate_dx);
 
+// Incremental decoding's keys and values for one attention (one query per sequence), used
+// instead of projecting them from AttentionInputs::memory_input. A self-attention appends this
+// position's keys/values to its cache and attends over the history; a cross-attention reads the
+// encoder output's keys/values, projected once per batch.
+struct CachedKeysValues {
+  float* keys = nullptr;    // row r at keys + r * row_stride, heads side by side
+  float* values = nullptr;  // the same rows for the values
+  int64_t row_stride = 0;
+  // Self-attention: query i reads key j from row key_rows[i * key_rows_stride + j] and writes
+  // its own key/value to row key_rows[i * key_rows_stride + position], position being the
+  // mask's query_offset. Null (cross-attention): the keys are dense per sequence, which the
+  // mask's key_batch picks.
+  const int32_t* key_rows = nullptr;
+  int64_t key_rows_stride = 0;
+};
+
 struct AttentionInputs {
   const float* query_input = nullptr;   // [B, Tq, D]
   const float* memory_input = nullptr;  // [B, Tk, D] (keys and values come from here)
@@ -38,11 +54,12 @@ struct AttentionInputs {
   AttentionMask mask;
   float dropout = 0.f;  // on the attention weights
   uint64_t dropout_key = 0;
+  const CachedKeysValues* cached = nullptr;  // incremental decoding (then memory_input unused)
 };
 
 struct AttentionCache {
-  std::vector<float> q;        // [B, Tq, D]
-  std::vector<float> k;        // [B, Tk, D]
+  std::vector<float> q;        // [B, Tq, D]; prepared self-attention: [B, T, 3D] rows q | k | v
+  std::vector<float> k;        // [B, Tk, D]; prepared cross-attention: [B, Tk, 2D] rows k | v
   std::vector<float> v;        // [B, Tk, D]
   std::vector<float> context;  // [B, Tq, D] heads concatenated (input of W_o)
   std::vector<float> probs;    // [B, H, Tq, Tk] softmax before dropout

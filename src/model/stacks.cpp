@@ -152,23 +152,32 @@ void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights&
                            const float* input, int64_t batch, int64_t tgt_len,
                            const int32_t* tgt_lengths, const float* memory, int64_t src_len,
                            const int32_t* src_lengths, const DropoutOptions& dropout,
-                           int64_t layer_index, DecoderLayerCache& cache) {
+                           int64_t layer_index, DecoderLayerCache& cache, const DecoderStep* step) {
   const int64_t rows = batch * tgt_len;
   sublayer_forward(config, w.norm1, input, rows, dropout.dropout,
                    dropout_key(dropout.seed, decoder_site(layer_index, 0)), cache.self_sublayer,
                    [&](const float* x, float* out) {
-                     const AttentionInputs in = self_attention_inputs(
+                     AttentionInputs in = self_attention_inputs(
                          config, x, batch, tgt_len, tgt_lengths, true, dropout.attention_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 1)));
+                     if (step) {  // keys 0..t from the cache, this position's appended
+                       in.key_len = step->position + 1;
+                       in.mask.query_offset = step->position;
+                       in.cached = &step->self;
+                     }
                      multi_head_attention_forward(w.self_attn, config.heads, in, cache.self_attn,
                                                   out);
                    });
   sublayer_forward(config, w.norm2, cache.self_sublayer.output.data(), rows, dropout.dropout,
                    dropout_key(dropout.seed, decoder_site(layer_index, 2)), cache.cross_sublayer,
                    [&](const float* x, float* out) {
-                     const AttentionInputs in = cross_attention_inputs(
+                     AttentionInputs in = cross_attention_inputs(
                          x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 3)));
+                     if (step) {  // the encoder keys of each hypothesis' sentence
+                       in.mask.key_batch = step->sentence_of_query;
+                       in.cached = &step->cross;
+                     }
                      multi_head_attention_forward(w.cross_attn, config.heads, in, cache.cross_attn,
                                                   out);
                    });
@@ -181,10 +190,9 @@ void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights&
                    });
 }
 
-void encoder_forward(const Model& model, const TokenBatch& batch, const DropoutOptions& dropout,
-                     StackCache& cache) {
+void encoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
+                     const DropoutOptions& dropout, StackCache& cache) {
   const ModelConfig& config = model.config();
-  const TransformerWeights& w = model.weights();
   const int64_t layers = config.encoder_layers;
   embed_with_dropout(config, w.src_embed, model.encoder_positions(), batch.src_ids.data(),
                      batch.batch, batch.src_len, dropout.dropout,
@@ -201,10 +209,9 @@ void encoder_forward(const Model& model, const TokenBatch& batch, const DropoutO
              cache.memory);
 }
 
-void decoder_forward(const Model& model, const TokenBatch& batch, const DropoutOptions& dropout,
-                     StackCache& cache) {
+void decoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
+                     const DropoutOptions& dropout, StackCache& cache) {
   const ModelConfig& config = model.config();
-  const TransformerWeights& w = model.weights();
   const int64_t layers = config.decoder_layers;
   embed_with_dropout(config, w.tgt_embed, model.decoder_positions(), batch.tgt_in.data(),
                      batch.batch, batch.tgt_len, dropout.dropout,

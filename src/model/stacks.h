@@ -70,18 +70,29 @@ void encoder_layer_forward(const ModelConfig& config, const EncoderLayerWeights&
                            const float* input, int64_t batch, int64_t src_len,
                            const int32_t* src_lengths, const DropoutOptions& dropout,
                            int64_t layer_index, EncoderLayerCache& cache);
-// input: [B, T, D]; memory: [B, S, D].
+// Incremental decoding (one position of B hypotheses, tgt_len 1, no dropout): the KV-cache
+// policy of decoder_layer_forward, i.e. where its attentions find their keys and values.
+struct DecoderStep {
+  int64_t position = 0;                        // t: the query's position
+  const int32_t* sentence_of_query = nullptr;  // [B] encoder sequence each hypothesis reads
+  CachedKeysValues self, cross;                // self: appended per step; cross: precomputed
+};
+
+// input: [B, T, D]; memory: [B, S, D]. With step (incremental decoding) memory is unused, T is 1
+// and tgt_lengths null; src_lengths then has one entry per encoder sequence.
 void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights& w,
                            const float* input, int64_t batch, int64_t tgt_len,
                            const int32_t* tgt_lengths, const float* memory, int64_t src_len,
                            const int32_t* src_lengths, const DropoutOptions& dropout,
-                           int64_t layer_index, DecoderLayerCache& cache);
+                           int64_t layer_index, DecoderLayerCache& cache,
+                           const DecoderStep* step = nullptr);
 
-// cache.memory = encoder stack output; cache.decoder_out = decoder stack output.
-void encoder_forward(const Model& model, const TokenBatch& batch, const DropoutOptions& dropout,
-                     StackCache& cache);
-void decoder_forward(const Model& model, const TokenBatch& batch, const DropoutOptions& dropout,
-                     StackCache& cache);
+// cache.memory = encoder stack output; cache.decoder_out = decoder stack output. w is
+// model.weights() (training) or the model's prepared weights (inference, model.prepared()).
+void encoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
+                     const DropoutOptions& dropout, StackCache& cache);
+void decoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
+                     const DropoutOptions& dropout, StackCache& cache);
 
 // Backward through both stacks (cache from a training forward) given d_decoder_out [B, T, D];
 // accumulates every parameter gradient, embeddings included.

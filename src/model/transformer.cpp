@@ -8,7 +8,7 @@
 #include "io/safetensors.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
-#include "model/packed_weights.h"
+#include "model/prepared_weights.h"
 #include "tensor/error.h"
 
 namespace tfm {
@@ -24,18 +24,16 @@ Model::Model(ModelConfig config, TensorMap parameters, const std::string& where)
 }
 
 TensorMap& Model::mutable_parameters() {
-  std::lock_guard<std::mutex> lock(packs_->mutex);
-  for (auto& packed : packs_->decoder) packed.reset();
+  std::lock_guard<std::mutex> lock(prepared_->mutex);
+  prepared_->by_precision.clear();
   return parameters_;
 }
 
-std::shared_ptr<const PackedDecoderWeights> Model::packed_decoder(Precision precision) const {
-  std::lock_guard<std::mutex> lock(packs_->mutex);
-  auto& packed = packs_->decoder[precision == Precision::kBFloat16 ? 1 : 0];
-  if (!packed)
-    packed = std::make_shared<const PackedDecoderWeights>(
-        pack_decoder_weights(config_, weights_, precision));
-  return packed;
+std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) const {
+  std::lock_guard<std::mutex> lock(prepared_->mutex);
+  auto& prepared = prepared_->by_precision[precision];
+  if (!prepared) prepared = prepare_weights(weights_, precision);
+  return prepared;
 }
 
 const float* Model::encoder_positions() const {
@@ -158,13 +156,13 @@ TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<i
 }
 
 void score_forward(const Model& model, const TokenBatch& batch, StackCache& cache,
-                   std::vector<float>& token_logprobs) {
-  const ModelConfig& config = model.config();
-  const TransformerWeights& w = model.weights();
-  const int64_t d = config.d_model, vocab = config.tgt_vocab_size;
+                   std::vector<float>& token_logprobs, Precision precision) {
+  const std::shared_ptr<const PreparedWeights> prepared = model.prepared(precision);
+  const TransformerWeights& w = prepared->weights;
+  const int64_t d = model.config().d_model, vocab = model.config().tgt_vocab_size;
   const DropoutOptions no_dropout;
-  encoder_forward(model, batch, no_dropout, cache);
-  decoder_forward(model, batch, no_dropout, cache);
+  encoder_forward(model, w, batch, no_dropout, cache);
+  decoder_forward(model, w, batch, no_dropout, cache);
 
   // Gather the decoder states of real (non-pad) positions so the vocabulary projection, the
   // most expensive GEMM here, skips padding.
@@ -185,12 +183,10 @@ void score_forward(const Model& model, const TokenBatch& batch, StackCache& cach
   // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
   const int64_t chunk = std::max<int64_t>(1, (int64_t(4) << 20) / vocab);
   std::vector<float> logits(
-      static_cast<size_t>(std::min(chunk, std::max<int64_t>(count, 1)) * vocab));
+      static_cast<size_t>(std::min(chunk, std::max<int64_t>(count, 1)) * vocab));  // [chunk, V]
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
-    gemm(false, true, n, vocab, d, 1.f, states.data() + begin * d, d, w.output_weight, d, 0.f,
-         logits.data(), vocab);
-    if (w.output_bias) add_bias(logits.data(), w.output_bias, n, vocab);
+    linear_forward(w.output, states.data() + begin * d, n, logits.data());
     log_softmax_pick(logits.data(), labels.data() + begin, n, vocab, picked.data() + begin);
   }
   token_logprobs.assign(size_t(batch.batch * batch.tgt_len), 0.f);

@@ -18,7 +18,7 @@
 
 namespace tfm {
 
-struct PackedDecoderWeights;  // model/packed_weights.h
+struct PreparedWeights;  // model/prepared_weights.h
 
 class Model {
  public:
@@ -32,12 +32,12 @@ class Model {
   const TransformerWeights& weights() const { return weights_; }
   const TensorMap& parameters() const { return parameters_; }
   // For optimizers: values may change in place, never shapes or names (the views stay valid).
-  // Drops the packed decoder weights, so call it again before each change.
+  // Drops the prepared weights, so call it again before each change.
   TensorMap& mutable_parameters();
-  // The decoder's weights packed for incremental decoding, built on first use (per precision)
-  // and shared by every later decoder (a translation run packs once). Thread-safe.
-  std::shared_ptr<const PackedDecoderWeights> packed_decoder(
-      Precision precision = Precision::kFloat32) const;
+  // The weights prepared for inference in `precision` (every product, encoder, decoder and
+  // output projection), built on first use and shared by every later caller (a translation run
+  // prepares once). Thread-safe.
+  std::shared_ptr<const PreparedWeights> prepared(Precision precision) const;
   // [max_positions, D] encodings added to the encoder / decoder inputs, or null for "none".
   const float* encoder_positions() const;
   const float* decoder_positions() const;
@@ -47,11 +47,11 @@ class Model {
   TensorMap parameters_;
   TransformerWeights weights_;
   std::vector<float> sinusoids_;  // [max_positions, D] when sinusoidal
-  struct PackCache {
+  struct PreparedCache {
     std::mutex mutex;
-    std::shared_ptr<const PackedDecoderWeights> decoder[2];  // by Precision
+    std::map<Precision, std::shared_ptr<const PreparedWeights>> by_precision;
   };
-  std::unique_ptr<PackCache> packs_ = std::make_unique<PackCache>();
+  std::unique_ptr<PreparedCache> prepared_ = std::make_unique<PreparedCache>();
 };
 
 // Reads a model .safetensors file (config from __metadata__.config); its weights must be finite
@@ -94,8 +94,8 @@ TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<i
                       const std::vector<std::vector<int32_t>>& targets);
 
 // token_logprobs[B, T]: log p(tgt_out[b, t] | ...) for t < tgt_lengths[b], 0 past the length.
-// Runs both stacks (inference mode, no dropout) into cache.
+// Runs both stacks (inference mode, no dropout) into cache, every product in `precision`.
 void score_forward(const Model& model, const TokenBatch& batch, StackCache& cache,
-                   std::vector<float>& token_logprobs);
+                   std::vector<float>& token_logprobs, Precision precision = Precision::kFloat32);
 
 }  // namespace tfm

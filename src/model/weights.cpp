@@ -39,8 +39,11 @@ FeedForward<F> bind_ffn(Map& tensors, const std::string& prefix) {
 
 template <typename F, typename Map>
 Attention<F> bind_attention_of(Map& tensors, const std::string& prefix, AttentionScoring scoring) {
-  Attention<F> a{bind_linear<F>(tensors, prefix + ".q"), bind_linear<F>(tensors, prefix + ".k"),
-                 bind_linear<F>(tensors, prefix + ".v"), bind_linear<F>(tensors, prefix + ".o")};
+  Attention<F> a;
+  a.q = bind_linear<F>(tensors, prefix + ".q");
+  a.k = bind_linear<F>(tensors, prefix + ".k");
+  a.v = bind_linear<F>(tensors, prefix + ".v");
+  a.o = bind_linear<F>(tensors, prefix + ".o");
   a.scoring = scoring;
   if (scoring == AttentionScoring::kAdditive)
     a.additive_v = find(tensors, prefix + ".additive_v").ptr();
@@ -71,19 +74,21 @@ TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors) {
   TransformerParams<F> w;
   switch (config.share_embeddings) {
     case EmbeddingSharing::kAll:
-      w.src_embed = w.tgt_embed = w.output_weight = find(tensors, "embed.weight").ptr();
+      w.src_embed = w.tgt_embed = w.output.weight = find(tensors, "embed.weight").ptr();
       break;
     case EmbeddingSharing::kTarget:
       w.src_embed = find(tensors, "src_embed.weight").ptr();
-      w.tgt_embed = w.output_weight = find(tensors, "tgt_embed.weight").ptr();
+      w.tgt_embed = w.output.weight = find(tensors, "tgt_embed.weight").ptr();
       break;
     case EmbeddingSharing::kNone:
       w.src_embed = find(tensors, "src_embed.weight").ptr();
       w.tgt_embed = find(tensors, "tgt_embed.weight").ptr();
-      w.output_weight = find(tensors, "out_proj.weight").ptr();
+      w.output.weight = find(tensors, "out_proj.weight").ptr();
       break;
   }
-  if (config.output_bias) w.output_bias = find(tensors, "out_proj.bias").ptr();
+  w.output.in = config.d_model;
+  w.output.out = config.tgt_vocab_size;
+  if (config.output_bias) w.output.bias = find(tensors, "out_proj.bias").ptr();
   if (config.position_encoding == PositionEncoding::kLearned) {
     w.encoder_pos_embed = find(tensors, "encoder.pos_embed.weight").ptr();
     w.decoder_pos_embed = find(tensors, "decoder.pos_embed.weight").ptr();

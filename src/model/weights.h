@@ -9,6 +9,8 @@
 
 namespace tfm {
 
+class PackedMatrix;  // kernels/gemm.h
+
 // Each view is a template over the element type: `const float` for weights, `float` for the
 // gradients, which are bound from a TensorMap of the same names and shapes. A shared embedding
 // binds one gradient buffer to all of its uses, so their gradients add up.
@@ -17,6 +19,10 @@ struct Linear {
   F* weight = nullptr;  // [out, in]
   F* bias = nullptr;    // [out] or null
   int64_t in = 0, out = 0;
+  // The weight prepared for inference in a backend's layout and number format
+  // (model/prepared_weights.h); products read it instead of `weight`. Null: they read `weight`
+  // (training, whose weights change every step).
+  const PackedMatrix* prepared = nullptr;
 };
 
 template <typename F>
@@ -30,6 +36,10 @@ struct Attention {
   Linear<F> q, k, v, o;
   AttentionScoring scoring = AttentionScoring::kScaledDot;  // config "attention"
   F* additive_v = nullptr;  // [heads, d_k] when scoring is additive, else null
+  // Prepared weights only: the projections that read one input stacked into one product,
+  // W_q|W_k|W_v [3D, D] for self-attention and W_k|W_v [2D, D] for cross-attention (weight null,
+  // bias stacked or null, prepared set). Unprepared (out 0): three / two products.
+  Linear<F> qkv, kv;
 
   // What the attention kernels need to score queries against keys.
   AttentionScore score() const { return {scoring, additive_v}; }
@@ -60,10 +70,10 @@ struct DecoderLayer {
 
 template <typename F>
 struct TransformerParams {
-  F* src_embed = nullptr;          // [src_vocab, d_model]
-  F* tgt_embed = nullptr;          // [tgt_vocab, d_model]
-  F* output_weight = nullptr;      // [tgt_vocab, d_model] (may alias an embedding)
-  F* output_bias = nullptr;        // [tgt_vocab] or null
+  F* src_embed = nullptr;  // [src_vocab, d_model]
+  F* tgt_embed = nullptr;  // [tgt_vocab, d_model]
+  Linear<F>
+      output;  // weight [tgt_vocab, d_model] (may alias an embedding), bias [tgt_vocab] or null
   F* encoder_pos_embed = nullptr;  // [max_positions, d_model] when learned
   F* decoder_pos_embed = nullptr;
   std::vector<EncoderLayer<F>> encoder_layers;

@@ -18,8 +18,8 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   const int64_t d = config.d_model, vocab = config.tgt_vocab_size;
   const bool backward = grad_scale != 0.f;
   ws.cache.training = backward;
-  encoder_forward(model, batch, dropout, ws.cache);
-  decoder_forward(model, batch, dropout, ws.cache);
+  encoder_forward(model, w, batch, dropout, ws.cache);
+  decoder_forward(model, w, batch, dropout, ws.cache);
 
   ws.rows.clear();
   for (int64_t b = 0; b < batch.batch; ++b)
@@ -41,8 +41,7 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
     const float* x = states + begin * d;  // [n, D]
-    gemm(false, true, n, vocab, d, 1.f, x, d, w.output_weight, d, 0.f, logits, vocab);
-    if (w.output_bias) add_bias(logits, w.output_bias, n, vocab);
+    linear_forward(w.output, x, n, logits);
     const CrossEntropyTotals ce = cross_entropy_forward_backward(logits, labels + begin, n, vocab,
                                                                  label_smoothing, grad_scale);
     totals.loss += ce.loss;
@@ -50,10 +49,7 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
     totals.correct += ce.correct;
     if (!backward) continue;
     // logits now hold d loss / d logits [n, V].
-    gemm(true, false, vocab, d, n, 1.f, logits, vocab, x, d, 1.f, g.output_weight, d);
-    if (g.output_bias) bias_backward(logits, n, vocab, g.output_bias);
-    gemm(false, false, n, d, vocab, 1.f, logits, vocab, w.output_weight, d, 0.f,
-         d_states + begin * d, d);
+    linear_backward(w.output, g.output, x, logits, n, d_states + begin * d, false);
   }
   if (!backward) return totals;
 

@@ -1,0 +1,81 @@
+// prepare_weights(): packs each matrix once, and stacks the attentions' input projections.
+#include "model/prepared_weights.h"
+
+#include <memory>
+
+namespace tfm {
+
+namespace {
+
+struct Preparer {
+  PreparedWeights& out;
+
+  void prepare(LinearWeights& w) {
+    out.matrices.emplace_back(std::vector<const float*>{w.weight}, std::vector<int64_t>{w.out},
+                              w.in, out.precision);
+    w.prepared = &out.matrices.back();
+  }
+
+  // The parts as one product: weight [Σ out, in] and their biases concatenated (null when none
+  // of them has one).
+  LinearWeights stack(const std::vector<const LinearWeights*>& parts) {
+    LinearWeights stacked;
+    stacked.in = parts[0]->in;
+    std::vector<const float*> matrices;
+    std::vector<int64_t> rows;
+    bool any_bias = false;
+    for (const LinearWeights* p : parts) {
+      matrices.push_back(p->weight);
+      rows.push_back(p->out);
+      stacked.out += p->out;
+      any_bias |= p->bias != nullptr;
+    }
+    out.matrices.emplace_back(matrices, rows, stacked.in, out.precision);
+    stacked.prepared = &out.matrices.back();
+    if (any_bias) {
+      std::vector<float>& bias = out.stacked_biases.emplace_back();
+      for (const LinearWeights* p : parts)
+        for (int64_t i = 0; i < p->out; ++i) bias.push_back(p->bias ? p->bias[i] : 0.f);
+      stacked.bias = bias.data();
+    }
+    return stacked;
+  }
+
+  // Only the products inference runs are packed: Q|K|V and W_o for self-attention, W_q, K|V
+  // and W_o for cross-attention (the unstacked K, V keep reading the model's tensors).
+  void prepare(AttentionWeights& a, bool self_attention) {
+    if (self_attention) {
+      a.qkv = stack({&a.q, &a.k, &a.v});
+    } else {
+      a.kv = stack({&a.k, &a.v});
+      prepare(a.q);
+    }
+    prepare(a.o);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<PreparedWeights> prepare_weights(const TransformerWeights& weights,
+                                                 Precision precision) {
+  auto prepared = std::make_unique<PreparedWeights>();
+  prepared->precision = precision;
+  prepared->weights = weights;
+  Preparer p{*prepared};
+  TransformerWeights& w = prepared->weights;
+  for (EncoderLayerWeights& layer : w.encoder_layers) {
+    p.prepare(layer.self_attn, true);
+    p.prepare(layer.ffn.fc1);
+    p.prepare(layer.ffn.fc2);
+  }
+  for (DecoderLayerWeights& layer : w.decoder_layers) {
+    p.prepare(layer.self_attn, true);
+    p.prepare(layer.cross_attn, false);
+    p.prepare(layer.ffn.fc1);
+    p.prepare(layer.ffn.fc2);
+  }
+  p.prepare(w.output);
+  return prepared;
+}
+
+}  // namespace tfm
