@@ -37,6 +37,7 @@
 #include "bench_util.h"
 #include "decode/beam_search.h"
 #include "decode/incremental_decoder.h"
+#include "io/model_file.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
@@ -205,7 +206,8 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     double t0 = now_seconds();
     const tfm::TokenBatch tb = tfm::make_batch(c, sources, Sentences(sources.size()));
     tfm::StackCache cache;
-    tfm::encoder_forward(model, model.prepared(precision)->weights, tb, {}, cache);
+    std::shared_ptr<const tfm::PreparedWeights> hold;
+    tfm::encoder_forward(model, model.sequence_weights(precision, hold), tb, {}, cache);
     double t1 = now_seconds();
     tfm::IncrementalDecoder decoder(model, cache.memory.data(), batch, tb.src_len,
                                     tb.src_lengths.data(), out_len + 1, batch * beam, precision);
@@ -241,7 +243,7 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     for (int64_t t = 0; t < out_len; ++t) {
       const int64_t n = rows_at_step(batch, beam, t);
       const double p0 = now_seconds();
-      tfm::linear_forward(model.prepared(precision)->weights.output, x.data(), n, logprobs.data());
+      tfm::linear_forward(model.prepared(precision)->steps.output, x.data(), n, logprobs.data());
       tfm::log_softmax(logprobs.data(), logprobs.data(), n, vocab);
       projection += now_seconds() - p0;
     }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "io/model_file.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/init.h"
@@ -214,7 +215,8 @@ int run(const Options& o) {
   // log-softmax is the rest of score_forward's median.
   nlohmann::json phases = nullptr;
   if (o.phase_repeats > 0) {
-    const tfm::TransformerWeights& prepared = model->prepared(precision)->weights;
+    std::shared_ptr<const tfm::PreparedWeights> hold;
+    const tfm::TransformerWeights& prepared = model->sequence_weights(precision, hold);
     const double encoder = time_median(
         0, o.phase_repeats, [&] { tfm::encoder_forward(*model, prepared, batch, {}, ws); },
         nullptr);

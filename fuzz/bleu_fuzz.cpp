@@ -1,7 +1,7 @@
 // Fuzz target: the BLEU / chrF tokenizers (13a, intl, char, none) and scorers on any valid
 // UTF-8 text: the first line is the hypothesis, the rest its reference.
 #include "fuzz_common.h"
-#include "text/bleu.h"
+#include "metrics/bleu.h"
 #include "text/vocabulary.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -2,6 +2,7 @@
 // metadata), and, when the bytes parse, the model built from them (config metadata, tensor
 // names and shapes) exactly as `load_model` does it.
 #include "fuzz_common.h"
+#include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/transformer.h"

@@ -1,7 +1,7 @@
 // BLEU and chrF against sacreBLEU's own published values (github.com/mjpost/sacrebleu, test/),
 // the tokenizers against the rules of sacreBLEU's tokenizer_13a.py / tokenizer_re.py /
 // tokenizer_intl.py, and `transformer bleu` as a user runs it.
-#include "text/bleu.h"
+#include "metrics/bleu.h"
 
 #include <gtest/gtest.h>
 

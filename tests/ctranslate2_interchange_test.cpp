@@ -16,6 +16,7 @@
 #include "fixture_batch.h"
 #include "io/ctranslate2.h"
 #include "io/file_util.h"
+#include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
 #include "tensor/error.h"

@@ -8,6 +8,7 @@
 
 #include "decode/beam_search.h"
 #include "io/ctranslate2.h"
+#include "io/model_file.h"
 #include "io/safetensors.h"
 #include "text/vocabulary.h"
 
@@ -62,8 +63,8 @@ TEST(Decode, CTranslate2TransliterationExpectations) {
   EXPECT_EQ(t.translate("آ ت ز م و ن", beam(2), "a t s"), "a t s u m o n");
 }
 
-// --compute-type bfloat16: the decoder's products in bfloat16 give CTranslate2's expected
-// outputs and log-probabilities within bfloat16's rounding of the float32 ones.
+// --compute-type bfloat16: every product in bfloat16 gives CTranslate2's expected outputs and
+// log-probabilities within bfloat16's rounding of the float32 ones.
 TEST(Decode, BFloat16WeightsKeepTheOutputs) {
   if (!bfloat16_supported()) GTEST_SKIP() << "this CPU has no AVX512-BF16 instructions";
   Transliterator t = Transliterator::load();
@@ -78,6 +79,32 @@ TEST(Decode, BFloat16WeightsKeepTheOutputs) {
     EXPECT_NEAR(reduced.logprob, full.logprob, 0.05) << size;
     EXPECT_NE(reduced.logprob, full.logprob) << "bfloat16 was not used";
   }
+}
+
+// Scoring in bfloat16 runs the encoder, the decoder and the output projection on bfloat16
+// weights: each token's log-probability moves by bfloat16's rounding only, and the search in
+// bfloat16 (whose incremental decoder runs the same layers) scores its output the same way.
+TEST(Decode, BFloat16ScoringMatchesFloat32AndTheSearch) {
+  if (!bfloat16_supported()) GTEST_SKIP() << "this CPU has no AVX512-BF16 instructions";
+  Transliterator t = Transliterator::load();
+  SearchOptions o = beam(1);
+  o.precision = Precision::kBFloat16;
+  const Hypothesis h = t.best("آ ت ش ي س و ن", o);
+  const TokenBatch batch =
+      make_batch(t.model.config(), {t.source.encode("آ ت ش ي س و ن")}, {h.tokens});
+  StackCache cache;
+  std::vector<float> full, reduced;
+  score_forward(t.model, batch, cache, full, Precision::kFloat32);
+  score_forward(t.model, batch, cache, reduced, Precision::kBFloat16);
+  double total = 0;
+  bool moved = false;
+  for (int64_t i = 0; i < batch.tgt_lengths[0]; ++i) {
+    EXPECT_NEAR(reduced[size_t(i)], full[size_t(i)], 0.05) << "token " << i;
+    moved |= reduced[size_t(i)] != full[size_t(i)];
+    total += reduced[size_t(i)];
+  }
+  EXPECT_TRUE(moved) << "bfloat16 was not used";
+  EXPECT_NEAR(h.logprob, total, 2e-3);
 }
 
 TEST(Decode, BatchedSearchEqualsOneSentenceAtATime) {

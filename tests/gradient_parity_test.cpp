@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "fixture_batch.h"
+#include "io/model_file.h"
 #include "io/safetensors.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"

@@ -16,6 +16,7 @@
 
 #include "cli_runner.h"
 #include "io/file_util.h"
+#include "io/model_file.h"
 #include "model/init.h"
 #include "model/transformer.h"
 

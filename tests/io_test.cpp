@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/file_util.h"
+#include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/init.h"
 #include "tensor/error.h"

@@ -17,6 +17,7 @@
 
 #include "cli_runner.h"
 #include "io/file_util.h"
+#include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
 

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "fixture_batch.h"
+#include "io/model_file.h"
 #include "io/safetensors.h"
 #include "train/loss.h"
 

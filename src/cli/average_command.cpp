@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
+#include "io/model_file.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
 #include "train/checkpoint.h"

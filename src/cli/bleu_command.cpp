@@ -8,8 +8,8 @@
 
 #include "cli/commands.h"
 #include "io/file_util.h"
+#include "metrics/bleu.h"
 #include "tensor/error.h"
-#include "text/bleu.h"
 #include "text/corpus.h"
 #include "text/vocabulary.h"
 

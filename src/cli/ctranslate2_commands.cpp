@@ -6,8 +6,9 @@
 
 #include "cli/commands.h"
 #include "io/ctranslate2.h"
+#include "io/model_directory.h"
+#include "io/model_file.h"
 #include "tensor/error.h"
-#include "text/model_directory.h"
 
 namespace tfm {
 

@@ -8,8 +8,9 @@
 
 #include "cli/commands.h"
 #include "cli/config_options.h"
+#include "io/model_directory.h"
+#include "io/model_file.h"
 #include "io/safetensors.h"
-#include "text/model_directory.h"
 #include "train/checkpoint.h"
 
 namespace tfm {

@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/config_options.h"
+#include "io/model_file.h"
 #include "model/init.h"
 #include "tensor/error.h"
 

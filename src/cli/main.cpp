@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
 #include "io/file_util.h"
+#include "io/model_file.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
 #include "tensor/memory_budget.h"

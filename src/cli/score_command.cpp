@@ -4,16 +4,16 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <numeric>
 
 #include "cli/commands.h"
 #include "cli/compute_type_option.h"
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "io/file_util.h"
+#include "io/model_directory.h"
 #include "tensor/error.h"
+#include "text/batching.h"
 #include "text/corpus.h"
-#include "text/model_directory.h"
 
 namespace tfm {
 
@@ -40,59 +40,48 @@ void run_score(const ScoreOptions& o) {
   if (src_lines.size() != tgt_lines.size())
     throw Error(o.src + " has " + std::to_string(src_lines.size()) + " lines but " + o.tgt +
                 " has " + std::to_string(tgt_lines.size()));
-  const auto sources =
+  auto sources =
       encode_lines(src_lines, bundle.source_vocabulary ? &*bundle.source_vocabulary : nullptr,
                    o.ids, config.src_vocab_size, o.src);
-  const auto targets =
+  auto targets =
       encode_lines(tgt_lines, bundle.target_vocabulary ? &*bundle.target_vocabulary : nullptr,
                    o.ids, config.tgt_vocab_size, o.tgt);
-  const int64_t limit = config.max_positions - config.position_offset;
   const int64_t extra_src = config.src_append_eos ? 1 : 0;
   for (size_t i = 0; i < sources.size(); ++i) {
-    if (int64_t(sources[i].size()) + extra_src > limit)
+    if (int64_t(sources[i].size()) > max_source_tokens(config))
       throw Error(o.src + ":" + std::to_string(i + 1) + ": " + std::to_string(sources[i].size()) +
                   " tokens is longer than the model's max_positions allow");
-    if (int64_t(targets[i].size()) + 1 > limit)
+    if (int64_t(targets[i].size()) > max_target_tokens(config))
       throw Error(o.tgt + ":" + std::to_string(i + 1) + ": " + std::to_string(targets[i].size()) +
                   " tokens is longer than the model's max_positions allow");
   }
 
-  // Longest pairs first, so batches hold sentences of similar length (little padding).
-  std::vector<size_t> order(sources.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return sources[a].size() + targets[a].size() > sources[b].size() + targets[b].size();
-  });
-  std::vector<std::vector<float>> results(sources.size());  // per pair: per-token log-probs
+  // Pairs of similar length batched together (little padding), as training batches them.
+  ParallelCorpus pairs;
+  pairs.sources = std::move(sources);
+  pairs.targets = std::move(targets);
+  const BatchPlan plan = plan_batches(pairs, o.batch_tokens, extra_src, 0, 0, false);
+  std::vector<std::vector<float>> results(pairs.sources.size());  // per pair: per-token log-probs
   StackCache ws;
   std::vector<float> logprobs;
-  Progress progress("score", int64_t(order.size()));
-  size_t next = 0;
-  while (next < order.size()) {
+  Progress progress("score", int64_t(pairs.sources.size()));
+  int64_t done = 0;
+  for (const std::vector<int64_t>& members : plan) {
     std::vector<std::vector<int32_t>> batch_src, batch_tgt;
-    std::vector<size_t> members;
-    int64_t src_len = 0, tgt_len = 0;
-    while (next < order.size()) {
-      const size_t i = order[next];
-      const int64_t s = std::max<int64_t>(src_len, int64_t(sources[i].size()) + extra_src);
-      const int64_t t = std::max<int64_t>(tgt_len, int64_t(targets[i].size()) + 1);
-      if (!members.empty() && int64_t(members.size() + 1) * (s + t) > o.batch_tokens) break;
-      src_len = s;
-      tgt_len = t;
-      members.push_back(i);
-      batch_src.push_back(sources[i]);
-      batch_tgt.push_back(targets[i]);
-      ++next;
+    for (int64_t i : members) {
+      batch_src.push_back(pairs.sources[size_t(i)]);
+      batch_tgt.push_back(pairs.targets[size_t(i)]);
     }
     const TokenBatch batch = make_batch(config, batch_src, batch_tgt);
     score_forward(bundle.model, batch, ws, logprobs, precision);
     for (size_t m = 0; m < members.size(); ++m) {
       const float* row = logprobs.data() + int64_t(m) * batch.tgt_len;
-      results[members[m]].assign(row, row + batch.tgt_lengths[m]);
+      results[size_t(members[m])].assign(row, row + batch.tgt_lengths[m]);
     }
-    progress.update(int64_t(next));
+    done += int64_t(members.size());
+    progress.update(done);
   }
-  progress.finish(int64_t(next));
+  progress.finish(done);
 
   auto write = [&](std::FILE* f) {
     for (const auto& tokens : results) {

@@ -14,9 +14,9 @@
 #include "decode/beam_search.h"
 #include "decode/hypothesis_text.h"
 #include "io/file_util.h"
+#include "io/model_directory.h"
 #include "tensor/error.h"
 #include "text/corpus.h"
-#include "text/model_directory.h"
 
 namespace tfm {
 

@@ -77,7 +77,7 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
       make_batch(c, sources, std::vector<std::vector<int32_t>>(sources.size()));
 
   // Length limits per sentence (generated tokens, eos excluded).
-  const int64_t position_limit = c.max_positions - c.position_offset;
+  const int64_t max_tokens = max_target_tokens(c);
   std::vector<int64_t> max_len(static_cast<size_t>(sentences)),
       prefix_len(static_cast<size_t>(sentences), 0);
   int64_t longest = 0;
@@ -85,14 +85,14 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
     int64_t limit =
         int64_t(std::floor(o.max_length_a * double(sources[size_t(s)].size()))) + o.max_length_b;
     if (o.max_length > 0) limit = std::min(limit, o.max_length);
-    limit = std::max<int64_t>(1, std::min(limit, position_limit - 1));
+    limit = std::max<int64_t>(1, std::min(limit, max_tokens));
     if (!prefixes.empty()) {
       prefix_len[size_t(s)] = int64_t(prefixes[size_t(s)].size());
       for (int32_t id : prefixes[size_t(s)])
         if (id < 0 || id >= vocab)
           throw Error("prefix token id " + std::to_string(id) +
                       " is outside the target vocabulary");
-      limit = std::max(limit, std::min(prefix_len[size_t(s)], position_limit - 1));
+      limit = std::max(limit, std::min(prefix_len[size_t(s)], max_tokens));
     }
     max_len[size_t(s)] = limit;
     longest = std::max(longest, limit);
@@ -104,7 +104,8 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
 
   // Encoder, once for the batch.
   StackCache cache;
-  encoder_forward(model, model.prepared(o.precision)->weights, batch, {}, cache);
+  std::shared_ptr<const PreparedWeights> hold;
+  encoder_forward(model, model.sequence_weights(o.precision, hold), batch, {}, cache);
   IncrementalDecoder decoder(model, cache.memory.data(), sentences, batch.src_len,
                              batch.src_lengths.data(), longest + 1, sentences * beam, o.precision);
 

@@ -21,7 +21,7 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
       src_lengths_(src_lengths) {
   const ModelConfig& c = model.config();
   const int64_t d = c.d_model, rows = sentences * src_len;
-  for (const DecoderLayerWeights& layer : prepared_->weights.decoder_layers) {
+  for (const DecoderLayerWeights& layer : prepared_->steps.decoder_layers) {
     cross_kv_.push_back(std::make_unique_for_overwrite<float[]>(size_t(rows * 2 * d)));
     linear_forward(layer.cross_attn.kv, memory, rows, cross_kv_.back().get());  // K|V stacked
     // Untouched pages cost nothing: only the rows the steps write are ever mapped.
@@ -45,7 +45,7 @@ void IncrementalDecoder::start(const std::vector<int32_t>& hypothesis_sentence) 
 void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cross_attention,
                               int64_t attention_layer, bool per_head) {
   const ModelConfig& c = model_.config();
-  const TransformerWeights& w = prepared_->weights;
+  const TransformerWeights& w = prepared_->steps;
   const int64_t n = hypotheses(), d = c.d_model, heads = c.heads, t = position_;
   if (t >= max_steps_)
     throw std::invalid_argument("IncrementalDecoder: more steps than max_steps (" +

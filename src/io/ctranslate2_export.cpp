@@ -26,7 +26,7 @@ std::optional<Tensor> position_table(const Model& model, bool encoder) {
       c.sinusoid_layout == SinusoidLayout::kConcat && c.position_offset == 1 &&
       c.max_positions == ModelConfig{}.max_positions)
     return std::nullopt;
-  const int64_t rows = c.max_positions - c.position_offset, d = c.d_model;
+  const int64_t rows = sequence_positions(c), d = c.d_model;
   if (rows < 1) throw Error("the model has no usable positions (max_positions <= position_offset)");
   Tensor table({rows, d});  // [positions, d_model]
   const float* added = encoder ? model.encoder_positions() : model.decoder_positions();

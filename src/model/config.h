@@ -47,9 +47,18 @@ struct ModelConfig {
   int64_t head_dim() const { return d_model / heads; }
 };
 
+// The positions one sequence may occupy: the rows of the position table past position_offset.
+// Every length limit derives from this one.
+inline int64_t sequence_positions(const ModelConfig& c) {
+  return c.max_positions - c.position_offset;
+}
 // The most source tokens a sentence may have (without the eos the encoder appends itself).
 inline int64_t max_source_tokens(const ModelConfig& c) {
-  return c.max_positions - c.position_offset - (c.src_append_eos ? 1 : 0);
+  return sequence_positions(c) - (c.src_append_eos ? 1 : 0);
+}
+// The most target tokens (the decoder reads bos + target; eos is only a label).
+inline int64_t max_target_tokens(const ModelConfig& c) {
+  return sequence_positions(c) - 1;
 }
 
 // Reads a config object, applying defaults for absent keys; throws Error on unknown keys,

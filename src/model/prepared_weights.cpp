@@ -60,21 +60,26 @@ std::unique_ptr<PreparedWeights> prepare_weights(const TransformerWeights& weigh
                                                  Precision precision) {
   auto prepared = std::make_unique<PreparedWeights>();
   prepared->precision = precision;
-  prepared->weights = weights;
   Preparer p{*prepared};
-  TransformerWeights& w = prepared->weights;
-  for (EncoderLayerWeights& layer : w.encoder_layers) {
-    p.prepare(layer.self_attn, true);
-    p.prepare(layer.ffn.fc1);
-    p.prepare(layer.ffn.fc2);
-  }
-  for (DecoderLayerWeights& layer : w.decoder_layers) {
+  TransformerWeights& steps = prepared->steps;
+  steps = weights;
+  for (DecoderLayerWeights& layer : steps.decoder_layers) {
     p.prepare(layer.self_attn, true);
     p.prepare(layer.cross_attn, false);
     p.prepare(layer.ffn.fc1);
     p.prepare(layer.ffn.fc2);
   }
-  p.prepare(w.output);
+  p.prepare(steps.output);
+  if (precision == Precision::kFloat32) {
+    prepared->sequences = weights;
+    return prepared;
+  }
+  for (EncoderLayerWeights& layer : steps.encoder_layers) {
+    p.prepare(layer.self_attn, true);
+    p.prepare(layer.ffn.fc1);
+    p.prepare(layer.ffn.fc2);
+  }
+  prepared->sequences = steps;
   return prepared;
 }
 

@@ -1,9 +1,15 @@
-// A model's weights prepared once for inference in one number format: every Linear's matrix
-// copied into the layout the backend's products read fastest (PackedMatrix, float32 or
-// bfloat16), and the projections that read the same input stacked into one product
-// (self-attention's Q|K|V, cross-attention's K|V). The encoder, the decoder (whole sequences or
-// one position at a time), scoring and the output projection all run on these views through
-// linear_forward. Training reads the float32 tensors directly: they change every step.
+// A model's weights prepared once for inference in one number format: matrices copied into
+// the layout the backend's products read fastest (PackedMatrix, float32 or bfloat16), and the
+// projections that read the same input stacked into one product (self-attention's Q|K|V,
+// cross-attention's K|V). Two views share the copies:
+// - `steps`, for incremental decoding (decoder layers and output projection), whose products
+//   have one row per live hypothesis: there, reading packed weights instead of repacking them
+//   per call is what makes a step fast, in either format;
+// - `sequences`, for whole sequences (encoder, teacher-forced decoder, scoring). In float32
+//   these are the model's own tensors: with hundreds of rows oneDNN reads them in place at full
+//   speed, and a packed copy would double the memory. In bfloat16 every product needs its
+//   bfloat16 copy, so `sequences` is `steps` plus the encoder.
+// Training reads the float32 tensors directly: they change every step.
 #pragma once
 
 #include <deque>
@@ -17,9 +23,10 @@ namespace tfm {
 
 struct PreparedWeights {
   Precision precision = Precision::kFloat32;
-  // The model's views with every Linear's `prepared` set (and Attention::qkv / kv stacked);
-  // norms, embeddings and biases still point at the model's tensors.
-  TransformerWeights weights;
+  // The model's views with Linear::prepared set (and Attention::qkv / kv stacked) where
+  // packed; norms, embeddings and biases still point at the model's tensors.
+  TransformerWeights steps;
+  TransformerWeights sequences;
   std::deque<PackedMatrix> matrices;              // what the views' `prepared` point to
   std::deque<std::vector<float>> stacked_biases;  // [3D] or [2D] biases of qkv / kv
 };

@@ -20,35 +20,6 @@ uint64_t decoder_site(int64_t layer, int offset) {
   return 100000 + uint64_t(layer) * 16 + uint64_t(offset);
 }
 
-// function_backward(d_out, function_input, d_function_input, accumulate) runs the function's
-// backward. d_input (= the sublayer input's gradient) must not alias d_output.
-template <typename FunctionBackward>
-void sublayer_backward(const ModelConfig& config, const LayerNormWeights& norm,
-                       const LayerNormParams<float>& norm_grad, const float* input, int64_t rows,
-                       float dropout, SublayerCache& cache, const float* d_output, float* d_input,
-                       BackwardScratch& scratch, FunctionBackward&& function_backward) {
-  const int64_t d = config.d_model, n = rows * d;
-  float* d_function_out = ensure_size(scratch.d_sublayer, n);  // [rows, D]
-  const float* mean = cache.norm.mean.data();
-  const float* rstd = cache.norm.rstd.data();
-  if (config.norm == NormPosition::kPost) {
-    // d residual = LN backward; it flows to the input directly and through the dropout to F.
-    layer_norm_backward(d_output, cache.residual.data(), mean, rstd, norm.weight, d_input,
-                        norm_grad.weight, norm_grad.bias, rows, d, false);
-    std::copy_n(d_input, n, d_function_out);
-    if (dropout > 0.f) apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
-    function_backward(d_function_out, input, d_input, true);
-  } else {
-    std::copy_n(d_output, n, d_input);
-    std::copy_n(d_output, n, d_function_out);
-    if (dropout > 0.f) apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
-    float* d_normed = ensure_size(scratch.d_normed, n);  // [rows, D]
-    function_backward(d_function_out, cache.normed.data(), d_normed, false);
-    layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_input, norm_grad.weight,
-                        norm_grad.bias, rows, d, true);
-  }
-}
-
 AttentionInputs self_attention_inputs(const ModelConfig& config, const float* x, int64_t batch,
                                       int64_t len, const int32_t* lengths, bool causal,
                                       float dropout, uint64_t key) {
@@ -229,6 +200,70 @@ void decoder_forward(const Model& model, const TransformerWeights& w, const Toke
              cache.decoder_out);
 }
 
+void encoder_layer_backward(const ModelConfig& config, const EncoderLayerWeights& w,
+                            const EncoderLayer<float>& g, const float* input, int64_t batch,
+                            int64_t src_len, const int32_t* src_lengths,
+                            const DropoutOptions& dropout, EncoderLayerCache& cache,
+                            const float* d_output, float* d_input, BackwardScratch& scratch) {
+  const int64_t rows = batch * src_len, d = config.d_model;
+  float* d_between =
+      ensure_size(scratch.d_between[0], rows * d);  // [rows, D] into the FFN sublayer
+  sublayer_backward(config, w.norm2, g.norm2, cache.attention_sublayer.output.data(), rows,
+                    dropout.dropout, cache.ffn_sublayer, d_output, d_between, scratch,
+                    [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+                      feed_forward_backward(w.ffn, g.ffn, config.activation, x, rows,
+                                            dropout.relu_dropout, cache.ffn, d_out, scratch, dx,
+                                            accumulate);
+                    });
+  sublayer_backward(
+      config, w.norm1, g.norm1, input, rows, dropout.dropout, cache.attention_sublayer, d_between,
+      d_input, scratch, [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+        const AttentionInputs in = self_attention_inputs(config, x, batch, src_len, src_lengths,
+                                                         false, dropout.attention_dropout, 0);
+        // Self-attention: the query and memory inputs are the same tensor.
+        if (!accumulate) std::fill_n(dx, rows * d, 0.f);
+        multi_head_attention_backward(w.self_attn, g.self_attn, config.heads, in, cache.self_attn,
+                                      d_out, scratch, dx, true, dx);
+      });
+}
+
+void decoder_layer_backward(const ModelConfig& config, const DecoderLayerWeights& w,
+                            const DecoderLayer<float>& g, const float* input, int64_t batch,
+                            int64_t tgt_len, const int32_t* tgt_lengths, const float* memory,
+                            int64_t src_len, const int32_t* src_lengths,
+                            const DropoutOptions& dropout, DecoderLayerCache& cache,
+                            const float* d_output, float* d_input, float* d_memory,
+                            BackwardScratch& scratch) {
+  const int64_t rows = batch * tgt_len, d = config.d_model;
+  float* d_ffn_input = ensure_size(scratch.d_between[0], rows * d);    // [rows, D]
+  float* d_cross_input = ensure_size(scratch.d_between[1], rows * d);  // [rows, D]
+  sublayer_backward(config, w.norm3, g.norm3, cache.cross_sublayer.output.data(), rows,
+                    dropout.dropout, cache.ffn_sublayer, d_output, d_ffn_input, scratch,
+                    [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+                      feed_forward_backward(w.ffn, g.ffn, config.activation, x, rows,
+                                            dropout.relu_dropout, cache.ffn, d_out, scratch, dx,
+                                            accumulate);
+                    });
+  sublayer_backward(
+      config, w.norm2, g.norm2, cache.self_sublayer.output.data(), rows, dropout.dropout,
+      cache.cross_sublayer, d_ffn_input, d_cross_input, scratch,
+      [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+        const AttentionInputs in = cross_attention_inputs(
+            x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout, 0);
+        multi_head_attention_backward(w.cross_attn, g.cross_attn, config.heads, in,
+                                      cache.cross_attn, d_out, scratch, dx, accumulate, d_memory);
+      });
+  sublayer_backward(
+      config, w.norm1, g.norm1, input, rows, dropout.dropout, cache.self_sublayer, d_cross_input,
+      d_input, scratch, [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+        const AttentionInputs in = self_attention_inputs(config, x, batch, tgt_len, tgt_lengths,
+                                                         true, dropout.attention_dropout, 0);
+        if (!accumulate) std::fill_n(dx, rows * d, 0.f);
+        multi_head_attention_backward(w.self_attn, g.self_attn, config.heads, in, cache.self_attn,
+                                      d_out, scratch, dx, true, dx);
+      });
+}
+
 void stacks_backward(const Model& model, const TransformerGradients& g, const TokenBatch& batch,
                      const DropoutOptions& dropout, StackCache& cache, const float* d_decoder_out,
                      BackwardScratch& scratch) {
@@ -254,49 +289,19 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
       std::copy_n(d_out, rows * d, stream[current]);
     }
   };
-  // Runs one sublayer's backward from stream[current] into the other buffer.
-  auto sublayer = [&](const LayerNormWeights& norm, const LayerNormParams<float>& ng,
-                      const float* input, int64_t rows, SublayerCache& sub_cache,
-                      auto&& function_backward) {
-    sublayer_backward(config, norm, ng, input, rows, dropout.dropout, sub_cache, stream[current],
-                      stream[1 - current], scratch, function_backward);
-    current = 1 - current;
-  };
 
-  // Decoder, top to bottom.
+  // Decoder, top to bottom; each layer's backward from stream[current] into the other buffer.
   const int64_t tgt_rows = B * T;
-  const int64_t dec_layers = config.decoder_layers;
   final_norm_backward(w.decoder_norm, g.decoder_norm, cache.decoder_layers.back().output(),
                       cache.decoder_norm, d_decoder_out, tgt_rows);
-  for (int64_t i = dec_layers - 1; i >= 0; --i) {
-    DecoderLayerCache& lc = cache.decoder_layers[size_t(i)];
-    const DecoderLayerWeights& lw = w.decoder_layers[size_t(i)];
-    const DecoderLayer<float>& lg = g.decoder_layers[size_t(i)];
+  for (int64_t i = config.decoder_layers - 1; i >= 0; --i) {
     const float* input =
         i == 0 ? cache.decoder_input.data() : cache.decoder_layers[size_t(i - 1)].output();
-    sublayer(lw.norm3, lg.norm3, lc.cross_sublayer.output.data(), tgt_rows, lc.ffn_sublayer,
-             [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-               feed_forward_backward(lw.ffn, lg.ffn, config.activation, x, tgt_rows,
-                                     dropout.relu_dropout, lc.ffn, d_out, scratch, dx, accumulate);
-             });
-    sublayer(lw.norm2, lg.norm2, lc.self_sublayer.output.data(), tgt_rows, lc.cross_sublayer,
-             [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-               const AttentionInputs in =
-                   cross_attention_inputs(x, cache.memory.data(), B, T, S, batch.src_lengths.data(),
-                                          dropout.attention_dropout, 0);
-               multi_head_attention_backward(lw.cross_attn, lg.cross_attn, config.heads, in,
-                                             lc.cross_attn, d_out, scratch, dx, accumulate,
-                                             d_memory);
-             });
-    sublayer(lw.norm1, lg.norm1, input, tgt_rows, lc.self_sublayer,
-             [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-               const AttentionInputs in = self_attention_inputs(
-                   config, x, B, T, batch.tgt_lengths.data(), true, dropout.attention_dropout, 0);
-               // Self-attention: the query and memory inputs are the same tensor.
-               if (!accumulate) std::fill_n(dx, tgt_rows * d, 0.f);
-               multi_head_attention_backward(lw.self_attn, lg.self_attn, config.heads, in,
-                                             lc.self_attn, d_out, scratch, dx, true, dx);
-             });
+    decoder_layer_backward(config, w.decoder_layers[size_t(i)], g.decoder_layers[size_t(i)], input,
+                           B, T, batch.tgt_lengths.data(), cache.memory.data(), S,
+                           batch.src_lengths.data(), dropout, cache.decoder_layers[size_t(i)],
+                           stream[current], stream[1 - current], d_memory, scratch);
+    current = 1 - current;
   }
   if (dropout.dropout > 0.f)
     apply_dropout(stream[current], cache.decoder_input_mask.data(), tgt_rows * d, dropout.dropout);
@@ -305,28 +310,15 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
 
   // Encoder, from the gradient its output received from every cross-attention.
   const int64_t src_rows = B * S;
-  const int64_t enc_layers = config.encoder_layers;
   final_norm_backward(w.encoder_norm, g.encoder_norm, cache.encoder_layers.back().output(),
                       cache.encoder_norm, d_memory, src_rows);
-  for (int64_t i = enc_layers - 1; i >= 0; --i) {
-    EncoderLayerCache& lc = cache.encoder_layers[size_t(i)];
-    const EncoderLayerWeights& lw = w.encoder_layers[size_t(i)];
-    const EncoderLayer<float>& lg = g.encoder_layers[size_t(i)];
+  for (int64_t i = config.encoder_layers - 1; i >= 0; --i) {
     const float* input =
         i == 0 ? cache.encoder_input.data() : cache.encoder_layers[size_t(i - 1)].output();
-    sublayer(lw.norm2, lg.norm2, lc.attention_sublayer.output.data(), src_rows, lc.ffn_sublayer,
-             [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-               feed_forward_backward(lw.ffn, lg.ffn, config.activation, x, src_rows,
-                                     dropout.relu_dropout, lc.ffn, d_out, scratch, dx, accumulate);
-             });
-    sublayer(lw.norm1, lg.norm1, input, src_rows, lc.attention_sublayer,
-             [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-               const AttentionInputs in = self_attention_inputs(
-                   config, x, B, S, batch.src_lengths.data(), false, dropout.attention_dropout, 0);
-               if (!accumulate) std::fill_n(dx, src_rows * d, 0.f);
-               multi_head_attention_backward(lw.self_attn, lg.self_attn, config.heads, in,
-                                             lc.self_attn, d_out, scratch, dx, true, dx);
-             });
+    encoder_layer_backward(config, w.encoder_layers[size_t(i)], g.encoder_layers[size_t(i)], input,
+                           B, S, batch.src_lengths.data(), dropout, cache.encoder_layers[size_t(i)],
+                           stream[current], stream[1 - current], scratch);
+    current = 1 - current;
   }
   if (dropout.dropout > 0.f)
     apply_dropout(stream[current], cache.encoder_input_mask.data(), src_rows * d, dropout.dropout);

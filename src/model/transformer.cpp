@@ -5,7 +5,6 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "io/safetensors.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "model/prepared_weights.h"
@@ -36,6 +35,13 @@ std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) cons
   return prepared;
 }
 
+const TransformerWeights& Model::sequence_weights(
+    Precision precision, std::shared_ptr<const PreparedWeights>& hold) const {
+  if (precision == Precision::kFloat32) return weights_;
+  hold = prepared(precision);
+  return hold->sequences;
+}
+
 const float* Model::encoder_positions() const {
   if (config_.position_encoding == PositionEncoding::kLearned) return weights_.encoder_pos_embed;
   if (config_.position_encoding == PositionEncoding::kSinusoidal) return sinusoids_.data();
@@ -46,60 +52,6 @@ const float* Model::decoder_positions() const {
   if (config_.position_encoding == PositionEncoding::kLearned) return weights_.decoder_pos_embed;
   if (config_.position_encoding == PositionEncoding::kSinusoidal) return sinusoids_.data();
   return nullptr;
-}
-
-namespace {
-bool g_allow_nonfinite_weights = false;
-}  // namespace
-
-void allow_nonfinite_weights(bool allow) {
-  g_allow_nonfinite_weights = allow;
-}
-
-bool all_finite(const TensorMap& tensors) {
-  for (const auto& [name, t] : tensors) {
-    bool finite = true;
-    for (float x : t.data) finite &= std::isfinite(x);  // branch-free: vectorises
-    if (!finite) return false;
-  }
-  return true;
-}
-
-void check_finite_parameters(const TensorMap& parameters, const std::string& where) {
-  if (g_allow_nonfinite_weights || all_finite(parameters)) return;
-  for (const auto& [name, t] : parameters) {
-    for (size_t i = 0; i < t.data.size(); ++i)
-      if (!std::isfinite(t.data[i]))
-        throw Error(where + ": tensor \"" + name + "\" holds " +
-                    (std::isnan(t.data[i]) ? "NaN" : "an infinity") + " at index " +
-                    std::to_string(i) + " (--allow-nonfinite loads it anyway)");
-  }
-}
-
-ModelConfig model_config_of_header(const std::map<std::string, std::string>& metadata,
-                                   const std::map<std::string, Shape>& shapes,
-                                   const std::string& where) {
-  auto it = metadata.find("config");
-  if (it == metadata.end())
-    throw Error(where + ": not a transformer-cpp model (no \"config\" in __metadata__)");
-  ModelConfig config = config_from_json_text(it->second, where);
-  validate_config(config, where);
-  check_parameter_shapes(config, shapes, where);
-  return config;
-}
-
-Model load_model(const std::string& path) {
-  ModelConfig config;
-  // The config and every declared shape are checked before any tensor is read.
-  SafetensorsFile file = read_safetensors(path, [&](const auto& metadata, const auto& shapes) {
-    config = model_config_of_header(metadata, shapes, path);
-  });
-  check_finite_parameters(file.tensors, path);
-  return Model(std::move(config), std::move(file.tensors), path);
-}
-
-void save_model(const Model& model, const std::string& path) {
-  write_safetensors(path, model.parameters(), {{"config", config_to_json_text(model.config())}});
 }
 
 TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<int32_t>>& sources,
@@ -114,7 +66,7 @@ TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<i
     b.src_len = std::max<int64_t>(b.src_len, int64_t(sources[i].size()) + extra_src);
     b.tgt_len = std::max<int64_t>(b.tgt_len, int64_t(targets[i].size()) + 1);
   }
-  const int64_t limit = config.max_positions - config.position_offset;
+  const int64_t limit = sequence_positions(config);
   if (b.src_len > limit || b.tgt_len > limit)
     throw Error("a sequence of " + std::to_string(std::max(b.src_len, b.tgt_len)) +
                 " positions is longer than the model allows (max_positions " +
@@ -157,8 +109,8 @@ TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<i
 
 void score_forward(const Model& model, const TokenBatch& batch, StackCache& cache,
                    std::vector<float>& token_logprobs, Precision precision) {
-  const std::shared_ptr<const PreparedWeights> prepared = model.prepared(precision);
-  const TransformerWeights& w = prepared->weights;
+  std::shared_ptr<const PreparedWeights> hold;
+  const TransformerWeights& w = model.sequence_weights(precision, hold);
   const int64_t d = model.config().d_model, vocab = model.config().tgt_vocab_size;
   const DropoutOptions no_dropout;
   encoder_forward(model, w, batch, no_dropout, cache);

@@ -34,10 +34,14 @@ class Model {
   // For optimizers: values may change in place, never shapes or names (the views stay valid).
   // Drops the prepared weights, so call it again before each change.
   TensorMap& mutable_parameters();
-  // The weights prepared for inference in `precision` (every product, encoder, decoder and
-  // output projection), built on first use and shared by every later caller (a translation run
-  // prepares once). Thread-safe.
+  // The weights prepared for inference in `precision` (model/prepared_weights.h), built on
+  // first use and shared by every later caller (a translation run prepares once). Thread-safe.
   std::shared_ptr<const PreparedWeights> prepared(Precision precision) const;
+  // What whole-sequence inference (encoder, scoring) reads in `precision`: the model's own
+  // tensors for float32 (nothing is prepared), else prepared(precision)->sequences, which
+  // `hold` keeps alive.
+  const TransformerWeights& sequence_weights(Precision precision,
+                                             std::shared_ptr<const PreparedWeights>& hold) const;
   // [max_positions, D] encodings added to the encoder / decoder inputs, or null for "none".
   const float* encoder_positions() const;
   const float* decoder_positions() const;
@@ -53,27 +57,6 @@ class Model {
   };
   std::unique_ptr<PreparedCache> prepared_ = std::make_unique<PreparedCache>();
 };
-
-// Reads a model .safetensors file (config from __metadata__.config); its weights must be finite
-// (check_finite_parameters).
-Model load_model(const std::string& path);
-
-// The config of a model file's header (its metadata and declared shapes, before any tensor is
-// read), checked: valid, and every declared shape what it asks for. Throws Error naming `where`.
-ModelConfig model_config_of_header(const std::map<std::string, std::string>& metadata,
-                                   const std::map<std::string, Shape>& shapes,
-                                   const std::string& where);
-
-// True when every element of every tensor is finite.
-bool all_finite(const TensorMap& tensors);
-
-// Weights read from files (models, checkpoints, imports) are checked for NaN / Inf: throws Error
-// naming `where`, the first bad tensor and index. allow_nonfinite_weights(true) (the CLI's
-// --allow-nonfinite) turns the check off for the whole process.
-void check_finite_parameters(const TensorMap& parameters, const std::string& where);
-void allow_nonfinite_weights(bool allow);
-// Writes config + parameters atomically.
-void save_model(const Model& model, const std::string& path);
 
 // A padded batch of token ids. Rows are padded with pad_id up to src_len / tgt_len.
 struct TokenBatch {

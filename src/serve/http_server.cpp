@@ -16,12 +16,12 @@
 #include <deque>
 #include <thread>
 
+#include "io/model_directory.h"
 #include "model/config.h"
 #include "serve/metrics.h"
 #include "serve/translation_service.h"
 #include "serve/web_page.h"
 #include "tensor/error.h"
-#include "text/model_directory.h"
 
 namespace tfm {
 
@@ -212,7 +212,7 @@ void run_server(const ServeSettings& settings) {
   const int64_t model_tokens = max_source_tokens(config);
   if (limits.max_sentence_tokens <= 0 || limits.max_sentence_tokens > model_tokens)
     limits.max_sentence_tokens = model_tokens;
-  limits.max_length = config.max_positions - config.position_offset - 1;
+  limits.max_length = max_target_tokens(config);
   limits.decoder_layers = config.decoder_layers;
   SearchOptions defaults = settings.search;
   defaults.nbest = 1;

@@ -18,7 +18,6 @@ std::vector<SentenceResult> TranslationService::translate(
   const Vocabulary& source_vocabulary = *bundle_.source_vocabulary;
   const Vocabulary& target_vocabulary = *bundle_.target_vocabulary;
   const ModelConfig& config = bundle_.model.config();
-  const int64_t position_limit = config.max_positions - config.position_offset;
   std::vector<SentenceResult> results(request.texts.size());
   auto ticket = std::make_shared<BatchTicket>();
   ticket->search = request.search;
@@ -35,10 +34,11 @@ std::vector<SentenceResult> TranslationService::translate(
                                   " per sentence (--max-sentence-tokens)");
     if (!request.prefixes.empty()) {
       std::vector<int32_t> prefix = target_vocabulary.encode(request.prefixes[i]);
-      if (int64_t(prefix.size()) >= position_limit)
-        throw RequestError(
-            400, "prefix[" + std::to_string(i) + "] has " + std::to_string(prefix.size()) +
-                     " tokens; the model generates at most " + std::to_string(position_limit - 1));
+      if (int64_t(prefix.size()) > max_target_tokens(config))
+        throw RequestError(400, "prefix[" + std::to_string(i) + "] has " +
+                                    std::to_string(prefix.size()) +
+                                    " tokens; the model generates at most " +
+                                    std::to_string(max_target_tokens(config)));
       ticket->prefixes.push_back(std::move(prefix));
     }
     if (request.attention) results[i].source_pieces = source_vocabulary.to_pieces(request.texts[i]);

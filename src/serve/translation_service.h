@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "io/model_directory.h"
 #include "serve/dynamic_batcher.h"
 #include "serve/translate_request.h"
-#include "text/model_directory.h"
 
 namespace tfm {
 

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "io/file_util.h"
+#include "io/model_file.h"
 #include "io/safetensors.h"
 #include "tensor/error.h"
 

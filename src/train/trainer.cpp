@@ -16,11 +16,12 @@
 
 #include "io/directory_lock.h"
 #include "io/file_util.h"
+#include "io/model_directory.h"
+#include "io/model_file.h"
 #include "model/init.h"
 #include "tensor/error.h"
 #include "tensor/memory_budget.h"
 #include "text/batching.h"
-#include "text/model_directory.h"
 #include "train/checkpoint.h"
 #include "train/loss.h"
 #include "train/replicas.h"
@@ -249,8 +250,9 @@ TrainResult train(const TrainOptions& o) {
   }
   encoding.src_vocab_size = config.src_vocab_size;
   encoding.tgt_vocab_size = config.tgt_vocab_size;
-  const int64_t position_limit = config.max_positions - config.position_offset - 1;
-  encoding.max_length = o.max_length > 0 ? std::min(o.max_length, position_limit) : position_limit;
+  // One limit for both sides: the target's (the source's is the same or one more).
+  const int64_t max_tokens = max_target_tokens(config);
+  encoding.max_length = o.max_length > 0 ? std::min(o.max_length, max_tokens) : max_tokens;
   if (o.train_src.empty() || o.train_tgt.empty())
     throw Error("--train-src and --train-tgt are required");
   const ParallelCorpus corpus = load_parallel_corpus(o.train_src, o.train_tgt, encoding);

@@ -1,9 +1,10 @@
 // Model directory loading and writing.
-#include "text/model_directory.h"
+#include "io/model_directory.h"
 
 #include <filesystem>
 
 #include "io/file_util.h"
+#include "io/model_file.h"
 #include "tensor/error.h"
 
 namespace tfm {

@@ -3,7 +3,7 @@
 // fixed-width, so each is applied as one left-to-right scan with non-overlapping matches,
 // exactly as re.sub does; "whitespace" is Python's str.isspace(); Unicode general categories
 // and lowercasing come from ICU.
-#include "text/bleu.h"
+#include "metrics/bleu.h"
 
 #include <unicode/uchar.h>
 #include <unicode/ustring.h>
