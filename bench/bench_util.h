@@ -39,6 +39,15 @@ using Sentences = std::vector<std::vector<int32_t>>;
 }
 
 // The non-negative integer value of option argv[i]; advances i past it.
+// --compute-type's value at argv[i + 1]: true for bfloat16, false for float32.
+inline bool bfloat16_arg(int argc, char** argv, int& i, const char* usage) {
+  if (i + 1 >= argc) usage_error(usage, "--compute-type needs a value");
+  const std::string type = argv[++i];
+  if (type != "float32" && type != "bfloat16")
+    usage_error(usage, "--compute-type is float32 or bfloat16, not " + type);
+  return type == "bfloat16";
+}
+
 inline long long int_arg(int argc, char** argv, int& i, const char* usage) {
   if (i + 1 >= argc) usage_error(usage, std::string(argv[i]) + " needs a value");
   const std::string text = argv[++i];

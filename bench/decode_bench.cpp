@@ -111,11 +111,7 @@ Options parse_options(int argc, char** argv) {
     } else if (a == "--beam") {
       o.beam = int(int_value(i));
     } else if (a == "--compute-type") {
-      if (i + 1 >= argc) usage_error("--compute-type needs a value");
-      const std::string type = argv[++i];
-      if (type != "float32" && type != "bfloat16")
-        usage_error("--compute-type is float32 or bfloat16, not " + type);
-      o.bfloat16 = type == "bfloat16";
+      o.bfloat16 = bench::bfloat16_arg(argc, argv, i, kUsage);
     } else if (a == "--repeats") {
       o.repeats = int(int_value(i));
     } else if (a == "--warmup") {

@@ -71,16 +71,15 @@ struct AttentionCache {
 
 // Scratch of the backward passes, shared by all layers.
 struct BackwardScratch {
-  std::vector<float> d_context;     // [B, Tq, D]
-  std::vector<float> dq;            // [B, Tq, D]
-  std::vector<float> dk;            // [B, Tk, D]
-  std::vector<float> dv;            // [B, Tk, D]
-  std::vector<float> d_hidden;      // [rows, d_ff]
-  std::vector<float> d_sublayer;    // [rows, D] gradient entering a sublayer's function
-  std::vector<float> d_normed;      // [rows, D] gradient of a pre-norm sublayer's function input
-  std::vector<float> d_stream[2];   // [rows, D] gradients of the residual stream, ping-pong
-  std::vector<float> d_between[2];  // [rows, D] gradients between one layer's sublayers
-  std::vector<float> d_memory;      // [B, S, D] gradient of the encoder output (cross-attention)
+  std::vector<float> d_context;   // [B, Tq, D]
+  std::vector<float> dq;          // [B, Tq, D]
+  std::vector<float> dk;          // [B, Tk, D]
+  std::vector<float> dv;          // [B, Tk, D]
+  std::vector<float> d_hidden;    // [rows, d_ff]
+  std::vector<float> d_sublayer;  // [rows, D] gradient entering a sublayer's function
+  std::vector<float> d_normed;    // [rows, D] gradient of a pre-norm sublayer's function input
+  std::vector<float> d_stream;    // [rows, D] gradient of the residual stream
+  std::vector<float> d_memory;    // [B, S, D] gradient of the encoder output (cross-attention)
 };
 
 // out[B, Tq, D] = W_o · Concat_h(softmax(Q_h K_hᵀ / sqrt(d_k)) V_h): one GEMM per projection

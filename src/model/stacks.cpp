@@ -200,31 +200,56 @@ void decoder_forward(const Model& model, const TransformerWeights& w, const Toke
              cache.decoder_out);
 }
 
+namespace {
+
+// The backward of a feed-forward sublayer (its input: the previous sublayer's output).
+void feed_forward_sublayer_backward(const ModelConfig& config, const LayerNormWeights& norm,
+                                    const LayerNormParams<float>& norm_grad,
+                                    const FeedForwardWeights& w, const FeedForward<float>& g,
+                                    const float* input, int64_t rows, const DropoutOptions& dropout,
+                                    SublayerCache& sublayer, FeedForwardCache& cache,
+                                    float* d_stream, BackwardScratch& scratch) {
+  sublayer_backward(config, norm, norm_grad, input, rows, dropout.dropout, sublayer, d_stream,
+                    scratch, [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+                      feed_forward_backward(w, g, config.activation, x, rows, dropout.relu_dropout,
+                                            cache, d_out, scratch, dx, accumulate);
+                    });
+}
+
+// The backward of a self-attention sublayer (causal in the decoder).
+void self_attention_sublayer_backward(const ModelConfig& config, const LayerNormWeights& norm,
+                                      const LayerNormParams<float>& norm_grad,
+                                      const AttentionWeights& w, const Attention<float>& g,
+                                      const float* input, int64_t batch, int64_t len,
+                                      const int32_t* lengths, bool causal,
+                                      const DropoutOptions& dropout, SublayerCache& sublayer,
+                                      AttentionCache& cache, float* d_stream,
+                                      BackwardScratch& scratch) {
+  const int64_t rows = batch * len;
+  sublayer_backward(config, norm, norm_grad, input, rows, dropout.dropout, sublayer, d_stream,
+                    scratch, [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+                      const AttentionInputs in = self_attention_inputs(
+                          config, x, batch, len, lengths, causal, dropout.attention_dropout, 0);
+                      // Self-attention: the query and memory inputs are the same tensor.
+                      if (!accumulate) std::fill_n(dx, rows * config.d_model, 0.f);
+                      multi_head_attention_backward(w, g, config.heads, in, cache, d_out, scratch,
+                                                    dx, true, dx);
+                    });
+}
+
+}  // namespace
+
 void encoder_layer_backward(const ModelConfig& config, const EncoderLayerWeights& w,
                             const EncoderLayer<float>& g, const float* input, int64_t batch,
                             int64_t src_len, const int32_t* src_lengths,
                             const DropoutOptions& dropout, EncoderLayerCache& cache,
-                            const float* d_output, float* d_input, BackwardScratch& scratch) {
-  const int64_t rows = batch * src_len, d = config.d_model;
-  float* d_between =
-      ensure_size(scratch.d_between[0], rows * d);  // [rows, D] into the FFN sublayer
-  sublayer_backward(config, w.norm2, g.norm2, cache.attention_sublayer.output.data(), rows,
-                    dropout.dropout, cache.ffn_sublayer, d_output, d_between, scratch,
-                    [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-                      feed_forward_backward(w.ffn, g.ffn, config.activation, x, rows,
-                                            dropout.relu_dropout, cache.ffn, d_out, scratch, dx,
-                                            accumulate);
-                    });
-  sublayer_backward(
-      config, w.norm1, g.norm1, input, rows, dropout.dropout, cache.attention_sublayer, d_between,
-      d_input, scratch, [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-        const AttentionInputs in = self_attention_inputs(config, x, batch, src_len, src_lengths,
-                                                         false, dropout.attention_dropout, 0);
-        // Self-attention: the query and memory inputs are the same tensor.
-        if (!accumulate) std::fill_n(dx, rows * d, 0.f);
-        multi_head_attention_backward(w.self_attn, g.self_attn, config.heads, in, cache.self_attn,
-                                      d_out, scratch, dx, true, dx);
-      });
+                            float* d_stream, BackwardScratch& scratch) {
+  feed_forward_sublayer_backward(config, w.norm2, g.norm2, w.ffn, g.ffn,
+                                 cache.attention_sublayer.output.data(), batch * src_len, dropout,
+                                 cache.ffn_sublayer, cache.ffn, d_stream, scratch);
+  self_attention_sublayer_backward(config, w.norm1, g.norm1, w.self_attn, g.self_attn, input, batch,
+                                   src_len, src_lengths, false, dropout, cache.attention_sublayer,
+                                   cache.self_attn, d_stream, scratch);
 }
 
 void decoder_layer_backward(const ModelConfig& config, const DecoderLayerWeights& w,
@@ -232,36 +257,23 @@ void decoder_layer_backward(const ModelConfig& config, const DecoderLayerWeights
                             int64_t tgt_len, const int32_t* tgt_lengths, const float* memory,
                             int64_t src_len, const int32_t* src_lengths,
                             const DropoutOptions& dropout, DecoderLayerCache& cache,
-                            const float* d_output, float* d_input, float* d_memory,
-                            BackwardScratch& scratch) {
-  const int64_t rows = batch * tgt_len, d = config.d_model;
-  float* d_ffn_input = ensure_size(scratch.d_between[0], rows * d);    // [rows, D]
-  float* d_cross_input = ensure_size(scratch.d_between[1], rows * d);  // [rows, D]
-  sublayer_backward(config, w.norm3, g.norm3, cache.cross_sublayer.output.data(), rows,
-                    dropout.dropout, cache.ffn_sublayer, d_output, d_ffn_input, scratch,
-                    [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-                      feed_forward_backward(w.ffn, g.ffn, config.activation, x, rows,
-                                            dropout.relu_dropout, cache.ffn, d_out, scratch, dx,
-                                            accumulate);
-                    });
+                            float* d_stream, float* d_memory, BackwardScratch& scratch) {
+  const int64_t rows = batch * tgt_len;
+  feed_forward_sublayer_backward(config, w.norm3, g.norm3, w.ffn, g.ffn,
+                                 cache.cross_sublayer.output.data(), rows, dropout,
+                                 cache.ffn_sublayer, cache.ffn, d_stream, scratch);
   sublayer_backward(
       config, w.norm2, g.norm2, cache.self_sublayer.output.data(), rows, dropout.dropout,
-      cache.cross_sublayer, d_ffn_input, d_cross_input, scratch,
+      cache.cross_sublayer, d_stream, scratch,
       [&](const float* d_out, const float* x, float* dx, bool accumulate) {
         const AttentionInputs in = cross_attention_inputs(
             x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout, 0);
         multi_head_attention_backward(w.cross_attn, g.cross_attn, config.heads, in,
                                       cache.cross_attn, d_out, scratch, dx, accumulate, d_memory);
       });
-  sublayer_backward(
-      config, w.norm1, g.norm1, input, rows, dropout.dropout, cache.self_sublayer, d_cross_input,
-      d_input, scratch, [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-        const AttentionInputs in = self_attention_inputs(config, x, batch, tgt_len, tgt_lengths,
-                                                         true, dropout.attention_dropout, 0);
-        if (!accumulate) std::fill_n(dx, rows * d, 0.f);
-        multi_head_attention_backward(w.self_attn, g.self_attn, config.heads, in, cache.self_attn,
-                                      d_out, scratch, dx, true, dx);
-      });
+  self_attention_sublayer_backward(config, w.norm1, g.norm1, w.self_attn, g.self_attn, input, batch,
+                                   tgt_len, tgt_lengths, true, dropout, cache.self_sublayer,
+                                   cache.self_attn, d_stream, scratch);
 }
 
 void stacks_backward(const Model& model, const TransformerGradients& g, const TokenBatch& batch,
@@ -272,11 +284,10 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
   const int64_t d = config.d_model;
   const int64_t B = batch.batch, S = batch.src_len, T = batch.tgt_len;
   const int64_t max_rows = B * std::max(S, T);
-  float* stream[2] = {ensure_size(scratch.d_stream[0], max_rows * d),
-                      ensure_size(scratch.d_stream[1], max_rows * d)};
-  float* d_memory = ensure_size(scratch.d_memory, B * S * d);  // [B, S, D]
+  // The gradient flowing down the residual stream, each layer's backward in place.
+  float* stream = ensure_size(scratch.d_stream, max_rows * d);  // [rows, D]
+  float* d_memory = ensure_size(scratch.d_memory, B * S * d);   // [B, S, D]
   std::fill_n(d_memory, B * S * d, 0.f);
-  int current = 0;  // stream[current] holds the gradient flowing down the residual stream
 
   // Final norm (pre-norm) or identity, from the stack output to the last layer's output.
   auto final_norm_backward = [&](const LayerNormWeights& norm, const LayerNormParams<float>& ng,
@@ -284,13 +295,13 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
                                  const float* d_out, int64_t rows) {
     if (config.norm == NormPosition::kPre) {
       layer_norm_backward(d_out, last_output, norm_cache.mean.data(), norm_cache.rstd.data(),
-                          norm.weight, stream[current], ng.weight, ng.bias, rows, d, false);
+                          norm.weight, stream, ng.weight, ng.bias, rows, d, false);
     } else {
-      std::copy_n(d_out, rows * d, stream[current]);
+      std::copy_n(d_out, rows * d, stream);
     }
   };
 
-  // Decoder, top to bottom; each layer's backward from stream[current] into the other buffer.
+  // Decoder, top to bottom.
   const int64_t tgt_rows = B * T;
   final_norm_backward(w.decoder_norm, g.decoder_norm, cache.decoder_layers.back().output(),
                       cache.decoder_norm, d_decoder_out, tgt_rows);
@@ -300,13 +311,11 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
     decoder_layer_backward(config, w.decoder_layers[size_t(i)], g.decoder_layers[size_t(i)], input,
                            B, T, batch.tgt_lengths.data(), cache.memory.data(), S,
                            batch.src_lengths.data(), dropout, cache.decoder_layers[size_t(i)],
-                           stream[current], stream[1 - current], d_memory, scratch);
-    current = 1 - current;
+                           stream, d_memory, scratch);
   }
   if (dropout.dropout > 0.f)
-    apply_dropout(stream[current], cache.decoder_input_mask.data(), tgt_rows * d, dropout.dropout);
-  embed_backward(config, stream[current], batch.tgt_in.data(), B, T, g.tgt_embed,
-                 g.decoder_pos_embed);
+    apply_dropout(stream, cache.decoder_input_mask.data(), tgt_rows * d, dropout.dropout);
+  embed_backward(config, stream, batch.tgt_in.data(), B, T, g.tgt_embed, g.decoder_pos_embed);
 
   // Encoder, from the gradient its output received from every cross-attention.
   const int64_t src_rows = B * S;
@@ -317,13 +326,11 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
         i == 0 ? cache.encoder_input.data() : cache.encoder_layers[size_t(i - 1)].output();
     encoder_layer_backward(config, w.encoder_layers[size_t(i)], g.encoder_layers[size_t(i)], input,
                            B, S, batch.src_lengths.data(), dropout, cache.encoder_layers[size_t(i)],
-                           stream[current], stream[1 - current], scratch);
-    current = 1 - current;
+                           stream, scratch);
   }
   if (dropout.dropout > 0.f)
-    apply_dropout(stream[current], cache.encoder_input_mask.data(), src_rows * d, dropout.dropout);
-  embed_backward(config, stream[current], batch.src_ids.data(), B, S, g.src_embed,
-                 g.encoder_pos_embed);
+    apply_dropout(stream, cache.encoder_input_mask.data(), src_rows * d, dropout.dropout);
+  embed_backward(config, stream, batch.src_ids.data(), B, S, g.src_embed, g.encoder_pos_embed);
 }
 
 }  // namespace tfm

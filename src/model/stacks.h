@@ -87,22 +87,21 @@ void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights&
                            int64_t layer_index, DecoderLayerCache& cache,
                            const DecoderStep* step = nullptr);
 
-// Backward of the layer forwards above (cache from a training forward, same arguments): given
-// d_output [rows, D], writes d_input [rows, D] and accumulates the layer's parameter gradients
-// into g; the decoder layer also adds its cross-attention's gradient to d_memory [B, S, D].
-// d_input must not alias d_output.
+// Backward of the layer forwards above (cache from a training forward, same arguments):
+// d_stream [rows, D] holds the gradient of the layer's output and is replaced, in place, by that
+// of its input; the layer's parameter gradients are accumulated into g, and the decoder layer
+// adds its cross-attention's gradient of the encoder output to d_memory [B, S, D].
 void encoder_layer_backward(const ModelConfig& config, const EncoderLayerWeights& w,
                             const EncoderLayer<float>& g, const float* input, int64_t batch,
                             int64_t src_len, const int32_t* src_lengths,
                             const DropoutOptions& dropout, EncoderLayerCache& cache,
-                            const float* d_output, float* d_input, BackwardScratch& scratch);
+                            float* d_stream, BackwardScratch& scratch);
 void decoder_layer_backward(const ModelConfig& config, const DecoderLayerWeights& w,
                             const DecoderLayer<float>& g, const float* input, int64_t batch,
                             int64_t tgt_len, const int32_t* tgt_lengths, const float* memory,
                             int64_t src_len, const int32_t* src_lengths,
                             const DropoutOptions& dropout, DecoderLayerCache& cache,
-                            const float* d_output, float* d_input, float* d_memory,
-                            BackwardScratch& scratch);
+                            float* d_stream, float* d_memory, BackwardScratch& scratch);
 
 // cache.memory = encoder stack output; cache.decoder_out = decoder stack output. w is
 // model.weights() (training) or the model's prepared weights (inference, model.prepared()).

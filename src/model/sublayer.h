@@ -42,32 +42,34 @@ void sublayer_forward(const ModelConfig& config, const LayerNormWeights& norm, c
   }
 }
 
-// The backward of sublayer_forward (cache from its training call, d_output [rows, D]):
+// The backward of sublayer_forward (cache from its training call): d_stream [rows, D] holds the
+// gradient of the sublayer's output and is replaced, in place, by that of its input.
 // function_backward(d_out, function_input, d_function_input, accumulate) runs the function's
-// backward. d_input (= the sublayer input's gradient) must not alias d_output.
+// backward (d_function_input: = or += when accumulate).
 template <typename FunctionBackward>
 void sublayer_backward(const ModelConfig& config, const LayerNormWeights& norm,
                        const LayerNormParams<float>& norm_grad, const float* input, int64_t rows,
-                       float dropout, SublayerCache& cache, const float* d_output, float* d_input,
+                       float dropout, SublayerCache& cache, float* d_stream,
                        BackwardScratch& scratch, FunctionBackward&& function_backward) {
   const int64_t d = config.d_model, n = rows * d;
   float* d_function_out = ensure_size(scratch.d_sublayer, n);  // [rows, D]
   const float* mean = cache.norm.mean.data();
   const float* rstd = cache.norm.rstd.data();
   if (config.norm == NormPosition::kPost) {
-    // d residual = LN backward; it flows to the input directly and through the dropout to F.
-    layer_norm_backward(d_output, cache.residual.data(), mean, rstd, norm.weight, d_input,
+    // d residual = LN backward (row by row, so in place); it flows to the input directly and
+    // through the dropout to F.
+    layer_norm_backward(d_stream, cache.residual.data(), mean, rstd, norm.weight, d_stream,
                         norm_grad.weight, norm_grad.bias, rows, d, false);
-    std::copy_n(d_input, n, d_function_out);
+    std::copy_n(d_stream, n, d_function_out);
     if (dropout > 0.f) apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
-    function_backward(d_function_out, input, d_input, true);
+    function_backward(d_function_out, input, d_stream, true);
   } else {
-    std::copy_n(d_output, n, d_input);
-    std::copy_n(d_output, n, d_function_out);
+    // The residual path passes d_stream through unchanged; F's path adds to it.
+    std::copy_n(d_stream, n, d_function_out);
     if (dropout > 0.f) apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
     float* d_normed = ensure_size(scratch.d_normed, n);  // [rows, D]
     function_backward(d_function_out, cache.normed.data(), d_normed, false);
-    layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_input, norm_grad.weight,
+    layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_stream, norm_grad.weight,
                         norm_grad.bias, rows, d, true);
   }
 }
