@@ -57,29 +57,28 @@ struct Projections {
   int64_t q_stride = 0, k_stride = 0, v_stride = 0;
 };
 
-// Q from query_input, and K, V from memory_input, into the cache: one stacked product where the
-// weights are prepared for it, else one product each (what backward reads).
-Projections project(const AttentionWeights& w, const AttentionInputs& in, int64_t query_rows,
-                    int64_t key_rows, AttentionCache& cache) {
+// Q from query_input, and K, V from memory_input unless it is null, into the cache: one stacked
+// product where the weights are prepared for it, else one product each (what backward reads).
+Projections project(const AttentionWeights& w, const float* query_input, const float* memory_input,
+                    int64_t query_rows, int64_t key_rows, AttentionCache& cache) {
   const int64_t d = w.q.out;
-  Projections p;
-  if (w.qkv.prepared && (in.cached || in.query_input == in.memory_input)) {
+  if (w.qkv.prepared && query_input == memory_input) {
     float* qkv = ensure_size(cache.q, query_rows * 3 * d);  // [B, T, 3D] rows q | k | v
-    linear_forward(w.qkv, in.query_input, query_rows, qkv);
+    linear_forward(w.qkv, query_input, query_rows, qkv);
     return {qkv, qkv + d, qkv + 2 * d, 3 * d, 3 * d, 3 * d};
   }
   float* q = ensure_size(cache.q, query_rows * d);  // [B, Tq, D]
-  linear_forward(w.q, in.query_input, query_rows, q);
-  const float* keys_from = in.cached ? in.query_input : in.memory_input;
-  if (w.kv.prepared && !in.cached) {
+  linear_forward(w.q, query_input, query_rows, q);
+  if (!memory_input) return {q, nullptr, nullptr, d, 0, 0};
+  if (w.kv.prepared) {
     float* kv = ensure_size(cache.k, key_rows * 2 * d);  // [B, Tk, 2D] rows k | v
-    linear_forward(w.kv, keys_from, key_rows, kv);
+    linear_forward(w.kv, memory_input, key_rows, kv);
     return {q, kv, kv + d, d, 2 * d, 2 * d};
   }
   float* k = ensure_size(cache.k, key_rows * d);  // [B, Tk, D]
   float* v = ensure_size(cache.v, key_rows * d);  // [B, Tk, D]
-  linear_forward(w.k, keys_from, key_rows, k);
-  linear_forward(w.v, keys_from, key_rows, v);
+  linear_forward(w.k, memory_input, key_rows, k);
+  linear_forward(w.v, memory_input, key_rows, v);
   return {q, k, v, d, d, d};
 }
 
@@ -94,24 +93,18 @@ void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
   const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
   float* probs = keep ? ensure_size(cache.probs, prob_count) : nullptr;  // [B, H, Tq, Tk]
   AttentionShape shape = attention_shape(w, in, heads, d);
-  Projections p;
-  if (in.cached && in.cached->key_rows) {
-    // Self-attention, one position: project this position's q, k, v and append k, v.
-    p = project(w, in, query_rows, query_rows, cache);
+  // Incremental decoding projects only this position: its q, k, v in self-attention (k and v
+  // are appended to the cache), its q alone in cross-attention (the keys are cached already).
+  const bool appends = in.cached && in.cached->key_rows;
+  Projections p = project(w, in.query_input, in.cached && !appends ? nullptr : in.memory_input,
+                          query_rows, in.cached ? query_rows : key_rows, cache);
+  if (appends) {
     const CachedKeysValues& kv = *in.cached;
     for (int64_t i = 0; i < in.batch; ++i) {
       const int64_t row = kv.key_rows[i * kv.key_rows_stride + in.mask.query_offset];
       std::copy_n(p.k + i * p.k_stride, d, kv.keys + row * kv.row_stride);
       std::copy_n(p.v + i * p.v_stride, d, kv.values + row * kv.row_stride);
     }
-  } else if (in.cached) {
-    // Cross-attention, one position: only the queries are new.
-    float* q = ensure_size(cache.q, query_rows * d);  // [B, 1, D]
-    linear_forward(w.q, in.query_input, query_rows, q);
-    p.q = q;
-    p.q_stride = d;
-  } else {
-    p = project(w, in, query_rows, key_rows, cache);
   }
   if (in.cached) {
     p.k = in.cached->keys;

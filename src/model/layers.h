@@ -54,7 +54,9 @@ struct AttentionInputs {
   AttentionMask mask;
   float dropout = 0.f;  // on the attention weights
   uint64_t dropout_key = 0;
-  const CachedKeysValues* cached = nullptr;  // incremental decoding (then memory_input unused)
+  // Incremental decoding: self-attention still projects memory_input (= query_input) for this
+  // position; cross-attention leaves it unused.
+  const CachedKeysValues* cached = nullptr;
 };
 
 struct AttentionCache {

@@ -3,10 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
 
 #include "kernels/elementwise.h"
-#include "kernels/gemm.h"
 #include "model/prepared_weights.h"
 #include "tensor/error.h"
 

@@ -5,8 +5,6 @@
 #include <algorithm>
 
 #include "kernels/cross_entropy.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
 
 namespace tfm {
 
