@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/attention.h"
 #include "bench_util.h"
-#include "kernels/attention.h"
 #include "model/layers.h"
 
 // Live heap bytes (and their peak) of every operator new in this process: what `speed` reports.
@@ -323,11 +323,13 @@ int run_heads(const Options& o) {
       in.query_len = in.key_len = shape.n;
       tfm::AttentionCache cache;
       tfm::BackwardScratch scratch;
-      auto forward = [&] { tfm::multi_head_attention_forward(w, heads, in, cache, out.data()); };
+      auto forward = [&] {
+        tfm::multi_head_attention_forward(tfm::cpu_backend(), w, heads, in, cache, out.data());
+      };
       auto training = [&] {
         forward();
-        tfm::multi_head_attention_backward(w, g, heads, in, cache, d_out.data(), scratch,
-                                           d_x.data(), false, d_x.data());
+        tfm::multi_head_attention_backward(tfm::cpu_backend(), w, g, heads, in, cache, d_out.data(),
+                                           scratch, d_x.data(), false, d_x.data());
       };
       const double forward_s = bench::time_for_at_least(forward, min_seconds);
       const double training_s = bench::time_for_at_least(training, min_seconds);

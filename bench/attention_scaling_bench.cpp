@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/attention.h"
+#include "backend/cpu/elementwise.h"
+#include "backend/cpu/gemm.h"
 #include "bench_util.h"
-#include "kernels/attention.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
 #include "model/layers.h"
 
 namespace {
@@ -86,9 +86,9 @@ int run(const Options& o) {
     std::vector<float> out(size_t(n * d));                                  // [n, D]
     // Projected Q, K, V for the core-only timings.
     std::vector<float> q(size_t(n * d)), k(size_t(n * d)), v(size_t(n * d));  // [n, D] each
-    tfm::linear_forward(attention.q, x.data(), n, q.data());
-    tfm::linear_forward(attention.k, x.data(), n, k.data());
-    tfm::linear_forward(attention.v, x.data(), n, v.data());
+    tfm::linear_forward(tfm::cpu_backend(), attention.q, x.data(), n, q.data());
+    tfm::linear_forward(tfm::cpu_backend(), attention.k, x.data(), n, k.data());
+    tfm::linear_forward(tfm::cpu_backend(), attention.v, x.data(), n, v.data());
 
     for (int64_t window : {int64_t(-1), o.window}) {
       tfm::AttentionInputs in;
@@ -99,7 +99,10 @@ int run(const Options& o) {
       tfm::AttentionCache cache;
       cache.keep_weights = false;  // inference: streamed, nothing n×n kept
       const double layer = bench::time_for_at_least(
-          [&] { tfm::multi_head_attention_forward(attention, o.heads, in, cache, out.data()); },
+          [&] {
+            tfm::multi_head_attention_forward(tfm::cpu_backend(), attention, o.heads, in, cache,
+                                              out.data());
+          },
           min_seconds);
       tfm::AttentionShape shape;
       shape.batch = 1;

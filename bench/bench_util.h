@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm.h"
+#include "backend/cpu/gemm.h"
 #include "tensor/error.h"
 #include "tensor/memory_budget.h"
 #include "tensor/random.h"

@@ -34,12 +34,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/elementwise.h"
+#include "backend/cpu/gemm.h"
 #include "bench_util.h"
 #include "decode/beam_search.h"
 #include "decode/incremental_decoder.h"
 #include "io/model_file.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/init.h"
 #include "model/prepared_weights.h"
@@ -239,7 +239,8 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     for (int64_t t = 0; t < out_len; ++t) {
       const int64_t n = rows_at_step(batch, beam, t);
       const double p0 = now_seconds();
-      tfm::linear_forward(model.prepared(precision)->steps.output, x.data(), n, logprobs.data());
+      tfm::linear_forward(tfm::cpu_backend(), model.prepared(precision)->steps.output, x.data(), n,
+                          logprobs.data());
       tfm::log_softmax(logprobs.data(), logprobs.data(), n, vocab);
       projection += now_seconds() - p0;
     }

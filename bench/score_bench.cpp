@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/gemm.h"
 #include "bench_util.h"
 #include "io/model_file.h"
-#include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/init.h"
 #include "model/prepared_weights.h"

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/gemm.h"
 #include "bench_util.h"
-#include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/init.h"
 #include "model/transformer.h"

@@ -150,6 +150,32 @@ TEST(Cli, CorruptModelFilesAreClearErrors) {
                {"nothing.safetensors"});
 }
 
+// --device: cpu (the default) gives the same scores as no flag; an unknown device is one clear
+// error before anything is read or written, in every command that runs the model.
+TEST(Cli, DeviceSelectsABackendAndUnknownDevicesAreErrors) {
+  work.write_file("dev_src.txt", "3 4 5\n6 7\n");
+  work.write_file("dev_tgt.txt", "5 6\n9\n");
+  const std::string score = "score --model " + tiny_model() + " --ids --src " +
+                            work.path("dev_src.txt") + " --tgt " + work.path("dev_tgt.txt");
+  CliResult plain = work.run_cli(score);
+  CliResult cpu = work.run_cli(score + " --device cpu");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  EXPECT_EQ(plain.out, cpu.out);
+  expect_error(work.run_cli(score + " --device tpu"), 1, {"unknown device \"tpu\"", "cpu"});
+  expect_error(work.run_cli("translate --model " + tiny_model() + " --ids --device cuda:7 -i " +
+                            work.path("dev_src.txt")),
+               1, {"unknown device \"cuda:7\""});
+  const std::string run_dir = work.path("dev_run");
+  expect_error(work.run_cli("train --preset tiny --vocab 20 --ids --device tpu --model-dir " +
+                            run_dir + " --train-src " + work.path("dev_src.txt") + " --train-tgt " +
+                            work.path("dev_tgt.txt") + " --max-steps 1"),
+               1, {"unknown device \"tpu\""});
+  EXPECT_FALSE(fs::exists(run_dir)) << "nothing written for a refused device";
+  CliResult help = work.run_cli("translate --help");
+  EXPECT_NE(help.out.find("--device"), std::string::npos);
+}
+
 TEST(Cli, UsageErrorsExitWithTwo) {
   expect_error(work.run_cli("score --model x"), 2, {"--src"});
   expect_error(work.run_cli("info --preset huge --vocab 3"), 2, {"huge"});

@@ -66,7 +66,8 @@ TEST(Decode, CTranslate2TransliterationExpectations) {
 // --compute-type bfloat16: every product in bfloat16 gives CTranslate2's expected outputs and
 // log-probabilities within bfloat16's rounding of the float32 ones.
 TEST(Decode, BFloat16WeightsKeepTheOutputs) {
-  if (!bfloat16_supported()) GTEST_SKIP() << "this CPU has no AVX512-BF16 instructions";
+  if (!cpu_backend().supports(Precision::kBFloat16))
+    GTEST_SKIP() << "this CPU has no AVX512-BF16 instructions";
   Transliterator t = Transliterator::load();
   for (int64_t size : {1, 4}) {
     SearchOptions o = beam(size);
@@ -85,7 +86,8 @@ TEST(Decode, BFloat16WeightsKeepTheOutputs) {
 // weights: each token's log-probability moves by bfloat16's rounding only, and the search in
 // bfloat16 (whose incremental decoder runs the same layers) scores its output the same way.
 TEST(Decode, BFloat16ScoringMatchesFloat32AndTheSearch) {
-  if (!bfloat16_supported()) GTEST_SKIP() << "this CPU has no AVX512-BF16 instructions";
+  if (!cpu_backend().supports(Precision::kBFloat16))
+    GTEST_SKIP() << "this CPU has no AVX512-BF16 instructions";
   Transliterator t = Transliterator::load();
   SearchOptions o = beam(1);
   o.precision = Precision::kBFloat16;

@@ -68,14 +68,15 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
 
   // Embeddings + positional encodings, encoder side.
   std::vector<float> x(size_t(B * std::max<int64_t>(S, 1) * d));
-  embed_forward(config, f.model.weights().src_embed, f.model.encoder_positions(),
+  embed_forward(f.model.backend(), config, f.model.weights().src_embed, f.model.encoder_positions(),
                 batch.src_ids.data(), B, S, 0, x.data());
   expect_valid_rows_near(x.data(), S, f.io.at("enc_input"), batch.src_lengths, 1e-5, "enc_input");
 
   // One encoder layer from the reference input.
   EncoderLayerCache encoder_layer;
-  encoder_layer_forward(config, f.model.weights().encoder_layers[0], f.io.at("enc_input").ptr(), B,
-                        S, batch.src_lengths.data(), {}, 0, encoder_layer);
+  encoder_layer_forward(f.model.backend(), config, f.model.weights().encoder_layers[0],
+                        f.io.at("enc_input").ptr(), B, S, batch.src_lengths.data(), {}, 0,
+                        encoder_layer);
   expect_valid_rows_near(encoder_layer.output(), S, f.io.at("enc_layer0_out"), batch.src_lengths,
                          1e-4, "enc_layer0_out");
 
@@ -83,7 +84,7 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   const Tensor& memory = f.io.at("memory");
   const Tensor& dec_input = f.io.at("dec_input");
   std::vector<float> y(size_t(B * T * d));
-  embed_forward(config, f.model.weights().tgt_embed, f.model.decoder_positions(),
+  embed_forward(f.model.backend(), config, f.model.weights().tgt_embed, f.model.decoder_positions(),
                 batch.tgt_in.data(), B, T, 0, y.data());
   expect_valid_rows_near(y.data(), T, dec_input, batch.tgt_lengths, 1e-5, "dec_input");
 
@@ -96,7 +97,8 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   self_in.mask.causal = true;
   self_in.mask.window = config.self_attention_window;
   AttentionCache attention;
-  multi_head_attention_forward(layer0.self_attn, config.heads, self_in, attention, y.data());
+  multi_head_attention_forward(f.model.backend(), layer0.self_attn, config.heads, self_in,
+                               attention, y.data());
   expect_valid_rows_near(y.data(), T, f.io.at("mha_self_out"), batch.tgt_lengths, 1e-5,
                          "mha_self_out");
 
@@ -107,13 +109,15 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   cross_in.query_len = T;
   cross_in.key_len = S;
   cross_in.mask.key_lengths = batch.src_lengths.data();
-  multi_head_attention_forward(layer0.cross_attn, config.heads, cross_in, attention, y.data());
+  multi_head_attention_forward(f.model.backend(), layer0.cross_attn, config.heads, cross_in,
+                               attention, y.data());
   expect_valid_rows_near(y.data(), T, f.io.at("mha_cross_out"), batch.tgt_lengths, 1e-5,
                          "mha_cross_out");
 
   DecoderLayerCache decoder_layer;
-  decoder_layer_forward(config, layer0, dec_input.ptr(), B, T, batch.tgt_lengths.data(),
-                        memory.ptr(), S, batch.src_lengths.data(), {}, 0, decoder_layer);
+  decoder_layer_forward(f.model.backend(), config, layer0, dec_input.ptr(), B, T,
+                        batch.tgt_lengths.data(), memory.ptr(), S, batch.src_lengths.data(), {}, 0,
+                        decoder_layer);
   expect_valid_rows_near(decoder_layer.output(), T, f.io.at("dec_layer0_out"), batch.tgt_lengths,
                          1e-4, "dec_layer0_out");
 

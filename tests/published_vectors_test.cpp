@@ -60,7 +60,7 @@ TEST(PublishedVectors, TorchTransformerEncoderLayer) {
   std::vector<float> x = {20, 30, 40, 50};  // [1, 1, 4]
   const int32_t lengths[] = {1};
   EncoderLayerCache cache;
-  encoder_layer_forward(c, w, x.data(), 1, 1, lengths, {}, 0, cache);
+  encoder_layer_forward(cpu_backend(), c, w, x.data(), 1, 1, lengths, {}, 0, cache);
   const float expected[] = {2.258703f, 0.127985f, -0.697881f, 0.170862f};
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(cache.output()[i], expected[i], 1e-5);
 }
@@ -76,7 +76,8 @@ TEST(PublishedVectors, TorchTransformerDecoderLayer) {
   std::vector<float> memory = {60, 70, 80, 90};  // [1, 1, 4]
   const int32_t lengths[] = {1};
   DecoderLayerCache cache;
-  decoder_layer_forward(c, w, x.data(), 1, 1, lengths, memory.data(), 1, lengths, {}, 0, cache);
+  decoder_layer_forward(cpu_backend(), c, w, x.data(), 1, 1, lengths, memory.data(), 1, lengths, {},
+                        0, cache);
   const float expected[] = {2.314351f, 0.094805f, -0.671322f, 0.101977f};
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(cache.output()[i], expected[i], 1e-5);
 }

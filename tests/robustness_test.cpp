@@ -24,11 +24,11 @@
 #include <random>
 #include <thread>
 
+#include "backend/cpu/gemm.h"
 #include "cli_runner.h"
 #include "io/file_util.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
-#include "kernels/gemm.h"
 #include "model/transformer.h"
 
 namespace {

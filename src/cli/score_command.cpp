@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "cli/compute_type_option.h"
+#include "cli/device_options.h"
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "io/file_util.h"
@@ -27,12 +27,14 @@ struct ScoreOptions {
   bool ids = false;
   bool per_token = false;
   int64_t batch_tokens = 4096;
+  DeviceOption device;
   ComputeTypeOption compute_type;
 };
 
 void run_score(const ScoreOptions& o) {
-  const Precision precision = o.compute_type.resolve();
-  ModelBundle bundle = load_model_bundle(o.model, !o.ids);
+  const Backend& backend = o.device.resolve();
+  const Precision precision = o.compute_type.resolve(backend);
+  ModelBundle bundle = load_model_bundle(o.model, !o.ids, backend);
   const ModelConfig& config = bundle.model.config();
   if (o.src == "-" && o.tgt == "-") throw Error("--src and --tgt cannot both be stdin");
   const std::vector<std::string> src_lines = read_lines(o.src);
@@ -121,6 +123,7 @@ CommandRunner add_score_command(CLI::App& app) {
   app.add_option("--batch-tokens", o->batch_tokens,
                  "Padded source + target tokens per batch (default 4096)")
       ->check(at_least(1));
+  o->device.add_to(app);
   o->compute_type.add_to(app);
   app.footer(
       "Output: one line per pair; the first field is the sum of natural-log probabilities of the\n"

@@ -20,12 +20,13 @@ void SearchFlags::add_to(CLI::App& app) {
       ->check(in_range(1, 1 << 20));
   app.add_option("--min-length", search.min_length, "At least this many output tokens before eos")
       ->check(in_range(0, 1 << 20));
+  device.add_to(app);
   compute_type.add_to(app);
 }
 
-SearchOptions SearchFlags::resolve() const {
+SearchOptions SearchFlags::resolve(const Backend& backend) const {
   SearchOptions s = search;
-  s.precision = compute_type.resolve();
+  s.precision = compute_type.resolve(backend);
   return s;
 }
 

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/config_options.h"
+#include "cli/device_options.h"
 #include "cli/option_ranges.h"
 #include "tensor/error.h"
 #include "text/vocabulary.h"
@@ -15,6 +16,7 @@ CommandRunner add_train_command(CLI::App& app) {
   struct Options {
     TrainOptions train;
     ConfigOptions config;
+    DeviceOption device;
   };
   auto o = std::make_shared<Options>();
   TrainOptions& t = o->train;
@@ -33,6 +35,7 @@ CommandRunner add_train_command(CLI::App& app) {
       ->expected(1, 2);
   app.add_flag("--ids", t.ids, "Data files hold space-separated token ids (no vocabulary)");
   o->config.add_to(app);
+  o->device.add_to(app);
   app.add_option("--init", t.init_path, "Start from this model file instead of a random one");
   app.add_flag("--resume", t.resume,
                "Continue the run saved in --model-dir exactly where it stopped (bit for bit)");
@@ -124,6 +127,7 @@ CommandRunner add_train_command(CLI::App& app) {
       "  mpirun -np 2 -x OMP_NUM_THREADS=1 --bind-to none transformer train ...");
   return [o] {
     TrainOptions train = o->train;
+    train.device = o->device.resolve().name();
     ConfigOptions config = o->config;
     if (!config.preset.empty() || !config.config_path.empty()) {
       if (!train.vocabularies.empty() && config.vocab == 0 && config.src_vocab == 0 &&

@@ -25,7 +25,7 @@ namespace {
 struct TranslateOptions {
   std::string model, input = "-", output;
   bool ids = false;
-  SearchFlags decoding;  // --beam, --alpha, length limits, --compute-type
+  SearchFlags decoding;  // --beam, --alpha, length limits, --device, --compute-type
   SearchOptions search;  // decoding, resolved when the command runs
   int64_t nbest = 0;     // 0: plain output
   int64_t batch_tokens = 4096;
@@ -57,13 +57,14 @@ std::string format_attention(const Hypothesis& h, int64_t heads) {
 }
 
 void run_translate(TranslateOptions o) {
-  ModelBundle bundle = load_model_bundle(o.model, !o.ids);
+  const Backend& backend = o.decoding.device.resolve();
+  o.search = o.decoding.resolve(backend);
+  ModelBundle bundle = load_model_bundle(o.model, !o.ids, backend);
   const ModelConfig& config = bundle.model.config();
   const Vocabulary* source_vocabulary =
       bundle.source_vocabulary ? &*bundle.source_vocabulary : nullptr;
   const Vocabulary* target_vocabulary =
       bundle.target_vocabulary ? &*bundle.target_vocabulary : nullptr;
-  o.search = o.decoding.resolve();
   if (o.search.beam < 1) throw Error("--beam must be at least 1");
   if (o.nbest > o.search.beam) throw Error("--nbest cannot exceed --beam");
   if (o.replace_unknowns && o.ids) throw Error("--replace-unknowns needs text input, not --ids");

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/gemm.h"
+#include "backend/backend.h"
 #include "model/transformer.h"
 
 namespace tfm {

@@ -5,8 +5,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/elementwise.h"
-
 namespace tfm {
 
 IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, int64_t sentences,
@@ -23,7 +21,8 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
   const int64_t d = c.d_model, rows = sentences * src_len;
   for (const DecoderLayerWeights& layer : prepared_->steps.decoder_layers) {
     cross_kv_.push_back(std::make_unique_for_overwrite<float[]>(size_t(rows * 2 * d)));
-    linear_forward(layer.cross_attn.kv, memory, rows, cross_kv_.back().get());  // K|V stacked
+    linear_forward(model.backend(), layer.cross_attn.kv, memory, rows,
+                   cross_kv_.back().get());  // K|V stacked
     // Untouched pages cost nothing: only the rows the steps write are ever mapped.
     self_keys_.push_back(
         std::make_unique_for_overwrite<float[]>(size_t(max_steps * max_hypotheses * d)));
@@ -45,6 +44,7 @@ void IncrementalDecoder::start(const std::vector<int32_t>& hypothesis_sentence) 
 void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cross_attention,
                               int64_t attention_layer, bool per_head) {
   const ModelConfig& c = model_.config();
+  const Backend& backend = model_.backend();
   const TransformerWeights& w = prepared_->steps;
   const int64_t n = hypotheses(), d = c.d_model, heads = c.heads, t = position_;
   if (t >= max_steps_)
@@ -52,7 +52,7 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
                                 std::to_string(max_steps_) + ")");
   const int64_t kept_layer = attention_layer < 0 ? c.decoder_layers - 1 : attention_layer;
   float* x = ensure_size(x_, n * d);  // [N, D] residual stream
-  embed_forward(c, w.tgt_embed, model_.decoder_positions(), tokens, n, 1, t, x);
+  embed_forward(backend, c, w.tgt_embed, model_.decoder_positions(), tokens, n, 1, t, x);
   for (int64_t i = 0; i < n; ++i)
     history_[size_t(i * max_steps_ + t)] = int32_t(i * max_steps_ + t);
 
@@ -66,12 +66,12 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
     step.cross = {cross_kv, cross_kv + d, 2 * d, nullptr, 0};
     const bool keep = cross_attention && layer == kept_layer;
     layer_cache_.cross_attn.keep_weights = keep;
-    decoder_layer_forward(c, w.decoder_layers[size_t(layer)], x, n, 1, nullptr, nullptr, src_len_,
-                          src_lengths_, {}, layer, layer_cache_, &step);
+    decoder_layer_forward(backend, c, w.decoder_layers[size_t(layer)], x, n, 1, nullptr, nullptr,
+                          src_len_, src_lengths_, {}, layer, layer_cache_, &step);
     if (keep) {
       const float* probs = layer_cache_.cross_attn.probs.data();  // [N, H, S]
       if (per_head) {
-        std::copy_n(probs, n * heads * src_len_, cross_attention);
+        backend.copy(probs, n * heads * src_len_, cross_attention);
       } else {
         for (int64_t h = 0; h < n; ++h)
           for (int64_t j = 0; j < src_len_; ++j) {
@@ -82,12 +82,13 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
           }
       }
     }
-    std::copy_n(layer_cache_.output(), n * d, x);
+    backend.copy(layer_cache_.output(), n * d, x);
   }
   if (c.norm == NormPosition::kPre)
-    layer_norm(x, w.decoder_norm.weight, w.decoder_norm.bias, x, n, d, float(c.layer_norm_eps));
-  linear_forward(w.output, x, n, logprobs);
-  log_softmax(logprobs, logprobs, n, c.tgt_vocab_size);
+    backend.layer_norm(x, w.decoder_norm.weight, w.decoder_norm.bias, x, n, d,
+                       float(c.layer_norm_eps), nullptr, nullptr);
+  linear_forward(backend, w.output, x, n, logprobs);
+  backend.log_softmax(logprobs, logprobs, n, c.tgt_vocab_size);
   ++position_;
 }
 

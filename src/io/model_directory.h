@@ -18,8 +18,10 @@ struct ModelBundle {
 
 // `path`: a directory or a .safetensors file. Vocabularies are looked up as vocab.spm,
 // source.spm + target.spm, or source_vocabulary.txt + target_vocabulary.txt; their sizes must
-// match the model's. With need_vocabulary, a missing vocabulary is an error.
-ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary);
+// match the model's. With need_vocabulary, a missing vocabulary is an error. The model runs on
+// `backend`.
+ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary,
+                              const Backend& backend = cpu_backend());
 
 // Writes `dir/model.safetensors` and, when given, token-list vocabularies, each atomically.
 void write_model_directory(const std::string& dir, const Model& model,

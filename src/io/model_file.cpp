@@ -48,14 +48,14 @@ ModelConfig model_config_of_header(const std::map<std::string, std::string>& met
   return config;
 }
 
-Model load_model(const std::string& path) {
+Model load_model(const std::string& path, const Backend& backend) {
   ModelConfig config;
   // The config and every declared shape are checked before any tensor is read.
   SafetensorsFile file = read_safetensors(path, [&](const auto& metadata, const auto& shapes) {
     config = model_config_of_header(metadata, shapes, path);
   });
   check_finite_parameters(file.tensors, path);
-  return Model(std::move(config), std::move(file.tensors), path);
+  return Model(std::move(config), std::move(file.tensors), path, backend);
 }
 
 void save_model(const Model& model, const std::string& path) {

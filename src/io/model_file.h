@@ -12,8 +12,8 @@
 namespace tfm {
 
 // Reads a model .safetensors file (config from __metadata__.config); its weights must be finite
-// (check_finite_parameters).
-Model load_model(const std::string& path);
+// (check_finite_parameters). The model runs on `backend`.
+Model load_model(const std::string& path, const Backend& backend = cpu_backend());
 
 // The config of a model file's header (its metadata and declared shapes, before any tensor is
 // read), checked: valid, and every declared shape what it asks for. Throws Error naming `where`.

@@ -8,8 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/elementwise.h"
+#include "backend/operation_types.h"
 #include "tensor/tensor.h"
 
 namespace tfm {

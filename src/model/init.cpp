@@ -26,7 +26,7 @@ bool is_norm(const std::string& name) {
 
 }  // namespace
 
-Model init_model(const ModelConfig& config, uint64_t seed) {
+Model init_model(const ModelConfig& config, uint64_t seed, const Backend& backend) {
   validate_config(config, "init");
   check_memory(parameter_count(config) * int64_t(sizeof(float)), "a model of this config");
   Random random(seed);
@@ -54,7 +54,7 @@ Model init_model(const ModelConfig& config, uint64_t seed) {
     }  // biases stay zero
     parameters.emplace(spec.name, std::move(t));
   }
-  return Model(config, std::move(parameters), "init");
+  return Model(config, std::move(parameters), "init", backend);
 }
 
 }  // namespace tfm

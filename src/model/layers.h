@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/attention.h"
+#include "backend/backend.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -25,11 +25,12 @@ T* ensure_size(std::vector<T>& buffer, int64_t n) {
 uint64_t dropout_key(uint64_t seed, uint64_t site);
 
 // y[rows, out] = x[rows, in] · Wᵀ + b
-void linear_forward(const LinearWeights& w, const float* x, int64_t rows, float* y);
+void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
+                    float* y);
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
 // db += Σ_rows dy.
-void linear_backward(const LinearWeights& w, const Linear<float>& g, const float* x,
-                     const float* dy, int64_t rows, float* dx, bool accumulate_dx);
+void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
+                     const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx);
 
 // Incremental decoding's keys and values for one attention (one query per sequence), used
 // instead of projecting them from AttentionInputs::memory_input. A self-attention appends this
@@ -69,6 +70,7 @@ struct AttentionCache {
   // the keys with an online softmax), and backward cannot run.
   bool keep_weights = true;
   std::vector<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
+  std::vector<int64_t> append_rows;   // [B] incremental decoding: the KV-cache row written
 };
 
 // Scratch of the backward passes, shared by all layers.
@@ -86,12 +88,13 @@ struct BackwardScratch {
 
 // out[B, Tq, D] = W_o · Concat_h(softmax(Q_h K_hᵀ / sqrt(d_k)) V_h): one GEMM per projection
 // over all heads and positions, attention over batch × heads in parallel.
-void multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
+void multi_head_attention_forward(const Backend& backend, const AttentionWeights& w, int64_t heads,
                                   const AttentionInputs& in, AttentionCache& cache, float* out);
 // Given d_out [B, Tq, D]: d_query_input (= or += when accumulate), d_memory_input += (the same
 // pointer for self-attention), and the parameter gradients.
-void multi_head_attention_backward(const AttentionWeights& w, const Attention<float>& g,
-                                   int64_t heads, const AttentionInputs& in, AttentionCache& cache,
+void multi_head_attention_backward(const Backend& backend, const AttentionWeights& w,
+                                   const Attention<float>& g, int64_t heads,
+                                   const AttentionInputs& in, AttentionCache& cache,
                                    const float* d_out, BackwardScratch& scratch,
                                    float* d_query_input, bool accumulate, float* d_memory_input);
 
@@ -102,25 +105,27 @@ struct FeedForwardCache {
 };
 
 // out[rows, D] = fc2(dropout(act(fc1(x)))).
-void feed_forward_forward(const FeedForwardWeights& w, Activation act, const float* x, int64_t rows,
-                          float dropout, uint64_t key, FeedForwardCache& cache, float* out);
+void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
+                          const float* x, int64_t rows, float dropout, uint64_t key,
+                          FeedForwardCache& cache, float* out);
 // dx (= or += when accumulate) and parameter gradients, given d_out [rows, D].
-void feed_forward_backward(const FeedForwardWeights& w, const FeedForward<float>& g, Activation act,
-                           const float* x, int64_t rows, float dropout, FeedForwardCache& cache,
-                           const float* d_out, BackwardScratch& scratch, float* dx,
-                           bool accumulate);
+void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
+                           const FeedForward<float>& g, Activation act, const float* x,
+                           int64_t rows, float dropout, FeedForwardCache& cache, const float* d_out,
+                           BackwardScratch& scratch, float* dx, bool accumulate);
 
 // out[B, T, D] = table[ids] * (sqrt(D) if scale) + position_table[t + first_position + offset];
 // ids [B, T]. Positions past a sequence's length are still embedded (their ids are pad) and
 // are masked later. position_table: [max_positions, D], or null for "none"; the caller checks
 // that first_position + len + offset <= max_positions.
-void embed_forward(const ModelConfig& config, const float* table, const float* position_table,
-                   const int32_t* ids, int64_t batch, int64_t len, int64_t first_position,
-                   float* out);
+void embed_forward(const Backend& backend, const ModelConfig& config, const float* table,
+                   const float* position_table, const int32_t* ids, int64_t batch, int64_t len,
+                   int64_t first_position, float* out);
 // d_table[ids] += scale · d_out; d_positions (learned tables only, else null) gets the
 // position rows' sums.
-void embed_backward(const ModelConfig& config, const float* d_out, const int32_t* ids,
-                    int64_t batch, int64_t len, float* d_table, float* d_positions);
+void embed_backward(const Backend& backend, const ModelConfig& config, const float* d_out,
+                    const int32_t* ids, int64_t batch, int64_t len, float* d_table,
+                    float* d_positions);
 
 // The sinusoidal encodings of positions 0 .. max_positions-1 in the config's layout:
 // table[max_positions, D].

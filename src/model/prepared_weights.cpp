@@ -8,12 +8,16 @@ namespace tfm {
 namespace {
 
 struct Preparer {
+  const Backend& backend;
   PreparedWeights& out;
 
+  const PreparedMatrix* keep(std::unique_ptr<PreparedMatrix> matrix) {
+    out.matrices.push_back(std::move(matrix));
+    return out.matrices.back().get();
+  }
+
   void prepare(LinearWeights& w) {
-    out.matrices.emplace_back(std::vector<const float*>{w.weight}, std::vector<int64_t>{w.out},
-                              w.in, out.precision);
-    w.prepared = &out.matrices.back();
+    w.prepared = keep(backend.prepare_matrix({w.weight}, {w.out}, w.in, out.precision));
   }
 
   // The parts as one product: weight [Σ out, in] and their biases concatenated (null when none
@@ -30,8 +34,7 @@ struct Preparer {
       stacked.out += p->out;
       any_bias |= p->bias != nullptr;
     }
-    out.matrices.emplace_back(matrices, rows, stacked.in, out.precision);
-    stacked.prepared = &out.matrices.back();
+    stacked.prepared = keep(backend.prepare_matrix(matrices, rows, stacked.in, out.precision));
     if (any_bias) {
       std::vector<float>& bias = out.stacked_biases.emplace_back();
       for (const LinearWeights* p : parts)
@@ -56,11 +59,12 @@ struct Preparer {
 
 }  // namespace
 
-std::unique_ptr<PreparedWeights> prepare_weights(const TransformerWeights& weights,
+std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend,
+                                                 const TransformerWeights& weights,
                                                  Precision precision) {
   auto prepared = std::make_unique<PreparedWeights>();
   prepared->precision = precision;
-  Preparer p{*prepared};
+  Preparer p{backend, *prepared};
   TransformerWeights& steps = prepared->steps;
   steps = weights;
   for (DecoderLayerWeights& layer : steps.decoder_layers) {

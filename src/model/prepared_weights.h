@@ -1,6 +1,6 @@
 // A model's weights prepared once for inference in one number format: matrices copied into
-// the layout the backend's products read fastest (PackedMatrix, float32 or bfloat16), and the
-// projections that read the same input stacked into one product (self-attention's Q|K|V,
+// the layout the backend's products read fastest (Backend::prepare_matrix, float32 or bfloat16),
+// and the projections that read the same input stacked into one product (self-attention's Q|K|V,
 // cross-attention's K|V). Two views share the copies:
 // - `steps`, for incremental decoding (decoder layers and output projection), whose products
 //   have one row per live hypothesis: there, reading packed weights instead of repacking them
@@ -13,9 +13,10 @@
 #pragma once
 
 #include <deque>
+#include <memory>
 #include <vector>
 
-#include "kernels/gemm.h"
+#include "backend/backend.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -27,13 +28,14 @@ struct PreparedWeights {
   // packed; norms, embeddings and biases still point at the model's tensors.
   TransformerWeights steps;
   TransformerWeights sequences;
-  std::deque<PackedMatrix> matrices;              // what the views' `prepared` point to
-  std::deque<std::vector<float>> stacked_biases;  // [3D] or [2D] biases of qkv / kv
+  std::vector<std::unique_ptr<PreparedMatrix>> matrices;  // what the views' `prepared` point to
+  std::deque<std::vector<float>> stacked_biases;          // [3D] or [2D] biases of qkv / kv
 };
 
-// Prepares `weights` (which must outlive the result, unchanged). Throws std::invalid_argument
-// for bfloat16 on a CPU without native bfloat16 products.
-std::unique_ptr<PreparedWeights> prepare_weights(const TransformerWeights& weights,
+// Prepares `weights` (which must outlive the result, unchanged) on `backend`. Throws
+// std::invalid_argument for a precision the backend does not support.
+std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend,
+                                                 const TransformerWeights& weights,
                                                  Precision precision);
 
 }  // namespace tfm

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "kernels/elementwise.h"
 #include "model/sublayer.h"
 #include "model/transformer.h"
 
@@ -69,63 +68,66 @@ LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t 
 }
 
 // x [rows, D] = embeddings + positions, then dropout with its own mask.
-void embed_with_dropout(const ModelConfig& config, const float* table, const float* positions,
-                        const int32_t* ids, int64_t batch, int64_t len, float dropout, uint64_t key,
-                        std::vector<float>& out, std::vector<uint8_t>& mask) {
+void embed_with_dropout(const Backend& backend, const ModelConfig& config, const float* table,
+                        const float* positions, const int32_t* ids, int64_t batch, int64_t len,
+                        float dropout, uint64_t key, std::vector<float>& out,
+                        std::vector<uint8_t>& mask) {
   const int64_t n = batch * len * config.d_model;
   float* x = ensure_size(out, n);
-  embed_forward(config, table, positions, ids, batch, len, 0, x);
+  embed_forward(backend, config, table, positions, ids, batch, len, 0, x);
   if (dropout > 0.f) {
-    dropout_mask(ensure_size(mask, n), n, dropout, key);
-    apply_dropout(x, mask.data(), n, dropout);
+    backend.dropout_mask(ensure_size(mask, n), n, dropout, key);
+    backend.apply_dropout(x, mask.data(), n, dropout);
   }
 }
 
 // out = LayerNorm(in) for pre-norm stacks (final norm), a copy for post-norm.
-void final_norm(const ModelConfig& config, const LayerNormWeights& norm, const float* in,
-                int64_t rows, LayerNormCache& cache, std::vector<float>& out) {
+void final_norm(const Backend& backend, const ModelConfig& config, const LayerNormWeights& norm,
+                const float* in, int64_t rows, LayerNormCache& cache, std::vector<float>& out) {
   const int64_t d = config.d_model;
   float* y = ensure_size(out, rows * d);
   if (config.norm == NormPosition::kPre) {
-    layer_norm(in, norm.weight, norm.bias, y, rows, d, float(config.layer_norm_eps),
-               ensure_size(cache.mean, rows), ensure_size(cache.rstd, rows));
+    backend.layer_norm(in, norm.weight, norm.bias, y, rows, d, float(config.layer_norm_eps),
+                       ensure_size(cache.mean, rows), ensure_size(cache.rstd, rows));
   } else {
-    std::copy_n(in, rows * d, y);
+    backend.copy(in, rows * d, y);
   }
 }
 
 }  // namespace
 
-void encoder_layer_forward(const ModelConfig& config, const EncoderLayerWeights& w,
-                           const float* input, int64_t batch, int64_t src_len,
-                           const int32_t* src_lengths, const DropoutOptions& dropout,
-                           int64_t layer_index, EncoderLayerCache& cache) {
+void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
+                           const EncoderLayerWeights& w, const float* input, int64_t batch,
+                           int64_t src_len, const int32_t* src_lengths,
+                           const DropoutOptions& dropout, int64_t layer_index,
+                           EncoderLayerCache& cache) {
   const int64_t rows = batch * src_len;
-  sublayer_forward(config, w.norm1, input, rows, dropout.dropout,
+  sublayer_forward(backend, config, w.norm1, input, rows, dropout.dropout,
                    dropout_key(dropout.seed, encoder_site(layer_index, 0)),
                    cache.attention_sublayer, [&](const float* x, float* out) {
                      const AttentionInputs in = self_attention_inputs(
                          config, x, batch, src_len, src_lengths, false, dropout.attention_dropout,
                          dropout_key(dropout.seed, encoder_site(layer_index, 1)));
-                     multi_head_attention_forward(w.self_attn, config.heads, in, cache.self_attn,
-                                                  out);
+                     multi_head_attention_forward(backend, w.self_attn, config.heads, in,
+                                                  cache.self_attn, out);
                    });
-  sublayer_forward(config, w.norm2, cache.attention_sublayer.output.data(), rows, dropout.dropout,
-                   dropout_key(dropout.seed, encoder_site(layer_index, 2)), cache.ffn_sublayer,
-                   [&](const float* x, float* out) {
-                     feed_forward_forward(w.ffn, config.activation, x, rows, dropout.relu_dropout,
-                                          dropout_key(dropout.seed, encoder_site(layer_index, 3)),
-                                          cache.ffn, out);
+  sublayer_forward(backend, config, w.norm2, cache.attention_sublayer.output.data(), rows,
+                   dropout.dropout, dropout_key(dropout.seed, encoder_site(layer_index, 2)),
+                   cache.ffn_sublayer, [&](const float* x, float* out) {
+                     feed_forward_forward(
+                         backend, w.ffn, config.activation, x, rows, dropout.relu_dropout,
+                         dropout_key(dropout.seed, encoder_site(layer_index, 3)), cache.ffn, out);
                    });
 }
 
-void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights& w,
-                           const float* input, int64_t batch, int64_t tgt_len,
-                           const int32_t* tgt_lengths, const float* memory, int64_t src_len,
-                           const int32_t* src_lengths, const DropoutOptions& dropout,
-                           int64_t layer_index, DecoderLayerCache& cache, const DecoderStep* step) {
+void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
+                           const DecoderLayerWeights& w, const float* input, int64_t batch,
+                           int64_t tgt_len, const int32_t* tgt_lengths, const float* memory,
+                           int64_t src_len, const int32_t* src_lengths,
+                           const DropoutOptions& dropout, int64_t layer_index,
+                           DecoderLayerCache& cache, const DecoderStep* step) {
   const int64_t rows = batch * tgt_len;
-  sublayer_forward(config, w.norm1, input, rows, dropout.dropout,
+  sublayer_forward(backend, config, w.norm1, input, rows, dropout.dropout,
                    dropout_key(dropout.seed, decoder_site(layer_index, 0)), cache.self_sublayer,
                    [&](const float* x, float* out) {
                      AttentionInputs in = self_attention_inputs(
@@ -136,12 +138,12 @@ void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights&
                        in.mask.query_offset = step->position;
                        in.cached = &step->self;
                      }
-                     multi_head_attention_forward(w.self_attn, config.heads, in, cache.self_attn,
-                                                  out);
+                     multi_head_attention_forward(backend, w.self_attn, config.heads, in,
+                                                  cache.self_attn, out);
                    });
-  sublayer_forward(config, w.norm2, cache.self_sublayer.output.data(), rows, dropout.dropout,
-                   dropout_key(dropout.seed, decoder_site(layer_index, 2)), cache.cross_sublayer,
-                   [&](const float* x, float* out) {
+  sublayer_forward(backend, config, w.norm2, cache.self_sublayer.output.data(), rows,
+                   dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 2)),
+                   cache.cross_sublayer, [&](const float* x, float* out) {
                      AttentionInputs in = cross_attention_inputs(
                          x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 3)));
@@ -149,137 +151,142 @@ void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights&
                        in.mask.key_batch = step->sentence_of_query;
                        in.cached = &step->cross;
                      }
-                     multi_head_attention_forward(w.cross_attn, config.heads, in, cache.cross_attn,
-                                                  out);
+                     multi_head_attention_forward(backend, w.cross_attn, config.heads, in,
+                                                  cache.cross_attn, out);
                    });
-  sublayer_forward(config, w.norm3, cache.cross_sublayer.output.data(), rows, dropout.dropout,
-                   dropout_key(dropout.seed, decoder_site(layer_index, 4)), cache.ffn_sublayer,
-                   [&](const float* x, float* out) {
-                     feed_forward_forward(w.ffn, config.activation, x, rows, dropout.relu_dropout,
-                                          dropout_key(dropout.seed, decoder_site(layer_index, 5)),
-                                          cache.ffn, out);
+  sublayer_forward(backend, config, w.norm3, cache.cross_sublayer.output.data(), rows,
+                   dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 4)),
+                   cache.ffn_sublayer, [&](const float* x, float* out) {
+                     feed_forward_forward(
+                         backend, w.ffn, config.activation, x, rows, dropout.relu_dropout,
+                         dropout_key(dropout.seed, decoder_site(layer_index, 5)), cache.ffn, out);
                    });
 }
 
 void encoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
                      const DropoutOptions& dropout, StackCache& cache) {
   const ModelConfig& config = model.config();
+  const Backend& backend = model.backend();
   const int64_t layers = config.encoder_layers;
-  embed_with_dropout(config, w.src_embed, model.encoder_positions(), batch.src_ids.data(),
+  embed_with_dropout(backend, config, w.src_embed, model.encoder_positions(), batch.src_ids.data(),
                      batch.batch, batch.src_len, dropout.dropout,
                      dropout_key(dropout.seed, kEncoderInputSite), cache.encoder_input,
                      cache.encoder_input_mask);
   const float* x = cache.encoder_input.data();
   for (int64_t i = 0; i < layers; ++i) {
     EncoderLayerCache& layer = layer_cache(cache.encoder_layers, cache.training, layers, i);
-    encoder_layer_forward(config, w.encoder_layers[size_t(i)], x, batch.batch, batch.src_len,
-                          batch.src_lengths.data(), dropout, i, layer);
+    encoder_layer_forward(backend, config, w.encoder_layers[size_t(i)], x, batch.batch,
+                          batch.src_len, batch.src_lengths.data(), dropout, i, layer);
     x = layer.output();
   }
-  final_norm(config, w.encoder_norm, x, batch.batch * batch.src_len, cache.encoder_norm,
+  final_norm(backend, config, w.encoder_norm, x, batch.batch * batch.src_len, cache.encoder_norm,
              cache.memory);
 }
 
 void decoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
                      const DropoutOptions& dropout, StackCache& cache) {
   const ModelConfig& config = model.config();
+  const Backend& backend = model.backend();
   const int64_t layers = config.decoder_layers;
-  embed_with_dropout(config, w.tgt_embed, model.decoder_positions(), batch.tgt_in.data(),
+  embed_with_dropout(backend, config, w.tgt_embed, model.decoder_positions(), batch.tgt_in.data(),
                      batch.batch, batch.tgt_len, dropout.dropout,
                      dropout_key(dropout.seed, kDecoderInputSite), cache.decoder_input,
                      cache.decoder_input_mask);
   const float* x = cache.decoder_input.data();
   for (int64_t i = 0; i < layers; ++i) {
     DecoderLayerCache& layer = layer_cache(cache.decoder_layers, cache.training, layers, i);
-    decoder_layer_forward(config, w.decoder_layers[size_t(i)], x, batch.batch, batch.tgt_len,
-                          batch.tgt_lengths.data(), cache.memory.data(), batch.src_len,
-                          batch.src_lengths.data(), dropout, i, layer);
+    decoder_layer_forward(backend, config, w.decoder_layers[size_t(i)], x, batch.batch,
+                          batch.tgt_len, batch.tgt_lengths.data(), cache.memory.data(),
+                          batch.src_len, batch.src_lengths.data(), dropout, i, layer);
     x = layer.output();
   }
-  final_norm(config, w.decoder_norm, x, batch.batch * batch.tgt_len, cache.decoder_norm,
+  final_norm(backend, config, w.decoder_norm, x, batch.batch * batch.tgt_len, cache.decoder_norm,
              cache.decoder_out);
 }
 
 namespace {
 
 // The backward of a feed-forward sublayer (its input: the previous sublayer's output).
-void feed_forward_sublayer_backward(const ModelConfig& config, const LayerNormWeights& norm,
+void feed_forward_sublayer_backward(const Backend& backend, const ModelConfig& config,
+                                    const LayerNormWeights& norm,
                                     const LayerNormParams<float>& norm_grad,
                                     const FeedForwardWeights& w, const FeedForward<float>& g,
                                     const float* input, int64_t rows, const DropoutOptions& dropout,
                                     SublayerCache& sublayer, FeedForwardCache& cache,
                                     float* d_stream, BackwardScratch& scratch) {
-  sublayer_backward(config, norm, norm_grad, input, rows, dropout.dropout, sublayer, d_stream,
-                    scratch, [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-                      feed_forward_backward(w, g, config.activation, x, rows, dropout.relu_dropout,
-                                            cache, d_out, scratch, dx, accumulate);
-                    });
+  sublayer_backward(
+      backend, config, norm, norm_grad, input, rows, dropout.dropout, sublayer, d_stream, scratch,
+      [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+        feed_forward_backward(backend, w, g, config.activation, x, rows, dropout.relu_dropout,
+                              cache, d_out, scratch, dx, accumulate);
+      });
 }
 
 // The backward of a self-attention sublayer (causal in the decoder).
-void self_attention_sublayer_backward(const ModelConfig& config, const LayerNormWeights& norm,
-                                      const LayerNormParams<float>& norm_grad,
-                                      const AttentionWeights& w, const Attention<float>& g,
-                                      const float* input, int64_t batch, int64_t len,
-                                      const int32_t* lengths, bool causal,
-                                      const DropoutOptions& dropout, SublayerCache& sublayer,
-                                      AttentionCache& cache, float* d_stream,
-                                      BackwardScratch& scratch) {
+void self_attention_sublayer_backward(
+    const Backend& backend, const ModelConfig& config, const LayerNormWeights& norm,
+    const LayerNormParams<float>& norm_grad, const AttentionWeights& w, const Attention<float>& g,
+    const float* input, int64_t batch, int64_t len, const int32_t* lengths, bool causal,
+    const DropoutOptions& dropout, SublayerCache& sublayer, AttentionCache& cache, float* d_stream,
+    BackwardScratch& scratch) {
   const int64_t rows = batch * len;
-  sublayer_backward(config, norm, norm_grad, input, rows, dropout.dropout, sublayer, d_stream,
-                    scratch, [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+  sublayer_backward(backend, config, norm, norm_grad, input, rows, dropout.dropout, sublayer,
+                    d_stream, scratch,
+                    [&](const float* d_out, const float* x, float* dx, bool accumulate) {
                       const AttentionInputs in = self_attention_inputs(
                           config, x, batch, len, lengths, causal, dropout.attention_dropout, 0);
                       // Self-attention: the query and memory inputs are the same tensor.
-                      if (!accumulate) std::fill_n(dx, rows * config.d_model, 0.f);
-                      multi_head_attention_backward(w, g, config.heads, in, cache, d_out, scratch,
-                                                    dx, true, dx);
+                      if (!accumulate) backend.fill(dx, rows * config.d_model, 0.f);
+                      multi_head_attention_backward(backend, w, g, config.heads, in, cache, d_out,
+                                                    scratch, dx, true, dx);
                     });
 }
 
 }  // namespace
 
-void encoder_layer_backward(const ModelConfig& config, const EncoderLayerWeights& w,
-                            const EncoderLayer<float>& g, const float* input, int64_t batch,
-                            int64_t src_len, const int32_t* src_lengths,
-                            const DropoutOptions& dropout, EncoderLayerCache& cache,
-                            float* d_stream, BackwardScratch& scratch) {
-  feed_forward_sublayer_backward(config, w.norm2, g.norm2, w.ffn, g.ffn,
+void encoder_layer_backward(const Backend& backend, const ModelConfig& config,
+                            const EncoderLayerWeights& w, const EncoderLayer<float>& g,
+                            const float* input, int64_t batch, int64_t src_len,
+                            const int32_t* src_lengths, const DropoutOptions& dropout,
+                            EncoderLayerCache& cache, float* d_stream, BackwardScratch& scratch) {
+  feed_forward_sublayer_backward(backend, config, w.norm2, g.norm2, w.ffn, g.ffn,
                                  cache.attention_sublayer.output.data(), batch * src_len, dropout,
                                  cache.ffn_sublayer, cache.ffn, d_stream, scratch);
-  self_attention_sublayer_backward(config, w.norm1, g.norm1, w.self_attn, g.self_attn, input, batch,
-                                   src_len, src_lengths, false, dropout, cache.attention_sublayer,
-                                   cache.self_attn, d_stream, scratch);
+  self_attention_sublayer_backward(backend, config, w.norm1, g.norm1, w.self_attn, g.self_attn,
+                                   input, batch, src_len, src_lengths, false, dropout,
+                                   cache.attention_sublayer, cache.self_attn, d_stream, scratch);
 }
 
-void decoder_layer_backward(const ModelConfig& config, const DecoderLayerWeights& w,
-                            const DecoderLayer<float>& g, const float* input, int64_t batch,
-                            int64_t tgt_len, const int32_t* tgt_lengths, const float* memory,
-                            int64_t src_len, const int32_t* src_lengths,
-                            const DropoutOptions& dropout, DecoderLayerCache& cache,
-                            float* d_stream, float* d_memory, BackwardScratch& scratch) {
+void decoder_layer_backward(const Backend& backend, const ModelConfig& config,
+                            const DecoderLayerWeights& w, const DecoderLayer<float>& g,
+                            const float* input, int64_t batch, int64_t tgt_len,
+                            const int32_t* tgt_lengths, const float* memory, int64_t src_len,
+                            const int32_t* src_lengths, const DropoutOptions& dropout,
+                            DecoderLayerCache& cache, float* d_stream, float* d_memory,
+                            BackwardScratch& scratch) {
   const int64_t rows = batch * tgt_len;
-  feed_forward_sublayer_backward(config, w.norm3, g.norm3, w.ffn, g.ffn,
+  feed_forward_sublayer_backward(backend, config, w.norm3, g.norm3, w.ffn, g.ffn,
                                  cache.cross_sublayer.output.data(), rows, dropout,
                                  cache.ffn_sublayer, cache.ffn, d_stream, scratch);
   sublayer_backward(
-      config, w.norm2, g.norm2, cache.self_sublayer.output.data(), rows, dropout.dropout,
+      backend, config, w.norm2, g.norm2, cache.self_sublayer.output.data(), rows, dropout.dropout,
       cache.cross_sublayer, d_stream, scratch,
       [&](const float* d_out, const float* x, float* dx, bool accumulate) {
         const AttentionInputs in = cross_attention_inputs(
             x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout, 0);
-        multi_head_attention_backward(w.cross_attn, g.cross_attn, config.heads, in,
+        multi_head_attention_backward(backend, w.cross_attn, g.cross_attn, config.heads, in,
                                       cache.cross_attn, d_out, scratch, dx, accumulate, d_memory);
       });
-  self_attention_sublayer_backward(config, w.norm1, g.norm1, w.self_attn, g.self_attn, input, batch,
-                                   tgt_len, tgt_lengths, true, dropout, cache.self_sublayer,
-                                   cache.self_attn, d_stream, scratch);
+  self_attention_sublayer_backward(backend, config, w.norm1, g.norm1, w.self_attn, g.self_attn,
+                                   input, batch, tgt_len, tgt_lengths, true, dropout,
+                                   cache.self_sublayer, cache.self_attn, d_stream, scratch);
 }
 
 void stacks_backward(const Model& model, const TransformerGradients& g, const TokenBatch& batch,
                      const DropoutOptions& dropout, StackCache& cache, const float* d_decoder_out,
                      BackwardScratch& scratch) {
   const ModelConfig& config = model.config();
+  const Backend& backend = model.backend();
   const TransformerWeights& w = model.weights();
   const int64_t d = config.d_model;
   const int64_t B = batch.batch, S = batch.src_len, T = batch.tgt_len;
@@ -287,17 +294,18 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
   // The gradient flowing down the residual stream, each layer's backward in place.
   float* stream = ensure_size(scratch.d_stream, max_rows * d);  // [rows, D]
   float* d_memory = ensure_size(scratch.d_memory, B * S * d);   // [B, S, D]
-  std::fill_n(d_memory, B * S * d, 0.f);
+  backend.fill(d_memory, B * S * d, 0.f);
 
   // Final norm (pre-norm) or identity, from the stack output to the last layer's output.
   auto final_norm_backward = [&](const LayerNormWeights& norm, const LayerNormParams<float>& ng,
                                  const float* last_output, LayerNormCache& norm_cache,
                                  const float* d_out, int64_t rows) {
     if (config.norm == NormPosition::kPre) {
-      layer_norm_backward(d_out, last_output, norm_cache.mean.data(), norm_cache.rstd.data(),
-                          norm.weight, stream, ng.weight, ng.bias, rows, d, false);
+      backend.layer_norm_backward(d_out, last_output, norm_cache.mean.data(),
+                                  norm_cache.rstd.data(), norm.weight, stream, ng.weight, ng.bias,
+                                  rows, d, false);
     } else {
-      std::copy_n(d_out, rows * d, stream);
+      backend.copy(d_out, rows * d, stream);
     }
   };
 
@@ -308,14 +316,15 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
   for (int64_t i = config.decoder_layers - 1; i >= 0; --i) {
     const float* input =
         i == 0 ? cache.decoder_input.data() : cache.decoder_layers[size_t(i - 1)].output();
-    decoder_layer_backward(config, w.decoder_layers[size_t(i)], g.decoder_layers[size_t(i)], input,
-                           B, T, batch.tgt_lengths.data(), cache.memory.data(), S,
-                           batch.src_lengths.data(), dropout, cache.decoder_layers[size_t(i)],
-                           stream, d_memory, scratch);
+    decoder_layer_backward(backend, config, w.decoder_layers[size_t(i)],
+                           g.decoder_layers[size_t(i)], input, B, T, batch.tgt_lengths.data(),
+                           cache.memory.data(), S, batch.src_lengths.data(), dropout,
+                           cache.decoder_layers[size_t(i)], stream, d_memory, scratch);
   }
   if (dropout.dropout > 0.f)
-    apply_dropout(stream, cache.decoder_input_mask.data(), tgt_rows * d, dropout.dropout);
-  embed_backward(config, stream, batch.tgt_in.data(), B, T, g.tgt_embed, g.decoder_pos_embed);
+    backend.apply_dropout(stream, cache.decoder_input_mask.data(), tgt_rows * d, dropout.dropout);
+  embed_backward(backend, config, stream, batch.tgt_in.data(), B, T, g.tgt_embed,
+                 g.decoder_pos_embed);
 
   // Encoder, from the gradient its output received from every cross-attention.
   const int64_t src_rows = B * S;
@@ -324,13 +333,14 @@ void stacks_backward(const Model& model, const TransformerGradients& g, const To
   for (int64_t i = config.encoder_layers - 1; i >= 0; --i) {
     const float* input =
         i == 0 ? cache.encoder_input.data() : cache.encoder_layers[size_t(i - 1)].output();
-    encoder_layer_backward(config, w.encoder_layers[size_t(i)], g.encoder_layers[size_t(i)], input,
-                           B, S, batch.src_lengths.data(), dropout, cache.encoder_layers[size_t(i)],
-                           stream, scratch);
+    encoder_layer_backward(backend, config, w.encoder_layers[size_t(i)],
+                           g.encoder_layers[size_t(i)], input, B, S, batch.src_lengths.data(),
+                           dropout, cache.encoder_layers[size_t(i)], stream, scratch);
   }
   if (dropout.dropout > 0.f)
-    apply_dropout(stream, cache.encoder_input_mask.data(), src_rows * d, dropout.dropout);
-  embed_backward(config, stream, batch.src_ids.data(), B, S, g.src_embed, g.encoder_pos_embed);
+    backend.apply_dropout(stream, cache.encoder_input_mask.data(), src_rows * d, dropout.dropout);
+  embed_backward(backend, config, stream, batch.src_ids.data(), B, S, g.src_embed,
+                 g.encoder_pos_embed);
 }
 
 }  // namespace tfm

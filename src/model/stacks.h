@@ -66,10 +66,11 @@ struct StackCache {
 
 // Single layers from `input`, output in the cache (used by the stacks and by layer-level tests).
 // input: [B, S, D]; src_lengths: [B]; layer_index numbers the dropout sites.
-void encoder_layer_forward(const ModelConfig& config, const EncoderLayerWeights& w,
-                           const float* input, int64_t batch, int64_t src_len,
-                           const int32_t* src_lengths, const DropoutOptions& dropout,
-                           int64_t layer_index, EncoderLayerCache& cache);
+void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
+                           const EncoderLayerWeights& w, const float* input, int64_t batch,
+                           int64_t src_len, const int32_t* src_lengths,
+                           const DropoutOptions& dropout, int64_t layer_index,
+                           EncoderLayerCache& cache);
 // Incremental decoding (one position of B hypotheses, tgt_len 1, no dropout): the KV-cache
 // policy of decoder_layer_forward, i.e. where its attentions find their keys and values.
 struct DecoderStep {
@@ -80,28 +81,29 @@ struct DecoderStep {
 
 // input: [B, T, D]; memory: [B, S, D]. With step (incremental decoding) memory is unused, T is 1
 // and tgt_lengths null; src_lengths then has one entry per encoder sequence.
-void decoder_layer_forward(const ModelConfig& config, const DecoderLayerWeights& w,
-                           const float* input, int64_t batch, int64_t tgt_len,
-                           const int32_t* tgt_lengths, const float* memory, int64_t src_len,
-                           const int32_t* src_lengths, const DropoutOptions& dropout,
-                           int64_t layer_index, DecoderLayerCache& cache,
-                           const DecoderStep* step = nullptr);
+void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
+                           const DecoderLayerWeights& w, const float* input, int64_t batch,
+                           int64_t tgt_len, const int32_t* tgt_lengths, const float* memory,
+                           int64_t src_len, const int32_t* src_lengths,
+                           const DropoutOptions& dropout, int64_t layer_index,
+                           DecoderLayerCache& cache, const DecoderStep* step = nullptr);
 
 // Backward of the layer forwards above (cache from a training forward, same arguments):
 // d_stream [rows, D] holds the gradient of the layer's output and is replaced, in place, by that
 // of its input; the layer's parameter gradients are accumulated into g, and the decoder layer
 // adds its cross-attention's gradient of the encoder output to d_memory [B, S, D].
-void encoder_layer_backward(const ModelConfig& config, const EncoderLayerWeights& w,
-                            const EncoderLayer<float>& g, const float* input, int64_t batch,
-                            int64_t src_len, const int32_t* src_lengths,
-                            const DropoutOptions& dropout, EncoderLayerCache& cache,
-                            float* d_stream, BackwardScratch& scratch);
-void decoder_layer_backward(const ModelConfig& config, const DecoderLayerWeights& w,
-                            const DecoderLayer<float>& g, const float* input, int64_t batch,
-                            int64_t tgt_len, const int32_t* tgt_lengths, const float* memory,
-                            int64_t src_len, const int32_t* src_lengths,
-                            const DropoutOptions& dropout, DecoderLayerCache& cache,
-                            float* d_stream, float* d_memory, BackwardScratch& scratch);
+void encoder_layer_backward(const Backend& backend, const ModelConfig& config,
+                            const EncoderLayerWeights& w, const EncoderLayer<float>& g,
+                            const float* input, int64_t batch, int64_t src_len,
+                            const int32_t* src_lengths, const DropoutOptions& dropout,
+                            EncoderLayerCache& cache, float* d_stream, BackwardScratch& scratch);
+void decoder_layer_backward(const Backend& backend, const ModelConfig& config,
+                            const DecoderLayerWeights& w, const DecoderLayer<float>& g,
+                            const float* input, int64_t batch, int64_t tgt_len,
+                            const int32_t* tgt_lengths, const float* memory, int64_t src_len,
+                            const int32_t* src_lengths, const DropoutOptions& dropout,
+                            DecoderLayerCache& cache, float* d_stream, float* d_memory,
+                            BackwardScratch& scratch);
 
 // cache.memory = encoder stack output; cache.decoder_out = decoder stack output. w is
 // model.weights() (training) or the model's prepared weights (inference, model.prepared()).

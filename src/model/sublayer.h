@@ -4,18 +4,15 @@
 // the backward beside the forward.
 #pragma once
 
-#include <algorithm>
-
-#include "kernels/elementwise.h"
 #include "model/stacks.h"
 
 namespace tfm {
 
 // function(in [rows, D], out [rows, D]) is the sublayer's attention or feed-forward.
 template <typename Function>
-void sublayer_forward(const ModelConfig& config, const LayerNormWeights& norm, const float* input,
-                      int64_t rows, float dropout, uint64_t key, SublayerCache& cache,
-                      Function&& function) {
+void sublayer_forward(const Backend& backend, const ModelConfig& config,
+                      const LayerNormWeights& norm, const float* input, int64_t rows, float dropout,
+                      uint64_t key, SublayerCache& cache, Function&& function) {
   const int64_t d = config.d_model, n = rows * d;
   const float eps = float(config.layer_norm_eps);
   float* output = ensure_size(cache.output, n);  // [rows, D]
@@ -24,21 +21,21 @@ void sublayer_forward(const ModelConfig& config, const LayerNormWeights& norm, c
   auto drop = [&](float* x) {
     if (dropout <= 0.f) return;
     uint8_t* mask = ensure_size(cache.dropout_mask, n);
-    dropout_mask(mask, n, dropout, key);
-    apply_dropout(x, mask, n, dropout);
+    backend.dropout_mask(mask, n, dropout, key);
+    backend.apply_dropout(x, mask, n, dropout);
   };
   if (config.norm == NormPosition::kPost) {
     float* residual = ensure_size(cache.residual, n);  // [rows, D]
     function(input, residual);
     drop(residual);
-    add_inplace(residual, input, n);
-    layer_norm(residual, norm.weight, norm.bias, output, rows, d, eps, mean, rstd);
+    backend.add(residual, input, n);
+    backend.layer_norm(residual, norm.weight, norm.bias, output, rows, d, eps, mean, rstd);
   } else {
     float* normed = ensure_size(cache.normed, n);  // [rows, D]
-    layer_norm(input, norm.weight, norm.bias, normed, rows, d, eps, mean, rstd);
+    backend.layer_norm(input, norm.weight, norm.bias, normed, rows, d, eps, mean, rstd);
     function(normed, output);
     drop(output);
-    add_inplace(output, input, n);
+    backend.add(output, input, n);
   }
 }
 
@@ -47,10 +44,11 @@ void sublayer_forward(const ModelConfig& config, const LayerNormWeights& norm, c
 // function_backward(d_out, function_input, d_function_input, accumulate) runs the function's
 // backward (d_function_input: = or += when accumulate).
 template <typename FunctionBackward>
-void sublayer_backward(const ModelConfig& config, const LayerNormWeights& norm,
-                       const LayerNormParams<float>& norm_grad, const float* input, int64_t rows,
-                       float dropout, SublayerCache& cache, float* d_stream,
-                       BackwardScratch& scratch, FunctionBackward&& function_backward) {
+void sublayer_backward(const Backend& backend, const ModelConfig& config,
+                       const LayerNormWeights& norm, const LayerNormParams<float>& norm_grad,
+                       const float* input, int64_t rows, float dropout, SublayerCache& cache,
+                       float* d_stream, BackwardScratch& scratch,
+                       FunctionBackward&& function_backward) {
   const int64_t d = config.d_model, n = rows * d;
   float* d_function_out = ensure_size(scratch.d_sublayer, n);  // [rows, D]
   const float* mean = cache.norm.mean.data();
@@ -58,19 +56,19 @@ void sublayer_backward(const ModelConfig& config, const LayerNormWeights& norm,
   if (config.norm == NormPosition::kPost) {
     // d residual = LN backward (row by row, so in place); it flows to the input directly and
     // through the dropout to F.
-    layer_norm_backward(d_stream, cache.residual.data(), mean, rstd, norm.weight, d_stream,
-                        norm_grad.weight, norm_grad.bias, rows, d, false);
-    std::copy_n(d_stream, n, d_function_out);
-    if (dropout > 0.f) apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
+    backend.layer_norm_backward(d_stream, cache.residual.data(), mean, rstd, norm.weight, d_stream,
+                                norm_grad.weight, norm_grad.bias, rows, d, false);
+    backend.copy(d_stream, n, d_function_out);
+    if (dropout > 0.f) backend.apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
     function_backward(d_function_out, input, d_stream, true);
   } else {
     // The residual path passes d_stream through unchanged; F's path adds to it.
-    std::copy_n(d_stream, n, d_function_out);
-    if (dropout > 0.f) apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
+    backend.copy(d_stream, n, d_function_out);
+    if (dropout > 0.f) backend.apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
     float* d_normed = ensure_size(scratch.d_normed, n);  // [rows, D]
     function_backward(d_function_out, cache.normed.data(), d_normed, false);
-    layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_stream, norm_grad.weight,
-                        norm_grad.bias, rows, d, true);
+    backend.layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_stream,
+                                norm_grad.weight, norm_grad.bias, rows, d, true);
   }
 }
 

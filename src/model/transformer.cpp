@@ -4,14 +4,14 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/elementwise.h"
 #include "model/prepared_weights.h"
 #include "tensor/error.h"
 
 namespace tfm {
 
-Model::Model(ModelConfig config, TensorMap parameters, const std::string& where)
-    : config_(std::move(config)), parameters_(std::move(parameters)) {
+Model::Model(ModelConfig config, TensorMap parameters, const std::string& where,
+             const Backend& backend)
+    : config_(std::move(config)), backend_(&backend), parameters_(std::move(parameters)) {
   validate_config(config_, where);
   weights_ = bind_weights(config_, parameters_, where);
   if (config_.position_encoding == PositionEncoding::kSinusoidal) {
@@ -29,7 +29,7 @@ TensorMap& Model::mutable_parameters() {
 std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) const {
   std::lock_guard<std::mutex> lock(prepared_->mutex);
   auto& prepared = prepared_->by_precision[precision];
-  if (!prepared) prepared = prepare_weights(weights_, precision);
+  if (!prepared) prepared = prepare_weights(*backend_, weights_, precision);
   return prepared;
 }
 
@@ -105,10 +105,26 @@ TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<i
   return b;
 }
 
+void target_positions(const TokenBatch& batch, std::vector<int64_t>& rows,
+                      std::vector<int32_t>& labels) {
+  rows.clear();
+  labels.clear();
+  for (int64_t b = 0; b < batch.batch; ++b)
+    for (int64_t t = 0; t < batch.tgt_lengths[size_t(b)]; ++t) {
+      rows.push_back(b * batch.tgt_len + t);
+      labels.push_back(batch.tgt_out[size_t(b * batch.tgt_len + t)]);
+    }
+}
+
+int64_t output_chunk_rows(int64_t vocab) {
+  return std::max<int64_t>(1, (int64_t(4) << 20) / vocab);
+}
+
 void score_forward(const Model& model, const TokenBatch& batch, StackCache& cache,
                    std::vector<float>& token_logprobs, Precision precision) {
   std::shared_ptr<const PreparedWeights> hold;
   const TransformerWeights& w = model.sequence_weights(precision, hold);
+  const Backend& backend = model.backend();
   const int64_t d = model.config().d_model, vocab = model.config().tgt_vocab_size;
   const DropoutOptions no_dropout;
   encoder_forward(model, w, batch, no_dropout, cache);
@@ -116,28 +132,22 @@ void score_forward(const Model& model, const TokenBatch& batch, StackCache& cach
 
   // Gather the decoder states of real (non-pad) positions so the vocabulary projection, the
   // most expensive GEMM here, skips padding.
-  std::vector<int64_t> valid_rows;  // flat indices b * T + t
-  valid_rows.reserve(size_t(batch.batch * batch.tgt_len));
-  for (int64_t b = 0; b < batch.batch; ++b)
-    for (int64_t t = 0; t < batch.tgt_lengths[size_t(b)]; ++t)
-      valid_rows.push_back(b * batch.tgt_len + t);
+  std::vector<int64_t> valid_rows;
+  std::vector<int32_t> labels;
+  target_positions(batch, valid_rows, labels);
   const int64_t count = int64_t(valid_rows.size());
   std::vector<float> states(static_cast<size_t>(count * d));  // [valid_rows, D]
-  std::vector<int32_t> labels(static_cast<size_t>(count));
-  for (int64_t r = 0; r < count; ++r) {
-    std::copy_n(cache.decoder_out.data() + valid_rows[size_t(r)] * d, d, states.data() + r * d);
-    labels[size_t(r)] = batch.tgt_out[size_t(valid_rows[size_t(r)])];
-  }
+  backend.gather_rows(cache.decoder_out.data(), d, valid_rows.data(), count, d, states.data(), d);
   std::vector<float> picked(static_cast<size_t>(count));
 
   // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
-  const int64_t chunk = std::max<int64_t>(1, (int64_t(4) << 20) / vocab);
+  const int64_t chunk = output_chunk_rows(vocab);
   std::vector<float> logits(
       static_cast<size_t>(std::min(chunk, std::max<int64_t>(count, 1)) * vocab));  // [chunk, V]
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
-    linear_forward(w.output, states.data() + begin * d, n, logits.data());
-    log_softmax_pick(logits.data(), labels.data() + begin, n, vocab, picked.data() + begin);
+    linear_forward(backend, w.output, states.data() + begin * d, n, logits.data());
+    backend.log_softmax_pick(logits.data(), labels.data() + begin, n, vocab, picked.data() + begin);
   }
   token_logprobs.assign(size_t(batch.batch * batch.tgt_len), 0.f);
   for (int64_t r = 0; r < count; ++r)

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm.h"
+#include "backend/backend.h"
 #include "model/config.h"
 #include "model/layers.h"
 #include "model/stacks.h"
@@ -22,13 +22,16 @@ struct PreparedWeights;  // model/prepared_weights.h
 
 class Model {
  public:
-  // Validates config and parameter shapes (throws Error naming `where`).
-  Model(ModelConfig config, TensorMap parameters, const std::string& where);
+  // Validates config and parameter shapes (throws Error naming `where`). Every forward and
+  // backward pass of this model runs on `backend` (--device); the parameters live in its memory.
+  Model(ModelConfig config, TensorMap parameters, const std::string& where,
+        const Backend& backend = cpu_backend());
   Model(Model&&) = default;
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  const Backend& backend() const { return *backend_; }
   const TransformerWeights& weights() const { return weights_; }
   const TensorMap& parameters() const { return parameters_; }
   // For optimizers: values may change in place, never shapes or names (the views stay valid).
@@ -48,6 +51,7 @@ class Model {
 
  private:
   ModelConfig config_;
+  const Backend* backend_;
   TensorMap parameters_;
   TransformerWeights weights_;
   std::vector<float> sinusoids_;  // [max_positions, D] when sinusoidal
@@ -75,6 +79,16 @@ struct TokenBatch {
 // Throws Error if an id is outside the vocabulary or a sequence exceeds max_positions.
 TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<int32_t>>& sources,
                       const std::vector<std::vector<int32_t>>& targets);
+
+// The real (non-pad) target positions of a batch, as flat indices b * T + t in order, and
+// their labels (tgt_out at those positions). Scoring and the loss run the output projection
+// on these rows only.
+void target_positions(const TokenBatch& batch, std::vector<int64_t>& rows,
+                      std::vector<int32_t>& labels);
+
+// How many rows of logits the output projection computes at once: [rows, vocab] stays near
+// 16 MB whatever the vocabulary.
+int64_t output_chunk_rows(int64_t vocab);
 
 // token_logprobs[B, T]: log p(tgt_out[b, t] | ...) for t < tgt_lengths[b], 0 past the length.
 // Runs both stacks (inference mode, no dropout) into cache, every product in `precision`.

@@ -9,7 +9,7 @@
 
 namespace tfm {
 
-class PackedMatrix;  // kernels/gemm.h
+class PreparedMatrix;  // backend/backend.h
 
 // Each view is a template over the element type: `const float` for weights, `float` for the
 // gradients, which are bound from a TensorMap of the same names and shapes. A shared embedding
@@ -22,7 +22,7 @@ struct Linear {
   // The weight prepared for inference in a backend's layout and number format
   // (model/prepared_weights.h); products read it instead of `weight`. Null: they read `weight`
   // (training, whose weights change every step).
-  const PackedMatrix* prepared = nullptr;
+  const PreparedMatrix* prepared = nullptr;
 };
 
 template <typename F>

@@ -12,7 +12,8 @@
 namespace tfm {
 
 struct ServeSettings {
-  std::string model;  // model directory with its vocabulary
+  std::string model;           // model directory with its vocabulary
+  std::string device = "cpu";  // the backend that runs it (find_backend)
   std::string host = "127.0.0.1";
   int port = 8080;       // 0: any free port (printed)
   SearchOptions search;  // the defaults of every request

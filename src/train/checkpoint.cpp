@@ -147,7 +147,7 @@ CheckpointHeader checkpoint_of_header(const std::map<std::string, std::string>& 
   return header;
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& dir) {
+LoadedCheckpoint load_checkpoint(const std::string& dir, const Backend& backend) {
   const std::string path = dir + "/checkpoint.safetensors";
   std::optional<CheckpointHeader> header;
   // Config, state fields and every declared shape are checked before any tensor is read.
@@ -164,7 +164,7 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
   }
   check_finite_parameters(parameters, path);
   check_finite_parameters(optimizer_state, path);
-  return {Model(header->config, std::move(parameters), path), std::move(optimizer_state),
+  return {Model(header->config, std::move(parameters), path, backend), std::move(optimizer_state),
           header->state};
 }
 

@@ -56,7 +56,8 @@ struct LoadedCheckpoint {
   TensorMap optimizer_state;
   TrainingState state;
 };
-LoadedCheckpoint load_checkpoint(const std::string& dir);
+// The model runs on `backend`.
+LoadedCheckpoint load_checkpoint(const std::string& dir, const Backend& backend = cpu_backend());
 bool has_checkpoint(const std::string& dir);
 
 // Snapshot files in DIR/checkpoints, oldest first.

@@ -14,8 +14,8 @@ double learning_rate(const OptimizerOptions& o, int64_t d_model, int64_t step) {
          std::min(1.0 / std::sqrt(s), s * std::pow(double(std::max<int64_t>(o.warmup, 1)), -1.5));
 }
 
-Optimizer::Optimizer(OptimizerOptions options, const TensorMap& parameters)
-    : options_(std::move(options)) {
+Optimizer::Optimizer(OptimizerOptions options, const TensorMap& parameters, const Backend& backend)
+    : options_(std::move(options)), backend_(&backend) {
   if (options_.algorithm != "adam" && options_.algorithm != "sgd")
     throw Error("unknown optimizer \"" + options_.algorithm + "\" (expected adam or sgd)");
   if (options_.schedule != "noam" && options_.schedule != "constant")
@@ -30,24 +30,23 @@ Optimizer::Optimizer(OptimizerOptions options, const TensorMap& parameters)
 
 double Optimizer::apply(TensorMap& parameters, TensorMap& gradients, int64_t d_model) {
   double squares = 0;
-  for (const auto& [name, g] : gradients) squares += sum_of_squares(g.ptr(), g.numel());
+  for (const auto& [name, g] : gradients) squares += backend_->sum_of_squares(g.ptr(), g.numel());
   const double norm = std::sqrt(squares);
   if (!std::isfinite(norm)) return norm;  // no update: the caller skips this step
   if (options_.clip_norm > 0 && norm > options_.clip_norm) {
     const float scale = float(options_.clip_norm / norm);
-    for (auto& [name, g] : gradients)
-      for (float& x : g.data) x *= scale;
+    for (auto& [name, g] : gradients) backend_->scale(g.ptr(), scale, g.numel());
   }
   ++step_;
   const double lr = learning_rate(options_, d_model, step_);
   for (auto& [name, p] : parameters) {
     Tensor& g = gradients.at(name);
     if (options_.algorithm == "sgd") {
-      sgd_update(p.ptr(), g.ptr(), p.numel(), float(lr));
+      backend_->sgd_update(p.ptr(), g.ptr(), p.numel(), float(lr));
     } else {
       AdamHyperparameters h{float(lr), options_.beta1, options_.beta2, options_.eps};
-      adam_update(p.ptr(), g.ptr(), first_moment_.at(name).ptr(), second_moment_.at(name).ptr(),
-                  p.numel(), h, step_);
+      backend_->adam_update(p.ptr(), g.ptr(), first_moment_.at(name).ptr(),
+                            second_moment_.at(name).ptr(), p.numel(), h, step_);
     }
   }
   return norm;

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "kernels/optimizer.h"
+#include "backend/backend.h"
 #include "tensor/tensor.h"
 
 namespace tfm {
@@ -25,7 +25,9 @@ double learning_rate(const OptimizerOptions& o, int64_t d_model, int64_t step);
 
 class Optimizer {
  public:
-  Optimizer(OptimizerOptions options, const TensorMap& parameters);
+  // The updates run on `backend`, where the parameters and gradients live (the model's).
+  Optimizer(OptimizerOptions options, const TensorMap& parameters,
+            const Backend& backend = cpu_backend());
 
   // Applies one update with gradients (optionally clipped first, in place); step becomes
   // step() + 1. Returns the gradient norm before clipping. A non-finite norm (NaN / Inf in a
@@ -42,6 +44,7 @@ class Optimizer {
 
  private:
   OptimizerOptions options_;
+  const Backend* backend_;
   int64_t step_ = 0;
   TensorMap first_moment_, second_moment_;
 };

@@ -174,6 +174,7 @@ TrainResult train(const TrainOptions& o) {
   replicas.watch_stop_signal(&g_stop_signal);
   const bool primary = replicas.primary();
   if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
+  const Backend& backend = find_backend(o.device);
   TrainResult result;
   result.primary = primary;
   // A signal before the first step: nothing to save, and no point loading the rest.
@@ -203,7 +204,7 @@ TrainResult train(const TrainOptions& o) {
       throw Error(o.model_dir +
                   " already holds a training run; pass --resume to continue it, or choose another "
                   "--model-dir");
-    resumed.emplace(load_checkpoint(o.model_dir));
+    resumed.emplace(load_checkpoint(o.model_dir, backend));
     state = resumed->state;
   } else if (o.resume) {
     if (o.init_path.empty() && !o.has_config)
@@ -217,9 +218,9 @@ TrainResult train(const TrainOptions& o) {
   if (resumed) {
     model.emplace(std::move(resumed->model));
   } else if (!o.init_path.empty()) {
-    model.emplace(load_model(o.init_path));
+    model.emplace(load_model(o.init_path, backend));
   } else if (o.has_config) {
-    model.emplace(init_model(o.config, o.seed));
+    model.emplace(init_model(o.config, o.seed, backend));
   } else {
     throw Error("choose a model: --preset, --config or --init (or --resume an existing run)");
   }
@@ -282,7 +283,7 @@ TrainResult train(const TrainOptions& o) {
                  "%lld tokens\n",
                  replicas.size(), replicas.size(), (long long)o.batch_tokens);
 
-  Optimizer optimizer(o.optimizer, model->parameters());
+  Optimizer optimizer(o.optimizer, model->parameters(), model->backend());
   if (resumed) {
     optimizer.load_state(std::move(resumed->optimizer_state),
                          o.model_dir + "/checkpoint.safetensors");

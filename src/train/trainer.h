@@ -25,6 +25,7 @@ struct TrainOptions {
   ModelConfig config;
   std::string init_path;
   bool resume = false;
+  std::string device = "cpu";  // the backend that trains (find_backend)
 
   float label_smoothing = 0.1f;
   float dropout = 0.1f, attention_dropout = 0.f, relu_dropout = 0.f;

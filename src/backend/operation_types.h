@@ -1,12 +1,20 @@
-// Attention over all heads of a padded batch: softmax(score(Q, K) + mask)·V, with key padding,
-// causal and windowed masks, computed per (sequence, head) in parallel over batch × heads. The
-// score is the paper's scaled dot product (§3.2.1) or one of the two it is compared with there:
-// the dot product without the 1/sqrt(d_k) factor, and additive attention.
+// The types in the signatures of the backend operations (backend/backend.h), shared by every
+// backend: number formats, activations, the attention descriptors, the loss totals and the
+// optimizer's hyperparameters. Plain data only; no backend's code.
 #pragma once
 
 #include <cstdint>
 
 namespace tfm {
+
+// The number format a prepared weight matrix stores its weights in, and multiplies in (float32
+// accumulation and output either way). bfloat16 keeps float32's range with an 8-bit mantissa:
+// half the memory, and twice the multiply rate on CPUs with AVX512-BF16 (CTranslate2's
+// compute_type "bfloat16"); the activations are rounded to bfloat16 at each product's input.
+enum class Precision { kFloat32, kBFloat16 };
+
+// The function between a feed-forward sublayer's two linear transformations (§3.3: ReLU).
+enum class Activation { kRelu, kGelu };
 
 // How query q_i and key k_j of one head (both d_k = head_dim wide) make a logit:
 //   kScaledDot  q_i·k_j / sqrt(d_k)        (§3.2.1, the default)
@@ -20,9 +28,6 @@ struct AttentionScore {
   AttentionScoring kind = AttentionScoring::kScaledDot;
   const float* additive_v = nullptr;  // [heads, head_dim]; kAdditive only
 };
-
-// Scale applied to the raw dot products: 1/sqrt(d_k) for kScaledDot, else 1.
-float attention_score_scale(AttentionScoring kind, int64_t head_dim);
 
 // Where the heads live: row (b, t) of Q starts at q + (b * query_len + t) * q_row_stride and
 // head h occupies columns [h * head_dim, (h + 1) * head_dim) of that row. The same for K, V, out.
@@ -69,27 +74,18 @@ struct AttentionDropout {
   uint64_t key = 0;
 };
 
-// out[b, t, h*d:(h+1)*d] = Σ_j p[b,h,t,j] · V[b, j, h*d:(h+1)*d]
-// probs: [batch, heads, query_len, key_len] receives the attention weights before dropout
-// (masked entries 0; a query with no visible key gets an all-zero row and a zero output).
-// probs null (inference, no dropout): the weights are not kept; each block of queries streams
-// over its visible keys with an online softmax, in O(block²) memory per thread.
-// Either way, causal and windowed masks restrict the products to the visible band of keys
-// (per block of 64 queries), so a window w costs O(w·n·d), not O(n²·d).
-void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
-                       const float* k, const float* v, float* probs, float* out,
-                       const AttentionDropout& dropout = {});
+// Sums over the rows of one fused label-smoothed cross-entropy call.
+struct CrossEntropyTotals {
+  double loss = 0;      // Σ rows of the smoothed loss
+  double nll = 0;       // Σ rows of −log p_y (for perplexity)
+  int64_t correct = 0;  // rows whose argmax is the target
+};
 
-// Additive scores never materialise the [Tq, Tk, d_k] tensor tanh(q_i + k_j): forward and
-// backward recompute it one (i, j) pair at a time, so they need O(d_k) memory beyond the
-// weights, the same as the dot products.
-//
-// Gradients of attention_forward: given d_out (layout of out), writes dq, dk, dv (layouts of
-// q, k, v; padded key rows get 0). probs and dropout are what the forward pass saved. With
-// additive scores, d_additive_v [heads, head_dim] receives += the gradient of score.additive_v.
-void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
-                        const float* k, const float* v, const float* probs,
-                        const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
-                        float* dv, float* d_additive_v = nullptr);
+struct AdamHyperparameters {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.98f;
+  float eps = 1e-9f;
+};
 
 }  // namespace tfm

@@ -1,9 +1,9 @@
 // Fused label-smoothed cross-entropy forward + backward, one pass set per row.
-#include "kernels/cross_entropy.h"
+#include "backend/cpu/cross_entropy.h"
 
 #include <cmath>
 
-#include "kernels/fast_exp.h"
+#include "backend/cpu/fast_exp.h"
 
 namespace tfm {
 

@@ -5,13 +5,9 @@
 
 #include <cstdint>
 
-namespace tfm {
+#include "backend/operation_types.h"
 
-struct CrossEntropyTotals {
-  double loss = 0;      // Σ rows of the smoothed loss
-  double nll = 0;       // Σ rows of −log p_y (for perplexity)
-  int64_t correct = 0;  // rows whose argmax is the target
-};
+namespace tfm {
 
 // logits[rows, vocab] becomes grad_scale · (softmax − ((1-ε)·onehot(y) + ε/vocab)).
 // Returns the sums over rows. targets[rows] must be valid ids.

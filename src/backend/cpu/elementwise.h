@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
-namespace tfm {
+#include "backend/operation_types.h"
 
-enum class Activation { kRelu, kGelu };
+namespace tfm {
 
 // y[rows, cols] += bias[cols]
 void add_bias(float* y, const float* bias, int64_t rows, int64_t cols);
@@ -24,7 +24,7 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float* y,
                 int64_t cols, float eps, float* mean = nullptr, float* rstd = nullptr);
 
 // Backward of layer_norm given its input x and statistics: dx (= or += when accumulate),
-// dgamma += Σ_rows dy·x̂, dbeta += Σ_rows dy. dx must not alias dy.
+// dgamma += Σ_rows dy·x̂, dbeta += Σ_rows dy. dx may be dy itself (not a partial overlap).
 void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
                          const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
                          int64_t cols, bool accumulate);

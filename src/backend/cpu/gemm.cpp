@@ -8,7 +8,7 @@
 // - Inside a parallel construct (attention's per-(sequence, head) products, which the region
 //   already spreads over the threads): dnnl_sgemm, single-threaded there, with no creation cost
 //   for the many small shapes.
-#include "kernels/gemm.h"
+#include "backend/cpu/gemm.h"
 
 #include <dnnl.h>
 #include <omp.h>
@@ -228,6 +228,9 @@ int64_t PackedMatrix::rows() const {
 }
 int64_t PackedMatrix::cols() const {
   return impl_->k;
+}
+Precision PackedMatrix::precision() const {
+  return impl_->precision;
 }
 
 void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const {

@@ -1,5 +1,5 @@
 // Optimizer kernels.
-#include "kernels/optimizer.h"
+#include "backend/cpu/optimizer.h"
 
 #include <cmath>
 

@@ -5,14 +5,9 @@
 
 #include <cstdint>
 
-namespace tfm {
+#include "backend/operation_types.h"
 
-struct AdamHyperparameters {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.98f;
-  float eps = 1e-9f;
-};
+namespace tfm {
 
 // step counts from 1. m, v: the first and second moments, updated in place.
 void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,

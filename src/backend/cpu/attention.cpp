@@ -4,16 +4,16 @@
 // one pass per row, then a second GEMM multiplies by V; without a weights buffer, the keys are
 // streamed with an online softmax instead. OpenMP spreads the batch × heads pairs over the
 // threads; the GEMMs inside run single-threaded.
-#include "kernels/attention.h"
+#include "backend/cpu/attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
 
-#include "kernels/elementwise.h"
-#include "kernels/fast_exp.h"
-#include "kernels/gemm.h"
+#include "backend/cpu/elementwise.h"
+#include "backend/cpu/fast_exp.h"
+#include "backend/cpu/gemm.h"
 
 namespace tfm {
 

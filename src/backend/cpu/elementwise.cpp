@@ -1,11 +1,11 @@
 // Element-wise and row kernels. Loops are written so that GCC vectorises them for the
 // target's SIMD width (-O3 -march=native); accumulations use double where rows are long.
-#include "kernels/elementwise.h"
+#include "backend/cpu/elementwise.h"
 
 #include <cmath>
 #include <vector>
 
-#include "kernels/fast_exp.h"
+#include "backend/cpu/fast_exp.h"
 
 namespace tfm {
 

@@ -1,0 +1,162 @@
+// The seam between the Transformer and the hardware it runs on. Every operation that layers, the
+// loss, the decoder and the optimizer perform on activations, gradients and weights is a method of
+// Backend; model/, train/ and decode/ call these methods and never a device's kernels directly.
+// A backend implements this list (docs/adding-a-backend.md) and registers itself in
+// available_backends(); tests/backend_ops_test.cpp then checks every operation of it, in every
+// precision it supports, against a float64 reference.
+//
+// Pointers passed to a backend address memory it can read and write (for the CPU backend, host
+// memory); sizes are element counts; matrices are row-major with the row strides given.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/operation_types.h"
+
+namespace tfm {
+
+// A constant weight matrix W[n, k] (row-major, as Linear stores it) converted once into the
+// layout and number format the backend multiplies fastest, for y[m, n] = x[m, k] · Wᵀ with any m.
+// Several matrices with the same k may be stacked (their rows concatenated), e.g. the Q, K and V
+// projections as one product. Inference only: later changes to the source weights are not seen.
+class PreparedMatrix {
+ public:
+  virtual ~PreparedMatrix() = default;
+  virtual int64_t rows() const = 0;  // n
+  virtual int64_t cols() const = 0;  // k
+  virtual Precision precision() const = 0;
+  // y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ. Thread-safe.
+  virtual void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // What --device names this backend ("cpu").
+  virtual std::string name() const = 0;
+  // Whether prepare_matrix accepts this precision here (bfloat16 needs AVX512-BF16 on the CPU).
+  virtual bool supports(Precision precision) const = 0;
+
+  // --- Matrix products ---------------------------------------------------------------------
+  // C[m, n] = alpha · op(A)[m, k] · op(B)[k, n] + beta · C, op(X) = X or Xᵀ; lda/ldb/ldc are
+  // the row strides of A, B, C as stored. k = 0 leaves beta · C.
+  virtual void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) const = 0;
+  // parts[i] is [part_rows[i], k]; the prepared matrix stacks them in order. Throws
+  // std::invalid_argument for a precision supports() refuses.
+  virtual std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
+                                                         const std::vector<int64_t>& part_rows,
+                                                         int64_t k, Precision precision) const = 0;
+
+  // --- Attention (§3.2.1, all heads of a padded batch) ---------------------------------------
+  // out = softmax(score(Q, K) + mask) · V with the masks and modes of AttentionShape /
+  // AttentionMask (padding, causal, window, single query over cached rows, key-batch sharing).
+  // probs [batch, heads, Tq, Tk] receives the weights before dropout, or is null (inference:
+  // streamed, weights never stored). dropout.mask is written when dropout.p > 0.
+  virtual void attention_forward(const AttentionShape& shape, const AttentionMask& mask,
+                                 const float* q, const float* k, const float* v, float* probs,
+                                 float* out, const AttentionDropout& dropout) const = 0;
+  // dq, dk, dv (= , in the layouts of q, k, v) from d_out and the forward's probs and dropout
+  // mask; d_additive_v [heads, head_dim] += with additive scores.
+  virtual void attention_backward(const AttentionShape& shape, const AttentionMask& mask,
+                                  const float* q, const float* k, const float* v,
+                                  const float* probs, const AttentionDropout& dropout,
+                                  const float* d_out, float* dq, float* dk, float* dv,
+                                  float* d_additive_v) const = 0;
+
+  // --- Layer normalisation and the residual connection (§3.1) --------------------------------
+  // y[rows, cols] = (x - mean) / sqrt(var + eps) · gamma + beta per row (biased variance); y may
+  // alias x; mean / rstd [rows] (may be null) receive what the backward needs.
+  virtual void layer_norm(const float* x, const float* gamma, const float* beta, float* y,
+                          int64_t rows, int64_t cols, float eps, float* mean,
+                          float* rstd) const = 0;
+  // dx (= or += when accumulate; may alias dy row by row), dgamma += Σ dy·x̂, dbeta += Σ dy.
+  virtual void layer_norm_backward(const float* dy, const float* x, const float* mean,
+                                   const float* rstd, const float* gamma, float* dx, float* dgamma,
+                                   float* dbeta, int64_t rows, int64_t cols,
+                                   bool accumulate) const = 0;
+  // y[n] += x[n] (the residual add; also gradient accumulation).
+  virtual void add(float* y, const float* x, int64_t n) const = 0;
+  // x[n] *= s
+  virtual void scale(float* x, float s, int64_t n) const = 0;
+
+  // --- Bias and activation (Linear, §3.3) ----------------------------------------------------
+  // y[rows, cols] += bias[cols]
+  virtual void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) const = 0;
+  // pre[rows, cols] += bias (may be null), then out = act(pre); out may alias pre.
+  virtual void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows,
+                                   int64_t cols, Activation act) const = 0;
+  // d[n] *= act'(pre_activation[n])
+  virtual void activation_backward(float* d, const float* pre_activation, int64_t n,
+                                   Activation act) const = 0;
+  // dbias[cols] += Σ_rows dy[rows, cols]
+  virtual void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const = 0;
+
+  // --- Dropout (§5.4) ------------------------------------------------------------------------
+  // mask[n] = 1 iff hash(key, i) >= p (counter-based: reproducible, no generator state).
+  virtual void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const = 0;
+  // x[n] = x · mask / (1 - p): forward, and backward on the gradient.
+  virtual void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const = 0;
+
+  // --- Embeddings and positional encodings (§3.4, §3.5) --------------------------------------
+  // out[rows, d] = table[ids[r]] · scale + positions[r % len + first_position] (positions
+  // [max_positions, d], or null); rows = batch · len.
+  virtual void embedding_forward(const float* table, const float* positions, const int32_t* ids,
+                                 int64_t rows, int64_t len, int64_t d, float scale,
+                                 int64_t first_position, float* out) const = 0;
+  // d_table[ids[r]] += scale · d_out[r]; d_positions (null: none) [r % len + first_position] +=
+  // d_out[r]. Ids may repeat.
+  virtual void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
+                                  int64_t d, float scale, int64_t first_position, float* d_table,
+                                  float* d_positions) const = 0;
+
+  // --- Output distribution and loss (§3.4, §5.4) ---------------------------------------------
+  // y[rows, cols] = x - logsumexp(x) per row; y may alias x.
+  virtual void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const = 0;
+  // out[r] = log_softmax(logits[r])[targets[r]]
+  virtual void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows,
+                                int64_t cols, float* out) const = 0;
+  // Label-smoothed cross-entropy fused with its gradient: logits[rows, vocab] becomes
+  // grad_scale · (softmax − ((1-ε)·onehot(y) + ε/vocab)); returns the sums over rows.
+  virtual CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
+                                                            int64_t rows, int64_t vocab,
+                                                            float smoothing,
+                                                            float grad_scale) const = 0;
+
+  // --- Optimizer (§5.3) and gradient clipping ------------------------------------------------
+  // torch.optim.Adam's update; step counts from 1; m, v updated in place.
+  virtual void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                           const AdamHyperparameters& h, int64_t step) const = 0;
+  // param -= lr · grad
+  virtual void sgd_update(float* param, const float* grad, int64_t n, float lr) const = 0;
+  // Σ x² in double, in a fixed order (deterministic).
+  virtual double sum_of_squares(const float* x, int64_t n) const = 0;
+
+  // --- Copies, fills and row movement ---------------------------------------------------------
+  virtual void copy(const float* x, int64_t n, float* y) const = 0;  // y[n] = x[n]
+  virtual void fill(float* y, int64_t n, float value) const = 0;     // y[n] = value
+  // y[r] = x[rows[r]] for r < count; rows of d elements with strides ldx, ldy.
+  virtual void gather_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                           int64_t d, float* y, int64_t ldy) const = 0;
+  // y[rows[r]] = x[r] for r < count (rows distinct); strides ldx, ldy.
+  virtual void scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                            int64_t d, float* y, int64_t ldy) const = 0;
+};
+
+// The CPU backend: oneDNN products and the SIMD/OpenMP kernels of backend/cpu/.
+const Backend& cpu_backend();
+
+// Every backend built into this binary, the CPU first.
+const std::vector<const Backend*>& available_backends();
+
+// Their names, comma-separated ("cpu"), for help texts and errors.
+std::string available_backend_names();
+
+// The backend --device names; an unknown name throws Error listing the available ones.
+const Backend& find_backend(const std::string& device);
+
+}  // namespace tfm

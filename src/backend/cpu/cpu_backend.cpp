@@ -1,0 +1,136 @@
+// The CPU backend: Backend's operations as calls into the CPU kernels of this folder (oneDNN
+// products, SIMD/OpenMP loops). Nothing is computed here that a kernel file does not define,
+// except the plain row copies.
+#include <algorithm>
+
+#include "backend/backend.h"
+#include "backend/cpu/attention.h"
+#include "backend/cpu/cross_entropy.h"
+#include "backend/cpu/elementwise.h"
+#include "backend/cpu/embedding.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/optimizer.h"
+
+namespace tfm {
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool supports(Precision precision) const override {
+    return precision == Precision::kFloat32 || bfloat16_supported();
+  }
+
+  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc) const override {
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
+                                                 const std::vector<int64_t>& part_rows, int64_t k,
+                                                 Precision precision) const override {
+    return std::make_unique<PackedMatrix>(parts, part_rows, k, precision);
+  }
+
+  void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
+                         const float* k, const float* v, float* probs, float* out,
+                         const AttentionDropout& dropout) const override {
+    tfm::attention_forward(shape, mask, q, k, v, probs, out, dropout);
+  }
+  void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
+                          const float* k, const float* v, const float* probs,
+                          const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
+                          float* dv, float* d_additive_v) const override {
+    tfm::attention_backward(shape, mask, q, k, v, probs, dropout, d_out, dq, dk, dv, d_additive_v);
+  }
+
+  void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
+                  int64_t cols, float eps, float* mean, float* rstd) const override {
+    tfm::layer_norm(x, gamma, beta, y, rows, cols, eps, mean, rstd);
+  }
+  void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                           const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                           int64_t cols, bool accumulate) const override {
+    tfm::layer_norm_backward(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols, accumulate);
+  }
+  void add(float* y, const float* x, int64_t n) const override { add_inplace(y, x, n); }
+  void scale(float* x, float s, int64_t n) const override { scale_inplace(x, s, n); }
+
+  void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) const override {
+    tfm::add_bias(y, bias, rows, cols);
+  }
+  void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
+                           Activation act) const override {
+    tfm::add_bias_activation(pre, bias, out, rows, cols, act);
+  }
+  void activation_backward(float* d, const float* pre_activation, int64_t n,
+                           Activation act) const override {
+    tfm::activation_backward(d, pre_activation, n, act);
+  }
+  void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
+    tfm::bias_backward(dy, rows, cols, dbias);
+  }
+
+  void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
+    tfm::dropout_mask(mask, n, p, key);
+  }
+  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
+    tfm::apply_dropout(x, mask, n, p);
+  }
+
+  void embedding_forward(const float* table, const float* positions, const int32_t* ids,
+                         int64_t rows, int64_t len, int64_t d, float scale, int64_t first_position,
+                         float* out) const override {
+    tfm::embedding_forward(table, positions, ids, rows, len, d, scale, first_position, out);
+  }
+  void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
+                          int64_t d, float scale, int64_t first_position, float* d_table,
+                          float* d_positions) const override {
+    tfm::embedding_backward(d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
+  }
+
+  void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override {
+    tfm::log_softmax(x, y, rows, cols);
+  }
+  void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
+                        float* out) const override {
+    tfm::log_softmax_pick(logits, targets, rows, cols, out);
+  }
+  CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
+                                                    int64_t rows, int64_t vocab, float smoothing,
+                                                    float grad_scale) const override {
+    return tfm::cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale);
+  }
+
+  void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                   const AdamHyperparameters& h, int64_t step) const override {
+    tfm::adam_update(param, grad, m, v, n, h, step);
+  }
+  void sgd_update(float* param, const float* grad, int64_t n, float lr) const override {
+    tfm::sgd_update(param, grad, n, lr);
+  }
+  double sum_of_squares(const float* x, int64_t n) const override {
+    return tfm::sum_of_squares(x, n);
+  }
+
+  void copy(const float* x, int64_t n, float* y) const override { std::copy_n(x, n, y); }
+  void fill(float* y, int64_t n, float value) const override { std::fill_n(y, n, value); }
+  void gather_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
+                   float* y, int64_t ldy) const override {
+    for (int64_t r = 0; r < count; ++r) std::copy_n(x + rows[r] * ldx, d, y + r * ldy);
+  }
+  void scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
+                    float* y, int64_t ldy) const override {
+    for (int64_t r = 0; r < count; ++r) std::copy_n(x + r * ldx, d, y + rows[r] * ldy);
+  }
+};
+
+}  // namespace
+
+const Backend& cpu_backend() {
+  static const CpuBackend backend;
+  return backend;
+}
+
+}  // namespace tfm

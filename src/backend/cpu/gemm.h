@@ -1,0 +1,40 @@
+// The CPU backend's matrix products on oneDNN: gemm() on activations, PackedMatrix on weights
+// prepared once. The model reaches them through Backend::matmul and Backend::prepare_matrix.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace tfm {
+
+// Row-major C[m, n] = alpha * op(A)[m, k] · op(B)[k, n] + beta * C[m, n],
+// where op(X) is X or Xᵀ. lda/ldb/ldc are row strides of A, B, C as stored.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Whether oneDNN has a native (not reference) bfloat16 matmul kernel on this CPU.
+bool bfloat16_supported();
+
+// The CPU's PreparedMatrix: W copied once into the blocked layout that oneDNN's matmul kernels
+// read directly (in float32 or bfloat16). gemm() reads W in place and so repacks it on every call,
+// which dominates when m is small: incremental decoding multiplies 32 hypotheses by each weight
+// matrix per step.
+class PackedMatrix final : public PreparedMatrix {
+ public:
+  // kBFloat16 throws std::invalid_argument where bfloat16_supported() is false.
+  PackedMatrix(const std::vector<const float*>& parts, const std::vector<int64_t>& part_rows,
+               int64_t k, Precision precision = Precision::kFloat32);
+  int64_t rows() const override;
+  int64_t cols() const override;
+  Precision precision() const override;
+  void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const override;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tfm

@@ -1,0 +1,29 @@
+// --device and --compute-type, registered once for every command that runs the model: where it
+// runs (a backend, backend/backend.h) and the number format of its weight products.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace tfm {
+
+struct DeviceOption {
+  std::string name = "cpu";
+
+  void add_to(CLI::App& app);
+  // The backend it names; throws Error for a device this build does not have.
+  const Backend& resolve() const;
+};
+
+struct ComputeTypeOption {
+  std::string name = "float32";
+
+  void add_to(CLI::App& app);
+  // The precision it names; throws Error when `backend` cannot multiply in it (bfloat16 on a
+  // CPU without AVX512-BF16).
+  Precision resolve(const Backend& backend) const;
+};
+
+}  // namespace tfm

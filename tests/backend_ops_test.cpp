@@ -1,0 +1,879 @@
+// The backend-ops test (in the spirit of ggml's test-backend-ops): every operation of the
+// Backend interface, on every backend built into this binary (available_backends()), in every
+// precision it supports, against plain float64 loops written here, forward and backward, at odd
+// sizes (1, 7, 63, 65...) so that SIMD tails and blocking edges are covered. A new backend joins
+// by registering in available_backends(); it needs no test of its own.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/backend.h"
+#include "tensor/random.h"
+
+namespace tfm {
+namespace {
+
+std::vector<float> random_vector(int64_t n, uint64_t seed, float scale = 1.f) {
+  Random random(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = random.normal() * scale;
+  return v;
+}
+
+class BackendOps : public ::testing::TestWithParam<const Backend*> {
+ protected:
+  const Backend& be() const { return *GetParam(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendOps, ::testing::ValuesIn(available_backends()),
+                         [](const ::testing::TestParamInfo<const Backend*>& info) {
+                           return info.param->name();
+                         });
+
+TEST(Backends, CpuIsRegisteredFirstAndUnknownDevicesAreRefused) {
+  ASSERT_FALSE(available_backends().empty());
+  EXPECT_EQ(available_backends()[0], &cpu_backend());
+  EXPECT_EQ(&find_backend("cpu"), &cpu_backend());
+  try {
+    find_backend("tpu");
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown device \"tpu\""), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("cpu"), std::string::npos);
+  }
+}
+
+// --- Matrix products --------------------------------------------------------------------------
+
+TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
+  const int64_t sizes[] = {1, 7, 63, 65};
+  uint64_t seed = 1;
+  for (auto [alpha, beta] : {std::pair{1.f, 0.f}, std::pair{1.f, 1.f}, std::pair{0.75f, 0.5f}})
+    for (int64_t m : sizes)
+      for (int64_t n : sizes)
+        for (int64_t k : {int64_t(1), int64_t(7), int64_t(65)})
+          for (int ta = 0; ta < 2; ++ta)
+            for (int tb = 0; tb < 2; ++tb) {
+              const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 1;
+              auto a = random_vector((ta ? k : m) * lda, seed++);
+              auto b = random_vector((tb ? n : k) * ldb, seed++);
+              auto c = random_vector(m * ldc, seed++);
+              auto expected = c;
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                  double sum = 0;
+                  for (int64_t p = 0; p < k; ++p)
+                    sum += double(ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]) *
+                           double(tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
+                  expected[size_t(i * ldc + j)] =
+                      float(alpha * sum + beta * double(c[size_t(i * ldc + j)]));
+                }
+              be().matmul(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
+                          ldc);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < ldc; ++j)
+                  ASSERT_NEAR(c[size_t(i * ldc + j)], expected[size_t(i * ldc + j)], 1e-4)
+                      << "m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb
+                      << " alpha=" << alpha << " beta=" << beta;
+            }
+}
+
+TEST_P(BackendOps, MatmulWithNoInnerDimensionLeavesBetaTimesC) {
+  std::vector<float> c = {1, 2, 3, 4};
+  be().matmul(false, false, 2, 2, 0, 1.f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+  EXPECT_EQ(c, (std::vector<float>{0.5f, 1.f, 1.5f, 2.f}));
+  be().matmul(false, false, 2, 2, 0, 1.f, nullptr, 1, nullptr, 2, 0.f, c.data(), 2);
+  for (float v : c) EXPECT_EQ(v, 0.f);
+}
+
+// Stacked parts, any row count, strided input and output, in every precision the backend
+// supports. float32: within float rounding. bfloat16: inputs and weights rounded to 8-bit
+// mantissas with float32 accumulation, so each product carries at most ~2 · 2^-8 relative
+// error: the bound is 2/256 of Σ|x·w|.
+TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
+  ASSERT_TRUE(be().supports(Precision::kFloat32));
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    if (!be().supports(precision)) {
+      const float w = 1.f;
+      EXPECT_THROW(be().prepare_matrix({&w}, {1}, 1, precision), std::invalid_argument);
+      continue;
+    }
+    double worst = 0;
+    for (int64_t k : {1, 7, 64, 513}) {
+      const std::vector<int64_t> part_rows = {5, 1, 33};
+      std::vector<std::vector<float>> parts;
+      std::vector<const float*> pointers;
+      for (size_t i = 0; i < part_rows.size(); ++i) {
+        parts.push_back(random_vector(part_rows[i] * k, 60 + i));
+        pointers.push_back(parts.back().data());
+      }
+      if (k == 513) parts[0][3] = 1e30f;  // far outside float16's range, inside bfloat16's
+      const auto prepared = be().prepare_matrix(pointers, part_rows, k, precision);
+      ASSERT_EQ(prepared->rows(), 39);
+      ASSERT_EQ(prepared->cols(), k);
+      ASSERT_EQ(prepared->precision(), precision);
+      for (int64_t m : {1, 3, 32, 100}) {
+        const int64_t ldx = k + 2, ldy = 41;
+        auto x = random_vector(m * ldx, 70 + m);
+        std::vector<float> y(size_t(m * ldy), 5.f);
+        prepared->multiply(x.data(), m, ldx, y.data(), ldy);
+        for (int64_t r = 0; r < m; ++r) {
+          int64_t row = 0;
+          for (size_t part = 0; part < parts.size(); ++part)
+            for (int64_t j = 0; j < part_rows[part]; ++j, ++row) {
+              double sum = 0, magnitude = 0;
+              for (int64_t c = 0; c < k; ++c) {
+                const double p = double(x[size_t(r * ldx + c)]) * parts[part][size_t(j * k + c)];
+                sum += p;
+                magnitude += std::abs(p);
+              }
+              const double error = std::abs(y[size_t(r * ldy + row)] - sum);
+              const double bound = precision == Precision::kFloat32 ? 1e-4 + 1e-6 * magnitude
+                                                                    : 2.0 / 256 * magnitude;
+              ASSERT_LE(error, bound) << "m " << m << " k " << k << " row " << row;
+              worst = std::max(worst, error / std::max(magnitude, 1e-30));
+            }
+          for (int64_t j = 39; j < ldy; ++j) ASSERT_EQ(y[size_t(r * ldy + j)], 5.f);  // untouched
+        }
+      }
+    }
+    if (precision == Precision::kBFloat16) {
+      EXPECT_GT(worst, 1e-6) << "no rounding at all: not a bfloat16 product";
+    }
+  }
+}
+
+// --- Attention --------------------------------------------------------------------------------
+
+// Whether key j (of `valid` keys) is visible to the query at `position`, by AttentionMask's rule.
+bool reference_visible(const AttentionMask& mask, int64_t valid, int64_t position, int64_t j) {
+  bool visible = j < valid && (!mask.causal || j <= position);
+  if (mask.window >= 0)
+    visible = visible &&
+              (mask.causal ? position - j <= mask.window : std::abs(position - j) <= mask.window);
+  return visible;
+}
+
+// The logit of query i and key j of sequence b, head h, in double: (scaled) dot product or
+// v_hᵀ·tanh(q + k) (s.score.additive_v).
+double reference_score(const AttentionShape& s, const std::vector<float>& q,
+                       const std::vector<float>& k, int64_t b, int64_t h, int64_t i, int64_t j) {
+  double sum = 0;
+  for (int64_t c = 0; c < s.head_dim; ++c) {
+    const double qc = q[size_t((b * s.query_len + i) * s.q_row_stride + h * s.head_dim + c)];
+    const double kc = k[size_t((b * s.key_len + j) * s.k_row_stride + h * s.head_dim + c)];
+    sum += s.score.kind == AttentionScoring::kAdditive
+               ? double(s.score.additive_v[h * s.head_dim + c]) * std::tanh(qc + kc)
+               : qc * kc;
+  }
+  return s.score.kind == AttentionScoring::kScaledDot ? sum / std::sqrt(double(s.head_dim)) : sum;
+}
+
+// The factor attention dropout applies to weight (b, h, i, j): mask / (1 - p), or 1 without.
+double dropout_factor(const AttentionShape& s, const AttentionDropout& dropout, int64_t b,
+                      int64_t h, int64_t i, int64_t j) {
+  if (dropout.p <= 0.f) return 1.0;
+  const int64_t at = ((b * s.heads + h) * s.query_len + i) * s.key_len + j;
+  return dropout.mask[at] ? 1.0 / (1.0 - double(dropout.p)) : 0.0;
+}
+
+// Naive attention for one configuration; returns out [B, Tq, H*d].
+std::vector<float> reference_attention(const AttentionShape& s, const AttentionMask& mask,
+                                       const std::vector<float>& q, const std::vector<float>& k,
+                                       const std::vector<float>& v,
+                                       const AttentionDropout& dropout = {}) {
+  std::vector<float> out(size_t(s.batch * s.query_len * s.out_row_stride), 0.f);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < s.query_len; ++i) {
+        const int64_t position = i + mask.query_offset;
+        const int64_t valid = mask.key_lengths ? mask.key_lengths[b] : s.key_len;
+        std::vector<double> scores(size_t(s.key_len), -INFINITY);
+        double max_score = -INFINITY;
+        for (int64_t j = 0; j < s.key_len; ++j) {
+          if (!reference_visible(mask, valid, position, j)) continue;
+          scores[size_t(j)] = reference_score(s, q, k, b, h, i, j);
+          max_score = std::max(max_score, scores[size_t(j)]);
+        }
+        if (max_score == -INFINITY) continue;  // no visible key: zero output
+        double sum = 0;
+        for (double& sc : scores) sum += (sc = std::exp(sc - max_score));
+        for (int64_t c = 0; c < s.head_dim; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j < s.key_len; ++j)
+            acc += scores[size_t(j)] / sum * dropout_factor(s, dropout, b, h, i, j) *
+                   v[size_t((b * s.key_len + j) * s.v_row_stride + h * s.head_dim + c)];
+          out[size_t((b * s.query_len + i) * s.out_row_stride + h * s.head_dim + c)] = float(acc);
+        }
+      }
+  return out;
+}
+
+// Every scoring kind; additive_v gets values large enough to matter.
+const AttentionScoring kScorings[] = {AttentionScoring::kScaledDot, AttentionScoring::kDot,
+                                      AttentionScoring::kAdditive};
+
+TEST_P(BackendOps, AttentionMatchesReferenceWithEveryMask) {
+  for (AttentionScoring scoring : kScorings)
+    for (int64_t head_dim : {1, 7, 64})
+      for (int64_t query_len : {1, 7, 37})
+        for (int variant = 0; variant < 5; ++variant) {
+          AttentionShape s;
+          const auto additive_v = random_vector(3 * head_dim, 34, 1.5f);
+          s.score = {scoring, additive_v.data()};
+          s.batch = 3;
+          s.heads = 3;
+          s.head_dim = head_dim;
+          s.query_len = query_len;
+          s.key_len = variant == 4 ? 1 : (variant % 2 ? query_len : 9);
+          s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * head_dim;
+          std::vector<int32_t> lengths = {int32_t(s.key_len),
+                                          int32_t(std::max<int64_t>(s.key_len - 2, 1)), 0};
+          AttentionMask mask;
+          mask.key_lengths = lengths.data();
+          mask.causal = variant == 1 || variant == 3;
+          mask.window = variant >= 2 && variant < 4 ? 2 : -1;
+          mask.query_offset = variant == 3 ? 1 : 0;
+          auto q = random_vector(s.batch * s.query_len * s.q_row_stride, 31);
+          auto k = random_vector(s.batch * s.key_len * s.k_row_stride, 32);
+          auto v = random_vector(s.batch * s.key_len * s.v_row_stride, 33);
+          std::vector<float> probs(size_t(s.batch * s.heads * s.query_len * s.key_len));
+          std::vector<float> out(size_t(s.batch * s.query_len * s.out_row_stride), 123.f);
+          be().attention_forward(s, mask, q.data(), k.data(), v.data(), probs.data(), out.data(),
+                                 {});
+          auto expected = reference_attention(s, mask, q, k, v);
+          for (size_t i = 0; i < out.size(); ++i) {
+            ASSERT_FALSE(std::isnan(out[i]));
+            ASSERT_NEAR(out[i], expected[i], 1e-4)
+                << "variant " << variant << " d " << head_dim << " T " << query_len << " scoring "
+                << int(scoring);
+          }
+        }
+}
+
+// Weights not kept (probs null): the streamed online-softmax path, at lengths that span several
+// query blocks (64) and key blocks (256), with the band restricted by causal and window masks.
+TEST_P(BackendOps, AttentionStreamedMatchesReferenceAcrossBlocks) {
+  struct Case {
+    int64_t query_len, key_len;
+    bool causal;
+    int64_t window, offset;
+  };
+  const auto additive_v = random_vector(2 * 16, 44, 1.f);
+  for (AttentionScoring scoring : kScorings)
+    for (const Case& c :
+         {Case{300, 300, false, -1, 0}, Case{300, 300, true, -1, 0}, Case{300, 300, false, 5, 0},
+          Case{300, 300, true, 40, 0}, Case{70, 600, false, -1, 0}, Case{1, 600, true, 3, 599},
+          Case{65, 65, false, 0, 0}}) {
+      AttentionShape s;
+      s.score = {scoring, additive_v.data()};
+      s.batch = 2;
+      s.heads = 2;
+      s.head_dim = 16;
+      s.query_len = c.query_len;
+      s.key_len = c.key_len;
+      s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * s.head_dim;
+      std::vector<int32_t> lengths = {int32_t(c.key_len), int32_t(c.key_len * 2 / 3)};
+      AttentionMask mask;
+      mask.key_lengths = lengths.data();
+      mask.causal = c.causal;
+      mask.window = c.window;
+      mask.query_offset = c.offset;
+      auto q = random_vector(s.batch * s.query_len * s.q_row_stride, 41, 2.f);
+      auto k = random_vector(s.batch * s.key_len * s.k_row_stride, 42, 2.f);
+      auto v = random_vector(s.batch * s.key_len * s.v_row_stride, 43);
+      auto expected = reference_attention(s, mask, q, k, v);
+      std::vector<float> probs(size_t(s.batch * s.heads * s.query_len * s.key_len));
+      for (bool keep_weights : {true, false}) {
+        std::vector<float> out(expected.size(), 123.f);
+        be().attention_forward(s, mask, q.data(), k.data(), v.data(),
+                               keep_weights ? probs.data() : nullptr, out.data(), {});
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], expected[i], 2e-5)
+              << "Tq " << c.query_len << " Tk " << c.key_len << " causal " << c.causal << " window "
+              << c.window << " kept " << keep_weights << " scoring " << int(scoring) << " at " << i;
+      }
+    }
+}
+
+// Double-precision gradients of reference_attention: dq, dk, dv for upstream d_out.
+void reference_attention_backward(const AttentionShape& s, const AttentionMask& mask,
+                                  const std::vector<float>& q, const std::vector<float>& k,
+                                  const std::vector<float>& v, const std::vector<float>& d_out,
+                                  std::vector<double>& dq, std::vector<double>& dk,
+                                  std::vector<double>& dv, std::vector<double>& d_additive_v,
+                                  const AttentionDropout& dropout = {}) {
+  dq.assign(q.size(), 0.0);
+  dk.assign(k.size(), 0.0);
+  dv.assign(v.size(), 0.0);
+  d_additive_v.assign(size_t(s.heads * s.head_dim), 0.0);
+  const bool additive = s.score.kind == AttentionScoring::kAdditive;
+  const double scale =
+      s.score.kind == AttentionScoring::kScaledDot ? 1.0 / std::sqrt(double(s.head_dim)) : 1.0;
+  auto at = [&](int64_t b, int64_t t, int64_t h, int64_t c, int64_t len, int64_t stride) {
+    return size_t((b * len + t) * stride + h * s.head_dim + c);
+  };
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < s.query_len; ++i) {
+        const int64_t position = i + mask.query_offset;
+        const int64_t valid = mask.key_lengths ? mask.key_lengths[b] : s.key_len;
+        std::vector<double> p(size_t(s.key_len), 0.0);
+        std::vector<bool> visible(size_t(s.key_len));
+        double max_score = -INFINITY;
+        for (int64_t j = 0; j < s.key_len; ++j) {
+          visible[size_t(j)] = reference_visible(mask, valid, position, j);
+          if (!visible[size_t(j)]) continue;
+          p[size_t(j)] = reference_score(s, q, k, b, h, i, j);
+          max_score = std::max(max_score, p[size_t(j)]);
+        }
+        if (max_score == -INFINITY) continue;
+        double sum = 0;
+        for (int64_t j = 0; j < s.key_len; ++j)
+          sum += (p[size_t(j)] = visible[size_t(j)] ? std::exp(p[size_t(j)] - max_score) : 0.0);
+        std::vector<double> dp(size_t(s.key_len), 0.0);
+        double weighted = 0;
+        for (int64_t j = 0; j < s.key_len; ++j) {
+          p[size_t(j)] /= sum;
+          const double kept = dropout_factor(s, dropout, b, h, i, j);
+          for (int64_t c = 0; c < s.head_dim; ++c) {
+            const double g = d_out[at(b, i, h, c, s.query_len, s.out_row_stride)];
+            dp[size_t(j)] += kept * g * v[at(b, j, h, c, s.key_len, s.v_row_stride)];
+            dv[at(b, j, h, c, s.key_len, s.v_row_stride)] += kept * p[size_t(j)] * g;
+          }
+          weighted += p[size_t(j)] * dp[size_t(j)];
+        }
+        for (int64_t j = 0; j < s.key_len; ++j) {
+          const double ds = p[size_t(j)] * (dp[size_t(j)] - weighted) * scale;
+          for (int64_t c = 0; c < s.head_dim; ++c) {
+            const double qc = q[at(b, i, h, c, s.query_len, s.q_row_stride)];
+            const double kc = k[at(b, j, h, c, s.key_len, s.k_row_stride)];
+            if (additive) {  // d/dq = d/dk = v_c (1 - tanh²), d/dv_c = tanh(q_c + k_c)
+              const double t = std::tanh(qc + kc);
+              const double u = ds * s.score.additive_v[h * s.head_dim + c] * (1 - t * t);
+              dq[at(b, i, h, c, s.query_len, s.q_row_stride)] += u;
+              dk[at(b, j, h, c, s.key_len, s.k_row_stride)] += u;
+              d_additive_v[size_t(h * s.head_dim + c)] += ds * t;
+              continue;
+            }
+            dq[at(b, i, h, c, s.query_len, s.q_row_stride)] += ds * kc;
+            dk[at(b, j, h, c, s.key_len, s.k_row_stride)] += ds * qc;
+          }
+        }
+      }
+}
+
+// Restricted (windowed) and causal attention computes only the band, per block of 64 queries:
+// forward and backward against float64, at lengths spanning several blocks.
+TEST_P(BackendOps, AttentionBandedForwardAndBackwardMatchFloat64) {
+  struct Case {
+    int64_t len;
+    bool causal;
+    int64_t window;
+  };
+  const auto additive_v = random_vector(2 * 8, 55, 1.f);
+  for (AttentionScoring scoring : kScorings)
+    for (const Case& c : {Case{150, false, 7}, Case{150, true, 7}, Case{150, true, -1},
+                          Case{130, false, 64}, Case{129, true, 0}}) {
+      AttentionShape s;
+      s.score = {scoring, additive_v.data()};
+      s.batch = 2;
+      s.heads = 2;
+      s.head_dim = 8;
+      s.query_len = s.key_len = c.len;
+      s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * s.head_dim;
+      std::vector<int32_t> lengths = {int32_t(c.len), int32_t(c.len - 20)};
+      AttentionMask mask;
+      mask.key_lengths = lengths.data();
+      mask.causal = c.causal;
+      mask.window = c.window;
+      auto q = random_vector(s.batch * c.len * s.q_row_stride, 51);
+      auto k = random_vector(s.batch * c.len * s.k_row_stride, 52);
+      auto v = random_vector(s.batch * c.len * s.v_row_stride, 53);
+      auto d_out = random_vector(s.batch * c.len * s.out_row_stride, 54);
+      std::vector<float> probs(size_t(s.batch * s.heads * c.len * c.len), 7.f);
+      std::vector<float> out(q.size());
+      be().attention_forward(s, mask, q.data(), k.data(), v.data(), probs.data(), out.data(), {});
+      auto expected = reference_attention(s, mask, q, k, v);
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-5) << i;
+      std::vector<float> dq(q.size(), 9.f), dk(k.size(), 9.f), dv(v.size(), 9.f);
+      std::vector<float> d_additive_v(additive_v.size(), 0.5f);  // accumulated into
+      be().attention_backward(s, mask, q.data(), k.data(), v.data(), probs.data(), {}, d_out.data(),
+                              dq.data(), dk.data(), dv.data(), d_additive_v.data());
+      std::vector<double> rq, rk, rv, r_additive_v;
+      reference_attention_backward(s, mask, q, k, v, d_out, rq, rk, rv, r_additive_v);
+      for (size_t i = 0; i < d_additive_v.size(); ++i) {
+        const double expected =
+            scoring == AttentionScoring::kAdditive ? 0.5 + r_additive_v[i] : 0.5;
+        ASSERT_NEAR(d_additive_v[i], expected, 1e-4 * (1 + std::abs(expected))) << "dv_add " << i;
+      }
+      for (size_t i = 0; i < dq.size(); ++i) {
+        ASSERT_NEAR(dq[i], rq[i], 1e-4) << "dq " << i << " len " << c.len << " window " << c.window;
+        ASSERT_NEAR(dk[i], rk[i], 1e-4) << "dk " << i << " len " << c.len << " window " << c.window;
+        ASSERT_NEAR(dv[i], rv[i], 1e-4) << "dv " << i << " len " << c.len << " window " << c.window;
+      }
+    }
+}
+
+// Incremental decoding's single query over cached rows (key_rows) and the hypotheses of one
+// sentence sharing its encoder keys (key_batch), against the dense reference on gathered copies.
+TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
+  const auto additive_v = random_vector(3 * 5, 91, 1.f);
+  for (AttentionScoring scoring : kScorings) {
+    AttentionShape s;
+    s.score = {scoring, additive_v.data()};
+    s.batch = 4;
+    s.heads = 3;
+    s.head_dim = 5;
+    s.query_len = 1;
+    s.key_len = 6;
+    const int64_t d = s.heads * s.head_dim;
+    // A pool of 23 cached rows (stride d + 2); hypothesis b reads its key_len rows through its
+    // row table, so shared prefixes read the same rows.
+    const int64_t pool_rows = 23, row_stride = d + 2, table_stride = 9;
+    auto pool_k = random_vector(pool_rows * row_stride, 92);
+    auto pool_v = random_vector(pool_rows * row_stride, 93);
+    std::vector<int32_t> table(size_t(s.batch * table_stride));
+    Random random(94);
+    for (auto& r : table) r = int32_t(random.next_u64() % uint64_t(pool_rows));
+    auto q = random_vector(s.batch * d, 95);
+    AttentionShape cached = s;
+    cached.q_row_stride = cached.out_row_stride = d;
+    cached.k_row_stride = cached.v_row_stride = row_stride;
+    cached.key_rows = table.data();
+    cached.key_rows_stride = table_stride;
+    AttentionMask mask;
+    mask.causal = true;
+    mask.query_offset = s.key_len - 1;
+    std::vector<float> out(size_t(s.batch * d), 7.f);
+    be().attention_forward(cached, mask, q.data(), pool_k.data(), pool_v.data(), nullptr,
+                           out.data(), {});
+    AttentionShape dense = s;
+    dense.q_row_stride = dense.k_row_stride = dense.v_row_stride = dense.out_row_stride = d;
+    std::vector<float> k(size_t(s.batch * s.key_len * d)), v(k.size());
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t j = 0; j < s.key_len; ++j) {
+        const int64_t row = table[size_t(b * table_stride + j)];
+        std::copy_n(pool_k.data() + row * row_stride, d, k.data() + (b * s.key_len + j) * d);
+        std::copy_n(pool_v.data() + row * row_stride, d, v.data() + (b * s.key_len + j) * d);
+      }
+    auto expected = reference_attention(dense, mask, q, k, v);
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(out[i], expected[i], 1e-5) << "cached rows, scoring " << int(scoring);
+
+    // key_batch: queries 0..3 read key sequences {1, 1, 0, 2} of 3 (lengths 5, 2, 4).
+    const int32_t key_batch[] = {1, 1, 0, 2};
+    const int32_t lengths[] = {5, 2, 4};
+    auto keys = random_vector(3 * s.key_len * d, 96);
+    auto values = random_vector(3 * s.key_len * d, 97);
+    AttentionMask shared;
+    shared.key_batch = key_batch;
+    shared.key_lengths = lengths;
+    std::vector<float> probs(size_t(s.batch * s.heads * s.key_len));
+    be().attention_forward(dense, shared, q.data(), keys.data(), values.data(), probs.data(),
+                           out.data(), {});
+    std::vector<int32_t> per_query_lengths;
+    for (int64_t b = 0; b < s.batch; ++b) {
+      const int64_t from = key_batch[b];
+      std::copy_n(keys.data() + from * s.key_len * d, s.key_len * d, k.data() + b * s.key_len * d);
+      std::copy_n(values.data() + from * s.key_len * d, s.key_len * d,
+                  v.data() + b * s.key_len * d);
+      per_query_lengths.push_back(lengths[from]);
+    }
+    AttentionMask unshared;
+    unshared.key_lengths = per_query_lengths.data();
+    expected = reference_attention(dense, unshared, q, k, v);
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(out[i], expected[i], 1e-5) << "key batches, scoring " << int(scoring);
+  }
+}
+
+// Dropout on the attention weights: the forward writes the mask and scales the kept weights,
+// the backward reads the same mask; both against float64.
+TEST_P(BackendOps, AttentionDropoutForwardAndBackwardMatchFloat64) {
+  const auto additive_v = random_vector(2 * 3, 101, 1.f);
+  for (AttentionScoring scoring : kScorings) {
+    AttentionShape s;
+    s.score = {scoring, additive_v.data()};
+    s.batch = 2;
+    s.heads = 2;
+    s.query_len = 5;
+    s.key_len = 7;
+    s.head_dim = 3;
+    s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = 6;
+    const int32_t lengths[] = {7, 4};
+    AttentionMask mask;
+    mask.key_lengths = lengths;
+    mask.causal = true;
+    mask.window = 3;
+    mask.query_offset = 2;
+    std::vector<uint8_t> dropout_mask(size_t(s.batch * s.heads * s.query_len * s.key_len), 9);
+    const AttentionDropout dropout{0.3f, dropout_mask.data(), 99};
+    auto q = random_vector(2 * 5 * 6, 102), k = random_vector(2 * 7 * 6, 103);
+    auto v = random_vector(2 * 7 * 6, 104), d_out = random_vector(2 * 5 * 6, 105);
+    std::vector<float> probs(dropout_mask.size()), out(q.size());
+    be().attention_forward(s, mask, q.data(), k.data(), v.data(), probs.data(), out.data(),
+                           dropout);
+    int64_t kept = 0;
+    for (uint8_t m : dropout_mask) {
+      ASSERT_TRUE(m == 0 || m == 1);
+      kept += m;
+    }
+    ASSERT_GT(kept, 0);
+    ASSERT_LT(kept, int64_t(dropout_mask.size()));
+    auto expected = reference_attention(s, mask, q, k, v, dropout);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-5) << i;
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size()), d_additive_v(6, 0.f);
+    be().attention_backward(s, mask, q.data(), k.data(), v.data(), probs.data(), dropout,
+                            d_out.data(), dq.data(), dk.data(), dv.data(), d_additive_v.data());
+    std::vector<double> rq, rk, rv, r_additive_v;
+    reference_attention_backward(s, mask, q, k, v, d_out, rq, rk, rv, r_additive_v, dropout);
+    for (size_t i = 0; i < dq.size(); ++i) ASSERT_NEAR(dq[i], rq[i], 1e-4) << "dq " << i;
+    for (size_t i = 0; i < dk.size(); ++i) ASSERT_NEAR(dk[i], rk[i], 1e-4) << "dk " << i;
+    for (size_t i = 0; i < dv.size(); ++i) ASSERT_NEAR(dv[i], rv[i], 1e-4) << "dv " << i;
+    if (scoring == AttentionScoring::kAdditive) {
+      for (size_t i = 0; i < d_additive_v.size(); ++i)
+        ASSERT_NEAR(d_additive_v[i], r_additive_v[i], 1e-4) << "d_additive_v " << i;
+    }
+  }
+}
+
+// --- Layer normalisation and the residual connection -------------------------------------------
+
+TEST_P(BackendOps, LayerNormForwardAndBackwardMatchFloat64) {
+  const float eps = 1e-5f;
+  for (int64_t cols : {1, 7, 63, 65, 512}) {
+    const int64_t rows = 9;
+    auto x = random_vector(rows * cols, 11, 3.f);
+    auto gamma = random_vector(cols, 12), beta = random_vector(cols, 13);
+    auto dy = random_vector(rows * cols, 14);
+    std::vector<float> y(x.size()), mean(static_cast<size_t>(rows)),
+        rstd(static_cast<size_t>(rows));
+    be().layer_norm(x.data(), gamma.data(), beta.data(), y.data(), rows, cols, eps, mean.data(),
+                    rstd.data());
+    std::vector<double> rdx(x.size()), rdgamma(static_cast<size_t>(cols), 0.0), rdbeta(rdgamma);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x.data() + r * cols;
+      double mu = 0, var = 0;
+      for (int64_t c = 0; c < cols; ++c) mu += xr[c];
+      mu /= double(cols);
+      for (int64_t c = 0; c < cols; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+      var /= double(cols);
+      const double s = 1.0 / std::sqrt(var + double(eps));
+      ASSERT_NEAR(mean[size_t(r)], mu, 1e-5 * (1 + std::abs(mu)));
+      ASSERT_NEAR(rstd[size_t(r)], s, 1e-4 * s);
+      double mean_gy = 0, mean_gy_xhat = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double xhat = (xr[c] - mu) * s, g = dy[size_t(r * cols + c)];
+        ASSERT_NEAR(y[size_t(r * cols + c)], xhat * gamma[size_t(c)] + beta[size_t(c)], 1e-4)
+            << cols;
+        mean_gy += g * gamma[size_t(c)] / double(cols);
+        mean_gy_xhat += g * gamma[size_t(c)] * xhat / double(cols);
+        rdgamma[size_t(c)] += g * xhat;
+        rdbeta[size_t(c)] += g;
+      }
+      for (int64_t c = 0; c < cols; ++c) {
+        const double xhat = (xr[c] - mu) * s, g = dy[size_t(r * cols + c)];
+        rdx[size_t(r * cols + c)] = s * (g * gamma[size_t(c)] - mean_gy - xhat * mean_gy_xhat);
+      }
+    }
+    // = into a separate buffer, += into one holding 0.25, and = in place over dy itself.
+    for (int mode = 0; mode < 3; ++mode) {
+      std::vector<float> dx(x.size(), mode == 1 ? 0.25f : 9.f), dgamma(size_t(cols), 0.5f),
+          dbeta(size_t(cols), 0.5f);
+      std::vector<float> dy_copy = dy;
+      float* target = mode == 2 ? dy_copy.data() : dx.data();
+      be().layer_norm_backward(dy_copy.data(), x.data(), mean.data(), rstd.data(), gamma.data(),
+                               target, dgamma.data(), dbeta.data(), rows, cols, mode == 1);
+      for (size_t i = 0; i < x.size(); ++i)
+        ASSERT_NEAR(target[i], rdx[i] + (mode == 1 ? 0.25 : 0.0), 1e-4 * (1 + std::abs(rdx[i])))
+            << "dx mode " << mode << " cols " << cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_NEAR(dgamma[size_t(c)], 0.5 + rdgamma[size_t(c)],
+                    1e-4 * (1 + std::abs(rdgamma[size_t(c)])));
+        ASSERT_NEAR(dbeta[size_t(c)], 0.5 + rdbeta[size_t(c)],
+                    1e-4 * (1 + std::abs(rdbeta[size_t(c)])));
+      }
+    }
+  }
+}
+
+TEST_P(BackendOps, AddScaleAndBias) {
+  for (int64_t n : {1, 7, 65, 70001}) {
+    auto x = random_vector(n, 15), y = random_vector(n, 16);
+    auto sum = y;
+    be().add(sum.data(), x.data(), n);
+    auto scaled = x;
+    be().scale(scaled.data(), -0.375f, n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(sum[size_t(i)], y[size_t(i)] + x[size_t(i)]);
+      ASSERT_EQ(scaled[size_t(i)], x[size_t(i)] * -0.375f);
+    }
+  }
+  for (int64_t cols : {1, 7, 65}) {
+    const int64_t rows = 5;
+    auto y = random_vector(rows * cols, 17), bias = random_vector(cols, 18);
+    auto with_bias = y;
+    be().add_bias(with_bias.data(), bias.data(), rows, cols);
+    std::vector<float> dbias(size_t(cols), 1.f);
+    be().bias_backward(y.data(), rows, cols, dbias.data());
+    for (int64_t c = 0; c < cols; ++c) {
+      double column = 1;
+      for (int64_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(with_bias[size_t(r * cols + c)], y[size_t(r * cols + c)] + bias[size_t(c)]);
+        column += y[size_t(r * cols + c)];
+      }
+      ASSERT_NEAR(dbias[size_t(c)], column, 1e-5);
+    }
+  }
+}
+
+// Bias + activation forward (with and without a bias, out separate or aliasing pre) and the
+// activation's backward, against erf-exact GELU and its derivative Φ(v) + v·φ(v).
+TEST_P(BackendOps, BiasActivationForwardAndBackwardMatchFloat64) {
+  const int64_t rows = 3, cols = 65;
+  auto x = random_vector(rows * cols, 21, 2.f);
+  auto bias = random_vector(cols, 22);
+  auto d = random_vector(rows * cols, 23);
+  for (Activation act : {Activation::kRelu, Activation::kGelu})
+    for (bool with_bias : {true, false})
+      for (bool in_place : {false, true}) {
+        auto pre = x;
+        std::vector<float> separate(x.size());
+        float* out = in_place ? pre.data() : separate.data();
+        be().add_bias_activation(pre.data(), with_bias ? bias.data() : nullptr, out, rows, cols,
+                                 act);
+        std::vector<float> pre_activation(x.size());
+        for (int64_t i = 0; i < rows * cols; ++i)
+          pre_activation[size_t(i)] = x[size_t(i)] + (with_bias ? bias[size_t(i % cols)] : 0.f);
+        if (!in_place) {
+          for (int64_t i = 0; i < rows * cols; ++i)
+            ASSERT_EQ(pre[size_t(i)], pre_activation[size_t(i)]) << "pre keeps the biased input";
+        }
+        auto grad = d;
+        be().activation_backward(grad.data(), pre_activation.data(), rows * cols, act);
+        for (int64_t i = 0; i < rows * cols; ++i) {
+          const double v = pre_activation[size_t(i)];
+          const double cdf = 0.5 * (1 + std::erf(v / std::sqrt(2.0)));
+          const double value = act == Activation::kRelu ? std::max(v, 0.0) : v * cdf;
+          const double slope =
+              act == Activation::kRelu
+                  ? (v > 0 ? 1.0 : 0.0)
+                  : cdf + v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * 3.14159265358979323846);
+          ASSERT_NEAR(out[i], value, 1e-5) << "act " << int(act);
+          ASSERT_NEAR(grad[size_t(i)], d[size_t(i)] * slope, 1e-5) << "act' " << int(act);
+        }
+      }
+}
+
+// --- Dropout ----------------------------------------------------------------------------------
+
+// The mask is a function of (key, index) only: the same on every backend (bit-exact resume and
+// data-parallel replicas depend on it), reproducible, a fraction 1 - p kept.
+TEST_P(BackendOps, DropoutMaskIsReproducibleAndAgreesWithTheCpu) {
+  const int64_t n = 100003;
+  for (float p : {0.1f, 0.5f}) {
+    std::vector<uint8_t> mask(static_cast<size_t>(n)), again(mask), other(mask), cpu(mask);
+    be().dropout_mask(mask.data(), n, p, 1234);
+    be().dropout_mask(again.data(), n, p, 1234);
+    be().dropout_mask(other.data(), n, p, 1235);
+    cpu_backend().dropout_mask(cpu.data(), n, p, 1234);
+    EXPECT_EQ(mask, again);
+    EXPECT_EQ(mask, cpu);
+    EXPECT_NE(mask, other);
+    int64_t kept = 0;
+    for (uint8_t m : mask) {
+      ASSERT_TRUE(m == 0 || m == 1);
+      kept += m;
+    }
+    EXPECT_NEAR(double(kept) / double(n), 1.0 - p, 0.01);
+    auto x = random_vector(n, 24);
+    auto dropped = x;
+    be().apply_dropout(dropped.data(), mask.data(), n, p);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(dropped[size_t(i)], mask[size_t(i)] ? double(x[size_t(i)]) / (1.0 - p) : 0.0,
+                  1e-6 * (1 + std::abs(x[size_t(i)])));
+  }
+}
+
+// --- Embeddings -------------------------------------------------------------------------------
+
+TEST_P(BackendOps, EmbeddingGatherAndScatterAddMatchFloat64) {
+  const int64_t vocab = 11, d = 13, batch = 3, len = 5, rows = batch * len, positions = 9;
+  auto table = random_vector(vocab * d, 31), position_table = random_vector(positions * d, 32);
+  auto d_out = random_vector(rows * d, 33);
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) ids[size_t(r)] = int32_t((r * 7) % 4);  // ids repeat
+  const float scale = 3.5f;
+  const int64_t first = 2;
+  for (bool with_positions : {true, false}) {
+    const float* pe = with_positions ? position_table.data() : nullptr;
+    std::vector<float> out(size_t(rows * d));
+    be().embedding_forward(table.data(), pe, ids.data(), rows, len, d, scale, first, out.data());
+    std::vector<float> d_table(size_t(vocab * d), 0.5f), d_positions(size_t(positions * d), 0.5f);
+    be().embedding_backward(d_out.data(), ids.data(), rows, len, d, scale, first, d_table.data(),
+                            with_positions ? d_positions.data() : nullptr);
+    std::vector<double> r_table(d_table.size(), 0.5), r_positions(d_positions.size(), 0.5);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < d; ++c) {
+        const int64_t position = first + r % len;
+        const double e = double(table[size_t(ids[size_t(r)] * d + c)]) * scale +
+                         (with_positions ? position_table[size_t(position * d + c)] : 0.0);
+        ASSERT_NEAR(out[size_t(r * d + c)], e, 1e-5);
+        r_table[size_t(ids[size_t(r)] * d + c)] += scale * double(d_out[size_t(r * d + c)]);
+        r_positions[size_t(position * d + c)] += d_out[size_t(r * d + c)];
+      }
+    for (size_t i = 0; i < d_table.size(); ++i) ASSERT_NEAR(d_table[i], r_table[i], 1e-4);
+    for (size_t i = 0; i < d_positions.size(); ++i)
+      ASSERT_NEAR(d_positions[i], with_positions ? r_positions[i] : 0.5, 1e-5);
+  }
+}
+
+// --- Output distribution and loss ---------------------------------------------------------------
+
+TEST_P(BackendOps, LogSoftmaxAndPickMatchFloat64) {
+  for (int64_t cols : {1, 7, 65, 1003}) {
+    const int64_t rows = 3;
+    auto x = random_vector(rows * cols, 41, 4.f);
+    std::vector<int32_t> targets = {0, int32_t(cols - 1), int32_t(cols / 2)};
+    std::vector<float> logp(x.size()), picked(static_cast<size_t>(rows));
+    be().log_softmax(x.data(), logp.data(), rows, cols);
+    be().log_softmax_pick(x.data(), targets.data(), rows, cols, picked.data());
+    auto in_place = x;
+    be().log_softmax(in_place.data(), in_place.data(), rows, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      double max = -INFINITY, sum = 0;
+      for (int64_t c = 0; c < cols; ++c) max = std::max(max, double(x[size_t(r * cols + c)]));
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(double(x[size_t(r * cols + c)]) - max);
+      const double log_z = max + std::log(sum);
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_NEAR(logp[size_t(r * cols + c)], x[size_t(r * cols + c)] - log_z, 1e-5);
+        ASSERT_EQ(in_place[size_t(r * cols + c)], logp[size_t(r * cols + c)]);
+      }
+      ASSERT_NEAR(picked[size_t(r)], x[size_t(r * cols + targets[size_t(r)])] - log_z, 1e-5);
+    }
+  }
+}
+
+// The loss exactly as torch.nn.CrossEntropyLoss(label_smoothing=ε) sums it, and its gradient
+// grad_scale · (softmax − ((1-ε)·onehot + ε/V)), in place of the logits.
+TEST_P(BackendOps, LabelSmoothedCrossEntropyAndItsGradientMatchFloat64) {
+  for (int64_t vocab : {2, 7, 65, 1003})
+    for (float smoothing : {0.f, 0.1f}) {
+      const int64_t rows = 5;
+      auto logits = random_vector(rows * vocab, 51, 3.f);
+      std::vector<int32_t> targets;
+      for (int64_t r = 0; r < rows; ++r) targets.push_back(int32_t((r * 5 + 1) % vocab));
+      const float grad_scale = 0.25f;
+      auto grad = logits;
+      const CrossEntropyTotals totals = be().cross_entropy_forward_backward(
+          grad.data(), targets.data(), rows, vocab, smoothing, grad_scale);
+      double loss = 0, nll = 0;
+      int64_t correct = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* z = logits.data() + r * vocab;
+        double max = -INFINITY, sum = 0, mean_nll = 0;
+        int64_t argmax = 0;
+        for (int64_t c = 0; c < vocab; ++c)
+          if (z[c] > max) max = z[c], argmax = c;
+        for (int64_t c = 0; c < vocab; ++c) sum += std::exp(z[c] - max);
+        const double log_z = max + std::log(sum);
+        for (int64_t c = 0; c < vocab; ++c) mean_nll += (log_z - z[c]) / double(vocab);
+        const double target_nll = log_z - z[targets[size_t(r)]];
+        loss += (1 - smoothing) * target_nll + smoothing * mean_nll;
+        nll += target_nll;
+        correct += argmax == targets[size_t(r)];
+        for (int64_t c = 0; c < vocab; ++c) {
+          const double want =
+              grad_scale *
+              (std::exp(z[c] - log_z) -
+               ((c == targets[size_t(r)] ? 1 - smoothing : 0.0) + smoothing / double(vocab)));
+          ASSERT_NEAR(grad[size_t(r * vocab + c)], want, 1e-6) << "vocab " << vocab;
+        }
+      }
+      EXPECT_NEAR(totals.loss, loss, 1e-4 * (1 + loss));
+      EXPECT_NEAR(totals.nll, nll, 1e-4 * (1 + nll));
+      EXPECT_EQ(totals.correct, correct);
+    }
+}
+
+// --- Optimizer and gradient clipping ------------------------------------------------------------
+
+// torch.optim.Adam: m = β1·m + (1-β1)·g, v = β2·v + (1-β2)·g², then
+// p -= lr / (1 - β1^t) · m / (sqrt(v) / sqrt(1 - β2^t) + ε); three steps.
+TEST_P(BackendOps, AdamAndSgdUpdatesMatchFloat64) {
+  for (int64_t n : {1, 7, 70001}) {
+    auto param = random_vector(n, 61);
+    std::vector<float> m(size_t(n), 0.f), v(size_t(n), 0.f);
+    std::vector<double> rp(param.begin(), param.end()), rm(size_t(n), 0.0), rv(size_t(n), 0.0);
+    const AdamHyperparameters h{0.01f, 0.9f, 0.98f, 1e-9f};
+    for (int64_t step = 1; step <= 3; ++step) {
+      auto grad = random_vector(n, 62 + uint64_t(step));
+      be().adam_update(param.data(), grad.data(), m.data(), v.data(), n, h, step);
+      const double c1 = 1 - std::pow(double(h.beta1), double(step));
+      const double c2 = 1 - std::pow(double(h.beta2), double(step));
+      for (int64_t i = 0; i < n; ++i) {
+        const double g = grad[size_t(i)];
+        rm[size_t(i)] = h.beta1 * rm[size_t(i)] + (1 - double(h.beta1)) * g;
+        rv[size_t(i)] = h.beta2 * rv[size_t(i)] + (1 - double(h.beta2)) * g * g;
+        rp[size_t(i)] -=
+            h.lr / c1 * rm[size_t(i)] / (std::sqrt(rv[size_t(i)]) / std::sqrt(c2) + h.eps);
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(param[size_t(i)], rp[size_t(i)], 1e-5) << i;
+      ASSERT_NEAR(m[size_t(i)], rm[size_t(i)], 1e-5) << i;
+      ASSERT_NEAR(v[size_t(i)], rv[size_t(i)], 1e-5) << i;
+    }
+    auto sgd = param;
+    auto grad = random_vector(n, 66);
+    be().sgd_update(sgd.data(), grad.data(), n, 0.125f);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(sgd[size_t(i)], double(param[size_t(i)]) - 0.125 * grad[size_t(i)], 1e-6);
+  }
+}
+
+TEST_P(BackendOps, SumOfSquaresIsDeterministicAndMatchesFloat64) {
+  for (int64_t n : {0, 1, 7, 1000003}) {
+    auto x = random_vector(n, 71, 3.f);
+    double want = 0;
+    for (float v : x) want += double(v) * v;
+    const double got = be().sum_of_squares(x.data(), n);
+    EXPECT_NEAR(got, want, 1e-9 * (1 + want)) << n;
+    EXPECT_EQ(got, be().sum_of_squares(x.data(), n)) << "the same order every time";
+  }
+}
+
+// --- Copies, fills and row movement -------------------------------------------------------------
+
+TEST_P(BackendOps, CopyFillGatherAndScatterRows) {
+  auto x = random_vector(1001, 81);
+  std::vector<float> y(1001, 0.f);
+  be().copy(x.data(), 1001, y.data());
+  EXPECT_EQ(x, y);
+  be().fill(y.data() + 3, 995, -2.5f);
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], i < 3 || i >= 998 ? x[i] : -2.5f);
+
+  const int64_t d = 7, ldx = 9, ldy = 8, source_rows = 6;
+  auto source = random_vector(source_rows * ldx, 82);
+  const std::vector<int64_t> rows = {4, 0, 5, 2};
+  std::vector<float> gathered(size_t(4 * ldy), 3.f);
+  be().gather_rows(source.data(), ldx, rows.data(), 4, d, gathered.data(), ldy);
+  std::vector<float> scattered(size_t(source_rows * ldy), 3.f);
+  be().scatter_rows(gathered.data(), ldy, rows.data(), 4, d, scattered.data(), ldy);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t c = 0; c < ldy; ++c)
+      ASSERT_EQ(gathered[size_t(r * ldy + c)],
+                c < d ? source[size_t(rows[size_t(r)] * ldx + c)] : 3.f);
+  for (int64_t r = 0; r < source_rows; ++r) {
+    const bool written = std::find(rows.begin(), rows.end(), r) != rows.end();
+    for (int64_t c = 0; c < ldy; ++c)
+      ASSERT_EQ(scattered[size_t(r * ldy + c)],
+                written && c < d ? source[size_t(r * ldx + c)] : 3.f);
+  }
+}
+
+}  // namespace
+}  // namespace tfm
