@@ -39,13 +39,16 @@ using Sentences = std::vector<std::vector<int32_t>>;
 }
 
 // The non-negative integer value of option argv[i]; advances i past it.
-// --compute-type's value at argv[i + 1]: true for bfloat16, false for float32.
-inline bool bfloat16_arg(int argc, char** argv, int& i, const char* usage) {
+// --compute-type's value at argv[i + 1]; advances i past it. The CPU backend must support it.
+inline tfm::Precision precision_arg(int argc, char** argv, int& i, const char* usage) {
   if (i + 1 >= argc) usage_error(usage, "--compute-type needs a value");
   const std::string type = argv[++i];
-  if (type != "float32" && type != "bfloat16")
-    usage_error(usage, "--compute-type is float32 or bfloat16, not " + type);
-  return type == "bfloat16";
+  tfm::Precision precision = tfm::Precision::kFloat32;
+  if (!tfm::parse_precision(type, precision))
+    usage_error(usage, "--compute-type is float32, bfloat16 or int8, not " + type);
+  if (!tfm::cpu_backend().supports(precision))
+    throw std::runtime_error("--compute-type " + type + ": this CPU cannot multiply in it");
+  return precision;
 }
 
 inline long long int_arg(int argc, char** argv, int& i, const char* usage) {

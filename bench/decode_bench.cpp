@@ -68,8 +68,8 @@ struct Options {
   int gemm_size = 2048;   // side of the square sgemm that defines the peak
   uint64_t seed = 1234;
   bool profile = false;
-  bool prepare_only = false;  // write model + ids, time nothing
-  bool bfloat16 = false;      // the decoder's weight products in bfloat16
+  bool prepare_only = false;                            // write model + ids, time nothing
+  tfm::Precision precision = tfm::Precision::kFloat32;  // of the weight products
 };
 
 const char* kUsage =
@@ -81,7 +81,7 @@ const char* kUsage =
     "otherwise\n"
     "  --prepare-only       write a fresh model and sources into DIR, then exit\n"
     "  --beam N             1: greedy (default 1)\n"
-    "  --compute-type T     float32 (default) or bfloat16 (translate --compute-type)\n"
+    "  --compute-type T     float32 (default), bfloat16 or int8 (translate --compute-type)\n"
     "  --repeats N          timed searches after warm-up (default 5)\n"
     "  --warmup N           untimed searches first (default 1)\n"
     "  --profile            also replay the search's decoder calls on the same shapes to split\n"
@@ -111,7 +111,7 @@ Options parse_options(int argc, char** argv) {
     } else if (a == "--beam") {
       o.beam = int(int_value(i));
     } else if (a == "--compute-type") {
-      o.bfloat16 = bench::bfloat16_arg(argc, argv, i, kUsage);
+      o.precision = bench::precision_arg(argc, argv, i, kUsage);
     } else if (a == "--repeats") {
       o.repeats = int(int_value(i));
     } else if (a == "--warmup") {
@@ -295,8 +295,7 @@ int run(const Options& o) {
   search_options.max_length_a = 0;
   search_options.max_length_b = o.out_len;
   search_options.nbest = 1;
-  // PackedMatrix refuses bfloat16 (an error, exit 1) where the CPU lacks AVX512-BF16.
-  if (o.bfloat16) search_options.precision = tfm::Precision::kBFloat16;
+  search_options.precision = o.precision;
 
   std::vector<std::vector<tfm::Hypothesis>> results;
   auto decode = [&] { results = tfm::search(model, sources, {}, search_options); };
@@ -330,9 +329,11 @@ int run(const Options& o) {
   nlohmann::json line =
       bench::common_fields(median_seconds, all_seconds, generated, rss_mib, flops, gemm_peak);
   line.update({
-      {"side",
-       std::string(o.beam == 1 ? "ours-greedy" : "ours-beam") + (o.bfloat16 ? "-bfloat16" : "")},
-      {"compute_type", o.bfloat16 ? "bfloat16" : "float32"},
+      {"side", std::string(o.beam == 1 ? "ours-greedy" : "ours-beam") +
+                   (o.precision == tfm::Precision::kFloat32
+                        ? ""
+                        : std::string("-") + tfm::precision_name(o.precision))},
+      {"compute_type", tfm::precision_name(o.precision)},
       {"beam", o.beam},
       {"batch", batch},
       {"src_len", src_len},

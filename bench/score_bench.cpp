@@ -52,7 +52,7 @@ struct Options {
   uint64_t seed = 1234;
   bool reuse = false;         // load model + ids written by an earlier run
   bool prepare_only = false;  // write model + ids, time nothing
-  bool bfloat16 = false;      // --compute-type bfloat16
+  tfm::Precision precision = tfm::Precision::kFloat32;  // --compute-type
 };
 
 const char* kUsage =
@@ -68,7 +68,7 @@ const char* kUsage =
     "  --seed N             model and batch seed (default 1234)\n"
     "  --prepare-only       write the model and ids, then exit\n"
     "  --reuse              load the model and ids already in DIR (what `transformer score` does)\n"
-    "  --compute-type T     float32 (default) or bfloat16 (score --compute-type)\n"
+    "  --compute-type T     float32 (default), bfloat16 or int8 (score --compute-type)\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -107,7 +107,7 @@ Options parse_options(int argc, char** argv) {
     } else if (a == "--prepare-only") {
       o.prepare_only = true;
     } else if (a == "--compute-type") {
-      o.bfloat16 = bench::bfloat16_arg(argc, argv, i, kUsage);
+      o.precision = bench::precision_arg(argc, argv, i, kUsage);
     } else {
       usage_error("unknown argument \"" + a + "\"");
     }
@@ -189,10 +189,7 @@ int run(const Options& o) {
 
   tfm::StackCache ws;
   std::vector<float> token_logprobs;  // [B, T] log p(target + eos)
-  const tfm::Precision precision =
-      o.bfloat16 ? tfm::Precision::kBFloat16 : tfm::Precision::kFloat32;
-  if (o.bfloat16 && !tfm::bfloat16_supported())
-    throw std::runtime_error("--compute-type bfloat16: this CPU lacks AVX512-BF16");
+  const tfm::Precision precision = o.precision;
   auto score = [&] { tfm::score_forward(*model, batch, ws, token_logprobs, precision); };
   std::vector<double> all_seconds;
   const double median_seconds = time_median(o.warmup, o.repeats, score, &all_seconds);
@@ -239,7 +236,7 @@ int run(const Options& o) {
       {"warmup", o.warmup},
       {"repeats", o.repeats},
       {"load_s", load_seconds},
-      {"compute_type", o.bfloat16 ? "bfloat16" : "float32"},
+      {"compute_type", tfm::precision_name(o.precision)},
       {"phases", phases},
       {"totals", totals},
   });

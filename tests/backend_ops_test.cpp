@@ -89,12 +89,17 @@ TEST_P(BackendOps, MatmulWithNoInnerDimensionLeavesBetaTimesC) {
 }
 
 // Stacked parts, any row count, strided input and output, in every precision the backend
-// supports. float32: within float rounding. bfloat16: inputs and weights rounded to 8-bit
-// mantissas with float32 accumulation, so each product carries at most ~2 · 2^-8 relative
-// error: the bound is 2/256 of Σ|x·w|.
+// supports, against float64. The bounds:
+// - float32: float rounding.
+// - bfloat16: inputs and weights rounded to 8-bit mantissas with float32 accumulation, so each
+//   product carries at most ~2 · 2^-8 relative error: 2/256 of Σ|x·w|.
+// - int8: weight row j is stored as round(w/s_j)·s_j with s_j = max|w_j|/127, input row r as
+//   round(x/a_r)·a_r with a_r = max|x_r|/127, so each element moves by at most half a step and
+//   the product by at most (s_j/2)·Σ|x| + (a_r/2)·Σ|w_j| + k·a_r·s_j/4 (plus float rounding).
 TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
   ASSERT_TRUE(be().supports(Precision::kFloat32));
-  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kInt8}) {
+    SCOPED_TRACE(precision_name(precision));
     if (!be().supports(precision)) {
       const float w = 1.f;
       EXPECT_THROW(be().prepare_matrix({&w}, {1}, 1, precision), std::invalid_argument);
@@ -110,6 +115,7 @@ TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
         pointers.push_back(parts.back().data());
       }
       if (k == 513) parts[0][3] = 1e30f;  // far outside float16's range, inside bfloat16's
+      if (k == 64) std::fill_n(parts[2].begin() + 2 * k, k, 0.f);  // an all-zero weight row
       const auto prepared = be().prepare_matrix(pointers, part_rows, k, precision);
       ASSERT_EQ(prepared->rows(), 39);
       ASSERT_EQ(prepared->cols(), k);
@@ -117,21 +123,35 @@ TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
       for (int64_t m : {1, 3, 32, 100}) {
         const int64_t ldx = k + 2, ldy = 41;
         auto x = random_vector(m * ldx, 70 + m);
+        if (m == 3) std::fill_n(x.begin() + ldx, k, 0.f);  // an all-zero input row
         std::vector<float> y(size_t(m * ldy), 5.f);
         prepared->multiply(x.data(), m, ldx, y.data(), ldy);
         for (int64_t r = 0; r < m; ++r) {
+          double x_magnitude = 0, x_largest = 0;
+          for (int64_t c = 0; c < k; ++c) {
+            x_magnitude += std::abs(x[size_t(r * ldx + c)]);
+            x_largest = std::max<double>(x_largest, std::abs(x[size_t(r * ldx + c)]));
+          }
           int64_t row = 0;
           for (size_t part = 0; part < parts.size(); ++part)
             for (int64_t j = 0; j < part_rows[part]; ++j, ++row) {
-              double sum = 0, magnitude = 0;
+              double sum = 0, magnitude = 0, w_magnitude = 0, w_largest = 0;
               for (int64_t c = 0; c < k; ++c) {
-                const double p = double(x[size_t(r * ldx + c)]) * parts[part][size_t(j * k + c)];
+                const double w = parts[part][size_t(j * k + c)];
+                const double p = double(x[size_t(r * ldx + c)]) * w;
                 sum += p;
                 magnitude += std::abs(p);
+                w_magnitude += std::abs(w);
+                w_largest = std::max(w_largest, std::abs(w));
               }
               const double error = std::abs(y[size_t(r * ldy + row)] - sum);
-              const double bound = precision == Precision::kFloat32 ? 1e-4 + 1e-6 * magnitude
-                                                                    : 2.0 / 256 * magnitude;
+              double bound = 1e-4 + 1e-6 * magnitude;
+              if (precision == Precision::kBFloat16) bound = 2.0 / 256 * magnitude;
+              if (precision == Precision::kInt8) {
+                const double s = w_largest / 127, a = x_largest / 127;
+                bound += s / 2 * x_magnitude + a / 2 * w_magnitude + double(k) * a * s / 4;
+                bound *= 1 + 1e-5;
+              }
               ASSERT_LE(error, bound) << "m " << m << " k " << k << " row " << row;
               worst = std::max(worst, error / std::max(magnitude, 1e-30));
             }
@@ -139,8 +159,8 @@ TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
         }
       }
     }
-    if (precision == Precision::kBFloat16) {
-      EXPECT_GT(worst, 1e-6) << "no rounding at all: not a bfloat16 product";
+    if (precision != Precision::kFloat32) {
+      EXPECT_GT(worst, 1e-6) << "no rounding at all: not a reduced-precision product";
     }
   }
 }

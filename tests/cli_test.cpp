@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "backend/backend.h"
 #include "cli_runner.h"
 #include "io/file_util.h"
 
@@ -201,6 +202,25 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
   EXPECT_NEAR(std::stod(r.out), -1.061750, 1e-5);
   expect_error(work.run_cli("import-ctranslate2 " + work.path("nowhere") + " -o " + work.path("x")),
                1, {"nowhere"});
+
+  // --compute-type int8 on every product: the same translation, the score within int8's rounding
+  // (tests/decode_test.cpp bounds it); a CPU without VNNI refuses with one error line.
+  const std::string int8_score = "score --compute-type int8 --model " + work.path("aren") +
+                                 " --src " + work.path("ar.txt") + " --tgt " + work.path("en.txt");
+  const std::string int8_translate =
+      "translate --compute-type int8 --model " + work.path("aren") + " -i " + work.path("ar.txt");
+  if (tfm::cpu_backend().supports(tfm::Precision::kInt8)) {
+    r = work.run_cli(int8_score);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NEAR(std::stod(r.out), -1.061750, 0.1);
+    EXPECT_NE(std::stod(r.out), -1.061750);
+    r = work.run_cli(int8_translate);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "a t z m o n\n");
+  } else {
+    expect_error(work.run_cli(int8_score), 1, {"VNNI"});
+  }
+  expect_error(work.run_cli(int8_translate + " --compute-type int4"), 2, {"int4"});
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // What only the CPU backend's kernels have, beyond the backend-ops test: gemm's second path
-// (dnnl_sgemm inside OpenMP parallel regions, where attention calls it) and fast_exp's accuracy.
+// (dnnl_sgemm inside OpenMP parallel regions, where attention calls it), fast_exp's accuracy, and
+// the exact integer values of int8 quantisation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 
 #include "backend/cpu/fast_exp.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/int8_quantization.h"
 #include "tensor/random.h"
 
 namespace tfm {
@@ -43,6 +45,45 @@ TEST(CpuGemm, InsideAParallelRegionMatchesFloat64) {
             ++cases;
           }
   EXPECT_EQ(cases, 108u);
+}
+
+// Values chosen by hand: the scale is the row's largest magnitude over 127, values round to the
+// nearest step (activations then + 128), and an all-zero row gets scale 1. No value sits on a
+// half step, where float rounding of the scale could decide.
+TEST(Int8Quantization, RowsQuantiseToTheNearestStepOfTheirOwnScale) {
+  const std::vector<float> w = {2.54f, -1.3f, 0.004f, 0.06f,    // scale 0.02
+                                0.f,   0.f,   0.f,    0.f,      // scale 1
+                                -5.f,  0.5f,  1.f,    -0.02f};  // scale 5/127
+  std::vector<int8_t> q(12);
+  std::vector<float> scales(3);
+  std::vector<int32_t> sums(3);
+  quantize_weight_rows(w.data(), 3, 4, q.data(), scales.data(), sums.data());
+  EXPECT_FLOAT_EQ(scales[0], 0.02f);
+  EXPECT_EQ(std::vector<int8_t>(q.begin(), q.begin() + 4), (std::vector<int8_t>{127, -65, 0, 3}));
+  EXPECT_EQ(sums[0], 127 - 65 + 0 + 3);
+  EXPECT_EQ(scales[1], 1.f);
+  EXPECT_EQ(sums[1], 0);
+  EXPECT_EQ(std::vector<int8_t>(q.begin() + 8, q.end()), (std::vector<int8_t>{-127, 13, 25, -1}));
+
+  const std::vector<float> x = {1.f, -0.4f, 99.f, 0.25f, /* row 1, stride 4: */ 0.f, 0.f, 7.f, 7.f};
+  std::vector<uint8_t> qx(4);
+  std::vector<float> x_scales(2);
+  quantize_activation_rows(x.data(), 2, 2, 4, qx.data(), x_scales.data());  // 2 of each 4
+  EXPECT_FLOAT_EQ(x_scales[0], 1.f / 127);
+  EXPECT_EQ(qx[0], 255);
+  EXPECT_EQ(qx[1], 128 - 51);  // −0.4 · 127 = −50.8
+  EXPECT_EQ(x_scales[1], 1.f);
+  EXPECT_EQ(qx[2], 128);
+  EXPECT_EQ(qx[3], 128);
+
+  // (products − 128 · Σ) · row scale · column scale, with the products of the shifted input.
+  const std::vector<int32_t> products = {128 * 10 + 6, 128 * -3 - 4};  // [1, 2]
+  const std::vector<int32_t> column_sums = {10, -3};
+  const std::vector<float> row_scale = {0.5f}, column_scales = {2.f, 0.25f};
+  std::vector<float> y(3, 9.f);
+  dequantize_products(products.data(), 1, 2, column_sums.data(), row_scale.data(),
+                      column_scales.data(), y.data(), 3);
+  EXPECT_EQ(y, (std::vector<float>{6.f, -0.5f, 9.f}));
 }
 
 TEST(FastExp, RelativeErrorBelowOneMillionthAcrossTheRange) {

@@ -63,51 +63,71 @@ TEST(Decode, CTranslate2TransliterationExpectations) {
   EXPECT_EQ(t.translate("آ ت ز م و ن", beam(2), "a t s"), "a t s u m o n");
 }
 
-// --compute-type bfloat16: every product in bfloat16 gives CTranslate2's expected outputs and
-// log-probabilities within bfloat16's rounding of the float32 ones.
-TEST(Decode, BFloat16WeightsKeepTheOutputs) {
-  if (!cpu_backend().supports(Precision::kBFloat16))
-    GTEST_SKIP() << "this CPU has no AVX512-BF16 instructions";
+// --compute-type bfloat16 and int8: every product (encoder, decoder, output projection) in the
+// reduced format. `tolerance` bounds how far a log-probability moves: bfloat16 rounds weights and
+// inputs to 8-bit mantissas; int8 to 255 steps of each row's largest magnitude (measured well
+// inside: a sentence's total moves by 0.004 in bfloat16 and 0.014 in int8).
+struct ReducedPrecisionCase {
+  Precision precision;
+  double tolerance;
+};
+
+class ReducedPrecision : public ::testing::TestWithParam<ReducedPrecisionCase> {
+ protected:
+  void SetUp() override {
+    if (!cpu_backend().supports(GetParam().precision))
+      GTEST_SKIP() << "this CPU cannot multiply in " << precision_name(GetParam().precision)
+                   << " (bfloat16 needs AVX512-BF16, int8 VNNI)";
+  }
+};
+
+// CTranslate2's expected outputs, and log-probabilities within the tolerance of float32's.
+TEST_P(ReducedPrecision, SearchKeepsTheOutputs) {
   Transliterator t = Transliterator::load();
   for (int64_t size : {1, 4}) {
     SearchOptions o = beam(size);
-    o.precision = Precision::kBFloat16;
+    o.precision = GetParam().precision;
     EXPECT_EQ(t.translate("آ ت ز م و ن", o), "a t z m o n") << size;
     EXPECT_EQ(t.translate("آ ت ش ي س و ن", o), "a c h i s o n") << size;
     const Hypothesis reduced = t.best("آ ت ز م و ن", o);
     const Hypothesis full = t.best("آ ت ز م و ن", beam(size));
     ASSERT_EQ(reduced.tokens, full.tokens);
-    EXPECT_NEAR(reduced.logprob, full.logprob, 0.05) << size;
-    EXPECT_NE(reduced.logprob, full.logprob) << "bfloat16 was not used";
+    EXPECT_NEAR(reduced.logprob, full.logprob, GetParam().tolerance) << size;
+    EXPECT_NE(reduced.logprob, full.logprob) << "the reduced format was not used";
   }
 }
 
-// Scoring in bfloat16 runs the encoder, the decoder and the output projection on bfloat16
-// weights: each token's log-probability moves by bfloat16's rounding only, and the search in
-// bfloat16 (whose incremental decoder runs the same layers) scores its output the same way.
-TEST(Decode, BFloat16ScoringMatchesFloat32AndTheSearch) {
-  if (!cpu_backend().supports(Precision::kBFloat16))
-    GTEST_SKIP() << "this CPU has no AVX512-BF16 instructions";
+// Scoring in the reduced format: each token's log-probability within the tolerance of float32's,
+// and the search in the same format (whose incremental decoder runs the same layers) scores its
+// output the same way.
+TEST_P(ReducedPrecision, ScoringMatchesFloat32AndTheSearch) {
   Transliterator t = Transliterator::load();
   SearchOptions o = beam(1);
-  o.precision = Precision::kBFloat16;
+  o.precision = GetParam().precision;
   const Hypothesis h = t.best("آ ت ش ي س و ن", o);
   const TokenBatch batch =
       make_batch(t.model.config(), {t.source.encode("آ ت ش ي س و ن")}, {h.tokens});
   StackCache cache;
   std::vector<float> full, reduced;
   score_forward(t.model, batch, cache, full, Precision::kFloat32);
-  score_forward(t.model, batch, cache, reduced, Precision::kBFloat16);
+  score_forward(t.model, batch, cache, reduced, GetParam().precision);
   double total = 0;
   bool moved = false;
   for (int64_t i = 0; i < batch.tgt_lengths[0]; ++i) {
-    EXPECT_NEAR(reduced[size_t(i)], full[size_t(i)], 0.05) << "token " << i;
+    EXPECT_NEAR(reduced[size_t(i)], full[size_t(i)], GetParam().tolerance) << "token " << i;
     moved |= reduced[size_t(i)] != full[size_t(i)];
     total += reduced[size_t(i)];
   }
-  EXPECT_TRUE(moved) << "bfloat16 was not used";
+  EXPECT_TRUE(moved) << "the reduced format was not used";
   EXPECT_NEAR(h.logprob, total, 2e-3);
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, ReducedPrecision,
+                         ::testing::Values(ReducedPrecisionCase{Precision::kBFloat16, 0.05},
+                                           ReducedPrecisionCase{Precision::kInt8, 0.1}),
+                         [](const auto& info) {
+                           return std::string(precision_name(info.param.precision));
+                         });
 
 TEST(Decode, BatchedSearchEqualsOneSentenceAtATime) {
   Transliterator t = Transliterator::load();

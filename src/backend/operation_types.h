@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace tfm {
 
@@ -11,7 +12,15 @@ namespace tfm {
 // accumulation and output either way). bfloat16 keeps float32's range with an 8-bit mantissa:
 // half the memory, and twice the multiply rate on CPUs with AVX512-BF16 (CTranslate2's
 // compute_type "bfloat16"); the activations are rounded to bfloat16 at each product's input.
-enum class Precision { kFloat32, kBFloat16 };
+// int8 stores each weight row as signed bytes with one float scale per row (a quarter of the
+// memory) and quantises each activation row the same way at the product, which runs on integers
+// with int32 accumulation (CTranslate2's compute_type "int8"; VNNI instructions on the CPU).
+enum class Precision { kFloat32, kBFloat16, kInt8 };
+
+// "float32", "bfloat16", "int8": the names --compute-type and the model files use.
+const char* precision_name(Precision precision);
+// The precision of such a name; false for any other string.
+bool parse_precision(const std::string& name, Precision& precision);
 
 // The function between a feed-forward sublayer's two linear transformations (§3.3: ReLU).
 enum class Activation { kRelu, kGelu };

@@ -18,16 +18,24 @@ const Backend& DeviceOption::resolve() const {
 void ComputeTypeOption::add_to(CLI::App& app) {
   app.add_option("--compute-type", name,
                  "Number format of every weight product (encoder, decoder, output projection): "
-                 "float32 (default) or bfloat16 (half the weight memory, faster on CPUs with "
-                 "AVX512-BF16; log-probabilities move by ~1e-2)")
-      ->check(CLI::IsMember({"float32", "bfloat16"}));
+                 "float32 (default); bfloat16 (half the weight memory, faster on CPUs with "
+                 "AVX512-BF16; log-probabilities move by ~1e-2); int8 (a quarter of the weight "
+                 "memory, a scale per weight row and per activation row, integer products; "
+                 "CPUs with VNNI)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "int8"}));
 }
 
 Precision ComputeTypeOption::resolve(const Backend& backend) const {
-  if (name != "bfloat16") return Precision::kFloat32;
-  if (!backend.supports(Precision::kBFloat16))
-    throw Error("--compute-type bfloat16 needs a CPU with AVX512-BF16 instructions");
-  return Precision::kBFloat16;
+  Precision precision = Precision::kFloat32;
+  if (!parse_precision(name, precision))
+    throw Error("--compute-type must be float32, bfloat16 or int8, not \"" + name + "\"");
+  if (backend.supports(precision)) return precision;
+  if (backend.name() != "cpu")
+    throw Error("--compute-type " + name + " is not supported by device " + backend.name());
+  throw Error(precision == Precision::kBFloat16
+                  ? "--compute-type bfloat16 needs a CPU with AVX512-BF16 instructions"
+                  : "--compute-type int8 needs a CPU with int8 dot-product instructions "
+                    "(AVX512-VNNI or AVX-VNNI)");
 }
 
 }  // namespace tfm

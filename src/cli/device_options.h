@@ -22,7 +22,7 @@ struct ComputeTypeOption {
 
   void add_to(CLI::App& app);
   // The precision it names; throws Error when `backend` cannot multiply in it (bfloat16 on a
-  // CPU without AVX512-BF16).
+  // CPU without AVX512-BF16, int8 on one without VNNI).
   Precision resolve(const Backend& backend) const;
 };
 

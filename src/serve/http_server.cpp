@@ -326,27 +326,26 @@ void run_server(const ServeSettings& settings) {
   server.Get("/v1/model", [&](const httplib::Request&, httplib::Response& res) {
     const Vocabulary& sv = *bundle.source_vocabulary;
     const Vocabulary& tv = *bundle.target_vocabulary;
-    reply_json(
-        res, 200,
-        {{"model", settings.model},
-         {"config", config_to_json(config)},
-         {"parameters", parameter_count(config)},
-         {"source_vocabulary", {{"size", sv.size()}, {"file", sv.where()}}},
-         {"target_vocabulary", {{"size", tv.size()}, {"file", tv.where()}}},
-         {"shared_vocabulary", sv.where() == tv.where()},
-         {"languages",
-          {{"source", settings.source_language}, {"target", settings.target_language}}},
-         {"defaults",
-          {{"beam", defaults.beam},
-           {"alpha", defaults.alpha},
-           {"max_length", defaults.max_length},
-           {"compute_type", defaults.precision == Precision::kBFloat16 ? "bfloat16" : "float32"}}},
-         {"limits",
-          {{"max_body_bytes", limits.max_body_bytes},
-           {"max_sentences", limits.max_sentences},
-           {"max_sentence_tokens", limits.max_sentence_tokens},
-           {"max_beam", limits.max_beam},
-           {"max_length", limits.max_length}}}});
+    reply_json(res, 200,
+               {{"model", settings.model},
+                {"config", config_to_json(config)},
+                {"parameters", parameter_count(config)},
+                {"source_vocabulary", {{"size", sv.size()}, {"file", sv.where()}}},
+                {"target_vocabulary", {{"size", tv.size()}, {"file", tv.where()}}},
+                {"shared_vocabulary", sv.where() == tv.where()},
+                {"languages",
+                 {{"source", settings.source_language}, {"target", settings.target_language}}},
+                {"defaults",
+                 {{"beam", defaults.beam},
+                  {"alpha", defaults.alpha},
+                  {"max_length", defaults.max_length},
+                  {"compute_type", precision_name(defaults.precision)}}},
+                {"limits",
+                 {{"max_body_bytes", limits.max_body_bytes},
+                  {"max_sentences", limits.max_sentences},
+                  {"max_sentence_tokens", limits.max_sentence_tokens},
+                  {"max_beam", limits.max_beam},
+                  {"max_length", limits.max_length}}}});
   });
   server.Post("/v1/translate", guarded([&](const httplib::Request& req, httplib::Response& res) {
                 const TranslateRequest request =

@@ -19,7 +19,15 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   bool supports(Precision precision) const override {
-    return precision == Precision::kFloat32 || bfloat16_supported();
+    switch (precision) {
+      case Precision::kFloat32:
+        return true;
+      case Precision::kBFloat16:
+        return bfloat16_supported();
+      case Precision::kInt8:
+        return int8_supported();
+    }
+    return false;
   }
 
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

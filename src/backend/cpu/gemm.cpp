@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <bit>
 #include <dnnl.hpp>
+#include <limits>
 #include <list>
 #include <map>
 #include <memory>
@@ -24,6 +25,8 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+
+#include "backend/cpu/int8_quantization.h"
 
 namespace tfm {
 
@@ -69,7 +72,7 @@ struct CachedMatmul {
 };
 
 // c = a · b on this thread's stream; a and c are wrapped in place, b is already a memory object.
-void execute(const CachedMatmul& mm, void* a, const dnnl::memory& b, float* c) {
+void execute(const CachedMatmul& mm, void* a, const dnnl::memory& b, void* c) {
   dnnl::stream& stream = thread_stream();
   dnnl::memory a_mem(mm.a, cpu_engine(), a);
   dnnl::memory c_mem(mm.c, cpu_engine(), c);
@@ -171,12 +174,62 @@ bool bfloat16_supported() {
   return supported;
 }
 
+bool int8_supported() {
+  static const bool supported = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto has = [isa](dnnl::cpu_isa wanted) {
+      return (isa & static_cast<unsigned>(wanted)) == static_cast<unsigned>(wanted);
+    };
+    return has(dnnl::cpu_isa::avx512_core_vnni) || has(dnnl::cpu_isa::avx2_vnni);
+  }();
+  return supported;
+}
+
+namespace {
+
+dnnl::memory::data_type weight_data_type(Precision precision) {
+  switch (precision) {
+    case Precision::kBFloat16:
+      return dnnl::memory::data_type::bf16;
+    case Precision::kInt8:
+      return dnnl::memory::data_type::s8;
+    case Precision::kFloat32:
+      break;
+  }
+  return dnnl::memory::data_type::f32;
+}
+
+// The operands of a product with `precision` weights on m rows of x (row stride ldx) into y (row
+// stride ldy). bfloat16 and int8 read a dense converted copy of x; int8 writes int32 products
+// that dequantize_products turns into y.
+dnnl::memory::desc input_desc(Precision precision, int64_t m, int64_t k, int64_t ldx) {
+  if (precision == Precision::kFloat32) return matrix_desc(m, k, ldx, false);
+  const auto type =
+      precision == Precision::kInt8 ? dnnl::memory::data_type::u8 : dnnl::memory::data_type::bf16;
+  return dnnl::memory::desc({m, k}, type, dnnl::memory::format_tag::ab);
+}
+dnnl::memory::desc output_desc(Precision precision, int64_t m, int64_t n, int64_t ldy) {
+  if (precision != Precision::kInt8) return matrix_desc(m, n, ldy, false);
+  return dnnl::memory::desc({m, n}, dnnl::memory::data_type::s32, dnnl::memory::format_tag::ab);
+}
+
+// A thread's scratch for converting a product's input, reused across calls.
+template <typename T>
+T* thread_scratch(std::vector<T>& buffer, int64_t n) {
+  if (int64_t(buffer.size()) < n) buffer.resize(size_t(n));
+  return buffer.data();
+}
+
+}  // namespace
+
 struct PackedMatrix::Impl {
   int64_t n = 0, k = 0;
   Precision precision = Precision::kFloat32;
-  dnnl::memory::desc packed_desc;  // [k, n] in oneDNN's blocked layout
-  dnnl::memory packed;             // owns the packed copy of W
-  std::vector<float> plain;        // [n, k] stacked copy, only when oneDNN could not pack
+  dnnl::memory::desc packed_desc;    // [k, n] in oneDNN's blocked layout
+  dnnl::memory packed;               // owns the packed copy of W
+  std::vector<float> weight_scales;  // [n] int8: the scale of each row of W
+  std::vector<int32_t> column_sums;  // [n] int8: Σ of each quantised row of W
+  std::vector<float> plain;          // [n, k] stacked copy, only when oneDNN could not pack
   std::mutex mutex;
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::shared_ptr<const CachedMatmul>>
       by_rows;  // key: m, ldx, ldy
@@ -189,11 +242,15 @@ PackedMatrix::PackedMatrix(const std::vector<const float*>& parts,
     throw std::invalid_argument("PackedMatrix: bad parts");
   if (precision == Precision::kBFloat16 && !bfloat16_supported())
     throw std::invalid_argument("this CPU has no bfloat16 matrix instructions (AVX512-BF16)");
+  if (precision == Precision::kInt8 && !int8_supported())
+    throw std::invalid_argument("this CPU has no int8 dot-product instructions (VNNI)");
+  // int8 products accumulate up to 255 · 127 per input column in int32.
+  if (precision == Precision::kInt8 && k > std::numeric_limits<int32_t>::max() / (255 * 127))
+    throw std::invalid_argument("int8 products support at most 66313 input columns");
   Impl& p = *impl_;
   p.k = k;
   p.precision = precision;
-  const auto weight_type = precision == Precision::kBFloat16 ? dnnl::memory::data_type::bf16
-                                                             : dnnl::memory::data_type::f32;
+  const auto weight_type = weight_data_type(precision);
   for (int64_t r : part_rows) p.n += r;
   // The stacked matrix in plain layout, read as Wᵀ ([k, n], strides {1, k}).
   std::vector<float> stacked(size_t(p.n * k));  // [n, k]
@@ -202,22 +259,36 @@ PackedMatrix::PackedMatrix(const std::vector<const float*>& parts,
     std::copy_n(parts[i], part_rows[i] * k, stacked.data() + offset * k);
     offset += part_rows[i];
   }
+  // int8: W quantised row by row; it is packed from this copy.
+  std::vector<int8_t> quantised;  // [n, k]
+  void* source_data = stacked.data();
+  dnnl::memory::desc source_desc = matrix_desc(k, p.n, k, true);
+  if (precision == Precision::kInt8) {
+    quantised.resize(stacked.size());
+    p.weight_scales.resize(size_t(p.n));
+    p.column_sums.resize(size_t(p.n));
+    quantize_weight_rows(stacked.data(), p.n, k, quantised.data(), p.weight_scales.data(),
+                         p.column_sums.data());
+    source_data = quantised.data();
+    source_desc = dnnl::memory::desc({k, p.n}, weight_type, dnnl::memory::dims{1, k});
+  }
   try {
     // The layout matmul picks for 32 rows; the same one serves every row count (the kernels
     // block over n and k only).
     dnnl::matmul::primitive_desc pd(
-        dnnl::matmul::desc(dnnl::memory::desc({32, k}, weight_type, dnnl::memory::format_tag::ab),
+        dnnl::matmul::desc(input_desc(precision, 32, k, k),
                            dnnl::memory::desc({k, p.n}, weight_type, dnnl::memory::format_tag::any),
-                           matrix_desc(32, p.n, p.n, false)),
+                           output_desc(precision, 32, p.n, p.n)),
         cpu_engine());
     p.packed_desc = pd.weights_desc();
     p.packed = dnnl::memory(p.packed_desc, cpu_engine());
-    dnnl::memory source(matrix_desc(k, p.n, k, true), cpu_engine(), stacked.data());
+    dnnl::memory source(source_desc, cpu_engine(), source_data);
     dnnl::stream stream(cpu_engine());
     dnnl::reorder(source, p.packed).execute(stream, source, p.packed);  // converts to bf16 too
     stream.wait();
   } catch (const dnnl::error&) {
-    if (precision == Precision::kBFloat16) throw std::invalid_argument("bfloat16 packing failed");
+    if (precision != Precision::kFloat32)
+      throw std::invalid_argument("packing weights in a reduced precision failed");
     p.packed = dnnl::memory();
     p.plain = std::move(stacked);
   }
@@ -249,12 +320,9 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
       mm = found->second;
     } else {
       auto entry = std::make_shared<CachedMatmul>();
-      entry->a = p.precision == Precision::kBFloat16
-                     ? dnnl::memory::desc({m, p.k}, dnnl::memory::data_type::bf16,
-                                          dnnl::memory::format_tag::ab)  // the rounded copy
-                     : matrix_desc(m, p.k, ldx, false);
+      entry->a = input_desc(p.precision, m, p.k, ldx);
       entry->b = p.packed_desc;
-      entry->c = matrix_desc(m, p.n, ldy, false);
+      entry->c = output_desc(p.precision, m, p.n, ldy);
       try {
         entry->primitive = dnnl::matmul(dnnl::matmul::primitive_desc(
             dnnl::matmul::desc(entry->a, entry->b, entry->c), cpu_engine()));
@@ -267,14 +335,31 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
       mm = entry;
     }
   }
-  void* source = const_cast<float*>(x);
-  if (p.precision == Precision::kBFloat16) {
-    thread_local std::vector<uint16_t> rounded;  // [m, k] bfloat16 copy of x
-    if (rounded.size() < size_t(m * p.k)) rounded.resize(size_t(m * p.k));
-    round_to_bfloat16(x, m, p.k, ldx, rounded.data());
-    source = rounded.data();
+  switch (p.precision) {
+    case Precision::kFloat32:
+      execute(*mm, const_cast<float*>(x), p.packed, y);
+      break;
+    case Precision::kBFloat16: {
+      thread_local std::vector<uint16_t> rounded_buffer;
+      uint16_t* rounded = thread_scratch(rounded_buffer, m * p.k);  // [m, k] x in bfloat16
+      round_to_bfloat16(x, m, p.k, ldx, rounded);
+      execute(*mm, rounded, p.packed, y);
+      break;
+    }
+    case Precision::kInt8: {
+      thread_local std::vector<uint8_t> quantised_buffer;
+      thread_local std::vector<float> scale_buffer;
+      thread_local std::vector<int32_t> product_buffer;
+      uint8_t* quantised = thread_scratch(quantised_buffer, m * p.k);  // [m, k] x in int8 + 128
+      float* row_scales = thread_scratch(scale_buffer, m);             // [m]
+      int32_t* products = thread_scratch(product_buffer, m * p.n);     // [m, n]
+      quantize_activation_rows(x, m, p.k, ldx, quantised, row_scales);
+      execute(*mm, quantised, p.packed, products);
+      dequantize_products(products, m, p.n, p.column_sums.data(), row_scales,
+                          p.weight_scales.data(), y, ldy);
+      break;
+    }
   }
-  execute(*mm, source, p.packed, y);
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

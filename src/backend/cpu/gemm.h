@@ -18,13 +18,18 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // Whether oneDNN has a native (not reference) bfloat16 matmul kernel on this CPU.
 bool bfloat16_supported();
 
+// Whether the CPU has the int8 dot-product instructions (AVX512-VNNI or AVX-VNNI) that int8
+// products need: without them oneDNN's u8·s8 kernels saturate 16-bit pair sums.
+bool int8_supported();
+
 // The CPU's PreparedMatrix: W copied once into the blocked layout that oneDNN's matmul kernels
-// read directly (in float32 or bfloat16). gemm() reads W in place and so repacks it on every call,
-// which dominates when m is small: incremental decoding multiplies 32 hypotheses by each weight
-// matrix per step.
+// read directly (in float32, bfloat16, or int8 with a scale per row: int8_quantization.h). gemm()
+// reads W in place and so repacks it on every call, which dominates when m is small: incremental
+// decoding multiplies 32 hypotheses by each weight matrix per step.
 class PackedMatrix final : public PreparedMatrix {
  public:
-  // kBFloat16 throws std::invalid_argument where bfloat16_supported() is false.
+  // kBFloat16 / kInt8 throw std::invalid_argument where bfloat16_supported() /
+  // int8_supported() is false.
   PackedMatrix(const std::vector<const float*>& parts, const std::vector<int64_t>& part_rows,
                int64_t k, Precision precision = Precision::kFloat32);
   int64_t rows() const override;

@@ -1,0 +1,78 @@
+// Quantisation to int8 and back (see int8_quantization.h): plain loops the compiler
+// vectorises, rows spread over the threads when there are enough of them.
+#include "backend/cpu/int8_quantization.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace tfm {
+
+namespace {
+
+// The largest magnitude in x[k]; NaN compares false, so it never wins.
+float max_magnitude(const float* x, int64_t k) {
+  float largest = 0.f;
+#pragma omp simd reduction(max : largest)
+  for (int64_t c = 0; c < k; ++c) largest = std::max(largest, std::abs(x[c]));
+  return largest;
+}
+
+// Work below this many elements stays on the calling thread.
+constexpr int64_t kParallelElements = 1 << 15;
+
+}  // namespace
+
+void quantize_weight_rows(const float* w, int64_t n, int64_t k, int8_t* q, float* scales,
+                          int32_t* column_sums) {
+#pragma omp parallel for if (n * k >= kParallelElements && omp_get_level() == 0)
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = w + r * k;
+    const float largest = max_magnitude(row, k);
+    const float scale = largest > 0.f ? largest / 127.f : 1.f;
+    const float inverse = 1.f / scale;
+    int32_t sum = 0;
+    for (int64_t c = 0; c < k; ++c) {
+      const float v = std::max(-127.f, std::min(127.f, std::nearbyint(row[c] * inverse)));
+      q[r * k + c] = int8_t(v);
+      sum += int32_t(v);
+    }
+    scales[r] = scale;
+    column_sums[r] = sum;
+  }
+}
+
+void quantize_activation_rows(const float* x, int64_t m, int64_t k, int64_t ldx, uint8_t* q,
+                              float* scales) {
+#pragma omp parallel for if (m * k >= kParallelElements && omp_get_level() == 0)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * ldx;
+    uint8_t* out = q + r * k;
+    const float largest = max_magnitude(row, k);
+    const float scale = largest > 0.f ? largest / 127.f : 1.f;
+    const float inverse = 1.f / scale;
+    // row[c] · inverse lies in [−127, 127], so + 128.5 is positive and truncation rounds. The
+    // bounds are written so that NaN (std::min(255, NaN) is 255) still converts defined.
+#pragma omp simd
+    for (int64_t c = 0; c < k; ++c)
+      out[c] = uint8_t(int32_t(std::max(1.f, std::min(255.f, row[c] * inverse + 128.5f))));
+    scales[r] = scale;
+  }
+}
+
+void dequantize_products(const int32_t* products, int64_t m, int64_t n, const int32_t* column_sums,
+                         const float* row_scales, const float* column_scales, float* y,
+                         int64_t ldy) {
+#pragma omp parallel for if (m * n >= kParallelElements && omp_get_level() == 0)
+  for (int64_t r = 0; r < m; ++r) {
+    const int32_t* in = products + r * n;
+    float* out = y + r * ldy;
+    const float row_scale = row_scales[r];
+#pragma omp simd
+    for (int64_t c = 0; c < n; ++c)
+      out[c] = float(in[c] - 128 * column_sums[c]) * (row_scale * column_scales[c]);
+  }
+}
+
+}  // namespace tfm

@@ -1,0 +1,27 @@
+// The names of the number formats (operation_types.h), in one place for every command and file.
+#include "backend/operation_types.h"
+
+namespace tfm {
+
+const char* precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::kBFloat16:
+      return "bfloat16";
+    case Precision::kInt8:
+      return "int8";
+    case Precision::kFloat32:
+      break;
+  }
+  return "float32";
+}
+
+bool parse_precision(const std::string& name, Precision& precision) {
+  for (Precision candidate : {Precision::kFloat32, Precision::kBFloat16, Precision::kInt8})
+    if (name == precision_name(candidate)) {
+      precision = candidate;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace tfm
