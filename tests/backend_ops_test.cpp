@@ -165,6 +165,42 @@ TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
   }
 }
 
+// Weights held in int8 (tensor/int8_weights.h), stacked from parts, multiply exactly as the
+// same float weights prepared in int8: both quantise by the same rule.
+TEST_P(BackendOps, Int8HeldWeightsMultiplyAsTheirFloatOriginalsInInt8) {
+  const std::vector<int64_t> part_rows = {3, 1, 17};
+  const int64_t k = 45;
+  std::vector<Tensor> parts;
+  std::vector<const float*> floats;
+  std::vector<Int8Matrix> quantised;
+  std::vector<Int8Rows> int8;
+  for (size_t i = 0; i < part_rows.size(); ++i) {
+    Tensor t({part_rows[i], k});
+    t.data = random_vector(part_rows[i] * k, 80 + i);
+    parts.push_back(std::move(t));
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    floats.push_back(parts[i].ptr());
+    quantised.push_back(quantize_weight_rows(parts[i]));
+  }
+  for (const Int8Matrix& q : quantised) int8.push_back(q.view());
+  if (!be().supports(Precision::kInt8)) {
+    EXPECT_THROW(be().prepare_int8_matrix(int8, part_rows, k), std::invalid_argument);
+    return;
+  }
+  const auto held = be().prepare_int8_matrix(int8, part_rows, k);
+  const auto from_float = be().prepare_matrix(floats, part_rows, k, Precision::kInt8);
+  ASSERT_EQ(held->rows(), 21);
+  ASSERT_EQ(held->precision(), Precision::kInt8);
+  for (int64_t m : {1, 6, 40}) {
+    const auto x = random_vector(m * k, 90 + m);
+    std::vector<float> a(size_t(m * 21)), b(size_t(m * 21));
+    held->multiply(x.data(), m, k, a.data(), 21);
+    from_float->multiply(x.data(), m, k, b.data(), 21);
+    EXPECT_EQ(a, b) << "m " << m;
+  }
+}
+
 // --- Attention --------------------------------------------------------------------------------
 
 // Whether key j (of `valid` keys) is visible to the query at `position`, by AttentionMask's rule.

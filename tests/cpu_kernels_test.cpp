@@ -9,6 +9,7 @@
 #include "backend/cpu/fast_exp.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/int8_quantization.h"
+#include "tensor/int8_weights.h"
 #include "tensor/random.h"
 
 namespace tfm {
@@ -57,7 +58,8 @@ TEST(Int8Quantization, RowsQuantiseToTheNearestStepOfTheirOwnScale) {
   std::vector<int8_t> q(12);
   std::vector<float> scales(3);
   std::vector<int32_t> sums(3);
-  quantize_weight_rows(w.data(), 3, 4, q.data(), scales.data(), sums.data());
+  quantize_weight_rows(w.data(), 3, 4, q.data(), scales.data());
+  int8_row_sums(q.data(), 3, 4, sums.data());
   EXPECT_FLOAT_EQ(scales[0], 0.02f);
   EXPECT_EQ(std::vector<int8_t>(q.begin(), q.begin() + 4), (std::vector<int8_t>{127, -65, 0, 3}));
   EXPECT_EQ(sums[0], 127 - 65 + 0 + 3);

@@ -10,6 +10,7 @@
 #include "io/ctranslate2.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
+#include "tensor/error.h"
 #include "text/vocabulary.h"
 
 namespace tfm {
@@ -128,6 +129,48 @@ INSTANTIATE_TEST_SUITE_P(Formats, ReducedPrecision,
                          [](const auto& info) {
                            return std::string(precision_name(info.param.precision));
                          });
+
+// A model loaded for int8 (io/model_file.h: linear weights quantised as they are read, float32
+// never kept) multiplies exactly as the float32-loaded model does in int8: the same rule
+// quantises both. It refuses every other precision and any change to its weights.
+TEST(Decode, Int8LoadedModelEqualsInt8ProductsOfTheFloatModel) {
+  if (!cpu_backend().supports(Precision::kInt8)) GTEST_SKIP() << "this CPU has no VNNI";
+  Transliterator t = Transliterator::load();
+  const std::string path = ::testing::TempDir() + "/aren_int8_test.safetensors";
+  save_model(t.model, path);
+  Model int8 = load_model(path, cpu_backend(), ModelWeights::kInt8Linears);
+  std::remove(path.c_str());
+  ASSERT_TRUE(int8.holds_int8_weights());
+  EXPECT_FALSE(t.model.holds_int8_weights());
+  size_t released = 0;
+  for (const auto& [name, tensor] : int8.parameters())
+    if (is_linear_weight(name)) {
+      EXPECT_TRUE(tensor.data.empty()) << name;
+      ++released;
+    }
+  const ModelConfig& c = t.model.config();
+  EXPECT_EQ(released, size_t(c.encoder_layers * 6 + c.decoder_layers * 10 +
+                             (c.share_embeddings == EmbeddingSharing::kNone ? 1 : 0)));
+  for (int64_t size : {1, 4}) {
+    SearchOptions o = beam(size);
+    o.precision = Precision::kInt8;
+    const std::vector<int32_t> source = t.source.encode("آ ت ش ي س و ن");
+    const Hypothesis from_float = search(t.model, {source}, {}, o)[0][0];
+    const Hypothesis from_int8 = search(int8, {source}, {}, o)[0][0];
+    EXPECT_EQ(from_int8.tokens, from_float.tokens);
+    EXPECT_EQ(from_int8.logprob, from_float.logprob) << size;
+  }
+  const TokenBatch batch =
+      make_batch(int8.config(), {t.source.encode("آ ت ز م و ن")}, {t.target.encode("a t z m o n")});
+  StackCache cache;
+  std::vector<float> from_float, from_int8;
+  score_forward(t.model, batch, cache, from_float, Precision::kInt8);
+  score_forward(int8, batch, cache, from_int8, Precision::kInt8);
+  EXPECT_EQ(from_int8, from_float);
+  EXPECT_THROW(score_forward(int8, batch, cache, from_int8, Precision::kFloat32), Error);
+  EXPECT_THROW(int8.prepared(Precision::kBFloat16), Error);
+  EXPECT_THROW(int8.mutable_parameters(), Error);
+}
 
 TEST(Decode, BatchedSearchEqualsOneSentenceAtATime) {
   Transliterator t = Transliterator::load();

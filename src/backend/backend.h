@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/operation_types.h"
+#include "tensor/int8_weights.h"
 
 namespace tfm {
 
@@ -51,6 +52,12 @@ class Backend {
   virtual std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                          const std::vector<int64_t>& part_rows,
                                                          int64_t k, Precision precision) const = 0;
+  // The same from weights already held in int8 (tensor/int8_weights.h), multiplied in
+  // Precision::kInt8 exactly as prepare_matrix(kInt8) on their float originals would (that
+  // quantises by the same rule). Throws std::invalid_argument where supports(kInt8) is false.
+  virtual std::unique_ptr<PreparedMatrix> prepare_int8_matrix(const std::vector<Int8Rows>& parts,
+                                                              const std::vector<int64_t>& part_rows,
+                                                              int64_t k) const = 0;
 
   // --- Attention (§3.2.1, all heads of a padded batch) ---------------------------------------
   // out = softmax(score(Q, K) + mask) · V with the masks and modes of AttentionShape /

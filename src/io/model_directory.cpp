@@ -9,8 +9,8 @@
 
 namespace tfm {
 
-ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary,
-                              const Backend& backend) {
+ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary, const Backend& backend,
+                              ModelWeights weights) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(path + ": no such file or directory");
@@ -18,11 +18,11 @@ ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary,
     if (need_vocabulary)
       throw Error(path +
                   ": a bare model file has no vocabulary; pass a model directory or use --ids");
-    return {load_model(path, backend), std::nullopt, std::nullopt};
+    return {load_model(path, backend, weights), std::nullopt, std::nullopt};
   }
   const std::string model_path = path + "/model.safetensors";
   if (!fs::exists(model_path, ec)) throw Error(path + ": no model.safetensors in this directory");
-  ModelBundle bundle{load_model(model_path, backend), std::nullopt, std::nullopt};
+  ModelBundle bundle{load_model(model_path, backend, weights), std::nullopt, std::nullopt};
   auto file = [&](const char* name) { return path + "/" + name; };
   if (fs::exists(file("vocab.spm"), ec)) {
     bundle.source_vocabulary = Vocabulary::from_sentencepiece(file("vocab.spm"));

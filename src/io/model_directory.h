@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "io/model_file.h"
 #include "model/transformer.h"
 #include "text/vocabulary.h"
 
@@ -19,9 +20,10 @@ struct ModelBundle {
 // `path`: a directory or a .safetensors file. Vocabularies are looked up as vocab.spm,
 // source.spm + target.spm, or source_vocabulary.txt + target_vocabulary.txt; their sizes must
 // match the model's. With need_vocabulary, a missing vocabulary is an error. The model runs on
-// `backend`.
+// `backend` and holds its weights as `weights` says (io/model_file.h).
 ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary,
-                              const Backend& backend = cpu_backend());
+                              const Backend& backend = cpu_backend(),
+                              ModelWeights weights = ModelWeights::kFloat32);
 
 // Writes `dir/model.safetensors` and, when given, token-list vocabularies, each atomically.
 void write_model_directory(const std::string& dir, const Model& model,

@@ -16,24 +16,34 @@ void allow_nonfinite_weights(bool allow) {
   g_allow_nonfinite_weights = allow;
 }
 
+namespace {
+
+bool finite(const Tensor& t) {
+  bool all = true;
+  for (float x : t.data) all &= std::isfinite(x);  // branch-free: vectorises
+  return all;
+}
+
+// Throws Error naming the first non-finite element of `t`, unless --allow-nonfinite.
+void check_finite_tensor(const std::string& name, const Tensor& t, const std::string& where) {
+  if (g_allow_nonfinite_weights || finite(t)) return;
+  for (size_t i = 0; i < t.data.size(); ++i)
+    if (!std::isfinite(t.data[i]))
+      throw Error(where + ": tensor \"" + name + "\" holds " +
+                  (std::isnan(t.data[i]) ? "NaN" : "an infinity") + " at index " +
+                  std::to_string(i) + " (--allow-nonfinite loads it anyway)");
+}
+
+}  // namespace
+
 bool all_finite(const TensorMap& tensors) {
-  for (const auto& [name, t] : tensors) {
-    bool finite = true;
-    for (float x : t.data) finite &= std::isfinite(x);  // branch-free: vectorises
-    if (!finite) return false;
-  }
+  for (const auto& [name, t] : tensors)
+    if (!finite(t)) return false;
   return true;
 }
 
 void check_finite_parameters(const TensorMap& parameters, const std::string& where) {
-  if (g_allow_nonfinite_weights || all_finite(parameters)) return;
-  for (const auto& [name, t] : parameters) {
-    for (size_t i = 0; i < t.data.size(); ++i)
-      if (!std::isfinite(t.data[i]))
-        throw Error(where + ": tensor \"" + name + "\" holds " +
-                    (std::isnan(t.data[i]) ? "NaN" : "an infinity") + " at index " +
-                    std::to_string(i) + " (--allow-nonfinite loads it anyway)");
-  }
+  for (const auto& [name, t] : parameters) check_finite_tensor(name, t, where);
 }
 
 ModelConfig model_config_of_header(const std::map<std::string, std::string>& metadata,
@@ -48,14 +58,26 @@ ModelConfig model_config_of_header(const std::map<std::string, std::string>& met
   return config;
 }
 
-Model load_model(const std::string& path, const Backend& backend) {
+Model load_model(const std::string& path, const Backend& backend, ModelWeights weights) {
   ModelConfig config;
-  // The config and every declared shape are checked before any tensor is read.
-  SafetensorsFile file = read_safetensors(path, [&](const auto& metadata, const auto& shapes) {
-    config = model_config_of_header(metadata, shapes, path);
-  });
-  check_finite_parameters(file.tensors, path);
-  return Model(std::move(config), std::move(file.tensors), path, backend);
+  TensorMap tensors;
+  Int8WeightMap int8;
+  // The config and every declared shape are checked before any tensor is read; each tensor is
+  // checked (and quantised) as soon as it is read, so int8 never holds the file in float32.
+  read_safetensors(
+      path,
+      [&](const auto& metadata, const auto& shapes) {
+        config = model_config_of_header(metadata, shapes, path);
+      },
+      [&](const std::string& name, Tensor&& t) {
+        check_finite_tensor(name, t, path);
+        if (weights == ModelWeights::kInt8Linears && is_linear_weight(name)) {
+          int8.emplace(name, quantize_weight_rows(t));
+          std::vector<float>().swap(t.data);  // the shape stays
+        }
+        tensors.emplace(name, std::move(t));
+      });
+  return Model(std::move(config), std::move(tensors), path, backend, std::move(int8));
 }
 
 void save_model(const Model& model, const std::string& path) {

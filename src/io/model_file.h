@@ -11,9 +11,20 @@
 
 namespace tfm {
 
+// How a loaded model holds its weights: all in float32 (what training, saving and every
+// precision need), or its linear weights in int8 only (tensor/int8_weights.h): inference with
+// --compute-type int8 in a quarter of the memory, each weight quantised as soon as it is read.
+enum class ModelWeights { kFloat32, kInt8Linears };
+
+// What inference in `precision` loads: int8 holds its linear weights in int8 only.
+inline ModelWeights model_weights_for(Precision precision) {
+  return precision == Precision::kInt8 ? ModelWeights::kInt8Linears : ModelWeights::kFloat32;
+}
+
 // Reads a model .safetensors file (config from __metadata__.config); its weights must be finite
 // (check_finite_parameters). The model runs on `backend`.
-Model load_model(const std::string& path, const Backend& backend = cpu_backend());
+Model load_model(const std::string& path, const Backend& backend = cpu_backend(),
+                 ModelWeights weights = ModelWeights::kFloat32);
 
 // The config of a model file's header (its metadata and declared shapes, before any tensor is
 // read), checked: valid, and every declared shape what it asks for. Throws Error naming `where`.

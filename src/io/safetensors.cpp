@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <vector>
 
 #include "io/file_util.h"
@@ -55,7 +56,8 @@ void convert_to_float(const std::string& dtype, const char* src, int64_t count, 
 using DataReader = std::function<void(uint64_t offset, uint64_t bytes, char* destination)>;
 
 SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataReader& read_data,
-                      const std::string& where, const SafetensorsHeaderCheck& check) {
+                      const std::string& where, const SafetensorsHeaderCheck& check,
+                      const SafetensorsTensorSink& sink = {}) {
   auto fail = [&](const std::string& message) -> void {
     throw Error(where + ": not a valid safetensors file: " + message);
   };
@@ -157,7 +159,10 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
       read_data(range.begin, bytes, staging.data());
       convert_to_float(range.dtype, staging.data(), t.numel(), t.ptr());
     }
-    file.tensors.emplace(range.name, std::move(t));
+    if (sink)
+      sink(range.name, std::move(t));
+    else
+      file.tensors.emplace(range.name, std::move(t));
   }
   return file;
 }
@@ -183,7 +188,7 @@ namespace {
 
 // read_safetensors, or only its header when !read_tensors.
 SafetensorsFile read_from_file(const std::string& path, const SafetensorsHeaderCheck& check,
-                               bool read_tensors) {
+                               bool read_tensors, const SafetensorsTensorSink& sink = {}) {
   require_regular_file(path);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
@@ -216,13 +221,14 @@ SafetensorsFile read_from_file(const std::string& path, const SafetensorsHeaderC
           done += uint64_t(got);
         }
       },
-      path, check);
+      path, check, sink);
 }
 
 }  // namespace
 
-SafetensorsFile read_safetensors(const std::string& path, const SafetensorsHeaderCheck& check) {
-  return read_from_file(path, check, true);
+SafetensorsFile read_safetensors(const std::string& path, const SafetensorsHeaderCheck& check,
+                                 const SafetensorsTensorSink& sink) {
+  return read_from_file(path, check, true, sink);
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
@@ -243,6 +249,8 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
+    if (tensor.data.size() != size_t(tensor.numel()))  // a model's int8-only weight
+      throw std::logic_error("write_safetensors: tensor \"" + name + "\" holds no data");
     const uint64_t bytes = uint64_t(tensor.numel()) * 4;
     header[name] = {
         {"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};

@@ -27,8 +27,14 @@ using SafetensorsHeaderCheck =
 // I64, I32 tensors (converted to fp32). Throws Error on any malformed or inconsistent header.
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& where,
                                   const SafetensorsHeaderCheck& check = {});
-// The same from a regular file (anything else is refused before it is opened).
-SafetensorsFile read_safetensors(const std::string& path, const SafetensorsHeaderCheck& check = {});
+// Receives each tensor as soon as it is read, instead of SafetensorsFile::tensors: a reader
+// that converts tensors (int8 weights) never holds the whole file in float32.
+using SafetensorsTensorSink = std::function<void(const std::string& name, Tensor&& tensor)>;
+
+// The same from a regular file (anything else is refused before it is opened); with `sink`, the
+// tensors go there one at a time, in file order, and SafetensorsFile::tensors stays empty.
+SafetensorsFile read_safetensors(const std::string& path, const SafetensorsHeaderCheck& check = {},
+                                 const SafetensorsTensorSink& sink = {});
 
 // The validated header alone (metadata and declared shapes), without reading any tensor.
 struct SafetensorsHeader {

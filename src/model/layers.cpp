@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 namespace tfm {
 
@@ -16,6 +17,8 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
                     float* y) {
   if (w.prepared)
     w.prepared->multiply(x, rows, w.in, y, w.out);
+  else if (!w.weight)
+    throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
   else
     backend.matmul(false, true, rows, w.out, w.in, 1.f, x, w.in, w.weight, w.in, 0.f, y, w.out);
   if (w.bias) backend.add_bias(y, w.bias, rows, w.out);

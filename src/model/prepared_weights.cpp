@@ -2,6 +2,7 @@
 #include "model/prepared_weights.h"
 
 #include <memory>
+#include <stdexcept>
 
 namespace tfm {
 
@@ -16,25 +17,39 @@ struct Preparer {
     return out.matrices.back().get();
   }
 
-  void prepare(LinearWeights& w) {
-    w.prepared = keep(backend.prepare_matrix({w.weight}, {w.out}, w.in, out.precision));
+  // The product of the parts stacked: from their int8 rows where the model holds them so
+  // (precision int8 only), else from their float weights.
+  const PreparedMatrix* product(const std::vector<const LinearWeights*>& parts) {
+    std::vector<int64_t> rows;
+    std::vector<const float*> weights;
+    std::vector<Int8Rows> int8;
+    for (const LinearWeights* p : parts) {
+      rows.push_back(p->out);
+      if (p->int8.values)
+        int8.push_back(p->int8);
+      else
+        weights.push_back(p->weight);
+    }
+    if (int8.empty())
+      return keep(backend.prepare_matrix(weights, rows, parts[0]->in, out.precision));
+    if (!weights.empty() || out.precision != Precision::kInt8)
+      throw std::logic_error("int8 weights are prepared in int8 only, and never with float ones");
+    return keep(backend.prepare_int8_matrix(int8, rows, parts[0]->in));
   }
+
+  void prepare(LinearWeights& w) { w.prepared = product({&w}); }
 
   // The parts as one product: weight [Σ out, in] and their biases concatenated (null when none
   // of them has one).
   LinearWeights stack(const std::vector<const LinearWeights*>& parts) {
     LinearWeights stacked;
     stacked.in = parts[0]->in;
-    std::vector<const float*> matrices;
-    std::vector<int64_t> rows;
     bool any_bias = false;
     for (const LinearWeights* p : parts) {
-      matrices.push_back(p->weight);
-      rows.push_back(p->out);
       stacked.out += p->out;
       any_bias |= p->bias != nullptr;
     }
-    stacked.prepared = keep(backend.prepare_matrix(matrices, rows, stacked.in, out.precision));
+    stacked.prepared = product(parts);
     if (any_bias) {
       std::vector<float>& bias = out.stacked_biases.emplace_back();
       for (const LinearWeights* p : parts)

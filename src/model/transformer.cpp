@@ -10,10 +10,20 @@
 namespace tfm {
 
 Model::Model(ModelConfig config, TensorMap parameters, const std::string& where,
-             const Backend& backend)
-    : config_(std::move(config)), backend_(&backend), parameters_(std::move(parameters)) {
+             const Backend& backend, Int8WeightMap int8_weights)
+    : config_(std::move(config)),
+      backend_(&backend),
+      parameters_(std::move(parameters)),
+      int8_weights_(std::move(int8_weights)) {
   validate_config(config_, where);
-  weights_ = bind_weights(config_, parameters_, where);
+  for (const auto& [name, q] : int8_weights_) {
+    auto it = parameters_.find(name);
+    if (it == parameters_.end() || it->second.shape != q.shape || !it->second.data.empty() ||
+        q.values.size() != size_t(Tensor::numel_of(q.shape)) || q.shape.size() != 2 ||
+        q.scales.size() != size_t(q.shape[0]))
+      throw Error(where + ": int8 weight \"" + name + "\" does not match its tensor");
+  }
+  weights_ = bind_weights(config_, parameters_, where, &int8_weights_);
   if (config_.position_encoding == PositionEncoding::kSinusoidal) {
     sinusoids_.resize(size_t(config_.max_positions * config_.d_model));
     fill_sinusoid_table(config_, sinusoids_.data());
@@ -21,12 +31,18 @@ Model::Model(ModelConfig config, TensorMap parameters, const std::string& where,
 }
 
 TensorMap& Model::mutable_parameters() {
+  if (holds_int8_weights())
+    throw Error("this model holds its weights in int8 for inference only; load it in float32");
   std::lock_guard<std::mutex> lock(prepared_->mutex);
   prepared_->by_precision.clear();
   return parameters_;
 }
 
 std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) const {
+  if (holds_int8_weights() && precision != Precision::kInt8)
+    throw Error(std::string("this model was loaded with int8 weights, so it runs in int8 only, "
+                            "not ") +
+                precision_name(precision));
   std::lock_guard<std::mutex> lock(prepared_->mutex);
   auto& prepared = prepared_->by_precision[precision];
   if (!prepared) prepared = prepare_weights(*backend_, weights_, precision);
@@ -35,7 +51,7 @@ std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) cons
 
 const TransformerWeights& Model::sequence_weights(
     Precision precision, std::shared_ptr<const PreparedWeights>& hold) const {
-  if (precision == Precision::kFloat32) return weights_;
+  if (precision == Precision::kFloat32 && !holds_int8_weights()) return weights_;
   hold = prepared(precision);
   return hold->sequences;
 }

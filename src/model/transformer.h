@@ -24,8 +24,11 @@ class Model {
  public:
   // Validates config and parameter shapes (throws Error naming `where`). Every forward and
   // backward pass of this model runs on `backend` (--device); the parameters live in its memory.
+  // int8_weights: linear weights held only in int8 (a model loaded for --compute-type int8,
+  // io/model_file.h), whose tensors in `parameters` keep their shape and no data. Such a model
+  // runs inference in int8 only; it cannot be trained, saved or prepared in another precision.
   Model(ModelConfig config, TensorMap parameters, const std::string& where,
-        const Backend& backend = cpu_backend());
+        const Backend& backend = cpu_backend(), Int8WeightMap int8_weights = {});
   Model(Model&&) = default;
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -37,6 +40,8 @@ class Model {
   // For optimizers: values may change in place, never shapes or names (the views stay valid).
   // Drops the prepared weights, so call it again before each change.
   TensorMap& mutable_parameters();
+  // Whether linear weights are held in int8 only (see the constructor).
+  bool holds_int8_weights() const { return !int8_weights_.empty(); }
   // The weights prepared for inference in `precision` (model/prepared_weights.h), built on
   // first use and shared by every later caller (a translation run prepares once). Thread-safe.
   std::shared_ptr<const PreparedWeights> prepared(Precision precision) const;
@@ -53,6 +58,7 @@ class Model {
   ModelConfig config_;
   const Backend* backend_;
   TensorMap parameters_;
+  Int8WeightMap int8_weights_;
   TransformerWeights weights_;
   std::vector<float> sinusoids_;  // [max_positions, D] when sinusoidal
   struct PreparedCache {

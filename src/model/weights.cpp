@@ -15,12 +15,24 @@ auto& find(Map& tensors, const std::string& name) {
   return it->second;
 }
 
+// int8: the weights held in int8 (tensor/int8_weights.h), whose float tensors keep only their
+// shape; a Linear whose weight is found there reads it instead (weight null). Null: none.
+template <typename F>
+void bind_int8(Linear<F>& l, const std::string& name, const Int8WeightMap* int8) {
+  if (!int8) return;
+  auto it = int8->find(name);
+  if (it == int8->end()) return;
+  l.weight = nullptr;
+  l.int8 = it->second.view();
+}
+
 template <typename F, typename Map>
-Linear<F> bind_linear(Map& tensors, const std::string& prefix) {
+Linear<F> bind_linear(Map& tensors, const std::string& prefix, const Int8WeightMap* int8) {
   auto& w = find(tensors, prefix + ".weight");
   if (w.shape.size() != 2) throw Error("tensor \"" + prefix + ".weight\" is not a matrix");
   Linear<F> l;
   l.weight = w.ptr();
+  bind_int8(l, prefix + ".weight", int8);
   l.out = w.shape[0];
   l.in = w.shape[1];
   l.bias = find(tensors, prefix + ".bias").ptr();
@@ -33,17 +45,19 @@ LayerNormParams<F> bind_norm(Map& tensors, const std::string& prefix) {
 }
 
 template <typename F, typename Map>
-FeedForward<F> bind_ffn(Map& tensors, const std::string& prefix) {
-  return {bind_linear<F>(tensors, prefix + ".fc1"), bind_linear<F>(tensors, prefix + ".fc2")};
+FeedForward<F> bind_ffn(Map& tensors, const std::string& prefix, const Int8WeightMap* int8) {
+  return {bind_linear<F>(tensors, prefix + ".fc1", int8),
+          bind_linear<F>(tensors, prefix + ".fc2", int8)};
 }
 
 template <typename F, typename Map>
-Attention<F> bind_attention_of(Map& tensors, const std::string& prefix, AttentionScoring scoring) {
+Attention<F> bind_attention_of(Map& tensors, const std::string& prefix, AttentionScoring scoring,
+                               const Int8WeightMap* int8) {
   Attention<F> a;
-  a.q = bind_linear<F>(tensors, prefix + ".q");
-  a.k = bind_linear<F>(tensors, prefix + ".k");
-  a.v = bind_linear<F>(tensors, prefix + ".v");
-  a.o = bind_linear<F>(tensors, prefix + ".o");
+  a.q = bind_linear<F>(tensors, prefix + ".q", int8);
+  a.k = bind_linear<F>(tensors, prefix + ".k", int8);
+  a.v = bind_linear<F>(tensors, prefix + ".v", int8);
+  a.o = bind_linear<F>(tensors, prefix + ".o", int8);
   a.scoring = scoring;
   if (scoring == AttentionScoring::kAdditive)
     a.additive_v = find(tensors, prefix + ".additive_v").ptr();
@@ -52,25 +66,26 @@ Attention<F> bind_attention_of(Map& tensors, const std::string& prefix, Attentio
 
 template <typename F, typename Map>
 EncoderLayer<F> bind_encoder_layer_of(Map& tensors, const std::string& prefix,
-                                      AttentionScoring scoring) {
-  return {bind_attention_of<F>(tensors, prefix + ".self_attn", scoring),
-          bind_norm<F>(tensors, prefix + ".norm1"), bind_ffn<F>(tensors, prefix + ".ffn"),
+                                      AttentionScoring scoring, const Int8WeightMap* int8) {
+  return {bind_attention_of<F>(tensors, prefix + ".self_attn", scoring, int8),
+          bind_norm<F>(tensors, prefix + ".norm1"), bind_ffn<F>(tensors, prefix + ".ffn", int8),
           bind_norm<F>(tensors, prefix + ".norm2")};
 }
 
 template <typename F, typename Map>
 DecoderLayer<F> bind_decoder_layer_of(Map& tensors, const std::string& prefix,
-                                      AttentionScoring scoring) {
-  return {bind_attention_of<F>(tensors, prefix + ".self_attn", scoring),
+                                      AttentionScoring scoring, const Int8WeightMap* int8) {
+  return {bind_attention_of<F>(tensors, prefix + ".self_attn", scoring, int8),
           bind_norm<F>(tensors, prefix + ".norm1"),
-          bind_attention_of<F>(tensors, prefix + ".cross_attn", scoring),
+          bind_attention_of<F>(tensors, prefix + ".cross_attn", scoring, int8),
           bind_norm<F>(tensors, prefix + ".norm2"),
-          bind_ffn<F>(tensors, prefix + ".ffn"),
+          bind_ffn<F>(tensors, prefix + ".ffn", int8),
           bind_norm<F>(tensors, prefix + ".norm3")};
 }
 
 template <typename F, typename Map>
-TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors) {
+TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors,
+                              const Int8WeightMap* int8 = nullptr) {
   TransformerParams<F> w;
   switch (config.share_embeddings) {
     case EmbeddingSharing::kAll:
@@ -84,6 +99,7 @@ TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors) {
       w.src_embed = find(tensors, "src_embed.weight").ptr();
       w.tgt_embed = find(tensors, "tgt_embed.weight").ptr();
       w.output.weight = find(tensors, "out_proj.weight").ptr();
+      bind_int8(w.output, "out_proj.weight", int8);
       break;
   }
   w.output.in = config.d_model;
@@ -94,11 +110,11 @@ TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors) {
     w.decoder_pos_embed = find(tensors, "decoder.pos_embed.weight").ptr();
   }
   for (int64_t i = 0; i < config.encoder_layers; ++i)
-    w.encoder_layers.push_back(
-        bind_encoder_layer_of<F>(tensors, "encoder.layers." + std::to_string(i), config.attention));
+    w.encoder_layers.push_back(bind_encoder_layer_of<F>(
+        tensors, "encoder.layers." + std::to_string(i), config.attention, int8));
   for (int64_t i = 0; i < config.decoder_layers; ++i)
-    w.decoder_layers.push_back(
-        bind_decoder_layer_of<F>(tensors, "decoder.layers." + std::to_string(i), config.attention));
+    w.decoder_layers.push_back(bind_decoder_layer_of<F>(
+        tensors, "decoder.layers." + std::to_string(i), config.attention, int8));
   if (config.norm == NormPosition::kPre) {
     w.encoder_norm = bind_norm<F>(tensors, "encoder.norm");
     w.decoder_norm = bind_norm<F>(tensors, "decoder.norm");
@@ -110,12 +126,12 @@ TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors) {
 
 EncoderLayerWeights bind_encoder_layer(const TensorMap& tensors, const std::string& prefix,
                                        AttentionScoring scoring) {
-  return bind_encoder_layer_of<const float>(tensors, prefix, scoring);
+  return bind_encoder_layer_of<const float>(tensors, prefix, scoring, nullptr);
 }
 
 DecoderLayerWeights bind_decoder_layer(const TensorMap& tensors, const std::string& prefix,
                                        AttentionScoring scoring) {
-  return bind_decoder_layer_of<const float>(tensors, prefix, scoring);
+  return bind_decoder_layer_of<const float>(tensors, prefix, scoring, nullptr);
 }
 
 void check_parameter_shapes(const ModelConfig& config, const std::map<std::string, Shape>& shapes,
@@ -137,6 +153,18 @@ void check_parameter_shapes(const ModelConfig& config, const std::map<std::strin
   }
 }
 
+bool is_linear_weight(const std::string& name) {
+  if (name == "out_proj.weight") return true;
+  for (const char* suffix :
+       {".q.weight", ".k.weight", ".v.weight", ".o.weight", ".fc1.weight", ".fc2.weight"}) {
+    const std::string s = suffix;
+    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0 &&
+        (name.rfind("encoder.layers.", 0) == 0 || name.rfind("decoder.layers.", 0) == 0))
+      return true;
+  }
+  return false;
+}
+
 void check_parameters(const ModelConfig& config, const TensorMap& tensors,
                       const std::string& where) {
   std::map<std::string, Shape> shapes;
@@ -145,9 +173,9 @@ void check_parameters(const ModelConfig& config, const TensorMap& tensors,
 }
 
 TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tensors,
-                                const std::string& where) {
+                                const std::string& where, const Int8WeightMap* int8) {
   check_parameters(config, tensors, where);
-  return bind_all<const float>(config, tensors);
+  return bind_all<const float>(config, tensors, int8);
 }
 
 TransformerGradients bind_gradients(const ModelConfig& config, TensorMap& gradients) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "tensor/int8_weights.h"
 #include "tensor/tensor.h"
 
 namespace tfm {
@@ -23,6 +24,9 @@ struct Linear {
   // (model/prepared_weights.h); products read it instead of `weight`. Null: they read `weight`
   // (training, whose weights change every step).
   const PreparedMatrix* prepared = nullptr;
+  // A model loaded for int8 inference holds the weight only in int8 (weight null): what its
+  // int8 product is prepared from.
+  Int8Rows int8;
 };
 
 template <typename F>
@@ -99,9 +103,14 @@ void check_parameters(const ModelConfig& config, const TensorMap& tensors,
 void check_parameter_shapes(const ModelConfig& config, const std::map<std::string, Shape>& shapes,
                             const std::string& where);
 
-// Views into `tensors` (which must outlive the result); checks as above.
+// Whether a parameter name is the weight of a Linear (the attention projections, the
+// feed-forward layers, a separate output projection): the matrices int8 holds.
+bool is_linear_weight(const std::string& name);
+
+// Views into `tensors` (which must outlive the result); checks as above. The linear weights
+// found in `int8` (which must outlive the result too) are bound to it instead.
 TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tensors,
-                                const std::string& where);
+                                const std::string& where, const Int8WeightMap* int8 = nullptr);
 // The same over gradient buffers (a TensorMap with the parameters' names and shapes).
 TransformerGradients bind_gradients(const ModelConfig& config, TensorMap& gradients);
 

@@ -40,6 +40,11 @@ class CpuBackend final : public Backend {
                                                  Precision precision) const override {
     return std::make_unique<PackedMatrix>(parts, part_rows, k, precision);
   }
+  std::unique_ptr<PreparedMatrix> prepare_int8_matrix(const std::vector<Int8Rows>& parts,
+                                                      const std::vector<int64_t>& part_rows,
+                                                      int64_t k) const override {
+    return std::make_unique<PackedMatrix>(parts, part_rows, k);
+  }
 
   void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                          const float* k, const float* v, float* probs, float* out,

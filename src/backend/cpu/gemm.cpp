@@ -27,6 +27,7 @@
 #include <unordered_map>
 
 #include "backend/cpu/int8_quantization.h"
+#include "tensor/int8_weights.h"
 
 namespace tfm {
 
@@ -231,15 +232,18 @@ struct PackedMatrix::Impl {
   std::vector<int32_t> column_sums;  // [n] int8: Σ of each quantised row of W
   std::vector<float> plain;          // [n, k] stacked copy, only when oneDNN could not pack
   std::mutex mutex;
+  bool pack(const void* weights);
+  // int8: the stacked quantised rows [n, k] and their scales [n].
+  void pack_int8(const std::vector<int8_t>& values, std::vector<float> scales);
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::shared_ptr<const CachedMatmul>>
       by_rows;  // key: m, ldx, ldy
 };
 
-PackedMatrix::PackedMatrix(const std::vector<const float*>& parts,
-                           const std::vector<int64_t>& part_rows, int64_t k, Precision precision)
-    : impl_(std::make_shared<Impl>()) {
-  if (parts.size() != part_rows.size() || k <= 0)
-    throw std::invalid_argument("PackedMatrix: bad parts");
+namespace {
+
+// Throws std::invalid_argument where this CPU cannot multiply in `precision`, or for bad parts.
+void check_packable(size_t parts, size_t part_rows, int64_t k, Precision precision) {
+  if (parts != part_rows || k <= 0) throw std::invalid_argument("PackedMatrix: bad parts");
   if (precision == Precision::kBFloat16 && !bfloat16_supported())
     throw std::invalid_argument("this CPU has no bfloat16 matrix instructions (AVX512-BF16)");
   if (precision == Precision::kInt8 && !int8_supported())
@@ -247,51 +251,98 @@ PackedMatrix::PackedMatrix(const std::vector<const float*>& parts,
   // int8 products accumulate up to 255 · 127 per input column in int32.
   if (precision == Precision::kInt8 && k > std::numeric_limits<int32_t>::max() / (255 * 127))
     throw std::invalid_argument("int8 products support at most 66313 input columns");
-  Impl& p = *impl_;
-  p.k = k;
-  p.precision = precision;
-  const auto weight_type = weight_data_type(precision);
-  for (int64_t r : part_rows) p.n += r;
-  // The stacked matrix in plain layout, read as Wᵀ ([k, n], strides {1, k}).
-  std::vector<float> stacked(size_t(p.n * k));  // [n, k]
+}
+
+// The parts stacked row after row into one [Σ rows, k] matrix.
+template <typename T>
+std::vector<T> stack_rows(const std::vector<const T*>& parts, const std::vector<int64_t>& part_rows,
+                          int64_t k) {
+  int64_t n = 0;
+  for (int64_t r : part_rows) n += r;
+  std::vector<T> stacked(size_t(n * k));  // [n, k]
   int64_t offset = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     std::copy_n(parts[i], part_rows[i] * k, stacked.data() + offset * k);
     offset += part_rows[i];
   }
-  // int8: W quantised row by row; it is packed from this copy.
-  std::vector<int8_t> quantised;  // [n, k]
-  void* source_data = stacked.data();
-  dnnl::memory::desc source_desc = matrix_desc(k, p.n, k, true);
-  if (precision == Precision::kInt8) {
-    quantised.resize(stacked.size());
-    p.weight_scales.resize(size_t(p.n));
-    p.column_sums.resize(size_t(p.n));
-    quantize_weight_rows(stacked.data(), p.n, k, quantised.data(), p.weight_scales.data(),
-                         p.column_sums.data());
-    source_data = quantised.data();
-    source_desc = dnnl::memory::desc({k, p.n}, weight_type, dnnl::memory::dims{1, k});
-  }
+  return stacked;
+}
+
+}  // namespace
+
+// Copies W [n, k] (plain, row-major: float32, or int8 for the int8 precision) into the blocked
+// layout matmul picks for 32 rows, converting float32 to bfloat16 on the way where asked; the
+// same layout serves every row count (the kernels block over n and k only). Returns false where
+// oneDNN has no such layout.
+bool PackedMatrix::Impl::pack(const void* weights) {
+  const auto weight_type = weight_data_type(precision);
   try {
-    // The layout matmul picks for 32 rows; the same one serves every row count (the kernels
-    // block over n and k only).
     dnnl::matmul::primitive_desc pd(
         dnnl::matmul::desc(input_desc(precision, 32, k, k),
-                           dnnl::memory::desc({k, p.n}, weight_type, dnnl::memory::format_tag::any),
-                           output_desc(precision, 32, p.n, p.n)),
+                           dnnl::memory::desc({k, n}, weight_type, dnnl::memory::format_tag::any),
+                           output_desc(precision, 32, n, n)),
         cpu_engine());
-    p.packed_desc = pd.weights_desc();
-    p.packed = dnnl::memory(p.packed_desc, cpu_engine());
-    dnnl::memory source(source_desc, cpu_engine(), source_data);
+    packed_desc = pd.weights_desc();
+    packed = dnnl::memory(packed_desc, cpu_engine());
+    // W read as Wᵀ: [k, n] with strides {1, k}.
+    const auto source_type =
+        precision == Precision::kInt8 ? dnnl::memory::data_type::s8 : dnnl::memory::data_type::f32;
+    dnnl::memory source(dnnl::memory::desc({k, n}, source_type, dnnl::memory::dims{1, k}),
+                        cpu_engine(), const_cast<void*>(weights));
     dnnl::stream stream(cpu_engine());
-    dnnl::reorder(source, p.packed).execute(stream, source, p.packed);  // converts to bf16 too
+    dnnl::reorder(source, packed).execute(stream, source, packed);  // converts to bf16 too
     stream.wait();
+    return true;
   } catch (const dnnl::error&) {
+    packed = dnnl::memory();
     if (precision != Precision::kFloat32)
       throw std::invalid_argument("packing weights in a reduced precision failed");
-    p.packed = dnnl::memory();
-    p.plain = std::move(stacked);
+    return false;
   }
+}
+
+void PackedMatrix::Impl::pack_int8(const std::vector<int8_t>& values, std::vector<float> scales) {
+  weight_scales = std::move(scales);
+  column_sums.resize(size_t(n));
+  int8_row_sums(values.data(), n, k, column_sums.data());
+  pack(values.data());
+}
+
+PackedMatrix::PackedMatrix(const std::vector<const float*>& parts,
+                           const std::vector<int64_t>& part_rows, int64_t k, Precision precision)
+    : impl_(std::make_shared<Impl>()) {
+  check_packable(parts.size(), part_rows.size(), k, precision);
+  Impl& p = *impl_;
+  p.k = k;
+  p.precision = precision;
+  std::vector<float> stacked = stack_rows(parts, part_rows, k);  // [n, k]
+  p.n = int64_t(stacked.size()) / k;
+  if (precision == Precision::kInt8) {
+    std::vector<int8_t> values(stacked.size());  // [n, k]
+    std::vector<float> scales(size_t(p.n));      // [n]
+    quantize_weight_rows(stacked.data(), p.n, k, values.data(), scales.data());
+    p.pack_int8(values, std::move(scales));
+    return;
+  }
+  if (!p.pack(stacked.data())) p.plain = std::move(stacked);
+}
+
+PackedMatrix::PackedMatrix(const std::vector<Int8Rows>& parts,
+                           const std::vector<int64_t>& part_rows, int64_t k)
+    : impl_(std::make_shared<Impl>()) {
+  check_packable(parts.size(), part_rows.size(), k, Precision::kInt8);
+  Impl& p = *impl_;
+  p.k = k;
+  p.precision = Precision::kInt8;
+  std::vector<const int8_t*> values;
+  std::vector<const float*> scales;
+  for (const Int8Rows& part : parts) {
+    values.push_back(part.values);
+    scales.push_back(part.scales);
+  }
+  const std::vector<int8_t> stacked = stack_rows(values, part_rows, k);  // [n, k]
+  p.n = int64_t(stacked.size()) / k;
+  p.pack_int8(stacked, stack_rows(scales, part_rows, 1));
 }
 
 int64_t PackedMatrix::rows() const {

@@ -32,6 +32,10 @@ class PackedMatrix final : public PreparedMatrix {
   // int8_supported() is false.
   PackedMatrix(const std::vector<const float*>& parts, const std::vector<int64_t>& part_rows,
                int64_t k, Precision precision = Precision::kFloat32);
+  // kInt8 from rows already quantised (tensor/int8_weights.h); the float constructor with kInt8
+  // quantises by the same rule, so both give the same products.
+  PackedMatrix(const std::vector<Int8Rows>& parts, const std::vector<int64_t>& part_rows,
+               int64_t k);
   int64_t rows() const override;
   int64_t cols() const override;
   Precision precision() const override;

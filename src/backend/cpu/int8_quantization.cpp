@@ -24,21 +24,11 @@ constexpr int64_t kParallelElements = 1 << 15;
 
 }  // namespace
 
-void quantize_weight_rows(const float* w, int64_t n, int64_t k, int8_t* q, float* scales,
-                          int32_t* column_sums) {
-#pragma omp parallel for if (n * k >= kParallelElements && omp_get_level() == 0)
+void int8_row_sums(const int8_t* q, int64_t n, int64_t k, int32_t* column_sums) {
   for (int64_t r = 0; r < n; ++r) {
-    const float* row = w + r * k;
-    const float largest = max_magnitude(row, k);
-    const float scale = largest > 0.f ? largest / 127.f : 1.f;
-    const float inverse = 1.f / scale;
     int32_t sum = 0;
-    for (int64_t c = 0; c < k; ++c) {
-      const float v = std::max(-127.f, std::min(127.f, std::nearbyint(row[c] * inverse)));
-      q[r * k + c] = int8_t(v);
-      sum += int32_t(v);
-    }
-    scales[r] = scale;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < k; ++c) sum += q[r * k + c];
     column_sums[r] = sum;
   }
 }

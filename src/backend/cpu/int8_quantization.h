@@ -1,6 +1,6 @@
-// The int8 number format of prepared weights (Precision::kInt8), as CTranslate2 quantises: each
-// weight row (one output feature) symmetric with its own scale, each activation row quantised
-// at every product with its own scale. The products then run on integers with int32
+// The CPU side of int8 products (Precision::kInt8), as CTranslate2 quantises: each weight row
+// (one output feature) symmetric with its own scale, each activation row quantised at every
+// product with its own scale. The products then run on integers with int32
 // accumulation (oneDNN's u8·s8 matmul, VNNI), and dequantize_products turns them back into
 // floats. Activations are stored shifted by +128 as unsigned bytes because VNNI multiplies
 // unsigned by signed bytes; the shift is removed exactly with the weights' column sums.
@@ -10,10 +10,10 @@
 
 namespace tfm {
 
-// q[n, k] = round(w / scale[r]) in [-127, 127] with scale[r] = max_c |w[r, c]| / 127 (1 for an
-// all-zero row); column_sums[r] = Σ_c q[r, c].
-void quantize_weight_rows(const float* w, int64_t n, int64_t k, int8_t* q, float* scales,
-                          int32_t* column_sums);
+// The weights' side is tensor/int8_weights.h (the format a model holds them in).
+
+// column_sums[r] = Σ_c q[r, c] of int8 rows q[n, k]: what removes the activations' +128 shift.
+void int8_row_sums(const int8_t* q, int64_t n, int64_t k, int32_t* column_sums);
 
 // q[m, k] = round(x / scale[r]) + 128 in [1, 255] with scale[r] = max_c |x[r, c]| / 127 (1 for
 // an all-zero row); x has row stride ldx. Rounds halves up.
