@@ -56,13 +56,15 @@ void set_keep_attention_weights(DecoderLayerCache& cache, bool keep) {
   cache.self_attn.keep_weights = cache.cross_attn.keep_weights = keep;
 }
 
-// Training keeps every layer's cache (and attention weights) for backward; inference alternates
-// two caches and streams attention.
+// Training keeps every layer's cache (and attention weights) for backward; inference reuses one
+// cache for every layer and streams attention. That is safe because a layer reads its input (the
+// previous layer's output, in this same cache) only in its first sublayer, and rewrites that
+// output only in its last.
 template <typename LayerCache>
 LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t layers, int64_t i) {
-  const size_t needed = training ? size_t(layers) : size_t(std::min<int64_t>(layers, 2));
+  const size_t needed = training ? size_t(layers) : size_t(std::min<int64_t>(layers, 1));
   if (caches.size() < needed) caches.resize(needed);
-  LayerCache& cache = caches[training ? size_t(i) : size_t(i % 2)];
+  LayerCache& cache = caches[training ? size_t(i) : 0];
   set_keep_attention_weights(cache, training);
   return cache;
 }

@@ -1,7 +1,7 @@
 // The encoder and decoder stacks of §3.1 (Figure 1) as forward / backward pairs. Each layer is
 // a chain of residual sublayers — post-norm LayerNorm(x + Dropout(F(x))) as in the paper, or
 // pre-norm x + Dropout(F(LayerNorm(x))) — and saves what its backward needs in its cache.
-// Inference runs the same code with two alternating layer caches and dropout 0.
+// Inference runs the same code with one layer cache reused by every layer, and dropout 0.
 #pragma once
 
 #include <cstdint>
@@ -54,7 +54,7 @@ struct StackCache {
   bool training = false;             // keep every layer's cache for backward
   std::vector<float> encoder_input;  // [B, S, D] embeddings + positions (after dropout)
   std::vector<uint8_t> encoder_input_mask;
-  std::vector<EncoderLayerCache> encoder_layers;  // N when training, else 2 (alternating)
+  std::vector<EncoderLayerCache> encoder_layers;  // N when training, else 1 (reused)
   LayerNormCache encoder_norm;
   std::vector<float> memory;         // [B, S, D] encoder output
   std::vector<float> decoder_input;  // [B, T, D]

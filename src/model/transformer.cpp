@@ -45,7 +45,12 @@ std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) cons
                 precision_name(precision));
   std::lock_guard<std::mutex> lock(prepared_->mutex);
   auto& prepared = prepared_->by_precision[precision];
-  if (!prepared) prepared = prepare_weights(*backend_, weights_, precision);
+  if (!prepared) {
+    prepared = prepare_weights(*backend_, weights_, precision);
+    // A model holding int8 weights prepares once (it runs in int8 only and its weights never
+    // change): from then on it reads only the packed copies, so the rows they came from go.
+    for (auto& [name, q] : int8_weights_) std::vector<int8_t>().swap(q.values);
+  }
   return prepared;
 }
 

@@ -58,7 +58,9 @@ class Model {
   ModelConfig config_;
   const Backend* backend_;
   TensorMap parameters_;
-  Int8WeightMap int8_weights_;
+  // Mutable: prepared() frees the int8 rows once they are packed (the map keeps the names, the
+  // shapes and the scales); weights_' int8 views are not read after that.
+  mutable Int8WeightMap int8_weights_;
   TransformerWeights weights_;
   std::vector<float> sinusoids_;  // [max_positions, D] when sinusoidal
   struct PreparedCache {

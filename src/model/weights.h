@@ -25,7 +25,7 @@ struct Linear {
   // (training, whose weights change every step).
   const PreparedMatrix* prepared = nullptr;
   // A model loaded for int8 inference holds the weight only in int8 (weight null): what its
-  // int8 product is prepared from.
+  // int8 product is prepared from, once (Model::prepared frees the rows afterwards).
   Int8Rows int8;
 };
 
