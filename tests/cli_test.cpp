@@ -221,6 +221,19 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
     expect_error(work.run_cli(int8_score), 1, {"VNNI"});
   }
   expect_error(work.run_cli(int8_translate + " --compute-type int4"), 2, {"int4"});
+
+  // CTranslate2's int8 test model: imported (dequantised to float32), then run in int8 (the same
+  // symmetric per-row scheme as CTranslate2's): its expected output either way.
+  r = work.run_cli("import-ctranslate2 " + data + "-i8 -o " + work.path("aren_i8"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* type : {"float32", "int8"}) {
+    if (std::string(type) == "int8" && !tfm::cpu_backend().supports(tfm::Precision::kInt8))
+      continue;
+    r = work.run_cli(std::string("translate --compute-type ") + type + " --model " +
+                     work.path("aren_i8") + " -i " + work.path("ar.txt"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "a t z m o n\n") << type;
+  }
 }
 
 }  // namespace
