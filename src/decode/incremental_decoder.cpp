@@ -32,6 +32,7 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
   history_.resize(size_t(max_hypotheses * max_steps));
   reordered_history_.resize(history_.size());
   layer_cache_.self_attn.keep_weights = false;
+  layer_cache_.ffn.keep_pre_activation = false;
 }
 
 void IncrementalDecoder::start(const std::vector<int32_t>& hypothesis_sentence) {

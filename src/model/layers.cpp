@@ -165,7 +165,8 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
                           const float* x, int64_t rows, float dropout, uint64_t key,
                           FeedForwardCache& cache, float* out) {
   float* pre = ensure_size(cache.pre_activation, rows * w.fc1.out);  // [rows, d_ff]
-  float* hidden = ensure_size(cache.hidden, rows * w.fc1.out);       // [rows, d_ff]
+  float* hidden = cache.keep_pre_activation ? ensure_size(cache.hidden, rows * w.fc1.out)
+                                            : pre;  // [rows, d_ff]
   // fc1 without its bias, which add_bias_activation adds in the same pass as the activation.
   LinearWeights fc1 = w.fc1;
   fc1.bias = nullptr;

@@ -99,6 +99,9 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
                                    float* d_query_input, bool accumulate, float* d_memory_input);
 
 struct FeedForwardCache {
+  // Inference sets this to false: the activation then overwrites the fc1 output in place (one
+  // [rows, d_ff] buffer instead of two), and backward cannot run.
+  bool keep_pre_activation = true;
   std::vector<float> pre_activation;  // [rows, d_ff] fc1 output
   std::vector<float> hidden;          // [rows, d_ff] activation (after dropout): fc2 input
   std::vector<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0

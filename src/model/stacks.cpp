@@ -49,11 +49,14 @@ AttentionInputs cross_attention_inputs(const float* x, const float* memory, int6
   return in;
 }
 
-void set_keep_attention_weights(EncoderLayerCache& cache, bool keep) {
-  cache.self_attn.keep_weights = keep;
+// Whether a layer's cache keeps what only backward reads (attention weights, the feed-forward
+// pre-activation).
+void set_keep_for_backward(EncoderLayerCache& cache, bool keep) {
+  cache.self_attn.keep_weights = cache.ffn.keep_pre_activation = keep;
 }
-void set_keep_attention_weights(DecoderLayerCache& cache, bool keep) {
+void set_keep_for_backward(DecoderLayerCache& cache, bool keep) {
   cache.self_attn.keep_weights = cache.cross_attn.keep_weights = keep;
+  cache.ffn.keep_pre_activation = keep;
 }
 
 // Training keeps every layer's cache (and attention weights) for backward; inference reuses one
@@ -65,7 +68,7 @@ LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t 
   const size_t needed = training ? size_t(layers) : size_t(std::min<int64_t>(layers, 1));
   if (caches.size() < needed) caches.resize(needed);
   LayerCache& cache = caches[training ? size_t(i) : 0];
-  set_keep_attention_weights(cache, training);
+  set_keep_for_backward(cache, training);
   return cache;
 }
 
