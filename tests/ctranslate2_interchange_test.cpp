@@ -157,7 +157,11 @@ INSTANTIATE_TEST_SUITE_P(Variants, Spec7Quantised,
 
 std::vector<std::string> synthetic_vocabulary(int64_t size) {
   std::vector<std::string> tokens = {"<blank>", "<s>", "</s>", "<unk>"};
-  for (int64_t i = 4; i < size; ++i) tokens.push_back("w" + std::to_string(i));
+  for (int64_t i = 4; i < size; ++i) {
+    std::string token = "w";  // appended, not "w" + …: GCC 12 warns falsely (-Wrestrict) on that
+    token += std::to_string(i);
+    tokens.push_back(token);
+  }
   return tokens;
 }
 
