@@ -6,9 +6,11 @@ Why this file exists
     claims about it are ratios measured here, in the same run on the same machine, never figures
     from elsewhere (DESIGN.md §6). One random base model (Table 3: N=6, d_model 512, d_ff 2048,
     h 8; shared 8000-token vocabulary) is written once by `transformer init` and exported with
-    `transformer export-ctranslate2`, in float32 and (as users deploy it) quantised to int8. Then,
+    `transformer export-ctranslate2`, in float32 and (as users deploy it) quantised to int8; the
+    int8 export is read back with `transformer import-ctranslate2`, which keeps its int8 weights
+    and row scales as they are, so both sides multiply the very same int8 weights. Then,
     for several rounds, alternating which side goes first, each case runs both command lines:
-      ours:  transformer translate --compute-type float32|int8 --beam 1|4
+      ours:  transformer translate --compute-type float32|int8 --beam 1|4  (int8: the import)
       CT2:   ct2-translator --compute_type float32|int8 --beam_size 1|4 --intra_threads 2
     on the same 32 sentences of 32 random tokens, every output forced to exactly 32 tokens on
     both sides (minimum = maximum length; length penalty 0), one batch of 32 sentences each.
@@ -79,7 +81,7 @@ def timed(cmd, env, output):
 
 
 def prepare(work, seed):
-    """The model directory (ours), its two CTranslate2 exports, and the source file."""
+    """Our model directories by compute type, the two CTranslate2 exports, and the source file."""
     ours = os.path.join(work, "model")
     os.makedirs(ours, exist_ok=True)
     tokens = ["<blank>", "<s>", "</s>", "<unk>"] + ["t%d" % i for i in range(4, VOCAB)]
@@ -93,16 +95,19 @@ def prepare(work, seed):
         exports[quantization] = os.path.join(work, "ct2_" + quantization)
         run_checked([BIN, "export-ctranslate2", "--model", ours, "-o", exports[quantization],
                      "--quantization", quantization, "--force"])
+    ours_int8 = os.path.join(work, "model_int8")
+    shutil.rmtree(ours_int8, ignore_errors=True)
+    run_checked([BIN, "import-ctranslate2", exports["int8"], "-o", ours_int8])
     rng = random.Random(seed)
     source = os.path.join(work, "source.txt")
     with open(source, "w") as f:
         for _ in range(SENTENCES):
             f.write(" ".join(tokens[rng.randrange(4, VOCAB)] for _ in range(TOKENS)) + "\n")
-    return ours, exports, source
+    return {"float32": ours, "int8": ours_int8}, exports, source
 
 
 def commands(args, ours, exports, source, compute_type, beam):
-    our_cmd = [BIN, "--threads", str(THREADS), "translate", "--model", ours, "-i", source,
+    our_cmd = [BIN, "--threads", str(THREADS), "translate", "--model", ours[compute_type], "-i", source,
                "--beam", str(beam), "--alpha", "0", "--min-length", str(TOKENS),
                "--max-length-a", "0", "--max-length-b", str(TOKENS),
                "--batch-tokens", str(SENTENCES * (TOKENS + 1) * beam),

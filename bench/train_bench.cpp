@@ -55,6 +55,7 @@ struct Options {
   uint64_t seed = 1234;
   std::string config_path;  // JSON config keys over the base model's; empty: the base model
   bool profile = false;
+  tfm::Precision precision = tfm::Precision::kFloat32;  // of every linear product
 };
 
 const char* kUsage =
@@ -72,6 +73,8 @@ const char* kUsage =
     "                       backward, and the encoder and decoder stacks on their own\n"
     "  --phase-repeats N    repetitions of each --profile measurement (default 3)\n"
     "  --seed N             model, batch and dropout seed (default 1234)\n"
+    "  --compute-type T     float32 (default) or bfloat16: every linear product, forward and\n"
+    "                       backward, as train --compute-type does\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -104,6 +107,9 @@ Options parse_options(int argc, char** argv) {
       o.phase_repeats = int(int_value(i));
     } else if (a == "--seed") {
       o.seed = uint64_t(int_value(i));
+    } else if (a == "--compute-type") {
+      o.precision = bench::precision_arg(argc, argv, i, kUsage);
+      if (o.precision == tfm::Precision::kInt8) usage_error("training runs in float32 or bfloat16");
     } else if (a == "--profile") {
       o.profile = true;
     } else if (a == "--config") {
@@ -198,8 +204,8 @@ int run(const Options& o) {
     zero(gradients);
     const double t1 = now_seconds();
     dropout.seed = o.seed * 0x9E3779B97F4A7C15ull + uint64_t(step);  // new masks every step
-    const tfm::LossTotals totals = tfm::loss_and_gradients(model, grad_views, batch, dropout,
-                                                           o.label_smoothing, grad_scale, ws);
+    const tfm::LossTotals totals = tfm::loss_and_gradients(
+        model, grad_views, batch, dropout, o.label_smoothing, grad_scale, ws, o.precision);
     const double t2 = now_seconds();
     optimizer.apply(model.mutable_parameters(), gradients, config.d_model);
     const double t3 = now_seconds();
@@ -231,7 +237,7 @@ int run(const Options& o) {
         1, r,
         [&] {
           tfm::loss_and_gradients(model, grad_views, batch, dropout, o.label_smoothing, 0.f,
-                                  forward_ws);
+                                  forward_ws, o.precision);
         },
         nullptr);
     ws.cache.training = true;  // ws's cache is already sized for all layers
@@ -268,6 +274,7 @@ int run(const Options& o) {
       {"setup_s", setup_seconds},
       {"gemm_size", o.gemm_size},
       {"phases", phases},
+      {"compute_type", tfm::precision_name(o.precision)},
       {"cpu_s", bench::cpu_seconds()},
       {"loss_first", losses.front()},
       {"loss_last", losses.back()},

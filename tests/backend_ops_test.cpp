@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "tensor/float16.h"
 #include "tensor/random.h"
 
 namespace tfm {
@@ -47,44 +48,76 @@ TEST(Backends, CpuIsRegisteredFirstAndUnknownDevicesAreRefused) {
 
 // --- Matrix products --------------------------------------------------------------------------
 
+// In float32 against float64 on the inputs as given; in bfloat16 (training's products) against
+// float64 on the inputs rounded to bfloat16 (nearest, ties to even), so the bound is float32
+// accumulation's in both: the rounding itself is checked exactly, not within a tolerance.
 TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
   const int64_t sizes[] = {1, 7, 63, 65};
-  uint64_t seed = 1;
-  for (auto [alpha, beta] : {std::pair{1.f, 0.f}, std::pair{1.f, 1.f}, std::pair{0.75f, 0.5f}})
-    for (int64_t m : sizes)
-      for (int64_t n : sizes)
-        for (int64_t k : {int64_t(1), int64_t(7), int64_t(65)})
-          for (int ta = 0; ta < 2; ++ta)
-            for (int tb = 0; tb < 2; ++tb) {
-              const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 1;
-              auto a = random_vector((ta ? k : m) * lda, seed++);
-              auto b = random_vector((tb ? n : k) * ldb, seed++);
-              auto c = random_vector(m * ldc, seed++);
-              auto expected = c;
-              for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j) {
-                  double sum = 0;
-                  for (int64_t p = 0; p < k; ++p)
-                    sum += double(ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]) *
-                           double(tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
-                  expected[size_t(i * ldc + j)] =
-                      float(alpha * sum + beta * double(c[size_t(i * ldc + j)]));
-                }
-              be().matmul(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
-                          ldc);
-              for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < ldc; ++j)
-                  ASSERT_NEAR(c[size_t(i * ldc + j)], expected[size_t(i * ldc + j)], 1e-4)
-                      << "m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb
-                      << " alpha=" << alpha << " beta=" << beta;
-            }
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    SCOPED_TRACE(precision_name(precision));
+    const bool bfloat16 = precision == Precision::kBFloat16;
+    if (!be().supports(precision)) {
+      std::vector<float> one = {1.f};
+      EXPECT_THROW(be().matmul(false, false, 1, 1, 1, 1.f, one.data(), 1, one.data(), 1, 0.f,
+                               one.data(), 1, precision),
+                   std::invalid_argument);
+      continue;
+    }
+    auto as_multiplied = [bfloat16](float x) {
+      return bfloat16 ? double(bfloat16_to_float(float_to_bfloat16(x))) : double(x);
+    };
+    uint64_t seed = 1;
+    int64_t rounded_differently = 0;
+    for (auto [alpha, beta] : {std::pair{1.f, 0.f}, std::pair{1.f, 1.f}, std::pair{0.75f, 0.5f}})
+      for (int64_t m : sizes)
+        for (int64_t n : sizes)
+          for (int64_t k : {int64_t(1), int64_t(7), int64_t(65)})
+            for (int ta = 0; ta < 2; ++ta)
+              for (int tb = 0; tb < 2; ++tb) {
+                const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 1;
+                auto a = random_vector((ta ? k : m) * lda, seed++);
+                auto b = random_vector((tb ? n : k) * ldb, seed++);
+                auto c = random_vector(m * ldc, seed++);
+                auto expected = c;
+                for (int64_t i = 0; i < m; ++i)
+                  for (int64_t j = 0; j < n; ++j) {
+                    double sum = 0, exact = 0;
+                    for (int64_t p = 0; p < k; ++p) {
+                      const float x = ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)];
+                      const float y = tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)];
+                      sum += as_multiplied(x) * as_multiplied(y);
+                      exact += double(x) * double(y);
+                    }
+                    expected[size_t(i * ldc + j)] =
+                        float(alpha * sum + beta * double(c[size_t(i * ldc + j)]));
+                    rounded_differently += std::abs(sum - exact) > 1e-3;
+                  }
+                be().matmul(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
+                            ldc, precision);
+                for (int64_t i = 0; i < m; ++i)
+                  for (int64_t j = 0; j < ldc; ++j)
+                    ASSERT_NEAR(c[size_t(i * ldc + j)], expected[size_t(i * ldc + j)], 1e-4)
+                        << "m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb
+                        << " alpha=" << alpha << " beta=" << beta;
+              }
+    // bfloat16's reference really differs from float32's (the test can tell them apart).
+    if (bfloat16) {
+      EXPECT_GT(rounded_differently, 1000);
+    }
+  }
+  std::vector<float> one = {1.f};
+  EXPECT_THROW(be().matmul(false, false, 1, 1, 1, 1.f, one.data(), 1, one.data(), 1, 0.f,
+                           one.data(), 1, Precision::kInt8),
+               std::invalid_argument);
 }
 
 TEST_P(BackendOps, MatmulWithNoInnerDimensionLeavesBetaTimesC) {
   std::vector<float> c = {1, 2, 3, 4};
-  be().matmul(false, false, 2, 2, 0, 1.f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+  be().matmul(false, false, 2, 2, 0, 1.f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2,
+              Precision::kFloat32);
   EXPECT_EQ(c, (std::vector<float>{0.5f, 1.f, 1.5f, 2.f}));
-  be().matmul(false, false, 2, 2, 0, 1.f, nullptr, 1, nullptr, 2, 0.f, c.data(), 2);
+  be().matmul(false, false, 2, 2, 0, 1.f, nullptr, 1, nullptr, 2, 0.f, c.data(), 2,
+              Precision::kFloat32);
   for (float v : c) EXPECT_EQ(v, 0.f);
 }
 

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "cli_runner.h"
 #include "io/file_util.h"
+#include "io/model_directory.h"
 
 namespace {
 
@@ -222,18 +223,80 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
   }
   expect_error(work.run_cli(int8_translate + " --compute-type int4"), 2, {"int4"});
 
-  // CTranslate2's int8 test model: imported (dequantised to float32), then run in int8 (the same
-  // symmetric per-row scheme as CTranslate2's): its expected output either way.
+  // CTranslate2's int8 test model: imported with its int8 weights and row scales as stored
+  // (the file says I8), then run in int8 (the same symmetric per-row scheme as CTranslate2's,
+  // the default for an int8 model) and in float32 (multiplied out): its expected output.
   r = work.run_cli("import-ctranslate2 " + data + "-i8 -o " + work.path("aren_i8"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* type : {"float32", "int8"}) {
-    if (std::string(type) == "int8" && !tfm::cpu_backend().supports(tfm::Precision::kInt8))
-      continue;
+  EXPECT_NE(r.out.find("linear weights int8"), std::string::npos) << r.out;
+  EXPECT_EQ(tfm::stored_precision(work.path("aren_i8")), tfm::Precision::kInt8);
+  const bool vnni = tfm::cpu_backend().supports(tfm::Precision::kInt8);
+  for (const char* type : {"float32", "int8", "default"}) {
+    if (std::string(type) != "float32" && !vnni) continue;
     r = work.run_cli(std::string("translate --compute-type ") + type + " --model " +
                      work.path("aren_i8") + " -i " + work.path("ar.txt"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, "a t z m o n\n") << type;
   }
+  if (!vnni)
+    expect_error(
+        work.run_cli("translate --model " + work.path("aren_i8") + " -i " + work.path("ar.txt")), 1,
+        {"stores int8 weights", "--compute-type float32"});
+}
+
+// quantize: a model rewritten with int8 linear weights (a third of the file here) scores
+// exactly what the float32 model scores with --compute-type int8 (the same quantisation, now
+// read from the file), by default; --type float32 writes it back out in float32.
+TEST(Cli, QuantizeWritesAnInt8ModelThatRunsInInt8) {
+  const std::string data = std::string(TFM_FIXTURE_DIR) +
+                           "/../data/ctranslate2-aren-transliteration/aren-transliteration";
+  CliResult r = work.run_cli("import-ctranslate2 " + data + " -o " + work.path("q_float"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = work.run_cli("quantize --model " + work.path("q_float") + " -o " + work.path("q_int8"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(work.path("q_int8/source_vocabulary.txt")));
+  EXPECT_LT(fs::file_size(work.path("q_int8/model.safetensors")),
+            fs::file_size(work.path("q_float/model.safetensors")) / 2);
+  EXPECT_EQ(tfm::stored_precision(work.path("q_int8")), tfm::Precision::kInt8);
+  EXPECT_EQ(tfm::stored_precision(work.path("q_float")), tfm::Precision::kFloat32);
+  expect_error(
+      work.run_cli("quantize --model " + work.path("q_float") + " -o " + work.path("q_int8")), 1,
+      {"already exists", "--force"});
+  expect_error(
+      work.run_cli("quantize --model " + work.path("nowhere") + " -o " + work.path("q_none")), 1,
+      {"nowhere"});
+  expect_error(work.run_cli("quantize --model " + work.path("q_float") + " -o " + work.path("q_x") +
+                            " --type int4"),
+               2, {"int4"});
+  EXPECT_FALSE(fs::exists(work.path("q_x")));
+  work.write_file("q_ar.txt", "آ ت ز م و ن\nآ ت ش ي س و ن\n");
+  work.write_file("q_en.txt", "a t z m o n\na c h i s o n\n");
+  const std::string texts = " --src " + work.path("q_ar.txt") + " --tgt " + work.path("q_en.txt");
+  if (tfm::cpu_backend().supports(tfm::Precision::kInt8)) {
+    const CliResult from_float =
+        work.run_cli("score --compute-type int8 --model " + work.path("q_float") + texts);
+    const CliResult from_file = work.run_cli("score --model " + work.path("q_int8") + texts);
+    ASSERT_EQ(from_float.exit_code, 0) << from_float.err;
+    ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
+    EXPECT_EQ(from_file.out, from_float.out);
+    r = work.run_cli("translate --model " + work.path("q_int8") + " -i " + work.path("q_ar.txt"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "a t z m o n\na c h i s o n\n");
+  }
+  // Back to float32: a float32 model again, whose weights are the int8 ones multiplied out
+  // (its score moves from the original float32 one by about int8's rounding).
+  r = work.run_cli("quantize --type float32 --model " + work.path("q_int8") + " -o " +
+                   work.path("q_back"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(tfm::stored_precision(work.path("q_back")), tfm::Precision::kFloat32);
+  const CliResult original = work.run_cli("score --model " + work.path("q_float") + texts);
+  const CliResult back = work.run_cli("score --model " + work.path("q_back") + texts);
+  const CliResult multiplied_out =
+      work.run_cli("score --compute-type float32 --model " + work.path("q_int8") + texts);
+  ASSERT_EQ(back.exit_code, 0) << back.err;
+  EXPECT_EQ(back.out, multiplied_out.out);
+  EXPECT_NE(back.out, original.out);
+  EXPECT_NEAR(std::stod(back.out), std::stod(original.out), 0.1);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // validation, parameter checks, and the exact parameter counts of the paper's models.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -10,7 +11,9 @@
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/init.h"
+#include "model/weights.h"
 #include "tensor/error.h"
+#include "tensor/int8_weights.h"
 
 namespace tfm {
 namespace {
@@ -201,6 +204,111 @@ TEST(ModelFile, InitIsDeterministicAndSaveLoadRoundTrips) {
   EXPECT_EQ(config_to_json(loaded.config()), config_to_json(c));
   for (const auto& [name, tensor] : a.parameters())
     EXPECT_EQ(loaded.parameters().at(name).data, tensor.data) << name;
+  std::remove(path.c_str());
+}
+
+// A model quantised to int8 (quantize, import of an int8 CTranslate2 model) stores each linear
+// weight as I8 [out, in] plus "<name>_scale" F32 [out]: the file holds exactly the values and
+// scales the quantiser made, loads them back unchanged for int8, multiplies them out for
+// float32, and keeps every other tensor in float32.
+TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
+  ModelConfig c = preset_config("tiny");
+  c.src_vocab_size = 40;
+  c.tgt_vocab_size = 35;
+  c.share_embeddings = EmbeddingSharing::kNone;
+  Model a = init_model(c, 3);
+  const std::string float_path = temp_path("int8_source.safetensors");
+  const std::string int8_path = temp_path("int8.safetensors");
+  save_model(a, float_path);
+  const Model quantised = load_model(float_path, cpu_backend(), ModelWeights::kInt8Linears);
+  save_model(quantised, int8_path);
+
+  const SafetensorsHeader header = read_safetensors_header(int8_path);
+  EXPECT_TRUE(stores_int8_weights(header));
+  EXPECT_FALSE(stores_int8_weights(read_safetensors_header(float_path)));
+  size_t int8_tensors = 0;
+  for (const auto& [name, tensor] : a.parameters()) {
+    if (!is_linear_weight(name)) {
+      EXPECT_EQ(header.dtypes.at(name), "F32") << name;
+      EXPECT_FALSE(header.dtypes.count(name + kInt8ScaleSuffix)) << name;
+      continue;
+    }
+    ++int8_tensors;
+    EXPECT_EQ(header.dtypes.at(name), "I8") << name;
+    EXPECT_EQ(header.dtypes.at(name + "_scale"), "F32") << name;
+    EXPECT_EQ(header.shapes.at(name + "_scale"), Shape{tensor.shape[0]}) << name;
+  }
+  EXPECT_EQ(int8_tensors, size_t(c.encoder_layers * 6 + c.decoder_layers * 10 + 1));
+
+  const Model int8 = load_model(int8_path, cpu_backend(), ModelWeights::kInt8Linears);
+  const Model multiplied_out = load_model(int8_path);
+  ASSERT_TRUE(int8.holds_int8_weights());
+  EXPECT_FALSE(multiplied_out.holds_int8_weights());
+  for (const auto& [name, tensor] : a.parameters()) {
+    if (!is_linear_weight(name)) {
+      EXPECT_EQ(int8.parameters().at(name).data, tensor.data) << name;
+      EXPECT_EQ(multiplied_out.parameters().at(name).data, tensor.data) << name;
+      continue;
+    }
+    const Int8Matrix expected = quantize_weight_rows(tensor);
+    const Int8Matrix& got = int8.int8_weights().at(name);
+    EXPECT_EQ(got.values, expected.values) << name;
+    EXPECT_EQ(got.scales, expected.scales) << name;
+    const std::vector<float>& w = multiplied_out.parameters().at(name).data;
+    const int64_t cols = tensor.shape[1];
+    for (size_t i = 0; i < w.size(); ++i) {
+      ASSERT_EQ(w[i], float(expected.values[i]) * expected.scales[i / size_t(cols)]) << name;
+      // Within half a quantisation step of the original weight.
+      ASSERT_LE(std::fabs(w[i] - tensor.data[i]), 0.5001f * expected.scales[i / size_t(cols)]);
+    }
+  }
+  // The linear weights take a quarter of their float32 bytes (plus a scale per row).
+  EXPECT_LT(std::filesystem::file_size(int8_path), std::filesystem::file_size(float_path) / 2);
+  std::remove(float_path.c_str());
+  std::remove(int8_path.c_str());
+}
+
+// What a stranger's int8 file can get wrong is refused by name before any tensor is read: I8
+// on a tensor that is not a linear weight, a weight without its scales, scales of the wrong
+// shape or type.
+TEST(ModelFile, Int8FileErrorsAreNamed) {
+  ModelConfig c = preset_config("tiny");
+  c.src_vocab_size = c.tgt_vocab_size = 30;
+  const Model model = init_model(c, 1);
+  const std::map<std::string, std::string> metadata{{"config", config_to_json_text(c)}};
+  const std::string path = temp_path("bad_int8.safetensors");
+  const std::string q = "encoder.layers.0.self_attn.q.weight";
+  const std::vector<int8_t> values(size_t(64 * 64), 1), norm_values(64, 1);
+  const std::vector<float> scales(64, 0.5f);
+  auto expect_refused = [&](std::map<std::string, StoredTensor> changes,
+                            const std::string& fragment) {
+    std::map<std::string, StoredTensor> stored;
+    for (const auto& [name, t] : model.parameters())
+      stored[name] = StoredTensor{"F32", t.shape, t.ptr()};
+    for (auto& [name, t] : changes) stored[name] = t;
+    write_safetensors(path, stored, metadata);
+    try {
+      load_model(path);
+      FAIL() << "no error; expected: " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_refused({{"encoder.layers.0.norm1.weight", {"I8", {64}, norm_values.data()}}},
+                 "only linear weights may be stored in int8");
+  expect_refused({{q, {"I8", {64, 64}, values.data()}}}, "has no \"" + q + "_scale\"");
+  expect_refused(
+      {{q, {"I8", {64, 64}, values.data()}}, {q + "_scale", {"F32", {32}, scales.data()}}},
+      "must be F32 of shape [64]");
+  expect_refused({{q + "_scale", {"F32", {64}, scales.data()}}}, "unexpected tensor");
+  // Correct: loads, and the weight is 0.5 everywhere in float32.
+  std::map<std::string, StoredTensor> stored;
+  for (const auto& [name, t] : model.parameters()) stored[name] = {"F32", t.shape, t.ptr()};
+  stored[q] = {"I8", {64, 64}, values.data()};
+  stored[q + "_scale"] = {"F32", {64}, scales.data()};
+  write_safetensors(path, stored, metadata);
+  const Model loaded = load_model(path);
+  EXPECT_EQ(loaded.parameters().at(q).data, std::vector<float>(64 * 64, 0.5f));
   std::remove(path.c_str());
 }
 

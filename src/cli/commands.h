@@ -17,6 +17,7 @@ CommandRunner add_export_ctranslate2_command(CLI::App& app);
 CommandRunner add_train_command(CLI::App& app);
 CommandRunner add_vocab_command(CLI::App& app);
 CommandRunner add_average_command(CLI::App& app);
+CommandRunner add_quantize_command(CLI::App& app);
 CommandRunner add_translate_command(CLI::App& app);
 CommandRunner add_bleu_command(CLI::App& app);
 CommandRunner add_serve_command(CLI::App& app);

@@ -23,22 +23,30 @@ CommandRunner add_import_ctranslate2_command(CLI::App& app) {
   app.add_option("-o,--output", o->output, "Model directory to write")->required();
   app.footer(
       "Reads TransformerSpec models as CTranslate2's converters write them (model.bin binary\n"
-      "versions 1-6, spec revisions 1-7; int8/int16/float16/bfloat16 weights converted to\n"
-      "float32), config.json (special tokens, add_source_eos, layer_norm_epsilon) and the\n"
+      "versions 1-6, spec revisions 1-7), config.json (special tokens, add_source_eos, "
+      "layer_norm_epsilon) and the\n"
       "shared or source/target vocabularies (.json or .txt). Features our Transformer does not\n"
       "have (rotary or relative positions, ALiBi, multi-query attention, GLU, RMS norm, ...) are\n"
       "refused by name when switched on.\n"
+      "Linear weights stored in int8 stay int8 (values and row scales as stored: the model runs\n"
+      "in int8 by default; `transformer quantize --type float32` rewrites it in float32); other\n"
+      "weights (int16, float16, bfloat16, int8 embeddings) are converted to float32.\n"
       "Example:\n  transformer import-ctranslate2 ende_ctranslate2 -o ende");
   return [o] {
     ImportedModel imported = import_ctranslate2(o->input);
     check_finite_parameters(imported.parameters, o->input + "/model.bin");
-    Model model(imported.config, std::move(imported.parameters), o->input + "/model.bin");
+    for (const auto& [name, q] : imported.int8_parameters)  // held in int8 only
+      std::vector<float>().swap(imported.parameters.at(name).data);
+    Model model(imported.config, std::move(imported.parameters), o->input + "/model.bin",
+                cpu_backend(), std::move(imported.int8_parameters));
     write_model_directory(o->output, model, &imported.source_tokens, &imported.target_tokens);
     const ModelConfig& c = model.config();
-    std::printf("wrote %s: %lld+%lld layers, d_model %lld, %lld heads, vocabularies %lld/%lld\n",
-                o->output.c_str(), (long long)c.encoder_layers, (long long)c.decoder_layers,
-                (long long)c.d_model, (long long)c.heads, (long long)c.src_vocab_size,
-                (long long)c.tgt_vocab_size);
+    std::printf(
+        "wrote %s: %lld+%lld layers, d_model %lld, %lld heads, vocabularies %lld/%lld, linear "
+        "weights %s\n",
+        o->output.c_str(), (long long)c.encoder_layers, (long long)c.decoder_layers,
+        (long long)c.d_model, (long long)c.heads, (long long)c.src_vocab_size,
+        (long long)c.tgt_vocab_size, model.holds_int8_weights() ? "int8" : "float32");
   };
 }
 

@@ -18,12 +18,13 @@ struct DeviceOption {
 };
 
 struct ComputeTypeOption {
-  std::string name = "float32";
+  std::string name = "default";
 
   void add_to(CLI::App& app);
-  // The precision it names; throws Error when `backend` cannot multiply in it (bfloat16 on a
-  // CPU without AVX512-BF16, int8 on one without VNNI).
-  Precision resolve(const Backend& backend) const;
+  // The precision it names ("default": the one the model at `model_path` stores its linear
+  // weights in, int8 or float32); throws Error when `backend` cannot multiply in it (bfloat16
+  // on a CPU without AVX512-BF16, int8 on one without VNNI).
+  Precision resolve(const Backend& backend, const std::string& model_path) const;
 };
 
 }  // namespace tfm

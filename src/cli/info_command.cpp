@@ -65,7 +65,11 @@ void print_info(const ModelConfig& c) {
 void print_file_info(const std::string& path) {
   const SafetensorsHeader header = read_safetensors_header(path);
   if (!header.metadata.count("training_state")) {
-    print_info(model_config_of_header(header.metadata, header.shapes, path));
+    print_info(model_config_of_header(header, path));
+    if (stores_int8_weights(header))
+      std::printf(
+          "stored: linear weights in int8 with a float32 scale per row (runs in int8 "
+          "by default), other tensors float32\n");
     return;
   }
   const CheckpointHeader checkpoint = checkpoint_of_header(header.metadata, header.shapes, path);

@@ -24,9 +24,9 @@ void SearchFlags::add_to(CLI::App& app) {
   compute_type.add_to(app);
 }
 
-SearchOptions SearchFlags::resolve(const Backend& backend) const {
+SearchOptions SearchFlags::resolve(const Backend& backend, const std::string& model_path) const {
   SearchOptions s = search;
-  s.precision = compute_type.resolve(backend);
+  s.precision = compute_type.resolve(backend, model_path);
   return s;
 }
 

@@ -17,9 +17,9 @@ struct SearchFlags {
   ComputeTypeOption compute_type;
 
   void add_to(CLI::App& app);
-  // search with the precision of --compute-type on `backend` (device.resolve()); throws Error for
-  // bfloat16 on a CPU without it.
-  SearchOptions resolve(const Backend& backend) const;
+  // search with the precision of --compute-type on `backend` (device.resolve()) for the model at
+  // `model_path`; throws Error for bfloat16 on a CPU without it.
+  SearchOptions resolve(const Backend& backend, const std::string& model_path) const;
 };
 
 }  // namespace tfm

@@ -182,11 +182,19 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
     const int64_t row_size = rows ? w.numel() / rows : 0;
     if (scale.numel() != 1 && scale.numel() != rows)
       throw Error(where + ": scale \"" + name + suffix + "\" does not match its weight's rows");
+    Int8Matrix* stored = nullptr;
+    if (variable.dtype == CtDtype::kI8 && w.shape.size() == 2) {
+      stored = &result.int8_matrices[name];
+      stored->shape = w.shape;
+      stored->values.assign(w.data.begin(), w.data.end());  // exact: the values are int8
+      stored->scales.resize(size_t(rows));
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const float s = scale.numel() == 1 ? scale.data[0] : scale.data[size_t(r)];
       if (!(s != 0.f) || !std::isfinite(s))
         throw Error(where + ": scale \"" + name + suffix + "\" holds 0 or a non-finite value");
       for (int64_t c = 0; c < row_size; ++c) w.data[size_t(r * row_size + c)] /= s;
+      if (stored) stored->scales[size_t(r)] = 1.f / s;
     }
     result.variables.emplace(name, std::move(w));
   }
@@ -196,6 +204,8 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
       throw Error(where + ": alias \"" + alias + "\" names missing variable \"" + target + "\"");
     result.variables.emplace(alias, it->second);
     result.stored_dtypes[alias] = result.stored_dtypes[target];
+    auto int8 = result.int8_matrices.find(target);
+    if (int8 != result.int8_matrices.end()) result.int8_matrices.emplace(alias, int8->second);
   }
   return result;
 }

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/int8_weights.h"
 #include "tensor/tensor.h"
 
 namespace tfm {
@@ -23,6 +24,10 @@ struct CTranslate2Variables {
   uint32_t spec_revision = 1;  // 1 before version 2
   TensorMap variables;         // fp32; quantised weights divided by their *_scale (dropped)
   std::map<std::string, CtDtype> stored_dtypes;  // the dtype each variable had in the file
+  // Every int8 matrix as stored (values and per-row scales), besides its fp32 form in
+  // `variables`, so that int8 weights can be used without dequantising: our scales multiply,
+  // CTranslate2's divide, so scales[r] = 1 / (its scale of row r).
+  Int8WeightMap int8_matrices;
 };
 
 // Throws Error naming `where` on anything malformed.

@@ -38,6 +38,14 @@ class SpecVariables {
     if (!t) fail("missing variable \"" + name + "\"");
     return std::move(*t);
   }
+  // The int8 form of a variable stored in int8 (its fp32 form is taken with take()).
+  std::optional<Int8Matrix> take_int8(const std::string& name) {
+    auto it = file_.int8_matrices.find(name);
+    if (it == file_.int8_matrices.end()) return std::nullopt;
+    Int8Matrix q = std::move(it->second);
+    file_.int8_matrices.erase(it);
+    return q;
+  }
   std::optional<Tensor> take_optional(const std::string& name) {
     auto it = file_.variables.find(name);
     if (it == file_.variables.end()) return std::nullopt;
@@ -65,6 +73,8 @@ class SpecVariables {
     if (it == file_.variables.end() || has(to)) return;
     file_.variables.emplace(to, it->second);
     file_.stored_dtypes[to] = file_.stored_dtypes[from];
+    auto int8 = file_.int8_matrices.find(from);
+    if (int8 != file_.int8_matrices.end()) file_.int8_matrices.emplace(to, int8->second);
   }
   void erase(const std::string& name) { file_.variables.erase(name); }
   std::vector<std::string> names() const {
@@ -235,7 +245,7 @@ bool same_values(const Tensor& a, const Tensor& b) {
 
 // Source and target embeddings, the pre-softmax projection, and which of them are one matrix
 // (CTranslate2's converters alias equal variables; equal values are what sharing means).
-void map_embeddings(SpecVariables& v, ModelConfig& c, TensorMap& p) {
+void map_embeddings(SpecVariables& v, ModelConfig& c, TensorMap& p, Int8WeightMap& int8) {
   if (v.has_scope("encoder/embeddings_1")) v.refuse("several source embeddings (source factors)");
   Tensor src = v.has("encoder/embeddings/weight") ? v.take("encoder/embeddings/weight")
                                                   : v.take("encoder/embeddings_0/weight");
@@ -262,6 +272,7 @@ void map_embeddings(SpecVariables& v, ModelConfig& c, TensorMap& p) {
     p["src_embed.weight"] = std::move(src);
     p["tgt_embed.weight"] = std::move(tgt);
     p["out_proj.weight"] = std::move(proj);
+    if (auto q = v.take_int8("decoder/projection/weight")) int8["out_proj.weight"] = std::move(*q);
   }
   std::optional<Tensor> bias = v.take_optional("decoder/projection/bias");
   c.output_bias = bias.has_value();
@@ -379,11 +390,13 @@ void refuse_scope_features(SpecVariables& v, const std::string& scope, const Mod
 
 class LayerMapper {
  public:
-  LayerMapper(SpecVariables& v, const ModelConfig& c, TensorMap& p) : v_(v), c_(c), p_(p) {}
+  LayerMapper(SpecVariables& v, const ModelConfig& c, TensorMap& p, Int8WeightMap& int8)
+      : v_(v), c_(c), p_(p), int8_(int8) {}
 
   void linear(const std::string& from, const std::vector<std::string>& to) {
     if (v_.has(from + "/weight_zero")) v_.refuse("AWQ-quantised weights");
     Tensor weight = v_.take(from + "/weight");
+    const std::optional<Int8Matrix> stored = v_.take_int8(from + "/weight");
     const int64_t parts = int64_t(to.size());
     if (weight.shape.size() != 2 || weight.shape[0] % parts != 0)
       v_.fail("\"" + from + "/weight\" is not a matrix of " + std::to_string(parts) + " parts");
@@ -397,6 +410,12 @@ class LayerMapper {
       if (bias) std::copy_n(bias->data.begin() + i * rows, rows, b.data.begin());
       p_[to[size_t(i)] + ".weight"] = std::move(w);
       p_[to[size_t(i)] + ".bias"] = std::move(b);  // absent bias: zeros
+      if (!stored) continue;
+      Int8Matrix& q = int8_[to[size_t(i)] + ".weight"];  // rows i·rows .. (i+1)·rows
+      q.shape = {rows, cols};
+      q.values.assign(stored->values.begin() + i * rows * cols,
+                      stored->values.begin() + (i + 1) * rows * cols);
+      q.scales.assign(stored->scales.begin() + i * rows, stored->scales.begin() + (i + 1) * rows);
     }
   }
   void norm(const std::string& from, const std::string& to) {
@@ -426,9 +445,10 @@ class LayerMapper {
   SpecVariables& v_;
   const ModelConfig& c_;
   TensorMap& p_;
+  Int8WeightMap& int8_;
 };
 
-void map_layers(SpecVariables& v, ModelConfig& c, TensorMap& p) {
+void map_layers(SpecVariables& v, ModelConfig& c, TensorMap& p, Int8WeightMap& int8) {
   auto count_layers = [&](const std::string& stack) {
     int64_t n = 0;
     while (v.has_scope(stack + "/layer_" + std::to_string(n))) ++n;
@@ -440,7 +460,7 @@ void map_layers(SpecVariables& v, ModelConfig& c, TensorMap& p) {
   if (c.d_model % c.heads != 0)
     v.fail("d_model " + std::to_string(c.d_model) + " is not divisible by " +
            std::to_string(c.heads) + " heads");
-  LayerMapper map(v, c, p);
+  LayerMapper map(v, c, p, int8);
   for (int64_t i = 0; i < c.encoder_layers; ++i) {
     const std::string from = "encoder/layer_" + std::to_string(i),
                       to = "encoder.layers." + std::to_string(i);
@@ -665,9 +685,9 @@ ImportedModel import_ctranslate2(const std::string& directory) {
   ImportedModel out;
   ModelConfig& c = out.config;
   read_architecture(v, c);
-  map_embeddings(v, c, out.parameters);
+  map_embeddings(v, c, out.parameters, out.int8_parameters);
   map_positions(v, c, out.parameters);
-  map_layers(v, c, out.parameters);
+  map_layers(v, c, out.parameters, out.int8_parameters);
   const TokenSettings tokens = read_token_settings(v, directory);
   // CTranslate2's LayerNorm: config.json's layer_norm_epsilon, else 1e-5.
   c.layer_norm_eps = tokens.layer_norm_epsilon.value_or(1e-5);

@@ -9,19 +9,32 @@
 
 namespace tfm {
 
+std::string model_file_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(path + ": no such file or directory");
+  if (!fs::is_directory(path, ec)) return path;
+  const std::string model_path = path + "/model.safetensors";
+  if (!fs::exists(model_path, ec)) throw Error(path + ": no model.safetensors in this directory");
+  return model_path;
+}
+
+Precision stored_precision(const std::string& path) {
+  return stores_int8_weights(read_safetensors_header(model_file_path(path))) ? Precision::kInt8
+                                                                             : Precision::kFloat32;
+}
+
 ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary, const Backend& backend,
                               ModelWeights weights) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::exists(path, ec)) throw Error(path + ": no such file or directory");
+  const std::string model_path = model_file_path(path);
   if (!fs::is_directory(path, ec)) {
     if (need_vocabulary)
       throw Error(path +
                   ": a bare model file has no vocabulary; pass a model directory or use --ids");
     return {load_model(path, backend, weights), std::nullopt, std::nullopt};
   }
-  const std::string model_path = path + "/model.safetensors";
-  if (!fs::exists(model_path, ec)) throw Error(path + ": no model.safetensors in this directory");
   ModelBundle bundle{load_model(model_path, backend, weights), std::nullopt, std::nullopt};
   auto file = [&](const char* name) { return path + "/" + name; };
   if (fs::exists(file("vocab.spm"), ec)) {

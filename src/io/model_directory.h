@@ -25,6 +25,14 @@ ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary,
                               const Backend& backend = cpu_backend(),
                               ModelWeights weights = ModelWeights::kFloat32);
 
+// The model file `path` names: itself, or a directory's model.safetensors. Throws Error when
+// there is none.
+std::string model_file_path(const std::string& path);
+
+// What a model stores its linear weights in, from its header: kInt8 for I8 weights, else
+// kFloat32 (other float dtypes are read as float32). `path` as for load_model_bundle.
+Precision stored_precision(const std::string& path);
+
 // Writes `dir/model.safetensors` and, when given, token-list vocabularies, each atomically.
 void write_model_directory(const std::string& dir, const Model& model,
                            const std::vector<std::string>* source_tokens,

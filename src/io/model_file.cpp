@@ -4,9 +4,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 
 #include "io/safetensors.h"
 #include "tensor/error.h"
+#include "tensor/memory_budget.h"
 
 namespace tfm {
 
@@ -50,14 +52,36 @@ void check_finite_parameters(const TensorMap& parameters, const std::string& whe
   for (const auto& [name, t] : parameters) check_finite_tensor(name, t, where);
 }
 
-ModelConfig model_config_of_header(const std::map<std::string, std::string>& metadata,
-                                   const std::map<std::string, Shape>& shapes,
-                                   const std::string& where) {
-  auto it = metadata.find("config");
-  if (it == metadata.end())
+bool stores_int8_weights(const SafetensorsHeader& header) {
+  for (const auto& [name, dtype] : header.dtypes)
+    if (dtype == "I8") return true;
+  return false;
+}
+
+ModelConfig model_config_of_header(const SafetensorsHeader& header, const std::string& where) {
+  auto it = header.metadata.find("config");
+  if (it == header.metadata.end())
     throw Error(where + ": not a transformer-cpp model (no \"config\" in __metadata__)");
   ModelConfig config = config_from_json_text(it->second, where);
   validate_config(config, where);
+  // An I8 tensor is a linear weight whose F32 [rows] scales sit beside it; the scales are not
+  // parameters of the config, so they leave the shapes before those are checked.
+  std::map<std::string, Shape> shapes = header.shapes;
+  for (const auto& [name, dtype] : header.dtypes) {
+    if (dtype != "I8") continue;
+    const Shape& shape = header.shapes.at(name);
+    if (!is_linear_weight(name) || shape.size() != 2)
+      throw Error(where + ": tensor \"" + name +
+                  "\" is I8, but only linear weights may be stored in int8");
+    const std::string scale = name + kInt8ScaleSuffix;
+    auto scale_dtype = header.dtypes.find(scale);
+    if (scale_dtype == header.dtypes.end())
+      throw Error(where + ": int8 tensor \"" + name + "\" has no \"" + scale + "\"");
+    if (scale_dtype->second != "F32" || header.shapes.at(scale) != Shape{shape[0]})
+      throw Error(where + ": \"" + scale + "\" must be F32 of shape [" + std::to_string(shape[0]) +
+                  "], one scale per row of \"" + name + "\"");
+    shapes.erase(scale);
+  }
   check_parameter_shapes(config, shapes, where);
   return config;
 }
@@ -66,26 +90,71 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
   ModelConfig config;
   TensorMap tensors;
   Int8WeightMap int8;
+  std::map<std::string, std::string> dtypes;
   // The config and every declared shape are checked before any tensor is read; each tensor is
   // checked (and quantised) as soon as it is read, so int8 never holds the file in float32.
   read_safetensors(
       path,
-      [&](const auto& metadata, const auto& shapes) {
-        config = model_config_of_header(metadata, shapes, path);
+      [&](const SafetensorsHeader& header) {
+        config = model_config_of_header(header, path);
+        dtypes = header.dtypes;
       },
       [&](const std::string& name, Tensor&& t) {
         check_finite_tensor(name, t, path);
+        const size_t suffix = std::string(kInt8ScaleSuffix).size();
+        if (name.size() > suffix && dtypes.count(name.substr(0, name.size() - suffix)) &&
+            dtypes.at(name.substr(0, name.size() - suffix)) == "I8") {
+          int8[name.substr(0, name.size() - suffix)].scales = std::move(t.data);
+          return;
+        }
         if (weights == ModelWeights::kInt8Linears && is_linear_weight(name)) {
           int8.emplace(name, quantize_weight_rows(t));
           std::vector<float>().swap(t.data);  // the shape stays
         }
         tensors.emplace(name, std::move(t));
+      },
+      [&](const std::string& name, Shape&& shape, std::vector<int8_t>&& values) {
+        Int8Matrix& q = int8[name];
+        q.shape = shape;
+        q.values = std::move(values);
+        Tensor placeholder;  // the shape, without data: the weight is held in int8
+        placeholder.shape = std::move(shape);
+        tensors.emplace(name, std::move(placeholder));
       });
+  if (weights == ModelWeights::kFloat32) {
+    // Stored int8 weights multiplied out: row r is values[r, :] · scales[r].
+    for (auto& [name, q] : int8) {
+      Tensor& w = tensors.at(name);
+      w.data.resize(size_t(w.numel()));
+      const int64_t rows = q.shape[0], cols = q.shape[1];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          w.data[size_t(r * cols + c)] =
+              float(q.values[size_t(r * cols + c)]) * q.scales[size_t(r)];
+    }
+    int8.clear();
+  }
+  release_freed_memory();  // what quantising or multiplying out freed while reading
   return Model(std::move(config), std::move(tensors), path, backend, std::move(int8));
 }
 
 void save_model(const Model& model, const std::string& path) {
-  write_safetensors(path, model.parameters(), {{"config", config_to_json_text(model.config())}});
+  std::map<std::string, StoredTensor> stored;
+  for (const auto& [name, tensor] : model.parameters()) {
+    auto q = model.int8_weights().find(name);
+    if (q == model.int8_weights().end()) {
+      if (tensor.data.size() != size_t(tensor.numel()))
+        throw std::logic_error("save_model: tensor \"" + name + "\" holds no data");
+      stored.emplace(name, StoredTensor{"F32", tensor.shape, tensor.ptr()});
+      continue;
+    }
+    if (q->second.values.size() != size_t(tensor.numel()))  // released by Model::prepared
+      throw std::logic_error("save_model: the int8 rows of \"" + name + "\" were released");
+    stored.emplace(name, StoredTensor{"I8", q->second.shape, q->second.values.data()});
+    stored.emplace(name + kInt8ScaleSuffix,
+                   StoredTensor{"F32", {q->second.shape[0]}, q->second.scales.data()});
+  }
+  write_safetensors(path, stored, {{"config", config_to_json_text(model.config())}});
 }
 
 }  // namespace tfm

@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "io/safetensors.h"
 #include "model/transformer.h"
 
 namespace tfm {
@@ -22,15 +23,23 @@ inline ModelWeights model_weights_for(Precision precision) {
 }
 
 // Reads a model .safetensors file (config from __metadata__.config); its weights must be finite
-// (check_finite_parameters). The model runs on `backend`.
+// (check_finite_parameters). The model runs on `backend`. A file that stores its linear
+// weights in int8 (docs/model-file.md, "int8 weights") loads them as they are for kInt8Linears
+// and multiplied out by their row scales for kFloat32.
 Model load_model(const std::string& path, const Backend& backend = cpu_backend(),
                  ModelWeights weights = ModelWeights::kFloat32);
 
-// The config of a model file's header (its metadata and declared shapes, before any tensor is
-// read), checked: valid, and every declared shape what it asks for. Throws Error naming `where`.
-ModelConfig model_config_of_header(const std::map<std::string, std::string>& metadata,
-                                   const std::map<std::string, Shape>& shapes,
-                                   const std::string& where);
+// The config of a model file's header (its metadata, declared shapes and dtypes, before any
+// tensor is read), checked: valid, every declared shape what it asks for, and every I8 tensor a
+// linear weight with its F32 row scales. Throws Error naming `where`.
+ModelConfig model_config_of_header(const SafetensorsHeader& header, const std::string& where);
+
+// The suffix of the row scales that go with a linear weight stored in int8:
+// "<linear>.weight" (I8 [out, in]) and "<linear>.weight_scale" (F32 [out]).
+inline constexpr const char* kInt8ScaleSuffix = "_scale";
+
+// Whether a model file's header stores linear weights in int8.
+bool stores_int8_weights(const SafetensorsHeader& header);
 
 // True when every element of every tensor is finite.
 bool all_finite(const TensorMap& tensors);
@@ -40,7 +49,8 @@ bool all_finite(const TensorMap& tensors);
 // --allow-nonfinite) turns the check off for the whole process.
 void check_finite_parameters(const TensorMap& parameters, const std::string& where);
 void allow_nonfinite_weights(bool allow);
-// Writes config + parameters atomically.
+// Writes config + parameters atomically: all float32, or, for a model that holds its linear
+// weights in int8 (Model::holds_int8_weights), those as I8 with their row scales.
 void save_model(const Model& model, const std::string& path);
 
 }  // namespace tfm

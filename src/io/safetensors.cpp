@@ -30,8 +30,8 @@ struct DtypeInfo {
   const char* name;
   int bytes;
 };
-const DtypeInfo kDtypes[] = {{"F32", 4}, {"F16", 2}, {"BF16", 2},
-                             {"F64", 8}, {"I64", 8}, {"I32", 4}};
+const DtypeInfo kDtypes[] = {{"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8},
+                             {"I64", 8}, {"I32", 4}, {"I8", 1}};
 
 void convert_to_float(const std::string& dtype, const char* src, int64_t count, float* dst) {
   auto cast = [](auto v) { return float(v); };
@@ -45,6 +45,8 @@ void convert_to_float(const std::string& dtype, const char* src, int64_t count, 
     elements_to_float<double>(src, count, dst, cast);
   } else if (dtype == "I64") {
     elements_to_float<int64_t>(src, count, dst, cast);
+  } else if (dtype == "I8") {
+    elements_to_float<int8_t>(src, count, dst, cast);
   } else {
     elements_to_float<int32_t>(src, count, dst, cast);
   }
@@ -57,7 +59,8 @@ using DataReader = std::function<void(uint64_t offset, uint64_t bytes, char* des
 
 SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataReader& read_data,
                       const std::string& where, const SafetensorsHeaderCheck& check,
-                      const SafetensorsTensorSink& sink = {}) {
+                      const SafetensorsTensorSink& sink = {},
+                      const SafetensorsInt8Sink& int8_sink = {}) {
   auto fail = [&](const std::string& message) -> void {
     throw Error(where + ": not a valid safetensors file: " + message);
   };
@@ -138,20 +141,32 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
       fail("tensors \"" + ranges[i - 1].name + "\" and \"" + ranges[i].name + "\" overlap");
 
   if (check) {
-    std::map<std::string, Shape> shapes;
-    for (const Range& range : ranges) shapes.emplace(range.name, range.shape);
-    check(file.metadata, shapes);
+    SafetensorsHeader declared;
+    declared.metadata = file.metadata;
+    for (const Range& range : ranges) {
+      declared.shapes.emplace(range.name, range.shape);
+      declared.dtypes.emplace(range.name, range.dtype);
+    }
+    check(declared);
   }
   if (!read_data) return file;  // the caller wanted the header alone
   // Only now, with every declaration checked against the file's size, the caller's config (and
-  // the fp32 total against the memory limit), allocate and read.
-  uint64_t fp32_bytes = 0;
-  for (const Range& range : ranges) fp32_bytes += uint64_t(Tensor::numel_of(range.shape)) * 4;
-  check_memory(int64_t(std::min<uint64_t>(fp32_bytes, INT64_MAX)), where + ": its tensors");
+  // the total in memory against the memory limit), allocate and read.
+  auto kept_as_int8 = [&](const Range& range) { return int8_sink && range.dtype == "I8"; };
+  uint64_t memory_bytes = 0;
+  for (const Range& range : ranges)
+    memory_bytes += uint64_t(Tensor::numel_of(range.shape)) * (kept_as_int8(range) ? 1 : 4);
+  check_memory(int64_t(std::min<uint64_t>(memory_bytes, INT64_MAX)), where + ": its tensors");
   std::vector<char> staging;  // non-F32 tensors are converted from here
   for (Range& range : ranges) {
-    Tensor t(std::move(range.shape));
     const uint64_t bytes = range.end - range.begin;
+    if (kept_as_int8(range)) {
+      std::vector<int8_t> values(static_cast<size_t>(bytes));  // [shape...]
+      read_data(range.begin, bytes, reinterpret_cast<char*>(values.data()));
+      int8_sink(range.name, std::move(range.shape), std::move(values));
+      continue;
+    }
+    Tensor t(std::move(range.shape));
     if (range.dtype == "F32") {
       read_data(range.begin, bytes, reinterpret_cast<char*>(t.ptr()));
     } else {
@@ -188,7 +203,8 @@ namespace {
 
 // read_safetensors, or only its header when !read_tensors.
 SafetensorsFile read_from_file(const std::string& path, const SafetensorsHeaderCheck& check,
-                               bool read_tensors, const SafetensorsTensorSink& sink = {}) {
+                               bool read_tensors, const SafetensorsTensorSink& sink = {},
+                               const SafetensorsInt8Sink& int8_sink = {}) {
   require_regular_file(path);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
@@ -221,39 +237,50 @@ SafetensorsFile read_from_file(const std::string& path, const SafetensorsHeaderC
           done += uint64_t(got);
         }
       },
-      path, check, sink);
+      path, check, sink, int8_sink);
 }
 
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path, const SafetensorsHeaderCheck& check,
-                                 const SafetensorsTensorSink& sink) {
-  return read_from_file(path, check, true, sink);
+                                 const SafetensorsTensorSink& sink,
+                                 const SafetensorsInt8Sink& int8_sink) {
+  return read_from_file(path, check, true, sink, int8_sink);
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
   SafetensorsHeader header;
   read_from_file(
-      path,
-      [&](const auto& metadata, const auto& shapes) {
-        header.metadata = metadata;
-        header.shapes = shapes;
-      },
-      false);
+      path, [&](const SafetensorsHeader& declared) { header = declared; }, false);
   return header;
 }
 
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, StoredTensor> stored;
+  for (const auto& [name, tensor] : tensors) {
+    if (tensor.data.size() != size_t(tensor.numel()))  // a model's int8-only weight
+      throw std::logic_error("write_safetensors: tensor \"" + name + "\" holds no data");
+    stored.emplace(name, StoredTensor{"F32", tensor.shape, tensor.ptr()});
+  }
+  write_safetensors(path, stored, metadata);
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, StoredTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  auto bytes_of = [](const StoredTensor& t) {
+    for (const auto& d : kDtypes)
+      if (t.dtype == d.name) return uint64_t(Tensor::numel_of(t.shape)) * uint64_t(d.bytes);
+    throw std::logic_error("write_safetensors: unknown dtype " + t.dtype);
+  };
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
-    if (tensor.data.size() != size_t(tensor.numel()))  // a model's int8-only weight
-      throw std::logic_error("write_safetensors: tensor \"" + name + "\" holds no data");
-    const uint64_t bytes = uint64_t(tensor.numel()) * 4;
-    header[name] = {
-        {"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
+    const uint64_t bytes = bytes_of(tensor);
+    header[name] = {{"dtype", tensor.dtype},
+                    {"shape", tensor.shape},
+                    {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string header_text = header.dump();
@@ -265,8 +292,8 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
     write_text(f, std::string_view(reinterpret_cast<const char*>(length), 8));
     write_text(f, header_text);
     for (const auto& [name, tensor] : tensors)
-      write_text(f, std::string_view(reinterpret_cast<const char*>(tensor.ptr()),
-                                     size_t(tensor.numel()) * sizeof(float)));
+      write_text(f,
+                 std::string_view(static_cast<const char*>(tensor.data), size_t(bytes_of(tensor))));
   });
 }
 

@@ -20,7 +20,8 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
   else if (!w.weight)
     throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
   else
-    backend.matmul(false, true, rows, w.out, w.in, 1.f, x, w.in, w.weight, w.in, 0.f, y, w.out);
+    backend.matmul(false, true, rows, w.out, w.in, 1.f, x, w.in, w.weight, w.in, 0.f, y, w.out,
+                   w.precision);
   if (w.bias) backend.add_bias(y, w.bias, rows, w.out);
 }
 
@@ -28,8 +29,9 @@ void linear_backward(const Backend& backend, const LinearWeights& w, const Linea
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx) {
   if (dx)
     backend.matmul(false, false, rows, w.in, w.out, 1.f, dy, w.out, w.weight, w.in,
-                   accumulate_dx ? 1.f : 0.f, dx, w.in);
-  backend.matmul(true, false, w.out, w.in, rows, 1.f, dy, w.out, x, w.in, 1.f, g.weight, w.in);
+                   accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);
+  backend.matmul(true, false, w.out, w.in, rows, 1.f, dy, w.out, x, w.in, 1.f, g.weight, w.in,
+                 w.precision);
   if (g.bias) backend.bias_backward(dy, rows, w.out, g.bias);
 }
 

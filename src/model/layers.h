@@ -24,11 +24,11 @@ T* ensure_size(std::vector<T>& buffer, int64_t n) {
 // Mixes a seed with a site number into an independent dropout key.
 uint64_t dropout_key(uint64_t seed, uint64_t site);
 
-// y[rows, out] = x[rows, in] · Wᵀ + b
+// y[rows, out] = x[rows, in] · Wᵀ + b, in w.prepared's precision, else w.precision
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
                     float* y);
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
-// db += Σ_rows dy.
+// db += Σ_rows dy. Both products in w.precision.
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx);
 

@@ -287,12 +287,11 @@ void decoder_layer_backward(const Backend& backend, const ModelConfig& config,
                                    cache.self_sublayer, cache.self_attn, d_stream, scratch);
 }
 
-void stacks_backward(const Model& model, const TransformerGradients& g, const TokenBatch& batch,
-                     const DropoutOptions& dropout, StackCache& cache, const float* d_decoder_out,
-                     BackwardScratch& scratch) {
+void stacks_backward(const Model& model, const TransformerWeights& w, const TransformerGradients& g,
+                     const TokenBatch& batch, const DropoutOptions& dropout, StackCache& cache,
+                     const float* d_decoder_out, BackwardScratch& scratch) {
   const ModelConfig& config = model.config();
   const Backend& backend = model.backend();
-  const TransformerWeights& w = model.weights();
   const int64_t d = config.d_model;
   const int64_t B = batch.batch, S = batch.src_len, T = batch.tgt_len;
   const int64_t max_rows = B * std::max(S, T);

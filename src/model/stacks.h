@@ -112,10 +112,10 @@ void encoder_forward(const Model& model, const TransformerWeights& w, const Toke
 void decoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
                      const DropoutOptions& dropout, StackCache& cache);
 
-// Backward through both stacks (cache from a training forward) given d_decoder_out [B, T, D];
-// accumulates every parameter gradient, embeddings included.
-void stacks_backward(const Model& model, const TransformerGradients& g, const TokenBatch& batch,
-                     const DropoutOptions& dropout, StackCache& cache, const float* d_decoder_out,
-                     BackwardScratch& scratch);
+// Backward through both stacks (cache from a training forward with the weights `w`) given
+// d_decoder_out [B, T, D]; accumulates every parameter gradient, embeddings included.
+void stacks_backward(const Model& model, const TransformerWeights& w, const TransformerGradients& g,
+                     const TokenBatch& batch, const DropoutOptions& dropout, StackCache& cache,
+                     const float* d_decoder_out, BackwardScratch& scratch);
 
 }  // namespace tfm

@@ -6,6 +6,7 @@
 
 #include "model/prepared_weights.h"
 #include "tensor/error.h"
+#include "tensor/memory_budget.h"
 
 namespace tfm {
 
@@ -50,6 +51,7 @@ std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) cons
     // A model holding int8 weights prepares once (it runs in int8 only and its weights never
     // change): from then on it reads only the packed copies, so the rows they came from go.
     for (auto& [name, q] : int8_weights_) std::vector<int8_t>().swap(q.values);
+    release_freed_memory();
   }
   return prepared;
 }

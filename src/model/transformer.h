@@ -42,6 +42,9 @@ class Model {
   TensorMap& mutable_parameters();
   // Whether linear weights are held in int8 only (see the constructor).
   bool holds_int8_weights() const { return !int8_weights_.empty(); }
+  // Those int8 weights by parameter name (empty for a float32 model); their rows are released
+  // once prepared() has packed them.
+  const Int8WeightMap& int8_weights() const { return int8_weights_; }
   // The weights prepared for inference in `precision` (model/prepared_weights.h), built on
   // first use and shared by every later caller (a translation run prepares once). Thread-safe.
   std::shared_ptr<const PreparedWeights> prepared(Precision precision) const;

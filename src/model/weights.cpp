@@ -178,6 +178,23 @@ TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tens
   return bind_all<const float>(config, tensors, int8);
 }
 
+TransformerWeights with_product_precision(TransformerWeights weights, Precision precision) {
+  auto set = [precision](AttentionWeights& a) {
+    for (LinearWeights* l : {&a.q, &a.k, &a.v, &a.o, &a.qkv, &a.kv}) l->precision = precision;
+  };
+  for (EncoderLayerWeights& layer : weights.encoder_layers) {
+    set(layer.self_attn);
+    layer.ffn.fc1.precision = layer.ffn.fc2.precision = precision;
+  }
+  for (DecoderLayerWeights& layer : weights.decoder_layers) {
+    set(layer.self_attn);
+    set(layer.cross_attn);
+    layer.ffn.fc1.precision = layer.ffn.fc2.precision = precision;
+  }
+  weights.output.precision = precision;
+  return weights;
+}
+
 TransformerGradients bind_gradients(const ModelConfig& config, TensorMap& gradients) {
   check_parameters(config, gradients, "gradients");
   return bind_all<float>(config, gradients);

@@ -27,6 +27,11 @@ struct Linear {
   // A model loaded for int8 inference holds the weight only in int8 (weight null): what its
   // int8 product is prepared from, once (Model::prepared frees the rows afterwards).
   Int8Rows int8;
+  // The number format of the products that read `weight` itself (training's forward and every
+  // backward product): float32, or bfloat16 for `train --compute-type bfloat16` (weights,
+  // activations and gradients rounded to bfloat16 at the product's inputs, float32
+  // accumulation; the weights themselves stay float32).
+  Precision precision = Precision::kFloat32;
 };
 
 template <typename F>
@@ -113,6 +118,9 @@ TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tens
                                 const std::string& where, const Int8WeightMap* int8 = nullptr);
 // The same over gradient buffers (a TensorMap with the parameters' names and shapes).
 TransformerGradients bind_gradients(const ModelConfig& config, TensorMap& gradients);
+
+// `weights` with every Linear's product precision set to `precision` (training in bfloat16).
+TransformerWeights with_product_precision(TransformerWeights weights, Precision precision);
 
 // Single-layer binders used by tests and tools: prefix like "encoder.layers.0".
 // The layer's attentions score with `scoring` (additive: their .additive_v tensors are bound).

@@ -83,4 +83,8 @@ void retain_freed_memory() {
   if (mallopt(M_MMAP_THRESHOLD, 1 << 30) == 1) mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+void release_freed_memory() {
+  malloc_trim(0);
+}
+
 }  // namespace tfm

@@ -151,8 +151,8 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, const Backend& backend)
   const std::string path = dir + "/checkpoint.safetensors";
   std::optional<CheckpointHeader> header;
   // Config, state fields and every declared shape are checked before any tensor is read.
-  SafetensorsFile file = read_safetensors(path, [&](const auto& metadata, const auto& shapes) {
-    header = checkpoint_of_header(metadata, shapes, path);
+  SafetensorsFile file = read_safetensors(path, [&](const SafetensorsHeader& declared) {
+    header = checkpoint_of_header(declared.metadata, declared.shapes, path);
   });
   TensorMap parameters, optimizer_state;
   for (auto& [name, t] : file.tensors) {

@@ -8,9 +8,10 @@ namespace tfm {
 
 LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
                               const TokenBatch& batch, const DropoutOptions& dropout,
-                              float label_smoothing, float grad_scale, TrainingWorkspace& ws) {
+                              float label_smoothing, float grad_scale, TrainingWorkspace& ws,
+                              Precision precision) {
   const ModelConfig& config = model.config();
-  const TransformerWeights& w = model.weights();
+  const TransformerWeights w = with_product_precision(model.weights(), precision);
   const Backend& backend = model.backend();
   const int64_t d = config.d_model, vocab = config.tgt_vocab_size;
   const bool backward = grad_scale != 0.f;
@@ -48,7 +49,7 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   float* d_out = ensure_size(ws.d_decoder_out, out_size);  // [B, T, D]
   backend.fill(d_out, out_size, 0.f);
   backend.scatter_rows(d_states, d, ws.rows.data(), count, d, d_out, d);
-  stacks_backward(model, g, batch, dropout, ws.cache, d_out, ws.scratch);
+  stacks_backward(model, w, g, batch, dropout, ws.cache, d_out, ws.scratch);
   return totals;
 }
 

@@ -37,9 +37,11 @@ struct TrainingWorkspace {
   std::vector<int64_t> rows;         // [tokens] flat b * T + t of each real position
 };
 
-// With grad_scale = 0 only the loss is computed (no backward): validation.
+// With grad_scale = 0 only the loss is computed (no backward): validation. Every linear product,
+// forward and backward, runs in `precision` (float32, or bfloat16: model/weights.h).
 LossTotals loss_and_gradients(const Model& model, const TransformerGradients& gradients,
                               const TokenBatch& batch, const DropoutOptions& dropout,
-                              float label_smoothing, float grad_scale, TrainingWorkspace& ws);
+                              float label_smoothing, float grad_scale, TrainingWorkspace& ws,
+                              Precision precision = Precision::kFloat32);
 
 }  // namespace tfm

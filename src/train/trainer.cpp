@@ -175,6 +175,12 @@ TrainResult train(const TrainOptions& o) {
   const bool primary = replicas.primary();
   if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
   const Backend& backend = find_backend(o.device);
+  if (o.precision == Precision::kInt8)
+    throw Error("--compute-type int8 is for inference; train in float32 or bfloat16");
+  if (!backend.supports(o.precision))
+    throw Error(std::string("--compute-type ") + precision_name(o.precision) +
+                (backend.name() == "cpu" ? " needs a CPU with AVX512-BF16 instructions"
+                                         : " is not supported by device " + backend.name()));
   TrainResult result;
   result.primary = primary;
   // A signal before the first step: nothing to save, and no point loading the rest.
@@ -350,8 +356,8 @@ TrainResult train(const TrainOptions& o) {
     if (!valid) return;
     LossTotals totals;  // each rank scores every size()-th batch; the totals are summed
     for (size_t i = size_t(replicas.rank()); i < valid_batches.size(); i += size_t(replicas.size()))
-      totals +=
-          loss_and_gradients(*model, grad_views, valid_batches[i], {}, o.label_smoothing, 0.f, ws);
+      totals += loss_and_gradients(*model, grad_views, valid_batches[i], {}, o.label_smoothing, 0.f,
+                                   ws, o.precision);
     sum_totals(replicas, totals);
     const double nll = totals.nll / double(std::max<int64_t>(totals.tokens, 1));
     const bool best = state.best_valid_nll < 0 || nll < state.best_valid_nll;
@@ -448,7 +454,7 @@ TrainResult train(const TrainOptions& o) {
       dropout.seed = dropout_key(state.seed, uint64_t(state.step + 1) * 1024 + m);
       if (replicas.rank() > 0) dropout.seed = dropout_key(dropout.seed, uint64_t(replicas.rank()));
       step_totals += loss_and_gradients(*model, grad_views, micro[m], dropout, o.label_smoothing,
-                                        1.f / float(tokens), ws);
+                                        1.f / float(tokens), ws, o.precision);
     }
     interval_reduce_seconds += replicas.sum_tensors(gradients);
     if (replicas.distributed()) {

@@ -26,6 +26,9 @@ struct TrainOptions {
   std::string init_path;
   bool resume = false;
   std::string device = "cpu";  // the backend that trains (find_backend)
+  // The number format of every linear product, forward and backward: float32, or bfloat16
+  // (float32 master weights, gradients, Adam moments and checkpoints).
+  Precision precision = Precision::kFloat32;
 
   float label_smoothing = 0.1f;
   float dropout = 0.1f, attention_dropout = 0.f, relu_dropout = 0.f;

@@ -8,6 +8,9 @@
 // - Inside a parallel construct (attention's per-(sequence, head) products, which the region
 //   already spreads over the threads): dnnl_sgemm, single-threaded there, with no creation cost
 //   for the many small shapes.
+// In bfloat16 (bfloat16 training) both operands are first rounded into dense bfloat16 copies,
+// which a bfloat16 matmul primitive (AVX512-BF16, twice float32's multiply rate) reads with the
+// same strides-as-transposes, accumulating in float32.
 #include "backend/cpu/gemm.h"
 
 #include <dnnl.h>
@@ -27,6 +30,7 @@
 #include <unordered_map>
 
 #include "backend/cpu/int8_quantization.h"
+#include "tensor/float16.h"
 #include "tensor/int8_weights.h"
 
 namespace tfm {
@@ -34,14 +38,15 @@ namespace tfm {
 namespace {
 
 struct GemmShape {
-  bool trans_a, trans_b, accumulate;
+  bool trans_a, trans_b, accumulate, bfloat16;
   int64_t m, n, k, lda, ldb, ldc;
   bool operator==(const GemmShape&) const = default;
 };
 
 struct GemmShapeHash {
   size_t operator()(const GemmShape& s) const {
-    uint64_t h = uint64_t(s.trans_a) | uint64_t(s.trans_b) << 1 | uint64_t(s.accumulate) << 2;
+    uint64_t h = uint64_t(s.trans_a) | uint64_t(s.trans_b) << 1 | uint64_t(s.accumulate) << 2 |
+                 uint64_t(s.bfloat16) << 3;
     for (int64_t v : {s.m, s.n, s.k, s.lda, s.ldb, s.ldc}) h = (h ^ uint64_t(v)) * 0x100000001b3ull;
     return size_t(h ^ (h >> 29));
   }
@@ -62,8 +67,9 @@ dnnl::stream& thread_stream() {
 }
 
 // Row-major [rows, cols] with row stride ld, read transposed when `transposed`.
-dnnl::memory::desc matrix_desc(int64_t rows, int64_t cols, int64_t ld, bool transposed) {
-  return dnnl::memory::desc({rows, cols}, dnnl::memory::data_type::f32,
+dnnl::memory::desc matrix_desc(int64_t rows, int64_t cols, int64_t ld, bool transposed,
+                               dnnl::memory::data_type type = dnnl::memory::data_type::f32) {
+  return dnnl::memory::desc({rows, cols}, type,
                             transposed ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1});
 }
 
@@ -108,8 +114,9 @@ std::shared_ptr<const CachedMatmul> matmul_for(const GemmShape& s) {
   }
   auto entry = std::make_shared<CachedMatmul>();
   try {
-    entry->a = matrix_desc(s.m, s.k, s.lda, s.trans_a);
-    entry->b = matrix_desc(s.k, s.n, s.ldb, s.trans_b);
+    const auto operands = s.bfloat16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+    entry->a = matrix_desc(s.m, s.k, s.lda, s.trans_a, operands);
+    entry->b = matrix_desc(s.k, s.n, s.ldb, s.trans_b, operands);
     entry->c = matrix_desc(s.m, s.n, s.ldc, false);
     dnnl::primitive_attr attr;
     if (s.accumulate) {
@@ -137,8 +144,10 @@ void run_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     throw std::runtime_error("oneDNN sgemm failed with status " + std::to_string(int(status)));
 }
 
-// x[m, k] (row stride ldx) rounded to bfloat16 (nearest, ties to even) into out[m, k].
+// x[m, k] (row stride ldx) rounded to bfloat16 (nearest, ties to even) into out[m, k]; rows
+// spread over the threads when the matrix is large and no parallel region is running.
 void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* out) {
+#pragma omp parallel for schedule(static) if (m * k >= (int64_t(1) << 16) && omp_get_level() == 0)
   for (int64_t r = 0; r < m; ++r) {
     const float* row = x + r * ldx;
     uint16_t* o = out + r * k;
@@ -413,8 +422,47 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
   }
 }
 
+namespace {
+
+// gemm() in bfloat16: A and B rounded into dense bfloat16 copies (this thread's scratch), then
+// the cached bfloat16 primitive; where none applies (inside a parallel region, alpha ≠ 1 or beta
+// not 0 or 1) the same rounded values widened back and multiplied by sgemm, so that every path
+// computes the same products of bfloat16 inputs.
+void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                   int64_t ldc) {
+  if (!bfloat16_supported())
+    throw std::invalid_argument("bfloat16 products need a CPU with AVX512-BF16");
+  thread_local std::vector<uint16_t> a_buffer, b_buffer;
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;  // A as stored
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;  // B as stored
+  uint16_t* a16 = thread_scratch(a_buffer, a_rows * a_cols);         // [a_rows, a_cols] bfloat16
+  uint16_t* b16 = thread_scratch(b_buffer, b_rows * b_cols);         // [b_rows, b_cols] bfloat16
+  round_to_bfloat16(a, a_rows, a_cols, lda, a16);
+  round_to_bfloat16(b, b_rows, b_cols, ldb, b16);
+  const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
+  if (plain_product && omp_get_level() == 0) {
+    const GemmShape shape{trans_a, trans_b, beta == 1.f, true, m, n, k, a_cols, b_cols, ldc};
+    if (const std::shared_ptr<const CachedMatmul> mm = matmul_for(shape)) {
+      execute(*mm, a16, dnnl::memory(mm->b, cpu_engine(), b16), c);
+      return;
+    }
+  }
+  thread_local std::vector<float> a_wide_buffer, b_wide_buffer;
+  float* a_wide = thread_scratch(a_wide_buffer, a_rows * a_cols);  // [a_rows, a_cols]
+  float* b_wide = thread_scratch(b_wide_buffer, b_rows * b_cols);  // [b_rows, b_cols]
+  for (int64_t i = 0; i < a_rows * a_cols; ++i) a_wide[i] = bfloat16_to_float(a16[i]);
+  for (int64_t i = 0; i < b_rows * b_cols; ++i) b_wide[i] = bfloat16_to_float(b16[i]);
+  run_sgemm(trans_a, trans_b, m, n, k, alpha, a_wide, a_cols, b_wide, b_cols, beta, c, ldc);
+}
+
+}  // namespace
+
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+          Precision precision) {
+  if (precision == Precision::kInt8)
+    throw std::invalid_argument("gemm: int8 products need weights prepared in int8");
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     // op(A)·op(B) is the zero matrix: only the beta term remains.
@@ -422,12 +470,16 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
     return;
   }
+  if (precision == Precision::kBFloat16) {
+    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
   if (omp_get_level() > 0 || !plain_product) {  // inside a parallel construct, even one thread
     run_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  const GemmShape shape{trans_a, trans_b, beta == 1.f, m, n, k, lda, ldb, ldc};
+  const GemmShape shape{trans_a, trans_b, beta == 1.f, false, m, n, k, lda, ldb, ldc};
   const std::shared_ptr<const CachedMatmul> mm = matmul_for(shape);
   if (!mm) {
     run_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -11,9 +11,12 @@
 namespace tfm {
 
 // Row-major C[m, n] = alpha * op(A)[m, k] · op(B)[k, n] + beta * C[m, n],
-// where op(X) is X or Xᵀ. lda/ldb/ldc are row strides of A, B, C as stored.
+// where op(X) is X or Xᵀ. lda/ldb/ldc are row strides of A, B, C as stored. kBFloat16: A and B
+// rounded to bfloat16 first, float32 accumulation (std::invalid_argument where
+// bfloat16_supported() is false); kInt8 is refused (std::invalid_argument).
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+          Precision precision = Precision::kFloat32);
 
 // Whether oneDNN has a native (not reference) bfloat16 matmul kernel on this CPU.
 bool bfloat16_supported();
