@@ -49,15 +49,27 @@ void expect_tensor_near(const Tensor& actual, const Tensor& expected, const std:
   EXPECT_LE(worst, 0.0) << name << " (scale " << scale << ")";
 }
 
+// A fixture's model, its batch and PyTorch's loss and gradients on it.
+struct GradientFixture {
+  explicit GradientFixture(const std::string& name)
+      : model(load_model(std::string(TFM_FIXTURE_DIR) + "/" + name + ".safetensors")),
+        expected(read_safetensors(std::string(TFM_FIXTURE_DIR) + "/" + name + ".grads.safetensors")
+                     .tensors),
+        batch(fixture_batch(model.config(), read_safetensors(std::string(TFM_FIXTURE_DIR) + "/" +
+                                                             name + ".io.safetensors")
+                                                .tensors)) {}
+  Model model;
+  TensorMap expected;
+  TokenBatch batch;
+};
+
 class GradientParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GradientParity, EveryParameterGradientMatchesPyTorch) {
-  const std::string dir = TFM_FIXTURE_DIR;
-  Model model = load_model(dir + "/" + GetParam() + ".safetensors");
-  const TensorMap io = read_safetensors(dir + "/" + GetParam() + ".io.safetensors").tensors;
-  const TensorMap expected =
-      read_safetensors(dir + "/" + GetParam() + ".grads.safetensors").tensors;
-  const TokenBatch batch = fixture_batch(model.config(), io);
+  const GradientFixture f(GetParam());
+  const Model& model = f.model;
+  const TensorMap& expected = f.expected;
+  const TokenBatch& batch = f.batch;
   TensorMap gradients = zero_gradients(model);
   const TransformerGradients g = bind_gradients(model.config(), gradients);
   TrainingWorkspace ws;
@@ -88,12 +100,10 @@ TEST_P(GradientParity, EveryParameterGradientMatchesPyTorch) {
 // within 1%, and the bfloat16 gradients differ from the float32 ones (bfloat16 really ran).
 TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
   if (!cpu_backend().supports(Precision::kBFloat16)) GTEST_SKIP() << "this CPU has no AVX512-BF16";
-  const std::string dir = TFM_FIXTURE_DIR;
-  Model model = load_model(dir + "/" + GetParam() + ".safetensors");
-  const TensorMap io = read_safetensors(dir + "/" + GetParam() + ".io.safetensors").tensors;
-  const TensorMap expected =
-      read_safetensors(dir + "/" + GetParam() + ".grads.safetensors").tensors;
-  const TokenBatch batch = fixture_batch(model.config(), io);
+  const GradientFixture f(GetParam());
+  const Model& model = f.model;
+  const TensorMap& expected = f.expected;
+  const TokenBatch& batch = f.batch;
   int64_t tokens = 0;
   for (int32_t n : batch.tgt_lengths) tokens += n;
   TensorMap bf16 = zero_gradients(model), f32 = zero_gradients(model);
