@@ -23,11 +23,10 @@ CommandRunner add_import_ctranslate2_command(CLI::App& app) {
   app.add_option("-o,--output", o->output, "Model directory to write")->required();
   app.footer(
       "Reads TransformerSpec models as CTranslate2's converters write them (model.bin binary\n"
-      "versions 1-6, spec revisions 1-7), config.json (special tokens, add_source_eos, "
-      "layer_norm_epsilon) and the\n"
-      "shared or source/target vocabularies (.json or .txt). Features our Transformer does not\n"
-      "have (rotary or relative positions, ALiBi, multi-query attention, GLU, RMS norm, ...) are\n"
-      "refused by name when switched on.\n"
+      "versions 1-6, spec revisions 1-7), config.json (special tokens, add_source_eos,\n"
+      "layer_norm_epsilon) and the shared or source/target vocabularies (.json or .txt).\n"
+      "Features our Transformer does not have (rotary or relative positions, ALiBi, multi-query\n"
+      "attention, GLU, RMS norm, ...) are refused by name when switched on.\n"
       "Linear weights stored in int8 stay int8 (values and row scales as stored: the model runs\n"
       "in int8 by default; `transformer quantize --type float32` rewrites it in float32); other\n"
       "weights (int16, float16, bfloat16, int8 embeddings) are converted to float32.\n"

@@ -55,12 +55,7 @@ CommandRunner add_quantize_command(CLI::App& app) {
     std::string output_path = o->output;
     if (directory) {
       make_directories(o->output);
-      for (const char* vocabulary : {"vocab.spm", "source.spm", "target.spm",
-                                     "source_vocabulary.txt", "target_vocabulary.txt"}) {
-        const std::string from = o->model + "/" + vocabulary;
-        if (fs::exists(from, ec))
-          write_bytes_atomically(o->output + "/" + vocabulary, read_file_bytes(from));
-      }
+      copy_vocabulary_files(o->model, o->output);
       output_path = o->output + "/model.safetensors";
     }
     save_model(model, output_path);

@@ -66,6 +66,16 @@ ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary, con
   return bundle;
 }
 
+void copy_vocabulary_files(const std::string& from_dir, const std::string& to_dir) {
+  std::error_code ec;
+  for (const char* name : {"vocab.spm", "source.spm", "target.spm", "source_vocabulary.txt",
+                           "target_vocabulary.txt"}) {
+    const std::string from = from_dir + "/" + name;
+    if (std::filesystem::exists(from, ec))
+      write_bytes_atomically(to_dir + "/" + name, read_file_bytes(from));
+  }
+}
+
 void write_model_directory(const std::string& dir, const Model& model,
                            const std::vector<std::string>* source_tokens,
                            const std::vector<std::string>* target_tokens) {

@@ -33,6 +33,10 @@ std::string model_file_path(const std::string& path);
 // kFloat32 (other float dtypes are read as float32). `path` as for load_model_bundle.
 Precision stored_precision(const std::string& path);
 
+// Copies the vocabulary files load_model_bundle looks for (those of them `from_dir` has) into
+// `to_dir`, each atomically.
+void copy_vocabulary_files(const std::string& from_dir, const std::string& to_dir);
+
 // Writes `dir/model.safetensors` and, when given, token-list vocabularies, each atomically.
 void write_model_directory(const std::string& dir, const Model& model,
                            const std::vector<std::string>* source_tokens,

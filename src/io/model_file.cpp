@@ -90,21 +90,20 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
   ModelConfig config;
   TensorMap tensors;
   Int8WeightMap int8;
-  std::map<std::string, std::string> dtypes;
+  std::map<std::string, std::string> scale_owners;  // "<w>_scale" -> "<w>" for every I8 weight
   // The config and every declared shape are checked before any tensor is read; each tensor is
   // checked (and quantised) as soon as it is read, so int8 never holds the file in float32.
   read_safetensors(
       path,
       [&](const SafetensorsHeader& header) {
         config = model_config_of_header(header, path);
-        dtypes = header.dtypes;
+        for (const auto& [name, dtype] : header.dtypes)
+          if (dtype == "I8") scale_owners.emplace(name + kInt8ScaleSuffix, name);
       },
       [&](const std::string& name, Tensor&& t) {
         check_finite_tensor(name, t, path);
-        const size_t suffix = std::string(kInt8ScaleSuffix).size();
-        if (name.size() > suffix && dtypes.count(name.substr(0, name.size() - suffix)) &&
-            dtypes.at(name.substr(0, name.size() - suffix)) == "I8") {
-          int8[name.substr(0, name.size() - suffix)].scales = std::move(t.data);
+        if (auto owner = scale_owners.find(name); owner != scale_owners.end()) {
+          int8[owner->second].scales = std::move(t.data);
           return;
         }
         if (weights == ModelWeights::kInt8Linears && is_linear_weight(name)) {
