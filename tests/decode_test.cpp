@@ -172,6 +172,53 @@ TEST(Decode, Int8LoadedModelEqualsInt8ProductsOfTheFloatModel) {
   EXPECT_THROW(int8.mutable_parameters(), Error);
 }
 
+// A model loaded for inference only (translate, score, serve: Model::set_inference_only) frees
+// each linear weight once its packed copy exists, so it holds one copy of the weights, and
+// decodes and scores as the model that keeps them: bit for bit in bfloat16 (the same prepared
+// products), within float rounding in float32 (where it packs the encoder's products too). It
+// refuses other precisions, changes and saving.
+TEST(Decode, InferenceOnlyModelFreesItsFloatWeightsAndKeepsTheOutputs) {
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    if (!cpu_backend().supports(precision)) continue;
+    Transliterator t = Transliterator::load();
+    Transliterator only = Transliterator::load();
+    only.model.set_inference_only(precision);
+    const std::vector<int32_t> source = t.source.encode("آ ت ش ي س و ن");
+    for (int64_t size : {1, 4}) {
+      SearchOptions o = beam(size);
+      o.precision = precision;
+      const Hypothesis kept = search(t.model, {source}, {}, o)[0][0];
+      const Hypothesis freed = search(only.model, {source}, {}, o)[0][0];
+      EXPECT_EQ(freed.tokens, kept.tokens) << precision_name(precision);
+      if (precision == Precision::kFloat32)
+        EXPECT_NEAR(freed.logprob, kept.logprob, 1e-4) << size;
+      else
+        EXPECT_EQ(freed.logprob, kept.logprob) << size;
+    }
+    size_t released = 0;
+    for (const auto& [name, tensor] : only.model.parameters()) {
+      EXPECT_EQ(tensor.data.empty(), is_linear_weight(name)) << name;
+      released += tensor.data.empty();
+    }
+    const ModelConfig& c = t.model.config();
+    EXPECT_EQ(released, size_t(c.encoder_layers * 6 + c.decoder_layers * 10 +
+                               (c.share_embeddings == EmbeddingSharing::kNone ? 1 : 0)));
+    const TokenBatch batch = make_batch(c, {source}, {t.target.encode("a c h i s o n")});
+    StackCache cache;
+    std::vector<float> kept, freed;
+    score_forward(t.model, batch, cache, kept, precision);
+    score_forward(only.model, batch, cache, freed, precision);
+    for (size_t i = 0; i < kept.size(); ++i) EXPECT_NEAR(freed[i], kept[i], 1e-5) << i;
+    const Precision other =
+        precision == Precision::kFloat32 ? Precision::kBFloat16 : Precision::kFloat32;
+    EXPECT_THROW(only.model.prepared(other), Error);
+    EXPECT_THROW(only.model.set_inference_only(other), Error);
+    EXPECT_THROW(only.model.mutable_parameters(), Error);
+    EXPECT_THROW(save_model(only.model, ::testing::TempDir() + "/never.safetensors"),
+                 std::logic_error);
+  }
+}
+
 TEST(Decode, BatchedSearchEqualsOneSentenceAtATime) {
   Transliterator t = Transliterator::load();
   const std::vector<std::string> inputs = {"آ ت ز م و ن", "آ ز ا", "آ ت ش ي س و ن", "ن"};

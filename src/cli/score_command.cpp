@@ -34,7 +34,7 @@ struct ScoreOptions {
 void run_score(const ScoreOptions& o) {
   const Backend& backend = o.device.resolve();
   const Precision precision = o.compute_type.resolve(backend, o.model);
-  ModelBundle bundle = load_model_bundle(o.model, !o.ids, backend, model_weights_for(precision));
+  ModelBundle bundle = load_model_bundle(o.model, !o.ids, backend, precision);
   const ModelConfig& config = bundle.model.config();
   if (o.src == "-" && o.tgt == "-") throw Error("--src and --tgt cannot both be stdin");
   const std::vector<std::string> src_lines = read_lines(o.src);

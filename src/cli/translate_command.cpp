@@ -59,8 +59,7 @@ std::string format_attention(const Hypothesis& h, int64_t heads) {
 void run_translate(TranslateOptions o) {
   const Backend& backend = o.decoding.device.resolve();
   o.search = o.decoding.resolve(backend, o.model);
-  ModelBundle bundle =
-      load_model_bundle(o.model, !o.ids, backend, model_weights_for(o.search.precision));
+  ModelBundle bundle = load_model_bundle(o.model, !o.ids, backend, o.search.precision);
   const ModelConfig& config = bundle.model.config();
   const Vocabulary* source_vocabulary =
       bundle.source_vocabulary ? &*bundle.source_vocabulary : nullptr;

@@ -102,11 +102,16 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
                    " of " + std::to_string(batch.src_len) + " tokens with beam " +
                    std::to_string(beam) + " (up to " + std::to_string(longest) + " steps)");
 
-  // Encoder, once for the batch.
-  StackCache cache;
-  std::shared_ptr<const PreparedWeights> hold;
-  encoder_forward(model, model.sequence_weights(o.precision, hold), batch, {}, cache);
-  IncrementalDecoder decoder(model, cache.memory.data(), sentences, batch.src_len,
+  // Encoder, once for the batch. Only its output outlives it: the layer buffers are freed
+  // before the decoder allocates its caches, which then reuse that memory.
+  std::vector<float> memory;  // [sentences, S, D]
+  {
+    StackCache cache;
+    std::shared_ptr<const PreparedWeights> hold;
+    encoder_forward(model, model.sequence_weights(o.precision, hold), batch, {}, cache);
+    memory = std::move(cache.memory);
+  }
+  IncrementalDecoder decoder(model, memory.data(), sentences, batch.src_len,
                              batch.src_lengths.data(), longest + 1, sentences * beam, o.precision);
 
   // Live hypotheses, grouped by sentence in ascending sentence order.

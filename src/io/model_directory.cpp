@@ -25,17 +25,20 @@ Precision stored_precision(const std::string& path) {
 }
 
 ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary, const Backend& backend,
-                              ModelWeights weights) {
+                              std::optional<Precision> inference_only) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const std::string model_path = model_file_path(path);
-  if (!fs::is_directory(path, ec)) {
-    if (need_vocabulary)
-      throw Error(path +
-                  ": a bare model file has no vocabulary; pass a model directory or use --ids");
-    return {load_model(path, backend, weights), std::nullopt, std::nullopt};
-  }
-  ModelBundle bundle{load_model(model_path, backend, weights), std::nullopt, std::nullopt};
+  const bool directory = fs::is_directory(path, ec);
+  if (!directory && need_vocabulary)
+    throw Error(path +
+                ": a bare model file has no vocabulary; pass a model directory or use --ids");
+  ModelBundle bundle{
+      load_model(model_path, backend,
+                 inference_only ? model_weights_for(*inference_only) : ModelWeights::kFloat32),
+      std::nullopt, std::nullopt};
+  if (inference_only) bundle.model.set_inference_only(*inference_only);
+  if (!directory) return bundle;
   auto file = [&](const char* name) { return path + "/" + name; };
   if (fs::exists(file("vocab.spm"), ec)) {
     bundle.source_vocabulary = Vocabulary::from_sentencepiece(file("vocab.spm"));

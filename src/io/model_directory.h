@@ -20,10 +20,12 @@ struct ModelBundle {
 // `path`: a directory or a .safetensors file. Vocabularies are looked up as vocab.spm,
 // source.spm + target.spm, or source_vocabulary.txt + target_vocabulary.txt; their sizes must
 // match the model's. With need_vocabulary, a missing vocabulary is an error. The model runs on
-// `backend` and holds its weights as `weights` says (io/model_file.h).
+// `backend`. With `inference_only` (translate, score, serve) it runs inference in that precision
+// only: int8 reads its linear weights as int8 (model_weights_for), and every precision frees the
+// float weights once packed (Model::set_inference_only); without, all weights are float32.
 ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary,
                               const Backend& backend = cpu_backend(),
-                              ModelWeights weights = ModelWeights::kFloat32);
+                              std::optional<Precision> inference_only = std::nullopt);
 
 // The model file `path` names: itself, or a directory's model.safetensors. Throws Error when
 // there is none.

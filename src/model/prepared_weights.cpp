@@ -11,6 +11,7 @@ namespace {
 struct Preparer {
   const Backend& backend;
   PreparedWeights& out;
+  const ReleasePackedSource& release;
 
   const PreparedMatrix* keep(std::unique_ptr<PreparedMatrix> matrix) {
     out.matrices.push_back(std::move(matrix));
@@ -30,11 +31,18 @@ struct Preparer {
       else
         weights.push_back(p->weight);
     }
-    if (int8.empty())
-      return keep(backend.prepare_matrix(weights, rows, parts[0]->in, out.precision));
-    if (!weights.empty() || out.precision != Precision::kInt8)
-      throw std::logic_error("int8 weights are prepared in int8 only, and never with float ones");
-    return keep(backend.prepare_int8_matrix(int8, rows, parts[0]->in));
+    const PreparedMatrix* packed = nullptr;
+    if (int8.empty()) {
+      packed = keep(backend.prepare_matrix(weights, rows, parts[0]->in, out.precision));
+    } else {
+      if (!weights.empty() || out.precision != Precision::kInt8)
+        throw std::logic_error("int8 weights are prepared in int8 only, and never with float ones");
+      packed = keep(backend.prepare_int8_matrix(int8, rows, parts[0]->in));
+    }
+    if (release)
+      for (const LinearWeights* p : parts)
+        release(p->int8.values ? static_cast<const void*>(p->int8.values) : p->weight);
+    return packed;
   }
 
   void prepare(LinearWeights& w) { w.prepared = product({&w}); }
@@ -76,10 +84,11 @@ struct Preparer {
 
 std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend,
                                                  const TransformerWeights& weights,
-                                                 Precision precision) {
+                                                 Precision precision,
+                                                 const ReleasePackedSource& release) {
   auto prepared = std::make_unique<PreparedWeights>();
   prepared->precision = precision;
-  Preparer p{backend, *prepared};
+  Preparer p{backend, *prepared, release};
   TransformerWeights& steps = prepared->steps;
   steps = weights;
   for (DecoderLayerWeights& layer : steps.decoder_layers) {
@@ -89,7 +98,7 @@ std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend,
     p.prepare(layer.ffn.fc2);
   }
   p.prepare(steps.output);
-  if (precision == Precision::kFloat32) {
+  if (precision == Precision::kFloat32 && !release) {
     prepared->sequences = weights;
     return prepared;
   }

@@ -8,11 +8,14 @@
 // - `sequences`, for whole sequences (encoder, teacher-forced decoder, scoring). In float32
 //   these are the model's own tensors: with hundreds of rows oneDNN reads them in place at full
 //   speed, and a packed copy would double the memory. In bfloat16 every product needs its
-//   bfloat16 copy, so `sequences` is `steps` plus the encoder.
+//   bfloat16 copy, so `sequences` is `steps` plus the encoder. A model that runs inference only
+//   (Model::set_inference_only) frees its tensors as they are packed, so there every
+//   precision prepares every product, float32 too, and `sequences` is `steps` plus the encoder.
 // Training reads the float32 tensors directly: they change every step.
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -32,10 +35,17 @@ struct PreparedWeights {
   std::deque<std::vector<float>> stacked_biases;          // [3D] or [2D] biases of qkv / kv
 };
 
+// Called with the data a product was packed from (a float weight or int8 rows) as soon as it
+// is packed, so the caller may free it before the next one is packed.
+using ReleasePackedSource = std::function<void(const void* source)>;
+
 // Prepares `weights` (which must outlive the result, unchanged) on `backend`. Throws
-// std::invalid_argument for a precision the backend does not support.
+// std::invalid_argument for a precision the backend does not support. With `release`, every
+// product is prepared (float32's `sequences` too) and each linear weight is handed to it once
+// packed: after that only the embeddings, norms and biases of `weights` are read.
 std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend,
                                                  const TransformerWeights& weights,
-                                                 Precision precision);
+                                                 Precision precision,
+                                                 const ReleasePackedSource& release = nullptr);
 
 }  // namespace tfm

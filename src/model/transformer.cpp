@@ -25,6 +25,7 @@ Model::Model(ModelConfig config, TensorMap parameters, const std::string& where,
       throw Error(where + ": int8 weight \"" + name + "\" does not match its tensor");
   }
   weights_ = bind_weights(config_, parameters_, where, &int8_weights_);
+  if (holds_int8_weights()) inference_only_ = Precision::kInt8;
   if (config_.position_encoding == PositionEncoding::kSinusoidal) {
     sinusoids_.resize(size_t(config_.max_positions * config_.d_model));
     fill_sinusoid_table(config_, sinusoids_.data());
@@ -34,31 +35,66 @@ Model::Model(ModelConfig config, TensorMap parameters, const std::string& where,
 TensorMap& Model::mutable_parameters() {
   if (holds_int8_weights())
     throw Error("this model holds its weights in int8 for inference only; load it in float32");
+  if (inference_only_)
+    throw Error("this model was loaded for inference only; load it again to change it");
   std::lock_guard<std::mutex> lock(prepared_->mutex);
   prepared_->by_precision.clear();
   return parameters_;
 }
 
+namespace {
+
+std::string runs_only_in(Precision only, Precision asked) {
+  return std::string("this model was loaded for inference in ") + precision_name(only) +
+         " only, not " + precision_name(asked);
+}
+
+}  // namespace
+
+void Model::set_inference_only(Precision precision) {
+  if (inference_only_ && *inference_only_ != precision)
+    throw Error(runs_only_in(*inference_only_, precision));
+  std::lock_guard<std::mutex> lock(prepared_->mutex);
+  if (!prepared_->by_precision.empty())
+    throw std::logic_error("set_inference_only: the model is already prepared");
+  inference_only_ = precision;
+}
+
 std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) const {
-  if (holds_int8_weights() && precision != Precision::kInt8)
-    throw Error(std::string("this model was loaded with int8 weights, so it runs in int8 only, "
-                            "not ") +
-                precision_name(precision));
+  if (inference_only_ && precision != *inference_only_)
+    throw Error(runs_only_in(*inference_only_, precision));
   std::lock_guard<std::mutex> lock(prepared_->mutex);
   auto& prepared = prepared_->by_precision[precision];
-  if (!prepared) {
+  if (prepared) return prepared;
+  if (!inference_only_) {
     prepared = prepare_weights(*backend_, weights_, precision);
-    // A model holding int8 weights prepares once (it runs in int8 only and its weights never
-    // change): from then on it reads only the packed copies, so the rows they came from go.
-    for (auto& [name, q] : int8_weights_) std::vector<int8_t>().swap(q.values);
-    release_freed_memory();
+    return prepared;
   }
+  // Inference only: each linear weight (float32 tensor or int8 rows) goes as soon as its
+  // packed copy exists, so at no time are there two copies of all the weights. A linear that
+  // shares an embedding's tensor (the tied output projection) is not in the map: it stays.
+  std::map<const void*, std::vector<float>*> float_sources;
+  for (auto& [name, tensor] : parameters_)
+    if (is_linear_weight(name) && !tensor.data.empty())
+      float_sources.emplace(tensor.data.data(), &tensor.data);
+  std::map<const void*, std::vector<int8_t>*> int8_sources;
+  for (auto& [name, q] : int8_weights_) int8_sources.emplace(q.values.data(), &q.values);
+  prepared = prepare_weights(*backend_, weights_, precision, [&](const void* source) {
+    if (auto f = float_sources.find(source); f != float_sources.end()) {
+      std::vector<float>().swap(*f->second);
+      float_sources.erase(f);
+    } else if (auto q = int8_sources.find(source); q != int8_sources.end()) {
+      std::vector<int8_t>().swap(*q->second);
+      int8_sources.erase(q);
+    }
+  });
+  release_freed_memory();
   return prepared;
 }
 
 const TransformerWeights& Model::sequence_weights(
     Precision precision, std::shared_ptr<const PreparedWeights>& hold) const {
-  if (precision == Precision::kFloat32 && !holds_int8_weights()) return weights_;
+  if (precision == Precision::kFloat32 && !inference_only_) return weights_;
   hold = prepared(precision);
   return hold->sequences;
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,13 @@ class Model {
   TensorMap& mutable_parameters();
   // Whether linear weights are held in int8 only (see the constructor).
   bool holds_int8_weights() const { return !int8_weights_.empty(); }
+  // Marks the model as running inference in `precision` only (translate, score, serve): its
+  // first prepared(precision) then prepares every product and frees each linear weight as soon
+  // as its packed copy exists, so the process holds one copy of the weights, not two. From then
+  // on the model cannot be trained, saved or prepared in another precision. A model holding
+  // int8 weights is inference-only in int8 from its construction. Throws Error for a precision
+  // other than an int8 model's, or once prepared.
+  void set_inference_only(Precision precision);
   // Those int8 weights by parameter name (empty for a float32 model); their rows are released
   // once prepared() has packed them.
   const Int8WeightMap& int8_weights() const { return int8_weights_; }
@@ -60,10 +68,12 @@ class Model {
  private:
   ModelConfig config_;
   const Backend* backend_;
-  TensorMap parameters_;
+  mutable TensorMap parameters_;
   // Mutable: prepared() frees the int8 rows once they are packed (the map keeps the names, the
-  // shapes and the scales); weights_' int8 views are not read after that.
+  // shapes and the scales); weights_' int8 views are not read after that. Likewise the linear
+  // weights of parameters_ for an inference-only model (their tensors keep name and shape).
   mutable Int8WeightMap int8_weights_;
+  std::optional<Precision> inference_only_;
   TransformerWeights weights_;
   std::vector<float> sinusoids_;  // [max_positions, D] when sinusoidal
   struct PreparedCache {

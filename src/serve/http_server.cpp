@@ -207,7 +207,7 @@ void run_server(const ServeSettings& settings) {
   } join_watcher{finished, watcher};
 
   const ModelBundle bundle = load_model_bundle(settings.model, true, find_backend(settings.device),
-                                               model_weights_for(settings.search.precision));
+                                               settings.search.precision);
   const ModelConfig& config = bundle.model.config();
   ServeLimits limits = settings.limits;
   const int64_t model_tokens = max_source_tokens(config);
