@@ -820,6 +820,34 @@ TEST_P(BackendOps, EmbeddingGatherAndScatterAddMatchFloat64) {
   }
 }
 
+// An int8-held table (a model loaded for int8): row i is values[i] · scales[i], then the same
+// scale and positions as float32's gather, against float64 at odd sizes.
+TEST_P(BackendOps, Int8EmbeddingGatherMatchesFloat64) {
+  const int64_t vocab = 11, d = 13, batch = 3, len = 5, rows = batch * len, positions = 9;
+  std::vector<int8_t> values(size_t(vocab * d));
+  std::vector<float> scales(static_cast<size_t>(vocab));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = int8_t(int(i * 37 % 255) - 127);
+  for (int64_t v = 0; v < vocab; ++v) scales[size_t(v)] = 0.003f * float(v + 1);
+  auto position_table = random_vector(positions * d, 34);
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) ids[size_t(r)] = int32_t((r * 5) % vocab);
+  const float scale = 3.5f;
+  const int64_t first = 2;
+  for (bool with_positions : {true, false}) {
+    const float* pe = with_positions ? position_table.data() : nullptr;
+    std::vector<float> out(size_t(rows * d));
+    be().embedding_forward_int8({values.data(), scales.data()}, pe, ids.data(), rows, len, d,
+                                scale, first, out.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < d; ++c) {
+        const int64_t id = ids[size_t(r)], position = first + r % len;
+        const double e = double(values[size_t(id * d + c)]) * scales[size_t(id)] * scale +
+                         (with_positions ? position_table[size_t(position * d + c)] : 0.0);
+        ASSERT_NEAR(out[size_t(r * d + c)], e, 1e-5 * (1 + std::abs(e))) << r << "," << c;
+      }
+  }
+}
+
 // --- Output distribution and loss ---------------------------------------------------------------
 
 TEST_P(BackendOps, LogSoftmaxAndPickMatchFloat64) {

@@ -138,7 +138,7 @@ TEST(Decode, Int8LoadedModelEqualsInt8ProductsOfTheFloatModel) {
   Transliterator t = Transliterator::load();
   const std::string path = ::testing::TempDir() + "/aren_int8_test.safetensors";
   save_model(t.model, path);
-  Model int8 = load_model(path, cpu_backend(), ModelWeights::kInt8Linears);
+  Model int8 = load_model(path, cpu_backend(), ModelWeights::kInt8);
   std::remove(path.c_str());
   ASSERT_TRUE(int8.holds_int8_weights());
   EXPECT_FALSE(t.model.holds_int8_weights());

@@ -208,7 +208,8 @@ TEST(ModelFile, InitIsDeterministicAndSaveLoadRoundTrips) {
 }
 
 // A model quantised to int8 (quantize, import of an int8 CTranslate2 model) stores each linear
-// weight as I8 [out, in] plus "<name>_scale" F32 [out]: the file holds exactly the values and
+// weight and embedding as I8 [rows, cols] plus "<name>_scale" F32 [rows]: the file holds exactly
+// the values and
 // scales the quantiser made, loads them back unchanged for int8, multiplies them out for
 // float32, and keeps every other tensor in float32.
 TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
@@ -220,7 +221,7 @@ TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
   const std::string float_path = temp_path("int8_source.safetensors");
   const std::string int8_path = temp_path("int8.safetensors");
   save_model(a, float_path);
-  const Model quantised = load_model(float_path, cpu_backend(), ModelWeights::kInt8Linears);
+  const Model quantised = load_model(float_path, cpu_backend(), ModelWeights::kInt8);
   save_model(quantised, int8_path);
 
   const SafetensorsHeader header = read_safetensors_header(int8_path);
@@ -228,7 +229,7 @@ TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
   EXPECT_FALSE(stores_int8_weights(read_safetensors_header(float_path)));
   size_t int8_tensors = 0;
   for (const auto& [name, tensor] : a.parameters()) {
-    if (!is_linear_weight(name)) {
+    if (!is_int8_weight(name)) {
       EXPECT_EQ(header.dtypes.at(name), "F32") << name;
       EXPECT_FALSE(header.dtypes.count(name + kInt8ScaleSuffix)) << name;
       continue;
@@ -238,14 +239,15 @@ TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
     EXPECT_EQ(header.dtypes.at(name + "_scale"), "F32") << name;
     EXPECT_EQ(header.shapes.at(name + "_scale"), Shape{tensor.shape[0]}) << name;
   }
-  EXPECT_EQ(int8_tensors, size_t(c.encoder_layers * 6 + c.decoder_layers * 10 + 1));
+  // The linear weights, the output projection and the two embeddings.
+  EXPECT_EQ(int8_tensors, size_t(c.encoder_layers * 6 + c.decoder_layers * 10 + 3));
 
-  const Model int8 = load_model(int8_path, cpu_backend(), ModelWeights::kInt8Linears);
+  const Model int8 = load_model(int8_path, cpu_backend(), ModelWeights::kInt8);
   const Model multiplied_out = load_model(int8_path);
   ASSERT_TRUE(int8.holds_int8_weights());
   EXPECT_FALSE(multiplied_out.holds_int8_weights());
   for (const auto& [name, tensor] : a.parameters()) {
-    if (!is_linear_weight(name)) {
+    if (!is_int8_weight(name)) {
       EXPECT_EQ(int8.parameters().at(name).data, tensor.data) << name;
       EXPECT_EQ(multiplied_out.parameters().at(name).data, tensor.data) << name;
       continue;
@@ -262,15 +264,15 @@ TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
       ASSERT_LE(std::fabs(w[i] - tensor.data[i]), 0.5001f * expected.scales[i / size_t(cols)]);
     }
   }
-  // The linear weights take a quarter of their float32 bytes (plus a scale per row).
+  // The int8 matrices take a quarter of their float32 bytes (plus a scale per row).
   EXPECT_LT(std::filesystem::file_size(int8_path), std::filesystem::file_size(float_path) / 2);
   std::remove(float_path.c_str());
   std::remove(int8_path.c_str());
 }
 
 // What a stranger's int8 file can get wrong is refused by name before any tensor is read: I8
-// on a tensor that is not a linear weight, a weight without its scales, scales of the wrong
-// shape or type.
+// on a tensor that is neither a linear weight nor an embedding, a weight without its scales,
+// scales of the wrong shape or type.
 TEST(ModelFile, Int8FileErrorsAreNamed) {
   ModelConfig c = preset_config("tiny");
   c.src_vocab_size = c.tgt_vocab_size = 30;
@@ -295,7 +297,7 @@ TEST(ModelFile, Int8FileErrorsAreNamed) {
     }
   };
   expect_refused({{"encoder.layers.0.norm1.weight", {"I8", {64}, norm_values.data()}}},
-                 "only linear weights may be stored in int8");
+                 "only linear weights and token embeddings may be stored in int8");
   expect_refused({{q, {"I8", {64, 64}, values.data()}}}, "has no \"" + q + "_scale\"");
   expect_refused(
       {{q, {"I8", {64, 64}, values.data()}}, {q + "_scale", {"F32", {32}, scales.data()}}},

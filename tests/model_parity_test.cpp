@@ -68,8 +68,8 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
 
   // Embeddings + positional encodings, encoder side.
   std::vector<float> x(size_t(B * std::max<int64_t>(S, 1) * d));
-  embed_forward(f.model.backend(), config, f.model.weights().src_embed, f.model.encoder_positions(),
-                batch.src_ids.data(), B, S, 0, x.data());
+  embed_forward(f.model.backend(), config, source_embedding(f.model.weights()),
+                f.model.encoder_positions(), batch.src_ids.data(), B, S, 0, x.data());
   expect_valid_rows_near(x.data(), S, f.io.at("enc_input"), batch.src_lengths, 1e-5, "enc_input");
 
   // One encoder layer from the reference input.
@@ -84,8 +84,8 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   const Tensor& memory = f.io.at("memory");
   const Tensor& dec_input = f.io.at("dec_input");
   std::vector<float> y(size_t(B * T * d));
-  embed_forward(f.model.backend(), config, f.model.weights().tgt_embed, f.model.decoder_positions(),
-                batch.tgt_in.data(), B, T, 0, y.data());
+  embed_forward(f.model.backend(), config, target_embedding(f.model.weights()),
+                f.model.decoder_positions(), batch.tgt_in.data(), B, T, 0, y.data());
   expect_valid_rows_near(y.data(), T, dec_input, batch.tgt_lengths, 1e-5, "dec_input");
 
   const DecoderLayerWeights& layer0 = f.model.weights().decoder_layers[0];

@@ -118,6 +118,11 @@ class Backend {
   virtual void embedding_forward(const float* table, const float* positions, const int32_t* ids,
                                  int64_t rows, int64_t len, int64_t d, float scale,
                                  int64_t first_position, float* out) const = 0;
+  // The same from a table held in int8 (tensor/int8_weights.h): table[i] = values[i] · scales[i],
+  // values [vocab, d], scales [vocab].
+  virtual void embedding_forward_int8(const Int8Rows& table, const float* positions,
+                                      const int32_t* ids, int64_t rows, int64_t len, int64_t d,
+                                      float scale, int64_t first_position, float* out) const = 0;
   // d_table[ids[r]] += scale · d_out[r]; d_positions (null: none) [r % len + first_position] +=
   // d_out[r]. Ids may repeat.
   virtual void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,

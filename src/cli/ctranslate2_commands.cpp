@@ -27,9 +27,9 @@ CommandRunner add_import_ctranslate2_command(CLI::App& app) {
       "layer_norm_epsilon) and the shared or source/target vocabularies (.json or .txt).\n"
       "Features our Transformer does not have (rotary or relative positions, ALiBi, multi-query\n"
       "attention, GLU, RMS norm, ...) are refused by name when switched on.\n"
-      "Linear weights stored in int8 stay int8 (values and row scales as stored: the model runs\n"
-      "in int8 by default; `transformer quantize --type float32` rewrites it in float32); other\n"
-      "weights (int16, float16, bfloat16, int8 embeddings) are converted to float32.\n"
+      "Linear weights and embeddings stored in int8 stay int8 (values and row scales as stored:\n"
+      "the model runs in int8 by default; `transformer quantize --type float32` rewrites it in\n"
+      "float32); other weights (int16, float16, bfloat16) are converted to float32.\n"
       "Example:\n  transformer import-ctranslate2 ende_ctranslate2 -o ende");
   return [o] {
     ImportedModel imported = import_ctranslate2(o->input);
@@ -41,7 +41,7 @@ CommandRunner add_import_ctranslate2_command(CLI::App& app) {
     write_model_directory(o->output, model, &imported.source_tokens, &imported.target_tokens);
     const ModelConfig& c = model.config();
     std::printf(
-        "wrote %s: %lld+%lld layers, d_model %lld, %lld heads, vocabularies %lld/%lld, linear "
+        "wrote %s: %lld+%lld layers, d_model %lld, %lld heads, vocabularies %lld/%lld, "
         "weights %s\n",
         o->output.c_str(), (long long)c.encoder_layers, (long long)c.decoder_layers,
         (long long)c.d_model, (long long)c.heads, (long long)c.src_vocab_size,

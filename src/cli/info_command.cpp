@@ -68,8 +68,8 @@ void print_file_info(const std::string& path) {
     print_info(model_config_of_header(header, path));
     if (stores_int8_weights(header))
       std::printf(
-          "stored: linear weights in int8 with a float32 scale per row (runs in int8 "
-          "by default), other tensors float32\n");
+          "stored: int8 matrices with a float32 scale per row (runs in int8 by default), "
+          "other tensors float32\n");
     return;
   }
   const CheckpointHeader checkpoint = checkpoint_of_header(header.metadata, header.shapes, path);

@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
       tfm::add_vocab_command);
   add("train", "Train a model (from scratch, from --init, or --resume)", tfm::add_train_command);
   add("average", "Average the parameters of several checkpoints", tfm::add_average_command);
-  add("quantize", "Rewrite a model with its linear weights stored in int8 (or in float32)",
+  add("quantize",
+      "Rewrite a model with its linear weights and embeddings stored in int8 (or float32)",
       tfm::add_quantize_command);
   add("translate", "Translate text with greedy or beam search", tfm::add_translate_command);
   add("bleu", "Corpus BLEU (and chrF) of hypotheses against references, sacreBLEU-compatible",

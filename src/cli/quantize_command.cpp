@@ -1,6 +1,6 @@
-// `transformer quantize`: rewrites a model with its linear weights stored in int8 (a scale per
-// row, the format --compute-type int8 multiplies in), or back in float32. An int8 file is a
-// quarter of the size of the linear weights and loads without quantising anything, which is
+// `transformer quantize`: rewrites a model with its linear weights and token embeddings stored
+// in int8 (a scale per row, the format --compute-type int8 multiplies in), or back in float32. An
+// int8 file is about a quarter of the size and loads without quantising anything, which is
 // most of the start-up time of an int8 translate (what CTranslate2's converters'
 // --quantization int8 does for its users).
 #include <cstdio>
@@ -30,13 +30,15 @@ CommandRunner add_quantize_command(CLI::App& app) {
                  "directory, a model file for a file")
       ->required();
   app.add_option("--type", o->type,
-                 "int8: linear weights as int8 rows with one float32 scale each (scale = "
-                 "max|row|/127, round to nearest even); float32: every weight in float32")
+                 "int8: linear weights and token embeddings as int8 rows with one float32 "
+                 "scale each (scale = max|row|/127, round to nearest even); float32: every "
+                 "weight in float32")
       ->check(CLI::IsMember({"int8", "float32"}))
       ->capture_default_str();
   app.add_flag("--force", o->force, "Overwrite an existing output file or non-empty directory");
   app.footer(
-      "Embeddings, biases and layer norms stay float32. translate, score and serve run an int8\n"
+      "Biases, layer norms and learned positions stay float32. translate, score and serve run an "
+      "int8\n"
       "model in int8 unless --compute-type says otherwise (other types multiply out the stored\n"
       "int8 weights when loading).\n"
       "Example:\n  transformer quantize --model run -o run-int8\n"
@@ -49,8 +51,7 @@ CommandRunner add_quantize_command(CLI::App& app) {
     if (!o->force && fs::exists(o->output, ec) &&
         !(fs::is_directory(o->output, ec) && fs::is_empty(o->output, ec)))
       throw Error(o->output + ": already exists (use --force to overwrite it)");
-    const ModelWeights weights =
-        o->type == "int8" ? ModelWeights::kInt8Linears : ModelWeights::kFloat32;
+    const ModelWeights weights = o->type == "int8" ? ModelWeights::kInt8 : ModelWeights::kFloat32;
     const Model model = load_model(model_path, cpu_backend(), weights);
     std::string output_path = o->output;
     if (directory) {
@@ -59,8 +60,8 @@ CommandRunner add_quantize_command(CLI::App& app) {
       output_path = o->output + "/model.safetensors";
     }
     save_model(model, output_path);
-    std::printf("wrote %s: linear weights in %s, %.1f MiB\n", o->output.c_str(), o->type.c_str(),
-                double(fs::file_size(output_path, ec)) / (1 << 20));
+    std::printf("wrote %s: linear weights and embeddings in %s, %.1f MiB\n", o->output.c_str(),
+                o->type.c_str(), double(fs::file_size(output_path, ec)) / (1 << 20));
   };
 }
 

@@ -53,7 +53,7 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
                                 std::to_string(max_steps_) + ")");
   const int64_t kept_layer = attention_layer < 0 ? c.decoder_layers - 1 : attention_layer;
   float* x = ensure_size(x_, n * d);  // [N, D] residual stream
-  embed_forward(backend, c, w.tgt_embed, model_.decoder_positions(), tokens, n, 1, t, x);
+  embed_forward(backend, c, target_embedding(w), model_.decoder_positions(), tokens, n, 1, t, x);
   for (int64_t i = 0; i < n; ++i)
     history_[size_t(i * max_steps_ + t)] = int32_t(i * max_steps_ + t);
 

@@ -19,8 +19,8 @@ class Model;
 struct ImportedModel {
   ModelConfig config;
   TensorMap parameters;
-  // The linear weights that model.bin stores in int8, as stored (rows split where CTranslate2
-  // fuses projections); their float32 forms are in `parameters` too.
+  // The linear weights and embeddings that model.bin stores in int8, as stored (rows split
+  // where CTranslate2 fuses projections); their float32 forms are in `parameters` too.
   Int8WeightMap int8_parameters;
   std::vector<std::string> source_tokens;  // one per source id
   std::vector<std::string> target_tokens;  // one per target id

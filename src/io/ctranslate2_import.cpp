@@ -247,10 +247,17 @@ bool same_values(const Tensor& a, const Tensor& b) {
 // (CTranslate2's converters alias equal variables; equal values are what sharing means).
 void map_embeddings(SpecVariables& v, ModelConfig& c, TensorMap& p, Int8WeightMap& int8) {
   if (v.has_scope("encoder/embeddings_1")) v.refuse("several source embeddings (source factors)");
-  Tensor src = v.has("encoder/embeddings/weight") ? v.take("encoder/embeddings/weight")
-                                                  : v.take("encoder/embeddings_0/weight");
+  const std::string src_name = v.has("encoder/embeddings/weight") ? "encoder/embeddings/weight"
+                                                                  : "encoder/embeddings_0/weight";
+  Tensor src = v.take(src_name);
   Tensor tgt = v.take("decoder/embeddings/weight");
   Tensor proj = v.take("decoder/projection/weight");
+  // Embeddings stored in int8 stay so (as linear weights do); a tied projection reads them.
+  std::optional<Int8Matrix> src_int8 = v.take_int8(src_name);
+  std::optional<Int8Matrix> tgt_int8 = v.take_int8("decoder/embeddings/weight");
+  auto keep_int8 = [&](std::optional<Int8Matrix>& q, const char* name) {
+    if (q) int8[name] = std::move(*q);
+  };
   for (const Tensor* t : {&src, &tgt, &proj})
     if (t->shape.size() != 2) v.fail("embeddings and the projection must be matrices");
   c.d_model = src.shape[1];
@@ -263,14 +270,19 @@ void map_embeddings(SpecVariables& v, ModelConfig& c, TensorMap& p, Int8WeightMa
   if (same_values(src, tgt) && same_values(tgt, proj)) {
     c.share_embeddings = EmbeddingSharing::kAll;
     p["embed.weight"] = std::move(src);
+    keep_int8(src_int8, "embed.weight");
   } else if (same_values(tgt, proj)) {
     c.share_embeddings = EmbeddingSharing::kTarget;
     p["src_embed.weight"] = std::move(src);
     p["tgt_embed.weight"] = std::move(tgt);
+    keep_int8(src_int8, "src_embed.weight");
+    keep_int8(tgt_int8, "tgt_embed.weight");
   } else {
     c.share_embeddings = EmbeddingSharing::kNone;
     p["src_embed.weight"] = std::move(src);
     p["tgt_embed.weight"] = std::move(tgt);
+    keep_int8(src_int8, "src_embed.weight");
+    keep_int8(tgt_int8, "tgt_embed.weight");
     p["out_proj.weight"] = std::move(proj);
     if (auto q = v.take_int8("decoder/projection/weight")) int8["out_proj.weight"] = std::move(*q);
   }

@@ -64,15 +64,16 @@ ModelConfig model_config_of_header(const SafetensorsHeader& header, const std::s
     throw Error(where + ": not a transformer-cpp model (no \"config\" in __metadata__)");
   ModelConfig config = config_from_json_text(it->second, where);
   validate_config(config, where);
-  // An I8 tensor is a linear weight whose F32 [rows] scales sit beside it; the scales are not
-  // parameters of the config, so they leave the shapes before those are checked.
+  // An I8 tensor is a linear weight or a token embedding whose F32 [rows] scales sit beside it;
+  // the scales are not parameters of the config, so they leave the shapes before those are
+  // checked.
   std::map<std::string, Shape> shapes = header.shapes;
   for (const auto& [name, dtype] : header.dtypes) {
     if (dtype != "I8") continue;
     const Shape& shape = header.shapes.at(name);
-    if (!is_linear_weight(name) || shape.size() != 2)
+    if (!is_int8_weight(name) || shape.size() != 2)
       throw Error(where + ": tensor \"" + name +
-                  "\" is I8, but only linear weights may be stored in int8");
+                  "\" is I8, but only linear weights and token embeddings may be stored in int8");
     const std::string scale = name + kInt8ScaleSuffix;
     auto scale_dtype = header.dtypes.find(scale);
     if (scale_dtype == header.dtypes.end())
@@ -106,7 +107,7 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
           int8[owner->second].scales = std::move(t.data);
           return;
         }
-        if (weights == ModelWeights::kInt8Linears && is_linear_weight(name)) {
+        if (weights == ModelWeights::kInt8 && is_int8_weight(name)) {
           int8.emplace(name, quantize_weight_rows(t));
           std::vector<float>().swap(t.data);  // the shape stays
         }

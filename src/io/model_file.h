@@ -13,18 +13,19 @@
 namespace tfm {
 
 // How a loaded model holds its weights: all in float32 (what training, saving and every
-// precision need), or its linear weights in int8 only (tensor/int8_weights.h): inference with
-// --compute-type int8 in a quarter of the memory, each weight quantised as soon as it is read.
-enum class ModelWeights { kFloat32, kInt8Linears };
+// precision need), or its linear weights and token embeddings in int8 only
+// (tensor/int8_weights.h): inference with --compute-type int8 in a quarter of the memory, each
+// such matrix quantised as soon as it is read.
+enum class ModelWeights { kFloat32, kInt8 };
 
-// What inference in `precision` loads: int8 holds its linear weights in int8 only.
+// What inference in `precision` loads: int8 holds its int8 matrices in int8 only.
 inline ModelWeights model_weights_for(Precision precision) {
-  return precision == Precision::kInt8 ? ModelWeights::kInt8Linears : ModelWeights::kFloat32;
+  return precision == Precision::kInt8 ? ModelWeights::kInt8 : ModelWeights::kFloat32;
 }
 
 // Reads a model .safetensors file (config from __metadata__.config); its weights must be finite
 // (check_finite_parameters). The model runs on `backend`. A file that stores its linear
-// weights in int8 (docs/model-file.md, "int8 weights") loads them as they are for kInt8Linears
+// weights in int8 (docs/model-file.md, "int8 weights") loads them as they are for kInt8
 // and multiplied out by their row scales for kFloat32.
 Model load_model(const std::string& path, const Backend& backend = cpu_backend(),
                  ModelWeights weights = ModelWeights::kFloat32);
@@ -38,7 +39,7 @@ ModelConfig model_config_of_header(const SafetensorsHeader& header, const std::s
 // "<linear>.weight" (I8 [out, in]) and "<linear>.weight_scale" (F32 [out]).
 inline constexpr const char* kInt8ScaleSuffix = "_scale";
 
-// Whether a model file's header stores linear weights in int8.
+// Whether a model file's header stores matrices in int8.
 bool stores_int8_weights(const SafetensorsHeader& header);
 
 // True when every element of every tensor is finite.

@@ -218,13 +218,18 @@ void fill_sinusoid_table(const ModelConfig& config, float* table) {
   }
 }
 
-void embed_forward(const Backend& backend, const ModelConfig& config, const float* table,
+void embed_forward(const Backend& backend, const ModelConfig& config, const EmbeddingTable& table,
                    const float* position_table, const int32_t* ids, int64_t batch, int64_t len,
                    int64_t first_position, float* out) {
   const int64_t d = config.d_model;
   const float scale = config.scale_embeddings ? std::sqrt(float(d)) : 1.f;
-  backend.embedding_forward(table, position_table, ids, batch * len, len, d, scale,
-                            first_position + config.position_offset, out);
+  const int64_t first = first_position + config.position_offset;
+  if (table.values)
+    backend.embedding_forward(table.values, position_table, ids, batch * len, len, d, scale, first,
+                              out);
+  else
+    backend.embedding_forward_int8(table.int8, position_table, ids, batch * len, len, d, scale,
+                                   first, out);
 }
 
 void embed_backward(const Backend& backend, const ModelConfig& config, const float* d_out,

@@ -121,7 +121,7 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
 // ids [B, T]. Positions past a sequence's length are still embedded (their ids are pad) and
 // are masked later. position_table: [max_positions, D], or null for "none"; the caller checks
 // that first_position + len + offset <= max_positions.
-void embed_forward(const Backend& backend, const ModelConfig& config, const float* table,
+void embed_forward(const Backend& backend, const ModelConfig& config, const EmbeddingTable& table,
                    const float* position_table, const int32_t* ids, int64_t batch, int64_t len,
                    int64_t first_position, float* out);
 // d_table[ids] += scale · d_out; d_positions (learned tables only, else null) gets the

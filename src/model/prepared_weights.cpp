@@ -47,6 +47,26 @@ struct Preparer {
 
   void prepare(LinearWeights& w) { w.prepared = product({&w}); }
 
+  // int8 reads its embeddings in int8 too: a float table [vocab, d] is quantised once (a shared
+  // one once for all its uses).
+  void quantize_embeddings(TransformerWeights& w, const ModelConfig& config) {
+    auto quantize = [&](const float* table, int64_t vocab) {
+      Int8Matrix& q = out.int8_embeddings.emplace_back();
+      q.shape = {vocab, config.d_model};
+      q.values.resize(size_t(vocab * config.d_model));
+      q.scales.resize(size_t(vocab));
+      quantize_weight_rows(table, vocab, config.d_model, q.values.data(), q.scales.data());
+      return q.view();
+    };
+    const bool shared = w.src_embed && w.src_embed == w.tgt_embed;
+    if (w.src_embed) w.src_embed_int8 = quantize(w.src_embed, config.src_vocab_size);
+    if (shared)
+      w.tgt_embed_int8 = w.src_embed_int8;
+    else if (w.tgt_embed)
+      w.tgt_embed_int8 = quantize(w.tgt_embed, config.tgt_vocab_size);
+    w.src_embed = w.tgt_embed = nullptr;
+  }
+
   // The parts as one product: weight [Σ out, in] and their biases concatenated (null when none
   // of them has one).
   LinearWeights stack(const std::vector<const LinearWeights*>& parts) {
@@ -82,7 +102,7 @@ struct Preparer {
 
 }  // namespace
 
-std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend,
+std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend, const ModelConfig& config,
                                                  const TransformerWeights& weights,
                                                  Precision precision,
                                                  const ReleasePackedSource& release) {
@@ -91,6 +111,7 @@ std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend,
   Preparer p{backend, *prepared, release};
   TransformerWeights& steps = prepared->steps;
   steps = weights;
+  if (precision == Precision::kInt8) p.quantize_embeddings(steps, config);
   for (DecoderLayerWeights& layer : steps.decoder_layers) {
     p.prepare(layer.self_attn, true);
     p.prepare(layer.cross_attn, false);

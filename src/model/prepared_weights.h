@@ -33,17 +33,21 @@ struct PreparedWeights {
   TransformerWeights sequences;
   std::vector<std::unique_ptr<PreparedMatrix>> matrices;  // what the views' `prepared` point to
   std::deque<std::vector<float>> stacked_biases;          // [3D] or [2D] biases of qkv / kv
+  // int8 only: float embeddings quantised by the rule of int8 weights, which the views' int8
+  // embedding tables point to (a model loaded for int8 holds them so from the start).
+  std::deque<Int8Matrix> int8_embeddings;
 };
 
 // Called with the data a product was packed from (a float weight or int8 rows) as soon as it
 // is packed, so the caller may free it before the next one is packed.
 using ReleasePackedSource = std::function<void(const void* source)>;
 
-// Prepares `weights` (which must outlive the result, unchanged) on `backend`. Throws
+// Prepares `weights` (which must outlive the result, unchanged) of a model with `config` on
+// `backend`; int8 also holds the embeddings in int8 (int8_embeddings, unless they are). Throws
 // std::invalid_argument for a precision the backend does not support. With `release`, every
 // product is prepared (float32's `sequences` too) and each linear weight is handed to it once
 // packed: after that only the embeddings, norms and biases of `weights` are read.
-std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend,
+std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend, const ModelConfig& config,
                                                  const TransformerWeights& weights,
                                                  Precision precision,
                                                  const ReleasePackedSource& release = nullptr);

@@ -73,10 +73,10 @@ LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t 
 }
 
 // x [rows, D] = embeddings + positions, then dropout with its own mask.
-void embed_with_dropout(const Backend& backend, const ModelConfig& config, const float* table,
-                        const float* positions, const int32_t* ids, int64_t batch, int64_t len,
-                        float dropout, uint64_t key, std::vector<float>& out,
-                        std::vector<uint8_t>& mask) {
+void embed_with_dropout(const Backend& backend, const ModelConfig& config,
+                        const EmbeddingTable& table, const float* positions, const int32_t* ids,
+                        int64_t batch, int64_t len, float dropout, uint64_t key,
+                        std::vector<float>& out, std::vector<uint8_t>& mask) {
   const int64_t n = batch * len * config.d_model;
   float* x = ensure_size(out, n);
   embed_forward(backend, config, table, positions, ids, batch, len, 0, x);
@@ -173,8 +173,8 @@ void encoder_forward(const Model& model, const TransformerWeights& w, const Toke
   const ModelConfig& config = model.config();
   const Backend& backend = model.backend();
   const int64_t layers = config.encoder_layers;
-  embed_with_dropout(backend, config, w.src_embed, model.encoder_positions(), batch.src_ids.data(),
-                     batch.batch, batch.src_len, dropout.dropout,
+  embed_with_dropout(backend, config, source_embedding(w), model.encoder_positions(),
+                     batch.src_ids.data(), batch.batch, batch.src_len, dropout.dropout,
                      dropout_key(dropout.seed, kEncoderInputSite), cache.encoder_input,
                      cache.encoder_input_mask);
   const float* x = cache.encoder_input.data();
@@ -193,8 +193,8 @@ void decoder_forward(const Model& model, const TransformerWeights& w, const Toke
   const ModelConfig& config = model.config();
   const Backend& backend = model.backend();
   const int64_t layers = config.decoder_layers;
-  embed_with_dropout(backend, config, w.tgt_embed, model.decoder_positions(), batch.tgt_in.data(),
-                     batch.batch, batch.tgt_len, dropout.dropout,
+  embed_with_dropout(backend, config, target_embedding(w), model.decoder_positions(),
+                     batch.tgt_in.data(), batch.batch, batch.tgt_len, dropout.dropout,
                      dropout_key(dropout.seed, kDecoderInputSite), cache.decoder_input,
                      cache.decoder_input_mask);
   const float* x = cache.decoder_input.data();

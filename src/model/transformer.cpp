@@ -67,19 +67,20 @@ std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) cons
   auto& prepared = prepared_->by_precision[precision];
   if (prepared) return prepared;
   if (!inference_only_) {
-    prepared = prepare_weights(*backend_, weights_, precision);
+    prepared = prepare_weights(*backend_, config_, weights_, precision);
     return prepared;
   }
   // Inference only: each linear weight (float32 tensor or int8 rows) goes as soon as its
-  // packed copy exists, so at no time are there two copies of all the weights. A linear that
-  // shares an embedding's tensor (the tied output projection) is not in the map: it stays.
+  // packed copy exists, so at no time are there two copies of all the weights. The embeddings
+  // (a tied output projection's weight among them) are read by every step: they stay.
   std::map<const void*, std::vector<float>*> float_sources;
   for (auto& [name, tensor] : parameters_)
     if (is_linear_weight(name) && !tensor.data.empty())
       float_sources.emplace(tensor.data.data(), &tensor.data);
   std::map<const void*, std::vector<int8_t>*> int8_sources;
-  for (auto& [name, q] : int8_weights_) int8_sources.emplace(q.values.data(), &q.values);
-  prepared = prepare_weights(*backend_, weights_, precision, [&](const void* source) {
+  for (auto& [name, q] : int8_weights_)
+    if (is_linear_weight(name)) int8_sources.emplace(q.values.data(), &q.values);
+  prepared = prepare_weights(*backend_, config_, weights_, precision, [&](const void* source) {
     if (auto f = float_sources.find(source); f != float_sources.end()) {
       std::vector<float>().swap(*f->second);
       float_sources.erase(f);

@@ -25,7 +25,8 @@ class Model {
  public:
   // Validates config and parameter shapes (throws Error naming `where`). Every forward and
   // backward pass of this model runs on `backend` (--device); the parameters live in its memory.
-  // int8_weights: linear weights held only in int8 (a model loaded for --compute-type int8,
+  // int8_weights: linear weights and embeddings held only in int8 (a model loaded for
+  // --compute-type int8,
   // io/model_file.h), whose tensors in `parameters` keep their shape and no data. Such a model
   // runs inference in int8 only; it cannot be trained, saved or prepared in another precision.
   Model(ModelConfig config, TensorMap parameters, const std::string& where,
@@ -41,7 +42,7 @@ class Model {
   // For optimizers: values may change in place, never shapes or names (the views stay valid).
   // Drops the prepared weights, so call it again before each change.
   TensorMap& mutable_parameters();
-  // Whether linear weights are held in int8 only (see the constructor).
+  // Whether weights are held in int8 only (see the constructor).
   bool holds_int8_weights() const { return !int8_weights_.empty(); }
   // Marks the model as running inference in `precision` only (translate, score, serve): its
   // first prepared(precision) then prepares every product and frees each linear weight as soon

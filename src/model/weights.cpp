@@ -87,17 +87,30 @@ template <typename F, typename Map>
 TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors,
                               const Int8WeightMap* int8 = nullptr) {
   TransformerParams<F> w;
+  // An embedding's float rows, or null and its int8 view when int8 holds it.
+  auto embedding = [&](const char* name, Int8Rows& int8_view) -> F* {
+    if (int8) {
+      if (auto it = int8->find(name); it != int8->end()) {
+        int8_view = it->second.view();
+        find(tensors, name);  // still required, with no data
+        return nullptr;
+      }
+    }
+    return find(tensors, name).ptr();
+  };
   switch (config.share_embeddings) {
     case EmbeddingSharing::kAll:
-      w.src_embed = w.tgt_embed = w.output.weight = find(tensors, "embed.weight").ptr();
+      w.src_embed = w.tgt_embed = w.output.weight = embedding("embed.weight", w.src_embed_int8);
+      w.tgt_embed_int8 = w.output.int8 = w.src_embed_int8;
       break;
     case EmbeddingSharing::kTarget:
-      w.src_embed = find(tensors, "src_embed.weight").ptr();
-      w.tgt_embed = w.output.weight = find(tensors, "tgt_embed.weight").ptr();
+      w.src_embed = embedding("src_embed.weight", w.src_embed_int8);
+      w.tgt_embed = w.output.weight = embedding("tgt_embed.weight", w.tgt_embed_int8);
+      w.output.int8 = w.tgt_embed_int8;
       break;
     case EmbeddingSharing::kNone:
-      w.src_embed = find(tensors, "src_embed.weight").ptr();
-      w.tgt_embed = find(tensors, "tgt_embed.weight").ptr();
+      w.src_embed = embedding("src_embed.weight", w.src_embed_int8);
+      w.tgt_embed = embedding("tgt_embed.weight", w.tgt_embed_int8);
       w.output.weight = find(tensors, "out_proj.weight").ptr();
       bind_int8(w.output, "out_proj.weight", int8);
       break;
@@ -151,6 +164,10 @@ void check_parameter_shapes(const ModelConfig& config, const std::map<std::strin
       if (!used) throw Error(where + ": unexpected tensor \"" + name + "\" for this config");
     }
   }
+}
+
+bool is_token_embedding(const std::string& name) {
+  return name == "embed.weight" || name == "src_embed.weight" || name == "tgt_embed.weight";
 }
 
 bool is_linear_weight(const std::string& name) {

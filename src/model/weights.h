@@ -81,6 +81,9 @@ template <typename F>
 struct TransformerParams {
   F* src_embed = nullptr;  // [src_vocab, d_model]
   F* tgt_embed = nullptr;  // [tgt_vocab, d_model]
+  // A model loaded for int8 inference holds its embeddings in int8 too: then src_embed /
+  // tgt_embed are null and these views set (row i = values[i] · scales[i]).
+  Int8Rows src_embed_int8, tgt_embed_int8;
   Linear<F>
       output;  // weight [tgt_vocab, d_model] (may alias an embedding), bias [tgt_vocab] or null
   F* encoder_pos_embed = nullptr;  // [max_positions, d_model] when learned
@@ -89,6 +92,12 @@ struct TransformerParams {
   LayerNormParams<F> encoder_norm;  // pre-norm only
   std::vector<DecoderLayer<F>> decoder_layers;
   LayerNormParams<F> decoder_norm;  // pre-norm only
+};
+
+// An embedding table as the layers read it: float32 rows, or int8 rows with a scale each.
+struct EmbeddingTable {
+  const float* values = nullptr;  // [vocab, d_model]; null when held in int8
+  Int8Rows int8;                  // values [vocab, d_model], scales [vocab]
 };
 
 using LinearWeights = Linear<const float>;
@@ -108,9 +117,22 @@ void check_parameters(const ModelConfig& config, const TensorMap& tensors,
 void check_parameter_shapes(const ModelConfig& config, const std::map<std::string, Shape>& shapes,
                             const std::string& where);
 
+inline EmbeddingTable source_embedding(const TransformerWeights& w) {
+  return {w.src_embed, w.src_embed_int8};
+}
+inline EmbeddingTable target_embedding(const TransformerWeights& w) {
+  return {w.tgt_embed, w.tgt_embed_int8};
+}
+
 // Whether a parameter name is the weight of a Linear (the attention projections, the
-// feed-forward layers, a separate output projection): the matrices int8 holds.
+// feed-forward layers, a separate output projection).
 bool is_linear_weight(const std::string& name);
+// Whether it is a token embedding table ("embed.weight", "src_embed.weight", "tgt_embed.weight").
+bool is_token_embedding(const std::string& name);
+// The matrices int8 holds: the linear weights and the token embeddings.
+inline bool is_int8_weight(const std::string& name) {
+  return is_linear_weight(name) || is_token_embedding(name);
+}
 
 // Views into `tensors` (which must outlive the result); checks as above. The linear weights
 // found in `int8` (which must outlive the result too) are bound to it instead.

@@ -1,8 +1,8 @@
 // Weight matrices held in int8, one scale per row (the format of --compute-type int8, as
 // CTranslate2 quantises): row r of W is approximated by values[r, :] · scales[r], with
 // scales[r] = max_c |W[r, c]| / 127 and values rounded to the nearest integer in [−127, 127].
-// A model loaded for int8 inference keeps its linear weights only in this form (a quarter of
-// float32's memory); every backend prepares its products from it.
+// A model loaded for int8 inference keeps its linear weights and token embeddings only in this
+// form (a quarter of float32's memory); every backend prepares its products from it.
 #pragma once
 
 #include <cstdint>

@@ -97,6 +97,11 @@ class CpuBackend final : public Backend {
                          float* out) const override {
     tfm::embedding_forward(table, positions, ids, rows, len, d, scale, first_position, out);
   }
+  void embedding_forward_int8(const Int8Rows& table, const float* positions, const int32_t* ids,
+                              int64_t rows, int64_t len, int64_t d, float scale,
+                              int64_t first_position, float* out) const override {
+    tfm::embedding_forward(table, positions, ids, rows, len, d, scale, first_position, out);
+  }
   void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
                           int64_t d, float scale, int64_t first_position, float* d_table,
                           float* d_positions) const override {

@@ -20,6 +20,21 @@ void embedding_forward(const float* table, const float* positions, const int32_t
   }
 }
 
+void embedding_forward(const Int8Rows& table, const float* positions, const int32_t* ids,
+                       int64_t rows, int64_t len, int64_t d, float scale, int64_t first_position,
+                       float* out) {
+#pragma omp parallel for schedule(static) if (rows * d > 65536)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t id = ids[row];
+    const int8_t* embedding = table.values + id * d;
+    const float row_scale = table.scales[id] * scale;
+    const float* pe = positions ? positions + (first_position + row % len) * d : nullptr;
+    float* o = out + row * d;  // [d]
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) o[c] = float(embedding[c]) * row_scale + (pe ? pe[c] : 0.f);
+  }
+}
+
 void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
                         int64_t d, float scale, int64_t first_position, float* d_table,
                         float* d_positions) {
