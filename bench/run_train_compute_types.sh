@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Training in bfloat16 against float32, ours both, in one run (DESIGN.md §6): train_bench (one
-# full step of the base model: zero grads, forward, label-smoothed loss, backward, Adam; the same
-# fixed batch of 64 pairs × 32 + 32 positions) with --compute-type float32 and bfloat16,
-# alternating for ROUNDS rounds. Writes bench/results/train_compute_types.{md,json}: the median
-# seconds a step, target tokens/s, the ratio bfloat16/float32, peak RSS and the loss of the last
-# step (both start from the same weights and batch).
+# Training in bfloat16 against float32 and against PyTorch, in one run (DESIGN.md §6):
+# train_bench (one full step of the base model: zero grads, forward, label-smoothed loss,
+# backward, Adam; the same fixed batch of 64 pairs × 32 + 32 positions) with --compute-type
+# float32 and bfloat16, and bench/train_peer.py (PyTorch 1.13, float32: the same step, what
+# run_train_bench.sh compares float32 with), alternating for ROUNDS rounds. Writes
+# bench/results/train_compute_types.{md,json}: the median seconds a step, target tokens/s, the
+# ratios bfloat16/float32 and bfloat16/PyTorch, peak RSS and the loss of the last step (ours start
+# from the same weights and batch). PEER=0 leaves PyTorch out.
 #
-# usage: bench/run_train_compute_types.sh     env: ROUNDS (3) STEPS (3) WARMUP (1) OMP_NUM_THREADS (2)
-# About 2 minutes on 2 idle cores. Needs a CPU with AVX512-BF16.
+# usage: bench/run_train_compute_types.sh
+# env:   ROUNDS (3) STEPS (3) WARMUP (1) OMP_NUM_THREADS (2) PEER (1)
+# About 2 minutes on 2 idle cores, 4 with PyTorch. Needs a CPU with AVX512-BF16.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -20,11 +23,19 @@ bench_prepare train_bench
 grep -qw avx512_bf16 /proc/cpuinfo || fail "this CPU has no AVX512-BF16"
 work=$(mktemp -d /tmp/train_compute_types.XXXXXX)
 trap 'rm -rf "$work"' EXIT
+peer=${PEER:-1}
+if [ "$peer" = 1 ]; then
+  /usr/bin/python3 -c 'import torch' 2>/dev/null || fail "PyTorch is missing (apt-get install python3-torch), or run with PEER=0"
+fi
 for round in $(seq 1 "$rounds"); do
   for type in float32 bfloat16; do
     "$bench_bin" --compute-type "$type" --steps "${STEPS:-3}" --warmup "${WARMUP:-1}" >>"$work/$type.jsonl" ||
       fail "train_bench --compute-type $type failed"
   done
+  if [ "$peer" = 1 ]; then
+    /usr/bin/python3 bench/train_peer.py --steps "${STEPS:-3}" --warmup "${WARMUP:-1}" >>"$work/pytorch.jsonl" ||
+      fail "train_peer.py failed"
+  fi
   echo "round $round/$rounds done" >&2
 done
 mkdir -p bench/results
@@ -38,11 +49,20 @@ def summary(rs):
             "peak_rss_mib": max(r["peak_rss_mib"] for r in rs), "loss_last": rs[0]["loss_last"],
             "each_round_s": [r["median_s"] for r in rs]}
 f32, bf16 = summary(runs["float32"]), summary(runs["bfloat16"])
+try:
+    torch_runs = [json.loads(l) for l in open(f"{work}/pytorch.jsonl") if l.strip()]
+except FileNotFoundError:
+    torch_runs = []
+pt = summary(torch_runs) if torch_runs else None
 report = {"benchmark": "training step of the base model, --compute-type bfloat16 vs float32",
           "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "cpu": cpu,
           "threads": runs["float32"][0]["threads"], "target_tokens": runs["float32"][0]["target_tokens"],
           "source_tokens": runs["float32"][0]["source_tokens"], "rounds": len(runs["float32"]),
           "float32": f32, "bfloat16": bf16, "speed_bfloat16_over_float32": f32["median_s"] / bf16["median_s"]}
+if pt:
+    report["pytorch_float32"] = pt
+    report["speed_bfloat16_over_pytorch"] = pt["median_s"] / bf16["median_s"]
+    report["speed_float32_over_pytorch"] = pt["median_s"] / f32["median_s"]
 json.dump(report, open("bench/results/train_compute_types.json", "w"), indent=1)
 md = f"""# Training step, bfloat16 against float32 (`bench/run_train_compute_types.sh`)
 
@@ -55,6 +75,11 @@ md = f"""# Training step, bfloat16 against float32 (`bench/run_train_compute_typ
 | bfloat16 | {bf16['median_s']:.3f} | {bf16['tokens_per_s']:.0f} | {bf16['peak_rss_mib']:.0f} | {bf16['loss_last']:.4f} |
 
 bfloat16 / float32 speed: **{report['speed_bfloat16_over_float32']:.2f}×**
+"""
+if pt:
+    md += f"""
+PyTorch 1.13 (float32, `bench/train_peer.py`, same rounds): {pt['median_s']:.3f} s / step, {pt['tokens_per_s']:.0f} target tok/s, peak RSS {pt['peak_rss_mib']:.0f} MiB.
+bfloat16 / PyTorch speed: **{report['speed_bfloat16_over_pytorch']:.2f}×**; float32 / PyTorch: {report['speed_float32_over_pytorch']:.2f}×
 """
 open("bench/results/train_compute_types.md", "w").write(md)
 print(md)

@@ -836,8 +836,8 @@ TEST_P(BackendOps, Int8EmbeddingGatherMatchesFloat64) {
   for (bool with_positions : {true, false}) {
     const float* pe = with_positions ? position_table.data() : nullptr;
     std::vector<float> out(size_t(rows * d));
-    be().embedding_forward_int8({values.data(), scales.data()}, pe, ids.data(), rows, len, d,
-                                scale, first, out.data());
+    be().embedding_forward_int8({values.data(), scales.data()}, pe, ids.data(), rows, len, d, scale,
+                                first, out.data());
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < d; ++c) {
         const int64_t id = ids[size_t(r)], position = first + r % len;

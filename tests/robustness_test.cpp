@@ -289,6 +289,8 @@ TEST(Checkpoint, NonFiniteOptimizerStateAndBadStateFieldsAreRefusedAtResume) {
                                                            {"epoch", 1.5},
                                                            {"batch_index", "7"},
                                                            {"train_seconds", -1.0},
+                                                           {"compute_type", "int8"},
+                                                           {"compute_type", 16},
                                                            {"batch_index", 1000000}}) {
     SCOPED_TRACE(key);
     tfm::write_bytes_atomically(dir + "/checkpoint.safetensors", good);

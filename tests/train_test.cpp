@@ -106,23 +106,31 @@ TEST(Train, ReversalTaskIsLearnedAndTranslatedInFloat32AndBFloat16) {
 
 // bfloat16 too: its products are as deterministic as float32's, so a resumed bfloat16 run ends
 // with the same bytes as a straight one.
-TEST(Train, BFloat16ResumeContinuesBitForBit) {
+TEST(Train, BFloat16ResumeContinuesBitForBitInTheRecordedComputeType) {
   if (!tfm::cpu_backend().supports(tfm::Precision::kBFloat16))
     GTEST_SKIP() << "this CPU has no AVX512-BF16";
   write_reversal_data("small_bf16", 300, 2, 9, 3);
-  const std::string common = "train --preset tiny --vocab 32" + data_flags("small_bf16") +
-                             " --batch-tokens 256 --save-every 5 --valid-every 0 --log-every 5"
-                             " --seed 7 --compute-type bfloat16";
+  const std::string base = "train --preset tiny --vocab 32" + data_flags("small_bf16") +
+                           " --batch-tokens 256 --save-every 5 --valid-every 0 --log-every 5"
+                           " --seed 7";
+  const std::string common = base + " --compute-type bfloat16";
   CliResult r =
       work.run_cli(common + " --model-dir " + work.path("bf16_straight") + " --max-steps 12");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = work.run_cli(common + " --model-dir " + work.path("bf16_halves") + " --max-steps 6");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = work.run_cli(common + " --model-dir " + work.path("bf16_halves") +
-                   " --max-steps 12 --resume");
+  // The checkpoint records the compute type: --resume alone continues in bfloat16.
+  r = work.run_cli(base + " --model-dir " + work.path("bf16_halves") + " --max-steps 12 --resume");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(tfm::read_file_bytes(work.path("bf16_straight/model.safetensors")),
             tfm::read_file_bytes(work.path("bf16_halves/model.safetensors")));
+  // Another type on resume is allowed, and said.
+  r = work.run_cli(common + " --model-dir " + work.path("bf16_switch") + " --max-steps 6");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = work.run_cli(base + " --model-dir " + work.path("bf16_switch") +
+                   " --max-steps 8 --resume --compute-type float32");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("trained in bfloat16 and continues in float32"), std::string::npos) << r.err;
   // ... and differs from the float32 run of the same steps.
   r = work.run_cli("train --preset tiny --vocab 32" + data_flags("small_bf16") +
                    " --batch-tokens 256 --save-every 5 --valid-every 0 --log-every 5 --seed 7"

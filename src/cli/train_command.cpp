@@ -17,7 +17,7 @@ CommandRunner add_train_command(CLI::App& app) {
     TrainOptions train;
     ConfigOptions config;
     DeviceOption device;
-    std::string compute_type = "float32";
+    std::string compute_type;  // empty: the resumed run's, else float32
   };
   auto o = std::make_shared<Options>();
   TrainOptions& t = o->train;
@@ -40,10 +40,10 @@ CommandRunner add_train_command(CLI::App& app) {
   app.add_option("--compute-type", o->compute_type,
                  "Number format of every linear product, forward and backward: float32 "
                  "(default), or bfloat16 (CPUs with AVX512-BF16: about twice the multiply rate; "
-                 "weights, gradients, Adam's moments and checkpoints stay float32). --resume is "
-                 "bit-exact with the compute type the run used")
-      ->check(CLI::IsMember({"float32", "bfloat16"}))
-      ->capture_default_str();
+                 "weights, gradients, Adam's moments and checkpoints stay float32). The "
+                 "checkpoint records it: --resume continues in the run's own type, bit for bit, "
+                 "unless this flag says otherwise")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
   app.add_option("--init", t.init_path, "Start from this model file instead of a random one");
   app.add_flag("--resume", t.resume,
                "Continue the run saved in --model-dir exactly where it stopped (bit for bit)");
@@ -136,8 +136,12 @@ CommandRunner add_train_command(CLI::App& app) {
   return [o] {
     TrainOptions train = o->train;
     train.device = o->device.resolve().name();
-    if (!parse_precision(o->compute_type, train.precision))
-      throw Error("--compute-type must be float32 or bfloat16, not \"" + o->compute_type + "\"");
+    if (!o->compute_type.empty()) {
+      Precision precision;
+      if (!parse_precision(o->compute_type, precision))
+        throw Error("--compute-type must be float32 or bfloat16, not \"" + o->compute_type + "\"");
+      train.precision = precision;
+    }
     ConfigOptions config = o->config;
     if (!config.preset.empty() || !config.config_path.empty()) {
       if (!train.vocabularies.empty() && config.vocab == 0 && config.src_vocab == 0 &&

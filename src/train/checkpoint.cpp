@@ -27,7 +27,8 @@ nlohmann::json TrainingState::to_json() const {
           {"target_tokens_seen", target_tokens_seen},
           {"train_seconds", train_seconds},
           {"skipped_steps", skipped_steps},
-          {"bad_steps_in_a_row", bad_steps_in_a_row}};
+          {"bad_steps_in_a_row", bad_steps_in_a_row},
+          {"compute_type", precision_name(compute_type)}};
 }
 
 TrainingState TrainingState::from_json(const nlohmann::json& j, const std::string& where) {
@@ -68,6 +69,12 @@ TrainingState TrainingState::from_json(const nlohmann::json& j, const std::strin
   if (s.train_seconds < 0) throw bad("train_seconds", "is negative");
   s.skipped_steps = count("skipped_steps", false);
   s.bad_steps_in_a_row = count("bad_steps_in_a_row", false);
+  if (j.contains("compute_type")) {
+    const nlohmann::json& v = j.at("compute_type");
+    if (!v.is_string() || !parse_precision(v.get<std::string>(), s.compute_type) ||
+        s.compute_type == Precision::kInt8)
+      throw bad("compute_type", "is not float32 or bfloat16 (" + v.dump() + ")");
+  }
   return s;
 }
 

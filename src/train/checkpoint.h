@@ -27,6 +27,10 @@ struct TrainingState {
   double train_seconds = 0;
   int64_t skipped_steps = 0;       // updates skipped for a non-finite loss or gradient
   int64_t bad_steps_in_a_row = 0;  // consecutive skipped updates, up to now
+  // The number format of the run's products (train --compute-type): what --resume continues in
+  // unless told otherwise. Checkpoints written before it was recorded were float32 runs or
+  // passed the flag: absent means float32.
+  Precision compute_type = Precision::kFloat32;
 
   nlohmann::json to_json() const;
   static TrainingState from_json(const nlohmann::json& j, const std::string& where);

@@ -175,12 +175,16 @@ TrainResult train(const TrainOptions& o) {
   const bool primary = replicas.primary();
   if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
   const Backend& backend = find_backend(o.device);
-  if (o.precision == Precision::kInt8)
-    throw Error("--compute-type int8 is for inference; train in float32 or bfloat16");
-  if (!backend.supports(o.precision))
-    throw Error(std::string("--compute-type ") + precision_name(o.precision) +
-                (backend.name() == "cpu" ? " needs a CPU with AVX512-BF16 instructions"
-                                         : " is not supported by device " + backend.name()));
+  // A compute type this backend cannot train in fails before anything is loaded.
+  auto check_compute_type = [&](Precision precision) {
+    if (precision == Precision::kInt8)
+      throw Error("--compute-type int8 is for inference; train in float32 or bfloat16");
+    if (!backend.supports(precision))
+      throw Error(std::string("--compute-type ") + precision_name(precision) +
+                  (backend.name() == "cpu" ? " needs a CPU with AVX512-BF16 instructions"
+                                           : " is not supported by device " + backend.name()));
+  };
+  if (o.precision) check_compute_type(*o.precision);
   TrainResult result;
   result.primary = primary;
   // A signal before the first step: nothing to save, and no point loading the rest.
@@ -212,6 +216,11 @@ TrainResult train(const TrainOptions& o) {
                   "--model-dir");
     resumed.emplace(load_checkpoint(o.model_dir, backend));
     state = resumed->state;
+    if (o.precision && *o.precision != state.compute_type && primary)
+      std::fprintf(stderr,
+                   "train: --resume: the run trained in %s and continues in %s (--compute-type), "
+                   "so it is no longer bit-exact with an uninterrupted run\n",
+                   precision_name(state.compute_type), precision_name(*o.precision));
   } else if (o.resume) {
     if (o.init_path.empty() && !o.has_config)
       throw Error("--resume: " + o.model_dir +
@@ -231,6 +240,10 @@ TrainResult train(const TrainOptions& o) {
     throw Error("choose a model: --preset, --config or --init (or --resume an existing run)");
   }
   if (stopped_before_start()) return result;
+  // As given, else the resumed run's own (so --resume alone continues bit for bit), else float32.
+  const Precision precision = o.precision.value_or(state.compute_type);
+  check_compute_type(precision);
+  state.compute_type = precision;
   const ModelConfig& config = model->config();
   // Weights + gradients (+ Adam's two moments, + the all-reduce buffer), for every rank on this
   // machine, before any of them is allocated.
@@ -357,7 +370,7 @@ TrainResult train(const TrainOptions& o) {
     LossTotals totals;  // each rank scores every size()-th batch; the totals are summed
     for (size_t i = size_t(replicas.rank()); i < valid_batches.size(); i += size_t(replicas.size()))
       totals += loss_and_gradients(*model, grad_views, valid_batches[i], {}, o.label_smoothing, 0.f,
-                                   ws, o.precision);
+                                   ws, precision);
     sum_totals(replicas, totals);
     const double nll = totals.nll / double(std::max<int64_t>(totals.tokens, 1));
     const bool best = state.best_valid_nll < 0 || nll < state.best_valid_nll;
@@ -454,7 +467,7 @@ TrainResult train(const TrainOptions& o) {
       dropout.seed = dropout_key(state.seed, uint64_t(state.step + 1) * 1024 + m);
       if (replicas.rank() > 0) dropout.seed = dropout_key(dropout.seed, uint64_t(replicas.rank()));
       step_totals += loss_and_gradients(*model, grad_views, micro[m], dropout, o.label_smoothing,
-                                        1.f / float(tokens), ws, o.precision);
+                                        1.f / float(tokens), ws, precision);
     }
     interval_reduce_seconds += replicas.sum_tensors(gradients);
     if (replicas.distributed()) {

@@ -4,6 +4,7 @@
 // that continues bit for bit, and a clean save on SIGINT / SIGTERM.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,9 @@ struct TrainOptions {
   bool resume = false;
   std::string device = "cpu";  // the backend that trains (find_backend)
   // The number format of every linear product, forward and backward: float32, or bfloat16
-  // (float32 master weights, gradients, Adam moments and checkpoints).
-  Precision precision = Precision::kFloat32;
+  // (float32 master weights, gradients, Adam moments and checkpoints). Unset: the resumed run's
+  // (recorded in its checkpoint), else float32.
+  std::optional<Precision> precision;
 
   float label_smoothing = 0.1f;
   float dropout = 0.1f, attention_dropout = 0.f, relu_dropout = 0.f;

@@ -324,6 +324,11 @@ PackedMatrix::PackedMatrix(const std::vector<const float*>& parts,
   Impl& p = *impl_;
   p.k = k;
   p.precision = precision;
+  // One part is packed straight from the caller's rows (no stacked copy to allocate and fill).
+  if (parts.size() == 1 && precision != Precision::kInt8) {
+    p.n = part_rows[0];
+    if (p.pack(parts[0])) return;
+  }
   std::vector<float> stacked = stack_rows(parts, part_rows, k);  // [n, k]
   p.n = int64_t(stacked.size()) / k;
   if (precision == Precision::kInt8) {
