@@ -10,6 +10,7 @@
 #include "io/ctranslate2.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
+#include "model/init.h"
 #include "tensor/error.h"
 #include "text/vocabulary.h"
 
@@ -216,6 +217,49 @@ TEST(Decode, InferenceOnlyModelFreesItsFloatWeightsAndKeepsTheOutputs) {
     EXPECT_THROW(only.model.mutable_parameters(), Error);
     EXPECT_THROW(save_model(only.model, ::testing::TempDir() + "/never.safetensors"),
                  std::logic_error);
+  }
+}
+
+// Every way of sharing embeddings, held in int8: the lookup reads the int8 rows, a tied output
+// projection multiplies by them, and the result equals the float model's int8 inference (which
+// quantises its embeddings by the same rule).
+TEST(Decode, Int8EmbeddingsForEverySharing) {
+  if (!cpu_backend().supports(Precision::kInt8)) GTEST_SKIP() << "this CPU has no VNNI";
+  for (EmbeddingSharing sharing :
+       {EmbeddingSharing::kAll, EmbeddingSharing::kTarget, EmbeddingSharing::kNone}) {
+    ModelConfig c = preset_config("tiny");
+    c.src_vocab_size = c.tgt_vocab_size = 24;
+    c.share_embeddings = sharing;
+    if (sharing != EmbeddingSharing::kAll) c.tgt_vocab_size = 21;
+    const Model float_model = init_model(c, 11);
+    const std::string path = ::testing::TempDir() + "/int8_sharing.safetensors";
+    save_model(float_model, path);
+    const Model int8 = load_model(path, cpu_backend(), ModelWeights::kInt8);
+    std::remove(path.c_str());
+    const TransformerWeights& w = int8.weights();
+    EXPECT_EQ(w.src_embed, nullptr);
+    EXPECT_EQ(w.tgt_embed, nullptr);
+    ASSERT_NE(w.src_embed_int8.values, nullptr);
+    ASSERT_NE(w.tgt_embed_int8.values, nullptr);
+    EXPECT_EQ(w.src_embed_int8.values == w.tgt_embed_int8.values,
+              sharing == EmbeddingSharing::kAll);
+    if (sharing != EmbeddingSharing::kNone)
+      EXPECT_EQ(w.output.int8.values, w.tgt_embed_int8.values);
+    SearchOptions o = beam(3);
+    o.precision = Precision::kInt8;
+    o.min_length = 4;
+    o.max_length = 6;
+    const std::vector<std::vector<int32_t>> sources = {{5, 6, 7, 8}, {9, 10}};
+    const auto from_float = search(float_model, sources, {}, o);
+    const auto from_int8 = search(int8, sources, {}, o);
+    for (size_t s = 0; s < sources.size(); ++s) {
+      EXPECT_EQ(from_int8[s][0].tokens, from_float[s][0].tokens) << int(sharing);
+      EXPECT_EQ(from_int8[s][0].logprob, from_float[s][0].logprob) << int(sharing);
+    }
+    SearchOptions f = o;
+    f.precision = Precision::kFloat32;
+    const auto exact = search(float_model, sources, {}, f);
+    EXPECT_NE(exact[0][0].logprob, from_int8[0][0].logprob) << "int8 was not used";
   }
 }
 
