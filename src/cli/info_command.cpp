@@ -77,9 +77,9 @@ void print_file_info(const std::string& path) {
   const TrainingState& s = checkpoint.state;
   std::printf(
       "training checkpoint:\n  step %lld, epoch %lld (batch %lld), %lld target tokens, %.1f "
-      "minutes\n",
+      "minutes, compute type %s\n",
       (long long)s.step, (long long)s.epoch + 1, (long long)s.batch_index,
-      (long long)s.target_tokens_seen, s.train_seconds / 60.0);
+      (long long)s.target_tokens_seen, s.train_seconds / 60.0, precision_name(s.compute_type));
   if (s.best_valid_nll >= 0)
     std::printf("  best validation perplexity %.2f\n", std::exp(s.best_valid_nll));
 }

@@ -15,9 +15,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Token embeddings and learned position tables.
 bool is_embedding(const std::string& name) {
-  return name == "embed.weight" || name == "src_embed.weight" || name == "tgt_embed.weight" ||
-         ends_with(name, "pos_embed.weight");
+  return is_token_embedding(name) || ends_with(name, "pos_embed.weight");
 }
 
 bool is_norm(const std::string& name) {
