@@ -11,6 +11,7 @@
 #include "cli_runner.h"
 #include "io/file_util.h"
 #include "io/model_directory.h"
+#include "io/safetensors.h"
 
 namespace {
 
@@ -230,6 +231,12 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("weights int8"), std::string::npos) << r.out;
   EXPECT_EQ(tfm::stored_precision(work.path("aren_i8")), tfm::Precision::kInt8);
+  {  // its int8 embeddings stay int8 too (CTranslate2 quantises them with the linear weights)
+    const tfm::SafetensorsHeader header =
+        tfm::read_safetensors_header(work.path("aren_i8/model.safetensors"));
+    EXPECT_EQ(header.dtypes.at("src_embed.weight"), "I8");
+    EXPECT_EQ(header.dtypes.at("tgt_embed.weight"), "I8");
+  }
   const bool vnni = tfm::cpu_backend().supports(tfm::Precision::kInt8);
   for (const char* type : {"float32", "int8", "default"}) {
     if (std::string(type) != "float32" && !vnni) continue;
