@@ -163,7 +163,6 @@ int run(const Options& o) {
   Sentences sources, targets;
   std::optional<tfm::Model> model;
   if (o.reuse) {
-    model.emplace(tfm::load_model(model_path));
     sources = bench::read_ids(source_path, "run without --reuse first");
     targets = bench::read_ids(target_path, "run without --reuse first");
   } else {
@@ -183,6 +182,13 @@ int run(const Options& o) {
       return 0;
     }
   }
+  // Scored as `transformer score` scores: the file read for inference in this compute type
+  // only (int8 weights held in int8, every weight freed once prepared), so the peak RSS is what
+  // a user sees.
+  model.reset();
+  model.emplace(
+      tfm::load_model(model_path, tfm::cpu_backend(), tfm::model_weights_for(o.precision)));
+  model->set_inference_only(o.precision);
   const double load_seconds = now_seconds() - load_start;
   const tfm::ModelConfig& config = model->config();
   const tfm::TokenBatch batch = tfm::make_batch(config, sources, targets);
