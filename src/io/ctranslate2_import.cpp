@@ -40,18 +40,10 @@ class SpecVariables {
   }
   // The int8 form of a variable stored in int8 (its fp32 form is taken with take()).
   std::optional<Int8Matrix> take_int8(const std::string& name) {
-    auto it = file_.int8_matrices.find(name);
-    if (it == file_.int8_matrices.end()) return std::nullopt;
-    Int8Matrix q = std::move(it->second);
-    file_.int8_matrices.erase(it);
-    return q;
+    return take_from(file_.int8_matrices, name);
   }
   std::optional<Tensor> take_optional(const std::string& name) {
-    auto it = file_.variables.find(name);
-    if (it == file_.variables.end()) return std::nullopt;
-    Tensor t = std::move(it->second);
-    file_.variables.erase(it);
-    return t;
+    return take_from(file_.variables, name);
   }
   // A scalar flag, enum or number; `fallback` when absent.
   double take_scalar(const std::string& name, double fallback) {
@@ -90,6 +82,16 @@ class SpecVariables {
   }
 
  private:
+  // Moves the entry `name` out of `entries` (consumed); nullopt when absent.
+  template <typename T>
+  static std::optional<T> take_from(std::map<std::string, T>& entries, const std::string& name) {
+    auto it = entries.find(name);
+    if (it == entries.end()) return std::nullopt;
+    T value = std::move(it->second);
+    entries.erase(it);
+    return value;
+  }
+
   CTranslate2Variables file_;
   std::string where_;
 };

@@ -8,7 +8,6 @@
 
 #include "io/safetensors.h"
 #include "tensor/error.h"
-#include "tensor/memory_budget.h"
 
 namespace tfm {
 
@@ -134,7 +133,6 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
     }
     int8.clear();
   }
-  release_freed_memory();  // what quantising or multiplying out freed while reading
   return Model(std::move(config), std::move(tensors), path, backend, std::move(int8));
 }
 

@@ -48,7 +48,7 @@ struct Preparer {
   void prepare(LinearWeights& w) { w.prepared = product({&w}); }
 
   // int8 reads its embeddings in int8 too: a float table [vocab, d] is quantised once (a shared
-  // one once for all its uses).
+  // one once for all its uses, a tied output projection's product among them).
   void quantize_embeddings(TransformerWeights& w, const ModelConfig& config) {
     auto quantize = [&](const float* table, int64_t vocab) {
       Int8Matrix& q = out.int8_embeddings.emplace_back();
@@ -59,11 +59,16 @@ struct Preparer {
       return q.view();
     };
     const bool shared = w.src_embed && w.src_embed == w.tgt_embed;
+    const bool tied_output = w.tgt_embed && w.output.weight == w.tgt_embed;
     if (w.src_embed) w.src_embed_int8 = quantize(w.src_embed, config.src_vocab_size);
     if (shared)
       w.tgt_embed_int8 = w.src_embed_int8;
     else if (w.tgt_embed)
       w.tgt_embed_int8 = quantize(w.tgt_embed, config.tgt_vocab_size);
+    if (tied_output) {  // packed from these rows: the same rule would quantise it again
+      w.output.weight = nullptr;
+      w.output.int8 = w.tgt_embed_int8;
+    }
     w.src_embed = w.tgt_embed = nullptr;
   }
 

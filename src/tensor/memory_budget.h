@@ -30,8 +30,8 @@ int64_t parse_memory_size(const std::string& text);
 void retain_freed_memory();
 
 // Returns the freed memory retain_freed_memory keeps to the system now: for memory that is
-// done with for good, such as what loading a model freed (an int8 model's rows once packed:
-// 20-25 MB of base's peak RSS).
+// done with for good, such as what loading and preparing a model for inference freed
+// (Model::prepared, once the weights are packed: 20-25 MB of base's int8 RSS).
 void release_freed_memory();
 
 }  // namespace tfm

@@ -242,7 +242,7 @@ TrainResult train(const TrainOptions& o) {
   if (stopped_before_start()) return result;
   // As given, else the resumed run's own (so --resume alone continues bit for bit), else float32.
   const Precision precision = o.precision.value_or(state.compute_type);
-  check_compute_type(precision);
+  if (!o.precision) check_compute_type(precision);  // a given one was checked before loading
   state.compute_type = precision;
   const ModelConfig& config = model->config();
   // Weights + gradients (+ Adam's two moments, + the all-reduce buffer), for every rank on this

@@ -324,21 +324,23 @@ PackedMatrix::PackedMatrix(const std::vector<const float*>& parts,
   Impl& p = *impl_;
   p.k = k;
   p.precision = precision;
-  // One part is packed straight from the caller's rows (no stacked copy to allocate and fill).
-  if (parts.size() == 1 && precision != Precision::kInt8) {
-    p.n = part_rows[0];
-    if (p.pack(parts[0])) return;
-  }
-  std::vector<float> stacked = stack_rows(parts, part_rows, k);  // [n, k]
-  p.n = int64_t(stacked.size()) / k;
+  p.n = 0;
+  for (int64_t r : part_rows) p.n += r;
+  // Several parts are stacked into one [n, k] copy; one part is read where it is.
+  const bool one_part = parts.size() == 1;
+  std::vector<float> stacked;
+  if (!one_part) stacked = stack_rows(parts, part_rows, k);
+  const float* w = one_part ? parts[0] : stacked.data();  // [n, k]
   if (precision == Precision::kInt8) {
-    std::vector<int8_t> values(stacked.size());  // [n, k]
-    std::vector<float> scales(size_t(p.n));      // [n]
-    quantize_weight_rows(stacked.data(), p.n, k, values.data(), scales.data());
+    std::vector<int8_t> values(size_t(p.n * k));  // [n, k]
+    std::vector<float> scales(size_t(p.n));       // [n]
+    quantize_weight_rows(w, p.n, k, values.data(), scales.data());
     p.pack_int8(values, std::move(scales));
     return;
   }
-  if (!p.pack(stacked.data())) p.plain = std::move(stacked);
+  if (p.pack(w)) return;
+  if (one_part) stacked.assign(w, w + p.n * k);
+  p.plain = std::move(stacked);
 }
 
 PackedMatrix::PackedMatrix(const std::vector<Int8Rows>& parts,
