@@ -1,39 +1,10 @@
-// Forward passes of the individual layers.
-#include "model/layers.h"
+// Multi-head attention forward / backward.
+#include "model/multi_head_attention.h"
 
 #include <algorithm>
-#include <cmath>
 #include <stdexcept>
 
 namespace tfm {
-
-uint64_t dropout_key(uint64_t seed, uint64_t site) {
-  uint64_t z = seed ^ (site * 0xD1B54A32D192ED03ull);
-  z = (z ^ (z >> 32)) * 0x9E3779B97F4A7C15ull;
-  return z ^ (z >> 29);
-}
-
-void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
-                    float* y) {
-  if (w.prepared)
-    w.prepared->multiply(x, rows, w.in, y, w.out);
-  else if (!w.weight)
-    throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
-  else
-    backend.matmul(false, true, rows, w.out, w.in, 1.f, x, w.in, w.weight, w.in, 0.f, y, w.out,
-                   w.precision);
-  if (w.bias) backend.add_bias(y, w.bias, rows, w.out);
-}
-
-void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
-                     const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx) {
-  if (dx)
-    backend.matmul(false, false, rows, w.in, w.out, 1.f, dy, w.out, w.weight, w.in,
-                   accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);
-  backend.matmul(true, false, w.out, w.in, rows, 1.f, dy, w.out, x, w.in, 1.f, g.weight, w.in,
-                 w.precision);
-  if (g.bias) backend.bias_backward(dy, rows, w.out, g.bias);
-}
 
 namespace {
 
@@ -161,84 +132,6 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   if (w.scoring != AttentionScoring::kAdditive) key_grads.bias = nullptr;
   linear_backward(backend, w.k, key_grads, in.memory_input, dk, key_rows, d_memory_input, true);
   linear_backward(backend, w.v, g.v, in.memory_input, dv, key_rows, d_memory_input, true);
-}
-
-void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
-                          const float* x, int64_t rows, float dropout, uint64_t key,
-                          FeedForwardCache& cache, float* out) {
-  float* pre = ensure_size(cache.pre_activation, rows * w.fc1.out);  // [rows, d_ff]
-  float* hidden = cache.keep_pre_activation ? ensure_size(cache.hidden, rows * w.fc1.out)
-                                            : pre;  // [rows, d_ff]
-  // fc1 without its bias, which add_bias_activation adds in the same pass as the activation.
-  LinearWeights fc1 = w.fc1;
-  fc1.bias = nullptr;
-  linear_forward(backend, fc1, x, rows, pre);
-  backend.add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
-  if (dropout > 0.f) {
-    uint8_t* mask = ensure_size(cache.dropout_mask, rows * w.fc1.out);
-    backend.dropout_mask(mask, rows * w.fc1.out, dropout, key);
-    backend.apply_dropout(hidden, mask, rows * w.fc1.out, dropout);
-  }
-  linear_forward(backend, w.fc2, hidden, rows, out);
-}
-
-void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
-                           const FeedForward<float>& g, Activation act, const float* x,
-                           int64_t rows, float dropout, FeedForwardCache& cache, const float* d_out,
-                           BackwardScratch& scratch, float* dx, bool accumulate) {
-  const int64_t hidden_size = rows * w.fc1.out;
-  float* d_hidden = ensure_size(scratch.d_hidden, hidden_size);  // [rows, d_ff]
-  linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false);
-  if (dropout > 0.f)
-    backend.apply_dropout(d_hidden, cache.dropout_mask.data(), hidden_size, dropout);
-  backend.activation_backward(d_hidden, cache.pre_activation.data(), hidden_size, act);
-  linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate);
-}
-
-void fill_sinusoid_table(const ModelConfig& config, float* table) {
-  const int64_t d = config.d_model;
-  for (int64_t p = 0; p < config.max_positions; ++p) {
-    float* out = table + p * d;
-    const double position = double(p);
-    if (config.sinusoid_layout == SinusoidLayout::kInterleaved) {
-      for (int64_t i = 0; 2 * i < d; ++i) {
-        const double angle = position / std::pow(10000.0, double(2 * i) / double(d));
-        out[2 * i] = float(std::sin(angle));
-        if (2 * i + 1 < d) out[2 * i + 1] = float(std::cos(angle));
-      }
-    } else {
-      const int64_t half = d / 2;
-      const double increment = std::log(10000.0) / double(half - 1);
-      for (int64_t j = 0; j < half; ++j) {
-        const double angle = position * std::exp(-double(j) * increment);
-        out[j] = float(std::sin(angle));
-        out[half + j] = float(std::cos(angle));
-      }
-    }
-  }
-}
-
-void embed_forward(const Backend& backend, const ModelConfig& config, const EmbeddingTable& table,
-                   const float* position_table, const int32_t* ids, int64_t batch, int64_t len,
-                   int64_t first_position, float* out) {
-  const int64_t d = config.d_model;
-  const float scale = config.scale_embeddings ? std::sqrt(float(d)) : 1.f;
-  const int64_t first = first_position + config.position_offset;
-  if (table.values)
-    backend.embedding_forward(table.values, position_table, ids, batch * len, len, d, scale, first,
-                              out);
-  else
-    backend.embedding_forward_int8(table.int8, position_table, ids, batch * len, len, d, scale,
-                                   first, out);
-}
-
-void embed_backward(const Backend& backend, const ModelConfig& config, const float* d_out,
-                    const int32_t* ids, int64_t batch, int64_t len, float* d_table,
-                    float* d_positions) {
-  const int64_t d = config.d_model;
-  const float scale = config.scale_embeddings ? std::sqrt(float(d)) : 1.f;
-  backend.embedding_backward(d_out, ids, batch * len, len, d, scale, config.position_offset,
-                             d_table, d_positions);
 }
 
 }  // namespace tfm

@@ -1,0 +1,33 @@
+// The position-wise feed-forward network (§3.3): FFN(x) = act(x·W1ᵀ + b1)·W2ᵀ + b2, applied to
+// every position alike, as a forward / backward pair (ReLU or GELU, optional dropout inside).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/linear.h"
+#include "model/weights.h"
+
+namespace tfm {
+
+struct FeedForwardCache {
+  // Inference sets this to false: the activation then overwrites the fc1 output in place (one
+  // [rows, d_ff] buffer instead of two), and backward cannot run.
+  bool keep_pre_activation = true;
+  std::vector<float> pre_activation;  // [rows, d_ff] fc1 output
+  std::vector<float> hidden;          // [rows, d_ff] activation (after dropout): fc2 input
+  std::vector<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0
+};
+
+// out[rows, D] = fc2(dropout(act(fc1(x)))).
+void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
+                          const float* x, int64_t rows, float dropout, uint64_t key,
+                          FeedForwardCache& cache, float* out);
+// dx (= or += when accumulate) and parameter gradients, given d_out [rows, D].
+void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
+                           const FeedForward<float>& g, Activation act, const float* x,
+                           int64_t rows, float dropout, FeedForwardCache& cache, const float* d_out,
+                           BackwardScratch& scratch, float* dx, bool accumulate);
+
+}  // namespace tfm

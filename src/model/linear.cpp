@@ -1,0 +1,36 @@
+// Linear forward / backward and the dropout key mix.
+#include "model/linear.h"
+
+#include <stdexcept>
+
+namespace tfm {
+
+uint64_t dropout_key(uint64_t seed, uint64_t site) {
+  uint64_t z = seed ^ (site * 0xD1B54A32D192ED03ull);
+  z = (z ^ (z >> 32)) * 0x9E3779B97F4A7C15ull;
+  return z ^ (z >> 29);
+}
+
+void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
+                    float* y) {
+  if (w.prepared)
+    w.prepared->multiply(x, rows, w.in, y, w.out);
+  else if (!w.weight)
+    throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
+  else
+    backend.matmul(false, true, rows, w.out, w.in, 1.f, x, w.in, w.weight, w.in, 0.f, y, w.out,
+                   w.precision);
+  if (w.bias) backend.add_bias(y, w.bias, rows, w.out);
+}
+
+void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
+                     const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx) {
+  if (dx)
+    backend.matmul(false, false, rows, w.in, w.out, 1.f, dy, w.out, w.weight, w.in,
+                   accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);
+  backend.matmul(true, false, w.out, w.in, rows, 1.f, dy, w.out, x, w.in, 1.f, g.weight, w.in,
+                 w.precision);
+  if (g.bias) backend.bias_backward(dy, rows, w.out, g.bias);
+}
+
+}  // namespace tfm

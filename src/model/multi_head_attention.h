@@ -1,0 +1,68 @@
+// Multi-head attention (§3.2.2): Q, K, V projections, scaled dot-product attention (§3.2.1) per
+// head over batch × heads, heads concatenated and projected by W_o; as a forward / backward pair
+// on padded batches [batch, time, d_model], with incremental decoding's cached keys and values.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/linear.h"
+#include "model/weights.h"
+
+namespace tfm {
+
+// Incremental decoding's keys and values for one attention (one query per sequence), used
+// instead of projecting them from AttentionInputs::memory_input. A self-attention appends this
+// position's keys/values to its cache and attends over the history; a cross-attention reads the
+// encoder output's keys/values, projected once per batch.
+struct CachedKeysValues {
+  float* keys = nullptr;    // row r at keys + r * row_stride, heads side by side
+  float* values = nullptr;  // the same rows for the values
+  int64_t row_stride = 0;
+  // Self-attention: query i reads key j from row key_rows[i * key_rows_stride + j] and writes
+  // its own key/value to row key_rows[i * key_rows_stride + position], position being the
+  // mask's query_offset. Null (cross-attention): the keys are dense per sequence, which the
+  // mask's key_batch picks.
+  const int32_t* key_rows = nullptr;
+  int64_t key_rows_stride = 0;
+};
+
+struct AttentionInputs {
+  const float* query_input = nullptr;   // [B, Tq, D]
+  const float* memory_input = nullptr;  // [B, Tk, D] (keys and values come from here)
+  int64_t batch = 0, query_len = 0, key_len = 0;
+  AttentionMask mask;
+  float dropout = 0.f;  // on the attention weights
+  uint64_t dropout_key = 0;
+  // Incremental decoding: self-attention still projects memory_input (= query_input) for this
+  // position; cross-attention leaves it unused.
+  const CachedKeysValues* cached = nullptr;
+};
+
+struct AttentionCache {
+  std::vector<float> q;        // [B, Tq, D]; prepared self-attention: [B, T, 3D] rows q | k | v
+  std::vector<float> k;        // [B, Tk, D]; prepared cross-attention: [B, Tk, 2D] rows k | v
+  std::vector<float> v;        // [B, Tk, D]
+  std::vector<float> context;  // [B, Tq, D] heads concatenated (input of W_o)
+  std::vector<float> probs;    // [B, H, Tq, Tk] softmax before dropout
+  // Inference sets this to false: the weights are then never stored (attention streams over
+  // the keys with an online softmax), and backward cannot run.
+  bool keep_weights = true;
+  std::vector<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
+  std::vector<int64_t> append_rows;   // [B] incremental decoding: the KV-cache row written
+};
+
+// out[B, Tq, D] = W_o · Concat_h(softmax(Q_h K_hᵀ / sqrt(d_k)) V_h): one GEMM per projection
+// over all heads and positions, attention over batch × heads in parallel.
+void multi_head_attention_forward(const Backend& backend, const AttentionWeights& w, int64_t heads,
+                                  const AttentionInputs& in, AttentionCache& cache, float* out);
+// Given d_out [B, Tq, D]: d_query_input (= or += when accumulate), d_memory_input += (the same
+// pointer for self-attention), and the parameter gradients.
+void multi_head_attention_backward(const Backend& backend, const AttentionWeights& w,
+                                   const Attention<float>& g, int64_t heads,
+                                   const AttentionInputs& in, AttentionCache& cache,
+                                   const float* d_out, BackwardScratch& scratch,
+                                   float* d_query_input, bool accumulate, float* d_memory_input);
+
+}  // namespace tfm
