@@ -24,7 +24,8 @@
 
 #include "backend/cpu/attention.h"
 #include "bench_util.h"
-#include "model/layers.h"
+#include "model/linear.h"
+#include "model/multi_head_attention.h"
 
 // Live heap bytes (and their peak) of every operator new in this process: what `speed` reports.
 namespace {

@@ -17,7 +17,8 @@
 #include "backend/cpu/elementwise.h"
 #include "backend/cpu/gemm.h"
 #include "bench_util.h"
-#include "model/layers.h"
+#include "model/linear.h"
+#include "model/multi_head_attention.h"
 
 namespace {
 

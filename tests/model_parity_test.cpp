@@ -9,6 +9,7 @@
 #include "fixture_batch.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
+#include "model/embeddings.h"
 #include "model/transformer.h"
 
 namespace tfm {

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/embeddings.h"
+
 namespace tfm {
 
 IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, int64_t sentences,

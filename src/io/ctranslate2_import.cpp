@@ -12,7 +12,7 @@
 
 #include "io/ctranslate2.h"
 #include "io/file_util.h"
-#include "model/layers.h"
+#include "model/positional_encoding.h"
 #include "tensor/error.h"
 
 namespace tfm {

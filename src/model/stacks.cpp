@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "model/embeddings.h"
 #include "model/sublayer.h"
 #include "model/transformer.h"
 

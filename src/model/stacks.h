@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/layers.h"
+#include "model/feed_forward.h"
+#include "model/linear.h"
+#include "model/multi_head_attention.h"
 
 namespace tfm {
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/linear.h"
+#include "model/positional_encoding.h"
 #include "model/prepared_weights.h"
 #include "tensor/error.h"
 #include "tensor/memory_budget.h"

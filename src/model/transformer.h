@@ -12,7 +12,6 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
-#include "model/layers.h"
 #include "model/stacks.h"
 #include "model/weights.h"
 #include "tensor/tensor.h"
