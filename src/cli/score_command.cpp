@@ -69,12 +69,7 @@ void run_score(const ScoreOptions& o) {
   Progress progress("score", int64_t(pairs.sources.size()));
   int64_t done = 0;
   for (const std::vector<int64_t>& members : plan) {
-    std::vector<std::vector<int32_t>> batch_src, batch_tgt;
-    for (int64_t i : members) {
-      batch_src.push_back(pairs.sources[size_t(i)]);
-      batch_tgt.push_back(pairs.targets[size_t(i)]);
-    }
-    const TokenBatch batch = make_batch(config, batch_src, batch_tgt);
+    const TokenBatch batch = make_batch(config, pairs.sources, pairs.targets, members);
     score_forward(bundle.model, batch, ws, logprobs, precision);
     for (size_t m = 0; m < members.size(); ++m) {
       const float* row = logprobs.data() + int64_t(m) * batch.tgt_len;

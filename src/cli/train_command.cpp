@@ -146,13 +146,8 @@ CommandRunner add_train_command(CLI::App& app) {
     if (!config.preset.empty() || !config.config_path.empty()) {
       if (!train.vocabularies.empty() && config.vocab == 0 && config.src_vocab == 0 &&
           config.tgt_vocab == 0) {
-        auto size_of = [](const std::string& path) {
-          const bool list = path.size() > 4 && path.compare(path.size() - 4, 4, ".txt") == 0;
-          return (list ? Vocabulary::from_token_list(path) : Vocabulary::from_sentencepiece(path))
-              .size();
-        };
-        config.src_vocab = size_of(train.vocabularies.front());
-        config.tgt_vocab = size_of(train.vocabularies.back());
+        config.src_vocab = Vocabulary::from_file(train.vocabularies.front()).size();
+        config.tgt_vocab = Vocabulary::from_file(train.vocabularies.back()).size();
       }
       train.config = config.resolve();
       train.has_config = true;

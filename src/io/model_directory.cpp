@@ -79,6 +79,24 @@ void copy_vocabulary_files(const std::string& from_dir, const std::string& to_di
   }
 }
 
+void install_vocabulary_files(const std::vector<std::string>& files, const std::string& dir) {
+  auto copy = [&](const std::string& from, const char* name) {
+    write_bytes_atomically(dir + "/" + name, read_file_bytes(from));
+  };
+  if (files.size() == 1) {
+    if (Vocabulary::is_token_list_file(files[0])) {
+      copy(files[0], "source_vocabulary.txt");
+      copy(files[0], "target_vocabulary.txt");
+    } else {
+      copy(files[0], "vocab.spm");
+    }
+  } else if (files.size() == 2) {
+    const bool lists = Vocabulary::is_token_list_file(files[0]);
+    copy(files[0], lists ? "source_vocabulary.txt" : "source.spm");
+    copy(files[1], lists ? "target_vocabulary.txt" : "target.spm");
+  }
+}
+
 void write_model_directory(const std::string& dir, const Model& model,
                            const std::vector<std::string>* source_tokens,
                            const std::vector<std::string>* target_tokens) {

@@ -39,6 +39,10 @@ Precision stored_precision(const std::string& path);
 // `to_dir`, each atomically.
 void copy_vocabulary_files(const std::string& from_dir, const std::string& to_dir);
 
+// Copies the vocabularies a run trains with into `dir` under the names load_model_bundle looks
+// for, each atomically: one joint file (SentencePiece or .txt token list), or source + target.
+void install_vocabulary_files(const std::vector<std::string>& files, const std::string& dir);
+
 // Writes `dir/model.safetensors` and, when given, token-list vocabularies, each atomically.
 void write_model_directory(const std::string& dir, const Model& model,
                            const std::vector<std::string>* source_tokens,

@@ -115,6 +115,17 @@ const float* Model::decoder_positions() const {
 }
 
 TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<int32_t>>& sources,
+                      const std::vector<std::vector<int32_t>>& targets,
+                      const std::vector<int64_t>& members, size_t first, size_t stride) {
+  std::vector<std::vector<int32_t>> src, tgt;
+  for (size_t i = first; i < members.size(); i += stride) {
+    src.push_back(sources[size_t(members[i])]);
+    tgt.push_back(targets[size_t(members[i])]);
+  }
+  return make_batch(config, src, tgt);
+}
+
+TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<int32_t>>& sources,
                       const std::vector<std::vector<int32_t>>& targets) {
   if (sources.size() != targets.size())
     throw Error("make_batch: " + std::to_string(sources.size()) + " sources but " +

@@ -100,6 +100,12 @@ struct TokenBatch {
 // Throws Error if an id is outside the vocabulary or a sequence exceeds max_positions.
 TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<int32_t>>& sources,
                       const std::vector<std::vector<int32_t>>& targets);
+// The batch of the pairs `members` names (indices into sources / targets: one batch of a
+// text/batching.h plan); with stride > 1 only members[first], members[first + stride], ... (one
+// rank's share of a global batch: similar lengths, and the shares hold each pair once).
+TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<int32_t>>& sources,
+                      const std::vector<std::vector<int32_t>>& targets,
+                      const std::vector<int64_t>& members, size_t first = 0, size_t stride = 1);
 
 // The real (non-pad) target positions of a batch, as flat indices b * T + t in order, and
 // their labels (tgt_out at those positions). Scoring and the loss run the output projection

@@ -24,6 +24,14 @@ Vocabulary Vocabulary::from_tokens(std::vector<std::string> tokens, const std::s
   return v;
 }
 
+bool Vocabulary::is_token_list_file(const std::string& path) {
+  return path.size() >= 4 && path.compare(path.size() - 4, 4, ".txt") == 0;
+}
+
+Vocabulary Vocabulary::from_file(const std::string& path) {
+  return is_token_list_file(path) ? from_token_list(path) : from_sentencepiece(path);
+}
+
 Vocabulary Vocabulary::from_token_list(const std::string& path) {
   std::istringstream lines(read_file_bytes(path));
   std::vector<std::string> tokens;

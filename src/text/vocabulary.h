@@ -20,6 +20,9 @@ class Vocabulary {
   static Vocabulary from_token_list(const std::string& path);
   static Vocabulary from_tokens(std::vector<std::string> tokens, const std::string& where);
   static Vocabulary from_sentencepiece(const std::string& path);
+  // A token list when the name ends in .txt (is_token_list_file), else a SentencePiece model.
+  static Vocabulary from_file(const std::string& path);
+  static bool is_token_list_file(const std::string& path);
   Vocabulary(Vocabulary&&) noexcept;
   Vocabulary& operator=(Vocabulary&&) noexcept;
   ~Vocabulary();

@@ -1,137 +1,60 @@
-// train(): the loop, its logging and its stopping rules.
+// train(): a TrainingRun in named steps — check the options, open the model (resumed, given or
+// new), read the data, then the loop of steps (take the micro-batches, compute the gradients,
+// update or skip, report, validate, save) and the final save.
 #include "train/trainer.h"
 
-#include <omp.h>
-#include <pthread.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
-#include <filesystem>
 #include <optional>
-#include <thread>
 
 #include "io/directory_lock.h"
 #include "io/file_util.h"
 #include "io/model_directory.h"
 #include "io/model_file.h"
 #include "model/init.h"
+#include "model/linear.h"
 #include "tensor/error.h"
 #include "tensor/memory_budget.h"
 #include "text/batching.h"
 #include "train/checkpoint.h"
 #include "train/loss.h"
 #include "train/replicas.h"
+#include "train/stop_signal.h"
 
 namespace tfm {
 
 namespace {
 
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int signal) {
-  g_stop_signal = signal;
+using Clock = std::chrono::steady_clock;
+
+// Options no run could use, refused before anything is read.
+void check_options(const TrainOptions& o) {
+  if (o.model_dir.empty()) throw Error("--model-dir is required");
+  if (o.accumulate < 1) throw Error("--accumulate must be at least 1");
+  if (!(o.label_smoothing >= 0.f && o.label_smoothing < 1.f))
+    throw Error("--label-smoothing must be in [0, 1)");
+  for (float p : {o.dropout, o.attention_dropout, o.relu_dropout})
+    if (!(p >= 0.f && p < 1.f)) throw Error("dropout probabilities must be in [0, 1)");
+  if (o.ids == !o.vocabularies.empty())
+    throw Error(o.ids ? "--ids and --vocabs exclude each other"
+                      : "give --vocabs (SentencePiece or token list) or --ids");
+  if (o.vocabularies.size() > 2)
+    throw Error("--vocabs takes one joint or two (source, target) files");
+  if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
 }
 
-// For the lifetime of a training run, SIGINT / SIGTERM only set g_stop_signal, and never
-// interrupt the computation: they are blocked in this thread and in every OpenMP worker (threads
-// created later inherit the mask) and taken by one waiting thread. A signal handler running
-// inside a GEMM or an allocation on a compute thread is what this avoids. The handler stays
-// installed for threads that do not block them (e.g. an MPI library's own threads).
-class SignalGuard {
- public:
-  SignalGuard() {
-    g_stop_signal = 0;
-    struct sigaction action {};
-    action.sa_handler = on_stop_signal;
-    sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &old_int_);
-    sigaction(SIGTERM, &action, &old_term_);
-    sigemptyset(&signals_);
-    sigaddset(&signals_, SIGINT);
-    sigaddset(&signals_, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals_, &old_mask_);
-#pragma omp parallel
-    if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
-    waiter_ = std::thread([this] {
-      while (!quit_) {
-        const timespec tick{0, 100 * 1000 * 1000};  // 0.1 s: how soon the destructor returns
-        const int signal = sigtimedwait(&signals_, nullptr, &tick);
-        if (signal > 0) g_stop_signal = signal;
-      }
-    });
-  }
-  ~SignalGuard() {
-    quit_ = true;
-    waiter_.join();
-    // Handlers first, then masks: a signal still pending acts as it would have without us.
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-    const bool int_was_blocked = sigismember(&old_mask_, SIGINT) == 1;
-    const bool term_was_blocked = sigismember(&old_mask_, SIGTERM) == 1;
-    sigset_t unblock;
-    sigemptyset(&unblock);
-    if (!int_was_blocked) sigaddset(&unblock, SIGINT);
-    if (!term_was_blocked) sigaddset(&unblock, SIGTERM);
-#pragma omp parallel
-    if (omp_get_thread_num() != 0) pthread_sigmask(SIG_UNBLOCK, &unblock, nullptr);
-    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
-  }
-  SignalGuard(const SignalGuard&) = delete;
-  SignalGuard& operator=(const SignalGuard&) = delete;
-
- private:
-  struct sigaction old_int_ {
-  }, old_term_{};
-  sigset_t signals_{}, old_mask_{};
-  std::atomic<bool> quit_{false};
-  std::thread waiter_;
-};
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-Vocabulary load_vocabulary(const std::string& path) {
-  return ends_with(path, ".txt") ? Vocabulary::from_token_list(path)
-                                 : Vocabulary::from_sentencepiece(path);
-}
-
-void copy_file_atomically(const std::string& from, const std::string& to) {
-  write_bytes_atomically(to, read_file_bytes(from));
-}
-
-// Puts the vocabularies into the model directory under the names translate / score look for.
-void install_vocabularies(const std::vector<std::string>& files, const std::string& dir) {
-  if (files.size() == 1) {
-    if (ends_with(files[0], ".txt")) {
-      copy_file_atomically(files[0], dir + "/source_vocabulary.txt");
-      copy_file_atomically(files[0], dir + "/target_vocabulary.txt");
-    } else {
-      copy_file_atomically(files[0], dir + "/vocab.spm");
-    }
-  } else if (files.size() == 2) {
-    const bool lists = ends_with(files[0], ".txt");
-    copy_file_atomically(files[0], dir + (lists ? "/source_vocabulary.txt" : "/source.spm"));
-    copy_file_atomically(files[1], dir + (lists ? "/target_vocabulary.txt" : "/target.spm"));
-  }
-}
-
-std::vector<TokenBatch> make_batches(const ModelConfig& config, const ParallelCorpus& corpus,
-                                     const BatchPlan& plan) {
-  std::vector<TokenBatch> batches;
-  for (const auto& members : plan) {
-    std::vector<std::vector<int32_t>> src, tgt;
-    for (int64_t i : members) {
-      src.push_back(corpus.sources[size_t(i)]);
-      tgt.push_back(corpus.targets[size_t(i)]);
-    }
-    batches.push_back(make_batch(config, src, tgt));
-  }
-  return batches;
+// A compute type this backend cannot train in.
+void check_compute_type(const Backend& backend, Precision precision) {
+  if (precision == Precision::kInt8)
+    throw Error("--compute-type int8 is for inference; train in float32 or bfloat16");
+  if (!backend.supports(precision))
+    throw Error(std::string("--compute-type ") + precision_name(precision) +
+                (backend.name() == "cpu" ? " needs a CPU with AVX512-BF16 instructions"
+                                         : " is not supported by device " + backend.name()));
 }
 
 // Sums loss totals over the ranks (nothing to do in one process).
@@ -151,443 +74,541 @@ std::string format_duration(double seconds) {
   return buffer;
 }
 
-}  // namespace
+double per_token(double total, int64_t tokens) {
+  return total / double(std::max<int64_t>(tokens, 1));
+}
 
-TrainResult train(const TrainOptions& o) {
-  using Clock = std::chrono::steady_clock;
-  if (o.model_dir.empty()) throw Error("--model-dir is required");
-  if (o.accumulate < 1) throw Error("--accumulate must be at least 1");
-  if (!(o.label_smoothing >= 0.f && o.label_smoothing < 1.f))
-    throw Error("--label-smoothing must be in [0, 1)");
-  for (float p : {o.dropout, o.attention_dropout, o.relu_dropout})
-    if (!(p >= 0.f && p < 1.f)) throw Error("dropout probabilities must be in [0, 1)");
-  if (o.ids == !o.vocabularies.empty())
-    throw Error(o.ids ? "--ids and --vocabs exclude each other"
-                      : "give --vocabs (SentencePiece or token list) or --ids");
-  if (o.vocabularies.size() > 2)
-    throw Error("--vocabs takes one joint or two (source, target) files");
+// One run of `transformer train` in one process (one rank under mpirun). Rank 0 alone writes
+// files and logs; every rank computes its share of each step.
+class TrainingRun {
+ public:
+  TrainingRun(const TrainOptions& o, Replicas& replicas, const Backend& backend)
+      : o_(o), replicas_(replicas), backend_(backend), primary_(replicas.primary()) {
+    result_.primary = primary_;
+  }
 
-  // From here on SIGINT / SIGTERM stop the run cleanly, also while it is still loading.
-  SignalGuard signals;
-  Replicas& replicas = Replicas::world();
-  replicas.set_timeout(o.replica_timeout);
-  replicas.watch_stop_signal(&g_stop_signal);
-  const bool primary = replicas.primary();
-  if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
-  const Backend& backend = find_backend(o.device);
-  // A compute type this backend cannot train in fails before anything is loaded.
-  auto check_compute_type = [&](Precision precision) {
-    if (precision == Precision::kInt8)
-      throw Error("--compute-type int8 is for inference; train in float32 or bfloat16");
-    if (!backend.supports(precision))
-      throw Error(std::string("--compute-type ") + precision_name(precision) +
-                  (backend.name() == "cpu" ? " needs a CPU with AVX512-BF16 instructions"
-                                           : " is not supported by device " + backend.name()));
-  };
-  if (o.precision) check_compute_type(*o.precision);
-  TrainResult result;
-  result.primary = primary;
-  // A signal before the first step: nothing to save, and no point loading the rest.
-  auto stopped_before_start = [&] {
-    if (replicas.distributed() || !g_stop_signal) return false;
-    if (primary)
-      std::fprintf(stderr, "train: stopped by %s before the first step; nothing was written\n",
-                   g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
-    result.interrupted = result.stopped_before_start = true;
+  // Opens the model and reads the data; false when a signal came before the first step.
+  bool start() {
+    open_model();
+    if (stopped_before_start()) return false;
+    read_data();
+    if (stopped_before_start()) return false;
+    prepare_training();
     return true;
-  };
+  }
 
-  // The model: resumed, given, or new. One run per directory: rank 0 locks it.
-  std::optional<DirectoryLock> lock;
-  if (primary) {
-    make_directories(o.model_dir);
-    lock.emplace(o.model_dir, "training run");
-    remove_stale_temp_files(o.model_dir);
-    remove_stale_temp_files(o.model_dir + "/checkpoints");
+  // Steps until a limit, the data, early stopping or a signal ends the run.
+  void run_steps() {
+    while (!time_to_stop()) {
+      std::vector<TokenBatch> micro;
+      const bool epochs_done = take_micro_batches(micro);
+      if (epochs_done && micro.empty()) break;  // the same on every rank: the plan is global
+      take_step(micro);
+      if (epochs_done) break;
+    }
+    if (terminal_) std::fprintf(stderr, "\n");
   }
-  std::optional<Model> model;
-  std::optional<LoadedCheckpoint> resumed;
-  TrainingState state;
-  state.seed = o.seed;
-  if (has_checkpoint(o.model_dir)) {
-    if (!o.resume)
-      throw Error(o.model_dir +
-                  " already holds a training run; pass --resume to continue it, or choose another "
-                  "--model-dir");
-    resumed.emplace(load_checkpoint(o.model_dir, backend));
-    state = resumed->state;
-    if (o.precision && *o.precision != state.compute_type && primary)
-      std::fprintf(stderr,
-                   "train: --resume: the run trained in %s and continues in %s (--compute-type), "
-                   "so it is no longer bit-exact with an uninterrupted run\n",
-                   precision_name(state.compute_type), precision_name(*o.precision));
-  } else if (o.resume) {
-    if (o.init_path.empty() && !o.has_config)
-      throw Error("--resume: " + o.model_dir +
-                  " holds no checkpoint to continue; give --preset, --config or --init to start a "
-                  "new run there");
-    if (primary)
-      std::fprintf(stderr, "train: --resume: %s holds no checkpoint yet; starting a new run\n",
-                   o.model_dir.c_str());
-  }
-  if (resumed) {
-    model.emplace(std::move(resumed->model));
-  } else if (!o.init_path.empty()) {
-    model.emplace(load_model(o.init_path, backend));
-  } else if (o.has_config) {
-    model.emplace(init_model(o.config, o.seed, backend));
-  } else {
-    throw Error("choose a model: --preset, --config or --init (or --resume an existing run)");
-  }
-  if (stopped_before_start()) return result;
-  // As given, else the resumed run's own (so --resume alone continues bit for bit), else float32.
-  const Precision precision = o.precision.value_or(state.compute_type);
-  if (!o.precision) check_compute_type(precision);  // a given one was checked before loading
-  state.compute_type = precision;
-  const ModelConfig& config = model->config();
-  // Weights + gradients (+ Adam's two moments, + the all-reduce buffer), for every rank on this
-  // machine, before any of them is allocated.
-  const int64_t copies =
-      (o.optimizer.algorithm == "adam" ? 4 : 2) + (replicas.distributed() ? 1 : 0);
-  check_memory(parameter_count(config) * int64_t(sizeof(float)) * copies * replicas.local_size(),
-               "training this model (weights, gradients, optimizer state)");
-  replicas.broadcast_tensors(model->mutable_parameters());  // every rank starts from rank 0's
 
-  // Data.
-  std::vector<Vocabulary> vocabularies;
-  for (const auto& path : o.vocabularies) vocabularies.push_back(load_vocabulary(path));
-  CorpusEncoding encoding;
-  encoding.ids = o.ids;
-  if (!o.ids) {
-    encoding.source_vocabulary = &vocabularies.front();
-    encoding.target_vocabulary = &vocabularies.back();
-    if (vocabularies.front().size() != config.src_vocab_size ||
-        vocabularies.back().size() != config.tgt_vocab_size)
-      throw Error("the vocabularies have " + std::to_string(vocabularies.front().size()) + "/" +
-                  std::to_string(vocabularies.back().size()) + " tokens but the model expects " +
-                  std::to_string(config.src_vocab_size) + "/" +
-                  std::to_string(config.tgt_vocab_size));
+  // The last validation and save; what the run reports.
+  TrainResult finish() {
+    const bool interrupted = stop_signal() != 0 || signalled_somewhere_;
+    // Interrupted: save first (a scheduler's SIGKILL may follow); the validation can wait.
+    if (!interrupted && state_.step != last_validated_) validate();
+    if (state_.step != last_saved_ || (primary_ && !has_checkpoint(o_.model_dir))) save();
+    if (log_) std::fclose(log_);
+    log_ = nullptr;
+    result_.steps = state_.step;
+    result_.best_valid_nll = state_.best_valid_nll;
+    result_.interrupted = interrupted;
+    if (interrupted && primary_)
+      std::fprintf(stderr, "interrupted: checkpoint saved at step %lld; continue with --resume\n",
+                   (long long)state_.step);
+    return result_;
   }
-  encoding.src_vocab_size = config.src_vocab_size;
-  encoding.tgt_vocab_size = config.tgt_vocab_size;
-  // One limit for both sides: the target's (the source's is the same or one more).
-  const int64_t max_tokens = max_target_tokens(config);
-  encoding.max_length = o.max_length > 0 ? std::min(o.max_length, max_tokens) : max_tokens;
-  if (o.train_src.empty() || o.train_tgt.empty())
-    throw Error("--train-src and --train-tgt are required");
-  const ParallelCorpus corpus = load_parallel_corpus(o.train_src, o.train_tgt, encoding);
-  if (corpus.sources.empty()) throw Error(o.train_src + ": no usable training pairs");
-  if (stopped_before_start()) return result;
-  if (primary)
-    std::fprintf(
-        stderr,
-        "train: %lld pairs read, %lld used, %lld skipped (empty side), %lld skipped (longer "
-        "than %lld tokens)\n",
-        (long long)corpus.lines, (long long)corpus.sources.size(), (long long)corpus.skipped_empty,
-        (long long)corpus.skipped_too_long, (long long)encoding.max_length);
-  std::optional<ParallelCorpus> valid;
-  std::vector<TokenBatch> valid_batches;
-  if (!o.valid_src.empty() || !o.valid_tgt.empty()) {
-    if (o.valid_src.empty() || o.valid_tgt.empty())
-      throw Error("give both --valid-src and --valid-tgt");
-    valid.emplace(load_parallel_corpus(o.valid_src, o.valid_tgt, encoding));
-    valid_batches = make_batches(
-        config, *valid, plan_batches(*valid, o.batch_tokens, config.src_append_eos, 0, 0, false));
-    if (primary) std::fprintf(stderr, "valid: %lld pairs used\n", (long long)valid->sources.size());
-  }
-  if (primary) install_vocabularies(o.vocabularies, o.model_dir);
-  if (replicas.distributed() && primary)
-    std::fprintf(stderr,
-                 "data parallel: %d ranks, each takes every %d-th sentence of a global batch of "
-                 "%lld tokens\n",
-                 replicas.size(), replicas.size(), (long long)o.batch_tokens);
 
-  Optimizer optimizer(o.optimizer, model->parameters(), model->backend());
-  if (resumed) {
-    optimizer.load_state(std::move(resumed->optimizer_state),
-                         o.model_dir + "/checkpoint.safetensors");
-    optimizer.set_step(state.step);
-    if (primary)
-      std::fprintf(stderr, "resuming at step %lld (epoch %lld, batch %lld)\n",
-                   (long long)state.step, (long long)state.epoch, (long long)state.batch_index);
-  }
-  TensorMap gradients;
-  for (const auto& [name, t] : model->parameters()) gradients.emplace(name, Tensor(t.shape));
-  const TransformerGradients grad_views = bind_gradients(config, gradients);
-  TrainingWorkspace ws;
-  DropoutOptions dropout;
-  dropout.dropout = o.dropout;
-  dropout.attention_dropout = o.attention_dropout;
-  dropout.relu_dropout = o.relu_dropout;
+  // What the run reports when a signal ended it before its first step.
+  const TrainResult& result() const { return result_; }
 
-  const int64_t extra_source = config.src_append_eos ? 1 : 0;
-  BatchPlan plan =
-      plan_batches(corpus, o.batch_tokens, extra_source, state.seed, state.epoch, true);
-  if (state.batch_index > int64_t(plan.size()))
-    throw Error(o.model_dir + "/checkpoint.safetensors: its data position (batch_index " +
-                std::to_string(state.batch_index) + " in epoch " + std::to_string(state.epoch + 1) +
-                ") is past the " + std::to_string(plan.size()) +
-                " batches of this data; resume with the run's own --train-src/--train-tgt and "
-                "--batch-tokens");
-  std::FILE* log = nullptr;  // rank 0's
-  if (primary) {
-    log = std::fopen((o.model_dir + "/train.log.jsonl").c_str(), "a");
-    if (!log) throw Error(o.model_dir + "/train.log.jsonl: cannot open for writing");
+  ~TrainingRun() {
+    if (log_) std::fclose(log_);
   }
-  const bool terminal = primary && ::isatty(2);
-  if (replicas.distributed()) {
-    // Every rank read the checkpoint, corpus and options itself: they must agree before any
-    // gradient is summed, or the ranks would train on different batches without noticing.
-    const std::string start_state =
-        state.to_json().dump() + " " + std::to_string(optimizer.step()) + " " +
-        std::to_string(corpus.sources.size()) + " " + std::to_string(plan.size()) + " " +
-        std::to_string(valid_batches.size());
-    // The parameters need no check: they were just broadcast from rank 0.
-    if (!replicas.all_equal(checksum_tensors(optimizer.state(), start_state)))
-      throw Error(replicas.prefix() +
-                  "the ranks start from different states (checkpoint, data or options differ "
-                  "between them; every rank needs the same --model-dir and data files, e.g. on a "
-                  "shared file system)");
-  }
-#ifdef NDEBUG
-  const int64_t check_every = o.replica_check_every;
-#else
-  const int64_t check_every = o.replica_check_every > 0 ? o.replica_check_every : 100;
-#endif
-  const auto start = Clock::now();
-  const double seconds_before = state.train_seconds;
-  auto elapsed_minutes = [&] {
-    return (seconds_before + std::chrono::duration<double>(Clock::now() - start).count()) / 60.0;
-  };
-  LossTotals interval;
-  double interval_reduce_seconds = 0;
-  auto interval_start = Clock::now();
-  const int64_t first_step = state.step;
-  int64_t last_saved = state.step, last_validated = -1;
+  TrainingRun(const TrainingRun&) = delete;
+  TrainingRun& operator=(const TrainingRun&) = delete;
 
-  auto validate = [&] {
-    if (!valid) return;
-    LossTotals totals;  // each rank scores every size()-th batch; the totals are summed
-    for (size_t i = size_t(replicas.rank()); i < valid_batches.size(); i += size_t(replicas.size()))
-      totals += loss_and_gradients(*model, grad_views, valid_batches[i], {}, o.label_smoothing, 0.f,
-                                   ws, precision);
-    sum_totals(replicas, totals);
-    const double nll = totals.nll / double(std::max<int64_t>(totals.tokens, 1));
-    const bool best = state.best_valid_nll < 0 || nll < state.best_valid_nll;
-    if (best) {
-      state.best_valid_nll = nll;
-      state.validations_without_improvement = 0;
-      if (primary) save_model(*model, o.model_dir + "/model.best.safetensors");
+ private:
+  // A signal before the first step: nothing to save, and no point loading the rest.
+  bool stopped_before_start() {
+    if (replicas_.distributed() || !stop_signal()) return false;
+    if (primary_)
+      std::fprintf(stderr, "train: stopped by %s before the first step; nothing was written\n",
+                   stop_signal() == SIGINT ? "SIGINT" : "SIGTERM");
+    result_.interrupted = result_.stopped_before_start = true;
+    return true;
+  }
+
+  // The model: resumed, given, or new, and the compute type it trains in. One run per
+  // directory: rank 0 locks it.
+  void open_model() {
+    if (primary_) {
+      make_directories(o_.model_dir);
+      lock_.emplace(o_.model_dir, "training run");
+      remove_stale_temp_files(o_.model_dir);
+      remove_stale_temp_files(o_.model_dir + "/checkpoints");
+    }
+    state_.seed = o_.seed;
+    if (has_checkpoint(o_.model_dir)) {
+      if (!o_.resume)
+        throw Error(o_.model_dir +
+                    " already holds a training run; pass --resume to continue it, or choose "
+                    "another --model-dir");
+      resumed_.emplace(load_checkpoint(o_.model_dir, backend_));
+      state_ = resumed_->state;
+      if (o_.precision && *o_.precision != state_.compute_type && primary_)
+        std::fprintf(stderr,
+                     "train: --resume: the run trained in %s and continues in %s "
+                     "(--compute-type), so it is no longer bit-exact with an uninterrupted run\n",
+                     precision_name(state_.compute_type), precision_name(*o_.precision));
+    } else if (o_.resume) {
+      if (o_.init_path.empty() && !o_.has_config)
+        throw Error("--resume: " + o_.model_dir +
+                    " holds no checkpoint to continue; give --preset, --config or --init to start "
+                    "a new run there");
+      if (primary_)
+        std::fprintf(stderr, "train: --resume: %s holds no checkpoint yet; starting a new run\n",
+                     o_.model_dir.c_str());
+    }
+    if (resumed_) {
+      model_.emplace(std::move(resumed_->model));
+    } else if (!o_.init_path.empty()) {
+      model_.emplace(load_model(o_.init_path, backend_));
+    } else if (o_.has_config) {
+      model_.emplace(init_model(o_.config, o_.seed, backend_));
     } else {
-      ++state.validations_without_improvement;
+      throw Error("choose a model: --preset, --config or --init (or --resume an existing run)");
     }
-    last_validated = state.step;
-    if (!primary) return;
-    const double accuracy = double(totals.correct) / double(std::max<int64_t>(totals.tokens, 1));
-    std::fprintf(stderr, "%svalid step %lld: loss %.4f ppl %.2f accuracy %.2f%%%s\n",
-                 terminal ? "\r\033[K" : "", (long long)state.step,
-                 totals.loss / double(std::max<int64_t>(totals.tokens, 1)), std::exp(nll),
-                 100.0 * accuracy, best ? " (best)" : "");
-    std::fprintf(
-        log, "%s\n",
-        nlohmann::json({{"event", "valid"},
-                        {"step", state.step},
-                        {"epoch", state.epoch},
-                        {"loss", totals.loss / double(std::max<int64_t>(totals.tokens, 1))},
-                        {"ppl", std::exp(nll)},
-                        {"accuracy", accuracy},
-                        {"best", best},
-                        {"minutes", elapsed_minutes()}})
-            .dump()
-            .c_str());
-    std::fflush(log);
-  };
-  // A run that starts from finite values never saves NaN / Inf over them; one that starts from
-  // non-finite weights (--allow-nonfinite) may.
-  const bool started_nonfinite =
-      primary && (!all_finite(model->parameters()) || !all_finite(optimizer.state()));
-  auto save = [&] {
-    state.train_seconds = elapsed_minutes() * 60.0;
-    if (primary) save_checkpoint(o.model_dir, *model, optimizer, state, o.keep, started_nonfinite);
-    last_saved = state.step;
-  };
-  bool stop_agreed = false;          // distributed: all ranks agreed (end of the last step) to stop
-  bool signalled_somewhere = false;  // distributed: some rank got SIGINT / SIGTERM
-  if (replicas.distributed()) {      // a resumed run may have no time left (rank 0's clock decides)
-    double vote = primary && o.max_minutes > 0 && elapsed_minutes() >= o.max_minutes;
-    replicas.sum(&vote, 1);
-    stop_agreed = vote > 0;
+    // As given, else the resumed run's own (so --resume alone continues bit for bit), else
+    // float32. A given one was checked before loading.
+    precision_ = o_.precision.value_or(state_.compute_type);
+    if (!o_.precision) check_compute_type(backend_, precision_);
+    state_.compute_type = precision_;
   }
-  int64_t gradient_bytes = 0;  // all-reduced per step
-  for (const auto& [name, g] : gradients) gradient_bytes += g.numel() * int64_t(sizeof(float));
 
-  while (true) {
-    if (o.max_steps > 0 && state.step >= o.max_steps) break;
-    if (!replicas.distributed() && o.max_minutes > 0 && elapsed_minutes() >= o.max_minutes) break;
-    if (stop_agreed) break;
-    if (o.early_stopping > 0 && state.validations_without_improvement >= o.early_stopping) {
+  // The training and validation data, encoded with the run's vocabularies; the vocabularies
+  // go into the model directory.
+  void read_data() {
+    const ModelConfig& config = model_->config();
+    // Weights + gradients (+ Adam's two moments, + the all-reduce buffer), for every rank on
+    // this machine, before any of them is allocated.
+    const int64_t copies =
+        (o_.optimizer.algorithm == "adam" ? 4 : 2) + (replicas_.distributed() ? 1 : 0);
+    check_memory(parameter_count(config) * int64_t(sizeof(float)) * copies * replicas_.local_size(),
+                 "training this model (weights, gradients, optimizer state)");
+    replicas_.broadcast_tensors(model_->mutable_parameters());  // every rank starts from rank 0's
+
+    std::vector<Vocabulary> vocabularies;
+    for (const auto& path : o_.vocabularies) vocabularies.push_back(Vocabulary::from_file(path));
+    CorpusEncoding encoding;
+    encoding.ids = o_.ids;
+    if (!o_.ids) {
+      encoding.source_vocabulary = &vocabularies.front();
+      encoding.target_vocabulary = &vocabularies.back();
+      if (vocabularies.front().size() != config.src_vocab_size ||
+          vocabularies.back().size() != config.tgt_vocab_size)
+        throw Error("the vocabularies have " + std::to_string(vocabularies.front().size()) + "/" +
+                    std::to_string(vocabularies.back().size()) + " tokens but the model expects " +
+                    std::to_string(config.src_vocab_size) + "/" +
+                    std::to_string(config.tgt_vocab_size));
+    }
+    encoding.src_vocab_size = config.src_vocab_size;
+    encoding.tgt_vocab_size = config.tgt_vocab_size;
+    // One limit for both sides: the target's (the source's is the same or one more).
+    const int64_t max_tokens = max_target_tokens(config);
+    encoding.max_length = o_.max_length > 0 ? std::min(o_.max_length, max_tokens) : max_tokens;
+    if (o_.train_src.empty() || o_.train_tgt.empty())
+      throw Error("--train-src and --train-tgt are required");
+    corpus_ = load_parallel_corpus(o_.train_src, o_.train_tgt, encoding);
+    if (corpus_.sources.empty()) throw Error(o_.train_src + ": no usable training pairs");
+    if (primary_)
+      std::fprintf(stderr,
+                   "train: %lld pairs read, %lld used, %lld skipped (empty side), %lld skipped "
+                   "(longer than %lld tokens)\n",
+                   (long long)corpus_.lines, (long long)corpus_.sources.size(),
+                   (long long)corpus_.skipped_empty, (long long)corpus_.skipped_too_long,
+                   (long long)encoding.max_length);
+    if (!o_.valid_src.empty() || !o_.valid_tgt.empty()) {
+      if (o_.valid_src.empty() || o_.valid_tgt.empty())
+        throw Error("give both --valid-src and --valid-tgt");
+      valid_.emplace(load_parallel_corpus(o_.valid_src, o_.valid_tgt, encoding));
+      for (const auto& members :
+           plan_batches(*valid_, o_.batch_tokens, config.src_append_eos, 0, 0, false))
+        valid_batches_.push_back(make_batch(config, valid_->sources, valid_->targets, members));
+      if (primary_)
+        std::fprintf(stderr, "valid: %lld pairs used\n", (long long)valid_->sources.size());
+    }
+  }
+
+  // The optimizer (with a resumed run's moments), the gradients, the data position's batch
+  // plan and the log; then, under mpirun, the check that every rank starts from the same state.
+  void prepare_training() {
+    const ModelConfig& config = model_->config();
+    if (primary_) install_vocabulary_files(o_.vocabularies, o_.model_dir);
+    if (replicas_.distributed() && primary_)
+      std::fprintf(stderr,
+                   "data parallel: %d ranks, each takes every %d-th sentence of a global batch of "
+                   "%lld tokens\n",
+                   replicas_.size(), replicas_.size(), (long long)o_.batch_tokens);
+    optimizer_.emplace(o_.optimizer, model_->parameters(), model_->backend());
+    if (resumed_) {
+      optimizer_->load_state(std::move(resumed_->optimizer_state),
+                             o_.model_dir + "/checkpoint.safetensors");
+      optimizer_->set_step(state_.step);
+      if (primary_)
+        std::fprintf(stderr, "resuming at step %lld (epoch %lld, batch %lld)\n",
+                     (long long)state_.step, (long long)state_.epoch,
+                     (long long)state_.batch_index);
+      resumed_.reset();
+    }
+    for (const auto& [name, t] : model_->parameters()) gradients_.emplace(name, Tensor(t.shape));
+    for (const auto& [name, g] : gradients_) gradient_bytes_ += g.numel() * int64_t(sizeof(float));
+    grad_views_ = bind_gradients(config, gradients_);
+    dropout_.dropout = o_.dropout;
+    dropout_.attention_dropout = o_.attention_dropout;
+    dropout_.relu_dropout = o_.relu_dropout;
+
+    extra_source_ = config.src_append_eos ? 1 : 0;
+    plan_ = plan_batches(corpus_, o_.batch_tokens, extra_source_, state_.seed, state_.epoch, true);
+    if (state_.batch_index > int64_t(plan_.size()))
+      throw Error(o_.model_dir + "/checkpoint.safetensors: its data position (batch_index " +
+                  std::to_string(state_.batch_index) + " in epoch " +
+                  std::to_string(state_.epoch + 1) + ") is past the " +
+                  std::to_string(plan_.size()) +
+                  " batches of this data; resume with the run's own --train-src/--train-tgt and "
+                  "--batch-tokens");
+    if (primary_) {
+      log_ = std::fopen((o_.model_dir + "/train.log.jsonl").c_str(), "a");
+      if (!log_) throw Error(o_.model_dir + "/train.log.jsonl: cannot open for writing");
+    }
+    terminal_ = primary_ && ::isatty(2);
+    if (replicas_.distributed()) {
+      // Every rank read the checkpoint, corpus and options itself: they must agree before any
+      // gradient is summed, or the ranks would train on different batches without noticing.
+      const std::string start_state =
+          state_.to_json().dump() + " " + std::to_string(optimizer_->step()) + " " +
+          std::to_string(corpus_.sources.size()) + " " + std::to_string(plan_.size()) + " " +
+          std::to_string(valid_batches_.size());
+      // The parameters need no check: they were just broadcast from rank 0.
+      if (!replicas_.all_equal(checksum_tensors(optimizer_->state(), start_state)))
+        throw Error(replicas_.prefix() +
+                    "the ranks start from different states (checkpoint, data or options differ "
+                    "between them; every rank needs the same --model-dir and data files, e.g. on "
+                    "a shared file system)");
+    }
+#ifdef NDEBUG
+    check_every_ = o_.replica_check_every;
+#else
+    check_every_ = o_.replica_check_every > 0 ? o_.replica_check_every : 100;
+#endif
+    start_ = interval_start_ = Clock::now();
+    seconds_before_ = state_.train_seconds;
+    first_step_ = last_saved_ = state_.step;
+    // A run that starts from finite values never saves NaN / Inf over them; one that starts from
+    // non-finite weights (--allow-nonfinite) may.
+    started_nonfinite_ =
+        primary_ && (!all_finite(model_->parameters()) || !all_finite(optimizer_->state()));
+    if (replicas_.distributed()) {  // a resumed run may have no time left (rank 0's clock decides)
+      double vote = primary_ && time_is_up();
+      replicas_.sum(&vote, 1);
+      stop_agreed_ = vote > 0;
+    }
+  }
+
+  double elapsed_minutes() const {
+    return (seconds_before_ + std::chrono::duration<double>(Clock::now() - start_).count()) / 60.0;
+  }
+  bool time_is_up() const {
+    return o_.max_minutes > 0 && elapsed_minutes() >= o_.max_minutes;
+  }
+
+  // The stopping rules checked before each step. Distributed runs stop only where all ranks
+  // agreed to (stop_agreed_: the time limit on rank 0's clock, a signal on any rank).
+  bool time_to_stop() const {
+    if (o_.max_steps > 0 && state_.step >= o_.max_steps) return true;
+    if (!replicas_.distributed() && time_is_up()) return true;
+    if (stop_agreed_) return true;
+    if (o_.early_stopping > 0 && state_.validations_without_improvement >= o_.early_stopping) {
       std::fprintf(stderr, "early stopping: no improvement in %lld validations\n",
-                   (long long)o.early_stopping);
-      break;
+                   (long long)o_.early_stopping);
+      return true;
     }
-    if (!replicas.distributed() && g_stop_signal) break;
-    // Gather the micro-batches of this step, moving to the next epoch when one is used up.
-    std::vector<TokenBatch> micro;
-    bool epochs_done = false;
-    while (int64_t(micro.size()) < o.accumulate) {
-      if (state.batch_index >= int64_t(plan.size())) {
-        ++state.epoch;
-        state.batch_index = 0;
-        if (o.max_epochs > 0 && state.epoch >= o.max_epochs) {
-          epochs_done = true;
-          break;
-        }
-        plan = plan_batches(corpus, o.batch_tokens, extra_source, state.seed, state.epoch, true);
+    return !replicas_.distributed() && stop_signal() != 0;
+  }
+
+  // The micro-batches of one step (--accumulate of them), moving to the next epoch when the
+  // plan is used up. True when the last epoch (--max-epochs) ended on the way.
+  bool take_micro_batches(std::vector<TokenBatch>& micro) {
+    const ModelConfig& config = model_->config();
+    while (int64_t(micro.size()) < o_.accumulate) {
+      if (state_.batch_index >= int64_t(plan_.size())) {
+        ++state_.epoch;
+        state_.batch_index = 0;
+        if (o_.max_epochs > 0 && state_.epoch >= o_.max_epochs) return true;
+        plan_ =
+            plan_batches(corpus_, o_.batch_tokens, extra_source_, state_.seed, state_.epoch, true);
       }
-      // This rank's share of the global batch: every size()-th sentence of a length-sorted
-      // batch, so the shares have similar lengths and together hold each sentence once.
-      const auto& members = plan[size_t(state.batch_index++)];
-      std::vector<std::vector<int32_t>> src, tgt;
-      for (size_t i = size_t(replicas.rank()); i < members.size(); i += size_t(replicas.size())) {
-        src.push_back(corpus.sources[size_t(members[i])]);
-        tgt.push_back(corpus.targets[size_t(members[i])]);
-      }
-      micro.push_back(make_batch(config, src, tgt));
+      // This rank's share of the global batch.
+      micro.push_back(make_batch(config, corpus_.sources, corpus_.targets,
+                                 plan_[size_t(state_.batch_index++)], size_t(replicas_.rank()),
+                                 size_t(replicas_.size())));
     }
-    if (epochs_done && micro.empty()) break;  // the same on every rank: the plan is global
+    return false;
+  }
+
+  // One optimizer step on the micro-batches: gradients summed over them and the ranks, then the
+  // update (or, with a non-finite loss or gradient, none), the report, validation and save.
+  void take_step(const std::vector<TokenBatch>& micro) {
     double step_tokens[1] = {0};
     for (const auto& b : micro)
       for (int32_t n : b.tgt_lengths) step_tokens[0] += n;
-    replicas.sum(step_tokens, 1);  // the loss is normalised by the global target-token count
+    replicas_.sum(step_tokens, 1);  // the loss is normalised by the global target-token count
     const int64_t tokens = int64_t(step_tokens[0]);
-    for (auto& [name, g] : gradients) std::fill(g.data.begin(), g.data.end(), 0.f);
-    LossTotals step_totals;
+    LossTotals totals = compute_gradients(micro, tokens);
+    interval_reduce_seconds_ += replicas_.sum_tensors(gradients_);
+    if (replicas_.distributed()) share_totals_and_stop_votes(totals);
+    // A non-finite loss or gradient skips the update (same decision on every rank: both are
+    // global sums).
+    const bool finite_loss = std::isfinite(totals.loss) && std::isfinite(totals.nll);
+    if (!finite_loss || !std::isfinite(optimizer_->apply(model_->mutable_parameters(), gradients_,
+                                                         model_->config().d_model))) {
+      skip_step(finite_loss);
+      return;
+    }
+    state_.bad_steps_in_a_row = 0;
+    ++state_.step;
+    state_.target_tokens_seen += tokens;
+    if (replicas_.distributed() && check_every_ > 0 && state_.step % check_every_ == 0 &&
+        !replicas_.all_equal(checksum_tensors(model_->parameters())))
+      throw Error(replicas_.prefix() + "the ranks' parameters differ after step " +
+                  std::to_string(state_.step) + " (replicas diverged)");
+    interval_ += totals;
+    report_progress();
+    if (o_.valid_every > 0 && state_.step % o_.valid_every == 0) validate();
+    if (o_.save_every > 0 && state_.step % o_.save_every == 0) save();
+  }
+
+  // This rank's loss totals of the step, its gradients (scaled by 1 / the global target
+  // tokens) in gradients_.
+  LossTotals compute_gradients(const std::vector<TokenBatch>& micro, int64_t tokens) {
+    for (auto& [name, g] : gradients_) std::fill(g.data.begin(), g.data.end(), 0.f);
+    LossTotals totals;
     for (size_t m = 0; m < micro.size(); ++m) {
       if (micro[m].tgt_lengths.empty()) continue;  // a share can be empty in a tiny batch
-      dropout.seed = dropout_key(state.seed, uint64_t(state.step + 1) * 1024 + m);
-      if (replicas.rank() > 0) dropout.seed = dropout_key(dropout.seed, uint64_t(replicas.rank()));
-      step_totals += loss_and_gradients(*model, grad_views, micro[m], dropout, o.label_smoothing,
-                                        1.f / float(tokens), ws, precision);
+      dropout_.seed = dropout_key(state_.seed, uint64_t(state_.step + 1) * 1024 + m);
+      if (replicas_.rank() > 0)
+        dropout_.seed = dropout_key(dropout_.seed, uint64_t(replicas_.rank()));
+      totals += loss_and_gradients(*model_, grad_views_, micro[m], dropout_, o_.label_smoothing,
+                                   1.f / float(tokens), ws_, precision_);
     }
-    interval_reduce_seconds += replicas.sum_tensors(gradients);
-    if (replicas.distributed()) {
-      // One small all-reduce per step: the step's loss totals, and the votes to stop (a signal
-      // on any rank; the time limit on rank 0's clock), so that every rank stops at the same step.
-      const bool time_up = primary && o.max_minutes > 0 && elapsed_minutes() >= o.max_minutes;
-      double shared[6] = {step_totals.loss,           step_totals.nll,
-                          double(step_totals.tokens), double(step_totals.correct),
-                          double(g_stop_signal != 0), double(time_up)};
-      replicas.sum(shared, 6);
-      step_totals = {shared[0], shared[1], int64_t(shared[2]), int64_t(shared[3])};
-      signalled_somewhere = shared[4] > 0;
-      stop_agreed = shared[4] > 0 || shared[5] > 0;
-    }
-    // A non-finite loss or gradient skips the update (same decision on every rank: both are
-    // global sums); too many in a row end the run without overwriting the last checkpoint.
-    const bool finite_loss = std::isfinite(step_totals.loss) && std::isfinite(step_totals.nll);
-    if (!finite_loss ||
-        !std::isfinite(optimizer.apply(model->mutable_parameters(), gradients, config.d_model))) {
-      ++state.skipped_steps;
-      ++state.bad_steps_in_a_row;
-      if (primary)
-        std::fprintf(stderr,
-                     "%swarning: step %lld: %s is not finite; update skipped (%lld in a row, %lld "
-                     "in all)\n",
-                     terminal ? "\r\033[K" : "", (long long)state.step + 1,
-                     finite_loss ? "the gradient norm" : "the loss",
-                     (long long)state.bad_steps_in_a_row, (long long)state.skipped_steps);
-      if (log)
-        std::fprintf(log, "%s\n",
-                     nlohmann::json({{"event", "skipped"},
-                                     {"step", state.step + 1},
-                                     {"reason", finite_loss ? "gradient" : "loss"},
-                                     {"skipped_steps", state.skipped_steps}})
-                         .dump()
-                         .c_str());
-      if (state.bad_steps_in_a_row >= o.max_bad_steps)
-        throw Error(replicas.prefix() +
-                    "training stopped: " + std::to_string(state.bad_steps_in_a_row) +
-                    " steps in a row had a non-finite loss or gradient (--max-bad-steps); the last "
-                    "checkpoint (" +
-                    (has_checkpoint(o.model_dir) ? "step " + std::to_string(last_saved) : "none") +
-                    ") is left as it was. Try a lower learning rate or --clip-norm");
-      if (epochs_done) break;
-      continue;
-    }
-    state.bad_steps_in_a_row = 0;
-    ++state.step;
-    state.target_tokens_seen += tokens;
-    if (replicas.distributed() && check_every > 0 && state.step % check_every == 0 &&
-        !replicas.all_equal(checksum_tensors(model->parameters())))
-      throw Error(replicas.prefix() + "the ranks' parameters differ after step " +
-                  std::to_string(state.step) + " (replicas diverged)");
-    interval += step_totals;
-
-    const double interval_seconds =
-        std::chrono::duration<double>(Clock::now() - interval_start).count();
-    const bool log_now = o.log_every > 0 && state.step % o.log_every == 0;
-    if (terminal || log_now) {
-      const double loss = interval.loss / double(std::max<int64_t>(interval.tokens, 1));
-      const double ppl = std::exp(interval.nll / double(std::max<int64_t>(interval.tokens, 1)));
-      const double speed = double(interval.tokens) / std::max(interval_seconds, 1e-9);
-      std::string eta;
-      const double run_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      if (o.max_steps > 0 && state.step > first_step)
-        eta = " | ETA " + format_duration(double(o.max_steps - state.step) * run_seconds /
-                                          double(state.step - first_step));
-      if (o.max_minutes > 0)
-        eta = " | " + format_duration(std::max(0.0, o.max_minutes - elapsed_minutes()) * 60) +
-              " left";
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "step %lld | epoch %lld | loss %.4f | ppl %.2f | lr %.3g | %.0f tok/s%s",
-                    (long long)state.step, (long long)state.epoch + 1, loss, ppl,
-                    learning_rate(o.optimizer, config.d_model, state.step), speed, eta.c_str());
-      if (log_now) {
-        if (primary) {
-          std::fprintf(stderr, "%s%s\n", terminal ? "\r\033[K" : "", line);
-          nlohmann::json entry = {{"event", "train"},
-                                  {"step", state.step},
-                                  {"epoch", state.epoch},
-                                  {"loss", loss},
-                                  {"ppl", ppl},
-                                  {"lr", learning_rate(o.optimizer, config.d_model, state.step)},
-                                  {"target_tokens_per_s", speed},
-                                  {"minutes", elapsed_minutes()},
-                                  {"rss_mb", double(resident_memory_bytes()) / (1 << 20)}};
-          if (replicas.distributed()) {
-            entry["ranks"] = replicas.size();
-            entry["allreduce_seconds_per_step"] = interval_reduce_seconds / double(o.log_every);
-            entry["allreduce_bytes_per_step"] = gradient_bytes;
-          }
-          std::fprintf(log, "%s\n", entry.dump().c_str());
-          std::fflush(log);
-        }
-        result.last_loss = loss;
-        interval = {};
-        interval_reduce_seconds = 0;
-        interval_start = Clock::now();
-      } else {
-        std::fprintf(stderr, "\r\033[K%s", line);
-      }
-    }
-    if (o.valid_every > 0 && state.step % o.valid_every == 0) validate();
-    if (o.save_every > 0 && state.step % o.save_every == 0) save();
-    if (epochs_done) break;
+    return totals;
   }
-  if (terminal) std::fprintf(stderr, "\n");
-  const bool interrupted = g_stop_signal != 0 || signalled_somewhere;
-  // Interrupted: save first (a scheduler's SIGKILL may follow); the validation can wait.
-  if (!interrupted && state.step != last_validated) validate();
-  if (state.step != last_saved || (primary && !has_checkpoint(o.model_dir))) save();
-  if (log) std::fclose(log);
-  result.steps = state.step;
-  result.best_valid_nll = state.best_valid_nll;
-  result.interrupted = interrupted;
-  if (result.interrupted && primary)
-    std::fprintf(stderr, "interrupted: checkpoint saved at step %lld; continue with --resume\n",
-                 (long long)state.step);
-  return result;
+
+  // One small all-reduce per step: the step's loss totals, and the votes to stop (a signal on
+  // any rank; the time limit on rank 0's clock), so that every rank stops at the same step.
+  void share_totals_and_stop_votes(LossTotals& totals) {
+    const bool time_up = primary_ && time_is_up();
+    double shared[6] = {totals.loss,
+                        totals.nll,
+                        double(totals.tokens),
+                        double(totals.correct),
+                        double(stop_signal() != 0),
+                        double(time_up)};
+    replicas_.sum(shared, 6);
+    totals = {shared[0], shared[1], int64_t(shared[2]), int64_t(shared[3])};
+    signalled_somewhere_ = shared[4] > 0;
+    stop_agreed_ = shared[4] > 0 || shared[5] > 0;
+  }
+
+  // A step without an update; too many in a row end the run without overwriting the last
+  // checkpoint.
+  void skip_step(bool finite_loss) {
+    ++state_.skipped_steps;
+    ++state_.bad_steps_in_a_row;
+    if (primary_)
+      std::fprintf(stderr,
+                   "%swarning: step %lld: %s is not finite; update skipped (%lld in a row, %lld "
+                   "in all)\n",
+                   terminal_ ? "\r\033[K" : "", (long long)state_.step + 1,
+                   finite_loss ? "the gradient norm" : "the loss",
+                   (long long)state_.bad_steps_in_a_row, (long long)state_.skipped_steps);
+    if (log_)
+      write_log({{"event", "skipped"},
+                 {"step", state_.step + 1},
+                 {"reason", finite_loss ? "gradient" : "loss"},
+                 {"skipped_steps", state_.skipped_steps}});
+    if (state_.bad_steps_in_a_row >= o_.max_bad_steps)
+      throw Error(replicas_.prefix() +
+                  "training stopped: " + std::to_string(state_.bad_steps_in_a_row) +
+                  " steps in a row had a non-finite loss or gradient (--max-bad-steps); the last "
+                  "checkpoint (" +
+                  (has_checkpoint(o_.model_dir) ? "step " + std::to_string(last_saved_) : "none") +
+                  ") is left as it was. Try a lower learning rate or --clip-norm");
+  }
+
+  // The progress line (every step on a terminal) and, every --log-every steps, the log entry.
+  void report_progress() {
+    const bool log_now = o_.log_every > 0 && state_.step % o_.log_every == 0;
+    if (!terminal_ && !log_now) return;
+    const double interval_seconds =
+        std::chrono::duration<double>(Clock::now() - interval_start_).count();
+    const double loss = per_token(interval_.loss, interval_.tokens);
+    const double ppl = std::exp(per_token(interval_.nll, interval_.tokens));
+    const double speed = double(interval_.tokens) / std::max(interval_seconds, 1e-9);
+    const double lr = learning_rate(o_.optimizer, model_->config().d_model, state_.step);
+    std::string eta;
+    const double run_seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (o_.max_steps > 0 && state_.step > first_step_)
+      eta = " | ETA " + format_duration(double(o_.max_steps - state_.step) * run_seconds /
+                                        double(state_.step - first_step_));
+    if (o_.max_minutes > 0)
+      eta =
+          " | " + format_duration(std::max(0.0, o_.max_minutes - elapsed_minutes()) * 60) + " left";
+    char line[256];
+    std::snprintf(
+        line, sizeof line, "step %lld | epoch %lld | loss %.4f | ppl %.2f | lr %.3g | %.0f tok/s%s",
+        (long long)state_.step, (long long)state_.epoch + 1, loss, ppl, lr, speed, eta.c_str());
+    if (!log_now) {
+      std::fprintf(stderr, "\r\033[K%s", line);
+      return;
+    }
+    if (primary_) {
+      std::fprintf(stderr, "%s%s\n", terminal_ ? "\r\033[K" : "", line);
+      nlohmann::json entry = {{"event", "train"},
+                              {"step", state_.step},
+                              {"epoch", state_.epoch},
+                              {"loss", loss},
+                              {"ppl", ppl},
+                              {"lr", lr},
+                              {"target_tokens_per_s", speed},
+                              {"minutes", elapsed_minutes()},
+                              {"rss_mb", double(resident_memory_bytes()) / (1 << 20)}};
+      if (replicas_.distributed()) {
+        entry["ranks"] = replicas_.size();
+        entry["allreduce_seconds_per_step"] = interval_reduce_seconds_ / double(o_.log_every);
+        entry["allreduce_bytes_per_step"] = gradient_bytes_;
+      }
+      write_log(entry);
+    }
+    result_.last_loss = loss;
+    interval_ = {};
+    interval_reduce_seconds_ = 0;
+    interval_start_ = Clock::now();
+  }
+
+  // The dev set's loss, perplexity and accuracy; the best model so far is kept as
+  // model.best.safetensors.
+  void validate() {
+    if (!valid_) return;
+    LossTotals totals;  // each rank scores every size()-th batch; the totals are summed
+    for (size_t i = size_t(replicas_.rank()); i < valid_batches_.size();
+         i += size_t(replicas_.size()))
+      totals += loss_and_gradients(*model_, grad_views_, valid_batches_[i], {}, o_.label_smoothing,
+                                   0.f, ws_, precision_);
+    sum_totals(replicas_, totals);
+    const double nll = per_token(totals.nll, totals.tokens);
+    const bool best = state_.best_valid_nll < 0 || nll < state_.best_valid_nll;
+    if (best) {
+      state_.best_valid_nll = nll;
+      state_.validations_without_improvement = 0;
+      if (primary_) save_model(*model_, o_.model_dir + "/model.best.safetensors");
+    } else {
+      ++state_.validations_without_improvement;
+    }
+    last_validated_ = state_.step;
+    if (!primary_) return;
+    const double accuracy = double(totals.correct) / double(std::max<int64_t>(totals.tokens, 1));
+    const double loss = per_token(totals.loss, totals.tokens);
+    std::fprintf(stderr, "%svalid step %lld: loss %.4f ppl %.2f accuracy %.2f%%%s\n",
+                 terminal_ ? "\r\033[K" : "", (long long)state_.step, loss, std::exp(nll),
+                 100.0 * accuracy, best ? " (best)" : "");
+    write_log({{"event", "valid"},
+               {"step", state_.step},
+               {"epoch", state_.epoch},
+               {"loss", loss},
+               {"ppl", std::exp(nll)},
+               {"accuracy", accuracy},
+               {"best", best},
+               {"minutes", elapsed_minutes()}});
+  }
+
+  void save() {
+    state_.train_seconds = elapsed_minutes() * 60.0;
+    if (primary_)
+      save_checkpoint(o_.model_dir, *model_, *optimizer_, state_, o_.keep, started_nonfinite_);
+    last_saved_ = state_.step;
+  }
+
+  void write_log(const nlohmann::json& entry) {
+    std::fprintf(log_, "%s\n", entry.dump().c_str());
+    std::fflush(log_);
+  }
+
+  const TrainOptions& o_;
+  Replicas& replicas_;
+  const Backend& backend_;
+  const bool primary_;
+  TrainResult result_;
+
+  // The model and where the run stands.
+  std::optional<DirectoryLock> lock_;        // rank 0's, on the model directory
+  std::optional<LoadedCheckpoint> resumed_;  // until its parts moved into model_ / optimizer_
+  std::optional<Model> model_;
+  TrainingState state_;
+  Precision precision_ = Precision::kFloat32;
+
+  // The data.
+  ParallelCorpus corpus_;
+  std::optional<ParallelCorpus> valid_;
+  std::vector<TokenBatch> valid_batches_;
+  int64_t extra_source_ = 0;  // 1 when sources get an eos
+  BatchPlan plan_;            // this epoch's batches (indices into corpus_)
+
+  // Training.
+  std::optional<Optimizer> optimizer_;
+  TensorMap gradients_;  // the parameters' names and shapes
+  TransformerGradients grad_views_{};
+  int64_t gradient_bytes_ = 0;  // all-reduced per step
+  TrainingWorkspace ws_;
+  DropoutOptions dropout_;
+
+  // Reporting, stopping and saving.
+  std::FILE* log_ = nullptr;  // rank 0's train.log.jsonl
+  bool terminal_ = false;     // rank 0 writes to a terminal: a progress line every step
+  int64_t check_every_ = 0;   // distributed: parameter checksums compared every this many steps
+  Clock::time_point start_, interval_start_;
+  double seconds_before_ = 0;  // training time of the run before this process
+  LossTotals interval_;        // since the last log entry
+  double interval_reduce_seconds_ = 0;
+  int64_t first_step_ = 0, last_saved_ = 0, last_validated_ = -1;
+  bool started_nonfinite_ = false;
+  bool stop_agreed_ = false;          // distributed: all ranks agreed (last step) to stop
+  bool signalled_somewhere_ = false;  // distributed: some rank got SIGINT / SIGTERM
+};
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o) {
+  check_options(o);
+  // From here on SIGINT / SIGTERM stop the run cleanly, also while it is still loading.
+  StopSignalGuard signals;
+  Replicas& replicas = Replicas::world();
+  replicas.set_timeout(o.replica_timeout);
+  replicas.watch_stop_signal(&stop_signal());
+  const Backend& backend = find_backend(o.device);
+  // A compute type this backend cannot train in fails before anything is loaded.
+  if (o.precision) check_compute_type(backend, *o.precision);
+  TrainingRun run(o, replicas, backend);
+  if (!run.start()) return run.result();
+  run.run_steps();
+  return run.finish();
 }
 
 }  // namespace tfm
