@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device_buffer.h"
 #include "tensor/float16.h"
 #include "tensor/random.h"
 
@@ -990,6 +991,54 @@ TEST_P(BackendOps, CopyFillGatherAndScatterRows) {
       ASSERT_EQ(scattered[size_t(r * ldy + c)],
                 written && c < d ? source[size_t(r * ldx + c)] : 3.f);
   }
+}
+
+// --- Memory -------------------------------------------------------------------------------------
+
+// Host -> device -> device -> host round trips, alignment, zeroed blocks, and a DeviceBuffer
+// that grows keeping its contents (the rest zero) as std::vector::resize would.
+TEST_P(BackendOps, AllocationsCopiesAndGrowingBuffers) {
+  const auto x = random_vector(1001, 91);
+  const int64_t bytes = 1001 * int64_t(sizeof(float));
+  void* a = be().allocate(bytes, false);
+  void* b = be().allocate(bytes + 13, true);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 64, 0u);
+  std::vector<uint8_t> zeros(size_t(bytes + 13), 0xff);
+  be().copy_to_host(b, bytes + 13, zeros.data());
+  EXPECT_EQ(std::count(zeros.begin(), zeros.end(), 0), bytes + 13);
+  be().copy_from_host(x.data(), bytes, a);
+  be().copy_bytes(a, bytes, b);
+  std::vector<float> back(1001, 0.f);
+  be().copy_to_host(b, bytes, back.data());
+  EXPECT_EQ(back, x);
+  be().deallocate(a);
+  be().deallocate(b);
+  be().deallocate(nullptr);
+  void* empty = be().allocate(0, true);  // a unique block, freed like any other
+  be().deallocate(empty);
+
+  DeviceBuffer<float> buffer;
+  EXPECT_TRUE(buffer.empty());
+  EXPECT_EQ(buffer.backend(), nullptr);
+  float* first = ensure_size(be(), buffer, 100);
+  EXPECT_EQ(buffer.size(), 100);
+  EXPECT_EQ(buffer.backend(), &be());
+  be().copy_from_host(x.data(), 100 * int64_t(sizeof(float)), first);
+  EXPECT_EQ(ensure_size(be(), buffer, 40), first);  // big enough: not reallocated
+  float* grown = ensure_size(be(), buffer, 1001);
+  EXPECT_EQ(buffer.size(), 1001);
+  be().copy_to_host(grown, bytes, back.data());
+  for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], i < 100 ? x[i] : 0.f) << i;
+  DeviceBuffer<float> moved = std::move(buffer);
+  EXPECT_EQ(moved.data(), grown);
+  EXPECT_TRUE(buffer.empty());
+  moved.allocate_uninitialized(be(), 7);
+  EXPECT_EQ(moved.size(), 7);
+  moved.reset();
+  EXPECT_EQ(moved.data(), nullptr);
 }
 
 }  // namespace

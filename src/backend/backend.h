@@ -151,6 +151,17 @@ class Backend {
   // Σ x² in double, in a fixed order (deterministic).
   virtual double sum_of_squares(const float* x, int64_t n) const = 0;
 
+  // --- Memory (backend/device_buffer.h holds it) --------------------------------------------
+  // `bytes` bytes of this backend's memory, aligned to 64 bytes, zeroed or left as they are
+  // (on the CPU, pages of a block that are never written then cost no memory); throws
+  // std::bad_alloc.
+  virtual void* allocate(int64_t bytes, bool zeroed) const = 0;
+  virtual void deallocate(void* memory) const = 0;  // from allocate; null: nothing
+  // Byte copies within this backend's memory, and between it and the host's.
+  virtual void copy_bytes(const void* from, int64_t bytes, void* to) const = 0;
+  virtual void copy_from_host(const void* host, int64_t bytes, void* device) const = 0;
+  virtual void copy_to_host(const void* device, int64_t bytes, void* host) const = 0;
+
   // --- Copies, fills and row movement ---------------------------------------------------------
   virtual void copy(const float* x, int64_t n, float* y) const = 0;  // y[n] = x[n]
   virtual void fill(float* y, int64_t n, float value) const = 0;     // y[n] = value

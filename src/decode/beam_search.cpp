@@ -104,7 +104,7 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
 
   // Encoder, once for the batch. Only its output outlives it: the layer buffers are freed
   // before the decoder allocates its caches, which then reuse that memory.
-  std::vector<float> memory;  // [sentences, S, D]
+  DeviceBuffer<float> memory;  // [sentences, S, D]
   {
     StackCache cache;
     std::shared_ptr<const PreparedWeights> hold;

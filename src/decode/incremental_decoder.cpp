@@ -21,15 +21,17 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
       src_lengths_(src_lengths) {
   const ModelConfig& c = model.config();
   const int64_t d = c.d_model, rows = sentences * src_len;
-  for (const DecoderLayerWeights& layer : prepared_->steps.decoder_layers) {
-    cross_kv_.push_back(std::make_unique_for_overwrite<float[]>(size_t(rows * 2 * d)));
-    linear_forward(model.backend(), layer.cross_attn.kv, memory, rows,
-                   cross_kv_.back().get());  // K|V stacked
+  const Backend& backend = model.backend();
+  const size_t layers = prepared_->steps.decoder_layers.size();
+  cross_kv_.resize(layers);
+  self_keys_.resize(layers);
+  self_values_.resize(layers);
+  for (size_t l = 0; l < layers; ++l) {
+    linear_forward(backend, prepared_->steps.decoder_layers[l].cross_attn.kv, memory, rows,
+                   cross_kv_[l].allocate_uninitialized(backend, rows * 2 * d));  // K|V stacked
     // Untouched pages cost nothing: only the rows the steps write are ever mapped.
-    self_keys_.push_back(
-        std::make_unique_for_overwrite<float[]>(size_t(max_steps * max_hypotheses * d)));
-    self_values_.push_back(
-        std::make_unique_for_overwrite<float[]>(size_t(max_steps * max_hypotheses * d)));
+    self_keys_[l].allocate_uninitialized(backend, max_steps * max_hypotheses * d);
+    self_values_[l].allocate_uninitialized(backend, max_steps * max_hypotheses * d);
   }
   history_.resize(size_t(max_hypotheses * max_steps));
   reordered_history_.resize(history_.size());
@@ -54,17 +56,17 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
     throw std::invalid_argument("IncrementalDecoder: more steps than max_steps (" +
                                 std::to_string(max_steps_) + ")");
   const int64_t kept_layer = attention_layer < 0 ? c.decoder_layers - 1 : attention_layer;
-  float* x = ensure_size(x_, n * d);  // [N, D] residual stream
+  float* x = ensure_size(backend, x_, n * d);  // [N, D] residual stream
   embed_forward(backend, c, target_embedding(w), model_.decoder_positions(), tokens, n, 1, t, x);
   for (int64_t i = 0; i < n; ++i)
     history_[size_t(i * max_steps_ + t)] = int32_t(i * max_steps_ + t);
 
   for (int64_t layer = 0; layer < c.decoder_layers; ++layer) {
-    float* cross_kv = cross_kv_[size_t(layer)].get();  // [sentences, S, 2D]: keys | values
+    float* cross_kv = cross_kv_[size_t(layer)].data();  // [sentences, S, 2D]: keys | values
     DecoderStep step;
     step.position = t;
     step.sentence_of_query = hypothesis_sentence_.data();
-    step.self = {self_keys_[size_t(layer)].get(), self_values_[size_t(layer)].get(), d,
+    step.self = {self_keys_[size_t(layer)].data(), self_values_[size_t(layer)].data(), d,
                  history_.data(), max_steps_};
     step.cross = {cross_kv, cross_kv + d, 2 * d, nullptr, 0};
     const bool keep = cross_attention && layer == kept_layer;

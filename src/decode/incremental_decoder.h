@@ -55,11 +55,11 @@ class IncrementalDecoder {
   // slot's rows before t may still serve other hypotheses (its old self's descendants); rows at
   // t are new, so writing them never disturbs a history. Slot-major keeps a hypothesis' rows
   // mostly contiguous (always, in greedy search), which the attention reads far faster.
-  std::vector<std::unique_ptr<float[]>> self_keys_, self_values_;
+  std::vector<DeviceBuffer<float>> self_keys_, self_values_;
   // Cache row holding position j of hypothesis i: history_[i * max_steps + j], j < position.
   std::vector<int32_t> history_, reordered_history_;  // [max_hypotheses, max_steps]
-  std::vector<std::unique_ptr<float[]>> cross_kv_;    // per layer [sentences, S, 2D]: keys | values
-  std::vector<float> x_;                              // [N, D] residual stream
+  std::vector<DeviceBuffer<float>> cross_kv_;         // per layer [sentences, S, 2D]: keys | values
+  DeviceBuffer<float> x_;                             // [N, D] residual stream
   DecoderLayerCache layer_cache_;                     // the layer's buffers (one layer at a time)
 };
 

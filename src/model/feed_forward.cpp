@@ -6,8 +6,8 @@ namespace tfm {
 void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
                           const float* x, int64_t rows, float dropout, uint64_t key,
                           FeedForwardCache& cache, float* out) {
-  float* pre = ensure_size(cache.pre_activation, rows * w.fc1.out);  // [rows, d_ff]
-  float* hidden = cache.keep_pre_activation ? ensure_size(cache.hidden, rows * w.fc1.out)
+  float* pre = ensure_size(backend, cache.pre_activation, rows * w.fc1.out);  // [rows, d_ff]
+  float* hidden = cache.keep_pre_activation ? ensure_size(backend, cache.hidden, rows * w.fc1.out)
                                             : pre;  // [rows, d_ff]
   // fc1 without its bias, which add_bias_activation adds in the same pass as the activation.
   LinearWeights fc1 = w.fc1;
@@ -15,7 +15,7 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
   linear_forward(backend, fc1, x, rows, pre);
   backend.add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
   if (dropout > 0.f) {
-    uint8_t* mask = ensure_size(cache.dropout_mask, rows * w.fc1.out);
+    uint8_t* mask = ensure_size(backend, cache.dropout_mask, rows * w.fc1.out);
     backend.dropout_mask(mask, rows * w.fc1.out, dropout, key);
     backend.apply_dropout(hidden, mask, rows * w.fc1.out, dropout);
   }
@@ -27,7 +27,7 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            int64_t rows, float dropout, FeedForwardCache& cache, const float* d_out,
                            BackwardScratch& scratch, float* dx, bool accumulate) {
   const int64_t hidden_size = rows * w.fc1.out;
-  float* d_hidden = ensure_size(scratch.d_hidden, hidden_size);  // [rows, d_ff]
+  float* d_hidden = ensure_size(backend, scratch.d_hidden, hidden_size);  // [rows, d_ff]
   linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false);
   if (dropout > 0.f)
     backend.apply_dropout(d_hidden, cache.dropout_mask.data(), hidden_size, dropout);

@@ -15,9 +15,9 @@ struct FeedForwardCache {
   // Inference sets this to false: the activation then overwrites the fc1 output in place (one
   // [rows, d_ff] buffer instead of two), and backward cannot run.
   bool keep_pre_activation = true;
-  std::vector<float> pre_activation;  // [rows, d_ff] fc1 output
-  std::vector<float> hidden;          // [rows, d_ff] activation (after dropout): fc2 input
-  std::vector<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0
+  DeviceBuffer<float> pre_activation;  // [rows, d_ff] fc1 output
+  DeviceBuffer<float> hidden;          // [rows, d_ff] activation (after dropout): fc2 input
+  DeviceBuffer<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0
 };
 
 // out[rows, D] = fc2(dropout(act(fc1(x)))).

@@ -1,23 +1,17 @@
 // The linear map y = x·Wᵀ + b every sublayer of §3 is built from, as a forward / backward pair,
-// with the helpers all layers share: buffers that grow once (ensure_size), dropout keys, and the
-// scratch of the backward passes. A forward saves what its backward needs in an explicit cache.
+// with the helpers all layers share: dropout keys and the scratch of the backward passes (in
+// the backend's memory: backend/device_buffer.h). A forward saves what its backward needs in an
+// explicit cache.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device_buffer.h"
 #include "model/weights.h"
 
 namespace tfm {
-
-// Grows `buffer` to at least n elements (never shrinks, so steady-state calls do not
-// allocate) and returns its data.
-template <typename T>
-T* ensure_size(std::vector<T>& buffer, int64_t n) {
-  if (int64_t(buffer.size()) < n) buffer.resize(size_t(n));
-  return buffer.data();
-}
 
 // Mixes a seed with a site number into an independent dropout key.
 uint64_t dropout_key(uint64_t seed, uint64_t site);
@@ -32,15 +26,15 @@ void linear_backward(const Backend& backend, const LinearWeights& w, const Linea
 
 // Scratch of the backward passes, shared by all layers.
 struct BackwardScratch {
-  std::vector<float> d_context;   // [B, Tq, D]
-  std::vector<float> dq;          // [B, Tq, D]
-  std::vector<float> dk;          // [B, Tk, D]
-  std::vector<float> dv;          // [B, Tk, D]
-  std::vector<float> d_hidden;    // [rows, d_ff]
-  std::vector<float> d_sublayer;  // [rows, D] gradient entering a sublayer's function
-  std::vector<float> d_normed;    // [rows, D] gradient of a pre-norm sublayer's function input
-  std::vector<float> d_stream;    // [rows, D] gradient of the residual stream
-  std::vector<float> d_memory;    // [B, S, D] gradient of the encoder output (cross-attention)
+  DeviceBuffer<float> d_context;   // [B, Tq, D]
+  DeviceBuffer<float> dq;          // [B, Tq, D]
+  DeviceBuffer<float> dk;          // [B, Tk, D]
+  DeviceBuffer<float> dv;          // [B, Tk, D]
+  DeviceBuffer<float> d_hidden;    // [rows, d_ff]
+  DeviceBuffer<float> d_sublayer;  // [rows, D] gradient entering a sublayer's function
+  DeviceBuffer<float> d_normed;    // [rows, D] gradient of a pre-norm sublayer's function input
+  DeviceBuffer<float> d_stream;    // [rows, D] gradient of the residual stream
+  DeviceBuffer<float> d_memory;    // [B, S, D] gradient of the encoder output (cross-attention)
 };
 
 }  // namespace tfm

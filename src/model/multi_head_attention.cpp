@@ -38,20 +38,20 @@ Projections project(const Backend& backend, const AttentionWeights& w, const flo
                     AttentionCache& cache) {
   const int64_t d = w.q.out;
   if (w.qkv.prepared && query_input == memory_input) {
-    float* qkv = ensure_size(cache.q, query_rows * 3 * d);  // [B, T, 3D] rows q | k | v
+    float* qkv = ensure_size(backend, cache.q, query_rows * 3 * d);  // [B, T, 3D] rows q | k | v
     linear_forward(backend, w.qkv, query_input, query_rows, qkv);
     return {qkv, qkv + d, qkv + 2 * d, 3 * d, 3 * d, 3 * d};
   }
-  float* q = ensure_size(cache.q, query_rows * d);  // [B, Tq, D]
+  float* q = ensure_size(backend, cache.q, query_rows * d);  // [B, Tq, D]
   linear_forward(backend, w.q, query_input, query_rows, q);
   if (!memory_input) return {q, nullptr, nullptr, d, 0, 0};
   if (w.kv.prepared) {
-    float* kv = ensure_size(cache.k, key_rows * 2 * d);  // [B, Tk, 2D] rows k | v
+    float* kv = ensure_size(backend, cache.k, key_rows * 2 * d);  // [B, Tk, 2D] rows k | v
     linear_forward(backend, w.kv, memory_input, key_rows, kv);
     return {q, kv, kv + d, d, 2 * d, 2 * d};
   }
-  float* k = ensure_size(cache.k, key_rows * d);  // [B, Tk, D]
-  float* v = ensure_size(cache.v, key_rows * d);  // [B, Tk, D]
+  float* k = ensure_size(backend, cache.k, key_rows * d);  // [B, Tk, D]
+  float* v = ensure_size(backend, cache.v, key_rows * d);  // [B, Tk, D]
   linear_forward(backend, w.k, memory_input, key_rows, k);
   linear_forward(backend, w.v, memory_input, key_rows, v);
   return {q, k, v, d, d, d};
@@ -63,10 +63,10 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
                                   const AttentionInputs& in, AttentionCache& cache, float* out) {
   const int64_t d = w.q.out;
   const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
-  float* context = ensure_size(cache.context, query_rows * d);  // [B, Tq, D]
+  float* context = ensure_size(backend, cache.context, query_rows * d);  // [B, Tq, D]
   const int64_t prob_count = in.batch * heads * in.query_len * in.key_len;
   const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
-  float* probs = keep ? ensure_size(cache.probs, prob_count) : nullptr;  // [B, H, Tq, Tk]
+  float* probs = keep ? ensure_size(backend, cache.probs, prob_count) : nullptr;  // [B, H, Tq, Tk]
   AttentionShape shape = attention_shape(w, in, heads, d);
   // Incremental decoding projects only this position: its q, k, v in self-attention (k and v
   // are appended to the cache), its q alone in cross-attention (the keys are cached already).
@@ -96,7 +96,7 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   AttentionDropout dropout;
   if (in.dropout > 0.f) {
     dropout.p = in.dropout;
-    dropout.mask = ensure_size(cache.dropout_mask, prob_count);
+    dropout.mask = ensure_size(backend, cache.dropout_mask, prob_count);
     dropout.key = in.dropout_key;
   }
   backend.attention_forward(shape, in.mask, p.q, p.k, p.v, probs, context, dropout);
@@ -110,10 +110,10 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
                                    float* d_query_input, bool accumulate, float* d_memory_input) {
   const int64_t d = w.q.out;
   const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
-  float* d_context = ensure_size(scratch.d_context, query_rows * d);  // [B, Tq, D]
-  float* dq = ensure_size(scratch.dq, query_rows * d);                // [B, Tq, D]
-  float* dk = ensure_size(scratch.dk, key_rows * d);                  // [B, Tk, D]
-  float* dv = ensure_size(scratch.dv, key_rows * d);                  // [B, Tk, D]
+  float* d_context = ensure_size(backend, scratch.d_context, query_rows * d);  // [B, Tq, D]
+  float* dq = ensure_size(backend, scratch.dq, query_rows * d);                // [B, Tq, D]
+  float* dk = ensure_size(backend, scratch.dk, key_rows * d);                  // [B, Tk, D]
+  float* dv = ensure_size(backend, scratch.dv, key_rows * d);                  // [B, Tk, D]
   linear_backward(backend, w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false);
   AttentionDropout dropout;
   if (in.dropout > 0.f) {

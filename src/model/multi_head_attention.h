@@ -41,16 +41,16 @@ struct AttentionInputs {
 };
 
 struct AttentionCache {
-  std::vector<float> q;        // [B, Tq, D]; prepared self-attention: [B, T, 3D] rows q | k | v
-  std::vector<float> k;        // [B, Tk, D]; prepared cross-attention: [B, Tk, 2D] rows k | v
-  std::vector<float> v;        // [B, Tk, D]
-  std::vector<float> context;  // [B, Tq, D] heads concatenated (input of W_o)
-  std::vector<float> probs;    // [B, H, Tq, Tk] softmax before dropout
+  DeviceBuffer<float> q;        // [B, Tq, D]; prepared self-attention: [B, T, 3D] rows q | k | v
+  DeviceBuffer<float> k;        // [B, Tk, D]; prepared cross-attention: [B, Tk, 2D] rows k | v
+  DeviceBuffer<float> v;        // [B, Tk, D]
+  DeviceBuffer<float> context;  // [B, Tq, D] heads concatenated (input of W_o)
+  DeviceBuffer<float> probs;    // [B, H, Tq, Tk] softmax before dropout
   // Inference sets this to false: the weights are then never stored (attention streams over
   // the keys with an online softmax), and backward cannot run.
   bool keep_weights = true;
-  std::vector<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
-  std::vector<int64_t> append_rows;   // [B] incremental decoding: the KV-cache row written
+  DeviceBuffer<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
+  std::vector<int64_t> append_rows;    // [B] incremental decoding: the KV-cache row written
 };
 
 // out[B, Tq, D] = W_o · Concat_h(softmax(Q_h K_hᵀ / sqrt(d_k)) V_h): one GEMM per projection

@@ -77,24 +77,25 @@ LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t 
 void embed_with_dropout(const Backend& backend, const ModelConfig& config,
                         const EmbeddingTable& table, const float* positions, const int32_t* ids,
                         int64_t batch, int64_t len, float dropout, uint64_t key,
-                        std::vector<float>& out, std::vector<uint8_t>& mask) {
+                        DeviceBuffer<float>& out, DeviceBuffer<uint8_t>& mask) {
   const int64_t n = batch * len * config.d_model;
-  float* x = ensure_size(out, n);
+  float* x = ensure_size(backend, out, n);
   embed_forward(backend, config, table, positions, ids, batch, len, 0, x);
   if (dropout > 0.f) {
-    backend.dropout_mask(ensure_size(mask, n), n, dropout, key);
+    backend.dropout_mask(ensure_size(backend, mask, n), n, dropout, key);
     backend.apply_dropout(x, mask.data(), n, dropout);
   }
 }
 
 // out = LayerNorm(in) for pre-norm stacks (final norm), a copy for post-norm.
 void final_norm(const Backend& backend, const ModelConfig& config, const LayerNormWeights& norm,
-                const float* in, int64_t rows, LayerNormCache& cache, std::vector<float>& out) {
+                const float* in, int64_t rows, LayerNormCache& cache, DeviceBuffer<float>& out) {
   const int64_t d = config.d_model;
-  float* y = ensure_size(out, rows * d);
+  float* y = ensure_size(backend, out, rows * d);
   if (config.norm == NormPosition::kPre) {
     backend.layer_norm(in, norm.weight, norm.bias, y, rows, d, float(config.layer_norm_eps),
-                       ensure_size(cache.mean, rows), ensure_size(cache.rstd, rows));
+                       ensure_size(backend, cache.mean, rows),
+                       ensure_size(backend, cache.rstd, rows));
   } else {
     backend.copy(in, rows * d, y);
   }
@@ -297,8 +298,8 @@ void stacks_backward(const Model& model, const TransformerWeights& w, const Tran
   const int64_t B = batch.batch, S = batch.src_len, T = batch.tgt_len;
   const int64_t max_rows = B * std::max(S, T);
   // The gradient flowing down the residual stream, each layer's backward in place.
-  float* stream = ensure_size(scratch.d_stream, max_rows * d);  // [rows, D]
-  float* d_memory = ensure_size(scratch.d_memory, B * S * d);   // [B, S, D]
+  float* stream = ensure_size(backend, scratch.d_stream, max_rows * d);  // [rows, D]
+  float* d_memory = ensure_size(backend, scratch.d_memory, B * S * d);   // [B, S, D]
   backend.fill(d_memory, B * S * d, 0.f);
 
   // Final norm (pre-norm) or identity, from the stack output to the last layer's output.

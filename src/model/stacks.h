@@ -17,17 +17,17 @@ class Model;
 struct TokenBatch;
 
 struct LayerNormCache {
-  std::vector<float> mean;  // [rows]
-  std::vector<float> rstd;  // [rows]
+  DeviceBuffer<float> mean;  // [rows]
+  DeviceBuffer<float> rstd;  // [rows]
 };
 
 // One residual sublayer around a function F (attention or feed-forward).
 struct SublayerCache {
-  std::vector<float> normed;    // [rows, D] pre-norm: LayerNorm(input), F's input
-  std::vector<float> residual;  // [rows, D] post-norm: input + Dropout(F), the norm's input
+  DeviceBuffer<float> normed;    // [rows, D] pre-norm: LayerNorm(input), F's input
+  DeviceBuffer<float> residual;  // [rows, D] post-norm: input + Dropout(F), the norm's input
   LayerNormCache norm;
-  std::vector<uint8_t> dropout_mask;  // [rows, D] when dropout > 0
-  std::vector<float> output;          // [rows, D]
+  DeviceBuffer<uint8_t> dropout_mask;  // [rows, D] when dropout > 0
+  DeviceBuffer<float> output;          // [rows, D]
 };
 
 struct EncoderLayerCache {
@@ -53,17 +53,17 @@ struct DropoutOptions {
 };
 
 struct StackCache {
-  bool training = false;             // keep every layer's cache for backward
-  std::vector<float> encoder_input;  // [B, S, D] embeddings + positions (after dropout)
-  std::vector<uint8_t> encoder_input_mask;
+  bool training = false;              // keep every layer's cache for backward
+  DeviceBuffer<float> encoder_input;  // [B, S, D] embeddings + positions (after dropout)
+  DeviceBuffer<uint8_t> encoder_input_mask;
   std::vector<EncoderLayerCache> encoder_layers;  // N when training, else 1 (reused)
   LayerNormCache encoder_norm;
-  std::vector<float> memory;         // [B, S, D] encoder output
-  std::vector<float> decoder_input;  // [B, T, D]
-  std::vector<uint8_t> decoder_input_mask;
+  DeviceBuffer<float> memory;         // [B, S, D] encoder output
+  DeviceBuffer<float> decoder_input;  // [B, T, D]
+  DeviceBuffer<uint8_t> decoder_input_mask;
   std::vector<DecoderLayerCache> decoder_layers;
   LayerNormCache decoder_norm;
-  std::vector<float> decoder_out;  // [B, T, D] decoder output
+  DeviceBuffer<float> decoder_out;  // [B, T, D] decoder output
 };
 
 // Single layers from `input`, output in the cache (used by the stacks and by layer-level tests).

@@ -15,23 +15,23 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
                       uint64_t key, SublayerCache& cache, Function&& function) {
   const int64_t d = config.d_model, n = rows * d;
   const float eps = float(config.layer_norm_eps);
-  float* output = ensure_size(cache.output, n);  // [rows, D]
-  float* mean = ensure_size(cache.norm.mean, rows);
-  float* rstd = ensure_size(cache.norm.rstd, rows);
+  float* output = ensure_size(backend, cache.output, n);  // [rows, D]
+  float* mean = ensure_size(backend, cache.norm.mean, rows);
+  float* rstd = ensure_size(backend, cache.norm.rstd, rows);
   auto drop = [&](float* x) {
     if (dropout <= 0.f) return;
-    uint8_t* mask = ensure_size(cache.dropout_mask, n);
+    uint8_t* mask = ensure_size(backend, cache.dropout_mask, n);
     backend.dropout_mask(mask, n, dropout, key);
     backend.apply_dropout(x, mask, n, dropout);
   };
   if (config.norm == NormPosition::kPost) {
-    float* residual = ensure_size(cache.residual, n);  // [rows, D]
+    float* residual = ensure_size(backend, cache.residual, n);  // [rows, D]
     function(input, residual);
     drop(residual);
     backend.add(residual, input, n);
     backend.layer_norm(residual, norm.weight, norm.bias, output, rows, d, eps, mean, rstd);
   } else {
-    float* normed = ensure_size(cache.normed, n);  // [rows, D]
+    float* normed = ensure_size(backend, cache.normed, n);  // [rows, D]
     backend.layer_norm(input, norm.weight, norm.bias, normed, rows, d, eps, mean, rstd);
     function(normed, output);
     drop(output);
@@ -50,7 +50,7 @@ void sublayer_backward(const Backend& backend, const ModelConfig& config,
                        float* d_stream, BackwardScratch& scratch,
                        FunctionBackward&& function_backward) {
   const int64_t d = config.d_model, n = rows * d;
-  float* d_function_out = ensure_size(scratch.d_sublayer, n);  // [rows, D]
+  float* d_function_out = ensure_size(backend, scratch.d_sublayer, n);  // [rows, D]
   const float* mean = cache.norm.mean.data();
   const float* rstd = cache.norm.rstd.data();
   if (config.norm == NormPosition::kPost) {
@@ -65,7 +65,7 @@ void sublayer_backward(const Backend& backend, const ModelConfig& config,
     // The residual path passes d_stream through unchanged; F's path adds to it.
     backend.copy(d_stream, n, d_function_out);
     if (dropout > 0.f) backend.apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
-    float* d_normed = ensure_size(scratch.d_normed, n);  // [rows, D]
+    float* d_normed = ensure_size(backend, scratch.d_normed, n);  // [rows, D]
     function_backward(d_function_out, cache.normed.data(), d_normed, false);
     backend.layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_stream,
                                 norm_grad.weight, norm_grad.bias, rows, d, true);

@@ -209,22 +209,25 @@ void score_forward(const Model& model, const TokenBatch& batch, StackCache& cach
   std::vector<int32_t> labels;
   target_positions(batch, valid_rows, labels);
   const int64_t count = int64_t(valid_rows.size());
-  std::vector<float> states(static_cast<size_t>(count * d));  // [valid_rows, D]
-  backend.gather_rows(cache.decoder_out.data(), d, valid_rows.data(), count, d, states.data(), d);
-  std::vector<float> picked(static_cast<size_t>(count));
+  DeviceBuffer<float> states_buffer, logits_buffer, picked_buffer;
+  float* states = ensure_size(backend, states_buffer, count * d);  // [valid_rows, D]
+  backend.gather_rows(cache.decoder_out.data(), d, valid_rows.data(), count, d, states, d);
+  float* picked = ensure_size(backend, picked_buffer, count);  // [valid_rows]
 
   // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
   const int64_t chunk = output_chunk_rows(vocab);
-  std::vector<float> logits(
-      static_cast<size_t>(std::min(chunk, std::max<int64_t>(count, 1)) * vocab));  // [chunk, V]
+  float* logits = ensure_size(backend, logits_buffer,
+                              std::min(chunk, std::max<int64_t>(count, 1)) * vocab);  // [chunk, V]
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
-    linear_forward(backend, w.output, states.data() + begin * d, n, logits.data());
-    backend.log_softmax_pick(logits.data(), labels.data() + begin, n, vocab, picked.data() + begin);
+    linear_forward(backend, w.output, states + begin * d, n, logits);
+    backend.log_softmax_pick(logits, labels.data() + begin, n, vocab, picked + begin);
   }
+  std::vector<float> host_picked(static_cast<size_t>(count));
+  backend.copy_to_host(picked, count * int64_t(sizeof(float)), host_picked.data());
   token_logprobs.assign(size_t(batch.batch * batch.tgt_len), 0.f);
   for (int64_t r = 0; r < count; ++r)
-    token_logprobs[size_t(valid_rows[size_t(r)])] = picked[size_t(r)];
+    token_logprobs[size_t(valid_rows[size_t(r)])] = host_picked[size_t(r)];
 }
 
 }  // namespace tfm

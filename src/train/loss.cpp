@@ -22,14 +22,15 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   target_positions(batch, ws.rows, ws.labels);
   const int64_t count = int64_t(ws.rows.size());
   const int32_t* labels = ws.labels.data();
-  float* states = ensure_size(ws.states, count * d);      // [tokens, D]
-  float* d_states = ensure_size(ws.d_states, count * d);  // [tokens, D]
+  float* states = ensure_size(backend, ws.states, count * d);      // [tokens, D]
+  float* d_states = ensure_size(backend, ws.d_states, count * d);  // [tokens, D]
   backend.gather_rows(ws.cache.decoder_out.data(), d, ws.rows.data(), count, d, states, d);
 
   LossTotals totals;
   totals.tokens = count;
   const int64_t chunk = output_chunk_rows(vocab);
-  float* logits = ensure_size(ws.logits, std::min(chunk, std::max<int64_t>(count, 1)) * vocab);
+  float* logits =
+      ensure_size(backend, ws.logits, std::min(chunk, std::max<int64_t>(count, 1)) * vocab);
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
     const float* x = states + begin * d;  // [n, D]
@@ -46,7 +47,7 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   if (!backward) return totals;
 
   const int64_t out_size = batch.batch * batch.tgt_len * d;
-  float* d_out = ensure_size(ws.d_decoder_out, out_size);  // [B, T, D]
+  float* d_out = ensure_size(backend, ws.d_decoder_out, out_size);  // [B, T, D]
   backend.fill(d_out, out_size, 0.f);
   backend.scatter_rows(d_states, d, ws.rows.data(), count, d, d_out, d);
   stacks_backward(model, w, g, batch, dropout, ws.cache, d_out, ws.scratch);

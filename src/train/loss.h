@@ -29,12 +29,12 @@ struct LossTotals {
 struct TrainingWorkspace {
   StackCache cache;  // training = true: every layer's activations
   BackwardScratch scratch;
-  std::vector<float> states;         // [tokens, D] decoder outputs at real positions
-  std::vector<float> d_states;       // [tokens, D]
-  std::vector<float> logits;         // [chunk, V] logits, then their gradient
-  std::vector<float> d_decoder_out;  // [B, T, D]
-  std::vector<int32_t> labels;       // [tokens]
-  std::vector<int64_t> rows;         // [tokens] flat b * T + t of each real position
+  DeviceBuffer<float> states;         // [tokens, D] decoder outputs at real positions
+  DeviceBuffer<float> d_states;       // [tokens, D]
+  DeviceBuffer<float> logits;         // [chunk, V] logits, then their gradient
+  DeviceBuffer<float> d_decoder_out;  // [B, T, D]
+  std::vector<int32_t> labels;        // [tokens]
+  std::vector<int64_t> rows;          // [tokens] flat b * T + t of each real position
 };
 
 // With grad_scale = 0 only the loss is computed (no backward): validation. Every linear product,

@@ -2,6 +2,9 @@
 // products, SIMD/OpenMP loops). Nothing is computed here that a kernel file does not define,
 // except the plain row copies.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
@@ -130,6 +133,25 @@ class CpuBackend final : public Backend {
   }
   double sum_of_squares(const float* x, int64_t n) const override {
     return tfm::sum_of_squares(x, n);
+  }
+
+  void* allocate(int64_t bytes, bool zeroed) const override {
+    // aligned_alloc wants a multiple of the alignment; 0 bytes still gets a unique block.
+    const size_t size = (size_t(std::max<int64_t>(bytes, 1)) + 63) / 64 * 64;
+    void* memory = std::aligned_alloc(64, size);
+    if (!memory) throw std::bad_alloc();
+    if (zeroed) std::memset(memory, 0, size);
+    return memory;
+  }
+  void deallocate(void* memory) const override { std::free(memory); }
+  void copy_bytes(const void* from, int64_t bytes, void* to) const override {
+    std::memcpy(to, from, size_t(bytes));
+  }
+  void copy_from_host(const void* host, int64_t bytes, void* device) const override {
+    std::memcpy(device, host, size_t(bytes));
+  }
+  void copy_to_host(const void* device, int64_t bytes, void* host) const override {
+    std::memcpy(host, device, size_t(bytes));
   }
 
   void copy(const float* x, int64_t n, float* y) const override { std::copy_n(x, n, y); }

@@ -1,0 +1,97 @@
+// Memory that layers, the loss and the decoder compute in — activations, their gradients, caches
+// — lives in the memory of the backend that computes on it, not in std::vector: a DeviceBuffer
+// is an array of T allocated by a Backend, so a second backend gets its buffers where its
+// kernels can reach them without model/ changing. Buffers grow once to the largest batch shape
+// they see and are reused (ensure_size), as llm.c's activations are allocated once.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <type_traits>
+
+#include "backend/backend.h"
+
+namespace tfm {
+
+template <typename T>
+class DeviceBuffer {
+  static_assert(std::is_trivially_copyable_v<T>, "a DeviceBuffer holds plain numbers");
+
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : backend_(other.backend_), data_(other.data_), size_(other.size_) {
+    other.backend_ = nullptr;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      std::swap(backend_, other.backend_);
+      std::swap(data_, other.data_);
+      std::swap(size_, other.size_);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  int64_t size() const { return size_; }  // elements
+  bool empty() const { return size_ == 0; }
+  const Backend* backend() const { return backend_; }  // null until the first allocation
+
+  // At least n elements on `backend`. A smaller buffer grows to n: its first size() elements are
+  // kept and the rest are zero (as std::vector::resize would leave them). A buffer belongs to
+  // the backend that first allocated it.
+  T* ensure_size(const Backend& backend, int64_t n) {
+    if (n <= size_) return data_;
+    if (backend_ && backend_ != &backend)
+      throw std::logic_error("DeviceBuffer: grown on " + backend.name() + ", allocated on " +
+                             backend_->name());
+    T* grown = static_cast<T*>(backend.allocate(n * int64_t(sizeof(T)), true));
+    if (data_) {
+      backend.copy_bytes(data_, size_ * int64_t(sizeof(T)), grown);
+      backend.deallocate(data_);
+    }
+    backend_ = &backend;
+    data_ = grown;
+    size_ = n;
+    return data_;
+  }
+
+  // Exactly n elements on `backend`, their values undefined until written (what was held is
+  // freed first). For large caches whose parts are written before they are read: on the CPU
+  // their untouched pages cost no memory.
+  T* allocate_uninitialized(const Backend& backend, int64_t n) {
+    reset();
+    data_ = static_cast<T*>(backend.allocate(n * int64_t(sizeof(T)), false));
+    backend_ = &backend;
+    size_ = n;
+    return data_;
+  }
+
+  // Frees the memory (size 0); the next ensure_size may use any backend.
+  void reset() {
+    if (data_) backend_->deallocate(data_);
+    backend_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+ private:
+  const Backend* backend_ = nullptr;
+  T* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// The one way layers get their buffers: buffer.ensure_size(backend, n).
+template <typename T>
+T* ensure_size(const Backend& backend, DeviceBuffer<T>& buffer, int64_t n) {
+  return buffer.ensure_size(backend, n);
+}
+
+}  // namespace tfm
