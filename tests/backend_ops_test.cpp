@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <vector>
 
 #include "backend/backend.h"
@@ -1004,8 +1005,8 @@ TEST_P(BackendOps, AllocationsCopiesAndGrowingBuffers) {
   void* b = be().allocate(bytes + 13, true);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % alignof(std::max_align_t), 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % alignof(std::max_align_t), 0u);
   std::vector<uint8_t> zeros(size_t(bytes + 13), 0xff);
   be().copy_to_host(b, bytes + 13, zeros.data());
   EXPECT_EQ(std::count(zeros.begin(), zeros.end(), 0), bytes + 13);

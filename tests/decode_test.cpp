@@ -243,8 +243,9 @@ TEST(Decode, Int8EmbeddingsForEverySharing) {
     ASSERT_NE(w.tgt_embed_int8.values, nullptr);
     EXPECT_EQ(w.src_embed_int8.values == w.tgt_embed_int8.values,
               sharing == EmbeddingSharing::kAll);
-    if (sharing != EmbeddingSharing::kNone)
+    if (sharing != EmbeddingSharing::kNone) {
       EXPECT_EQ(w.output.int8.values, w.tgt_embed_int8.values);
+    }
     SearchOptions o = beam(3);
     o.precision = Precision::kInt8;
     o.min_length = 4;

@@ -152,7 +152,8 @@ class Backend {
   virtual double sum_of_squares(const float* x, int64_t n) const = 0;
 
   // --- Memory (backend/device_buffer.h holds it) --------------------------------------------
-  // `bytes` bytes of this backend's memory, aligned to 64 bytes, zeroed or left as they are
+  // `bytes` bytes of this backend's memory, aligned for any element type (at least
+  // alignof(std::max_align_t)), zeroed or left as they are
   // (on the CPU, pages of a block that are never written then cost no memory); throws
   // std::bad_alloc.
   virtual void* allocate(int64_t bytes, bool zeroed) const = 0;

@@ -136,11 +136,12 @@ class CpuBackend final : public Backend {
   }
 
   void* allocate(int64_t bytes, bool zeroed) const override {
-    // aligned_alloc wants a multiple of the alignment; 0 bytes still gets a unique block.
-    const size_t size = (size_t(std::max<int64_t>(bytes, 1)) + 63) / 64 * 64;
-    void* memory = std::aligned_alloc(64, size);
+    // Plain malloc, not aligned_alloc: a block freed by one pass (the encoder's) must fit the
+    // next pass's request of the same size exactly (the decoder's caches), which an
+    // over-aligned request (size + alignment) does not: beam 4 then held ~30 MiB more.
+    const size_t size = size_t(std::max<int64_t>(bytes, 1));  // 0 bytes: still a unique block
+    void* memory = zeroed ? std::calloc(size, 1) : std::malloc(size);
     if (!memory) throw std::bad_alloc();
-    if (zeroed) std::memset(memory, 0, size);
     return memory;
   }
   void deallocate(void* memory) const override { std::free(memory); }
