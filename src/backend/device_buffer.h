@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <type_traits>
+#include <utility>
 
 #include "backend/backend.h"
 
@@ -44,11 +45,31 @@ class DeviceBuffer {
   bool empty() const { return size_ == 0; }
   const Backend* backend() const { return backend_; }  // null until the first allocation
 
-  // At least n elements on `backend`. A smaller buffer grows to n: its first size() elements are
-  // kept and the rest are zero (as std::vector::resize would leave them). A buffer belongs to
-  // the backend that first allocated it.
-  T* ensure_size(const Backend& backend, int64_t n) {
-    if (n <= size_) return data_;
+  // At least n elements on `backend`: ensure_size(backend, buffer, n) below.
+  template <typename U>
+  friend U* ensure_size(const Backend& backend, DeviceBuffer<U>& buffer, int64_t n);
+
+  // Exactly n elements on `backend`, their values undefined until written (what was held is
+  // freed first). For large caches whose parts are written before they are read: on the CPU
+  // their untouched pages cost no memory.
+  T* allocate_uninitialized(const Backend& backend, int64_t n) {
+    reset();
+    data_ = static_cast<T*>(backend.allocate(n * int64_t(sizeof(T)), false));
+    backend_ = &backend;
+    size_ = n;
+    return data_;
+  }
+
+  // Frees the memory (size 0); the next allocation may use any backend.
+  void reset() {
+    if (data_) backend_->deallocate(data_);
+    backend_ = nullptr;
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+ private:
+  T* grow(const Backend& backend, int64_t n) {
     if (backend_ && backend_ != &backend)
       throw std::logic_error("DeviceBuffer: grown on " + backend.name() + ", allocated on " +
                              backend_->name());
@@ -63,35 +84,18 @@ class DeviceBuffer {
     return data_;
   }
 
-  // Exactly n elements on `backend`, their values undefined until written (what was held is
-  // freed first). For large caches whose parts are written before they are read: on the CPU
-  // their untouched pages cost no memory.
-  T* allocate_uninitialized(const Backend& backend, int64_t n) {
-    reset();
-    data_ = static_cast<T*>(backend.allocate(n * int64_t(sizeof(T)), false));
-    backend_ = &backend;
-    size_ = n;
-    return data_;
-  }
-
-  // Frees the memory (size 0); the next ensure_size may use any backend.
-  void reset() {
-    if (data_) backend_->deallocate(data_);
-    backend_ = nullptr;
-    data_ = nullptr;
-    size_ = 0;
-  }
-
- private:
   const Backend* backend_ = nullptr;
   T* data_ = nullptr;
   int64_t size_ = 0;
 };
 
-// The one way layers get their buffers: buffer.ensure_size(backend, n).
+// The one way layers get their buffers: at least n elements of `buffer` on `backend`. A smaller
+// buffer grows to n: its first size() elements are kept and the rest are zero (as
+// std::vector::resize would leave them); a large enough one is returned as it is (steady-state
+// calls allocate nothing). A buffer belongs to the backend that first allocated it.
 template <typename T>
 T* ensure_size(const Backend& backend, DeviceBuffer<T>& buffer, int64_t n) {
-  return buffer.ensure_size(backend, n);
+  return n <= buffer.size_ ? buffer.data_ : buffer.grow(backend, n);
 }
 
 }  // namespace tfm

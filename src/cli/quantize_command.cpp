@@ -37,10 +37,9 @@ CommandRunner add_quantize_command(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("--force", o->force, "Overwrite an existing output file or non-empty directory");
   app.footer(
-      "Biases, layer norms and learned positions stay float32. translate, score and serve run an "
-      "int8\n"
-      "model in int8 unless --compute-type says otherwise (other types multiply out the stored\n"
-      "int8 weights when loading).\n"
+      "Biases, layer norms and learned positions stay float32. translate, score and serve\n"
+      "run an int8 model in int8 unless --compute-type says otherwise (other types multiply\n"
+      "out the stored int8 weights when loading).\n"
       "Example:\n  transformer quantize --model run -o run-int8\n"
       "  transformer translate --model run-int8 < test.en");
   return [o] {

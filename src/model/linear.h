@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "backend/backend.h"
 #include "backend/device_buffer.h"

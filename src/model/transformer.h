@@ -25,9 +25,9 @@ class Model {
   // Validates config and parameter shapes (throws Error naming `where`). Every forward and
   // backward pass of this model runs on `backend` (--device); the parameters live in its memory.
   // int8_weights: linear weights and embeddings held only in int8 (a model loaded for
-  // --compute-type int8,
-  // io/model_file.h), whose tensors in `parameters` keep their shape and no data. Such a model
-  // runs inference in int8 only; it cannot be trained, saved or prepared in another precision.
+  // --compute-type int8, io/model_file.h), whose tensors in `parameters` keep their shape and no
+  // data. Such a model runs inference in int8 only; it cannot be trained, saved or prepared in
+  // another precision.
   Model(ModelConfig config, TensorMap parameters, const std::string& where,
         const Backend& backend = cpu_backend(), Int8WeightMap int8_weights = {});
   Model(Model&&) = default;

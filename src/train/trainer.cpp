@@ -524,7 +524,7 @@ class TrainingRun {
     }
     last_validated_ = state_.step;
     if (!primary_) return;
-    const double accuracy = double(totals.correct) / double(std::max<int64_t>(totals.tokens, 1));
+    const double accuracy = per_token(double(totals.correct), totals.tokens);
     const double loss = per_token(totals.loss, totals.tokens);
     std::fprintf(stderr, "%svalid step %lld: loss %.4f ppl %.2f accuracy %.2f%%%s\n",
                  terminal_ ? "\r\033[K" : "", (long long)state_.step, loss, std::exp(nll),
