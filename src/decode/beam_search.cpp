@@ -1,7 +1,9 @@
 // Beam search: per step, every live hypothesis of every unfinished sentence is extended by the
 // decoder in one call; each sentence keeps its `beam` best continuations by cumulative
 // log-probability, moves those ending in eos to its finished list, and is done once it has
-// `beam` finished hypotheses or reaches its length limit.
+// `beam` finished hypotheses or reaches its length limit. A BeamSearch runs one search() call in
+// named steps: plan_lengths, encode, then per step decode_step and select (candidates per
+// sentence, the beam kept), and best_finished at the end.
 #include "decode/beam_search.h"
 
 #include <algorithm>
@@ -19,12 +21,6 @@ namespace {
 double length_penalty(double alpha, int64_t length) {
   return alpha == 0 ? 1.0 : std::pow((5.0 + double(length)) / 6.0, alpha);
 }
-
-struct Live {
-  std::vector<int32_t> tokens;
-  double logprob = 0;
-  std::vector<std::vector<float>> attention;
-};
 
 // What one search() call can allocate, in bytes, at most: the encoder's activations, the
 // decoder's self-attention cache (layers × K,V × steps × hypotheses × d) and cross-attention
@@ -53,203 +49,283 @@ int64_t search_memory_bytes(const ModelConfig& c, int64_t sentences, int64_t src
   return bytes >= (long double)INT64_MAX ? INT64_MAX : int64_t(bytes);
 }
 
+// One search() call. Hypotheses live in `live_`, grouped by sentence in ascending sentence
+// order (the decoder's row order); a step turns them into the next step's.
+class BeamSearch {
+ public:
+  BeamSearch(const Model& model, const std::vector<std::vector<int32_t>>& sources,
+             const std::vector<std::vector<int32_t>>& prefixes, const SearchOptions& options)
+      : model_(model),
+        c_(model.config()),
+        sources_(sources),
+        prefixes_(prefixes),
+        o_(options),
+        sentences_(int64_t(sources.size())) {
+    if (o_.beam < 1) throw Error("the beam size must be at least 1");
+    if (o_.attention_layer >= c_.decoder_layers)
+      throw Error("attention layer " + std::to_string(o_.attention_layer) +
+                  " does not exist (the decoder has " + std::to_string(c_.decoder_layers) +
+                  " layers)");
+    if (!prefixes_.empty() && prefixes_.size() != sources_.size())
+      throw Error("one prefix per source sentence is needed");
+  }
+
+  std::vector<std::vector<Hypothesis>> run() {
+    batch_ = make_batch(c_, sources_, std::vector<std::vector<int32_t>>(sources_.size()));
+    plan_lengths();
+    encode();
+    IncrementalDecoder decoder(model_, memory_.data(), sentences_, batch_.src_len,
+                               batch_.src_lengths.data(), longest_ + 1, sentences_ * o_.beam,
+                               o_.precision);
+    live_.resize(size_t(sentences_));
+    live_sentence_.resize(size_t(sentences_));
+    std::iota(live_sentence_.begin(), live_sentence_.end(), 0);
+    decoder.start(live_sentence_);
+    finished_.resize(size_t(sentences_));
+    for (int64_t t = 0; !live_.empty(); ++t) {
+      decode_step(decoder);
+      select(t);
+      if (!live_.empty()) decoder.reorder(parents_);
+    }
+    return best_finished();
+  }
+
+ private:
+  struct Live {
+    std::vector<int32_t> tokens;
+    double logprob = 0;
+    std::vector<std::vector<float>> attention;
+  };
+  struct Candidate {  // a continuation: cumulative log-prob, the hypothesis it extends, its token
+    double logprob;
+    int64_t hypothesis;
+    int32_t token;
+  };
+
+  // Length limits per sentence (generated tokens, eos excluded), prefix lengths, and the
+  // memory the whole search may take, checked before anything is allocated.
+  void plan_lengths() {
+    const int64_t max_tokens = max_target_tokens(c_);
+    max_len_.assign(size_t(sentences_), 0);
+    prefix_len_.assign(size_t(sentences_), 0);
+    for (int64_t s = 0; s < sentences_; ++s) {
+      int64_t limit = int64_t(std::floor(o_.max_length_a * double(sources_[size_t(s)].size()))) +
+                      o_.max_length_b;
+      if (o_.max_length > 0) limit = std::min(limit, o_.max_length);
+      limit = std::max<int64_t>(1, std::min(limit, max_tokens));
+      if (!prefixes_.empty()) {
+        prefix_len_[size_t(s)] = int64_t(prefixes_[size_t(s)].size());
+        for (int32_t id : prefixes_[size_t(s)])
+          if (id < 0 || id >= c_.tgt_vocab_size)
+            throw Error("prefix token id " + std::to_string(id) +
+                        " is outside the target vocabulary");
+        limit = std::max(limit, std::min(prefix_len_[size_t(s)], max_tokens));
+      }
+      max_len_[size_t(s)] = limit;
+      longest_ = std::max(longest_, limit);
+    }
+    check_memory(search_memory_bytes(c_, sentences_, batch_.src_len, longest_ + 1, o_),
+                 "decoding " + std::to_string(sentences_) + " sentence" +
+                     (sentences_ > 1 ? "s" : "") + " of " + std::to_string(batch_.src_len) +
+                     " tokens with beam " + std::to_string(o_.beam) + " (up to " +
+                     std::to_string(longest_) + " steps)");
+  }
+
+  // The encoder, once for the batch. Only its output outlives it: the layer buffers are freed
+  // before the decoder allocates its caches, which then reuse that memory.
+  void encode() {
+    StackCache cache;
+    std::shared_ptr<const PreparedWeights> hold;
+    encoder_forward(model_, model_.sequence_weights(o_.precision, hold), batch_, {}, cache);
+    memory_ = std::move(cache.memory);
+  }
+
+  // The decoder's log-probabilities (and, if kept, cross-attention) for every live hypothesis'
+  // next token.
+  void decode_step(IncrementalDecoder& decoder) {
+    const int64_t n = int64_t(live_.size());
+    inputs_.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i)
+      inputs_[size_t(i)] =
+          live_[size_t(i)].tokens.empty() ? int32_t(c_.bos_id) : live_[size_t(i)].tokens.back();
+    logprobs_.resize(size_t(n * c_.tgt_vocab_size));
+    if (o_.attention) attention_.resize(size_t(n * attention_width()));
+    decoder.step(inputs_.data(), logprobs_.data(), o_.attention ? attention_.data() : nullptr,
+                 o_.attention_layer, o_.attention_per_head);
+  }
+
+  int64_t attention_width() const {  // [heads or 1, S] per hypothesis
+    return (o_.attention_per_head ? c_.heads : 1) * batch_.src_len;
+  }
+
+  // Step t's choice: each sentence's live hypotheses [begin, end) give their candidates, and
+  // the best of those become the sentence's next live hypotheses or finish it.
+  void select(int64_t t) {
+    const int64_t n = int64_t(live_.size());
+    next_live_.clear();
+    parents_.clear();
+    next_sentence_.clear();
+    for (int64_t begin = 0; begin < n;) {
+      const int32_t s = live_sentence_[size_t(begin)];
+      int64_t end = begin;
+      while (end < n && live_sentence_[size_t(end)] == s) ++end;
+      collect_candidates(s, begin, end, t);
+      keep_best(s, t);
+      begin = end;
+    }
+    std::swap(live_, next_live_);
+    std::swap(live_sentence_, next_sentence_);
+  }
+
+  // candidates_: every continuation worth considering of hypotheses [begin, end) of sentence s,
+  // best first (a forced prefix token, the arg max for greedy, else each hypothesis' best
+  // 2·beam tokens — enough to fill the beam even if beam of them end the sentence).
+  void collect_candidates(int32_t s, int64_t begin, int64_t end, int64_t t) {
+    const int64_t vocab = c_.tgt_vocab_size, beam = o_.beam;
+    candidates_.clear();
+    const bool forced = t < prefix_len_[size_t(s)];
+    const bool eos_allowed = t >= o_.min_length;
+    for (int64_t h = begin; h < end; ++h) {
+      const float* row = logprobs_.data() + h * vocab;
+      const double base = live_[size_t(h)].logprob;
+      if (forced) {
+        const int32_t token = prefixes_[size_t(s)][size_t(t)];
+        candidates_.push_back({base + row[token], h, token});
+        continue;
+      }
+      auto value = [&](int32_t id) {
+        return id == c_.eos_id && !eos_allowed ? -INFINITY : row[id];
+      };
+      if (beam == 1) {
+        int32_t best = 0;
+        for (int32_t id = 1; id < int32_t(vocab); ++id)
+          if (value(id) > value(best)) best = id;
+        candidates_.push_back({base + value(best), h, best});
+        continue;
+      }
+      const int64_t keep = std::min<int64_t>(vocab, 2 * beam);
+      token_order_.resize(size_t(vocab));
+      std::iota(token_order_.begin(), token_order_.end(), 0);
+      std::partial_sort(token_order_.begin(), token_order_.begin() + keep, token_order_.end(),
+                        [&](int32_t a, int32_t b) {
+                          return value(a) > value(b) || (value(a) == value(b) && a < b);
+                        });
+      for (int64_t r = 0; r < keep; ++r)
+        if (value(token_order_[size_t(r)]) > -INFINITY)
+          candidates_.push_back(
+              {base + value(token_order_[size_t(r)]), h, token_order_[size_t(r)]});
+    }
+    std::stable_sort(candidates_.begin(), candidates_.end(),
+                     [](const Candidate& a, const Candidate& b) { return a.logprob > b.logprob; });
+  }
+
+  // Walks sentence s's candidates best first: one ending in eos (not forced) or at the length
+  // limit finishes a hypothesis, the others become live, until the beam is full. A sentence
+  // with `beam` finished hypotheses stops and its live ones are dropped.
+  void keep_best(int32_t s, int64_t t) {
+    const bool forced = t < prefix_len_[size_t(s)];
+    std::vector<Hypothesis>& finished = finished_[size_t(s)];
+    int64_t kept = 0;
+    for (const Candidate& candidate : candidates_) {
+      if (kept >= o_.beam || int64_t(finished.size()) >= o_.beam) break;
+      const Live& parent = live_[size_t(candidate.hypothesis)];
+      Live extended;
+      extended.tokens = parent.tokens;
+      extended.logprob = candidate.logprob;
+      if (o_.attention) {
+        extended.attention = parent.attention;
+        extended.attention.push_back(attention_row(s, candidate.hypothesis));
+      }
+      if (candidate.token == c_.eos_id && !forced) {
+        finish(s, std::move(extended), true, t + 1);
+        continue;
+      }
+      extended.tokens.push_back(candidate.token);
+      if (t + 1 >= max_len_[size_t(s)] && t + 1 >= prefix_len_[size_t(s)]) {
+        finish(s, std::move(extended), false, t + 1);  // length limit: ends without eos
+        continue;
+      }
+      next_live_.push_back(std::move(extended));
+      parents_.push_back(int32_t(candidate.hypothesis));
+      next_sentence_.push_back(s);
+      ++kept;
+    }
+    if (int64_t(finished.size()) >= o_.beam) {
+      while (!next_sentence_.empty() && next_sentence_.back() == s) {
+        next_sentence_.pop_back();
+        parents_.pop_back();
+        next_live_.pop_back();
+      }
+    }
+  }
+
+  // This step's attention of hypothesis h over sentence s's real source positions, per head
+  // (head-major) or averaged: [heads or 1, source length].
+  std::vector<float> attention_row(int32_t s, int64_t h) const {
+    const int64_t src_len = batch_.src_len,
+                  heads = attention_width() / std::max<int64_t>(src_len, 1);
+    const float* a = attention_.data() + h * attention_width();
+    std::vector<float> row;
+    for (int64_t head = 0; head < heads; ++head)
+      row.insert(row.end(), a + head * src_len, a + head * src_len + batch_.src_lengths[size_t(s)]);
+    return row;
+  }
+
+  void finish(int64_t s, Live&& h, bool with_eos, int64_t length) {
+    Hypothesis out;
+    out.tokens = std::move(h.tokens);
+    out.logprob = h.logprob;
+    out.score = h.logprob / length_penalty(o_.alpha, length);
+    out.finished_with_eos = with_eos;
+    out.attention = std::move(h.attention);
+    finished_[size_t(s)].push_back(std::move(out));
+  }
+
+  // Each sentence's nbest finished hypotheses by score, best first (an empty one when every
+  // continuation was impossible).
+  std::vector<std::vector<Hypothesis>> best_finished() {
+    const int64_t nbest = std::min(std::max<int64_t>(o_.nbest, 1), o_.beam);
+    std::vector<std::vector<Hypothesis>> results(static_cast<size_t>(sentences_));
+    for (int64_t s = 0; s < sentences_; ++s) {
+      std::vector<Hypothesis>& f = finished_[size_t(s)];
+      if (f.empty()) f.emplace_back();
+      std::stable_sort(f.begin(), f.end(),
+                       [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
+      if (int64_t(f.size()) > nbest) f.resize(size_t(nbest));
+      results[size_t(s)] = std::move(f);
+    }
+    return results;
+  }
+
+  const Model& model_;
+  const ModelConfig& c_;
+  const std::vector<std::vector<int32_t>>& sources_;
+  const std::vector<std::vector<int32_t>>& prefixes_;  // empty, or one (maybe empty) per source
+  const SearchOptions& o_;
+  const int64_t sentences_;
+  TokenBatch batch_;                                    // the sources, padded
+  std::vector<int64_t> max_len_, prefix_len_;           // [sentences]
+  int64_t longest_ = 0;                                 // the largest max_len_
+  DeviceBuffer<float> memory_;                          // [sentences, S, D] the encoder's output
+  std::vector<Live> live_, next_live_;                  // this step's hypotheses, the next step's
+  std::vector<int32_t> live_sentence_, next_sentence_;  // the sentence of each
+  std::vector<int32_t> parents_;                   // [next live] the live hypothesis each extends
+  std::vector<std::vector<Hypothesis>> finished_;  // [sentences]
+  std::vector<int32_t> inputs_;        // [live] the token each hypothesis feeds the decoder
+  std::vector<float> logprobs_;        // [live, V]
+  std::vector<float> attention_;       // [live, heads or 1, S]
+  std::vector<Candidate> candidates_;  // one sentence's, best first
+  std::vector<int32_t> token_order_;   // [V] scratch for the top-k selection
+};
+
 }  // namespace
 
 std::vector<std::vector<Hypothesis>> search(const Model& model,
                                             const std::vector<std::vector<int32_t>>& sources,
                                             const std::vector<std::vector<int32_t>>& prefixes,
-                                            const SearchOptions& o) {
-  const ModelConfig& c = model.config();
-  const int64_t sentences = int64_t(sources.size());
-  std::vector<std::vector<Hypothesis>> results(sources.size());
-  if (sentences == 0) return results;
-  if (o.beam < 1) throw Error("the beam size must be at least 1");
-  if (o.attention_layer >= c.decoder_layers)
-    throw Error("attention layer " + std::to_string(o.attention_layer) +
-                " does not exist (the decoder has " + std::to_string(c.decoder_layers) +
-                " layers)");
-  if (!prefixes.empty() && prefixes.size() != sources.size())
-    throw Error("one prefix per source sentence is needed");
-  const int64_t beam = o.beam, vocab = c.tgt_vocab_size;
-  const int64_t nbest = std::min(std::max<int64_t>(o.nbest, 1), beam);
-
-  const TokenBatch batch =
-      make_batch(c, sources, std::vector<std::vector<int32_t>>(sources.size()));
-
-  // Length limits per sentence (generated tokens, eos excluded).
-  const int64_t max_tokens = max_target_tokens(c);
-  std::vector<int64_t> max_len(static_cast<size_t>(sentences)),
-      prefix_len(static_cast<size_t>(sentences), 0);
-  int64_t longest = 0;
-  for (int64_t s = 0; s < sentences; ++s) {
-    int64_t limit =
-        int64_t(std::floor(o.max_length_a * double(sources[size_t(s)].size()))) + o.max_length_b;
-    if (o.max_length > 0) limit = std::min(limit, o.max_length);
-    limit = std::max<int64_t>(1, std::min(limit, max_tokens));
-    if (!prefixes.empty()) {
-      prefix_len[size_t(s)] = int64_t(prefixes[size_t(s)].size());
-      for (int32_t id : prefixes[size_t(s)])
-        if (id < 0 || id >= vocab)
-          throw Error("prefix token id " + std::to_string(id) +
-                      " is outside the target vocabulary");
-      limit = std::max(limit, std::min(prefix_len[size_t(s)], max_tokens));
-    }
-    max_len[size_t(s)] = limit;
-    longest = std::max(longest, limit);
-  }
-  check_memory(search_memory_bytes(c, sentences, batch.src_len, longest + 1, o),
-               "decoding " + std::to_string(sentences) + " sentence" + (sentences > 1 ? "s" : "") +
-                   " of " + std::to_string(batch.src_len) + " tokens with beam " +
-                   std::to_string(beam) + " (up to " + std::to_string(longest) + " steps)");
-
-  // Encoder, once for the batch. Only its output outlives it: the layer buffers are freed
-  // before the decoder allocates its caches, which then reuse that memory.
-  DeviceBuffer<float> memory;  // [sentences, S, D]
-  {
-    StackCache cache;
-    std::shared_ptr<const PreparedWeights> hold;
-    encoder_forward(model, model.sequence_weights(o.precision, hold), batch, {}, cache);
-    memory = std::move(cache.memory);
-  }
-  IncrementalDecoder decoder(model, memory.data(), sentences, batch.src_len,
-                             batch.src_lengths.data(), longest + 1, sentences * beam, o.precision);
-
-  // Live hypotheses, grouped by sentence in ascending sentence order.
-  std::vector<Live> live(static_cast<size_t>(sentences));
-  std::vector<int32_t> live_sentence(static_cast<size_t>(sentences));
-  std::iota(live_sentence.begin(), live_sentence.end(), 0);
-  decoder.start(live_sentence);
-  std::vector<std::vector<Hypothesis>> finished(static_cast<size_t>(sentences));
-  std::vector<float> logprobs, attention;
-  std::vector<int32_t> token_order;  // [V] scratch for the top-k selection
-  std::vector<int32_t> inputs;
-
-  auto finish = [&](int64_t s, Live&& h, bool with_eos, int64_t length) {
-    Hypothesis out;
-    out.tokens = std::move(h.tokens);
-    out.logprob = h.logprob;
-    out.score = h.logprob / length_penalty(o.alpha, length);
-    out.finished_with_eos = with_eos;
-    out.attention = std::move(h.attention);
-    finished[size_t(s)].push_back(std::move(out));
-  };
-
-  for (int64_t t = 0; !live.empty(); ++t) {
-    const int64_t n = int64_t(live.size());
-    inputs.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i)
-      inputs[size_t(i)] =
-          live[size_t(i)].tokens.empty() ? int32_t(c.bos_id) : live[size_t(i)].tokens.back();
-    logprobs.resize(size_t(n * vocab));
-    const int64_t attention_width = (o.attention_per_head ? c.heads : 1) * batch.src_len;
-    if (o.attention) attention.resize(size_t(n * attention_width));
-    decoder.step(inputs.data(), logprobs.data(), o.attention ? attention.data() : nullptr,
-                 o.attention_layer, o.attention_per_head);
-
-    std::vector<Live> next_live;
-    std::vector<int32_t> parents, next_sentence;
-    for (int64_t begin = 0; begin < n;) {
-      const int32_t s = live_sentence[size_t(begin)];
-      int64_t end = begin;
-      while (end < n && live_sentence[size_t(end)] == s) ++end;
-      // Candidates (cumulative log-prob, hypothesis, token), best first.
-      struct Candidate {
-        double logprob;
-        int64_t hypothesis;
-        int32_t token;
-      };
-      std::vector<Candidate> candidates;
-      const bool forced = t < prefix_len[size_t(s)];
-      for (int64_t h = begin; h < end; ++h) {
-        const float* row = logprobs.data() + h * vocab;
-        const double base = live[size_t(h)].logprob;
-        if (forced) {
-          const int32_t token = prefixes[size_t(s)][size_t(t)];
-          candidates.push_back({base + row[token], h, token});
-          continue;
-        }
-        const bool eos_allowed = t >= o.min_length;
-        auto value = [&](int32_t id) {
-          return id == c.eos_id && !eos_allowed ? -INFINITY : row[id];
-        };
-        if (beam == 1) {  // greedy: the arg max is all that is needed
-          int32_t best = 0;
-          for (int32_t id = 1; id < int32_t(vocab); ++id)
-            if (value(id) > value(best)) best = id;
-          candidates.push_back({base + value(best), h, best});
-          continue;
-        }
-        // The best 2·beam tokens of this hypothesis are enough to fill the beam even if
-        // beam of them end the sentence.
-        const int64_t keep = std::min<int64_t>(vocab, 2 * beam);
-        std::vector<int32_t>& order = token_order;
-        order.resize(static_cast<size_t>(vocab));
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                          [&](int32_t a, int32_t b) {
-                            return value(a) > value(b) || (value(a) == value(b) && a < b);
-                          });
-        for (int64_t r = 0; r < keep; ++r)
-          if (value(order[size_t(r)]) > -INFINITY)
-            candidates.push_back({base + value(order[size_t(r)]), h, order[size_t(r)]});
-      }
-      std::stable_sort(
-          candidates.begin(), candidates.end(),
-          [](const Candidate& a, const Candidate& b) { return a.logprob > b.logprob; });
-      int64_t kept = 0;
-      for (const Candidate& cand : candidates) {
-        if (kept >= beam || int64_t(finished[size_t(s)].size()) >= beam) break;
-        Live extended;
-        extended.tokens = live[size_t(cand.hypothesis)].tokens;
-        extended.logprob = cand.logprob;
-        if (o.attention) {
-          extended.attention = live[size_t(cand.hypothesis)].attention;
-          const float* a = attention.data() + cand.hypothesis * attention_width;
-          std::vector<float> row;
-          for (int64_t head = 0; head < attention_width / std::max<int64_t>(batch.src_len, 1);
-               ++head)
-            row.insert(row.end(), a + head * batch.src_len,
-                       a + head * batch.src_len + batch.src_lengths[size_t(s)]);
-          extended.attention.push_back(std::move(row));
-        }
-        if (cand.token == c.eos_id && !forced) {
-          finish(s, std::move(extended), true, t + 1);
-          continue;
-        }
-        extended.tokens.push_back(cand.token);
-        if (t + 1 >= max_len[size_t(s)] && t + 1 >= prefix_len[size_t(s)]) {
-          finish(s, std::move(extended), false, t + 1);  // length limit: ends without eos
-          continue;
-        }
-        next_live.push_back(std::move(extended));
-        parents.push_back(int32_t(cand.hypothesis));
-        next_sentence.push_back(s);
-        ++kept;
-      }
-      // A sentence with enough finished hypotheses stops; its live ones are dropped.
-      if (int64_t(finished[size_t(s)].size()) >= beam) {
-        while (!next_sentence.empty() && next_sentence.back() == s) {
-          next_sentence.pop_back();
-          parents.pop_back();
-          next_live.pop_back();
-        }
-      }
-      begin = end;
-    }
-    live = std::move(next_live);
-    live_sentence = std::move(next_sentence);
-    if (!live.empty()) decoder.reorder(parents);
-  }
-
-  for (int64_t s = 0; s < sentences; ++s) {
-    auto& f = finished[size_t(s)];
-    if (f.empty()) f.emplace_back();  // every continuation was impossible: empty output
-    std::stable_sort(f.begin(), f.end(),
-                     [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
-    if (int64_t(f.size()) > nbest) f.resize(size_t(nbest));
-    results[size_t(s)] = std::move(f);
-  }
-  return results;
+                                            const SearchOptions& options) {
+  if (sources.empty()) return {};
+  return BeamSearch(model, sources, prefixes, options).run();
 }
 
 }  // namespace tfm
