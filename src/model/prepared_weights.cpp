@@ -84,10 +84,15 @@ struct Preparer {
     }
     stacked.prepared = product(parts);
     if (any_bias) {
-      std::vector<float>& bias = out.stacked_biases.emplace_back();
-      for (const LinearWeights* p : parts)
-        for (int64_t i = 0; i < p->out; ++i) bias.push_back(p->bias ? p->bias[i] : 0.f);
-      stacked.bias = bias.data();
+      float* bias = out.stacked_biases.emplace_back().allocate_uninitialized(backend, stacked.out);
+      for (const LinearWeights* p : parts) {  // a part without a bias adds zeros
+        if (p->bias)
+          backend.copy(p->bias, p->out, bias);
+        else
+          backend.fill(bias, p->out, 0.f);
+        bias += p->out;
+      }
+      stacked.bias = out.stacked_biases.back().data();
     }
     return stacked;
   }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device_buffer.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -32,7 +33,7 @@ struct PreparedWeights {
   TransformerWeights steps;
   TransformerWeights sequences;
   std::vector<std::unique_ptr<PreparedMatrix>> matrices;  // what the views' `prepared` point to
-  std::deque<std::vector<float>> stacked_biases;          // [3D] or [2D] biases of qkv / kv
+  std::deque<DeviceBuffer<float>> stacked_biases;         // [3D] or [2D] biases of qkv / kv
   // int8 only: float embeddings quantised by the rule of int8 weights, which the views' int8
   // embedding tables point to (a model loaded for int8 holds them so from the start).
   std::deque<Int8Matrix> int8_embeddings;

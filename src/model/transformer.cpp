@@ -29,8 +29,10 @@ Model::Model(ModelConfig config, TensorMap parameters, const std::string& where,
   weights_ = bind_weights(config_, parameters_, where, &int8_weights_);
   if (holds_int8_weights()) inference_only_ = Precision::kInt8;
   if (config_.position_encoding == PositionEncoding::kSinusoidal) {
-    sinusoids_.resize(size_t(config_.max_positions * config_.d_model));
-    fill_sinusoid_table(config_, sinusoids_.data());
+    std::vector<float> table(size_t(config_.max_positions * config_.d_model));
+    fill_sinusoid_table(config_, table.data());
+    backend_->copy_from_host(table.data(), int64_t(table.size() * sizeof(float)),
+                             sinusoids_.allocate_uninitialized(*backend_, int64_t(table.size())));
   }
 }
 

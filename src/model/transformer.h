@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device_buffer.h"
 #include "model/config.h"
 #include "model/stacks.h"
 #include "model/weights.h"
@@ -75,7 +76,7 @@ class Model {
   mutable Int8WeightMap int8_weights_;
   std::optional<Precision> inference_only_;
   TransformerWeights weights_;
-  std::vector<float> sinusoids_;  // [max_positions, D] when sinusoidal
+  DeviceBuffer<float> sinusoids_;  // [max_positions, D] when sinusoidal
   struct PreparedCache {
     std::mutex mutex;
     std::map<Precision, std::shared_ptr<const PreparedWeights>> by_precision;

@@ -398,7 +398,7 @@ class TrainingRun {
   // This rank's loss totals of the step, its gradients (scaled by 1 / the global target
   // tokens) in gradients_.
   LossTotals compute_gradients(const std::vector<TokenBatch>& micro, int64_t tokens) {
-    for (auto& [name, g] : gradients_) std::fill(g.data.begin(), g.data.end(), 0.f);
+    for (auto& [name, g] : gradients_) model_->backend().fill(g.ptr(), g.numel(), 0.f);
     LossTotals totals;
     for (size_t m = 0; m < micro.size(); ++m) {
       if (micro[m].tgt_lengths.empty()) continue;  // a share can be empty in a tiny batch
