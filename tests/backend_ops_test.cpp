@@ -850,6 +850,42 @@ TEST_P(BackendOps, Int8EmbeddingGatherMatchesFloat64) {
   }
 }
 
+// A prepared float32 matrix serves as an embedding table (a tied output projection of a model
+// prepared for inference): its rows read back exactly as they were given, whatever blocked
+// layout the backend packed them in, so the gather equals the plain table's bit for bit. Odd
+// sizes and the base model's 512-wide rows; other precisions refuse to read rows.
+TEST_P(BackendOps, PreparedMatrixRowsServeAsAnEmbeddingTable) {
+  for (auto [vocab, d] : {std::pair<int64_t, int64_t>{11, 13}, {37, 64}, {203, 512}}) {
+    const int64_t batch = 3, len = 5, rows = batch * len, positions = 9;
+    const auto table = random_vector(vocab * d, 51);
+    const auto position_table = random_vector(positions * d, 52);
+    const auto matrix = be().prepare_matrix({table.data()}, {vocab}, d, Precision::kFloat32);
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) ids[size_t(r)] = int32_t((r * 7 + 3) % vocab);
+    ids.back() = int32_t(vocab - 1);
+    std::vector<float> read(size_t(rows * d));
+    matrix->read_rows(ids.data(), rows, read.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < d; ++c)
+        ASSERT_EQ(read[size_t(r * d + c)], table[size_t(ids[size_t(r)] * d + c)]) << r << "," << c;
+    for (bool with_positions : {true, false}) {
+      const float* pe = with_positions ? position_table.data() : nullptr;
+      std::vector<float> plain(size_t(rows * d)), prepared(size_t(rows * d));
+      be().embedding_forward(table.data(), pe, ids.data(), rows, len, d, 3.5f, 2, plain.data());
+      be().embedding_forward_prepared(*matrix, pe, ids.data(), rows, len, d, 3.5f, 2,
+                                      prepared.data());
+      ASSERT_EQ(prepared, plain) << vocab << "x" << d;
+    }
+  }
+  if (be().supports(Precision::kBFloat16)) {
+    const auto table = random_vector(4 * 8, 53);
+    const auto matrix = be().prepare_matrix({table.data()}, {4}, 8, Precision::kBFloat16);
+    const int32_t id = 1;
+    std::vector<float> out(8);
+    EXPECT_THROW(matrix->read_rows(&id, 1, out.data()), std::logic_error);
+  }
+}
+
 // --- Output distribution and loss ---------------------------------------------------------------
 
 TEST_P(BackendOps, LogSoftmaxAndPickMatchFloat64) {

@@ -11,6 +11,7 @@
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/init.h"
+#include "model/prepared_weights.h"
 #include "tensor/error.h"
 #include "text/vocabulary.h"
 
@@ -174,7 +175,8 @@ TEST(Decode, Int8LoadedModelEqualsInt8ProductsOfTheFloatModel) {
 }
 
 // A model loaded for inference only (translate, score, serve: Model::set_inference_only) frees
-// each linear weight once its packed copy exists, so it holds one copy of the weights, and
+// each linear weight once its packed copy exists (in float32 also an embedding tied to the
+// output projection, read from the packed projection), so it holds one copy of the weights, and
 // decodes and scores as the model that keeps them: bit for bit in bfloat16 (the same prepared
 // products), within float rounding in float32 (where it packs the encoder's products too). It
 // refuses other precisions, changes and saving.
@@ -196,14 +198,17 @@ TEST(Decode, InferenceOnlyModelFreesItsFloatWeightsAndKeepsTheOutputs) {
       else
         EXPECT_EQ(freed.logprob, kept.logprob) << size;
     }
+    const ModelConfig& c = t.model.config();
+    const bool tied = c.share_embeddings != EmbeddingSharing::kNone;
     size_t released = 0;
     for (const auto& [name, tensor] : only.model.parameters()) {
-      EXPECT_EQ(tensor.data.empty(), is_linear_weight(name)) << name;
+      const bool tied_table = precision == Precision::kFloat32 && tied &&
+                              (name == "embed.weight" || name == "tgt_embed.weight");
+      EXPECT_EQ(tensor.data.empty(), is_linear_weight(name) || tied_table) << name;
       released += tensor.data.empty();
     }
-    const ModelConfig& c = t.model.config();
-    EXPECT_EQ(released, size_t(c.encoder_layers * 6 + c.decoder_layers * 10 +
-                               (c.share_embeddings == EmbeddingSharing::kNone ? 1 : 0)));
+    EXPECT_EQ(released, size_t(c.encoder_layers * 6 + c.decoder_layers * 10 + 1 -
+                               (tied && precision != Precision::kFloat32 ? 1 : 0)));
     const TokenBatch batch = make_batch(c, {source}, {t.target.encode("a c h i s o n")});
     StackCache cache;
     std::vector<float> kept, freed;
@@ -217,6 +222,48 @@ TEST(Decode, InferenceOnlyModelFreesItsFloatWeightsAndKeepsTheOutputs) {
     EXPECT_THROW(only.model.mutable_parameters(), Error);
     EXPECT_THROW(save_model(only.model, ::testing::TempDir() + "/never.safetensors"),
                  std::logic_error);
+  }
+}
+
+// A float32 model prepared for inference only reads a tied embedding's rows from the packed
+// output projection and frees the table (one copy of the largest matrix): for every sharing,
+// the same translations, scores within float rounding (the encoder's products are packed too),
+// and the table gone exactly when it is tied; a shared source embedding reads the same rows.
+TEST(Decode, InferenceOnlyFloat32ReadsTiedEmbeddingsFromThePackedProjection) {
+  for (EmbeddingSharing sharing :
+       {EmbeddingSharing::kAll, EmbeddingSharing::kTarget, EmbeddingSharing::kNone}) {
+    ModelConfig c = preset_config("tiny");
+    c.src_vocab_size = c.tgt_vocab_size = 37;
+    c.share_embeddings = sharing;
+    if (sharing != EmbeddingSharing::kAll) c.tgt_vocab_size = 29;
+    const Model kept = init_model(c, 5);
+    Model only = init_model(c, 5);
+    only.set_inference_only(Precision::kFloat32);
+    SearchOptions o = beam(3);
+    o.min_length = 4;
+    o.max_length = 7;
+    const std::vector<std::vector<int32_t>> sources = {{5, 6, 7, 8, 28}, {9, 10}, {36, 4, 3}};
+    const auto from_kept = search(kept, sources, {}, o);
+    const auto from_only = search(only, sources, {}, o);
+    for (size_t s = 0; s < sources.size(); ++s) {
+      EXPECT_EQ(from_only[s][0].tokens, from_kept[s][0].tokens) << int(sharing);
+      EXPECT_NEAR(from_only[s][0].logprob, from_kept[s][0].logprob, 1e-4) << int(sharing);
+    }
+    const auto prepared = only.prepared(Precision::kFloat32);
+    const TransformerWeights& w = prepared->steps;
+    const bool tied = sharing != EmbeddingSharing::kNone;
+    EXPECT_EQ(w.tgt_embed == nullptr, tied);
+    EXPECT_EQ(w.tgt_embed_prepared == w.output.prepared, tied);
+    EXPECT_EQ(w.src_embed_prepared != nullptr, sharing == EmbeddingSharing::kAll);
+    const std::string table =
+        sharing == EmbeddingSharing::kAll ? "embed.weight" : "tgt_embed.weight";
+    EXPECT_EQ(only.parameters().at(table).data.empty(), tied) << int(sharing);
+    const TokenBatch batch = make_batch(c, {sources[0]}, {{11, 12, 13}});
+    StackCache cache;
+    std::vector<float> a, b;
+    score_forward(kept, batch, cache, a, Precision::kFloat32);
+    score_forward(only, batch, cache, b, Precision::kFloat32);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5) << i;
   }
 }
 

@@ -31,6 +31,10 @@ class PreparedMatrix {
   virtual Precision precision() const = 0;
   // y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ. Thread-safe.
   virtual void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const = 0;
+  // out[count, k] = the rows ids of W, exactly as prepared. For float32 matrices only (throws
+  // std::logic_error otherwise): a tied output projection of a model prepared for inference
+  // serves the embedding lookups too, and the float table is freed.
+  virtual void read_rows(const int32_t* ids, int64_t count, float* out) const = 0;
 };
 
 class Backend {
@@ -123,6 +127,11 @@ class Backend {
   virtual void embedding_forward_int8(const Int8Rows& table, const float* positions,
                                       const int32_t* ids, int64_t rows, int64_t len, int64_t d,
                                       float scale, int64_t first_position, float* out) const = 0;
+  // The same from the rows of a prepared float32 matrix (PreparedMatrix::read_rows).
+  virtual void embedding_forward_prepared(const PreparedMatrix& table, const float* positions,
+                                          const int32_t* ids, int64_t rows, int64_t len, int64_t d,
+                                          float scale, int64_t first_position,
+                                          float* out) const = 0;
   // d_table[ids[r]] += scale · d_out[r]; d_positions (null: none) [r % len + first_position] +=
   // d_out[r]. Ids may repeat.
   virtual void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,

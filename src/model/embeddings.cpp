@@ -14,6 +14,9 @@ void embed_forward(const Backend& backend, const ModelConfig& config, const Embe
   if (table.values)
     backend.embedding_forward(table.values, position_table, ids, batch * len, len, d, scale, first,
                               out);
+  else if (table.prepared)
+    backend.embedding_forward_prepared(*table.prepared, position_table, ids, batch * len, len, d,
+                                       scale, first, out);
   else
     backend.embedding_forward_int8(table.int8, position_table, ids, batch * len, len, d, scale,
                                    first, out);

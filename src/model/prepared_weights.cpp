@@ -12,6 +12,10 @@ struct Preparer {
   const Backend& backend;
   PreparedWeights& out;
   const ReleasePackedSource& release;
+  // The float embedding tables: never released with a product packed from them (a tied output
+  // projection), since the lookups read them, unless serve_embeddings_from_output moves the
+  // lookups to the product.
+  const float* embeddings[2] = {nullptr, nullptr};
 
   const PreparedMatrix* keep(std::unique_ptr<PreparedMatrix> matrix) {
     out.matrices.push_back(std::move(matrix));
@@ -41,7 +45,8 @@ struct Preparer {
     }
     if (release)
       for (const LinearWeights* p : parts)
-        release(p->int8.values ? static_cast<const void*>(p->int8.values) : p->weight);
+        if (!p->weight || (p->weight != embeddings[0] && p->weight != embeddings[1]))
+          release(p->int8.values ? static_cast<const void*>(p->int8.values) : p->weight);
     return packed;
   }
 
@@ -70,6 +75,22 @@ struct Preparer {
       w.output.int8 = w.tgt_embed_int8;
     }
     w.src_embed = w.tgt_embed = nullptr;
+  }
+
+  // float32, inference only: a tied output projection's packed matrix holds the target
+  // embedding's values exactly, so the lookups read their rows from it (a shared source
+  // embedding too) and the float table is released: one copy of the largest matrix, not two.
+  void serve_embeddings_from_output(TransformerWeights& w) {
+    const float* table = w.tgt_embed;
+    if (!table || w.output.weight != table || !w.output.prepared) return;
+    w.tgt_embed_prepared = w.output.prepared;
+    w.tgt_embed = nullptr;
+    if (w.src_embed == table) {
+      w.src_embed_prepared = w.output.prepared;
+      w.src_embed = nullptr;
+    }
+    w.output.weight = nullptr;
+    release(table);
   }
 
   // The parts as one product: weight [Σ out, in] and their biases concatenated (null when none
@@ -118,7 +139,7 @@ std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend, const M
                                                  const ReleasePackedSource& release) {
   auto prepared = std::make_unique<PreparedWeights>();
   prepared->precision = precision;
-  Preparer p{backend, *prepared, release};
+  Preparer p{backend, *prepared, release, {weights.src_embed, weights.tgt_embed}};
   TransformerWeights& steps = prepared->steps;
   steps = weights;
   if (precision == Precision::kInt8) p.quantize_embeddings(steps, config);
@@ -129,6 +150,7 @@ std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend, const M
     p.prepare(layer.ffn.fc2);
   }
   p.prepare(steps.output);
+  if (precision == Precision::kFloat32 && release) p.serve_embeddings_from_output(steps);
   if (precision == Precision::kFloat32 && !release) {
     prepared->sequences = weights;
     return prepared;

@@ -47,7 +47,9 @@ using ReleasePackedSource = std::function<void(const void* source)>;
 // `backend`; int8 also holds the embeddings in int8 (int8_embeddings, unless they are). Throws
 // std::invalid_argument for a precision the backend does not support. With `release`, every
 // product is prepared (float32's `sequences` too) and each linear weight is handed to it once
-// packed: after that only the embeddings, norms and biases of `weights` are read.
+// packed: after that only the embeddings, norms and biases of `weights` are read. In float32 an
+// embedding table tied to the output projection is handed to it too (the lookups read the
+// packed projection's rows instead).
 std::unique_ptr<PreparedWeights> prepare_weights(const Backend& backend, const ModelConfig& config,
                                                  const TransformerWeights& weights,
                                                  Precision precision,

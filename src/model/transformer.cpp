@@ -76,10 +76,11 @@ std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) cons
   }
   // Inference only: each linear weight (float32 tensor or int8 rows) goes as soon as its
   // packed copy exists, so at no time are there two copies of all the weights. The embeddings
-  // (a tied output projection's weight among them) are read by every step: they stay.
+  // are read by every step: they stay, except a float32 table tied to the output projection,
+  // whose rows the lookups then read from the packed projection.
   std::map<const void*, std::vector<float>*> float_sources;
   for (auto& [name, tensor] : parameters_)
-    if (is_linear_weight(name) && !tensor.data.empty())
+    if ((is_linear_weight(name) || is_token_embedding(name)) && !tensor.data.empty())
       float_sources.emplace(tensor.data.data(), &tensor.data);
   std::map<const void*, std::vector<int8_t>*> int8_sources;
   for (auto& [name, q] : int8_weights_)

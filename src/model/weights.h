@@ -84,6 +84,11 @@ struct TransformerParams {
   // A model loaded for int8 inference holds its embeddings in int8 too: then src_embed /
   // tgt_embed are null and these views set (row i = values[i] · scales[i]).
   Int8Rows src_embed_int8, tgt_embed_int8;
+  // A float32 model prepared for inference only whose output projection is tied to the target
+  // embedding reads the embedding rows from that projection's prepared matrix (and frees the
+  // table): then these are set and the float views null.
+  const PreparedMatrix* src_embed_prepared = nullptr;
+  const PreparedMatrix* tgt_embed_prepared = nullptr;
   Linear<F>
       output;  // weight [tgt_vocab, d_model] (may alias an embedding), bias [tgt_vocab] or null
   F* encoder_pos_embed = nullptr;  // [max_positions, d_model] when learned
@@ -94,10 +99,12 @@ struct TransformerParams {
   LayerNormParams<F> decoder_norm;  // pre-norm only
 };
 
-// An embedding table as the layers read it: float32 rows, or int8 rows with a scale each.
+// An embedding table as the layers read it: float32 rows, int8 rows with a scale each, or the
+// rows of a prepared float32 matrix.
 struct EmbeddingTable {
-  const float* values = nullptr;  // [vocab, d_model]; null when held in int8
-  Int8Rows int8;                  // values [vocab, d_model], scales [vocab]
+  const float* values = nullptr;             // [vocab, d_model]; null when held otherwise
+  Int8Rows int8;                             // values [vocab, d_model], scales [vocab]
+  const PreparedMatrix* prepared = nullptr;  // [vocab, d_model] (a tied output projection)
 };
 
 using LinearWeights = Linear<const float>;
@@ -118,10 +125,10 @@ void check_parameter_shapes(const ModelConfig& config, const std::map<std::strin
                             const std::string& where);
 
 inline EmbeddingTable source_embedding(const TransformerWeights& w) {
-  return {w.src_embed, w.src_embed_int8};
+  return {w.src_embed, w.src_embed_int8, w.src_embed_prepared};
 }
 inline EmbeddingTable target_embedding(const TransformerWeights& w) {
-  return {w.tgt_embed, w.tgt_embed_int8};
+  return {w.tgt_embed, w.tgt_embed_int8, w.tgt_embed_prepared};
 }
 
 // Whether a parameter name is the weight of a Linear (the attention projections, the

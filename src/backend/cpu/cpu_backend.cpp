@@ -105,6 +105,13 @@ class CpuBackend final : public Backend {
                               int64_t first_position, float* out) const override {
     tfm::embedding_forward(table, positions, ids, rows, len, d, scale, first_position, out);
   }
+  void embedding_forward_prepared(const PreparedMatrix& table, const float* positions,
+                                  const int32_t* ids, int64_t rows, int64_t len, int64_t d,
+                                  float scale, int64_t first_position, float* out) const override {
+    if (table.cols() != d) throw std::invalid_argument("embedding_forward_prepared: width");
+    table.read_rows(ids, rows, out);
+    tfm::scale_and_add_positions(positions, rows, len, d, scale, first_position, out);
+  }
   void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
                           int64_t d, float scale, int64_t first_position, float* d_table,
                           float* d_positions) const override {

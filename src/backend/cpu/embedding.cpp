@@ -35,6 +35,17 @@ void embedding_forward(const Int8Rows& table, const float* positions, const int3
   }
 }
 
+void scale_and_add_positions(const float* positions, int64_t rows, int64_t len, int64_t d,
+                             float scale, int64_t first_position, float* out) {
+#pragma omp parallel for schedule(static) if (rows * d > 65536)
+  for (int64_t row = 0; row < rows; ++row) {
+    float* o = out + row * d;  // [d]
+    const float* pe = positions ? positions + (first_position + row % len) * d : nullptr;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) o[c] = o[c] * scale + (pe ? pe[c] : 0.f);
+  }
+}
+
 void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
                         int64_t d, float scale, int64_t first_position, float* d_table,
                         float* d_positions) {

@@ -252,7 +252,32 @@ struct PackedMatrix::Impl {
   void pack_int8(const std::vector<int8_t>& values, std::vector<float> scales);
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::shared_ptr<const CachedMatmul>>
       by_rows;  // key: m, ldx, ldy
+  // read_rows: where element (c, i) of the packed [k, n] lies is column_offsets[c] +
+  // row_offset(i) (a blocked layout places each dimension independently); built on first use.
+  std::vector<int64_t> column_offsets;  // [k]
+  std::once_flag column_offsets_once;
 };
+
+namespace {
+
+// The element offset of pos in a oneDNN blocked layout (what oneDNN's memory_desc_wrapper::off
+// computes): each inner block takes its digits of the position, innermost last, then the
+// outer parts are multiplied by the strides.
+int64_t blocked_offset(const dnnl_memory_desc_t& md, dnnl_dims_t pos) {
+  const dnnl_blocking_desc_t& blocking = md.format_desc.blocking;
+  int64_t offset = md.offset0, block_stride = 1;
+  for (int b = blocking.inner_nblks - 1; b >= 0; --b) {
+    const int d = int(blocking.inner_idxs[b]);
+    offset += (pos[d] % blocking.inner_blks[b]) * block_stride;
+    pos[d] /= blocking.inner_blks[b];
+    block_stride *= blocking.inner_blks[b];
+  }
+  for (int d = 0; d < md.ndims; ++d)
+    offset += (pos[d] + md.padded_offsets[d]) * blocking.strides[d];
+  return offset;
+}
+
+}  // namespace
 
 namespace {
 
@@ -378,6 +403,40 @@ int64_t PackedMatrix::cols() const {
 }
 Precision PackedMatrix::precision() const {
   return impl_->precision;
+}
+
+void PackedMatrix::read_rows(const int32_t* ids, int64_t count, float* out) const {
+  Impl& p = *impl_;
+  if (p.precision != Precision::kFloat32)
+    throw std::logic_error("PackedMatrix::read_rows: float32 matrices only");
+  for (int64_t r = 0; r < count; ++r)
+    if (ids[r] < 0 || ids[r] >= p.n) throw std::out_of_range("PackedMatrix::read_rows: row id");
+  if (!p.plain.empty()) {
+    for (int64_t r = 0; r < count; ++r)
+      std::copy_n(p.plain.data() + int64_t(ids[r]) * p.k, p.k, out + r * p.k);
+    return;
+  }
+  const dnnl_memory_desc_t& md = p.packed_desc.data;  // [k, n]: row i of W is column i
+  if (md.format_kind != dnnl_blocked || md.ndims != 2)
+    throw std::logic_error("PackedMatrix::read_rows: not a blocked layout");
+  std::call_once(p.column_offsets_once, [&] {
+    p.column_offsets.resize(size_t(p.k));
+    for (int64_t c = 0; c < p.k; ++c) {
+      dnnl_dims_t pos = {c, 0};
+      p.column_offsets[size_t(c)] = blocked_offset(md, pos);
+    }
+  });
+  dnnl_dims_t origin = {0, 0};
+  const int64_t base = blocked_offset(md, origin);  // offset0 and any padding offsets
+  const float* packed = static_cast<const float*>(p.storage.get());
+  const int64_t* columns = p.column_offsets.data();
+#pragma omp parallel for schedule(static) if (count * p.k > 65536)
+  for (int64_t r = 0; r < count; ++r) {
+    dnnl_dims_t pos = {0, ids[r]};
+    const float* row = packed + (blocked_offset(md, pos) - base);
+    float* o = out + r * p.k;  // [k]
+    for (int64_t c = 0; c < p.k; ++c) o[c] = row[columns[c]];
+  }
 }
 
 void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const {

@@ -43,6 +43,7 @@ class PackedMatrix final : public PreparedMatrix {
   int64_t cols() const override;
   Precision precision() const override;
   void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const override;
+  void read_rows(const int32_t* ids, int64_t count, float* out) const override;
 
  private:
   struct Impl;
