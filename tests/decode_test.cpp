@@ -47,6 +47,19 @@ SearchOptions beam(int64_t size) {
   return o;
 }
 
+constexpr EmbeddingSharing kEverySharing[] = {EmbeddingSharing::kAll, EmbeddingSharing::kTarget,
+                                              EmbeddingSharing::kNone};
+
+// The tiny preset with `sharing`: a vocabulary of `vocab` on both sides, the target's
+// `tgt_vocab` where the two sides have tables of their own.
+ModelConfig tiny_config(EmbeddingSharing sharing, int64_t vocab, int64_t tgt_vocab) {
+  ModelConfig c = preset_config("tiny");
+  c.src_vocab_size = c.tgt_vocab_size = vocab;
+  c.share_embeddings = sharing;
+  if (sharing != EmbeddingSharing::kAll) c.tgt_vocab_size = tgt_vocab;
+  return c;
+}
+
 TEST(Decode, CTranslate2TransliterationExpectations) {
   Transliterator t = Transliterator::load();
   for (int64_t size : {1, 2, 4})
@@ -230,12 +243,8 @@ TEST(Decode, InferenceOnlyModelFreesItsFloatWeightsAndKeepsTheOutputs) {
 // the same translations, scores within float rounding (the encoder's products are packed too),
 // and the table gone exactly when it is tied; a shared source embedding reads the same rows.
 TEST(Decode, InferenceOnlyFloat32ReadsTiedEmbeddingsFromThePackedProjection) {
-  for (EmbeddingSharing sharing :
-       {EmbeddingSharing::kAll, EmbeddingSharing::kTarget, EmbeddingSharing::kNone}) {
-    ModelConfig c = preset_config("tiny");
-    c.src_vocab_size = c.tgt_vocab_size = 37;
-    c.share_embeddings = sharing;
-    if (sharing != EmbeddingSharing::kAll) c.tgt_vocab_size = 29;
+  for (EmbeddingSharing sharing : kEverySharing) {
+    const ModelConfig c = tiny_config(sharing, 37, 29);
     const Model kept = init_model(c, 5);
     Model only = init_model(c, 5);
     only.set_inference_only(Precision::kFloat32);
@@ -272,12 +281,8 @@ TEST(Decode, InferenceOnlyFloat32ReadsTiedEmbeddingsFromThePackedProjection) {
 // quantises its embeddings by the same rule).
 TEST(Decode, Int8EmbeddingsForEverySharing) {
   if (!cpu_backend().supports(Precision::kInt8)) GTEST_SKIP() << "this CPU has no VNNI";
-  for (EmbeddingSharing sharing :
-       {EmbeddingSharing::kAll, EmbeddingSharing::kTarget, EmbeddingSharing::kNone}) {
-    ModelConfig c = preset_config("tiny");
-    c.src_vocab_size = c.tgt_vocab_size = 24;
-    c.share_embeddings = sharing;
-    if (sharing != EmbeddingSharing::kAll) c.tgt_vocab_size = 21;
+  for (EmbeddingSharing sharing : kEverySharing) {
+    const ModelConfig c = tiny_config(sharing, 24, 21);
     const Model float_model = init_model(c, 11);
     const std::string path = ::testing::TempDir() + "/int8_sharing.safetensors";
     save_model(float_model, path);

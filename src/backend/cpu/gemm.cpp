@@ -277,10 +277,6 @@ int64_t blocked_offset(const dnnl_memory_desc_t& md, dnnl_dims_t pos) {
   return offset;
 }
 
-}  // namespace
-
-namespace {
-
 // Throws std::invalid_argument where this CPU cannot multiply in `precision`, or for bad parts.
 void check_packable(size_t parts, size_t part_rows, int64_t k, Precision precision) {
   if (parts != part_rows || k <= 0) throw std::invalid_argument("PackedMatrix: bad parts");
