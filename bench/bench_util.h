@@ -177,6 +177,21 @@ inline double measure_square_gemm_peak(int64_t n, int repeats) {
   return std::max(sgemm, gemm_gflops(n, n, n, false, repeats));
 }
 
+// Best GFLOP/s of bfloat16 products (float32 accumulation) on an n×n×n product: a weight
+// prepared once in bfloat16 (PackedMatrix, as training's and decoding's weights are) times float32
+// rows, and tfm::gemm in bfloat16 (both operands rounded on each call); the faster counts.
+inline double measure_square_gemm_peak_bfloat16(int64_t n, int repeats) {
+  std::vector<float> a(size_t(n * n), 0.01f), w(size_t(n * n), 0.02f), out(size_t(n * n));
+  const tfm::PackedMatrix packed({w.data()}, {n}, n, tfm::Precision::kBFloat16);
+  const double prepared =
+      fastest_gflops(n, n, n, repeats, [&] { packed.multiply(a.data(), n, n, out.data(), n); });
+  const double rounded = fastest_gflops(n, n, n, repeats, [&] {
+    tfm::gemm(false, true, n, n, n, 1.f, a.data(), n, w.data(), n, 0.f, out.data(), n,
+              tfm::Precision::kBFloat16);
+  });
+  return std::max(prepared, rounded);
+}
+
 // User + system CPU seconds of this process so far (the run scripts compare them with the whole
 // machine's busy time to see how much other processes took during the run).
 inline double cpu_seconds() {

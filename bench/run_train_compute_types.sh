@@ -49,6 +49,11 @@ def summary(rs):
             "peak_rss_mib": max(r["peak_rss_mib"] for r in rs), "loss_last": rs[0]["loss_last"],
             "each_round_s": [r["median_s"] for r in rs]}
 f32, bf16 = summary(runs["float32"]), summary(runs["bfloat16"])
+# The ceiling: the step's FLOPs at the bfloat16 GEMM peak measured in the same processes.
+bf16["gflop"] = runs["bfloat16"][0]["gflop"]
+bf16["gflops"] = statistics.median(r["gflops"] for r in runs["bfloat16"])
+bf16["gemm_peak_gflops"] = statistics.median(r["bfloat16_gemm_peak_gflops"] for r in runs["bfloat16"])
+bf16["step_s_at_gemm_peak"] = bf16["gflop"] / bf16["gemm_peak_gflops"]
 try:
     torch_runs = [json.loads(l) for l in open(f"{work}/pytorch.jsonl") if l.strip()]
 except FileNotFoundError:
@@ -63,6 +68,7 @@ if pt:
     report["pytorch_float32"] = pt
     report["speed_bfloat16_over_pytorch"] = pt["median_s"] / bf16["median_s"]
     report["speed_float32_over_pytorch"] = pt["median_s"] / f32["median_s"]
+    report["speed_at_bfloat16_peak_over_pytorch"] = pt["median_s"] / bf16["step_s_at_gemm_peak"]
 json.dump(report, open("bench/results/train_compute_types.json", "w"), indent=1)
 md = f"""# Training step, bfloat16 against float32 (`bench/run_train_compute_types.sh`)
 
@@ -75,11 +81,17 @@ md = f"""# Training step, bfloat16 against float32 (`bench/run_train_compute_typ
 | bfloat16 | {bf16['median_s']:.3f} | {bf16['tokens_per_s']:.0f} | {bf16['peak_rss_mib']:.0f} | {bf16['loss_last']:.4f} |
 
 bfloat16 / float32 speed: **{report['speed_bfloat16_over_float32']:.2f}×**
+
+Ceiling: a step is {bf16['gflop']:.0f} GFLOP; bfloat16 runs it at {bf16['gflops']:.0f} GFLOP/s, and the
+bfloat16 GEMM peak measured in the same processes (2048³, weights prepared) is
+{bf16['gemm_peak_gflops']:.0f} GFLOP/s, so no step can take less than {bf16['step_s_at_gemm_peak']:.3f} s here
+({bf16['gflops'] / bf16['gemm_peak_gflops']:.0%} of that peak reached).
 """
 if pt:
     md += f"""
 PyTorch 1.13 (float32, `bench/train_peer.py`, same rounds): {pt['median_s']:.3f} s / step, {pt['tokens_per_s']:.0f} target tok/s, peak RSS {pt['peak_rss_mib']:.0f} MiB.
-bfloat16 / PyTorch speed: **{report['speed_bfloat16_over_pytorch']:.2f}×**; float32 / PyTorch: {report['speed_float32_over_pytorch']:.2f}×
+bfloat16 / PyTorch speed: **{report['speed_bfloat16_over_pytorch']:.2f}×**; float32 / PyTorch: {report['speed_float32_over_pytorch']:.2f}×;
+a step at the bfloat16 GEMM peak would be {report['speed_at_bfloat16_peak_over_pytorch']:.2f}× PyTorch.
 """
 open("bench/results/train_compute_types.md", "w").write(md)
 print(md)

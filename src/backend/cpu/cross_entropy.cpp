@@ -1,11 +1,32 @@
-// Fused label-smoothed cross-entropy forward + backward, one pass set per row.
+// Fused label-smoothed cross-entropy forward + backward: two passes over each row of logits and
+// one exp per element (the softmax numerators are kept in the row and scaled into the gradient).
 #include "backend/cpu/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/fast_exp.h"
 
 namespace tfm {
+
+namespace {
+
+// Σ row[c] in double, as float partial sums over blocks short enough to keep float's rounding
+// below double's (so the loop vectorises and the sum stays as exact as one in double).
+double sum_in_blocks(const float* row, int64_t n) {
+  constexpr int64_t kBlock = 512;
+  double total = 0;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t end = std::min(n, start + kBlock);
+    float block = 0.f;
+#pragma omp simd reduction(+ : block)
+    for (int64_t c = start; c < end; ++c) block += row[c];
+    total += double(block);
+  }
+  return total;
+}
+
+}  // namespace
 
 CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
                                                   int64_t rows, int64_t vocab, float smoothing,
@@ -14,28 +35,31 @@ CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* 
   int64_t correct = 0;
 #pragma omp parallel for schedule(static) reduction(+ : loss, nll, correct) if (rows * vocab > 32768)
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = logits + r * vocab;
+    float* row = logits + r * vocab;  // [vocab] logits, then exp(logit − max), then the gradient
     const int32_t y = targets[r];
     float max_value = -INFINITY;
-    int64_t argmax = 0;
-    double sum_logits = 0;
-    for (int64_t c = 0; c < vocab; ++c) {
-      if (row[c] > max_value) max_value = row[c], argmax = c;
-      sum_logits += row[c];
-    }
+#pragma omp simd reduction(max : max_value)
+    for (int64_t c = 0; c < vocab; ++c) max_value = std::max(max_value, row[c]);
+    const int64_t argmax = std::find(row, row + vocab, max_value) - row;  // the first maximum
+    const double sum_logits = sum_in_blocks(row, vocab);
+    const float target_logit = row[y];
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < vocab; ++c) sum += fast_exp(row[c] - max_value);
+    for (int64_t c = 0; c < vocab; ++c) {
+      const float e = fast_exp(row[c] - max_value);
+      row[c] = e;
+      sum += e;
+    }
     const double log_sum = double(max_value) + std::log(double(sum));
-    const double nll_row = log_sum - double(row[y]);
+    const double nll_row = log_sum - double(target_logit);
     const double smooth_row = log_sum - sum_logits / double(vocab);  // mean_k(−log p_k)
     loss += (1.0 - smoothing) * nll_row + smoothing * smooth_row;
     nll += nll_row;
     correct += argmax == y ? 1 : 0;
-    const float shift = float(log_sum);
-    const float uniform = smoothing / float(vocab);
+    const float scale = grad_scale / sum;  // softmax_c = row[c] / sum
+    const float uniform = grad_scale * smoothing / float(vocab);
 #pragma omp simd
-    for (int64_t c = 0; c < vocab; ++c) row[c] = grad_scale * (fast_exp(row[c] - shift) - uniform);
+    for (int64_t c = 0; c < vocab; ++c) row[c] = row[c] * scale - uniform;
     row[y] -= grad_scale * (1.f - smoothing);
   }
   return {loss, nll, correct};
