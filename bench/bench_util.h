@@ -156,13 +156,15 @@ inline double fastest_gflops(int64_t m, int64_t n, int64_t k, int repeats,
 
 // GFLOP/s of the fastest of `repeats` tfm::gemm calls (after one warm-up) on an m×n×k product:
 // a [m, k] times b, where b is [n, k] used transposed (trans_b, as y = x·Wᵀ) or [k, n].
-inline double gemm_gflops(int64_t m, int64_t n, int64_t k, bool trans_b, int repeats) {
+inline double gemm_gflops(int64_t m, int64_t n, int64_t k, bool trans_b, int repeats,
+                          tfm::Precision precision = tfm::Precision::kFloat32) {
   std::vector<float> a(size_t(m * k), 0.01f);
   std::vector<float> b(size_t(n * k), 0.02f);
   std::vector<float> out(size_t(m * n));
   const int64_t ldb = trans_b ? k : n;
   return fastest_gflops(m, n, k, repeats, [&] {
-    tfm::gemm(false, trans_b, m, n, k, 1.f, a.data(), k, b.data(), ldb, 0.f, out.data(), n);
+    tfm::gemm(false, trans_b, m, n, k, 1.f, a.data(), k, b.data(), ldb, 0.f, out.data(), n,
+              precision);
   });
 }
 
@@ -185,11 +187,7 @@ inline double measure_square_gemm_peak_bfloat16(int64_t n, int repeats) {
   const tfm::PackedMatrix packed({w.data()}, {n}, n, tfm::Precision::kBFloat16);
   const double prepared =
       fastest_gflops(n, n, n, repeats, [&] { packed.multiply(a.data(), n, n, out.data(), n); });
-  const double rounded = fastest_gflops(n, n, n, repeats, [&] {
-    tfm::gemm(false, true, n, n, n, 1.f, a.data(), n, w.data(), n, 0.f, out.data(), n,
-              tfm::Precision::kBFloat16);
-  });
-  return std::max(prepared, rounded);
+  return std::max(prepared, gemm_gflops(n, n, n, true, repeats, tfm::Precision::kBFloat16));
 }
 
 // User + system CPU seconds of this process so far (the run scripts compare them with the whole

@@ -11,8 +11,8 @@ namespace tfm {
 
 namespace {
 
-// Σ row[c] in double, as float partial sums over blocks short enough to keep float's rounding
-// below double's (so the loop vectorises and the sum stays as exact as one in double).
+// Σ row[c]: float sums over blocks of 512 (a loop that vectorises), added up in double, so the
+// float rounding error is that of a 512-term sum whatever the vocabulary size.
 double sum_in_blocks(const float* row, int64_t n) {
   constexpr int64_t kBlock = 512;
   double total = 0;
