@@ -156,10 +156,6 @@ double step_flops(const tfm::ModelConfig& c, double batch, double src_len, doubl
   return 3.0 * forward_flops(c, batch, src_len, tgt_len);
 }
 
-void zero(tfm::TensorMap& tensors) {
-  for (auto& [name, t] : tensors) std::fill(t.data.begin(), t.data.end(), 0.f);
-}
-
 int run(const Options& o) {
   const double setup_start = now_seconds();
   tfm::ModelConfig config = tfm::preset_config("base");
@@ -183,8 +179,9 @@ int run(const Options& o) {
   int64_t source_tokens = 0;  // source + eos
   for (int32_t n : batch.src_lengths) source_tokens += n;
 
-  tfm::TensorMap gradients;  // same names and shapes as the parameters
-  for (const auto& [name, t] : model.parameters()) gradients.emplace(name, tfm::Tensor(t.shape));
+  // Same names and shapes as the parameters, one block (as the trainer holds them).
+  tfm::DeviceTensors gradients =
+      tfm::DeviceTensors::zeros_like(model.backend(), model.parameters());
   const tfm::TransformerGradients grad_views = tfm::bind_gradients(config, gradients);
   tfm::OptimizerOptions optimizer_options;  // Adam 0.9 / 0.98 / 1e-9, the paper's schedule
   tfm::Optimizer optimizer(optimizer_options, model.parameters());
@@ -201,7 +198,7 @@ int run(const Options& o) {
   auto train_step = [&] {
     ++step;
     const double t0 = now_seconds();
-    zero(gradients);
+    model.backend().fill(gradients.flat(), gradients.numel(), 0.f);
     const double t1 = now_seconds();
     dropout.seed = o.seed * 0x9E3779B97F4A7C15ull + uint64_t(step);  // new masks every step
     const tfm::LossTotals totals = tfm::loss_and_gradients(

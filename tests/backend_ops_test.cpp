@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "backend/device_buffer.h"
+#include "backend/device_tensors.h"
 #include "tensor/float16.h"
 #include "tensor/random.h"
 
@@ -1076,6 +1077,38 @@ TEST_P(BackendOps, AllocationsCopiesAndGrowingBuffers) {
   EXPECT_EQ(moved.size(), 7);
   moved.reset();
   EXPECT_EQ(moved.data(), nullptr);
+}
+
+// A named set in one block (gradients, Adam's moments): name order, zero at first, whole-set
+// operations on flat(), and host round trips by name and for the whole set.
+TEST_P(BackendOps, NamedTensorsShareOneBlockInNameOrder) {
+  TensorMap shapes_of;
+  shapes_of.emplace("b", Tensor({2, 3}));
+  shapes_of.emplace("a", Tensor({4}));
+  shapes_of.emplace("c", Tensor({1}));
+  DeviceTensors set = DeviceTensors::zeros_like(be(), shapes_of);
+  EXPECT_EQ(&set.backend(), &be());
+  EXPECT_EQ(set.numel(), 11);
+  EXPECT_EQ(set.at("a").offset, 0);
+  EXPECT_EQ(set.at("b").offset, 4);
+  EXPECT_EQ(set.at("c").offset, 10);
+  EXPECT_EQ(set.at("b").ptr(), set.flat() + 4);
+  EXPECT_EQ(set.at("b").shape, Shape({2, 3}));
+  EXPECT_EQ(set.find("d"), set.end());
+  EXPECT_THROW(set.at("d"), std::out_of_range);
+  const std::vector<float> b = {1, 2, 3, 4, 5, 6};
+  set.copy_from_host("b", b.data());
+  be().fill(set.at("c").ptr(), 1, 7.f);
+  const TensorMap host = set.to_host("grad.");
+  ASSERT_EQ(host.size(), 3u);
+  EXPECT_EQ(host.at("grad.a").data, std::vector<float>(4, 0.f));
+  EXPECT_EQ(host.at("grad.b").data, b);
+  EXPECT_EQ(host.at("grad.b").shape, Shape({2, 3}));
+  EXPECT_EQ(host.at("grad.c").data, std::vector<float>{7.f});
+  be().scale(set.flat(), 2.f, set.numel());
+  EXPECT_EQ(be().sum_of_squares(set.flat(), set.numel()), 4.0 * (91 + 49));
+  DeviceTensors moved = std::move(set);
+  EXPECT_EQ(moved.to_host().at("c").data, std::vector<float>{14.f});
 }
 
 }  // namespace

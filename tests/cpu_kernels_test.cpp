@@ -1,7 +1,9 @@
 // What only the CPU backend's kernels have, beyond the backend-ops test: gemm's second path
 // (dnnl_sgemm inside OpenMP parallel regions, where attention calls it), fast_exp's accuracy, and
-// the exact integer values of int8 quantisation.
+// the exact integer values of int8 quantisation, and sum_of_squares' independence of the thread
+// count.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "backend/cpu/fast_exp.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/int8_quantization.h"
+#include "backend/cpu/optimizer.h"
 #include "tensor/int8_weights.h"
 #include "tensor/random.h"
 
@@ -46,6 +49,22 @@ TEST(CpuGemm, InsideAParallelRegionMatchesFloat64) {
             ++cases;
           }
   EXPECT_EQ(cases, 108u);
+}
+
+// Gradient clipping's Σ x² is summed in blocks by whichever threads run: its value must depend
+// on the data alone, or a resumed run on a machine with another thread count would diverge.
+TEST(CpuOptimizer, SumOfSquaresIsTheSameOnAnyThreadCount) {
+  Random random(9);
+  std::vector<float> x(1000003);
+  for (float& v : x) v = random.normal();
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const double one = sum_of_squares(x.data(), int64_t(x.size()));
+  omp_set_num_threads(3);
+  const double three = sum_of_squares(x.data(), int64_t(x.size()));
+  omp_set_num_threads(threads);
+  EXPECT_EQ(one, three);
+  EXPECT_EQ(one, sum_of_squares(x.data(), int64_t(x.size())));
 }
 
 // Values chosen by hand: the scale is the row's largest magnitude over 127, values round to the

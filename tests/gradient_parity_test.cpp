@@ -30,10 +30,8 @@ std::vector<std::string> fixtures_with_gradients() {
 
 using testing_support::fixture_batch;
 
-TensorMap zero_gradients(const Model& model) {
-  TensorMap g;
-  for (const auto& [name, t] : model.parameters()) g.emplace(name, Tensor(t.shape));
-  return g;
+DeviceTensors zero_gradients(const Model& model) {
+  return DeviceTensors::zeros_like(model.backend(), model.parameters());
 }
 
 // |actual − expected| ≤ 1e-4 · (|expected| + max|expected| over the tensor) + 1e-6.
@@ -70,7 +68,7 @@ TEST_P(GradientParity, EveryParameterGradientMatchesPyTorch) {
   const Model& model = f.model;
   const TensorMap& expected = f.expected;
   const TokenBatch& batch = f.batch;
-  TensorMap gradients = zero_gradients(model);
+  DeviceTensors gradients = zero_gradients(model);
   const TransformerGradients g = bind_gradients(model.config(), gradients);
   TrainingWorkspace ws;
   int64_t tokens = 0;
@@ -78,11 +76,11 @@ TEST_P(GradientParity, EveryParameterGradientMatchesPyTorch) {
   const LossTotals totals = loss_and_gradients(model, g, batch, {}, 0.1f, 1.f / float(tokens), ws);
   EXPECT_EQ(totals.tokens, tokens);
   EXPECT_NEAR(totals.loss / double(tokens), expected.at("loss").data[0], 1e-5);
-  for (const auto& [name, grad] : gradients)
+  for (const auto& [name, grad] : gradients.to_host())
     expect_tensor_near(grad, expected.at("grad." + name), name);
 
   // ε = 0: the loss is the plain negative log-likelihood.
-  TensorMap unused = zero_gradients(model);
+  DeviceTensors unused = zero_gradients(model);
   const LossTotals plain =
       loss_and_gradients(model, bind_gradients(model.config(), unused), batch, {}, 0.f, 0.f, ws);
   EXPECT_NEAR(plain.loss / double(tokens), expected.at("loss_eps0").data[0], 1e-5);
@@ -106,7 +104,7 @@ TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
   const TokenBatch& batch = f.batch;
   int64_t tokens = 0;
   for (int32_t n : batch.tgt_lengths) tokens += n;
-  TensorMap bf16 = zero_gradients(model), f32 = zero_gradients(model);
+  DeviceTensors bf16 = zero_gradients(model), f32 = zero_gradients(model);
   TrainingWorkspace ws;
   const LossTotals totals =
       loss_and_gradients(model, bind_gradients(model.config(), bf16), batch, {}, 0.1f,
@@ -117,13 +115,14 @@ TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
   EXPECT_NEAR(totals.loss / double(tokens), loss, 0.01 * loss);
   double error = 0, norm = 0;
   bool any_differs = false;
-  for (const auto& [name, grad] : bf16) {
+  const TensorMap bf16_host = bf16.to_host(), f32_host = f32.to_host();
+  for (const auto& [name, grad] : bf16_host) {
     const Tensor& e = expected.at("grad." + name);
     for (size_t i = 0; i < grad.data.size(); ++i) {
       error += std::pow(double(grad.data[i]) - e.data[i], 2);
       norm += std::pow(double(e.data[i]), 2);
     }
-    any_differs = any_differs || grad.data != f32.at(name).data;
+    any_differs = any_differs || grad.data != f32_host.at(name).data;
   }
   EXPECT_LE(std::sqrt(error / norm), 0.15);
   EXPECT_TRUE(any_differs);

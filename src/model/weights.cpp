@@ -7,7 +7,8 @@ namespace tfm {
 
 namespace {
 
-// Map is TensorMap or const TensorMap; F is float or const float to match.
+// Map is a const TensorMap (weights) or a DeviceTensors (gradients); F is const float or float
+// to match.
 template <typename Map>
 auto& find(Map& tensors, const std::string& name) {
   auto it = tensors.find(name);
@@ -212,8 +213,10 @@ TransformerWeights with_product_precision(TransformerWeights weights, Precision 
   return weights;
 }
 
-TransformerGradients bind_gradients(const ModelConfig& config, TensorMap& gradients) {
-  check_parameters(config, gradients, "gradients");
+TransformerGradients bind_gradients(const ModelConfig& config, DeviceTensors& gradients) {
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, entry] : gradients) shapes.emplace(name, entry.shape);
+  check_parameter_shapes(config, shapes, "gradients");
   return bind_all<float>(config, gradients);
 }
 

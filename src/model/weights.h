@@ -4,16 +4,15 @@
 
 #include <vector>
 
+#include "backend/device_tensors.h"
 #include "model/config.h"
 #include "tensor/int8_weights.h"
 #include "tensor/tensor.h"
 
 namespace tfm {
 
-class PreparedMatrix;  // backend/backend.h
-
 // Each view is a template over the element type: `const float` for weights, `float` for the
-// gradients, which are bound from a TensorMap of the same names and shapes. A shared embedding
+// gradients, which are bound from a DeviceTensors of the same names and shapes. A shared embedding
 // binds one gradient buffer to all of its uses, so their gradients add up.
 template <typename F>
 struct Linear {
@@ -145,8 +144,8 @@ inline bool is_int8_weight(const std::string& name) {
 // found in `int8` (which must outlive the result too) are bound to it instead.
 TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tensors,
                                 const std::string& where, const Int8WeightMap* int8 = nullptr);
-// The same over gradient buffers (a TensorMap with the parameters' names and shapes).
-TransformerGradients bind_gradients(const ModelConfig& config, TensorMap& gradients);
+// The same over gradient buffers (the parameters' names and shapes, in a backend's memory).
+TransformerGradients bind_gradients(const ModelConfig& config, DeviceTensors& gradients);
 
 // `weights` with every Linear's product precision set to `precision` (training in bfloat16).
 TransformerWeights with_product_precision(TransformerWeights weights, Precision precision);

@@ -101,7 +101,7 @@ std::vector<std::string> list_snapshots(const std::string& dir) {
 void save_checkpoint(const std::string& dir, const Model& model, const Optimizer& optimizer,
                      const TrainingState& state, int64_t keep, bool allow_nonfinite) {
   const std::string step = "step " + std::to_string(state.step);
-  if (!allow_nonfinite && (!all_finite(model.parameters()) || !all_finite(optimizer.state())))
+  if (!allow_nonfinite && (!all_finite(model.parameters()) || !optimizer.state_is_finite()))
     throw Error(
         step + ": the model or optimizer state holds NaN or Inf; not saved (" +
         (has_checkpoint(dir) ? "the last checkpoint in " + dir + " is kept" : "nothing saved") +

@@ -21,58 +21,63 @@ Optimizer::Optimizer(OptimizerOptions options, const TensorMap& parameters, cons
   if (options_.schedule != "noam" && options_.schedule != "constant")
     throw Error("unknown learning-rate schedule \"" + options_.schedule +
                 "\" (expected noam or constant)");
-  if (options_.algorithm == "adam")
-    for (const auto& [name, t] : parameters) {
-      first_moment_.emplace(name, Tensor(t.shape));
-      second_moment_.emplace(name, Tensor(t.shape));
-    }
+  if (options_.algorithm == "adam") {
+    first_moment_ = DeviceTensors::zeros_like(backend, parameters);
+    second_moment_ = DeviceTensors::zeros_like(backend, parameters);
+  }
 }
 
-double Optimizer::apply(TensorMap& parameters, TensorMap& gradients, int64_t d_model) {
-  double squares = 0;
-  for (const auto& [name, g] : gradients) squares += backend_->sum_of_squares(g.ptr(), g.numel());
-  const double norm = std::sqrt(squares);
+double Optimizer::apply(TensorMap& parameters, DeviceTensors& gradients, int64_t d_model) {
+  // One block, so the norm and the clipping are one call each over all gradients.
+  const double norm = std::sqrt(backend_->sum_of_squares(gradients.flat(), gradients.numel()));
   if (!std::isfinite(norm)) return norm;  // no update: the caller skips this step
-  if (options_.clip_norm > 0 && norm > options_.clip_norm) {
-    const float scale = float(options_.clip_norm / norm);
-    for (auto& [name, g] : gradients) backend_->scale(g.ptr(), scale, g.numel());
-  }
+  if (options_.clip_norm > 0 && norm > options_.clip_norm)
+    backend_->scale(gradients.flat(), float(options_.clip_norm / norm), gradients.numel());
   ++step_;
   const double lr = learning_rate(options_, d_model, step_);
   for (auto& [name, p] : parameters) {
-    Tensor& g = gradients.at(name);
+    float* g = gradients.at(name).ptr();
     if (options_.algorithm == "sgd") {
-      backend_->sgd_update(p.ptr(), g.ptr(), p.numel(), float(lr));
+      backend_->sgd_update(p.ptr(), g, p.numel(), float(lr));
     } else {
       AdamHyperparameters h{float(lr), options_.beta1, options_.beta2, options_.eps};
-      backend_->adam_update(p.ptr(), g.ptr(), first_moment_.at(name).ptr(),
-                            second_moment_.at(name).ptr(), p.numel(), h, step_);
+      backend_->adam_update(p.ptr(), g, first_moment_.at(name).ptr(), second_moment_.at(name).ptr(),
+                            p.numel(), h, step_);
     }
   }
   return norm;
 }
 
 TensorMap Optimizer::state() const {
-  TensorMap out;
-  for (const auto& [name, t] : first_moment_) out.emplace("adam_m." + name, t);
-  for (const auto& [name, t] : second_moment_) out.emplace("adam_v." + name, t);
+  TensorMap out = first_moment_.to_host("adam_m.");
+  out.merge(second_moment_.to_host("adam_v."));
   return out;
 }
 
+bool Optimizer::state_is_finite() const {
+  // A sum of float squares in double is finite exactly when every element is.
+  for (const DeviceTensors* moments : {&first_moment_, &second_moment_})
+    if (!moments->empty() &&
+        !std::isfinite(backend_->sum_of_squares(moments->flat(), moments->numel())))
+      return false;
+  return true;
+}
+
 void Optimizer::load_state(TensorMap&& tensors, const std::string& where) {
-  auto load = [&](TensorMap& moments, const std::string& prefix) {
-    for (auto& [name, t] : moments) {
+  auto load = [&](DeviceTensors& moments, const std::string& prefix) {
+    for (auto& [name, entry] : moments) {
       auto it = tensors.find(prefix + name);
       if (it == tensors.end())
         throw Error(where + ": missing optimizer state \"" + prefix + name + "\"");
-      if (it->second.shape != t.shape)
+      if (it->second.shape != entry.shape)
         throw Error(where + ": optimizer state \"" + prefix + name + "\" has the wrong shape");
       if (prefix == "adam_v.")  // Adam's second moment is a running mean of squares
         for (float x : it->second.data)
           if (x < 0)
             throw Error(where + ": optimizer state \"" + prefix + name +
                         "\" holds a negative value");
-      t = std::move(it->second);
+      moments.copy_from_host(name, it->second.ptr());
+      it->second = Tensor();  // freed now, not when the whole map goes
     }
   };
   load(first_moment_, "adam_m.");

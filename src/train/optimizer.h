@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/device_tensors.h"
 #include "tensor/tensor.h"
 
 namespace tfm {
@@ -29,16 +30,19 @@ class Optimizer {
   Optimizer(OptimizerOptions options, const TensorMap& parameters,
             const Backend& backend = cpu_backend());
 
-  // Applies one update with gradients (optionally clipped first, in place); step becomes
-  // step() + 1. Returns the gradient norm before clipping. A non-finite norm (NaN / Inf in a
-  // gradient) is returned without touching anything.
-  double apply(TensorMap& parameters, TensorMap& gradients, int64_t d_model);
+  // Applies one update with gradients (the parameters' names and shapes; optionally clipped
+  // first, in place); step becomes step() + 1. Returns the gradient norm before clipping. A
+  // non-finite norm (NaN / Inf in a gradient) is returned without touching anything.
+  double apply(TensorMap& parameters, DeviceTensors& gradients, int64_t d_model);
 
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
-  // Adam moments, named "adam_m.<param>" / "adam_v.<param>", for checkpoints.
+  // Adam moments, named "adam_m.<param>" / "adam_v.<param>", copied to the host for checkpoints.
   TensorMap state() const;
-  // Takes the moments out of `tensors` (moved, not copied: they are as large as the model).
+  // Whether every moment is finite (without copying them).
+  bool state_is_finite() const;
+  // The moments from `tensors` (a checkpoint's; each is freed once copied, so that the host
+  // never holds a second full set).
   void load_state(TensorMap&& tensors, const std::string& where);
   const OptimizerOptions& options() const { return options_; }
 
@@ -46,7 +50,8 @@ class Optimizer {
   OptimizerOptions options_;
   const Backend* backend_;
   int64_t step_ = 0;
-  TensorMap first_moment_, second_moment_;
+  // Adam's moments, each one block in the backend's memory (empty for SGD).
+  DeviceTensors first_moment_, second_moment_;
 };
 
 }  // namespace tfm

@@ -134,31 +134,21 @@ void Replicas::sum(double* values, int64_t count) {
   wait(&request, "all-reduce of step totals");
 }
 
-double Replicas::sum_tensors(TensorMap& tensors) {
+double Replicas::sum_tensors(DeviceTensors& tensors) {
   if (!distributed()) return 0;
-  int64_t total = 0;
-  for (const auto& [name, t] : tensors) total += t.numel();
-  flat_.resize(size_t(total));  // [Σ numel]
-  float* cursor = flat_.data();
-  for (const auto& [name, t] : tensors) cursor = std::copy(t.data.begin(), t.data.end(), cursor);
+  float* flat = tensors.flat();  // [numel]
+  const int64_t total = tensors.numel();
   const auto start = std::chrono::steady_clock::now();
   std::vector<MPI_Request> requests;
   for (int64_t begin = 0; begin < total; begin += kBucketFloats) {
     const int64_t count = std::min(kBucketFloats, total - begin);
     requests.emplace_back();
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, flat_.data() + begin, int(count), MPI_FLOAT, MPI_SUM,
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, flat + begin, int(count), MPI_FLOAT, MPI_SUM,
                              MPI_COMM_WORLD, &requests.back()),
               "gradient all-reduce");
   }
   for (MPI_Request& request : requests) wait(&request, "gradient all-reduce");
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const float* from = flat_.data();
-  for (auto& [name, t] : tensors) {
-    std::copy(from, from + t.numel(), t.data.begin());
-    from += t.numel();
-  }
-  return seconds;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void Replicas::broadcast_tensors(TensorMap& tensors) {
@@ -211,7 +201,7 @@ void Replicas::join_mpi() {
 
 void Replicas::wait(void*, const char*) {}
 void Replicas::sum(double*, int64_t) {}
-double Replicas::sum_tensors(TensorMap&) {
+double Replicas::sum_tensors(DeviceTensors&) {
   return 0;
 }
 void Replicas::broadcast_tensors(TensorMap&) {}

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/device_tensors.h"
 #include "tensor/tensor.h"
 
 namespace tfm {
@@ -38,9 +39,11 @@ class Replicas {
 
   // In place: every rank ends with the element-wise sum over ranks. No-ops with one replica.
   void sum(double* values, int64_t count);
-  // Sums all tensors of `tensors` (same names and shapes on every rank) through one flat
-  // buffer, reduced in buckets; returns the seconds spent waiting for the reduction.
-  double sum_tensors(TensorMap& tensors);
+  // Sums all tensors of `tensors` (same names and shapes on every rank) in place, their one
+  // block reduced in buckets; returns the seconds spent waiting for the reduction. MPI reads
+  // the block where it is: the CPU backend's memory is the host's (a backend with memory of its
+  // own would stage it through the host here, or hand MPI device pointers it understands).
+  double sum_tensors(DeviceTensors& tensors);
   // Copies rank 0's tensors to every rank.
   void broadcast_tensors(TensorMap& tensors);
   // True when `value` is the same on every rank.
@@ -57,7 +60,6 @@ class Replicas {
   int rank_ = 0, size_ = 1;
   double timeout_seconds_ = 300;
   const std::atomic<int>* stop_signal_ = nullptr;
-  std::vector<float> flat_;  // [Σ numel] gradient staging buffer for sum_tensors
 };
 
 // After an error on this rank: ends the whole MPI job (MPI_Abort) so the other ranks do not

@@ -268,8 +268,8 @@ class TrainingRun {
                      (long long)state_.batch_index);
       resumed_.reset();
     }
-    for (const auto& [name, t] : model_->parameters()) gradients_.emplace(name, Tensor(t.shape));
-    for (const auto& [name, g] : gradients_) gradient_bytes_ += g.numel() * int64_t(sizeof(float));
+    gradients_ = DeviceTensors::zeros_like(model_->backend(), model_->parameters());
+    gradient_bytes_ = gradients_.numel() * int64_t(sizeof(float));
     grad_views_ = bind_gradients(config, gradients_);
     dropout_.dropout = o_.dropout;
     dropout_.attention_dropout = o_.attention_dropout;
@@ -314,7 +314,7 @@ class TrainingRun {
     // A run that starts from finite values never saves NaN / Inf over them; one that starts from
     // non-finite weights (--allow-nonfinite) may.
     started_nonfinite_ =
-        primary_ && (!all_finite(model_->parameters()) || !all_finite(optimizer_->state()));
+        primary_ && (!all_finite(model_->parameters()) || !optimizer_->state_is_finite());
     if (replicas_.distributed()) {  // a resumed run may have no time left (rank 0's clock decides)
       double vote = primary_ && time_is_up();
       replicas_.sum(&vote, 1);
@@ -398,7 +398,7 @@ class TrainingRun {
   // This rank's loss totals of the step, its gradients (scaled by 1 / the global target
   // tokens) in gradients_.
   LossTotals compute_gradients(const std::vector<TokenBatch>& micro, int64_t tokens) {
-    for (auto& [name, g] : gradients_) model_->backend().fill(g.ptr(), g.numel(), 0.f);
+    model_->backend().fill(gradients_.flat(), gradients_.numel(), 0.f);
     LossTotals totals;
     for (size_t m = 0; m < micro.size(); ++m) {
       if (micro[m].tgt_lengths.empty()) continue;  // a share can be empty in a tiny batch
@@ -573,7 +573,7 @@ class TrainingRun {
 
   // Training.
   std::optional<Optimizer> optimizer_;
-  TensorMap gradients_;  // the parameters' names and shapes
+  DeviceTensors gradients_;  // the parameters' names and shapes, one block
   TransformerGradients grad_views_{};
   int64_t gradient_bytes_ = 0;  // all-reduced per step
   TrainingWorkspace ws_;

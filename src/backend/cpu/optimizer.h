@@ -16,7 +16,7 @@ void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
 // param -= lr · grad
 void sgd_update(float* param, const float* grad, int64_t n, float lr);
 
-// Σ x² in double, summed in a fixed order (deterministic).
+// Σ x² in double, summed in an order fixed by n alone (deterministic whatever the threads).
 double sum_of_squares(const float* x, int64_t n);
 
 }  // namespace tfm
