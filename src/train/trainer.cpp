@@ -197,10 +197,9 @@ class TrainingRun {
   // go into the model directory.
   void read_data() {
     const ModelConfig& config = model_->config();
-    // Weights + gradients (+ Adam's two moments, + the all-reduce buffer), for every rank on
-    // this machine, before any of them is allocated.
-    const int64_t copies =
-        (o_.optimizer.algorithm == "adam" ? 4 : 2) + (replicas_.distributed() ? 1 : 0);
+    // Weights + gradients (+ Adam's two moments; the all-reduce sums the gradients where they
+    // are), for every rank on this machine, before any of them is allocated.
+    const int64_t copies = o_.optimizer.algorithm == "adam" ? 4 : 2;
     check_memory(parameter_count(config) * int64_t(sizeof(float)) * copies * replicas_.local_size(),
                  "training this model (weights, gradients, optimizer state)");
     replicas_.broadcast_tensors(model_->mutable_parameters());  // every rank starts from rank 0's
