@@ -167,6 +167,10 @@ class Backend {
   // std::bad_alloc.
   virtual void* allocate(int64_t bytes, bool zeroed) const = 0;
   virtual void deallocate(void* memory) const = 0;  // from allocate; null: nothing
+  // Whether this backend's memory is the host's (the CPU backend): then the host may read and
+  // write it through its pointers — checkpoints are written from it and MPI reduces it in
+  // place — where another backend's is copied through the host first.
+  virtual bool memory_is_host() const = 0;
   // Byte copies within this backend's memory, and between it and the host's.
   virtual void copy_bytes(const void* from, int64_t bytes, void* to) const = 0;
   virtual void copy_from_host(const void* host, int64_t bytes, void* device) const = 0;

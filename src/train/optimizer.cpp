@@ -49,9 +49,14 @@ double Optimizer::apply(TensorMap& parameters, DeviceTensors& gradients, int64_t
 }
 
 TensorMap Optimizer::state() const {
-  TensorMap out = first_moment_.to_host("adam_m.");
-  out.merge(second_moment_.to_host("adam_v."));
+  TensorMap out;
+  for (const auto& [prefix, moments] : this->moments()) out.merge(moments->to_host(prefix));
   return out;
+}
+
+std::vector<std::pair<std::string, const DeviceTensors*>> Optimizer::moments() const {
+  if (first_moment_.empty()) return {};
+  return {{"adam_m.", &first_moment_}, {"adam_v.", &second_moment_}};
 }
 
 bool Optimizer::state_is_finite() const {

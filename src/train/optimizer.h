@@ -4,6 +4,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/device_tensors.h"
@@ -37,8 +39,11 @@ class Optimizer {
 
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
-  // Adam moments, named "adam_m.<param>" / "adam_v.<param>", copied to the host for checkpoints.
+  // Adam moments, named "adam_m.<param>" / "adam_v.<param>", copied to the host.
   TensorMap state() const;
+  // The same without copies: each set of moments with its name prefix ("adam_m.", "adam_v.";
+  // none for SGD), in the backend's memory.
+  std::vector<std::pair<std::string, const DeviceTensors*>> moments() const;
   // Whether every moment is finite (without copying them).
   bool state_is_finite() const;
   // The moments from `tensors` (a checkpoint's; each is freed once copied, so that the host

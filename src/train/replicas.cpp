@@ -136,6 +136,9 @@ void Replicas::sum(double* values, int64_t count) {
 
 double Replicas::sum_tensors(DeviceTensors& tensors) {
   if (!distributed()) return 0;
+  if (!tensors.backend().memory_is_host())
+    throw Error("data-parallel training on --device " + tensors.backend().name() +
+                " is not supported: its gradients are not in host memory");
   float* flat = tensors.flat();  // [numel]
   const int64_t total = tensors.numel();
   const auto start = std::chrono::steady_clock::now();

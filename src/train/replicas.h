@@ -41,8 +41,9 @@ class Replicas {
   void sum(double* values, int64_t count);
   // Sums all tensors of `tensors` (same names and shapes on every rank) in place, their one
   // block reduced in buckets; returns the seconds spent waiting for the reduction. MPI reads
-  // the block where it is: the CPU backend's memory is the host's (a backend with memory of its
-  // own would stage it through the host here, or hand MPI device pointers it understands).
+  // the block where it is, so the backend's memory must be the host's (Backend::memory_is_host;
+  // throws Error otherwise: a backend with memory of its own would stage it through the host
+  // here, or hand MPI device pointers it understands).
   double sum_tensors(DeviceTensors& tensors);
   // Copies rank 0's tensors to every rank.
   void broadcast_tensors(TensorMap& tensors);

@@ -152,6 +152,7 @@ class CpuBackend final : public Backend {
     return memory;
   }
   void deallocate(void* memory) const override { std::free(memory); }
+  bool memory_is_host() const override { return true; }
   void copy_bytes(const void* from, int64_t bytes, void* to) const override {
     std::memcpy(to, from, size_t(bytes));
   }
