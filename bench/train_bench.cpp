@@ -198,7 +198,7 @@ int run(const Options& o) {
   auto train_step = [&] {
     ++step;
     const double t0 = now_seconds();
-    model.backend().fill(gradients.flat(), gradients.numel(), 0.f);
+    gradients.set_zero();
     const double t1 = now_seconds();
     dropout.seed = o.seed * 0x9E3779B97F4A7C15ull + uint64_t(step);  // new masks every step
     const tfm::LossTotals totals = tfm::loss_and_gradients(

@@ -1109,6 +1109,9 @@ TEST_P(BackendOps, NamedTensorsShareOneBlockInNameOrder) {
   EXPECT_EQ(be().sum_of_squares(set.flat(), set.numel()), 4.0 * (91 + 49));
   DeviceTensors moved = std::move(set);
   EXPECT_EQ(moved.to_host().at("c").data, std::vector<float>{14.f});
+  moved.set_zero();
+  for (const auto& [name, t] : moved.to_host())
+    EXPECT_EQ(t.data, std::vector<float>(t.data.size(), 0.f)) << name;
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ std::vector<double> train_steps(Model& model, const TokenBatch& batch, Optimizer
   for (int32_t n : batch.tgt_lengths) tokens += n;
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
-    model.backend().fill(gradients.flat(), gradients.numel(), 0.f);
+    gradients.set_zero();
     losses.push_back(loss_and_gradients(model, g, batch, {}, 0.1f, 1.f / float(tokens), ws).loss /
                      double(tokens));
     optimizer.apply(model.mutable_parameters(), gradients, model.config().d_model);

@@ -21,6 +21,10 @@ DeviceTensors DeviceTensors::zeros_like(const Backend& backend, const TensorMap&
   return DeviceTensors(backend, shapes);
 }
 
+void DeviceTensors::set_zero() {
+  if (numel_ > 0) backend().fill(flat(), numel_, 0.f);
+}
+
 TensorMap DeviceTensors::to_host(const std::string& prefix) const {
   TensorMap host;
   for (const auto& [name, entry] : entries_) {

@@ -54,6 +54,8 @@ class DeviceTensors {
   Entry& at(const std::string& name) { return entries_.at(name); }
   const Entry& at(const std::string& name) const { return entries_.at(name); }
 
+  // Every element 0 (one fill over the block: the gradients before each step).
+  void set_zero();
   // A host copy of every tensor, named prefix + name (checkpoints, checksums).
   TensorMap to_host(const std::string& prefix = "") const;
   // The named tensor's values from the host: host[numel] elements.

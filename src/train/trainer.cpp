@@ -268,7 +268,6 @@ class TrainingRun {
       resumed_.reset();
     }
     gradients_ = DeviceTensors::zeros_like(model_->backend(), model_->parameters());
-    gradient_bytes_ = gradients_.numel() * int64_t(sizeof(float));
     grad_views_ = bind_gradients(config, gradients_);
     dropout_.dropout = o_.dropout;
     dropout_.attention_dropout = o_.attention_dropout;
@@ -397,7 +396,7 @@ class TrainingRun {
   // This rank's loss totals of the step, its gradients (scaled by 1 / the global target
   // tokens) in gradients_.
   LossTotals compute_gradients(const std::vector<TokenBatch>& micro, int64_t tokens) {
-    model_->backend().fill(gradients_.flat(), gradients_.numel(), 0.f);
+    gradients_.set_zero();
     LossTotals totals;
     for (size_t m = 0; m < micro.size(); ++m) {
       if (micro[m].tgt_lengths.empty()) continue;  // a share can be empty in a tiny batch
@@ -492,7 +491,7 @@ class TrainingRun {
       if (replicas_.distributed()) {
         entry["ranks"] = replicas_.size();
         entry["allreduce_seconds_per_step"] = interval_reduce_seconds_ / double(o_.log_every);
-        entry["allreduce_bytes_per_step"] = gradient_bytes_;
+        entry["allreduce_bytes_per_step"] = gradients_.numel() * int64_t(sizeof(float));
       }
       write_log(entry);
     }
@@ -574,7 +573,6 @@ class TrainingRun {
   std::optional<Optimizer> optimizer_;
   DeviceTensors gradients_;  // the parameters' names and shapes, one block
   TransformerGradients grad_views_{};
-  int64_t gradient_bytes_ = 0;  // all-reduced per step
   TrainingWorkspace ws_;
   DropoutOptions dropout_;
 
