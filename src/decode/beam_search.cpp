@@ -49,6 +49,39 @@ int64_t search_memory_bytes(const ModelConfig& c, int64_t sentences, int64_t src
   return bytes >= (long double)INT64_MAX ? INT64_MAX : int64_t(bytes);
 }
 
+// One scored token of a hypothesis' next-token distribution.
+struct ScoredToken {
+  float logprob;
+  int32_t token;
+};
+
+// The `keep` best of row[0..vocab) into best[0..keep), best first, ties to the lower token id;
+// token `banned` (-1: none) and NaN count as -inf. One pass: a chunk of 16 whose maximum does
+// not beat the current keep-th best is skipped with one vector compare, so a row costs about
+// one read of it (a partial_sort of every token id, serial, was ~4% of a base beam-4 decode).
+void best_tokens(const float* row, int64_t vocab, int64_t keep, int32_t banned, ScoredToken* best) {
+  int64_t count = 0;
+  auto offer = [&](int64_t id) {
+    float v = row[id];
+    if (id == banned || v != v) v = -INFINITY;
+    if (count == keep && !(v > best[keep - 1].logprob)) return;  // equal: the lower id stays
+    int64_t i = count < keep ? count++ : keep - 1;
+    for (; i > 0 && v > best[i - 1].logprob; --i) best[i] = best[i - 1];
+    best[i] = {v, int32_t(id)};
+  };
+  constexpr int64_t kChunk = 16;
+  int64_t id = 0;
+  for (; id < vocab && count < keep; ++id) offer(id);
+  for (; id + kChunk <= vocab; id += kChunk) {
+    float chunk_max = -INFINITY;
+#pragma omp simd reduction(max : chunk_max)
+    for (int64_t j = id; j < id + kChunk; ++j) chunk_max = std::max(chunk_max, row[j]);
+    if (!(chunk_max > best[keep - 1].logprob)) continue;
+    for (int64_t j = id; j < id + kChunk; ++j) offer(j);
+  }
+  for (; id < vocab; ++id) offer(id);
+}
+
 // One search() call. Hypotheses live in `live_`, grouped by sentence in ascending sentence
 // order (the decoder's row order); a step turns them into the next step's.
 class BeamSearch {
@@ -165,6 +198,7 @@ class BeamSearch {
     next_live_.clear();
     parents_.clear();
     next_sentence_.clear();
+    rank_tokens(t);
     for (int64_t begin = 0; begin < n;) {
       const int32_t s = live_sentence_[size_t(begin)];
       int64_t end = begin;
@@ -177,43 +211,38 @@ class BeamSearch {
     std::swap(live_sentence_, next_sentence_);
   }
 
+  // Each live hypothesis' best continuations (the arg max for greedy, else its best 2·beam
+  // tokens — enough to fill the beam even if beam of them end the sentence) into best_, in
+  // parallel over hypotheses; eos counts as impossible before min_length. Sentences still in
+  // a forced prefix need none.
+  void rank_tokens(int64_t t) {
+    const int64_t n = int64_t(live_.size()), vocab = c_.tgt_vocab_size;
+    keep_ = o_.beam == 1 ? 1 : std::min<int64_t>(vocab, 2 * o_.beam);
+    best_.resize(size_t(n * keep_));
+    const int32_t banned = t >= o_.min_length ? -1 : int32_t(c_.eos_id);
+#pragma omp parallel for schedule(static) if (n * vocab >= (int64_t(1) << 15))
+    for (int64_t h = 0; h < n; ++h)
+      if (t >= prefix_len_[size_t(live_sentence_[size_t(h)])])
+        best_tokens(logprobs_.data() + h * vocab, vocab, keep_, banned, best_.data() + h * keep_);
+  }
+
   // candidates_: every continuation worth considering of hypotheses [begin, end) of sentence s,
-  // best first (a forced prefix token, the arg max for greedy, else each hypothesis' best
-  // 2·beam tokens — enough to fill the beam even if beam of them end the sentence).
+  // best first (a forced prefix token, else each hypothesis' best tokens from rank_tokens).
   void collect_candidates(int32_t s, int64_t begin, int64_t end, int64_t t) {
-    const int64_t vocab = c_.tgt_vocab_size, beam = o_.beam;
+    const int64_t vocab = c_.tgt_vocab_size;
     candidates_.clear();
     const bool forced = t < prefix_len_[size_t(s)];
-    const bool eos_allowed = t >= o_.min_length;
     for (int64_t h = begin; h < end; ++h) {
-      const float* row = logprobs_.data() + h * vocab;
       const double base = live_[size_t(h)].logprob;
       if (forced) {
         const int32_t token = prefixes_[size_t(s)][size_t(t)];
-        candidates_.push_back({base + row[token], h, token});
+        candidates_.push_back({base + logprobs_[size_t(h * vocab + token)], h, token});
         continue;
       }
-      auto value = [&](int32_t id) {
-        return id == c_.eos_id && !eos_allowed ? -INFINITY : row[id];
-      };
-      if (beam == 1) {
-        int32_t best = 0;
-        for (int32_t id = 1; id < int32_t(vocab); ++id)
-          if (value(id) > value(best)) best = id;
-        candidates_.push_back({base + value(best), h, best});
-        continue;
+      for (int64_t r = 0; r < keep_; ++r) {
+        const ScoredToken& best = best_[size_t(h * keep_ + r)];
+        if (best.logprob > -INFINITY) candidates_.push_back({base + best.logprob, h, best.token});
       }
-      const int64_t keep = std::min<int64_t>(vocab, 2 * beam);
-      token_order_.resize(size_t(vocab));
-      std::iota(token_order_.begin(), token_order_.end(), 0);
-      std::partial_sort(token_order_.begin(), token_order_.begin() + keep, token_order_.end(),
-                        [&](int32_t a, int32_t b) {
-                          return value(a) > value(b) || (value(a) == value(b) && a < b);
-                        });
-      for (int64_t r = 0; r < keep; ++r)
-        if (value(token_order_[size_t(r)]) > -INFINITY)
-          candidates_.push_back(
-              {base + value(token_order_[size_t(r)]), h, token_order_[size_t(r)]});
     }
     std::stable_sort(candidates_.begin(), candidates_.end(),
                      [](const Candidate& a, const Candidate& b) { return a.logprob > b.logprob; });
@@ -315,7 +344,8 @@ class BeamSearch {
   std::vector<float> logprobs_;        // [live, V]
   std::vector<float> attention_;       // [live, heads or 1, S]
   std::vector<Candidate> candidates_;  // one sentence's, best first
-  std::vector<int32_t> token_order_;   // [V] scratch for the top-k selection
+  int64_t keep_ = 1;                   // continuations ranked per hypothesis
+  std::vector<ScoredToken> best_;      // [live, keep_] each hypothesis' best tokens, best first
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "backend/cpu/embedding.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/optimizer.h"
+#include "backend/cpu/parallel_threshold.h"
 
 namespace tfm {
 
@@ -163,14 +164,22 @@ class CpuBackend final : public Backend {
     std::memcpy(host, device, size_t(bytes));
   }
 
-  void copy(const float* x, int64_t n, float* y) const override { std::copy_n(x, n, y); }
-  void fill(float* y, int64_t n, float value) const override { std::fill_n(y, n, value); }
+  void copy(const float* x, int64_t n, float* y) const override {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+  }
+  void fill(float* y, int64_t n, float value) const override {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
+    for (int64_t i = 0; i < n; ++i) y[i] = value;
+  }
   void gather_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
                    float* y, int64_t ldy) const override {
+#pragma omp parallel for schedule(static) if (count * d >= kParallelElements)
     for (int64_t r = 0; r < count; ++r) std::copy_n(x + rows[r] * ldx, d, y + r * ldy);
   }
   void scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
                     float* y, int64_t ldy) const override {
+#pragma omp parallel for schedule(static) if (count * d >= kParallelElements)
     for (int64_t r = 0; r < count; ++r) std::copy_n(x + r * ldx, d, y + rows[r] * ldy);
   }
 };

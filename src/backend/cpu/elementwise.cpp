@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/fast_exp.h"
+#include "backend/cpu/parallel_threshold.h"
 
 namespace tfm {
 
@@ -25,7 +26,7 @@ inline float log_sum_exp(const float* x, int64_t cols) {
 }  // namespace
 
 void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     float* row = y + r * cols;
 #pragma omp simd
@@ -36,7 +37,7 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
 void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
                          Activation act) {
   const float inv_sqrt2 = 0.70710678118654752440f;
-#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     float* in_row = pre + r * cols;
     float* out_row = out + r * cols;
@@ -55,18 +56,18 @@ void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows
 }
 
 void add_inplace(float* y, const float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
 void scale_inplace(float* x, float s, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
 void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
                 int64_t cols, float eps, float* mean_out, float* rstd_out) {
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * cols;
     float* out = y + r * cols;
@@ -98,7 +99,7 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
   thread_local std::vector<float> partials;
   partials.assign(size_t(2 * kBlocks * cols), 0.f);
   float* partial = partials.data();
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t block = 0; block < kBlocks; ++block) {
     float* lg = partial + block * 2 * cols;
     float* lb = lg + cols;
@@ -142,11 +143,11 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
 
 void activation_backward(float* d, const float* pre_activation, int64_t n, Activation act) {
   if (act == Activation::kRelu) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
     for (int64_t i = 0; i < n; ++i) d[i] = pre_activation[i] > 0.f ? d[i] : 0.f;
   } else {
     const float inv_sqrt2 = 0.70710678118654752440f, inv_sqrt_2pi = 0.39894228040143267794f;
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n >= kParallelElements)
     for (int64_t i = 0; i < n; ++i) {
       const float x = pre_activation[i];
       const float cdf = 0.5f * (1.f + std::erf(x * inv_sqrt2));
@@ -166,7 +167,7 @@ void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) {
 
 void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) {
   const uint32_t threshold = uint32_t(double(p) * 16777216.0);  // p in units of 2^-24
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
     uint64_t z = key + uint64_t(i) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -178,12 +179,12 @@ void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) {
 
 void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) {
   const float keep_scale = 1.f / (1.f - p);
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) x[i] = mask[i] ? x[i] * keep_scale : 0.f;
 }
 
 void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * cols;
     float* out = y + r * cols;
@@ -199,7 +200,7 @@ namespace tfm {
 
 void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
                       float* out) {
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = logits + r * cols;
     out[r] = in[targets[r]] - log_sum_exp(in, cols);

@@ -1,11 +1,13 @@
 // Embedding gather and scatter-add on the CPU: OpenMP over rows, SIMD over d_model.
 #include "backend/cpu/embedding.h"
 
+#include "backend/cpu/parallel_threshold.h"
+
 namespace tfm {
 
 void embedding_forward(const float* table, const float* positions, const int32_t* ids, int64_t rows,
                        int64_t len, int64_t d, float scale, int64_t first_position, float* out) {
-#pragma omp parallel for schedule(static) if (rows * d > 65536)
+#pragma omp parallel for schedule(static) if (rows * d >= kParallelElements)
   for (int64_t row = 0; row < rows; ++row) {
     const float* embedding = table + int64_t(ids[row]) * d;
     float* o = out + row * d;  // [d]
@@ -23,7 +25,7 @@ void embedding_forward(const float* table, const float* positions, const int32_t
 void embedding_forward(const Int8Rows& table, const float* positions, const int32_t* ids,
                        int64_t rows, int64_t len, int64_t d, float scale, int64_t first_position,
                        float* out) {
-#pragma omp parallel for schedule(static) if (rows * d > 65536)
+#pragma omp parallel for schedule(static) if (rows * d >= kParallelElements)
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t id = ids[row];
     const int8_t* embedding = table.values + id * d;
@@ -37,7 +39,7 @@ void embedding_forward(const Int8Rows& table, const float* positions, const int3
 
 void scale_and_add_positions(const float* positions, int64_t rows, int64_t len, int64_t d,
                              float scale, int64_t first_position, float* out) {
-#pragma omp parallel for schedule(static) if (rows * d > 65536)
+#pragma omp parallel for schedule(static) if (rows * d >= kParallelElements)
   for (int64_t row = 0; row < rows; ++row) {
     float* o = out + row * d;  // [d]
     const float* pe = positions ? positions + (first_position + row % len) * d : nullptr;

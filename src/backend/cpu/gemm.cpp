@@ -31,6 +31,7 @@
 #include <unordered_map>
 
 #include "backend/cpu/int8_quantization.h"
+#include "backend/cpu/parallel_threshold.h"
 #include "tensor/float16.h"
 #include "tensor/int8_weights.h"
 
@@ -148,7 +149,7 @@ void run_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 // x[m, k] (row stride ldx) rounded to bfloat16 (nearest, ties to even) into out[m, k]; rows
 // spread over the threads when the matrix is large and no parallel region is running.
 void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* out) {
-#pragma omp parallel for schedule(static) if (m * k >= (int64_t(1) << 16) && omp_get_level() == 0)
+#pragma omp parallel for schedule(static) if (m * k >= kParallelElements && omp_get_level() == 0)
   for (int64_t r = 0; r < m; ++r) {
     const float* row = x + r * ldx;
     uint16_t* o = out + r * k;
@@ -426,7 +427,7 @@ void PackedMatrix::read_rows(const int32_t* ids, int64_t count, float* out) cons
   const int64_t base = blocked_offset(md, origin);  // offset0 and any padding offsets
   const float* packed = static_cast<const float*>(p.storage.get());
   const int64_t* columns = p.column_offsets.data();
-#pragma omp parallel for schedule(static) if (count * p.k > 65536)
+#pragma omp parallel for schedule(static) if (count * p.k >= kParallelElements)
   for (int64_t r = 0; r < count; ++r) {
     dnnl_dims_t pos = {0, ids[r]};
     const float* row = packed + (blocked_offset(md, pos) - base);

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/parallel_threshold.h"
+
 namespace tfm {
 
 namespace {
@@ -18,9 +20,6 @@ float max_magnitude(const float* x, int64_t k) {
   for (int64_t c = 0; c < k; ++c) largest = std::max(largest, std::abs(x[c]));
   return largest;
 }
-
-// Work below this many elements stays on the calling thread.
-constexpr int64_t kParallelElements = 1 << 15;
 
 }  // namespace
 

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/parallel_threshold.h"
+
 namespace tfm {
 
 void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
@@ -14,7 +16,7 @@ void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
   const float step_size = float(double(h.lr) / bias_correction1);
   const float inv_sqrt_bc2 = float(1.0 / std::sqrt(bias_correction2));
   const float b1 = h.beta1, b2 = h.beta2, eps = h.eps;
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i];
     m[i] = b1 * m[i] + (1.f - b1) * g;
@@ -24,7 +26,7 @@ void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
 }
 
 void sgd_update(float* param, const float* grad, int64_t n, float lr) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) param[i] -= lr * grad[i];
 }
 
