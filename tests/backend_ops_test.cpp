@@ -930,6 +930,40 @@ TEST_P(BackendOps, LogSoftmaxAndPickMatchFloat64) {
   }
 }
 
+// Beam search's ranking: per row the keep largest entries, largest first, against a stable
+// sort of (value, id) — so ties go to the lower id — with the banned token and NaN as −∞.
+// Values on a grid of 0.25 make ties common; sizes around the kernel's chunks of 16.
+TEST_P(BackendOps, BestTokensRankEachRowLikeAStableSort) {
+  for (int64_t vocab : {1, 7, 16, 37, 1003})
+    for (int64_t keep : {int64_t(1), int64_t(3), vocab})
+      for (int32_t banned : {-1, 0, int32_t(vocab / 2)}) {
+        if (keep > vocab) continue;
+        const int64_t rows = 4;
+        auto x = random_vector(rows * vocab, 61, 2.f);
+        for (float& v : x) v = std::round(v * 4.f) / 4.f;
+        if (vocab > 2) x[size_t(vocab + 2)] = NAN;     // row 1
+        x[size_t(2 * vocab + vocab - 1)] = -INFINITY;  // row 2, last token
+        std::vector<float> values(size_t(rows * keep));
+        std::vector<int32_t> tokens(values.size());
+        be().best_tokens(x.data(), rows, vocab, keep, banned, values.data(), tokens.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<std::pair<float, int32_t>> ranked;
+          for (int64_t id = 0; id < vocab; ++id) {
+            const float v = x[size_t(r * vocab + id)];
+            ranked.push_back({id == banned || std::isnan(v) ? -INFINITY : v, int32_t(id)});
+          }
+          std::stable_sort(ranked.begin(), ranked.end(),
+                           [](const auto& a, const auto& b) { return a.first > b.first; });
+          for (int64_t i = 0; i < keep; ++i) {
+            ASSERT_EQ(tokens[size_t(r * keep + i)], ranked[size_t(i)].second)
+                << "vocab " << vocab << " keep " << keep << " banned " << banned << " row " << r
+                << " rank " << i;
+            ASSERT_EQ(values[size_t(r * keep + i)], ranked[size_t(i)].first);
+          }
+        }
+      }
+}
+
 // The loss exactly as torch.nn.CrossEntropyLoss(label_smoothing=ε) sums it, and its gradient
 // grad_scale · (softmax − ((1-ε)·onehot + ε/V)), in place of the logits.
 TEST_P(BackendOps, LabelSmoothedCrossEntropyAndItsGradientMatchFloat64) {

@@ -151,6 +151,15 @@ class Backend {
                                                             float smoothing,
                                                             float grad_scale) const = 0;
 
+  // --- Search ------------------------------------------------------------------------------
+  // Per row r of logprobs[rows, vocab]: its keep largest entries, largest first, into
+  // values[r, keep] and their token ids into tokens[r, keep]; ties go to the lower id; token
+  // `banned` (-1: none) and NaN count as −∞ (a row with fewer than keep finite entries ends in
+  // −∞ entries). 1 ≤ keep ≤ vocab. Beam search ranks each hypothesis' continuations with it and
+  // copies back only these rows × keep candidates.
+  virtual void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
+                           int32_t banned, float* values, int32_t* tokens) const = 0;
+
   // --- Optimizer (§5.3) and gradient clipping ------------------------------------------------
   // torch.optim.Adam's update; step counts from 1; m, v updated in place.
   virtual void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,

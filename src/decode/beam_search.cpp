@@ -10,6 +10,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/device_buffer.h"
 #include "decode/incremental_decoder.h"
 #include "tensor/error.h"
 #include "tensor/memory_budget.h"
@@ -47,39 +48,6 @@ int64_t search_memory_bytes(const ModelConfig& c, int64_t sentences, int64_t src
   if (o.attention)
     bytes += mul({n, beam, steps, o.attention_per_head ? c.heads : 1, src_len, 4, 2});
   return bytes >= (long double)INT64_MAX ? INT64_MAX : int64_t(bytes);
-}
-
-// One scored token of a hypothesis' next-token distribution.
-struct ScoredToken {
-  float logprob;
-  int32_t token;
-};
-
-// The `keep` best of row[0..vocab) into best[0..keep), best first, ties to the lower token id;
-// token `banned` (-1: none) and NaN count as -inf. One pass: a chunk of 16 whose maximum does
-// not beat the current keep-th best is skipped with one vector compare, so a row costs about
-// one read of it (a partial_sort of every token id, serial, was ~4% of a base beam-4 decode).
-void best_tokens(const float* row, int64_t vocab, int64_t keep, int32_t banned, ScoredToken* best) {
-  int64_t count = 0;
-  auto offer = [&](int64_t id) {
-    float v = row[id];
-    if (id == banned || v != v) v = -INFINITY;
-    if (count == keep && !(v > best[keep - 1].logprob)) return;  // equal: the lower id stays
-    int64_t i = count < keep ? count++ : keep - 1;
-    for (; i > 0 && v > best[i - 1].logprob; --i) best[i] = best[i - 1];
-    best[i] = {v, int32_t(id)};
-  };
-  constexpr int64_t kChunk = 16;
-  int64_t id = 0;
-  for (; id < vocab && count < keep; ++id) offer(id);
-  for (; id + kChunk <= vocab; id += kChunk) {
-    float chunk_max = -INFINITY;
-#pragma omp simd reduction(max : chunk_max)
-    for (int64_t j = id; j < id + kChunk; ++j) chunk_max = std::max(chunk_max, row[j]);
-    if (!(chunk_max > best[keep - 1].logprob)) continue;
-    for (int64_t j = id; j < id + kChunk; ++j) offer(j);
-  }
-  for (; id < vocab; ++id) offer(id);
 }
 
 // One search() call. Hypotheses live in `live_`, grouped by sentence in ascending sentence
@@ -181,9 +149,9 @@ class BeamSearch {
     for (int64_t i = 0; i < n; ++i)
       inputs_[size_t(i)] =
           live_[size_t(i)].tokens.empty() ? int32_t(c_.bos_id) : live_[size_t(i)].tokens.back();
-    logprobs_.resize(size_t(n * c_.tgt_vocab_size));
+    float* logprobs = ensure_size(model_.backend(), logprobs_, n * c_.tgt_vocab_size);
     if (o_.attention) attention_.resize(size_t(n * attention_width()));
-    decoder.step(inputs_.data(), logprobs_.data(), o_.attention ? attention_.data() : nullptr,
+    decoder.step(inputs_.data(), logprobs, o_.attention ? attention_.data() : nullptr,
                  o_.attention_layer, o_.attention_per_head);
   }
 
@@ -212,18 +180,21 @@ class BeamSearch {
   }
 
   // Each live hypothesis' best continuations (the arg max for greedy, else its best 2·beam
-  // tokens — enough to fill the beam even if beam of them end the sentence) into best_, in
-  // parallel over hypotheses; eos counts as impossible before min_length. Sentences still in
-  // a forced prefix need none.
+  // tokens — enough to fill the beam even if beam of them end the sentence), ranked by the
+  // backend where the log-probabilities are; only these candidates come back to the host. eos
+  // counts as impossible before min_length.
   void rank_tokens(int64_t t) {
+    const Backend& backend = model_.backend();
     const int64_t n = int64_t(live_.size()), vocab = c_.tgt_vocab_size;
     keep_ = o_.beam == 1 ? 1 : std::min<int64_t>(vocab, 2 * o_.beam);
-    best_.resize(size_t(n * keep_));
-    const int32_t banned = t >= o_.min_length ? -1 : int32_t(c_.eos_id);
-#pragma omp parallel for schedule(static) if (n * vocab >= (int64_t(1) << 15))
-    for (int64_t h = 0; h < n; ++h)
-      if (t >= prefix_len_[size_t(live_sentence_[size_t(h)])])
-        best_tokens(logprobs_.data() + h * vocab, vocab, keep_, banned, best_.data() + h * keep_);
+    float* values = ensure_size(backend, best_values_, n * keep_);    // [live, keep_]
+    int32_t* tokens = ensure_size(backend, best_tokens_, n * keep_);  // [live, keep_]
+    backend.best_tokens(logprobs_.data(), n, vocab, keep_,
+                        t >= o_.min_length ? -1 : int32_t(c_.eos_id), values, tokens);
+    host_values_.resize(size_t(n * keep_));
+    host_tokens_.resize(size_t(n * keep_));
+    backend.copy_to_host(values, n * keep_ * int64_t(sizeof(float)), host_values_.data());
+    backend.copy_to_host(tokens, n * keep_ * int64_t(sizeof(int32_t)), host_tokens_.data());
   }
 
   // candidates_: every continuation worth considering of hypotheses [begin, end) of sentence s,
@@ -236,13 +207,15 @@ class BeamSearch {
       const double base = live_[size_t(h)].logprob;
       if (forced) {
         const int32_t token = prefixes_[size_t(s)][size_t(t)];
-        candidates_.push_back({base + logprobs_[size_t(h * vocab + token)], h, token});
+        float logprob;
+        model_.backend().copy_to_host(logprobs_.data() + h * vocab + token, sizeof(float),
+                                      &logprob);
+        candidates_.push_back({base + logprob, h, token});
         continue;
       }
-      for (int64_t r = 0; r < keep_; ++r) {
-        const ScoredToken& best = best_[size_t(h * keep_ + r)];
-        if (best.logprob > -INFINITY) candidates_.push_back({base + best.logprob, h, best.token});
-      }
+      for (int64_t r = h * keep_; r < (h + 1) * keep_; ++r)
+        if (host_values_[size_t(r)] > -INFINITY)
+          candidates_.push_back({base + host_values_[size_t(r)], h, host_tokens_[size_t(r)]});
     }
     std::stable_sort(candidates_.begin(), candidates_.end(),
                      [](const Candidate& a, const Candidate& b) { return a.logprob > b.logprob; });
@@ -341,11 +314,14 @@ class BeamSearch {
   std::vector<int32_t> parents_;                   // [next live] the live hypothesis each extends
   std::vector<std::vector<Hypothesis>> finished_;  // [sentences]
   std::vector<int32_t> inputs_;        // [live] the token each hypothesis feeds the decoder
-  std::vector<float> logprobs_;        // [live, V]
+  DeviceBuffer<float> logprobs_;       // [live, V] in the backend's memory
   std::vector<float> attention_;       // [live, heads or 1, S]
   std::vector<Candidate> candidates_;  // one sentence's, best first
   int64_t keep_ = 1;                   // continuations ranked per hypothesis
-  std::vector<ScoredToken> best_;      // [live, keep_] each hypothesis' best tokens, best first
+  DeviceBuffer<float> best_values_;    // [live, keep_] each hypothesis' best log-probs, best first
+  DeviceBuffer<int32_t> best_tokens_;  // [live, keep_] their tokens
+  std::vector<float> host_values_;     // [live, keep_] host copies of the two
+  std::vector<int32_t> host_tokens_;   // [live, keep_]
 };
 
 }  // namespace

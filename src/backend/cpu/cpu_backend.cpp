@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
+#include "backend/cpu/best_tokens.h"
 #include "backend/cpu/cross_entropy.h"
 #include "backend/cpu/elementwise.h"
 #include "backend/cpu/embedding.h"
@@ -132,6 +133,10 @@ class CpuBackend final : public Backend {
     return tfm::cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale);
   }
 
+  void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
+                   float* values, int32_t* tokens) const override {
+    tfm::best_tokens(logprobs, rows, vocab, keep, banned, values, tokens);
+  }
   void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
                    const AdamHyperparameters& h, int64_t step) const override {
     tfm::adam_update(param, grad, m, v, n, h, step);
