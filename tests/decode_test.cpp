@@ -336,6 +336,42 @@ TEST(Decode, BatchedSearchEqualsOneSentenceAtATime) {
   }
 }
 
+// The cross-attention a search keeps: per step, the mean over heads equals the mean of the
+// per-head rows it returns with attention_per_head, each row a distribution over the source.
+TEST(Decode, KeptAttentionIsTheMeanOfItsHeads) {
+  Transliterator t = Transliterator::load();
+  const std::vector<std::vector<int32_t>> sources = {t.source.encode("آ ت ز م و ن"),
+                                                     t.source.encode("ن")};
+  SearchOptions o = beam(3);
+  o.attention = true;
+  const auto mean = search(t.model, sources, {}, o);
+  o.attention_per_head = true;
+  const auto per_head = search(t.model, sources, {}, o);
+  const int64_t heads = t.model.config().heads;
+  ASSERT_GT(heads, 1);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Hypothesis& a = mean[i][0];
+    const Hypothesis& b = per_head[i][0];
+    ASSERT_EQ(a.tokens, b.tokens);
+    ASSERT_EQ(a.attention.size(), b.attention.size());
+    ASSERT_FALSE(a.attention.empty());
+    const size_t src_len = a.attention[0].size();  // the source's positions (eos if it has one)
+    ASSERT_GE(src_len, sources[i].size());
+    for (size_t step = 0; step < a.attention.size(); ++step) {
+      ASSERT_EQ(a.attention[step].size(), src_len);
+      ASSERT_EQ(b.attention[step].size(), src_len * size_t(heads));
+      double total = 0;
+      for (size_t j = 0; j < src_len; ++j) {
+        double sum = 0;
+        for (int64_t h = 0; h < heads; ++h) sum += b.attention[step][size_t(h) * src_len + j];
+        EXPECT_NEAR(a.attention[step][j], sum / double(heads), 1e-6) << "step " << step;
+        total += a.attention[step][j];
+      }
+      EXPECT_NEAR(total, 1.0, 1e-5) << "step " << step;
+    }
+  }
+}
+
 std::vector<std::string> fixture_names() {
   std::vector<std::string> names;
   for (const auto& entry : std::filesystem::directory_iterator(TFM_FIXTURE_DIR)) {

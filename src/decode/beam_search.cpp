@@ -150,9 +150,14 @@ class BeamSearch {
       inputs_[size_t(i)] =
           live_[size_t(i)].tokens.empty() ? int32_t(c_.bos_id) : live_[size_t(i)].tokens.back();
     float* logprobs = ensure_size(model_.backend(), logprobs_, n * c_.tgt_vocab_size);
-    if (o_.attention) attention_.resize(size_t(n * attention_width()));
-    decoder.step(inputs_.data(), logprobs, o_.attention ? attention_.data() : nullptr,
-                 o_.attention_layer, o_.attention_per_head);
+    float* attention =
+        o_.attention ? ensure_size(model_.backend(), attention_, n * attention_width()) : nullptr;
+    decoder.step(inputs_.data(), logprobs, attention, o_.attention_layer, o_.attention_per_head);
+    if (attention) {
+      host_attention_.resize(size_t(n * attention_width()));
+      model_.backend().copy_to_host(attention, n * attention_width() * int64_t(sizeof(float)),
+                                    host_attention_.data());
+    }
   }
 
   int64_t attention_width() const {  // [heads or 1, S] per hypothesis
@@ -266,7 +271,7 @@ class BeamSearch {
   std::vector<float> attention_row(int32_t s, int64_t h) const {
     const int64_t src_len = batch_.src_len,
                   heads = attention_width() / std::max<int64_t>(src_len, 1);
-    const float* a = attention_.data() + h * attention_width();
+    const float* a = host_attention_.data() + h * attention_width();
     std::vector<float> row;
     for (int64_t head = 0; head < heads; ++head)
       row.insert(row.end(), a + head * src_len, a + head * src_len + batch_.src_lengths[size_t(s)]);
@@ -315,7 +320,8 @@ class BeamSearch {
   std::vector<std::vector<Hypothesis>> finished_;  // [sentences]
   std::vector<int32_t> inputs_;        // [live] the token each hypothesis feeds the decoder
   DeviceBuffer<float> logprobs_;       // [live, V] in the backend's memory
-  std::vector<float> attention_;       // [live, heads or 1, S]
+  DeviceBuffer<float> attention_;      // [live, heads or 1, S] in the backend's memory
+  std::vector<float> host_attention_;  // [live, heads or 1, S] its host copy
   std::vector<Candidate> candidates_;  // one sentence's, best first
   int64_t keep_ = 1;                   // continuations ranked per hypothesis
   DeviceBuffer<float> best_values_;    // [live, keep_] each hypothesis' best log-probs, best first

@@ -77,14 +77,16 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
       const float* probs = layer_cache_.cross_attn.probs.data();  // [N, H, S]
       if (per_head) {
         backend.copy(probs, n * heads * src_len_, cross_attention);
-      } else {
-        for (int64_t h = 0; h < n; ++h)
-          for (int64_t j = 0; j < src_len_; ++j) {
-            float sum = 0.f;
-            for (int64_t head = 0; head < heads; ++head)
-              sum += probs[(h * heads + head) * src_len_ + j];
-            cross_attention[h * src_len_ + j] = sum / float(heads);
-          }
+      } else {  // the mean over heads: rows i·H + head of probs viewed as [N·H, S], summed
+        head_rows_.resize(size_t(n));
+        float* one_head = ensure_size(backend, one_head_, n * src_len_);  // [N, S]
+        for (int64_t head = 0; head < heads; ++head) {
+          for (int64_t i = 0; i < n; ++i) head_rows_[size_t(i)] = i * heads + head;
+          backend.gather_rows(probs, src_len_, head_rows_.data(), n, src_len_,
+                              head == 0 ? cross_attention : one_head, src_len_);
+          if (head > 0) backend.add(cross_attention, one_head, n * src_len_);
+        }
+        backend.scale(cross_attention, 1.f / float(heads), n * src_len_);
       }
     }
     backend.copy(layer_cache_.output(), n * d, x);

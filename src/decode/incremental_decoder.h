@@ -32,7 +32,7 @@ class IncrementalDecoder {
   // Feeds tokens[N] at the current position; logprobs[N, V] receive log p(next token).
   // With cross_attention non-null, it receives the cross-attention weights of decoder layer
   // attention_layer (-1: the last): averaged over heads, [N, src_len], or with per_head
-  // [N, heads, src_len].
+  // [N, heads, src_len]. Both outputs are in the model's backend memory.
   void step(const int32_t* tokens, float* logprobs, float* cross_attention,
             int64_t attention_layer = -1, bool per_head = false);
 
@@ -61,6 +61,8 @@ class IncrementalDecoder {
   std::vector<DeviceBuffer<float>> cross_kv_;         // per layer [sentences, S, 2D]: keys | values
   DeviceBuffer<float> x_;                             // [N, D] residual stream
   DecoderLayerCache layer_cache_;                     // the layer's buffers (one layer at a time)
+  DeviceBuffer<float> one_head_;                      // [N, S] one head's cross-attention
+  std::vector<int64_t> head_rows_;                    // [N] that head's rows of the weights
 };
 
 }  // namespace tfm
