@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -109,6 +110,18 @@ inline pid_t spawn_in_background(const std::vector<std::string>& argv,
   posix_spawnattr_destroy(&attributes);
   return pid;
 }
+
+// Kills the process group of a spawn_in_background pid (SIGKILL) when it goes out of scope,
+// so that a test that fails or returns before its own kill() and wait leaves no process
+// running (such a leftover training run would hold the cores for the rest of the suite).
+struct KillGroupOnExit {
+  pid_t group;
+  ~KillGroupOnExit() {
+    if (group <= 0) return;
+    kill(-group, SIGKILL);
+    waitpid(group, nullptr, WNOHANG);
+  }
+};
 
 // The reversal task on token ids: work/prefix.src holds random sequences of ids 4..31 (lengths
 // min_len..max_len), work/prefix.tgt their reversals, one pair per line.

@@ -132,13 +132,7 @@ TEST_F(MpiTrain, KillingOneRankEndsTheJobAndKeepsTheLastCheckpoint) {
       {"/bin/sh", "-c", kLauncher + TFM_CLI_PATH + " " + train_flags("killed", 1000000)}, err);
   ASSERT_GT(job, 0);
   // Whatever happens below, the job's process group does not outlive the test.
-  struct KillOnExit {
-    pid_t group;
-    ~KillOnExit() {
-      kill(-group, SIGKILL);
-      waitpid(group, nullptr, WNOHANG);
-    }
-  } cleanup{job};
+  const tfm::testing_support::KillGroupOnExit cleanup{job};
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!fs::exists(dir + "/model.safetensors") && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

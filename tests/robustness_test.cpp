@@ -215,10 +215,11 @@ TEST(Memory, GemmShapesDoNotGrowMemoryWithoutBound) {
 TEST(ModelDirLock, ASecondRunOnTheSameDirectoryIsRefusedNamingThePid) {
   const std::string dir = work.path("locked");
   std::vector<std::string> argv = {TFM_CLI_PATH};
-  std::istringstream words(train_flags(dir) + " --max-steps 100000 --save-every 50");
+  std::istringstream words(train_flags(dir) + " --max-steps 100000 --save-every 5");
   for (std::string w; words >> w;) argv.push_back(w);
   const pid_t pid = tfm::testing_support::spawn_in_background(argv, dir + ".stderr");
   ASSERT_GT(pid, 0);
+  const tfm::testing_support::KillGroupOnExit cleanup{pid};
   ASSERT_TRUE(wait_until([&] { return fs::exists(dir + "/model.safetensors"); }));
   const std::string saved_log = tfm::read_file_bytes(dir + "/train.log.jsonl");
   expect_error(work.run_cli(train_flags(dir) + " --max-steps 10 --resume"), 1,
@@ -378,6 +379,7 @@ TEST(TempFiles, StaleOnesAreRemovedAndOwnOnesGoOnSigterm) {
   const pid_t writer = tfm::testing_support::spawn_in_background(
       {TFM_CLI_PATH, "init", "--preset", "base", "--vocab", "32000", "-o", big}, dir + ".stderr");
   ASSERT_GT(writer, 0);
+  const tfm::testing_support::KillGroupOnExit cleanup{writer};
   const std::string temp = big + ".tmp." + std::to_string(writer);
   ASSERT_TRUE(wait_until([&] { return fs::exists(temp) || fs::exists(big); }));
   const bool caught_writing = !fs::exists(big);
@@ -500,6 +502,7 @@ TEST(EarlySigterm, TrainStoppedBeforeItsFirstStepExitsCleanly) {
        "--train-tgt", work.path("rev.tgt"), "--model-dir", dir, "--max-steps", "5"},
       dir + ".stderr");
   ASSERT_GT(pid, 0);
+  const tfm::testing_support::KillGroupOnExit cleanup{pid};
   ASSERT_TRUE(wait_until([&] { return fs::exists(dir + "/.lock"); }));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   kill(pid, SIGTERM);

@@ -6,7 +6,9 @@
 // precision it supports, against a float64 reference.
 //
 // Pointers passed to a backend address memory it can read and write (for the CPU backend, host
-// memory); sizes are element counts; matrices are row-major with the row strides given.
+// memory) — values and index arrays alike (token ids, lengths, row lists: the host computes them
+// and uploads them, backend/device_buffer.h), except where a method says "host"; sizes are
+// element counts; matrices are row-major with the row strides given.
 #pragma once
 
 #include <cstdint>

@@ -98,4 +98,14 @@ T* ensure_size(const Backend& backend, DeviceBuffer<T>& buffer, int64_t n) {
   return n <= buffer.size_ ? buffer.data_ : buffer.grow(backend, n);
 }
 
+// buffer[0, n) = host[0, n), the buffer grown as ensure_size grows it: the one way index arrays
+// that the host computes (token ids, lengths, row lists) reach the operations, which read every
+// pointer they are given in their backend's memory. Returns the buffer's data.
+template <typename T>
+T* upload(const Backend& backend, const T* host, int64_t n, DeviceBuffer<T>& buffer) {
+  T* device = ensure_size(backend, buffer, n);
+  if (n > 0) backend.copy_from_host(host, n * int64_t(sizeof(T)), device);
+  return device;
+}
+
 }  // namespace tfm

@@ -17,11 +17,11 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
       prepared_(model.prepared(precision)),
       src_len_(src_len),
       max_steps_(max_steps),
-      max_hypotheses_(max_hypotheses),
-      src_lengths_(src_lengths) {
+      max_hypotheses_(max_hypotheses) {
   const ModelConfig& c = model.config();
   const int64_t d = c.d_model, rows = sentences * src_len;
   const Backend& backend = model.backend();
+  upload(backend, src_lengths, sentences, device_src_lengths_);
   const size_t layers = prepared_->steps.decoder_layers.size();
   cross_kv_.resize(layers);
   self_keys_.resize(layers);
@@ -57,32 +57,48 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
                                 std::to_string(max_steps_) + ")");
   const int64_t kept_layer = attention_layer < 0 ? c.decoder_layers - 1 : attention_layer;
   float* x = ensure_size(backend, x_, n * d);  // [N, D] residual stream
-  embed_forward(backend, c, target_embedding(w), model_.decoder_positions(), tokens, n, 1, t, x);
-  for (int64_t i = 0; i < n; ++i)
+  embed_forward(backend, c, target_embedding(w), model_.decoder_positions(),
+                upload(backend, tokens, n, device_tokens_), n, 1, t, x);
+  append_rows_.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    append_rows_[size_t(i)] = i * max_steps_ + t;
     history_[size_t(i * max_steps_ + t)] = int32_t(i * max_steps_ + t);
+  }
+  const int32_t* history = upload(backend, history_.data(), n * max_steps_, device_history_);
+  const int64_t* append_rows = upload(backend, append_rows_.data(), n, device_append_rows_);
+  const int32_t* sentence = upload(backend, hypothesis_sentence_.data(), n, device_sentence_);
+  const int64_t* head_rows = nullptr;  // [H, N]
+  if (cross_attention && !per_head) {
+    head_rows_.resize(size_t(heads * n));
+    for (int64_t head = 0; head < heads; ++head)
+      for (int64_t i = 0; i < n; ++i) head_rows_[size_t(head * n + i)] = i * heads + head;
+    head_rows = upload(backend, head_rows_.data(), heads * n, device_head_rows_);
+  }
 
   for (int64_t layer = 0; layer < c.decoder_layers; ++layer) {
     float* cross_kv = cross_kv_[size_t(layer)].data();  // [sentences, S, 2D]: keys | values
     DecoderStep step;
     step.position = t;
-    step.sentence_of_query = hypothesis_sentence_.data();
-    step.self = {self_keys_[size_t(layer)].data(), self_values_[size_t(layer)].data(), d,
-                 history_.data(), max_steps_};
-    step.cross = {cross_kv, cross_kv + d, 2 * d, nullptr, 0};
+    step.sentence_of_query = sentence;
+    step.self = {self_keys_[size_t(layer)].data(),
+                 self_values_[size_t(layer)].data(),
+                 d,
+                 history,
+                 max_steps_,
+                 append_rows};
+    step.cross = {cross_kv, cross_kv + d, 2 * d, nullptr, 0, nullptr};
     const bool keep = cross_attention && layer == kept_layer;
     layer_cache_.cross_attn.keep_weights = keep;
     decoder_layer_forward(backend, c, w.decoder_layers[size_t(layer)], x, n, 1, nullptr, nullptr,
-                          src_len_, src_lengths_, {}, layer, layer_cache_, &step);
+                          src_len_, device_src_lengths_.data(), {}, layer, layer_cache_, &step);
     if (keep) {
       const float* probs = layer_cache_.cross_attn.probs.data();  // [N, H, S]
       if (per_head) {
         backend.copy(probs, n * heads * src_len_, cross_attention);
       } else {  // the mean over heads: rows i·H + head of probs viewed as [N·H, S], summed
-        head_rows_.resize(size_t(n));
         float* one_head = ensure_size(backend, one_head_, n * src_len_);  // [N, S]
         for (int64_t head = 0; head < heads; ++head) {
-          for (int64_t i = 0; i < n; ++i) head_rows_[size_t(i)] = i * heads + head;
-          backend.gather_rows(probs, src_len_, head_rows_.data(), n, src_len_,
+          backend.gather_rows(probs, src_len_, head_rows + head * n, n, src_len_,
                               head == 0 ? cross_attention : one_head, src_len_);
           if (head > 0) backend.add(cross_attention, one_head, n * src_len_);
         }

@@ -19,9 +19,9 @@ namespace tfm {
 
 class IncrementalDecoder {
  public:
-  // memory: [sentences, src_len, D] encoder output; src_lengths: [sentences]. Both must stay
-  // valid while decoding. max_steps bounds the positions, max_hypotheses the live set;
-  // precision is that of the weight products.
+  // memory: [sentences, src_len, D] encoder output in the backend's memory, which must stay
+  // valid while decoding; src_lengths: [sentences] on the host (copied). max_steps bounds the
+  // positions, max_hypotheses the live set; precision is that of the weight products.
   IncrementalDecoder(const Model& model, const float* memory, int64_t sentences, int64_t src_len,
                      const int32_t* src_lengths, int64_t max_steps, int64_t max_hypotheses,
                      Precision precision = Precision::kFloat32);
@@ -29,7 +29,7 @@ class IncrementalDecoder {
   // Starts `hypothesis_sentence.size()` hypotheses (sentence index of each) at position 0.
   void start(const std::vector<int32_t>& hypothesis_sentence);
 
-  // Feeds tokens[N] at the current position; logprobs[N, V] receive log p(next token).
+  // Feeds tokens[N] (host) at the current position; logprobs[N, V] receive log p(next token).
   // With cross_attention non-null, it receives the cross-attention weights of decoder layer
   // attention_layer (-1: the last): averaged over heads, [N, src_len], or with per_head
   // [N, heads, src_len]. Both outputs are in the model's backend memory.
@@ -47,8 +47,9 @@ class IncrementalDecoder {
   const Model& model_;
   std::shared_ptr<const PreparedWeights> prepared_;
   int64_t src_len_, max_steps_, max_hypotheses_;
-  const int32_t* src_lengths_;
   int64_t position_ = 0;
+  // The host keeps the bookkeeping below and uploads what a step's operations read into the
+  // device_ buffers.
   std::vector<int32_t> hypothesis_sentence_;  // [N]
   // Per decoder layer, what every step wrote: [max_hypotheses, max_steps, D], row
   // i * max_steps + t from hypothesis slot i at position t (uninitialised until written). A
@@ -58,11 +59,18 @@ class IncrementalDecoder {
   std::vector<DeviceBuffer<float>> self_keys_, self_values_;
   // Cache row holding position j of hypothesis i: history_[i * max_steps + j], j < position.
   std::vector<int32_t> history_, reordered_history_;  // [max_hypotheses, max_steps]
+  std::vector<int64_t> append_rows_;                  // [N] history_'s rows at this position
+  std::vector<int64_t> head_rows_;                    // [H, N] row i·H + h of the weights
+  DeviceBuffer<int32_t> device_src_lengths_;          // [sentences]
+  DeviceBuffer<int32_t> device_tokens_;               // [N]
+  DeviceBuffer<int32_t> device_sentence_;             // [N] hypothesis_sentence_
+  DeviceBuffer<int32_t> device_history_;              // [N, max_steps]
+  DeviceBuffer<int64_t> device_append_rows_;          // [N]
+  DeviceBuffer<int64_t> device_head_rows_;            // [H, N]
   std::vector<DeviceBuffer<float>> cross_kv_;         // per layer [sentences, S, 2D]: keys | values
   DeviceBuffer<float> x_;                             // [N, D] residual stream
   DecoderLayerCache layer_cache_;                     // the layer's buffers (one layer at a time)
   DeviceBuffer<float> one_head_;                      // [N, S] one head's cross-attention
-  std::vector<int64_t> head_rows_;                    // [N] that head's rows of the weights
 };
 
 }  // namespace tfm

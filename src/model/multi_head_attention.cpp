@@ -70,18 +70,14 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   AttentionShape shape = attention_shape(w, in, heads, d);
   // Incremental decoding projects only this position: its q, k, v in self-attention (k and v
   // are appended to the cache), its q alone in cross-attention (the keys are cached already).
-  const bool appends = in.cached && in.cached->key_rows;
+  const bool appends = in.cached && in.cached->append_rows;
   Projections p =
       project(backend, w, in.query_input, in.cached && !appends ? nullptr : in.memory_input,
               query_rows, in.cached ? query_rows : key_rows, cache);
   if (appends) {
     const CachedKeysValues& kv = *in.cached;
-    std::vector<int64_t>& rows = cache.append_rows;  // [B] cache row of each query's position
-    rows.resize(size_t(in.batch));
-    for (int64_t i = 0; i < in.batch; ++i)
-      rows[size_t(i)] = kv.key_rows[i * kv.key_rows_stride + in.mask.query_offset];
-    backend.scatter_rows(p.k, p.k_stride, rows.data(), in.batch, d, kv.keys, kv.row_stride);
-    backend.scatter_rows(p.v, p.v_stride, rows.data(), in.batch, d, kv.values, kv.row_stride);
+    backend.scatter_rows(p.k, p.k_stride, kv.append_rows, in.batch, d, kv.keys, kv.row_stride);
+    backend.scatter_rows(p.v, p.v_stride, kv.append_rows, in.batch, d, kv.values, kv.row_stride);
   }
   if (in.cached) {
     p.k = in.cached->keys;

@@ -20,12 +20,13 @@ struct CachedKeysValues {
   float* keys = nullptr;    // row r at keys + r * row_stride, heads side by side
   float* values = nullptr;  // the same rows for the values
   int64_t row_stride = 0;
-  // Self-attention: query i reads key j from row key_rows[i * key_rows_stride + j] and writes
-  // its own key/value to row key_rows[i * key_rows_stride + position], position being the
-  // mask's query_offset. Null (cross-attention): the keys are dense per sequence, which the
-  // mask's key_batch picks.
+  // Self-attention: query i reads key j from row key_rows[i * key_rows_stride + j], j up to the
+  // mask's query_offset (its own position), and first writes its own key and value to row
+  // append_rows[i] (= key_rows[i * key_rows_stride + query_offset]). Null (cross-attention):
+  // the keys are dense per sequence, which the mask's key_batch picks, and nothing is written.
   const int32_t* key_rows = nullptr;
   int64_t key_rows_stride = 0;
+  const int64_t* append_rows = nullptr;  // [B]
 };
 
 struct AttentionInputs {
@@ -50,7 +51,6 @@ struct AttentionCache {
   // the keys with an online softmax), and backward cannot run.
   bool keep_weights = true;
   DeviceBuffer<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
-  std::vector<int64_t> append_rows;    // [B] incremental decoding: the KV-cache row written
 };
 
 // out[B, Tq, D] = W_o · Concat_h(softmax(Q_h K_hᵀ / sqrt(d_k)) V_h): one GEMM per projection

@@ -56,12 +56,12 @@ struct Preparer {
   // one once for all its uses, a tied output projection's product among them).
   void quantize_embeddings(TransformerWeights& w, const ModelConfig& config) {
     auto quantize = [&](const float* table, int64_t vocab) {
-      Int8Matrix& q = out.int8_embeddings.emplace_back();
-      q.shape = {vocab, config.d_model};
-      q.values.resize(size_t(vocab * config.d_model));
-      q.scales.resize(size_t(vocab));
-      quantize_weight_rows(table, vocab, config.d_model, q.values.data(), q.scales.data());
-      return q.view();
+      std::vector<int8_t> values(static_cast<size_t>(vocab * config.d_model));  // [vocab, D]
+      std::vector<float> scales(static_cast<size_t>(vocab));                    // [vocab]
+      quantize_weight_rows(table, vocab, config.d_model, values.data(), scales.data());
+      PreparedWeights::Int8Table& q = out.int8_embeddings.emplace_back();
+      return Int8Rows{upload(backend, values.data(), int64_t(values.size()), q.values),
+                      upload(backend, scales.data(), int64_t(scales.size()), q.scales)};
     };
     const bool shared = w.src_embed && w.src_embed == w.tgt_embed;
     const bool tied_output = w.tgt_embed && w.output.weight == w.tgt_embed;

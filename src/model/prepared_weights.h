@@ -34,9 +34,14 @@ struct PreparedWeights {
   TransformerWeights sequences;
   std::vector<std::unique_ptr<PreparedMatrix>> matrices;  // what the views' `prepared` point to
   std::deque<DeviceBuffer<float>> stacked_biases;         // [3D] or [2D] biases of qkv / kv
-  // int8 only: float embeddings quantised by the rule of int8 weights, which the views' int8
-  // embedding tables point to (a model loaded for int8 holds them so from the start).
-  std::deque<Int8Matrix> int8_embeddings;
+  // int8 only: float embeddings quantised by the rule of int8 weights, in the backend's memory,
+  // which the views' int8 embedding tables point to (a model loaded for int8 holds them so from
+  // the start).
+  struct Int8Table {
+    DeviceBuffer<int8_t> values;  // [vocab, D]
+    DeviceBuffer<float> scales;   // [vocab]
+  };
+  std::deque<Int8Table> int8_embeddings;
 };
 
 // Called with the data a product was packed from (a float weight or int8 rows) as soon as it

@@ -175,15 +175,19 @@ void encoder_forward(const Model& model, const TransformerWeights& w, const Toke
   const ModelConfig& config = model.config();
   const Backend& backend = model.backend();
   const int64_t layers = config.encoder_layers;
-  embed_with_dropout(backend, config, source_embedding(w), model.encoder_positions(),
-                     batch.src_ids.data(), batch.batch, batch.src_len, dropout.dropout,
+  const int32_t* src_ids = upload(backend, batch.src_ids.data(), batch.batch * batch.src_len,
+                                  cache.src_ids);  // [B, S]
+  const int32_t* src_lengths =
+      upload(backend, batch.src_lengths.data(), batch.batch, cache.src_lengths);  // [B]
+  embed_with_dropout(backend, config, source_embedding(w), model.encoder_positions(), src_ids,
+                     batch.batch, batch.src_len, dropout.dropout,
                      dropout_key(dropout.seed, kEncoderInputSite), cache.encoder_input,
                      cache.encoder_input_mask);
   const float* x = cache.encoder_input.data();
   for (int64_t i = 0; i < layers; ++i) {
     EncoderLayerCache& layer = layer_cache(cache.encoder_layers, cache.training, layers, i);
     encoder_layer_forward(backend, config, w.encoder_layers[size_t(i)], x, batch.batch,
-                          batch.src_len, batch.src_lengths.data(), dropout, i, layer);
+                          batch.src_len, src_lengths, dropout, i, layer);
     x = layer.output();
   }
   final_norm(backend, config, w.encoder_norm, x, batch.batch * batch.src_len, cache.encoder_norm,
@@ -195,16 +199,20 @@ void decoder_forward(const Model& model, const TransformerWeights& w, const Toke
   const ModelConfig& config = model.config();
   const Backend& backend = model.backend();
   const int64_t layers = config.decoder_layers;
-  embed_with_dropout(backend, config, target_embedding(w), model.decoder_positions(),
-                     batch.tgt_in.data(), batch.batch, batch.tgt_len, dropout.dropout,
+  const int32_t* tgt_in = upload(backend, batch.tgt_in.data(), batch.batch * batch.tgt_len,
+                                 cache.tgt_in);  // [B, T]
+  const int32_t* tgt_lengths =
+      upload(backend, batch.tgt_lengths.data(), batch.batch, cache.tgt_lengths);  // [B]
+  embed_with_dropout(backend, config, target_embedding(w), model.decoder_positions(), tgt_in,
+                     batch.batch, batch.tgt_len, dropout.dropout,
                      dropout_key(dropout.seed, kDecoderInputSite), cache.decoder_input,
                      cache.decoder_input_mask);
   const float* x = cache.decoder_input.data();
   for (int64_t i = 0; i < layers; ++i) {
     DecoderLayerCache& layer = layer_cache(cache.decoder_layers, cache.training, layers, i);
     decoder_layer_forward(backend, config, w.decoder_layers[size_t(i)], x, batch.batch,
-                          batch.tgt_len, batch.tgt_lengths.data(), cache.memory.data(),
-                          batch.src_len, batch.src_lengths.data(), dropout, i, layer);
+                          batch.tgt_len, tgt_lengths, cache.memory.data(), batch.src_len,
+                          cache.src_lengths.data(), dropout, i, layer);
     x = layer.output();
   }
   final_norm(backend, config, w.decoder_norm, x, batch.batch * batch.tgt_len, cache.decoder_norm,
@@ -323,13 +331,13 @@ void stacks_backward(const Model& model, const TransformerWeights& w, const Tran
     const float* input =
         i == 0 ? cache.decoder_input.data() : cache.decoder_layers[size_t(i - 1)].output();
     decoder_layer_backward(backend, config, w.decoder_layers[size_t(i)],
-                           g.decoder_layers[size_t(i)], input, B, T, batch.tgt_lengths.data(),
-                           cache.memory.data(), S, batch.src_lengths.data(), dropout,
+                           g.decoder_layers[size_t(i)], input, B, T, cache.tgt_lengths.data(),
+                           cache.memory.data(), S, cache.src_lengths.data(), dropout,
                            cache.decoder_layers[size_t(i)], stream, d_memory, scratch);
   }
   if (dropout.dropout > 0.f)
     backend.apply_dropout(stream, cache.decoder_input_mask.data(), tgt_rows * d, dropout.dropout);
-  embed_backward(backend, config, stream, batch.tgt_in.data(), B, T, g.tgt_embed,
+  embed_backward(backend, config, stream, cache.tgt_in.data(), B, T, g.tgt_embed,
                  g.decoder_pos_embed);
 
   // Encoder, from the gradient its output received from every cross-attention.
@@ -340,12 +348,12 @@ void stacks_backward(const Model& model, const TransformerWeights& w, const Tran
     const float* input =
         i == 0 ? cache.encoder_input.data() : cache.encoder_layers[size_t(i - 1)].output();
     encoder_layer_backward(backend, config, w.encoder_layers[size_t(i)],
-                           g.encoder_layers[size_t(i)], input, B, S, batch.src_lengths.data(),
+                           g.encoder_layers[size_t(i)], input, B, S, cache.src_lengths.data(),
                            dropout, cache.encoder_layers[size_t(i)], stream, scratch);
   }
   if (dropout.dropout > 0.f)
     backend.apply_dropout(stream, cache.encoder_input_mask.data(), src_rows * d, dropout.dropout);
-  embed_backward(backend, config, stream, batch.src_ids.data(), B, S, g.src_embed,
+  embed_backward(backend, config, stream, cache.src_ids.data(), B, S, g.src_embed,
                  g.encoder_pos_embed);
 }
 

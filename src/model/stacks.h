@@ -53,8 +53,19 @@ struct DropoutOptions {
 };
 
 struct StackCache {
-  bool training = false;              // keep every layer's cache for backward
-  DeviceBuffer<float> encoder_input;  // [B, S, D] embeddings + positions (after dropout)
+  bool training = false;  // keep every layer's cache for backward
+  // The batch's index arrays in the backend's memory, where the operations read them:
+  // encoder_forward uploads the source side, decoder_forward the target side (it needs the
+  // source lengths encoder_forward uploaded into the same cache).
+  DeviceBuffer<int32_t> src_ids;      // [B, S]
+  DeviceBuffer<int32_t> src_lengths;  // [B]
+  DeviceBuffer<int32_t> tgt_in;       // [B, T]
+  DeviceBuffer<int32_t> tgt_lengths;  // [B]
+  // The real target positions and their labels, for the output projection of scoring and the
+  // loss (uploaded by target_positions, model/transformer.h).
+  DeviceBuffer<int64_t> target_rows;    // [tokens]
+  DeviceBuffer<int32_t> target_labels;  // [tokens]
+  DeviceBuffer<float> encoder_input;    // [B, S, D] embeddings + positions (after dropout)
   DeviceBuffer<uint8_t> encoder_input_mask;
   std::vector<EncoderLayerCache> encoder_layers;  // N when training, else 1 (reused)
   LayerNormCache encoder_norm;

@@ -181,8 +181,8 @@ TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<i
   return b;
 }
 
-void target_positions(const TokenBatch& batch, std::vector<int64_t>& rows,
-                      std::vector<int32_t>& labels) {
+void target_positions(const Backend& backend, const TokenBatch& batch, StackCache& cache,
+                      std::vector<int64_t>& rows, std::vector<int32_t>& labels) {
   rows.clear();
   labels.clear();
   for (int64_t b = 0; b < batch.batch; ++b)
@@ -190,6 +190,8 @@ void target_positions(const TokenBatch& batch, std::vector<int64_t>& rows,
       rows.push_back(b * batch.tgt_len + t);
       labels.push_back(batch.tgt_out[size_t(b * batch.tgt_len + t)]);
     }
+  upload(backend, rows.data(), int64_t(rows.size()), cache.target_rows);
+  upload(backend, labels.data(), int64_t(labels.size()), cache.target_labels);
 }
 
 int64_t output_chunk_rows(int64_t vocab) {
@@ -210,11 +212,12 @@ void score_forward(const Model& model, const TokenBatch& batch, StackCache& cach
   // most expensive GEMM here, skips padding.
   std::vector<int64_t> valid_rows;
   std::vector<int32_t> labels;
-  target_positions(batch, valid_rows, labels);
+  target_positions(backend, batch, cache, valid_rows, labels);
   const int64_t count = int64_t(valid_rows.size());
+  const int32_t* device_labels = cache.target_labels.data();  // [valid_rows]
   DeviceBuffer<float> states_buffer, logits_buffer, picked_buffer;
   float* states = ensure_size(backend, states_buffer, count * d);  // [valid_rows, D]
-  backend.gather_rows(cache.decoder_out.data(), d, valid_rows.data(), count, d, states, d);
+  backend.gather_rows(cache.decoder_out.data(), d, cache.target_rows.data(), count, d, states, d);
   float* picked = ensure_size(backend, picked_buffer, count);  // [valid_rows]
 
   // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
@@ -224,7 +227,7 @@ void score_forward(const Model& model, const TokenBatch& batch, StackCache& cach
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
     linear_forward(backend, w.output, states + begin * d, n, logits);
-    backend.log_softmax_pick(logits, labels.data() + begin, n, vocab, picked + begin);
+    backend.log_softmax_pick(logits, device_labels + begin, n, vocab, picked + begin);
   }
   std::vector<float> host_picked(static_cast<size_t>(count));
   backend.copy_to_host(picked, count * int64_t(sizeof(float)), host_picked.data());

@@ -109,10 +109,10 @@ TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<i
                       const std::vector<int64_t>& members, size_t first = 0, size_t stride = 1);
 
 // The real (non-pad) target positions of a batch, as flat indices b * T + t in order, and
-// their labels (tgt_out at those positions). Scoring and the loss run the output projection
-// on these rows only.
-void target_positions(const TokenBatch& batch, std::vector<int64_t>& rows,
-                      std::vector<int32_t>& labels);
+// their labels (tgt_out at those positions), on the host and uploaded into cache.target_rows /
+// cache.target_labels. Scoring and the loss run the output projection on these rows only.
+void target_positions(const Backend& backend, const TokenBatch& batch, StackCache& cache,
+                      std::vector<int64_t>& rows, std::vector<int32_t>& labels);
 
 // How many rows of logits the output projection computes at once: [rows, vocab] stays near
 // 16 MB whatever the vocabulary.

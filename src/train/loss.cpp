@@ -19,12 +19,13 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   encoder_forward(model, w, batch, dropout, ws.cache);
   decoder_forward(model, w, batch, dropout, ws.cache);
 
-  target_positions(batch, ws.rows, ws.labels);
+  target_positions(backend, batch, ws.cache, ws.rows, ws.labels);
   const int64_t count = int64_t(ws.rows.size());
-  const int32_t* labels = ws.labels.data();
+  const int64_t* rows = ws.cache.target_rows.data();               // [tokens]
+  const int32_t* labels = ws.cache.target_labels.data();           // [tokens]
   float* states = ensure_size(backend, ws.states, count * d);      // [tokens, D]
   float* d_states = ensure_size(backend, ws.d_states, count * d);  // [tokens, D]
-  backend.gather_rows(ws.cache.decoder_out.data(), d, ws.rows.data(), count, d, states, d);
+  backend.gather_rows(ws.cache.decoder_out.data(), d, rows, count, d, states, d);
 
   LossTotals totals;
   totals.tokens = count;
@@ -49,7 +50,7 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   const int64_t out_size = batch.batch * batch.tgt_len * d;
   float* d_out = ensure_size(backend, ws.d_decoder_out, out_size);  // [B, T, D]
   backend.fill(d_out, out_size, 0.f);
-  backend.scatter_rows(d_states, d, ws.rows.data(), count, d, d_out, d);
+  backend.scatter_rows(d_states, d, rows, count, d, d_out, d);
   stacks_backward(model, w, g, batch, dropout, ws.cache, d_out, ws.scratch);
   return totals;
 }

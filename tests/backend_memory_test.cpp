@@ -1,0 +1,441 @@
+// Which memory the model hands to its backend. A backend with memory of its own (a GPU) can only
+// read what it allocated, so every pointer an operation receives — activations, gradients,
+// caches, and the index arrays the host computes (token ids, lengths, row lists) — must come
+// from that backend's allocate(), never from a std::vector on the host. On the CPU a host pointer
+// works anyway, so this test runs training, scoring and decoding on a backend that is the CPU's
+// in everything but one check: it records every pointer that lies outside the blocks it
+// allocated. The model parameters are still host tensors (docs/adding-a-backend.md, "What is not
+// yet in place"): those, and only those, are allowed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/device_tensors.h"
+#include "decode/beam_search.h"
+#include "fixture_batch.h"
+#include "io/model_file.h"
+#include "io/safetensors.h"
+#include "model/transformer.h"
+#include "train/loss.h"
+#include "train/optimizer.h"
+
+namespace tfm {
+namespace {
+
+class MemoryCheckingBackend : public Backend {
+ public:
+  // Host ranges an operation may still receive: [begin, begin + bytes).
+  void allow_host(const void* begin, int64_t bytes) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    allowed_[static_cast<const char*>(begin)] = bytes;
+  }
+  // "operation: argument" for every pointer seen outside this backend's memory.
+  std::set<std::string> violations() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return violations_;
+  }
+
+  std::string name() const override { return "memory-checking cpu"; }
+  bool supports(Precision precision) const override { return cpu().supports(precision); }
+
+  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc, Precision precision) const override {
+    check("matmul", {{"a", a}, {"b", b}, {"c", c}});
+    cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision);
+  }
+  std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
+                                                 const std::vector<int64_t>& part_rows, int64_t k,
+                                                 Precision precision) const override {
+    for (const float* part : parts) check("prepare_matrix", {{"part", part}});
+    return std::make_unique<CheckedMatrix>(*this,
+                                           cpu().prepare_matrix(parts, part_rows, k, precision));
+  }
+  std::unique_ptr<PreparedMatrix> prepare_int8_matrix(const std::vector<Int8Rows>& parts,
+                                                      const std::vector<int64_t>& part_rows,
+                                                      int64_t k) const override {
+    for (const Int8Rows& part : parts)
+      check("prepare_int8_matrix", {{"values", part.values}, {"scales", part.scales}});
+    return std::make_unique<CheckedMatrix>(*this, cpu().prepare_int8_matrix(parts, part_rows, k));
+  }
+
+  void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
+                         const float* k, const float* v, float* probs, float* out,
+                         const AttentionDropout& dropout) const override {
+    check("attention_forward", {{"q", q}, {"k", k}, {"v", v}, {"probs", probs}, {"out", out}});
+    check_attention("attention_forward", shape, mask, dropout);
+    cpu().attention_forward(shape, mask, q, k, v, probs, out, dropout);
+  }
+  void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
+                          const float* k, const float* v, const float* probs,
+                          const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
+                          float* dv, float* d_additive_v) const override {
+    check("attention_backward", {{"q", q},
+                                 {"k", k},
+                                 {"v", v},
+                                 {"probs", probs},
+                                 {"d_out", d_out},
+                                 {"dq", dq},
+                                 {"dk", dk},
+                                 {"dv", dv},
+                                 {"d_additive_v", d_additive_v}});
+    check_attention("attention_backward", shape, mask, dropout);
+    cpu().attention_backward(shape, mask, q, k, v, probs, dropout, d_out, dq, dk, dv, d_additive_v);
+  }
+
+  void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
+                  int64_t cols, float eps, float* mean, float* rstd) const override {
+    check("layer_norm",
+          {{"x", x}, {"gamma", gamma}, {"beta", beta}, {"y", y}, {"mean", mean}, {"rstd", rstd}});
+    cpu().layer_norm(x, gamma, beta, y, rows, cols, eps, mean, rstd);
+  }
+  void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                           const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                           int64_t cols, bool accumulate) const override {
+    check("layer_norm_backward", {{"dy", dy},
+                                  {"x", x},
+                                  {"mean", mean},
+                                  {"rstd", rstd},
+                                  {"gamma", gamma},
+                                  {"dx", dx},
+                                  {"dgamma", dgamma},
+                                  {"dbeta", dbeta}});
+    cpu().layer_norm_backward(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols, accumulate);
+  }
+  void add(float* y, const float* x, int64_t n) const override {
+    check("add", {{"y", y}, {"x", x}});
+    cpu().add(y, x, n);
+  }
+  void scale(float* x, float s, int64_t n) const override {
+    check("scale", {{"x", x}});
+    cpu().scale(x, s, n);
+  }
+  void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) const override {
+    check("add_bias", {{"y", y}, {"bias", bias}});
+    cpu().add_bias(y, bias, rows, cols);
+  }
+  void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
+                           Activation act) const override {
+    check("add_bias_activation", {{"pre", pre}, {"bias", bias}, {"out", out}});
+    cpu().add_bias_activation(pre, bias, out, rows, cols, act);
+  }
+  void activation_backward(float* d, const float* pre_activation, int64_t n,
+                           Activation act) const override {
+    check("activation_backward", {{"d", d}, {"pre_activation", pre_activation}});
+    cpu().activation_backward(d, pre_activation, n, act);
+  }
+  void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
+    check("bias_backward", {{"dy", dy}, {"dbias", dbias}});
+    cpu().bias_backward(dy, rows, cols, dbias);
+  }
+  void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
+    check("dropout_mask", {{"mask", mask}});
+    cpu().dropout_mask(mask, n, p, key);
+  }
+  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
+    check("apply_dropout", {{"x", x}, {"mask", mask}});
+    cpu().apply_dropout(x, mask, n, p);
+  }
+
+  void embedding_forward(const float* table, const float* positions, const int32_t* ids,
+                         int64_t rows, int64_t len, int64_t d, float scale, int64_t first_position,
+                         float* out) const override {
+    check("embedding_forward",
+          {{"table", table}, {"positions", positions}, {"ids", ids}, {"out", out}});
+    cpu().embedding_forward(table, positions, ids, rows, len, d, scale, first_position, out);
+  }
+  void embedding_forward_int8(const Int8Rows& table, const float* positions, const int32_t* ids,
+                              int64_t rows, int64_t len, int64_t d, float scale,
+                              int64_t first_position, float* out) const override {
+    check("embedding_forward_int8", {{"table.values", table.values},
+                                     {"table.scales", table.scales},
+                                     {"positions", positions},
+                                     {"ids", ids},
+                                     {"out", out}});
+    cpu().embedding_forward_int8(table, positions, ids, rows, len, d, scale, first_position, out);
+  }
+  void embedding_forward_prepared(const PreparedMatrix& table, const float* positions,
+                                  const int32_t* ids, int64_t rows, int64_t len, int64_t d,
+                                  float scale, int64_t first_position, float* out) const override {
+    check("embedding_forward_prepared", {{"positions", positions}, {"ids", ids}, {"out", out}});
+    cpu().embedding_forward_prepared(static_cast<const CheckedMatrix&>(table).inner(), positions,
+                                     ids, rows, len, d, scale, first_position, out);
+  }
+  void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
+                          int64_t d, float scale, int64_t first_position, float* d_table,
+                          float* d_positions) const override {
+    check("embedding_backward",
+          {{"d_out", d_out}, {"ids", ids}, {"d_table", d_table}, {"d_positions", d_positions}});
+    cpu().embedding_backward(d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
+  }
+
+  void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override {
+    check("log_softmax", {{"x", x}, {"y", y}});
+    cpu().log_softmax(x, y, rows, cols);
+  }
+  void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
+                        float* out) const override {
+    check("log_softmax_pick", {{"logits", logits}, {"targets", targets}, {"out", out}});
+    cpu().log_softmax_pick(logits, targets, rows, cols, out);
+  }
+  CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
+                                                    int64_t rows, int64_t vocab, float smoothing,
+                                                    float grad_scale) const override {
+    check("cross_entropy_forward_backward", {{"logits", logits}, {"targets", targets}});
+    return cpu().cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing,
+                                                grad_scale);
+  }
+  void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
+                   float* values, int32_t* tokens) const override {
+    check("best_tokens", {{"logprobs", logprobs}, {"values", values}, {"tokens", tokens}});
+    cpu().best_tokens(logprobs, rows, vocab, keep, banned, values, tokens);
+  }
+
+  void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                   const AdamHyperparameters& h, int64_t step) const override {
+    check("adam_update", {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}});
+    cpu().adam_update(param, grad, m, v, n, h, step);
+  }
+  void sgd_update(float* param, const float* grad, int64_t n, float lr) const override {
+    check("sgd_update", {{"param", param}, {"grad", grad}});
+    cpu().sgd_update(param, grad, n, lr);
+  }
+  double sum_of_squares(const float* x, int64_t n) const override {
+    check("sum_of_squares", {{"x", x}});
+    return cpu().sum_of_squares(x, n);
+  }
+
+  void* allocate(int64_t bytes, bool zeroed) const override {
+    void* memory = cpu().allocate(bytes, zeroed);
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocks_[static_cast<const char*>(memory)] = bytes;
+    return memory;
+  }
+  void deallocate(void* memory) const override {
+    if (memory) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_.erase(static_cast<const char*>(memory));
+    }
+    cpu().deallocate(memory);
+  }
+  // As a device's would be: the host does not read it in place.
+  bool memory_is_host() const override { return false; }
+  void copy_bytes(const void* from, int64_t bytes, void* to) const override {
+    check("copy_bytes", {{"from", from}, {"to", to}});
+    cpu().copy_bytes(from, bytes, to);
+  }
+  void copy_from_host(const void* host, int64_t bytes, void* device) const override {
+    check("copy_from_host", {{"device", device}});
+    cpu().copy_from_host(host, bytes, device);
+  }
+  void copy_to_host(const void* device, int64_t bytes, void* host) const override {
+    check("copy_to_host", {{"device", device}});
+    cpu().copy_to_host(device, bytes, host);
+  }
+  void copy(const float* x, int64_t n, float* y) const override {
+    check("copy", {{"x", x}, {"y", y}});
+    cpu().copy(x, n, y);
+  }
+  void fill(float* y, int64_t n, float value) const override {
+    check("fill", {{"y", y}});
+    cpu().fill(y, n, value);
+  }
+  void gather_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
+                   float* y, int64_t ldy) const override {
+    check("gather_rows", {{"x", x}, {"rows", rows}, {"y", y}});
+    cpu().gather_rows(x, ldx, rows, count, d, y, ldy);
+  }
+  void scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
+                    float* y, int64_t ldy) const override {
+    check("scatter_rows", {{"x", x}, {"rows", rows}, {"y", y}});
+    cpu().scatter_rows(x, ldx, rows, count, d, y, ldy);
+  }
+
+ private:
+  // The CPU's prepared matrix, its multiply checked the same way.
+  class CheckedMatrix : public PreparedMatrix {
+   public:
+    CheckedMatrix(const MemoryCheckingBackend& backend, std::unique_ptr<PreparedMatrix> inner)
+        : backend_(backend), inner_(std::move(inner)) {}
+    const PreparedMatrix& inner() const { return *inner_; }
+    int64_t rows() const override { return inner_->rows(); }
+    int64_t cols() const override { return inner_->cols(); }
+    Precision precision() const override { return inner_->precision(); }
+    void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const override {
+      backend_.check("PreparedMatrix::multiply", {{"x", x}, {"y", y}});
+      inner_->multiply(x, m, ldx, y, ldy);
+    }
+    void read_rows(const int32_t* ids, int64_t count, float* out) const override {
+      backend_.check("PreparedMatrix::read_rows", {{"ids", ids}, {"out", out}});
+      inner_->read_rows(ids, count, out);
+    }
+
+   private:
+    const MemoryCheckingBackend& backend_;
+    std::unique_ptr<PreparedMatrix> inner_;
+  };
+
+  static const Backend& cpu() { return cpu_backend(); }
+
+  struct Argument {
+    const char* name;
+    const void* pointer;
+  };
+  // Null pointers are "none" and pass.
+  void check(const char* operation, std::initializer_list<Argument> arguments) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Argument& a : arguments)
+      if (a.pointer && !inside(blocks_, a.pointer) && !inside(allowed_, a.pointer))
+        violations_.insert(std::string(operation) + ": " + a.name);
+  }
+  void check_attention(const char* operation, const AttentionShape& shape,
+                       const AttentionMask& mask, const AttentionDropout& dropout) const {
+    check(operation, {{"shape.key_rows", shape.key_rows},
+                      {"shape.score.additive_v", shape.score.additive_v},
+                      {"mask.key_lengths", mask.key_lengths},
+                      {"mask.key_batch", mask.key_batch},
+                      {"dropout.mask", dropout.mask}});
+  }
+  static bool inside(const std::map<const char*, int64_t>& ranges, const void* pointer) {
+    const char* p = static_cast<const char*>(pointer);
+    auto it = ranges.upper_bound(p);
+    if (it == ranges.begin()) return false;
+    --it;
+    return p < it->first + it->second;
+  }
+
+  mutable std::mutex mutex_;
+  mutable std::map<const char*, int64_t> blocks_;   // allocate()'s blocks: start -> bytes
+  mutable std::map<const char*, int64_t> allowed_;  // host ranges allowed (the parameters)
+  mutable std::set<std::string> violations_;
+};
+
+std::string listed(const std::set<std::string>& items) {
+  std::string text;
+  for (const std::string& item : items) text += "\n  " + item;
+  return text;
+}
+
+// Every fixture variant (norm position, positions, activation, attention scoring, tied
+// embeddings) loaded on the checking backend, its parameters the one allowed host memory.
+class BackendMemory : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string base = std::string(TFM_FIXTURE_DIR) + "/" + GetParam();
+    model_.emplace(load_model(base + ".safetensors", backend_));
+    for (const auto& [name, tensor] : model_->parameters())
+      backend_.allow_host(tensor.data.data(), int64_t(tensor.data.size() * sizeof(float)));
+    batch_ = testing_support::fixture_batch(model_->config(),
+                                            read_safetensors(base + ".io.safetensors").tensors);
+  }
+  MemoryCheckingBackend backend_;
+  std::optional<Model> model_;
+  TokenBatch batch_;
+};
+
+TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperations) {
+  const Model& model = *model_;
+  // Training: forward, loss, backward and an Adam-like update of the gradients' block.
+  DeviceTensors gradients = DeviceTensors::zeros_like(backend_, model.parameters());
+  TrainingWorkspace ws;
+  DropoutOptions dropout;
+  dropout.dropout = dropout.attention_dropout = dropout.relu_dropout = 0.1f;
+  dropout.seed = 7;
+  const LossTotals totals = loss_and_gradients(model, bind_gradients(model.config(), gradients),
+                                               batch_, dropout, 0.1f, 1e-2f, ws);
+  EXPECT_GT(totals.tokens, 0);
+  OptimizerOptions adam;
+  adam.clip_norm = 1.0;
+  Optimizer optimizer(adam, model.parameters(), backend_);
+  EXPECT_GT(optimizer.apply(model_->mutable_parameters(), gradients, model.config().d_model), 0.0);
+
+  // Scoring.
+  StackCache cache;
+  std::vector<float> logprobs;
+  score_forward(model, batch_, cache, logprobs);
+  EXPECT_EQ(int64_t(logprobs.size()), batch_.batch * batch_.tgt_len);
+
+  // Decoding: greedy and beam 4 with the kept cross-attention (mean and per head), in every
+  // precision of the backend.
+  std::vector<std::vector<int32_t>> sources;
+  for (int64_t b = 0; b < batch_.batch; ++b)
+    sources.emplace_back(batch_.src_ids.begin() + b * batch_.src_len,
+                         batch_.src_ids.begin() + b * batch_.src_len + batch_.src_lengths[b] -
+                             (model.config().src_append_eos ? 1 : 0));
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kInt8}) {
+    if (!backend_.supports(precision)) continue;
+    for (int64_t beam : {1, 4})
+      for (bool per_head : {false, true}) {
+        SearchOptions o;
+        o.beam = beam;
+        o.max_length_b = 6;
+        o.attention = true;
+        o.attention_per_head = per_head;
+        o.precision = precision;
+        const auto found = search(model, sources, {}, o);
+        EXPECT_EQ(found.size(), sources.size());
+      }
+  }
+  // A model loaded for int8 inference: its int8 weights are parameters too.
+  if (backend_.supports(Precision::kInt8)) {
+    const Model int8 = load_model(std::string(TFM_FIXTURE_DIR) + "/" + GetParam() + ".safetensors",
+                                  backend_, ModelWeights::kInt8);
+    for (const auto& [name, tensor] : int8.parameters())
+      backend_.allow_host(tensor.data.data(), int64_t(tensor.data.size() * sizeof(float)));
+    for (const auto& [name, q] : int8.int8_weights()) {
+      backend_.allow_host(q.values.data(), int64_t(q.values.size()));
+      backend_.allow_host(q.scales.data(), int64_t(q.scales.size() * sizeof(float)));
+    }
+    SearchOptions o;
+    o.max_length_b = 6;
+    o.precision = Precision::kInt8;
+    EXPECT_EQ(search(int8, sources, {}, o).size(), sources.size());
+  }
+  EXPECT_TRUE(backend_.violations().empty())
+      << "host memory handed to operations:" << listed(backend_.violations());
+}
+
+// The check itself: a host vector handed to an operation is caught.
+TEST(BackendMemoryCheck, AHostArrayIsReported) {
+  MemoryCheckingBackend backend;
+  DeviceBuffer<float> device;
+  float* y = ensure_size(backend, device, 4);
+  std::vector<float> host(4, 1.f);
+  backend.add(y, device.data(), 4);
+  EXPECT_TRUE(backend.violations().empty());
+  backend.add(y, host.data(), 4);
+  EXPECT_EQ(backend.violations(), std::set<std::string>{"add: x"});
+}
+
+std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(TFM_FIXTURE_DIR)) {
+    const std::string file = entry.path().filename().string();
+    const std::string suffix = ".io.safetensors";
+    if (file.size() > suffix.size() &&
+        file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0)
+      names.push_back(file.substr(0, file.size() - suffix.size()));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, BackendMemory, ::testing::ValuesIn(fixture_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace tfm
