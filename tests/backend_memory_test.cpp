@@ -8,9 +8,6 @@
 // yet in place"): those, and only those, are allowed.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cctype>
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -416,26 +413,9 @@ TEST(BackendMemoryCheck, AHostArrayIsReported) {
   EXPECT_EQ(backend.violations(), std::set<std::string>{"add: x"});
 }
 
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(TFM_FIXTURE_DIR)) {
-    const std::string file = entry.path().filename().string();
-    const std::string suffix = ".io.safetensors";
-    if (file.size() > suffix.size() &&
-        file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0)
-      names.push_back(file.substr(0, file.size() - suffix.size()));
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-INSTANTIATE_TEST_SUITE_P(Fixtures, BackendMemory, ::testing::ValuesIn(fixture_names()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& c : name)
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, BackendMemory,
+                         ::testing::ValuesIn(testing_support::fixture_names()),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace tfm

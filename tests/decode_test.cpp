@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "decode/beam_search.h"
+#include "fixture_batch.h"
 #include "io/ctranslate2.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
@@ -372,17 +373,6 @@ TEST(Decode, KeptAttentionIsTheMeanOfItsHeads) {
   }
 }
 
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(TFM_FIXTURE_DIR)) {
-    const std::string file = entry.path().filename().string();
-    if (file.size() > 15 && file.compare(file.size() - 15, 15, ".io.safetensors") == 0)
-      names.push_back(file.substr(0, file.size() - 15));
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 class IncrementalDecoding : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(IncrementalDecoding, LogProbsEqualAFullForwardOfTheHypothesis) {
@@ -415,7 +405,8 @@ TEST_P(IncrementalDecoding, LogProbsEqualAFullForwardOfTheHypothesis) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, IncrementalDecoding, ::testing::ValuesIn(fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, IncrementalDecoding,
+                         ::testing::ValuesIn(testing_support::fixture_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

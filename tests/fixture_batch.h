@@ -1,14 +1,32 @@
-// The token batch of a PyTorch fixture (tests/fixtures/<name>.io.safetensors): its src_tokens /
-// tgt_tokens rows are padded with -1, which this turns back into ragged sentences. Shared by
-// the parity tests and the CTranslate2 interchange tests, which score the same inputs.
+// The PyTorch fixtures (tests/fixtures): their names, and the token batch of one
+// (<name>.io.safetensors), whose src_tokens / tgt_tokens rows are padded with -1, which this
+// turns back into ragged sentences. Shared by the parity, decoding, backend-memory and
+// CTranslate2 interchange tests, which run the same models on the same inputs.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "model/transformer.h"
 
 namespace tfm::testing_support {
+
+// The fixtures that have a file <name><suffix> in tests/fixtures, sorted: every fixture with
+// ".io.safetensors", those with PyTorch's gradients with ".grads.safetensors".
+inline std::vector<std::string> fixture_names(const std::string& suffix = ".io.safetensors") {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(TFM_FIXTURE_DIR)) {
+    const std::string file = entry.path().filename().string();
+    if (file.size() > suffix.size() &&
+        file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0)
+      names.push_back(file.substr(0, file.size() - suffix.size()));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 inline std::vector<std::vector<int32_t>> fixture_rows(const Tensor& padded) {
   std::vector<std::vector<int32_t>> rows(size_t(padded.shape[0]));

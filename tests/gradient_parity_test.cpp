@@ -15,19 +15,6 @@
 namespace tfm {
 namespace {
 
-std::vector<std::string> fixtures_with_gradients() {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(TFM_FIXTURE_DIR)) {
-    const std::string file = entry.path().filename().string();
-    const std::string suffix = ".grads.safetensors";
-    if (file.size() > suffix.size() &&
-        file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0)
-      names.push_back(file.substr(0, file.size() - suffix.size()));
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 using testing_support::fixture_batch;
 
 DeviceTensors zero_gradients(const Model& model) {
@@ -128,7 +115,8 @@ TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
   EXPECT_TRUE(any_differs);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GradientParity, ::testing::ValuesIn(fixtures_with_gradients()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GradientParity,
+                         ::testing::ValuesIn(testing_support::fixture_names(".grads.safetensors")),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

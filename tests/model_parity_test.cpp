@@ -15,19 +15,6 @@
 namespace tfm {
 namespace {
 
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(TFM_FIXTURE_DIR)) {
-    const std::string file = entry.path().filename().string();
-    const std::string suffix = ".io.safetensors";
-    if (file.size() > suffix.size() &&
-        file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0)
-      names.push_back(file.substr(0, file.size() - suffix.size()));
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 struct Fixture {
   Model model;
   TensorMap io;
@@ -136,7 +123,8 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
           << "sentence " << b << " position " << t;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity, ::testing::ValuesIn(fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,
+                         ::testing::ValuesIn(testing_support::fixture_names()),
                          [](const auto& info) { return info.param; });
 
 TEST(ModelParity, ScoresDoNotDependOnBatchComposition) {
