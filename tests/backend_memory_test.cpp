@@ -331,17 +331,19 @@ class BackendMemory : public ::testing::TestWithParam<std::string> {
     model_.emplace(load_model(base + ".safetensors", backend_));
     for (const auto& [name, tensor] : model_->parameters())
       backend_.allow_host(tensor.data.data(), int64_t(tensor.data.size() * sizeof(float)));
-    batch_ = testing_support::fixture_batch(model_->config(),
-                                            read_safetensors(base + ".io.safetensors").tensors);
+    const TensorMap io = read_safetensors(base + ".io.safetensors").tensors;
+    batch_ = testing_support::fixture_batch(model_->config(), io);
+    sources_ = testing_support::fixture_rows(io.at("src_tokens"));
   }
   MemoryCheckingBackend backend_;
   std::optional<Model> model_;
   TokenBatch batch_;
+  std::vector<std::vector<int32_t>> sources_;  // the batch's sources as raw ids
 };
 
 TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperations) {
   const Model& model = *model_;
-  // Training: forward, loss, backward and an Adam-like update of the gradients' block.
+  // Training: forward, loss, backward, and an Adam step (with clipping) of the parameters.
   DeviceTensors gradients = DeviceTensors::zeros_like(backend_, model.parameters());
   TrainingWorkspace ws;
   DropoutOptions dropout;
@@ -363,11 +365,7 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
 
   // Decoding: greedy and beam 4 with the kept cross-attention (mean and per head), in every
   // precision of the backend.
-  std::vector<std::vector<int32_t>> sources;
-  for (int64_t b = 0; b < batch_.batch; ++b)
-    sources.emplace_back(batch_.src_ids.begin() + b * batch_.src_len,
-                         batch_.src_ids.begin() + b * batch_.src_len + batch_.src_lengths[b] -
-                             (model.config().src_append_eos ? 1 : 0));
+  const std::vector<std::vector<int32_t>>& sources = sources_;
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kInt8}) {
     if (!backend_.supports(precision)) continue;
     for (int64_t beam : {1, 4})
