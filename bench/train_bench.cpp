@@ -180,8 +180,7 @@ int run(const Options& o) {
   for (int32_t n : batch.src_lengths) source_tokens += n;
 
   // Same names and shapes as the parameters, one block (as the trainer holds them).
-  tfm::DeviceTensors gradients =
-      tfm::DeviceTensors::zeros_like(model.backend(), model.parameters());
+  tfm::DeviceTensors gradients = tfm::DeviceTensors::zeros_like(model.parameters());
   const tfm::TransformerGradients grad_views = tfm::bind_gradients(config, gradients);
   tfm::OptimizerOptions optimizer_options;  // Adam 0.9 / 0.98 / 1e-9, the paper's schedule
   tfm::Optimizer optimizer(optimizer_options, model.parameters());

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <vector>
 
 #include "backend/backend.h"
@@ -1163,6 +1164,41 @@ TEST_P(BackendOps, NamedTensorsShareOneBlockInNameOrder) {
   moved.set_zero();
   for (const auto& [name, t] : moved.to_host())
     EXPECT_EQ(t.data, std::vector<float>(t.data.size(), 0.f)) << name;
+}
+
+// A set allocated per tensor (a model's parameters): each tensor its own block of the backend,
+// uploaded from the host, released one by one (a packed weight of an inference-only model)
+// with its name and shape kept, and checked for NaN / Inf where it is.
+TEST_P(BackendOps, NamedTensorsPerTensorCanBeReleasedOneByOne) {
+  TensorMap host;
+  host.emplace("w", Tensor({2, 2}));
+  host.at("w").data = {1, 2, 3, 4};
+  host.emplace("held", Tensor());  // a weight held otherwise (int8): shape, no data
+  host.at("held").shape = {3};
+  host.emplace("b", Tensor({2}));
+  host.at("b").data = {5, 6};
+  DeviceTensors set = DeviceTensors::upload(be(), std::move(host));
+  EXPECT_TRUE(host.at("w").data.empty());  // freed once copied
+  EXPECT_EQ(set.layout(), DeviceTensors::Layout::kPerTensor);
+  EXPECT_THROW(set.flat(), std::logic_error);
+  EXPECT_EQ(set.at("held").ptr(), nullptr);
+  EXPECT_EQ(set.at("held").shape, Shape{3});
+  EXPECT_NE(set.at("w").ptr() + 4, set.at("b").ptr());
+  EXPECT_TRUE(all_finite(set));
+  const float bad[2] = {5, std::numeric_limits<float>::infinity()};
+  set.copy_from_host("b", bad);
+  EXPECT_FALSE(all_finite(set));
+  set.release("b");
+  EXPECT_TRUE(all_finite(set));
+  const TensorMap back = set.to_host();
+  EXPECT_EQ(back.at("w").data, std::vector<float>({1, 2, 3, 4}));
+  EXPECT_TRUE(back.at("b").data.empty());
+  EXPECT_EQ(back.at("b").shape, Shape{2});
+  EXPECT_THROW(set.copy_from_host("b", bad), std::logic_error);
+  DeviceTensors zeros = DeviceTensors::zeros_like(set);
+  EXPECT_EQ(zeros.layout(), DeviceTensors::Layout::kOneBlock);
+  EXPECT_EQ(zeros.numel(), 9);
+  EXPECT_EQ(zeros.at("held").ptr(), zeros.flat() + 2);
 }
 
 }  // namespace

@@ -89,9 +89,11 @@ TEST_P(Spec7Quantised, WeightsWithinTheirRoundingOfTheOriginal) {
   const bool int8 = p.variant.find("int8") != std::string::npos,
              int16 = p.variant.find("int16") != std::string::npos,
              bf16 = p.variant.find("bfloat16") != std::string::npos;
-  for (const auto& [name, original] : fixture.parameters()) {
+  const TensorMap fixture_host = fixture.parameters().to_host(),
+                  imported_host = imported.parameters().to_host();
+  for (const auto& [name, original] : fixture_host) {
     if (name.find("pos_embed") != std::string::npos) continue;
-    const Tensor& got = imported.parameters().at(name);
+    const Tensor& got = imported_host.at(name);
     ASSERT_EQ(got.shape, original.shape) << name;
     const bool weight = name.find("norm") == std::string::npos && name.size() > 7 &&
                         name.compare(name.size() - 7, 7, ".weight") == 0;
@@ -111,8 +113,7 @@ TEST_P(Spec7Quantised, WeightsWithinTheirRoundingOfTheOriginal) {
           fused.push_back(name.substr(0, at) + group + part + ".weight");
     }
     for (const std::string& member : fused)
-      for (float v : fixture.parameters().at(member).data)
-        matrix_max = std::max(matrix_max, std::fabs(v));
+      for (float v : fixture_host.at(member).data) matrix_max = std::max(matrix_max, std::fabs(v));
     for (int64_t r = 0; r < rows; ++r) {
       float row_max = 0;
       for (int64_t k = 0; k < cols; ++k)
@@ -216,9 +217,10 @@ TEST(CTranslate2Export, RoundTripIsIdentityForEveryFixtureModel) {
     }
     const Model back = import_model(export_to(model, file + ".ct2", CtQuantization::kFloat32));
     EXPECT_EQ(config_to_json_text(back.config()), config_to_json_text(c)) << file;
-    ASSERT_EQ(back.parameters().size(), model.parameters().size()) << file;
-    for (const auto& [name, t] : model.parameters()) {
-      const Tensor& u = back.parameters().at(name);
+    const TensorMap back_host = back.parameters().to_host();
+    ASSERT_EQ(back_host.size(), model.parameters().size()) << file;
+    for (const auto& [name, t] : model.parameters().to_host()) {
+      const Tensor& u = back_host.at(name);
       EXPECT_EQ(u.shape, t.shape) << file << " " << name;
       EXPECT_TRUE(u.data == t.data) << file << " " << name;
     }
@@ -238,8 +240,8 @@ TEST(CTranslate2Export, QuantisedExportsImportWithinTheirRounding) {
   }
   // int8 exactly as CTranslate2 stores it: round(w * 127 / max|row|) / (127 / max|row|).
   const Model back = import_model(work.path("q_int8"));
-  const Tensor& w = model.parameters().at("encoder.layers.0.ffn.fc1.weight");
-  const Tensor& got = back.parameters().at("encoder.layers.0.ffn.fc1.weight");
+  const Tensor w = model.parameters().to_host().at("encoder.layers.0.ffn.fc1.weight");
+  const Tensor got = back.parameters().to_host().at("encoder.layers.0.ffn.fc1.weight");
   const int64_t cols = w.shape[1];
   for (int64_t r = 0; r < w.shape[0]; ++r) {
     float amax = 0;

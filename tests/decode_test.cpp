@@ -161,7 +161,7 @@ TEST(Decode, Int8LoadedModelEqualsInt8ProductsOfTheFloatModel) {
   size_t released = 0;
   for (const auto& [name, tensor] : int8.parameters())
     if (is_linear_weight(name)) {
-      EXPECT_TRUE(tensor.data.empty()) << name;
+      EXPECT_EQ(tensor.data, nullptr) << name;
       ++released;
     }
   const ModelConfig& c = t.model.config();
@@ -218,8 +218,8 @@ TEST(Decode, InferenceOnlyModelFreesItsFloatWeightsAndKeepsTheOutputs) {
     for (const auto& [name, tensor] : only.model.parameters()) {
       const bool tied_table = precision == Precision::kFloat32 && tied &&
                               (name == "embed.weight" || name == "tgt_embed.weight");
-      EXPECT_EQ(tensor.data.empty(), is_linear_weight(name) || tied_table) << name;
-      released += tensor.data.empty();
+      EXPECT_EQ(tensor.data == nullptr, is_linear_weight(name) || tied_table) << name;
+      released += tensor.data == nullptr;
     }
     EXPECT_EQ(released, size_t(c.encoder_layers * 6 + c.decoder_layers * 10 + 1 -
                                (tied && precision != Precision::kFloat32 ? 1 : 0)));
@@ -267,7 +267,7 @@ TEST(Decode, InferenceOnlyFloat32ReadsTiedEmbeddingsFromThePackedProjection) {
     EXPECT_EQ(w.src_embed_prepared != nullptr, sharing == EmbeddingSharing::kAll);
     const std::string table =
         sharing == EmbeddingSharing::kAll ? "embed.weight" : "tgt_embed.weight";
-    EXPECT_EQ(only.parameters().at(table).data.empty(), tied) << int(sharing);
+    EXPECT_EQ(only.parameters().at(table).data == nullptr, tied) << int(sharing);
     const TokenBatch batch = make_batch(c, {sources[0]}, {{11, 12, 13}});
     StackCache cache;
     std::vector<float> a, b;

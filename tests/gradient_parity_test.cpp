@@ -18,7 +18,7 @@ namespace {
 using testing_support::fixture_batch;
 
 DeviceTensors zero_gradients(const Model& model) {
-  return DeviceTensors::zeros_like(model.backend(), model.parameters());
+  return DeviceTensors::zeros_like(model.parameters());
 }
 
 // |actual − expected| ≤ 1e-4 · (|expected| + max|expected| over the tensor) + 1e-6.

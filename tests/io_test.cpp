@@ -165,7 +165,7 @@ TEST(ModelFile, MissingTensorAndWrongShapeAreNamed) {
   ModelConfig c = preset_config("tiny");
   c.src_vocab_size = c.tgt_vocab_size = 30;
   Model model = init_model(c, 1);
-  TensorMap missing = model.parameters();
+  TensorMap missing = model.parameters().to_host();
   missing.erase("decoder.layers.1.ffn.fc2.bias");
   try {
     Model bad(c, std::move(missing), "m.safetensors");
@@ -174,7 +174,7 @@ TEST(ModelFile, MissingTensorAndWrongShapeAreNamed) {
     EXPECT_NE(std::string(e.what()).find("missing tensor \"decoder.layers.1.ffn.fc2.bias\""),
               std::string::npos);
   }
-  TensorMap wrong = model.parameters();
+  TensorMap wrong = model.parameters().to_host();
   wrong["encoder.layers.0.self_attn.q.weight"] = Tensor({64, 63});
   try {
     Model bad(c, std::move(wrong), "m.safetensors");
@@ -194,16 +194,18 @@ TEST(ModelFile, InitIsDeterministicAndSaveLoadRoundTrips) {
   c.position_encoding = PositionEncoding::kLearned;
   c.max_positions = 64;
   Model a = init_model(c, 9), b = init_model(c, 9), other = init_model(c, 10);
-  EXPECT_EQ(a.parameters().at("encoder.layers.0.ffn.fc1.weight").data,
-            b.parameters().at("encoder.layers.0.ffn.fc1.weight").data);
-  EXPECT_NE(a.parameters().at("encoder.layers.0.ffn.fc1.weight").data,
-            other.parameters().at("encoder.layers.0.ffn.fc1.weight").data);
+  const TensorMap a_host = a.parameters().to_host();
+  EXPECT_EQ(a_host.at("encoder.layers.0.ffn.fc1.weight").data,
+            b.parameters().to_host().at("encoder.layers.0.ffn.fc1.weight").data);
+  EXPECT_NE(a_host.at("encoder.layers.0.ffn.fc1.weight").data,
+            other.parameters().to_host().at("encoder.layers.0.ffn.fc1.weight").data);
   const std::string path = temp_path("init.safetensors");
   save_model(a, path);
   Model loaded = load_model(path);
   EXPECT_EQ(config_to_json(loaded.config()), config_to_json(c));
-  for (const auto& [name, tensor] : a.parameters())
-    EXPECT_EQ(loaded.parameters().at(name).data, tensor.data) << name;
+  EXPECT_EQ(loaded.parameters().to_host().size(), a_host.size());
+  for (const auto& [name, tensor] : loaded.parameters().to_host())
+    EXPECT_EQ(a_host.at(name).data, tensor.data) << name;
   std::remove(path.c_str());
 }
 
@@ -228,7 +230,8 @@ TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
   EXPECT_TRUE(stores_int8_weights(header));
   EXPECT_FALSE(stores_int8_weights(read_safetensors_header(float_path)));
   size_t int8_tensors = 0;
-  for (const auto& [name, tensor] : a.parameters()) {
+  const TensorMap a_host = a.parameters().to_host();
+  for (const auto& [name, tensor] : a_host) {
     if (!is_int8_weight(name)) {
       EXPECT_EQ(header.dtypes.at(name), "F32") << name;
       EXPECT_FALSE(header.dtypes.count(name + kInt8ScaleSuffix)) << name;
@@ -246,17 +249,20 @@ TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
   const Model multiplied_out = load_model(int8_path);
   ASSERT_TRUE(int8.holds_int8_weights());
   EXPECT_FALSE(multiplied_out.holds_int8_weights());
-  for (const auto& [name, tensor] : a.parameters()) {
+  const TensorMap int8_host = int8.parameters().to_host();
+  const TensorMap multiplied_out_host = multiplied_out.parameters().to_host();
+  for (const auto& [name, tensor] : a_host) {
     if (!is_int8_weight(name)) {
-      EXPECT_EQ(int8.parameters().at(name).data, tensor.data) << name;
-      EXPECT_EQ(multiplied_out.parameters().at(name).data, tensor.data) << name;
+      EXPECT_EQ(int8_host.at(name).data, tensor.data) << name;
+      EXPECT_EQ(multiplied_out_host.at(name).data, tensor.data) << name;
       continue;
     }
     const Int8Matrix expected = quantize_weight_rows(tensor);
-    const Int8Matrix& got = int8.int8_weights().at(name);
+    const Int8Matrix got = int8.int8_weights().at(name).to_host();
     EXPECT_EQ(got.values, expected.values) << name;
     EXPECT_EQ(got.scales, expected.scales) << name;
-    const std::vector<float>& w = multiplied_out.parameters().at(name).data;
+    EXPECT_TRUE(int8_host.at(name).data.empty()) << name;  // held in int8 only
+    const std::vector<float>& w = multiplied_out_host.at(name).data;
     const int64_t cols = tensor.shape[1];
     for (size_t i = 0; i < w.size(); ++i) {
       ASSERT_EQ(w[i], float(expected.values[i]) * expected.scales[i / size_t(cols)]) << name;
@@ -276,7 +282,7 @@ TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
 TEST(ModelFile, Int8FileErrorsAreNamed) {
   ModelConfig c = preset_config("tiny");
   c.src_vocab_size = c.tgt_vocab_size = 30;
-  const Model model = init_model(c, 1);
+  const TensorMap parameters = init_model(c, 1).parameters().to_host();
   const std::map<std::string, std::string> metadata{{"config", config_to_json_text(c)}};
   const std::string path = temp_path("bad_int8.safetensors");
   const std::string q = "encoder.layers.0.self_attn.q.weight";
@@ -285,8 +291,7 @@ TEST(ModelFile, Int8FileErrorsAreNamed) {
   auto expect_refused = [&](std::map<std::string, StoredTensor> changes,
                             const std::string& fragment) {
     std::map<std::string, StoredTensor> stored;
-    for (const auto& [name, t] : model.parameters())
-      stored[name] = StoredTensor{"F32", t.shape, t.ptr()};
+    for (const auto& [name, t] : parameters) stored[name] = StoredTensor{"F32", t.shape, t.ptr()};
     for (auto& [name, t] : changes) stored[name] = t;
     write_safetensors(path, stored, metadata);
     try {
@@ -305,12 +310,12 @@ TEST(ModelFile, Int8FileErrorsAreNamed) {
   expect_refused({{q + "_scale", {"F32", {64}, scales.data()}}}, "unexpected tensor");
   // Correct: loads, and the weight is 0.5 everywhere in float32.
   std::map<std::string, StoredTensor> stored;
-  for (const auto& [name, t] : model.parameters()) stored[name] = {"F32", t.shape, t.ptr()};
+  for (const auto& [name, t] : parameters) stored[name] = {"F32", t.shape, t.ptr()};
   stored[q] = {"I8", {64, 64}, values.data()};
   stored[q + "_scale"] = {"F32", {64}, scales.data()};
   write_safetensors(path, stored, metadata);
   const Model loaded = load_model(path);
-  EXPECT_EQ(loaded.parameters().at(q).data, std::vector<float>(64 * 64, 0.5f));
+  EXPECT_EQ(loaded.parameters().to_host().at(q).data, std::vector<float>(64 * 64, 0.5f));
   std::remove(path.c_str());
 }
 

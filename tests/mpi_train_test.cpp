@@ -55,8 +55,9 @@ std::string train_flags(const std::string& dir, int steps) {
 // tensor's largest value while the tensor as a whole agrees to ~1e-6.
 double max_relative_difference(const tfm::Model& a, const tfm::Model& b, std::string& where) {
   double worst = 0;
-  for (const auto& [name, tb] : b.parameters()) {
-    const auto& ta = a.parameters().at(name);
+  const tfm::TensorMap a_host = a.parameters().to_host();
+  for (const auto& [name, tb] : b.parameters().to_host()) {
+    const auto& ta = a_host.at(name);
     double norm = 0, diff = 0;
     for (size_t i = 0; i < tb.data.size(); ++i) {
       norm += double(tb.data[i]) * tb.data[i];

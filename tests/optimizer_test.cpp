@@ -21,7 +21,7 @@ using testing_support::fixture_batch;
 // Runs `steps` optimizer steps on the fixture batch; returns the loss before each.
 std::vector<double> train_steps(Model& model, const TokenBatch& batch, Optimizer& optimizer,
                                 int steps) {
-  DeviceTensors gradients = DeviceTensors::zeros_like(model.backend(), model.parameters());
+  DeviceTensors gradients = DeviceTensors::zeros_like(model.parameters());
   const TransformerGradients g = bind_gradients(model.config(), gradients);
   TrainingWorkspace ws;
   int64_t tokens = 0;
@@ -38,7 +38,7 @@ std::vector<double> train_steps(Model& model, const TokenBatch& batch, Optimizer
 
 void expect_parameters_near(const Model& model, const TensorMap& expected,
                             const std::string& prefix, double tolerance) {
-  for (const auto& [name, t] : model.parameters()) {
+  for (const auto& [name, t] : model.parameters().to_host()) {
     const Tensor& e = expected.at(prefix + name);
     double worst = 0;
     for (size_t i = 0; i < t.data.size(); ++i)
@@ -81,7 +81,7 @@ TEST(Optimizer, ThreeAdamStepsMatchTorchOptimAdam) {
                   1e-5);
     // k.bias gradients are exactly zero in theory; ours are exactly zero, so Adam leaves those
     // biases where torch's float64 run (rounding noise ~1e-17) leaves them too.
-    for (const auto& [param, t] : model.parameters()) {
+    for (const auto& [param, t] : model.parameters().to_host()) {
       const Tensor& e = expected.at("adam3." + param);
       for (size_t i = 0; i < t.data.size(); ++i)
         ASSERT_NEAR(t.data[i], e.data[i], 2e-5) << param << "[" << i << "]";
@@ -104,10 +104,8 @@ TEST(Optimizer, PaperScheduleWarmsUpThenDecays) {
 
 // The norm is over all gradients together (one block), not per tensor.
 TEST(Optimizer, ClippingScalesTheGlobalNorm) {
-  TensorMap params;
-  params.emplace("a", Tensor({1}));
-  params.emplace("b", Tensor({1}));
-  DeviceTensors grads = DeviceTensors::zeros_like(cpu_backend(), params);
+  DeviceTensors params(cpu_backend(), {{"a", {1}}, {"b", {1}}}, DeviceTensors::Layout::kPerTensor);
+  DeviceTensors grads = DeviceTensors::zeros_like(params);
   grads.at("a").ptr()[0] = 3.f;
   grads.at("b").ptr()[0] = 4.f;
   OptimizerOptions o;
@@ -117,15 +115,15 @@ TEST(Optimizer, ClippingScalesTheGlobalNorm) {
   o.clip_norm = 1.0;
   Optimizer sgd(o, params);
   EXPECT_NEAR(sgd.apply(params, grads, 4), 5.0, 1e-9);
-  EXPECT_NEAR(params.at("a").data[0], -0.6f, 1e-6);
-  EXPECT_NEAR(params.at("b").data[0], -0.8f, 1e-6);
+  EXPECT_NEAR(params.at("a").ptr()[0], -0.6f, 1e-6);
+  EXPECT_NEAR(params.at("b").ptr()[0], -0.8f, 1e-6);
 }
 
 TEST(Optimizer, NonFiniteGradientLeavesEverythingUntouched) {
-  TensorMap params;
-  params.emplace("a", Tensor({3}));
-  params.at("a").data = {1.f, 2.f, 3.f};
-  DeviceTensors grads = DeviceTensors::zeros_like(cpu_backend(), params);
+  DeviceTensors params(cpu_backend(), {{"a", {3}}}, DeviceTensors::Layout::kPerTensor);
+  const float start[3] = {1.f, 2.f, 3.f};
+  params.copy_from_host("a", start);
+  DeviceTensors grads = DeviceTensors::zeros_like(params);
   const float good[3] = {0.5f, -0.25f, 1.f};
   grads.copy_from_host("a", good);
   OptimizerOptions o;
@@ -133,13 +131,13 @@ TEST(Optimizer, NonFiniteGradientLeavesEverythingUntouched) {
   o.lr = 0.1;
   Optimizer adam(o, params);
   adam.apply(params, grads, 4);  // one good step: moments become non-zero
-  const TensorMap params_before = params, moments_before = adam.state();
+  const TensorMap params_before = params.to_host(), moments_before = adam.state();
   for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
     const float with_bad[3] = {0.5f, bad, 1.f};
     grads.copy_from_host("a", with_bad);
     EXPECT_FALSE(std::isfinite(adam.apply(params, grads, 4)));
     EXPECT_EQ(adam.step(), 1);
-    EXPECT_EQ(params.at("a").data, params_before.at("a").data);
+    EXPECT_EQ(params.to_host().at("a").data, params_before.at("a").data);
     for (const auto& [name, t] : adam.state()) EXPECT_EQ(t.data, moments_before.at(name).data);
   }
 }

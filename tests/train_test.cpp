@@ -178,9 +178,11 @@ TEST(Train, ResumeContinuesBitForBit) {
   tfm::Model a = tfm::load_model(work.path("straight/checkpoints/step-000000015.safetensors"));
   tfm::Model b = tfm::load_model(work.path("straight/checkpoints/step-000000020.safetensors"));
   const auto& name = "decoder.layers.1.ffn.fc2.weight";
+  const tfm::Tensor mean = average.parameters().to_host().at(name),
+                    first = a.parameters().to_host().at(name),
+                    second = b.parameters().to_host().at(name);
   for (size_t i = 0; i < 50; ++i)
-    EXPECT_FLOAT_EQ(average.parameters().at(name).data[i],
-                    0.5f * (a.parameters().at(name).data[i] + b.parameters().at(name).data[i]));
+    EXPECT_FLOAT_EQ(mean.data[i], 0.5f * (first.data[i] + second.data[i]));
 }
 
 // Starts a long run in the background, waits for its first checkpoint, signals it.

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -106,6 +107,18 @@ T* upload(const Backend& backend, const T* host, int64_t n, DeviceBuffer<T>& buf
   T* device = ensure_size(backend, buffer, n);
   if (n > 0) backend.copy_from_host(host, n * int64_t(sizeof(T)), device);
   return device;
+}
+
+// The n elements at `device` (the backend's memory) as the host can read them: the pointer itself
+// where the backend's memory is the host's (Backend::memory_is_host: no copy), else a copy in
+// `staging`. The one way host code (files, checksums, quantising) reads the backend's memory.
+template <typename T>
+const T* host_readable(const Backend& backend, const T* device, int64_t n,
+                       std::vector<T>& staging) {
+  if (backend.memory_is_host() || n == 0) return device;
+  staging.resize(size_t(n));
+  backend.copy_to_host(device, n * int64_t(sizeof(T)), staging.data());
+  return staging.data();
 }
 
 }  // namespace tfm

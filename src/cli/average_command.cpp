@@ -41,18 +41,20 @@ CommandRunner add_average_command(CLI::App& app) {
     if (files.empty()) throw Error("nothing to average: give model files or --model-dir");
     TensorMap sum;
     std::optional<ModelConfig> config;
+    std::vector<float> add;  // a tensor being added, copied where the host cannot read it
     for (const auto& path : files) {
       Model m = load_model(path);
       if (!config) {
         config = m.config();
-        sum = m.parameters();
+        sum = m.parameters().to_host();
         continue;
       }
       if (config_to_json(*config) != config_to_json(m.config()))
         throw Error(path + ": its config differs from " + files.front() + "'s");
       for (auto& [name, t] : sum) {
-        const Tensor& add = m.parameters().at(name);
-        for (size_t i = 0; i < t.data.size(); ++i) t.data[i] += add.data[i];
+        const float* values =
+            host_readable(m.backend(), m.parameters().at(name).ptr(), int64_t(t.data.size()), add);
+        for (size_t i = 0; i < t.data.size(); ++i) t.data[i] += values[i];
       }
     }
     const float inv = 1.f / float(files.size());

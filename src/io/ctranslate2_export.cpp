@@ -61,7 +61,7 @@ Tensor stack_rows(const TensorMap& p, const std::vector<std::string>& names) {
 
 SpecTensors spec_tensors(const Model& model) {
   const ModelConfig& c = model.config();
-  const TensorMap& p = model.parameters();
+  const TensorMap p = model.parameters().to_host();
   SpecTensors s;
   auto linear = [&](const std::string& to, const std::string& from,
                     const std::vector<const char*>& parts) {

@@ -21,34 +21,43 @@ void allow_nonfinite_weights(bool allow) {
 
 namespace {
 
-bool finite(const Tensor& t) {
+bool finite(const float* values, int64_t n) {
   // An exponent of all ones is Inf or NaN; the integer test is branch-free and vectorises.
   uint32_t special = 0;
-  for (float x : t.data)
-    special |= uint32_t((std::bit_cast<uint32_t>(x) & 0x7f800000u) == 0x7f800000u);
+  for (int64_t i = 0; i < n; ++i)
+    special |= uint32_t((std::bit_cast<uint32_t>(values[i]) & 0x7f800000u) == 0x7f800000u);
   return special == 0;
 }
 
-// Throws Error naming the first non-finite element of `t`, unless --allow-nonfinite.
-void check_finite_tensor(const std::string& name, const Tensor& t, const std::string& where) {
-  if (g_allow_nonfinite_weights || finite(t)) return;
-  for (size_t i = 0; i < t.data.size(); ++i)
-    if (!std::isfinite(t.data[i]))
+// Throws Error naming the first non-finite element of values[n], unless --allow-nonfinite.
+void check_finite_tensor(const std::string& name, const float* values, int64_t n,
+                         const std::string& where) {
+  if (g_allow_nonfinite_weights || finite(values, n)) return;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(values[i]))
       throw Error(where + ": tensor \"" + name + "\" holds " +
-                  (std::isnan(t.data[i]) ? "NaN" : "an infinity") + " at index " +
+                  (std::isnan(values[i]) ? "NaN" : "an infinity") + " at index " +
                   std::to_string(i) + " (--allow-nonfinite loads it anyway)");
 }
 
 }  // namespace
 
-bool all_finite(const TensorMap& tensors) {
-  for (const auto& [name, t] : tensors)
-    if (!finite(t)) return false;
-  return true;
+void check_finite_parameters(const TensorMap& parameters, const std::string& where) {
+  for (const auto& [name, t] : parameters)
+    check_finite_tensor(name, t.ptr(), int64_t(t.data.size()), where);
 }
 
-void check_finite_parameters(const TensorMap& parameters, const std::string& where) {
-  for (const auto& [name, t] : parameters) check_finite_tensor(name, t, where);
+void store_tensors(const DeviceTensors& tensors, const std::string& prefix,
+                   std::map<std::string, StoredTensor>& stored, TensorMap& staged) {
+  for (const auto& [name, entry] : tensors) {
+    if (stored.count(prefix + name)) continue;
+    if (!entry.data && entry.numel() > 0)
+      throw std::logic_error("store_tensors: tensor \"" + name + "\" was released");
+    Tensor& copy = staged[prefix + name];  // stays empty where the host reads the set
+    copy.shape = entry.shape;
+    const float* values = host_readable(tensors.backend(), entry.ptr(), entry.numel(), copy.data);
+    stored[prefix + name] = StoredTensor{"F32", entry.shape, values};
+  }
 }
 
 bool stores_int8_weights(const SafetensorsHeader& header) {
@@ -88,70 +97,112 @@ ModelConfig model_config_of_header(const SafetensorsHeader& header, const std::s
 
 Model load_model(const std::string& path, const Backend& backend, ModelWeights weights) {
   ModelConfig config;
-  TensorMap tensors;
-  Int8WeightMap int8;
+  DeviceTensors parameters;  // [per tensor]
+  DeviceInt8Weights int8;    // weights stored in int8 (or quantised for kInt8)
   std::map<std::string, std::string> scale_owners;  // "<w>_scale" -> "<w>" for every I8 weight
+  // Tensors are read straight into the backend's memory where the host can write it; else
+  // through these, one tensor at a time.
+  const bool host = backend.memory_is_host();
+  std::vector<float> staging;         // [numel] a float tensor
+  std::vector<int8_t> staging_int8;   // [rows, cols]
+  std::vector<float> staging_scales;  // [rows]
+  auto at_most_one_copy = [&](auto& buffer, auto& staged, int64_t n) {
+    if (host) return buffer.allocate_uninitialized(backend, n);
+    staged.resize(size_t(n));
+    return staged.data();
+  };
+  auto keep = [&](auto& buffer, const auto* values, int64_t n) {
+    if (values != buffer.data()) upload(backend, values, n, buffer);
+  };
   // The config and every declared shape are checked before any tensor is read; each tensor is
   // checked (and quantised) as soon as it is read, so int8 never holds the file in float32.
+  SafetensorsReceiver receiver;
+  receiver.place = [&](const std::string& name, const Shape& shape) -> float* {
+    if (auto owner = scale_owners.find(name); owner != scale_owners.end())
+      return at_most_one_copy(int8[owner->second].scales, staging_scales, shape[0]);
+    if (float* entry = parameters.at(name).data; entry && host) return entry;
+    staging.resize(size_t(Tensor::numel_of(shape)));
+    return staging.data();
+  };
+  receiver.filled = [&](const std::string& name, const Shape& shape, float* values) {
+    const int64_t n = Tensor::numel_of(shape);
+    check_finite_tensor(name, values, n, path);
+    if (auto owner = scale_owners.find(name); owner != scale_owners.end()) {
+      keep(int8[owner->second].scales, values, shape[0]);
+    } else if (!parameters.at(name).data) {  // quantised for kInt8
+      DeviceInt8Matrix& q = int8[name];
+      q.shape = shape;
+      int8_t* rows = at_most_one_copy(q.values, staging_int8, n);
+      float* scales = at_most_one_copy(q.scales, staging_scales, shape[0]);
+      quantize_weight_rows(values, shape[0], shape[1], rows, scales);
+      keep(q.values, rows, n);
+      keep(q.scales, scales, shape[0]);
+    } else if (values != parameters.at(name).data) {
+      parameters.copy_from_host(name, values);
+    }
+  };
+  receiver.place_int8 = [&](const std::string& name, const Shape& shape) -> int8_t* {
+    DeviceInt8Matrix& q = int8[name];
+    q.shape = shape;
+    return at_most_one_copy(q.values, staging_int8, Tensor::numel_of(shape));
+  };
+  receiver.int8_filled = [&](const std::string& name, const Shape& shape, int8_t* values) {
+    keep(int8[name].values, values, Tensor::numel_of(shape));
+  };
   read_safetensors(
       path,
       [&](const SafetensorsHeader& header) {
         config = model_config_of_header(header, path);
+        std::map<std::string, Shape> shapes = header.shapes;
         for (const auto& [name, dtype] : header.dtypes)
-          if (dtype == "I8") scale_owners.emplace(name + kInt8ScaleSuffix, name);
+          if (dtype == "I8") {
+            scale_owners.emplace(name + kInt8ScaleSuffix, name);
+            shapes.erase(name + kInt8ScaleSuffix);
+          }
+        parameters = DeviceTensors(backend, shapes, DeviceTensors::Layout::kPerTensor, false);
+        // Weights held in int8 have no float32 memory at all.
+        if (weights == ModelWeights::kInt8)
+          for (const auto& [name, shape] : shapes)
+            if (is_int8_weight(name)) parameters.release(name);
       },
-      [&](const std::string& name, Tensor&& t) {
-        check_finite_tensor(name, t, path);
-        if (auto owner = scale_owners.find(name); owner != scale_owners.end()) {
-          int8[owner->second].scales = std::move(t.data);
-          return;
-        }
-        if (weights == ModelWeights::kInt8 && is_int8_weight(name)) {
-          int8.emplace(name, quantize_weight_rows(t));
-          std::vector<float>().swap(t.data);  // the shape stays
-        }
-        tensors.emplace(name, std::move(t));
-      },
-      [&](const std::string& name, Shape&& shape, std::vector<int8_t>&& values) {
-        Int8Matrix& q = int8[name];
-        q.shape = shape;
-        q.values = std::move(values);
-        Tensor placeholder;  // the shape, without data: the weight is held in int8
-        placeholder.shape = std::move(shape);
-        tensors.emplace(name, std::move(placeholder));
-      });
+      &receiver);
   if (weights == ModelWeights::kFloat32) {
     // Stored int8 weights multiplied out: row r is values[r, :] · scales[r].
     for (auto& [name, q] : int8) {
-      Tensor& w = tensors.at(name);
-      w.data.resize(size_t(w.numel()));
       const int64_t rows = q.shape[0], cols = q.shape[1];
+      const int8_t* values = host_readable(backend, q.view().values, rows * cols, staging_int8);
+      const float* scales = host_readable(backend, q.view().scales, rows, staging_scales);
+      float* w =
+          host ? parameters.at(name).data : (staging.resize(size_t(rows * cols)), staging.data());
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c)
-          w.data[size_t(r * cols + c)] =
-              float(q.values[size_t(r * cols + c)]) * q.scales[size_t(r)];
+          w[r * cols + c] = float(values[r * cols + c]) * scales[r];
+      if (!host) parameters.copy_from_host(name, w);
     }
     int8.clear();
   }
-  return Model(std::move(config), std::move(tensors), path, backend, std::move(int8));
+  return Model(std::move(config), std::move(parameters), path, std::move(int8));
 }
 
 void save_model(const Model& model, const std::string& path) {
   std::map<std::string, StoredTensor> stored;
-  for (const auto& [name, tensor] : model.parameters()) {
-    auto q = model.int8_weights().find(name);
-    if (q == model.int8_weights().end()) {
-      if (tensor.data.size() != size_t(tensor.numel()))
-        throw std::logic_error("save_model: tensor \"" + name + "\" holds no data");
-      stored.emplace(name, StoredTensor{"F32", tensor.shape, tensor.ptr()});
-      continue;
-    }
-    if (q->second.values.size() != size_t(tensor.numel()))  // released by Model::prepared
+  TensorMap staged;  // tensors in memory the host cannot read, copied
+  std::map<std::string, Int8Matrix> staged_int8;
+  const Backend& backend = model.backend();
+  for (const auto& [name, q] : model.int8_weights()) {
+    if (q.values.size() != Tensor::numel_of(q.shape))  // released by Model::prepared
       throw std::logic_error("save_model: the int8 rows of \"" + name + "\" were released");
-    stored.emplace(name, StoredTensor{"I8", q->second.shape, q->second.values.data()});
-    stored.emplace(name + kInt8ScaleSuffix,
-                   StoredTensor{"F32", {q->second.shape[0]}, q->second.scales.data()});
+    Int8Matrix& copy = staged_int8[name];  // stays empty where the host reads the backend
+    stored.emplace(
+        name, StoredTensor{"I8", q.shape,
+                           host_readable(backend, q.values.data(), q.values.size(), copy.values)});
+    stored.emplace(
+        name + kInt8ScaleSuffix,
+        StoredTensor{"F32",
+                     {q.shape[0]},
+                     host_readable(backend, q.scales.data(), q.scales.size(), copy.scales)});
   }
+  store_tensors(model.parameters(), "", stored, staged);  // the float32 ones
   write_safetensors(path, stored, {{"config", config_to_json_text(model.config())}});
 }
 

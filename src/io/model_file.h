@@ -7,6 +7,8 @@
 #include <map>
 #include <string>
 
+#include "backend/device_int8_weights.h"
+#include "backend/device_tensors.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
 
@@ -42,14 +44,18 @@ inline constexpr const char* kInt8ScaleSuffix = "_scale";
 // Whether a model file's header stores matrices in int8.
 bool stores_int8_weights(const SafetensorsHeader& header);
 
-// True when every element of every tensor is finite.
-bool all_finite(const TensorMap& tensors);
-
 // Weights read from files (models, checkpoints, imports) are checked for NaN / Inf: throws Error
 // naming `where`, the first bad tensor and index. allow_nonfinite_weights(true) (the CLI's
 // --allow-nonfinite) turns the check off for the whole process.
 void check_finite_parameters(const TensorMap& parameters, const std::string& where);
 void allow_nonfinite_weights(bool allow);
+// What write_safetensors writes for a set of tensors, each named prefix + name: pointers into
+// the set where the host can read the backend's memory (no copy: a checkpoint adds nothing to
+// training's peak memory), else host copies kept in `staged` until the write. Names already in
+// `stored` are left as they are (a weight stored in int8); any other released tensor is a
+// std::logic_error.
+void store_tensors(const DeviceTensors& tensors, const std::string& prefix,
+                   std::map<std::string, StoredTensor>& stored, TensorMap& staged);
 // Writes config + parameters atomically: all float32, or, for a model that holds its linear
 // weights in int8 (Model::holds_int8_weights), those as I8 with their row scales.
 void save_model(const Model& model, const std::string& path);

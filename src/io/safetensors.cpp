@@ -59,8 +59,7 @@ using DataReader = std::function<void(uint64_t offset, uint64_t bytes, char* des
 
 SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataReader& read_data,
                       const std::string& where, const SafetensorsHeaderCheck& check,
-                      const SafetensorsTensorSink& sink = {},
-                      const SafetensorsInt8Sink& int8_sink = {}) {
+                      const SafetensorsReceiver* receiver = nullptr) {
   auto fail = [&](const std::string& message) -> void {
     throw Error(where + ": not a valid safetensors file: " + message);
   };
@@ -152,7 +151,9 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
   if (!read_data) return file;  // the caller wanted the header alone
   // Only now, with every declaration checked against the file's size, the caller's config (and
   // the total in memory against the memory limit), allocate and read.
-  auto kept_as_int8 = [&](const Range& range) { return int8_sink && range.dtype == "I8"; };
+  auto kept_as_int8 = [&](const Range& range) {
+    return receiver && receiver->place_int8 && range.dtype == "I8";
+  };
   uint64_t memory_bytes = 0;
   for (const Range& range : ranges)
     memory_bytes += uint64_t(Tensor::numel_of(range.shape)) * (kept_as_int8(range) ? 1 : 4);
@@ -161,23 +162,31 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
   for (Range& range : ranges) {
     const uint64_t bytes = range.end - range.begin;
     if (kept_as_int8(range)) {
-      std::vector<int8_t> values(static_cast<size_t>(bytes));  // [shape...]
-      read_data(range.begin, bytes, reinterpret_cast<char*>(values.data()));
-      int8_sink(range.name, std::move(range.shape), std::move(values));
+      int8_t* values = receiver->place_int8(range.name, range.shape);  // [shape...]
+      read_data(range.begin, bytes, reinterpret_cast<char*>(values));
+      receiver->int8_filled(range.name, range.shape, values);
       continue;
     }
-    Tensor t(std::move(range.shape));
+    Tensor own;  // without a receiver: [shape...]
+    float* values = nullptr;
+    if (receiver) {
+      values = receiver->place(range.name, range.shape);
+    } else {
+      own = Tensor(range.shape);
+      values = own.ptr();
+    }
+    const int64_t numel = Tensor::numel_of(range.shape);
     if (range.dtype == "F32") {
-      read_data(range.begin, bytes, reinterpret_cast<char*>(t.ptr()));
+      read_data(range.begin, bytes, reinterpret_cast<char*>(values));
     } else {
       staging.resize(size_t(bytes));
       read_data(range.begin, bytes, staging.data());
-      convert_to_float(range.dtype, staging.data(), t.numel(), t.ptr());
+      convert_to_float(range.dtype, staging.data(), numel, values);
     }
-    if (sink)
-      sink(range.name, std::move(t));
+    if (receiver)
+      receiver->filled(range.name, range.shape, values);
     else
-      file.tensors.emplace(range.name, std::move(t));
+      file.tensors.emplace(range.name, std::move(own));
   }
   return file;
 }
@@ -203,8 +212,7 @@ namespace {
 
 // read_safetensors, or only its header when !read_tensors.
 SafetensorsFile read_from_file(const std::string& path, const SafetensorsHeaderCheck& check,
-                               bool read_tensors, const SafetensorsTensorSink& sink = {},
-                               const SafetensorsInt8Sink& int8_sink = {}) {
+                               bool read_tensors, const SafetensorsReceiver* receiver = nullptr) {
   require_regular_file(path);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
@@ -237,15 +245,14 @@ SafetensorsFile read_from_file(const std::string& path, const SafetensorsHeaderC
           done += uint64_t(got);
         }
       },
-      path, check, sink, int8_sink);
+      path, check, receiver);
 }
 
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path, const SafetensorsHeaderCheck& check,
-                                 const SafetensorsTensorSink& sink,
-                                 const SafetensorsInt8Sink& int8_sink) {
-  return read_from_file(path, check, true, sink, int8_sink);
+                                 const SafetensorsReceiver* receiver) {
+  return read_from_file(path, check, true, receiver);
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {

@@ -34,19 +34,25 @@ using SafetensorsHeaderCheck = std::function<void(const SafetensorsHeader& heade
 // header.
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& where,
                                   const SafetensorsHeaderCheck& check = {});
-// Receives each tensor as soon as it is read, instead of SafetensorsFile::tensors: a reader
-// that converts tensors (int8 weights) never holds the whole file in float32.
-using SafetensorsTensorSink = std::function<void(const std::string& name, Tensor&& tensor)>;
-// Receives I8 tensors as they are stored (row-major values), instead of converted to fp32.
-using SafetensorsInt8Sink =
-    std::function<void(const std::string& name, Shape&& shape, std::vector<int8_t>&& values)>;
+// Where read_safetensors puts the tensors instead of SafetensorsFile::tensors: one at a time, in
+// file order, straight into the caller's memory, so that a reader which converts tensors (int8
+// weights) or keeps them elsewhere (a backend's memory) never holds the file twice.
+struct SafetensorsReceiver {
+  // Host-writable memory for the tensor's values converted to float32, [numel(shape)] floats,
+  // kept valid until filled() returns.
+  std::function<float*(const std::string& name, const Shape& shape)> place;
+  // Called once the memory place() gave holds the tensor's values.
+  std::function<void(const std::string& name, const Shape& shape, float* values)> filled;
+  // When set, I8 tensors are not converted: they are read as stored (row-major values) into the
+  // memory place_int8() gives, [numel(shape)] bytes, and int8_filled() is called.
+  std::function<int8_t*(const std::string& name, const Shape& shape)> place_int8;
+  std::function<void(const std::string& name, const Shape& shape, int8_t* values)> int8_filled;
+};
 
-// The same from a regular file (anything else is refused before it is opened); with `sink`, the
-// tensors go there one at a time, in file order, and SafetensorsFile::tensors stays empty; with
-// `int8_sink` too, I8 tensors go there unconverted.
+// The same from a regular file (anything else is refused before it is opened); with a
+// receiver, the tensors go there and SafetensorsFile::tensors stays empty.
 SafetensorsFile read_safetensors(const std::string& path, const SafetensorsHeaderCheck& check = {},
-                                 const SafetensorsTensorSink& sink = {},
-                                 const SafetensorsInt8Sink& int8_sink = {});
+                                 const SafetensorsReceiver* receiver = nullptr);
 
 // The validated header alone, without reading any tensor.
 SafetensorsHeader read_safetensors_header(const std::string& path);

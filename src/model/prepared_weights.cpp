@@ -56,9 +56,11 @@ struct Preparer {
   // one once for all its uses, a tied output projection's product among them).
   void quantize_embeddings(TransformerWeights& w, const ModelConfig& config) {
     auto quantize = [&](const float* table, int64_t vocab) {
+      std::vector<float> staged;                                                // [vocab, D]
       std::vector<int8_t> values(static_cast<size_t>(vocab * config.d_model));  // [vocab, D]
       std::vector<float> scales(static_cast<size_t>(vocab));                    // [vocab]
-      quantize_weight_rows(table, vocab, config.d_model, values.data(), scales.data());
+      quantize_weight_rows(host_readable(backend, table, vocab * config.d_model, staged), vocab,
+                           config.d_model, values.data(), scales.data());
       PreparedWeights::Int8Table& q = out.int8_embeddings.emplace_back();
       return Int8Rows{upload(backend, values.data(), int64_t(values.size()), q.values),
                       upload(backend, scales.data(), int64_t(scales.size()), q.scales)};

@@ -14,29 +14,39 @@ namespace tfm {
 
 Model::Model(ModelConfig config, TensorMap parameters, const std::string& where,
              const Backend& backend, Int8WeightMap int8_weights)
+    : Model(std::move(config), DeviceTensors::upload(backend, std::move(parameters)), where,
+            upload_int8_weights(backend, std::move(int8_weights))) {}
+
+Model::Model(ModelConfig config, DeviceTensors parameters, const std::string& where,
+             DeviceInt8Weights int8_weights)
     : config_(std::move(config)),
-      backend_(&backend),
+      backend_(&parameters.backend()),
       parameters_(std::move(parameters)),
       int8_weights_(std::move(int8_weights)) {
   validate_config(config_, where);
+  if (parameters_.layout() != DeviceTensors::Layout::kPerTensor)
+    throw std::logic_error("Model: parameters must be allocated per tensor");
   for (const auto& [name, q] : int8_weights_) {
     auto it = parameters_.find(name);
-    if (it == parameters_.end() || it->second.shape != q.shape || !it->second.data.empty() ||
-        q.values.size() != size_t(Tensor::numel_of(q.shape)) || q.shape.size() != 2 ||
-        q.scales.size() != size_t(q.shape[0]))
+    if (it == parameters_.end() || it->second.shape != q.shape || it->second.data ||
+        q.shape.size() != 2 || q.values.size() != Tensor::numel_of(q.shape) ||
+        q.scales.size() != q.shape[0] || q.values.backend() != backend_ ||
+        q.scales.backend() != backend_)
       throw Error(where + ": int8 weight \"" + name + "\" does not match its tensor");
   }
+  for (const auto& [name, entry] : parameters_)
+    if (!entry.data && entry.numel() > 0 && !int8_weights_.count(name))
+      throw Error(where + ": tensor \"" + name + "\" holds no data");
   weights_ = bind_weights(config_, parameters_, where, &int8_weights_);
   if (holds_int8_weights()) inference_only_ = Precision::kInt8;
   if (config_.position_encoding == PositionEncoding::kSinusoidal) {
     std::vector<float> table(size_t(config_.max_positions * config_.d_model));
     fill_sinusoid_table(config_, table.data());
-    backend_->copy_from_host(table.data(), int64_t(table.size() * sizeof(float)),
-                             sinusoids_.allocate_uninitialized(*backend_, int64_t(table.size())));
+    upload(*backend_, table.data(), int64_t(table.size()), sinusoids_);
   }
 }
 
-TensorMap& Model::mutable_parameters() {
+DeviceTensors& Model::mutable_parameters() {
   if (holds_int8_weights())
     throw Error("this model holds its weights in int8 for inference only; load it in float32");
   if (inference_only_)
@@ -78,19 +88,19 @@ std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) cons
   // packed copy exists, so at no time are there two copies of all the weights. The embeddings
   // are read by every step: they stay, except a float32 table tied to the output projection,
   // whose rows the lookups then read from the packed projection.
-  std::map<const void*, std::vector<float>*> float_sources;
-  for (auto& [name, tensor] : parameters_)
-    if ((is_linear_weight(name) || is_token_embedding(name)) && !tensor.data.empty())
-      float_sources.emplace(tensor.data.data(), &tensor.data);
-  std::map<const void*, std::vector<int8_t>*> int8_sources;
-  for (auto& [name, q] : int8_weights_)
-    if (is_linear_weight(name)) int8_sources.emplace(q.values.data(), &q.values);
+  std::map<const void*, std::string> float_sources;  // data -> parameter name
+  for (const auto& [name, entry] : parameters_)
+    if ((is_linear_weight(name) || is_token_embedding(name)) && entry.data)
+      float_sources.emplace(entry.data, name);
+  std::map<const void*, std::string> int8_sources;  // values -> parameter name
+  for (const auto& [name, q] : int8_weights_)
+    if (is_linear_weight(name)) int8_sources.emplace(q.values.data(), name);
   prepared = prepare_weights(*backend_, config_, weights_, precision, [&](const void* source) {
     if (auto f = float_sources.find(source); f != float_sources.end()) {
-      std::vector<float>().swap(*f->second);
+      parameters_.release(f->second);
       float_sources.erase(f);
     } else if (auto q = int8_sources.find(source); q != int8_sources.end()) {
-      std::vector<int8_t>().swap(*q->second);
+      int8_weights_.at(q->second).values.reset();
       int8_sources.erase(q);
     }
   });

@@ -12,6 +12,8 @@
 
 #include "backend/backend.h"
 #include "backend/device_buffer.h"
+#include "backend/device_int8_weights.h"
+#include "backend/device_tensors.h"
 #include "model/config.h"
 #include "model/stacks.h"
 #include "model/weights.h"
@@ -24,11 +26,15 @@ struct PreparedWeights;  // model/prepared_weights.h
 class Model {
  public:
   // Validates config and parameter shapes (throws Error naming `where`). Every forward and
-  // backward pass of this model runs on `backend` (--device); the parameters live in its memory.
-  // int8_weights: linear weights and embeddings held only in int8 (a model loaded for
-  // --compute-type int8, io/model_file.h), whose tensors in `parameters` keep their shape and no
-  // data. Such a model runs inference in int8 only; it cannot be trained, saved or prepared in
-  // another precision.
+  // backward pass of this model runs on the backend whose memory holds `parameters` (--device;
+  // DeviceTensors::Layout::kPerTensor). int8_weights: linear weights and embeddings held only
+  // in int8 (a model loaded for --compute-type int8, io/model_file.h), whose entries in
+  // `parameters` keep their shape and are released. Such a model runs inference in int8 only;
+  // it cannot be trained, saved in float32 or prepared in another precision.
+  Model(ModelConfig config, DeviceTensors parameters, const std::string& where,
+        DeviceInt8Weights int8_weights = {});
+  // The same from host tensors, copied into `backend`'s memory (each freed once copied); a
+  // tensor without data is one that int8_weights holds.
   Model(ModelConfig config, TensorMap parameters, const std::string& where,
         const Backend& backend = cpu_backend(), Int8WeightMap int8_weights = {});
   Model(Model&&) = default;
@@ -38,10 +44,13 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const Backend& backend() const { return *backend_; }
   const TransformerWeights& weights() const { return weights_; }
-  const TensorMap& parameters() const { return parameters_; }
+  // The parameters in the backend's memory; files and tools read them through to_host() (or in
+  // place where Backend::memory_is_host()). Entries of weights that an inference-only model
+  // has packed, or that it holds in int8, are released.
+  const DeviceTensors& parameters() const { return parameters_; }
   // For optimizers: values may change in place, never shapes or names (the views stay valid).
   // Drops the prepared weights, so call it again before each change.
-  TensorMap& mutable_parameters();
+  DeviceTensors& mutable_parameters();
   // Whether weights are held in int8 only (see the constructor).
   bool holds_int8_weights() const { return !int8_weights_.empty(); }
   // Marks the model as running inference in `precision` only (translate, score, serve): its
@@ -51,9 +60,9 @@ class Model {
   // int8 weights is inference-only in int8 from its construction. Throws Error for a precision
   // other than an int8 model's, or once prepared.
   void set_inference_only(Precision precision);
-  // Those int8 weights by parameter name (empty for a float32 model); their rows are released
-  // once prepared() has packed them.
-  const Int8WeightMap& int8_weights() const { return int8_weights_; }
+  // Those int8 weights by parameter name, in the backend's memory (empty for a float32 model);
+  // their rows are released once prepared() has packed them.
+  const DeviceInt8Weights& int8_weights() const { return int8_weights_; }
   // The weights prepared for inference in `precision` (model/prepared_weights.h), built on
   // first use and shared by every later caller (a translation run prepares once). Thread-safe.
   std::shared_ptr<const PreparedWeights> prepared(Precision precision) const;
@@ -69,11 +78,12 @@ class Model {
  private:
   ModelConfig config_;
   const Backend* backend_;
-  mutable TensorMap parameters_;
+  mutable DeviceTensors parameters_;
   // Mutable: prepared() frees the int8 rows once they are packed (the map keeps the names, the
-  // shapes and the scales); weights_' int8 views are not read after that. Likewise the linear
-  // weights of parameters_ for an inference-only model (their tensors keep name and shape).
-  mutable Int8WeightMap int8_weights_;
+  // shapes and the scales); weights_' int8 views are not read after that. Likewise it releases
+  // the linear weights of parameters_ for an inference-only model (their entries keep name and
+  // shape).
+  mutable DeviceInt8Weights int8_weights_;
   std::optional<Precision> inference_only_;
   TransformerWeights weights_;
   DeviceBuffer<float> sinusoids_;  // [max_positions, D] when sinusoidal

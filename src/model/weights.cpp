@@ -7,8 +7,8 @@ namespace tfm {
 
 namespace {
 
-// Map is a const TensorMap (weights) or a DeviceTensors (gradients); F is const float or float
-// to match.
+// Map is a const DeviceTensors (weights), a DeviceTensors (gradients) or a const TensorMap
+// (single layers for tests); F is const float or float to match.
 template <typename Map>
 auto& find(Map& tensors, const std::string& name) {
   auto it = tensors.find(name);
@@ -19,7 +19,7 @@ auto& find(Map& tensors, const std::string& name) {
 // int8: the weights held in int8 (tensor/int8_weights.h), whose float tensors keep only their
 // shape; a Linear whose weight is found there reads it instead (weight null). Null: none.
 template <typename F>
-void bind_int8(Linear<F>& l, const std::string& name, const Int8WeightMap* int8) {
+void bind_int8(Linear<F>& l, const std::string& name, const DeviceInt8Weights* int8) {
   if (!int8) return;
   auto it = int8->find(name);
   if (it == int8->end()) return;
@@ -28,7 +28,7 @@ void bind_int8(Linear<F>& l, const std::string& name, const Int8WeightMap* int8)
 }
 
 template <typename F, typename Map>
-Linear<F> bind_linear(Map& tensors, const std::string& prefix, const Int8WeightMap* int8) {
+Linear<F> bind_linear(Map& tensors, const std::string& prefix, const DeviceInt8Weights* int8) {
   auto& w = find(tensors, prefix + ".weight");
   if (w.shape.size() != 2) throw Error("tensor \"" + prefix + ".weight\" is not a matrix");
   Linear<F> l;
@@ -46,14 +46,14 @@ LayerNormParams<F> bind_norm(Map& tensors, const std::string& prefix) {
 }
 
 template <typename F, typename Map>
-FeedForward<F> bind_ffn(Map& tensors, const std::string& prefix, const Int8WeightMap* int8) {
+FeedForward<F> bind_ffn(Map& tensors, const std::string& prefix, const DeviceInt8Weights* int8) {
   return {bind_linear<F>(tensors, prefix + ".fc1", int8),
           bind_linear<F>(tensors, prefix + ".fc2", int8)};
 }
 
 template <typename F, typename Map>
 Attention<F> bind_attention_of(Map& tensors, const std::string& prefix, AttentionScoring scoring,
-                               const Int8WeightMap* int8) {
+                               const DeviceInt8Weights* int8) {
   Attention<F> a;
   a.q = bind_linear<F>(tensors, prefix + ".q", int8);
   a.k = bind_linear<F>(tensors, prefix + ".k", int8);
@@ -67,7 +67,7 @@ Attention<F> bind_attention_of(Map& tensors, const std::string& prefix, Attentio
 
 template <typename F, typename Map>
 EncoderLayer<F> bind_encoder_layer_of(Map& tensors, const std::string& prefix,
-                                      AttentionScoring scoring, const Int8WeightMap* int8) {
+                                      AttentionScoring scoring, const DeviceInt8Weights* int8) {
   return {bind_attention_of<F>(tensors, prefix + ".self_attn", scoring, int8),
           bind_norm<F>(tensors, prefix + ".norm1"), bind_ffn<F>(tensors, prefix + ".ffn", int8),
           bind_norm<F>(tensors, prefix + ".norm2")};
@@ -75,7 +75,7 @@ EncoderLayer<F> bind_encoder_layer_of(Map& tensors, const std::string& prefix,
 
 template <typename F, typename Map>
 DecoderLayer<F> bind_decoder_layer_of(Map& tensors, const std::string& prefix,
-                                      AttentionScoring scoring, const Int8WeightMap* int8) {
+                                      AttentionScoring scoring, const DeviceInt8Weights* int8) {
   return {bind_attention_of<F>(tensors, prefix + ".self_attn", scoring, int8),
           bind_norm<F>(tensors, prefix + ".norm1"),
           bind_attention_of<F>(tensors, prefix + ".cross_attn", scoring, int8),
@@ -86,7 +86,7 @@ DecoderLayer<F> bind_decoder_layer_of(Map& tensors, const std::string& prefix,
 
 template <typename F, typename Map>
 TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors,
-                              const Int8WeightMap* int8 = nullptr) {
+                              const DeviceInt8Weights* int8 = nullptr) {
   TransformerParams<F> w;
   // An embedding's float rows, or null and its int8 view when int8 holds it.
   auto embedding = [&](const char* name, Int8Rows& int8_view) -> F* {
@@ -183,16 +183,9 @@ bool is_linear_weight(const std::string& name) {
   return false;
 }
 
-void check_parameters(const ModelConfig& config, const TensorMap& tensors,
-                      const std::string& where) {
-  std::map<std::string, Shape> shapes;
-  for (const auto& [name, tensor] : tensors) shapes.emplace(name, tensor.shape);
-  check_parameter_shapes(config, shapes, where);
-}
-
-TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tensors,
-                                const std::string& where, const Int8WeightMap* int8) {
-  check_parameters(config, tensors, where);
+TransformerWeights bind_weights(const ModelConfig& config, const DeviceTensors& tensors,
+                                const std::string& where, const DeviceInt8Weights* int8) {
+  check_parameter_shapes(config, tensors.shapes(), where);
   return bind_all<const float>(config, tensors, int8);
 }
 
@@ -214,9 +207,7 @@ TransformerWeights with_product_precision(TransformerWeights weights, Precision 
 }
 
 TransformerGradients bind_gradients(const ModelConfig& config, DeviceTensors& gradients) {
-  std::map<std::string, Shape> shapes;
-  for (const auto& [name, entry] : gradients) shapes.emplace(name, entry.shape);
-  check_parameter_shapes(config, shapes, "gradients");
+  check_parameter_shapes(config, gradients.shapes(), "gradients");
   return bind_all<float>(config, gradients);
 }
 

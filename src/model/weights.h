@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "backend/device_int8_weights.h"
 #include "backend/device_tensors.h"
 #include "model/config.h"
 #include "tensor/int8_weights.h"
@@ -116,10 +117,8 @@ using TransformerWeights = TransformerParams<const float>;
 using TransformerGradients = TransformerParams<float>;
 
 // Throws Error("<where>: missing tensor ..." / "... has shape ..., expected ...") on mismatch,
-// and on tensors the config does not use.
-void check_parameters(const ModelConfig& config, const TensorMap& tensors,
-                      const std::string& where);
-// The same on declared shapes alone (a file's header, before its data is read).
+// and on tensors the config does not use (of a model's tensors, or a file's declared shapes
+// before its data is read).
 void check_parameter_shapes(const ModelConfig& config, const std::map<std::string, Shape>& shapes,
                             const std::string& where);
 
@@ -142,8 +141,8 @@ inline bool is_int8_weight(const std::string& name) {
 
 // Views into `tensors` (which must outlive the result); checks as above. The linear weights
 // found in `int8` (which must outlive the result too) are bound to it instead.
-TransformerWeights bind_weights(const ModelConfig& config, const TensorMap& tensors,
-                                const std::string& where, const Int8WeightMap* int8 = nullptr);
+TransformerWeights bind_weights(const ModelConfig& config, const DeviceTensors& tensors,
+                                const std::string& where, const DeviceInt8Weights* int8 = nullptr);
 // The same over gradient buffers (the parameters' names and shapes, in a backend's memory).
 TransformerGradients bind_gradients(const ModelConfig& config, DeviceTensors& gradients);
 

@@ -112,21 +112,12 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
   if (keep > 0) save_model(model, dir + name);
 
   // Written from where the tensors are, not from copies (a copy of the parameters and both
-  // moments would add three model sizes to training's peak memory at every save); moments in
-  // memory the host cannot read are copied to `staged` first.
+  // moments would add three model sizes to training's peak memory at every save).
   std::map<std::string, StoredTensor> stored;
   TensorMap staged;
-  for (const auto& [prefix, moments] : optimizer.moments()) {
-    if (!moments->backend().memory_is_host()) {
-      staged.merge(moments->to_host(prefix));
-      continue;
-    }
-    for (const auto& [name, entry] : *moments)
-      stored.emplace(prefix + name, StoredTensor{"F32", entry.shape, entry.ptr()});
-  }
-  for (const auto& [name, t] : staged) stored.emplace(name, StoredTensor{"F32", t.shape, t.ptr()});
-  for (const auto& [param, t] : model.parameters())
-    stored.emplace("model." + param, StoredTensor{"F32", t.shape, t.ptr()});
+  for (const auto& [prefix, moments] : optimizer.moments())
+    store_tensors(*moments, prefix, stored, staged);
+  store_tensors(model.parameters(), "model.", stored, staged);
   nlohmann::json training = state.to_json();
   training["optimizer_step"] = optimizer.step();
   write_safetensors(

@@ -14,20 +14,20 @@ double learning_rate(const OptimizerOptions& o, int64_t d_model, int64_t step) {
          std::min(1.0 / std::sqrt(s), s * std::pow(double(std::max<int64_t>(o.warmup, 1)), -1.5));
 }
 
-Optimizer::Optimizer(OptimizerOptions options, const TensorMap& parameters, const Backend& backend)
-    : options_(std::move(options)), backend_(&backend) {
+Optimizer::Optimizer(OptimizerOptions options, const DeviceTensors& parameters)
+    : options_(std::move(options)), backend_(&parameters.backend()) {
   if (options_.algorithm != "adam" && options_.algorithm != "sgd")
     throw Error("unknown optimizer \"" + options_.algorithm + "\" (expected adam or sgd)");
   if (options_.schedule != "noam" && options_.schedule != "constant")
     throw Error("unknown learning-rate schedule \"" + options_.schedule +
                 "\" (expected noam or constant)");
   if (options_.algorithm == "adam") {
-    first_moment_ = DeviceTensors::zeros_like(backend, parameters);
-    second_moment_ = DeviceTensors::zeros_like(backend, parameters);
+    first_moment_ = DeviceTensors::zeros_like(parameters);
+    second_moment_ = DeviceTensors::zeros_like(parameters);
   }
 }
 
-double Optimizer::apply(TensorMap& parameters, DeviceTensors& gradients, int64_t d_model) {
+double Optimizer::apply(DeviceTensors& parameters, DeviceTensors& gradients, int64_t d_model) {
   // One block, so the norm and the clipping are one call each over all gradients.
   const double norm = std::sqrt(backend_->sum_of_squares(gradients.flat(), gradients.numel()));
   if (!std::isfinite(norm)) return norm;  // no update: the caller skips this step
@@ -60,12 +60,7 @@ std::vector<std::pair<std::string, const DeviceTensors*>> Optimizer::moments() c
 }
 
 bool Optimizer::state_is_finite() const {
-  // A sum of float squares in double is finite exactly when every element is.
-  for (const DeviceTensors* moments : {&first_moment_, &second_moment_})
-    if (!moments->empty() &&
-        !std::isfinite(backend_->sum_of_squares(moments->flat(), moments->numel())))
-      return false;
-  return true;
+  return all_finite(first_moment_) && all_finite(second_moment_);
 }
 
 void Optimizer::load_state(TensorMap&& tensors, const std::string& where) {

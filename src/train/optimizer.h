@@ -28,14 +28,14 @@ double learning_rate(const OptimizerOptions& o, int64_t d_model, int64_t step);
 
 class Optimizer {
  public:
-  // The updates run on `backend`, where the parameters and gradients live (the model's).
-  Optimizer(OptimizerOptions options, const TensorMap& parameters,
-            const Backend& backend = cpu_backend());
+  // The updates run on the backend whose memory holds the parameters (the model's) and the
+  // gradients; the moments are allocated there with the parameters' names and shapes.
+  Optimizer(OptimizerOptions options, const DeviceTensors& parameters);
 
   // Applies one update with gradients (the parameters' names and shapes; optionally clipped
   // first, in place); step becomes step() + 1. Returns the gradient norm before clipping. A
   // non-finite norm (NaN / Inf in a gradient) is returned without touching anything.
-  double apply(TensorMap& parameters, DeviceTensors& gradients, int64_t d_model);
+  double apply(DeviceTensors& parameters, DeviceTensors& gradients, int64_t d_model);
 
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }

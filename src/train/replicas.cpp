@@ -50,16 +50,27 @@ std::string Replicas::prefix() const {
   return "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": ";
 }
 
-uint64_t checksum_tensors(const TensorMap& tensors, const std::string& text) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  auto mix = [&](const void* data, size_t bytes) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 0x100000001b3ull;
-  };
-  mix(text.data(), text.size());
-  for (const auto& [name, t] : tensors) {
-    mix(name.data(), name.size());
-    mix(t.data.data(), t.data.size() * sizeof(float));
+namespace {
+
+uint64_t fnv1a(const void* data, size_t bytes, uint64_t hash) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 0x100000001b3ull;
+  return hash;
+}
+
+}  // namespace
+
+uint64_t checksum_text(const std::string& text, uint64_t hash) {
+  return fnv1a(text.data(), text.size(), hash);
+}
+
+uint64_t checksum_tensors(const DeviceTensors& tensors, uint64_t hash) {
+  std::vector<float> staged;  // one tensor, where the host cannot read the backend's memory
+  for (const auto& [name, entry] : tensors) {
+    hash = fnv1a(name.data(), name.size(), hash);
+    if (!entry.data) continue;  // released
+    const float* values = host_readable(tensors.backend(), entry.ptr(), entry.numel(), staged);
+    hash = fnv1a(values, size_t(entry.numel()) * sizeof(float), hash);
   }
   return hash;
 }
@@ -154,12 +165,15 @@ double Replicas::sum_tensors(DeviceTensors& tensors) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void Replicas::broadcast_tensors(TensorMap& tensors) {
+void Replicas::broadcast_tensors(DeviceTensors& tensors) {
   if (!distributed()) return;
-  for (auto& [name, t] : tensors)
-    for (int64_t begin = 0; begin < t.numel(); begin += kBucketFloats) {
+  if (!tensors.backend().memory_is_host())
+    throw Error("data-parallel training on --device " + tensors.backend().name() +
+                " is not supported: its parameters are not in host memory");
+  for (auto& [name, entry] : tensors)
+    for (int64_t begin = 0; begin < entry.numel(); begin += kBucketFloats) {
       MPI_Request request;
-      check_mpi(MPI_Ibcast(t.data.data() + begin, int(std::min(kBucketFloats, t.numel() - begin)),
+      check_mpi(MPI_Ibcast(entry.ptr() + begin, int(std::min(kBucketFloats, entry.numel() - begin)),
                            MPI_FLOAT, 0, MPI_COMM_WORLD, &request),
                 "broadcast");
       wait(&request, "parameter broadcast");
@@ -207,7 +221,7 @@ void Replicas::sum(double*, int64_t) {}
 double Replicas::sum_tensors(DeviceTensors&) {
   return 0;
 }
-void Replicas::broadcast_tensors(TensorMap&) {}
+void Replicas::broadcast_tensors(DeviceTensors&) {}
 bool Replicas::all_equal(uint64_t) {
   return true;
 }

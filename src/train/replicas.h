@@ -45,8 +45,8 @@ class Replicas {
   // throws Error otherwise: a backend with memory of its own would stage it through the host
   // here, or hand MPI device pointers it understands).
   double sum_tensors(DeviceTensors& tensors);
-  // Copies rank 0's tensors to every rank.
-  void broadcast_tensors(TensorMap& tensors);
+  // Copies rank 0's tensors to every rank (in host memory, as sum_tensors).
+  void broadcast_tensors(DeviceTensors& tensors);
   // True when `value` is the same on every rank.
   bool all_equal(uint64_t value);
 
@@ -67,7 +67,10 @@ class Replicas {
 // wait for it. Does nothing outside a distributed job.
 void abort_replicas(int exit_code);
 
-// 64-bit FNV-1a over `text`, then the bytes of every tensor (names included), for replica checks.
-uint64_t checksum_tensors(const TensorMap& tensors, const std::string& text = "");
+// 64-bit FNV-1a, for replica checks: continued from `hash` over `text`, or over every tensor's
+// name and bytes (read where they are, or through a host copy of one tensor at a time).
+inline constexpr uint64_t kChecksumStart = 0xcbf29ce484222325ull;
+uint64_t checksum_text(const std::string& text, uint64_t hash = kChecksumStart);
+uint64_t checksum_tensors(const DeviceTensors& tensors, uint64_t hash = kChecksumStart);
 
 }  // namespace tfm

@@ -256,7 +256,7 @@ class TrainingRun {
                    "data parallel: %d ranks, each takes every %d-th sentence of a global batch of "
                    "%lld tokens\n",
                    replicas_.size(), replicas_.size(), (long long)o_.batch_tokens);
-    optimizer_.emplace(o_.optimizer, model_->parameters(), model_->backend());
+    optimizer_.emplace(o_.optimizer, model_->parameters());
     if (resumed_) {
       optimizer_->load_state(std::move(resumed_->optimizer_state),
                              o_.model_dir + "/checkpoint.safetensors");
@@ -267,7 +267,7 @@ class TrainingRun {
                      (long long)state_.batch_index);
       resumed_.reset();
     }
-    gradients_ = DeviceTensors::zeros_like(model_->backend(), model_->parameters());
+    gradients_ = DeviceTensors::zeros_like(model_->parameters());
     grad_views_ = bind_gradients(config, gradients_);
     dropout_.dropout = o_.dropout;
     dropout_.attention_dropout = o_.attention_dropout;
@@ -295,7 +295,10 @@ class TrainingRun {
           std::to_string(corpus_.sources.size()) + " " + std::to_string(plan_.size()) + " " +
           std::to_string(valid_batches_.size());
       // The parameters need no check: they were just broadcast from rank 0.
-      if (!replicas_.all_equal(checksum_tensors(optimizer_->state(), start_state)))
+      uint64_t checksum = checksum_text(start_state);
+      for (const auto& [prefix, moments] : optimizer_->moments())
+        checksum = checksum_tensors(*moments, checksum_text(prefix, checksum));
+      if (!replicas_.all_equal(checksum))
         throw Error(replicas_.prefix() +
                     "the ranks start from different states (checkpoint, data or options differ "
                     "between them; every rank needs the same --model-dir and data files, e.g. on "
