@@ -10,12 +10,14 @@
 #   beam4        bench/decode_bench --beam 4
 #   greedy_bf16  bench/decode_bench --beam 1 --compute-type bfloat16   (CPUs with AVX512-BF16)
 #   beam4_bf16   bench/decode_bench --beam 4 --compute-type bfloat16
+#   greedy_int8  bench/decode_bench --beam 1 --compute-type int8   (the model quantised at load)
+#   beam4_int8   bench/decode_bench --beam 4 --compute-type int8
 # and reports, per case, speed new/old (old median time / new median time; > 1: new is faster),
 # peak RSS of each, and for decoding whether the outputs are the same token sequences. Writes
 # bench/results/compare_commits.{md,json}.
 #
 # usage: bench/run_compare_commits.sh OLD [NEW]     (commits; NEW defaults to HEAD)
-# env:   OMP_NUM_THREADS (default 2)  ROUNDS (3)  REPEATS (5)  CASES (all six, space-separated)
+# env:   OMP_NUM_THREADS (default 2)  ROUNDS (3)  REPEATS (5)  CASES (all eight, space-separated)
 #        WORK_DIR (out/compare_commits: worktrees and builds are kept there and reused)
 # Takes about 8 minutes of building per commit, then about 2 minutes per round on 2 cores.
 set -euo pipefail
@@ -29,7 +31,7 @@ new=$(git rev-parse --verify --short "${2:-HEAD}^{commit}") || fail "${2:-HEAD} 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 rounds=${ROUNDS:-3}
 repeats=${REPEATS:-5}
-cases=(${CASES:-score train greedy beam4 greedy_bf16 beam4_bf16})
+cases=(${CASES:-score train greedy beam4 greedy_bf16 beam4_bf16 greedy_int8 beam4_int8})
 work=${WORK_DIR:-out/compare_commits}
 python=/usr/bin/python3
 mkdir -p "$work"
@@ -75,6 +77,10 @@ run_case() {  # run_case CASE SHA: one JSON line on stdout
       --compute-type bfloat16 ;;
     beam4_bf16) "$bin/decode_bench" --work-dir "$data/decode" --beam 4 --repeats "$repeats" \
       --compute-type bfloat16 ;;
+    greedy_int8) "$bin/decode_bench" --work-dir "$data/decode" --beam 1 --repeats "$repeats" \
+      --compute-type int8 ;;
+    beam4_int8) "$bin/decode_bench" --work-dir "$data/decode" --beam 4 --repeats "$repeats" \
+      --compute-type int8 ;;
     *) fail "unknown case $1" ;;
   esac
 }

@@ -15,9 +15,7 @@ DeviceTensors::DeviceTensors(const Backend& backend, const std::map<std::string,
     entry.shape = shape;
     entry.offset = numel_;
     numel_ += entry.numel();
-    if (layout_ == Layout::kPerTensor)
-      entry.data = zeroed ? ensure_size(backend, entry.own, entry.numel())
-                          : entry.own.allocate_uninitialized(backend, entry.numel());
+    if (layout_ == Layout::kPerTensor) allocate(name, zeroed);
   }
   if (layout_ == Layout::kPerTensor) return;
   float* block = zeroed ? ensure_size(backend, block_, numel_)
@@ -35,17 +33,29 @@ DeviceTensors DeviceTensors::zeros_like(const DeviceTensors& tensors) {
   return DeviceTensors(tensors.backend(), tensors.shapes());
 }
 
+DeviceTensors DeviceTensors::unallocated(const Backend& backend,
+                                         const std::map<std::string, Shape>& shapes) {
+  DeviceTensors set;
+  set.backend_ = &backend;
+  set.layout_ = Layout::kPerTensor;
+  for (const auto& [name, shape] : shapes) {
+    Entry& entry = set.entries_[name];
+    entry.shape = shape;
+    entry.offset = set.numel_;
+    set.numel_ += entry.numel();
+  }
+  return set;
+}
+
 DeviceTensors DeviceTensors::upload(const Backend& backend, TensorMap&& host) {
   std::map<std::string, Shape> shapes;
   for (const auto& [name, tensor] : host) shapes.emplace(name, tensor.shape);
-  DeviceTensors set(backend, shapes, Layout::kPerTensor, false);
+  DeviceTensors set = unallocated(backend, shapes);
   for (auto& [name, tensor] : host) {
-    if (tensor.data.empty() && tensor.numel() > 0) {
-      set.release(name);
-      continue;
-    }
+    if (tensor.data.empty() && tensor.numel() > 0) continue;  // held otherwise
     if (tensor.data.size() != size_t(tensor.numel()))
       throw std::logic_error("DeviceTensors::upload: \"" + name + "\" does not match its shape");
+    set.allocate(name, false);
     set.copy_from_host(name, tensor.ptr());
     tensor = Tensor();
   }
@@ -65,6 +75,15 @@ std::map<std::string, Shape> DeviceTensors::shapes() const {
   std::map<std::string, Shape> shapes;
   for (const auto& [name, entry] : entries_) shapes.emplace(name, entry.shape);
   return shapes;
+}
+
+float* DeviceTensors::allocate(const std::string& name, bool zeroed) {
+  if (layout_ != Layout::kPerTensor)
+    throw std::logic_error("DeviceTensors::allocate: a tensor of one block");
+  Entry& entry = at(name);
+  entry.data = zeroed ? ensure_size(backend(), entry.own, entry.numel())
+                      : entry.own.allocate_uninitialized(backend(), entry.numel());
+  return entry.data;
 }
 
 void DeviceTensors::release(const std::string& name) {

@@ -72,6 +72,12 @@ class DeviceTensors {
   Entry& at(const std::string& name) { return entries_.at(name); }
   const Entry& at(const std::string& name) const { return entries_.at(name); }
 
+  // kPerTensor, every tensor released: names and shapes without memory, which allocate() then
+  // gives one tensor at a time (a file's tensors as they are read).
+  static DeviceTensors unallocated(const Backend& backend,
+                                   const std::map<std::string, Shape>& shapes);
+  // kPerTensor: memory for the named released tensor, zeroed or with values undefined.
+  float* allocate(const std::string& name, bool zeroed);
   // kPerTensor: frees the named tensor's memory; its name and shape stay, its data is null.
   void release(const std::string& name);
   // Every element 0 (one fill over the block: the gradients before each step).

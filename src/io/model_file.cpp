@@ -117,10 +117,18 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
   // The config and every declared shape are checked before any tensor is read; each tensor is
   // checked (and quantised) as soon as it is read, so int8 never holds the file in float32.
   SafetensorsReceiver receiver;
+  auto quantised = [&](const std::string& name) {
+    return weights == ModelWeights::kInt8 && is_int8_weight(name);
+  };
   receiver.place = [&](const std::string& name, const Shape& shape) -> float* {
     if (auto owner = scale_owners.find(name); owner != scale_owners.end())
       return at_most_one_copy(int8[owner->second].scales, staging_scales, shape[0]);
-    if (float* entry = parameters.at(name).data; entry && host) return entry;
+    // Allocated as it is read (as std::vector would be: the allocator sees the same sequence);
+    // one held in int8 never is.
+    if (!quantised(name)) {
+      float* entry = parameters.allocate(name, false);
+      if (host) return entry;
+    }
     staging.resize(size_t(Tensor::numel_of(shape)));
     return staging.data();
   };
@@ -129,7 +137,7 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
     check_finite_tensor(name, values, n, path);
     if (auto owner = scale_owners.find(name); owner != scale_owners.end()) {
       keep(int8[owner->second].scales, values, shape[0]);
-    } else if (!parameters.at(name).data) {  // quantised for kInt8
+    } else if (quantised(name)) {
       DeviceInt8Matrix& q = int8[name];
       q.shape = shape;
       int8_t* rows = at_most_one_copy(q.values, staging_int8, n);
@@ -137,11 +145,13 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
       quantize_weight_rows(values, shape[0], shape[1], rows, scales);
       keep(q.values, rows, n);
       keep(q.scales, scales, shape[0]);
+      std::vector<float>().swap(staging);  // freed now, as a tensor of its own would be
     } else if (values != parameters.at(name).data) {
       parameters.copy_from_host(name, values);
     }
   };
   receiver.place_int8 = [&](const std::string& name, const Shape& shape) -> int8_t* {
+    if (weights == ModelWeights::kFloat32) parameters.allocate(name, false);  // multiplied out
     DeviceInt8Matrix& q = int8[name];
     q.shape = shape;
     return at_most_one_copy(q.values, staging_int8, Tensor::numel_of(shape));
@@ -159,11 +169,7 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
             scale_owners.emplace(name + kInt8ScaleSuffix, name);
             shapes.erase(name + kInt8ScaleSuffix);
           }
-        parameters = DeviceTensors(backend, shapes, DeviceTensors::Layout::kPerTensor, false);
-        // Weights held in int8 have no float32 memory at all.
-        if (weights == ModelWeights::kInt8)
-          for (const auto& [name, shape] : shapes)
-            if (is_int8_weight(name)) parameters.release(name);
+        parameters = DeviceTensors::unallocated(backend, shapes);
       },
       &receiver);
   if (weights == ModelWeights::kFloat32) {
