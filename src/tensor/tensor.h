@@ -1,5 +1,6 @@
 // A small owning float tensor: a shape and contiguous row-major fp32 storage.
-// Parameters and test data live in these; activations use plain buffers in workspaces.
+// Files, imports, initialisation and test data hold tensors in these on the host; a model
+// computes with its parameters in the backend's memory (backend/device_tensors.h).
 #pragma once
 
 #include <cstdint>
