@@ -1,13 +1,21 @@
 // Which memory the model hands to its backend. A backend with memory of its own (a GPU) can only
 // read what it allocated, so every pointer an operation receives — activations, gradients,
-// caches, and the index arrays the host computes (token ids, lengths, row lists) — must come
-// from that backend's allocate(), never from a std::vector on the host. On the CPU a host pointer
-// works anyway, so this test runs training, scoring and decoding on a backend that is the CPU's
-// in everything but one check: it records every pointer that lies outside the blocks it
-// allocated. Nothing is exempt: the model's parameters and int8 weights are loaded into that
-// backend's memory too.
+// caches, parameters, int8 weights, and the index arrays the host computes (token ids, lengths,
+// row lists) — must come from that backend's allocate(), never from a std::vector on the host;
+// and the host cannot read that memory in place, only through copy_to_host. On the CPU both
+// would work anyway, so this test runs training, checkpoints, scoring and decoding on a backend
+// that is the CPU's in everything but two checks: it records every pointer an operation
+// receives outside the blocks it allocated, and it keeps those blocks in pages the host cannot
+// touch except while an operation handed a pointer into them runs, so host code that reads
+// the backend's memory in place faults (and is named) at once.
+#include <execinfo.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -23,6 +31,7 @@
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
+#include "train/checkpoint.h"
 #include "train/loss.h"
 #include "train/optimizer.h"
 #include "train/replicas.h"
@@ -44,213 +53,239 @@ class MemoryCheckingBackend : public Backend {
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision) const override {
-    check("matmul", {{"a", a}, {"b", b}, {"c", c}});
+    const Access access = check("matmul", {{"a", a}, {"b", b}, {"c", c}});
     cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,
                                                  Precision precision) const override {
-    for (const float* part : parts) check("prepare_matrix", {{"part", part}});
+    std::vector<Argument> arguments;
+    for (const float* part : parts) arguments.push_back({"part", part});
+    const Access access = check("prepare_matrix", arguments);
     return std::make_unique<CheckedMatrix>(*this,
                                            cpu().prepare_matrix(parts, part_rows, k, precision));
   }
   std::unique_ptr<PreparedMatrix> prepare_int8_matrix(const std::vector<Int8Rows>& parts,
                                                       const std::vector<int64_t>& part_rows,
                                                       int64_t k) const override {
-    for (const Int8Rows& part : parts)
-      check("prepare_int8_matrix", {{"values", part.values}, {"scales", part.scales}});
+    std::vector<Argument> arguments;
+    for (const Int8Rows& part : parts) {
+      arguments.push_back({"values", part.values});
+      arguments.push_back({"scales", part.scales});
+    }
+    const Access access = check("prepare_int8_matrix", arguments);
     return std::make_unique<CheckedMatrix>(*this, cpu().prepare_int8_matrix(parts, part_rows, k));
   }
 
   void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                          const float* k, const float* v, float* probs, float* out,
                          const AttentionDropout& dropout) const override {
-    check("attention_forward", {{"q", q}, {"k", k}, {"v", v}, {"probs", probs}, {"out", out}});
-    check_attention("attention_forward", shape, mask, dropout);
+    const Access access =
+        check("attention_forward", {{"q", q}, {"k", k}, {"v", v}, {"probs", probs}, {"out", out}});
+    const Access attention_access = check_attention("attention_forward", shape, mask, dropout);
     cpu().attention_forward(shape, mask, q, k, v, probs, out, dropout);
   }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
                           float* dv, float* d_additive_v) const override {
-    check("attention_backward", {{"q", q},
-                                 {"k", k},
-                                 {"v", v},
-                                 {"probs", probs},
-                                 {"d_out", d_out},
-                                 {"dq", dq},
-                                 {"dk", dk},
-                                 {"dv", dv},
-                                 {"d_additive_v", d_additive_v}});
-    check_attention("attention_backward", shape, mask, dropout);
+    const Access access = check("attention_backward", {{"q", q},
+                                                       {"k", k},
+                                                       {"v", v},
+                                                       {"probs", probs},
+                                                       {"d_out", d_out},
+                                                       {"dq", dq},
+                                                       {"dk", dk},
+                                                       {"dv", dv},
+                                                       {"d_additive_v", d_additive_v}});
+    const Access attention_access = check_attention("attention_backward", shape, mask, dropout);
     cpu().attention_backward(shape, mask, q, k, v, probs, dropout, d_out, dq, dk, dv, d_additive_v);
   }
 
   void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
                   int64_t cols, float eps, float* mean, float* rstd) const override {
-    check("layer_norm",
-          {{"x", x}, {"gamma", gamma}, {"beta", beta}, {"y", y}, {"mean", mean}, {"rstd", rstd}});
+    const Access access = check(
+        "layer_norm",
+        {{"x", x}, {"gamma", gamma}, {"beta", beta}, {"y", y}, {"mean", mean}, {"rstd", rstd}});
     cpu().layer_norm(x, gamma, beta, y, rows, cols, eps, mean, rstd);
   }
   void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
                            const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
                            int64_t cols, bool accumulate) const override {
-    check("layer_norm_backward", {{"dy", dy},
-                                  {"x", x},
-                                  {"mean", mean},
-                                  {"rstd", rstd},
-                                  {"gamma", gamma},
-                                  {"dx", dx},
-                                  {"dgamma", dgamma},
-                                  {"dbeta", dbeta}});
+    const Access access = check("layer_norm_backward", {{"dy", dy},
+                                                        {"x", x},
+                                                        {"mean", mean},
+                                                        {"rstd", rstd},
+                                                        {"gamma", gamma},
+                                                        {"dx", dx},
+                                                        {"dgamma", dgamma},
+                                                        {"dbeta", dbeta}});
     cpu().layer_norm_backward(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols, accumulate);
   }
   void add(float* y, const float* x, int64_t n) const override {
-    check("add", {{"y", y}, {"x", x}});
+    const Access access = check("add", {{"y", y}, {"x", x}});
     cpu().add(y, x, n);
   }
   void scale(float* x, float s, int64_t n) const override {
-    check("scale", {{"x", x}});
+    const Access access = check("scale", {{"x", x}});
     cpu().scale(x, s, n);
   }
   void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) const override {
-    check("add_bias", {{"y", y}, {"bias", bias}});
+    const Access access = check("add_bias", {{"y", y}, {"bias", bias}});
     cpu().add_bias(y, bias, rows, cols);
   }
   void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
                            Activation act) const override {
-    check("add_bias_activation", {{"pre", pre}, {"bias", bias}, {"out", out}});
+    const Access access =
+        check("add_bias_activation", {{"pre", pre}, {"bias", bias}, {"out", out}});
     cpu().add_bias_activation(pre, bias, out, rows, cols, act);
   }
   void activation_backward(float* d, const float* pre_activation, int64_t n,
                            Activation act) const override {
-    check("activation_backward", {{"d", d}, {"pre_activation", pre_activation}});
+    const Access access =
+        check("activation_backward", {{"d", d}, {"pre_activation", pre_activation}});
     cpu().activation_backward(d, pre_activation, n, act);
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
-    check("bias_backward", {{"dy", dy}, {"dbias", dbias}});
+    const Access access = check("bias_backward", {{"dy", dy}, {"dbias", dbias}});
     cpu().bias_backward(dy, rows, cols, dbias);
   }
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
-    check("dropout_mask", {{"mask", mask}});
+    const Access access = check("dropout_mask", {{"mask", mask}});
     cpu().dropout_mask(mask, n, p, key);
   }
   void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
-    check("apply_dropout", {{"x", x}, {"mask", mask}});
+    const Access access = check("apply_dropout", {{"x", x}, {"mask", mask}});
     cpu().apply_dropout(x, mask, n, p);
   }
 
   void embedding_forward(const float* table, const float* positions, const int32_t* ids,
                          int64_t rows, int64_t len, int64_t d, float scale, int64_t first_position,
                          float* out) const override {
-    check("embedding_forward",
-          {{"table", table}, {"positions", positions}, {"ids", ids}, {"out", out}});
+    const Access access =
+        check("embedding_forward",
+              {{"table", table}, {"positions", positions}, {"ids", ids}, {"out", out}});
     cpu().embedding_forward(table, positions, ids, rows, len, d, scale, first_position, out);
   }
   void embedding_forward_int8(const Int8Rows& table, const float* positions, const int32_t* ids,
                               int64_t rows, int64_t len, int64_t d, float scale,
                               int64_t first_position, float* out) const override {
-    check("embedding_forward_int8", {{"table.values", table.values},
-                                     {"table.scales", table.scales},
-                                     {"positions", positions},
-                                     {"ids", ids},
-                                     {"out", out}});
+    const Access access = check("embedding_forward_int8", {{"table.values", table.values},
+                                                           {"table.scales", table.scales},
+                                                           {"positions", positions},
+                                                           {"ids", ids},
+                                                           {"out", out}});
     cpu().embedding_forward_int8(table, positions, ids, rows, len, d, scale, first_position, out);
   }
   void embedding_forward_prepared(const PreparedMatrix& table, const float* positions,
                                   const int32_t* ids, int64_t rows, int64_t len, int64_t d,
                                   float scale, int64_t first_position, float* out) const override {
-    check("embedding_forward_prepared", {{"positions", positions}, {"ids", ids}, {"out", out}});
+    const Access access =
+        check("embedding_forward_prepared", {{"positions", positions}, {"ids", ids}, {"out", out}});
     cpu().embedding_forward_prepared(static_cast<const CheckedMatrix&>(table).inner(), positions,
                                      ids, rows, len, d, scale, first_position, out);
   }
   void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
                           int64_t d, float scale, int64_t first_position, float* d_table,
                           float* d_positions) const override {
-    check("embedding_backward",
-          {{"d_out", d_out}, {"ids", ids}, {"d_table", d_table}, {"d_positions", d_positions}});
+    const Access access =
+        check("embedding_backward",
+              {{"d_out", d_out}, {"ids", ids}, {"d_table", d_table}, {"d_positions", d_positions}});
     cpu().embedding_backward(d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
   }
 
   void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override {
-    check("log_softmax", {{"x", x}, {"y", y}});
+    const Access access = check("log_softmax", {{"x", x}, {"y", y}});
     cpu().log_softmax(x, y, rows, cols);
   }
   void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
                         float* out) const override {
-    check("log_softmax_pick", {{"logits", logits}, {"targets", targets}, {"out", out}});
+    const Access access =
+        check("log_softmax_pick", {{"logits", logits}, {"targets", targets}, {"out", out}});
     cpu().log_softmax_pick(logits, targets, rows, cols, out);
   }
   CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
                                                     int64_t rows, int64_t vocab, float smoothing,
                                                     float grad_scale) const override {
-    check("cross_entropy_forward_backward", {{"logits", logits}, {"targets", targets}});
+    const Access access =
+        check("cross_entropy_forward_backward", {{"logits", logits}, {"targets", targets}});
     return cpu().cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing,
                                                 grad_scale);
   }
   void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens) const override {
-    check("best_tokens", {{"logprobs", logprobs}, {"values", values}, {"tokens", tokens}});
+    const Access access =
+        check("best_tokens", {{"logprobs", logprobs}, {"values", values}, {"tokens", tokens}});
     cpu().best_tokens(logprobs, rows, vocab, keep, banned, values, tokens);
   }
 
   void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
                    const AdamHyperparameters& h, int64_t step) const override {
-    check("adam_update", {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}});
+    const Access access =
+        check("adam_update", {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}});
     cpu().adam_update(param, grad, m, v, n, h, step);
   }
   void sgd_update(float* param, const float* grad, int64_t n, float lr) const override {
-    check("sgd_update", {{"param", param}, {"grad", grad}});
+    const Access access = check("sgd_update", {{"param", param}, {"grad", grad}});
     cpu().sgd_update(param, grad, n, lr);
   }
   double sum_of_squares(const float* x, int64_t n) const override {
-    check("sum_of_squares", {{"x", x}});
+    const Access access = check("sum_of_squares", {{"x", x}});
     return cpu().sum_of_squares(x, n);
   }
 
-  void* allocate(int64_t bytes, bool zeroed) const override {
-    void* memory = cpu().allocate(bytes, zeroed);
+  // Pages of their own, inaccessible to the host except while an operation that was handed a
+  // pointer into them runs (check() opens them): host code that reads or writes the backend's
+  // memory in place, as it could not on a GPU, faults at once (see ReportHostAccess).
+  void* allocate(int64_t bytes, bool) const override {
+    const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+    const size_t mapped = (size_t(std::max<int64_t>(bytes, 1)) + page - 1) / page * page;
+    void* memory = ::mmap(nullptr, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) throw std::bad_alloc();  // pages of zeros, as zeroed asks
     std::lock_guard<std::mutex> lock(mutex_);
-    blocks_[static_cast<const char*>(memory)] = bytes;
+    blocks_[static_cast<const char*>(memory)] = Block{bytes, mapped, 0};
     return memory;
   }
   void deallocate(void* memory) const override {
-    if (memory) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      blocks_.erase(static_cast<const char*>(memory));
-    }
-    cpu().deallocate(memory);
+    if (!memory) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto block = blocks_.find(static_cast<const char*>(memory));
+    ::munmap(memory, block->second.mapped);
+    blocks_.erase(block);
   }
+  // Whether `address` lies in one of the blocks (for the fault report; no lock: a fault
+  // handler calls it).
+  bool holds(const void* address) const { return containing(address) != blocks_.end(); }
   // As a device's would be: the host does not read it in place.
   bool memory_is_host() const override { return false; }
   void copy_bytes(const void* from, int64_t bytes, void* to) const override {
-    check("copy_bytes", {{"from", from}, {"to", to}});
+    const Access access = check("copy_bytes", {{"from", from}, {"to", to}});
     cpu().copy_bytes(from, bytes, to);
   }
   void copy_from_host(const void* host, int64_t bytes, void* device) const override {
-    check("copy_from_host", {{"device", device}});
+    const Access access = check("copy_from_host", {{"device", device}});
     cpu().copy_from_host(host, bytes, device);
   }
   void copy_to_host(const void* device, int64_t bytes, void* host) const override {
-    check("copy_to_host", {{"device", device}});
+    const Access access = check("copy_to_host", {{"device", device}});
     cpu().copy_to_host(device, bytes, host);
   }
   void copy(const float* x, int64_t n, float* y) const override {
-    check("copy", {{"x", x}, {"y", y}});
+    const Access access = check("copy", {{"x", x}, {"y", y}});
     cpu().copy(x, n, y);
   }
   void fill(float* y, int64_t n, float value) const override {
-    check("fill", {{"y", y}});
+    const Access access = check("fill", {{"y", y}});
     cpu().fill(y, n, value);
   }
   void gather_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
                    float* y, int64_t ldy) const override {
-    check("gather_rows", {{"x", x}, {"rows", rows}, {"y", y}});
+    const Access access = check("gather_rows", {{"x", x}, {"rows", rows}, {"y", y}});
     cpu().gather_rows(x, ldx, rows, count, d, y, ldy);
   }
   void scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
                     float* y, int64_t ldy) const override {
-    check("scatter_rows", {{"x", x}, {"rows", rows}, {"y", y}});
+    const Access access = check("scatter_rows", {{"x", x}, {"rows", rows}, {"y", y}});
     cpu().scatter_rows(x, ldx, rows, count, d, y, ldy);
   }
 
@@ -265,11 +300,12 @@ class MemoryCheckingBackend : public Backend {
     int64_t cols() const override { return inner_->cols(); }
     Precision precision() const override { return inner_->precision(); }
     void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const override {
-      backend_.check("PreparedMatrix::multiply", {{"x", x}, {"y", y}});
+      const Access access = backend_.check("PreparedMatrix::multiply", {{"x", x}, {"y", y}});
       inner_->multiply(x, m, ldx, y, ldy);
     }
     void read_rows(const int32_t* ids, int64_t count, float* out) const override {
-      backend_.check("PreparedMatrix::read_rows", {{"ids", ids}, {"out", out}});
+      const Access access =
+          backend_.check("PreparedMatrix::read_rows", {{"ids", ids}, {"out", out}});
       inner_->read_rows(ids, count, out);
     }
 
@@ -284,32 +320,113 @@ class MemoryCheckingBackend : public Backend {
     const char* name;
     const void* pointer;
   };
-  // Null pointers are "none" and pass.
-  void check(const char* operation, std::initializer_list<Argument> arguments) const {
+  // One allocate() block: its bytes, its pages and how many running operations can read it.
+  struct Block {
+    int64_t bytes = 0;
+    size_t mapped = 0;  // bytes rounded up to whole pages
+    int users = 0;
+  };
+  // What an operation may touch while it runs: the blocks its arguments point into, readable
+  // and writable until the Access is destroyed (they are inaccessible to the host otherwise).
+  class Access {
+   public:
+    Access(const MemoryCheckingBackend* backend, std::vector<const char*> starts)
+        : backend_(backend), starts_(std::move(starts)) {}
+    Access(Access&& other) noexcept : backend_(other.backend_), starts_(std::move(other.starts_)) {
+      other.backend_ = nullptr;
+    }
+    Access(const Access&) = delete;
+    Access& operator=(const Access&) = delete;
+    ~Access() {
+      if (backend_) backend_->close(starts_);
+    }
+
+   private:
+    const MemoryCheckingBackend* backend_;
+    std::vector<const char*> starts_;
+  };
+
+  // Records the arguments outside this backend's blocks, and opens the blocks of those inside
+  // for the operation. Null pointers are "none" and pass.
+  template <typename Arguments>
+  Access check(const char* operation, const Arguments& arguments) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const Argument& a : arguments)
-      if (a.pointer && !inside(blocks_, a.pointer))
+    std::vector<const char*> starts;
+    for (const Argument& a : arguments) {
+      if (!a.pointer) continue;
+      const auto block = containing(a.pointer);
+      if (block == blocks_.end()) {
         violations_.insert(std::string(operation) + ": " + a.name);
+        continue;
+      }
+      if (block->second.users++ == 0)
+        ::mprotect(const_cast<char*>(block->first), block->second.mapped, PROT_READ | PROT_WRITE);
+      starts.push_back(block->first);
+    }
+    return Access(this, std::move(starts));
   }
-  void check_attention(const char* operation, const AttentionShape& shape,
-                       const AttentionMask& mask, const AttentionDropout& dropout) const {
-    check(operation, {{"shape.key_rows", shape.key_rows},
-                      {"shape.score.additive_v", shape.score.additive_v},
-                      {"mask.key_lengths", mask.key_lengths},
-                      {"mask.key_batch", mask.key_batch},
-                      {"dropout.mask", dropout.mask}});
+  Access check(const char* operation, std::initializer_list<Argument> arguments) const {
+    return check<std::initializer_list<Argument>>(operation, arguments);
   }
-  static bool inside(const std::map<const char*, int64_t>& ranges, const void* pointer) {
+  Access check_attention(const char* operation, const AttentionShape& shape,
+                         const AttentionMask& mask, const AttentionDropout& dropout) const {
+    return check(operation, {{"shape.key_rows", shape.key_rows},
+                             {"shape.score.additive_v", shape.score.additive_v},
+                             {"mask.key_lengths", mask.key_lengths},
+                             {"mask.key_batch", mask.key_batch},
+                             {"dropout.mask", dropout.mask}});
+  }
+  void close(const std::vector<const char*>& starts) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const char* start : starts) {
+      Block& block = blocks_.at(start);
+      if (--block.users == 0) ::mprotect(const_cast<char*>(start), block.mapped, PROT_NONE);
+    }
+  }
+  std::map<const char*, Block>::iterator containing(const void* pointer) const {
     const char* p = static_cast<const char*>(pointer);
-    auto it = ranges.upper_bound(p);
-    if (it == ranges.begin()) return false;
+    auto it = blocks_.upper_bound(p);
+    if (it == blocks_.begin()) return blocks_.end();
     --it;
-    return p < it->first + it->second;
+    return p < it->first + std::max<int64_t>(it->second.bytes, 1) ? it : blocks_.end();
   }
 
   mutable std::mutex mutex_;
-  mutable std::map<const char*, int64_t> blocks_;  // allocate()'s blocks: start -> bytes
+  mutable std::map<const char*, Block> blocks_;  // allocate()'s blocks by start
   mutable std::set<std::string> violations_;
+};
+
+// While a test runs on a checking backend: a fault on its memory (host code reading or writing
+// it outside an operation) is reported by name, with the stack that made it, before the process
+// ends with the fault.
+const MemoryCheckingBackend* g_faulting_backend = nullptr;
+
+void report_host_access(int, siginfo_t* info, void*) {
+  if (g_faulting_backend && g_faulting_backend->holds(info->si_addr)) {
+    const char message[] =
+        "\nhost code touched the backend's memory outside an operation (a GPU backend's memory "
+        "would not be there); the stack:\n";
+    [[maybe_unused]] const ssize_t written = ::write(2, message, sizeof message - 1);
+    void* frames[64];
+    ::backtrace_symbols_fd(frames, ::backtrace(frames, 64), 2);
+  }
+  std::signal(SIGSEGV, SIG_DFL);  // the faulting access runs again and ends the process
+}
+
+struct ReportHostAccess {
+  explicit ReportHostAccess(const MemoryCheckingBackend& backend) {
+    g_faulting_backend = &backend;
+    struct sigaction action {};
+    action.sa_sigaction = report_host_access;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGSEGV, &action, &previous_);
+  }
+  ~ReportHostAccess() {
+    ::sigaction(SIGSEGV, &previous_, nullptr);
+    g_faulting_backend = nullptr;
+  }
+  struct sigaction previous_ {};
 };
 
 std::string listed(const std::set<std::string>& items) {
@@ -331,6 +448,7 @@ class BackendMemory : public ::testing::TestWithParam<std::string> {
     sources_ = testing_support::fixture_rows(io.at("src_tokens"));
   }
   MemoryCheckingBackend backend_;
+  ReportHostAccess report_{backend_};
   std::string file_;  // the fixture's model file
   std::optional<Model> model_;
   TokenBatch batch_;
@@ -352,6 +470,25 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
   adam.clip_norm = 1.0;
   Optimizer optimizer(adam, model.parameters());
   EXPECT_GT(optimizer.apply(model_->mutable_parameters(), gradients, model.config().d_model), 0.0);
+  // A checkpoint written from that memory (through the host) resumes the same values: the
+  // parameters and both moments, read back on the checking backend.
+  const std::string dir = ::testing::TempDir() + "/memory_checkpoint_" + GetParam();
+  std::filesystem::remove_all(dir);
+  TrainingState state;
+  state.step = 1;
+  save_checkpoint(dir, model, optimizer, state, 1);
+  LoadedCheckpoint resumed = load_checkpoint(dir, backend_);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(checksum_tensors(resumed.model.parameters()), checksum_tensors(model.parameters()));
+  Optimizer reloaded(adam, resumed.model.parameters());
+  reloaded.load_state(std::move(resumed.optimizer_state), dir);
+  uint64_t saved = kChecksumStart, loaded = kChecksumStart;
+  for (size_t i = 0; i < optimizer.moments().size(); ++i) {
+    saved = checksum_tensors(*optimizer.moments()[i].second, saved);
+    loaded = checksum_tensors(*reloaded.moments()[i].second, loaded);
+  }
+  EXPECT_EQ(loaded, saved);
+  EXPECT_NE(saved, kChecksumStart);  // Adam has moments
 
   // Scoring.
   StackCache cache;
