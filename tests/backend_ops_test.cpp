@@ -1134,11 +1134,7 @@ TEST_P(BackendOps, AllocationsCopiesAndGrowingBuffers) {
 // A named set in one block (gradients, Adam's moments): name order, zero at first, whole-set
 // operations on flat(), and host round trips by name and for the whole set.
 TEST_P(BackendOps, NamedTensorsShareOneBlockInNameOrder) {
-  TensorMap shapes_of;
-  shapes_of.emplace("b", Tensor({2, 3}));
-  shapes_of.emplace("a", Tensor({4}));
-  shapes_of.emplace("c", Tensor({1}));
-  DeviceTensors set = DeviceTensors::zeros_like(be(), shapes_of);
+  DeviceTensors set(be(), {{"b", {2, 3}}, {"a", {4}}, {"c", {1}}});
   EXPECT_EQ(&set.backend(), &be());
   EXPECT_EQ(set.numel(), 11);
   EXPECT_EQ(set.at("a").offset, 0);

@@ -23,12 +23,6 @@ DeviceTensors::DeviceTensors(const Backend& backend, const std::map<std::string,
   for (auto& [name, entry] : entries_) entry.data = block + entry.offset;
 }
 
-DeviceTensors DeviceTensors::zeros_like(const Backend& backend, const TensorMap& tensors) {
-  std::map<std::string, Shape> shapes;
-  for (const auto& [name, tensor] : tensors) shapes.emplace(name, tensor.shape);
-  return DeviceTensors(backend, shapes);
-}
-
 DeviceTensors DeviceTensors::zeros_like(const DeviceTensors& tensors) {
   return DeviceTensors(tensors.backend(), tensors.shapes());
 }

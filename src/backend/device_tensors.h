@@ -40,9 +40,8 @@ class DeviceTensors {
   // until written when !zeroed (a model file's tensors, read straight into them).
   DeviceTensors(const Backend& backend, const std::map<std::string, Shape>& shapes,
                 Layout layout = Layout::kOneBlock, bool zeroed = true);
-  // One zeroed block with the same names and shapes as `tensors` (their values are not read):
-  // on `backend` for host tensors, on the set's own backend for a DeviceTensors.
-  static DeviceTensors zeros_like(const Backend& backend, const TensorMap& tensors);
+  // One zeroed block with the same names and shapes as `tensors` (their values are not read),
+  // on their backend.
   static DeviceTensors zeros_like(const DeviceTensors& tensors);
   // Per tensor, on `backend`, with the values of `host`; each host tensor is freed as soon as
   // it is copied, so the host never holds two copies of the set. A host tensor without data

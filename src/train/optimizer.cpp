@@ -48,12 +48,6 @@ double Optimizer::apply(DeviceTensors& parameters, DeviceTensors& gradients, int
   return norm;
 }
 
-TensorMap Optimizer::state() const {
-  TensorMap out;
-  for (const auto& [prefix, moments] : this->moments()) out.merge(moments->to_host(prefix));
-  return out;
-}
-
 std::vector<std::pair<std::string, const DeviceTensors*>> Optimizer::moments() const {
   if (first_moment_.empty()) return {};
   return {{"adam_m.", &first_moment_}, {"adam_v.", &second_moment_}};

@@ -39,10 +39,8 @@ class Optimizer {
 
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
-  // Adam moments, named "adam_m.<param>" / "adam_v.<param>", copied to the host.
-  TensorMap state() const;
-  // The same without copies: each set of moments with its name prefix ("adam_m.", "adam_v.";
-  // none for SGD), in the backend's memory.
+  // Adam's moments: each set with the prefix of its names in checkpoints ("adam_m.<param>",
+  // "adam_v.<param>"; none for SGD), in the backend's memory.
   std::vector<std::pair<std::string, const DeviceTensors*>> moments() const;
   // Whether every moment is finite (without copying them).
   bool state_is_finite() const;
