@@ -111,8 +111,9 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
   std::snprintf(name, sizeof name, "/checkpoints/step-%09lld.safetensors", (long long)state.step);
   if (keep > 0) save_model(model, dir + name);
 
-  // Written from where the tensors are, not from copies (a copy of the parameters and both
-  // moments would add three model sizes to training's peak memory at every save).
+  // Written from where the tensors are when the host can read the backend's memory: a copy of
+  // the parameters and both moments would add three model sizes to training's peak memory at
+  // every save (store_tensors copies only where it must).
   std::map<std::string, StoredTensor> stored;
   TensorMap staged;
   for (const auto& [prefix, moments] : optimizer.moments())
