@@ -10,14 +10,11 @@ namespace tfm {
 DeviceTensors::DeviceTensors(const Backend& backend, const std::map<std::string, Shape>& shapes,
                              Layout layout, bool zeroed)
     : backend_(&backend), layout_(layout) {
-  for (const auto& [name, shape] : shapes) {
-    Entry& entry = entries_[name];
-    entry.shape = shape;
-    entry.offset = numel_;
-    numel_ += entry.numel();
-    if (layout_ == Layout::kPerTensor) allocate(name, zeroed);
+  lay_out(shapes);
+  if (layout_ == Layout::kPerTensor) {
+    for (auto& [name, entry] : entries_) allocate(name, zeroed);
+    return;
   }
-  if (layout_ == Layout::kPerTensor) return;
   float* block = zeroed ? ensure_size(backend, block_, numel_)
                         : block_.allocate_uninitialized(backend, numel_);
   for (auto& [name, entry] : entries_) entry.data = block + entry.offset;
@@ -32,13 +29,17 @@ DeviceTensors DeviceTensors::unallocated(const Backend& backend,
   DeviceTensors set;
   set.backend_ = &backend;
   set.layout_ = Layout::kPerTensor;
-  for (const auto& [name, shape] : shapes) {
-    Entry& entry = set.entries_[name];
-    entry.shape = shape;
-    entry.offset = set.numel_;
-    set.numel_ += entry.numel();
-  }
+  set.lay_out(shapes);
   return set;
+}
+
+void DeviceTensors::lay_out(const std::map<std::string, Shape>& shapes) {
+  for (const auto& [name, shape] : shapes) {
+    Entry& entry = entries_[name];
+    entry.shape = shape;
+    entry.offset = numel_;
+    numel_ += entry.numel();
+  }
 }
 
 DeviceTensors DeviceTensors::upload(const Backend& backend, TensorMap&& host) {

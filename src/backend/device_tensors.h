@@ -93,6 +93,9 @@ class DeviceTensors {
   Map entries_;
   int64_t numel_ = 0;
   DeviceBuffer<float> block_;  // kOneBlock: [numel_]
+
+  // One entry per name, in name order, with its offset in a block; no memory yet.
+  void lay_out(const std::map<std::string, Shape>& shapes);
 };
 
 // True when every element of every (unreleased) tensor is finite, read where the tensors are
