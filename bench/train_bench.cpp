@@ -187,6 +187,10 @@ int run(const Options& o) {
   tfm::TrainingWorkspace ws;
   tfm::DropoutOptions dropout;
   dropout.dropout = o.dropout;
+  // The activations planned for the batch's shape and allocated as one block, as the trainer
+  // does before its first step.
+  tfm::plan_loss_and_gradients(model, tfm::shape_of(batch), dropout, true, ws, o.precision);
+  ws.memory.allocate(model.backend(), ws.plan);
   const float grad_scale = 1.f / float(target_tokens);
   const double setup_seconds = now_seconds() - setup_start;
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <csignal>
 #include <filesystem>
 #include <map>
@@ -31,6 +32,7 @@
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
+#include "tensor/random.h"
 #include "train/checkpoint.h"
 #include "train/loss.h"
 #include "train/optimizer.h"
@@ -244,14 +246,26 @@ class MemoryCheckingBackend : public Backend {
     if (memory == MAP_FAILED) throw std::bad_alloc();  // pages of zeros, as zeroed asks
     std::lock_guard<std::mutex> lock(mutex_);
     blocks_[static_cast<const char*>(memory)] = Block{bytes, mapped, 0};
+    ++allocations_;
+    live_bytes_ += bytes;
     return memory;
   }
   void deallocate(void* memory) const override {
     if (!memory) return;
     std::lock_guard<std::mutex> lock(mutex_);
     auto block = blocks_.find(static_cast<const char*>(memory));
+    live_bytes_ -= block->second.bytes;
     ::munmap(memory, block->second.mapped);
     blocks_.erase(block);
+  }
+  // allocate() calls so far, and the bytes of the blocks not yet deallocated.
+  int64_t allocations() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return allocations_;
+  }
+  int64_t live_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_bytes_;
   }
   // Whether `address` lies in one of the blocks (for the fault report; no lock: a fault
   // handler calls it).
@@ -393,6 +407,7 @@ class MemoryCheckingBackend : public Backend {
 
   mutable std::mutex mutex_;
   mutable std::map<const char*, Block> blocks_;  // allocate()'s blocks by start
+  mutable int64_t allocations_ = 0, live_bytes_ = 0;
   mutable std::set<std::string> violations_;
 };
 
@@ -532,6 +547,81 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
       for (size_t s = 0; s < found.size(); ++s)
         EXPECT_EQ(found[s][0].tokens, on_cpu[s][0].tokens) << s;
     }
+  }
+  EXPECT_TRUE(backend_.violations().empty())
+      << "host memory handed to operations:" << listed(backend_.violations());
+}
+
+// Training's activations planned from the batch shapes (backend/workspace.h) are one block
+// that every pass of those shapes fits without allocating, and the plan is exactly what the
+// passes ask for: the same bytes as an unplanned workspace grows to, buffer sizes summed. The
+// losses and gradients are those of the unplanned workspace, bit for bit.
+TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExactly) {
+  const Model& model = *model_;
+  const ModelConfig& config = model.config();
+  // Shapes with the longer source, the longer target, one sentence, many short ones.
+  std::vector<TokenBatch> batches{batch_};
+  Random random(11);
+  const int64_t lowest = 4;  // past pad / bos / eos / unk in every fixture
+  for (auto [count, longest_source, longest_target] :
+       std::vector<std::array<int64_t, 3>>{{3, 7, 3}, {2, 3, 8}, {1, 5, 5}, {6, 2, 2}}) {
+    std::vector<std::vector<int32_t>> sources, targets;
+    for (int64_t i = 0; i < count; ++i) {
+      auto sentence = [&](int64_t longest, int64_t vocab) {
+        std::vector<int32_t> ids(size_t(i == 0 ? longest : 1 + random.next_u64() % longest));
+        for (int32_t& id : ids) id = int32_t(lowest + random.next_u64() % (vocab - lowest));
+        return ids;
+      };
+      sources.push_back(sentence(longest_source, config.src_vocab_size));
+      targets.push_back(sentence(longest_target, config.tgt_vocab_size));
+    }
+    batches.push_back(make_batch(config, sources, targets));
+  }
+  DropoutOptions dropout;
+  dropout.dropout = dropout.attention_dropout = dropout.relu_dropout = 0.1f;
+  dropout.seed = 5;
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    if (!backend_.supports(precision)) continue;
+    SCOPED_TRACE(precision_name(precision));
+    // Training and validation passes over every batch, as a run interleaves them.
+    auto run = [&](TrainingWorkspace& ws, DeviceTensors& gradients) {
+      const TransformerGradients g = bind_gradients(config, gradients);
+      std::vector<LossTotals> totals;
+      for (const TokenBatch& batch : batches) {
+        totals.push_back(loss_and_gradients(model, g, batch, dropout, 0.1f, 1e-2f, ws, precision));
+        totals.push_back(loss_and_gradients(model, g, batch, {}, 0.1f, 0.f, ws, precision));
+      }
+      return totals;
+    };
+    DeviceTensors grown_gradients = DeviceTensors::zeros_like(model.parameters());
+    TrainingWorkspace grown;  // unplanned: every buffer grows to the largest shape it meets
+    const int64_t before = backend_.live_bytes();
+    const std::vector<LossTotals> grown_totals = run(grown, grown_gradients);
+    const int64_t grown_bytes = backend_.live_bytes() - before;
+
+    DeviceTensors planned_gradients = DeviceTensors::zeros_like(model.parameters());
+    TrainingWorkspace planned;
+    for (const TokenBatch& batch : batches) {
+      plan_loss_and_gradients(model, shape_of(batch), dropout, true, planned, precision);
+      plan_loss_and_gradients(model, shape_of(batch), {}, false, planned, precision);
+    }
+    EXPECT_EQ(planned.plan.needed_bytes(), grown_bytes);
+    EXPECT_GE(planned.plan.block_bytes(), grown_bytes);
+    EXPECT_GT(planned.plan.buffers(), 50);
+    const int64_t allocations = backend_.allocations();
+    planned.memory.allocate(backend_, planned.plan);
+    EXPECT_EQ(backend_.allocations(), allocations + 1);  // the block
+    EXPECT_EQ(planned.memory.bytes(), planned.plan.block_bytes());
+    const std::vector<LossTotals> planned_totals = run(planned, planned_gradients);
+    EXPECT_EQ(backend_.allocations(), allocations + 1) << "a pass grew a buffer past its plan";
+
+    ASSERT_EQ(planned_totals.size(), grown_totals.size());
+    for (size_t i = 0; i < grown_totals.size(); ++i) {
+      EXPECT_EQ(planned_totals[i].loss, grown_totals[i].loss) << i;
+      EXPECT_EQ(planned_totals[i].nll, grown_totals[i].nll) << i;
+      EXPECT_EQ(planned_totals[i].correct, grown_totals[i].correct) << i;
+    }
+    EXPECT_EQ(checksum_tensors(planned_gradients), checksum_tensors(grown_gradients));
   }
   EXPECT_TRUE(backend_.violations().empty())
       << "host memory handed to operations:" << listed(backend_.violations());

@@ -154,6 +154,32 @@ TEST(MemoryLimit, OversizedConfigsAndFilesAreRefusedBeforeAllocating) {
   EXPECT_NE(r.err.find("training this model (weights, gradients, optimizer state) needs"),
             std::string::npos)
       << r.err;
+  // Weights, gradients and moments fit in 64 MiB, but the activations of 8000-token batches of
+  // 80-120-token sentences (planned from the batches before the first step) do not.
+  {
+    std::mt19937 random(5);
+    std::ofstream src(work.path("long.src")), tgt(work.path("long.tgt"));
+    for (int i = 0; i < 40; ++i) {
+      const int n = 80 + int(random() % 41);
+      for (int j = 0; j < n; ++j) src << 4 + random() % 28 << (j + 1 < n ? " " : "\n");
+      for (int j = 0; j < n; ++j) tgt << 4 + random() % 28 << (j + 1 < n ? " " : "\n");
+    }
+  }
+  const std::string long_data = " --ids --train-src " + work.path("long.src") + " --train-tgt " +
+                                work.path("long.tgt") + " --batch-tokens 8000 --max-steps 1";
+  r = work.run_cli("train --max-memory 64M --init " + model + long_data + " --model-dir " +
+                   work.path("activations"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("error: training this model on these batches (weights, gradients, "
+                       "optimizer state and "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("MiB of activations) needs"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(work.path("activations/model.safetensors")));
+  r = work.run_cli("train --init " + model + long_data + " --model-dir " +
+                   work.path("activations"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("MiB in one block"), std::string::npos) << r.err;
   r = work.run_cli("--max-memory lots info --preset tiny");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--max-memory: unknown unit"), std::string::npos) << r.err;

@@ -19,6 +19,7 @@
 #include "io/file_util.h"
 #include "io/model_file.h"
 #include "model/transformer.h"
+#include "text/batching.h"
 
 namespace {
 
@@ -98,6 +99,37 @@ void learn_reversal(const std::string& type) {
   // untrained or broken model reverses almost none.
   EXPECT_GE(exact_match(dir + "/model.best.safetensors", "rev_dev", 1), 0.95);
   EXPECT_GE(exact_match(dir + "/model.best.safetensors", "rev_dev", 4), 0.95);
+}
+
+// The trainer plans its activation block from batch_shape (model/transformer.h) instead of
+// building every batch of an epoch: it must be the shape of the batch it then builds, for
+// every rank's share.
+TEST(Train, BatchShapesAreThoseOfTheBatchesTheTrainerBuilds) {
+  std::mt19937 random(4);
+  tfm::ParallelCorpus corpus;
+  for (int i = 0; i < 300; ++i) {
+    corpus.sources.emplace_back(1 + random() % 40, 5);
+    corpus.targets.emplace_back(1 + random() % 40, 6);
+  }
+  for (bool append_eos : {false, true}) {
+    tfm::ModelConfig config = tfm::preset_config("tiny");
+    config.src_vocab_size = config.tgt_vocab_size = 32;
+    config.src_append_eos = append_eos;
+    const tfm::BatchPlan plan = tfm::plan_batches(corpus, 400, append_eos ? 1 : 0, 9, 2, true);
+    ASSERT_GT(plan.size(), 10u);
+    for (const auto& members : plan)
+      for (size_t stride : {1, 2, 3})
+        for (size_t first = 0; first < stride; ++first) {
+          const tfm::BatchShape shape =
+              tfm::batch_shape(config, corpus.sources, corpus.targets, members, first, stride);
+          const tfm::BatchShape built = tfm::shape_of(
+              tfm::make_batch(config, corpus.sources, corpus.targets, members, first, stride));
+          EXPECT_EQ(shape.batch, built.batch);
+          EXPECT_EQ(shape.src_len, built.src_len);
+          EXPECT_EQ(shape.tgt_len, built.tgt_len);
+          EXPECT_EQ(shape.target_tokens, built.target_tokens);
+        }
+  }
 }
 
 TEST(Train, ReversalTaskIsLearnedAndTranslatedInFloat32AndBFloat16) {

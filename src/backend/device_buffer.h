@@ -2,7 +2,9 @@
 // — lives in the memory of the backend that computes on it, not in std::vector: a DeviceBuffer
 // is an array of T allocated by a Backend, so a second backend gets its buffers where its
 // kernels can reach them without model/ changing. Buffers grow once to the largest batch shape
-// they see and are reused (ensure_size), as llm.c's activations are allocated once.
+// they see and are reused (ensure_size); a pass whose batch shapes are known ahead (training)
+// plans them instead, and its buffers then borrow their parts of one block
+// (backend/workspace.h), as llm.c's activations are allocated once.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +24,14 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(DeviceBuffer&& other) noexcept
-      : backend_(other.backend_), data_(other.data_), size_(other.size_) {
+      : backend_(other.backend_),
+        data_(other.data_),
+        size_(other.size_),
+        borrowed_(other.borrowed_) {
     other.backend_ = nullptr;
     other.data_ = nullptr;
     other.size_ = 0;
+    other.borrowed_ = false;
   }
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
     if (this != &other) {
@@ -33,6 +39,7 @@ class DeviceBuffer {
       std::swap(backend_, other.backend_);
       std::swap(data_, other.data_);
       std::swap(size_, other.size_);
+      std::swap(borrowed_, other.borrowed_);
     }
     return *this;
   }
@@ -61,12 +68,25 @@ class DeviceBuffer {
     return data_;
   }
 
+  // Points the buffer at n elements of memory that something else owns (a Workspace's block,
+  // backend/workspace.h), after freeing what it held: reset() then lets go without freeing, and
+  // growing past n allocates memory of its own (the borrowed part is left to its owner).
+  void borrow(const Backend& backend, T* memory, int64_t n) {
+    reset();
+    backend_ = &backend;
+    data_ = memory;
+    size_ = n;
+    borrowed_ = true;
+  }
+  bool borrowed() const { return borrowed_; }
+
   // Frees the memory (size 0); the next allocation may use any backend.
   void reset() {
-    if (data_) backend_->deallocate(data_);
+    if (data_ && !borrowed_) backend_->deallocate(data_);
     backend_ = nullptr;
     data_ = nullptr;
     size_ = 0;
+    borrowed_ = false;
   }
 
  private:
@@ -77,17 +97,19 @@ class DeviceBuffer {
     T* grown = static_cast<T*>(backend.allocate(n * int64_t(sizeof(T)), true));
     if (data_) {
       backend.copy_bytes(data_, size_ * int64_t(sizeof(T)), grown);
-      backend.deallocate(data_);
+      if (!borrowed_) backend.deallocate(data_);
     }
     backend_ = &backend;
     data_ = grown;
     size_ = n;
+    borrowed_ = false;
     return data_;
   }
 
   const Backend* backend_ = nullptr;
   T* data_ = nullptr;
   int64_t size_ = 0;
+  bool borrowed_ = false;  // data_ is part of memory that something else frees
 };
 
 // The one way layers get their buffers: at least n elements of `buffer` on `backend`. A smaller

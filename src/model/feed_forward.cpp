@@ -22,6 +22,19 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
   linear_forward(backend, w.fc2, hidden, rows, out);
 }
 
+void plan_feed_forward_forward(const FeedForwardWeights& w, int64_t rows, float dropout,
+                               FeedForwardCache& cache, WorkspacePlan& plan) {
+  const int64_t n = rows * w.fc1.out;
+  plan.need(cache.pre_activation, n);                         // [rows, d_ff]
+  if (cache.keep_pre_activation) plan.need(cache.hidden, n);  // [rows, d_ff]
+  if (dropout > 0.f) plan.need(cache.dropout_mask, n);        // [rows, d_ff]
+}
+
+void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
+                                WorkspacePlan& plan) {
+  plan.need(scratch.d_hidden, rows * w.fc1.out);  // [rows, d_ff]
+}
+
 void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            const FeedForward<float>& g, Activation act, const float* x,
                            int64_t rows, float dropout, FeedForwardCache& cache, const float* d_out,

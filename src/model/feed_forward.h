@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/workspace.h"
 #include "model/linear.h"
 #include "model/weights.h"
 
@@ -24,6 +25,11 @@ struct FeedForwardCache {
 void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
                           const float* x, int64_t rows, float dropout, uint64_t key,
                           FeedForwardCache& cache, float* out);
+// What the forward above asks of its cache, and the backward below of the scratch.
+void plan_feed_forward_forward(const FeedForwardWeights& w, int64_t rows, float dropout,
+                               FeedForwardCache& cache, WorkspacePlan& plan);
+void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
+                                WorkspacePlan& plan);
 // dx (= or += when accumulate) and parameter gradients, given d_out [rows, D].
 void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            const FeedForward<float>& g, Activation act, const float* x,

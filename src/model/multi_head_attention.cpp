@@ -99,6 +99,40 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   linear_forward(backend, w.o, context, query_rows, out);
 }
 
+void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads, int64_t batch,
+                                       int64_t query_len, int64_t key_len, float dropout,
+                                       bool self_attention, AttentionCache& cache,
+                                       WorkspacePlan& plan) {
+  const int64_t d = w.q.out;
+  const int64_t query_rows = batch * query_len, key_rows = batch * key_len;
+  const int64_t prob_count = batch * heads * query_len * key_len;
+  plan.need(cache.context, query_rows * d);                                     // [B, Tq, D]
+  if (cache.keep_weights || dropout > 0.f) plan.need(cache.probs, prob_count);  // [B, H, Tq, Tk]
+  // As project() chooses.
+  if (w.qkv.prepared && self_attention) {
+    plan.need(cache.q, query_rows * 3 * d);  // [B, T, 3D]
+  } else {
+    plan.need(cache.q, query_rows * d);  // [B, Tq, D]
+    if (w.kv.prepared) {
+      plan.need(cache.k, key_rows * 2 * d);  // [B, Tk, 2D]
+    } else {
+      plan.need(cache.k, key_rows * d);  // [B, Tk, D]
+      plan.need(cache.v, key_rows * d);  // [B, Tk, D]
+    }
+  }
+  if (dropout > 0.f) plan.need(cache.dropout_mask, prob_count);
+}
+
+void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch, int64_t query_len,
+                                        int64_t key_len, BackwardScratch& scratch,
+                                        WorkspacePlan& plan) {
+  const int64_t d = w.q.out;
+  plan.need(scratch.d_context, batch * query_len * d);  // [B, Tq, D]
+  plan.need(scratch.dq, batch * query_len * d);         // [B, Tq, D]
+  plan.need(scratch.dk, batch * key_len * d);           // [B, Tk, D]
+  plan.need(scratch.dv, batch * key_len * d);           // [B, Tk, D]
+}
+
 void multi_head_attention_backward(const Backend& backend, const AttentionWeights& w,
                                    const Attention<float>& g, int64_t heads,
                                    const AttentionInputs& in, AttentionCache& cache,

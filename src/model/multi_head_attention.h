@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/workspace.h"
 #include "model/linear.h"
 #include "model/weights.h"
 
@@ -57,6 +58,16 @@ struct AttentionCache {
 // over all heads and positions, attention over batch × heads in parallel.
 void multi_head_attention_forward(const Backend& backend, const AttentionWeights& w, int64_t heads,
                                   const AttentionInputs& in, AttentionCache& cache, float* out);
+// What the forward above asks of its cache for whole sequences (not incremental decoding) of
+// `batch` × query_len queries over key_len keys; self_attention: keys and values come from the
+// queries' own input. The backward's scratch likewise.
+void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads, int64_t batch,
+                                       int64_t query_len, int64_t key_len, float dropout,
+                                       bool self_attention, AttentionCache& cache,
+                                       WorkspacePlan& plan);
+void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch, int64_t query_len,
+                                        int64_t key_len, BackwardScratch& scratch,
+                                        WorkspacePlan& plan);
 // Given d_out [B, Tq, D]: d_query_input (= or += when accumulate), d_memory_input += (the same
 // pointer for self-attention), and the parameter gradients.
 void multi_head_attention_backward(const Backend& backend, const AttentionWeights& w,

@@ -87,6 +87,14 @@ void embed_with_dropout(const Backend& backend, const ModelConfig& config,
   }
 }
 
+void plan_embed_with_dropout(const ModelConfig& config, int64_t batch, int64_t len, float dropout,
+                             DeviceBuffer<float>& out, DeviceBuffer<uint8_t>& mask,
+                             WorkspacePlan& plan) {
+  const int64_t n = batch * len * config.d_model;
+  plan.need(out, n);  // [B, len, D]
+  if (dropout > 0.f) plan.need(mask, n);
+}
+
 // out = LayerNorm(in) for pre-norm stacks (final norm), a copy for post-norm.
 void final_norm(const Backend& backend, const ModelConfig& config, const LayerNormWeights& norm,
                 const float* in, int64_t rows, LayerNormCache& cache, DeviceBuffer<float>& out) {
@@ -101,7 +109,88 @@ void final_norm(const Backend& backend, const ModelConfig& config, const LayerNo
   }
 }
 
+void plan_final_norm(const ModelConfig& config, int64_t rows, LayerNormCache& cache,
+                     DeviceBuffer<float>& out, WorkspacePlan& plan) {
+  plan.need(out, rows * config.d_model);  // [rows, D]
+  if (config.norm == NormPosition::kPre) {
+    plan.need(cache.mean, rows);
+    plan.need(cache.rstd, rows);
+  }
+}
+
+// Planning records where each layer cache is, so the vector gets all its layers before the
+// first is planned (a later resize would move them).
+template <typename LayerCache>
+void make_layer_caches(std::vector<LayerCache>& caches, int64_t layers) {
+  if (caches.size() < size_t(layers)) caches.resize(size_t(layers));
+}
+
 }  // namespace
+
+void plan_encoder_forward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
+                          const DropoutOptions& dropout, StackCache& cache, WorkspacePlan& plan) {
+  const ModelConfig& config = model.config();
+  const int64_t layers = config.encoder_layers, B = shape.batch, S = shape.src_len;
+  make_layer_caches(cache.encoder_layers, layers);
+  plan.need(cache.src_ids, B * S);  // [B, S]
+  plan.need(cache.src_lengths, B);  // [B]
+  plan_embed_with_dropout(config, B, S, dropout.dropout, cache.encoder_input,
+                          cache.encoder_input_mask, plan);
+  for (int64_t i = 0; i < layers; ++i) {
+    EncoderLayerCache& layer = layer_cache(cache.encoder_layers, cache.training, layers, i);
+    const EncoderLayerWeights& lw = w.encoder_layers[size_t(i)];
+    plan_sublayer_forward(config, B * S, dropout.dropout, layer.attention_sublayer, plan);
+    plan_multi_head_attention_forward(lw.self_attn, config.heads, B, S, S,
+                                      dropout.attention_dropout, true, layer.self_attn, plan);
+    plan_sublayer_forward(config, B * S, dropout.dropout, layer.ffn_sublayer, plan);
+    plan_feed_forward_forward(lw.ffn, B * S, dropout.relu_dropout, layer.ffn, plan);
+  }
+  plan_final_norm(config, B * S, cache.encoder_norm, cache.memory, plan);
+}
+
+void plan_decoder_forward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
+                          const DropoutOptions& dropout, StackCache& cache, WorkspacePlan& plan) {
+  const ModelConfig& config = model.config();
+  const int64_t layers = config.decoder_layers, B = shape.batch, S = shape.src_len,
+                T = shape.tgt_len;
+  make_layer_caches(cache.decoder_layers, layers);
+  plan.need(cache.tgt_in, B * T);   // [B, T]
+  plan.need(cache.tgt_lengths, B);  // [B]
+  plan_embed_with_dropout(config, B, T, dropout.dropout, cache.decoder_input,
+                          cache.decoder_input_mask, plan);
+  for (int64_t i = 0; i < layers; ++i) {
+    DecoderLayerCache& layer = layer_cache(cache.decoder_layers, cache.training, layers, i);
+    const DecoderLayerWeights& lw = w.decoder_layers[size_t(i)];
+    plan_sublayer_forward(config, B * T, dropout.dropout, layer.self_sublayer, plan);
+    plan_multi_head_attention_forward(lw.self_attn, config.heads, B, T, T,
+                                      dropout.attention_dropout, true, layer.self_attn, plan);
+    plan_sublayer_forward(config, B * T, dropout.dropout, layer.cross_sublayer, plan);
+    plan_multi_head_attention_forward(lw.cross_attn, config.heads, B, T, S,
+                                      dropout.attention_dropout, false, layer.cross_attn, plan);
+    plan_sublayer_forward(config, B * T, dropout.dropout, layer.ffn_sublayer, plan);
+    plan_feed_forward_forward(lw.ffn, B * T, dropout.relu_dropout, layer.ffn, plan);
+  }
+  plan_final_norm(config, B * T, cache.decoder_norm, cache.decoder_out, plan);
+}
+
+void plan_stacks_backward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
+                          BackwardScratch& scratch, WorkspacePlan& plan) {
+  const ModelConfig& config = model.config();
+  const int64_t d = config.d_model, B = shape.batch, S = shape.src_len, T = shape.tgt_len;
+  plan.need(scratch.d_stream, B * std::max(S, T) * d);  // [rows, D]
+  plan.need(scratch.d_memory, B * S * d);               // [B, S, D]
+  for (const DecoderLayerWeights& lw : w.decoder_layers) {
+    plan_sublayer_backward(config, B * T, scratch, plan);
+    plan_feed_forward_backward(lw.ffn, B * T, scratch, plan);
+    plan_multi_head_attention_backward(lw.cross_attn, B, T, S, scratch, plan);
+    plan_multi_head_attention_backward(lw.self_attn, B, T, T, scratch, plan);
+  }
+  for (const EncoderLayerWeights& lw : w.encoder_layers) {
+    plan_sublayer_backward(config, B * S, scratch, plan);
+    plan_feed_forward_backward(lw.ffn, B * S, scratch, plan);
+    plan_multi_head_attention_backward(lw.self_attn, B, S, S, scratch, plan);
+  }
+}
 
 void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
                            const EncoderLayerWeights& w, const float* input, int64_t batch,

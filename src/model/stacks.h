@@ -15,6 +15,7 @@ namespace tfm {
 
 class Model;
 struct TokenBatch;
+struct BatchShape;
 
 struct LayerNormCache {
   DeviceBuffer<float> mean;  // [rows]
@@ -124,6 +125,15 @@ void encoder_forward(const Model& model, const TransformerWeights& w, const Toke
                      const DropoutOptions& dropout, StackCache& cache);
 void decoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
                      const DropoutOptions& dropout, StackCache& cache);
+
+// What encoder_forward, decoder_forward and stacks_backward ask of the cache and the scratch
+// for a batch of `shape` (with cache.training as the pass will set it): a workspace's plan.
+void plan_encoder_forward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
+                          const DropoutOptions& dropout, StackCache& cache, WorkspacePlan& plan);
+void plan_decoder_forward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
+                          const DropoutOptions& dropout, StackCache& cache, WorkspacePlan& plan);
+void plan_stacks_backward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
+                          BackwardScratch& scratch, WorkspacePlan& plan);
 
 // Backward through both stacks (cache from a training forward with the weights `w`) given
 // d_decoder_out [B, T, D]; accumulates every parameter gradient, embeddings included.

@@ -39,6 +39,20 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
   }
 }
 
+// What sublayer_forward asks of its cache (F's own buffers aside).
+inline void plan_sublayer_forward(const ModelConfig& config, int64_t rows, float dropout,
+                                  SublayerCache& cache, WorkspacePlan& plan) {
+  const int64_t n = rows * config.d_model;
+  plan.need(cache.output, n);  // [rows, D]
+  plan.need(cache.norm.mean, rows);
+  plan.need(cache.norm.rstd, rows);
+  if (config.norm == NormPosition::kPost)
+    plan.need(cache.residual, n);  // [rows, D]
+  else
+    plan.need(cache.normed, n);  // [rows, D]
+  if (dropout > 0.f) plan.need(cache.dropout_mask, n);
+}
+
 // The backward of sublayer_forward (cache from its training call): d_stream [rows, D] holds the
 // gradient of the sublayer's output and is replaced, in place, by that of its input.
 // function_backward(d_out, function_input, d_function_input, accumulate) runs the function's
@@ -70,6 +84,14 @@ void sublayer_backward(const Backend& backend, const ModelConfig& config,
     backend.layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_stream,
                                 norm_grad.weight, norm_grad.bias, rows, d, true);
   }
+}
+
+// What sublayer_backward asks of the scratch (F's backward aside).
+inline void plan_sublayer_backward(const ModelConfig& config, int64_t rows,
+                                   BackwardScratch& scratch, WorkspacePlan& plan) {
+  const int64_t n = rows * config.d_model;
+  plan.need(scratch.d_sublayer, n);                                       // [rows, D]
+  if (config.norm == NormPosition::kPre) plan.need(scratch.d_normed, n);  // [rows, D]
 }
 
 }  // namespace tfm

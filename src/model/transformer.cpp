@@ -191,6 +191,33 @@ TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<i
   return b;
 }
 
+BatchShape shape_of(const TokenBatch& batch) {
+  BatchShape shape{batch.batch, batch.src_len, batch.tgt_len, 0};
+  for (int32_t n : batch.tgt_lengths) shape.target_tokens += n;
+  return shape;
+}
+
+BatchShape batch_shape(const ModelConfig& config, const std::vector<std::vector<int32_t>>& sources,
+                       const std::vector<std::vector<int32_t>>& targets,
+                       const std::vector<int64_t>& members, size_t first, size_t stride) {
+  const int64_t extra_src = config.src_append_eos ? 1 : 0;
+  BatchShape shape;
+  for (size_t i = first; i < members.size(); i += stride) {
+    const int64_t src = int64_t(sources[size_t(members[i])].size()) + extra_src;
+    const int64_t tgt = int64_t(targets[size_t(members[i])].size()) + 1;  // bos / eos
+    ++shape.batch;
+    shape.src_len = std::max(shape.src_len, src);
+    shape.tgt_len = std::max(shape.tgt_len, tgt);
+    shape.target_tokens += tgt;
+  }
+  return shape;
+}
+
+void plan_target_positions(const BatchShape& shape, StackCache& cache, WorkspacePlan& plan) {
+  plan.need(cache.target_rows, shape.target_tokens);    // [tokens]
+  plan.need(cache.target_labels, shape.target_tokens);  // [tokens]
+}
+
 void target_positions(const Backend& backend, const TokenBatch& batch, StackCache& cache,
                       std::vector<int64_t>& rows, std::vector<int32_t>& labels) {
   rows.clear();

@@ -14,6 +14,7 @@
 #include "backend/device_buffer.h"
 #include "backend/device_int8_weights.h"
 #include "backend/device_tensors.h"
+#include "backend/workspace.h"
 #include "model/config.h"
 #include "model/stacks.h"
 #include "model/weights.h"
@@ -118,11 +119,28 @@ TokenBatch make_batch(const ModelConfig& config, const std::vector<std::vector<i
                       const std::vector<std::vector<int32_t>>& targets,
                       const std::vector<int64_t>& members, size_t first = 0, size_t stride = 1);
 
+// What the size of every buffer of a pass over a batch depends on: the shape a workspace is
+// planned for (backend/workspace.h).
+struct BatchShape {
+  int64_t batch = 0;          // B
+  int64_t src_len = 0;        // S
+  int64_t tgt_len = 0;        // T
+  int64_t target_tokens = 0;  // Σ tgt_lengths: the real target positions
+};
+BatchShape shape_of(const TokenBatch& batch);
+// The shape of make_batch(config, sources, targets, members, first, stride), without building it.
+BatchShape batch_shape(const ModelConfig& config, const std::vector<std::vector<int32_t>>& sources,
+                       const std::vector<std::vector<int32_t>>& targets,
+                       const std::vector<int64_t>& members, size_t first = 0, size_t stride = 1);
+
 // The real (non-pad) target positions of a batch, as flat indices b * T + t in order, and
 // their labels (tgt_out at those positions), on the host and uploaded into cache.target_rows /
 // cache.target_labels. Scoring and the loss run the output projection on these rows only.
 void target_positions(const Backend& backend, const TokenBatch& batch, StackCache& cache,
                       std::vector<int64_t>& rows, std::vector<int32_t>& labels);
+
+// What target_positions uploads for a batch of `shape`.
+void plan_target_positions(const BatchShape& shape, StackCache& cache, WorkspacePlan& plan);
 
 // How many rows of logits the output projection computes at once: [rows, vocab] stays near
 // 16 MB whatever the vocabulary.

@@ -22,9 +22,13 @@ int64_t physical_memory() {
   return int64_t(pages) * int64_t(page_size);
 }
 
-std::string gib(int64_t bytes) {
+// "2.50 GiB", or "137.4 MiB" below a GiB (where two decimals of GiB would read 0.13).
+std::string readable_size(int64_t bytes) {
   char text[32];
-  std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
+  if (bytes < (int64_t(1) << 30))
+    std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / double(1 << 20));
+  else
+    std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
   return text;
 }
 
@@ -41,8 +45,9 @@ int64_t memory_limit() {
 void check_memory(int64_t bytes, const std::string& what) {
   const int64_t limit = memory_limit();
   if (bytes < 0 || bytes > limit)
-    throw Error(what + " needs " + (bytes < 0 ? std::string("more than 8 EiB") : gib(bytes)) +
-                ", more than the " + gib(limit) +
+    throw Error(what + " needs " +
+                (bytes < 0 ? std::string("more than 8 EiB") : readable_size(bytes)) +
+                ", more than the " + readable_size(limit) +
                 (g_limit > 0 ? " allowed by --max-memory" : " of memory this machine has"));
 }
 

@@ -55,4 +55,22 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   return totals;
 }
 
+void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
+                             const DropoutOptions& dropout, bool backward, TrainingWorkspace& ws,
+                             Precision precision) {
+  const ModelConfig& config = model.config();
+  const TransformerWeights w = with_product_precision(model.weights(), precision);
+  const int64_t d = config.d_model, vocab = config.tgt_vocab_size, count = shape.target_tokens;
+  ws.cache.training = backward;
+  plan_encoder_forward(model, w, shape, dropout, ws.cache, ws.plan);
+  plan_decoder_forward(model, w, shape, dropout, ws.cache, ws.plan);
+  plan_target_positions(shape, ws.cache, ws.plan);
+  ws.plan.need(ws.states, count * d);    // [tokens, D]
+  ws.plan.need(ws.d_states, count * d);  // [tokens, D]
+  ws.plan.need(ws.logits, std::min(output_chunk_rows(vocab), std::max<int64_t>(count, 1)) * vocab);
+  if (!backward) return;
+  ws.plan.need(ws.d_decoder_out, shape.batch * shape.tgt_len * d);  // [B, T, D]
+  plan_stacks_backward(model, w, shape, ws.scratch, ws.plan);
+}
+
 }  // namespace tfm

@@ -26,8 +26,13 @@ struct LossTotals {
   }
 };
 
+// Every buffer of a training or validation pass. Planned (plan_loss_and_gradients for each
+// batch shape a run will see, then memory.allocate(backend, plan)), they are parts of one block;
+// unplanned, each grows on first use to the largest shape it meets.
 struct TrainingWorkspace {
-  StackCache cache;  // training = true: every layer's activations
+  Workspace memory;    // first member: the block outlives the buffers that borrow from it
+  WorkspacePlan plan;  // every shape planned so far
+  StackCache cache;    // training = true: every layer's activations
   BackwardScratch scratch;
   DeviceBuffer<float> states;         // [tokens, D] decoder outputs at real positions
   DeviceBuffer<float> d_states;       // [tokens, D]
@@ -43,5 +48,11 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& gr
                               const TokenBatch& batch, const DropoutOptions& dropout,
                               float label_smoothing, float grad_scale, TrainingWorkspace& ws,
                               Precision precision = Precision::kFloat32);
+
+// Adds to ws.plan what loss_and_gradients asks of ws for a batch of `shape` (backward: a
+// training pass, grad_scale != 0; else validation). Allocates nothing.
+void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
+                             const DropoutOptions& dropout, bool backward, TrainingWorkspace& ws,
+                             Precision precision = Precision::kFloat32);
 
 }  // namespace tfm

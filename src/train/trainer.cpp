@@ -193,14 +193,19 @@ class TrainingRun {
     state_.compute_type = precision_;
   }
 
+  // Weights + gradients (+ Adam's two moments) of one rank.
+  int64_t state_bytes() const {
+    const int64_t copies = o_.optimizer.algorithm == "adam" ? 4 : 2;
+    return parameter_count(model_->config()) * int64_t(sizeof(float)) * copies;
+  }
+
   // The training and validation data, encoded with the run's vocabularies; the vocabularies
   // go into the model directory.
   void read_data() {
     const ModelConfig& config = model_->config();
     // Weights + gradients (+ Adam's two moments; the all-reduce sums the gradients where they
     // are), for every rank on this machine, before any of them is allocated.
-    const int64_t copies = o_.optimizer.algorithm == "adam" ? 4 : 2;
-    check_memory(parameter_count(config) * int64_t(sizeof(float)) * copies * replicas_.local_size(),
+    check_memory(state_bytes() * replicas_.local_size(),
                  "training this model (weights, gradients, optimizer state)");
     replicas_.broadcast_tensors(model_->mutable_parameters());  // every rank starts from rank 0's
 
@@ -275,6 +280,7 @@ class TrainingRun {
 
     extra_source_ = config.src_append_eos ? 1 : 0;
     plan_ = plan_batches(corpus_, o_.batch_tokens, extra_source_, state_.seed, state_.epoch, true);
+    plan_activations();
     if (state_.batch_index > int64_t(plan_.size()))
       throw Error(o_.model_dir + "/checkpoint.safetensors: its data position (batch_index " +
                   std::to_string(state_.batch_index) + " in epoch " +
@@ -344,6 +350,32 @@ class TrainingRun {
     return !replicas_.distributed() && stop_signal() != 0;
   }
 
+  // The activation memory of this epoch's training passes (this rank's share of each batch)
+  // and of validation, planned from their batch shapes and allocated as one block before the
+  // first of them runs: checked against the memory limit here, not found missing at the
+  // longest batch hours later. A later epoch groups the pairs differently; the block is
+  // reallocated (between steps) only if one of its batches needs more.
+  void plan_activations() {
+    const ModelConfig& config = model_->config();
+    for (const auto& members : plan_) {
+      const BatchShape shape = batch_shape(config, corpus_.sources, corpus_.targets, members,
+                                           size_t(replicas_.rank()), size_t(replicas_.size()));
+      if (shape.batch > 0) plan_loss_and_gradients(*model_, shape, dropout_, true, ws_, precision_);
+    }
+    for (size_t i = size_t(replicas_.rank()); i < valid_batches_.size();
+         i += size_t(replicas_.size()))
+      plan_loss_and_gradients(*model_, shape_of(valid_batches_[i]), {}, false, ws_, precision_);
+    const int64_t bytes = ws_.plan.block_bytes();
+    if (bytes <= ws_.memory.bytes()) return;
+    check_memory((state_bytes() + bytes) * replicas_.local_size(),
+                 "training this model on these batches (weights, gradients, optimizer state and " +
+                     std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB of activations)");
+    ws_.memory.allocate(model_->backend(), ws_.plan);
+    if (primary_)
+      std::fprintf(stderr, "train: activations: %.1f MiB in one block (%lld buffers)\n",
+                   double(bytes) / (1 << 20), (long long)ws_.plan.buffers());
+  }
+
   // The micro-batches of one step (--accumulate of them), moving to the next epoch when the
   // plan is used up. True when the last epoch (--max-epochs) ended on the way.
   bool take_micro_batches(std::vector<TokenBatch>& micro) {
@@ -355,6 +387,7 @@ class TrainingRun {
         if (o_.max_epochs > 0 && state_.epoch >= o_.max_epochs) return true;
         plan_ =
             plan_batches(corpus_, o_.batch_tokens, extra_source_, state_.seed, state_.epoch, true);
+        plan_activations();
       }
       // This rank's share of the global batch.
       micro.push_back(make_batch(config, corpus_.sources, corpus_.targets,

@@ -1,0 +1,82 @@
+// The activation memory of a pass as one allocation, planned from the batch shapes it will run
+// (llm.c allocates its activations once from (B, T) the same way). Each layer has a plan
+// function beside its forward and backward that names the buffers they ask ensure_size for and
+// how many elements, for a batch shape; a WorkspacePlan keeps each buffer's largest need over
+// every shape planned; Workspace::allocate gives every planned buffer its part of one block on
+// the backend. The passes then find their buffers large enough and allocate nothing, the
+// footprint is known (and checked) before the first step, and a device backend gets one
+// allocation instead of hundreds. A buffer asked for more than its plan still grows on its own
+// (correct, only outside the block); the tests prove the plans and the passes agree exactly.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/device_buffer.h"
+
+namespace tfm {
+
+class WorkspacePlan {
+ public:
+  // `buffer` needs at least `elements` elements (the plan keeps the largest need). The buffer
+  // must stay where it is until Workspace::allocate has run.
+  template <typename T>
+  void need(DeviceBuffer<T>& buffer, int64_t elements) {
+    const int64_t bytes = elements * int64_t(sizeof(T));
+    auto [it, added] = index_.try_emplace(&buffer, parts_.size());
+    if (added) {
+      parts_.push_back({&buffer, bytes, [](void* b) { static_cast<DeviceBuffer<T>*>(b)->reset(); },
+                        [](void* b, const Backend& backend, void* memory, int64_t bytes) {
+                          static_cast<DeviceBuffer<T>*>(b)->borrow(backend, static_cast<T*>(memory),
+                                                                   bytes / int64_t(sizeof(T)));
+                        }});
+    } else if (bytes > parts_[it->second].bytes) {
+      parts_[it->second].bytes = bytes;
+    }
+  }
+
+  // Σ of every buffer's need (what the passes ask for), and the block that holds them (each
+  // part starts on a 64-byte boundary).
+  int64_t needed_bytes() const;
+  int64_t block_bytes() const;
+  int64_t buffers() const { return int64_t(parts_.size()); }
+
+ private:
+  friend class Workspace;
+  struct Part {
+    void* buffer;   // a DeviceBuffer<T>
+    int64_t bytes;  // its largest need
+    void (*reset)(void* buffer);
+    void (*borrow)(void* buffer, const Backend& backend, void* memory, int64_t bytes);
+  };
+  std::vector<Part> parts_;  // in the order first needed
+  std::unordered_map<const void*, size_t> index_;
+};
+
+// Owns the block the planned buffers borrow. Declare it before those buffers in the structure
+// that holds them (so it is destroyed after them), and let no planned buffer move out of it.
+class Workspace {
+ public:
+  Workspace() = default;
+  Workspace(Workspace&& other) noexcept;
+  Workspace& operator=(Workspace&&) = delete;
+  Workspace(const Workspace&) = delete;
+  ~Workspace();
+
+  // Drops what every buffer of `plan` holds (contents are not kept: call it between passes),
+  // frees the previous block (so `plan` must name every buffer that borrowed from it: keep one
+  // plan and let it grow), and gives each buffer its part of one new zeroed block on
+  // `backend`.
+  void allocate(const Backend& backend, const WorkspacePlan& plan);
+  int64_t bytes() const { return bytes_; }  // the block's size (0 before allocate)
+
+ private:
+  void free_block();
+  const Backend* backend_ = nullptr;
+  void* block_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace tfm
