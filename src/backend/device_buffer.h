@@ -78,7 +78,6 @@ class DeviceBuffer {
     size_ = n;
     borrowed_ = true;
   }
-  bool borrowed() const { return borrowed_; }
 
   // Frees the memory (size 0); the next allocation may use any backend.
   void reset() {

@@ -25,13 +25,6 @@ int64_t WorkspacePlan::block_bytes() const {
   return total;
 }
 
-Workspace::Workspace(Workspace&& other) noexcept
-    : backend_(other.backend_), block_(other.block_), bytes_(other.bytes_) {
-  other.backend_ = nullptr;
-  other.block_ = nullptr;
-  other.bytes_ = 0;
-}
-
 Workspace::~Workspace() {
   free_block();
 }

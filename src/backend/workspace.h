@@ -20,6 +20,11 @@ namespace tfm {
 
 class WorkspacePlan {
  public:
+  // It points at the buffers of the structure that holds it, so it stays where it is made.
+  WorkspacePlan() = default;
+  WorkspacePlan(const WorkspacePlan&) = delete;
+  WorkspacePlan& operator=(const WorkspacePlan&) = delete;
+
   // `buffer` needs at least `elements` elements (the plan keeps the largest need). The buffer
   // must stay where it is until Workspace::allocate has run.
   template <typename T>
@@ -60,9 +65,8 @@ class WorkspacePlan {
 class Workspace {
  public:
   Workspace() = default;
-  Workspace(Workspace&& other) noexcept;
-  Workspace& operator=(Workspace&&) = delete;
   Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
   ~Workspace();
 
   // Drops what every buffer of `plan` holds (contents are not kept: call it between passes),
