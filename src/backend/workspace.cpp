@@ -6,6 +6,12 @@ namespace tfm {
 namespace {
 
 constexpr int64_t kPartAlignment = 64;  // a cache line, and more than any vector load needs
+// Parts one after another would start at the same offset within a 4 KiB page whenever the sizes
+// before them are multiples of 4 KiB (most activations are), and an operation reading one part
+// while writing another then stalls on the CPU's 4K aliasing of loads behind stores. Five cache
+// lines between parts give the next dozen parts distinct offsets (train step, base: 3.39 s
+// without, 3.28 s with, 3.25 s for individually allocated buffers; by hand, 3 rounds each).
+constexpr int64_t kStagger = 64 * 5;
 
 int64_t aligned(int64_t bytes) {
   return (bytes + kPartAlignment - 1) / kPartAlignment * kPartAlignment;
@@ -21,7 +27,7 @@ int64_t WorkspacePlan::needed_bytes() const {
 
 int64_t WorkspacePlan::block_bytes() const {
   int64_t total = 0;
-  for (const Part& part : parts_) total += aligned(part.bytes);
+  for (const Part& part : parts_) total += aligned(part.bytes) + kStagger;
   return total;
 }
 
@@ -48,7 +54,7 @@ void Workspace::allocate(const Backend& backend, const WorkspacePlan& plan) {
   int64_t offset = 0;
   for (const WorkspacePlan::Part& part : plan.parts_) {
     part.borrow(part.buffer, backend, static_cast<char*>(block_) + offset, part.bytes);
-    offset += aligned(part.bytes);
+    offset += aligned(part.bytes) + kStagger;
   }
 }
 

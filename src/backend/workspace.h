@@ -43,7 +43,7 @@ class WorkspacePlan {
   }
 
   // Σ of every buffer's need (what the passes ask for), and the block that holds them (each
-  // part starts on a 64-byte boundary).
+  // part starts on a 64-byte boundary, a few cache lines after the previous part).
   int64_t needed_bytes() const;
   int64_t block_bytes() const;
   int64_t buffers() const { return int64_t(parts_.size()); }
