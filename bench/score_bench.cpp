@@ -193,9 +193,13 @@ int run(const Options& o) {
   const tfm::ModelConfig& config = model->config();
   const tfm::TokenBatch batch = tfm::make_batch(config, sources, targets);
 
-  tfm::StackCache ws;
-  std::vector<float> token_logprobs;  // [B, T] log p(target + eos)
+  // The activations planned for the batch's shape and allocated as one block, as the score
+  // command does before its first batch.
   const tfm::Precision precision = o.precision;
+  tfm::ScoringWorkspace ws;
+  tfm::plan_score_forward(*model, tfm::shape_of(batch), ws, precision);
+  ws.memory.allocate(model->backend(), ws.plan);
+  std::vector<float> token_logprobs;  // [B, T] log p(target + eos)
   auto score = [&] { tfm::score_forward(*model, batch, ws, token_logprobs, precision); };
   std::vector<double> all_seconds;
   const double median_seconds = time_median(o.warmup, o.repeats, score, &all_seconds);
@@ -217,10 +221,10 @@ int run(const Options& o) {
     std::shared_ptr<const tfm::PreparedWeights> hold;
     const tfm::TransformerWeights& prepared = model->sequence_weights(precision, hold);
     const double encoder = time_median(
-        0, o.phase_repeats, [&] { tfm::encoder_forward(*model, prepared, batch, {}, ws); },
+        0, o.phase_repeats, [&] { tfm::encoder_forward(*model, prepared, batch, {}, ws.cache); },
         nullptr);
     const double decoder = time_median(
-        0, o.phase_repeats, [&] { tfm::decoder_forward(*model, prepared, batch, {}, ws); },
+        0, o.phase_repeats, [&] { tfm::decoder_forward(*model, prepared, batch, {}, ws.cache); },
         nullptr);
     phases = {{"encoder_s", encoder},
               {"decoder_s", decoder},

@@ -189,7 +189,7 @@ int run(const Options& o) {
   // The activations planned for the batch's shape and allocated as one block, as the trainer
   // does before its first step.
   tfm::plan_loss_and_gradients(model, tfm::shape_of(batch), dropout, true, ws, o.precision);
-  tfm::allocate_workspace(model.backend(), ws);
+  ws.memory.allocate(model.backend(), ws.plan);
   const float grad_scale = 1.f / float(target_tokens);
   const double setup_seconds = now_seconds() - setup_start;
 

@@ -506,7 +506,7 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
   EXPECT_NE(saved, kChecksumStart);  // Adam has moments
 
   // Scoring.
-  StackCache cache;
+  ScoringWorkspace cache;
   std::vector<float> logprobs;
   score_forward(model, batch_, cache, logprobs);
   EXPECT_EQ(int64_t(logprobs.size()), batch_.batch * batch_.tgt_len);
@@ -552,15 +552,11 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
       << "host memory handed to operations:" << listed(backend_.violations());
 }
 
-// Training's activations planned from the batch shapes (backend/workspace.h) are one block
-// that every pass of those shapes fits without allocating, and the plan is exactly what the
-// passes ask for: the same bytes as an unplanned workspace grows to, buffer sizes summed. The
-// losses and gradients are those of the unplanned workspace, bit for bit.
-TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExactly) {
-  const Model& model = *model_;
-  const ModelConfig& config = model.config();
-  // Shapes with the longer source, the longer target, one sentence, many short ones.
-  std::vector<TokenBatch> batches{batch_};
+// Batches of the fixture's model in several shapes: the fixture's own, the longer source, the
+// longer target, one sentence, many short ones.
+std::vector<TokenBatch> batches_of_several_shapes(const ModelConfig& config,
+                                                  const TokenBatch& fixture) {
+  std::vector<TokenBatch> batches{fixture};
   Random random(11);
   const int64_t lowest = 4;  // past pad / bos / eos / unk in every fixture
   for (auto [count, longest_source, longest_target] :
@@ -577,51 +573,98 @@ TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExact
     }
     batches.push_back(make_batch(config, sources, targets));
   }
+  return batches;
+}
+
+// A workspace planned from batch shapes (backend/workspace.h) is one block that every pass of
+// those shapes fits without allocating, and its plan is exactly what the passes ask for: the
+// same bytes as an unplanned workspace grows to, buffer sizes summed. run(ws) runs the passes
+// and returns their results, which must be the unplanned workspace's bit for bit.
+template <typename PassWorkspace, typename Plan, typename Run>
+void expect_planned_block_fits_exactly(const MemoryCheckingBackend& backend, Plan plan, Run run) {
+  PassWorkspace grown;  // unplanned: every buffer grows to the largest shape it meets
+  const int64_t before = backend.live_bytes();
+  const std::vector<double> grown_results = run(grown);
+  const int64_t grown_bytes = backend.live_bytes() - before;
+
+  PassWorkspace planned;
+  plan(planned);
+  EXPECT_EQ(planned.plan.needed_bytes(), grown_bytes);
+  EXPECT_GE(planned.plan.block_bytes(), grown_bytes);
+  EXPECT_GT(planned.plan.buffers(), 20);
+  const int64_t allocations = backend.allocations();
+  planned.memory.allocate(backend, planned.plan);
+  EXPECT_EQ(backend.allocations(), allocations + 1);  // the block
+  EXPECT_EQ(planned.memory.bytes(), planned.plan.block_bytes());
+  const std::vector<double> planned_results = run(planned);
+  EXPECT_EQ(backend.allocations(), allocations + 1) << "a pass grew a buffer past its plan";
+  EXPECT_EQ(planned_results, grown_results);
+}
+
+// Training and validation passes (the trainer's TrainingWorkspace), in each precision.
+TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExactly) {
+  const Model& model = *model_;
+  const ModelConfig& config = model.config();
+  const std::vector<TokenBatch> batches = batches_of_several_shapes(config, batch_);
   DropoutOptions dropout;
   dropout.dropout = dropout.attention_dropout = dropout.relu_dropout = 0.1f;
   dropout.seed = 5;
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
     if (!backend_.supports(precision)) continue;
     SCOPED_TRACE(precision_name(precision));
-    // Training and validation passes over every batch, as a run interleaves them.
-    auto run = [&](TrainingWorkspace& ws, DeviceTensors& gradients) {
-      const TransformerGradients g = bind_gradients(config, gradients);
-      std::vector<LossTotals> totals;
+    auto plan = [&](TrainingWorkspace& ws) {
       for (const TokenBatch& batch : batches) {
-        totals.push_back(loss_and_gradients(model, g, batch, dropout, 0.1f, 1e-2f, ws, precision));
-        totals.push_back(loss_and_gradients(model, g, batch, {}, 0.1f, 0.f, ws, precision));
+        plan_loss_and_gradients(model, shape_of(batch), dropout, true, ws, precision);
+        plan_loss_and_gradients(model, shape_of(batch), {}, false, ws, precision);
       }
-      return totals;
     };
-    DeviceTensors grown_gradients = DeviceTensors::zeros_like(model.parameters());
-    TrainingWorkspace grown;  // unplanned: every buffer grows to the largest shape it meets
-    const int64_t before = backend_.live_bytes();
-    const std::vector<LossTotals> grown_totals = run(grown, grown_gradients);
-    const int64_t grown_bytes = backend_.live_bytes() - before;
+    // As a run interleaves them; the results: every pass' totals and the gradients' checksum.
+    DeviceTensors gradients = DeviceTensors::zeros_like(model.parameters());
+    const TransformerGradients g = bind_gradients(config, gradients);
+    auto run = [&](TrainingWorkspace& ws) {
+      gradients.set_zero();
+      std::vector<double> results;
+      for (const TokenBatch& batch : batches)
+        for (float grad_scale : {1e-2f, 0.f}) {
+          const LossTotals totals =
+              loss_and_gradients(model, g, batch, grad_scale != 0.f ? dropout : DropoutOptions{},
+                                 0.1f, grad_scale, ws, precision);
+          results.insert(results.end(), {totals.loss, totals.nll, double(totals.correct)});
+        }
+      const uint64_t checksum = checksum_tensors(gradients);
+      results.insert(results.end(), {double(checksum >> 32), double(checksum & 0xffffffffu)});
+      return results;
+    };
+    expect_planned_block_fits_exactly<TrainingWorkspace>(backend_, plan, run);
+  }
+  EXPECT_TRUE(backend_.violations().empty())
+      << "host memory handed to operations:" << listed(backend_.violations());
+}
 
-    DeviceTensors planned_gradients = DeviceTensors::zeros_like(model.parameters());
-    TrainingWorkspace planned;
-    for (const TokenBatch& batch : batches) {
-      plan_loss_and_gradients(model, shape_of(batch), dropout, true, planned, precision);
-      plan_loss_and_gradients(model, shape_of(batch), {}, false, planned, precision);
-    }
-    EXPECT_EQ(planned.plan.needed_bytes(), grown_bytes);
-    EXPECT_GE(planned.plan.block_bytes(), grown_bytes);
-    EXPECT_GT(planned.plan.buffers(), 50);
-    const int64_t allocations = backend_.allocations();
-    planned.memory.allocate(backend_, planned.plan);
-    EXPECT_EQ(backend_.allocations(), allocations + 1);  // the block
-    EXPECT_EQ(planned.memory.bytes(), planned.plan.block_bytes());
-    const std::vector<LossTotals> planned_totals = run(planned, planned_gradients);
-    EXPECT_EQ(backend_.allocations(), allocations + 1) << "a pass grew a buffer past its plan";
-
-    ASSERT_EQ(planned_totals.size(), grown_totals.size());
-    for (size_t i = 0; i < grown_totals.size(); ++i) {
-      EXPECT_EQ(planned_totals[i].loss, grown_totals[i].loss) << i;
-      EXPECT_EQ(planned_totals[i].nll, grown_totals[i].nll) << i;
-      EXPECT_EQ(planned_totals[i].correct, grown_totals[i].correct) << i;
-    }
-    EXPECT_EQ(checksum_tensors(planned_gradients), checksum_tensors(grown_gradients));
+// Scoring (the score command's ScoringWorkspace), in each precision: float32 reads the model's
+// own weights, bfloat16 and int8 the prepared ones (stacked Q|K|V and K|V products).
+TEST_P(BackendMemory, PlannedScoringActivationsAreOneBlockThatThePassesFitExactly) {
+  const Model& model = *model_;
+  const std::vector<TokenBatch> batches = batches_of_several_shapes(model.config(), batch_);
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kInt8}) {
+    if (!backend_.supports(precision)) continue;
+    SCOPED_TRACE(precision_name(precision));
+    auto plan = [&](ScoringWorkspace& ws) {
+      for (const TokenBatch& batch : batches)
+        plan_score_forward(model, shape_of(batch), ws, precision);
+    };
+    auto run = [&](ScoringWorkspace& ws) {
+      std::vector<double> results;
+      std::vector<float> logprobs;
+      for (const TokenBatch& batch : batches) {
+        score_forward(model, batch, ws, logprobs, precision);
+        results.insert(results.end(), logprobs.begin(), logprobs.end());
+      }
+      return results;
+    };
+    // Prepared weights are the model's memory, not the workspace's: made before either counts.
+    if (precision != Precision::kFloat32) model.prepared(precision);
+    expect_planned_block_fits_exactly<ScoringWorkspace>(backend_, plan, run);
   }
   EXPECT_TRUE(backend_.violations().empty())
       << "host memory handed to operations:" << listed(backend_.violations());

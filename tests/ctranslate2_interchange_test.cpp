@@ -34,7 +34,7 @@ const testing_support::CliWorkDir work("tfm_ct2_interchange_test");
 double worst_logprob_error(const Model& model, const std::string& fixture) {
   TensorMap io = read_safetensors(kFixtures + "/" + fixture + ".io.safetensors").tensors;
   TokenBatch batch = testing_support::fixture_batch(model.config(), io);
-  StackCache ws;
+  ScoringWorkspace ws;
   std::vector<float> logprobs;
   score_forward(model, batch, ws, logprobs);
   const Tensor& expected = io.at("token_logprobs");

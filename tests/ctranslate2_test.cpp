@@ -32,7 +32,7 @@ Imported import(const std::string& variant) {
 
 std::vector<float> score(const Imported& m, const std::string& src, const std::string& tgt) {
   TokenBatch batch = make_batch(m.model.config(), {m.source.encode(src)}, {m.target.encode(tgt)});
-  StackCache ws;
+  ScoringWorkspace ws;
   std::vector<float> logprobs;
   score_forward(m.model, batch, ws, logprobs);
   logprobs.resize(size_t(batch.tgt_lengths[0]));
@@ -80,12 +80,12 @@ std::vector<int32_t> best_tokens(const Imported& m, const std::string& src,
                                  const std::string& tgt) {
   const ModelConfig& c = m.model.config();
   TokenBatch batch = make_batch(c, {m.source.encode(src)}, {m.target.encode(tgt)});
-  StackCache ws;
+  ScoringWorkspace ws;
   std::vector<float> unused;
   score_forward(m.model, batch, ws, unused);
   std::vector<int32_t> best;
   for (int64_t t = 0; t < batch.tgt_lengths[0]; ++t) {
-    const float* state = ws.decoder_out.data() + t * c.d_model;
+    const float* state = ws.cache.decoder_out.data() + t * c.d_model;
     int32_t arg = 0;
     double best_logit = -1e30;
     for (int64_t v = 0; v < c.tgt_vocab_size; ++v) {

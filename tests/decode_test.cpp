@@ -124,7 +124,7 @@ TEST_P(ReducedPrecision, ScoringMatchesFloat32AndTheSearch) {
   const Hypothesis h = t.best("آ ت ش ي س و ن", o);
   const TokenBatch batch =
       make_batch(t.model.config(), {t.source.encode("آ ت ش ي س و ن")}, {h.tokens});
-  StackCache cache;
+  ScoringWorkspace cache;
   std::vector<float> full, reduced;
   score_forward(t.model, batch, cache, full, Precision::kFloat32);
   score_forward(t.model, batch, cache, reduced, GetParam().precision);
@@ -178,7 +178,7 @@ TEST(Decode, Int8LoadedModelEqualsInt8ProductsOfTheFloatModel) {
   }
   const TokenBatch batch =
       make_batch(int8.config(), {t.source.encode("آ ت ز م و ن")}, {t.target.encode("a t z m o n")});
-  StackCache cache;
+  ScoringWorkspace cache;
   std::vector<float> from_float, from_int8;
   score_forward(t.model, batch, cache, from_float, Precision::kInt8);
   score_forward(int8, batch, cache, from_int8, Precision::kInt8);
@@ -224,7 +224,7 @@ TEST(Decode, InferenceOnlyModelFreesItsFloatWeightsAndKeepsTheOutputs) {
     EXPECT_EQ(released, size_t(c.encoder_layers * 6 + c.decoder_layers * 10 + 1 -
                                (tied && precision != Precision::kFloat32 ? 1 : 0)));
     const TokenBatch batch = make_batch(c, {source}, {t.target.encode("a c h i s o n")});
-    StackCache cache;
+    ScoringWorkspace cache;
     std::vector<float> kept, freed;
     score_forward(t.model, batch, cache, kept, precision);
     score_forward(only.model, batch, cache, freed, precision);
@@ -269,7 +269,7 @@ TEST(Decode, InferenceOnlyFloat32ReadsTiedEmbeddingsFromThePackedProjection) {
         sharing == EmbeddingSharing::kAll ? "embed.weight" : "tgt_embed.weight";
     EXPECT_EQ(only.parameters().at(table).data == nullptr, tied) << int(sharing);
     const TokenBatch batch = make_batch(c, {sources[0]}, {{11, 12, 13}});
-    StackCache cache;
+    ScoringWorkspace cache;
     std::vector<float> a, b;
     score_forward(kept, batch, cache, a, Precision::kFloat32);
     score_forward(only, batch, cache, b, Precision::kFloat32);
@@ -390,7 +390,7 @@ TEST_P(IncrementalDecoding, LogProbsEqualAFullForwardOfTheHypothesis) {
     o.max_length = 12;
     o.nbest = size;
     const auto results = search(model, sources, {}, o);
-    StackCache cache;
+    ScoringWorkspace cache;
     for (size_t s = 0; s < sources.size(); ++s)
       for (const Hypothesis& h : results[s]) {
         std::vector<float> logprobs;

@@ -180,6 +180,19 @@ TEST(MemoryLimit, OversizedConfigsAndFilesAreRefusedBeforeAllocating) {
                    work.path("activations"));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("MiB in one block"), std::string::npos) << r.err;
+  // Scoring plans its batches' activations the same way: the model fits in 4 MiB, they do not.
+  const std::string long_pairs = " --ids --model " + model + " --src " + work.path("long.src") +
+                                 " --tgt " + work.path("long.tgt") + " --batch-tokens 8000 -o " +
+                                 work.path("long.scores");
+  r = work.run_cli("score --max-memory 4M" + long_pairs);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("error: scoring in batches of up to 8000 tokens (--batch-tokens: the "
+                       "activations) needs"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(work.path("long.scores")));
+  r = work.run_cli("score" + long_pairs);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   r = work.run_cli("--max-memory lots info --preset tiny");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--max-memory: unknown unit"), std::string::npos) << r.err;

@@ -52,7 +52,7 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   const ModelConfig& config = f.model.config();
   const TokenBatch& batch = f.batch;
   const int64_t d = config.d_model, S = batch.src_len, T = batch.tgt_len, B = batch.batch;
-  StackCache ws;
+  ScoringWorkspace ws;
 
   // Embeddings + positional encodings, encoder side.
   std::vector<float> x(size_t(B * std::max<int64_t>(S, 1) * d));
@@ -112,9 +112,9 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   // Whole stacks and the log-probabilities of target + eos.
   std::vector<float> logprobs;
   score_forward(f.model, batch, ws, logprobs);
-  expect_valid_rows_near(ws.memory.data(), S, memory, batch.src_lengths, 1e-4, "memory");
-  expect_valid_rows_near(ws.decoder_out.data(), T, f.io.at("dec_output"), batch.tgt_lengths, 1e-4,
-                         "dec_output");
+  expect_valid_rows_near(ws.cache.memory.data(), S, memory, batch.src_lengths, 1e-4, "memory");
+  expect_valid_rows_near(ws.cache.decoder_out.data(), T, f.io.at("dec_output"), batch.tgt_lengths,
+                         1e-4, "dec_output");
   const Tensor& expected = f.io.at("token_logprobs");
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < batch.tgt_lengths[size_t(b)]; ++t)
@@ -129,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelParity,
 
 TEST(ModelParity, ScoresDoNotDependOnBatchComposition) {
   Fixture f = load_fixture("paper_post");
-  StackCache ws;
+  ScoringWorkspace ws;
   std::vector<float> together;
   score_forward(f.model, f.batch, ws, together);
   const Tensor& src = f.io.at("src_tokens");

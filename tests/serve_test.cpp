@@ -166,14 +166,17 @@ TEST(Serve, EndpointsAnswer) {
   EXPECT_EQ(status, 200);
   post_json(server, "/v1/translate", R"({"text": 3})", &status);
   EXPECT_EQ(status, 400);
-  // A request is counted just after its answer is sent: poll briefly for the last one.
+  // A request is counted just after its answer is sent, by the thread that sent it: poll
+  // briefly until both translate requests are (the first one's thread may count it last).
   std::string text;
   for (int i = 0; i < 100; ++i) {
     auto metrics = c.Get("/metrics");
     ASSERT_TRUE(metrics);
     EXPECT_NE(metrics->get_header_value("Content-Type").find("text/plain"), std::string::npos);
     text = metrics->body;
-    if (text.find("code=\"400\"} 1") != std::string::npos) break;
+    if (text.find("path=\"/v1/translate\",code=\"200\"} 1") != std::string::npos &&
+        text.find("path=\"/v1/translate\",code=\"400\"} 1") != std::string::npos)
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (const char* line :

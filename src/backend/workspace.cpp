@@ -1,6 +1,8 @@
 // One planned block for a pass's buffers (backend/workspace.h).
 #include "backend/workspace.h"
 
+#include "tensor/memory_budget.h"
+
 namespace tfm {
 
 namespace {
@@ -44,9 +46,13 @@ void Workspace::free_block() {
 
 void Workspace::allocate(const Backend& backend, const WorkspacePlan& plan) {
   // What the buffers hold is freed before the new block exists, so the process never holds
-  // both.
+  // both; then the memory the process has freed goes back to the system
+  // (release_freed_memory): what setup freed (host copies of the weights, a previous block)
+  // sits in holes that one large block cannot reuse, and would otherwise stay resident beside
+  // it (train step, base: 1,844 MiB peak without this, 1,838 with, as with unplanned buffers).
   for (const WorkspacePlan::Part& part : plan.parts_) part.reset(part.buffer);
   free_block();
+  release_freed_memory();
   const int64_t bytes = plan.block_bytes();
   block_ = backend.allocate(bytes, true);
   backend_ = &backend;

@@ -12,6 +12,7 @@
 #include "io/file_util.h"
 #include "io/model_directory.h"
 #include "tensor/error.h"
+#include "tensor/memory_budget.h"
 #include "text/batching.h"
 #include "text/corpus.h"
 
@@ -64,7 +65,16 @@ void run_score(const ScoreOptions& o) {
   pairs.targets = std::move(targets);
   const BatchPlan plan = plan_batches(pairs, o.batch_tokens, extra_src, 0, 0, false);
   std::vector<std::vector<float>> results(pairs.sources.size());  // per pair: per-token log-probs
-  StackCache ws;
+  // The activations of every batch, planned from their shapes and allocated as one block before
+  // the first: a --batch-tokens that does not fit is refused here.
+  ScoringWorkspace ws;
+  for (const std::vector<int64_t>& members : plan)
+    plan_score_forward(bundle.model, batch_shape(config, pairs.sources, pairs.targets, members), ws,
+                       precision);
+  check_memory(ws.plan.block_bytes(), "scoring in batches of up to " +
+                                          std::to_string(o.batch_tokens) +
+                                          " tokens (--batch-tokens: the activations)");
+  ws.memory.allocate(bundle.model.backend(), ws.plan);
   std::vector<float> logprobs;
   Progress progress("score", int64_t(pairs.sources.size()));
   int64_t done = 0;

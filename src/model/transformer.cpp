@@ -235,31 +235,30 @@ int64_t output_chunk_rows(int64_t vocab) {
   return std::max<int64_t>(1, (int64_t(4) << 20) / vocab);
 }
 
-void score_forward(const Model& model, const TokenBatch& batch, StackCache& cache,
+void score_forward(const Model& model, const TokenBatch& batch, ScoringWorkspace& ws,
                    std::vector<float>& token_logprobs, Precision precision) {
   std::shared_ptr<const PreparedWeights> hold;
   const TransformerWeights& w = model.sequence_weights(precision, hold);
   const Backend& backend = model.backend();
   const int64_t d = model.config().d_model, vocab = model.config().tgt_vocab_size;
   const DropoutOptions no_dropout;
-  encoder_forward(model, w, batch, no_dropout, cache);
-  decoder_forward(model, w, batch, no_dropout, cache);
+  ws.cache.training = false;
+  encoder_forward(model, w, batch, no_dropout, ws.cache);
+  decoder_forward(model, w, batch, no_dropout, ws.cache);
 
   // Gather the decoder states of real (non-pad) positions so the vocabulary projection, the
   // most expensive GEMM here, skips padding.
-  std::vector<int64_t> valid_rows;
-  std::vector<int32_t> labels;
-  target_positions(backend, batch, cache, valid_rows, labels);
-  const int64_t count = int64_t(valid_rows.size());
-  const int32_t* device_labels = cache.target_labels.data();  // [valid_rows]
-  DeviceBuffer<float> states_buffer, logits_buffer, picked_buffer;
-  float* states = ensure_size(backend, states_buffer, count * d);  // [valid_rows, D]
-  backend.gather_rows(cache.decoder_out.data(), d, cache.target_rows.data(), count, d, states, d);
-  float* picked = ensure_size(backend, picked_buffer, count);  // [valid_rows]
+  target_positions(backend, batch, ws.cache, ws.rows, ws.labels);
+  const int64_t count = int64_t(ws.rows.size());
+  const int32_t* device_labels = ws.cache.target_labels.data();  // [valid_rows]
+  float* states = ensure_size(backend, ws.states, count * d);    // [valid_rows, D]
+  backend.gather_rows(ws.cache.decoder_out.data(), d, ws.cache.target_rows.data(), count, d, states,
+                      d);
+  float* picked = ensure_size(backend, ws.picked, count);  // [valid_rows]
 
   // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
   const int64_t chunk = output_chunk_rows(vocab);
-  float* logits = ensure_size(backend, logits_buffer,
+  float* logits = ensure_size(backend, ws.logits,
                               std::min(chunk, std::max<int64_t>(count, 1)) * vocab);  // [chunk, V]
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
@@ -270,7 +269,22 @@ void score_forward(const Model& model, const TokenBatch& batch, StackCache& cach
   backend.copy_to_host(picked, count * int64_t(sizeof(float)), host_picked.data());
   token_logprobs.assign(size_t(batch.batch * batch.tgt_len), 0.f);
   for (int64_t r = 0; r < count; ++r)
-    token_logprobs[size_t(valid_rows[size_t(r)])] = host_picked[size_t(r)];
+    token_logprobs[size_t(ws.rows[size_t(r)])] = host_picked[size_t(r)];
+}
+
+void plan_score_forward(const Model& model, const BatchShape& shape, ScoringWorkspace& ws,
+                        Precision precision) {
+  std::shared_ptr<const PreparedWeights> hold;
+  const TransformerWeights& w = model.sequence_weights(precision, hold);
+  const int64_t d = model.config().d_model, vocab = model.config().tgt_vocab_size;
+  const int64_t count = shape.target_tokens;
+  ws.cache.training = false;
+  plan_encoder_forward(model, w, shape, {}, ws.cache, ws.plan);
+  plan_decoder_forward(model, w, shape, {}, ws.cache, ws.plan);
+  plan_target_positions(shape, ws.cache, ws.plan);
+  ws.plan.need(ws.states, count * d);  // [tokens, D]
+  ws.plan.need(ws.picked, count);      // [tokens]
+  ws.plan.need(ws.logits, std::min(output_chunk_rows(vocab), std::max<int64_t>(count, 1)) * vocab);
 }
 
 }  // namespace tfm

@@ -146,9 +146,27 @@ void plan_target_positions(const BatchShape& shape, StackCache& cache, Workspace
 // 16 MB whatever the vocabulary.
 int64_t output_chunk_rows(int64_t vocab);
 
+// Every buffer of score_forward. Planned (plan_score_forward for each batch shape, then
+// memory.allocate(backend, plan)), they are parts of one block; unplanned, each grows on first
+// use to the largest shape it meets.
+struct ScoringWorkspace {
+  Workspace memory;            // first member: the block outlives the buffers that borrow from it
+  WorkspacePlan plan;          // every shape planned so far
+  StackCache cache;            // both stacks in inference mode (one layer cache reused)
+  DeviceBuffer<float> states;  // [tokens, D] decoder outputs at the real target positions
+  DeviceBuffer<float> logits;  // [chunk, V] the output projection of a chunk of them
+  DeviceBuffer<float> picked;  // [tokens] log p of each position's label
+  std::vector<int64_t> rows;   // [tokens] flat b * T + t of each real position (host)
+  std::vector<int32_t> labels;
+};
+
 // token_logprobs[B, T]: log p(tgt_out[b, t] | ...) for t < tgt_lengths[b], 0 past the length.
-// Runs both stacks (inference mode, no dropout) into cache, every product in `precision`.
-void score_forward(const Model& model, const TokenBatch& batch, StackCache& cache,
+// Runs both stacks (inference mode, no dropout) in ws, every product in `precision`.
+void score_forward(const Model& model, const TokenBatch& batch, ScoringWorkspace& ws,
                    std::vector<float>& token_logprobs, Precision precision = Precision::kFloat32);
+// Adds to ws.plan what score_forward asks of ws for a batch of `shape` (prepares the model's
+// weights for `precision`, as the first score_forward would). Allocates nothing else.
+void plan_score_forward(const Model& model, const BatchShape& shape, ScoringWorkspace& ws,
+                        Precision precision = Precision::kFloat32);
 
 }  // namespace tfm

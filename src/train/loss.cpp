@@ -4,8 +4,6 @@
 
 #include <algorithm>
 
-#include "tensor/memory_budget.h"
-
 namespace tfm {
 
 LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
@@ -73,11 +71,6 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
   if (!backward) return;
   ws.plan.need(ws.d_decoder_out, shape.batch * shape.tgt_len * d);  // [B, T, D]
   plan_stacks_backward(model, w, shape, ws.scratch, ws.plan);
-}
-
-void allocate_workspace(const Backend& backend, TrainingWorkspace& ws) {
-  release_freed_memory();
-  ws.memory.allocate(backend, ws.plan);
 }
 
 }  // namespace tfm

@@ -55,10 +55,4 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
                              const DropoutOptions& dropout, bool backward, TrainingWorkspace& ws,
                              Precision precision = Precision::kFloat32);
 
-// ws.memory = one block for ws.plan on `backend` (what the buffers held is dropped: call it
-// between passes). The memory the process has freed is first given back to the system
-// (release_freed_memory): what setup freed (host copies of the weights, a previous block)
-// sits in holes that one large block cannot reuse, and would otherwise stay resident beside it.
-void allocate_workspace(const Backend& backend, TrainingWorkspace& ws);
-
 }  // namespace tfm

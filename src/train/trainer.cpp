@@ -370,7 +370,7 @@ class TrainingRun {
     check_memory((state_bytes() + bytes) * replicas_.local_size(),
                  "training this model on these batches (weights, gradients, optimizer state and " +
                      std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB of activations)");
-    allocate_workspace(model_->backend(), ws_);
+    ws_.memory.allocate(model_->backend(), ws_.plan);
     if (primary_)
       std::fprintf(stderr, "train: activations: %.1f MiB in one block (%lld buffers)\n",
                    double(bytes) / (1 << 20), (long long)ws_.plan.buffers());
