@@ -63,7 +63,7 @@ struct StackCache {
   DeviceBuffer<int32_t> tgt_in;       // [B, T]
   DeviceBuffer<int32_t> tgt_lengths;  // [B]
   // The real target positions and their labels, for the output projection of scoring and the
-  // loss (uploaded by target_positions, model/transformer.h).
+  // loss (uploaded by target_states, model/transformer.h).
   DeviceBuffer<int64_t> target_rows;    // [tokens]
   DeviceBuffer<int32_t> target_labels;  // [tokens]
   DeviceBuffer<float> encoder_input;    // [B, S, D] embeddings + positions (after dropout)

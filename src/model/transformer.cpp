@@ -213,13 +213,10 @@ BatchShape batch_shape(const ModelConfig& config, const std::vector<std::vector<
   return shape;
 }
 
-void plan_target_positions(const BatchShape& shape, StackCache& cache, WorkspacePlan& plan) {
-  plan.need(cache.target_rows, shape.target_tokens);    // [tokens]
-  plan.need(cache.target_labels, shape.target_tokens);  // [tokens]
-}
+namespace {
 
-void target_positions(const Backend& backend, const TokenBatch& batch, StackCache& cache,
-                      std::vector<int64_t>& rows, std::vector<int32_t>& labels) {
+void upload_target_positions(const Backend& backend, const TokenBatch& batch, StackCache& cache,
+                             std::vector<int64_t>& rows, std::vector<int32_t>& labels) {
   rows.clear();
   labels.clear();
   for (int64_t b = 0; b < batch.batch; ++b)
@@ -229,6 +226,32 @@ void target_positions(const Backend& backend, const TokenBatch& batch, StackCach
     }
   upload(backend, rows.data(), int64_t(rows.size()), cache.target_rows);
   upload(backend, labels.data(), int64_t(labels.size()), cache.target_labels);
+}
+
+}  // namespace
+
+int64_t target_states(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
+                      const DropoutOptions& dropout, StackCache& cache, std::vector<int64_t>& rows,
+                      std::vector<int32_t>& labels, DeviceBuffer<float>& states) {
+  const Backend& backend = model.backend();
+  const int64_t d = model.config().d_model;
+  encoder_forward(model, w, batch, dropout, cache);
+  decoder_forward(model, w, batch, dropout, cache);
+  upload_target_positions(backend, batch, cache, rows, labels);
+  const int64_t count = int64_t(rows.size());
+  backend.gather_rows(cache.decoder_out.data(), d, cache.target_rows.data(), count, d,
+                      ensure_size(backend, states, count * d), d);  // [tokens, D]
+  return count;
+}
+
+void plan_target_states(const Model& model, const TransformerWeights& w, const BatchShape& shape,
+                        const DropoutOptions& dropout, StackCache& cache,
+                        DeviceBuffer<float>& states, WorkspacePlan& plan) {
+  plan_encoder_forward(model, w, shape, dropout, cache, plan);
+  plan_decoder_forward(model, w, shape, dropout, cache, plan);
+  plan.need(cache.target_rows, shape.target_tokens);                // [tokens]
+  plan.need(cache.target_labels, shape.target_tokens);              // [tokens]
+  plan.need(states, shape.target_tokens * model.config().d_model);  // [tokens, D]
 }
 
 int64_t output_chunk_rows(int64_t vocab) {
@@ -241,20 +264,11 @@ void score_forward(const Model& model, const TokenBatch& batch, ScoringWorkspace
   const TransformerWeights& w = model.sequence_weights(precision, hold);
   const Backend& backend = model.backend();
   const int64_t d = model.config().d_model, vocab = model.config().tgt_vocab_size;
-  const DropoutOptions no_dropout;
   ws.cache.training = false;
-  encoder_forward(model, w, batch, no_dropout, ws.cache);
-  decoder_forward(model, w, batch, no_dropout, ws.cache);
-
-  // Gather the decoder states of real (non-pad) positions so the vocabulary projection, the
-  // most expensive GEMM here, skips padding.
-  target_positions(backend, batch, ws.cache, ws.rows, ws.labels);
-  const int64_t count = int64_t(ws.rows.size());
+  const int64_t count = target_states(model, w, batch, {}, ws.cache, ws.rows, ws.labels, ws.states);
+  const float* states = ws.states.data();                        // [valid_rows, D]
   const int32_t* device_labels = ws.cache.target_labels.data();  // [valid_rows]
-  float* states = ensure_size(backend, ws.states, count * d);    // [valid_rows, D]
-  backend.gather_rows(ws.cache.decoder_out.data(), d, ws.cache.target_rows.data(), count, d, states,
-                      d);
-  float* picked = ensure_size(backend, ws.picked, count);  // [valid_rows]
+  float* picked = ensure_size(backend, ws.picked, count);        // [valid_rows]
 
   // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
   const int64_t chunk = output_chunk_rows(vocab);
@@ -276,14 +290,10 @@ void plan_score_forward(const Model& model, const BatchShape& shape, ScoringWork
                         Precision precision) {
   std::shared_ptr<const PreparedWeights> hold;
   const TransformerWeights& w = model.sequence_weights(precision, hold);
-  const int64_t d = model.config().d_model, vocab = model.config().tgt_vocab_size;
-  const int64_t count = shape.target_tokens;
+  const int64_t vocab = model.config().tgt_vocab_size, count = shape.target_tokens;
   ws.cache.training = false;
-  plan_encoder_forward(model, w, shape, {}, ws.cache, ws.plan);
-  plan_decoder_forward(model, w, shape, {}, ws.cache, ws.plan);
-  plan_target_positions(shape, ws.cache, ws.plan);
-  ws.plan.need(ws.states, count * d);  // [tokens, D]
-  ws.plan.need(ws.picked, count);      // [tokens]
+  plan_target_states(model, w, shape, {}, ws.cache, ws.states, ws.plan);
+  ws.plan.need(ws.picked, count);  // [tokens]
   ws.plan.need(ws.logits, std::min(output_chunk_rows(vocab), std::max<int64_t>(count, 1)) * vocab);
 }
 

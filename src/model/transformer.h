@@ -133,14 +133,19 @@ BatchShape batch_shape(const ModelConfig& config, const std::vector<std::vector<
                        const std::vector<std::vector<int32_t>>& targets,
                        const std::vector<int64_t>& members, size_t first = 0, size_t stride = 1);
 
-// The real (non-pad) target positions of a batch, as flat indices b * T + t in order, and
-// their labels (tgt_out at those positions), on the host and uploaded into cache.target_rows /
-// cache.target_labels. Scoring and the loss run the output projection on these rows only.
-void target_positions(const Backend& backend, const TokenBatch& batch, StackCache& cache,
-                      std::vector<int64_t>& rows, std::vector<int32_t>& labels);
-
-// What target_positions uploads for a batch of `shape`.
-void plan_target_positions(const BatchShape& shape, StackCache& cache, WorkspacePlan& plan);
+// The teacher-forced pass that scoring and the loss share: both stacks over `batch` into cache
+// (cache.training as the caller set it), then the decoder output at each real (non-pad) target
+// position gathered into states [tokens, D], the rows the output projection runs on (padding
+// skipped). rows / labels: those positions as flat indices b * T + t in order and their labels
+// (tgt_out there), on the host and uploaded into cache.target_rows / cache.target_labels.
+// Returns the number of positions.
+int64_t target_states(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
+                      const DropoutOptions& dropout, StackCache& cache, std::vector<int64_t>& rows,
+                      std::vector<int32_t>& labels, DeviceBuffer<float>& states);
+// What target_states asks of cache and states for a batch of `shape`.
+void plan_target_states(const Model& model, const TransformerWeights& w, const BatchShape& shape,
+                        const DropoutOptions& dropout, StackCache& cache,
+                        DeviceBuffer<float>& states, WorkspacePlan& plan);
 
 // How many rows of logits the output projection computes at once: [rows, vocab] stays near
 // 16 MB whatever the vocabulary.

@@ -16,16 +16,12 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   const int64_t d = config.d_model, vocab = config.tgt_vocab_size;
   const bool backward = grad_scale != 0.f;
   ws.cache.training = backward;
-  encoder_forward(model, w, batch, dropout, ws.cache);
-  decoder_forward(model, w, batch, dropout, ws.cache);
-
-  target_positions(backend, batch, ws.cache, ws.rows, ws.labels);
-  const int64_t count = int64_t(ws.rows.size());
+  const int64_t count =
+      target_states(model, w, batch, dropout, ws.cache, ws.rows, ws.labels, ws.states);
   const int64_t* rows = ws.cache.target_rows.data();               // [tokens]
   const int32_t* labels = ws.cache.target_labels.data();           // [tokens]
-  float* states = ensure_size(backend, ws.states, count * d);      // [tokens, D]
+  const float* states = ws.states.data();                          // [tokens, D]
   float* d_states = ensure_size(backend, ws.d_states, count * d);  // [tokens, D]
-  backend.gather_rows(ws.cache.decoder_out.data(), d, rows, count, d, states, d);
 
   LossTotals totals;
   totals.tokens = count;
@@ -62,10 +58,7 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
   const TransformerWeights w = with_product_precision(model.weights(), precision);
   const int64_t d = config.d_model, vocab = config.tgt_vocab_size, count = shape.target_tokens;
   ws.cache.training = backward;
-  plan_encoder_forward(model, w, shape, dropout, ws.cache, ws.plan);
-  plan_decoder_forward(model, w, shape, dropout, ws.cache, ws.plan);
-  plan_target_positions(shape, ws.cache, ws.plan);
-  ws.plan.need(ws.states, count * d);    // [tokens, D]
+  plan_target_states(model, w, shape, dropout, ws.cache, ws.states, ws.plan);
   ws.plan.need(ws.d_states, count * d);  // [tokens, D]
   ws.plan.need(ws.logits, std::min(output_chunk_rows(vocab), std::max<int64_t>(count, 1)) * vocab);
   if (!backward) return;
