@@ -2,8 +2,8 @@
 // — lives in the memory of the backend that computes on it, not in std::vector: a DeviceBuffer
 // is an array of T allocated by a Backend, so a second backend gets its buffers where its
 // kernels can reach them without model/ changing. Buffers grow once to the largest batch shape
-// they see and are reused (ensure_size); a pass whose batch shapes are known ahead (training)
-// plans them instead, and its buffers then borrow their parts of one block
+// they see and are reused (ensure_size); a pass whose batch shapes are known ahead (training,
+// scoring) plans them instead, and its buffers then borrow their parts of one block
 // (backend/workspace.h), as llm.c's activations are allocated once.
 #pragma once
 

@@ -258,6 +258,10 @@ int64_t output_chunk_rows(int64_t vocab) {
   return std::max<int64_t>(1, (int64_t(4) << 20) / vocab);
 }
 
+int64_t output_logits_elements(int64_t vocab, int64_t positions) {
+  return std::min(output_chunk_rows(vocab), std::max<int64_t>(positions, 1)) * vocab;
+}
+
 void score_forward(const Model& model, const TokenBatch& batch, ScoringWorkspace& ws,
                    std::vector<float>& token_logprobs, Precision precision) {
   std::shared_ptr<const PreparedWeights> hold;
@@ -272,8 +276,8 @@ void score_forward(const Model& model, const TokenBatch& batch, ScoringWorkspace
 
   // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
   const int64_t chunk = output_chunk_rows(vocab);
-  float* logits = ensure_size(backend, ws.logits,
-                              std::min(chunk, std::max<int64_t>(count, 1)) * vocab);  // [chunk, V]
+  float* logits =
+      ensure_size(backend, ws.logits, output_logits_elements(vocab, count));  // [chunk, V]
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
     linear_forward(backend, w.output, states + begin * d, n, logits);
@@ -293,8 +297,8 @@ void plan_score_forward(const Model& model, const BatchShape& shape, ScoringWork
   const int64_t vocab = model.config().tgt_vocab_size, count = shape.target_tokens;
   ws.cache.training = false;
   plan_target_states(model, w, shape, {}, ws.cache, ws.states, ws.plan);
-  ws.plan.need(ws.picked, count);  // [tokens]
-  ws.plan.need(ws.logits, std::min(output_chunk_rows(vocab), std::max<int64_t>(count, 1)) * vocab);
+  ws.plan.need(ws.picked, count);                                 // [tokens]
+  ws.plan.need(ws.logits, output_logits_elements(vocab, count));  // [chunk, V]
 }
 
 }  // namespace tfm

@@ -150,6 +150,9 @@ void plan_target_states(const Model& model, const TransformerWeights& w, const B
 // How many rows of logits the output projection computes at once: [rows, vocab] stays near
 // 16 MB whatever the vocabulary.
 int64_t output_chunk_rows(int64_t vocab);
+// Elements of the logits buffer for `positions` rows projected in such chunks:
+// [min(chunk, positions), vocab], at least one row.
+int64_t output_logits_elements(int64_t vocab, int64_t positions);
 
 // Every buffer of score_forward. Planned (plan_score_forward for each batch shape, then
 // memory.allocate(backend, plan)), they are parts of one block; unplanned, each grows on first

@@ -27,7 +27,7 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   totals.tokens = count;
   const int64_t chunk = output_chunk_rows(vocab);
   float* logits =
-      ensure_size(backend, ws.logits, std::min(chunk, std::max<int64_t>(count, 1)) * vocab);
+      ensure_size(backend, ws.logits, output_logits_elements(vocab, count));  // [chunk, V]
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
     const float* x = states + begin * d;  // [n, D]
@@ -59,8 +59,8 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
   const int64_t d = config.d_model, vocab = config.tgt_vocab_size, count = shape.target_tokens;
   ws.cache.training = backward;
   plan_target_states(model, w, shape, dropout, ws.cache, ws.states, ws.plan);
-  ws.plan.need(ws.d_states, count * d);  // [tokens, D]
-  ws.plan.need(ws.logits, std::min(output_chunk_rows(vocab), std::max<int64_t>(count, 1)) * vocab);
+  ws.plan.need(ws.d_states, count * d);                           // [tokens, D]
+  ws.plan.need(ws.logits, output_logits_elements(vocab, count));  // [chunk, V]
   if (!backward) return;
   ws.plan.need(ws.d_decoder_out, shape.batch * shape.tgt_len * d);  // [B, T, D]
   plan_stacks_backward(model, w, shape, ws.scratch, ws.plan);
