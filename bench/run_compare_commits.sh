@@ -6,6 +6,7 @@
 # each round, on the same files and thread count:
 #   score        bench/score_bench  (teacher-forced scoring, base, 32 × 32 tokens)
 #   train        bench/train_bench  (one training step, base, 64 pairs of 31 tokens)
+#   train_bf16   bench/train_bench --compute-type bfloat16   (CPUs with AVX512-BF16)
 #   greedy       bench/decode_bench --beam 1   (32 sources × 32 tokens, outputs forced to 32)
 #   beam4        bench/decode_bench --beam 4
 #   greedy_bf16  bench/decode_bench --beam 1 --compute-type bfloat16   (CPUs with AVX512-BF16)
@@ -13,11 +14,12 @@
 #   greedy_int8  bench/decode_bench --beam 1 --compute-type int8   (the model quantised at load)
 #   beam4_int8   bench/decode_bench --beam 4 --compute-type int8
 # and reports, per case, speed new/old (old median time / new median time; > 1: new is faster),
-# peak RSS of each, and for decoding whether the outputs are the same token sequences. Writes
+# peak RSS of each, for decoding whether the outputs are the same token sequences, and for
+# training whether the loss after the timed steps is the same number. Writes
 # bench/results/compare_commits.{md,json}.
 #
 # usage: bench/run_compare_commits.sh OLD [NEW]     (commits; NEW defaults to HEAD)
-# env:   OMP_NUM_THREADS (default 2)  ROUNDS (3)  REPEATS (5)  CASES (all eight, space-separated)
+# env:   OMP_NUM_THREADS (default 2)  ROUNDS (3)  REPEATS (5)  CASES (all nine, space-separated)
 #        WORK_DIR (out/compare_commits: worktrees and builds are kept there and reused)
 # Takes about 8 minutes of building per commit, then about 2 minutes per round on 2 cores.
 set -euo pipefail
@@ -31,7 +33,7 @@ new=$(git rev-parse --verify --short "${2:-HEAD}^{commit}") || fail "${2:-HEAD} 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 rounds=${ROUNDS:-3}
 repeats=${REPEATS:-5}
-cases=(${CASES:-score train greedy beam4 greedy_bf16 beam4_bf16 greedy_int8 beam4_int8})
+cases=(${CASES:-score train train_bf16 greedy beam4 greedy_bf16 beam4_bf16 greedy_int8 beam4_int8})
 work=${WORK_DIR:-out/compare_commits}
 python=/usr/bin/python3
 mkdir -p "$work"
@@ -71,6 +73,7 @@ run_case() {  # run_case CASE SHA: one JSON line on stdout
   case $1 in
     score) "$bin/score_bench" --work-dir "$data/score" --reuse --repeats "$repeats" --phase-repeats 0 ;;
     train) "$bin/train_bench" --steps "$repeats" ;;
+    train_bf16) "$bin/train_bench" --steps "$repeats" --compute-type bfloat16 ;;
     greedy) "$bin/decode_bench" --work-dir "$data/decode" --beam 1 --repeats "$repeats" ;;
     beam4) "$bin/decode_bench" --work-dir "$data/decode" --beam 4 --repeats "$repeats" ;;
     greedy_bf16) "$bin/decode_bench" --work-dir "$data/decode" --beam 1 --repeats "$repeats" \
@@ -129,13 +132,16 @@ for case in cases:
              "rounds": len(side["new"]),
              "all_old_s": [x["median_s"] for x in side["old"]],
              "all_new_s": [x["median_s"] for x in side["new"]]}
+    same = ""
     if "outputs" in side["new"][0]:
         a, b = side["old"][0]["outputs"], side["new"][0]["outputs"]
         entry["identical_outputs"] = sum(x == y for x, y in zip(a, b))
         entry["sentences"] = len(a)
+        same = f"{entry['identical_outputs']}/{entry['sentences']}"
+    elif "loss_last" in side["new"][0]:
+        entry["same_loss"] = side["old"][0]["loss_last"] == side["new"][0]["loss_last"]
+        same = "same loss" if entry["same_loss"] else "loss differs"
     report["cases"][case] = entry
-    same = (f"{entry['identical_outputs']}/{entry['sentences']}"
-            if "sentences" in entry else "")
     rows.append(f"| {case} | {median['old']*1e3:.1f} | {median['new']*1e3:.1f} | "
                 f"{entry['speed_new_over_old']:.3f} | {rss['old']:.0f} | {rss['new']:.0f} | {same} |")
 

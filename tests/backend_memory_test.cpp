@@ -53,10 +53,19 @@ class MemoryCheckingBackend : public Backend {
   bool supports(Precision precision) const override { return cpu().supports(precision); }
 
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision) const override {
-    const Access access = check("matmul", {{"a", a}, {"b", b}, {"c", c}});
+    const Access access = check("matmul", {{"a", a.values},
+                                           {"a rounded", a.rounded},
+                                           {"b", b.values},
+                                           {"b rounded", b.rounded},
+                                           {"c", c}});
     cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision);
+  }
+  void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                         uint16_t* out) const override {
+    const Access access = check("round_to_bfloat16", {{"x", x}, {"out", out}});
+    cpu().round_to_bfloat16(x, rows, cols, ldx, out);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,

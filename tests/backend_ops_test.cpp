@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -113,6 +115,83 @@ TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
   EXPECT_THROW(be().matmul(false, false, 1, 1, 1, 1.f, one.data(), 1, one.data(), 1, 0.f,
                            one.data(), 1, Precision::kInt8),
                std::invalid_argument);
+}
+
+// round_to_bfloat16 is the rounding bfloat16 products apply (nearest, ties to even, NaN kept):
+// element for element float_to_bfloat16, from a strided matrix into a dense one, including
+// exact ties, values that round up into the next exponent, infinities and NaN.
+TEST_P(BackendOps, RoundToBFloat16RoundsEachElementToNearestEven) {
+  const int64_t rows = 37, cols = 29, ldx = cols + 3;
+  auto x = random_vector(rows * ldx, 11, 100.f);
+  // Exact ties (halfway between two bfloat16 values, both parities), carries and specials.
+  const float specials[] = {std::bit_cast<float>(0x3f808000u),
+                            std::bit_cast<float>(0x3f818000u),
+                            std::bit_cast<float>(0x3fffffffu),
+                            std::bit_cast<float>(0x7f7fffffu),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -0.f,
+                            1e-40f};
+  for (size_t i = 0; i < std::size(specials); ++i) x[i * 7] = specials[i];
+  std::vector<uint16_t> out(size_t(rows * cols), 0xdead);
+  be().round_to_bfloat16(x.data(), rows, cols, ldx, out.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = x[size_t(r * ldx + c)];
+      const uint16_t got = out[size_t(r * cols + c)];
+      if (std::isnan(v))
+        EXPECT_TRUE(std::isnan(bfloat16_to_float(got))) << r << "," << c;
+      else
+        ASSERT_EQ(got, float_to_bfloat16(v)) << r << "," << c << " " << v;
+    }
+  EXPECT_EQ(out[0], 0x3f80);  // 0x3f808000 is a tie: down to the even 0x3f80
+  EXPECT_EQ(out[7], 0x3f82);  // 0x3f818000 is a tie: up to the even 0x3f82
+}
+
+// A bfloat16 product reads an operand's rounded copy where one is given (MatmulOperand): with
+// the copy of the operand itself the result is bit for bit the product that rounds it, and with
+// a copy of other values it is those values' product (the copy, not `values`, is multiplied).
+TEST_P(BackendOps, MatmulReadsTheRoundedCopyOfAnOperand) {
+  if (!be().supports(Precision::kBFloat16)) GTEST_SKIP() << "no bfloat16 products here";
+  const int64_t m = 33, n = 70, k = 65;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k,
+                    b_cols = tb ? k : n;
+      const int64_t lda = a_cols + 3, ldb = b_cols + 1;
+      auto a = random_vector(a_rows * lda, 21 + ta);
+      auto b = random_vector(b_rows * ldb, 31 + tb);
+      auto other = random_vector(a_rows * lda, 41);
+      std::vector<uint16_t> a16(size_t(a_rows * a_cols)), b16(size_t(b_rows * b_cols)),
+          other16(size_t(a_rows * a_cols));
+      be().round_to_bfloat16(a.data(), a_rows, a_cols, lda, a16.data());
+      be().round_to_bfloat16(b.data(), b_rows, b_cols, ldb, b16.data());
+      be().round_to_bfloat16(other.data(), a_rows, a_cols, lda, other16.data());
+      for (float beta : {0.f, 1.f}) {
+        SCOPED_TRACE("ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                     " beta=" + std::to_string(beta));
+        const auto c0 = random_vector(m * n, 51);
+        auto expected = c0, both = c0, only_a = c0, only_b = c0, swapped = c0, of_other = c0;
+        be().matmul(ta, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, beta, expected.data(), n,
+                    Precision::kBFloat16);
+        be().matmul(ta, tb, m, n, k, 1.f, {a.data(), a16.data()}, lda, {b.data(), b16.data()}, ldb,
+                    beta, both.data(), n, Precision::kBFloat16);
+        be().matmul(ta, tb, m, n, k, 1.f, {a.data(), a16.data()}, lda, b.data(), ldb, beta,
+                    only_a.data(), n, Precision::kBFloat16);
+        be().matmul(ta, tb, m, n, k, 1.f, a.data(), lda, {b.data(), b16.data()}, ldb, beta,
+                    only_b.data(), n, Precision::kBFloat16);
+        EXPECT_EQ(both, expected);
+        EXPECT_EQ(only_a, expected);
+        EXPECT_EQ(only_b, expected);
+        be().matmul(ta, tb, m, n, k, 1.f, other.data(), lda, b.data(), ldb, beta, of_other.data(),
+                    n, Precision::kBFloat16);
+        be().matmul(ta, tb, m, n, k, 1.f, {a.data(), other16.data()}, lda, b.data(), ldb, beta,
+                    swapped.data(), n, Precision::kBFloat16);
+        EXPECT_EQ(swapped, of_other);
+        EXPECT_NE(swapped, expected);
+      }
+    }
 }
 
 TEST_P(BackendOps, MatmulWithNoInnerDimensionLeavesBetaTimesC) {

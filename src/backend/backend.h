@@ -51,11 +51,16 @@ class Backend {
   // C[m, n] = alpha · op(A)[m, k] · op(B)[k, n] + beta · C, op(X) = X or Xᵀ; lda/ldb/ldc are
   // the row strides of A, B, C as stored. k = 0 leaves beta · C. `precision`: kFloat32, or
   // kBFloat16 (bfloat16 training): every element of A and B rounded to bfloat16 (nearest, ties
-  // to even), the products accumulated in float32. Throws std::invalid_argument for a
-  // precision supports() refuses, and for kInt8 (weights only: prepare_matrix).
+  // to even), the products accumulated in float32; an operand whose `rounded` copy is given
+  // (MatmulOperand) is read from it instead. Throws std::invalid_argument for a precision
+  // supports() refuses, and for kInt8 (weights only: prepare_matrix).
   virtual void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
                       float* c, int64_t ldc, Precision precision) const = 0;
+  // out[rows, cols] (dense) = x[rows, cols] (row stride ldx) rounded to bfloat16 (nearest, ties
+  // to even; NaN stays NaN): what a bfloat16 matmul reads, for operands used by several products.
+  virtual void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                                 uint16_t* out) const = 0;
   // parts[i] is [part_rows[i], k]; the prepared matrix stacks them in order. Throws
   // std::invalid_argument for a precision supports() refuses.
   virtual std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,

@@ -22,6 +22,17 @@ const char* precision_name(Precision precision);
 // The precision of such a name; false for any other string.
 bool parse_precision(const std::string& name, Precision& precision);
 
+// One operand of a matrix product (Backend::matmul): float32 values, and for a bfloat16 product
+// optionally the same values already rounded to bfloat16 (Backend::round_to_bfloat16: dense,
+// [rows, cols] as stored, row stride cols), which the product then reads instead of rounding
+// `values` again. Training in bfloat16 rounds each weight once per pass and each output gradient
+// once for its two backward products this way. Converts implicitly from a float pointer.
+struct MatmulOperand {
+  MatmulOperand(const float* v = nullptr, const uint16_t* r = nullptr) : values(v), rounded(r) {}
+  const float* values;
+  const uint16_t* rounded;  // kBFloat16 only (ignored by float32 products); null: not rounded
+};
+
 // The function between a feed-forward sublayer's two linear transformations (§3.3: ReLU).
 enum class Activation { kRelu, kGelu };
 

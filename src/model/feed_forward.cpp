@@ -33,6 +33,8 @@ void plan_feed_forward_forward(const FeedForwardWeights& w, int64_t rows, float 
 void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
                                 WorkspacePlan& plan) {
   plan.need(scratch.d_hidden, rows * w.fc1.out);  // [rows, d_ff]
+  plan_linear_backward(w.fc2, rows, scratch, plan);
+  plan_linear_backward(w.fc1, rows, scratch, plan);
 }
 
 void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
@@ -41,11 +43,12 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            BackwardScratch& scratch, float* dx, bool accumulate) {
   const int64_t hidden_size = rows * w.fc1.out;
   float* d_hidden = ensure_size(backend, scratch.d_hidden, hidden_size);  // [rows, d_ff]
-  linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false);
+  linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false,
+                  scratch);
   if (dropout > 0.f)
     backend.apply_dropout(d_hidden, cache.dropout_mask.data(), hidden_size, dropout);
   backend.activation_backward(d_hidden, cache.pre_activation.data(), hidden_size, act);
-  linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate);
+  linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate, scratch);
 }
 
 }  // namespace tfm

@@ -12,25 +12,38 @@ uint64_t dropout_key(uint64_t seed, uint64_t site) {
 }
 
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
-                    float* y) {
+                    float* y, const uint16_t* rounded_x) {
   if (w.prepared)
     w.prepared->multiply(x, rows, w.in, y, w.out);
   else if (!w.weight)
     throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
   else
-    backend.matmul(false, true, rows, w.out, w.in, 1.f, x, w.in, w.weight, w.in, 0.f, y, w.out,
-                   w.precision);
+    backend.matmul(false, true, rows, w.out, w.in, 1.f, {x, rounded_x}, w.in, {w.weight, w.rounded},
+                   w.in, 0.f, y, w.out, w.precision);
   if (w.bias) backend.add_bias(y, w.bias, rows, w.out);
 }
 
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
-                     const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx) {
+                     const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
+                     BackwardScratch& scratch, const uint16_t* rounded_x) {
+  const uint16_t* rounded_dy = nullptr;  // [rows, out]
+  if (rows > 0 && rounds_to_bfloat16(w)) {
+    uint16_t* rounded = ensure_size(backend, scratch.rounded_d_out, rows * w.out);
+    backend.round_to_bfloat16(dy, rows, w.out, w.out, rounded);
+    rounded_dy = rounded;
+  }
   if (dx)
-    backend.matmul(false, false, rows, w.in, w.out, 1.f, dy, w.out, w.weight, w.in,
-                   accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);
-  backend.matmul(true, false, w.out, w.in, rows, 1.f, dy, w.out, x, w.in, 1.f, g.weight, w.in,
-                 w.precision);
+    backend.matmul(false, false, rows, w.in, w.out, 1.f, {dy, rounded_dy}, w.out,
+                   {w.weight, w.rounded}, w.in, accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);
+  backend.matmul(true, false, w.out, w.in, rows, 1.f, {dy, rounded_dy}, w.out, {x, rounded_x}, w.in,
+                 1.f, g.weight, w.in, w.precision);
   if (g.bias) backend.bias_backward(dy, rows, w.out, g.bias);
+}
+
+void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,
+                          WorkspacePlan& plan) {
+  if (rows > 0 && rounds_to_bfloat16(w))
+    plan.need(scratch.rounded_d_out, rows * w.out);  // [rows, out]
 }
 
 }  // namespace tfm

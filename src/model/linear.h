@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/device_buffer.h"
+#include "backend/workspace.h"
 #include "model/weights.h"
 
 namespace tfm {
@@ -15,13 +16,28 @@ namespace tfm {
 // Mixes a seed with a site number into an independent dropout key.
 uint64_t dropout_key(uint64_t seed, uint64_t site);
 
-// y[rows, out] = x[rows, in] · Wᵀ + b, in w.prepared's precision, else w.precision
+struct BackwardScratch;
+
+// Whether w's products round their operands to bfloat16 here: training in bfloat16 (the float
+// weight multiplied in kBFloat16; a weight prepared for inference is never rounded again).
+inline bool rounds_to_bfloat16(const LinearWeights& w) {
+  return w.precision == Precision::kBFloat16 && !w.prepared;
+}
+
+// y[rows, out] = x[rows, in] · Wᵀ + b, in w.prepared's precision, else w.precision.
+// rounded_x: x already rounded to bfloat16 (Backend::round_to_bfloat16, [rows, in]) where
+// several products read the same rows, or null. W is read from w.rounded where set.
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
-                    float* y);
+                    float* y, const uint16_t* rounded_x = nullptr);
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
-// db += Σ_rows dy. Both products in w.precision.
+// db += Σ_rows dy. Both products in w.precision; in bfloat16 dy is rounded once for both (into
+// scratch.rounded_d_out), and x / W are read from rounded_x / w.rounded where given.
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
-                     const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx);
+                     const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
+                     BackwardScratch& scratch, const uint16_t* rounded_x = nullptr);
+// What linear_backward asks of the scratch for `rows` rows.
+void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,
+                          WorkspacePlan& plan);
 
 // Scratch of the backward passes, shared by all layers.
 struct BackwardScratch {
@@ -34,6 +50,9 @@ struct BackwardScratch {
   DeviceBuffer<float> d_normed;    // [rows, D] gradient of a pre-norm sublayer's function input
   DeviceBuffer<float> d_stream;    // [rows, D] gradient of the residual stream
   DeviceBuffer<float> d_memory;    // [B, S, D] gradient of the encoder output (cross-attention)
+  // [rows, out] a linear's output gradient rounded to bfloat16 (training in bfloat16), read by
+  // both of its backward products
+  DeviceBuffer<uint16_t> rounded_d_out;
 };
 
 }  // namespace tfm

@@ -25,6 +25,16 @@ AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs&
 
 namespace {
 
+// x[rows, in] rounded to bfloat16 into `buffer` where w's products round their operands (the
+// rounded rows then serve every projection of x and their weight gradients), else null.
+const uint16_t* rounded_rows(const Backend& backend, const LinearWeights& w, const float* x,
+                             int64_t rows, DeviceBuffer<uint16_t>& buffer) {
+  if (rows == 0 || !rounds_to_bfloat16(w)) return nullptr;
+  uint16_t* rounded = ensure_size(backend, buffer, rows * w.in);  // [rows, in]
+  backend.round_to_bfloat16(x, rows, w.in, w.in, rounded);
+  return rounded;
+}
+
 // Q, K, V of one attention call and their row strides.
 struct Projections {
   const float *q = nullptr, *k = nullptr, *v = nullptr;
@@ -43,7 +53,9 @@ Projections project(const Backend& backend, const AttentionWeights& w, const flo
     return {qkv, qkv + d, qkv + 2 * d, 3 * d, 3 * d, 3 * d};
   }
   float* q = ensure_size(backend, cache.q, query_rows * d);  // [B, Tq, D]
-  linear_forward(backend, w.q, query_input, query_rows, q);
+  const uint16_t* rounded_query =
+      rounded_rows(backend, w.q, query_input, query_rows, cache.rounded_query_input);
+  linear_forward(backend, w.q, query_input, query_rows, q, rounded_query);
   if (!memory_input) return {q, nullptr, nullptr, d, 0, 0};
   if (w.kv.prepared) {
     float* kv = ensure_size(backend, cache.k, key_rows * 2 * d);  // [B, Tk, 2D] rows k | v
@@ -52,8 +64,12 @@ Projections project(const Backend& backend, const AttentionWeights& w, const flo
   }
   float* k = ensure_size(backend, cache.k, key_rows * d);  // [B, Tk, D]
   float* v = ensure_size(backend, cache.v, key_rows * d);  // [B, Tk, D]
-  linear_forward(backend, w.k, memory_input, key_rows, k);
-  linear_forward(backend, w.v, memory_input, key_rows, v);
+  const uint16_t* rounded_memory =
+      memory_input == query_input
+          ? rounded_query
+          : rounded_rows(backend, w.k, memory_input, key_rows, cache.rounded_memory_input);
+  linear_forward(backend, w.k, memory_input, key_rows, k, rounded_memory);
+  linear_forward(backend, w.v, memory_input, key_rows, v, rounded_memory);
   return {q, k, v, d, d, d};
 }
 
@@ -113,11 +129,16 @@ void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
     plan.need(cache.q, query_rows * 3 * d);  // [B, T, 3D]
   } else {
     plan.need(cache.q, query_rows * d);  // [B, Tq, D]
+    const bool rounds = rounds_to_bfloat16(w.q);
+    if (rounds && query_rows > 0)
+      plan.need(cache.rounded_query_input, query_rows * d);  // [B, Tq, D]
     if (w.kv.prepared) {
       plan.need(cache.k, key_rows * 2 * d);  // [B, Tk, 2D]
     } else {
       plan.need(cache.k, key_rows * d);  // [B, Tk, D]
       plan.need(cache.v, key_rows * d);  // [B, Tk, D]
+      if (rounds && !self_attention && key_rows > 0)
+        plan.need(cache.rounded_memory_input, key_rows * d);  // [B, Tk, D]
     }
   }
   if (dropout > 0.f) plan.need(cache.dropout_mask, prob_count);
@@ -131,6 +152,10 @@ void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch
   plan.need(scratch.dq, batch * query_len * d);         // [B, Tq, D]
   plan.need(scratch.dk, batch * key_len * d);           // [B, Tk, D]
   plan.need(scratch.dv, batch * key_len * d);           // [B, Tk, D]
+  for (const LinearWeights* l : {&w.o, &w.q})
+    plan_linear_backward(*l, batch * query_len, scratch, plan);
+  for (const LinearWeights* l : {&w.k, &w.v})
+    plan_linear_backward(*l, batch * key_len, scratch, plan);
 }
 
 void multi_head_attention_backward(const Backend& backend, const AttentionWeights& w,
@@ -144,7 +169,8 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   float* dq = ensure_size(backend, scratch.dq, query_rows * d);                // [B, Tq, D]
   float* dk = ensure_size(backend, scratch.dk, key_rows * d);                  // [B, Tk, D]
   float* dv = ensure_size(backend, scratch.dv, key_rows * d);                  // [B, Tk, D]
-  linear_backward(backend, w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false);
+  linear_backward(backend, w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false,
+                  scratch);
   AttentionDropout dropout;
   if (in.dropout > 0.f) {
     dropout.p = in.dropout;
@@ -153,15 +179,25 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   backend.attention_backward(attention_shape(w, in, heads, d), in.mask, cache.q.data(),
                              cache.k.data(), cache.v.data(), cache.probs.data(), dropout, d_context,
                              dq, dk, dv, g.additive_v);
-  linear_backward(backend, w.q, g.q, in.query_input, dq, query_rows, d_query_input, accumulate);
+  // The inputs as the forward rounded them (training in bfloat16), else null.
+  const bool rounded = rounds_to_bfloat16(w.q);
+  const uint16_t* rounded_query = rounded ? cache.rounded_query_input.data() : nullptr;
+  const uint16_t* rounded_memory = !rounded ? nullptr
+                                   : in.memory_input == in.query_input
+                                       ? rounded_query
+                                       : cache.rounded_memory_input.data();
+  linear_backward(backend, w.q, g.q, in.query_input, dq, query_rows, d_query_input, accumulate,
+                  scratch, rounded_query);
   // With dot-product scores the key bias adds q·b_k to every logit of a query's row, which
   // softmax ignores: its gradient is exactly zero. Computing it would give float rounding noise,
   // which Adam's m/√v scales up to steps of ~lr (and which differs between data-parallel
   // replicas), so it stays zero. Inside additive scores' tanh(q + k) the bias does matter.
   Linear<float> key_grads = g.k;
   if (w.scoring != AttentionScoring::kAdditive) key_grads.bias = nullptr;
-  linear_backward(backend, w.k, key_grads, in.memory_input, dk, key_rows, d_memory_input, true);
-  linear_backward(backend, w.v, g.v, in.memory_input, dv, key_rows, d_memory_input, true);
+  linear_backward(backend, w.k, key_grads, in.memory_input, dk, key_rows, d_memory_input, true,
+                  scratch, rounded_memory);
+  linear_backward(backend, w.v, g.v, in.memory_input, dv, key_rows, d_memory_input, true, scratch,
+                  rounded_memory);
 }
 
 }  // namespace tfm

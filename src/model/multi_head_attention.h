@@ -52,6 +52,10 @@ struct AttentionCache {
   // the keys with an online softmax), and backward cannot run.
   bool keep_weights = true;
   DeviceBuffer<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
+  // Training in bfloat16: the projections' inputs rounded once, read by the Q, K, V products and
+  // by their weight gradients (a self-attention's one copy serves all three).
+  DeviceBuffer<uint16_t> rounded_query_input;   // [B, Tq, D]
+  DeviceBuffer<uint16_t> rounded_memory_input;  // [B, Tk, D] cross-attention only
 };
 
 // out[B, Tq, D] = W_o · Concat_h(softmax(Q_h K_hᵀ / sqrt(d_k)) V_h): one GEMM per projection

@@ -189,20 +189,57 @@ TransformerWeights bind_weights(const ModelConfig& config, const DeviceTensors& 
   return bind_all<const float>(config, tensors, int8);
 }
 
-TransformerWeights with_product_precision(TransformerWeights weights, Precision precision) {
-  auto set = [precision](AttentionWeights& a) {
-    for (LinearWeights* l : {&a.q, &a.k, &a.v, &a.o, &a.qkv, &a.kv}) l->precision = precision;
+namespace {
+
+// f(linear) for every Linear of `weights` (the stacked qkv / kv views included).
+template <typename Weights, typename F>
+void for_each_linear(Weights& weights, F f) {
+  auto attention = [&f](auto& a) {
+    for (auto* l : {&a.q, &a.k, &a.v, &a.o, &a.qkv, &a.kv}) f(*l);
   };
-  for (EncoderLayerWeights& layer : weights.encoder_layers) {
-    set(layer.self_attn);
-    layer.ffn.fc1.precision = layer.ffn.fc2.precision = precision;
+  for (auto& layer : weights.encoder_layers) {
+    attention(layer.self_attn);
+    f(layer.ffn.fc1);
+    f(layer.ffn.fc2);
   }
-  for (DecoderLayerWeights& layer : weights.decoder_layers) {
-    set(layer.self_attn);
-    set(layer.cross_attn);
-    layer.ffn.fc1.precision = layer.ffn.fc2.precision = precision;
+  for (auto& layer : weights.decoder_layers) {
+    attention(layer.self_attn);
+    attention(layer.cross_attn);
+    f(layer.ffn.fc1);
+    f(layer.ffn.fc2);
   }
-  weights.output.precision = precision;
+  f(weights.output);
+}
+
+// Whether with_rounded_weights rounds this linear's weight.
+bool has_rounded_weight(const LinearWeights& l) {
+  return l.precision == Precision::kBFloat16 && !l.prepared && l.weight && l.out > 0;
+}
+
+}  // namespace
+
+TransformerWeights with_product_precision(TransformerWeights weights, Precision precision) {
+  for_each_linear(weights, [precision](LinearWeights& l) { l.precision = precision; });
+  return weights;
+}
+
+int64_t rounded_weights_elements(const TransformerWeights& weights) {
+  int64_t n = 0;
+  for_each_linear(weights, [&n](const LinearWeights& l) {
+    if (has_rounded_weight(l)) n += l.out * l.in;
+  });
+  return n;
+}
+
+TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeights weights,
+                                        DeviceBuffer<uint16_t>& storage) {
+  uint16_t* next = ensure_size(backend, storage, rounded_weights_elements(weights));
+  for_each_linear(weights, [&](LinearWeights& l) {
+    if (!has_rounded_weight(l)) return;
+    backend.round_to_bfloat16(l.weight, l.out, l.in, l.in, next);  // [out, in]
+    l.rounded = next;
+    next += l.out * l.in;
+  });
   return weights;
 }
 

@@ -32,6 +32,9 @@ struct Linear {
   // activations and gradients rounded to bfloat16 at the product's inputs, float32
   // accumulation; the weights themselves stay float32).
   Precision precision = Precision::kFloat32;
+  // Training in bfloat16: the weight rounded to bfloat16 once per pass (with_rounded_weights),
+  // which the products read instead of rounding `weight` at each one. Null: not rounded yet.
+  const uint16_t* rounded = nullptr;  // [out, in]
 };
 
 template <typename F>
@@ -148,6 +151,15 @@ TransformerGradients bind_gradients(const ModelConfig& config, DeviceTensors& gr
 
 // `weights` with every Linear's product precision set to `precision` (training in bfloat16).
 TransformerWeights with_product_precision(TransformerWeights weights, Precision precision);
+
+// Elements of bfloat16 storage that with_rounded_weights needs for `weights`: Σ out · in of
+// every linear multiplied in bfloat16 from its float weight (0 where none is).
+int64_t rounded_weights_elements(const TransformerWeights& weights);
+// `weights` with each such linear's weight rounded to bfloat16 into `storage` (grown to
+// rounded_weights_elements) and its `rounded` pointing there: training in bfloat16 rounds each
+// weight once per pass instead of at each of its forward and backward products.
+TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeights weights,
+                                        DeviceBuffer<uint16_t>& storage);
 
 // Single-layer binders used by tests and tools: prefix like "encoder.layers.0".
 // The layer's attentions score with `scoring` (additive: their .additive_v tensors are bound).

@@ -11,8 +11,9 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
                               float label_smoothing, float grad_scale, TrainingWorkspace& ws,
                               Precision precision) {
   const ModelConfig& config = model.config();
-  const TransformerWeights w = with_product_precision(model.weights(), precision);
   const Backend& backend = model.backend();
+  const TransformerWeights w = with_rounded_weights(
+      backend, with_product_precision(model.weights(), precision), ws.rounded_weights);
   const int64_t d = config.d_model, vocab = config.tgt_vocab_size;
   const bool backward = grad_scale != 0.f;
   ws.cache.training = backward;
@@ -31,7 +32,12 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
     const float* x = states + begin * d;  // [n, D]
-    linear_forward(backend, w.output, x, n, logits);
+    uint16_t* rounded_x = nullptr;        // [n, D]
+    if (rounds_to_bfloat16(w.output)) {
+      rounded_x = ensure_size(backend, ws.rounded_states, n * d);
+      backend.round_to_bfloat16(x, n, d, d, rounded_x);
+    }
+    linear_forward(backend, w.output, x, n, logits, rounded_x);
     const CrossEntropyTotals ce = backend.cross_entropy_forward_backward(
         logits, labels + begin, n, vocab, label_smoothing, grad_scale);
     totals.loss += ce.loss;
@@ -39,7 +45,8 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
     totals.correct += ce.correct;
     if (!backward) continue;
     // logits now hold d loss / d logits [n, V].
-    linear_backward(backend, w.output, g.output, x, logits, n, d_states + begin * d, false);
+    linear_backward(backend, w.output, g.output, x, logits, n, d_states + begin * d, false,
+                    ws.scratch, rounded_x);
   }
   if (!backward) return totals;
 
@@ -61,7 +68,13 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
   plan_target_states(model, w, shape, dropout, ws.cache, ws.states, ws.plan);
   ws.plan.need(ws.d_states, count * d);                           // [tokens, D]
   ws.plan.need(ws.logits, output_logits_elements(vocab, count));  // [chunk, V]
+  const int64_t rounded = rounded_weights_elements(w);
+  if (rounded > 0) ws.plan.need(ws.rounded_weights, rounded);  // [Σ out · in]
+  const int64_t chunk_rows = std::min(output_chunk_rows(vocab), count);
+  if (rounds_to_bfloat16(w.output) && chunk_rows > 0)
+    ws.plan.need(ws.rounded_states, chunk_rows * d);  // [chunk, D]
   if (!backward) return;
+  plan_linear_backward(w.output, chunk_rows, ws.scratch, ws.plan);
   ws.plan.need(ws.d_decoder_out, shape.batch * shape.tgt_len * d);  // [B, T, D]
   plan_stacks_backward(model, w, shape, ws.scratch, ws.plan);
 }

@@ -38,8 +38,12 @@ struct TrainingWorkspace {
   DeviceBuffer<float> d_states;       // [tokens, D]
   DeviceBuffer<float> logits;         // [chunk, V] logits, then their gradient
   DeviceBuffer<float> d_decoder_out;  // [B, T, D]
-  std::vector<int32_t> labels;        // [tokens]
-  std::vector<int64_t> rows;          // [tokens] flat b * T + t of each real position
+  // Training in bfloat16: every linear weight rounded once per pass (with_rounded_weights), and
+  // the output projection's input rows once per chunk for its forward and weight gradient.
+  DeviceBuffer<uint16_t> rounded_weights;  // [Σ out · in]
+  DeviceBuffer<uint16_t> rounded_states;   // [chunk, D]
+  std::vector<int32_t> labels;             // [tokens]
+  std::vector<int64_t> rows;               // [tokens] flat b * T + t of each real position
 };
 
 // With grad_scale = 0 only the loss is computed (no backward): validation. Every linear product,

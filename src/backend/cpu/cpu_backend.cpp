@@ -36,9 +36,17 @@ class CpuBackend final : public Backend {
   }
 
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision) const override {
-    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision);
+    if (precision == Precision::kBFloat16)
+      gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a.values, a.rounded, lda, b.values, b.rounded,
+                    ldb, beta, c, ldc);
+    else
+      gemm(trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, c, ldc, precision);
+  }
+  void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                         uint16_t* out) const override {
+    tfm::round_to_bfloat16(x, rows, cols, ldx, out);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,

@@ -146,8 +146,8 @@ void run_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
     throw std::runtime_error("oneDNN sgemm failed with status " + std::to_string(int(status)));
 }
 
-// x[m, k] (row stride ldx) rounded to bfloat16 (nearest, ties to even) into out[m, k]; rows
-// spread over the threads when the matrix is large and no parallel region is running.
+}  // namespace
+
 void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* out) {
 #pragma omp parallel for schedule(static) if (m * k >= kParallelElements && omp_get_level() == 0)
   for (int64_t r = 0; r < m; ++r) {
@@ -161,8 +161,6 @@ void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16
     }
   }
 }
-
-}  // namespace
 
 bool bfloat16_supported() {
   static const bool supported = [] {
@@ -494,29 +492,41 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
   }
 }
 
-namespace {
-
-// gemm() in bfloat16: A and B rounded into dense bfloat16 copies (this thread's scratch), then
+// A and B rounded into dense bfloat16 copies (this thread's scratch) unless given rounded, then
 // the cached bfloat16 primitive; where none applies (inside a parallel region, alpha ≠ 1 or beta
 // not 0 or 1) the same rounded values widened back and multiplied by sgemm, so that every path
 // computes the same products of bfloat16 inputs.
 void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                   int64_t ldc) {
+                   const float* a, const uint16_t* a_rounded, int64_t lda, const float* b,
+                   const uint16_t* b_rounded, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (!bfloat16_supported())
     throw std::invalid_argument("bfloat16 products need a CPU with AVX512-BF16");
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  // leaves beta · C
+    return;
+  }
   thread_local std::vector<uint16_t> a_buffer, b_buffer;
   const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;  // A as stored
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;  // B as stored
-  uint16_t* a16 = thread_scratch(a_buffer, a_rows * a_cols);         // [a_rows, a_cols] bfloat16
-  uint16_t* b16 = thread_scratch(b_buffer, b_rows * b_cols);         // [b_rows, b_cols] bfloat16
-  round_to_bfloat16(a, a_rows, a_cols, lda, a16);
-  round_to_bfloat16(b, b_rows, b_cols, ldb, b16);
+  const uint16_t* a16 = a_rounded;                                   // [a_rows, a_cols] bfloat16
+  const uint16_t* b16 = b_rounded;                                   // [b_rows, b_cols] bfloat16
+  if (!a16) {
+    uint16_t* scratch = thread_scratch(a_buffer, a_rows * a_cols);
+    round_to_bfloat16(a, a_rows, a_cols, lda, scratch);
+    a16 = scratch;
+  }
+  if (!b16) {
+    uint16_t* scratch = thread_scratch(b_buffer, b_rows * b_cols);
+    round_to_bfloat16(b, b_rows, b_cols, ldb, scratch);
+    b16 = scratch;
+  }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
   if (plain_product && omp_get_level() == 0) {
     const GemmShape shape{trans_a, trans_b, beta == 1.f, true, m, n, k, a_cols, b_cols, ldc};
     if (const std::shared_ptr<const CachedMatmul> mm = matmul_for(shape)) {
-      execute(*mm, a16, dnnl::memory(mm->b, cpu_engine(), b16), c);
+      execute(*mm, const_cast<uint16_t*>(a16),
+              dnnl::memory(mm->b, cpu_engine(), const_cast<uint16_t*>(b16)), c);
       return;
     }
   }
@@ -527,8 +537,6 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   for (int64_t i = 0; i < b_rows * b_cols; ++i) b_wide[i] = bfloat16_to_float(b16[i]);
   run_sgemm(trans_a, trans_b, m, n, k, alpha, a_wide, a_cols, b_wide, b_cols, beta, c, ldc);
 }
-
-}  // namespace
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
@@ -543,7 +551,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     return;
   }
   if (precision == Precision::kBFloat16) {
-    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, nullptr, lda, b, nullptr, ldb, beta, c, ldc);
     return;
   }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);

@@ -18,6 +18,17 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
           Precision precision = Precision::kFloat32);
 
+// gemm() in bfloat16 where A and B may come already rounded: a_rounded / b_rounded dense
+// [rows, cols] as stored (round_to_bfloat16 of a / b), or null (rounded here, as gemm() does).
+void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, const uint16_t* a_rounded, int64_t lda, const float* b,
+                   const uint16_t* b_rounded, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// x[m, k] (row stride ldx) rounded to bfloat16 (nearest, ties to even; NaN stays NaN) into the
+// dense out[m, k]; rows spread over the threads when the matrix is large and no parallel region
+// is running.
+void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* out);
+
 // Whether oneDNN has a native (not reference) bfloat16 matmul kernel on this CPU.
 bool bfloat16_supported();
 
