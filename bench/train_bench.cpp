@@ -241,8 +241,11 @@ int run(const Options& o) {
         },
         nullptr);
     ws.cache.training = true;  // ws's cache is already sized for all layers
-    // The weights the step's products use (bfloat16 products under --compute-type bfloat16).
-    const tfm::TransformerWeights w = tfm::with_product_precision(model.weights(), o.precision);
+    // The weights the step's products use (under --compute-type bfloat16: bfloat16 products of
+    // the weights rounded once, as the step's pass rounds them before its stacks run).
+    const tfm::TransformerWeights w = tfm::with_rounded_weights(
+        model.backend(), tfm::with_product_precision(model.weights(), o.precision),
+        ws.rounded_weights);
     const double encoder = time_median(
         1, r, [&] { tfm::encoder_forward(model, w, batch, dropout, ws.cache); }, nullptr);
     const double decoder = time_median(

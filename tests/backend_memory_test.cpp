@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <map>
@@ -49,6 +50,11 @@ class MemoryCheckingBackend : public Backend {
     return violations_;
   }
 
+  // Products that were handed a rounded copy of an operand (MatmulOperand) so far; with
+  // ignore_rounded_copies set they round from the float values instead, as if none were given.
+  int64_t rounded_operands() const { return rounded_operands_; }
+  void set_ignore_rounded_copies(bool ignore) { ignore_rounded_copies_ = ignore; }
+
   std::string name() const override { return "memory-checking cpu"; }
   bool supports(Precision precision) const override { return cpu().supports(precision); }
 
@@ -60,6 +66,8 @@ class MemoryCheckingBackend : public Backend {
                                            {"b", b.values},
                                            {"b rounded", b.rounded},
                                            {"c", c}});
+    if (a.rounded || b.rounded) ++rounded_operands_;
+    if (ignore_rounded_copies_) a.rounded = b.rounded = nullptr;  // each product rounds again
     cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision);
   }
   void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
@@ -418,6 +426,8 @@ class MemoryCheckingBackend : public Backend {
   mutable std::map<const char*, Block> blocks_;  // allocate()'s blocks by start
   mutable int64_t allocations_ = 0, live_bytes_ = 0;
   mutable std::set<std::string> violations_;
+  mutable std::atomic<int64_t> rounded_operands_{0};
+  bool ignore_rounded_copies_ = false;
 };
 
 // While a test runs on a checking backend: a fault on its memory (host code reading or writing
@@ -645,6 +655,19 @@ TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExact
       return results;
     };
     expect_planned_block_fits_exactly<TrainingWorkspace>(backend_, plan, run);
+    if (precision == Precision::kBFloat16) {
+      // Each operand rounded once (the weights per pass, the attention inputs, the output
+      // gradients: the copies handed to matmul) gives bit for bit what rounding it again at
+      // every product gives.
+      TrainingWorkspace once, at_each_product;
+      const int64_t before = backend_.rounded_operands();
+      const std::vector<double> rounded_once = run(once);
+      EXPECT_GT(backend_.rounded_operands(), before) << "no product was handed a rounded copy";
+      backend_.set_ignore_rounded_copies(true);
+      const std::vector<double> rounded_again = run(at_each_product);
+      backend_.set_ignore_rounded_copies(false);
+      EXPECT_EQ(rounded_once, rounded_again);
+    }
   }
   EXPECT_TRUE(backend_.violations().empty())
       << "host memory handed to operations:" << listed(backend_.violations());
