@@ -11,6 +11,14 @@ uint64_t dropout_key(uint64_t seed, uint64_t site) {
   return z ^ (z >> 29);
 }
 
+const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, const float* x,
+                             int64_t rows, int64_t cols, DeviceBuffer<uint16_t>& buffer) {
+  if (rows <= 0 || !rounds_to_bfloat16(w)) return nullptr;
+  uint16_t* rounded = ensure_size(backend, buffer, rows * cols);  // [rows, cols]
+  backend.round_to_bfloat16(x, rows, cols, cols, rounded);
+  return rounded;
+}
+
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
                     float* y, const uint16_t* rounded_x) {
   if (w.prepared)
@@ -26,12 +34,8 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
                      BackwardScratch& scratch, const uint16_t* rounded_x) {
-  const uint16_t* rounded_dy = nullptr;  // [rows, out]
-  if (rows > 0 && rounds_to_bfloat16(w)) {
-    uint16_t* rounded = ensure_size(backend, scratch.rounded_d_out, rows * w.out);
-    backend.round_to_bfloat16(dy, rows, w.out, w.out, rounded);
-    rounded_dy = rounded;
-  }
+  const uint16_t* rounded_dy =
+      rounded_copy(backend, w, dy, rows, w.out, scratch.rounded_d_out);  // [rows, out]
   if (dx)
     backend.matmul(false, false, rows, w.in, w.out, 1.f, {dy, rounded_dy}, w.out,
                    {w.weight, w.rounded}, w.in, accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);

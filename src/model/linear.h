@@ -24,6 +24,12 @@ inline bool rounds_to_bfloat16(const LinearWeights& w) {
   return w.precision == Precision::kBFloat16 && !w.prepared;
 }
 
+// x[rows, cols] (dense) rounded to bfloat16 into `buffer` where w's products round their
+// operands (rows > 0), for the products that read the same rows; else null. The one way layers
+// make the rounded copies that linear_forward / linear_backward take.
+const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, const float* x,
+                             int64_t rows, int64_t cols, DeviceBuffer<uint16_t>& buffer);
+
 // y[rows, out] = x[rows, in] · Wᵀ + b, in w.prepared's precision, else w.precision.
 // rounded_x: x already rounded to bfloat16 (Backend::round_to_bfloat16, [rows, in]) where
 // several products read the same rows, or null. W is read from w.rounded where set.

@@ -25,16 +25,6 @@ AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs&
 
 namespace {
 
-// x[rows, in] rounded to bfloat16 into `buffer` where w's products round their operands (the
-// rounded rows then serve every projection of x and their weight gradients), else null.
-const uint16_t* rounded_rows(const Backend& backend, const LinearWeights& w, const float* x,
-                             int64_t rows, DeviceBuffer<uint16_t>& buffer) {
-  if (rows == 0 || !rounds_to_bfloat16(w)) return nullptr;
-  uint16_t* rounded = ensure_size(backend, buffer, rows * w.in);  // [rows, in]
-  backend.round_to_bfloat16(x, rows, w.in, w.in, rounded);
-  return rounded;
-}
-
 // Q, K, V of one attention call and their row strides.
 struct Projections {
   const float *q = nullptr, *k = nullptr, *v = nullptr;
@@ -54,7 +44,7 @@ Projections project(const Backend& backend, const AttentionWeights& w, const flo
   }
   float* q = ensure_size(backend, cache.q, query_rows * d);  // [B, Tq, D]
   const uint16_t* rounded_query =
-      rounded_rows(backend, w.q, query_input, query_rows, cache.rounded_query_input);
+      rounded_copy(backend, w.q, query_input, query_rows, d, cache.rounded_query_input);
   linear_forward(backend, w.q, query_input, query_rows, q, rounded_query);
   if (!memory_input) return {q, nullptr, nullptr, d, 0, 0};
   if (w.kv.prepared) {
@@ -67,7 +57,7 @@ Projections project(const Backend& backend, const AttentionWeights& w, const flo
   const uint16_t* rounded_memory =
       memory_input == query_input
           ? rounded_query
-          : rounded_rows(backend, w.k, memory_input, key_rows, cache.rounded_memory_input);
+          : rounded_copy(backend, w.k, memory_input, key_rows, d, cache.rounded_memory_input);
   linear_forward(backend, w.k, memory_input, key_rows, k, rounded_memory);
   linear_forward(backend, w.v, memory_input, key_rows, v, rounded_memory);
   return {q, k, v, d, d, d};

@@ -32,11 +32,8 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   for (int64_t begin = 0; begin < count; begin += chunk) {
     const int64_t n = std::min(chunk, count - begin);
     const float* x = states + begin * d;  // [n, D]
-    uint16_t* rounded_x = nullptr;        // [n, D]
-    if (rounds_to_bfloat16(w.output)) {
-      rounded_x = ensure_size(backend, ws.rounded_states, n * d);
-      backend.round_to_bfloat16(x, n, d, d, rounded_x);
-    }
+    const uint16_t* rounded_x =
+        rounded_copy(backend, w.output, x, n, d, ws.rounded_states);  // [n, D]
     linear_forward(backend, w.output, x, n, logits, rounded_x);
     const CrossEntropyTotals ce = backend.cross_entropy_forward_backward(
         logits, labels + begin, n, vocab, label_smoothing, grad_scale);
