@@ -20,6 +20,8 @@
 #include "io/model_file.h"
 #include "model/transformer.h"
 #include "text/batching.h"
+#include "text/corpus.h"
+#include "text/vocabulary.h"
 
 namespace {
 
@@ -268,7 +270,10 @@ TEST(Train, BadDataIsAClearError) {
   EXPECT_NE(r.err.find("oov.tgt:2"), std::string::npos) << r.err;
 }
 
-TEST(Train, VocabTrainsSentencePieceAndTrainingUsesIt) {
+// 400 English–Spanish word-for-word pairs (text.en, text.es) and a 60-piece joint BPE
+// vocabulary trained on them (vocab.spm).
+void write_word_pairs_and_vocab() {
+  if (fs::exists(work.path("vocab.spm"))) return;
   {
     std::ofstream en(work.path("text.en")), es(work.path("text.es"));
     const char* words[] = {"the", "house", "is", "red", "green", "a", "small", "big", "dog", "cat"};
@@ -284,10 +289,16 @@ TEST(Train, VocabTrainsSentencePieceAndTrainingUsesIt) {
       }
     }
   }
-  CliResult r = work.run_cli("vocab --input " + work.path("text.en") + " " + work.path("text.es") +
-                             " --size 60 -o " + work.path("vocab.spm"));
+  const CliResult r =
+      work.run_cli("vocab --input " + work.path("text.en") + " " + work.path("text.es") +
+                   " --size 60 -o " + work.path("vocab.spm"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = work.run_cli("train --preset tiny --vocabs " + work.path("vocab.spm") + " --train-src " +
+}
+
+TEST(Train, VocabTrainsSentencePieceAndTrainingUsesIt) {
+  write_word_pairs_and_vocab();
+  CliResult r =
+      work.run_cli("train --preset tiny --vocabs " + work.path("vocab.spm") + " --train-src " +
                    work.path("text.en") + " --train-tgt " + work.path("text.es") + " --model-dir " +
                    work.path("text_run") + " --max-steps 3 --valid-every 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -295,6 +306,68 @@ TEST(Train, VocabTrainsSentencePieceAndTrainingUsesIt) {
   r = work.run_cli("score --model " + work.path("text_run") + " --src " + work.path("text.en") +
                    " --tgt " + work.path("text.es"));
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// Subword regularisation: a sampled segmentation spells the same text in other pieces, is the
+// same for the same seed and differs for another; a run that samples every epoch resumes bit
+// for bit across an epoch boundary (the checkpoint records the alpha) and trains differently
+// from one that does not.
+TEST(Train, SentencePieceAlphaSamplesEachEpochAndResumesBitForBit) {
+  write_word_pairs_and_vocab();
+  const tfm::Vocabulary vocabulary = tfm::Vocabulary::from_file(work.path("vocab.spm"));
+  const std::vector<std::string> lines = tfm::read_lines(work.path("text.en"));
+  const auto one_best = tfm::encode_lines(lines, &vocabulary, false, 0, "text.en");
+  const auto sampled = tfm::sample_encode_lines(lines, vocabulary, 0.3f, 11, "text.en");
+  EXPECT_EQ(sampled, tfm::sample_encode_lines(lines, vocabulary, 0.3f, 11, "text.en"));
+  EXPECT_NE(sampled, tfm::sample_encode_lines(lines, vocabulary, 0.3f, 12, "text.en"));
+  ASSERT_EQ(sampled.size(), lines.size());
+  size_t changed = 0, sampled_tokens = 0, one_best_tokens = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(vocabulary.decode(sampled[i]), vocabulary.decode(one_best[i])) << lines[i];
+    changed += sampled[i] != one_best[i];
+    sampled_tokens += sampled[i].size();
+    one_best_tokens += one_best[i].size();
+  }
+  EXPECT_GT(changed, lines.size() / 4);        // merges dropped in many lines ...
+  EXPECT_GT(sampled_tokens, one_best_tokens);  // ... so their pieces are shorter
+  EXPECT_EQ(tfm::sample_encode_lines(lines, vocabulary, 0.f, 11, "text.en"), one_best);
+
+  const std::string base = "train --preset tiny --vocabs " + work.path("vocab.spm") +
+                           " --train-src " + work.path("text.en") + " --train-tgt " +
+                           work.path("text.es") +
+                           " --batch-tokens 1024 --save-every 4 --valid-every 0 --log-every 4"
+                           " --seed 5";
+  const std::string sampling = base + " --sentencepiece-alpha 0.2";
+  CliResult r =
+      work.run_cli(sampling + " --model-dir " + work.path("sa_straight") + " --max-steps 40");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto steps = log_events(work.path("sa_straight"), "train");
+  ASSERT_FALSE(steps.empty());
+  ASSERT_GE(steps.back()["epoch"].get<int64_t>(), 2) << "the run must cross an epoch boundary";
+  // Stopped in the first epoch and in a later one, resumed without the flag: the checkpoint's
+  // alpha is used, and the epoch's sampled segmentation is drawn again the same.
+  r = work.run_cli(sampling + " --model-dir " + work.path("sa_halves") + " --max-steps 12");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* steps : {" --max-steps 28", " --max-steps 40"}) {
+    r = work.run_cli(base + " --model-dir " + work.path("sa_halves") + steps + " --resume");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  EXPECT_EQ(tfm::read_file_bytes(work.path("sa_straight/model.safetensors")),
+            tfm::read_file_bytes(work.path("sa_halves/model.safetensors")));
+  // Without sampling the same run ends elsewhere.
+  r = work.run_cli(base + " --model-dir " + work.path("sa_off") + " --max-steps 40");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(tfm::read_file_bytes(work.path("sa_straight/model.safetensors")),
+            tfm::read_file_bytes(work.path("sa_off/model.safetensors")));
+  // Sampling needs SentencePiece vocabularies.
+  write_reversal_data("sa_ids", 20, 2, 5, 5);
+  r = work.run_cli("train --preset tiny --vocab 32" + data_flags("sa_ids") +
+                   " --sentencepiece-alpha 0.1 --max-steps 1 --model-dir " + work.path("sa_ids"));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("error: --sentencepiece-alpha"), std::string::npos) << r.err;
+  r = work.run_cli(base + " --sentencepiece-alpha 1.5 --max-steps 1 --model-dir " +
+                   work.path("sa_range"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
 }
 
 }  // namespace

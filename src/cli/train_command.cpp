@@ -17,7 +17,8 @@ CommandRunner add_train_command(CLI::App& app) {
     TrainOptions train;
     ConfigOptions config;
     DeviceOption device;
-    std::string compute_type;  // empty: the resumed run's, else float32
+    std::string compute_type;         // empty: the resumed run's, else float32
+    double sentencepiece_alpha = -1;  // < 0: not given (the resumed run's, else 0)
   };
   auto o = std::make_shared<Options>();
   TrainOptions& t = o->train;
@@ -56,6 +57,14 @@ CommandRunner add_train_command(CLI::App& app) {
   app.add_option("--accumulate", t.accumulate,
                  "Batches per optimizer step (gradient accumulation; default 1)")
       ->check(at_least(1));
+  app.add_option("--sentencepiece-alpha", o->sentencepiece_alpha,
+                 "Subword regularisation (as Marian's --sentencepiece-alphas): every epoch the "
+                 "training pairs are encoded with a segmentation sampled from the SentencePiece "
+                 "vocabularies — BPE models (`transformer vocab`): BPE-dropout, each merge "
+                 "dropped with this probability (0.1 is usual); unigram models: sampling with "
+                 "this smoothing. Validation and translation use the one best segmentation. "
+                 "Default 0 (off), or the resumed run's")
+      ->check(in_range(0, 1));
   app.add_option("--label-smoothing", t.label_smoothing, "Label smoothing ε (default 0.1)")
       ->check(in_range(0, 1, true, false));
   app.add_option("--dropout", t.dropout,
@@ -142,6 +151,7 @@ CommandRunner add_train_command(CLI::App& app) {
         throw Error("--compute-type must be float32 or bfloat16, not \"" + o->compute_type + "\"");
       train.precision = precision;
     }
+    if (o->sentencepiece_alpha >= 0) train.sentencepiece_alpha = o->sentencepiece_alpha;
     ConfigOptions config = o->config;
     if (!config.preset.empty() || !config.config_path.empty()) {
       if (!train.vocabularies.empty() && config.vocab == 0 && config.src_vocab == 0 &&

@@ -10,17 +10,33 @@
 
 namespace tfm {
 
-ParallelCorpus load_parallel_corpus(const std::string& src_path, const std::string& tgt_path,
-                                    const CorpusEncoding& e) {
-  const std::vector<std::string> src_lines = read_lines(src_path);
-  const std::vector<std::string> tgt_lines = read_lines(tgt_path);
-  if (src_lines.size() != tgt_lines.size())
-    throw Error(src_path + " has " + std::to_string(src_lines.size()) + " lines but " + tgt_path +
-                " has " + std::to_string(tgt_lines.size()));
-  auto sources = encode_lines(src_lines, e.source_vocabulary, e.ids, e.src_vocab_size, src_path);
-  auto targets = encode_lines(tgt_lines, e.target_vocabulary, e.ids, e.tgt_vocab_size, tgt_path);
+ParallelText read_parallel_text(const std::string& src_path, const std::string& tgt_path) {
+  ParallelText text{src_path, tgt_path, read_lines(src_path), read_lines(tgt_path)};
+  if (text.sources.size() != text.targets.size())
+    throw Error(src_path + " has " + std::to_string(text.sources.size()) + " lines but " +
+                tgt_path + " has " + std::to_string(text.targets.size()));
+  return text;
+}
+
+ParallelCorpus encode_parallel_text(const ParallelText& text, const CorpusEncoding& e) {
+  std::vector<std::vector<int32_t>> sources, targets;
+  if (e.sampling_alpha > 0 && !e.ids) {
+    // One generator seed per side, both from the run's (seed, epoch) value.
+    Random seeds(e.sampling_seed);
+    const auto source_seed = uint32_t(seeds.next_u64() >> 32);
+    const auto target_seed = uint32_t(seeds.next_u64() >> 32);
+    sources = sample_encode_lines(text.sources, *e.source_vocabulary, e.sampling_alpha, source_seed,
+                                  text.src_path);
+    targets = sample_encode_lines(text.targets, *e.target_vocabulary, e.sampling_alpha, target_seed,
+                                  text.tgt_path);
+  } else {
+    sources =
+        encode_lines(text.sources, e.source_vocabulary, e.ids, e.src_vocab_size, text.src_path);
+    targets =
+        encode_lines(text.targets, e.target_vocabulary, e.ids, e.tgt_vocab_size, text.tgt_path);
+  }
   ParallelCorpus corpus;
-  corpus.lines = int64_t(src_lines.size());
+  corpus.lines = int64_t(text.sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
     if (sources[i].empty() || targets[i].empty()) {
       ++corpus.skipped_empty;
@@ -33,6 +49,11 @@ ParallelCorpus load_parallel_corpus(const std::string& src_path, const std::stri
     }
   }
   return corpus;
+}
+
+ParallelCorpus load_parallel_corpus(const std::string& src_path, const std::string& tgt_path,
+                                    const CorpusEncoding& e) {
+  return encode_parallel_text(read_parallel_text(src_path, tgt_path), e);
 }
 
 BatchPlan plan_batches(const ParallelCorpus& corpus, int64_t batch_tokens, int64_t extra_source,

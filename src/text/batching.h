@@ -27,9 +27,25 @@ struct CorpusEncoding {
   int64_t src_vocab_size = 0;
   int64_t tgt_vocab_size = 0;
   int64_t max_length = 0;  // tokens per side; 0: no limit
+  // Subword regularisation (train --sentencepiece-alpha): > 0 samples each line's segmentation
+  // (Vocabulary::sample_encode), both sides, from generators seeded by sampling_seed.
+  float sampling_alpha = 0;
+  uint64_t sampling_seed = 0;
 };
 
-// Throws Error naming both files when their line counts differ, or file:line on a bad id.
+// Both files' lines, kept for encoding again (a sampled segmentation is drawn anew each epoch).
+struct ParallelText {
+  std::string src_path, tgt_path;
+  std::vector<std::string> sources, targets;
+};
+
+// Throws Error naming both files when their line counts differ.
+ParallelText read_parallel_text(const std::string& src_path, const std::string& tgt_path);
+
+// Throws Error with file:line on a bad id or text SentencePiece cannot encode.
+ParallelCorpus encode_parallel_text(const ParallelText& text, const CorpusEncoding& encoding);
+
+// read_parallel_text, then encode_parallel_text.
 ParallelCorpus load_parallel_corpus(const std::string& src_path, const std::string& tgt_path,
                                     const CorpusEncoding& encoding);
 

@@ -1,11 +1,15 @@
 // Line reading and encoding.
 #include "text/corpus.h"
 
+#include <sentencepiece_processor.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "io/file_util.h"
 #include "tensor/error.h"
@@ -90,6 +94,31 @@ std::vector<std::vector<int32_t>> encode_lines(const std::vector<std::string>& l
       }
     }
   }
+  return encoded;
+}
+
+std::vector<std::vector<int32_t>> sample_encode_lines(const std::vector<std::string>& lines,
+                                                      const Vocabulary& vocabulary, float alpha,
+                                                      uint32_t seed, const std::string& where) {
+  std::vector<std::vector<int32_t>> encoded(lines.size());
+  std::exception_ptr failure;
+  // ~0u would tell SentencePiece to seed from std::random_device instead.
+  sentencepiece::SetRandomGeneratorSeed(seed == ~0u ? 0u : seed);
+  std::thread sampler([&] {
+    try {
+      for (size_t i = 0; i < lines.size(); ++i) {
+        try {
+          encoded[i] = vocabulary.sample_encode(lines[i], alpha);
+        } catch (const Error& e) {
+          throw Error(where + ":" + std::to_string(i + 1) + ": " + e.what());
+        }
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  sampler.join();
+  if (failure) std::rethrow_exception(failure);
   return encoded;
 }
 

@@ -2,6 +2,7 @@
 // with a vocabulary or as --ids, with errors that name file and line.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,5 +25,14 @@ int64_t max_line_bytes();
 std::vector<std::vector<int32_t>> encode_lines(const std::vector<std::string>& lines,
                                                const Vocabulary* vocabulary, bool ids,
                                                int64_t vocab_size, const std::string& where);
+
+// Encodes every line with a segmentation sampled at `alpha` (Vocabulary::sample_encode), the
+// same for the same (lines, vocabulary, alpha, seed). SentencePiece draws from a thread-local
+// std::mt19937 seeded from its global seed when a thread first samples, so the lines are
+// encoded in a thread started for this call after setting that seed: the result does not depend
+// on what the caller's threads sampled before. Not to be called from two threads at once.
+std::vector<std::vector<int32_t>> sample_encode_lines(const std::vector<std::string>& lines,
+                                                      const Vocabulary& vocabulary, float alpha,
+                                                      uint32_t seed, const std::string& where);
 
 }  // namespace tfm

@@ -80,6 +80,15 @@ std::vector<int32_t> Vocabulary::encode(const std::string& line) const {
   return ids;
 }
 
+std::vector<int32_t> Vocabulary::sample_encode(const std::string& line, float alpha) const {
+  if (!sentencepiece_)
+    throw Error(where_ + ": sampled segmentation needs a SentencePiece model, not a token list");
+  std::vector<int> pieces;
+  const auto status = sentencepiece_->SampleEncode(line, -1, alpha, &pieces);
+  if (!status.ok()) throw Error(where_ + ": cannot encode text (" + status.ToString() + ")");
+  return std::vector<int32_t>(pieces.begin(), pieces.end());
+}
+
 std::string Vocabulary::decode(const std::vector<int32_t>& ids) const {
   if (sentencepiece_) {
     std::string text;

@@ -30,6 +30,13 @@ class Vocabulary {
   int64_t size() const;
   // Throws Error if a token is unknown and the vocabulary has no <unk>.
   std::vector<int32_t> encode(const std::string& line) const;
+  // Subword regularisation: one segmentation drawn at random (SentencePiece's SampleEncode
+  // over the whole lattice): for a BPE model, BPE-dropout with merge-dropout probability
+  // `alpha`; for a unigram model, sampling with smoothing `alpha`. Draws from the calling
+  // thread's SentencePiece generator (see sample_encode_lines, which seeds it). Throws Error
+  // for a token list.
+  std::vector<int32_t> sample_encode(const std::string& line, float alpha) const;
+  bool is_sentencepiece() const { return sentencepiece_ != nullptr; }
   std::string decode(const std::vector<int32_t>& ids) const;
   // Token strings: the pieces a line is split into (unknown words kept as they are), one id's
   // piece, and the text a sequence of pieces stands for.

@@ -28,7 +28,8 @@ nlohmann::json TrainingState::to_json() const {
           {"train_seconds", train_seconds},
           {"skipped_steps", skipped_steps},
           {"bad_steps_in_a_row", bad_steps_in_a_row},
-          {"compute_type", precision_name(compute_type)}};
+          {"compute_type", precision_name(compute_type)},
+          {"sentencepiece_alpha", sentencepiece_alpha}};
 }
 
 TrainingState TrainingState::from_json(const nlohmann::json& j, const std::string& where) {
@@ -74,6 +75,11 @@ TrainingState TrainingState::from_json(const nlohmann::json& j, const std::strin
     if (!v.is_string() || !parse_precision(v.get<std::string>(), s.compute_type) ||
         s.compute_type == Precision::kInt8)
       throw bad("compute_type", "is not float32 or bfloat16 (" + v.dump() + ")");
+  }
+  if (j.contains("sentencepiece_alpha")) {
+    const double alpha = real("sentencepiece_alpha");
+    if (!(alpha >= 0 && alpha <= 1)) throw bad("sentencepiece_alpha", "is not in [0, 1]");
+    s.sentencepiece_alpha = alpha;
   }
   return s;
 }

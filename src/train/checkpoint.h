@@ -31,6 +31,8 @@ struct TrainingState {
   // unless told otherwise. Checkpoints written before it was recorded were float32 runs or
   // passed the flag: absent means float32.
   Precision compute_type = Precision::kFloat32;
+  // The run's train --sentencepiece-alpha (0: none; absent in older checkpoints).
+  double sentencepiece_alpha = 0;
 
   nlohmann::json to_json() const;
   static TrainingState from_json(const nlohmann::json& j, const std::string& where);

@@ -45,6 +45,8 @@ void check_options(const TrainOptions& o) {
   if (o.vocabularies.size() > 2)
     throw Error("--vocabs takes one joint or two (source, target) files");
   if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
+  if (o.sentencepiece_alpha && !(*o.sentencepiece_alpha >= 0 && *o.sentencepiece_alpha <= 1))
+    throw Error("--sentencepiece-alpha must be in [0, 1]");
 }
 
 // A compute type this backend cannot train in.
@@ -191,6 +193,15 @@ class TrainingRun {
     precision_ = o_.precision.value_or(state_.compute_type);
     if (!o_.precision) check_compute_type(backend_, precision_);
     state_.compute_type = precision_;
+    // The same rule for the subword sampling: given, else the resumed run's.
+    if (resumed_ && o_.sentencepiece_alpha &&
+        *o_.sentencepiece_alpha != state_.sentencepiece_alpha && primary_)
+      std::fprintf(stderr,
+                   "train: --resume: the run sampled segmentations at alpha %g and continues at "
+                   "%g (--sentencepiece-alpha), so it is no longer bit-exact with an "
+                   "uninterrupted run\n",
+                   state_.sentencepiece_alpha, *o_.sentencepiece_alpha);
+    state_.sentencepiece_alpha = o_.sentencepiece_alpha.value_or(state_.sentencepiece_alpha);
   }
 
   // Weights + gradients (+ Adam's two moments) of one rank.
@@ -209,20 +220,24 @@ class TrainingRun {
                  "training this model (weights, gradients, optimizer state)");
     replicas_.broadcast_tensors(model_->mutable_parameters());  // every rank starts from rank 0's
 
-    std::vector<Vocabulary> vocabularies;
-    for (const auto& path : o_.vocabularies) vocabularies.push_back(Vocabulary::from_file(path));
-    CorpusEncoding encoding;
+    for (const auto& path : o_.vocabularies) vocabularies_.push_back(Vocabulary::from_file(path));
+    CorpusEncoding& encoding = encoding_;
     encoding.ids = o_.ids;
     if (!o_.ids) {
-      encoding.source_vocabulary = &vocabularies.front();
-      encoding.target_vocabulary = &vocabularies.back();
-      if (vocabularies.front().size() != config.src_vocab_size ||
-          vocabularies.back().size() != config.tgt_vocab_size)
-        throw Error("the vocabularies have " + std::to_string(vocabularies.front().size()) + "/" +
-                    std::to_string(vocabularies.back().size()) + " tokens but the model expects " +
+      encoding.source_vocabulary = &vocabularies_.front();
+      encoding.target_vocabulary = &vocabularies_.back();
+      if (vocabularies_.front().size() != config.src_vocab_size ||
+          vocabularies_.back().size() != config.tgt_vocab_size)
+        throw Error("the vocabularies have " + std::to_string(vocabularies_.front().size()) + "/" +
+                    std::to_string(vocabularies_.back().size()) + " tokens but the model expects " +
                     std::to_string(config.src_vocab_size) + "/" +
                     std::to_string(config.tgt_vocab_size));
     }
+    if (state_.sentencepiece_alpha > 0 && (o_.ids || !vocabularies_.front().is_sentencepiece() ||
+                                           !vocabularies_.back().is_sentencepiece()))
+      throw Error(
+          "--sentencepiece-alpha samples SentencePiece segmentations: give SentencePiece "
+          "--vocabs (not --ids or token lists)");
     encoding.src_vocab_size = config.src_vocab_size;
     encoding.tgt_vocab_size = config.tgt_vocab_size;
     // One limit for both sides: the target's (the source's is the same or one more).
@@ -230,8 +245,8 @@ class TrainingRun {
     encoding.max_length = o_.max_length > 0 ? std::min(o_.max_length, max_tokens) : max_tokens;
     if (o_.train_src.empty() || o_.train_tgt.empty())
       throw Error("--train-src and --train-tgt are required");
-    corpus_ = load_parallel_corpus(o_.train_src, o_.train_tgt, encoding);
-    if (corpus_.sources.empty()) throw Error(o_.train_src + ": no usable training pairs");
+    train_text_ = read_parallel_text(o_.train_src, o_.train_tgt);
+    encode_epoch();
     if (primary_)
       std::fprintf(stderr,
                    "train: %lld pairs read, %lld used, %lld skipped (empty side), %lld skipped "
@@ -242,7 +257,9 @@ class TrainingRun {
     if (!o_.valid_src.empty() || !o_.valid_tgt.empty()) {
       if (o_.valid_src.empty() || o_.valid_tgt.empty())
         throw Error("give both --valid-src and --valid-tgt");
-      valid_.emplace(load_parallel_corpus(o_.valid_src, o_.valid_tgt, encoding));
+      CorpusEncoding one_best = encoding;  // validation: never sampled
+      one_best.sampling_alpha = 0;
+      valid_.emplace(load_parallel_corpus(o_.valid_src, o_.valid_tgt, one_best));
       for (const auto& members :
            plan_batches(*valid_, o_.batch_tokens, config.src_append_eos, 0, 0, false))
         valid_batches_.push_back(make_batch(config, valid_->sources, valid_->targets, members));
@@ -350,6 +367,21 @@ class TrainingRun {
     return !replicas_.distributed() && stop_signal() != 0;
   }
 
+  // This epoch's training pairs: the text encoded once, or with --sentencepiece-alpha a
+  // segmentation sampled for each epoch from (seed, epoch), so a resumed run sees the same.
+  // The text is kept only for sampling.
+  void encode_epoch() {
+    if (state_.sentencepiece_alpha > 0) {
+      encoding_.sampling_alpha = float(state_.sentencepiece_alpha);
+      encoding_.sampling_seed = state_.seed * 0xD1B54A32D192ED03ull + uint64_t(state_.epoch);
+      corpus_ = encode_parallel_text(train_text_, encoding_);
+    } else if (!train_text_.sources.empty()) {
+      corpus_ = encode_parallel_text(train_text_, encoding_);
+      train_text_ = {};
+    }
+    if (corpus_.sources.empty()) throw Error(o_.train_src + ": no usable training pairs");
+  }
+
   // The activation memory of this epoch's training passes (this rank's share of each batch)
   // and of validation, planned from their batch shapes and allocated as one block before the
   // first of them runs: checked against the memory limit here, not found missing at the
@@ -385,6 +417,7 @@ class TrainingRun {
         ++state_.epoch;
         state_.batch_index = 0;
         if (o_.max_epochs > 0 && state_.epoch >= o_.max_epochs) return true;
+        encode_epoch();
         plan_ =
             plan_batches(corpus_, o_.batch_tokens, extra_source_, state_.seed, state_.epoch, true);
         plan_activations();
@@ -599,7 +632,10 @@ class TrainingRun {
   Precision precision_ = Precision::kFloat32;
 
   // The data.
-  ParallelCorpus corpus_;
+  std::vector<Vocabulary> vocabularies_;  // source and target (one when joint); none with --ids
+  CorpusEncoding encoding_;               // of the training pairs (points into vocabularies_)
+  ParallelText train_text_;               // kept while sampling segmentations, else emptied
+  ParallelCorpus corpus_;                 // this epoch's training pairs
   std::optional<ParallelCorpus> valid_;
   std::vector<TokenBatch> valid_batches_;
   int64_t extra_source_ = 0;  // 1 when sources get an eos
