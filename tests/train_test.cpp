@@ -354,6 +354,9 @@ TEST(Train, SentencePieceAlphaSamplesEachEpochAndResumesBitForBit) {
   }
   EXPECT_EQ(tfm::read_file_bytes(work.path("sa_straight/model.safetensors")),
             tfm::read_file_bytes(work.path("sa_halves/model.safetensors")));
+  r = work.run_cli("info --model " + work.path("sa_halves/checkpoint.safetensors"));
+  EXPECT_NE(r.out.find("segmentations sampled at --sentencepiece-alpha 0.2"), std::string::npos)
+      << r.out;
   // Without sampling the same run ends elsewhere.
   r = work.run_cli(base + " --model-dir " + work.path("sa_off") + " --max-steps 40");
   ASSERT_EQ(r.exit_code, 0) << r.err;
