@@ -12,14 +12,18 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
   // fc1 without its bias, which add_bias_activation adds in the same pass as the activation.
   LinearWeights fc1 = w.fc1;
   fc1.bias = nullptr;
-  linear_forward(backend, fc1, x, rows, pre);
+  const uint16_t* rounded_x =
+      rounded_copy(backend, w.fc1, x, rows, w.fc1.in, cache.rounded_input);  // [rows, D]
+  linear_forward(backend, fc1, x, rows, pre, rounded_x);
   backend.add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
   if (dropout > 0.f) {
     uint8_t* mask = ensure_size(backend, cache.dropout_mask, rows * w.fc1.out);
     backend.dropout_mask(mask, rows * w.fc1.out, dropout, key);
     backend.apply_dropout(hidden, mask, rows * w.fc1.out, dropout);
   }
-  linear_forward(backend, w.fc2, hidden, rows, out);
+  const uint16_t* rounded_hidden =
+      rounded_copy(backend, w.fc2, hidden, rows, w.fc1.out, cache.rounded_hidden);  // [rows, d_ff]
+  linear_forward(backend, w.fc2, hidden, rows, out, rounded_hidden);
 }
 
 void plan_feed_forward_forward(const FeedForwardWeights& w, int64_t rows, float dropout,
@@ -28,6 +32,8 @@ void plan_feed_forward_forward(const FeedForwardWeights& w, int64_t rows, float 
   plan.need(cache.pre_activation, n);                         // [rows, d_ff]
   if (cache.keep_pre_activation) plan.need(cache.hidden, n);  // [rows, d_ff]
   if (dropout > 0.f) plan.need(cache.dropout_mask, n);        // [rows, d_ff]
+  if (rounds_to_bfloat16(w.fc1) && rows > 0) plan.need(cache.rounded_input, rows * w.fc1.in);
+  if (rounds_to_bfloat16(w.fc2) && rows > 0) plan.need(cache.rounded_hidden, n);
 }
 
 void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
@@ -43,12 +49,13 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            BackwardScratch& scratch, float* dx, bool accumulate) {
   const int64_t hidden_size = rows * w.fc1.out;
   float* d_hidden = ensure_size(backend, scratch.d_hidden, hidden_size);  // [rows, d_ff]
-  linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false,
-                  scratch);
+  linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false, scratch,
+                  rounds_to_bfloat16(w.fc2) ? cache.rounded_hidden.data() : nullptr);
   if (dropout > 0.f)
     backend.apply_dropout(d_hidden, cache.dropout_mask.data(), hidden_size, dropout);
   backend.activation_backward(d_hidden, cache.pre_activation.data(), hidden_size, act);
-  linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate, scratch);
+  linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate, scratch,
+                  rounds_to_bfloat16(w.fc1) ? cache.rounded_input.data() : nullptr);
 }
 
 }  // namespace tfm

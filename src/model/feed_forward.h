@@ -19,6 +19,10 @@ struct FeedForwardCache {
   DeviceBuffer<float> pre_activation;  // [rows, d_ff] fc1 output
   DeviceBuffer<float> hidden;          // [rows, d_ff] activation (after dropout): fc2 input
   DeviceBuffer<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0
+  // Training in bfloat16: fc1's and fc2's inputs rounded once, read by the forward product and
+  // by the weight gradient's.
+  DeviceBuffer<uint16_t> rounded_input;   // [rows, D]
+  DeviceBuffer<uint16_t> rounded_hidden;  // [rows, d_ff]
 };
 
 // out[rows, D] = fc2(dropout(act(fc1(x)))).

@@ -102,7 +102,9 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
     dropout.key = in.dropout_key;
   }
   backend.attention_forward(shape, in.mask, p.q, p.k, p.v, probs, context, dropout);
-  linear_forward(backend, w.o, context, query_rows, out);
+  const uint16_t* rounded_context =
+      rounded_copy(backend, w.o, context, query_rows, d, cache.rounded_context);  // [B, Tq, D]
+  linear_forward(backend, w.o, context, query_rows, out, rounded_context);
 }
 
 void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads, int64_t batch,
@@ -112,7 +114,9 @@ void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
   const int64_t d = w.q.out;
   const int64_t query_rows = batch * query_len, key_rows = batch * key_len;
   const int64_t prob_count = batch * heads * query_len * key_len;
-  plan.need(cache.context, query_rows * d);                                     // [B, Tq, D]
+  plan.need(cache.context, query_rows * d);  // [B, Tq, D]
+  if (rounds_to_bfloat16(w.o) && query_rows > 0)
+    plan.need(cache.rounded_context, query_rows * d);                           // [B, Tq, D]
   if (cache.keep_weights || dropout > 0.f) plan.need(cache.probs, prob_count);  // [B, H, Tq, Tk]
   // As project() chooses.
   if (w.qkv.prepared && self_attention) {
@@ -160,7 +164,7 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   float* dk = ensure_size(backend, scratch.dk, key_rows * d);                  // [B, Tk, D]
   float* dv = ensure_size(backend, scratch.dv, key_rows * d);                  // [B, Tk, D]
   linear_backward(backend, w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false,
-                  scratch);
+                  scratch, rounds_to_bfloat16(w.o) ? cache.rounded_context.data() : nullptr);
   AttentionDropout dropout;
   if (in.dropout > 0.f) {
     dropout.p = in.dropout;

@@ -53,9 +53,10 @@ struct AttentionCache {
   bool keep_weights = true;
   DeviceBuffer<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
   // Training in bfloat16: the projections' inputs rounded once, read by the Q, K, V products and
-  // by their weight gradients (a self-attention's one copy serves all three).
+  // by their weight gradients (a self-attention's one copy serves all three); the same for W_o.
   DeviceBuffer<uint16_t> rounded_query_input;   // [B, Tq, D]
   DeviceBuffer<uint16_t> rounded_memory_input;  // [B, Tk, D] cross-attention only
+  DeviceBuffer<uint16_t> rounded_context;       // [B, Tq, D] W_o's input, for W_o and its dW
 };
 
 // out[B, Tq, D] = W_o · Concat_h(softmax(Q_h K_hᵀ / sqrt(d_k)) V_h): one GEMM per projection
