@@ -292,8 +292,8 @@ TEST(Checkpoint, NonFiniteOptimizerStateAndBadStateFieldsAreRefusedAtResume) {
                                                            {"train_seconds", -1.0},
                                                            {"compute_type", "int8"},
                                                            {"compute_type", 16},
-                                                           {"sentencepiece_alpha", 1.5},
-                                                           {"sentencepiece_alpha", "0.1"},
+                                                           {"sentencepiece_alphas", {0.1, 1.5}},
+                                                           {"sentencepiece_alphas", 0.1},
                                                            {"batch_index", 1000000}}) {
     SCOPED_TRACE(key);
     tfm::write_bytes_atomically(dir + "/checkpoint.safetensors", good);

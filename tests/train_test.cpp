@@ -312,7 +312,7 @@ TEST(Train, VocabTrainsSentencePieceAndTrainingUsesIt) {
 // same for the same seed and differs for another; a run that samples every epoch resumes bit
 // for bit across an epoch boundary (the checkpoint records the alpha) and trains differently
 // from one that does not.
-TEST(Train, SentencePieceAlphaSamplesEachEpochAndResumesBitForBit) {
+TEST(Train, SentencePieceAlphasSampleEachEpochAndResumeBitForBit) {
   write_word_pairs_and_vocab();
   const tfm::Vocabulary vocabulary = tfm::Vocabulary::from_file(work.path("vocab.spm"));
   const std::vector<std::string> lines = tfm::read_lines(work.path("text.en"));
@@ -337,7 +337,7 @@ TEST(Train, SentencePieceAlphaSamplesEachEpochAndResumesBitForBit) {
                            work.path("text.es") +
                            " --batch-tokens 1024 --save-every 4 --valid-every 0 --log-every 4"
                            " --seed 5";
-  const std::string sampling = base + " --sentencepiece-alpha 0.2";
+  const std::string sampling = base + " --sentencepiece-alphas 0.2";
   CliResult r =
       work.run_cli(sampling + " --model-dir " + work.path("sa_straight") + " --max-steps 40");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -355,20 +355,32 @@ TEST(Train, SentencePieceAlphaSamplesEachEpochAndResumesBitForBit) {
   EXPECT_EQ(tfm::read_file_bytes(work.path("sa_straight/model.safetensors")),
             tfm::read_file_bytes(work.path("sa_halves/model.safetensors")));
   r = work.run_cli("info --model " + work.path("sa_halves/checkpoint.safetensors"));
-  EXPECT_NE(r.out.find("segmentations sampled at --sentencepiece-alpha 0.2"), std::string::npos)
+  EXPECT_NE(r.out.find("segmentations sampled at --sentencepiece-alphas 0.2 0.2"),
+            std::string::npos)
       << r.out;
-  // Without sampling the same run ends elsewhere.
+  // Without sampling the same run ends elsewhere; sampling one side only, elsewhere again, and
+  // "0.2" is "0.2 0.2".
   r = work.run_cli(base + " --model-dir " + work.path("sa_off") + " --max-steps 40");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(tfm::read_file_bytes(work.path("sa_straight/model.safetensors")),
-            tfm::read_file_bytes(work.path("sa_off/model.safetensors")));
+  r = work.run_cli(base + " --sentencepiece-alphas 0.2 0 --model-dir " + work.path("sa_source") +
+                   " --max-steps 40");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = work.run_cli(base + " --sentencepiece-alphas 0.2 0.2 --model-dir " + work.path("sa_both") +
+                   " --max-steps 40");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string straight = tfm::read_file_bytes(work.path("sa_straight/model.safetensors"));
+  const std::string source_only = tfm::read_file_bytes(work.path("sa_source/model.safetensors"));
+  EXPECT_NE(straight, tfm::read_file_bytes(work.path("sa_off/model.safetensors")));
+  EXPECT_NE(straight, source_only);
+  EXPECT_NE(source_only, tfm::read_file_bytes(work.path("sa_off/model.safetensors")));
+  EXPECT_EQ(straight, tfm::read_file_bytes(work.path("sa_both/model.safetensors")));
   // Sampling needs SentencePiece vocabularies.
   write_reversal_data("sa_ids", 20, 2, 5, 5);
   r = work.run_cli("train --preset tiny --vocab 32" + data_flags("sa_ids") +
-                   " --sentencepiece-alpha 0.1 --max-steps 1 --model-dir " + work.path("sa_ids"));
+                   " --sentencepiece-alphas 0.1 --max-steps 1 --model-dir " + work.path("sa_ids"));
   EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_NE(r.err.find("error: --sentencepiece-alpha"), std::string::npos) << r.err;
-  r = work.run_cli(base + " --sentencepiece-alpha 1.5 --max-steps 1 --model-dir " +
+  EXPECT_NE(r.err.find("error: --sentencepiece-alphas"), std::string::npos) << r.err;
+  r = work.run_cli(base + " --sentencepiece-alphas 0.1 1.5 --max-steps 1 --model-dir " +
                    work.path("sa_range"));
   EXPECT_EQ(r.exit_code, 2) << r.err;
 }

@@ -80,8 +80,9 @@ void print_file_info(const std::string& path) {
       "minutes, compute type %s\n",
       (long long)s.step, (long long)s.epoch + 1, (long long)s.batch_index,
       (long long)s.target_tokens_seen, s.train_seconds / 60.0, precision_name(s.compute_type));
-  if (s.sentencepiece_alpha > 0)
-    std::printf("  segmentations sampled at --sentencepiece-alpha %g\n", s.sentencepiece_alpha);
+  if (s.sentencepiece_alphas[0] > 0 || s.sentencepiece_alphas[1] > 0)
+    std::printf("  segmentations sampled at --sentencepiece-alphas %g %g (source, target)\n",
+                s.sentencepiece_alphas[0], s.sentencepiece_alphas[1]);
   if (s.best_valid_nll >= 0)
     std::printf("  best validation perplexity %.2f\n", std::exp(s.best_valid_nll));
 }

@@ -17,8 +17,8 @@ CommandRunner add_train_command(CLI::App& app) {
     TrainOptions train;
     ConfigOptions config;
     DeviceOption device;
-    std::string compute_type;         // empty: the resumed run's, else float32
-    double sentencepiece_alpha = -1;  // < 0: not given (the resumed run's, else 0)
+    std::string compute_type;                  // empty: the resumed run's, else float32
+    std::vector<double> sentencepiece_alphas;  // empty: not given (the resumed run's, else 0)
   };
   auto o = std::make_shared<Options>();
   TrainOptions& t = o->train;
@@ -57,13 +57,15 @@ CommandRunner add_train_command(CLI::App& app) {
   app.add_option("--accumulate", t.accumulate,
                  "Batches per optimizer step (gradient accumulation; default 1)")
       ->check(at_least(1));
-  app.add_option("--sentencepiece-alpha", o->sentencepiece_alpha,
-                 "Subword regularisation (as Marian's --sentencepiece-alphas): every epoch the "
+  app.add_option("--sentencepiece-alphas", o->sentencepiece_alphas,
+                 "Subword regularisation (Marian's option of the same name): every epoch the "
                  "training pairs are encoded with a segmentation sampled from the SentencePiece "
                  "vocabularies — BPE models (`transformer vocab`): BPE-dropout, each merge "
-                 "dropped with this probability (0.1 is usual); unigram models: sampling with "
-                 "this smoothing. Validation and translation use the one best segmentation. "
-                 "Default 0 (off), or the resumed run's")
+                 "dropped with this probability; unigram models: sampling with this smoothing. "
+                 "One value for both sides, or source and target (0: that side's one best). "
+                 "Validation and translation use the one best. Default 0 (off), or the resumed "
+                 "run's")
+      ->expected(1, 2)
       ->check(in_range(0, 1));
   app.add_option("--label-smoothing", t.label_smoothing, "Label smoothing ε (default 0.1)")
       ->check(in_range(0, 1, true, false));
@@ -151,7 +153,9 @@ CommandRunner add_train_command(CLI::App& app) {
         throw Error("--compute-type must be float32 or bfloat16, not \"" + o->compute_type + "\"");
       train.precision = precision;
     }
-    if (o->sentencepiece_alpha >= 0) train.sentencepiece_alpha = o->sentencepiece_alpha;
+    if (!o->sentencepiece_alphas.empty())
+      train.sentencepiece_alphas = {o->sentencepiece_alphas.front(),
+                                    o->sentencepiece_alphas.back()};
     ConfigOptions config = o->config;
     if (!config.preset.empty() || !config.config_path.empty()) {
       if (!train.vocabularies.empty() && config.vocab == 0 && config.src_vocab == 0 &&

@@ -19,22 +19,18 @@ ParallelText read_parallel_text(const std::string& src_path, const std::string& 
 }
 
 ParallelCorpus encode_parallel_text(const ParallelText& text, const CorpusEncoding& e) {
-  std::vector<std::vector<int32_t>> sources, targets;
-  if (e.sampling_alpha > 0 && !e.ids) {
-    // One generator seed per side, both from the run's (seed, epoch) value.
-    Random seeds(e.sampling_seed);
-    const auto source_seed = uint32_t(seeds.next_u64() >> 32);
-    const auto target_seed = uint32_t(seeds.next_u64() >> 32);
-    sources = sample_encode_lines(text.sources, *e.source_vocabulary, e.sampling_alpha, source_seed,
-                                  text.src_path);
-    targets = sample_encode_lines(text.targets, *e.target_vocabulary, e.sampling_alpha, target_seed,
-                                  text.tgt_path);
-  } else {
-    sources =
-        encode_lines(text.sources, e.source_vocabulary, e.ids, e.src_vocab_size, text.src_path);
-    targets =
-        encode_lines(text.targets, e.target_vocabulary, e.ids, e.tgt_vocab_size, text.tgt_path);
-  }
+  // One generator seed per side, both from the run's (seed, epoch) value.
+  Random seeds(e.sampling_seed);
+  auto encode_side = [&](const std::vector<std::string>& lines, const Vocabulary* vocabulary,
+                         float alpha, int64_t vocab_size, const std::string& where) {
+    const auto seed = uint32_t(seeds.next_u64() >> 32);
+    return alpha > 0 && !e.ids ? sample_encode_lines(lines, *vocabulary, alpha, seed, where)
+                               : encode_lines(lines, vocabulary, e.ids, vocab_size, where);
+  };
+  auto sources = encode_side(text.sources, e.source_vocabulary, e.source_sampling_alpha,
+                             e.src_vocab_size, text.src_path);
+  auto targets = encode_side(text.targets, e.target_vocabulary, e.target_sampling_alpha,
+                             e.tgt_vocab_size, text.tgt_path);
   ParallelCorpus corpus;
   corpus.lines = int64_t(text.sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {

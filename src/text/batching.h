@@ -27,9 +27,9 @@ struct CorpusEncoding {
   int64_t src_vocab_size = 0;
   int64_t tgt_vocab_size = 0;
   int64_t max_length = 0;  // tokens per side; 0: no limit
-  // Subword regularisation (train --sentencepiece-alpha): > 0 samples each line's segmentation
-  // (Vocabulary::sample_encode), both sides, from generators seeded by sampling_seed.
-  float sampling_alpha = 0;
+  // Subword regularisation (train --sentencepiece-alphas): a side's alpha > 0 samples each of
+  // its lines' segmentation (Vocabulary::sample_encode), from generators seeded by sampling_seed.
+  float source_sampling_alpha = 0, target_sampling_alpha = 0;
   uint64_t sampling_seed = 0;
 };
 

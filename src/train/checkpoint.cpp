@@ -29,7 +29,7 @@ nlohmann::json TrainingState::to_json() const {
           {"skipped_steps", skipped_steps},
           {"bad_steps_in_a_row", bad_steps_in_a_row},
           {"compute_type", precision_name(compute_type)},
-          {"sentencepiece_alpha", sentencepiece_alpha}};
+          {"sentencepiece_alphas", sentencepiece_alphas}};
 }
 
 TrainingState TrainingState::from_json(const nlohmann::json& j, const std::string& where) {
@@ -76,10 +76,15 @@ TrainingState TrainingState::from_json(const nlohmann::json& j, const std::strin
         s.compute_type == Precision::kInt8)
       throw bad("compute_type", "is not float32 or bfloat16 (" + v.dump() + ")");
   }
-  if (j.contains("sentencepiece_alpha")) {
-    const double alpha = real("sentencepiece_alpha");
-    if (!(alpha >= 0 && alpha <= 1)) throw bad("sentencepiece_alpha", "is not in [0, 1]");
-    s.sentencepiece_alpha = alpha;
+  if (j.contains("sentencepiece_alphas")) {
+    const nlohmann::json& v = j.at("sentencepiece_alphas");
+    if (!v.is_array() || v.size() != 2)
+      throw bad("sentencepiece_alphas", "is not a [source, target] pair");
+    for (size_t side = 0; side < 2; ++side) {
+      if (!v[side].is_number() || !(v[side].get<double>() >= 0 && v[side].get<double>() <= 1))
+        throw bad("sentencepiece_alphas", "holds a value not in [0, 1] (" + v.dump() + ")");
+      s.sentencepiece_alphas[side] = v[side].get<double>();
+    }
   }
   return s;
 }

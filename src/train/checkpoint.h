@@ -6,6 +6,7 @@
 //   DIR/model.best.safetensors       the model with the best validation perplexity
 #pragma once
 
+#include <array>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -31,8 +32,9 @@ struct TrainingState {
   // unless told otherwise. Checkpoints written before it was recorded were float32 runs or
   // passed the flag: absent means float32.
   Precision compute_type = Precision::kFloat32;
-  // The run's train --sentencepiece-alpha (0: none; absent in older checkpoints).
-  double sentencepiece_alpha = 0;
+  // The run's train --sentencepiece-alphas, source and target (0: none; absent in older
+  // checkpoints).
+  std::array<double, 2> sentencepiece_alphas{0, 0};
 
   nlohmann::json to_json() const;
   static TrainingState from_json(const nlohmann::json& j, const std::string& where);

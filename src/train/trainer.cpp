@@ -45,8 +45,9 @@ void check_options(const TrainOptions& o) {
   if (o.vocabularies.size() > 2)
     throw Error("--vocabs takes one joint or two (source, target) files");
   if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
-  if (o.sentencepiece_alpha && !(*o.sentencepiece_alpha >= 0 && *o.sentencepiece_alpha <= 1))
-    throw Error("--sentencepiece-alpha must be in [0, 1]");
+  if (o.sentencepiece_alphas)
+    for (double alpha : *o.sentencepiece_alphas)
+      if (!(alpha >= 0 && alpha <= 1)) throw Error("--sentencepiece-alphas must be in [0, 1]");
 }
 
 // A compute type this backend cannot train in.
@@ -194,14 +195,15 @@ class TrainingRun {
     if (!o_.precision) check_compute_type(backend_, precision_);
     state_.compute_type = precision_;
     // The same rule for the subword sampling: given, else the resumed run's.
-    if (resumed_ && o_.sentencepiece_alpha &&
-        *o_.sentencepiece_alpha != state_.sentencepiece_alpha && primary_)
+    const auto& alphas = state_.sentencepiece_alphas;
+    if (resumed_ && o_.sentencepiece_alphas && *o_.sentencepiece_alphas != alphas && primary_)
       std::fprintf(stderr,
-                   "train: --resume: the run sampled segmentations at alpha %g and continues at "
-                   "%g (--sentencepiece-alpha), so it is no longer bit-exact with an "
+                   "train: --resume: the run sampled segmentations at alphas %g %g and continues "
+                   "at %g %g (--sentencepiece-alphas), so it is no longer bit-exact with an "
                    "uninterrupted run\n",
-                   state_.sentencepiece_alpha, *o_.sentencepiece_alpha);
-    state_.sentencepiece_alpha = o_.sentencepiece_alpha.value_or(state_.sentencepiece_alpha);
+                   alphas[0], alphas[1], (*o_.sentencepiece_alphas)[0],
+                   (*o_.sentencepiece_alphas)[1]);
+    state_.sentencepiece_alphas = o_.sentencepiece_alphas.value_or(alphas);
   }
 
   // Weights + gradients (+ Adam's two moments) of one rank.
@@ -233,10 +235,10 @@ class TrainingRun {
                     std::to_string(config.src_vocab_size) + "/" +
                     std::to_string(config.tgt_vocab_size));
     }
-    if (state_.sentencepiece_alpha > 0 && (o_.ids || !vocabularies_.front().is_sentencepiece() ||
-                                           !vocabularies_.back().is_sentencepiece()))
+    if (samples_segmentations() && (o_.ids || !vocabularies_.front().is_sentencepiece() ||
+                                    !vocabularies_.back().is_sentencepiece()))
       throw Error(
-          "--sentencepiece-alpha samples SentencePiece segmentations: give SentencePiece "
+          "--sentencepiece-alphas samples SentencePiece segmentations: give SentencePiece "
           "--vocabs (not --ids or token lists)");
     encoding.src_vocab_size = config.src_vocab_size;
     encoding.tgt_vocab_size = config.tgt_vocab_size;
@@ -258,7 +260,7 @@ class TrainingRun {
       if (o_.valid_src.empty() || o_.valid_tgt.empty())
         throw Error("give both --valid-src and --valid-tgt");
       CorpusEncoding one_best = encoding;  // validation: never sampled
-      one_best.sampling_alpha = 0;
+      one_best.source_sampling_alpha = one_best.target_sampling_alpha = 0;
       valid_.emplace(load_parallel_corpus(o_.valid_src, o_.valid_tgt, one_best));
       for (const auto& members :
            plan_batches(*valid_, o_.batch_tokens, config.src_append_eos, 0, 0, false))
@@ -367,12 +369,17 @@ class TrainingRun {
     return !replicas_.distributed() && stop_signal() != 0;
   }
 
-  // This epoch's training pairs: the text encoded once, or with --sentencepiece-alpha a
+  bool samples_segmentations() const {
+    return state_.sentencepiece_alphas[0] > 0 || state_.sentencepiece_alphas[1] > 0;
+  }
+
+  // This epoch's training pairs: the text encoded once, or with --sentencepiece-alphas a
   // segmentation sampled for each epoch from (seed, epoch), so a resumed run sees the same.
   // The text is kept only for sampling.
   void encode_epoch() {
-    if (state_.sentencepiece_alpha > 0) {
-      encoding_.sampling_alpha = float(state_.sentencepiece_alpha);
+    if (samples_segmentations()) {
+      encoding_.source_sampling_alpha = float(state_.sentencepiece_alphas[0]);
+      encoding_.target_sampling_alpha = float(state_.sentencepiece_alphas[1]);
       encoding_.sampling_seed = state_.seed * 0xD1B54A32D192ED03ull + uint64_t(state_.epoch);
       corpus_ = encode_parallel_text(train_text_, encoding_);
     } else if (!train_text_.sources.empty()) {

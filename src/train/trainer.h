@@ -4,6 +4,7 @@
 // that continues bit for bit, and a clean save on SIGINT / SIGTERM.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,12 +33,12 @@ struct TrainOptions {
   // (recorded in its checkpoint), else float32.
   std::optional<Precision> precision;
 
-  // Subword regularisation: each epoch's training pairs encoded with a segmentation sampled
-  // from the SentencePiece vocabularies at this alpha (BPE models: BPE-dropout's merge-dropout
-  // probability; unigram models: the sampling smoothing), drawn from (seed, epoch) so --resume
-  // sees the same; 0: the one best segmentation. Validation is never sampled. Unset: the
-  // resumed run's (recorded in its checkpoint), else 0.
-  std::optional<double> sentencepiece_alpha;
+  // Subword regularisation, source and target: each epoch's training pairs encoded with a
+  // segmentation sampled from the SentencePiece vocabularies at the side's alpha (BPE models:
+  // BPE-dropout's merge-dropout probability; unigram models: the sampling smoothing), drawn
+  // from (seed, epoch) so --resume sees the same; 0: the one best segmentation. Validation is
+  // never sampled. Unset: the resumed run's (recorded in its checkpoint), else none.
+  std::optional<std::array<double, 2>> sentencepiece_alphas;
 
   float label_smoothing = 0.1f;
   float dropout = 0.1f, attention_dropout = 0.f, relu_dropout = 0.f;
