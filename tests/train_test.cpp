@@ -380,6 +380,13 @@ TEST(Train, SentencePieceAlphasSampleEachEpochAndResumeBitForBit) {
                    " --sentencepiece-alphas 0.1 --max-steps 1 --model-dir " + work.path("sa_ids"));
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("error: --sentencepiece-alphas"), std::string::npos) << r.err;
+  work.write_file("words.txt", "<unk>\nthe\nla\n");  // a token list cannot sample either
+  r = work.run_cli("train --preset tiny --vocabs " + work.path("words.txt") + " --train-src " +
+                   work.path("text.en") + " --train-tgt " + work.path("text.es") +
+                   " --sentencepiece-alphas 0.1 --max-steps 1 --model-dir " +
+                   work.path("sa_tokens"));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("error: --sentencepiece-alphas"), std::string::npos) << r.err;
   r = work.run_cli(base + " --sentencepiece-alphas 0.1 1.5 --max-steps 1 --model-dir " +
                    work.path("sa_range"));
   EXPECT_EQ(r.exit_code, 2) << r.err;

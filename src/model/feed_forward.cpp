@@ -32,8 +32,9 @@ void plan_feed_forward_forward(const FeedForwardWeights& w, int64_t rows, float 
   plan.need(cache.pre_activation, n);                         // [rows, d_ff]
   if (cache.keep_pre_activation) plan.need(cache.hidden, n);  // [rows, d_ff]
   if (dropout > 0.f) plan.need(cache.dropout_mask, n);        // [rows, d_ff]
-  if (rounds_to_bfloat16(w.fc1) && rows > 0) plan.need(cache.rounded_input, rows * w.fc1.in);
-  if (rounds_to_bfloat16(w.fc2) && rows > 0) plan.need(cache.rounded_hidden, n);
+  if (rounds_to_bfloat16(w.fc1) && rows > 0)
+    plan.need(cache.rounded_input, rows * w.fc1.in);                              // [rows, D]
+  if (rounds_to_bfloat16(w.fc2) && rows > 0) plan.need(cache.rounded_hidden, n);  // [rows, d_ff]
 }
 
 void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,

@@ -115,9 +115,12 @@ void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
   const int64_t query_rows = batch * query_len, key_rows = batch * key_len;
   const int64_t prob_count = batch * heads * query_len * key_len;
   plan.need(cache.context, query_rows * d);  // [B, Tq, D]
-  if (rounds_to_bfloat16(w.o) && query_rows > 0)
-    plan.need(cache.rounded_context, query_rows * d);                           // [B, Tq, D]
-  if (cache.keep_weights || dropout > 0.f) plan.need(cache.probs, prob_count);  // [B, H, Tq, Tk]
+  if (rounds_to_bfloat16(w.o) && query_rows > 0) {
+    plan.need(cache.rounded_context, query_rows * d);  // [B, Tq, D]
+  }
+  if (cache.keep_weights || dropout > 0.f) {
+    plan.need(cache.probs, prob_count);  // [B, H, Tq, Tk]
+  }
   // As project() chooses.
   if (w.qkv.prepared && self_attention) {
     plan.need(cache.q, query_rows * 3 * d);  // [B, T, 3D]

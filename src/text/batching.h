@@ -1,5 +1,6 @@
-// Training data: a parallel corpus encoded once into token ids (pairs with an empty side or
-// longer than max_length skipped and counted), and token-based batches — sentences grouped by
+// Training data: a parallel corpus encoded into token ids — once, or each epoch anew with a
+// sampled segmentation (subword regularisation) — (pairs with an empty side or longer than
+// max_length skipped and counted), and token-based batches — sentences grouped by
 // length to avoid padding, the batch order shuffled per epoch from the seed — so that a data
 // position (epoch, batch index) identifies exactly where a run is, for resuming.
 #pragma once

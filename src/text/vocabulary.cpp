@@ -89,6 +89,11 @@ std::vector<int32_t> Vocabulary::sample_encode(const std::string& line, float al
   return std::vector<int32_t>(pieces.begin(), pieces.end());
 }
 
+bool Vocabulary::can_sample() const {
+  std::vector<int> pieces;  // (draws from this thread's generator: never one that samples data)
+  return sentencepiece_ && sentencepiece_->SampleEncode("a", -1, 0.1f, &pieces).ok();
+}
+
 std::string Vocabulary::decode(const std::vector<int32_t>& ids) const {
   if (sentencepiece_) {
     std::string text;

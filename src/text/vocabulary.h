@@ -36,7 +36,8 @@ class Vocabulary {
   // thread's SentencePiece generator (see sample_encode_lines, which seeds it). Throws Error
   // for a token list.
   std::vector<int32_t> sample_encode(const std::string& line, float alpha) const;
-  bool is_sentencepiece() const { return sentencepiece_ != nullptr; }
+  // A SentencePiece model that can sample (BPE or unigram; not char or word models).
+  bool can_sample() const;
   std::string decode(const std::vector<int32_t>& ids) const;
   // Token strings: the pieces a line is split into (unknown words kept as they are), one id's
   // piece, and the text a sequence of pieces stands for.

@@ -235,11 +235,11 @@ class TrainingRun {
                     std::to_string(config.src_vocab_size) + "/" +
                     std::to_string(config.tgt_vocab_size));
     }
-    if (samples_segmentations() && (o_.ids || !vocabularies_.front().is_sentencepiece() ||
-                                    !vocabularies_.back().is_sentencepiece()))
+    if (samples_segmentations() &&
+        (o_.ids || !vocabularies_.front().can_sample() || !vocabularies_.back().can_sample()))
       throw Error(
-          "--sentencepiece-alphas samples SentencePiece segmentations: give SentencePiece "
-          "--vocabs (not --ids or token lists)");
+          "--sentencepiece-alphas samples segmentations: give SentencePiece BPE or unigram "
+          "--vocabs (not --ids, token lists, or char / word models)");
     encoding.src_vocab_size = config.src_vocab_size;
     encoding.tgt_vocab_size = config.tgt_vocab_size;
     // One limit for both sides: the target's (the source's is the same or one more).
@@ -381,6 +381,7 @@ class TrainingRun {
       encoding_.source_sampling_alpha = float(state_.sentencepiece_alphas[0]);
       encoding_.target_sampling_alpha = float(state_.sentencepiece_alphas[1]);
       encoding_.sampling_seed = state_.seed * 0xD1B54A32D192ED03ull + uint64_t(state_.epoch);
+      corpus_ = {};  // the last epoch's ids go before this epoch's are made
       corpus_ = encode_parallel_text(train_text_, encoding_);
     } else if (!train_text_.sources.empty()) {
       corpus_ = encode_parallel_text(train_text_, encoding_);
