@@ -78,41 +78,53 @@ std::vector<std::string> read_lines(const std::string& path) {
   return lines;
 }
 
-std::vector<std::vector<int32_t>> encode_lines(const std::vector<std::string>& lines,
-                                               const Vocabulary* vocabulary, bool ids,
-                                               int64_t vocab_size, const std::string& where) {
+namespace {
+
+// Every line encoded by encode_one (a vocabulary's encode or sample_encode); an Error it throws
+// comes back naming where:line.
+template <typename EncodeOne>
+std::vector<std::vector<int32_t>> encode_each_line(const std::vector<std::string>& lines,
+                                                   const std::string& where,
+                                                   const EncodeOne& encode_one) {
   std::vector<std::vector<int32_t>> encoded;
   encoded.reserve(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) {
-    if (ids) {
-      encoded.push_back(parse_id_line(lines[i], vocab_size, where, int64_t(i) + 1));
-    } else {
-      try {
-        encoded.push_back(vocabulary->encode(lines[i]));
-      } catch (const Error& e) {
-        throw Error(where + ":" + std::to_string(i + 1) + ": " + e.what());
-      }
+    try {
+      encoded.push_back(encode_one(lines[i]));
+    } catch (const Error& e) {
+      throw Error(where + ":" + std::to_string(i + 1) + ": " + e.what());
     }
   }
+  return encoded;
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> encode_lines(const std::vector<std::string>& lines,
+                                               const Vocabulary* vocabulary, bool ids,
+                                               int64_t vocab_size, const std::string& where) {
+  if (!ids)
+    return encode_each_line(lines, where,
+                            [&](const std::string& line) { return vocabulary->encode(line); });
+  std::vector<std::vector<int32_t>> encoded;
+  encoded.reserve(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i)
+    encoded.push_back(parse_id_line(lines[i], vocab_size, where, int64_t(i) + 1));
   return encoded;
 }
 
 std::vector<std::vector<int32_t>> sample_encode_lines(const std::vector<std::string>& lines,
                                                       const Vocabulary& vocabulary, float alpha,
                                                       uint32_t seed, const std::string& where) {
-  std::vector<std::vector<int32_t>> encoded(lines.size());
+  std::vector<std::vector<int32_t>> encoded;
   std::exception_ptr failure;
   // ~0u would tell SentencePiece to seed from std::random_device instead.
   sentencepiece::SetRandomGeneratorSeed(seed == ~0u ? 0u : seed);
   std::thread sampler([&] {
     try {
-      for (size_t i = 0; i < lines.size(); ++i) {
-        try {
-          encoded[i] = vocabulary.sample_encode(lines[i], alpha);
-        } catch (const Error& e) {
-          throw Error(where + ":" + std::to_string(i + 1) + ": " + e.what());
-        }
-      }
+      encoded = encode_each_line(lines, where, [&](const std::string& line) {
+        return vocabulary.sample_encode(line, alpha);
+      });
     } catch (...) {
       failure = std::current_exception();
     }
