@@ -95,20 +95,32 @@ stage "4/7 training for $minutes minutes (small preset: 3+3 layers, d_model 256,
 # BLEU 21.23 against 22.1 and 17.70 with 0.1, while 0.3 was at 75.7 against 42.8 by step 1,400.
 # Longer runs keep 0.1 (the 60-minute run's dev perplexity stalls after ~6k steps with it, but
 # 0.2 learns too slowly: dev perplexity 16.1 at step 6,000 of the 60-minute schedule, against
-# 11.4 at the end of the 0.1 run).
+# 11.4 at the end of the 0.1 run), add dropout 0.1 inside attention and the feed-forward layer
+# and smooth labels with 0.2 instead of the paper's 0.1: measured at 12,600 fixed steps of the
+# 60-minute schedule (an hour on an AMX machine), Acts BLEU 25.88 with the extra dropouts and
+# 26.56 with both, against 25.28 for the hour with dropout 0.1 alone.
 # These settings are saved with the run, so that a resumed run keeps its schedule.
 settings=$run/quickstart.settings
 if [ -f "$settings" ]; then
-  read -r warmup lr_factor every compute_type dropout < "$settings"
-  compute_type=${compute_type:-float32}  # runs saved before the compute type was recorded
-  dropout=${dropout:-0.1}                # runs saved before the dropout was recorded
+  read -r warmup lr_factor every compute_type dropout attention_dropout relu_dropout \
+    label_smoothing < "$settings"
+  # Runs saved before a field was recorded trained with the value then in force.
+  compute_type=${compute_type:-float32}
+  dropout=${dropout:-0.1}
+  attention_dropout=${attention_dropout:-0}
+  relu_dropout=${relu_dropout:-0}
+  label_smoothing=${label_smoothing:-0.1}
 else
   warmup=$(awk "BEGIN{w=int($minutes*40); if(w<400)w=400; if(w>1000)w=1000; print w}")
   lr_factor=$(awk "BEGIN{printf \"%.4f\", 2e-3 * sqrt($warmup) * sqrt(256)}")
   every=$(awk "BEGIN{e=int($minutes*5); if(e<50)e=50; print e}")
   compute_type=float32
   grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && compute_type=bfloat16
-  dropout=$(awk "BEGIN{print ($minutes <= 30) ? 0 : 0.1}")
+  if awk "BEGIN{exit !($minutes <= 30)}"; then
+    dropout=0 attention_dropout=0 relu_dropout=0 label_smoothing=0.1
+  else
+    dropout=0.1 attention_dropout=0.1 relu_dropout=0.1 label_smoothing=0.2
+  fi
 fi
 log_every=$(( every / 5 ))
 state=$(/usr/bin/python3 - "$run/checkpoint.safetensors" <<'EOF'
@@ -126,11 +138,12 @@ train_args=(train --model-dir "$run" --train-src "$corpus/train.en" --train-tgt 
             --valid-src "$corpus/dev.en" --valid-tgt "$corpus/dev.es" --vocabs "$vocab"
             --max-minutes "$minutes" --warmup "$warmup" --lr-factor "$lr_factor" --batch-tokens 4096
             --valid-every "$every" --save-every "$every" --log-every "$log_every" --keep 5
-            --compute-type "$compute_type" --dropout "$dropout")
+            --compute-type "$compute_type" --dropout "$dropout" --attention-dropout "$attention_dropout"
+            --relu-dropout "$relu_dropout" --label-smoothing "$label_smoothing")
 if [ "$state" = none ]; then
-  echo "warm-up $warmup steps to a learning rate of 2e-3 (noam factor $lr_factor); validation and snapshot every $every steps; products in $compute_type; dropout $dropout"
+  echo "warm-up $warmup steps to a learning rate of 2e-3 (noam factor $lr_factor); validation and snapshot every $every steps; products in $compute_type; dropout $dropout (attention $attention_dropout, feed-forward $relu_dropout); label smoothing $label_smoothing"
   mkdir -p "$run"
-  echo "$warmup $lr_factor $every $compute_type $dropout" > "$settings"
+  echo "$warmup $lr_factor $every $compute_type $dropout $attention_dropout $relu_dropout $label_smoothing" > "$settings"
   $bin "${train_args[@]}" --preset small
 else
   read -r done_steps done_seconds <<<"$state"
