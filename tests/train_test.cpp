@@ -344,6 +344,8 @@ TEST(Train, SentencePieceAlphasSampleEachEpochAndResumeBitForBit) {
   const auto steps = log_events(work.path("sa_straight"), "train");
   ASSERT_FALSE(steps.empty());
   ASSERT_GE(steps.back()["epoch"].get<int64_t>(), 2) << "the run must cross an epoch boundary";
+  // Each later epoch says what its sampled segmentation kept.
+  EXPECT_NE(r.err.find("train: epoch 2, segmentations sampled anew: "), std::string::npos) << r.err;
   // Stopped in the first epoch and in a later one, resumed without the flag: the checkpoint's
   // alpha is used, and the epoch's sampled segmentation is drawn again the same.
   r = work.run_cli(sampling + " --model-dir " + work.path("sa_halves") + " --max-steps 12");
@@ -362,6 +364,7 @@ TEST(Train, SentencePieceAlphasSampleEachEpochAndResumeBitForBit) {
   // "0.2" is "0.2 0.2".
   r = work.run_cli(base + " --model-dir " + work.path("sa_off") + " --max-steps 40");
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("segmentations sampled"), std::string::npos) << r.err;  // encoded once
   r = work.run_cli(base + " --sentencepiece-alphas 0.2 0 --model-dir " + work.path("sa_source") +
                    " --max-steps 40");
   ASSERT_EQ(r.exit_code, 0) << r.err;

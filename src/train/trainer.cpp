@@ -249,13 +249,6 @@ class TrainingRun {
       throw Error("--train-src and --train-tgt are required");
     train_text_ = read_parallel_text(o_.train_src, o_.train_tgt);
     encode_epoch();
-    if (primary_)
-      std::fprintf(stderr,
-                   "train: %lld pairs read, %lld used, %lld skipped (empty side), %lld skipped "
-                   "(longer than %lld tokens)\n",
-                   (long long)corpus_.lines, (long long)corpus_.sources.size(),
-                   (long long)corpus_.skipped_empty, (long long)corpus_.skipped_too_long,
-                   (long long)encoding.max_length);
     if (!o_.valid_src.empty() || !o_.valid_tgt.empty()) {
       if (o_.valid_src.empty() || o_.valid_tgt.empty())
         throw Error("give both --valid-src and --valid-tgt");
@@ -376,7 +369,10 @@ class TrainingRun {
   // This epoch's training pairs: the text encoded once, or with --sentencepiece-alphas a
   // segmentation sampled for each epoch from (seed, epoch), so a resumed run sees the same.
   // The text is kept only for sampling.
+  // What pairs the encoding kept is printed for the first epoch, and for each later one that
+  // samples (a sampled segmentation can make a pair longer than --max-length, or fit).
   void encode_epoch() {
+    const bool first = corpus_.lines == 0;
     if (samples_segmentations()) {
       encoding_.source_sampling_alpha = float(state_.sentencepiece_alphas[0]);
       encoding_.target_sampling_alpha = float(state_.sentencepiece_alphas[1]);
@@ -386,8 +382,20 @@ class TrainingRun {
     } else if (!train_text_.sources.empty()) {
       corpus_ = encode_parallel_text(train_text_, encoding_);
       train_text_ = {};
+    } else {
+      return;  // encoded once, for every epoch
     }
     if (corpus_.sources.empty()) throw Error(o_.train_src + ": no usable training pairs");
+    if (!primary_) return;
+    if (first)
+      std::fprintf(stderr, "train: %lld pairs read, ", (long long)corpus_.lines);
+    else
+      std::fprintf(stderr,
+                   "train: epoch %lld, segmentations sampled anew: ", (long long)state_.epoch + 1);
+    std::fprintf(stderr,
+                 "%lld used, %lld skipped (empty side), %lld skipped (longer than %lld tokens)\n",
+                 (long long)corpus_.sources.size(), (long long)corpus_.skipped_empty,
+                 (long long)corpus_.skipped_too_long, (long long)encoding_.max_length);
   }
 
   // The activation memory of this epoch's training passes (this rank's share of each batch)
