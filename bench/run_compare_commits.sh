@@ -13,13 +13,19 @@
 #   beam4_bf16   bench/decode_bench --beam 4 --compute-type bfloat16
 #   greedy_int8  bench/decode_bench --beam 1 --compute-type int8   (the model quantised at load)
 #   beam4_int8   bench/decode_bench --beam 4 --compute-type int8
+#   train_corpus `transformer train --preset small` on the quickstart corpus (out/corpus, made
+#                by the quickstart or scripts/prepare_corpus.py), bfloat16 where the CPU has
+#                AVX512-BF16, TRAIN_STEPS steps (700: into the second epoch, where batch shapes
+#                come again), whole process timed: real batches of every length, unlike
+#                train_bench's one shape; not in the default cases (~3 minutes a run)
 # and reports, per case, speed new/old (old median time / new median time; > 1: new is faster),
 # peak RSS of each, for decoding whether the outputs are the same token sequences, and for
 # training whether the loss after the timed steps is the same number. Writes
 # bench/results/compare_commits.{md,json}.
 #
 # usage: bench/run_compare_commits.sh OLD [NEW]     (commits; NEW defaults to HEAD)
-# env:   OMP_NUM_THREADS (default 2)  ROUNDS (3)  REPEATS (5)  CASES (all nine, space-separated)
+# env:   OMP_NUM_THREADS (default 2)  ROUNDS (3)  REPEATS (5)  CASES (the first nine, space-separated)
+#        TRAIN_STEPS (700, train_corpus)
 #        WORK_DIR (out/compare_commits: worktrees and builds are kept there and reused)
 # Takes about 8 minutes of building per commit, then about 2 minutes per round on 2 cores.
 set -euo pipefail
@@ -51,9 +57,16 @@ build_commit() {
   [[ -e "$work/shared" ]] || ln -s "$repo/../shared" "$work/shared"
   cmake -S "$tree" -B "$tree/build" -DCMAKE_BUILD_TYPE=Release -DTRANSFORMER_BENCH=ON \
     >/dev/null || fail "configuring $sha failed"
-  cmake --build "$tree/build" --target score_bench train_bench decode_bench -j2 >/dev/null ||
+  local targets=(score_bench train_bench decode_bench)
+  [[ " ${cases[*]} " == *" train_corpus "* ]] && targets+=(transformer_cli)
+  cmake --build "$tree/build" --target "${targets[@]}" -j2 >/dev/null ||
     fail "building the benches of $sha failed"
 }
+corpus=$repo/out/corpus
+if [[ " ${cases[*]} " == *" train_corpus "* ]]; then
+  [[ -f $corpus/train.en && -f $corpus/train.es ]] ||
+    fail "train_corpus needs the quickstart corpus: /usr/bin/python3 scripts/prepare_corpus.py --out out/corpus"
+fi
 echo "building $old and $new" >&2
 build_commit "$old"
 build_commit "$new"
@@ -68,6 +81,30 @@ mkdir -p "$data/score" "$data/decode"
 
 bf16=1
 grep -q avx512_bf16 /proc/cpuinfo || bf16=0
+if [[ " ${cases[*]} " == *" train_corpus "* && ! -f $data/corpus_vocab.spm ]]; then
+  "$work/tree-$new/build/transformer" vocab --input "$corpus/train.en" "$corpus/train.es" \
+    --size 8000 -o "$data/corpus_vocab.spm" >/dev/null 2>&1 || fail "transformer vocab failed"
+fi
+# One training run of the small preset on the corpus as a JSON line like the benches' (median_s:
+# the whole process; loss_last: the last logged training loss).
+train_corpus() {
+  local bin=$1 run="$data/train_corpus_run" type=float32
+  ((bf16)) && type=bfloat16
+  rm -rf "$run"
+  /usr/bin/time -f '%e %M' -o "$data/train_corpus.time" "$bin" train --model-dir "$run" \
+    --train-src "$corpus/train.en" --train-tgt "$corpus/train.es" \
+    --vocabs "$data/corpus_vocab.spm" --preset small --compute-type "$type" \
+    --max-steps "${TRAIN_STEPS:-700}" --batch-tokens 4096 --save-every 0 --valid-every 0 \
+    --log-every 100 --dropout 0.1 --seed 1 >/dev/null 2>&1 || return 1
+  "$python" - "$data/train_corpus.time" "$run/train.log.jsonl" "$OMP_NUM_THREADS" <<'PY'
+import json, sys
+seconds, rss_kib = open(sys.argv[1]).read().split()[-2:]
+steps = [e for e in map(json.loads, open(sys.argv[2])) if e.get("event") == "train"]
+print(json.dumps({"median_s": float(seconds), "peak_rss_mib": int(rss_kib) / 1024,
+                  "loss_last": steps[-1]["loss"], "steps": steps[-1]["step"],
+                  "threads": int(sys.argv[3])}))
+PY
+}
 run_case() {  # run_case CASE SHA: one JSON line on stdout
   local bin="$work/tree-$2/build/bench"
   case $1 in
@@ -84,6 +121,7 @@ run_case() {  # run_case CASE SHA: one JSON line on stdout
       --compute-type int8 ;;
     beam4_int8) "$bin/decode_bench" --work-dir "$data/decode" --beam 4 --repeats "$repeats" \
       --compute-type int8 ;;
+    train_corpus) train_corpus "$work/tree-$2/build/transformer" ;;
     *) fail "unknown case $1" ;;
   esac
 }
