@@ -40,6 +40,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 rounds=${ROUNDS:-3}
 repeats=${REPEATS:-5}
 cases=(${CASES:-score train train_bf16 greedy beam4 greedy_bf16 beam4_bf16 greedy_int8 beam4_int8})
+train_corpus_wanted=0
+[[ " ${cases[*]} " == *" train_corpus "* ]] && train_corpus_wanted=1
 work=${WORK_DIR:-out/compare_commits}
 python=/usr/bin/python3
 mkdir -p "$work"
@@ -58,12 +60,12 @@ build_commit() {
   cmake -S "$tree" -B "$tree/build" -DCMAKE_BUILD_TYPE=Release -DTRANSFORMER_BENCH=ON \
     >/dev/null || fail "configuring $sha failed"
   local targets=(score_bench train_bench decode_bench)
-  [[ " ${cases[*]} " == *" train_corpus "* ]] && targets+=(transformer_cli)
+  ((train_corpus_wanted)) && targets+=(transformer_cli)
   cmake --build "$tree/build" --target "${targets[@]}" -j2 >/dev/null ||
     fail "building the benches of $sha failed"
 }
 corpus=$repo/out/corpus
-if [[ " ${cases[*]} " == *" train_corpus "* ]]; then
+if ((train_corpus_wanted)); then
   [[ -f $corpus/train.en && -f $corpus/train.es ]] ||
     fail "train_corpus needs the quickstart corpus: /usr/bin/python3 scripts/prepare_corpus.py --out out/corpus"
 fi
@@ -81,21 +83,21 @@ mkdir -p "$data/score" "$data/decode"
 
 bf16=1
 grep -q avx512_bf16 /proc/cpuinfo || bf16=0
-if [[ " ${cases[*]} " == *" train_corpus "* && ! -f $data/corpus_vocab.spm ]]; then
+if ((train_corpus_wanted)) && [[ ! -f $data/corpus_vocab.spm ]]; then
   "$work/tree-$new/build/transformer" vocab --input "$corpus/train.en" "$corpus/train.es" \
     --size 8000 -o "$data/corpus_vocab.spm" >/dev/null 2>&1 || fail "transformer vocab failed"
 fi
 # One training run of the small preset on the corpus as a JSON line like the benches' (median_s:
 # the whole process; loss_last: the last logged training loss).
 train_corpus() {
-  local bin=$1 run="$data/train_corpus_run" type=float32
+  local bin=$1 run="$data/train_corpus_run" type=float32 steps=${TRAIN_STEPS:-700}
   ((bf16)) && type=bfloat16
   rm -rf "$run"
   /usr/bin/time -f '%e %M' -o "$data/train_corpus.time" "$bin" train --model-dir "$run" \
     --train-src "$corpus/train.en" --train-tgt "$corpus/train.es" \
     --vocabs "$data/corpus_vocab.spm" --preset small --compute-type "$type" \
-    --max-steps "${TRAIN_STEPS:-700}" --batch-tokens 4096 --save-every 0 --valid-every 0 \
-    --log-every 100 --dropout 0.1 --seed 1 >/dev/null 2>&1 || return 1
+    --max-steps "$steps" --batch-tokens 4096 --save-every 0 --valid-every 0 \
+    --log-every $((steps < 100 ? steps : 100)) --dropout 0.1 --seed 1 >/dev/null 2>&1 || return 1
   "$python" - "$data/train_corpus.time" "$run/train.log.jsonl" "$OMP_NUM_THREADS" <<'PY'
 import json, sys
 seconds, rss_kib = open(sys.argv[1]).read().split()[-2:]
