@@ -51,6 +51,18 @@ inline tfm::Precision precision_arg(int argc, char** argv, int& i, const char* u
   return precision;
 }
 
+// --compute-type of decoding (translate's names, int8_bfloat16 included): the products'
+// precision and the key/value cache's format.
+inline void compute_type_arg(int argc, char** argv, int& i, const char* usage,
+                             tfm::Precision& precision, tfm::CacheFormat& cache) {
+  if (i + 1 >= argc) usage_error(usage, "--compute-type needs a value");
+  const std::string type = argv[++i];
+  if (!tfm::parse_compute_type(type, precision, cache))
+    usage_error(usage, "--compute-type is float32, bfloat16, int8 or int8_bfloat16, not " + type);
+  if (!tfm::cpu_backend().supports(precision))
+    throw std::runtime_error("--compute-type " + type + ": this CPU cannot multiply in it");
+}
+
 inline long long int_arg(int argc, char** argv, int& i, const char* usage) {
   if (i + 1 >= argc) usage_error(usage, std::string(argv[i]) + " needs a value");
   const std::string text = argv[++i];

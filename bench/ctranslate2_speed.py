@@ -10,8 +10,12 @@ Why this file exists
     int8 export is read back with `transformer import-ctranslate2`, which keeps its int8 weights
     and row scales as they are, so both sides multiply the very same int8 weights. Then,
     for several rounds, alternating which side goes first, each case runs both command lines:
-      ours:  transformer translate --compute-type float32|int8 --beam 1|4  (int8: the import)
+      ours:  transformer translate --compute-type float32|int8|int8_bfloat16 --beam 1|4
+             (int8 and int8_bfloat16: the import)
       CT2:   ct2-translator --compute_type float32|int8 --beam_size 1|4 --intra_threads 2
+    Our int8_bfloat16 (int8 products, the decoder's key/value cache in bfloat16) runs against
+    CTranslate2's int8: CTranslate2 has no bfloat16 on CPUs (its mayiuse_bfloat16 is false for
+    Device::CPU, so it refuses int8_bfloat16 there), and int8 is what its users deploy.
     on the same 32 sentences of 32 random tokens, every output forced to exactly 32 tokens on
     both sides (minimum = maximum length; length penalty 0), one batch of 32 sentences each.
     The time is the whole process (loading the model included), the memory its peak resident set
@@ -22,7 +26,7 @@ How to run
     bash bench/build_ctranslate2.sh SRC PREFIX       (once; CTranslate2 4.x sources)
     bash scripts/build.sh
     python3 bench/ctranslate2_speed.py --ct2 PREFIX [--rounds 5] [--work-dir DIR]
-    Writes bench/results/ctranslate2_speed.{md,json}. About 3 minutes on 2 cores.
+    Writes bench/results/ctranslate2_speed.{md,json}. About 4 minutes on 2 cores.
 """
 
 import argparse
@@ -45,7 +49,10 @@ VOCAB = 8000
 SENTENCES = 32
 TOKENS = 32
 THREADS = 2
-CASES = [("float32", 1), ("float32", 4), ("int8", 1), ("int8", 4)]
+CASES = [("float32", 1), ("float32", 4), ("int8", 1), ("int8", 4), ("int8_bfloat16", 1),
+         ("int8_bfloat16", 4)]
+# The compute type CTranslate2 runs against each of ours.
+CT2_COMPUTE_TYPE = {"float32": "float32", "int8": "int8", "int8_bfloat16": "int8"}
 
 
 def cpu_name():
@@ -103,7 +110,7 @@ def prepare(work, seed):
     with open(source, "w") as f:
         for _ in range(SENTENCES):
             f.write(" ".join(tokens[rng.randrange(4, VOCAB)] for _ in range(TOKENS)) + "\n")
-    return {"float32": ours, "int8": ours_int8}, exports, source
+    return {"float32": ours, "int8": ours_int8, "int8_bfloat16": ours_int8}, exports, source
 
 
 def commands(args, ours, exports, source, compute_type, beam):
@@ -112,11 +119,12 @@ def commands(args, ours, exports, source, compute_type, beam):
                "--max-length-a", "0", "--max-length-b", str(TOKENS),
                "--batch-tokens", str(SENTENCES * (TOKENS + 1) * beam),
                "--compute-type", compute_type]
-    ct2_cmd = [os.path.join(args.ct2, "bin", "ct2-translator"), "--model", exports[compute_type],
+    ct2_type = CT2_COMPUTE_TYPE[compute_type]
+    ct2_cmd = [os.path.join(args.ct2, "bin", "ct2-translator"), "--model", exports[ct2_type],
                "--src", source, "--beam_size", str(beam), "--length_penalty", "0",
                "--min_decoding_length", str(TOKENS), "--max_decoding_length", str(TOKENS),
                "--batch_size", str(SENTENCES), "--intra_threads", str(THREADS),
-               "--inter_threads", "1", "--compute_type", compute_type]
+               "--inter_threads", "1", "--compute_type", ct2_type]
     return our_cmd, ct2_cmd
 
 
@@ -156,7 +164,8 @@ def main():
               "cpu": cpu_name(), "threads": THREADS, "rounds": args.rounds,
               "sentences": SENTENCES, "tokens": TOKENS, "vocab": VOCAB, "cases": []}
     for compute_type, beam in CASES:
-        entry = {"compute_type": compute_type, "beam": beam}
+        entry = {"compute_type": compute_type, "ct2_compute_type": CT2_COMPUTE_TYPE[compute_type],
+                 "beam": beam}
         for side in ("ours", "ct2"):
             runs = samples[(compute_type, beam, side)]
             entry[side + "_seconds"] = statistics.median(s for s, _ in runs)
@@ -183,8 +192,9 @@ def main():
              "| case | ours s | CTranslate2 s | speed ours/CT2 | ours peak RSS MiB | CT2 peak RSS MiB | same outputs |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for e in report["cases"]:
-        lines.append("| %s, %s | %.3f | %.3f | %.2f | %.0f | %.0f | %d/%d |" % (
-            e["compute_type"], "greedy" if e["beam"] == 1 else "beam %d" % e["beam"], e["ours_seconds"],
+        against = "" if e["ct2_compute_type"] == e["compute_type"] else " (CT2 %s)" % e["ct2_compute_type"]
+        lines.append("| %s%s, %s | %.3f | %.3f | %.2f | %.0f | %.0f | %d/%d |" % (
+            e["compute_type"], against, "greedy" if e["beam"] == 1 else "beam %d" % e["beam"], e["ours_seconds"],
             e["ct2_seconds"], e["speed_ours_over_ct2"], e["ours_peak_rss_mib"], e["ct2_peak_rss_mib"],
             e["identical_outputs"], SENTENCES))
     lines += ["", "Reproduce: `python3 bench/ctranslate2_speed.py --ct2 PREFIX` (CTranslate2 built by "

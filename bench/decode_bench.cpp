@@ -70,6 +70,7 @@ struct Options {
   bool profile = false;
   bool prepare_only = false;                            // write model + ids, time nothing
   tfm::Precision precision = tfm::Precision::kFloat32;  // of the weight products
+  tfm::CacheFormat cache = tfm::CacheFormat::kFloat32;  // of the key/value cache
 };
 
 const char* kUsage =
@@ -81,7 +82,9 @@ const char* kUsage =
     "otherwise\n"
     "  --prepare-only       write a fresh model and sources into DIR, then exit\n"
     "  --beam N             1: greedy (default 1)\n"
-    "  --compute-type T     float32 (default), bfloat16 or int8 (translate --compute-type)\n"
+    "  --compute-type T     float32 (default), bfloat16, int8 or int8_bfloat16 (translate\n"
+    "                       --compute-type)\n"
+    "  --cache F            key/value cache float32 or bfloat16 (default: the compute type's)\n"
     "  --repeats N          timed searches after warm-up (default 5)\n"
     "  --warmup N           untimed searches first (default 1)\n"
     "  --profile            also replay the search's decoder calls on the same shapes to split\n"
@@ -111,7 +114,13 @@ Options parse_options(int argc, char** argv) {
     } else if (a == "--beam") {
       o.beam = int(int_value(i));
     } else if (a == "--compute-type") {
-      o.precision = bench::precision_arg(argc, argv, i, kUsage);
+      bench::compute_type_arg(argc, argv, i, kUsage, o.precision, o.cache);
+    } else if (a == "--cache") {
+      if (i + 1 >= argc) usage_error("--cache needs a value");
+      const std::string format = argv[++i];
+      if (format != "float32" && format != "bfloat16")
+        usage_error("--cache is float32 or bfloat16, not " + format);
+      o.cache = format == "bfloat16" ? tfm::CacheFormat::kBFloat16 : tfm::CacheFormat::kFloat32;
     } else if (a == "--repeats") {
       o.repeats = int(int_value(i));
     } else if (a == "--warmup") {
@@ -194,7 +203,7 @@ double search_flops(const tfm::ModelConfig& c, double batch, double src_len, dou
 // the vocabulary per hypothesis), hypothesis copies, and everything else search() does itself.
 nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources, int64_t beam,
                               int64_t out_len, int repeats, double search_median,
-                              tfm::Precision precision) {
+                              tfm::Precision precision, tfm::CacheFormat cache_format) {
   const tfm::ModelConfig& c = model.config();
   const int64_t batch = int64_t(sources.size()), d = c.d_model, vocab = c.tgt_vocab_size;
   std::vector<double> encoder_t, setup_t, step_t, reorder_t, projection_t;
@@ -206,7 +215,8 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     tfm::encoder_forward(model, model.sequence_weights(precision, hold), tb, {}, cache);
     double t1 = now_seconds();
     tfm::IncrementalDecoder decoder(model, cache.memory.data(), batch, tb.src_len,
-                                    tb.src_lengths.data(), out_len + 1, batch * beam, precision);
+                                    tb.src_lengths.data(), out_len + 1, batch * beam, precision,
+                                    cache_format);
     std::vector<int32_t> hypothesis_sentence(static_cast<size_t>(batch));
     std::iota(hypothesis_sentence.begin(), hypothesis_sentence.end(), 0);
     decoder.start(hypothesis_sentence);
@@ -300,6 +310,7 @@ int run(const Options& o) {
   search_options.max_length_b = o.out_len;
   search_options.nbest = 1;
   search_options.precision = o.precision;
+  search_options.cache = o.cache;
 
   std::vector<std::vector<tfm::Hypothesis>> results;
   auto decode = [&] { results = tfm::search(model, sources, {}, search_options); };
@@ -322,7 +333,7 @@ int run(const Options& o) {
   nlohmann::json phases = nullptr;
   if (o.profile)
     phases = profile_search(model, sources, o.beam, o.out_len, o.phase_repeats, median_seconds,
-                            search_options.precision);
+                            search_options.precision, search_options.cache);
 
   const int64_t batch = int64_t(sources.size()),
                 src_len = int64_t(sources[0].size()) + (config.src_append_eos ? 1 : 0);
@@ -332,12 +343,13 @@ int run(const Options& o) {
 
   nlohmann::json line =
       bench::common_fields(median_seconds, all_seconds, generated, rss_mib, flops, gemm_peak);
+  const bool bfloat16_cache = o.cache == tfm::CacheFormat::kBFloat16;
+  const std::string compute_type = tfm::compute_type_name(o.precision, o.cache);
   line.update({
       {"side", std::string(o.beam == 1 ? "ours-greedy" : "ours-beam") +
-                   (o.precision == tfm::Precision::kFloat32
-                        ? ""
-                        : std::string("-") + tfm::precision_name(o.precision))},
-      {"compute_type", tfm::precision_name(o.precision)},
+                   (compute_type == "float32" ? "" : "-" + compute_type)},
+      {"compute_type", compute_type},
+      {"cache", bfloat16_cache ? "bfloat16" : "float32"},
       {"beam", o.beam},
       {"batch", batch},
       {"src_len", src_len},

@@ -104,6 +104,15 @@ class MemoryCheckingBackend : public Backend {
     const Access attention_access = check_attention("attention_forward", shape, mask, dropout);
     cpu().attention_forward(shape, mask, q, k, v, probs, out, dropout);
   }
+  void attention_forward_bfloat16_cache(const AttentionShape& shape, const AttentionMask& mask,
+                                        const float* q, const uint16_t* k, const uint16_t* v,
+                                        float* probs, float* out) const override {
+    const Access access = check("attention_forward_bfloat16_cache",
+                                {{"q", q}, {"k", k}, {"v", v}, {"probs", probs}, {"out", out}});
+    const Access attention_access =
+        check_attention("attention_forward_bfloat16_cache", shape, mask, {});
+    cpu().attention_forward_bfloat16_cache(shape, mask, q, k, v, probs, out);
+  }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
@@ -319,6 +328,11 @@ class MemoryCheckingBackend : public Backend {
     const Access access = check("scatter_rows", {{"x", x}, {"rows", rows}, {"y", y}});
     cpu().scatter_rows(x, ldx, rows, count, d, y, ldy);
   }
+  void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                                int64_t d, uint16_t* y, int64_t ldy) const override {
+    const Access access = check("scatter_rows_to_bfloat16", {{"x", x}, {"rows", rows}, {"y", y}});
+    cpu().scatter_rows_to_bfloat16(x, ldx, rows, count, d, y, ldy);
+  }
 
  private:
   // The CPU's prepared matrix, its multiply checked the same way.
@@ -531,21 +545,23 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
   EXPECT_EQ(int64_t(logprobs.size()), batch_.batch * batch_.tgt_len);
 
   // Decoding: greedy and beam 4 with the kept cross-attention (mean and per head), in every
-  // precision of the backend.
+  // precision of the backend, with a float32 and a bfloat16 key/value cache.
   const std::vector<std::vector<int32_t>>& sources = sources_;
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kInt8}) {
     if (!backend_.supports(precision)) continue;
-    for (int64_t beam : {1, 4})
-      for (bool per_head : {false, true}) {
-        SearchOptions o;
-        o.beam = beam;
-        o.max_length_b = 6;
-        o.attention = true;
-        o.attention_per_head = per_head;
-        o.precision = precision;
-        const auto found = search(model, sources, {}, o);
-        EXPECT_EQ(found.size(), sources.size());
-      }
+    for (CacheFormat cache : {CacheFormat::kFloat32, CacheFormat::kBFloat16})
+      for (int64_t beam : {1, 4})
+        for (bool per_head : {false, true}) {
+          SearchOptions o;
+          o.beam = beam;
+          o.max_length_b = 6;
+          o.attention = true;
+          o.attention_per_head = per_head;
+          o.precision = precision;
+          o.cache = cache;
+          const auto found = search(model, sources, {}, o);
+          EXPECT_EQ(found.size(), sources.size());
+        }
   }
   // A model loaded for int8 inference (quantised as it is read, and from a file that stores
   // int8): its int8 weights are the backend's memory too.

@@ -589,9 +589,26 @@ TEST_P(BackendOps, AttentionBandedForwardAndBackwardMatchFloat64) {
     }
 }
 
+// x rounded to bfloat16 (nearest even), and the same values widened back to float: what a
+// bfloat16 key/value cache holds, and the float copy a float32 reference reads instead.
+struct RoundedCopy {
+  std::vector<uint16_t> bits;
+  std::vector<float> widened;
+};
+RoundedCopy rounded_copy(const std::vector<float>& x) {
+  RoundedCopy r;
+  for (float v : x) {
+    r.bits.push_back(float_to_bfloat16(v));
+    r.widened.push_back(bfloat16_to_float(r.bits.back()));
+  }
+  return r;
+}
+
 // Incremental decoding's single query over cached rows (key_rows) and the hypotheses of one
 // sentence sharing its encoder keys (key_batch), against the dense reference on gathered copies.
-// Head sizes 5 and 64 (the base and big models', which the CPU compiles separately).
+// Head sizes 5 and 64 (the base and big models', which the CPU compiles separately). The same
+// over a bfloat16 cache (attention_forward_bfloat16_cache): the reference reads the rounded
+// values widened to float, so only float rounding separates the two.
 TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
   for (int64_t head_dim : {5, 64})
     for (AttentionScoring scoring : kScorings) {
@@ -637,6 +654,17 @@ TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
       for (size_t i = 0; i < out.size(); ++i)
         ASSERT_NEAR(out[i], expected[i], 1e-5)
             << "cached rows, scoring " << int(scoring) << ", head size " << head_dim;
+      {  // the same rows cached in bfloat16
+        const RoundedCopy pool_k16 = rounded_copy(pool_k), pool_v16 = rounded_copy(pool_v);
+        std::fill(out.begin(), out.end(), 7.f);
+        be().attention_forward_bfloat16_cache(cached, mask, q.data(), pool_k16.bits.data(),
+                                              pool_v16.bits.data(), nullptr, out.data());
+        be().attention_forward(cached, mask, q.data(), pool_k16.widened.data(),
+                               pool_v16.widened.data(), nullptr, expected.data(), {});
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], expected[i], 1e-6)
+              << "bfloat16 cached rows, scoring " << int(scoring) << ", head size " << head_dim;
+      }
 
       // key_batch: queries 0..3 read key sequences {1, 1, 0, 2} of 3 (lengths 5, 2, 4).
       const int32_t key_batch[] = {1, 1, 0, 2};
@@ -664,6 +692,28 @@ TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
       for (size_t i = 0; i < out.size(); ++i)
         ASSERT_NEAR(out[i], expected[i], 1e-5)
             << "key batches, scoring " << int(scoring) << ", head size " << head_dim;
+      {  // the shared keys and values in bfloat16, the weights kept
+        const RoundedCopy keys16 = rounded_copy(keys), values16 = rounded_copy(values);
+        std::vector<float> out16(out.size(), 7.f), probs16(probs.size(), 7.f);
+        be().attention_forward_bfloat16_cache(dense, shared, q.data(), keys16.bits.data(),
+                                              values16.bits.data(), probs16.data(), out16.data());
+        std::vector<float> widened_probs(probs.size());
+        be().attention_forward(dense, shared, q.data(), keys16.widened.data(),
+                               values16.widened.data(), widened_probs.data(), expected.data(), {});
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out16[i], expected[i], 1e-6)
+              << "bfloat16 key batches, scoring " << int(scoring) << ", head size " << head_dim;
+        for (size_t i = 0; i < probs.size(); ++i)
+          ASSERT_NEAR(probs16[i], widened_probs[i], 1e-6) << "bfloat16 weights " << i;
+        // Rounding moved the output, but only by rounding: each key and value element moves by at
+        // most 2^-9 of itself (nearest, 8-bit mantissa), which moves these outputs (standard
+        // normal inputs, up to 64 terms a logit) by 0.016 at most.
+        double moved = 0;
+        for (size_t i = 0; i < out.size(); ++i)
+          moved = std::max(moved, double(std::abs(out16[i] - out[i])));
+        EXPECT_GT(moved, 0.0);
+        EXPECT_LT(moved, 5e-2);
+      }
       for (int64_t b = 0; b < s.batch; ++b)  // the kept weights: [batch, heads, key_len]
         for (int64_t h = 0; h < s.heads; ++h) {
           double sum = 0;
@@ -1159,6 +1209,15 @@ TEST_P(BackendOps, CopyFillGatherAndScatterRows) {
     for (int64_t c = 0; c < ldy; ++c)
       ASSERT_EQ(scattered[size_t(r * ldy + c)],
                 written && c < d ? source[size_t(r * ldx + c)] : 3.f);
+  }
+  // Into a bfloat16 cache: each element rounded to nearest even, the rest untouched.
+  std::vector<uint16_t> scattered16(size_t(source_rows * ldy), 0x4040);  // 3.0
+  be().scatter_rows_to_bfloat16(gathered.data(), ldy, rows.data(), 4, d, scattered16.data(), ldy);
+  for (int64_t r = 0; r < source_rows; ++r) {
+    const bool written = std::find(rows.begin(), rows.end(), r) != rows.end();
+    for (int64_t c = 0; c < ldy; ++c)
+      ASSERT_EQ(scattered16[size_t(r * ldy + c)],
+                written && c < d ? float_to_bfloat16(source[size_t(r * ldx + c)]) : 0x4040);
   }
 }
 

@@ -219,6 +219,12 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
     r = work.run_cli(int8_translate);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, "a t z m o n\n");
+    // int8_bfloat16: scoring has no decoder cache to keep in bfloat16, so it scores as int8.
+    const std::string int8_score_out = work.run_cli(int8_score).out;
+    r = work.run_cli("score --compute-type int8_bfloat16 --model " + work.path("aren") + " --src " +
+                     work.path("ar.txt") + " --tgt " + work.path("en.txt"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, int8_score_out);
   } else {
     expect_error(work.run_cli(int8_score), 1, {"VNNI"});
   }
@@ -238,7 +244,7 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
     EXPECT_EQ(header.dtypes.at("tgt_embed.weight"), "I8");
   }
   const bool vnni = tfm::cpu_backend().supports(tfm::Precision::kInt8);
-  for (const char* type : {"float32", "int8", "default"}) {
+  for (const char* type : {"float32", "int8", "int8_bfloat16", "default"}) {
     if (std::string(type) != "float32" && !vnni) continue;
     r = work.run_cli(std::string("translate --compute-type ") + type + " --model " +
                      work.path("aren_i8") + " -i " + work.path("ar.txt"));

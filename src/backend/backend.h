@@ -81,6 +81,12 @@ class Backend {
   virtual void attention_forward(const AttentionShape& shape, const AttentionMask& mask,
                                  const float* q, const float* k, const float* v, float* probs,
                                  float* out, const AttentionDropout& dropout) const = 0;
+  // Incremental decoding over a key/value cache stored in bfloat16 (row strides in elements):
+  // attention_forward for shape.query_len 1 without dropout, q, probs and out in float.
+  virtual void attention_forward_bfloat16_cache(const AttentionShape& shape,
+                                                const AttentionMask& mask, const float* q,
+                                                const uint16_t* k, const uint16_t* v, float* probs,
+                                                float* out) const = 0;
   // dq, dk, dv (= , in the layouts of q, k, v) from d_out and the forward's probs and dropout
   // mask; d_additive_v [heads, head_dim] += with additive scores.
   virtual void attention_backward(const AttentionShape& shape, const AttentionMask& mask,
@@ -201,6 +207,11 @@ class Backend {
   // y[rows[r]] = x[r] for r < count (rows distinct); strides ldx, ldy.
   virtual void scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                             int64_t d, float* y, int64_t ldy) const = 0;
+  // y[rows[r]] = x[r] rounded to bfloat16 (nearest, ties to even), as scatter_rows: a bfloat16
+  // key/value cache's append.
+  virtual void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows,
+                                        int64_t count, int64_t d, uint16_t* y,
+                                        int64_t ldy) const = 0;
 };
 
 // The CPU backend: oneDNN products and the SIMD/OpenMP kernels of backend/cpu/.

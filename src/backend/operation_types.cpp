@@ -24,4 +24,19 @@ bool parse_precision(const std::string& name, Precision& precision) {
   return false;
 }
 
+bool parse_compute_type(const std::string& name, Precision& precision, CacheFormat& cache) {
+  const bool int8_bfloat16 = name == "int8_bfloat16";
+  Precision parsed = Precision::kInt8;
+  if (!int8_bfloat16 && !parse_precision(name, parsed)) return false;
+  precision = parsed;
+  cache = int8_bfloat16 || parsed == Precision::kBFloat16 ? CacheFormat::kBFloat16
+                                                          : CacheFormat::kFloat32;
+  return true;
+}
+
+std::string compute_type_name(Precision precision, CacheFormat cache) {
+  if (precision == Precision::kInt8 && cache == CacheFormat::kBFloat16) return "int8_bfloat16";
+  return precision_name(precision);
+}
+
 }  // namespace tfm

@@ -22,6 +22,19 @@ const char* precision_name(Precision precision);
 // The precision of such a name; false for any other string.
 bool parse_precision(const std::string& name, Precision& precision);
 
+// The element type of incremental decoding's key/value cache (the keys and values every
+// decoding step reads again): float32, or bfloat16 — half the bytes, which is what a step over a
+// long cache waits for; rows are rounded to nearest even as they are written.
+enum class CacheFormat { kFloat32, kBFloat16 };
+
+// A --compute-type name as CTranslate2 spells them: "float32", "bfloat16" (products and the
+// cache in bfloat16), "int8" (int8 products, float32 elsewhere) or "int8_bfloat16" (int8
+// products, the cache in bfloat16). False, and nothing set, for any other string.
+bool parse_compute_type(const std::string& name, Precision& precision, CacheFormat& cache);
+// The name parse_compute_type reads back ("int8_bfloat16" for int8 with a bfloat16 cache; a
+// float32 cache under bfloat16 products, which no name gives, is called "bfloat16").
+std::string compute_type_name(Precision precision, CacheFormat cache);
+
 // One operand of a matrix product (Backend::matmul): float32 values, and for a bfloat16 product
 // optionally the same values already rounded to bfloat16 (Backend::round_to_bfloat16: dense,
 // [rows, cols] as stored, row stride cols), which the product then reads instead of rounding

@@ -21,10 +21,12 @@ void ComputeTypeOption::add_to(CLI::App& app) {
                  "Number format of every weight product (encoder, decoder, output projection): "
                  "default (the model file's own: int8 if it stores int8 weights, else "
                  "float32); float32; bfloat16 (half the weight memory, faster on CPUs with "
-                 "AVX512-BF16; log-probabilities move by ~1e-2); int8 (a quarter of the weight "
-                 "memory, a scale per weight row and per activation row, integer products; "
-                 "CPUs with VNNI)")
-      ->check(CLI::IsMember({"default", "float32", "bfloat16", "int8"}))
+                 "AVX512-BF16; log-probabilities move by ~1e-2; decoding keeps its cached keys "
+                 "and values in bfloat16 too); int8 (a quarter of the weight memory, a scale "
+                 "per weight row and per activation row, integer products; CPUs with VNNI); "
+                 "int8_bfloat16 (int8 products, decoding's cached keys and values in bfloat16: "
+                 "half the bytes a step reads; score: the same as int8)")
+      ->check(CLI::IsMember({"default", "float32", "bfloat16", "int8", "int8_bfloat16"}))
       ->capture_default_str();
 }
 
@@ -38,15 +40,25 @@ Precision ComputeTypeOption::resolve(const Backend& backend, const std::string& 
                   "--compute-type float32 runs it in float32");
     return precision;
   }
-  if (!parse_precision(name, precision))
-    throw Error("--compute-type must be default, float32, bfloat16 or int8, not \"" + name + "\"");
+  CacheFormat cache = CacheFormat::kFloat32;
+  if (!parse_compute_type(name, precision, cache))
+    throw Error("--compute-type must be default, float32, bfloat16, int8 or int8_bfloat16, not \"" +
+                name + "\"");
   if (backend.supports(precision)) return precision;
   if (backend.name() != "cpu")
     throw Error("--compute-type " + name + " is not supported by device " + backend.name());
   throw Error(precision == Precision::kBFloat16
                   ? "--compute-type bfloat16 needs a CPU with AVX512-BF16 instructions"
-                  : "--compute-type int8 needs a CPU with int8 dot-product instructions "
-                    "(AVX512-VNNI or AVX-VNNI)");
+                  : "--compute-type " + name +
+                        " needs a CPU with int8 dot-product instructions (AVX512-VNNI or "
+                        "AVX-VNNI)");
+}
+
+CacheFormat ComputeTypeOption::cache_format() const {
+  Precision precision = Precision::kFloat32;
+  CacheFormat cache = CacheFormat::kFloat32;  // "default" as well
+  parse_compute_type(name, precision, cache);
+  return cache;
 }
 
 }  // namespace tfm

@@ -27,6 +27,7 @@ void SearchFlags::add_to(CLI::App& app) {
 SearchOptions SearchFlags::resolve(const Backend& backend, const std::string& model_path) const {
   SearchOptions s = search;
   s.precision = compute_type.resolve(backend, model_path);
+  s.cache = compute_type.cache_format();
   return s;
 }
 

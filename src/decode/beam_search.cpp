@@ -77,7 +77,7 @@ class BeamSearch {
     encode();
     IncrementalDecoder decoder(model_, memory_.data(), sentences_, batch_.src_len,
                                batch_.src_lengths.data(), longest_ + 1, sentences_ * o_.beam,
-                               o_.precision);
+                               o_.precision, o_.cache);
     live_.resize(size_t(sentences_));
     live_sentence_.resize(size_t(sentences_));
     std::iota(live_sentence_.begin(), live_sentence_.end(), 0);

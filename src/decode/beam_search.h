@@ -25,6 +25,8 @@ struct SearchOptions {
   bool attention_per_head = false;  // every head, else the mean over heads
   // The number format of every weight product (encoder, decoder, output projection).
   Precision precision = Precision::kFloat32;
+  // The element type of the decoder's cached keys/values (self- and cross-attention).
+  CacheFormat cache = CacheFormat::kFloat32;
 };
 
 struct Hypothesis {

@@ -12,27 +12,45 @@ namespace tfm {
 IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, int64_t sentences,
                                        int64_t src_len, const int32_t* src_lengths,
                                        int64_t max_steps, int64_t max_hypotheses,
-                                       Precision precision)
+                                       Precision precision, CacheFormat cache)
     : model_(model),
       prepared_(model.prepared(precision)),
       src_len_(src_len),
       max_steps_(max_steps),
-      max_hypotheses_(max_hypotheses) {
+      max_hypotheses_(max_hypotheses),
+      cache_(cache) {
   const ModelConfig& c = model.config();
   const int64_t d = c.d_model, rows = sentences * src_len;
   const Backend& backend = model.backend();
   upload(backend, src_lengths, sentences, device_src_lengths_);
   const size_t layers = prepared_->steps.decoder_layers.size();
-  cross_kv_.resize(layers);
-  self_keys_.resize(layers);
-  self_values_.resize(layers);
-  for (size_t l = 0; l < layers; ++l) {
-    linear_forward(backend, prepared_->steps.decoder_layers[l].cross_attn.kv, memory, rows,
-                   cross_kv_[l].allocate_uninitialized(backend, rows * 2 * d));  // K|V stacked
-    // Untouched pages cost nothing: only the rows the steps write are ever mapped.
-    self_keys_[l].allocate_uninitialized(backend, max_steps * max_hypotheses * d);
-    self_values_[l].allocate_uninitialized(backend, max_steps * max_hypotheses * d);
+  const bool bfloat16 = cache == CacheFormat::kBFloat16;
+  const int64_t self_size = max_steps * max_hypotheses * d;
+  cross_kv_.resize(bfloat16 ? 1 : layers);  // bfloat16: one float32 buffer to round from
+  if (bfloat16) {
+    bfloat16_cross_kv_.resize(layers);
+    bfloat16_self_keys_.resize(layers);
+    bfloat16_self_values_.resize(layers);
+  } else {
+    self_keys_.resize(layers);
+    self_values_.resize(layers);
   }
+  for (size_t l = 0; l < layers; ++l) {
+    float* cross_kv = ensure_size(backend, cross_kv_[bfloat16 ? 0 : l], rows * 2 * d);  // K|V
+    linear_forward(backend, prepared_->steps.decoder_layers[l].cross_attn.kv, memory, rows,
+                   cross_kv);
+    // Untouched pages cost nothing: only the rows the steps write are ever mapped.
+    if (!bfloat16) {
+      self_keys_[l].allocate_uninitialized(backend, self_size);
+      self_values_[l].allocate_uninitialized(backend, self_size);
+      continue;
+    }
+    backend.round_to_bfloat16(cross_kv, rows, 2 * d, 2 * d,
+                              bfloat16_cross_kv_[l].allocate_uninitialized(backend, rows * 2 * d));
+    bfloat16_self_keys_[l].allocate_uninitialized(backend, self_size);
+    bfloat16_self_values_[l].allocate_uninitialized(backend, self_size);
+  }
+  if (bfloat16) cross_kv_.clear();
   history_.resize(size_t(max_hypotheses * max_steps));
   reordered_history_.resize(history_.size());
   layer_cache_.self_attn.keep_weights = false;
@@ -76,17 +94,25 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
   }
 
   for (int64_t layer = 0; layer < c.decoder_layers; ++layer) {
-    float* cross_kv = cross_kv_[size_t(layer)].data();  // [sentences, S, 2D]: keys | values
     DecoderStep step;
     step.position = t;
     step.sentence_of_query = sentence;
-    step.self = {self_keys_[size_t(layer)].data(),
-                 self_values_[size_t(layer)].data(),
-                 d,
-                 history,
-                 max_steps_,
-                 append_rows};
-    step.cross = {cross_kv, cross_kv + d, 2 * d, nullptr, 0, nullptr};
+    step.self.row_stride = d;
+    step.self.key_rows = history;
+    step.self.key_rows_stride = max_steps_;
+    step.self.append_rows = append_rows;
+    step.cross.row_stride = 2 * d;  // [sentences, S, 2D]: keys | values
+    if (cache_ == CacheFormat::kBFloat16) {
+      step.self.bfloat16_keys = bfloat16_self_keys_[size_t(layer)].data();
+      step.self.bfloat16_values = bfloat16_self_values_[size_t(layer)].data();
+      step.cross.bfloat16_keys = bfloat16_cross_kv_[size_t(layer)].data();
+      step.cross.bfloat16_values = step.cross.bfloat16_keys + d;
+    } else {
+      step.self.keys = self_keys_[size_t(layer)].data();
+      step.self.values = self_values_[size_t(layer)].data();
+      step.cross.keys = cross_kv_[size_t(layer)].data();
+      step.cross.values = step.cross.keys + d;
+    }
     const bool keep = cross_attention && layer == kept_layer;
     layer_cache_.cross_attn.keep_weights = keep;
     decoder_layer_forward(backend, c, w.decoder_layers[size_t(layer)], x, n, 1, nullptr, nullptr,

@@ -21,10 +21,12 @@ class IncrementalDecoder {
  public:
   // memory: [sentences, src_len, D] encoder output in the backend's memory, which must stay
   // valid while decoding; src_lengths: [sentences] on the host (copied). max_steps bounds the
-  // positions, max_hypotheses the live set; precision is that of the weight products.
+  // positions, max_hypotheses the live set; precision is that of the weight products, cache
+  // the element type of the self- and cross-attention keys/values kept for the steps.
   IncrementalDecoder(const Model& model, const float* memory, int64_t sentences, int64_t src_len,
                      const int32_t* src_lengths, int64_t max_steps, int64_t max_hypotheses,
-                     Precision precision = Precision::kFloat32);
+                     Precision precision = Precision::kFloat32,
+                     CacheFormat cache = CacheFormat::kFloat32);
 
   // Starts `hypothesis_sentence.size()` hypotheses (sentence index of each) at position 0.
   void start(const std::vector<int32_t>& hypothesis_sentence);
@@ -47,6 +49,7 @@ class IncrementalDecoder {
   const Model& model_;
   std::shared_ptr<const PreparedWeights> prepared_;
   int64_t src_len_, max_steps_, max_hypotheses_;
+  CacheFormat cache_;
   int64_t position_ = 0;
   // The host keeps the bookkeeping below and uploads what a step's operations read into the
   // device_ buffers.
@@ -56,7 +59,9 @@ class IncrementalDecoder {
   // slot's rows before t may still serve other hypotheses (its old self's descendants); rows at
   // t are new, so writing them never disturbs a history. Slot-major keeps a hypothesis' rows
   // mostly contiguous (always, in greedy search), which the attention reads far faster.
+  // One of the two pairs is allocated, as the cache format says.
   std::vector<DeviceBuffer<float>> self_keys_, self_values_;
+  std::vector<DeviceBuffer<uint16_t>> bfloat16_self_keys_, bfloat16_self_values_;
   // Cache row holding position j of hypothesis i: history_[i * max_steps + j], j < position.
   std::vector<int32_t> history_, reordered_history_;  // [max_hypotheses, max_steps]
   std::vector<int64_t> append_rows_;                  // [N] history_'s rows at this position
@@ -68,9 +73,10 @@ class IncrementalDecoder {
   DeviceBuffer<int64_t> device_append_rows_;          // [N]
   DeviceBuffer<int64_t> device_head_rows_;            // [H, N]
   std::vector<DeviceBuffer<float>> cross_kv_;         // per layer [sentences, S, 2D]: keys | values
-  DeviceBuffer<float> x_;                             // [N, D] residual stream
-  DecoderLayerCache layer_cache_;                     // the layer's buffers (one layer at a time)
-  DeviceBuffer<float> one_head_;                      // [N, S] one head's cross-attention
+  std::vector<DeviceBuffer<uint16_t>> bfloat16_cross_kv_;  // the same in a bfloat16 cache
+  DeviceBuffer<float> x_;                                  // [N, D] residual stream
+  DecoderLayerCache layer_cache_;  // the layer's buffers (one layer at a time)
+  DeviceBuffer<float> one_head_;   // [N, S] one head's cross-attention
 };
 
 }  // namespace tfm

@@ -80,17 +80,23 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   Projections p =
       project(backend, w, in.query_input, in.cached && !appends ? nullptr : in.memory_input,
               query_rows, in.cached ? query_rows : key_rows, cache);
-  if (appends) {
-    const CachedKeysValues& kv = *in.cached;
-    backend.scatter_rows(p.k, p.k_stride, kv.append_rows, in.batch, d, kv.keys, kv.row_stride);
-    backend.scatter_rows(p.v, p.v_stride, kv.append_rows, in.batch, d, kv.values, kv.row_stride);
+  const CachedKeysValues* kv = in.cached;
+  const bool bfloat16_cache = kv && kv->bfloat16_keys;
+  if (appends && bfloat16_cache) {
+    backend.scatter_rows_to_bfloat16(p.k, p.k_stride, kv->append_rows, in.batch, d,
+                                     kv->bfloat16_keys, kv->row_stride);
+    backend.scatter_rows_to_bfloat16(p.v, p.v_stride, kv->append_rows, in.batch, d,
+                                     kv->bfloat16_values, kv->row_stride);
+  } else if (appends) {
+    backend.scatter_rows(p.k, p.k_stride, kv->append_rows, in.batch, d, kv->keys, kv->row_stride);
+    backend.scatter_rows(p.v, p.v_stride, kv->append_rows, in.batch, d, kv->values, kv->row_stride);
   }
-  if (in.cached) {
-    p.k = in.cached->keys;
-    p.v = in.cached->values;
-    p.k_stride = p.v_stride = in.cached->row_stride;
-    shape.key_rows = in.cached->key_rows;
-    shape.key_rows_stride = in.cached->key_rows_stride;
+  if (kv) {
+    p.k = kv->keys;
+    p.v = kv->values;
+    p.k_stride = p.v_stride = kv->row_stride;
+    shape.key_rows = kv->key_rows;
+    shape.key_rows_stride = kv->key_rows_stride;
   }
   shape.q_row_stride = p.q_stride;
   shape.k_row_stride = p.k_stride;
@@ -101,7 +107,11 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
     dropout.mask = ensure_size(backend, cache.dropout_mask, prob_count);
     dropout.key = in.dropout_key;
   }
-  backend.attention_forward(shape, in.mask, p.q, p.k, p.v, probs, context, dropout);
+  if (bfloat16_cache)
+    backend.attention_forward_bfloat16_cache(shape, in.mask, p.q, kv->bfloat16_keys,
+                                             kv->bfloat16_values, probs, context);
+  else
+    backend.attention_forward(shape, in.mask, p.q, p.k, p.v, probs, context, dropout);
   const uint16_t* rounded_context =
       rounded_copy(backend, w.o, context, query_rows, d, cache.rounded_context);  // [B, Tq, D]
   linear_forward(backend, w.o, context, query_rows, out, rounded_context);

@@ -14,7 +14,7 @@ bool same_search(const SearchOptions& a, const SearchOptions& b) {
          a.max_length_b == b.max_length_b && a.max_length == b.max_length &&
          a.min_length == b.min_length && a.nbest == b.nbest && a.attention == b.attention &&
          a.attention_layer == b.attention_layer && a.attention_per_head == b.attention_per_head &&
-         a.precision == b.precision;
+         a.precision == b.precision && a.cache == b.cache;
 }
 
 }  // namespace

@@ -340,7 +340,7 @@ void run_server(const ServeSettings& settings) {
                  {{"beam", defaults.beam},
                   {"alpha", defaults.alpha},
                   {"max_length", defaults.max_length},
-                  {"compute_type", precision_name(defaults.precision)}}},
+                  {"compute_type", compute_type_name(defaults.precision, defaults.cache)}}},
                 {"limits",
                  {{"max_body_bytes", limits.max_body_bytes},
                   {"max_sentences", limits.max_sentences},

@@ -7,8 +7,10 @@
 #include "backend/cpu/attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/elementwise.h"
@@ -217,13 +219,23 @@ void streamed_attention(const AttentionShape& s, const AttentionMask& mask, int6
   }
 }
 
+// A cached key or value element as float: float32 as it is, bfloat16 widened (exact).
+inline float cached_element(float x) {
+  return x;
+}
+inline float cached_element(uint16_t x) {
+  return std::bit_cast<float>(uint32_t(x) << 16);
+}
+
 // Incremental decoding: the single query of sequence b, all heads at once, with plain vectorised
 // loops (a GEMM call per head would cost more in overhead than the arithmetic). Each visible
 // key row is read once, front to back, for every head. probs: [heads, key_len] of sequence b.
 // kHeadDim > 0 fixes the head size at compile time (fully unrolled dot products); 0: runtime.
-template <int64_t kHeadDim>
+// Element: float, or uint16_t for keys and values cached in bfloat16 (half the bytes to read,
+// which is what this loop waits for once the cache outgrows the caches).
+template <int64_t kHeadDim, typename Element>
 void single_query_attention(const AttentionShape& s, const AttentionMask& mask, int64_t b,
-                            float scale, const float* q, const float* k, const float* v,
+                            float scale, const float* q, const Element* k, const Element* v,
                             float* probs, float* out) {
   const int64_t d = kHeadDim > 0 ? kHeadDim : s.head_dim, heads = s.heads;
   const int64_t kb = mask.key_batch ? mask.key_batch[b] : b;
@@ -231,24 +243,36 @@ void single_query_attention(const AttentionShape& s, const AttentionMask& mask, 
       mask.key_lengths ? std::min<int64_t>(mask.key_lengths[kb], s.key_len) : s.key_len;
   // Key j is row rows[j] of k and v (shared cache rows), else row j of sequence kb.
   const int32_t* rows = s.key_rows ? s.key_rows + b * s.key_rows_stride : nullptr;
-  const float* k_base = rows ? k : k + kb * key_batch_stride(s);
-  const float* v_base = rows ? v : v + kb * value_batch_stride(s);
+  const Element* k_base = rows ? k : k + kb * key_batch_stride(s);
+  const Element* v_base = rows ? v : v + kb * value_batch_stride(s);
   const float* q_b = q + b * s.q_row_stride;
   float* out_b = out + b * s.out_row_stride;
   int64_t begin, end;
   visible_keys(mask, key_count, mask.query_offset, &begin, &end);
   const float* additive_v =
       s.score.kind == AttentionScoring::kAdditive ? s.score.additive_v : nullptr;
+  float* widened = nullptr;  // [heads · d] one key row as float (additive scores only)
+  if constexpr (!std::is_same_v<Element, float>)
+    if (additive_v) widened = thread_scratch(heads * d, 0);
   for (int64_t j = begin; j < end; ++j) {
-    const float* key = k_base + (rows ? int64_t(rows[j]) : j) * s.k_row_stride;
-    for (int64_t h = 0; h < heads; ++h) {
-      if (additive_v) {
-        probs[h * s.key_len + j] = additive_score(q_b + h * d, key + h * d, additive_v + h * d, d);
-        continue;
+    const Element* key = k_base + (rows ? int64_t(rows[j]) : j) * s.k_row_stride;
+    if (additive_v) {
+      const float* key_row = nullptr;
+      if constexpr (std::is_same_v<Element, float>) {
+        key_row = key;
+      } else {
+        for (int64_t c = 0; c < heads * d; ++c) widened[c] = cached_element(key[c]);
+        key_row = widened;
       }
+      for (int64_t h = 0; h < heads; ++h)
+        probs[h * s.key_len + j] =
+            additive_score(q_b + h * d, key_row + h * d, additive_v + h * d, d);
+      continue;
+    }
+    for (int64_t h = 0; h < heads; ++h) {
       float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < d; ++c) dot += q_b[h * d + c] * key[h * d + c];
+      for (int64_t c = 0; c < d; ++c) dot += q_b[h * d + c] * cached_element(key[h * d + c]);
       probs[h * s.key_len + j] = dot;
     }
   }
@@ -257,12 +281,27 @@ void single_query_attention(const AttentionShape& s, const AttentionMask& mask, 
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t c = 0; c < d; ++c) out_b[h * d + c] = 0.f;
   for (int64_t j = begin; j < end; ++j) {
-    const float* value = v_base + (rows ? int64_t(rows[j]) : j) * s.v_row_stride;
+    const Element* value = v_base + (rows ? int64_t(rows[j]) : j) * s.v_row_stride;
     for (int64_t h = 0; h < heads; ++h) {
       const float p = probs[h * s.key_len + j];
 #pragma omp simd
-      for (int64_t c = 0; c < d; ++c) out_b[h * d + c] += p * value[h * d + c];
+      for (int64_t c = 0; c < d; ++c) out_b[h * d + c] += p * cached_element(value[h * d + c]);
     }
+  }
+}
+
+// Every sequence's single query in parallel (see single_query_attention).
+template <typename Element>
+void single_query_attention_batch(const AttentionShape& s, const AttentionMask& mask, float scale,
+                                  const float* q, const Element* k, const Element* v, float* probs,
+                                  float* out) {
+#pragma omp parallel for schedule(static) if (s.batch > 1)
+  for (int64_t b = 0; b < s.batch; ++b) {
+    float* p_b = probs ? probs + b * s.heads * s.key_len : thread_scratch(s.heads * s.key_len, 1);
+    if (s.head_dim == 64)  // base and big models
+      single_query_attention<64>(s, mask, b, scale, q, k, v, p_b, out);
+    else
+      single_query_attention<0>(s, mask, b, scale, q, k, v, p_b, out);
   }
 }
 
@@ -283,14 +322,7 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
   if (s.key_rows && (s.query_len != 1 || dropout.p > 0.f))
     throw std::invalid_argument("attention_forward: key_rows is for one query without dropout");
   if (s.query_len == 1 && dropout.p == 0.f) {  // incremental decoding
-#pragma omp parallel for schedule(static) if (s.batch > 1)
-    for (int64_t b = 0; b < s.batch; ++b) {
-      float* p_b = probs ? probs + b * s.heads * s.key_len : thread_scratch(s.heads * s.key_len, 1);
-      if (s.head_dim == 64)  // base and big models
-        single_query_attention<64>(s, mask, b, scale, q, k, v, p_b, out);
-      else
-        single_query_attention<0>(s, mask, b, scale, q, k, v, p_b, out);
-    }
+    single_query_attention_batch(s, mask, scale, q, k, v, probs, out);
     return;
   }
   if (dropout.p > 0.f) dropout_mask(dropout.mask, pairs * pair_size, dropout.p, dropout.key);
@@ -337,6 +369,17 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
            s.out_row_stride);
     }
   }
+}
+
+void attention_forward_bfloat16_cache(const AttentionShape& s, const AttentionMask& mask,
+                                      const float* q, const uint16_t* k, const uint16_t* v,
+                                      float* probs, float* out) {
+  if (s.query_len != 1)
+    throw std::invalid_argument("attention_forward_bfloat16_cache: one query per sequence only");
+  if (s.score.kind == AttentionScoring::kAdditive && !s.score.additive_v)
+    throw std::invalid_argument("attention_forward: additive scores need their v vectors");
+  single_query_attention_batch(s, mask, attention_score_scale(s.score.kind, s.head_dim), q, k, v,
+                               probs, out);
 }
 
 void attention_backward(const AttentionShape& s, const AttentionMask& mask, const float* q,

@@ -64,6 +64,11 @@ class CpuBackend final : public Backend {
                          const AttentionDropout& dropout) const override {
     tfm::attention_forward(shape, mask, q, k, v, probs, out, dropout);
   }
+  void attention_forward_bfloat16_cache(const AttentionShape& shape, const AttentionMask& mask,
+                                        const float* q, const uint16_t* k, const uint16_t* v,
+                                        float* probs, float* out) const override {
+    tfm::attention_forward_bfloat16_cache(shape, mask, q, k, v, probs, out);
+  }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
@@ -194,6 +199,12 @@ class CpuBackend final : public Backend {
                     float* y, int64_t ldy) const override {
 #pragma omp parallel for schedule(static) if (count * d >= kParallelElements)
     for (int64_t r = 0; r < count; ++r) std::copy_n(x + r * ldx, d, y + rows[r] * ldy);
+  }
+  void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                                int64_t d, uint16_t* y, int64_t ldy) const override {
+#pragma omp parallel for schedule(static) if (count * d >= kParallelElements)
+    for (int64_t r = 0; r < count; ++r)
+      tfm::round_to_bfloat16(x + r * ldx, 1, d, ldx, y + rows[r] * ldy);
   }
 };
 
