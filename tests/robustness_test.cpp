@@ -308,6 +308,12 @@ TEST(Checkpoint, NonFiniteOptimizerStateAndBadStateFieldsAreRefusedAtResume) {
   r = work.run_cli("info --model " + dir + "/checkpoint.safetensors");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("training checkpoint:\n  step 6,"), std::string::npos) << r.out;
+  // and the run's directory: the model, then where its training stands.
+  r = work.run_cli("info --model " + dir);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("training checkpoint (" + dir + "/checkpoint.safetensors):\n  step 6,"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(Resume, AnEmptyDirectorySaysItStartsFresh) {

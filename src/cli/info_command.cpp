@@ -60,6 +60,27 @@ void print_info(const ModelConfig& c) {
               16.0 * double(total) / mib);
 }
 
+// A checkpoint's training state; `where` names its file when that is not the file described.
+void print_training_state(const TrainingState& s, const std::string& where) {
+  const std::string file = where.empty() ? "" : " (" + where + ")";
+  std::printf(
+      "training checkpoint%s:\n  step %lld, epoch %lld (batch %lld), %lld target tokens, %.1f "
+      "minutes, compute type %s\n",
+      file.c_str(), (long long)s.step, (long long)s.epoch + 1, (long long)s.batch_index,
+      (long long)s.target_tokens_seen, s.train_seconds / 60.0, precision_name(s.compute_type));
+  if (s.sentencepiece_alphas[0] > 0 || s.sentencepiece_alphas[1] > 0)
+    std::printf("  segmentations sampled at --sentencepiece-alphas %g %g (source, target)\n",
+                s.sentencepiece_alphas[0], s.sentencepiece_alphas[1]);
+  if (s.best_valid_nll >= 0)
+    std::printf("  best validation perplexity %.2f\n", std::exp(s.best_valid_nll));
+}
+
+// A checkpoint file's training state from its header alone (no tensor is read).
+TrainingState checkpoint_state(const std::string& path) {
+  const SafetensorsHeader header = read_safetensors_header(path);
+  return checkpoint_of_header(header.metadata, header.shapes, path).state;
+}
+
 // A model or checkpoint file, from its header alone (no tensor is read): its config, checked
 // against the declared shapes, and a checkpoint's training state.
 void print_file_info(const std::string& path) {
@@ -74,17 +95,7 @@ void print_file_info(const std::string& path) {
   }
   const CheckpointHeader checkpoint = checkpoint_of_header(header.metadata, header.shapes, path);
   print_info(checkpoint.config);
-  const TrainingState& s = checkpoint.state;
-  std::printf(
-      "training checkpoint:\n  step %lld, epoch %lld (batch %lld), %lld target tokens, %.1f "
-      "minutes, compute type %s\n",
-      (long long)s.step, (long long)s.epoch + 1, (long long)s.batch_index,
-      (long long)s.target_tokens_seen, s.train_seconds / 60.0, precision_name(s.compute_type));
-  if (s.sentencepiece_alphas[0] > 0 || s.sentencepiece_alphas[1] > 0)
-    std::printf("  segmentations sampled at --sentencepiece-alphas %g %g (source, target)\n",
-                s.sentencepiece_alphas[0], s.sentencepiece_alphas[1]);
-  if (s.best_valid_nll >= 0)
-    std::printf("  best validation perplexity %.2f\n", std::exp(s.best_valid_nll));
+  print_training_state(checkpoint.state, "");
 }
 
 }  // namespace
@@ -105,6 +116,11 @@ CommandRunner add_info_command(CLI::App& app) {
     } else if (!model_path->empty()) {
       ModelBundle bundle = load_model_bundle(*model_path, false);
       print_info(bundle.model.config());
+      // A training run's directory: where its training stands (the checkpoint --resume reads).
+      if (has_checkpoint(*model_path)) {
+        const std::string checkpoint = checkpoint_path(*model_path);
+        print_training_state(checkpoint_state(checkpoint), checkpoint);
+      }
     } else {
       print_info(options->resolve());
     }

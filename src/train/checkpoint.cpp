@@ -89,9 +89,13 @@ TrainingState TrainingState::from_json(const nlohmann::json& j, const std::strin
   return s;
 }
 
+std::string checkpoint_path(const std::string& dir) {
+  return dir + "/checkpoint.safetensors";
+}
+
 bool has_checkpoint(const std::string& dir) {
   std::error_code ec;
-  return fs::exists(dir + "/checkpoint.safetensors", ec);
+  return fs::exists(checkpoint_path(dir), ec);
 }
 
 std::vector<std::string> list_snapshots(const std::string& dir) {
@@ -133,7 +137,7 @@ void save_checkpoint(const std::string& dir, const Model& model, const Optimizer
   nlohmann::json training = state.to_json();
   training["optimizer_step"] = optimizer.step();
   write_safetensors(
-      dir + "/checkpoint.safetensors", stored,
+      checkpoint_path(dir), stored,
       {{"config", config_to_json_text(model.config())}, {"training_state", training.dump()}});
   save_model(model, dir + "/model.safetensors");
 
@@ -172,7 +176,7 @@ CheckpointHeader checkpoint_of_header(const std::map<std::string, std::string>& 
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& dir, const Backend& backend) {
-  const std::string path = dir + "/checkpoint.safetensors";
+  const std::string path = checkpoint_path(dir);
   std::optional<CheckpointHeader> header;
   // Config, state fields and every declared shape are checked before any tensor is read.
   SafetensorsFile file = read_safetensors(path, [&](const SafetensorsHeader& declared) {

@@ -66,6 +66,8 @@ struct LoadedCheckpoint {
 };
 // The model runs on `backend`.
 LoadedCheckpoint load_checkpoint(const std::string& dir, const Backend& backend = cpu_backend());
+// DIR/checkpoint.safetensors: where a run keeps what --resume continues from.
+std::string checkpoint_path(const std::string& dir);
 bool has_checkpoint(const std::string& dir);
 
 // Snapshot files in DIR/checkpoints, oldest first.

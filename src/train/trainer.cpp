@@ -275,8 +275,7 @@ class TrainingRun {
                    replicas_.size(), replicas_.size(), (long long)o_.batch_tokens);
     optimizer_.emplace(o_.optimizer, model_->parameters());
     if (resumed_) {
-      optimizer_->load_state(std::move(resumed_->optimizer_state),
-                             o_.model_dir + "/checkpoint.safetensors");
+      optimizer_->load_state(std::move(resumed_->optimizer_state), checkpoint_path(o_.model_dir));
       optimizer_->set_step(state_.step);
       if (primary_)
         std::fprintf(stderr, "resuming at step %lld (epoch %lld, batch %lld)\n",
