@@ -38,7 +38,6 @@ using Sentences = std::vector<std::vector<int32_t>>;
   std::exit(2);
 }
 
-// The non-negative integer value of option argv[i]; advances i past it.
 // --compute-type's value at argv[i + 1]; advances i past it. The CPU backend must support it.
 inline tfm::Precision precision_arg(int argc, char** argv, int& i, const char* usage) {
   if (i + 1 >= argc) usage_error(usage, "--compute-type needs a value");
@@ -63,6 +62,7 @@ inline void compute_type_arg(int argc, char** argv, int& i, const char* usage,
     throw std::runtime_error("--compute-type " + type + ": this CPU cannot multiply in it");
 }
 
+// The non-negative integer value of option argv[i]; advances i past it.
 inline long long int_arg(int argc, char** argv, int& i, const char* usage) {
   if (i + 1 >= argc) usage_error(usage, std::string(argv[i]) + " needs a value");
   const std::string text = argv[++i];

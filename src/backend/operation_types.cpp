@@ -25,12 +25,13 @@ bool parse_precision(const std::string& name, Precision& precision) {
 }
 
 bool parse_compute_type(const std::string& name, Precision& precision, CacheFormat& cache) {
-  const bool int8_bfloat16 = name == "int8_bfloat16";
-  Precision parsed = Precision::kInt8;
-  if (!int8_bfloat16 && !parse_precision(name, parsed)) return false;
-  precision = parsed;
-  cache = int8_bfloat16 || parsed == Precision::kBFloat16 ? CacheFormat::kBFloat16
-                                                          : CacheFormat::kFloat32;
+  if (name == "int8_bfloat16") {
+    precision = Precision::kInt8;
+    cache = CacheFormat::kBFloat16;
+    return true;
+  }
+  if (!parse_precision(name, precision)) return false;
+  cache = precision == Precision::kBFloat16 ? CacheFormat::kBFloat16 : CacheFormat::kFloat32;
   return true;
 }
 

@@ -26,17 +26,20 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
   const size_t layers = prepared_->steps.decoder_layers.size();
   const bool bfloat16 = cache == CacheFormat::kBFloat16;
   const int64_t self_size = max_steps * max_hypotheses * d;
-  cross_kv_.resize(bfloat16 ? 1 : layers);  // bfloat16: one float32 buffer to round from
+  DeviceBuffer<float> unrounded;  // bfloat16: one layer's float32 K|V, rounded into the cache
   if (bfloat16) {
+    unrounded.allocate_uninitialized(backend, rows * 2 * d);
     bfloat16_cross_kv_.resize(layers);
     bfloat16_self_keys_.resize(layers);
     bfloat16_self_values_.resize(layers);
   } else {
+    cross_kv_.resize(layers);
     self_keys_.resize(layers);
     self_values_.resize(layers);
   }
   for (size_t l = 0; l < layers; ++l) {
-    float* cross_kv = ensure_size(backend, cross_kv_[bfloat16 ? 0 : l], rows * 2 * d);  // K|V
+    float* cross_kv =  // [sentences, S, 2D]: keys | values
+        bfloat16 ? unrounded.data() : cross_kv_[l].allocate_uninitialized(backend, rows * 2 * d);
     linear_forward(backend, prepared_->steps.decoder_layers[l].cross_attn.kv, memory, rows,
                    cross_kv);
     // Untouched pages cost nothing: only the rows the steps write are ever mapped.
@@ -50,7 +53,6 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
     bfloat16_self_keys_[l].allocate_uninitialized(backend, self_size);
     bfloat16_self_values_[l].allocate_uninitialized(backend, self_size);
   }
-  if (bfloat16) cross_kv_.clear();
   history_.resize(size_t(max_hypotheses * max_steps));
   reordered_history_.resize(history_.size());
   layer_cache_.self_attn.keep_weights = false;

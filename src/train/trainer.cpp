@@ -293,7 +293,7 @@ class TrainingRun {
     plan_ = plan_batches(corpus_, o_.batch_tokens, extra_source_, state_.seed, state_.epoch, true);
     plan_activations();
     if (state_.batch_index > int64_t(plan_.size()))
-      throw Error(o_.model_dir + "/checkpoint.safetensors: its data position (batch_index " +
+      throw Error(checkpoint_path(o_.model_dir) + ": its data position (batch_index " +
                   std::to_string(state_.batch_index) + " in epoch " +
                   std::to_string(state_.epoch + 1) + ") is past the " +
                   std::to_string(plan_.size()) +
