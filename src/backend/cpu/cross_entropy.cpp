@@ -37,10 +37,20 @@ CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* 
   for (int64_t r = 0; r < rows; ++r) {
     float* row = logits + r * vocab;  // [vocab] logits, then exp(logit − max), then the gradient
     const int32_t y = targets[r];
+    // The maximum in blocks of kMaxBlock (vector loops), remembering the first block that holds
+    // it, so that finding the first maximum scans one block rather than half the row.
+    constexpr int64_t kMaxBlock = 64;
     float max_value = -INFINITY;
-#pragma omp simd reduction(max : max_value)
-    for (int64_t c = 0; c < vocab; ++c) max_value = std::max(max_value, row[c]);
-    const int64_t argmax = std::find(row, row + vocab, max_value) - row;  // the first maximum
+    int64_t max_block = 0;
+    for (int64_t start = 0; start < vocab; start += kMaxBlock) {
+      const int64_t end = std::min(vocab, start + kMaxBlock);
+      float block_max = -INFINITY;
+#pragma omp simd reduction(max : block_max)
+      for (int64_t c = start; c < end; ++c) block_max = std::max(block_max, row[c]);
+      if (block_max > max_value) max_value = block_max, max_block = start;
+    }
+    float* block_end = row + std::min(vocab, max_block + kMaxBlock);
+    const int64_t argmax = std::find(row + max_block, block_end, max_value) - row;  // the first
     const double sum_logits = sum_in_blocks(row, vocab);
     const float target_logit = row[y];
     float sum = 0.f;

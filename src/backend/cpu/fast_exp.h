@@ -1,11 +1,12 @@
 // exp() for softmax-style loops that GCC can vectorise (`#pragma omp simd`): Cody–Waite range
 // reduction x = n·ln2 + r, a degree-6 polynomial for e^r on |r| <= ln2/2, and 2^n built in the
 // exponent bits. Relative error about 2e-7 over the float range; inputs below -87 give 0.
-// fast_tanh() builds on it for additive attention's inner loops.
+// fast_tanh() builds on it for additive attention's inner loops. GCC vectorises the loops that
+// call it only under -fno-trapping-math (CMakeLists.txt): its selects would otherwise stay scalar.
 #pragma once
 
+#include <bit>
 #include <cstdint>
-#include <cstring>
 
 namespace tfm {
 
@@ -23,8 +24,7 @@ inline float fast_exp(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
   const int32_t bits = (int32_t(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
+  const float scale = std::bit_cast<float>(bits);
   return x <= -87.3f ? 0.f : p * scale;
 }
 
