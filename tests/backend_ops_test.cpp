@@ -851,8 +851,10 @@ TEST_P(BackendOps, AddScaleAndBias) {
       ASSERT_EQ(scaled[size_t(i)], x[size_t(i)] * -0.375f);
     }
   }
-  for (int64_t cols : {1, 7, 65}) {
-    const int64_t rows = 5;
+  // 300 × 129: past the parallel threshold. The bias gradient is each column summed in row
+  // order, bit for bit, on the CPU.
+  for (int64_t cols : {1, 7, 65, 129}) {
+    const int64_t rows = cols == 129 ? 300 : 5;
     auto y = random_vector(rows * cols, 17), bias = random_vector(cols, 18);
     auto with_bias = y;
     be().add_bias(with_bias.data(), bias.data(), rows, cols);
@@ -860,11 +862,16 @@ TEST_P(BackendOps, AddScaleAndBias) {
     be().bias_backward(y.data(), rows, cols, dbias.data());
     for (int64_t c = 0; c < cols; ++c) {
       double column = 1;
+      float in_row_order = 1.f;
       for (int64_t r = 0; r < rows; ++r) {
         ASSERT_EQ(with_bias[size_t(r * cols + c)], y[size_t(r * cols + c)] + bias[size_t(c)]);
         column += y[size_t(r * cols + c)];
+        in_row_order += y[size_t(r * cols + c)];
       }
-      ASSERT_NEAR(dbias[size_t(c)], column, 1e-5);
+      ASSERT_NEAR(dbias[size_t(c)], column, 1e-5 * double(rows));
+      if (&be() == &cpu_backend()) {
+        ASSERT_EQ(dbias[size_t(c)], in_row_order);
+      }
     }
   }
 }
@@ -1133,6 +1140,24 @@ TEST_P(BackendOps, LabelSmoothedCrossEntropyAndItsGradientMatchFloat64) {
       EXPECT_NEAR(totals.loss, loss, 1e-4 * (1 + loss));
       EXPECT_NEAR(totals.nll, nll, 1e-4 * (1 + nll));
       EXPECT_EQ(totals.correct, correct);
+    }
+}
+
+// A row's prediction is its first largest logit, wherever the ties fall (the CPU kernel finds
+// the maximum in blocks of 64 and scans only the first block holding it).
+TEST_P(BackendOps, CrossEntropyCountsTheFirstLargestLogitAsThePrediction) {
+  const int64_t vocab = 300;
+  for (int64_t first : {0, 63, 64, 70, 250})
+    for (int64_t second : {first + 1, first + 49, int64_t(299)}) {
+      if (second <= first || second >= vocab) continue;
+      for (int32_t target : {int32_t(first), int32_t(second)}) {
+        std::vector<float> logits(size_t(vocab), 0.5f);
+        logits[size_t(first)] = logits[size_t(second)] = 4.f;
+        const CrossEntropyTotals totals =
+            be().cross_entropy_forward_backward(logits.data(), &target, 1, vocab, 0.1f, 1.f);
+        EXPECT_EQ(totals.correct, target == first ? 1 : 0)
+            << "maxima at " << first << " and " << second << ", target " << target;
+      }
     }
 }
 

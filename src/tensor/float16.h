@@ -39,12 +39,13 @@ inline float bfloat16_to_float(uint16_t h) {
   return f;
 }
 
+// One select rather than an early return, so that loops calling it vectorise.
 inline uint16_t float_to_bfloat16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);  // quiet NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return uint16_t(bits >> 16);
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  return nan ? uint16_t((bits >> 16) | 0x40u)  // quiet NaN
+             : uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 inline uint16_t float_to_half(float f) {

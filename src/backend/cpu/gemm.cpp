@@ -194,11 +194,7 @@ void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16
     const float* row = x + r * ldx;
     uint16_t* o = out + r * k;
 #pragma omp simd
-    for (int64_t c = 0; c < k; ++c) {
-      const uint32_t b = std::bit_cast<uint32_t>(row[c]);
-      const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
-      o[c] = nan ? uint16_t((b >> 16) | 0x40u) : uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-    }
+    for (int64_t c = 0; c < k; ++c) o[c] = float_to_bfloat16(row[c]);
   }
 }
 
