@@ -17,7 +17,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cstdlib>
 #include <dnnl.hpp>
 #include <limits>
