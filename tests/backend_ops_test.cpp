@@ -851,8 +851,8 @@ TEST_P(BackendOps, AddScaleAndBias) {
       ASSERT_EQ(scaled[size_t(i)], x[size_t(i)] * -0.375f);
     }
   }
-  // 300 × 129: past the parallel threshold. The bias gradient is each column summed in row
-  // order, bit for bit, on the CPU.
+  // And 300 × 129, a size the CPU's element-wise loops split over threads: the bias gradient is
+  // each column summed in row order, bit for bit, on the CPU.
   for (int64_t cols : {1, 7, 65, 129}) {
     const int64_t rows = cols == 129 ? 300 : 5;
     auto y = random_vector(rows * cols, 17), bias = random_vector(cols, 18);
