@@ -145,8 +145,17 @@ TEST_P(BackendOps, RoundToBFloat16RoundsEachElementToNearestEven) {
       else
         ASSERT_EQ(got, float_to_bfloat16(v)) << r << "," << c << " " << v;
     }
-  EXPECT_EQ(out[0], 0x3f80);  // 0x3f808000 is a tie: down to the even 0x3f80
-  EXPECT_EQ(out[7], 0x3f82);  // 0x3f818000 is a tie: up to the even 0x3f82
+  // The specials' bits spelled out (float_to_bfloat16 is the same rounding, so the loop above
+  // alone would not pin them); special i sits at x[7 i], row 7i / ldx, column 7i % ldx.
+  const auto special = [&](int64_t i) { return out[size_t(7 * i / ldx * cols + 7 * i % ldx)]; };
+  EXPECT_EQ(special(0), 0x3f80);  // 0x3f808000 is a tie: down to the even 0x3f80
+  EXPECT_EQ(special(1), 0x3f82);  // 0x3f818000 is a tie: up to the even 0x3f82
+  EXPECT_EQ(special(2), 0x4000);  // 0x3fffffff carries into the exponent: 2.0
+  EXPECT_EQ(special(3), 0x7f80);  // the largest float rounds up to +inf
+  EXPECT_EQ(special(4), 0x7f80);  // +inf
+  EXPECT_EQ(special(5), 0xff80);  // -inf
+  EXPECT_EQ(special(7), 0x8000);  // -0 keeps its sign
+  EXPECT_EQ(special(8), 0x0001);  // 1e-40, subnormal 0x000116c2: rounds to 0x0001
 }
 
 // A bfloat16 product reads an operand's rounded copy where one is given (MatmulOperand): with

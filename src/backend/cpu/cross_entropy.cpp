@@ -50,7 +50,11 @@ CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* 
       if (block_max > max_value) max_value = block_max, max_block = start;
     }
     float* block_end = row + std::min(vocab, max_block + kMaxBlock);
-    const int64_t argmax = std::find(row + max_block, block_end, max_value) - row;  // the first
+    float* first = std::find(row + max_block, block_end, max_value);
+    // Not in that block only when no block's maximum was larger than −∞ (NaN or −∞ everywhere):
+    // the rest of the row, as one std::find over the whole row would have gone on.
+    if (first == block_end) first = std::find(block_end, row + vocab, max_value);
+    const int64_t argmax = first - row;  // the first maximum (vocab: none)
     const double sum_logits = sum_in_blocks(row, vocab);
     const float target_logit = row[y];
     float sum = 0.f;
