@@ -60,15 +60,17 @@ class MemoryCheckingBackend : public Backend {
 
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
-              int64_t ldc, Precision precision) const override {
+              int64_t ldc, Precision precision, MatmulEpilogue epilogue) const override {
     const Access access = check("matmul", {{"a", a.values},
                                            {"a rounded", a.rounded},
                                            {"b", b.values},
                                            {"b rounded", b.rounded},
-                                           {"c", c}});
+                                           {"c", c},
+                                           {"bias", epilogue.bias}});
     if (a.rounded || b.rounded) ++rounded_operands_;
     if (ignore_rounded_copies_) a.rounded = b.rounded = nullptr;  // each product rounds again
-    cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision);
+    cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
+                 epilogue);
   }
   void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
                          uint16_t* out) const override {

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -201,6 +203,66 @@ TEST_P(BackendOps, MatmulReadsTheRoundedCopyOfAnOperand) {
         EXPECT_NE(swapped, expected);
       }
     }
+}
+
+// matmul's epilogue (MatmulEpilogue: + bias on every row, then ReLU) applies to the finished
+// product: bit for bit the product without it followed by c + bias and max(·, 0), in float32 and
+// bfloat16, for every transpose, beta 0 (where the CPU backend applies it inside the product's
+// own pass) and beta 1, alpha 1 and not, strided C (its padding untouched), shapes of one and
+// many primitive blocks, inside a parallel region (another path), and with no inner dimension.
+TEST_P(BackendOps, MatmulAppliesItsEpilogueToTheFinishedProduct) {
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    if (!be().supports(precision)) continue;
+    uint64_t seed = 600;
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{3, 5, 7},
+                           {300, 129, 65},
+                           {64, 512, 512},
+                           {4, 6, 0}})
+      for (auto [alpha, beta] : {std::pair{1.f, 0.f}, std::pair{1.f, 1.f}, std::pair{0.75f, 0.f}})
+        for (int ta = 0; ta < 2; ++ta)
+          for (int tb = 0; tb < 2; ++tb)
+            for (int nested = 0; nested < 2; ++nested)
+              for (int form = 0; form < 3; ++form) {  // bias, ReLU, both
+                const bool with_bias = form != 1, relu = form != 0;
+                SCOPED_TRACE("precision=" + std::to_string(int(precision)) +
+                             " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                             " k=" + std::to_string(k) + " alpha=" + std::to_string(alpha) +
+                             " beta=" + std::to_string(beta) + " ta=" + std::to_string(ta) +
+                             " tb=" + std::to_string(tb) + " nested=" + std::to_string(nested) +
+                             " bias=" + std::to_string(with_bias) +
+                             " relu=" + std::to_string(relu));
+                const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;
+                const auto a = random_vector(std::max<int64_t>(1, (ta ? k : m) * lda), seed++);
+                const auto b = random_vector(std::max<int64_t>(1, (tb ? n : k) * ldb), seed++);
+                const auto bias = random_vector(n, seed++, 10.f);
+                const auto c0 = random_vector(m * ldc, seed++, 10.f);
+                const MatmulEpilogue epilogue{with_bias ? bias.data() : nullptr, relu};
+                auto expected = c0, got = c0;
+                const auto run = [&](std::vector<float>& c, MatmulEpilogue e) {
+                  if (!nested) {
+                    be().matmul(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta,
+                                c.data(), ldc, precision, e);
+                    return;
+                  }
+#pragma omp parallel num_threads(1)
+                  be().matmul(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
+                              ldc, precision, e);
+                };
+                run(expected, {});
+                int64_t clamped = 0;
+                for (int64_t i = 0; i < m; ++i)
+                  for (int64_t j = 0; j < n; ++j) {
+                    float& v = expected[size_t(i * ldc + j)];
+                    if (with_bias) v += bias[size_t(j)];
+                    if (relu && !(v > 0.f)) v = 0.f, ++clamped;
+                  }
+                if (relu && m * n > 100) {
+                  ASSERT_GT(clamped, m * n / 4);  // the ReLU has work to do
+                }
+                run(got, epilogue);
+                ASSERT_EQ(got, expected);
+              }
+  }
 }
 
 TEST_P(BackendOps, MatmulWithNoInnerDimensionLeavesBetaTimesC) {

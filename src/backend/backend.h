@@ -52,11 +52,13 @@ class Backend {
   // the row strides of A, B, C as stored. k = 0 leaves beta · C. `precision`: kFloat32, or
   // kBFloat16 (bfloat16 training): every element of A and B rounded to bfloat16 (nearest, ties
   // to even), the products accumulated in float32; an operand whose `rounded` copy is given
-  // (MatmulOperand) is read from it instead. Throws std::invalid_argument for a precision
-  // supports() refuses, and for kInt8 (weights only: prepare_matrix).
+  // (MatmulOperand) is read from it instead. The epilogue (bias, ReLU: MatmulEpilogue) then
+  // applies to the finished C. Throws std::invalid_argument for a precision supports() refuses,
+  // and for kInt8 (weights only: prepare_matrix).
   virtual void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
-                      float* c, int64_t ldc, Precision precision) const = 0;
+                      float* c, int64_t ldc, Precision precision,
+                      MatmulEpilogue epilogue = {}) const = 0;
   // out[rows, cols] (dense) = x[rows, cols] (row stride ldx) rounded to bfloat16 (nearest, ties
   // to even; NaN stays NaN): what a bfloat16 matmul reads, for operands used by several products.
   virtual void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
@@ -117,7 +119,9 @@ class Backend {
   // pre[rows, cols] += bias (may be null), then out = act(pre); out may alias pre.
   virtual void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows,
                                    int64_t cols, Activation act) const = 0;
-  // d[n] *= act'(pre_activation[n])
+  // d[n] *= act'(pre_activation[n]). For kRelu the activation's output (or that output after
+  // dropout, whose zeros the dropout backward zeroes anyway) serves as well: it is positive
+  // exactly where the pre-activation is.
   virtual void activation_backward(float* d, const float* pre_activation, int64_t n,
                                    Activation act) const = 0;
   // dbias[cols] += Σ_rows dy[rows, cols]

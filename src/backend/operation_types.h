@@ -49,6 +49,16 @@ struct MatmulOperand {
 // The function between a feed-forward sublayer's two linear transformations (§3.3: ReLU).
 enum class Activation { kRelu, kGelu };
 
+// What a product does to its finished result (Backend::matmul): + bias [n] on every row (a
+// linear layer's b), then ReLU, max(·, 0), where relu is set (§3.3's first linear
+// transformation). The same float results as add_bias / add_bias_activation after the product;
+// a backend may do it in the product's own pass (the CPU's does where beta is 0), which spares a
+// pass over the output.
+struct MatmulEpilogue {
+  const float* bias = nullptr;  // [n] or null
+  bool relu = false;
+};
+
 // How query q_i and key k_j of one head (both d_k = head_dim wide) make a logit:
 //   kScaledDot  q_i·k_j / sqrt(d_k)        (§3.2.1, the default)
 //   kDot        q_i·k_j                    (§3.2.1's "dot-product attention" without scaling)

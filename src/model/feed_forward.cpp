@@ -6,16 +6,21 @@ namespace tfm {
 void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
                           const float* x, int64_t rows, float dropout, uint64_t key,
                           FeedForwardCache& cache, float* out) {
-  float* pre = ensure_size(backend, cache.pre_activation, rows * w.fc1.out);  // [rows, d_ff]
-  float* hidden = cache.keep_pre_activation ? ensure_size(backend, cache.hidden, rows * w.fc1.out)
-                                            : pre;  // [rows, d_ff]
-  // fc1 without its bias, which add_bias_activation adds in the same pass as the activation.
-  LinearWeights fc1 = w.fc1;
-  fc1.bias = nullptr;
+  float* hidden = ensure_size(backend, cache.hidden, rows * w.fc1.out);  // [rows, d_ff]
   const uint16_t* rounded_x =
       rounded_copy(backend, w.fc1, x, rows, w.fc1.in, cache.rounded_input);  // [rows, D]
-  linear_forward(backend, fc1, x, rows, pre, rounded_x);
-  backend.add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
+  if (act == Activation::kRelu) {
+    linear_forward(backend, w.fc1, x, rows, hidden, rounded_x, true);  // ReLU in fc1's pass
+  } else {
+    float* pre = cache.keep_pre_activation
+                     ? ensure_size(backend, cache.pre_activation, rows * w.fc1.out)
+                     : hidden;  // [rows, d_ff]
+    // fc1 without its bias, which add_bias_activation adds in the same pass as the activation.
+    LinearWeights fc1 = w.fc1;
+    fc1.bias = nullptr;
+    linear_forward(backend, fc1, x, rows, pre, rounded_x);
+    backend.add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
+  }
   if (dropout > 0.f) {
     uint8_t* mask = ensure_size(backend, cache.dropout_mask, rows * w.fc1.out);
     backend.dropout_mask(mask, rows * w.fc1.out, dropout, key);
@@ -26,12 +31,13 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
   linear_forward(backend, w.fc2, hidden, rows, out, rounded_hidden);
 }
 
-void plan_feed_forward_forward(const FeedForwardWeights& w, int64_t rows, float dropout,
-                               FeedForwardCache& cache, WorkspacePlan& plan) {
+void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int64_t rows,
+                               float dropout, FeedForwardCache& cache, WorkspacePlan& plan) {
   const int64_t n = rows * w.fc1.out;
-  plan.need(cache.pre_activation, n);                         // [rows, d_ff]
-  if (cache.keep_pre_activation) plan.need(cache.hidden, n);  // [rows, d_ff]
-  if (dropout > 0.f) plan.need(cache.dropout_mask, n);        // [rows, d_ff]
+  plan.need(cache.hidden, n);  // [rows, d_ff]
+  if (act != Activation::kRelu && cache.keep_pre_activation)
+    plan.need(cache.pre_activation, n);                 // [rows, d_ff]
+  if (dropout > 0.f) plan.need(cache.dropout_mask, n);  // [rows, d_ff]
   if (rounds_to_bfloat16(w.fc1) && rows > 0)
     plan.need(cache.rounded_input, rows * w.fc1.in);                              // [rows, D]
   if (rounds_to_bfloat16(w.fc2) && rows > 0) plan.need(cache.rounded_hidden, n);  // [rows, d_ff]
@@ -54,7 +60,10 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                   rounds_to_bfloat16(w.fc2) ? cache.rounded_hidden.data() : nullptr);
   if (dropout > 0.f)
     backend.apply_dropout(d_hidden, cache.dropout_mask.data(), hidden_size, dropout);
-  backend.activation_backward(d_hidden, cache.pre_activation.data(), hidden_size, act);
+  // ReLU's derivative from its output (Backend::activation_backward), GELU's from the kept input.
+  backend.activation_backward(
+      d_hidden, act == Activation::kRelu ? cache.hidden.data() : cache.pre_activation.data(),
+      hidden_size, act);
   linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate, scratch,
                   rounds_to_bfloat16(w.fc1) ? cache.rounded_input.data() : nullptr);
 }

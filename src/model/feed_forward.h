@@ -13,10 +13,11 @@
 namespace tfm {
 
 struct FeedForwardCache {
-  // Inference sets this to false: the activation then overwrites the fc1 output in place (one
-  // [rows, d_ff] buffer instead of two), and backward cannot run.
+  // GELU only: inference sets this to false, and the activation then overwrites the fc1 output
+  // in place (one [rows, d_ff] buffer instead of two); backward cannot run. ReLU never keeps
+  // one: fc1's product applies it in its own pass, and its backward reads `hidden` instead.
   bool keep_pre_activation = true;
-  DeviceBuffer<float> pre_activation;  // [rows, d_ff] fc1 output
+  DeviceBuffer<float> pre_activation;  // [rows, d_ff] fc1 output (GELU, kept for backward)
   DeviceBuffer<float> hidden;          // [rows, d_ff] activation (after dropout): fc2 input
   DeviceBuffer<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0
   // Training in bfloat16: fc1's and fc2's inputs rounded once, read by the forward product and
@@ -30,8 +31,8 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
                           const float* x, int64_t rows, float dropout, uint64_t key,
                           FeedForwardCache& cache, float* out);
 // What the forward above asks of its cache, and the backward below of the scratch.
-void plan_feed_forward_forward(const FeedForwardWeights& w, int64_t rows, float dropout,
-                               FeedForwardCache& cache, WorkspacePlan& plan);
+void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int64_t rows,
+                               float dropout, FeedForwardCache& cache, WorkspacePlan& plan);
 void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
                                 WorkspacePlan& plan);
 // dx (= or += when accumulate) and parameter gradients, given d_out [rows, D].

@@ -20,15 +20,19 @@ const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, con
 }
 
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
-                    float* y, const uint16_t* rounded_x) {
-  if (w.prepared)
+                    float* y, const uint16_t* rounded_x, bool relu) {
+  if (w.prepared) {
     w.prepared->multiply(x, rows, w.in, y, w.out);
-  else if (!w.weight)
+    if (relu)
+      backend.add_bias_activation(y, w.bias, y, rows, w.out, Activation::kRelu);
+    else if (w.bias)
+      backend.add_bias(y, w.bias, rows, w.out);
+  } else if (!w.weight) {
     throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
-  else
+  } else {  // bias and ReLU in the product's own pass (MatmulEpilogue)
     backend.matmul(false, true, rows, w.out, w.in, 1.f, {x, rounded_x}, w.in, {w.weight, w.rounded},
-                   w.in, 0.f, y, w.out, w.precision);
-  if (w.bias) backend.add_bias(y, w.bias, rows, w.out);
+                   w.in, 0.f, y, w.out, w.precision, {w.bias, relu});
+  }
 }
 
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,

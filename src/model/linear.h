@@ -30,11 +30,12 @@ inline bool rounds_to_bfloat16(const LinearWeights& w) {
 const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, const float* x,
                              int64_t rows, int64_t cols, DeviceBuffer<uint16_t>& buffer);
 
-// y[rows, out] = x[rows, in] · Wᵀ + b, in w.prepared's precision, else w.precision.
-// rounded_x: x already rounded to bfloat16 (Backend::round_to_bfloat16, [rows, in]) where
-// several products read the same rows, or null. W is read from w.rounded where set.
+// y[rows, out] = x[rows, in] · Wᵀ + b, then max(y, 0) when relu (the feed-forward's first
+// transformation and its ReLU, §3.3), in w.prepared's precision, else w.precision. rounded_x: x
+// already rounded to bfloat16 (Backend::round_to_bfloat16, [rows, in]) where several products
+// read the same rows, or null. W is read from w.rounded where set.
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
-                    float* y, const uint16_t* rounded_x = nullptr);
+                    float* y, const uint16_t* rounded_x = nullptr, bool relu = false);
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
 // db += Σ_rows dy. Both products in w.precision; in bfloat16 dy is rounded once for both (into
 // scratch.rounded_d_out), and x / W are read from rounded_x / w.rounded where given.

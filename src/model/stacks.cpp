@@ -143,7 +143,8 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
     plan_multi_head_attention_forward(lw.self_attn, config.heads, B, S, S,
                                       dropout.attention_dropout, true, layer.self_attn, plan);
     plan_sublayer_forward(config, B * S, dropout.dropout, layer.ffn_sublayer, plan);
-    plan_feed_forward_forward(lw.ffn, B * S, dropout.relu_dropout, layer.ffn, plan);
+    plan_feed_forward_forward(lw.ffn, config.activation, B * S, dropout.relu_dropout, layer.ffn,
+                              plan);
   }
   plan_final_norm(config, B * S, cache.encoder_norm, cache.memory, plan);
 }
@@ -168,7 +169,8 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
     plan_multi_head_attention_forward(lw.cross_attn, config.heads, B, T, S,
                                       dropout.attention_dropout, false, layer.cross_attn, plan);
     plan_sublayer_forward(config, B * T, dropout.dropout, layer.ffn_sublayer, plan);
-    plan_feed_forward_forward(lw.ffn, B * T, dropout.relu_dropout, layer.ffn, plan);
+    plan_feed_forward_forward(lw.ffn, config.activation, B * T, dropout.relu_dropout, layer.ffn,
+                              plan);
   }
   plan_final_norm(config, B * T, cache.decoder_norm, cache.decoder_out, plan);
 }

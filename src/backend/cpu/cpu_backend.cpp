@@ -37,12 +37,13 @@ class CpuBackend final : public Backend {
 
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
-              int64_t ldc, Precision precision) const override {
+              int64_t ldc, Precision precision, MatmulEpilogue epilogue) const override {
     if (precision == Precision::kBFloat16)
       gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a.values, a.rounded, lda, b.values, b.rounded,
-                    ldb, beta, c, ldc);
+                    ldb, beta, c, ldc, epilogue);
     else
-      gemm(trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, c, ldc, precision);
+      gemm(trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, c, ldc, precision,
+           epilogue);
   }
   void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
                          uint16_t* out) const override {

@@ -1,9 +1,10 @@
 // gemm() on oneDNN. Two paths, chosen per call, so that callers never pick:
 // - Outside OpenMP parallel regions: a oneDNN matmul primitive (brgemm kernels) with the
-//   operands described by their strides, so transposes cost nothing. Creating one costs ~0.3 ms,
-//   so primitives are kept per shape, the most recently used 1024 of them: each holds ~120 KB of
-//   generated code, and training meets a new row count with every batch (an unbounded cache
-//   grew training's memory by 2 GB in one epoch). With few rows (decoding: 32 hypotheses) it
+//   operands described by their strides, so transposes cost nothing, and the epilogue (bias,
+//   ReLU) in the same pass. Creating one costs ~0.3 ms, so primitives are kept per shape, the
+//   most recently used 4096 of them: each holds ~120 KB of generated code, and training meets a
+//   new row count with every batch (an unbounded cache grew training's memory by 2 GB in one
+//   epoch). With few rows (decoding: 32 hypotheses) it
 //   runs 3–6× the rate of dnnl_sgemm, which repacks the weights on every call.
 // - Inside a parallel construct (attention's per-(sequence, head) products, which the region
 //   already spreads over the threads): dnnl_sgemm, single-threaded there, with no creation cost
@@ -29,6 +30,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "backend/cpu/elementwise.h"
 #include "backend/cpu/int8_quantization.h"
 #include "backend/cpu/parallel_threshold.h"
 #include "tensor/float16.h"
@@ -39,7 +41,7 @@ namespace tfm {
 namespace {
 
 struct GemmShape {
-  bool trans_a, trans_b, accumulate, bfloat16;
+  bool trans_a, trans_b, accumulate, bfloat16, bias, relu;
   int64_t m, n, k, lda, ldb, ldc;
   bool operator==(const GemmShape&) const = default;
 };
@@ -47,7 +49,7 @@ struct GemmShape {
 struct GemmShapeHash {
   size_t operator()(const GemmShape& s) const {
     uint64_t h = uint64_t(s.trans_a) | uint64_t(s.trans_b) << 1 | uint64_t(s.accumulate) << 2 |
-                 uint64_t(s.bfloat16) << 3;
+                 uint64_t(s.bfloat16) << 3 | uint64_t(s.bias) << 4 | uint64_t(s.relu) << 5;
     for (int64_t v : {s.m, s.n, s.k, s.lda, s.ldb, s.ldc}) h = (h ^ uint64_t(v)) * 0x100000001b3ull;
     return size_t(h ^ (h >> 29));
   }
@@ -78,6 +80,7 @@ dnnl::memory::desc matrix_desc(int64_t rows, int64_t cols, int64_t ld, bool tran
 struct CachedMatmul {
   dnnl::matmul primitive;
   dnnl::memory::desc a, b, c;
+  dnnl::memory::desc bias;        // [1, n] float32, added to every row of c (empty: none)
   dnnl::memory::desc scratchpad;  // what execute() lends it (size 0: nothing)
 };
 
@@ -90,8 +93,10 @@ struct CachedMatmul {
 // GB with every shape's.
 void create_matmul(CachedMatmul& entry, bool lend_scratchpad, dnnl::primitive_attr attr = {}) {
   if (lend_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(entry.a, entry.b, entry.c), attr,
-                                  cpu_engine());
+  const dnnl::matmul::desc desc = entry.bias.get_size() == 0
+                                      ? dnnl::matmul::desc(entry.a, entry.b, entry.c)
+                                      : dnnl::matmul::desc(entry.a, entry.b, entry.bias, entry.c);
+  dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
   if (lend_scratchpad) entry.scratchpad = pd.scratchpad_desc();
   entry.primitive = dnnl::matmul(pd);
 }
@@ -115,16 +120,29 @@ void* thread_scratchpad(size_t bytes) {
   return buffer.get();
 }
 
-// c = a · b on this thread's stream; a and c are wrapped in place, b is already a memory object.
-void execute(const CachedMatmul& mm, void* a, const dnnl::memory& b, void* c) {
+// c = a · b (+ bias, where the primitive adds one) on this thread's stream; a, c and bias are
+// wrapped in place, b is already a memory object. Through the C API's argument array: the C++
+// API's std::unordered_map of arguments cost a few heap blocks per product (0.8% of a bfloat16
+// training step in malloc/free).
+void execute(const CachedMatmul& mm, void* a, const dnnl::memory& b, void* c,
+             const float* bias = nullptr) {
   dnnl::stream& stream = thread_stream();
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(mm.a, cpu_engine(), a)},
-                                             {DNNL_ARG_WEIGHTS, b},
-                                             {DNNL_ARG_DST, dnnl::memory(mm.c, cpu_engine(), c)}};
-  if (const size_t bytes = mm.scratchpad.get_size())
-    args.emplace(DNNL_ARG_SCRATCHPAD,
-                 dnnl::memory(mm.scratchpad, cpu_engine(), thread_scratchpad(bytes)));
-  mm.primitive.execute(stream, args);
+  const dnnl::memory a_memory(mm.a, cpu_engine(), a), c_memory(mm.c, cpu_engine(), c);
+  dnnl_exec_arg_t args[5] = {
+      {DNNL_ARG_SRC, a_memory.get()}, {DNNL_ARG_WEIGHTS, b.get()}, {DNNL_ARG_DST, c_memory.get()}};
+  int count = 3;
+  dnnl::memory bias_memory, scratchpad_memory;
+  if (mm.bias.get_size() != 0) {
+    if (!bias) throw std::logic_error("gemm: a primitive with a bias executed without one");
+    bias_memory = dnnl::memory(mm.bias, cpu_engine(), const_cast<float*>(bias));
+    args[count++] = {DNNL_ARG_BIAS, bias_memory.get()};
+  }
+  if (const size_t bytes = mm.scratchpad.get_size()) {
+    scratchpad_memory = dnnl::memory(mm.scratchpad, cpu_engine(), thread_scratchpad(bytes));
+    args[count++] = {DNNL_ARG_SCRATCHPAD, scratchpad_memory.get()};
+  }
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(mm.primitive.get(), stream.get(), count, args),
+                          "could not execute a matmul primitive");
   stream.wait();
 }
 
@@ -161,12 +179,12 @@ std::shared_ptr<const CachedMatmul> matmul_for(const GemmShape& s) {
     entry->a = matrix_desc(s.m, s.k, s.lda, s.trans_a, operands);
     entry->b = matrix_desc(s.k, s.n, s.ldb, s.trans_b, operands);
     entry->c = matrix_desc(s.m, s.n, s.ldc, false);
+    if (s.bias) entry->bias = matrix_desc(1, s.n, s.n, false);
     dnnl::primitive_attr attr;
-    if (s.accumulate) {
-      dnnl::post_ops ops;
-      ops.append_sum(1.f);
-      attr.set_post_ops(ops);
-    }
+    dnnl::post_ops ops;
+    if (s.accumulate) ops.append_sum(1.f);
+    if (s.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    attr.set_post_ops(ops);
     create_matmul(*entry, true, attr);
   } catch (const dnnl::error&) {
     return nullptr;
@@ -183,6 +201,26 @@ void run_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                                     lda, b, ldb, beta, c, ldc);
   if (status != dnnl_success)
     throw std::runtime_error("oneDNN sgemm failed with status " + std::to_string(int(status)));
+}
+
+// The epilogue applied to c[m, n] (row stride ldc) after the product, where the primitive did
+// not apply it in its own pass (beta ≠ 0, sgemm): the same float results, c + bias then
+// max(·, 0), either way.
+void apply_epilogue(float* c, int64_t ldc, const MatmulEpilogue& epilogue, int64_t m, int64_t n) {
+  const int64_t blocks = ldc == n ? 1 : m, rows = ldc == n ? m : 1;  // dense: one call
+  for (int64_t i = 0; i < blocks; ++i) {
+    float* block = c + i * ldc;
+    if (epilogue.relu)
+      add_bias_activation(block, epilogue.bias, block, rows, n, Activation::kRelu);
+    else if (epilogue.bias)
+      add_bias(block, epilogue.bias, rows, n);
+  }
+}
+
+// Whether an epilogue is given. The primitive applies it only where beta is 0: oneDNN adds its
+// bias before the sum post-op, which would change the order of the float sums.
+bool has_epilogue(const MatmulEpilogue& e) {
+  return e.bias || e.relu;
 }
 
 }  // namespace
@@ -532,12 +570,14 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
 // computes the same products of bfloat16 inputs.
 void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, const uint16_t* a_rounded, int64_t lda, const float* b,
-                   const uint16_t* b_rounded, int64_t ldb, float beta, float* c, int64_t ldc) {
+                   const uint16_t* b_rounded, int64_t ldb, float beta, float* c, int64_t ldc,
+                   MatmulEpilogue epilogue) {
   if (!bfloat16_supported())
     throw std::invalid_argument("bfloat16 products need a CPU with AVX512-BF16");
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
-    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);  // leaves beta · C
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, Precision::kFloat32,
+         epilogue);  // the epilogue of beta · C
     return;
   }
   thread_local std::vector<uint16_t> a_buffer, b_buffer;
@@ -557,10 +597,23 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
   if (plain_product && omp_get_level() == 0) {
-    const GemmShape shape{trans_a, trans_b, beta == 1.f, true, m, n, k, a_cols, b_cols, ldc};
+    const bool fused = beta == 0.f;  // the epilogue in the primitive's pass
+    const GemmShape shape{trans_a,
+                          trans_b,
+                          beta == 1.f,
+                          true,
+                          fused && epilogue.bias != nullptr,
+                          fused && epilogue.relu,
+                          m,
+                          n,
+                          k,
+                          a_cols,
+                          b_cols,
+                          ldc};
     if (const std::shared_ptr<const CachedMatmul> mm = matmul_for(shape)) {
       execute(*mm, const_cast<uint16_t*>(a16),
-              dnnl::memory(mm->b, cpu_engine(), const_cast<uint16_t*>(b16)), c);
+              dnnl::memory(mm->b, cpu_engine(), const_cast<uint16_t*>(b16)), c, epilogue.bias);
+      if (!fused && has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
       return;
     }
   }
@@ -570,36 +623,43 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   for (int64_t i = 0; i < a_rows * a_cols; ++i) a_wide[i] = bfloat16_to_float(a16[i]);
   for (int64_t i = 0; i < b_rows * b_cols; ++i) b_wide[i] = bfloat16_to_float(b16[i]);
   run_sgemm(trans_a, trans_b, m, n, k, alpha, a_wide, a_cols, b_wide, b_cols, beta, c, ldc);
+  if (has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-          Precision precision) {
+          Precision precision, MatmulEpilogue epilogue) {
   if (precision == Precision::kInt8)
     throw std::invalid_argument("gemm: int8 products need weights prepared in int8");
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
-    // op(A)·op(B) is the zero matrix: only the beta term remains.
+    // op(A)·op(B) is the zero matrix: only the beta term (and the epilogue) remains.
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+    if (has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
     return;
   }
   if (precision == Precision::kBFloat16) {
-    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, nullptr, lda, b, nullptr, ldb, beta, c, ldc);
+    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, nullptr, lda, b, nullptr, ldb, beta, c, ldc,
+                  epilogue);
     return;
   }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
-  if (omp_get_level() > 0 || !plain_product) {  // inside a parallel construct, even one thread
-    run_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
-  const GemmShape shape{trans_a, trans_b, beta == 1.f, false, m, n, k, lda, ldb, ldc};
-  const std::shared_ptr<const CachedMatmul> mm = matmul_for(shape);
+  const bool fused = beta == 0.f;  // the epilogue in the primitive's pass
+  std::shared_ptr<const CachedMatmul> mm;
+  // Inside a parallel construct (even of one thread) sgemm; the primitive elsewhere.
+  if (omp_get_level() == 0 && plain_product)
+    mm = matmul_for(GemmShape{trans_a, trans_b, beta == 1.f, false,
+                              fused && epilogue.bias != nullptr, fused && epilogue.relu, m, n, k,
+                              lda, ldb, ldc});
   if (!mm) {
     run_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
     return;
   }
-  execute(*mm, const_cast<float*>(a), dnnl::memory(mm->b, cpu_engine(), const_cast<float*>(b)), c);
+  execute(*mm, const_cast<float*>(a), dnnl::memory(mm->b, cpu_engine(), const_cast<float*>(b)), c,
+          epilogue.bias);
+  if (!fused && has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
 }
 
 }  // namespace tfm

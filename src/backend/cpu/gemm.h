@@ -10,19 +10,22 @@
 
 namespace tfm {
 
-// Row-major C[m, n] = alpha * op(A)[m, k] · op(B)[k, n] + beta * C[m, n],
-// where op(X) is X or Xᵀ. lda/ldb/ldc are row strides of A, B, C as stored. kBFloat16: A and B
-// rounded to bfloat16 first, float32 accumulation (std::invalid_argument where
-// bfloat16_supported() is false); kInt8 is refused (std::invalid_argument).
+// Row-major C[m, n] = alpha * op(A)[m, k] · op(B)[k, n] + beta * C[m, n], then the epilogue
+// (+ bias on every row, ReLU: MatmulEpilogue), where op(X) is X or Xᵀ. lda/ldb/ldc are row
+// strides of A, B, C as stored. The epilogue gives the same floats as a separate pass would; the
+// primitive applies it in its own pass where beta is 0. kBFloat16: A and B rounded to bfloat16
+// first, float32 accumulation (std::invalid_argument where bfloat16_supported() is false); kInt8 is
+// refused (std::invalid_argument).
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
-          Precision precision = Precision::kFloat32);
+          Precision precision = Precision::kFloat32, MatmulEpilogue epilogue = {});
 
 // gemm() in bfloat16 where A and B may come already rounded: a_rounded / b_rounded dense
 // [rows, cols] as stored (round_to_bfloat16 of a / b), or null (rounded here, as gemm() does).
 void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, const uint16_t* a_rounded, int64_t lda, const float* b,
-                   const uint16_t* b_rounded, int64_t ldb, float beta, float* c, int64_t ldc);
+                   const uint16_t* b_rounded, int64_t ldb, float beta, float* c, int64_t ldc,
+                   MatmulEpilogue epilogue = {});
 
 // x[m, k] (row stride ldx) rounded to bfloat16 (nearest, ties to even; NaN stays NaN) into the
 // dense out[m, k]; rows spread over the threads when the matrix is large and no parallel region
