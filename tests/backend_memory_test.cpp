@@ -66,9 +66,13 @@ class MemoryCheckingBackend : public Backend {
                                            {"b", b.values},
                                            {"b rounded", b.rounded},
                                            {"c", c},
-                                           {"bias", epilogue.bias}});
+                                           {"bias", epilogue.bias},
+                                           {"rounded output", epilogue.rounded_output}});
     if (a.rounded || b.rounded) ++rounded_operands_;
-    if (ignore_rounded_copies_) a.rounded = b.rounded = nullptr;  // each product rounds again
+    if (ignore_rounded_copies_) {  // each product rounds again, where the float values exist
+      if (a.values) a.rounded = nullptr;
+      if (b.values) b.rounded = nullptr;
+    }
     cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
                  epilogue);
   }
@@ -175,6 +179,10 @@ class MemoryCheckingBackend : public Backend {
     const Access access =
         check("activation_backward", {{"d", d}, {"pre_activation", pre_activation}});
     cpu().activation_backward(d, pre_activation, n, act);
+  }
+  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const override {
+    const Access access = check("relu_backward_bfloat16", {{"d", d}, {"relu_output", relu_output}});
+    cpu().relu_backward_bfloat16(d, relu_output, n);
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     const Access access = check("bias_backward", {{"dy", dy}, {"dbias", dbias}});

@@ -261,7 +261,66 @@ TEST_P(BackendOps, MatmulAppliesItsEpilogueToTheFinishedProduct) {
                 }
                 run(got, epilogue);
                 ASSERT_EQ(got, expected);
+                if (precision != Precision::kBFloat16 || beta != 0.f) continue;
+                // The same result written in bfloat16 instead (c untouched: null), each element
+                // rounded to nearest even; the padding between rows untouched.
+                std::vector<uint16_t> rounded(size_t(m * ldc), 0xdead);
+                MatmulEpilogue to_bfloat16 = epilogue;
+                to_bfloat16.rounded_output = rounded.data();
+                if (!nested) {
+                  be().matmul(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, 0.f, nullptr,
+                              ldc, precision, to_bfloat16);
+                } else {
+#pragma omp parallel num_threads(1)
+                  be().matmul(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, 0.f, nullptr,
+                              ldc, precision, to_bfloat16);
+                }
+                for (int64_t i = 0; i < m; ++i)
+                  for (int64_t j = 0; j < ldc; ++j) {
+                    const uint16_t want =
+                        j < n ? float_to_bfloat16(expected[size_t(i * ldc + j)]) : uint16_t(0xdead);
+                    ASSERT_EQ(rounded[size_t(i * ldc + j)], want) << i << "," << j;
+                  }
               }
+  }
+}
+
+// MatmulEpilogue::rounded_output is refused where it cannot apply: beta ≠ 0, float32 products.
+TEST_P(BackendOps, MatmulRefusesABFloat16OutputItCannotWrite) {
+  std::vector<float> one = {1.f};
+  std::vector<uint16_t> out(1);
+  MatmulEpilogue to_bfloat16;
+  to_bfloat16.rounded_output = out.data();
+  EXPECT_THROW(be().matmul(false, false, 1, 1, 1, 1.f, one.data(), 1, one.data(), 1, 0.f, nullptr,
+                           1, Precision::kFloat32, to_bfloat16),
+               std::invalid_argument);
+  if (!be().supports(Precision::kBFloat16)) return;
+  EXPECT_THROW(be().matmul(false, false, 1, 1, 1, 1.f, one.data(), 1, one.data(), 1, 1.f, nullptr,
+                           1, Precision::kBFloat16, to_bfloat16),
+               std::invalid_argument);
+}
+
+// relu_backward_bfloat16 is activation_backward's ReLU on the bfloat16 output widened: gradients
+// pass where the output is positive and stop at zeros (both signs), negatives and NaN.
+TEST_P(BackendOps, ReluBackwardFromABFloat16Output) {
+  for (int64_t n : {int64_t(7), int64_t(100000)}) {
+    auto output = random_vector(n, 77);
+    std::vector<uint16_t> output16(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) output16[size_t(i)] = float_to_bfloat16(output[size_t(i)]);
+    output16[0] = 0x0000;  // +0
+    output16[1] = 0x8000;  // -0
+    output16[2] = 0x7fc0;  // NaN
+    output16[3] = 0x0001;  // the smallest positive (subnormal) bfloat16
+    std::vector<float> widened(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) widened[size_t(i)] = bfloat16_to_float(output16[size_t(i)]);
+    const auto d0 = random_vector(n, 78);
+    auto expected = d0, got = d0;
+    be().activation_backward(expected.data(), widened.data(), n, Activation::kRelu);
+    be().relu_backward_bfloat16(got.data(), output16.data(), n);
+    ASSERT_EQ(got, expected);
+    EXPECT_EQ(got[0], 0.f);
+    EXPECT_EQ(got[2], 0.f);
+    EXPECT_EQ(got[3], d0[3]);
   }
 }
 

@@ -124,6 +124,9 @@ class Backend {
   // exactly where the pre-activation is.
   virtual void activation_backward(float* d, const float* pre_activation, int64_t n,
                                    Activation act) const = 0;
+  // d[n] *= relu'(·) read off the ReLU's output kept in bfloat16 (MatmulEpilogue::rounded_output):
+  // d where that output is positive, else 0 (activation_backward's kRelu on the rounded output).
+  virtual void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const = 0;
   // dbias[cols] += Σ_rows dy[rows, cols]
   virtual void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const = 0;
 

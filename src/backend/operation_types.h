@@ -54,9 +54,15 @@ enum class Activation { kRelu, kGelu };
 // transformation). The same float results as add_bias / add_bias_activation after the product;
 // a backend may do it in the product's own pass (the CPU's does where beta is 0), which spares a
 // pass over the output.
+//
+// rounded_output (bfloat16 products with beta 0 only): C is written there instead, rounded to
+// bfloat16 (nearest, ties to even; results below the smallest normal float flush to zero, as
+// AVX512-BF16's conversion does), row stride ldc, and c is not touched (it may be null). Training
+// in bfloat16 keeps the feed-forward's hidden layer this way: only products read it.
 struct MatmulEpilogue {
   const float* bias = nullptr;  // [n] or null
   bool relu = false;
+  uint16_t* rounded_output = nullptr;  // [m, ldc] or null
 };
 
 // How query q_i and key k_j of one head (both d_k = head_dim wide) make a logit:

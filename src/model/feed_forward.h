@@ -18,7 +18,9 @@ struct FeedForwardCache {
   // one: fc1's product applies it in its own pass, and its backward reads `hidden` instead.
   bool keep_pre_activation = true;
   DeviceBuffer<float> pre_activation;  // [rows, d_ff] fc1 output (GELU, kept for backward)
-  DeviceBuffer<float> hidden;          // [rows, d_ff] activation (after dropout): fc2 input
+  // [rows, d_ff] activation (after dropout): fc2 input. Not kept where training in bfloat16 holds
+  // the hidden layer only in rounded_hidden (ReLU, no dropout inside: feed_forward.cpp).
+  DeviceBuffer<float> hidden;
   DeviceBuffer<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0
   // Training in bfloat16: fc1's and fc2's inputs rounded once, read by the forward product and
   // by the weight gradient's.

@@ -20,7 +20,9 @@ const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, con
 }
 
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
-                    float* y, const uint16_t* rounded_x, bool relu) {
+                    float* y, const uint16_t* rounded_x, bool relu, uint16_t* rounded_y) {
+  if (rounded_y && !rounds_to_bfloat16(w))
+    throw std::logic_error("linear_forward: a bfloat16 output from a product that does not round");
   if (w.prepared) {
     w.prepared->multiply(x, rows, w.in, y, w.out);
     if (relu)
@@ -31,7 +33,7 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
     throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
   } else {  // bias and ReLU in the product's own pass (MatmulEpilogue)
     backend.matmul(false, true, rows, w.out, w.in, 1.f, {x, rounded_x}, w.in, {w.weight, w.rounded},
-                   w.in, 0.f, y, w.out, w.precision, {w.bias, relu});
+                   w.in, 0.f, y, w.out, w.precision, {w.bias, relu, rounded_y});
   }
 }
 

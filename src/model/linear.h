@@ -33,9 +33,12 @@ const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, con
 // y[rows, out] = x[rows, in] · Wᵀ + b, then max(y, 0) when relu (the feed-forward's first
 // transformation and its ReLU, §3.3), in w.prepared's precision, else w.precision. rounded_x: x
 // already rounded to bfloat16 (Backend::round_to_bfloat16, [rows, in]) where several products
-// read the same rows, or null. W is read from w.rounded where set.
+// read the same rows, or null (x may then be null too). W is read from w.rounded where set.
+// rounded_y (bfloat16 training only): y is written there in bfloat16 instead
+// (MatmulEpilogue::rounded_output), and y may be null.
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
-                    float* y, const uint16_t* rounded_x = nullptr, bool relu = false);
+                    float* y, const uint16_t* rounded_x = nullptr, bool relu = false,
+                    uint16_t* rounded_y = nullptr);
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
 // db += Σ_rows dy. Both products in w.precision; in bfloat16 dy is rounded once for both (into
 // scratch.rounded_d_out), and x / W are read from rounded_x / w.rounded where given.

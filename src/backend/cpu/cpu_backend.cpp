@@ -118,6 +118,9 @@ class CpuBackend final : public Backend {
                            Activation act) const override {
     tfm::activation_backward(d, pre_activation, n, act);
   }
+  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const override {
+    tfm::relu_backward_bfloat16(d, relu_output, n);
+  }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     tfm::bias_backward(dy, rows, cols, dbias);
   }

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/fast_exp.h"
 #include "backend/cpu/parallel_threshold.h"
+#include "tensor/float16.h"
 
 namespace tfm {
 
@@ -155,6 +156,11 @@ void activation_backward(float* d, const float* pre_activation, int64_t n, Activ
       d[i] *= cdf + x * pdf;
     }
   }
+}
+
+void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) d[i] = bfloat16_to_float(relu_output[i]) > 0.f ? d[i] : 0.f;
 }
 
 void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) {

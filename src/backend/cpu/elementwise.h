@@ -35,6 +35,9 @@ void activation_backward(float* d, const float* pre_activation, int64_t n, Activ
 // dbias[cols] += Σ_rows dy[rows, cols]
 void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias);
 
+// d[n] = relu_output[n] > 0 ? d[n] : 0, the ReLU's output held in bfloat16.
+void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n);
+
 // Inverted dropout with a counter-based generator: element i is kept iff
 // hash(key, i) >= p, so masks depend only on (key, i) — reproducible, parallel, and
 // needing no generator state to resume. mask[n] receives 1 (kept) or 0.

@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <dnnl.hpp>
 #include <limits>
@@ -41,7 +42,7 @@ namespace tfm {
 namespace {
 
 struct GemmShape {
-  bool trans_a, trans_b, accumulate, bfloat16, bias, relu;
+  bool trans_a, trans_b, accumulate, bfloat16, bias, relu, rounded_output;
   int64_t m, n, k, lda, ldb, ldc;
   bool operator==(const GemmShape&) const = default;
 };
@@ -49,7 +50,8 @@ struct GemmShape {
 struct GemmShapeHash {
   size_t operator()(const GemmShape& s) const {
     uint64_t h = uint64_t(s.trans_a) | uint64_t(s.trans_b) << 1 | uint64_t(s.accumulate) << 2 |
-                 uint64_t(s.bfloat16) << 3 | uint64_t(s.bias) << 4 | uint64_t(s.relu) << 5;
+                 uint64_t(s.bfloat16) << 3 | uint64_t(s.bias) << 4 | uint64_t(s.relu) << 5 |
+                 uint64_t(s.rounded_output) << 6;
     for (int64_t v : {s.m, s.n, s.k, s.lda, s.ldb, s.ldc}) h = (h ^ uint64_t(v)) * 0x100000001b3ull;
     return size_t(h ^ (h >> 29));
   }
@@ -178,7 +180,9 @@ std::shared_ptr<const CachedMatmul> matmul_for(const GemmShape& s) {
     const auto operands = s.bfloat16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
     entry->a = matrix_desc(s.m, s.k, s.lda, s.trans_a, operands);
     entry->b = matrix_desc(s.k, s.n, s.ldb, s.trans_b, operands);
-    entry->c = matrix_desc(s.m, s.n, s.ldc, false);
+    entry->c = matrix_desc(
+        s.m, s.n, s.ldc, false,
+        s.rounded_output ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32);
     if (s.bias) entry->bias = matrix_desc(1, s.n, s.n, false);
     dnnl::primitive_attr attr;
     dnnl::post_ops ops;
@@ -574,7 +578,30 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
                    MatmulEpilogue epilogue) {
   if (!bfloat16_supported())
     throw std::invalid_argument("bfloat16 products need a CPU with AVX512-BF16");
+  if (epilogue.rounded_output && beta != 0.f)
+    throw std::invalid_argument("gemm: a bfloat16 output needs beta 0");
   if (m <= 0 || n <= 0) return;
+  // A bfloat16 output that no primitive writes: the float result in this thread's scratch, then
+  // rounded with the conversion the primitive uses (subnormal results flush to zero).
+  const auto output_via_float = [&] {
+    thread_local std::vector<float> result_buffer;
+    float* result = thread_scratch(result_buffer, m * n);  // [m, n]
+    MatmulEpilogue in_float = epilogue;
+    in_float.rounded_output = nullptr;
+    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, a_rounded, lda, b, b_rounded, ldb, 0.f,
+                  result, n, in_float);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = result[i * n + j];
+        epilogue.rounded_output[i * ldc + j] = std::fabs(v) < std::numeric_limits<float>::min()
+                                                   ? uint16_t(std::signbit(v) << 15)
+                                                   : float_to_bfloat16(v);
+      }
+  };
+  if (epilogue.rounded_output && (k <= 0 || alpha != 1.f || omp_get_level() > 0)) {
+    output_via_float();
+    return;
+  }
   if (k <= 0) {
     gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, Precision::kFloat32,
          epilogue);  // the epilogue of beta · C
@@ -604,6 +631,7 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
                           true,
                           fused && epilogue.bias != nullptr,
                           fused && epilogue.relu,
+                          epilogue.rounded_output != nullptr,
                           m,
                           n,
                           k,
@@ -611,11 +639,16 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
                           b_cols,
                           ldc};
     if (const std::shared_ptr<const CachedMatmul> mm = matmul_for(shape)) {
+      void* out = epilogue.rounded_output ? static_cast<void*>(epilogue.rounded_output) : c;
       execute(*mm, const_cast<uint16_t*>(a16),
-              dnnl::memory(mm->b, cpu_engine(), const_cast<uint16_t*>(b16)), c, epilogue.bias);
+              dnnl::memory(mm->b, cpu_engine(), const_cast<uint16_t*>(b16)), out, epilogue.bias);
       if (!fused && has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
       return;
     }
+  }
+  if (epilogue.rounded_output) {
+    output_via_float();
+    return;
   }
   thread_local std::vector<float> a_wide_buffer, b_wide_buffer;
   float* a_wide = thread_scratch(a_wide_buffer, a_rows * a_cols);  // [a_rows, a_cols]
@@ -631,6 +664,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           Precision precision, MatmulEpilogue epilogue) {
   if (precision == Precision::kInt8)
     throw std::invalid_argument("gemm: int8 products need weights prepared in int8");
+  if (epilogue.rounded_output && precision != Precision::kBFloat16)
+    throw std::invalid_argument("gemm: a bfloat16 output needs a bfloat16 product");
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     // op(A)·op(B) is the zero matrix: only the beta term (and the epilogue) remains.
@@ -650,8 +685,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   // Inside a parallel construct (even of one thread) sgemm; the primitive elsewhere.
   if (omp_get_level() == 0 && plain_product)
     mm = matmul_for(GemmShape{trans_a, trans_b, beta == 1.f, false,
-                              fused && epilogue.bias != nullptr, fused && epilogue.relu, m, n, k,
-                              lda, ldb, ldc});
+                              fused && epilogue.bias != nullptr, fused && epilogue.relu, false, m,
+                              n, k, lda, ldb, ldc});
   if (!mm) {
     run_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     if (has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
