@@ -53,8 +53,10 @@ class Backend {
   // kBFloat16 (bfloat16 training): every element of A and B rounded to bfloat16 (nearest, ties
   // to even), the products accumulated in float32; an operand whose `rounded` copy is given
   // (MatmulOperand) is read from it instead. The epilogue (bias, ReLU: MatmulEpilogue) then
-  // applies to the finished C. Throws std::invalid_argument for a precision supports() refuses,
-  // and for kInt8 (weights only: prepare_matrix).
+  // applies to the finished C, which epilogue.rounded_output may ask for in bfloat16 instead
+  // (kBFloat16 with beta 0 only; c is then not touched). Throws std::invalid_argument for a
+  // precision supports() refuses, for kInt8 (weights only: prepare_matrix), and for a
+  // rounded_output elsewhere than kBFloat16 with beta 0.
   virtual void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
                       float* c, int64_t ldc, Precision precision,

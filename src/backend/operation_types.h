@@ -39,7 +39,9 @@ std::string compute_type_name(Precision precision, CacheFormat cache);
 // optionally the same values already rounded to bfloat16 (Backend::round_to_bfloat16: dense,
 // [rows, cols] as stored, row stride cols), which the product then reads instead of rounding
 // `values` again. Training in bfloat16 rounds each weight once per pass and each output gradient
-// once for its two backward products this way. Converts implicitly from a float pointer.
+// once for its two backward products this way. Converts implicitly from a float pointer. With a
+// rounded copy, values may be null (a bfloat16 product then has only the copy to read: the
+// feed-forward's hidden layer in bfloat16 training, MatmulEpilogue::rounded_output).
 struct MatmulOperand {
   MatmulOperand(const float* v = nullptr, const uint16_t* r = nullptr) : values(v), rounded(r) {}
   const float* values;

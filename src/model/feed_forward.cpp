@@ -8,9 +8,11 @@ namespace {
 // Training in bfloat16 with ReLU and no dropout inside keeps the hidden layer in bfloat16 only:
 // fc1's product writes it rounded (MatmulEpilogue::rounded_output), fc2's products read it, and
 // ReLU's backward reads its sign. That spares writing it in float32 (memory-bound: 16 MB a layer
-// for the base model's 4,096-token batch) and rounding it again. With dropout the float values
-// are kept: dropping and scaling them first, then rounding, is not the same as scaling rounded
-// values.
+// for the base model's 4,096-token batch) and rounding it again. The products are the same
+// (fc2's read the same bfloat16 values); only a hidden value below the smallest normal float
+// (under 1.2e-38, flushed to zero) would stop its gradient where the float copy passed it. With
+// dropout the float values are kept: dropping and scaling them first, then rounding, is not the
+// same as scaling rounded values.
 bool hidden_only_in_bfloat16(const FeedForwardWeights& w, Activation act, float dropout) {
   return act == Activation::kRelu && dropout == 0.f && rounds_to_bfloat16(w.fc1) &&
          rounds_to_bfloat16(w.fc2);
@@ -87,7 +89,7 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
   float* d_hidden = ensure_size(backend, scratch.d_hidden, hidden_size);  // [rows, d_ff]
   if (hidden_only_in_bfloat16(w, act, dropout)) {
     if (rows <= 0) return;
-    const uint16_t* rounded_hidden = cache.rounded_hidden.data();
+    const uint16_t* rounded_hidden = cache.rounded_hidden.data();  // [rows, d_ff]
     linear_backward(backend, w.fc2, g.fc2, nullptr, d_out, rows, d_hidden, false, scratch,
                     rounded_hidden);
     backend.relu_backward_bfloat16(d_hidden, rounded_hidden, hidden_size);

@@ -23,7 +23,9 @@ struct FeedForwardCache {
   DeviceBuffer<float> hidden;
   DeviceBuffer<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0
   // Training in bfloat16: fc1's and fc2's inputs rounded once, read by the forward product and
-  // by the weight gradient's.
+  // by the weight gradient's. With ReLU and no dropout inside, rounded_hidden is the only copy of
+  // the hidden layer: written by fc1's product (subnormal values flushed to zero), read by fc2's
+  // products and by ReLU's backward (its sign).
   DeviceBuffer<uint16_t> rounded_input;   // [rows, D]
   DeviceBuffer<uint16_t> rounded_hidden;  // [rows, d_ff]
 };

@@ -221,8 +221,8 @@ void apply_epilogue(float* c, int64_t ldc, const MatmulEpilogue& epilogue, int64
   }
 }
 
-// Whether an epilogue is given. The primitive applies it only where beta is 0: oneDNN adds its
-// bias before the sum post-op, which would change the order of the float sums.
+// Whether an epilogue is given. (The primitive applies one only where beta is 0, `fused` below:
+// oneDNN adds its bias before the sum post-op, which would change the order of the float sums.)
 bool has_epilogue(const MatmulEpilogue& e) {
   return e.bias || e.relu;
 }
@@ -568,10 +568,38 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
   }
 }
 
+namespace {
+
+// A bfloat16 output (MatmulEpilogue::rounded_output) where no primitive writes it: the float
+// result in this thread's scratch, then rounded as AVX512-BF16's conversion rounds (nearest,
+// ties to even; results below the smallest normal float flush to zero), so that every path
+// writes the same bits.
+void bfloat16_output_via_float(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                               float alpha, const float* a, const uint16_t* a_rounded, int64_t lda,
+                               const float* b, const uint16_t* b_rounded, int64_t ldb, int64_t ldc,
+                               const MatmulEpilogue& epilogue) {
+  thread_local std::vector<float> result_buffer;
+  float* result = thread_scratch(result_buffer, m * n);  // [m, n]
+  MatmulEpilogue in_float = epilogue;
+  in_float.rounded_output = nullptr;
+  gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, a_rounded, lda, b, b_rounded, ldb, 0.f, result,
+                n, in_float);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = result[i * n + j];
+      epilogue.rounded_output[i * ldc + j] = std::fabs(v) < std::numeric_limits<float>::min()
+                                                 ? uint16_t(std::signbit(v) << 15)
+                                                 : float_to_bfloat16(v);
+    }
+}
+
+}  // namespace
+
 // A and B rounded into dense bfloat16 copies (this thread's scratch) unless given rounded, then
-// the cached bfloat16 primitive; where none applies (inside a parallel region, alpha ≠ 1 or beta
-// not 0 or 1) the same rounded values widened back and multiplied by sgemm, so that every path
-// computes the same products of bfloat16 inputs.
+// the cached bfloat16 primitive, which also applies the epilogue where beta is 0 and writes a
+// bfloat16 output where one is asked for; where none applies (inside a parallel region, alpha ≠
+// 1 or beta not 0 or 1) the same rounded values widened back and multiplied by sgemm, so that
+// every path computes the same products of bfloat16 inputs.
 void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, const uint16_t* a_rounded, int64_t lda, const float* b,
                    const uint16_t* b_rounded, int64_t ldb, float beta, float* c, int64_t ldc,
@@ -581,25 +609,9 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   if (epilogue.rounded_output && beta != 0.f)
     throw std::invalid_argument("gemm: a bfloat16 output needs beta 0");
   if (m <= 0 || n <= 0) return;
-  // A bfloat16 output that no primitive writes: the float result in this thread's scratch, then
-  // rounded with the conversion the primitive uses (subnormal results flush to zero).
-  const auto output_via_float = [&] {
-    thread_local std::vector<float> result_buffer;
-    float* result = thread_scratch(result_buffer, m * n);  // [m, n]
-    MatmulEpilogue in_float = epilogue;
-    in_float.rounded_output = nullptr;
-    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, a_rounded, lda, b, b_rounded, ldb, 0.f,
-                  result, n, in_float);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        const float v = result[i * n + j];
-        epilogue.rounded_output[i * ldc + j] = std::fabs(v) < std::numeric_limits<float>::min()
-                                                   ? uint16_t(std::signbit(v) << 15)
-                                                   : float_to_bfloat16(v);
-      }
-  };
   if (epilogue.rounded_output && (k <= 0 || alpha != 1.f || omp_get_level() > 0)) {
-    output_via_float();
+    bfloat16_output_via_float(trans_a, trans_b, m, n, k, alpha, a, a_rounded, lda, b, b_rounded,
+                              ldb, ldc, epilogue);
     return;
   }
   if (k <= 0) {
@@ -647,7 +659,8 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
     }
   }
   if (epilogue.rounded_output) {
-    output_via_float();
+    bfloat16_output_via_float(trans_a, trans_b, m, n, k, alpha, a, a_rounded, lda, b, b_rounded,
+                              ldb, ldc, epilogue);
     return;
   }
   thread_local std::vector<float> a_wide_buffer, b_wide_buffer;
@@ -664,7 +677,12 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           Precision precision, MatmulEpilogue epilogue) {
   if (precision == Precision::kInt8)
     throw std::invalid_argument("gemm: int8 products need weights prepared in int8");
-  if (epilogue.rounded_output && precision != Precision::kBFloat16)
+  if (precision == Precision::kBFloat16) {
+    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, nullptr, lda, b, nullptr, ldb, beta, c, ldc,
+                  epilogue);
+    return;
+  }
+  if (epilogue.rounded_output)
     throw std::invalid_argument("gemm: a bfloat16 output needs a bfloat16 product");
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
@@ -672,11 +690,6 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
     if (has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
-    return;
-  }
-  if (precision == Precision::kBFloat16) {
-    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, nullptr, lda, b, nullptr, ldb, beta, c, ldc,
-                  epilogue);
     return;
   }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);

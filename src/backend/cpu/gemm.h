@@ -14,8 +14,9 @@ namespace tfm {
 // (+ bias on every row, ReLU: MatmulEpilogue), where op(X) is X or Xᵀ. lda/ldb/ldc are row
 // strides of A, B, C as stored. The epilogue gives the same floats as a separate pass would; the
 // primitive applies it in its own pass where beta is 0. kBFloat16: A and B rounded to bfloat16
-// first, float32 accumulation (std::invalid_argument where bfloat16_supported() is false); kInt8 is
-// refused (std::invalid_argument).
+// first, float32 accumulation (std::invalid_argument where bfloat16_supported() is false), and
+// C may instead be written in bfloat16 (epilogue.rounded_output; beta 0 only, else
+// std::invalid_argument, as for any other precision); kInt8 is refused (std::invalid_argument).
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
           Precision precision = Precision::kFloat32, MatmulEpilogue epilogue = {});
