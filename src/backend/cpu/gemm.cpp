@@ -209,8 +209,9 @@ void run_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 
 // The epilogue applied to c[m, n] (row stride ldc) after the product, where the primitive did
 // not apply it in its own pass (beta ≠ 0, sgemm): the same float results, c + bias then
-// max(·, 0), either way.
+// max(·, 0), either way. Nothing for an empty epilogue.
 void apply_epilogue(float* c, int64_t ldc, const MatmulEpilogue& epilogue, int64_t m, int64_t n) {
+  if (!epilogue.bias && !epilogue.relu) return;
   const int64_t blocks = ldc == n ? 1 : m, rows = ldc == n ? m : 1;  // dense: one call
   for (int64_t i = 0; i < blocks; ++i) {
     float* block = c + i * ldc;
@@ -221,10 +222,31 @@ void apply_epilogue(float* c, int64_t ldc, const MatmulEpilogue& epilogue, int64
   }
 }
 
-// Whether an epilogue is given. (The primitive applies one only where beta is 0, `fused` below:
-// oneDNN adds its bias before the sum post-op, which would change the order of the float sums.)
-bool has_epilogue(const MatmulEpilogue& e) {
-  return e.bias || e.relu;
+// Whether a primitive applies the epilogue in its own pass: only where beta is 0 (oneDNN adds
+// its bias before the sum post-op, which would change the order of the float sums).
+bool primitive_applies_epilogue(float beta) {
+  return beta == 0.f;
+}
+
+// The cache key of a plain product's primitive (alpha 1, beta 0 or 1): beta 1 as a sum
+// post-op, and the parts of the epilogue the primitive applies.
+GemmShape plain_product_shape(bool trans_a, bool trans_b, float beta, bool bfloat16,
+                              const MatmulEpilogue& epilogue, int64_t m, int64_t n, int64_t k,
+                              int64_t lda, int64_t ldb, int64_t ldc) {
+  const bool fused = primitive_applies_epilogue(beta);
+  return {trans_a,
+          trans_b,
+          beta == 1.f,
+          bfloat16,
+          fused && epilogue.bias != nullptr,
+          fused && epilogue.relu,
+          epilogue.rounded_output != nullptr,
+          m,
+          n,
+          k,
+          lda,
+          ldb,
+          ldc};
 }
 
 }  // namespace
@@ -636,25 +658,13 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
   if (plain_product && omp_get_level() == 0) {
-    const bool fused = beta == 0.f;  // the epilogue in the primitive's pass
-    const GemmShape shape{trans_a,
-                          trans_b,
-                          beta == 1.f,
-                          true,
-                          fused && epilogue.bias != nullptr,
-                          fused && epilogue.relu,
-                          epilogue.rounded_output != nullptr,
-                          m,
-                          n,
-                          k,
-                          a_cols,
-                          b_cols,
-                          ldc};
+    const GemmShape shape =
+        plain_product_shape(trans_a, trans_b, beta, true, epilogue, m, n, k, a_cols, b_cols, ldc);
     if (const std::shared_ptr<const CachedMatmul> mm = matmul_for(shape)) {
       void* out = epilogue.rounded_output ? static_cast<void*>(epilogue.rounded_output) : c;
       execute(*mm, const_cast<uint16_t*>(a16),
               dnnl::memory(mm->b, cpu_engine(), const_cast<uint16_t*>(b16)), out, epilogue.bias);
-      if (!fused && has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
+      if (!primitive_applies_epilogue(beta)) apply_epilogue(c, ldc, epilogue, m, n);
       return;
     }
   }
@@ -669,7 +679,7 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   for (int64_t i = 0; i < a_rows * a_cols; ++i) a_wide[i] = bfloat16_to_float(a16[i]);
   for (int64_t i = 0; i < b_rows * b_cols; ++i) b_wide[i] = bfloat16_to_float(b16[i]);
   run_sgemm(trans_a, trans_b, m, n, k, alpha, a_wide, a_cols, b_wide, b_cols, beta, c, ldc);
-  if (has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
+  apply_epilogue(c, ldc, epilogue, m, n);
 }
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -689,25 +699,23 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     // op(A)·op(B) is the zero matrix: only the beta term (and the epilogue) remains.
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
-    if (has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
+    apply_epilogue(c, ldc, epilogue, m, n);
     return;
   }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
-  const bool fused = beta == 0.f;  // the epilogue in the primitive's pass
   std::shared_ptr<const CachedMatmul> mm;
   // Inside a parallel construct (even of one thread) sgemm; the primitive elsewhere.
   if (omp_get_level() == 0 && plain_product)
-    mm = matmul_for(GemmShape{trans_a, trans_b, beta == 1.f, false,
-                              fused && epilogue.bias != nullptr, fused && epilogue.relu, false, m,
-                              n, k, lda, ldb, ldc});
+    mm = matmul_for(
+        plain_product_shape(trans_a, trans_b, beta, false, epilogue, m, n, k, lda, ldb, ldc));
   if (!mm) {
     run_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
+    apply_epilogue(c, ldc, epilogue, m, n);
     return;
   }
   execute(*mm, const_cast<float*>(a), dnnl::memory(mm->b, cpu_engine(), const_cast<float*>(b)), c,
           epilogue.bias);
-  if (!fused && has_epilogue(epilogue)) apply_epilogue(c, ldc, epilogue, m, n);
+  if (!primitive_applies_epilogue(beta)) apply_epilogue(c, ldc, epilogue, m, n);
 }
 
 }  // namespace tfm
