@@ -18,6 +18,8 @@
 #                AVX512-BF16, TRAIN_STEPS steps (700: into the second epoch, where batch shapes
 #                come again), whole process timed: real batches of every length, unlike
 #                train_bench's one shape; not in the default cases (~3 minutes a run)
+#   train_corpus_60  the same with the 60-minute quickstart's regularisation (attention and
+#                feed-forward dropout 0.1, label smoothing 0.2); not in the default cases
 # and reports, per case, speed new/old (old median time / new median time; > 1: new is faster),
 # peak RSS of each, for decoding whether the outputs are the same token sequences, and for
 # training whether the loss after the timed steps is the same number. Writes
@@ -41,7 +43,7 @@ rounds=${ROUNDS:-3}
 repeats=${REPEATS:-5}
 cases=(${CASES:-score train train_bf16 greedy beam4 greedy_bf16 beam4_bf16 greedy_int8 beam4_int8})
 train_corpus_wanted=0
-[[ " ${cases[*]} " == *" train_corpus "* ]] && train_corpus_wanted=1
+[[ " ${cases[*]} " =~ " train_corpus"(_60)?" " ]] && train_corpus_wanted=1
 work=${WORK_DIR:-out/compare_commits}
 python=/usr/bin/python3
 mkdir -p "$work"
@@ -89,15 +91,17 @@ if ((train_corpus_wanted)) && [[ ! -f $data/corpus_vocab.spm ]]; then
 fi
 # One training run of the small preset on the corpus as a JSON line like the benches' (median_s:
 # the whole process; loss_last: the last logged training loss).
-train_corpus() {
+train_corpus() {  # train_corpus BIN [more train options]
   local bin=$1 run="$data/train_corpus_run" type=float32 steps=${TRAIN_STEPS:-700}
+  shift
   ((bf16)) && type=bfloat16
   rm -rf "$run"
   /usr/bin/time -f '%e %M' -o "$data/train_corpus.time" "$bin" train --model-dir "$run" \
     --train-src "$corpus/train.en" --train-tgt "$corpus/train.es" \
     --vocabs "$data/corpus_vocab.spm" --preset small --compute-type "$type" \
     --max-steps "$steps" --batch-tokens 4096 --save-every 0 --valid-every 0 \
-    --log-every $((steps < 100 ? steps : 100)) --dropout 0.1 --seed 1 >/dev/null 2>&1 || return 1
+    --log-every $((steps < 100 ? steps : 100)) --dropout 0.1 --seed 1 "$@" >/dev/null 2>&1 ||
+    return 1
   "$python" - "$data/train_corpus.time" "$run/train.log.jsonl" "$OMP_NUM_THREADS" <<'PY'
 import json, sys
 seconds, rss_kib = open(sys.argv[1]).read().split()[-2:]
@@ -124,6 +128,8 @@ run_case() {  # run_case CASE SHA: one JSON line on stdout
     beam4_int8) "$bin/decode_bench" --work-dir "$data/decode" --beam 4 --repeats "$repeats" \
       --compute-type int8 ;;
     train_corpus) train_corpus "$work/tree-$2/build/transformer" ;;
+    train_corpus_60) train_corpus "$work/tree-$2/build/transformer" --attention-dropout 0.1 \
+      --relu-dropout 0.1 --label-smoothing 0.2 ;;
     *) fail "unknown case $1" ;;
   esac
 }

@@ -409,12 +409,23 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
     const uint8_t* mask_bh = dropout.p > 0.f ? dropout.mask + pair * pair_size : nullptr;
     const float keep_scale = mask_bh ? 1.f / (1.f - dropout.p) : 1.f;
 
-    // dK and dV accumulate over the query blocks; keys no query sees (padding) keep 0.
-    for (int64_t j = 0; j < s.key_len; ++j)
-      for (int64_t c = 0; c < s.head_dim; ++c) {
-        dk[k_offset + j * s.k_row_stride + c] = 0.f;
-        dv[v_offset + j * s.v_row_stride + c] = 0.f;
-      }
+    // dK and dV accumulate over the query blocks. The keys a block sees, [lo, hi), only move
+    // right from block to block: the first block with keys writes its rows (beta 0), a later one
+    // first zeroes the rows that are new to it ([written_hi, hi)) and adds. Rows no query sees
+    // (padding, keys before the first block's) are zeroed at the end. Additive scores add into
+    // dK outside a product, so there every row starts at 0.
+    auto zero_key_rows = [&](int64_t j0, int64_t j1) {  // dK and dV rows [j0, j1) of this pair
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t c = 0; c < s.head_dim; ++c) {
+          dk[k_offset + j * s.k_row_stride + c] = 0.f;
+          dv[v_offset + j * s.v_row_stride + c] = 0.f;
+        }
+    };
+    int64_t written_lo = 0, written_hi = 0;  // dK / dV rows written so far (none: empty)
+    if (additive) {
+      zero_key_rows(0, s.key_len);
+      written_hi = s.key_len;
+    }
     for (int64_t t0 = 0; t0 < s.query_len; t0 += block) {
       const int64_t t1 = std::min(t0 + block, s.query_len), rows = t1 - t0;
       int64_t lo, hi;
@@ -425,6 +436,15 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
         continue;
       }
       const int64_t width = hi - lo;
+      float key_beta = 1.f;  // 0: this block writes the first rows of dK and dV
+      if (written_hi == written_lo) {
+        key_beta = 0.f;
+        written_lo = lo;
+        written_hi = hi;
+      } else if (hi > written_hi) {
+        zero_key_rows(written_hi, hi);
+        written_hi = hi;
+      }
       const float* p_block = p_bh + t0 * s.key_len + lo;  // [rows, width], row stride Tk
       // dV += P'ᵀ · dO, with P' the weights applied in the forward pass.
       const float* weights = p_block;
@@ -438,7 +458,7 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
         weights_stride = width;
       }
       gemm(true, false, width, s.head_dim, rows, 1.f, weights, weights_stride,
-           d_out_bh + t0 * s.out_row_stride, s.out_row_stride, 1.f,
+           d_out_bh + t0 * s.out_row_stride, s.out_row_stride, key_beta,
            dv + v_offset + lo * s.v_row_stride, s.v_row_stride);
       // dP' = dO · Vᵀ  [rows, width]
       float* d_scores = thread_scratch(rows * width, 1);
@@ -475,9 +495,11 @@ void attention_backward(const AttentionShape& s, const AttentionMask& mask, cons
            k + k_offset + lo * s.k_row_stride, s.k_row_stride, 0.f,
            dq + q_offset + t0 * s.q_row_stride, s.q_row_stride);
       gemm(true, false, width, s.head_dim, rows, 1.f, d_scores, width,
-           q + q_offset + t0 * s.q_row_stride, s.q_row_stride, 1.f,
+           q + q_offset + t0 * s.q_row_stride, s.q_row_stride, key_beta,
            dk + k_offset + lo * s.k_row_stride, s.k_row_stride);
     }
+    zero_key_rows(0, written_lo);
+    zero_key_rows(written_hi, s.key_len);
   }
   if (additive)
     for (int64_t b = 0; b < s.batch; ++b)
