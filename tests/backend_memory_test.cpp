@@ -180,17 +180,13 @@ class MemoryCheckingBackend : public Backend {
         check("activation_backward", {{"d", d}, {"pre_activation", pre_activation}});
     cpu().activation_backward(d, pre_activation, n, act);
   }
+  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const override {
+    const Access access = check("relu_backward_bfloat16", {{"d", d}, {"relu_output", relu_output}});
+    cpu().relu_backward_bfloat16(d, relu_output, n);
+  }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     const Access access = check("bias_backward", {{"dy", dy}, {"dbias", dbias}});
     cpu().bias_backward(dy, rows, cols, dbias);
-  }
-  void round_output_gradient(const float* dy, const uint16_t* relu_output, float keep_scale,
-                             int64_t rows, int64_t cols, uint16_t* rounded,
-                             float* dbias) const override {
-    const Access access =
-        check("round_output_gradient",
-              {{"dy", dy}, {"relu_output", relu_output}, {"rounded", rounded}, {"dbias", dbias}});
-    cpu().round_output_gradient(dy, relu_output, keep_scale, rows, cols, rounded, dbias);
   }
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
     const Access access = check("dropout_mask", {{"mask", mask}});
@@ -199,11 +195,6 @@ class MemoryCheckingBackend : public Backend {
   void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
     const Access access = check("apply_dropout", {{"x", x}, {"mask", mask}});
     cpu().apply_dropout(x, mask, n, p);
-  }
-  void dropout_to_bfloat16(const float* x, int64_t n, float p, uint64_t key,
-                           uint16_t* out) const override {
-    const Access access = check("dropout_to_bfloat16", {{"x", x}, {"out", out}});
-    cpu().dropout_to_bfloat16(x, n, p, key, out);
   }
 
   void embedding_forward(const float* table, const float* positions, const int32_t* ids,

@@ -328,57 +328,27 @@ TEST_P(BackendOps, MatmulRefusesABFloat16OutputItCannotWrite) {
                std::invalid_argument);
 }
 
-// round_output_gradient is ReLU's and dropout's backward on the bfloat16 output widened (when a
-// ReLU output is given), then round_to_bfloat16 and bias_backward, in one pass: the same bits
-// (the bias gradient too on the CPU, whose sum keeps bias_backward's row order at any thread
-// count). Gradients pass where the output is positive and stop at zeros (both signs), negatives
-// and NaN. Sizes below and above the CPU's parallel threshold, widths not a multiple of 32.
-TEST_P(BackendOps, RoundOutputGradientIsReluRoundAndBiasInOnePass) {
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {1, 7}, {5, 65}, {300, 129}, {40, 2048}, {1000, 100}};
-  for (const auto& [rows, cols] : shapes) {
-    const int64_t n = rows * cols;
+// relu_backward_bfloat16 is activation_backward's ReLU on the bfloat16 output widened: gradients
+// pass where the output is positive and stop at zeros (both signs), negatives and NaN.
+TEST_P(BackendOps, ReluBackwardFromABFloat16Output) {
+  for (int64_t n : {int64_t(7), int64_t(100000)}) {
     auto output = random_vector(n, 77);
     std::vector<uint16_t> output16(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) output16[size_t(i)] = float_to_bfloat16(output[size_t(i)]);
-    const std::vector<uint16_t> special = {0x0000, 0x8000, 0x7fc0, 0x0001};  // +0 -0 NaN subnormal
-    for (size_t i = 0; i < special.size() && int64_t(i) < n; ++i) output16[i] = special[i];
-    const auto dy = random_vector(n, 78), bias0 = random_vector(cols, 79);
-    for (const float keep_scale : {0.f, 1.f, 1.f / 0.9f}) {  // 0: no ReLU output given
-      const bool relu = keep_scale != 0.f;
-      for (const bool bias : {false, true}) {
-        auto through = dy;  // the gradient after dropout and the ReLU
-        if (relu) {
-          for (int64_t i = 0; i < n; ++i)
-            through[size_t(i)] =
-                bfloat16_to_float(output16[size_t(i)]) > 0.f ? dy[size_t(i)] * keep_scale : 0.f;
-        }
-        std::vector<uint16_t> expected(static_cast<size_t>(n)), got(static_cast<size_t>(n), 0x1234);
-        for (int64_t i = 0; i < n; ++i) expected[size_t(i)] = float_to_bfloat16(through[size_t(i)]);
-        auto expected_bias = bias0, got_bias = bias0;
-        be().bias_backward(through.data(), rows, cols, expected_bias.data());
-        auto dy_copy = dy;
-        be().round_output_gradient(dy_copy.data(), relu ? output16.data() : nullptr, keep_scale,
-                                   rows, cols, got.data(), bias ? got_bias.data() : nullptr);
-        ASSERT_EQ(dy_copy, dy) << "dy is not changed";
-        ASSERT_EQ(got, expected) << rows << " x " << cols << " keep_scale " << keep_scale;
-        if (!bias) {
-          ASSERT_EQ(got_bias, bias0);
-        } else if (&be() == &cpu_backend()) {
-          ASSERT_EQ(got_bias, expected_bias) << rows << " x " << cols << " keep " << keep_scale;
-        } else {
-          for (int64_t c = 0; c < cols; ++c)
-            ASSERT_NEAR(got_bias[size_t(c)], expected_bias[size_t(c)],
-                        1e-5 * std::max<double>(1, double(rows) / 5));
-        }
-        if (relu && n >= 4) {
-          EXPECT_EQ(got[0], 0);                                      // +0 output: no gradient
-          EXPECT_EQ(got[1], 0);                                      // -0
-          EXPECT_EQ(got[2], 0);                                      // NaN
-          EXPECT_EQ(got[3], float_to_bfloat16(dy[3] * keep_scale));  // the smallest positive
-        }
-      }
-    }
+    output16[0] = 0x0000;  // +0
+    output16[1] = 0x8000;  // -0
+    output16[2] = 0x7fc0;  // NaN
+    output16[3] = 0x0001;  // the smallest positive (subnormal) bfloat16
+    std::vector<float> widened(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) widened[size_t(i)] = bfloat16_to_float(output16[size_t(i)]);
+    const auto d0 = random_vector(n, 78);
+    auto expected = d0, got = d0;
+    be().activation_backward(expected.data(), widened.data(), n, Activation::kRelu);
+    be().relu_backward_bfloat16(got.data(), output16.data(), n);
+    ASSERT_EQ(got, expected);
+    EXPECT_EQ(got[0], 0.f);
+    EXPECT_EQ(got[2], 0.f);
+    EXPECT_EQ(got[3], d0[3]);
   }
 }
 
@@ -1132,17 +1102,6 @@ TEST_P(BackendOps, DropoutMaskIsReproducibleAndAgreesWithTheCpu) {
     for (int64_t i = 0; i < n; ++i)
       ASSERT_NEAR(dropped[size_t(i)], mask[size_t(i)] ? double(x[size_t(i)]) / (1.0 - p) : 0.0,
                   1e-6 * (1 + std::abs(x[size_t(i)])));
-    // dropout_to_bfloat16: the same mask and scaling, rounded, in one pass (also below the
-    // CPU's parallel threshold: the first 7 elements alone).
-    for (int64_t count : {int64_t(7), n}) {
-      std::vector<uint16_t> expected(static_cast<size_t>(count)),
-          got(static_cast<size_t>(count), 0x1234);
-      be().round_to_bfloat16(dropped.data(), 1, count, count, expected.data());
-      auto x_copy = x;
-      be().dropout_to_bfloat16(x_copy.data(), count, p, 1234, got.data());
-      ASSERT_EQ(x_copy, x) << "x is not changed";
-      ASSERT_EQ(got, expected) << count << " elements, p " << p;
-    }
   }
 }
 

@@ -126,30 +126,17 @@ class Backend {
   // exactly where the pre-activation is.
   virtual void activation_backward(float* d, const float* pre_activation, int64_t n,
                                    Activation act) const = 0;
+  // d[n] *= relu'(·) read off the ReLU's output kept in bfloat16 (MatmulEpilogue::rounded_output):
+  // d where that output is positive, else 0 (activation_backward's kRelu on the rounded output).
+  virtual void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const = 0;
   // dbias[cols] += Σ_rows dy[rows, cols]
   virtual void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const = 0;
-  // A product's output gradient in bfloat16 training, made ready for its two backward products
-  // in one pass: g = dy[rows, cols], or, with relu_output [rows, cols] (the ReLU's output after
-  // this product, after its dropout if any, kept in bfloat16), g = dy · keep_scale where that
-  // output is positive, else 0 (the backward of ReLU and of dropout, keep_scale = 1 / (1 − p),
-  // 1 without dropout: a dropped output is 0); rounded[rows, cols] = g as round_to_bfloat16
-  // rounds it; dbias[cols] += Σ g over the rows (skipped when null), as bias_backward adds. dy is
-  // not changed.
-  virtual void round_output_gradient(const float* dy, const uint16_t* relu_output, float keep_scale,
-                                     int64_t rows, int64_t cols, uint16_t* rounded,
-                                     float* dbias) const = 0;
 
   // --- Dropout (§5.4) ------------------------------------------------------------------------
   // mask[n] = 1 iff hash(key, i) >= p (counter-based: reproducible, no generator state).
   virtual void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const = 0;
   // x[n] = x · mask / (1 - p): forward, and backward on the gradient.
   virtual void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const = 0;
-  // out[n] = x · mask / (1 - p) rounded to bfloat16 (as round_to_bfloat16 rounds), with the mask
-  // dropout_mask(key, p) would write, made here and not stored; x is not changed. Bfloat16
-  // training's forward where only the rounded values are read after (the feed-forward layer's
-  // ReLU output: round_output_gradient takes its backward from their signs).
-  virtual void dropout_to_bfloat16(const float* x, int64_t n, float p, uint64_t key,
-                                   uint16_t* out) const = 0;
 
   // --- Embeddings and positional encodings (§3.4, §3.5) --------------------------------------
   // out[rows, d] = table[ids[r]] · scale + positions[r % len + first_position] (positions

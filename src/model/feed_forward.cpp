@@ -5,19 +5,17 @@ namespace tfm {
 
 namespace {
 
-// Training in bfloat16 with ReLU keeps the hidden layer (after dropout, where there is one) in
-// bfloat16 only: fc2's products read it, and the backward of the ReLU and of the dropout reads
-// its signs (in the pass that rounds fc1's output gradient: Backend::round_output_gradient; a
-// dropped or non-positive value is 0). Without dropout fc1's product writes it rounded
-// (MatmulEpilogue::rounded_output), which spares writing it in float32 (memory-bound: 16 MB a
-// layer for the base model's 4,096-token batch) and rounding it again; only a hidden value below
-// the smallest normal float (under 1.2e-38, flushed to zero) would stop its gradient where the
-// float copy passed it. With dropout fc1 writes the float values, and one pass drops, scales and
-// rounds them (Backend::dropout_to_bfloat16: dropping and scaling first, then rounding, is not the
-// same as scaling rounded values); the dropout mask is never stored, and only a float value too
-// small for bfloat16 (under 5e-41, rounded to 0) would stop its gradient.
-bool relu_hidden_in_bfloat16(const FeedForwardWeights& w, Activation act) {
-  return act == Activation::kRelu && rounds_to_bfloat16(w.fc1) && rounds_to_bfloat16(w.fc2);
+// Training in bfloat16 with ReLU and no dropout inside keeps the hidden layer in bfloat16 only:
+// fc1's product writes it rounded (MatmulEpilogue::rounded_output), fc2's products read it, and
+// ReLU's backward reads its sign. That spares writing it in float32 (memory-bound: 16 MB a layer
+// for the base model's 4,096-token batch) and rounding it again. The products are the same
+// (fc2's read the same bfloat16 values); only a hidden value below the smallest normal float
+// (under 1.2e-38, flushed to zero) would stop its gradient where the float copy passed it. With
+// dropout the float values are kept: dropping and scaling them first, then rounding, is not the
+// same as scaling rounded values.
+bool hidden_only_in_bfloat16(const FeedForwardWeights& w, Activation act, float dropout) {
+  return act == Activation::kRelu && dropout == 0.f && rounds_to_bfloat16(w.fc1) &&
+         rounds_to_bfloat16(w.fc2);
 }
 
 }  // namespace
@@ -27,17 +25,11 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
                           FeedForwardCache& cache, float* out) {
   const uint16_t* rounded_x =
       rounded_copy(backend, w.fc1, x, rows, w.fc1.in, cache.rounded_input);  // [rows, D]
-  if (relu_hidden_in_bfloat16(w, act)) {
+  if (hidden_only_in_bfloat16(w, act, dropout)) {
     if (rows <= 0) return;
-    const int64_t n = rows * w.fc1.out;
-    uint16_t* rounded_hidden = ensure_size(backend, cache.rounded_hidden, n);  // [rows, d_ff]
-    if (dropout == 0.f) {
-      linear_forward(backend, w.fc1, x, rows, nullptr, rounded_x, true, rounded_hidden);
-    } else {
-      float* hidden = ensure_size(backend, cache.hidden, n);  // [rows, d_ff] before dropout
-      linear_forward(backend, w.fc1, x, rows, hidden, rounded_x, true);
-      backend.dropout_to_bfloat16(hidden, n, dropout, key, rounded_hidden);
-    }
+    uint16_t* rounded_hidden =
+        ensure_size(backend, cache.rounded_hidden, rows * w.fc1.out);  // [rows, d_ff]
+    linear_forward(backend, w.fc1, x, rows, nullptr, rounded_x, true, rounded_hidden);
     linear_forward(backend, w.fc2, nullptr, rows, out, rounded_hidden);
     return;
   }
@@ -67,11 +59,10 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
 void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int64_t rows,
                                float dropout, FeedForwardCache& cache, WorkspacePlan& plan) {
   const int64_t n = rows * w.fc1.out;
-  if (relu_hidden_in_bfloat16(w, act)) {
+  if (hidden_only_in_bfloat16(w, act, dropout)) {
     if (rows <= 0) return;
     plan.need(cache.rounded_input, rows * w.fc1.in);  // [rows, D]
     plan.need(cache.rounded_hidden, n);               // [rows, d_ff]
-    if (dropout > 0.f) plan.need(cache.hidden, n);    // [rows, d_ff]
     return;
   }
   plan.need(cache.hidden, n);  // [rows, d_ff]
@@ -96,16 +87,14 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            BackwardScratch& scratch, float* dx, bool accumulate) {
   const int64_t hidden_size = rows * w.fc1.out;
   float* d_hidden = ensure_size(backend, scratch.d_hidden, hidden_size);  // [rows, d_ff]
-  if (relu_hidden_in_bfloat16(w, act)) {
+  if (hidden_only_in_bfloat16(w, act, dropout)) {
     if (rows <= 0) return;
-    // [rows, d_ff] the hidden layer after ReLU and dropout, in bfloat16 (what fc2 multiplied)
-    const uint16_t* rounded_hidden = cache.rounded_hidden.data();
+    const uint16_t* rounded_hidden = cache.rounded_hidden.data();  // [rows, d_ff]
     linear_backward(backend, w.fc2, g.fc2, nullptr, d_out, rows, d_hidden, false, scratch,
                     rounded_hidden);
-    // d_hidden is the gradient of that hidden layer: fc1's backward takes it through the
-    // dropout and the ReLU in the pass that rounds it.
+    backend.relu_backward_bfloat16(d_hidden, rounded_hidden, hidden_size);
     linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate, scratch,
-                    cache.rounded_input.data(), rounded_hidden, dropout);
+                    cache.rounded_input.data());
     return;
   }
   linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false, scratch,

@@ -18,16 +18,14 @@ struct FeedForwardCache {
   // one: fc1's product applies it in its own pass, and its backward reads `hidden` instead.
   bool keep_pre_activation = true;
   DeviceBuffer<float> pre_activation;  // [rows, d_ff] fc1 output (GELU, kept for backward)
-  // [rows, d_ff] activation (after dropout): fc2 input. Where training in bfloat16 holds the
-  // hidden layer only in rounded_hidden (ReLU: feed_forward.cpp), the ReLU's output before
-  // dropout when there is dropout (read once, by the pass that drops and rounds it), else none.
+  // [rows, d_ff] activation (after dropout): fc2 input. Not kept where training in bfloat16 holds
+  // the hidden layer only in rounded_hidden (ReLU, no dropout inside: feed_forward.cpp).
   DeviceBuffer<float> hidden;
-  DeviceBuffer<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0 (not in bfloat16)
+  DeviceBuffer<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0
   // Training in bfloat16: fc1's and fc2's inputs rounded once, read by the forward product and
-  // by the weight gradient's. With ReLU, rounded_hidden is the only copy of the hidden layer
-  // after dropout: written by fc1's product (no dropout; subnormal values flushed to zero) or by
-  // Backend::dropout_to_bfloat16, read by fc2's products and by the backward of the dropout and
-  // the ReLU (its signs).
+  // by the weight gradient's. With ReLU and no dropout inside, rounded_hidden is the only copy of
+  // the hidden layer: written by fc1's product (subnormal values flushed to zero), read by fc2's
+  // products and by ReLU's backward (its sign).
   DeviceBuffer<uint16_t> rounded_input;   // [rows, D]
   DeviceBuffer<uint16_t> rounded_hidden;  // [rows, d_ff]
 };

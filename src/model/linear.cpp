@@ -39,26 +39,15 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
 
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
-                     BackwardScratch& scratch, const uint16_t* rounded_x,
-                     const uint16_t* relu_output, float relu_dropout) {
-  if (relu_output && !rounds_to_bfloat16(w))
-    throw std::logic_error("linear_backward: a bfloat16 ReLU output needs a product that rounds");
-  MatmulOperand d_out{dy};  // [rows, out]
-  if (rows > 0 && rounds_to_bfloat16(w)) {
-    // dy (through dropout and the ReLU) rounded once for both products, in the pass that sums db
-    uint16_t* rounded_dy =
-        ensure_size(backend, scratch.rounded_d_out, rows * w.out);  // [rows, out]
-    backend.round_output_gradient(dy, relu_output, 1.f / (1.f - relu_dropout), rows, w.out,
-                                  rounded_dy, g.bias);
-    d_out = {nullptr, rounded_dy};
-  } else if (g.bias) {
-    backend.bias_backward(dy, rows, w.out, g.bias);
-  }
+                     BackwardScratch& scratch, const uint16_t* rounded_x) {
+  const uint16_t* rounded_dy =
+      rounded_copy(backend, w, dy, rows, w.out, scratch.rounded_d_out);  // [rows, out]
   if (dx)
-    backend.matmul(false, false, rows, w.in, w.out, 1.f, d_out, w.out, {w.weight, w.rounded}, w.in,
-                   accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);
-  backend.matmul(true, false, w.out, w.in, rows, 1.f, d_out, w.out, {x, rounded_x}, w.in, 1.f,
-                 g.weight, w.in, w.precision);
+    backend.matmul(false, false, rows, w.in, w.out, 1.f, {dy, rounded_dy}, w.out,
+                   {w.weight, w.rounded}, w.in, accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);
+  backend.matmul(true, false, w.out, w.in, rows, 1.f, {dy, rounded_dy}, w.out, {x, rounded_x}, w.in,
+                 1.f, g.weight, w.in, w.precision);
+  if (g.bias) backend.bias_backward(dy, rows, w.out, g.bias);
 }
 
 void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,

@@ -41,15 +41,10 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
                     uint16_t* rounded_y = nullptr);
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
 // db += Σ_rows dy. Both products in w.precision; in bfloat16 dy is rounded once for both (into
-// scratch.rounded_d_out, in the pass that sums db: Backend::round_output_gradient), and x / W
-// are read from rounded_x / w.rounded where given. relu_output (bfloat16 training only): the
-// ReLU's output after this product, after a dropout of rate relu_dropout on it (0: none), kept
-// in bfloat16 [rows, out]; dy is then the gradient of that output and goes through the dropout's
-// and the ReLU's backward in the same pass (dy is not changed).
+// scratch.rounded_d_out), and x / W are read from rounded_x / w.rounded where given.
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
-                     BackwardScratch& scratch, const uint16_t* rounded_x = nullptr,
-                     const uint16_t* relu_output = nullptr, float relu_dropout = 0.f);
+                     BackwardScratch& scratch, const uint16_t* rounded_x = nullptr);
 // What linear_backward asks of the scratch for `rows` rows.
 void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,
                           WorkspacePlan& plan);

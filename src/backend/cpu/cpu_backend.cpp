@@ -120,10 +120,8 @@ class CpuBackend final : public Backend {
                            Activation act) const override {
     tfm::activation_backward(d, pre_activation, n, act);
   }
-  void round_output_gradient(const float* dy, const uint16_t* relu_output, float keep_scale,
-                             int64_t rows, int64_t cols, uint16_t* rounded,
-                             float* dbias) const override {
-    tfm::round_output_gradient(dy, relu_output, keep_scale, rows, cols, rounded, dbias);
+  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const override {
+    tfm::relu_backward_bfloat16(d, relu_output, n);
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     tfm::bias_backward(dy, rows, cols, dbias);
@@ -134,10 +132,6 @@ class CpuBackend final : public Backend {
   }
   void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
     tfm::apply_dropout(x, mask, n, p);
-  }
-  void dropout_to_bfloat16(const float* x, int64_t n, float p, uint64_t key,
-                           uint16_t* out) const override {
-    tfm::dropout_to_bfloat16(x, n, p, key, out);
   }
 
   void embedding_forward(const float* table, const float* positions, const int32_t* ids,

@@ -2,9 +2,6 @@
 // target's SIMD width (-O3 -march=native); accumulations use double where rows are long.
 #include "backend/cpu/elementwise.h"
 
-#include <omp.h>
-
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -161,6 +158,11 @@ void activation_backward(float* d, const float* pre_activation, int64_t n, Activ
   }
 }
 
+void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) d[i] = bfloat16_to_float(relu_output[i]) > 0.f ? d[i] : 0.f;
+}
+
 void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = dy + r * cols;
@@ -169,88 +171,16 @@ void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) {
   }
 }
 
-namespace {
-
-// round_output_gradient on the columns [c0, c1) of every row, the rows in order.
-template <bool kRelu, bool kBias>
-void round_output_gradient_columns(const float* dy, const uint16_t* relu_output, float keep_scale,
-                                   int64_t rows, int64_t cols, int64_t c0, int64_t c1,
-                                   uint16_t* rounded, float* dbias) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = dy + r * cols;
-    const uint16_t* h = kRelu ? relu_output + r * cols : nullptr;
-    uint16_t* o = rounded + r * cols;
-#pragma omp simd
-    for (int64_t c = c0; c < c1; ++c) {
-      float v = g[c];
-      if constexpr (kRelu) v = bfloat16_to_float(h[c]) > 0.f ? v * keep_scale : 0.f;
-      o[c] = float_to_bfloat16(v);
-      if constexpr (kBias) dbias[c] += v;
-    }
-  }
-}
-
-}  // namespace
-
-void round_output_gradient(const float* dy, const uint16_t* relu_output, float keep_scale,
-                           int64_t rows, int64_t cols, uint16_t* rounded, float* dbias) {
-  // The threads split the columns, in whole cache lines of `rounded` (32 elements): each column
-  // is still summed over the rows in order, so dbias does not depend on the thread count.
-  constexpr int64_t kColumnUnit = 32;
-  const int64_t units = (cols + kColumnUnit - 1) / kColumnUnit;
-  const int64_t threads = rows * cols >= kParallelElements && omp_get_level() == 0
-                              ? std::min<int64_t>(omp_get_max_threads(), units)
-                              : 1;
-#pragma omp parallel num_threads(int(threads)) if (threads > 1)
-  {
-    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-    const int64_t c0 = std::min(cols, units * t / n * kColumnUnit);
-    const int64_t c1 = std::min(cols, units * (t + 1) / n * kColumnUnit);
-    if (relu_output && dbias)
-      round_output_gradient_columns<true, true>(dy, relu_output, keep_scale, rows, cols, c0, c1,
-                                                rounded, dbias);
-    else if (relu_output)
-      round_output_gradient_columns<true, false>(dy, relu_output, keep_scale, rows, cols, c0, c1,
-                                                 rounded, dbias);
-    else if (dbias)
-      round_output_gradient_columns<false, true>(dy, relu_output, keep_scale, rows, cols, c0, c1,
-                                                 rounded, dbias);
-    else
-      round_output_gradient_columns<false, false>(dy, relu_output, keep_scale, rows, cols, c0, c1,
-                                                  rounded, dbias);
-  }
-}
-
-namespace {
-
-// p in units of 2^-24: element i is kept when its hash's top 24 bits reach it.
-inline uint32_t dropout_threshold(float p) {
-  return uint32_t(double(p) * 16777216.0);
-}
-
-// Whether dropout keeps element i under `key` (counter-based: a hash of key and i alone).
-inline bool dropout_keeps(uint64_t key, int64_t i, uint32_t threshold) {
-  uint64_t z = key + uint64_t(i) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return uint32_t(z >> 40) >= threshold;
-}
-
-}  // namespace
-
 void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) {
-  const uint32_t threshold = dropout_threshold(p);
+  const uint32_t threshold = uint32_t(double(p) * 16777216.0);  // p in units of 2^-24
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-  for (int64_t i = 0; i < n; ++i) mask[i] = dropout_keeps(key, i, threshold) ? 1 : 0;
-}
-
-void dropout_to_bfloat16(const float* x, int64_t n, float p, uint64_t key, uint16_t* out) {
-  const uint32_t threshold = dropout_threshold(p);
-  const float keep_scale = 1.f / (1.f - p);
-#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = float_to_bfloat16(dropout_keeps(key, i, threshold) ? x[i] * keep_scale : 0.f);
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t z = key + uint64_t(i) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    mask[i] = uint32_t(z >> 40) >= threshold ? 1 : 0;
+  }
 }
 
 void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) {

@@ -35,13 +35,8 @@ void activation_backward(float* d, const float* pre_activation, int64_t n, Activ
 // dbias[cols] += Σ_rows dy[rows, cols]
 void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias);
 
-// One pass over a product's output gradient dy[rows, cols] in bfloat16 training: g = dy, or,
-// with relu_output [rows, cols] (a ReLU's output held in bfloat16, after dropout if any),
-// g = relu_output > 0 ? dy · keep_scale : 0; rounded[rows, cols] = g rounded as
-// round_to_bfloat16 rounds; dbias[cols] += Σ_rows g (when not null), each column summed over the
-// rows in order, as bias_backward sums.
-void round_output_gradient(const float* dy, const uint16_t* relu_output, float keep_scale,
-                           int64_t rows, int64_t cols, uint16_t* rounded, float* dbias);
+// d[n] = relu_output[n] > 0 ? d[n] : 0, the ReLU's output held in bfloat16.
+void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n);
 
 // Inverted dropout with a counter-based generator: element i is kept iff
 // hash(key, i) >= p, so masks depend only on (key, i) — reproducible, parallel, and
@@ -49,9 +44,6 @@ void round_output_gradient(const float* dy, const uint16_t* relu_output, float k
 void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key);
 // x[n] = x * mask / (1 - p): forward, and also backward on the gradient.
 void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p);
-// out[n] = x · mask / (1 - p) rounded to bfloat16, the mask dropout_mask(key, p) would write
-// (computed here, not stored): dropout_mask, apply_dropout and round_to_bfloat16 in one pass.
-void dropout_to_bfloat16(const float* x, int64_t n, float p, uint64_t key, uint16_t* out);
 
 // y[rows, cols] = x - logsumexp(x) per row; y may alias x.
 void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);
