@@ -54,6 +54,26 @@ TEST(Safetensors, RoundTripKeepsTensorsAndMetadata) {
   std::remove(path.c_str());
 }
 
+// Tensors of 1 MiB and more are read from disk in one chunk per thread: every element lands
+// where it belongs, also where the size does not divide evenly among the threads.
+TEST(Safetensors, LargeTensorsReadInParallelChunksRoundTrip) {
+  TensorMap tensors;
+  tensors["small"] = Tensor({3});
+  tensors["large"] = Tensor({1001, 263});  // 1,053,052 bytes: odd, above the parallel threshold
+  tensors["larger"] = Tensor({4, 262147});
+  float value = 0.f;
+  for (auto& [name, tensor] : tensors)
+    for (float& x : tensor.data) x = (value += 1.f);
+  const std::string path = temp_path("large.safetensors");
+  write_safetensors(path, tensors, {});
+  const SafetensorsFile file = read_safetensors(path);
+  for (const auto& [name, tensor] : tensors) {
+    ASSERT_EQ(file.tensors.at(name).shape, tensor.shape) << name;
+    EXPECT_EQ(file.tensors.at(name).data, tensor.data) << name;
+  }
+  std::remove(path.c_str());
+}
+
 TEST(Safetensors, RejectsCorruptFiles) {
   expect_error("abc", "shorter than");
   std::string long_header = make_file("{}", 0);
