@@ -89,10 +89,19 @@ stage "4/7 training for $minutes minutes (small preset: 3+3 layers, d_model 256,
 # Products in bfloat16 where the CPU has AVX512-BF16 (train --compute-type bfloat16: 1.4x the
 # small preset's steps in the same minutes; dev perplexity at step 600 measured 1.5% below
 # float32's, at step 300 7% above), else float32.
-# Dropout (paper: 0.1) off for runs of up to 30 minutes: such a run sees the corpus ~5 times
-# and is still far from fitting it, so dropout only slows it down. Measured at the 20-minute
-# run's 2,545 steps, same seed and schedule: dropout 0 reached dev perplexity 19.5 and Acts
-# BLEU 21.23 against 22.1 and 17.70 with 0.1, while 0.3 was at 75.7 against 42.8 by step 1,400.
+# Dropout (paper: 0.1) for runs of up to 30 minutes depends on how many steps the machine
+# reaches, which the run's own first minute measures (trained without dropout, then resumed with
+# the choice; the resume is bit-exact, so a run that keeps dropout 0 is the run it would have
+# been). Without dropout the small preset fits this corpus best after ~5,000 steps of 4,096
+# tokens (~10 passes over it) and then overfits: a 20-minute run of 6,506 steps had its lowest
+# dev perplexity (15.15) at step 4,400, and its last 5 snapshots averaged scored Acts BLEU 22.44,
+# while dropout 0.1 at 6,131 steps, dev perplexity still falling, scored 24.08 (2026-11-27, an
+# AMX Xeon). Short of that dropout only slows learning: at 2,545 steps (same seed and schedule)
+# dropout 0 reached dev perplexity 19.5 and Acts BLEU 21.23 against 22.1 and 17.70 with 0.1
+# (2026-11-25), while 0.3 was at 75.7 against 42.8 by step 1,400; at 3,377 steps (an AMD EPYC's
+# 20 minutes) dropout 0 scored 22.57 against 20.32 (2026-11-27). So dropout 0.1 where the first
+# minute's pace (~10% below the run's average, as the first shapes and validations cost more)
+# projects at least 4,500 steps, else 0.
 # Longer runs keep 0.1 (the 60-minute run's dev perplexity stalls after ~6k steps with it, but
 # 0.2 learns too slowly: dev perplexity 16.1 at step 6,000 of the 60-minute schedule, against
 # 11.4 at the end of the 0.1 run), add dropout 0.1 inside attention and the feed-forward layer
@@ -106,8 +115,9 @@ stage "4/7 training for $minutes minutes (small preset: 3+3 layers, d_model 256,
 # against 4,096 with its last 5 averaged: Acts BLEU 27.48 (last 5) / 27.70 (last 10) against
 # 27.02 (2026-11-27, 28,188 against 16,687 steps), and 26.80 / 26.99 against 26.56 (last 10:
 # 26.65) at 21,600 against 12,600 fixed steps (2026-11-26).
-# These settings are saved with the run, so that a resumed run keeps its schedule.
+# These settings are saved with the run once chosen, so that a resumed run keeps its schedule.
 settings=$run/quickstart.settings
+probe_minutes=0  # > 0: dropout still to be chosen from this many minutes of training
 if [ -f "$settings" ]; then
   read -r warmup lr_factor every compute_type dropout attention_dropout relu_dropout \
     label_smoothing batch_tokens average < "$settings"
@@ -127,13 +137,17 @@ else
   grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && compute_type=bfloat16
   if awk "BEGIN{exit !($minutes <= 30)}"; then
     dropout=0 attention_dropout=0 relu_dropout=0 label_smoothing=0.1 batch_tokens=4096 average=5
+    # Under 5 minutes no machine measured here comes near 4,500 steps: no probe.
+    awk "BEGIN{exit !($minutes >= 5)}" && probe_minutes=1
   else
     dropout=0.1 attention_dropout=0.1 relu_dropout=0.1 label_smoothing=0.2 batch_tokens=2048
     average=10 warmup=$((warmup * 2)) every=$((every * 2))
   fi
 fi
 log_every=$(( every / 5 ))
-state=$(/usr/bin/python3 - "$run/checkpoint.safetensors" <<'EOF'
+# The saved run's step and training seconds, or "none".
+saved_state() {
+  /usr/bin/python3 - "$run/checkpoint.safetensors" <<'EOF'
 import json, struct, sys
 try:
     with open(sys.argv[1], "rb") as f:
@@ -143,28 +157,54 @@ try:
 except FileNotFoundError:
     print("none")
 EOF
-)
-train_args=(train --model-dir "$run" --train-src "$corpus/train.en" --train-tgt "$corpus/train.es"
-            --valid-src "$corpus/dev.en" --valid-tgt "$corpus/dev.es" --vocabs "$vocab"
-            --max-minutes "$minutes" --warmup "$warmup" --lr-factor "$lr_factor"
-            --batch-tokens "$batch_tokens" --valid-every "$every" --save-every "$every"
-            --log-every "$log_every" --keep "$average"
-            --compute-type "$compute_type" --dropout "$dropout" --attention-dropout "$attention_dropout"
-            --relu-dropout "$relu_dropout" --label-smoothing "$label_smoothing")
-if [ "$state" = none ]; then
-  peak=$(awk "BEGIN{printf \"%.2g\", $lr_factor / sqrt(256) / sqrt($warmup)}")
-  echo "batches of $batch_tokens tokens; warm-up $warmup steps to a learning rate of $peak (noam factor $lr_factor); validation and snapshot every $every steps, the last $average averaged; products in $compute_type; dropout $dropout (attention $attention_dropout, feed-forward $relu_dropout); label smoothing $label_smoothing"
-  mkdir -p "$run"
-  echo "$warmup $lr_factor $every $compute_type $dropout $attention_dropout $relu_dropout $label_smoothing $batch_tokens $average" > "$settings"
-  $bin "${train_args[@]}" --preset small
-else
-  read -r done_steps done_seconds <<<"$state"
-  if awk "BEGIN{exit !($done_seconds >= $minutes * 60 - 10)}"; then
-    echo "already trained: $done_steps steps in $(awk "BEGIN{printf \"%.1f\", $done_seconds/60}") minutes ($run)"
+}
+# The training command for `minutes` of training in all (resumed runs count what they did).
+train_args() {
+  train_args=(train --model-dir "$run" --train-src "$corpus/train.en" --train-tgt "$corpus/train.es"
+              --valid-src "$corpus/dev.en" --valid-tgt "$corpus/dev.es" --vocabs "$vocab"
+              --max-minutes "$1" --warmup "$warmup" --lr-factor "$lr_factor"
+              --batch-tokens "$batch_tokens" --valid-every "$every" --save-every "$every"
+              --log-every "$log_every" --keep "$average"
+              --compute-type "$compute_type" --dropout "$dropout" --attention-dropout "$attention_dropout"
+              --relu-dropout "$relu_dropout" --label-smoothing "$label_smoothing")
+}
+# A fresh run (small preset), or the saved one resumed.
+train_for() {
+  train_args "$1"
+  if [ "$(saved_state)" = none ]; then
+    mkdir -p "$run"
+    $bin "${train_args[@]}" --preset small
   else
-    echo "resuming the run in $run at step $done_steps ($(awk "BEGIN{printf \"%.1f\", $done_seconds/60}") of $minutes minutes done)"
     $bin "${train_args[@]}" --resume
   fi
+}
+state=$(saved_state)
+if [ "$state" = none ] || [ "$probe_minutes" != 0 ]; then
+  peak=$(awk "BEGIN{printf \"%.2g\", $lr_factor / sqrt(256) / sqrt($warmup)}")
+  echo "batches of $batch_tokens tokens; warm-up $warmup steps to a learning rate of $peak (noam factor $lr_factor); validation and snapshot every $every steps, the last $average averaged; products in $compute_type; label smoothing $label_smoothing"
+fi
+if [ "$probe_minutes" != 0 ]; then
+  if [ "$state" = none ] || awk "BEGIN{exit !($(cut -d' ' -f2 <<<"$state") < $probe_minutes * 60 - 1)}"; then
+    echo "first $probe_minutes minute without dropout, to measure this machine's pace"
+    train_for "$probe_minutes"
+  fi
+  read -r done_steps done_seconds <<<"$(saved_state)"
+  projected=$(awk "BEGIN{printf \"%d\", $done_steps / $done_seconds * $minutes * 60}")
+  if [ "$projected" -ge 4500 ]; then dropout=0.1; fi
+  echo "$done_steps steps in $(awk "BEGIN{printf \"%.0f\", $done_seconds}") s: $minutes minutes project $projected steps, so dropout $dropout (0.1 from 4,500)"
+  state=$(saved_state)
+fi
+if [ ! -f "$settings" ]; then
+  echo "dropout $dropout (attention $attention_dropout, feed-forward $relu_dropout)"
+  mkdir -p "$run"
+  echo "$warmup $lr_factor $every $compute_type $dropout $attention_dropout $relu_dropout $label_smoothing $batch_tokens $average" > "$settings"
+fi
+if [ "$state" != none ] && awk "BEGIN{exit !($(cut -d' ' -f2 <<<"$state") >= $minutes * 60 - 10)}"; then
+  echo "already trained: $(cut -d' ' -f1 <<<"$state") steps in $(awk "BEGIN{printf \"%.1f\", $(cut -d' ' -f2 <<<"$state")/60}") minutes ($run)"
+else
+  [ "$state" = none ] || [ "$probe_minutes" != 0 ] ||
+    echo "resuming the run in $run at step $(cut -d' ' -f1 <<<"$state") ($(awk "BEGIN{printf \"%.1f\", $(cut -d' ' -f2 <<<"$state")/60}") of $minutes minutes done)"
+  train_for "$minutes"
 fi
 
 stage "5/7 averaging the last $average snapshots"
