@@ -145,9 +145,10 @@ else
   fi
 fi
 log_every=$(( every / 5 ))
-# The saved run's step and training seconds, or "none".
-saved_state() {
-  /usr/bin/python3 - "$run/checkpoint.safetensors" <<'EOF'
+# done_steps and done_seconds: the saved run's step and training seconds ("none" and 0 before
+# its first checkpoint).
+read_state() {
+  read -r done_steps done_seconds <<<"$(/usr/bin/python3 - "$run/checkpoint.safetensors" <<'EOF'
 import json, struct, sys
 try:
     with open(sys.argv[1], "rb") as f:
@@ -155,55 +156,52 @@ try:
     state = json.loads(header["__metadata__"]["training_state"])
     print(state["step"], state["train_seconds"])
 except FileNotFoundError:
-    print("none")
+    print("none 0")
 EOF
+)"
 }
-# The training command for `minutes` of training in all (resumed runs count what they did).
-train_args() {
-  train_args=(train --model-dir "$run" --train-src "$corpus/train.en" --train-tgt "$corpus/train.es"
+# Trains until the run has $1 minutes of training in all: a fresh run (small preset), or the
+# saved one resumed.
+train_for() {
+  local args=(train --model-dir "$run" --train-src "$corpus/train.en" --train-tgt "$corpus/train.es"
               --valid-src "$corpus/dev.en" --valid-tgt "$corpus/dev.es" --vocabs "$vocab"
               --max-minutes "$1" --warmup "$warmup" --lr-factor "$lr_factor"
               --batch-tokens "$batch_tokens" --valid-every "$every" --save-every "$every"
               --log-every "$log_every" --keep "$average"
               --compute-type "$compute_type" --dropout "$dropout" --attention-dropout "$attention_dropout"
               --relu-dropout "$relu_dropout" --label-smoothing "$label_smoothing")
-}
-# A fresh run (small preset), or the saved one resumed.
-train_for() {
-  train_args "$1"
-  if [ "$(saved_state)" = none ]; then
+  if [ "$done_steps" = none ]; then
     mkdir -p "$run"
-    $bin "${train_args[@]}" --preset small
+    $bin "${args[@]}" --preset small
   else
-    $bin "${train_args[@]}" --resume
+    $bin "${args[@]}" --resume
   fi
+  read_state
 }
-state=$(saved_state)
-if [ "$state" = none ] || [ "$probe_minutes" != 0 ]; then
+read_state
+if [ "$done_steps" = none ] || [ "$probe_minutes" != 0 ]; then
   peak=$(awk "BEGIN{printf \"%.2g\", $lr_factor / sqrt(256) / sqrt($warmup)}")
   echo "batches of $batch_tokens tokens; warm-up $warmup steps to a learning rate of $peak (noam factor $lr_factor); validation and snapshot every $every steps, the last $average averaged; products in $compute_type; label smoothing $label_smoothing"
 fi
 if [ "$probe_minutes" != 0 ]; then
-  if [ "$state" = none ] || awk "BEGIN{exit !($(cut -d' ' -f2 <<<"$state") < $probe_minutes * 60 - 1)}"; then
+  if awk "BEGIN{exit !($done_seconds < $probe_minutes * 60 - 1)}"; then
     echo "first $probe_minutes minute without dropout, to measure this machine's pace"
     train_for "$probe_minutes"
   fi
-  read -r done_steps done_seconds <<<"$(saved_state)"
   projected=$(awk "BEGIN{printf \"%d\", $done_steps / $done_seconds * $minutes * 60}")
   if [ "$projected" -ge 4500 ]; then dropout=0.1; fi
   echo "$done_steps steps in $(awk "BEGIN{printf \"%.0f\", $done_seconds}") s: $minutes minutes project $projected steps, so dropout $dropout (0.1 from 4,500)"
-  state=$(saved_state)
 fi
 if [ ! -f "$settings" ]; then
   echo "dropout $dropout (attention $attention_dropout, feed-forward $relu_dropout)"
   mkdir -p "$run"
   echo "$warmup $lr_factor $every $compute_type $dropout $attention_dropout $relu_dropout $label_smoothing $batch_tokens $average" > "$settings"
 fi
-if [ "$state" != none ] && awk "BEGIN{exit !($(cut -d' ' -f2 <<<"$state") >= $minutes * 60 - 10)}"; then
-  echo "already trained: $(cut -d' ' -f1 <<<"$state") steps in $(awk "BEGIN{printf \"%.1f\", $(cut -d' ' -f2 <<<"$state")/60}") minutes ($run)"
+if awk "BEGIN{exit !($done_seconds >= $minutes * 60 - 10)}"; then
+  echo "already trained: $done_steps steps in $(awk "BEGIN{printf \"%.1f\", $done_seconds/60}") minutes ($run)"
 else
-  [ "$state" = none ] || [ "$probe_minutes" != 0 ] ||
-    echo "resuming the run in $run at step $(cut -d' ' -f1 <<<"$state") ($(awk "BEGIN{printf \"%.1f\", $(cut -d' ' -f2 <<<"$state")/60}") of $minutes minutes done)"
+  [ "$done_steps" = none ] || [ "$probe_minutes" != 0 ] ||
+    echo "resuming the run in $run at step $done_steps ($(awk "BEGIN{printf \"%.1f\", $done_seconds/60}") of $minutes minutes done)"
   train_for "$minutes"
 fi
 
