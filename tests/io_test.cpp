@@ -1,6 +1,7 @@
 // Model files from strangers: safetensors round trip and every kind of corruption, config
 // validation, parameter checks, and the exact parameter counts of the paper's models.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdio>
@@ -55,22 +56,27 @@ TEST(Safetensors, RoundTripKeepsTensorsAndMetadata) {
 }
 
 // Tensors of 1 MiB and more are read from disk in one chunk per thread: every element lands
-// where it belongs, also where the size does not divide evenly among the threads.
+// where it belongs, with 1, 2 and 3 threads (3: chunks of unequal size).
 TEST(Safetensors, LargeTensorsReadInParallelChunksRoundTrip) {
   TensorMap tensors;
   tensors["small"] = Tensor({3});
-  tensors["large"] = Tensor({1001, 263});  // 1,053,052 bytes: odd, above the parallel threshold
+  tensors["large"] = Tensor({1001, 263});  // 1,053,052 bytes, above the parallel threshold
   tensors["larger"] = Tensor({4, 262147});
   float value = 0.f;
   for (auto& [name, tensor] : tensors)
     for (float& x : tensor.data) x = (value += 1.f);
   const std::string path = temp_path("large.safetensors");
   write_safetensors(path, tensors, {});
-  const SafetensorsFile file = read_safetensors(path);
-  for (const auto& [name, tensor] : tensors) {
-    ASSERT_EQ(file.tensors.at(name).shape, tensor.shape) << name;
-    EXPECT_EQ(file.tensors.at(name).data, tensor.data) << name;
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    const SafetensorsFile file = read_safetensors(path);
+    for (const auto& [name, tensor] : tensors) {
+      ASSERT_EQ(file.tensors.at(name).shape, tensor.shape) << name << ", " << threads << " threads";
+      EXPECT_EQ(file.tensors.at(name).data, tensor.data) << name << ", " << threads << " threads";
+    }
   }
+  omp_set_num_threads(threads_before);
   std::remove(path.c_str());
 }
 
