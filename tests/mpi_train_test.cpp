@@ -113,6 +113,13 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
                                     tfm::load_model(work.path("one_sgd/model.safetensors")), where),
             1e-5)
       << where;
+  // A cool-down by the clock (the whole run, by --max-minutes): every rank takes rank 0's
+  // minutes, so the replicas stay bit-equal (--replica-check-every 5 compares them every 5 steps;
+  // each rank reading its own clock would give each its own learning rate).
+  r = work.run_cli(train_flags("two_clock", 1000000) + " --max-minutes 0.03 --lr-cooldown 1",
+                   "/dev/null", kLauncher);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(tokens_seen("two_clock"), 0);
   // The parameters moved: the comparison is not of two untouched initialisations.
   const tfm::Model start = tfm::load_model(work.path("one/checkpoints/step-000000010.safetensors"));
   EXPECT_GT(max_relative_difference(start, one, where), 1e-3);

@@ -11,6 +11,7 @@
 #include "fixture_batch.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
+#include "tensor/error.h"
 #include "train/loss.h"
 
 namespace tfm {
@@ -100,6 +101,43 @@ TEST(Optimizer, PaperScheduleWarmsUpThenDecays) {
   o.schedule = "constant";
   o.lr = 0.25;
   EXPECT_EQ(learning_rate(o, 512, 123), 0.25);
+}
+
+// The cool-down scales the schedule's rate by (1 - progress) / cooldown over the run's last
+// `cooldown` fraction, whatever the schedule, and leaves the rest of the run untouched.
+TEST(Optimizer, CooldownFallsLinearlyToZeroOverTheRunsLastFraction) {
+  OptimizerOptions plain;
+  plain.warmup = 100;
+  OptimizerOptions cooled = plain;
+  cooled.cooldown = 0.25;
+  for (int64_t step : {1, 50, 100, 700}) {
+    const double rate = learning_rate(plain, 256, step);
+    EXPECT_EQ(learning_rate(cooled, 256, step, 0.0), rate);
+    EXPECT_EQ(learning_rate(cooled, 256, step, 0.75), rate);  // the cool-down starts here
+    EXPECT_NEAR(learning_rate(cooled, 256, step, 0.8), rate * 0.8, rate * 1e-12);
+    EXPECT_NEAR(learning_rate(cooled, 256, step, 0.9), rate * 0.4, rate * 1e-12);
+    EXPECT_EQ(learning_rate(cooled, 256, step, 1.0), 0.0);
+    EXPECT_EQ(learning_rate(plain, 256, step, 0.99), rate);  // no cool-down: progress ignored
+  }
+  cooled.schedule = "constant";
+  cooled.lr = 0.5;
+  EXPECT_EQ(learning_rate(cooled, 256, 10, 0.5), 0.5);
+  EXPECT_NEAR(learning_rate(cooled, 256, 10, 0.875), 0.25, 1e-15);
+  cooled.cooldown = 1;  // the whole run: linear decay from the first step
+  EXPECT_NEAR(learning_rate(cooled, 256, 10, 0.3), 0.35, 1e-15);
+  // An update at 3/4 of a run whose last half cools down moves by half the rate.
+  DeviceTensors params(cpu_backend(), {{"a", {1}}}, DeviceTensors::Layout::kPerTensor);
+  DeviceTensors grads = DeviceTensors::zeros_like(params);
+  grads.at("a").ptr()[0] = 2.f;
+  cooled.algorithm = "sgd";
+  cooled.cooldown = 0.5;
+  Optimizer sgd(cooled, params);
+  EXPECT_EQ(sgd.last_rate(), 0.0);
+  sgd.apply(params, grads, 4, 0.75);
+  EXPECT_EQ(sgd.last_rate(), 0.25);
+  EXPECT_FLOAT_EQ(params.at("a").ptr()[0], -0.5f);
+  cooled.cooldown = 1.5;
+  EXPECT_THROW(Optimizer rejected(cooled, params), Error);
 }
 
 // The norm is over all gradients together (one block), not per tensor.

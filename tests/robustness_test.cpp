@@ -451,6 +451,8 @@ TEST(Options, OutOfRangeNumbersAreUsageErrorsNamingTheOption) {
       {train + "--lr-factor -1", "--lr-factor"},
       {train + "--lr-factor inf", "--lr-factor"},
       {train + "--clip-norm -1", "--clip-norm"},
+      {train + "--lr-cooldown 1.5", "--lr-cooldown"},
+      {train + "--lr-cooldown -0.1", "--lr-cooldown"},
       {train + "--keep -1", "--keep"},
       {train + "--adam-beta2 2", "--adam-beta2"},
       {train + "--adam-beta1 1", "--adam-beta1"},

@@ -22,6 +22,7 @@
 #include "text/batching.h"
 #include "text/corpus.h"
 #include "text/vocabulary.h"
+#include "train/optimizer.h"
 
 namespace {
 
@@ -219,6 +220,58 @@ TEST(Train, ResumeContinuesBitForBit) {
                     second = b.parameters().to_host().at(name);
   for (size_t i = 0; i < 50; ++i)
     EXPECT_FLOAT_EQ(mean.data[i], 0.5f * (first.data[i] + second.data[i]));
+}
+
+// --lr-cooldown over a run of --max-steps: the logged rate follows the paper's schedule, then
+// falls linearly to 0 over the last fraction, and a resumed run cools down bit for bit alike.
+TEST(Train, CooldownFollowsTheScheduleThenFallsToZeroAndResumesBitForBit) {
+  write_reversal_data("cool", 200, 2, 9, 5);
+  const std::string common = "train --preset tiny --vocab 32" + data_flags("cool") +
+                             " --batch-tokens 256 --warmup 4 --lr-factor 2 --save-every 10"
+                             " --valid-every 0 --log-every 1 --seed 3";
+  const std::string cooled = common + " --lr-cooldown 0.4";
+  const CliResult straight =
+      work.run_cli(cooled + " --model-dir " + work.path("cool_straight") + " --max-steps 20");
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::vector<nlohmann::json> steps = log_events(work.path("cool_straight"), "train");
+  ASSERT_EQ(steps.size(), 20u);
+  tfm::OptimizerOptions schedule;
+  schedule.warmup = 4;
+  schedule.lr_factor = 2;
+  const int64_t d_model =
+      tfm::load_model(work.path("cool_straight/model.safetensors")).config().d_model;
+  for (const auto& entry : steps) {
+    const int64_t step = entry["step"];
+    // Before step s, (s - 1) of 20 steps are done: the last 40% (steps 13..20) cool down.
+    const double progress = double(step - 1) / 20.0;
+    const double factor = progress <= 0.6 ? 1.0 : (1.0 - progress) / 0.4;
+    EXPECT_NEAR(entry["lr"].get<double>(), factor * tfm::learning_rate(schedule, d_model, step),
+                1e-12)
+        << "step " << step;
+  }
+  EXPECT_LT(steps.back()["lr"].get<double>(), 0.2 * steps[11]["lr"].get<double>());
+  // With a far time limit too, the nearer limit (the steps) sets the pace.
+  ASSERT_EQ(work.run_cli(cooled + " --model-dir " + work.path("cool_two_limits") +
+                         " --max-steps 20 --max-minutes 1000")
+                .exit_code,
+            0);
+  EXPECT_EQ(tfm::read_file_bytes(work.path("cool_straight/model.safetensors")),
+            tfm::read_file_bytes(work.path("cool_two_limits/model.safetensors")));
+  // The cool-down belongs to the invocation's limits: the first 10 steps trained without it (as
+  // the straight run's first 12 are), then resumed with it to 20, give the straight run's model.
+  ASSERT_EQ(work.run_cli(common + " --model-dir " + work.path("cool_resumed") + " --max-steps 10")
+                .exit_code,
+            0);
+  const CliResult resumed = work.run_cli(cooled + " --model-dir " + work.path("cool_resumed") +
+                                         " --max-steps 20 --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(tfm::read_file_bytes(work.path("cool_straight/model.safetensors")),
+            tfm::read_file_bytes(work.path("cool_resumed/model.safetensors")));
+  const CliResult endless =
+      work.run_cli(cooled + " --model-dir " + work.path("cool_endless") + " --max-epochs 2");
+  EXPECT_EQ(endless.exit_code, 1);
+  EXPECT_NE(endless.err.find("error: --lr-cooldown needs the run's length"), std::string::npos)
+      << endless.err;
 }
 
 // Starts a long run in the background, waits for its first checkpoint, signals it.

@@ -92,6 +92,10 @@ CommandRunner add_train_command(CLI::App& app) {
   app.add_option("--warmup", t.optimizer.warmup,
                  "Warm-up steps of the noam schedule (default 4000)")
       ->check(at_least(1));
+  app.add_option("--lr-cooldown", t.optimizer.cooldown,
+                 "Over this last fraction of the run (of --max-steps, or of --max-minutes by the "
+                 "clock) the learning rate falls linearly to 0 (default 0: none)")
+      ->check(in_range(0, 1, true, true));
   app.add_option("--adam-beta1", t.optimizer.beta1, "Adam β1 (default 0.9)")
       ->check(in_range(0, 1, true, false));
   app.add_option("--adam-beta2", t.optimizer.beta2, "Adam β2 (default 0.98)")

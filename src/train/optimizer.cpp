@@ -1,16 +1,20 @@
 // Optimizer: schedule, clipping and the per-tensor updates.
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tensor/error.h"
 
 namespace tfm {
 
-double learning_rate(const OptimizerOptions& o, int64_t d_model, int64_t step) {
-  if (o.schedule == "constant") return o.lr;
+double learning_rate(const OptimizerOptions& o, int64_t d_model, int64_t step, double progress) {
+  double cooled = 1;
+  if (o.cooldown > 0 && progress > 1 - o.cooldown)
+    cooled = std::clamp((1 - progress) / o.cooldown, 0.0, 1.0);
+  if (o.schedule == "constant") return o.lr * cooled;
   const double s = double(std::max<int64_t>(step, 1));
-  return o.lr_factor / std::sqrt(double(d_model)) *
+  return cooled * o.lr_factor / std::sqrt(double(d_model)) *
          std::min(1.0 / std::sqrt(s), s * std::pow(double(std::max<int64_t>(o.warmup, 1)), -1.5));
 }
 
@@ -21,20 +25,24 @@ Optimizer::Optimizer(OptimizerOptions options, const DeviceTensors& parameters)
   if (options_.schedule != "noam" && options_.schedule != "constant")
     throw Error("unknown learning-rate schedule \"" + options_.schedule +
                 "\" (expected noam or constant)");
+  if (!(options_.cooldown >= 0 && options_.cooldown <= 1))
+    throw Error("the cool-down must be a fraction of the run between 0 and 1");
   if (options_.algorithm == "adam") {
     first_moment_ = DeviceTensors::zeros_like(parameters);
     second_moment_ = DeviceTensors::zeros_like(parameters);
   }
 }
 
-double Optimizer::apply(DeviceTensors& parameters, DeviceTensors& gradients, int64_t d_model) {
+double Optimizer::apply(DeviceTensors& parameters, DeviceTensors& gradients, int64_t d_model,
+                        double progress) {
   // One block, so the norm and the clipping are one call each over all gradients.
   const double norm = std::sqrt(backend_->sum_of_squares(gradients.flat(), gradients.numel()));
   if (!std::isfinite(norm)) return norm;  // no update: the caller skips this step
   if (options_.clip_norm > 0 && norm > options_.clip_norm)
     backend_->scale(gradients.flat(), float(options_.clip_norm / norm), gradients.numel());
   ++step_;
-  const double lr = learning_rate(options_, d_model, step_);
+  const double lr = learning_rate(options_, d_model, step_, progress);
+  last_rate_ = lr;
   for (auto& [name, p] : parameters) {
     float* g = gradients.at(name).ptr();
     if (options_.algorithm == "sgd") {

@@ -1,6 +1,8 @@
 // The optimizer of §5.3: Adam (β1 0.9, β2 0.98, ε 1e-9) with the paper's learning-rate
 // schedule lrate = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), or a constant
-// rate; plain SGD for tests; optional clipping of the global gradient norm.
+// rate; plain SGD for tests; optional clipping of the global gradient norm; and an optional
+// cool-down, the rate falling linearly to 0 over the last part of a run of known length (steps
+// or minutes), which a fixed-length run can afford and the paper's endless schedule cannot.
 #pragma once
 
 #include <string>
@@ -21,10 +23,12 @@ struct OptimizerOptions {
   int64_t warmup = 4000;
   float beta1 = 0.9f, beta2 = 0.98f, eps = 1e-9f;
   double clip_norm = 0;  // 0: no clipping
+  double cooldown = 0;   // the last fraction of the run with the falling rate; 0: none
 };
 
-// The learning rate of step (1-based).
-double learning_rate(const OptimizerOptions& o, int64_t d_model, int64_t step);
+// The learning rate of step (1-based), `progress` (in [0, 1]) of the way through the run: the
+// schedule's rate, times (1 - progress) / cooldown once progress passes 1 - cooldown.
+double learning_rate(const OptimizerOptions& o, int64_t d_model, int64_t step, double progress = 0);
 
 class Optimizer {
  public:
@@ -33,9 +37,13 @@ class Optimizer {
   Optimizer(OptimizerOptions options, const DeviceTensors& parameters);
 
   // Applies one update with gradients (the parameters' names and shapes; optionally clipped
-  // first, in place); step becomes step() + 1. Returns the gradient norm before clipping. A
-  // non-finite norm (NaN / Inf in a gradient) is returned without touching anything.
-  double apply(DeviceTensors& parameters, DeviceTensors& gradients, int64_t d_model);
+  // first, in place) at learning_rate(options, d_model, step() + 1, progress); step becomes
+  // step() + 1. Returns the gradient norm before clipping. A non-finite norm (NaN / Inf in a
+  // gradient) is returned without touching anything.
+  double apply(DeviceTensors& parameters, DeviceTensors& gradients, int64_t d_model,
+               double progress = 0);
+  // The rate of the last update (0 before the first).
+  double last_rate() const { return last_rate_; }
 
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
@@ -53,6 +61,7 @@ class Optimizer {
   OptimizerOptions options_;
   const Backend* backend_;
   int64_t step_ = 0;
+  double last_rate_ = 0;
   // Adam's moments, each one block in the backend's memory (empty for SGD).
   DeviceTensors first_moment_, second_moment_;
 };

@@ -45,6 +45,8 @@ void check_options(const TrainOptions& o) {
   if (o.vocabularies.size() > 2)
     throw Error("--vocabs takes one joint or two (source, target) files");
   if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
+  if (o.optimizer.cooldown > 0 && o.max_steps <= 0 && o.max_minutes <= 0)
+    throw Error("--lr-cooldown needs the run's length: --max-steps or --max-minutes");
   if (o.sentencepiece_alphas)
     for (double alpha : *o.sentencepiece_alphas)
       if (!(alpha >= 0 && alpha <= 1)) throw Error("--sentencepiece-alphas must be in [0, 1]");
@@ -455,12 +457,14 @@ class TrainingRun {
     const int64_t tokens = int64_t(step_tokens[0]);
     LossTotals totals = compute_gradients(micro, tokens);
     interval_reduce_seconds_ += replicas_.sum_tensors(gradients_);
-    if (replicas_.distributed()) share_totals_and_stop_votes(totals);
+    double minutes = elapsed_minutes();  // distributed: rank 0's, so every rank has one rate
+    if (replicas_.distributed()) share_totals_and_stop_votes(totals, &minutes);
     // A non-finite loss or gradient skips the update (same decision on every rank: both are
     // global sums).
     const bool finite_loss = std::isfinite(totals.loss) && std::isfinite(totals.nll);
-    if (!finite_loss || !std::isfinite(optimizer_->apply(model_->mutable_parameters(), gradients_,
-                                                         model_->config().d_model))) {
+    if (!finite_loss ||
+        !std::isfinite(optimizer_->apply(model_->mutable_parameters(), gradients_,
+                                         model_->config().d_model, progress(minutes)))) {
       skip_step(finite_loss);
       return;
     }
@@ -493,17 +497,29 @@ class TrainingRun {
     return totals;
   }
 
-  // One small all-reduce per step: the step's loss totals, and the votes to stop (a signal on
-  // any rank; the time limit on rank 0's clock), so that every rank stops at the same step.
-  void share_totals_and_stop_votes(LossTotals& totals) {
+  // How far through its limits the run is before this step, in [0, 1]: the larger of steps /
+  // --max-steps and minutes / --max-minutes (0 without either); drives the cool-down.
+  double progress(double minutes) const {
+    double done = 0;
+    if (o_.max_steps > 0) done = double(state_.step) / double(o_.max_steps);
+    if (o_.max_minutes > 0) done = std::max(done, minutes / o_.max_minutes);
+    return std::min(done, 1.0);
+  }
+
+  // One small all-reduce per step: the step's loss totals, the votes to stop (a signal on any
+  // rank; the time limit on rank 0's clock), so that every rank stops at the same step, and
+  // rank 0's elapsed minutes (into *minutes), so that every rank cools down alike.
+  void share_totals_and_stop_votes(LossTotals& totals, double* minutes) {
     const bool time_up = primary_ && time_is_up();
-    double shared[6] = {totals.loss,
+    double shared[7] = {totals.loss,
                         totals.nll,
                         double(totals.tokens),
                         double(totals.correct),
                         double(stop_signal() != 0),
-                        double(time_up)};
-    replicas_.sum(shared, 6);
+                        double(time_up),
+                        primary_ ? *minutes : 0.0};
+    replicas_.sum(shared, 7);
+    *minutes = shared[6];
     totals = {shared[0], shared[1], int64_t(shared[2]), int64_t(shared[3])};
     signalled_somewhere_ = shared[4] > 0;
     stop_agreed_ = shared[4] > 0 || shared[5] > 0;
@@ -544,7 +560,7 @@ class TrainingRun {
     const double loss = per_token(interval_.loss, interval_.tokens);
     const double ppl = std::exp(per_token(interval_.nll, interval_.tokens));
     const double speed = double(interval_.tokens) / std::max(interval_seconds, 1e-9);
-    const double lr = learning_rate(o_.optimizer, model_->config().d_model, state_.step);
+    const double lr = optimizer_->last_rate();
     std::string eta;
     const double run_seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     if (o_.max_steps > 0 && state_.step > first_step_)
