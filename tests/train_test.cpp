@@ -242,14 +242,15 @@ TEST(Train, CooldownFollowsTheScheduleThenFallsToZeroAndResumesBitForBit) {
       tfm::load_model(work.path("cool_straight/model.safetensors")).config().d_model;
   for (const auto& entry : steps) {
     const int64_t step = entry["step"];
-    // Before step s, (s - 1) of 20 steps are done: the last 40% (steps 13..20) cool down.
+    // Before step s, (s - 1) of 20 steps are done: over the last 40% the factor is below 1
+    // (from step 14; at step 13 it is (1 - 0.6) / 0.4 = 1).
     const double progress = double(step - 1) / 20.0;
     const double factor = progress <= 0.6 ? 1.0 : (1.0 - progress) / 0.4;
     EXPECT_NEAR(entry["lr"].get<double>(), factor * tfm::learning_rate(schedule, d_model, step),
                 1e-12)
         << "step " << step;
   }
-  EXPECT_LT(steps.back()["lr"].get<double>(), 0.2 * steps[11]["lr"].get<double>());
+  EXPECT_LT(steps.back()["lr"].get<double>(), 0.2 * steps[12]["lr"].get<double>());
   // With a far time limit too, the nearer limit (the steps) sets the pace.
   ASSERT_EQ(work.run_cli(cooled + " --model-dir " + work.path("cool_two_limits") +
                          " --max-steps 20 --max-minutes 1000")
@@ -258,7 +259,7 @@ TEST(Train, CooldownFollowsTheScheduleThenFallsToZeroAndResumesBitForBit) {
   EXPECT_EQ(tfm::read_file_bytes(work.path("cool_straight/model.safetensors")),
             tfm::read_file_bytes(work.path("cool_two_limits/model.safetensors")));
   // The cool-down belongs to the invocation's limits: the first 10 steps trained without it (as
-  // the straight run's first 12 are), then resumed with it to 20, give the straight run's model.
+  // the straight run's first 13 are), then resumed with it to 20, give the straight run's model.
   ASSERT_EQ(work.run_cli(common + " --model-dir " + work.path("cool_resumed") + " --max-steps 10")
                 .exit_code,
             0);
@@ -267,6 +268,29 @@ TEST(Train, CooldownFollowsTheScheduleThenFallsToZeroAndResumesBitForBit) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(tfm::read_file_bytes(work.path("cool_straight/model.safetensors")),
             tfm::read_file_bytes(work.path("cool_resumed/model.safetensors")));
+  // By the clock: --max-minutes 0.02 with the whole run cooling down. Step s's rate was set
+  // between the previous step's log entry and its own, so its factor lies between
+  // 1 - (its minutes) / 0.02 and 1 - (the previous entry's minutes) / 0.02.
+  const CliResult clock = work.run_cli(
+      "train --preset tiny --vocab 32" + data_flags("cool") +
+      " --batch-tokens 256 --warmup 4 --lr-factor 2 --valid-every 0 --log-every 1 --seed 3"
+      " --max-minutes 0.02 --lr-cooldown 1 --model-dir " +
+      work.path("cool_clock"));
+  ASSERT_EQ(clock.exit_code, 0) << clock.err;
+  const std::vector<nlohmann::json> timed = log_events(work.path("cool_clock"), "train");
+  ASSERT_GE(timed.size(), 3u);
+  double previous_minutes = 0;
+  for (const auto& entry : timed) {
+    const int64_t step = entry["step"];
+    const double minutes = entry["minutes"];
+    const double factor = entry["lr"].get<double>() / tfm::learning_rate(schedule, d_model, step);
+    EXPECT_GE(factor, 1 - minutes / 0.02 - 1e-9) << "step " << step;
+    EXPECT_LE(factor, 1 - previous_minutes / 0.02 + 1e-9) << "step " << step;
+    previous_minutes = minutes;
+  }
+  EXPECT_LT(timed.back()["lr"].get<double>() /
+                tfm::learning_rate(schedule, d_model, timed.back()["step"].get<int64_t>()),
+            0.5);
   const CliResult endless =
       work.run_cli(cooled + " --model-dir " + work.path("cool_endless") + " --max-epochs 2");
   EXPECT_EQ(endless.exit_code, 1);

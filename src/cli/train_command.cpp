@@ -94,7 +94,9 @@ CommandRunner add_train_command(CLI::App& app) {
       ->check(at_least(1));
   app.add_option("--lr-cooldown", t.optimizer.cooldown,
                  "Over this last fraction of the run (of --max-steps, or of --max-minutes by the "
-                 "clock) the learning rate falls linearly to 0 (default 0: none)")
+                 "clock, whichever is nearer) the learning rate falls linearly, to 0 at the limit; "
+                 "a run that --max-epochs or --early-stopping ends first stops part-way "
+                 "(default 0: none)")
       ->check(in_range(0, 1, true, true));
   app.add_option("--adam-beta1", t.optimizer.beta1, "Adam β1 (default 0.9)")
       ->check(in_range(0, 1, true, false));
