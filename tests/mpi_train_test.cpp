@@ -72,16 +72,11 @@ double max_relative_difference(const tfm::Model& a, const tfm::Model& b, std::st
   return worst;
 }
 
-// Target tokens trained on, from the run's checkpoint (global over the ranks).
-int64_t tokens_seen(const std::string& dir) {
+// A field of the run's training state, from its checkpoint (global over the ranks):
+// "target_tokens_seen", "step", ...
+int64_t training_state(const std::string& dir, const char* field) {
   const auto file = tfm::read_safetensors(work.path(dir + "/checkpoint.safetensors"));
-  return nlohmann::json::parse(file.metadata.at("training_state"))["target_tokens_seen"];
-}
-
-// Optimizer steps taken, from the run's checkpoint.
-int64_t steps_done(const std::string& dir) {
-  const auto file = tfm::read_safetensors(work.path(dir + "/checkpoint.safetensors"));
-  return nlohmann::json::parse(file.metadata.at("training_state"))["step"];
+  return nlohmann::json::parse(file.metadata.at("training_state"))[field];
 }
 
 class MpiTrain : public ::testing::Test {
@@ -106,8 +101,9 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
   std::string where;
   EXPECT_LT(max_relative_difference(two, one, where), 1e-5) << where;
   // Each sentence was used once: the ranks' shares add up to the global batches.
-  EXPECT_EQ(tokens_seen("two"), tokens_seen("one"));
-  EXPECT_GT(tokens_seen("one"), 0);
+  EXPECT_EQ(training_state("two", "target_tokens_seen"),
+            training_state("one", "target_tokens_seen"));
+  EXPECT_GT(training_state("one", "target_tokens_seen"), 0);
   // Plain SGD is not scale-invariant as Adam is, so it also checks the normalisation by the
   // global token count (a rank dividing by its own count would double the step).
   const std::string sgd = " --optimizer sgd --lr-schedule constant --lr 0.03";
@@ -125,7 +121,8 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
   r = work.run_cli(train_flags("two_clock", 1000000) + " --max-minutes 0.03 --lr-cooldown 1",
                    "/dev/null", kLauncher);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_GE(steps_done("two_clock"), 10);  // so the replicas were compared (every 5 steps)
+  EXPECT_GE(training_state("two_clock", "step"),
+            10);  // so the replicas were compared (every 5 steps)
   // The parameters moved: the comparison is not of two untouched initialisations.
   const tfm::Model start = tfm::load_model(work.path("one/checkpoints/step-000000010.safetensors"));
   EXPECT_GT(max_relative_difference(start, one, where), 1e-3);

@@ -271,11 +271,8 @@ TEST(Train, CooldownFollowsTheScheduleThenFallsToZeroAndResumesBitForBit) {
   // By the clock: --max-minutes 0.02 with the whole run cooling down. Step s's rate was set
   // between the previous step's log entry and its own, so its factor lies between
   // 1 - (its minutes) / 0.02 and 1 - (the previous entry's minutes) / 0.02.
-  const CliResult clock = work.run_cli(
-      "train --preset tiny --vocab 32" + data_flags("cool") +
-      " --batch-tokens 256 --warmup 4 --lr-factor 2 --valid-every 0 --log-every 1 --seed 3"
-      " --max-minutes 0.02 --lr-cooldown 1 --model-dir " +
-      work.path("cool_clock"));
+  const CliResult clock = work.run_cli(common + " --max-minutes 0.02 --lr-cooldown 1 --model-dir " +
+                                       work.path("cool_clock"));
   ASSERT_EQ(clock.exit_code, 0) << clock.err;
   const std::vector<nlohmann::json> timed = log_events(work.path("cool_clock"), "train");
   ASSERT_GE(timed.size(), 3u);
