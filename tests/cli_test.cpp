@@ -230,6 +230,36 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
   }
   expect_error(work.run_cli(int8_translate + " --compute-type int4"), 2, {"int4"});
 
+  // CTranslate2's other names: "float" is float32 and "int8_float32" int8, score for score;
+  // "auto" is CTranslate2's CPU choice, int8 where VNNI runs it, else float32. Its names for
+  // what does not run here (float16 types, int16) are refused, each saying why.
+  const std::string score_texts = " --model " + work.path("aren") + " --src " +
+                                  work.path("ar.txt") + " --tgt " + work.path("en.txt");
+  const std::string float32_score = work.run_cli("score --compute-type float32" + score_texts).out;
+  EXPECT_NEAR(std::stod(float32_score), -1.061750, 1e-5);
+  r = work.run_cli("score --compute-type float" + score_texts);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, float32_score);
+  if (tfm::cpu_backend().supports(tfm::Precision::kInt8)) {
+    const std::string int8_score_out = work.run_cli(int8_score).out;
+    for (const char* alias : {"int8_float32", "auto"}) {
+      r = work.run_cli(std::string("score --compute-type ") + alias + score_texts);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_EQ(r.out, int8_score_out) << alias;
+    }
+  } else {
+    r = work.run_cli("score --compute-type auto" + score_texts);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, float32_score);
+    expect_error(work.run_cli("score --compute-type int8_float32" + score_texts), 1, {"VNNI"});
+  }
+  for (const char* type : {"float16", "int8_float16"})
+    expect_error(work.run_cli(int8_translate + " --compute-type " + type), 2,
+                 {type, "GPUs only", "bfloat16"});
+  expect_error(work.run_cli(int8_translate + " --compute-type int16"), 2, {"int16", "MKL"});
+  expect_error(work.run_cli(int8_translate + " --compute-type fp32"), 2,
+               {"\"fp32\"", "int8_float32", "auto"});
+
   // CTranslate2's int8 test model: imported with its int8 weights and row scales as stored
   // (the file says I8), then run in int8 (the same symmetric per-row scheme as CTranslate2's,
   // the default for an int8 model) and in float32 (multiplied out): its expected output.

@@ -25,6 +25,10 @@ bool parse_precision(const std::string& name, Precision& precision) {
 }
 
 bool parse_compute_type(const std::string& name, Precision& precision, CacheFormat& cache) {
+  // CTranslate2's other spellings of the same two: "float" and, for int8 with everything else
+  // in float32 (what its "int8" means on CPUs), "int8_float32".
+  if (name == "float") return parse_compute_type("float32", precision, cache);
+  if (name == "int8_float32") return parse_compute_type("int8", precision, cache);
   if (name == "int8_bfloat16") {
     precision = Precision::kInt8;
     cache = CacheFormat::kBFloat16;

@@ -27,9 +27,10 @@ bool parse_precision(const std::string& name, Precision& precision);
 // long cache waits for; rows are rounded to nearest even as they are written.
 enum class CacheFormat { kFloat32, kBFloat16 };
 
-// A --compute-type name as CTranslate2 spells them: "float32", "bfloat16" (products and the
-// cache in bfloat16), "int8" (int8 products, float32 elsewhere) or "int8_bfloat16" (int8
-// products, the cache in bfloat16). False, and nothing set, for any other string.
+// A --compute-type name as CTranslate2 spells them: "float32" (or "float"), "bfloat16" (products
+// and the cache in bfloat16), "int8" (or "int8_float32": int8 products, float32 elsewhere) or
+// "int8_bfloat16" (int8 products, the cache in bfloat16). False, and nothing set, for any other
+// string ("default" and "auto" depend on the model and the device: cli/device_options.h).
 bool parse_compute_type(const std::string& name, Precision& precision, CacheFormat& cache);
 // The name parse_compute_type reads back ("int8_bfloat16" for int8 with a bfloat16 cache; a
 // float32 cache under bfloat16 products, which no name gives, is called "bfloat16").

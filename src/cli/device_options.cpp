@@ -16,17 +16,51 @@ const Backend& DeviceOption::resolve() const {
   return find_backend(name);
 }
 
+namespace {
+
+// The names --compute-type takes: ours, which are CTranslate2's, and CTranslate2's aliases.
+const char* const kComputeTypes =
+    "default, auto, float32 (float), bfloat16, int8 (int8_float32) or "
+    "int8_bfloat16";
+
+// Why a name CTranslate2 knows, but this program cannot run, is refused; empty for the others.
+std::string unsupported_compute_type(const std::string& name) {
+  if (name == "float16" || name == "int8_float16")
+    return name +
+           " is not supported on the CPU (CTranslate2 runs float16 on GPUs only); "
+           "bfloat16 or int8_bfloat16 are the CPU's 16-bit types";
+  if (name == "int16")
+    return "int16 products are not supported (CTranslate2 has them only with Intel MKL); "
+           "int8 or float32 run here";
+  return "";
+}
+
+}  // namespace
+
 void ComputeTypeOption::add_to(CLI::App& app) {
   app.add_option("--compute-type", name,
-                 "Number format of every weight product (encoder, decoder, output projection): "
-                 "default (the model file's own: int8 if it stores int8 weights, else "
-                 "float32); float32; bfloat16 (half the weight memory, faster on CPUs with "
-                 "AVX512-BF16; log-probabilities move by ~1e-2; decoding keeps its cached keys "
-                 "and values in bfloat16 too); int8 (a quarter of the weight memory, a scale "
+                 "Number format of every weight product (encoder, decoder, output projection), "
+                 "by CTranslate2's names: default (the model file's own: int8 if it stores int8 "
+                 "weights, else float32); auto (the fastest this CPU multiplies in, as "
+                 "CTranslate2 picks it: int8 with VNNI, else float32); float32 (or float); "
+                 "bfloat16 (half the weight memory, faster on CPUs with AVX512-BF16; "
+                 "log-probabilities move by ~1e-2; decoding keeps its cached keys and values in "
+                 "bfloat16 too); int8 (or int8_float32: a quarter of the weight memory, a scale "
                  "per weight row and per activation row, integer products; CPUs with VNNI); "
                  "int8_bfloat16 (int8 products, decoding's cached keys and values in bfloat16: "
                  "half the bytes a step reads; score: the same as int8)")
-      ->check(CLI::IsMember({"default", "float32", "bfloat16", "int8", "int8_bfloat16"}))
+      ->check(CLI::Validator(
+          [](std::string& input) -> std::string {
+            Precision precision;
+            CacheFormat cache;
+            if (input == "default" || input == "auto" ||
+                parse_compute_type(input, precision, cache))
+              return "";
+            const std::string why = unsupported_compute_type(input);
+            if (!why.empty()) return why;
+            return "must be " + std::string(kComputeTypes) + ", not \"" + input + "\"";
+          },
+          "COMPUTE_TYPE"))
       ->capture_default_str();
 }
 
@@ -40,10 +74,15 @@ Precision ComputeTypeOption::resolve(const Backend& backend, const std::string& 
                   "--compute-type float32 runs it in float32");
     return precision;
   }
+  if (name == "auto")  // CTranslate2's choice on CPUs: int8 where it runs, else float32
+    return backend.supports(Precision::kInt8) ? Precision::kInt8 : Precision::kFloat32;
   CacheFormat cache = CacheFormat::kFloat32;
-  if (!parse_compute_type(name, precision, cache))
-    throw Error("--compute-type must be default, float32, bfloat16, int8 or int8_bfloat16, not \"" +
-                name + "\"");
+  if (!parse_compute_type(name, precision, cache)) {
+    const std::string why = unsupported_compute_type(name);
+    throw Error(
+        "--compute-type: " +
+        (why.empty() ? "must be " + std::string(kComputeTypes) + ", not \"" + name + "\"" : why));
+  }
   if (backend.supports(precision)) return precision;
   if (backend.name() != "cpu")
     throw Error("--compute-type " + name + " is not supported by device " + backend.name());
@@ -56,7 +95,7 @@ Precision ComputeTypeOption::resolve(const Backend& backend, const std::string& 
 
 CacheFormat ComputeTypeOption::cache_format() const {
   Precision precision = Precision::kFloat32;
-  CacheFormat cache = CacheFormat::kFloat32;  // "default" as well
+  CacheFormat cache = CacheFormat::kFloat32;  // "default" and "auto" as well
   parse_compute_type(name, precision, cache);
   return cache;
 }
