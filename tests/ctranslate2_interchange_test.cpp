@@ -231,12 +231,46 @@ TEST(CTranslate2Export, RoundTripIsIdentityForEveryFixtureModel) {
 
 TEST(CTranslate2Export, QuantisedExportsImportWithinTheirRounding) {
   const Model model = load_model(kFixtures + "/paper_post.safetensors");
-  for (CtQuantization q : {CtQuantization::kInt8, CtQuantization::kInt16, CtQuantization::kFloat16,
-                           CtQuantization::kBFloat16}) {
+  for (CtQuantization q :
+       {CtQuantization::kInt8, CtQuantization::kInt8Float16, CtQuantization::kInt8BFloat16,
+        CtQuantization::kInt16, CtQuantization::kFloat16, CtQuantization::kBFloat16}) {
     const Model back =
         import_model(export_to(model, std::string("q_") + ct_quantization_name(q), q));
     EXPECT_EQ(config_to_json_text(back.config()), config_to_json_text(model.config()));
     EXPECT_LT(worst_logprob_error(back, "paper_post"), 0.05) << ct_quantization_name(q);
+  }
+  // As ModelSpec._quantize stores them: int8_float16 / int8_bfloat16 hold the very int8 weights
+  // and scales of int8, and every other float tensor (biases, norms) in float16 / bfloat16;
+  // "int8_float32" is CTranslate2's other name for int8 of a float32 model.
+  EXPECT_EQ(parse_ct_quantization("int8_float32"), CtQuantization::kInt8);
+  const auto stored = [](const std::string& name) {
+    return parse_ctranslate2_model(read_file_bytes(work.path(name + "/model.bin")), name);
+  };
+  const CTranslate2Variables int8 = stored("q_int8");
+  for (const auto& [name, half] : std::vector<std::pair<std::string, CtDtype>>{
+           {"q_int8_float16", CtDtype::kF16}, {"q_int8_bfloat16", CtDtype::kBF16}}) {
+    const CTranslate2Variables file = stored(name);
+    ASSERT_EQ(file.stored_dtypes.size(), int8.stored_dtypes.size()) << name;
+    int halves = 0;
+    for (const auto& [variable, dtype] : int8.stored_dtypes) {
+      const CtDtype got = file.stored_dtypes.at(variable);
+      if (int8.int8_matrices.count(variable)) {
+        EXPECT_EQ(got, CtDtype::kI8) << name << " " << variable;
+        EXPECT_TRUE(file.int8_matrices.at(variable).values ==
+                    int8.int8_matrices.at(variable).values)
+            << name << " " << variable;
+        EXPECT_TRUE(file.int8_matrices.at(variable).scales ==
+                    int8.int8_matrices.at(variable).scales)
+            << name << " " << variable;
+      } else if (dtype == CtDtype::kF32 && !file.variables.at(variable).shape.empty()) {
+        EXPECT_EQ(got, half) << name << " " << variable;  // a bias, a norm's gain or shift
+        ++halves;
+      } else {
+        EXPECT_EQ(got, dtype) << name << " " << variable;  // scalars and flags as they were
+      }
+    }
+    EXPECT_GT(halves, 10) << name;
+    EXPECT_EQ(file.int8_matrices.size(), int8.int8_matrices.size()) << name;
   }
   // int8 exactly as CTranslate2 stores it: round(w * 127 / max|row|) / (127 / max|row|).
   const Model back = import_model(work.path("q_int8"));
@@ -456,6 +490,12 @@ TEST(CTranslate2Cli, ExportThenImportKeepsScores) {
   EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
   r = work.run_cli("export-ctranslate2 --quantization int4 --model x -o y");
   EXPECT_EQ(r.exit_code, 2);
+  // int8_float32, CTranslate2's other name for int8 here: the same file.
+  r = work.run_cli("export-ctranslate2 --quantization int8_float32 --model " +
+                   work.path("cli_aren") + " -o " + work.path("cli_aren_int8_float32"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(read_file_bytes(work.path("cli_aren_int8_float32/model.bin")) ==
+              read_file_bytes(work.path("cli_aren_ct2/model.bin")));
 }
 
 }  // namespace

@@ -61,9 +61,11 @@ CommandRunner add_export_ctranslate2_command(CLI::App& app) {
       ->required();
   app.add_option("-o,--output", o->output, "CTranslate2 model directory to write")->required();
   app.add_option("--quantization", o->quantization,
-                 "Weight type: float32 (default), int8, int16, float16 or bfloat16, "
-                 "quantised as CTranslate2's converters do")
-      ->check(CLI::IsMember({"float32", "int8", "int16", "float16", "bfloat16"}));
+                 "Weight type, quantised as CTranslate2's converters do: float32 (default), "
+                 "int8 (or int8_float32: the other weights stay float32), int8_float16 or "
+                 "int8_bfloat16 (the other weights in that type), int16, float16 or bfloat16")
+      ->check(CLI::IsMember({"float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
+                             "int16", "float16", "bfloat16"}));
   app.add_flag("--force", o->force, "Write into an output directory that is not empty");
   app.footer(
       "Writes model.bin (binary version 6, TransformerSpec revision 7), config.json and the\n"

@@ -211,11 +211,15 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
 }
 
 CtQuantization parse_ct_quantization(const std::string& name) {
-  for (CtQuantization q : {CtQuantization::kFloat32, CtQuantization::kInt8, CtQuantization::kInt16,
-                           CtQuantization::kFloat16, CtQuantization::kBFloat16})
+  if (name == "int8_float32") return CtQuantization::kInt8;
+  for (CtQuantization q :
+       {CtQuantization::kFloat32, CtQuantization::kInt8, CtQuantization::kInt8Float16,
+        CtQuantization::kInt8BFloat16, CtQuantization::kInt16, CtQuantization::kFloat16,
+        CtQuantization::kBFloat16})
     if (name == ct_quantization_name(q)) return q;
   throw Error("unknown quantization \"" + name +
-              "\" (expected float32, int8, int16, float16 or bfloat16)");
+              "\" (expected float32, int8, int8_float32, int8_float16, int8_bfloat16, int16, "
+              "float16 or bfloat16)");
 }
 
 const char* ct_quantization_name(CtQuantization q) {
@@ -224,6 +228,10 @@ const char* ct_quantization_name(CtQuantization q) {
       return "float32";
     case CtQuantization::kInt8:
       return "int8";
+    case CtQuantization::kInt8Float16:
+      return "int8_float16";
+    case CtQuantization::kInt8BFloat16:
+      return "int8_bfloat16";
     case CtQuantization::kInt16:
       return "int16";
     case CtQuantization::kFloat16:
@@ -258,7 +266,10 @@ CtVariable ct_float32_scalar(const std::string& name, float value) {
 void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, const Tensor& tensor,
                         bool quantizable, CtQuantization quantization) {
   const std::vector<float>& w = tensor.data;
-  if (quantizable && quantization == CtQuantization::kInt8) {
+  const bool int8 = quantization == CtQuantization::kInt8 ||
+                    quantization == CtQuantization::kInt8Float16 ||
+                    quantization == CtQuantization::kInt8BFloat16;
+  if (quantizable && int8) {
     const int64_t rows = tensor.shape.empty() ? 1 : tensor.shape[0];
     const int64_t row_size = rows ? tensor.numel() / rows : 0;
     std::vector<int8_t> q(w.size());
@@ -288,8 +299,10 @@ void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, c
     out.push_back({name + "_scale", CtDtype::kF32, {}, to_bytes(std::vector<float>{scale})});
     return;
   }
-  if (quantization == CtQuantization::kFloat16 || quantization == CtQuantization::kBFloat16) {
-    const bool half = quantization == CtQuantization::kFloat16;
+  const bool half =
+      quantization == CtQuantization::kFloat16 || quantization == CtQuantization::kInt8Float16;
+  if (half || quantization == CtQuantization::kBFloat16 ||
+      quantization == CtQuantization::kInt8BFloat16) {
     std::vector<uint16_t> bits(w.size());
     for (size_t i = 0; i < w.size(); ++i)
       bits[i] = half ? float_to_half(w[i]) : float_to_bfloat16(w[i]);

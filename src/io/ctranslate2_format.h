@@ -33,8 +33,17 @@ struct CTranslate2Variables {
 // Throws Error naming `where` on anything malformed.
 CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std::string& where);
 
-// How weights are stored on export: CTranslate2's converter `--quantization` values.
-enum class CtQuantization { kFloat32, kInt8, kInt16, kFloat16, kBFloat16 };
+// How weights are stored on export: CTranslate2's converter `--quantization` values (its
+// "int8_float32" is kInt8: our weights are float32, so its plain int8 stores the same).
+enum class CtQuantization {
+  kFloat32,
+  kInt8,
+  kInt8Float16,
+  kInt8BFloat16,
+  kInt16,
+  kFloat16,
+  kBFloat16
+};
 CtQuantization parse_ct_quantization(const std::string& name);  // throws Error on others
 const char* ct_quantization_name(CtQuantization q);
 
@@ -54,7 +63,7 @@ CtVariable ct_float32_scalar(const std::string& name, float value);  // e.g. que
 // (a Linear's or an Embeddings' `weight`) becomes int8 with a per-row `<name>_scale`
 // (127 / max|row|, rows of zeros use 127) or int16 with one scale (2^10 / max|w|), rounded
 // half to even; float16 / bfloat16 convert every float tensor; int8 / int16 leave the other
-// tensors in float32.
+// tensors in float32, int8_float16 / int8_bfloat16 convert them to float16 / bfloat16.
 void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, const Tensor& tensor,
                         bool quantizable, CtQuantization quantization);
 
