@@ -766,127 +766,131 @@ RoundedCopy rounded_copy(const std::vector<float>& x) {
 
 // Incremental decoding's single query over cached rows (key_rows) and the hypotheses of one
 // sentence sharing its encoder keys (key_batch), against the dense reference on gathered copies.
-// Head sizes 5 and 64 (the base and big models', which the CPU compiles separately). The same
-// over a bfloat16 cache (attention_forward_bfloat16_cache): the reference reads the rounded
-// values widened to float, so only float rounding separates the two.
+// Head sizes 5 and 64 (the base and big models', which the CPU compiles separately, with AVX-512
+// in blocks of 16 keys), 6 and 37 keys (two whole blocks and a part, a window starting inside
+// the first). The same over a bfloat16 cache (attention_forward_bfloat16_cache): the reference
+// reads the rounded values widened to float, so only float rounding separates the two.
 TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
   for (int64_t head_dim : {5, 64})
-    for (AttentionScoring scoring : kScorings) {
-      const auto additive_v = random_vector(3 * head_dim, 91, 1.f);
-      AttentionShape s;
-      s.score = {scoring, additive_v.data()};
-      s.batch = 4;
-      s.heads = 3;
-      s.head_dim = head_dim;
-      s.query_len = 1;
-      s.key_len = 6;
-      const int64_t d = s.heads * s.head_dim;
-      // A pool of 23 cached rows (stride d + 2); hypothesis b reads its key_len rows through its
-      // row table, so shared prefixes read the same rows.
-      const int64_t pool_rows = 23, row_stride = d + 2, table_stride = 9;
-      auto pool_k = random_vector(pool_rows * row_stride, 92);
-      auto pool_v = random_vector(pool_rows * row_stride, 93);
-      std::vector<int32_t> table(size_t(s.batch * table_stride));
-      Random random(94);
-      for (auto& r : table) r = int32_t(random.next_u64() % uint64_t(pool_rows));
-      auto q = random_vector(s.batch * d, 95);
-      AttentionShape cached = s;
-      cached.q_row_stride = cached.out_row_stride = d;
-      cached.k_row_stride = cached.v_row_stride = row_stride;
-      cached.key_rows = table.data();
-      cached.key_rows_stride = table_stride;
-      AttentionMask mask;
-      mask.causal = true;
-      mask.query_offset = s.key_len - 1;
-      std::vector<float> out(size_t(s.batch * d), 7.f);
-      be().attention_forward(cached, mask, q.data(), pool_k.data(), pool_v.data(), nullptr,
-                             out.data(), {});
-      AttentionShape dense = s;
-      dense.q_row_stride = dense.k_row_stride = dense.v_row_stride = dense.out_row_stride = d;
-      std::vector<float> k(size_t(s.batch * s.key_len * d)), v(k.size());
-      for (int64_t b = 0; b < s.batch; ++b)
-        for (int64_t j = 0; j < s.key_len; ++j) {
-          const int64_t row = table[size_t(b * table_stride + j)];
-          std::copy_n(pool_k.data() + row * row_stride, d, k.data() + (b * s.key_len + j) * d);
-          std::copy_n(pool_v.data() + row * row_stride, d, v.data() + (b * s.key_len + j) * d);
-        }
-      auto expected = reference_attention(dense, mask, q, k, v);
-      for (size_t i = 0; i < out.size(); ++i)
-        ASSERT_NEAR(out[i], expected[i], 1e-5)
-            << "cached rows, scoring " << int(scoring) << ", head size " << head_dim;
-      {  // the same rows cached in bfloat16
-        const RoundedCopy pool_k16 = rounded_copy(pool_k), pool_v16 = rounded_copy(pool_v);
-        std::fill(out.begin(), out.end(), 7.f);
-        be().attention_forward_bfloat16_cache(cached, mask, q.data(), pool_k16.bits.data(),
-                                              pool_v16.bits.data(), nullptr, out.data());
-        be().attention_forward(cached, mask, q.data(), pool_k16.widened.data(),
-                               pool_v16.widened.data(), nullptr, expected.data(), {});
-        for (size_t i = 0; i < out.size(); ++i)
-          ASSERT_NEAR(out[i], expected[i], 1e-6)
-              << "bfloat16 cached rows, scoring " << int(scoring) << ", head size " << head_dim;
-      }
-
-      // key_batch: queries 0..3 read key sequences {1, 1, 0, 2} of 3 (lengths 5, 2, 4).
-      const int32_t key_batch[] = {1, 1, 0, 2};
-      const int32_t lengths[] = {5, 2, 4};
-      auto keys = random_vector(3 * s.key_len * d, 96);
-      auto values = random_vector(3 * s.key_len * d, 97);
-      AttentionMask shared;
-      shared.key_batch = key_batch;
-      shared.key_lengths = lengths;
-      std::vector<float> probs(size_t(s.batch * s.heads * s.key_len));
-      be().attention_forward(dense, shared, q.data(), keys.data(), values.data(), probs.data(),
-                             out.data(), {});
-      std::vector<int32_t> per_query_lengths;
-      for (int64_t b = 0; b < s.batch; ++b) {
-        const int64_t from = key_batch[b];
-        std::copy_n(keys.data() + from * s.key_len * d, s.key_len * d,
-                    k.data() + b * s.key_len * d);
-        std::copy_n(values.data() + from * s.key_len * d, s.key_len * d,
-                    v.data() + b * s.key_len * d);
-        per_query_lengths.push_back(lengths[from]);
-      }
-      AttentionMask unshared;
-      unshared.key_lengths = per_query_lengths.data();
-      expected = reference_attention(dense, unshared, q, k, v);
-      for (size_t i = 0; i < out.size(); ++i)
-        ASSERT_NEAR(out[i], expected[i], 1e-5)
-            << "key batches, scoring " << int(scoring) << ", head size " << head_dim;
-      {  // the shared keys and values in bfloat16, the weights kept
-        const RoundedCopy keys16 = rounded_copy(keys), values16 = rounded_copy(values);
-        std::vector<float> out16(out.size(), 7.f), probs16(probs.size(), 7.f);
-        be().attention_forward_bfloat16_cache(dense, shared, q.data(), keys16.bits.data(),
-                                              values16.bits.data(), probs16.data(), out16.data());
-        std::vector<float> widened_probs(probs.size());
-        be().attention_forward(dense, shared, q.data(), keys16.widened.data(),
-                               values16.widened.data(), widened_probs.data(), expected.data(), {});
-        for (size_t i = 0; i < out.size(); ++i)
-          ASSERT_NEAR(out16[i], expected[i], 1e-6)
-              << "bfloat16 key batches, scoring " << int(scoring) << ", head size " << head_dim;
-        for (size_t i = 0; i < probs.size(); ++i)
-          ASSERT_NEAR(probs16[i], widened_probs[i], 1e-6) << "bfloat16 weights " << i;
-        // Rounding moved the output, but only by rounding: each key and value element moves by at
-        // most 2^-9 of itself (nearest, 8-bit mantissa), which moves these outputs (standard
-        // normal inputs, up to 64 terms a logit) by 0.016 at most.
-        double moved = 0;
-        for (size_t i = 0; i < out.size(); ++i)
-          moved = std::max(moved, double(std::abs(out16[i] - out[i])));
-        EXPECT_GT(moved, 0.0);
-        EXPECT_LT(moved, 5e-2);
-      }
-      for (int64_t b = 0; b < s.batch; ++b)  // the kept weights: [batch, heads, key_len]
-        for (int64_t h = 0; h < s.heads; ++h) {
-          double sum = 0;
+    for (int64_t key_len : {6, 37})
+      for (AttentionScoring scoring : kScorings) {
+        const auto additive_v = random_vector(3 * head_dim, 91, 1.f);
+        AttentionShape s;
+        s.score = {scoring, additive_v.data()};
+        s.batch = 4;
+        s.heads = 3;
+        s.head_dim = head_dim;
+        s.query_len = 1;
+        s.key_len = key_len;
+        const int64_t d = s.heads * s.head_dim;
+        // A pool of cached rows (stride d + 2); hypothesis b reads its key_len rows through its
+        // row table, so shared prefixes read the same rows.
+        const int64_t pool_rows = 2 * key_len + 11, row_stride = d + 2, table_stride = key_len + 3;
+        auto pool_k = random_vector(pool_rows * row_stride, 92);
+        auto pool_v = random_vector(pool_rows * row_stride, 93);
+        std::vector<int32_t> table(size_t(s.batch * table_stride));
+        Random random(94);
+        for (auto& r : table) r = int32_t(random.next_u64() % uint64_t(pool_rows));
+        auto q = random_vector(s.batch * d, 95);
+        AttentionShape cached = s;
+        cached.q_row_stride = cached.out_row_stride = d;
+        cached.k_row_stride = cached.v_row_stride = row_stride;
+        cached.key_rows = table.data();
+        cached.key_rows_stride = table_stride;
+        AttentionMask mask;
+        mask.causal = true;
+        mask.query_offset = s.key_len - 1;
+        mask.window = key_len > 16 ? 22 : -1;  // 37 keys: the last 23 visible, from key 14
+        std::vector<float> out(size_t(s.batch * d), 7.f);
+        be().attention_forward(cached, mask, q.data(), pool_k.data(), pool_v.data(), nullptr,
+                               out.data(), {});
+        AttentionShape dense = s;
+        dense.q_row_stride = dense.k_row_stride = dense.v_row_stride = dense.out_row_stride = d;
+        std::vector<float> k(size_t(s.batch * s.key_len * d)), v(k.size());
+        for (int64_t b = 0; b < s.batch; ++b)
           for (int64_t j = 0; j < s.key_len; ++j) {
-            const float p = probs[size_t((b * s.heads + h) * s.key_len + j)];
-            if (j >= lengths[key_batch[b]]) {
-              ASSERT_EQ(p, 0.f) << "padded key " << j;
-            }
-            sum += p;
+            const int64_t row = table[size_t(b * table_stride + j)];
+            std::copy_n(pool_k.data() + row * row_stride, d, k.data() + (b * s.key_len + j) * d);
+            std::copy_n(pool_v.data() + row * row_stride, d, v.data() + (b * s.key_len + j) * d);
           }
-          ASSERT_NEAR(sum, 1.0, 1e-5) << "weights of query " << b << ", head " << h;
+        auto expected = reference_attention(dense, mask, q, k, v);
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], expected[i], 1e-5)
+              << "cached rows, scoring " << int(scoring) << ", head size " << head_dim;
+        {  // the same rows cached in bfloat16
+          const RoundedCopy pool_k16 = rounded_copy(pool_k), pool_v16 = rounded_copy(pool_v);
+          std::fill(out.begin(), out.end(), 7.f);
+          be().attention_forward_bfloat16_cache(cached, mask, q.data(), pool_k16.bits.data(),
+                                                pool_v16.bits.data(), nullptr, out.data());
+          be().attention_forward(cached, mask, q.data(), pool_k16.widened.data(),
+                                 pool_v16.widened.data(), nullptr, expected.data(), {});
+          for (size_t i = 0; i < out.size(); ++i)
+            ASSERT_NEAR(out[i], expected[i], 1e-6)
+                << "bfloat16 cached rows, scoring " << int(scoring) << ", head size " << head_dim;
         }
-    }
+
+        // key_batch: queries 0..3 read key sequences {1, 1, 0, 2} of 3 (6 keys: lengths 5, 2, 4).
+        const int32_t key_batch[] = {1, 1, 0, 2};
+        const int32_t lengths[] = {int32_t(key_len - 1), 2, int32_t(key_len * 2 / 3)};
+        auto keys = random_vector(3 * s.key_len * d, 96);
+        auto values = random_vector(3 * s.key_len * d, 97);
+        AttentionMask shared;
+        shared.key_batch = key_batch;
+        shared.key_lengths = lengths;
+        std::vector<float> probs(size_t(s.batch * s.heads * s.key_len));
+        be().attention_forward(dense, shared, q.data(), keys.data(), values.data(), probs.data(),
+                               out.data(), {});
+        std::vector<int32_t> per_query_lengths;
+        for (int64_t b = 0; b < s.batch; ++b) {
+          const int64_t from = key_batch[b];
+          std::copy_n(keys.data() + from * s.key_len * d, s.key_len * d,
+                      k.data() + b * s.key_len * d);
+          std::copy_n(values.data() + from * s.key_len * d, s.key_len * d,
+                      v.data() + b * s.key_len * d);
+          per_query_lengths.push_back(lengths[from]);
+        }
+        AttentionMask unshared;
+        unshared.key_lengths = per_query_lengths.data();
+        expected = reference_attention(dense, unshared, q, k, v);
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_NEAR(out[i], expected[i], 1e-5)
+              << "key batches, scoring " << int(scoring) << ", head size " << head_dim;
+        {  // the shared keys and values in bfloat16, the weights kept
+          const RoundedCopy keys16 = rounded_copy(keys), values16 = rounded_copy(values);
+          std::vector<float> out16(out.size(), 7.f), probs16(probs.size(), 7.f);
+          be().attention_forward_bfloat16_cache(dense, shared, q.data(), keys16.bits.data(),
+                                                values16.bits.data(), probs16.data(), out16.data());
+          std::vector<float> widened_probs(probs.size());
+          be().attention_forward(dense, shared, q.data(), keys16.widened.data(),
+                                 values16.widened.data(), widened_probs.data(), expected.data(),
+                                 {});
+          for (size_t i = 0; i < out.size(); ++i)
+            ASSERT_NEAR(out16[i], expected[i], 1e-6)
+                << "bfloat16 key batches, scoring " << int(scoring) << ", head size " << head_dim;
+          for (size_t i = 0; i < probs.size(); ++i)
+            ASSERT_NEAR(probs16[i], widened_probs[i], 1e-6) << "bfloat16 weights " << i;
+          // Rounding moved the output, but only by rounding: each key and value element moves by at
+          // most 2^-9 of itself (nearest, 8-bit mantissa), which moves these outputs (standard
+          // normal inputs, up to 64 terms a logit) by 0.016 at most.
+          double moved = 0;
+          for (size_t i = 0; i < out.size(); ++i)
+            moved = std::max(moved, double(std::abs(out16[i] - out[i])));
+          EXPECT_GT(moved, 0.0);
+          EXPECT_LT(moved, 5e-2);
+        }
+        for (int64_t b = 0; b < s.batch; ++b)  // the kept weights: [batch, heads, key_len]
+          for (int64_t h = 0; h < s.heads; ++h) {
+            double sum = 0;
+            for (int64_t j = 0; j < s.key_len; ++j) {
+              const float p = probs[size_t((b * s.heads + h) * s.key_len + j)];
+              if (j >= lengths[key_batch[b]]) {
+                ASSERT_EQ(p, 0.f) << "padded key " << j;
+              }
+              sum += p;
+            }
+            ASSERT_NEAR(sum, 1.0, 1e-5) << "weights of query " << b << ", head " << h;
+          }
+      }
 }
 
 // Dropout on the attention weights: the forward writes the mask and scales the kept weights,
