@@ -295,8 +295,14 @@ void dot_scores_64(const float* q, const Element* k_base, const int32_t* rows, i
         sum = _mm512_fmadd_ps(q2, load16(k_h + 32), sum);
         lanes[i] = _mm512_fmadd_ps(q3, load16(k_h + 48), sum);
       }
-      _mm512_mask_storeu_ps(probs + h * key_len + j0, __mmask16((1u << n) - 1),
-                            transposed_sums(lanes));
+      float* scores = probs + h * key_len + j0;  // [n]
+      if (n == 16) {
+        _mm512_storeu_ps(scores, transposed_sums(lanes));
+      } else {  // a partial block: only its n scores are written (the row may end here)
+        alignas(64) float sums[16];
+        _mm512_store_ps(sums, transposed_sums(lanes));
+        std::copy_n(sums, n, scores);
+      }
     }
   }
 }
