@@ -3,15 +3,21 @@
 // scores, from a vectorised loop over (query, key) pairs — then scale, mask and softmax run in
 // one pass per row, then a second GEMM multiplies by V; without a weights buffer, the keys are
 // streamed with an online softmax instead. OpenMP spreads the batch × heads pairs over the
-// threads; the GEMMs inside run single-threaded.
+// threads; the GEMMs inside run single-threaded. Incremental decoding (one query per sequence)
+// reads its cached key and value rows directly instead: plain loops, or with AVX-512 and heads
+// of 64, blocks of 16 keys with register-held sums.
 #include "backend/cpu/attention.h"
 
-// GCC 12's AVX-512 header declares its "undefined" vectors as self-initialised, which inlining
-// reports as maybe-uninitialized (newer GCCs no longer do): not a fault of this file.
+// GCC 12's AVX-512 header declares its "undefined" vectors as self-initialised, which GCC 12
+// then reports as maybe-uninitialized wherever they are inlined: not a fault of this file.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 #include <algorithm>
 #include <bit>
