@@ -41,8 +41,8 @@ void ComputeTypeOption::add_to(CLI::App& app) {
   app.add_option("--compute-type", name,
                  "Number format of every weight product (encoder, decoder, output projection), "
                  "by CTranslate2's names: default (the model file's own: int8 if it stores int8 "
-                 "weights, else float32); auto (the fastest this CPU multiplies in, as "
-                 "CTranslate2 picks it: int8 with VNNI, else float32); float32 (or float); "
+                 "weights, else float32); auto (int8 on a CPU with VNNI, else float32, as "
+                 "CTranslate2's auto prefers int8 on CPUs); float32 (or float); "
                  "bfloat16 (half the weight memory, faster on CPUs with AVX512-BF16; "
                  "log-probabilities move by ~1e-2; decoding keeps its cached keys and values in "
                  "bfloat16 too); int8 (or int8_float32: a quarter of the weight memory, a scale "
@@ -74,7 +74,7 @@ Precision ComputeTypeOption::resolve(const Backend& backend, const std::string& 
                   "--compute-type float32 runs it in float32");
     return precision;
   }
-  if (name == "auto")  // CTranslate2's choice on CPUs: int8 where it runs, else float32
+  if (name == "auto")  // as CTranslate2's auto on CPUs: int8 where it runs here, else float32
     return backend.supports(Precision::kInt8) ? Precision::kInt8 : Precision::kFloat32;
   CacheFormat cache = CacheFormat::kFloat32;
   if (!parse_compute_type(name, precision, cache)) {

@@ -8,6 +8,7 @@
 // of 64, blocks of 16 keys with register-held sums.
 #include "backend/cpu/attention.h"
 
+#if defined(__AVX512F__)
 // GCC 12's AVX-512 header declares its "undefined" vectors as self-initialised, which GCC 12
 // then reports as maybe-uninitialized wherever they are inlined: not a fault of this file.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -17,6 +18,7 @@
 #include <immintrin.h>
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 #endif
 
 #include <algorithm>
