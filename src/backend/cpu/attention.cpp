@@ -242,6 +242,14 @@ inline float cached_element(uint16_t x) {
   return std::bit_cast<float>(uint32_t(x) << 16);
 }
 
+// Key or value j of a single query's sequence: row rows[j] of the shared cache at `base`, or
+// with no row table, row j of the sequence's own rows at `base`.
+template <typename Element>
+inline const Element* cached_row(const Element* base, const int32_t* rows, int64_t j,
+                                 int64_t stride) {
+  return base + (rows ? int64_t(rows[j]) : j) * stride;
+}
+
 #if defined(__AVX512F__)
 // The AVX-512 form of single_query_attention's two loops for heads of 64 (base and big models),
 // which the plain loops leave at a fraction of the machine's rate: there each key's dot product
@@ -285,8 +293,7 @@ void dot_scores_64(const float* q, const Element* k_base, const int32_t* rows, i
   for (int64_t j0 = begin; j0 < end; j0 += 16) {
     const int n = int(std::min<int64_t>(16, end - j0));
     const Element* key[16];  // the block's rows
-    for (int i = 0; i < n; ++i)
-      key[i] = k_base + (rows ? int64_t(rows[j0 + i]) : j0 + i) * k_stride;
+    for (int i = 0; i < n; ++i) key[i] = cached_row(k_base, rows, j0 + i, k_stride);
     for (int64_t h = 0; h < heads; ++h) {
       const float* q_h = q + h * 64;
       const __m512 q0 = _mm512_loadu_ps(q_h), q1 = _mm512_loadu_ps(q_h + 16),
@@ -321,15 +328,14 @@ template <typename Element>
 void weighted_values_64(const float* probs, const Element* v_base, const int32_t* rows,
                         int64_t v_stride, int64_t heads, int64_t key_len, int64_t begin,
                         int64_t end, float* out) {
-  auto row = [&](int64_t j) { return v_base + (rows ? int64_t(rows[j]) : j) * v_stride; };
   for (int64_t h = 0; h < heads; ++h) {
     const float* p_h = probs + h * key_len;
     __m512 even[4], odd[4];
     for (int c = 0; c < 4; ++c) even[c] = odd[c] = _mm512_setzero_ps();
     int64_t j = begin;
     for (; j + 1 < end; j += 2) {
-      const Element* v0 = row(j) + h * 64;
-      const Element* v1 = row(j + 1) + h * 64;
+      const Element* v0 = cached_row(v_base, rows, j, v_stride) + h * 64;
+      const Element* v1 = cached_row(v_base, rows, j + 1, v_stride) + h * 64;
       const __m512 p0 = _mm512_set1_ps(p_h[j]), p1 = _mm512_set1_ps(p_h[j + 1]);
       for (int c = 0; c < 4; ++c) {
         even[c] = _mm512_fmadd_ps(p0, load16(v0 + 16 * c), even[c]);
@@ -337,7 +343,7 @@ void weighted_values_64(const float* probs, const Element* v_base, const int32_t
       }
     }
     if (j < end) {
-      const Element* v0 = row(j) + h * 64;
+      const Element* v0 = cached_row(v_base, rows, j, v_stride) + h * 64;
       const __m512 p0 = _mm512_set1_ps(p_h[j]);
       for (int c = 0; c < 4; ++c) even[c] = _mm512_fmadd_ps(p0, load16(v0 + 16 * c), even[c]);
     }
@@ -385,7 +391,7 @@ void single_query_attention(const AttentionShape& s, const AttentionMask& mask, 
   if constexpr (!std::is_same_v<Element, float>)
     if (additive_v) widened = thread_scratch(heads * d, 0);
   for (int64_t j = begin; j < end; ++j) {
-    const Element* key = k_base + (rows ? int64_t(rows[j]) : j) * s.k_row_stride;
+    const Element* key = cached_row(k_base, rows, j, s.k_row_stride);
     if (additive_v) {
       const float* key_row = nullptr;
       if constexpr (std::is_same_v<Element, float>) {
@@ -411,7 +417,7 @@ void single_query_attention(const AttentionShape& s, const AttentionMask& mask, 
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t c = 0; c < d; ++c) out_b[h * d + c] = 0.f;
   for (int64_t j = begin; j < end; ++j) {
-    const Element* value = v_base + (rows ? int64_t(rows[j]) : j) * s.v_row_stride;
+    const Element* value = cached_row(v_base, rows, j, s.v_row_stride);
     for (int64_t h = 0; h < heads; ++h) {
       const float p = probs[h * s.key_len + j];
 #pragma omp simd
