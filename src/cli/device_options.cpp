@@ -23,8 +23,12 @@ const char* const kComputeTypes =
     "default, auto, float32 (float), bfloat16, int8 (int8_float32) or "
     "int8_bfloat16";
 
-// Why a name CTranslate2 knows, but this program cannot run, is refused; empty for the others.
-std::string unsupported_compute_type(const std::string& name) {
+// Why `name` is not a --compute-type (a name CTranslate2 knows but this program cannot run
+// says so); empty for the names it takes.
+std::string compute_type_problem(const std::string& name) {
+  Precision precision;
+  CacheFormat cache;
+  if (name == "default" || name == "auto" || parse_compute_type(name, precision, cache)) return "";
   if (name == "float16" || name == "int8_float16")
     return name +
            " is not supported on the CPU (CTranslate2 runs float16 on GPUs only); "
@@ -32,7 +36,7 @@ std::string unsupported_compute_type(const std::string& name) {
   if (name == "int16")
     return "int16 products are not supported (CTranslate2 has them only with Intel MKL); "
            "int8 or float32 run here";
-  return "";
+  return "must be " + std::string(kComputeTypes) + ", not \"" + name + "\"";
 }
 
 }  // namespace
@@ -49,18 +53,8 @@ void ComputeTypeOption::add_to(CLI::App& app) {
                  "per weight row and per activation row, integer products; CPUs with VNNI); "
                  "int8_bfloat16 (int8 products, decoding's cached keys and values in bfloat16: "
                  "half the bytes a step reads; score: the same as int8)")
-      ->check(CLI::Validator(
-          [](std::string& input) -> std::string {
-            Precision precision;
-            CacheFormat cache;
-            if (input == "default" || input == "auto" ||
-                parse_compute_type(input, precision, cache))
-              return "";
-            const std::string why = unsupported_compute_type(input);
-            if (!why.empty()) return why;
-            return "must be " + std::string(kComputeTypes) + ", not \"" + input + "\"";
-          },
-          "COMPUTE_TYPE"))
+      ->check(CLI::Validator([](std::string& input) { return compute_type_problem(input); },
+                             "COMPUTE_TYPE"))
       ->capture_default_str();
 }
 
@@ -77,12 +71,8 @@ Precision ComputeTypeOption::resolve(const Backend& backend, const std::string& 
   if (name == "auto")  // as CTranslate2's auto on CPUs: int8 where it runs here, else float32
     return backend.supports(Precision::kInt8) ? Precision::kInt8 : Precision::kFloat32;
   CacheFormat cache = CacheFormat::kFloat32;
-  if (!parse_compute_type(name, precision, cache)) {
-    const std::string why = unsupported_compute_type(name);
-    throw Error(
-        "--compute-type: " +
-        (why.empty() ? "must be " + std::string(kComputeTypes) + ", not \"" + name + "\"" : why));
-  }
+  if (!parse_compute_type(name, precision, cache))
+    throw Error("--compute-type: " + compute_type_problem(name));
   if (backend.supports(precision)) return precision;
   if (backend.name() != "cpu")
     throw Error("--compute-type " + name + " is not supported by device " + backend.name());
