@@ -345,8 +345,11 @@ class TrainingRun {
   double elapsed_minutes() const {
     return (seconds_before_ + std::chrono::duration<double>(Clock::now() - start_).count()) / 60.0;
   }
+  bool time_is_up(double minutes) const {
+    return o_.max_minutes > 0 && minutes >= o_.max_minutes;
+  }
   bool time_is_up() const {
-    return o_.max_minutes > 0 && elapsed_minutes() >= o_.max_minutes;
+    return time_is_up(elapsed_minutes());
   }
 
   // The stopping rules checked before each step. Distributed runs stop only where all ranks
@@ -510,7 +513,7 @@ class TrainingRun {
   // rank; the time limit on rank 0's clock), so that every rank stops at the same step, and
   // rank 0's elapsed minutes (into *minutes), so that every rank cools down alike.
   void share_totals_and_stop_votes(LossTotals& totals, double* minutes) {
-    const bool time_up = primary_ && time_is_up();
+    const bool time_up = primary_ && time_is_up(*minutes);  // the reading the rate uses
     double shared[7] = {totals.loss,
                         totals.nll,
                         double(totals.tokens),
