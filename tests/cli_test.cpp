@@ -207,8 +207,9 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
 
   // --compute-type int8 on every product: the same translation, the score within int8's rounding
   // (tests/decode_test.cpp bounds it); a CPU without VNNI refuses with one error line.
-  const std::string int8_score = "score --compute-type int8 --model " + work.path("aren") +
-                                 " --src " + work.path("ar.txt") + " --tgt " + work.path("en.txt");
+  const std::string score_texts = " --model " + work.path("aren") + " --src " +
+                                  work.path("ar.txt") + " --tgt " + work.path("en.txt");
+  const std::string int8_score = "score --compute-type int8" + score_texts;
   const std::string int8_translate =
       "translate --compute-type int8 --model " + work.path("aren") + " -i " + work.path("ar.txt");
   if (tfm::cpu_backend().supports(tfm::Precision::kInt8)) {
@@ -231,10 +232,8 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
   expect_error(work.run_cli(int8_translate + " --compute-type int4"), 2, {"int4"});
 
   // CTranslate2's other names: "float" is float32 and "int8_float32" int8, score for score;
-  // "auto" is CTranslate2's CPU choice, int8 where VNNI runs it, else float32. Its names for
-  // what does not run here (float16 types, int16) are refused, each saying why.
-  const std::string score_texts = " --model " + work.path("aren") + " --src " +
-                                  work.path("ar.txt") + " --tgt " + work.path("en.txt");
+  // "auto" is int8 where VNNI runs it, else float32 (CTranslate2's auto prefers int8 on CPUs). Its
+  // names for what does not run here (float16 types, int16) are refused, each saying why.
   const std::string float32_score = work.run_cli("score --compute-type float32" + score_texts).out;
   EXPECT_NEAR(std::stod(float32_score), -1.061750, 1e-5);
   r = work.run_cli("score --compute-type float" + score_texts);
