@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <deque>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -18,6 +19,8 @@
 #include "backend/backend.h"
 #include "backend/device_buffer.h"
 #include "backend/device_tensors.h"
+#include "guard_page_backend.h"
+#include "host_staged_backend.h"
 #include "tensor/float16.h"
 #include "tensor/random.h"
 
@@ -36,10 +39,39 @@ class BackendOps : public ::testing::TestWithParam<const Backend*> {
   const Backend& be() const { return *GetParam(); }
 };
 
-INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendOps, ::testing::ValuesIn(available_backends()),
-                         [](const ::testing::TestParamInfo<const Backend*>& info) {
-                           return info.param->name();
-                         });
+// The tests pass host pointers (std::vector data): a backend whose memory is the host's is
+// tested as it is, any other through a HostStagedBackend that copies each operation's arguments
+// into its memory and the results back (host_staged_backend.h).
+const std::vector<const Backend*>& backends_under_test() {
+  static const std::vector<const Backend*> backends = [] {
+    static std::deque<HostStagedBackend> staged;  // live as long as the tests
+    std::vector<const Backend*> list;
+    for (const Backend* backend : available_backends())
+      list.push_back(backend->memory_is_host() ? backend : &staged.emplace_back(*backend));
+    return list;
+  }();
+  return backends;
+}
+
+std::string backend_name(const ::testing::TestParamInfo<const Backend*>& info) {
+  return info.param->name();
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendOps, ::testing::ValuesIn(backends_under_test()),
+                         backend_name);
+
+// The staging adapter itself, checked without a GPU: the CPU's operations behind it on memory
+// that is "not the host's" and ends at guard pages (guard_page_backend.h), so an argument range
+// it computes too small faults, and an output it stages but the operation does not write reads
+// back as NaN.
+const Backend* staged_guarded_cpu() {
+  static const GuardPageBackend device;
+  static const HostStagedBackend staged(device);
+  return &staged;
+}
+
+INSTANTIATE_TEST_SUITE_P(StagedCpu, BackendOps, ::testing::Values(staged_guarded_cpu()),
+                         backend_name);
 
 TEST(Backends, CpuIsRegisteredFirstAndUnknownDevicesAreRefused) {
   ASSERT_FALSE(available_backends().empty());

@@ -286,6 +286,47 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
         {"stores int8 weights", "--compute-type float32"});
 }
 
+// On a GPU (skipped where there is none): CTranslate2's transliteration model translated with
+// --device cuda gives CTranslate2's expected outputs and the CPU's, greedy and beam, in every
+// compute type, and scores within each format's rounding of the CPU's score.
+TEST(Cli, TheGpuTranslatesAndScoresAsTheCpuDoes) {
+  std::string gpu;
+  for (const tfm::Backend* backend : tfm::available_backends())
+    if (!backend->memory_is_host()) gpu = backend->name();
+  if (gpu.empty())
+    GTEST_SKIP() << "no GPU backend on this machine (this build has: "
+                 << tfm::available_backend_names() << ")";
+  const std::string data = std::string(TFM_FIXTURE_DIR) +
+                           "/../data/ctranslate2-aren-transliteration/aren-transliteration";
+  const std::string model = work.path("aren_gpu");
+  ASSERT_EQ(work.run_cli("import-ctranslate2 " + data + " -o " + model).exit_code, 0);
+  work.write_file("gpu_ar.txt", "آ ت ز م و ن\nآ ز ا\nآ ت ش ي س و ن\n");
+  work.write_file("gpu_en.txt", "a t z m o n\na z z a\na c h i s o n\n");
+  for (const char* type : {"float32", "bfloat16", "int8", "int8_bfloat16"})
+    for (const char* beam : {"1", "2", "4"}) {
+      SCOPED_TRACE(std::string(type) + " beam " + beam);
+      const std::string translate = "translate --model " + model + " -i " +
+                                    work.path("gpu_ar.txt") + " --compute-type " + type +
+                                    " --beam " + beam + " --device ";
+      const CliResult on_gpu = work.run_cli(translate + gpu);
+      ASSERT_EQ(on_gpu.exit_code, 0) << on_gpu.err;
+      if (std::string(beam) == "4" && std::string(type) == "float32")
+        EXPECT_EQ(on_gpu.out, "a t z m o n\na z z a\na c h i s o n\n");
+      const CliResult on_cpu = work.run_cli(translate + "cpu");
+      if (on_cpu.exit_code == 0) EXPECT_EQ(on_gpu.out, on_cpu.out);
+    }
+  const std::string score = "score --model " + model + " --src " + work.path("gpu_ar.txt") +
+                            " --tgt " + work.path("gpu_en.txt") + " --device ";
+  const CliResult float_score = work.run_cli(score + gpu);
+  ASSERT_EQ(float_score.exit_code, 0) << float_score.err;
+  EXPECT_NEAR(std::stod(float_score.out), -1.061750, 1e-5);  // CTranslate2's own score
+  for (const char* type : {"bfloat16", "int8"}) {
+    const CliResult on_gpu = work.run_cli(score + gpu + " --compute-type " + type);
+    ASSERT_EQ(on_gpu.exit_code, 0) << on_gpu.err;
+    EXPECT_NEAR(std::stod(on_gpu.out), -1.061750, 0.02) << type;
+  }
+}
+
 // quantize: a model rewritten with int8 linear weights (a third of the file here) scores
 // exactly what the float32 model scores with --compute-type int8 (the same quantisation, now
 // read from the file), by default; --type float32 writes it back out in float32.

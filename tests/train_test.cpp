@@ -57,11 +57,12 @@ std::string data_flags(const std::string& train, const std::string& valid = "") 
 }
 
 // Exact-match rate of translating prefix.src (token ids) against prefix.tgt.
-double exact_match(const std::string& model, const std::string& prefix, int beam) {
+double exact_match(const std::string& model, const std::string& prefix, int beam,
+                   const std::string& device = "cpu") {
   const std::string out = work.path(prefix + ".beam" + std::to_string(beam));
-  const CliResult r =
-      work.run_cli("translate --model " + model + " --ids -i " + work.path(prefix + ".src") +
-                   " -o " + out + " --beam " + std::to_string(beam));
+  const CliResult r = work.run_cli("translate --model " + model + " --ids -i " +
+                                   work.path(prefix + ".src") + " -o " + out + " --beam " +
+                                   std::to_string(beam) + " --device " + device);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   std::istringstream hyp(tfm::read_file_bytes(out)),
       ref(tfm::read_file_bytes(work.path(prefix + ".tgt")));
@@ -77,15 +78,15 @@ double exact_match(const std::string& model, const std::string& prefix, int beam
 // In float32 and in bfloat16 (train --compute-type bfloat16: every linear product on bfloat16
 // operands): the same task, learned to the same accuracy. One after the other in one test: two
 // trainings side by side would share the two cores with spinning OpenMP threads.
-void learn_reversal(const std::string& type) {
-  SCOPED_TRACE(type);
+void learn_reversal(const std::string& type, const std::string& device = "cpu") {
+  SCOPED_TRACE(type + " on " + device);
   write_reversal_data("rev_train", 20000, 3, 8, 1);
   write_reversal_data("rev_dev", 200, 3, 8, 2);
-  const std::string dir = work.path("rev_" + type);
+  const std::string dir = work.path("rev_" + type + "_" + device);
   fs::remove_all(dir);
   const CliResult r = work.run_cli(
       "train --preset tiny --vocab 32" + data_flags("rev_train", "rev_dev") + " --model-dir " +
-      dir + " --compute-type " + type +
+      dir + " --compute-type " + type + " --device " + device +
       " --max-steps 2000 --warmup 300 --batch-tokens 2048 --valid-every 250 --log-every 250");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto valid = log_events(dir, "valid");
@@ -102,8 +103,58 @@ void learn_reversal(const std::string& type) {
   // 0.98-1.0 and beam 4 0.935-1.0 (beam 4's misses drop one token: a model 2,000 steps in
   // still has a length bias), so 0.9 is the bar for both compute types (bfloat16 passes it
   // too); an untrained or broken model reverses almost none.
-  EXPECT_GE(exact_match(dir + "/model.best.safetensors", "rev_dev", 1), 0.9);
-  EXPECT_GE(exact_match(dir + "/model.best.safetensors", "rev_dev", 4), 0.9);
+  EXPECT_GE(exact_match(dir + "/model.best.safetensors", "rev_dev", 1, device), 0.9);
+  EXPECT_GE(exact_match(dir + "/model.best.safetensors", "rev_dev", 4, device), 0.9);
+}
+
+// The name of the first GPU backend of this binary, or empty (the reason in `why`).
+std::string first_gpu(std::string& why) {
+  for (const tfm::Backend* backend : tfm::available_backends())
+    if (!backend->memory_is_host()) return backend->name();
+  why = "no GPU backend on this machine (this build has: " + tfm::available_backend_names() + ")";
+  return "";
+}
+
+// On a GPU (skipped where there is none): the same task to the same bars, trained and
+// translated there in float32 and bfloat16; then the GPU's checkpoint resumed on the CPU, and
+// the GPU's first steps against the CPU's from the same initial model.
+TEST(Train, ReversalTaskIsLearnedOnTheGpuAndItsCheckpointsMoveToTheCpu) {
+  std::string why;
+  const std::string gpu = first_gpu(why);
+  if (gpu.empty()) GTEST_SKIP() << why;
+  learn_reversal("float32", gpu);
+  learn_reversal("bfloat16", gpu);
+
+  // A run begun on the GPU goes on on the CPU from its checkpoint.
+  const std::string dir = work.path("rev_resumed_on_cpu");
+  fs::remove_all(dir);
+  const std::string common = "train --preset tiny --vocab 32" + data_flags("rev_train") +
+                             " --model-dir " + dir + " --warmup 50 --batch-tokens 1024 --seed 3";
+  CliResult r = work.run_cli(common + " --device " + gpu + " --max-steps 40 --log-every 10");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = work.run_cli(common + " --device cpu --max-steps 60 --log-every 10");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto resumed = log_events(dir, "train");
+  ASSERT_FALSE(resumed.empty());
+  EXPECT_EQ(resumed.back()["step"].get<int64_t>(), 60);
+
+  // The first logged losses of the same run on each device agree (float32 products; the
+  // atomics of the GPU's attention and embedding gradients change the last bits).
+  for (const std::string device : {std::string("cpu"), gpu}) {
+    const std::string run = work.path("rev_first_steps_" + device);
+    fs::remove_all(run);
+    r = work.run_cli("train --preset tiny --vocab 32" + data_flags("rev_train") + " --model-dir " +
+                     run + " --warmup 50 --batch-tokens 1024 --seed 3 --dropout 0 --max-steps 20" +
+                     " --log-every 1 --device " + device);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  const auto on_cpu = log_events(work.path("rev_first_steps_cpu"), "train");
+  const auto on_gpu = log_events(work.path("rev_first_steps_" + gpu), "train");
+  ASSERT_EQ(on_cpu.size(), on_gpu.size());
+  for (size_t i = 0; i < on_cpu.size(); ++i)
+    EXPECT_NEAR(on_gpu[i]["loss"].get<double>(), on_cpu[i]["loss"].get<double>(),
+                1e-3 * on_cpu[i]["loss"].get<double>())
+        << "step " << on_cpu[i]["step"];
 }
 
 // The trainer plans its activation block from batch_shape (model/transformer.h) instead of

@@ -3,11 +3,21 @@
 
 #include "tensor/error.h"
 
+#ifdef TRANSFORMER_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
 namespace tfm {
 
 const std::vector<const Backend*>& available_backends() {
   // A new backend adds itself here (under its build option).
-  static const std::vector<const Backend*> backends = {&cpu_backend()};
+  static const std::vector<const Backend*> backends = [] {
+    std::vector<const Backend*> list = {&cpu_backend()};
+#ifdef TRANSFORMER_WITH_CUDA
+    for (const Backend* gpu : cuda_backends()) list.push_back(gpu);
+#endif
+    return list;
+  }();
   return backends;
 }
 
@@ -21,10 +31,20 @@ std::string available_backend_names() {
 }
 
 const Backend& find_backend(const std::string& device) {
-  for (const Backend* backend : available_backends())
-    if (backend->name() == device) return *backend;
+  const auto& backends = available_backends();
+  // "auto": the first accelerator this machine has, else the CPU.
+  if (device == "auto") return *backends[backends.size() > 1 ? 1 : 0];
+  for (const Backend* backend : backends)
+    if (backend->name() == device || (device == backend->name() + ":0")) return *backend;
+  std::string why;
+#ifdef TRANSFORMER_WITH_CUDA
+  if (device.rfind("cuda", 0) == 0 && cuda_backends().empty())
+    why = "; " + cuda_unavailable_reason();
+#else
+  if (device.rfind("cuda", 0) == 0) why = "; this build has no CUDA backend (built without nvcc)";
+#endif
   throw Error("unknown device \"" + device + "\" (this build has: " + available_backend_names() +
-              ")");
+              why + ")");
 }
 
 }  // namespace tfm

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The CUDA backend proven on a GPU machine in one call (at most ~8 minutes): unpacks the bundle
+# that scripts/gpu_bundle.sh made on the development machine into this checkout, then runs
+#   1. the backend-ops test on every GPU (each operation × precision against float64),
+#   2. the command-line GPU tests (CTranslate2's model translated and scored on the GPU as on
+#      the CPU; the reversal task trained and translated on the GPU in float32 and bfloat16; a
+#      GPU checkpoint resumed on the CPU; the first losses of both devices compared),
+#   3. compute-sanitizer memcheck over the backend-ops test on the GPU,
+#   4. a timing of the base model's training steps and of greedy / beam decoding on the GPU,
+# and prints a table last. Logs go to $OUT (or /tmp/gpu_check) when set.
+#   bash scripts/gpu_check.sh [BUNDLE]   (default .gpu/bundle.tar.xz)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bundle=${1:-.gpu/bundle.tar.xz}
+logs=${OUT:-/tmp/gpu_check}
+mkdir -p "$logs"
+tar -xJf "$bundle" || { echo "error: cannot unpack $bundle"; exit 1; }
+export LD_LIBRARY_PATH="$PWD/build/gpu-lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# The test binary names the CLI and the fixtures by the development machine's paths.
+if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader |
+  tee "$logs/device.txt"
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$logs/device.txt"
+
+results=()
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  local verdict=pass
+  [ $rc -eq 0 ] || verdict="FAIL (exit $rc)"
+  [ $rc -eq 124 ] && verdict="TIMEOUT (${limit} s)"
+  results+=("$(printf '%-22s %-18s %5d s' "$name" "$verdict" $((SECONDS - start)))")
+  grep -E "^\[  (FAILED|SKIPPED) |Failure|error:|ERROR SUMMARY|tokens/s" "$logs/$name.log" | head -40
+}
+
+tests=build/tests/transformer_tests
+step backend_ops 240 $tests --gtest_filter='*BackendOps*cuda*:Backends.*'
+step gpu_cli 300 $tests --gtest_filter='Cli.TheGpu*:Train.ReversalTaskIsLearnedOnTheGpu*'
+if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  step memcheck 150 "$sanitizer" --tool memcheck --error-exitcode 1 $tests \
+    --gtest_filter='*BackendOps*cuda*:-*Dropout*:*Banded*'
+fi
+
+# Timing: the base model (d 512, 6+6 layers, vocabulary 37,000) on random token ids.
+work=$(mktemp -d)
+python3 - "$work" <<'PY'
+import random, sys
+random.seed(1)
+d = sys.argv[1]
+with open(d + "/src", "w") as s, open(d + "/tgt", "w") as t:
+    for _ in range(4096):
+        n = random.randint(20, 40)
+        s.write(" ".join(str(random.randint(4, 36999)) for _ in range(n)) + "\n")
+        t.write(" ".join(str(random.randint(4, 36999)) for _ in range(n)) + "\n")
+with open(d + "/decode", "w") as s:
+    for _ in range(512):
+        s.write(" ".join(str(random.randint(4, 36999)) for _ in range(random.randint(20, 30))) + "\n")
+PY
+cli=build/transformer
+train_base() {  # train_base TYPE
+  $cli train --preset base --vocab 37000 --ids --train-src "$work/src" --train-tgt "$work/tgt" \
+    --model-dir "$work/run_$1" --device cuda --compute-type "$1" --batch-tokens 25000 \
+    --max-steps 30 --log-every 10 --warmup 4000 &&
+    grep '"event":"train"' "$work/run_$1/train.log.jsonl" | tail -2
+}
+step train_base_fp32 120 train_base float32
+step train_base_bf16 120 train_base bfloat16
+$cli init --preset base --vocab 37000 --seed 1 -o "$work/base.safetensors" >/dev/null 2>&1
+decode() {  # decode BEAM
+  local start=$(date +%s.%N)
+  $cli translate --model "$work/base.safetensors" --ids -i "$work/decode" -o "$work/out_$1" \
+    --device cuda --beam "$1" --max-length 32 --batch-tokens 8000 || return 1
+  local end=$(date +%s.%N)
+  awk -v s="$start" -v e="$end" -v f="$work/out_$1" 'BEGIN {
+    while ((getline line < f) > 0) tokens += split(line, a, " ");
+    printf "decode beam %s: %d tokens in %.2f s = %.0f tokens/s\n", "'"$1"'", tokens, e - s, tokens / (e - s) }'
+}
+step decode_greedy 90 decode 1
+step decode_beam4 90 decode 4
+grep -h "tokens/s\|\"event\"" "$logs"/train_base_*.log "$logs"/decode_*.log 2>/dev/null | tail -8
+rm -rf "$work"
+
+echo
+echo "== GPU check: $(head -1 "$logs/device.txt")"
+printf '%s\n' "${results[@]}" | tee "$logs/summary.txt"

@@ -1,0 +1,287 @@
+// The CUDA backend's attention (§3.2.1 over all heads of a padded batch), forward and backward,
+// with every mask and mode of AttentionShape / AttentionMask: key padding, causal, window, query
+// offset, a single query over cached rows (key_rows), shared key batches, bfloat16 caches,
+// scaled-dot / dot / additive scores and attention dropout. One block per (sequence, head,
+// query): the block scores the query's visible keys, normalises them and sums the values. The
+// backward adds each query's share of dK and dV with atomics (their order is not fixed, so dK
+// and dV may differ from run to run in the last bits). Correct for every case first; the fused
+// tiled kernels for long sequences are what comes next.
+#include <cmath>
+
+#include "backend/cuda/cuda_kernels.h"
+
+namespace tfm {
+namespace cuda {
+
+namespace {
+
+constexpr int kAttentionThreads = 128;
+
+__device__ __forceinline__ float element(float x) { return x; }
+__device__ __forceinline__ float element(uint16_t x) { return from_bfloat16(x); }
+
+// Visible key range [begin, end) of a query at `position` (backend/cpu/attention.cpp's rule).
+__device__ __forceinline__ void visible_keys(const AttentionMask& mask, int64_t key_count,
+                                             int64_t position, int64_t* begin, int64_t* end) {
+  int64_t lo = 0, hi = key_count;
+  if (mask.causal && position + 1 < hi) hi = position + 1;
+  if (mask.window >= 0) {
+    if (position - mask.window > lo) lo = position - mask.window;
+    if (!mask.causal && position + mask.window + 1 < hi) hi = position + mask.window + 1;
+  }
+  if (hi < lo) hi = lo;
+  *begin = lo;
+  *end = hi;
+}
+
+__host__ __device__ __forceinline__ int64_t batch_stride(int64_t given, int64_t key_len,
+                                                         int64_t row_stride) {
+  return given ? given : key_len * row_stride;
+}
+
+// Row j (of keys or values) of query sequence b, whose keys are sequence kb's, head h.
+template <typename Element>
+__device__ __forceinline__ const Element* key_row(const Element* base, const AttentionShape& s,
+                                                  int64_t b, int64_t kb, int64_t j,
+                                                  int64_t row_stride, int64_t given_batch_stride,
+                                                  int64_t h) {
+  if (s.key_rows) return base + int64_t(s.key_rows[b * s.key_rows_stride + j]) * row_stride + h * s.head_dim;
+  return base + kb * batch_stride(given_batch_stride, s.key_len, row_stride) + j * row_stride +
+         h * s.head_dim;
+}
+
+// Block (b, h, t) = blockIdx.x decomposed. scores: probs' row, or this block's scratch row.
+template <typename Element>
+__global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, const float* q,
+                                         const Element* k, const Element* v, float* probs,
+                                         float* scratch, float* out, AttentionDropout dropout,
+                                         float scale) {
+  extern __shared__ float shared_memory[];
+  __shared__ float reduce[32];
+  const int64_t index = blockIdx.x;
+  const int64_t t = index % s.query_len, pair = index / s.query_len;
+  const int64_t h = pair % s.heads, b = pair / s.heads;
+  const int64_t d = s.head_dim;
+  const int64_t kb = mask.key_batch ? mask.key_batch[b] : b;
+  int64_t key_count = s.key_len;
+  if (mask.key_lengths && mask.key_lengths[kb] < key_count) key_count = mask.key_lengths[kb];
+  int64_t begin, end;
+  visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
+  if (begin > key_count) begin = key_count;
+  if (end < begin) end = begin;
+
+  float* q_row = shared_memory;  // [d]
+  float* scores = probs ? probs + index * s.key_len
+                        : (scratch ? scratch + index * s.key_len : shared_memory + d);  // [Tk]
+  const float* q_global = q + (b * s.query_len + t) * s.q_row_stride + h * d;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) q_row[c] = q_global[c];
+  __syncthreads();
+  const bool additive = s.score.kind == AttentionScoring::kAdditive;
+  const float* v_head = additive ? s.score.additive_v + h * d : nullptr;
+  float largest = -INFINITY;
+  for (int64_t j = threadIdx.x; j < s.key_len; j += blockDim.x) {
+    if (j < begin || j >= end) {
+      scores[j] = 0.f;
+      continue;
+    }
+    const Element* key = key_row(k, s, b, kb, j, s.k_row_stride, s.k_batch_stride, h);
+    float sum = 0.f;
+    if (additive)
+      for (int64_t c = 0; c < d; ++c) sum += v_head[c] * tanhf(q_row[c] + element(key[c]));
+    else
+      for (int64_t c = 0; c < d; ++c) sum += q_row[c] * element(key[c]);
+    scores[j] = sum;
+    largest = fmaxf(largest, sum);
+  }
+  largest = block_max(largest, reduce);
+  const float shift = largest * scale;
+  float total = 0.f;
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+    const float e = expf(scores[j] * scale - shift);
+    scores[j] = e;
+    total += e;
+  }
+  total = block_sum(total, reduce);
+  const float inverse = total > 0.f ? 1.f / total : 0.f;
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) scores[j] *= inverse;
+  __syncthreads();
+  const uint8_t* drop = dropout.p > 0.f ? dropout.mask + index * s.key_len : nullptr;
+  const float keep_scale = drop ? 1.f / (1.f - dropout.p) : 1.f;
+  float* out_row = out + (b * s.query_len + t) * s.out_row_stride + h * d;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float sum = 0.f;
+    for (int64_t j = begin; j < end; ++j) {
+      const float w = drop ? (drop[j] ? scores[j] * keep_scale : 0.f) : scores[j];
+      sum += w * element(key_row(v, s, b, kb, j, s.v_row_stride, s.v_batch_stride, h)[c]);
+    }
+    out_row[c] = sum;
+  }
+}
+
+// dK and dV of every key row a block may add to start at 0 (only the heads' columns).
+__global__ void zero_key_rows_kernel(AttentionShape s, float* dk, float* dv) {
+  const int64_t width = s.heads * s.head_dim;
+  const int64_t k_batch = batch_stride(s.k_batch_stride, s.key_len, s.k_row_stride);
+  const int64_t v_batch = batch_stride(s.v_batch_stride, s.key_len, s.v_row_stride);
+  TFM_FOR_EACH(i, s.batch * s.key_len * width) {
+    const int64_t c = i % width, j = (i / width) % s.key_len, b = i / (width * s.key_len);
+    dk[b * k_batch + j * s.k_row_stride + c] = 0.f;
+    dv[b * v_batch + j * s.v_row_stride + c] = 0.f;
+  }
+}
+
+// Block (b, h, t): dq of its query, and its shares of dK, dV (and d_additive_v) by atomics.
+__global__ void attention_backward_kernel(AttentionShape s, AttentionMask mask, const float* q,
+                                          const float* k, const float* v, const float* probs,
+                                          AttentionDropout dropout, const float* d_out,
+                                          float* scratch, float* dq, float* dk, float* dv,
+                                          float* d_additive_v, float scale) {
+  extern __shared__ float shared_memory[];
+  __shared__ float reduce[32];
+  const int64_t index = blockIdx.x;
+  const int64_t t = index % s.query_len, pair = index / s.query_len;
+  const int64_t h = pair % s.heads, b = pair / s.heads;
+  const int64_t d = s.head_dim;
+  int64_t key_count = s.key_len;
+  if (mask.key_lengths && mask.key_lengths[b] < key_count) key_count = mask.key_lengths[b];
+  int64_t begin, end;
+  visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
+  if (begin > key_count) begin = key_count;
+  if (end < begin) end = begin;
+  float* dq_row = dq + (b * s.query_len + t) * s.q_row_stride + h * d;
+  if (begin >= end) {
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dq_row[c] = 0.f;
+    return;
+  }
+  float* q_row = shared_memory;   // [d]
+  float* g_row = q_row + d;       // [d] d_out of this query
+  float* d_scores = scratch ? scratch + index * s.key_len : g_row + d;  // [Tk]
+  const float* q_global = q + (b * s.query_len + t) * s.q_row_stride + h * d;
+  const float* g_global = d_out + (b * s.query_len + t) * s.out_row_stride + h * d;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    q_row[c] = q_global[c];
+    g_row[c] = g_global[c];
+  }
+  __syncthreads();
+  const float* p = probs + index * s.key_len;
+  const uint8_t* drop = dropout.p > 0.f ? dropout.mask + index * s.key_len : nullptr;
+  const float keep_scale = drop ? 1.f / (1.f - dropout.p) : 1.f;
+  const int64_t k_batch = batch_stride(s.k_batch_stride, s.key_len, s.k_row_stride);
+  const int64_t v_batch = batch_stride(s.v_batch_stride, s.key_len, s.v_row_stride);
+  // dP'_j = dO · V_j, through dropout, and Σ_j dP_j · P_j.
+  float dot = 0.f;
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+    const float* value = v + b * v_batch + j * s.v_row_stride + h * d;
+    float sum = 0.f;
+    for (int64_t c = 0; c < d; ++c) sum += g_row[c] * value[c];
+    if (drop) sum = drop[j] ? sum * keep_scale : 0.f;
+    d_scores[j] = sum;
+    dot += sum * p[j];
+  }
+  dot = block_sum(dot, reduce);
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x)
+    d_scores[j] = p[j] * (d_scores[j] - dot) * scale;
+  __syncthreads();
+  const bool additive = s.score.kind == AttentionScoring::kAdditive;
+  const float* v_head = additive ? s.score.additive_v + h * d : nullptr;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float sum = 0.f, sum_v = 0.f;
+    for (int64_t j = begin; j < end; ++j) {
+      const float g = d_scores[j];
+      const float key = k[b * k_batch + j * s.k_row_stride + h * d + c];
+      if (additive) {
+        const float th = tanhf(q_row[c] + key);
+        const float u = g * v_head[c] * (1.f - th * th);
+        sum += u;
+        sum_v += g * th;
+        atomicAdd(dk + b * k_batch + j * s.k_row_stride + h * d + c, u);
+      } else {
+        sum += g * key;
+      }
+    }
+    dq_row[c] = sum;
+    if (additive) atomicAdd(d_additive_v + h * d + c, sum_v);
+  }
+  for (int64_t i = threadIdx.x; i < (end - begin) * d; i += blockDim.x) {
+    const int64_t j = begin + i / d, c = i % d;
+    const float weight = drop ? (drop[j] ? p[j] * keep_scale : 0.f) : p[j];
+    atomicAdd(dv + b * v_batch + j * s.v_row_stride + h * d + c, weight * g_row[c]);
+    if (!additive) atomicAdd(dk + b * k_batch + j * s.k_row_stride + h * d + c, d_scores[j] * q_row[c]);
+  }
+}
+
+float score_scale(const AttentionShape& s) {
+  return s.score.kind == AttentionScoring::kScaledDot ? 1.f / std::sqrt(float(s.head_dim)) : 1.f;
+}
+
+// Shared memory for `rows_in_shared` query-sized rows plus a row of Tk scores, when that fits
+// in the default 48 KB; otherwise the scores go to a scratch block of [blocks, Tk] floats.
+constexpr int64_t kSharedLimit = 48 * 1024;
+bool scores_fit_shared(const AttentionShape& s, int64_t vectors) {
+  return (vectors * s.head_dim + s.key_len) * int64_t(sizeof(float)) <= kSharedLimit;
+}
+
+template <typename Element>
+void launch_forward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
+                    const float* q, const Element* k, const Element* v, float* probs, float* out,
+                    const AttentionDropout& dropout) {
+  const int64_t blocks = s.batch * s.heads * s.query_len;
+  if (blocks == 0) return;
+  if (s.score.kind == AttentionScoring::kAdditive && !s.score.additive_v)
+    throw std::invalid_argument("attention_forward: additive scores need their v vectors");
+  if (!probs && dropout.p > 0.f)
+    throw std::invalid_argument("attention_forward: dropout needs the probs buffer");
+  if (s.key_rows && (s.query_len != 1 || dropout.p > 0.f))
+    throw std::invalid_argument("attention_forward: key_rows is for one query without dropout");
+  if (dropout.p > 0.f) dropout_mask(c.stream, dropout.mask, blocks * s.key_len, dropout.p, dropout.key);
+  const bool in_shared = probs || scores_fit_shared(s, 1);
+  Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
+  const size_t shared_bytes =
+      size_t(s.head_dim + (probs || !in_shared ? 0 : s.key_len)) * sizeof(float);
+  attention_forward_kernel<Element><<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
+      s, mask, q, k, v, probs, in_shared ? nullptr : scratch.as<float>(), out, dropout,
+      score_scale(s));
+  check_launch("attention_forward");
+}
+
+}  // namespace
+
+void attention_forward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
+                       const float* q, const float* k, const float* v, float* probs, float* out,
+                       const AttentionDropout& dropout) {
+  launch_forward<float>(c, s, mask, q, k, v, probs, out, dropout);
+}
+
+void attention_forward_bfloat16_cache(const Context& c, const AttentionShape& s,
+                                      const AttentionMask& mask, const float* q, const uint16_t* k,
+                                      const uint16_t* v, float* probs, float* out) {
+  if (s.query_len != 1)
+    throw std::invalid_argument("attention_forward_bfloat16_cache: one query per sequence only");
+  launch_forward<uint16_t>(c, s, mask, q, k, v, probs, out, AttentionDropout{});
+}
+
+void attention_backward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
+                        const float* q, const float* k, const float* v, const float* probs,
+                        const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
+                        float* dv, float* d_additive_v) {
+  const bool additive = s.score.kind == AttentionScoring::kAdditive;
+  if (additive && (!s.score.additive_v || !d_additive_v))
+    throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
+  const int64_t blocks = s.batch * s.heads * s.query_len;
+  if (s.batch * s.key_len * s.heads * s.head_dim > 0) {
+    zero_key_rows_kernel<<<blocks_for(s.batch * s.key_len * s.heads * s.head_dim), kThreads, 0,
+                           c.stream>>>(s, dk, dv);
+    check_launch("attention_backward (zero dK, dV)");
+  }
+  if (blocks == 0) return;
+  const bool in_shared = scores_fit_shared(s, 2);
+  Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
+  const size_t shared_bytes = size_t(2 * s.head_dim + (in_shared ? s.key_len : 0)) * sizeof(float);
+  attention_backward_kernel<<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
+      s, mask, q, k, v, probs, dropout, d_out, in_shared ? nullptr : scratch.as<float>(), dq, dk,
+      dv, d_additive_v, score_scale(s));
+  check_launch("attention_backward");
+}
+
+}  // namespace cuda
+}  // namespace tfm

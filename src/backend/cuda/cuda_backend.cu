@@ -1,0 +1,328 @@
+// The CUDA backend: Backend's operations as launches of this folder's kernels and cuBLAS
+// products on one stream per GPU, its memory from the device's stream-ordered pool. The host
+// waits only where a result must reach it (copies to the host, the loss totals, Σ x²).
+#include "backend/cuda/cuda_backend.h"
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <mutex>
+#include <stdexcept>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/matmul.h"
+#include "tensor/error.h"
+
+namespace tfm {
+namespace cuda {
+
+void check(cudaError_t status, const char* call) {
+  if (status == cudaSuccess) return;
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear it: the allocation failed, the context is fine
+    throw std::bad_alloc();
+  }
+  throw Error(std::string("CUDA: ") + call + ": " + cudaGetErrorString(status));
+}
+void check(cublasStatus_t status, const char* call) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(std::string("cuBLAS: ") + call + ": " + cublasGetStatusString(status));
+}
+void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+void Context::activate() const {
+  TFM_CUDA(cudaSetDevice(device));
+  std::call_once(created, [this] {
+    TFM_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    TFM_CUDA(cublasCreate(&blas));
+    TFM_CUDA(cublasSetStream(blas, stream));
+    // The pool keeps what is freed: the next step's buffers come back without the driver.
+    cudaMemPool_t pool;
+    TFM_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep_everything = UINT64_MAX;
+    TFM_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  });
+}
+
+Scratch::Scratch(const Context& context, int64_t bytes) : context_(context) {
+  if (bytes > 0) TFM_CUDA(cudaMallocAsync(&memory_, size_t(bytes), context.stream));
+}
+Scratch::~Scratch() {
+  if (memory_) cudaFreeAsync(memory_, context_.stream);
+}
+
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) {
+    c_.device = device;
+    name_ = device == 0 ? "cuda" : "cuda:" + std::to_string(device);
+  }
+
+  std::string name() const override { return name_; }
+  bool supports(Precision) const override { return true; }
+
+  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
+              int64_t ldc, Precision precision, MatmulEpilogue epilogue) const override {
+    cuda::matmul(c_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
+                 epilogue);
+  }
+  void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                         uint16_t* out) const override {
+    c_.activate();
+    cuda::round_to_bfloat16(c_.stream, x, rows, cols, ldx, out);
+  }
+  std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
+                                                 const std::vector<int64_t>& part_rows, int64_t k,
+                                                 Precision precision) const override {
+    return cuda::prepare_matrix(*this, c_, parts, part_rows, k, precision);
+  }
+  std::unique_ptr<PreparedMatrix> prepare_int8_matrix(const std::vector<Int8Rows>& parts,
+                                                      const std::vector<int64_t>& part_rows,
+                                                      int64_t k) const override {
+    return cuda::prepare_int8_matrix(*this, c_, parts, part_rows, k);
+  }
+
+  void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
+                         const float* k, const float* v, float* probs, float* out,
+                         const AttentionDropout& dropout) const override {
+    c_.activate();
+    cuda::attention_forward(c_, shape, mask, q, k, v, probs, out, dropout);
+  }
+  void attention_forward_bfloat16_cache(const AttentionShape& shape, const AttentionMask& mask,
+                                        const float* q, const uint16_t* k, const uint16_t* v,
+                                        float* probs, float* out) const override {
+    c_.activate();
+    cuda::attention_forward_bfloat16_cache(c_, shape, mask, q, k, v, probs, out);
+  }
+  void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
+                          const float* k, const float* v, const float* probs,
+                          const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
+                          float* dv, float* d_additive_v) const override {
+    c_.activate();
+    cuda::attention_backward(c_, shape, mask, q, k, v, probs, dropout, d_out, dq, dk, dv,
+                             d_additive_v);
+  }
+
+  void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
+                  int64_t cols, float eps, float* mean, float* rstd) const override {
+    c_.activate();
+    cuda::layer_norm(c_.stream, x, gamma, beta, y, rows, cols, eps, mean, rstd);
+  }
+  void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                           const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                           int64_t cols, bool accumulate) const override {
+    c_.activate();
+    cuda::layer_norm_backward(c_.stream, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols,
+                              accumulate);
+  }
+  void add(float* y, const float* x, int64_t n) const override {
+    c_.activate();
+    cuda::add(c_.stream, y, x, n);
+  }
+  void scale(float* x, float s, int64_t n) const override {
+    c_.activate();
+    cuda::scale(c_.stream, x, s, n);
+  }
+
+  void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) const override {
+    c_.activate();
+    cuda::bias_relu_epilogue(c_.stream, y, cols, bias, false, rows, cols);
+  }
+  void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
+                           Activation act) const override {
+    c_.activate();
+    cuda::add_bias_activation(c_.stream, pre, bias, out, rows, cols, true, act);
+  }
+  void activation_backward(float* d, const float* pre_activation, int64_t n,
+                           Activation act) const override {
+    c_.activate();
+    cuda::activation_backward(c_.stream, d, pre_activation, n, act);
+  }
+  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const override {
+    c_.activate();
+    cuda::relu_backward_bfloat16(c_.stream, d, relu_output, n);
+  }
+  void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
+    c_.activate();
+    cuda::bias_backward(c_.stream, dy, rows, cols, dbias);
+  }
+
+  void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
+    c_.activate();
+    cuda::dropout_mask(c_.stream, mask, n, p, key);
+  }
+  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
+    c_.activate();
+    cuda::apply_dropout(c_.stream, x, mask, n, p);
+  }
+
+  void embedding_forward(const float* table, const float* positions, const int32_t* ids,
+                         int64_t rows, int64_t len, int64_t d, float scale, int64_t first_position,
+                         float* out) const override {
+    c_.activate();
+    cuda::embedding_forward(c_.stream, table, d, Int8Rows{}, positions, ids, rows, len, d, scale,
+                            first_position, out);
+  }
+  void embedding_forward_int8(const Int8Rows& table, const float* positions, const int32_t* ids,
+                              int64_t rows, int64_t len, int64_t d, float scale,
+                              int64_t first_position, float* out) const override {
+    c_.activate();
+    cuda::embedding_forward(c_.stream, nullptr, d, table, positions, ids, rows, len, d, scale,
+                            first_position, out);
+  }
+  void embedding_forward_prepared(const PreparedMatrix& table, const float* positions,
+                                  const int32_t* ids, int64_t rows, int64_t len, int64_t d,
+                                  float scale, int64_t first_position, float* out) const override {
+    if (table.cols() != d) throw std::invalid_argument("embedding_forward_prepared: width");
+    c_.activate();
+    table.read_rows(ids, rows, out);
+    cuda::scale_and_add_positions(c_.stream, positions, rows, len, d, scale, first_position, out);
+  }
+  void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
+                          int64_t d, float scale, int64_t first_position, float* d_table,
+                          float* d_positions) const override {
+    c_.activate();
+    cuda::embedding_backward(c_.stream, d_out, ids, rows, len, d, scale, first_position, d_table,
+                             d_positions);
+  }
+
+  void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override {
+    c_.activate();
+    cuda::log_softmax(c_.stream, x, y, rows, cols);
+  }
+  void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
+                        float* out) const override {
+    c_.activate();
+    cuda::log_softmax_pick(c_.stream, logits, targets, rows, cols, out);
+  }
+  CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
+                                                    int64_t rows, int64_t vocab, float smoothing,
+                                                    float grad_scale) const override {
+    c_.activate();
+    return cuda::cross_entropy_forward_backward(c_, logits, targets, rows, vocab, smoothing,
+                                                grad_scale);
+  }
+
+  void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
+                   float* values, int32_t* tokens) const override {
+    c_.activate();
+    cuda::best_tokens(c_.stream, logprobs, rows, vocab, keep, banned, values, tokens);
+  }
+  void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                   const AdamHyperparameters& h, int64_t step) const override {
+    const double bias_correction1 = 1.0 - std::pow(double(h.beta1), double(step));
+    const double bias_correction2 = 1.0 - std::pow(double(h.beta2), double(step));
+    c_.activate();
+    cuda::adam_update(c_.stream, param, grad, m, v, n, h.beta1, h.beta2, h.eps,
+                      float(double(h.lr) / bias_correction1),
+                      float(1.0 / std::sqrt(bias_correction2)));
+  }
+  void sgd_update(float* param, const float* grad, int64_t n, float lr) const override {
+    c_.activate();
+    cuda::sgd_update(c_.stream, param, grad, n, lr);
+  }
+  double sum_of_squares(const float* x, int64_t n) const override {
+    c_.activate();
+    return cuda::sum_of_squares(c_, x, n);
+  }
+
+  void* allocate(int64_t bytes, bool zeroed) const override {
+    c_.activate();
+    void* memory = nullptr;
+    // 0 bytes: still a unique block.
+    TFM_CUDA(cudaMallocAsync(&memory, size_t(bytes > 0 ? bytes : 1), c_.stream));
+    if (zeroed && bytes > 0) TFM_CUDA(cudaMemsetAsync(memory, 0, size_t(bytes), c_.stream));
+    return memory;
+  }
+  void deallocate(void* memory) const override {
+    if (!memory) return;
+    c_.activate();
+    TFM_CUDA(cudaFreeAsync(memory, c_.stream));
+  }
+  bool memory_is_host() const override { return false; }
+  void copy_bytes(const void* from, int64_t bytes, void* to) const override {
+    if (bytes <= 0) return;
+    c_.activate();
+    TFM_CUDA(cudaMemcpyAsync(to, from, size_t(bytes), cudaMemcpyDeviceToDevice, c_.stream));
+  }
+  void copy_from_host(const void* host, int64_t bytes, void* device) const override {
+    if (bytes <= 0) return;
+    c_.activate();
+    // From pageable memory the call returns once the host bytes are staged: `host` may change.
+    TFM_CUDA(cudaMemcpyAsync(device, host, size_t(bytes), cudaMemcpyHostToDevice, c_.stream));
+  }
+  void copy_to_host(const void* device, int64_t bytes, void* host) const override {
+    if (bytes <= 0) return;
+    c_.activate();
+    TFM_CUDA(cudaMemcpyAsync(host, device, size_t(bytes), cudaMemcpyDeviceToHost, c_.stream));
+    TFM_CUDA(cudaStreamSynchronize(c_.stream));
+  }
+
+  void copy(const float* x, int64_t n, float* y) const override {
+    copy_bytes(x, n * int64_t(sizeof(float)), y);
+  }
+  void fill(float* y, int64_t n, float value) const override {
+    c_.activate();
+    cuda::fill(c_.stream, y, n, value);
+  }
+  void gather_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
+                   float* y, int64_t ldy) const override {
+    c_.activate();
+    cuda::gather_rows(c_.stream, x, ldx, rows, count, d, y, ldy);
+  }
+  void scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
+                    float* y, int64_t ldy) const override {
+    c_.activate();
+    cuda::scatter_rows(c_.stream, x, ldx, rows, count, d, y, ldy);
+  }
+  void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                                int64_t d, uint16_t* y, int64_t ldy) const override {
+    c_.activate();
+    cuda::scatter_rows_to_bfloat16(c_.stream, x, ldx, rows, count, d, y, ldy);
+  }
+
+ private:
+  Context c_;
+  std::string name_;
+};
+
+// Why there is no GPU, or empty when there is one.
+std::string probe_reason(int* count) {
+  *count = 0;
+  const cudaError_t status = cudaGetDeviceCount(count);
+  if (status != cudaSuccess) {
+    *count = 0;
+    cudaGetLastError();
+    return std::string("no usable CUDA GPU (the CUDA runtime says: ") + cudaGetErrorString(status) + ")";
+  }
+  if (*count == 0) return "no CUDA GPU: the CUDA runtime sees no device";
+  return "";
+}
+
+struct Registry {
+  std::vector<const Backend*> backends;
+  std::string reason;
+  Registry() {
+    int count = 0;
+    reason = probe_reason(&count);
+    // Never destroyed: a backend's stream and pool must outlive every static buffer freed at exit.
+    for (int device = 0; device < count; ++device) backends.push_back(new CudaBackend(device));
+  }
+};
+
+const Registry& registry() {
+  static const Registry instance;
+  return instance;
+}
+
+}  // namespace
+}  // namespace cuda
+
+const std::vector<const Backend*>& cuda_backends() { return cuda::registry().backends; }
+std::string cuda_unavailable_reason() { return cuda::registry().reason; }
+
+}  // namespace tfm

@@ -1,0 +1,118 @@
+// What every file of the CUDA backend shares: error checks that turn a failed CUDA or cuBLAS call
+// into a tfm::Error naming the call, the device context one backend instance works in (its
+// device ordinal, one stream, one cuBLAS handle), stream-ordered scratch memory, and the launch
+// shape of the element-wise kernels. Compiled by nvcc only (src/backend/cuda/*.cu).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace tfm {
+namespace cuda {
+
+// Throws Error("CUDA: <call>: <reason>") when `status` is not cudaSuccess.
+void check(cudaError_t status, const char* call);
+void check(cublasStatus_t status, const char* call);
+// After a kernel launch: the launch's own error (bad configuration), as check() reports it.
+void check_launch(const char* kernel);
+
+#define TFM_CUDA(call) ::tfm::cuda::check((call), #call)
+
+// One GPU as one backend sees it. Every operation makes the device current (activate()),
+// enqueues on `stream` and returns; only copies to the host and results the host needs (loss
+// totals, Σ x²) wait for the stream. The stream, the cuBLAS handle and the memory pool's setting
+// are made by the first activate(), so that a process which only lists the devices (--help, a
+// CPU run) creates nothing on the GPU. cuBLAS calls are serialised by `blas_mutex`.
+struct Context {
+  int device = 0;
+  mutable cudaStream_t stream = nullptr;
+  mutable cublasHandle_t blas = nullptr;
+  mutable std::mutex blas_mutex;
+  mutable std::once_flag created;
+  // Makes this context's device current on the calling thread (creating the stream and handle
+  // the first time).
+  void activate() const;
+};
+
+// n bytes of device memory ordered on `stream` (cudaMallocAsync from the device's pool, which
+// keeps freed memory for reuse), freed on the same stream when the object goes: the scratch an
+// operation needs for the duration of its own launches.
+class Scratch {
+ public:
+  Scratch(const Context& context, int64_t bytes);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(memory_);
+  }
+
+ private:
+  const Context& context_;
+  void* memory_ = nullptr;
+};
+
+// Element-wise launches: 256 threads, enough blocks for n elements up to a grid that fills the
+// device several times over (kernels loop with a grid stride beyond that).
+constexpr int kThreads = 256;
+inline unsigned blocks_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
+}
+
+}  // namespace cuda
+}  // namespace tfm
+
+namespace tfm {
+namespace cuda {
+
+// float → bfloat16 bits, nearest with ties to even, NaN kept quiet: tensor/float16.h's
+// float_to_bfloat16, bit for bit.
+__device__ __forceinline__ uint16_t to_bfloat16(float f) {
+  const uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40u);
+  return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float from_bfloat16(uint16_t h) {
+  return __uint_as_float(uint32_t(h) << 16);
+}
+
+// The grid-stride loop of the element-wise kernels.
+#define TFM_FOR_EACH(i, n)                                                          \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += int64_t(gridDim.x) * blockDim.x)
+
+// Σ over a block of `value` (blockDim.x a multiple of 32, at most 1024); every thread gets the
+// result. `shared` holds 32 entries; the block must not use it between calls without a barrier.
+template <typename T>
+__device__ __forceinline__ T block_sum(T value, T* shared) {
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  T total = lane < warps ? shared[lane] : T(0);
+  for (int offset = 16; offset > 0; offset >>= 1) total += __shfl_xor_sync(0xffffffffu, total, offset);
+  return total;
+}
+template <typename T>
+__device__ __forceinline__ T block_max(T value, T* shared) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  T total = lane < warps ? shared[lane] : T(-INFINITY);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    total = fmaxf(total, __shfl_xor_sync(0xffffffffu, total, offset));
+  return total;
+}
+
+}  // namespace cuda
+}  // namespace tfm

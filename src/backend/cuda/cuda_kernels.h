@@ -1,0 +1,103 @@
+// The CUDA backend's kernels as host functions that enqueue them on a stream: what
+// cuda_backend.cu calls for each Backend operation that is not a cuBLAS product. Each has the
+// meaning of the Backend method of the same name (backend/backend.h); pointers are device
+// memory. Defined in elementwise.cu, loss_and_search.cu and attention.cu.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/operation_types.h"
+#include "tensor/int8_weights.h"
+
+namespace tfm {
+namespace cuda {
+
+// --- elementwise.cu ---
+void round_to_bfloat16(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                       uint16_t* out);
+// out[rows, cols] (row stride ldo) in bfloat16, subnormal results flushed to zero (the
+// product epilogue's rounded_output), from the dense float result[rows, cols].
+void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t rows, int64_t cols,
+                                uint16_t* out, int64_t ldo);
+void add(cudaStream_t s, float* y, const float* x, int64_t n);
+void scale(cudaStream_t s, float* x, float factor, int64_t n);
+void fill(cudaStream_t s, float* y, int64_t n, float value);
+// c[rows, cols] (row stride ldc) *= beta (beta 0: set to 0, whatever c held).
+void scale_matrix(cudaStream_t s, float* c, int64_t ldc, int64_t rows, int64_t cols, float beta);
+// y[rows, cols] (row stride ldy) += bias, then ReLU where relu (the product epilogue).
+void bias_relu_epilogue(cudaStream_t s, float* y, int64_t ldy, const float* bias, bool relu,
+                        int64_t rows, int64_t cols);
+void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* out, int64_t rows,
+                         int64_t cols, bool apply_activation, Activation act);
+void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, Activation act);
+void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_output, int64_t n);
+void bias_backward(cudaStream_t s, const float* dy, int64_t rows, int64_t cols, float* dbias);
+void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key);
+void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p);
+void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y,
+                int64_t rows, int64_t cols, float eps, float* mean, float* rstd);
+void layer_norm_backward(cudaStream_t s, const float* dy, const float* x, const float* mean,
+                         const float* rstd, const float* gamma, float* dx, float* dgamma,
+                         float* dbeta, int64_t rows, int64_t cols, bool accumulate);
+// out[rows, d] = table rows (float32, or int8 values × scales when int8.values) × scale +
+// positions; `table_ld` is the float table's row stride.
+void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int8Rows int8,
+                       const float* positions, const int32_t* ids, int64_t rows, int64_t len,
+                       int64_t d, float scale, int64_t first_position, float* out);
+// out[rows, d] = out · scale + positions (a prepared table's rows, already read into out).
+void scale_and_add_positions(cudaStream_t s, const float* positions, int64_t rows, int64_t len,
+                             int64_t d, float scale, int64_t first_position, float* out);
+void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, int64_t rows,
+                        int64_t len, int64_t d, float scale, int64_t first_position,
+                        float* d_table, float* d_positions);
+void adam_update(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t n,
+                 float b1, float b2, float eps, float step_size, float inv_sqrt_bc2);
+void sgd_update(cudaStream_t s, float* param, const float* grad, int64_t n, float lr);
+// Σ x² in double in a fixed order, waited for.
+double sum_of_squares(const Context& c, const float* x, int64_t n);
+void gather_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                 int64_t d, float* y, int64_t ldy);
+void scatter_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                  int64_t d, float* y, int64_t ldy);
+void scatter_rows_to_bfloat16(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
+                              int64_t count, int64_t d, uint16_t* y, int64_t ldy);
+// Int8 products (matmul.cu's int8 path): q[m, k] = the activation rows quantised as the CPU
+// quantises them (tensor/int8_weights.h, backend/cpu/int8_quantization.h), in signed form, and
+// scales[m]; weight rows quantised by quantize_weight_rows' rule.
+void quantize_activation_rows(cudaStream_t s, const float* x, int64_t m, int64_t k, int64_t ldx,
+                              int8_t* q, float* scales);
+void quantize_weight_rows(cudaStream_t s, const float* w, int64_t n, int64_t k, int8_t* values,
+                          float* scales);
+// y[m, n] (row stride ldy) = (q_x[m, k] · q_wᵀ) · x_scales[r] · w_scales[c], int32 sums.
+void int8_product(cudaStream_t s, const int8_t* qx, const float* x_scales, const int8_t* qw,
+                  const float* w_scales, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy);
+// out[count, d] = rows ids of the float32 matrix w[., d].
+void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count, int64_t d,
+               float* out);
+
+// --- loss_and_search.cu ---
+void log_softmax(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols);
+void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* targets, int64_t rows,
+                      int64_t cols, float* out);
+CrossEntropyTotals cross_entropy_forward_backward(const Context& c, float* logits,
+                                                  const int32_t* targets, int64_t rows,
+                                                  int64_t vocab, float smoothing,
+                                                  float grad_scale);
+void best_tokens(cudaStream_t s, const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
+                 int32_t banned, float* values, int32_t* tokens);
+
+// --- attention.cu ---
+void attention_forward(const Context& c, const AttentionShape& shape, const AttentionMask& mask,
+                       const float* q, const float* k, const float* v, float* probs, float* out,
+                       const AttentionDropout& dropout);
+void attention_forward_bfloat16_cache(const Context& c, const AttentionShape& shape,
+                                      const AttentionMask& mask, const float* q, const uint16_t* k,
+                                      const uint16_t* v, float* probs, float* out);
+void attention_backward(const Context& c, const AttentionShape& shape, const AttentionMask& mask,
+                        const float* q, const float* k, const float* v, const float* probs,
+                        const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
+                        float* dv, float* d_additive_v);
+
+}  // namespace cuda
+}  // namespace tfm

@@ -1,0 +1,544 @@
+// The CUDA backend's element-wise, row and reduction kernels: rounding to bfloat16, bias and
+// activations, dropout, layer normalisation, embeddings, the optimizer, row movement and int8
+// quantisation. Each computes what the CPU kernel of the same name does (backend/cpu/), with the
+// same rounding where results must agree bit for bit (bfloat16, the dropout hash, int8).
+#include <cmath>
+
+#include "backend/cuda/cuda_kernels.h"
+
+namespace tfm {
+namespace cuda {
+
+namespace {
+
+__global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                             uint16_t* out) {
+  TFM_FOR_EACH(i, rows * cols) out[i] = to_bfloat16(x[(i / cols) * ldx + i % cols]);
+}
+
+__global__ void round_flushing_kernel(const float* result, int64_t rows, int64_t cols,
+                                      uint16_t* out, int64_t ldo) {
+  TFM_FOR_EACH(i, rows * cols) {
+    const float v = result[i];
+    out[(i / cols) * ldo + i % cols] =
+        fabsf(v) < 1.17549435e-38f ? uint16_t(signbit(v) ? 0x8000u : 0u) : to_bfloat16(v);
+  }
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  TFM_FOR_EACH(i, n) y[i] += x[i];
+}
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  TFM_FOR_EACH(i, n) x[i] *= s;
+}
+__global__ void fill_kernel(float* y, int64_t n, float value) {
+  TFM_FOR_EACH(i, n) y[i] = value;
+}
+
+__global__ void scale_matrix_kernel(float* c, int64_t ldc, int64_t rows, int64_t cols,
+                                    float beta) {
+  TFM_FOR_EACH(i, rows * cols) {
+    float& v = c[(i / cols) * ldc + i % cols];
+    v = beta == 0.f ? 0.f : v * beta;
+  }
+}
+
+__global__ void bias_relu_kernel(float* y, int64_t ldy, const float* bias, bool relu, int64_t rows,
+                                 int64_t cols) {
+  TFM_FOR_EACH(i, rows * cols) {
+    float& v = y[(i / cols) * ldy + i % cols];
+    float x = v;
+    if (bias) x += bias[i % cols];
+    if (relu) x = x > 0.f ? x : 0.f;
+    v = x;
+  }
+}
+
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.f + erff(x * 0.70710678118654752440f));
+}
+
+__global__ void bias_activation_kernel(float* pre, const float* bias, float* out, int64_t rows,
+                                       int64_t cols, bool apply, Activation act) {
+  TFM_FOR_EACH(i, rows * cols) {
+    float x = pre[i];
+    if (bias) {
+      x += bias[i % cols];
+      pre[i] = x;
+    }
+    if (apply) out[i] = act == Activation::kRelu ? (x > 0.f ? x : 0.f) : gelu(x);
+  }
+}
+
+__global__ void activation_backward_kernel(float* d, const float* pre, int64_t n, Activation act) {
+  TFM_FOR_EACH(i, n) {
+    const float x = pre[i];
+    if (act == Activation::kRelu) {
+      d[i] = x > 0.f ? d[i] : 0.f;
+    } else {
+      const float cdf = 0.5f * (1.f + erff(x * 0.70710678118654752440f));
+      const float pdf = 0.39894228040143267794f * expf(-0.5f * x * x);
+      d[i] *= cdf + x * pdf;
+    }
+  }
+}
+
+__global__ void relu_backward_bfloat16_kernel(float* d, const uint16_t* relu_output, int64_t n) {
+  TFM_FOR_EACH(i, n) d[i] = from_bfloat16(relu_output[i]) > 0.f ? d[i] : 0.f;
+}
+
+// One thread per column, rows in order: coalesced across the warp, deterministic.
+__global__ void bias_backward_kernel(const float* dy, int64_t rows, int64_t cols, float* dbias) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float sum = 0.f;
+  for (int64_t r = 0; r < rows; ++r) sum += dy[r * cols + c];
+  dbias[c] += sum;
+}
+
+__global__ void dropout_mask_kernel(uint8_t* mask, int64_t n, uint32_t threshold, uint64_t key) {
+  TFM_FOR_EACH(i, n) {
+    uint64_t z = key + uint64_t(i) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    mask[i] = uint32_t(z >> 40) >= threshold ? 1 : 0;
+  }
+}
+
+__global__ void apply_dropout_kernel(float* x, const uint8_t* mask, int64_t n, float keep_scale) {
+  TFM_FOR_EACH(i, n) x[i] = mask[i] ? x[i] * keep_scale : 0.f;
+}
+
+// One block per row: the mean, then the variance about it (two passes, as the CPU's).
+__global__ void layer_norm_kernel(const float* x, const float* gamma, const float* beta, float* y,
+                                  int64_t cols, float eps, float* mean_out, float* rstd_out) {
+  __shared__ float shared[32];
+  const int64_t r = blockIdx.x;
+  const float* in = x + r * cols;
+  float* out = y + r * cols;
+  float sum = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += in[c];
+  const float mean = block_sum(sum, shared) / float(cols);
+  float sum_sq = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float d = in[c] - mean;
+    sum_sq += d * d;
+  }
+  const float inv_std = rsqrtf(block_sum(sum_sq, shared) / float(cols) + eps);
+  if (threadIdx.x == 0) {
+    if (mean_out) mean_out[r] = mean;
+    if (rstd_out) rstd_out[r] = inv_std;
+  }
+  __syncthreads();  // y may alias x: every thread has read its row before any writes
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    out[c] = (in[c] - mean) * inv_std * gamma[c] + beta[c];
+}
+
+// dx of one row per block. dy may alias dx row by row: every thread's two sums are complete
+// (a barrier inside block_sum) before any element is written.
+__global__ void layer_norm_dx_kernel(const float* dy, const float* x, const float* mean,
+                                     const float* rstd, const float* gamma, float* dx,
+                                     int64_t cols, bool accumulate) {
+  __shared__ float shared[32];
+  const int64_t r = blockIdx.x;
+  const float* g = dy + r * cols;
+  const float* in = x + r * cols;
+  float* out = dx + r * cols;
+  const float m = mean[r], s = rstd[r];
+  float sum_gy = 0.f, sum_gy_xhat = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float gy = g[c] * gamma[c];
+    sum_gy += gy;
+    sum_gy_xhat += gy * (in[c] - m) * s;
+  }
+  const float mean_gy = block_sum(sum_gy, shared) / float(cols);
+  const float mean_gy_xhat = block_sum(sum_gy_xhat, shared) / float(cols);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = s * (g[c] * gamma[c] - mean_gy - (in[c] - m) * s * mean_gy_xhat);
+    out[c] = accumulate ? out[c] + v : v;
+  }
+}
+
+// dgamma, dbeta: one thread per column, rows in order (deterministic). Runs before the dx
+// kernel, which may overwrite dy.
+__global__ void layer_norm_parameter_grad_kernel(const float* dy, const float* x,
+                                                 const float* mean, const float* rstd,
+                                                 int64_t rows, int64_t cols, float* dgamma,
+                                                 float* dbeta) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float sum_g = 0.f, sum_b = 0.f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float g = dy[r * cols + c];
+    sum_g += g * (x[r * cols + c] - mean[r]) * rstd[r];
+    sum_b += g;
+  }
+  dgamma[c] += sum_g;
+  dbeta[c] += sum_b;
+}
+
+__global__ void embedding_forward_kernel(const float* table, int64_t table_ld, Int8Rows int8,
+                                         const float* positions, const int32_t* ids, int64_t rows,
+                                         int64_t len, int64_t d, float scale,
+                                         int64_t first_position, float* out) {
+  TFM_FOR_EACH(i, rows * d) {
+    const int64_t row = i / d, c = i % d, id = ids[row];
+    float v = int8.values ? float(int8.values[id * d + c]) * (int8.scales[id] * scale)
+                          : table[id * table_ld + c] * scale;
+    if (positions) v += positions[(first_position + row % len) * d + c];
+    out[i] = v;
+  }
+}
+
+__global__ void scale_and_add_positions_kernel(const float* positions, int64_t rows, int64_t len,
+                                               int64_t d, float scale, int64_t first_position,
+                                               float* out) {
+  TFM_FOR_EACH(i, rows * d) {
+    const int64_t row = i / d, c = i % d;
+    out[i] = out[i] * scale + (positions ? positions[(first_position + row % len) * d + c] : 0.f);
+  }
+}
+
+__global__ void embedding_backward_kernel(const float* d_out, const int32_t* ids, int64_t rows,
+                                          int64_t len, int64_t d, float scale,
+                                          int64_t first_position, float* d_table,
+                                          float* d_positions) {
+  TFM_FOR_EACH(i, rows * d) {
+    const int64_t row = i / d, c = i % d;
+    const float g = d_out[i];
+    atomicAdd(d_table + int64_t(ids[row]) * d + c, scale * g);
+    if (d_positions) atomicAdd(d_positions + (first_position + row % len) * d + c, g);
+  }
+}
+
+__global__ void adam_kernel(float* param, const float* grad, float* m, float* v, int64_t n,
+                            float b1, float b2, float eps, float step_size, float inv_sqrt_bc2) {
+  TFM_FOR_EACH(i, n) {
+    const float g = grad[i];
+    const float mi = b1 * m[i] + (1.f - b1) * g;
+    const float vi = b2 * v[i] + (1.f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] -= step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+__global__ void sgd_kernel(float* param, const float* grad, int64_t n, float lr) {
+  TFM_FOR_EACH(i, n) param[i] -= lr * grad[i];
+}
+
+// Partial Σ x² of fixed blocks of kSquaresBlock elements, each block's threads in a fixed tree:
+// the result depends on n alone.
+constexpr int64_t kSquaresBlock = 1 << 14;
+__global__ void squares_kernel(const float* x, int64_t n, double* partial) {
+  __shared__ double shared[32];
+  const int64_t begin = int64_t(blockIdx.x) * kSquaresBlock;
+  const int64_t end = begin + kSquaresBlock < n ? begin + kSquaresBlock : n;
+  double sum = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) sum += double(x[i]) * x[i];
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+__global__ void sum_partials_kernel(const double* partial, int64_t count, double* total) {
+  __shared__ double shared[32];
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) *total = sum;
+}
+
+__global__ void gather_rows_kernel(const float* x, int64_t ldx, const int64_t* rows,
+                                   int64_t count, int64_t d, float* y, int64_t ldy) {
+  TFM_FOR_EACH(i, count * d) {
+    const int64_t r = i / d, c = i % d;
+    y[r * ldy + c] = x[rows[r] * ldx + c];
+  }
+}
+__global__ void scatter_rows_kernel(const float* x, int64_t ldx, const int64_t* rows,
+                                    int64_t count, int64_t d, float* y, int64_t ldy) {
+  TFM_FOR_EACH(i, count * d) {
+    const int64_t r = i / d, c = i % d;
+    y[rows[r] * ldy + c] = x[r * ldx + c];
+  }
+}
+__global__ void scatter_rows_bfloat16_kernel(const float* x, int64_t ldx, const int64_t* rows,
+                                             int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
+  TFM_FOR_EACH(i, count * d) {
+    const int64_t r = i / d, c = i % d;
+    y[rows[r] * ldy + c] = to_bfloat16(x[r * ldx + c]);
+  }
+}
+
+// One block per row: its largest magnitude, then the row quantised. Activations as
+// int8_quantization.cpp: trunc(x/scale + 128.5) clamped to [1, 255], less 128; weights as
+// int8_weights.cpp: nearest (ties to even) of x/scale clamped to [−127, 127].
+__global__ void quantize_rows_kernel(const float* x, int64_t k, int64_t ldx, int8_t* q,
+                                     float* scales, bool activation) {
+  __shared__ float shared[32];
+  const float* row = x + int64_t(blockIdx.x) * ldx;
+  float largest = 0.f;
+  for (int64_t c = threadIdx.x; c < k; c += blockDim.x) largest = fmaxf(largest, fabsf(row[c]));
+  largest = block_max(largest, shared);
+  const float scale = largest > 0.f ? largest / 127.f : 1.f;
+  const float inverse = 1.f / scale;
+  int8_t* out = q + int64_t(blockIdx.x) * k;
+  for (int64_t c = threadIdx.x; c < k; c += blockDim.x) {
+    if (activation) {
+      float v = row[c] * inverse + 128.5f;
+      v = v < 255.f ? v : 255.f;
+      v = v > 1.f ? v : 1.f;
+      out[c] = int8_t(int32_t(v) - 128);
+    } else {
+      const float v = fmaxf(-127.f, fminf(127.f, row[c] * inverse));
+      out[c] = int8_t(int32_t(rintf(v)));
+    }
+  }
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+}
+
+// A 32 × 32 tile of y per block, 8 k-values at a time through shared memory; exact int32 sums.
+constexpr int kTile = 32;
+__global__ void int8_product_kernel(const int8_t* qx, const float* x_scales, const int8_t* qw,
+                                    const float* w_scales, int64_t m, int64_t n, int64_t k,
+                                    float* y, int64_t ldy) {
+  __shared__ int32_t xs[kTile][kTile + 1];
+  __shared__ int32_t ws[kTile][kTile + 1];
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;  // 32 × 8 threads
+  const int64_t row0 = int64_t(blockIdx.y) * kTile, col0 = int64_t(blockIdx.x) * kTile;
+  int32_t acc[4] = {0, 0, 0, 0};  // rows ty, ty + 8, ty + 16, ty + 24; column tx
+  for (int64_t p0 = 0; p0 < k; p0 += kTile) {
+    for (int i = ty; i < kTile; i += 8) {
+      const int64_t p = p0 + tx;
+      xs[i][tx] = row0 + i < m && p < k ? qx[(row0 + i) * k + p] : 0;
+      ws[i][tx] = col0 + i < n && p < k ? qw[(col0 + i) * k + p] : 0;
+    }
+    __syncthreads();
+    for (int p = 0; p < kTile; ++p) {
+      const int32_t w = ws[tx][p];
+      for (int j = 0; j < 4; ++j) acc[j] += xs[ty + 8 * j][p] * w;
+    }
+    __syncthreads();
+  }
+  const int64_t c = col0 + tx;
+  if (c >= n) return;
+  for (int j = 0; j < 4; ++j) {
+    const int64_t r = row0 + ty + 8 * j;
+    if (r < m) y[r * ldy + c] = float(acc[j]) * (x_scales[r] * w_scales[c]);
+  }
+}
+
+__global__ void read_rows_kernel(const float* w, const int32_t* ids, int64_t count, int64_t d,
+                                 float* out) {
+  TFM_FOR_EACH(i, count * d) out[i] = w[int64_t(ids[i / d]) * d + i % d];
+}
+
+}  // namespace
+
+void round_to_bfloat16(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                       uint16_t* out) {
+  if (rows * cols == 0) return;
+  round_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(x, rows, cols, ldx, out);
+  check_launch("round_to_bfloat16");
+}
+
+void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t rows, int64_t cols,
+                                uint16_t* out, int64_t ldo) {
+  if (rows * cols == 0) return;
+  round_flushing_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(result, rows, cols, out, ldo);
+  check_launch("round_to_bfloat16_flushing");
+}
+
+void add(cudaStream_t s, float* y, const float* x, int64_t n) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n);
+  check_launch("add");
+}
+void scale(cudaStream_t s, float* x, float factor, int64_t n) {
+  if (n == 0) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, factor, n);
+  check_launch("scale");
+}
+void fill(cudaStream_t s, float* y, int64_t n, float value) {
+  if (n == 0) return;
+  fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, n, value);
+  check_launch("fill");
+}
+
+void scale_matrix(cudaStream_t s, float* c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
+  if (rows * cols == 0 || beta == 1.f) return;
+  scale_matrix_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(c, ldc, rows, cols, beta);
+  check_launch("scale_matrix");
+}
+
+void bias_relu_epilogue(cudaStream_t s, float* y, int64_t ldy, const float* bias, bool relu,
+                        int64_t rows, int64_t cols) {
+  if (rows * cols == 0 || (!bias && !relu)) return;
+  bias_relu_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(y, ldy, bias, relu, rows, cols);
+  check_launch("bias_relu_epilogue");
+}
+
+void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* out, int64_t rows,
+                         int64_t cols, bool apply_activation, Activation act) {
+  if (rows * cols == 0) return;
+  bias_activation_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(pre, bias, out, rows, cols,
+                                                                      apply_activation, act);
+  check_launch("add_bias_activation");
+}
+
+void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, Activation act) {
+  if (n == 0) return;
+  activation_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, pre, n, act);
+  check_launch("activation_backward");
+}
+
+void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_output, int64_t n) {
+  if (n == 0) return;
+  relu_backward_bfloat16_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, relu_output, n);
+  check_launch("relu_backward_bfloat16");
+}
+
+void bias_backward(cudaStream_t s, const float* dy, int64_t rows, int64_t cols, float* dbias) {
+  if (cols == 0) return;
+  bias_backward_kernel<<<unsigned((cols + 127) / 128), 128, 0, s>>>(dy, rows, cols, dbias);
+  check_launch("bias_backward");
+}
+
+void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key) {
+  if (n == 0) return;
+  const uint32_t threshold = uint32_t(double(p) * 16777216.0);  // p in units of 2^-24
+  dropout_mask_kernel<<<blocks_for(n), kThreads, 0, s>>>(mask, n, threshold, key);
+  check_launch("dropout_mask");
+}
+
+void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p) {
+  if (n == 0) return;
+  apply_dropout_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, mask, n, 1.f / (1.f - p));
+  check_launch("apply_dropout");
+}
+
+void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y,
+                int64_t rows, int64_t cols, float eps, float* mean, float* rstd) {
+  if (rows == 0) return;
+  layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, gamma, beta, y, cols, eps, mean, rstd);
+  check_launch("layer_norm");
+}
+
+void layer_norm_backward(cudaStream_t s, const float* dy, const float* x, const float* mean,
+                         const float* rstd, const float* gamma, float* dx, float* dgamma,
+                         float* dbeta, int64_t rows, int64_t cols, bool accumulate) {
+  if (rows == 0) return;
+  layer_norm_parameter_grad_kernel<<<unsigned((cols + 127) / 128), 128, 0, s>>>(
+      dy, x, mean, rstd, rows, cols, dgamma, dbeta);
+  check_launch("layer_norm_backward (parameters)");
+  layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(dy, x, mean, rstd, gamma, dx, cols,
+                                                           accumulate);
+  check_launch("layer_norm_backward");
+}
+
+void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int8Rows int8,
+                       const float* positions, const int32_t* ids, int64_t rows, int64_t len,
+                       int64_t d, float scale, int64_t first_position, float* out) {
+  if (rows * d == 0) return;
+  embedding_forward_kernel<<<blocks_for(rows * d), kThreads, 0, s>>>(
+      table, table_ld, int8, positions, ids, rows, len, d, scale, first_position, out);
+  check_launch("embedding_forward");
+}
+
+void scale_and_add_positions(cudaStream_t s, const float* positions, int64_t rows, int64_t len,
+                             int64_t d, float scale, int64_t first_position, float* out) {
+  if (rows * d == 0) return;
+  scale_and_add_positions_kernel<<<blocks_for(rows * d), kThreads, 0, s>>>(
+      positions, rows, len, d, scale, first_position, out);
+  check_launch("scale_and_add_positions");
+}
+
+void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, int64_t rows,
+                        int64_t len, int64_t d, float scale, int64_t first_position,
+                        float* d_table, float* d_positions) {
+  if (rows * d == 0) return;
+  embedding_backward_kernel<<<blocks_for(rows * d), kThreads, 0, s>>>(
+      d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
+  check_launch("embedding_backward");
+}
+
+void adam_update(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t n,
+                 float b1, float b2, float eps, float step_size, float inv_sqrt_bc2) {
+  if (n == 0) return;
+  adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(param, grad, m, v, n, b1, b2, eps, step_size,
+                                                 inv_sqrt_bc2);
+  check_launch("adam_update");
+}
+
+void sgd_update(cudaStream_t s, float* param, const float* grad, int64_t n, float lr) {
+  if (n == 0) return;
+  sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(param, grad, n, lr);
+  check_launch("sgd_update");
+}
+
+double sum_of_squares(const Context& c, const float* x, int64_t n) {
+  if (n == 0) return 0;
+  const int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
+  Scratch partial(c, (blocks + 1) * int64_t(sizeof(double)));
+  squares_kernel<<<unsigned(blocks), kThreads, 0, c.stream>>>(x, n, partial.as<double>());
+  check_launch("sum_of_squares");
+  sum_partials_kernel<<<1, 1024, 0, c.stream>>>(partial.as<double>(), blocks,
+                                                partial.as<double>() + blocks);
+  check_launch("sum_of_squares (total)");
+  double total = 0;
+  TFM_CUDA(cudaMemcpyAsync(&total, partial.as<double>() + blocks, sizeof(double),
+                           cudaMemcpyDeviceToHost, c.stream));
+  TFM_CUDA(cudaStreamSynchronize(c.stream));
+  return total;
+}
+
+void gather_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                 int64_t d, float* y, int64_t ldy) {
+  if (count * d == 0) return;
+  gather_rows_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(x, ldx, rows, count, d, y, ldy);
+  check_launch("gather_rows");
+}
+void scatter_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                  int64_t d, float* y, int64_t ldy) {
+  if (count * d == 0) return;
+  scatter_rows_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(x, ldx, rows, count, d, y, ldy);
+  check_launch("scatter_rows");
+}
+void scatter_rows_to_bfloat16(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
+                              int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
+  if (count * d == 0) return;
+  scatter_rows_bfloat16_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(x, ldx, rows, count, d,
+                                                                          y, ldy);
+  check_launch("scatter_rows_to_bfloat16");
+}
+
+void quantize_activation_rows(cudaStream_t s, const float* x, int64_t m, int64_t k, int64_t ldx,
+                              int8_t* q, float* scales) {
+  if (m == 0) return;
+  quantize_rows_kernel<<<unsigned(m), kThreads, 0, s>>>(x, k, ldx, q, scales, true);
+  check_launch("quantize_activation_rows");
+}
+void quantize_weight_rows(cudaStream_t s, const float* w, int64_t n, int64_t k, int8_t* values,
+                          float* scales) {
+  if (n == 0) return;
+  quantize_rows_kernel<<<unsigned(n), kThreads, 0, s>>>(w, k, k, values, scales, false);
+  check_launch("quantize_weight_rows");
+}
+
+void int8_product(cudaStream_t s, const int8_t* qx, const float* x_scales, const int8_t* qw,
+                  const float* w_scales, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy) {
+  if (m * n == 0) return;
+  const dim3 grid(unsigned((n + kTile - 1) / kTile), unsigned((m + kTile - 1) / kTile));
+  int8_product_kernel<<<grid, kTile * 8, 0, s>>>(qx, x_scales, qw, w_scales, m, n, k, y, ldy);
+  check_launch("int8_product");
+}
+
+void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count, int64_t d,
+               float* out) {
+  if (count * d == 0) return;
+  read_rows_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(w, ids, count, d, out);
+  check_launch("read_rows");
+}
+
+}  // namespace cuda
+}  // namespace tfm

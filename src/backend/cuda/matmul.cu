@@ -1,0 +1,209 @@
+// Row-major products on cuBLAS, which is column-major: C[m, n] = op(A) · op(B) is computed as
+// Cᵀ[n, m] = op(B)ᵀ · op(A)ᵀ, so each row-major matrix is read as its column-major transpose
+// with the same stride and no copy. See matmul.h.
+#include "backend/cuda/matmul.h"
+
+#include <stdexcept>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/device_buffer.h"
+
+namespace tfm {
+namespace cuda {
+
+namespace {
+
+cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// C = alpha · op(A) · op(B) + beta · C with A, B in float32 or in bfloat16 (`type`).
+void blas_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                  float alpha, const void* a, int64_t lda, const void* b, int64_t ldb, float beta,
+                  float* out, int64_t ldc, cudaDataType_t type) {
+  std::lock_guard<std::mutex> lock(c.blas_mutex);
+  TFM_CUDA(cublasSetStream(c.blas, c.stream));
+  if (type == CUDA_R_32F) {
+    TFM_CUDA(cublasSgemm(c.blas, op(trans_b), op(trans_a), int(n), int(m), int(k), &alpha,
+                         static_cast<const float*>(b), int(ldb), static_cast<const float*>(a),
+                         int(lda), &beta, out, int(ldc)));
+    return;
+  }
+  TFM_CUDA(cublasGemmEx(c.blas, op(trans_b), op(trans_a), int(n), int(m), int(k), &alpha, b, type,
+                        int(ldb), a, type, int(lda), &beta, out, CUDA_R_32F, int(ldc),
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// A weight matrix held on the GPU in the format it is multiplied in.
+class CudaPreparedMatrix final : public PreparedMatrix {
+ public:
+  CudaPreparedMatrix(const Backend& backend, const Context& c, int64_t rows, int64_t cols,
+                     Precision precision)
+      : context_(c), rows_(rows), cols_(cols), precision_(precision) {
+    switch (precision) {
+      case Precision::kFloat32:
+        weights_float_.allocate_uninitialized(backend, rows * cols);
+        break;
+      case Precision::kBFloat16:
+        weights_bfloat16_.allocate_uninitialized(backend, rows * cols);
+        break;
+      case Precision::kInt8:
+        weights_int8_.allocate_uninitialized(backend, rows * cols);
+        scales_.allocate_uninitialized(backend, rows);
+        break;
+    }
+  }
+  int64_t rows() const override { return rows_; }
+  int64_t cols() const override { return cols_; }
+  Precision precision() const override { return precision_; }
+
+  void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const override {
+    if (m == 0 || rows_ == 0) return;
+    context_.activate();
+    switch (precision_) {
+      case Precision::kFloat32:
+        blas_product(context_, false, true, m, rows_, cols_, 1.f, x, ldx, weights_float_.data(),
+                     cols_, 0.f, y, ldy, CUDA_R_32F);
+        return;
+      case Precision::kBFloat16: {
+        Scratch rounded(context_, m * cols_ * int64_t(sizeof(uint16_t)));  // [m, k]
+        round_to_bfloat16(context_.stream, x, m, cols_, ldx, rounded.as<uint16_t>());
+        blas_product(context_, false, true, m, rows_, cols_, 1.f, rounded.as<uint16_t>(), cols_,
+                     weights_bfloat16_.data(), cols_, 0.f, y, ldy, CUDA_R_16BF);
+        return;
+      }
+      case Precision::kInt8: {
+        Scratch quantised(context_, m * cols_ + m * int64_t(sizeof(float)) + 16);
+        float* x_scales = quantised.as<float>();                         // [m]
+        int8_t* qx = reinterpret_cast<int8_t*>(x_scales + m);            // [m, k]
+        quantize_activation_rows(context_.stream, x, m, cols_, ldx, qx, x_scales);
+        int8_product(context_.stream, qx, x_scales, weights_int8_.data(), scales_.data(), m, rows_,
+                     cols_, y, ldy);
+        return;
+      }
+    }
+  }
+  void read_rows(const int32_t* ids, int64_t count, float* out) const override {
+    if (precision_ != Precision::kFloat32)
+      throw std::logic_error("read_rows: only a float32 prepared matrix keeps its rows exactly");
+    context_.activate();
+    cuda::read_rows(context_.stream, weights_float_.data(), ids, count, cols_, out);
+  }
+
+  const Context& context_;
+  int64_t rows_, cols_;
+  Precision precision_;
+  DeviceBuffer<float> weights_float_;       // [rows, cols] (float32)
+  DeviceBuffer<uint16_t> weights_bfloat16_;  // [rows, cols] (bfloat16)
+  DeviceBuffer<int8_t> weights_int8_;       // [rows, cols] (int8)
+  DeviceBuffer<float> scales_;              // [rows] (int8)
+};
+
+int64_t total_rows(const std::vector<int64_t>& part_rows) {
+  int64_t rows = 0;
+  for (int64_t r : part_rows) rows += r;
+  return rows;
+}
+
+}  // namespace
+
+void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+            float alpha, MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
+            float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue) {
+  if (precision == Precision::kInt8)
+    throw std::invalid_argument("matmul: int8 is for prepared weights only");
+  if (epilogue.rounded_output && (precision != Precision::kBFloat16 || beta != 0.f))
+    throw std::invalid_argument("matmul: a bfloat16 output needs a bfloat16 product with beta 0");
+  if (m == 0 || n == 0) return;
+  c.activate();
+  // With a bfloat16 output the product goes to a dense float block first.
+  Scratch result(c, epilogue.rounded_output ? m * n * int64_t(sizeof(float)) : 0);  // [m, n]
+  float* target = epilogue.rounded_output ? result.as<float>() : out;
+  const int64_t ld_target = epilogue.rounded_output ? n : ldc;
+  if (k == 0) {
+    if (epilogue.rounded_output)
+      fill(c.stream, target, m * n, 0.f);
+    else
+      scale_matrix(c.stream, target, ld_target, m, n, beta);
+  } else if (precision == Precision::kFloat32) {
+    blas_product(c, trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, target,
+                 ld_target, CUDA_R_32F);
+  } else {
+    // Each operand rounded into a dense copy unless it came rounded: stored [rows, cols] with
+    // row stride cols.
+    const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+    const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+    Scratch a_copy(c, a.rounded ? 0 : a_rows * a_cols * int64_t(sizeof(uint16_t)));
+    Scratch b_copy(c, b.rounded ? 0 : b_rows * b_cols * int64_t(sizeof(uint16_t)));
+    const uint16_t* a16 = a.rounded;
+    const uint16_t* b16 = b.rounded;
+    if (!a16) {
+      round_to_bfloat16(c.stream, a.values, a_rows, a_cols, lda, a_copy.as<uint16_t>());
+      a16 = a_copy.as<uint16_t>();
+    }
+    if (!b16) {
+      round_to_bfloat16(c.stream, b.values, b_rows, b_cols, ldb, b_copy.as<uint16_t>());
+      b16 = b_copy.as<uint16_t>();
+    }
+    blas_product(c, trans_a, trans_b, m, n, k, alpha, a16, a_cols, b16, b_cols, beta, target,
+                 ld_target, CUDA_R_16BF);
+  }
+  bias_relu_epilogue(c.stream, target, ld_target, epilogue.bias, epilogue.relu, m, n);
+  if (epilogue.rounded_output)
+    round_to_bfloat16_flushing(c.stream, target, m, n, epilogue.rounded_output, ldc);
+}
+
+std::unique_ptr<PreparedMatrix> prepare_matrix(const Backend& backend, const Context& c,
+                                               const std::vector<const float*>& parts,
+                                               const std::vector<int64_t>& part_rows, int64_t k,
+                                               Precision precision) {
+  if (parts.size() != part_rows.size())
+    throw std::invalid_argument("prepare_matrix: one row count per part");
+  c.activate();
+  const int64_t rows = total_rows(part_rows);
+  auto prepared = std::make_unique<CudaPreparedMatrix>(backend, c, rows, k, precision);
+  int64_t row = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t n = part_rows[i];
+    if (n == 0) continue;
+    switch (precision) {
+      case Precision::kFloat32:
+        TFM_CUDA(cudaMemcpyAsync(prepared->weights_float_.data() + row * k, parts[i],
+                                 size_t(n * k) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                 c.stream));
+        break;
+      case Precision::kBFloat16:
+        round_to_bfloat16(c.stream, parts[i], n, k, k, prepared->weights_bfloat16_.data() + row * k);
+        break;
+      case Precision::kInt8:
+        quantize_weight_rows(c.stream, parts[i], n, k, prepared->weights_int8_.data() + row * k,
+                             prepared->scales_.data() + row);
+        break;
+    }
+    row += n;
+  }
+  return prepared;
+}
+
+std::unique_ptr<PreparedMatrix> prepare_int8_matrix(const Backend& backend, const Context& c,
+                                                    const std::vector<Int8Rows>& parts,
+                                                    const std::vector<int64_t>& part_rows,
+                                                    int64_t k) {
+  if (parts.size() != part_rows.size())
+    throw std::invalid_argument("prepare_int8_matrix: one row count per part");
+  c.activate();
+  const int64_t rows = total_rows(part_rows);
+  auto prepared = std::make_unique<CudaPreparedMatrix>(backend, c, rows, k, Precision::kInt8);
+  int64_t row = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t n = part_rows[i];
+    if (n == 0) continue;
+    TFM_CUDA(cudaMemcpyAsync(prepared->weights_int8_.data() + row * k, parts[i].values,
+                             size_t(n * k), cudaMemcpyDeviceToDevice, c.stream));
+    TFM_CUDA(cudaMemcpyAsync(prepared->scales_.data() + row, parts[i].scales,
+                             size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, c.stream));
+    row += n;
+  }
+  return prepared;
+}
+
+}  // namespace cuda
+}  // namespace tfm
