@@ -5,8 +5,8 @@
 #   2. the command-line GPU tests (CTranslate2's model translated and scored on the GPU as on
 #      the CPU; the reversal task trained and translated on the GPU in float32 and bfloat16; a
 #      GPU checkpoint resumed on the CPU; the first losses of both devices compared),
-#   3. compute-sanitizer memcheck over the backend-ops test on the GPU,
-#   4. a timing of the base model's training steps and of greedy / beam decoding on the GPU,
+#   3. a timing of the base model's training steps and of greedy / beam decoding on the GPU,
+#   4. compute-sanitizer memcheck over the backend-ops test on the GPU,
 # and prints a table last. Logs go to $OUT (or /tmp/gpu_check) when set.
 #   bash scripts/gpu_check.sh [BUNDLE]   (default .gpu/bundle.tar.xz)
 set -uo pipefail
@@ -37,14 +37,8 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 tests=build/tests/transformer_tests
-step backend_ops 240 $tests --gtest_filter='*BackendOps*cuda*:Backends.*'
-step gpu_cli 300 $tests --gtest_filter='Cli.TheGpu*:Train.ReversalTaskIsLearnedOnTheGpu*'
-if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  step memcheck 150 "$sanitizer" --tool memcheck --error-exitcode 1 $tests \
-    --gtest_filter='*BackendOps*cuda*:-*Dropout*:*Banded*'
-fi
-
+step backend_ops 120 $tests --gtest_filter='*BackendOps*cuda*:Backends.*'
+step gpu_cli 180 $tests --gtest_filter='Cli.TheGpu*:Train.ReversalTaskIsLearnedOnTheGpu*'
 # Timing: the base model (d 512, 6+6 layers, vocabulary 37,000) on random token ids.
 work=$(mktemp -d)
 python3 - "$work" <<'PY'
@@ -67,8 +61,8 @@ train_base() {  # train_base TYPE
     --max-steps 30 --log-every 10 --warmup 4000 &&
     grep '"event":"train"' "$work/run_$1/train.log.jsonl" | tail -2
 }
-step train_base_fp32 120 train_base float32
-step train_base_bf16 120 train_base bfloat16
+step train_base_fp32 45 train_base float32
+step train_base_bf16 45 train_base bfloat16
 $cli init --preset base --vocab 37000 --seed 1 -o "$work/base.safetensors" >/dev/null 2>&1
 decode() {  # decode BEAM
   local start=$(date +%s.%N)
@@ -79,10 +73,16 @@ decode() {  # decode BEAM
     while ((getline line < f) > 0) tokens += split(line, a, " ");
     printf "decode beam %s: %d tokens in %.2f s = %.0f tokens/s\n", "'"$1"'", tokens, e - s, tokens / (e - s) }'
 }
-step decode_greedy 90 decode 1
-step decode_beam4 90 decode 4
+step decode_greedy 40 decode 1
+step decode_beam4 40 decode 4
 grep -h "tokens/s\|\"event\"" "$logs"/train_base_*.log "$logs"/decode_*.log 2>/dev/null | tail -8
 rm -rf "$work"
+if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  step memcheck 60 "$sanitizer" --tool memcheck --error-exitcode 1 $tests \
+    --gtest_filter='*BackendOps*cuda*:-*Dropout*:*Banded*'
+fi
+
 
 echo
 echo "== GPU check: $(head -1 "$logs/device.txt")"
