@@ -27,7 +27,7 @@ step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
   local start=$SECONDS
-  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  timeout "$limit" bash -c '"$@"' step "$@" >"$logs/$name.log" 2>&1
   local rc=$?
   local verdict=pass
   [ $rc -eq 0 ] || verdict="FAIL (exit $rc)"
@@ -61,6 +61,8 @@ train_base() {  # train_base TYPE
     --max-steps 30 --log-every 10 --warmup 4000 &&
     grep '"event":"train"' "$work/run_$1/train.log.jsonl" | tail -2
 }
+export -f train_base
+export work cli
 step train_base_fp32 45 train_base float32
 step train_base_bf16 45 train_base bfloat16
 $cli init --preset base --vocab 37000 --seed 1 -o "$work/base.safetensors" >/dev/null 2>&1
@@ -73,6 +75,7 @@ decode() {  # decode BEAM
     while ((getline line < f) > 0) tokens += split(line, a, " ");
     printf "decode beam %s: %d tokens in %.2f s = %.0f tokens/s\n", "'"$1"'", tokens, e - s, tokens / (e - s) }'
 }
+export -f decode
 step decode_greedy 40 decode 1
 step decode_beam4 40 decode 4
 grep -h "tokens/s\|\"event\"" "$logs"/train_base_*.log "$logs"/decode_*.log 2>/dev/null | tail -8

@@ -132,7 +132,7 @@ TEST(Train, ReversalTaskIsLearnedOnTheGpuAndItsCheckpointsMoveToTheCpu) {
                              " --model-dir " + dir + " --warmup 50 --batch-tokens 1024 --seed 3";
   CliResult r = work.run_cli(common + " --device " + gpu + " --max-steps 40 --log-every 10");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = work.run_cli(common + " --device cpu --max-steps 60 --log-every 10");
+  r = work.run_cli(common + " --device cpu --resume --max-steps 60 --log-every 10");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto resumed = log_events(dir, "train");
   ASSERT_FALSE(resumed.empty());
@@ -140,7 +140,7 @@ TEST(Train, ReversalTaskIsLearnedOnTheGpuAndItsCheckpointsMoveToTheCpu) {
 
   // The first logged losses of the same run on each device agree (float32 products; the
   // atomics of the GPU's attention and embedding gradients change the last bits).
-  for (const std::string device : {std::string("cpu"), gpu}) {
+  for (const std::string& device : {std::string("cpu"), gpu}) {
     const std::string run = work.path("rev_first_steps_" + device);
     fs::remove_all(run);
     r = work.run_cli("train --preset tiny --vocab 32" + data_flags("rev_train") + " --model-dir " +

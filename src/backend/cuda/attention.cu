@@ -67,8 +67,10 @@ __global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, c
   if (mask.key_lengths && mask.key_lengths[kb] < key_count) key_count = mask.key_lengths[kb];
   int64_t begin, end;
   visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
-  if (begin > key_count) begin = key_count;
-  if (end < begin) end = begin;
+  // A query past the last valid key gets an empty range that may start beyond it.
+  begin = begin < key_count ? begin : key_count;
+  end = end < key_count ? end : key_count;
+  end = end > begin ? end : begin;
 
   float* q_row = shared_memory;  // [d]
   float* scores = probs ? probs + index * s.key_len
@@ -146,8 +148,10 @@ __global__ void attention_backward_kernel(AttentionShape s, AttentionMask mask, 
   if (mask.key_lengths && mask.key_lengths[b] < key_count) key_count = mask.key_lengths[b];
   int64_t begin, end;
   visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
-  if (begin > key_count) begin = key_count;
-  if (end < begin) end = begin;
+  // A query past the last valid key gets an empty range that may start beyond it.
+  begin = begin < key_count ? begin : key_count;
+  end = end < key_count ? end : key_count;
+  end = end > begin ? end : begin;
   float* dq_row = dq + (b * s.query_len + t) * s.q_row_stride + h * d;
   if (begin >= end) {
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dq_row[c] = 0.f;

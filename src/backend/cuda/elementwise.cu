@@ -16,10 +16,10 @@ __global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t
   TFM_FOR_EACH(i, rows * cols) out[i] = to_bfloat16(x[(i / cols) * ldx + i % cols]);
 }
 
-__global__ void round_flushing_kernel(const float* result, int64_t rows, int64_t cols,
-                                      uint16_t* out, int64_t ldo) {
+__global__ void round_flushing_kernel(const float* result, int64_t ldr, int64_t rows,
+                                      int64_t cols, uint16_t* out, int64_t ldo) {
   TFM_FOR_EACH(i, rows * cols) {
-    const float v = result[i];
+    const float v = result[(i / cols) * ldr + i % cols];
     out[(i / cols) * ldo + i % cols] =
         fabsf(v) < 1.17549435e-38f ? uint16_t(signbit(v) ? 0x8000u : 0u) : to_bfloat16(v);
   }
@@ -342,10 +342,11 @@ void round_to_bfloat16(cudaStream_t s, const float* x, int64_t rows, int64_t col
   check_launch("round_to_bfloat16");
 }
 
-void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t rows, int64_t cols,
-                                uint16_t* out, int64_t ldo) {
+void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, int64_t rows,
+                                int64_t cols, uint16_t* out, int64_t ldo) {
   if (rows * cols == 0) return;
-  round_flushing_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(result, rows, cols, out, ldo);
+  round_flushing_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(result, ldr, rows, cols, out,
+                                                                     ldo);
   check_launch("round_to_bfloat16_flushing");
 }
 

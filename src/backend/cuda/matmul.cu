@@ -114,15 +114,13 @@ void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
     throw std::invalid_argument("matmul: a bfloat16 output needs a bfloat16 product with beta 0");
   if (m == 0 || n == 0) return;
   c.activate();
-  // With a bfloat16 output the product goes to a dense float block first.
-  Scratch result(c, epilogue.rounded_output ? m * n * int64_t(sizeof(float)) : 0);  // [m, n]
+  // With a bfloat16 output the product goes to a float block first, with C's row stride: cuBLAS
+  // may pick another algorithm for another stride, and the bits must be the float path's.
+  Scratch result(c, epilogue.rounded_output ? m * ldc * int64_t(sizeof(float)) : 0);  // [m, ldc]
   float* target = epilogue.rounded_output ? result.as<float>() : out;
-  const int64_t ld_target = epilogue.rounded_output ? n : ldc;
+  const int64_t ld_target = ldc;
   if (k == 0) {
-    if (epilogue.rounded_output)
-      fill(c.stream, target, m * n, 0.f);
-    else
-      scale_matrix(c.stream, target, ld_target, m, n, beta);
+    scale_matrix(c.stream, target, ld_target, m, n, epilogue.rounded_output ? 0.f : beta);
   } else if (precision == Precision::kFloat32) {
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, target,
                  ld_target, CUDA_R_32F);
@@ -148,7 +146,7 @@ void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
   }
   bias_relu_epilogue(c.stream, target, ld_target, epilogue.bias, epilogue.relu, m, n);
   if (epilogue.rounded_output)
-    round_to_bfloat16_flushing(c.stream, target, m, n, epilogue.rounded_output, ldc);
+    round_to_bfloat16_flushing(c.stream, target, ldc, m, n, epilogue.rounded_output, ldc);
 }
 
 std::unique_ptr<PreparedMatrix> prepare_matrix(const Backend& backend, const Context& c,
