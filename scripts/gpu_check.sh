@@ -6,7 +6,8 @@
 #      the CPU; the reversal task trained and translated on the GPU in float32 and bfloat16; a
 #      GPU checkpoint resumed on the CPU; the first losses of both devices compared),
 #   3. a timing of the base model's training steps and of greedy / beam decoding on the GPU,
-#   4. compute-sanitizer memcheck over the backend-ops test on the GPU,
+#   4. compute-sanitizer memcheck over the backend-ops test, and racecheck over the kernels that
+#      share memory within a block,
 # and prints a table last. Logs go to $OUT (or /tmp/gpu_check) when set.
 #   bash scripts/gpu_check.sh [BUNDLE]   (default .gpu/bundle.tar.xz)
 set -uo pipefail
@@ -84,6 +85,8 @@ if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-s
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   step memcheck 60 "$sanitizer" --tool memcheck --error-exitcode 1 $tests \
     --gtest_filter='*BackendOps*cuda*:-*Dropout*:*Banded*'
+  step racecheck 60 "$sanitizer" --tool racecheck --error-exitcode 1 $tests \
+    --gtest_filter='*BackendOps*Attention*cuda*:*BackendOps*LayerNorm*cuda*:*BackendOps*BestTokens*cuda*:*BackendOps*CrossEntropy*cuda*:-*Banded*:*Streamed*'
 fi
 
 

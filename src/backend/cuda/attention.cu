@@ -219,10 +219,15 @@ float score_scale(const AttentionShape& s) {
 }
 
 // Shared memory for `rows_in_shared` query-sized rows plus a row of Tk scores, when that fits
-// in the default 48 KB; otherwise the scores go to a scratch block of [blocks, Tk] floats.
-constexpr int64_t kSharedLimit = 48 * 1024;
+// in the default 48 KB (with the static arrays); otherwise the scores go to a scratch block of [blocks, Tk] floats.
+constexpr int64_t kSharedLimit = 44 * 1024;  // of 48 KB, the rest for the static arrays
+// The dynamic shared bytes of `floats` floats, rounded up to whole 16-byte words and one more:
+// the compiler may read a head's short row (head_dim 1 or 3) with wider loads than its end.
+size_t shared_bytes_for(int64_t floats) {
+  return size_t((floats * int64_t(sizeof(float)) + 15) / 16 * 16 + 16);
+}
 bool scores_fit_shared(const AttentionShape& s, int64_t vectors) {
-  return (vectors * s.head_dim + s.key_len) * int64_t(sizeof(float)) <= kSharedLimit;
+  return int64_t(shared_bytes_for(vectors * s.head_dim + s.key_len)) <= kSharedLimit;
 }
 
 template <typename Element>
@@ -241,7 +246,7 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
   const bool in_shared = probs || scores_fit_shared(s, 1);
   Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
   const size_t shared_bytes =
-      size_t(s.head_dim + (probs || !in_shared ? 0 : s.key_len)) * sizeof(float);
+      shared_bytes_for(s.head_dim + (probs || !in_shared ? 0 : s.key_len));
   attention_forward_kernel<Element><<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
       s, mask, q, k, v, probs, in_shared ? nullptr : scratch.as<float>(), out, dropout,
       score_scale(s));
@@ -280,7 +285,7 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
   if (blocks == 0) return;
   const bool in_shared = scores_fit_shared(s, 2);
   Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
-  const size_t shared_bytes = size_t(2 * s.head_dim + (in_shared ? s.key_len : 0)) * sizeof(float);
+  const size_t shared_bytes = shared_bytes_for(2 * s.head_dim + (in_shared ? s.key_len : 0));
   attention_backward_kernel<<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
       s, mask, q, k, v, probs, dropout, d_out, in_shared ? nullptr : scratch.as<float>(), dq, dk,
       dv, d_additive_v, score_scale(s));
