@@ -20,6 +20,8 @@ constexpr int kAttentionThreads = 128;
 __device__ __forceinline__ float element(float x) { return x; }
 __device__ __forceinline__ float element(uint16_t x) { return from_bfloat16(x); }
 
+__host__ __device__ __forceinline__ int64_t round_up4(int64_t n) { return (n + 3) / 4 * 4; }
+
 // Visible key range [begin, end) of a query at `position` (backend/cpu/attention.cpp's rule).
 __device__ __forceinline__ void visible_keys(const AttentionMask& mask, int64_t key_count,
                                              int64_t position, int64_t* begin, int64_t* end) {
@@ -72,9 +74,12 @@ __global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, c
   end = end < key_count ? end : key_count;
   end = end > begin ? end : begin;
 
-  float* q_row = shared_memory;  // [d]
+  // Shared memory: the scores (when neither probs nor scratch holds them), then the query: a
+  // wide read past the query's end lands in the padding, not in what other threads write.
+  const bool scores_shared = !probs && !scratch;
+  float* q_row = shared_memory + (scores_shared ? round_up4(s.key_len) : 0);  // [d]
   float* scores = probs ? probs + index * s.key_len
-                        : (scratch ? scratch + index * s.key_len : shared_memory + d);  // [Tk]
+                        : (scratch ? scratch + index * s.key_len : shared_memory);  // [Tk]
   const float* q_global = q + (b * s.query_len + t) * s.q_row_stride + h * d;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) q_row[c] = q_global[c];
   __syncthreads();
@@ -157,9 +162,10 @@ __global__ void attention_backward_kernel(AttentionShape s, AttentionMask mask, 
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dq_row[c] = 0.f;
     return;
   }
-  float* q_row = shared_memory;   // [d]
-  float* g_row = q_row + d;       // [d] d_out of this query
-  float* d_scores = scratch ? scratch + index * s.key_len : g_row + d;  // [Tk]
+  // Shared memory: the score gradients (unless in scratch), then the query and its d_out.
+  float* d_scores = scratch ? scratch + index * s.key_len : shared_memory;  // [Tk]
+  float* q_row = shared_memory + (scratch ? 0 : round_up4(s.key_len));       // [d]
+  float* g_row = q_row + d;  // [d] d_out of this query
   const float* q_global = q + (b * s.query_len + t) * s.q_row_stride + h * d;
   const float* g_global = d_out + (b * s.query_len + t) * s.out_row_stride + h * d;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
@@ -227,7 +233,7 @@ size_t shared_bytes_for(int64_t floats) {
   return size_t((floats * int64_t(sizeof(float)) + 15) / 16 * 16 + 16);
 }
 bool scores_fit_shared(const AttentionShape& s, int64_t vectors) {
-  return int64_t(shared_bytes_for(vectors * s.head_dim + s.key_len)) <= kSharedLimit;
+  return int64_t(shared_bytes_for(vectors * s.head_dim + round_up4(s.key_len))) <= kSharedLimit;
 }
 
 template <typename Element>
@@ -246,7 +252,7 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
   const bool in_shared = probs || scores_fit_shared(s, 1);
   Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
   const size_t shared_bytes =
-      shared_bytes_for(s.head_dim + (probs || !in_shared ? 0 : s.key_len));
+      shared_bytes_for(s.head_dim + (probs || !in_shared ? 0 : round_up4(s.key_len)));
   attention_forward_kernel<Element><<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
       s, mask, q, k, v, probs, in_shared ? nullptr : scratch.as<float>(), out, dropout,
       score_scale(s));
@@ -285,7 +291,7 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
   if (blocks == 0) return;
   const bool in_shared = scores_fit_shared(s, 2);
   Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
-  const size_t shared_bytes = shared_bytes_for(2 * s.head_dim + (in_shared ? s.key_len : 0));
+  const size_t shared_bytes = shared_bytes_for(2 * s.head_dim + (in_shared ? round_up4(s.key_len) : 0));
   attention_backward_kernel<<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
       s, mask, q, k, v, probs, dropout, d_out, in_shared ? nullptr : scratch.as<float>(), dq, dk,
       dv, d_additive_v, score_scale(s));
