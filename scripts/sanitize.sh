@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTRANSFORMER_BENCH=OFF \
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTRANSFORMER_BENCH=OFF -DTRANSFORMER_CUDA=OFF \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 cmake --build build-asan -j"$(nproc)"
 export ASAN_OPTIONS=abort_on_error=0:detect_leaks=1:check_initialization_order=1:strict_string_checks=1
