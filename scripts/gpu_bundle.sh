@@ -16,6 +16,9 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/build/tests" "$stage/build/gpu-lib"
 cp build/transformer "$stage/build/"
+# The commit the binaries were built from (the GPU machine's copy of .git may be older).
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests CMakeLists.txt || echo +changes)" \
+  >"$stage/build/BUNDLE_COMMIT"
 cp build/tests/transformer_tests "$stage/build/tests/"
 for binary in build/transformer build/tests/transformer_tests; do
   ldd "$binary" | awk '/=> \//{print $3}' |

@@ -21,7 +21,7 @@ export LD_LIBRARY_PATH="$PWD/build/gpu-lib:/usr/local/cuda/lib64:${LD_LIBRARY_PA
 if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader |
   tee "$logs/device.txt"
-git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$logs/device.txt"
+echo "built from commit $(cat build/BUNDLE_COMMIT 2>/dev/null || echo unknown)" | tee -a "$logs/device.txt"
 
 results=()
 step() {  # step NAME SECONDS COMMAND...

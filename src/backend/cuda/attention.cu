@@ -17,10 +17,16 @@ namespace {
 
 constexpr int kAttentionThreads = 128;
 
-__device__ __forceinline__ float element(float x) { return x; }
-__device__ __forceinline__ float element(uint16_t x) { return from_bfloat16(x); }
+__device__ __forceinline__ float element(float x) {
+  return x;
+}
+__device__ __forceinline__ float element(uint16_t x) {
+  return from_bfloat16(x);
+}
 
-__host__ __device__ __forceinline__ int64_t round_up4(int64_t n) { return (n + 3) / 4 * 4; }
+__host__ __device__ __forceinline__ int64_t round_up4(int64_t n) {
+  return (n + 3) / 4 * 4;
+}
 
 // Visible key range [begin, end) of a query at `position` (backend/cpu/attention.cpp's rule).
 __device__ __forceinline__ void visible_keys(const AttentionMask& mask, int64_t key_count,
@@ -47,7 +53,8 @@ __device__ __forceinline__ const Element* key_row(const Element* base, const Att
                                                   int64_t b, int64_t kb, int64_t j,
                                                   int64_t row_stride, int64_t given_batch_stride,
                                                   int64_t h) {
-  if (s.key_rows) return base + int64_t(s.key_rows[b * s.key_rows_stride + j]) * row_stride + h * s.head_dim;
+  if (s.key_rows)
+    return base + int64_t(s.key_rows[b * s.key_rows_stride + j]) * row_stride + h * s.head_dim;
   return base + kb * batch_stride(given_batch_stride, s.key_len, row_stride) + j * row_stride +
          h * s.head_dim;
 }
@@ -164,7 +171,7 @@ __global__ void attention_backward_kernel(AttentionShape s, AttentionMask mask, 
   }
   // Shared memory: the score gradients (unless in scratch), then the query and its d_out.
   float* d_scores = scratch ? scratch + index * s.key_len : shared_memory;  // [Tk]
-  float* q_row = shared_memory + (scratch ? 0 : round_up4(s.key_len));       // [d]
+  float* q_row = shared_memory + (scratch ? 0 : round_up4(s.key_len));      // [d]
   float* g_row = q_row + d;  // [d] d_out of this query
   const float* q_global = q + (b * s.query_len + t) * s.q_row_stride + h * d;
   const float* g_global = d_out + (b * s.query_len + t) * s.out_row_stride + h * d;
@@ -216,7 +223,8 @@ __global__ void attention_backward_kernel(AttentionShape s, AttentionMask mask, 
     const int64_t j = begin + i / d, c = i % d;
     const float weight = drop ? (drop[j] ? p[j] * keep_scale : 0.f) : p[j];
     atomicAdd(dv + b * v_batch + j * s.v_row_stride + h * d + c, weight * g_row[c]);
-    if (!additive) atomicAdd(dk + b * k_batch + j * s.k_row_stride + h * d + c, d_scores[j] * q_row[c]);
+    if (!additive)
+      atomicAdd(dk + b * k_batch + j * s.k_row_stride + h * d + c, d_scores[j] * q_row[c]);
   }
 }
 
@@ -225,7 +233,8 @@ float score_scale(const AttentionShape& s) {
 }
 
 // Shared memory for `rows_in_shared` query-sized rows plus a row of Tk scores, when that fits
-// in the default 48 KB (with the static arrays); otherwise the scores go to a scratch block of [blocks, Tk] floats.
+// in the default 48 KB (with the static arrays); otherwise the scores go to a scratch block of
+// [blocks, Tk] floats.
 constexpr int64_t kSharedLimit = 44 * 1024;  // of 48 KB, the rest for the static arrays
 // The dynamic shared bytes of `floats` floats, rounded up to whole 16-byte words and one more:
 // the compiler may read a head's short row (head_dim 1 or 3) with wider loads than its end.
@@ -248,14 +257,16 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
     throw std::invalid_argument("attention_forward: dropout needs the probs buffer");
   if (s.key_rows && (s.query_len != 1 || dropout.p > 0.f))
     throw std::invalid_argument("attention_forward: key_rows is for one query without dropout");
-  if (dropout.p > 0.f) dropout_mask(c.stream, dropout.mask, blocks * s.key_len, dropout.p, dropout.key);
+  if (dropout.p > 0.f)
+    dropout_mask(c.stream, dropout.mask, blocks * s.key_len, dropout.p, dropout.key);
   const bool in_shared = probs || scores_fit_shared(s, 1);
   Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
   const size_t shared_bytes =
       shared_bytes_for(s.head_dim + (probs || !in_shared ? 0 : round_up4(s.key_len)));
-  attention_forward_kernel<Element><<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
-      s, mask, q, k, v, probs, in_shared ? nullptr : scratch.as<float>(), out, dropout,
-      score_scale(s));
+  attention_forward_kernel<Element>
+      <<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
+          s, mask, q, k, v, probs, in_shared ? nullptr : scratch.as<float>(), out, dropout,
+          score_scale(s));
   check_launch("attention_forward");
 }
 
@@ -291,7 +302,8 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
   if (blocks == 0) return;
   const bool in_shared = scores_fit_shared(s, 2);
   Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
-  const size_t shared_bytes = shared_bytes_for(2 * s.head_dim + (in_shared ? round_up4(s.key_len) : 0));
+  const size_t shared_bytes =
+      shared_bytes_for(2 * s.head_dim + (in_shared ? round_up4(s.key_len) : 0));
   attention_backward_kernel<<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
       s, mask, q, k, v, probs, dropout, d_out, in_shared ? nullptr : scratch.as<float>(), dq, dk,
       dv, d_additive_v, score_scale(s));

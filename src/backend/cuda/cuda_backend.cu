@@ -1,15 +1,14 @@
 // The CUDA backend: Backend's operations as launches of this folder's kernels and cuBLAS
 // products on one stream per GPU, its memory from the device's stream-ordered pool. The host
 // waits only where a result must reach it (copies to the host, the loss totals, Σ x²).
-#include "backend/cuda/cuda_backend.h"
-
 #include <cmath>
 #include <cstdint>
 #include <memory>
-#include <new>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/matmul.h"
 #include "tensor/error.h"
@@ -29,7 +28,9 @@ void check(cublasStatus_t status, const char* call) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
   throw Error(std::string("cuBLAS: ") + call + ": " + cublasGetStatusString(status));
 }
-void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+void check_launch(const char* kernel) {
+  check(cudaGetLastError(), kernel);
+}
 
 void Context::activate() const {
   TFM_CUDA(cudaSetDevice(device));
@@ -297,7 +298,8 @@ std::string probe_reason(int* count) {
   if (status != cudaSuccess) {
     *count = 0;
     cudaGetLastError();
-    return std::string("no usable CUDA GPU (the CUDA runtime says: ") + cudaGetErrorString(status) + ")";
+    return std::string("no usable CUDA GPU (the CUDA runtime says: ") + cudaGetErrorString(status) +
+           ")";
   }
   if (*count == 0) return "no CUDA GPU: the CUDA runtime sees no device";
   return "";
@@ -322,7 +324,11 @@ const Registry& registry() {
 }  // namespace
 }  // namespace cuda
 
-const std::vector<const Backend*>& cuda_backends() { return cuda::registry().backends; }
-std::string cuda_unavailable_reason() { return cuda::registry().reason; }
+const std::vector<const Backend*>& cuda_backends() {
+  return cuda::registry().backends;
+}
+std::string cuda_unavailable_reason() {
+  return cuda::registry().reason;
+}
 
 }  // namespace tfm

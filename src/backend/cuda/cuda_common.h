@@ -83,7 +83,7 @@ __device__ __forceinline__ float from_bfloat16(uint16_t h) {
 }
 
 // The grid-stride loop of the element-wise kernels.
-#define TFM_FOR_EACH(i, n)                                                          \
+#define TFM_FOR_EACH(i, n)                                                  \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += int64_t(gridDim.x) * blockDim.x)
 
@@ -91,13 +91,15 @@ __device__ __forceinline__ float from_bfloat16(uint16_t h) {
 // result. `shared` holds 32 entries; the block must not use it between calls without a barrier.
 template <typename T>
 __device__ __forceinline__ T block_sum(T value, T* shared) {
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   __syncthreads();
   if (lane == 0) shared[warp] = value;
   __syncthreads();
   T total = lane < warps ? shared[lane] : T(0);
-  for (int offset = 16; offset > 0; offset >>= 1) total += __shfl_xor_sync(0xffffffffu, total, offset);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    total += __shfl_xor_sync(0xffffffffu, total, offset);
   return total;
 }
 template <typename T>

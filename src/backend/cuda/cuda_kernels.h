@@ -49,8 +49,8 @@ void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int
 void scale_and_add_positions(cudaStream_t s, const float* positions, int64_t rows, int64_t len,
                              int64_t d, float scale, int64_t first_position, float* out);
 void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, int64_t rows,
-                        int64_t len, int64_t d, float scale, int64_t first_position,
-                        float* d_table, float* d_positions);
+                        int64_t len, int64_t d, float scale, int64_t first_position, float* d_table,
+                        float* d_positions);
 void adam_update(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t n,
                  float b1, float b2, float eps, float step_size, float inv_sqrt_bc2);
 void sgd_update(cudaStream_t s, float* param, const float* grad, int64_t n, float lr);
@@ -82,8 +82,7 @@ void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* target
                       int64_t cols, float* out);
 CrossEntropyTotals cross_entropy_forward_backward(const Context& c, float* logits,
                                                   const int32_t* targets, int64_t rows,
-                                                  int64_t vocab, float smoothing,
-                                                  float grad_scale);
+                                                  int64_t vocab, float smoothing, float grad_scale);
 void best_tokens(cudaStream_t s, const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
                  int32_t banned, float* values, int32_t* tokens);
 

@@ -16,8 +16,8 @@ __global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t
   TFM_FOR_EACH(i, rows * cols) out[i] = to_bfloat16(x[(i / cols) * ldx + i % cols]);
 }
 
-__global__ void round_flushing_kernel(const float* result, int64_t ldr, int64_t rows,
-                                      int64_t cols, uint16_t* out, int64_t ldo) {
+__global__ void round_flushing_kernel(const float* result, int64_t ldr, int64_t rows, int64_t cols,
+                                      uint16_t* out, int64_t ldo) {
   TFM_FOR_EACH(i, rows * cols) {
     const float v = result[(i / cols) * ldr + i % cols];
     out[(i / cols) * ldo + i % cols] =
@@ -35,8 +35,7 @@ __global__ void fill_kernel(float* y, int64_t n, float value) {
   TFM_FOR_EACH(i, n) y[i] = value;
 }
 
-__global__ void scale_matrix_kernel(float* c, int64_t ldc, int64_t rows, int64_t cols,
-                                    float beta) {
+__global__ void scale_matrix_kernel(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
   TFM_FOR_EACH(i, rows * cols) {
     float& v = c[(i / cols) * ldc + i % cols];
     v = beta == 0.f ? 0.f : v * beta;
@@ -138,8 +137,8 @@ __global__ void layer_norm_kernel(const float* x, const float* gamma, const floa
 // dx of one row per block. dy may alias dx row by row: every thread's two sums are complete
 // (a barrier inside block_sum) before any element is written.
 __global__ void layer_norm_dx_kernel(const float* dy, const float* x, const float* mean,
-                                     const float* rstd, const float* gamma, float* dx,
-                                     int64_t cols, bool accumulate) {
+                                     const float* rstd, const float* gamma, float* dx, int64_t cols,
+                                     bool accumulate) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
   const float* g = dy + r * cols;
@@ -162,10 +161,9 @@ __global__ void layer_norm_dx_kernel(const float* dy, const float* x, const floa
 
 // dgamma, dbeta: one thread per column, rows in order (deterministic). Runs before the dx
 // kernel, which may overwrite dy.
-__global__ void layer_norm_parameter_grad_kernel(const float* dy, const float* x,
-                                                 const float* mean, const float* rstd,
-                                                 int64_t rows, int64_t cols, float* dgamma,
-                                                 float* dbeta) {
+__global__ void layer_norm_parameter_grad_kernel(const float* dy, const float* x, const float* mean,
+                                                 const float* rstd, int64_t rows, int64_t cols,
+                                                 float* dgamma, float* dbeta) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float sum_g = 0.f, sum_b = 0.f;
@@ -248,15 +246,15 @@ __global__ void sum_partials_kernel(const double* partial, int64_t count, double
   if (threadIdx.x == 0) *total = sum;
 }
 
-__global__ void gather_rows_kernel(const float* x, int64_t ldx, const int64_t* rows,
-                                   int64_t count, int64_t d, float* y, int64_t ldy) {
+__global__ void gather_rows_kernel(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                                   int64_t d, float* y, int64_t ldy) {
   TFM_FOR_EACH(i, count * d) {
     const int64_t r = i / d, c = i % d;
     y[r * ldy + c] = x[rows[r] * ldx + c];
   }
 }
-__global__ void scatter_rows_kernel(const float* x, int64_t ldx, const int64_t* rows,
-                                    int64_t count, int64_t d, float* y, int64_t ldy) {
+__global__ void scatter_rows_kernel(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                                    int64_t d, float* y, int64_t ldy) {
   TFM_FOR_EACH(i, count * d) {
     const int64_t r = i / d, c = i % d;
     y[rows[r] * ldy + c] = x[r * ldx + c];
@@ -455,8 +453,8 @@ void scale_and_add_positions(cudaStream_t s, const float* positions, int64_t row
 }
 
 void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, int64_t rows,
-                        int64_t len, int64_t d, float scale, int64_t first_position,
-                        float* d_table, float* d_positions) {
+                        int64_t len, int64_t d, float scale, int64_t first_position, float* d_table,
+                        float* d_positions) {
   if (rows * d == 0) return;
   embedding_backward_kernel<<<blocks_for(rows * d), kThreads, 0, s>>>(
       d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
@@ -508,8 +506,8 @@ void scatter_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* ro
 void scatter_rows_to_bfloat16(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
                               int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
   if (count * d == 0) return;
-  scatter_rows_bfloat16_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(x, ldx, rows, count, d,
-                                                                          y, ldy);
+  scatter_rows_bfloat16_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(x, ldx, rows, count, d, y,
+                                                                          ldy);
   check_launch("scatter_rows_to_bfloat16");
 }
 

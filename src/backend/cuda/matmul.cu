@@ -1,11 +1,10 @@
 // Row-major products on cuBLAS, which is column-major: C[m, n] = op(A) · op(B) is computed as
 // Cᵀ[n, m] = op(B)ᵀ · op(A)ᵀ, so each row-major matrix is read as its column-major transpose
 // with the same stride and no copy. See matmul.h.
-#include "backend/cuda/matmul.h"
-
 #include <stdexcept>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/matmul.h"
 #include "backend/device_buffer.h"
 
 namespace tfm {
@@ -13,7 +12,9 @@ namespace cuda {
 
 namespace {
 
-cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+cublasOperation_t op(bool transposed) {
+  return transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
 
 // C = alpha · op(A) · op(B) + beta · C with A, B in float32 or in bfloat16 (`type`).
 void blas_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
@@ -72,8 +73,8 @@ class CudaPreparedMatrix final : public PreparedMatrix {
       }
       case Precision::kInt8: {
         Scratch quantised(context_, m * cols_ + m * int64_t(sizeof(float)) + 16);
-        float* x_scales = quantised.as<float>();                         // [m]
-        int8_t* qx = reinterpret_cast<int8_t*>(x_scales + m);            // [m, k]
+        float* x_scales = quantised.as<float>();               // [m]
+        int8_t* qx = reinterpret_cast<int8_t*>(x_scales + m);  // [m, k]
         quantize_activation_rows(context_.stream, x, m, cols_, ldx, qx, x_scales);
         int8_product(context_.stream, qx, x_scales, weights_int8_.data(), scales_.data(), m, rows_,
                      cols_, y, ldy);
@@ -91,10 +92,10 @@ class CudaPreparedMatrix final : public PreparedMatrix {
   const Context& context_;
   int64_t rows_, cols_;
   Precision precision_;
-  DeviceBuffer<float> weights_float_;       // [rows, cols] (float32)
+  DeviceBuffer<float> weights_float_;        // [rows, cols] (float32)
   DeviceBuffer<uint16_t> weights_bfloat16_;  // [rows, cols] (bfloat16)
-  DeviceBuffer<int8_t> weights_int8_;       // [rows, cols] (int8)
-  DeviceBuffer<float> scales_;              // [rows] (int8)
+  DeviceBuffer<int8_t> weights_int8_;        // [rows, cols] (int8)
+  DeviceBuffer<float> scales_;               // [rows] (int8)
 };
 
 int64_t total_rows(const std::vector<int64_t>& part_rows) {
@@ -169,7 +170,8 @@ std::unique_ptr<PreparedMatrix> prepare_matrix(const Backend& backend, const Con
                                  c.stream));
         break;
       case Precision::kBFloat16:
-        round_to_bfloat16(c.stream, parts[i], n, k, k, prepared->weights_bfloat16_.data() + row * k);
+        round_to_bfloat16(c.stream, parts[i], n, k, k,
+                          prepared->weights_bfloat16_.data() + row * k);
         break;
       case Precision::kInt8:
         quantize_weight_rows(c.stream, parts[i], n, k, prepared->weights_int8_.data() + row * k,
