@@ -54,6 +54,7 @@ struct Options {
   float label_smoothing = 0.1f;
   uint64_t seed = 1234;
   std::string config_path;  // JSON config keys over the base model's; empty: the base model
+  std::string device = "cpu";  // the backend (find_backend): cpu, cuda, cuda:N, auto
   bool profile = false;
   tfm::Precision precision = tfm::Precision::kFloat32;  // of every linear product
 };
@@ -73,6 +74,8 @@ const char* kUsage =
     "                       backward, and the encoder and decoder stacks on their own\n"
     "  --phase-repeats N    repetitions of each --profile measurement (default 3)\n"
     "  --seed N             model, batch and dropout seed (default 1234)\n"
+    "  --device NAME        where the step runs: cpu (default), cuda, cuda:N, auto; on a GPU the\n"
+    "                       step is timed to its completion and no CPU GEMM peak is measured\n"
     "  --compute-type T     float32 (default) or bfloat16: every linear product, forward and\n"
     "                       backward, as train --compute-type does\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
@@ -110,6 +113,9 @@ Options parse_options(int argc, char** argv) {
     } else if (a == "--compute-type") {
       o.precision = bench::precision_arg(argc, argv, i, kUsage);
       if (o.precision == tfm::Precision::kInt8) usage_error("training runs in float32 or bfloat16");
+    } else if (a == "--device") {
+      if (i + 1 >= argc) usage_error("--device needs a name");
+      o.device = argv[++i];
     } else if (a == "--profile") {
       o.profile = true;
     } else if (a == "--config") {
@@ -168,7 +174,14 @@ int run(const Options& o) {
     merged.update(keys);
     config = tfm::config_from_json(merged, o.config_path);
   }
-  tfm::Model model = tfm::init_model(config, o.seed);
+  const tfm::Backend& backend = tfm::find_backend(o.device);
+  tfm::Model model = tfm::init_model(config, o.seed, backend);
+  // A device computes asynchronously: a step is timed to its end, read back as one float.
+  auto wait_for_device = [&] {
+    if (backend.memory_is_host()) return;
+    float last = 0;
+    backend.copy_to_host(model.parameters().begin()->second.ptr(), sizeof(float), &last);
+  };
   tfm::Random random(o.seed + 1);
   const Sentences sources = bench::random_sentences(random, o.batch, o.src_len, o.vocab);
   const Sentences targets = bench::random_sentences(random, o.batch, o.tgt_len, o.vocab);
@@ -208,6 +221,7 @@ int run(const Options& o) {
         model, grad_views, batch, dropout, o.label_smoothing, grad_scale, ws, o.precision);
     const double t2 = now_seconds();
     optimizer.apply(model.mutable_parameters(), gradients, config.d_model);
+    wait_for_device();
     const double t3 = now_seconds();
     zero_times.push_back(t1 - t0);
     loss_grad_times.push_back(t2 - t1);
@@ -259,7 +273,9 @@ int run(const Options& o) {
 
   const double flops =
       step_flops(config, double(batch.batch), double(batch.src_len), double(batch.tgt_len));
-  const double gemm_peak = bench::measure_square_gemm_peak(o.gemm_size, 5);
+  // The CPU's GEMM peak (no peak is measured for a GPU run: NaN, written as null).
+  const double gemm_peak = backend.memory_is_host() ? bench::measure_square_gemm_peak(o.gemm_size, 5)
+                                                    : std::nan("");
 
   nlohmann::json line =
       bench::common_fields(median_seconds, step_seconds, target_tokens, rss_mib, flops, gemm_peak);
@@ -278,11 +294,12 @@ int run(const Options& o) {
       {"gemm_size", o.gemm_size},
       {"phases", phases},
       {"compute_type", tfm::precision_name(o.precision)},
+      {"device", backend.name()},
       {"cpu_s", bench::cpu_seconds()},
       {"loss_first", losses.front()},
       {"loss_last", losses.back()},
   });
-  if (o.precision == tfm::Precision::kBFloat16) {
+  if (o.precision == tfm::Precision::kBFloat16 && backend.memory_is_host()) {
     // What bfloat16 products can reach here at best, and so the shortest step those FLOPs allow.
     const double bf16_peak = bench::measure_square_gemm_peak_bfloat16(o.gemm_size, 5);
     line["bfloat16_gemm_peak_gflops"] = bf16_peak;

@@ -20,7 +20,13 @@ and random ids (the loss values are a sanity check, not a cross-check).
 Prints one JSON line with the same fields as train_bench; its phases (zero_grad / forward /
 backward / optimizer) are timed around each call of every timed step.
 
-Run: /usr/bin/python3 bench/train_peer.py [--steps 5] [--warmup 2]
+On a GPU (--device cuda) the step is timed to its end (torch.cuda.synchronize) and
+--autocast bfloat16 runs forward and loss under torch.autocast in bfloat16, the way PyTorch
+users train in mixed precision (float32 weights and Adam): the peer of train_bench's
+--compute-type bfloat16.
+
+Run: /usr/bin/python3 bench/train_peer.py [--steps 5] [--warmup 2] [--device cuda]
+     [--autocast bfloat16]
 """
 import argparse
 import json
@@ -99,14 +105,19 @@ def main():
     ap.add_argument("--stock-dropout", action="store_true",
                     help="keep nn.Transformer's attention and feed-forward dropout too (more work than ours)")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--autocast", choices=["none", "bfloat16"], default="none",
+                    help="forward and loss under torch.autocast in this type")
     args = ap.parse_args()
+    device = torch.device(args.device)
+    on_gpu = device.type == "cuda"
 
     threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
     torch.set_num_threads(threads)
     torch.manual_seed(args.seed)
 
     setup_start = time.perf_counter()
-    model = Seq2Seq(args.vocab, 0.1, args.stock_dropout)
+    model = Seq2Seq(args.vocab, 0.1, args.stock_dropout).to(device)
     model.train()
     warmup_steps = 4000
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
@@ -120,6 +131,7 @@ def main():
     tgt_in = torch.cat([torch.full((b, 1), BOS), target], dim=1)   # [B, T] bos + target
     tgt_out = torch.cat([target, torch.full((b, 1), EOS)], dim=1)  # [B, T] target + eos
     causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1])  # [T, T]
+    src, tgt_in, tgt_out, causal = (x.to(device) for x in (src, tgt_in, tgt_out, causal))
     target_tokens = tgt_out.numel()
     setup_s = time.perf_counter() - setup_start
 
@@ -130,14 +142,19 @@ def main():
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
-        logits = model(src, tgt_in, causal)  # [B, T, V]
-        loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt_out.reshape(-1), label_smoothing=0.1)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                            enabled=args.autocast == "bfloat16"):
+            logits = model(src, tgt_in, causal)  # [B, T, V]
+            loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt_out.reshape(-1),
+                                   label_smoothing=0.1)
         losses.append(loss.item())
         t2 = time.perf_counter()
         loss.backward()
         t3 = time.perf_counter()
         optimizer.step()
         schedule.step()
+        if on_gpu:
+            torch.cuda.synchronize()
         t4 = time.perf_counter()
         for key, seconds in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             parts[key].append(seconds)
@@ -149,7 +166,7 @@ def main():
     phases = {key: statistics.median(v[args.warmup:]) for key, v in parts.items()}
 
     flops = 3.0 * forward_flops(b, src.shape[1], tgt_in.shape[1], args.vocab)
-    peak = bench_util.square_gemm_peak(args.gemm_size)
+    peak = float("nan") if on_gpu else bench_util.square_gemm_peak(args.gemm_size)
     achieved = flops / median_s / 1e9
     print(json.dumps({
         "impl": f"pytorch-{torch.__version__}", "threads": torch.get_num_threads(),
@@ -164,6 +181,8 @@ def main():
         "dropout_sites": "stock" if args.stock_dropout else "residual+embedding",
         "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),  # user + system
         "loss_first": losses[0], "loss_last": losses[-1], "blas": loaded_blas(),
+        "device": str(device), "autocast": args.autocast,
+        "gpu_memory_peak_mib": torch.cuda.max_memory_allocated() / 2**20 if on_gpu else None,
     }, sort_keys=True), flush=True)
     return 0 if math.isfinite(losses[-1]) else 1
 

@@ -5,7 +5,8 @@
 #   2. the command-line GPU tests (CTranslate2's model translated and scored on the GPU as on
 #      the CPU; the reversal task trained and translated on the GPU in float32 and bfloat16; a
 #      GPU checkpoint resumed on the CPU; the first losses of both devices compared),
-#   3. a timing of the base model's training steps and of greedy / beam decoding on the GPU,
+#   3. training against PyTorch in the same run (bench/train_bench against bench/train_peer.py,
+#      float32 and bfloat16), then the base model's training steps and greedy / beam decoding,
 #   4. compute-sanitizer memcheck over the backend-ops test, and racecheck over the kernels that
 #      share memory within a block,
 # and prints a table last. Logs go to $OUT (or /tmp/gpu_check) when set.
@@ -34,13 +35,40 @@ step() {  # step NAME SECONDS COMMAND...
   [ $rc -eq 0 ] || verdict="FAIL (exit $rc)"
   [ $rc -eq 124 ] && verdict="TIMEOUT (${limit} s)"
   results+=("$(printf '%-22s %-18s %5d s' "$name" "$verdict" $((SECONDS - start)))")
-  grep -E "^\[  (FAILED|SKIPPED) |Failure|error:|ERROR SUMMARY|tokens/s" "$logs/$name.log" | head -40
+  grep -E "^\[  (FAILED|SKIPPED) |Failure|error:|Error|ERROR SUMMARY|tokens/s|ratio" "$logs/$name.log" | head -40
 }
 
 tests=build/tests/transformer_tests
 step backend_ops 120 $tests --gtest_filter='*BackendOps*cuda*:Backends.*'
 step gpu_cli 180 $tests --gtest_filter='Cli.TheGpu*:Train.ReversalTaskIsLearnedOnTheGpu*'
-# Timing: the base model (d 512, 6+6 layers, vocabulary 37,000) on random token ids.
+# Training against PyTorch on this card, same run, same shape (the base model, 400 pairs of 63 +
+# eos / bos tokens, vocabulary 37,000, dropout 0.1, label smoothing 0.1, Adam): float32 against
+# PyTorch's float32, our bfloat16 products against its bfloat16 autocast.
+train_compare() {
+  local shape="--batch 400 --src-len 63 --tgt-len 63 --vocab 37000 --steps 5 --warmup 2"
+  local ours peer
+  ours=$(build/bench/train_bench $shape --device cuda --compute-type "$1" | tail -1) || return 1
+  if [ "$1" = bfloat16 ]; then autocast=bfloat16; else autocast=none; fi
+  peer=$(cd bench && python3 train_peer.py $shape --device cuda --autocast $autocast | tail -1) ||
+    return 1
+  echo "$ours" >>"$logs/train_compare.jsonl"
+  echo "$peer" >>"$logs/train_compare.jsonl"
+  python3 - "$ours" "$peer" "$1" <<'PY'
+import json, sys
+ours, peer = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print("training %s: ours %.0f target tokens/s (%.1f ms/step), PyTorch %s %.0f (%.1f ms/step):"
+      " ratio %.3f" % (sys.argv[3], ours["tokens_per_s"], 1e3 * ours["median_s"], peer["impl"],
+                       peer["tokens_per_s"], 1e3 * peer["median_s"],
+                       ours["tokens_per_s"] / peer["tokens_per_s"]))
+PY
+}
+export -f train_compare
+export logs
+step train_vs_torch_fp32 60 train_compare float32
+step train_vs_torch_bf16 60 train_compare bfloat16
+
+# The train command itself (data loading, batching, logging) on the base model in bfloat16, and
+# decoding it (d 512, 6+6 layers, vocabulary 37,000) on random token ids.
 work=$(mktemp -d)
 python3 - "$work" <<'PY'
 import random, sys
@@ -64,7 +92,6 @@ train_base() {  # train_base TYPE
 }
 export -f train_base
 export work cli
-step train_base_fp32 45 train_base float32
 step train_base_bf16 45 train_base bfloat16
 $cli init --preset base --vocab 37000 --seed 1 -o "$work/base.safetensors" >/dev/null 2>&1
 decode() {  # decode BEAM

@@ -4,9 +4,11 @@
 // scaled-dot / dot / additive scores and attention dropout. One block per (sequence, head,
 // query): the block scores the query's visible keys, normalises them and sums the values. The
 // backward adds each query's share of dK and dV with atomics (their order is not fixed, so dK
-// and dV may differ from run to run in the last bits). Correct for every case first; the fused
-// tiled kernels for long sequences are what comes next.
+// and dV may differ from run to run in the last bits). These kernels serve decoding (cached
+// rows, shared key batches), additive scores and very long passes without stored weights;
+// everything else goes to the whole-matrix products of attention_dense.cu.
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/cuda_kernels.h"
 
@@ -259,6 +261,12 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
     throw std::invalid_argument("attention_forward: key_rows is for one query without dropout");
   if (dropout.p > 0.f)
     dropout_mask(c.stream, dropout.mask, blocks * s.key_len, dropout.p, dropout.key);
+  if constexpr (std::is_same_v<Element, float>) {
+    if (dense_attention_applies(s, mask, probs != nullptr)) {
+      dense_attention_forward(c, s, mask, q, k, v, probs, out, dropout);
+      return;
+    }
+  }
   const bool in_shared = probs || scores_fit_shared(s, 1);
   Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
   const size_t shared_bytes =
@@ -294,6 +302,10 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
   if (additive && (!s.score.additive_v || !d_additive_v))
     throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
   const int64_t blocks = s.batch * s.heads * s.query_len;
+  if (blocks > 0 && dense_attention_applies(s, mask, true)) {
+    dense_attention_backward(c, s, mask, q, k, v, probs, dropout, d_out, dq, dk, dv);
+    return;
+  }
   if (s.batch * s.key_len * s.heads * s.head_dim > 0) {
     zero_key_rows_kernel<<<blocks_for(s.batch * s.key_len * s.heads * s.head_dim), kThreads, 0,
                            c.stream>>>(s, dk, dv);

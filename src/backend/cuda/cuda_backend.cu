@@ -117,7 +117,7 @@ class CudaBackend final : public Backend {
                            const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
                            int64_t cols, bool accumulate) const override {
     c_.activate();
-    cuda::layer_norm_backward(c_.stream, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols,
+    cuda::layer_norm_backward(c_, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols,
                               accumulate);
   }
   void add(float* y, const float* x, int64_t n) const override {
@@ -149,7 +149,7 @@ class CudaBackend final : public Backend {
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     c_.activate();
-    cuda::bias_backward(c_.stream, dy, rows, cols, dbias);
+    cuda::bias_backward(c_, dy, rows, cols, dbias);
   }
 
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {

@@ -1,7 +1,7 @@
 // The CUDA backend's kernels as host functions that enqueue them on a stream: what
 // cuda_backend.cu calls for each Backend operation that is not a cuBLAS product. Each has the
 // meaning of the Backend method of the same name (backend/backend.h); pointers are device
-// memory. Defined in elementwise.cu, loss_and_search.cu and attention.cu.
+// memory. Defined in elementwise.cu, loss_and_search.cu, attention.cu and attention_dense.cu.
 #pragma once
 
 #include <cstdint>
@@ -32,12 +32,12 @@ void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* o
                          int64_t cols, bool apply_activation, Activation act);
 void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, Activation act);
 void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_output, int64_t n);
-void bias_backward(cudaStream_t s, const float* dy, int64_t rows, int64_t cols, float* dbias);
+void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols, float* dbias);
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key);
 void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p);
 void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y,
                 int64_t rows, int64_t cols, float eps, float* mean, float* rstd);
-void layer_norm_backward(cudaStream_t s, const float* dy, const float* x, const float* mean,
+void layer_norm_backward(const Context& c, const float* dy, const float* x, const float* mean,
                          const float* rstd, const float* gamma, float* dx, float* dgamma,
                          float* dbeta, int64_t rows, int64_t cols, bool accumulate);
 // out[rows, d] = table rows (float32, or int8 values × scales when int8.values) × scale +
@@ -97,6 +97,19 @@ void attention_backward(const Context& c, const AttentionShape& shape, const Att
                         const float* q, const float* k, const float* v, const float* probs,
                         const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
                         float* dv, float* d_additive_v);
+
+// --- attention_dense.cu: the whole-matrix path attention.cu hands these calls to ---
+// Whether it serves this call: dot-product scores without cached rows or shared key batches
+// (and, without stored weights, score matrices of at most 1 GiB).
+bool dense_attention_applies(const AttentionShape& s, const AttentionMask& mask, bool keeps_probs);
+// attention_forward with the dropout mask already drawn; probs may be null (inference).
+void dense_attention_forward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
+                             const float* q, const float* k, const float* v, float* probs,
+                             float* out, const AttentionDropout& dropout);
+void dense_attention_backward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
+                              const float* q, const float* k, const float* v, const float* probs,
+                              const AttentionDropout& dropout, const float* d_out, float* dq,
+                              float* dk, float* dv);
 
 }  // namespace cuda
 }  // namespace tfm

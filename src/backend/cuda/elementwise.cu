@@ -86,13 +86,37 @@ __global__ void relu_backward_bfloat16_kernel(float* d, const uint16_t* relu_out
   TFM_FOR_EACH(i, n) d[i] = from_bfloat16(relu_output[i]) > 0.f ? d[i] : 0.f;
 }
 
-// One thread per column, rows in order: coalesced across the warp, deterministic.
-__global__ void bias_backward_kernel(const float* dy, int64_t rows, int64_t cols, float* dbias) {
+// Column sums over many rows in two deterministic passes: chunks of rows summed per column into
+// partial[chunk, cols] (threads along the columns: coalesced), then each column's chunks added
+// in chunk order. A single pass of one thread per column left the GPU nearly idle (cols threads
+// each walking every row). Σ over rows of f(r, c), with f one of the two below.
+struct RowsPerChunk {
+  int64_t rows, chunk_rows, chunks;
+};
+RowsPerChunk column_chunks(int64_t rows) {
+  const int64_t chunk_rows = rows > 64 * 256 ? (rows + 255) / 256 : 64;
+  return {rows, chunk_rows, (rows + chunk_rows - 1) / chunk_rows};
+}
+
+// partial[chunk, c] = Σ dy[r, c] over the chunk's rows.
+__global__ void bias_partial_kernel(const float* dy, RowsPerChunk split, int64_t cols,
+                                    float* partial) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t begin = int64_t(blockIdx.y) * split.chunk_rows;
+  const int64_t end = begin + split.chunk_rows < split.rows ? begin + split.chunk_rows : split.rows;
+  float sum = 0.f;
+  for (int64_t r = begin; r < end; ++r) sum += dy[r * cols + c];
+  partial[int64_t(blockIdx.y) * cols + c] = sum;
+}
+
+// out[c] += Σ_chunks partial[chunk, c], the chunks in order.
+__global__ void sum_chunks_kernel(const float* partial, int64_t chunks, int64_t cols, float* out) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float sum = 0.f;
-  for (int64_t r = 0; r < rows; ++r) sum += dy[r * cols + c];
-  dbias[c] += sum;
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) sum += partial[chunk * cols + c];
+  out[c] += sum;
 }
 
 __global__ void dropout_mask_kernel(uint8_t* mask, int64_t n, uint32_t threshold, uint64_t key) {
@@ -159,21 +183,24 @@ __global__ void layer_norm_dx_kernel(const float* dy, const float* x, const floa
   }
 }
 
-// dgamma, dbeta: one thread per column, rows in order (deterministic). Runs before the dx
-// kernel, which may overwrite dy.
-__global__ void layer_norm_parameter_grad_kernel(const float* dy, const float* x, const float* mean,
-                                                 const float* rstd, int64_t rows, int64_t cols,
-                                                 float* dgamma, float* dbeta) {
+// dgamma, dbeta partials: [chunk, cols] of Σ dy·x̂ and then [chunk, cols] of Σ dy, for the
+// chunk's rows (the two-pass column sum of bias_partial_kernel). Runs before the dx kernel,
+// which may overwrite dy.
+__global__ void layer_norm_partial_kernel(const float* dy, const float* x, const float* mean,
+                                          const float* rstd, RowsPerChunk split, int64_t cols,
+                                          float* partial_gamma, float* partial_beta) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
+  const int64_t begin = int64_t(blockIdx.y) * split.chunk_rows;
+  const int64_t end = begin + split.chunk_rows < split.rows ? begin + split.chunk_rows : split.rows;
   float sum_g = 0.f, sum_b = 0.f;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = begin; r < end; ++r) {
     const float g = dy[r * cols + c];
     sum_g += g * (x[r * cols + c] - mean[r]) * rstd[r];
     sum_b += g;
   }
-  dgamma[c] += sum_g;
-  dbeta[c] += sum_b;
+  partial_gamma[int64_t(blockIdx.y) * cols + c] = sum_g;
+  partial_beta[int64_t(blockIdx.y) * cols + c] = sum_b;
 }
 
 __global__ void embedding_forward_kernel(const float* table, int64_t table_ld, Int8Rows int8,
@@ -397,10 +424,17 @@ void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_outpu
   check_launch("relu_backward_bfloat16");
 }
 
-void bias_backward(cudaStream_t s, const float* dy, int64_t rows, int64_t cols, float* dbias) {
-  if (cols == 0) return;
-  bias_backward_kernel<<<unsigned((cols + 127) / 128), 128, 0, s>>>(dy, rows, cols, dbias);
+void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols, float* dbias) {
+  if (cols == 0 || rows == 0) return;
+  const RowsPerChunk split = column_chunks(rows);
+  Scratch partial(c, split.chunks * cols * int64_t(sizeof(float)));  // [chunks, cols]
+  const unsigned column_blocks = unsigned((cols + 127) / 128);
+  bias_partial_kernel<<<dim3(column_blocks, unsigned(split.chunks)), 128, 0, c.stream>>>(
+      dy, split, cols, partial.as<float>());
   check_launch("bias_backward");
+  sum_chunks_kernel<<<column_blocks, 128, 0, c.stream>>>(partial.as<float>(), split.chunks, cols,
+                                                         dbias);
+  check_launch("bias_backward (chunks)");
 }
 
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key) {
@@ -423,13 +457,22 @@ void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float*
   check_launch("layer_norm");
 }
 
-void layer_norm_backward(cudaStream_t s, const float* dy, const float* x, const float* mean,
+void layer_norm_backward(const Context& c, const float* dy, const float* x, const float* mean,
                          const float* rstd, const float* gamma, float* dx, float* dgamma,
                          float* dbeta, int64_t rows, int64_t cols, bool accumulate) {
   if (rows == 0) return;
-  layer_norm_parameter_grad_kernel<<<unsigned((cols + 127) / 128), 128, 0, s>>>(
-      dy, x, mean, rstd, rows, cols, dgamma, dbeta);
+  const cudaStream_t s = c.stream;
+  const RowsPerChunk split = column_chunks(rows);
+  Scratch partial(c, 2 * split.chunks * cols * int64_t(sizeof(float)));  // 2 × [chunks, cols]
+  const unsigned column_blocks = unsigned((cols + 127) / 128);
+  float* partial_gamma = partial.as<float>();
+  float* partial_beta = partial_gamma + split.chunks * cols;
+  layer_norm_partial_kernel<<<dim3(column_blocks, unsigned(split.chunks)), 128, 0, s>>>(
+      dy, x, mean, rstd, split, cols, partial_gamma, partial_beta);
   check_launch("layer_norm_backward (parameters)");
+  sum_chunks_kernel<<<column_blocks, 128, 0, s>>>(partial_gamma, split.chunks, cols, dgamma);
+  sum_chunks_kernel<<<column_blocks, 128, 0, s>>>(partial_beta, split.chunks, cols, dbeta);
+  check_launch("layer_norm_backward (chunks)");
   layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(dy, x, mean, rstd, gamma, dx, cols,
                                                            accumulate);
   check_launch("layer_norm_backward");

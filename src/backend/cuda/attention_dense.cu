@@ -1,0 +1,204 @@
+// Attention over whole score matrices on cuBLAS: per head, one strided-batched product over the
+// sequences for QKᵀ, a masked softmax of one warp per query row, and one for P·V; the backward
+// likewise (dV = P'ᵀ·dO, dP = dO·Vᵀ, the softmax's backward, dQ = dS·K, dK = dSᵀ·Q). This is
+// what training (which keeps the weights for the backward anyway) and the encoder's full
+// passes use; additive scores, cached rows and shared key batches (decoding) stay with the
+// per-query kernels of attention.cu. Products in float32, as the CPU backend's.
+#include <cmath>
+
+#include "backend/cuda/cuda_kernels.h"
+
+namespace tfm {
+namespace cuda {
+
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // warps per block, one query row each
+
+__host__ __device__ __forceinline__ int64_t sequence_stride(int64_t given, int64_t key_len,
+                                                            int64_t row_stride) {
+  return given ? given : key_len * row_stride;
+}
+
+// Visible keys [begin, end) of query t of sequence b (attention.cu's rule, clamped).
+__device__ __forceinline__ void visible_range(const AttentionShape& s, const AttentionMask& mask,
+                                              int64_t b, int64_t t, int64_t* begin, int64_t* end) {
+  int64_t key_count = s.key_len;
+  if (mask.key_lengths && mask.key_lengths[b] < key_count) key_count = mask.key_lengths[b];
+  const int64_t position = t + mask.query_offset;
+  int64_t lo = 0, hi = key_count;
+  if (mask.causal && position + 1 < hi) hi = position + 1;
+  if (mask.window >= 0) {
+    if (position - mask.window > lo) lo = position - mask.window;
+    if (!mask.causal && position + mask.window + 1 < hi) hi = position + mask.window + 1;
+  }
+  lo = lo < key_count ? lo : key_count;
+  hi = hi < key_count ? hi : key_count;
+  *begin = lo;
+  *end = hi > lo ? hi : lo;
+}
+
+// Row r = ((b·H + h)·Tq + t) of scores [B, H, Tq, Tk]: the raw logits become the weights (0
+// outside the visible keys); `dropped` (or null) receives them through the dropout mask.
+__global__ void masked_softmax_kernel(AttentionShape s, AttentionMask mask, float* scores,
+                                      float scale, const uint8_t* drop, float keep_scale,
+                                      float* dropped) {
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= s.batch * s.heads * s.query_len) return;
+  const int64_t t = row % s.query_len, b = row / (s.query_len * s.heads);
+  int64_t begin, end;
+  visible_range(s, mask, b, t, &begin, &end);
+  float* p = scores + row * s.key_len;
+  float largest = -INFINITY;
+  for (int64_t j = begin + lane; j < end; j += 32) largest = fmaxf(largest, p[j]);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+  const float shift = largest * scale;
+  float total = 0.f;
+  for (int64_t j = begin + lane; j < end; j += 32) total += expf(p[j] * scale - shift);
+  for (int offset = 16; offset > 0; offset >>= 1)
+    total += __shfl_xor_sync(0xffffffffu, total, offset);
+  const float inverse = total > 0.f ? 1.f / total : 0.f;
+  for (int64_t j = lane; j < s.key_len; j += 32) {
+    const float w = j >= begin && j < end ? expf(p[j] * scale - shift) * inverse : 0.f;
+    p[j] = w;
+    if (dropped) dropped[row * s.key_len + j] = drop[row * s.key_len + j] ? w * keep_scale : 0.f;
+  }
+}
+
+// d_scores [B, H, Tq, Tk] holds dP = dO·Vᵀ; it becomes dS = P ⊙ (dP' − Σ dP'·P) · scale, with
+// dP' = dP through the dropout mask.
+__global__ void softmax_backward_kernel(int64_t rows, int64_t key_len, const float* probs,
+                                        float* d_scores, float scale, const uint8_t* drop,
+                                        float keep_scale) {
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float* p = probs + row * key_len;
+  float* g = d_scores + row * key_len;
+  const uint8_t* m = drop ? drop + row * key_len : nullptr;
+  float dot = 0.f;
+  for (int64_t j = lane; j < key_len; j += 32) {
+    float v = g[j];
+    if (m) v = m[j] ? v * keep_scale : 0.f;
+    g[j] = v;
+    dot += v * p[j];
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+  for (int64_t j = lane; j < key_len; j += 32) g[j] = p[j] * (g[j] - dot) * scale;
+}
+
+// Row-major C = alpha·op(A)·op(B) + beta·C for `batch` matrices at fixed strides, on cuBLAS
+// (column-major: Cᵀ = op(B)ᵀ·op(A)ᵀ, as matmul.cu).
+void strided_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                     const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
+                     int64_t stride_b, float* out, int64_t ldc, int64_t stride_c, int64_t batch) {
+  const float alpha = 1.f, beta = 0.f;
+  std::lock_guard<std::mutex> lock(c.blas_mutex);
+  TFM_CUDA(cublasSetStream(c.blas, c.stream));
+  TFM_CUDA(cublasSgemmStridedBatched(c.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k),
+                                     &alpha, b, int(ldb), stride_b, a, int(lda), stride_a, &beta,
+                                     out, int(ldc), stride_c, int(batch)));
+}
+
+float score_scale(const AttentionShape& s) {
+  return s.score.kind == AttentionScoring::kScaledDot ? 1.f / std::sqrt(float(s.head_dim)) : 1.f;
+}
+
+unsigned row_blocks(int64_t rows) {
+  return unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+// Scores of more than this many bytes for a pass that keeps no weights go to the per-query
+// kernels instead (their memory does not grow with Tq × Tk).
+constexpr int64_t kDenseScratchLimit = int64_t(1) << 30;
+
+}  // namespace
+
+bool dense_attention_applies(const AttentionShape& s, const AttentionMask& mask, bool keeps_probs) {
+  if (s.score.kind == AttentionScoring::kAdditive || s.key_rows || mask.key_batch) return false;
+  if (s.head_dim == 0 || s.key_len == 0) return false;
+  const int64_t score_bytes = s.batch * s.heads * s.query_len * s.key_len * int64_t(sizeof(float));
+  return keeps_probs || score_bytes <= kDenseScratchLimit;
+}
+
+void dense_attention_forward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
+                             const float* q, const float* k, const float* v, float* probs,
+                             float* out, const AttentionDropout& dropout) {
+  const int64_t rows = s.batch * s.heads * s.query_len, pair_size = s.query_len * s.key_len;
+  const int64_t d = s.head_dim;
+  Scratch own_scores(c, probs ? 0 : rows * s.key_len * int64_t(sizeof(float)));
+  float* scores = probs ? probs : own_scores.as<float>();  // [B, H, Tq, Tk]
+  Scratch dropped(c, dropout.p > 0.f ? rows * s.key_len * int64_t(sizeof(float)) : 0);
+  const int64_t k_stride = sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride);
+  const int64_t v_stride = sequence_stride(s.v_batch_stride, s.key_len, s.v_row_stride);
+  for (int64_t h = 0; h < s.heads; ++h)  // S[Tq, Tk] = Q·Kᵀ per sequence
+    strided_product(c, false, true, s.query_len, s.key_len, d, q + h * d, s.q_row_stride,
+                    s.query_len * s.q_row_stride, k + h * d, s.k_row_stride, k_stride,
+                    scores + h * pair_size, s.key_len, s.heads * pair_size, s.batch);
+  masked_softmax_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream>>>(
+      s, mask, scores, score_scale(s), dropout.p > 0.f ? dropout.mask : nullptr,
+      dropout.p > 0.f ? 1.f / (1.f - dropout.p) : 1.f,
+      dropout.p > 0.f ? dropped.as<float>() : nullptr);
+  check_launch("attention_forward (softmax)");
+  const float* weights = dropout.p > 0.f ? dropped.as<float>() : scores;
+  for (int64_t h = 0; h < s.heads; ++h)  // O[Tq, d] = P'·V per sequence
+    strided_product(c, false, false, s.query_len, d, s.key_len, weights + h * pair_size, s.key_len,
+                    s.heads * pair_size, v + h * d, s.v_row_stride, v_stride, out + h * d,
+                    s.out_row_stride, s.query_len * s.out_row_stride, s.batch);
+}
+
+void dense_attention_backward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
+                              const float* q, const float* k, const float* v, const float* probs,
+                              const AttentionDropout& dropout, const float* d_out, float* dq,
+                              float* dk, float* dv) {
+  const int64_t rows = s.batch * s.heads * s.query_len, pair_size = s.query_len * s.key_len;
+  const int64_t d = s.head_dim;
+  const int64_t k_stride = sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride);
+  const int64_t v_stride = sequence_stride(s.v_batch_stride, s.key_len, s.v_row_stride);
+  const int64_t q_stride = s.query_len * s.q_row_stride;
+  const int64_t out_stride = s.query_len * s.out_row_stride;
+  const bool dropping = dropout.p > 0.f;
+  const float keep_scale = dropping ? 1.f / (1.f - dropout.p) : 1.f;
+  // P' (the weights the forward applied) and dP, then dS in place of dP: [B, H, Tq, Tk] each.
+  Scratch scratch(c, (dropping ? 2 : 1) * rows * s.key_len * int64_t(sizeof(float)));
+  float* d_scores = scratch.as<float>();
+  const float* weights = probs;
+  if (dropping) {
+    float* dropped = d_scores + rows * s.key_len;
+    // P' = P through the mask: the forward's dropped copy, rebuilt (apply_dropout's rule).
+    TFM_CUDA(cudaMemcpyAsync(dropped, probs, size_t(rows * s.key_len) * sizeof(float),
+                             cudaMemcpyDeviceToDevice, c.stream));
+    apply_dropout(c.stream, dropped, dropout.mask, rows * s.key_len, dropout.p);
+    weights = dropped;
+  }
+  for (int64_t h = 0; h < s.heads; ++h) {
+    // dV[Tk, d] = P'ᵀ·dO; rows of keys no query sees get 0 (their weights are 0).
+    strided_product(c, true, false, s.key_len, d, s.query_len, weights + h * pair_size, s.key_len,
+                    s.heads * pair_size, d_out + h * d, s.out_row_stride, out_stride, dv + h * d,
+                    s.v_row_stride, v_stride, s.batch);
+    // dP[Tq, Tk] = dO·Vᵀ
+    strided_product(c, false, true, s.query_len, s.key_len, d, d_out + h * d, s.out_row_stride,
+                    out_stride, v + h * d, s.v_row_stride, v_stride, d_scores + h * pair_size,
+                    s.key_len, s.heads * pair_size, s.batch);
+  }
+  softmax_backward_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream>>>(
+      rows, s.key_len, probs, d_scores, score_scale(s), dropping ? dropout.mask : nullptr,
+      keep_scale);
+  check_launch("attention_backward (softmax)");
+  for (int64_t h = 0; h < s.heads; ++h) {
+    // dQ[Tq, d] = dS·K, dK[Tk, d] = dSᵀ·Q.
+    strided_product(c, false, false, s.query_len, d, s.key_len, d_scores + h * pair_size, s.key_len,
+                    s.heads * pair_size, k + h * d, s.k_row_stride, k_stride, dq + h * d,
+                    s.q_row_stride, q_stride, s.batch);
+    strided_product(c, true, false, s.key_len, d, s.query_len, d_scores + h * pair_size, s.key_len,
+                    s.heads * pair_size, q + h * d, s.q_row_stride, q_stride, dk + h * d,
+                    s.k_row_stride, k_stride, s.batch);
+  }
+  (void)mask;  // the weights are 0 wherever the mask hides a key: dS is 0 there too
+}
+
+}  // namespace cuda
+}  // namespace tfm
