@@ -112,7 +112,7 @@ if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-s
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   step memcheck 60 "$sanitizer" --tool memcheck --error-exitcode 1 $tests \
     --gtest_filter='*BackendOps*cuda*:-*Dropout*:*Banded*'
-  step racecheck 60 "$sanitizer" --tool racecheck --error-exitcode 1 $tests \
+  step racecheck 120 "$sanitizer" --tool racecheck --error-exitcode 1 $tests \
     --gtest_filter='*BackendOps*Attention*cuda*:*BackendOps*LayerNorm*cuda*:*BackendOps*BestTokens*cuda*:*BackendOps*CrossEntropy*cuda*:-*Banded*:*Streamed*'
 fi
 
