@@ -66,6 +66,13 @@ export -f train_compare
 export logs
 step train_vs_torch_fp32 60 train_compare float32
 step train_vs_torch_bf16 60 train_compare bfloat16
+# Where a bfloat16 step's GPU time goes, per operation (TFM_CUDA_PROFILE: events around each).
+profile_step() {
+  TFM_CUDA_PROFILE=1 build/bench/train_bench --batch 400 --src-len 63 --tgt-len 63 \
+    --vocab 37000 --steps 3 --warmup 1 --device cuda --compute-type "$1" 2>&1 >/dev/null
+}
+export -f profile_step
+step profile_bf16 40 profile_step bfloat16
 
 # The train command itself (data loading, batching, logging) on the base model in bfloat16, and
 # decoding it (d 512, 6+6 layers, vocabulary 37,000) on random token ids.
@@ -117,6 +124,8 @@ if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-s
 fi
 
 
+echo
+head -32 "$logs/profile_bf16.log" 2>/dev/null
 echo
 echo "== GPU check: $(head -1 "$logs/device.txt")"
 printf '%s\n' "${results[@]}" | tee "$logs/summary.txt"

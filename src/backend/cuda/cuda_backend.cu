@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/matmul.h"
+#include "backend/cuda/operation_profile.h"
 #include "tensor/error.h"
 
 namespace tfm {
@@ -68,12 +69,16 @@ class CudaBackend final : public Backend {
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision, MatmulEpilogue epilogue) const override {
+    TFM_CUDA_OPERATION(
+        c_, precision == Precision::kBFloat16
+                ? (epilogue.rounded_output ? "matmul bfloat16 (bfloat16 out)" : "matmul bfloat16")
+                : "matmul float32");
     cuda::matmul(c_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
                  epilogue);
   }
   void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
                          uint16_t* out) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "round_to_bfloat16");
     cuda::round_to_bfloat16(c_.stream, x, rows, cols, ldx, out);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
@@ -90,88 +95,88 @@ class CudaBackend final : public Backend {
   void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                          const float* k, const float* v, float* probs, float* out,
                          const AttentionDropout& dropout) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "attention_forward");
     cuda::attention_forward(c_, shape, mask, q, k, v, probs, out, dropout);
   }
   void attention_forward_bfloat16_cache(const AttentionShape& shape, const AttentionMask& mask,
                                         const float* q, const uint16_t* k, const uint16_t* v,
                                         float* probs, float* out) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "attention_forward_bfloat16_cache");
     cuda::attention_forward_bfloat16_cache(c_, shape, mask, q, k, v, probs, out);
   }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
                           float* dv, float* d_additive_v) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "attention_backward");
     cuda::attention_backward(c_, shape, mask, q, k, v, probs, dropout, d_out, dq, dk, dv,
                              d_additive_v);
   }
 
   void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
                   int64_t cols, float eps, float* mean, float* rstd) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "layer_norm");
     cuda::layer_norm(c_.stream, x, gamma, beta, y, rows, cols, eps, mean, rstd);
   }
   void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
                            const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
                            int64_t cols, bool accumulate) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "layer_norm_backward");
     cuda::layer_norm_backward(c_, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols,
                               accumulate);
   }
   void add(float* y, const float* x, int64_t n) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "add");
     cuda::add(c_.stream, y, x, n);
   }
   void scale(float* x, float s, int64_t n) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "scale");
     cuda::scale(c_.stream, x, s, n);
   }
 
   void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "add_bias");
     cuda::bias_relu_epilogue(c_.stream, y, cols, bias, false, rows, cols);
   }
   void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
                            Activation act) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "add_bias_activation");
     cuda::add_bias_activation(c_.stream, pre, bias, out, rows, cols, true, act);
   }
   void activation_backward(float* d, const float* pre_activation, int64_t n,
                            Activation act) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "activation_backward");
     cuda::activation_backward(c_.stream, d, pre_activation, n, act);
   }
   void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "relu_backward_bfloat16");
     cuda::relu_backward_bfloat16(c_.stream, d, relu_output, n);
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "bias_backward");
     cuda::bias_backward(c_, dy, rows, cols, dbias);
   }
 
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "dropout_mask");
     cuda::dropout_mask(c_.stream, mask, n, p, key);
   }
   void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "apply_dropout");
     cuda::apply_dropout(c_.stream, x, mask, n, p);
   }
 
   void embedding_forward(const float* table, const float* positions, const int32_t* ids,
                          int64_t rows, int64_t len, int64_t d, float scale, int64_t first_position,
                          float* out) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "embedding_forward");
     cuda::embedding_forward(c_.stream, table, d, Int8Rows{}, positions, ids, rows, len, d, scale,
                             first_position, out);
   }
   void embedding_forward_int8(const Int8Rows& table, const float* positions, const int32_t* ids,
                               int64_t rows, int64_t len, int64_t d, float scale,
                               int64_t first_position, float* out) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "embedding_forward_int8");
     cuda::embedding_forward(c_.stream, nullptr, d, table, positions, ids, rows, len, d, scale,
                             first_position, out);
   }
@@ -179,60 +184,60 @@ class CudaBackend final : public Backend {
                                   const int32_t* ids, int64_t rows, int64_t len, int64_t d,
                                   float scale, int64_t first_position, float* out) const override {
     if (table.cols() != d) throw std::invalid_argument("embedding_forward_prepared: width");
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "embedding_forward_prepared");
     table.read_rows(ids, rows, out);
     cuda::scale_and_add_positions(c_.stream, positions, rows, len, d, scale, first_position, out);
   }
   void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
                           int64_t d, float scale, int64_t first_position, float* d_table,
                           float* d_positions) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "embedding_backward");
     cuda::embedding_backward(c_.stream, d_out, ids, rows, len, d, scale, first_position, d_table,
                              d_positions);
   }
 
   void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "log_softmax");
     cuda::log_softmax(c_.stream, x, y, rows, cols);
   }
   void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
                         float* out) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "log_softmax_pick");
     cuda::log_softmax_pick(c_.stream, logits, targets, rows, cols, out);
   }
   CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
                                                     int64_t rows, int64_t vocab, float smoothing,
                                                     float grad_scale) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "cross_entropy_forward_backward");
     return cuda::cross_entropy_forward_backward(c_, logits, targets, rows, vocab, smoothing,
                                                 grad_scale);
   }
 
   void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "best_tokens");
     cuda::best_tokens(c_.stream, logprobs, rows, vocab, keep, banned, values, tokens);
   }
   void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
                    const AdamHyperparameters& h, int64_t step) const override {
     const double bias_correction1 = 1.0 - std::pow(double(h.beta1), double(step));
     const double bias_correction2 = 1.0 - std::pow(double(h.beta2), double(step));
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "adam_update");
     cuda::adam_update(c_.stream, param, grad, m, v, n, h.beta1, h.beta2, h.eps,
                       float(double(h.lr) / bias_correction1),
                       float(1.0 / std::sqrt(bias_correction2)));
   }
   void sgd_update(float* param, const float* grad, int64_t n, float lr) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "sgd_update");
     cuda::sgd_update(c_.stream, param, grad, n, lr);
   }
   double sum_of_squares(const float* x, int64_t n) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "sum_of_squares");
     return cuda::sum_of_squares(c_, x, n);
   }
 
   void* allocate(int64_t bytes, bool zeroed) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "allocate");
     void* memory = nullptr;
     // 0 bytes: still a unique block.
     TFM_CUDA(cudaMallocAsync(&memory, size_t(bytes > 0 ? bytes : 1), c_.stream));
@@ -240,25 +245,28 @@ class CudaBackend final : public Backend {
     return memory;
   }
   void deallocate(void* memory) const override {
-    if (!memory) return;
-    c_.activate();
-    TFM_CUDA(cudaFreeAsync(memory, c_.stream));
+    // Never throws (it runs in destructors, some at exit, when the runtime may be unloading);
+    // a failure here is the device's, and the next operation reports it.
+    if (!memory || cudaSetDevice(c_.device) != cudaSuccess) return;
+    const ProfiledOperation profiled_operation(c_, "deallocate");
+    cudaFreeAsync(memory, c_.stream);
   }
   bool memory_is_host() const override { return false; }
   void copy_bytes(const void* from, int64_t bytes, void* to) const override {
     if (bytes <= 0) return;
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "copy_bytes");
     TFM_CUDA(cudaMemcpyAsync(to, from, size_t(bytes), cudaMemcpyDeviceToDevice, c_.stream));
   }
   void copy_from_host(const void* host, int64_t bytes, void* device) const override {
     if (bytes <= 0) return;
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "copy_from_host");
     // From pageable memory the call returns once the host bytes are staged: `host` may change.
     TFM_CUDA(cudaMemcpyAsync(device, host, size_t(bytes), cudaMemcpyHostToDevice, c_.stream));
   }
   void copy_to_host(const void* device, int64_t bytes, void* host) const override {
     if (bytes <= 0) return;
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "copy_to_host");
+    const ProfiledWait wait;
     TFM_CUDA(cudaMemcpyAsync(host, device, size_t(bytes), cudaMemcpyDeviceToHost, c_.stream));
     TFM_CUDA(cudaStreamSynchronize(c_.stream));
   }
@@ -267,22 +275,22 @@ class CudaBackend final : public Backend {
     copy_bytes(x, n * int64_t(sizeof(float)), y);
   }
   void fill(float* y, int64_t n, float value) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "fill");
     cuda::fill(c_.stream, y, n, value);
   }
   void gather_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
                    float* y, int64_t ldy) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "gather_rows");
     cuda::gather_rows(c_.stream, x, ldx, rows, count, d, y, ldy);
   }
   void scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
                     float* y, int64_t ldy) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "scatter_rows");
     cuda::scatter_rows(c_.stream, x, ldx, rows, count, d, y, ldy);
   }
   void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                                 int64_t d, uint16_t* y, int64_t ldy) const override {
-    c_.activate();
+    TFM_CUDA_OPERATION(c_, "scatter_rows_to_bfloat16");
     cuda::scatter_rows_to_bfloat16(c_.stream, x, ldx, rows, count, d, y, ldy);
   }
 

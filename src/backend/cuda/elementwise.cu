@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/operation_profile.h"
 
 namespace tfm {
 namespace cuda {
@@ -527,6 +528,7 @@ double sum_of_squares(const Context& c, const float* x, int64_t n) {
   sum_partials_kernel<<<1, 1024, 0, c.stream>>>(partial.as<double>(), blocks,
                                                 partial.as<double>() + blocks);
   check_launch("sum_of_squares (total)");
+  const ProfiledWait wait;  // the host waits for the result from here on
   double total = 0;
   TFM_CUDA(cudaMemcpyAsync(&total, partial.as<double>() + blocks, sizeof(double),
                            cudaMemcpyDeviceToHost, c.stream));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/operation_profile.h"
 
 namespace tfm {
 namespace cuda {
@@ -175,6 +176,7 @@ CrossEntropyTotals cross_entropy_forward_backward(const Context& c, float* logit
   cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, c.stream>>>(
       logits, targets, vocab, smoothing, grad_scale, loss, nll, correct);
   check_launch("cross_entropy_forward_backward");
+  const ProfiledWait wait;  // the host waits for the result from here on
   std::vector<double> host(static_cast<size_t>(2 * rows));
   std::vector<int32_t> host_correct(static_cast<size_t>(rows));
   TFM_CUDA(cudaMemcpyAsync(host.data(), loss, size_t(2 * rows) * sizeof(double),

@@ -1,0 +1,115 @@
+// See operation_profile.h.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/operation_profile.h"
+
+namespace tfm {
+namespace cuda {
+
+namespace {
+
+struct Record {
+  const char* name;
+  cudaEvent_t start, stop;
+};
+
+struct Profile {
+  std::mutex mutex;
+  std::vector<Record> records;  // in the order enqueued
+  double host_wait_seconds = 0;
+  int64_t host_waits = 0;
+};
+
+Profile& profile() {
+  static Profile* instance = new Profile;  // never destroyed: read by the exit handler
+  return *instance;
+}
+
+// At exit: every recorded pair's time summed per name, printed largest first.
+void print_profile() {
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (p.records.empty()) return;
+  cudaDeviceSynchronize();
+  std::map<std::string, std::pair<int64_t, double>> by_name;  // calls, milliseconds
+  double total = 0;
+  for (const Record& r : p.records) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, r.start, r.stop) != cudaSuccess) continue;
+    auto& entry = by_name[r.name];
+    ++entry.first;
+    entry.second += ms;
+    total += ms;
+  }
+  float span = 0;
+  cudaEventElapsedTime(&span, p.records.front().start, p.records.back().stop);
+  std::vector<std::pair<std::string, std::pair<int64_t, double>>> rows(by_name.begin(),
+                                                                       by_name.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  std::fprintf(stderr, "cuda profile: %zu operations, %.1f ms on the GPU, stream span %.1f ms\n",
+               p.records.size(), total, double(span));
+  std::fprintf(stderr, "%-34s %9s %11s %10s %7s\n", "operation", "calls", "total ms", "ms/call",
+               "share");
+  for (const auto& [name, entry] : rows)
+    std::fprintf(stderr, "%-34s %9lld %11.2f %10.4f %6.1f%%\n", name.c_str(),
+                 static_cast<long long>(entry.first), entry.second,
+                 entry.second / double(entry.first), 100.0 * entry.second / std::max(total, 1e-9));
+  std::fprintf(stderr, "%-34s %9s %11.2f\n", "unaccounted (gaps, launches)", "",
+               std::max(0.0, double(span) - total));
+  std::fprintf(stderr, "%-34s %9lld %11.2f   (host clock)\n", "host waits for the GPU",
+               static_cast<long long>(p.host_waits), 1e3 * p.host_wait_seconds);
+}
+
+}  // namespace
+
+bool profiling() {
+  static const bool on = [] {
+    const char* value = std::getenv("TFM_CUDA_PROFILE");
+    if (!value || !*value || std::string(value) == "0") return false;
+    std::atexit(print_profile);
+    return true;
+  }();
+  return on;
+}
+
+ProfiledOperation::ProfiledOperation(const Context& c, const char* name) {
+  // Never throws: operations run in destructors too (a buffer freed at exit).
+  if (!profiling() || cudaEventCreate(&start_) != cudaSuccess) return;
+  if (cudaEventRecord(start_, c.stream) != cudaSuccess) return;
+  context_ = &c;
+  name_ = name;
+}
+
+ProfiledOperation::~ProfiledOperation() {
+  if (!context_) return;
+  cudaEvent_t stop = nullptr;
+  if (cudaEventCreate(&stop) != cudaSuccess) return;
+  cudaEventRecord(stop, context_->stream);
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.records.push_back({name_, start_, stop});
+}
+
+ProfiledWait::ProfiledWait() : on_(profiling()) {
+  if (on_) start_ = std::chrono::steady_clock::now();
+}
+
+ProfiledWait::~ProfiledWait() {
+  if (!on_) return;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.host_wait_seconds += seconds;
+  ++p.host_waits;
+}
+
+}  // namespace cuda
+}  // namespace tfm
