@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -67,6 +68,7 @@ struct Options {
   int phase_repeats = 3;  // repetitions of each --profile measurement
   int gemm_size = 2048;   // side of the square sgemm that defines the peak
   uint64_t seed = 1234;
+  std::string device = "cpu";  // the backend that decodes (find_backend)
   bool profile = false;
   bool prepare_only = false;                            // write model + ids, time nothing
   tfm::Precision precision = tfm::Precision::kFloat32;  // of the weight products
@@ -94,6 +96,8 @@ const char* kUsage =
     "  --batch N --src-len N --out-len N --vocab N   shapes (default 32, 32, 32, 8000;\n"
     "                       with --prepare-only; later runs take them from DIR)\n"
     "  --seed N             model and source seed (default 1234)\n"
+    "  --device NAME        where the search runs: cpu (default), cuda, cuda:N, auto (no\n"
+    "                       --profile and no CPU GEMM peak on a GPU)\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -139,6 +143,9 @@ Options parse_options(int argc, char** argv) {
       o.vocab = int(int_value(i));
     } else if (a == "--seed") {
       o.seed = uint64_t(int_value(i));
+    } else if (a == "--device") {
+      if (i + 1 >= argc) usage_error("--device needs a name");
+      o.device = argv[++i];
     } else if (a == "--profile") {
       o.profile = true;
     } else if (a == "--prepare-only") {
@@ -293,8 +300,10 @@ int run(const Options& o) {
   const double load_start = now_seconds();
   // Loaded as translate loads it: for inference in this compute type only (int8 weights held
   // in int8; every weight freed once prepared), so the peak RSS is what a user sees.
-  tfm::Model model =
-      tfm::load_model(model_path, tfm::cpu_backend(), tfm::model_weights_for(o.precision));
+  const tfm::Backend& backend = tfm::find_backend(o.device);
+  if (o.profile && !backend.memory_is_host())
+    throw tfm::Error("--profile replays the search on the CPU only (device " + backend.name() + ")");
+  tfm::Model model = tfm::load_model(model_path, backend, tfm::model_weights_for(o.precision));
   model.set_inference_only(o.precision);
   const Sentences sources = bench::read_ids(source_path, "run with --prepare-only first");
   const double load_seconds = now_seconds() - load_start;
@@ -339,7 +348,10 @@ int run(const Options& o) {
                 src_len = int64_t(sources[0].size()) + (config.src_append_eos ? 1 : 0);
   const double flops =
       search_flops(config, double(batch), double(src_len), double(o.out_len), double(o.beam));
-  const double gemm_peak = bench::measure_square_gemm_peak(o.gemm_size, 5);
+  // The CPU's GEMM peak (none for a GPU run: NaN, written as null).
+  const double gemm_peak = backend.memory_is_host()
+                               ? bench::measure_square_gemm_peak(o.gemm_size, 5)
+                               : std::nan("");
 
   nlohmann::json line =
       bench::common_fields(median_seconds, all_seconds, generated, rss_mib, flops, gemm_peak);
@@ -349,6 +361,7 @@ int run(const Options& o) {
       {"side", std::string(o.beam == 1 ? "ours-greedy" : "ours-beam") +
                    (compute_type == "float32" ? "" : "-" + compute_type)},
       {"compute_type", compute_type},
+      {"device", backend.name()},
       {"cache", bfloat16_cache ? "bfloat16" : "float32"},
       {"beam", o.beam},
       {"batch", batch},

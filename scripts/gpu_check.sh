@@ -6,7 +6,9 @@
 #      the CPU; the reversal task trained and translated on the GPU in float32 and bfloat16; a
 #      GPU checkpoint resumed on the CPU; the first losses of both devices compared),
 #   3. training against PyTorch in the same run (bench/train_bench against bench/train_peer.py,
-#      float32 and bfloat16), then the base model's training steps and greedy / beam decoding,
+#      float32 and bfloat16), a per-operation profile of a bfloat16 step, decoding against
+#      MarianMTModel.generate() (bench/decode_bench against bench/decode_peer_hf.py), then the
+#      train and translate commands themselves on the base model,
 #   4. compute-sanitizer memcheck over the backend-ops test, and racecheck over the kernels that
 #      share memory within a block,
 # and prints a table last. Logs go to $OUT (or /tmp/gpu_check) when set.
@@ -73,6 +75,33 @@ profile_step() {
 }
 export -f profile_step
 step profile_bf16 40 profile_step bfloat16
+
+# Decoding against transformers' MarianMTModel.generate() in the same run (the issue's anchor:
+# bfloat16, 32 new tokens, batches 64 and 512, greedy and beam 4): bench/decode_bench on a random
+# base model in bfloat16 (products and cache) against bench/decode_peer_hf.py of the same shape.
+decode_compare() {  # decode_compare BATCH BEAM
+  local dir=/tmp/gpu_check_decode
+  [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = "$1" ] ||
+    build/bench/decode_bench --work-dir $dir --prepare-only --batch "$1" --src-len 32 \
+      --vocab 37000 >/dev/null 2>&1 || return 1
+  local ours peer
+  ours=$(build/bench/decode_bench --work-dir $dir --device cuda --compute-type bfloat16 \
+    --cache bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
+  peer=$(python3 bench/decode_peer_hf.py --batch "$1" --beam "$2" --src-len 32 --out-len 32 \
+    --vocab 37000 --device cuda --dtype bfloat16 | tail -1) || return 1
+  python3 - "$ours" "$peer" "$1" "$2" <<'PY' | tee -a "$logs/decode_compare.txt"
+import json, sys
+ours, peer = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print("decoding batch %s beam %s: ours %.0f tokens/s, %s %.0f: ratio %.3f" % (
+    sys.argv[3], sys.argv[4], ours["tokens_per_s"], peer["impl"].split(",")[0],
+    peer["tokens_per_s"], ours["tokens_per_s"] / peer["tokens_per_s"]))
+PY
+}
+export -f decode_compare
+step decode_64_greedy 60 decode_compare 64 1
+step decode_64_beam4 60 decode_compare 64 4
+step decode_512_greedy 60 decode_compare 512 1
+step decode_512_beam4 60 decode_compare 512 4
 
 # The train command itself (data loading, batching, logging) on the base model in bfloat16, and
 # decoding it (d 512, 6+6 layers, vocabulary 37,000) on random token ids.
