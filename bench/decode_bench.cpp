@@ -288,7 +288,7 @@ int run(const Options& o) {
     std::filesystem::create_directories(dir);
     tfm::ModelConfig config = tfm::preset_config("base");
     config.src_vocab_size = config.tgt_vocab_size = o.vocab;
-    const tfm::Model model = tfm::init_model(config, o.seed);
+    const tfm::Model model = tfm::init_model(config, o.seed, tfm::cpu_backend());
     tfm::save_model(model, model_path);
     tfm::Random random(o.seed + 1);
     bench::write_ids(source_path, bench::random_sentences(random, o.batch, o.src_len, o.vocab));
@@ -302,7 +302,8 @@ int run(const Options& o) {
   // in int8; every weight freed once prepared), so the peak RSS is what a user sees.
   const tfm::Backend& backend = tfm::find_backend(o.device);
   if (o.profile && !backend.memory_is_host())
-    throw tfm::Error("--profile replays the search on the CPU only (device " + backend.name() + ")");
+    throw tfm::Error("--profile replays the search on the CPU only (device " + backend.name() +
+                     ")");
   tfm::Model model = tfm::load_model(model_path, backend, tfm::model_weights_for(o.precision));
   model.set_inference_only(o.precision);
   const Sentences sources = bench::read_ids(source_path, "run with --prepare-only first");
@@ -349,9 +350,8 @@ int run(const Options& o) {
   const double flops =
       search_flops(config, double(batch), double(src_len), double(o.out_len), double(o.beam));
   // The CPU's GEMM peak (none for a GPU run: NaN, written as null).
-  const double gemm_peak = backend.memory_is_host()
-                               ? bench::measure_square_gemm_peak(o.gemm_size, 5)
-                               : std::nan("");
+  const double gemm_peak =
+      backend.memory_is_host() ? bench::measure_square_gemm_peak(o.gemm_size, 5) : std::nan("");
 
   nlohmann::json line =
       bench::common_fields(median_seconds, all_seconds, generated, rss_mib, flops, gemm_peak);

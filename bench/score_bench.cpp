@@ -169,7 +169,7 @@ int run(const Options& o) {
     std::filesystem::create_directories(dir);
     tfm::ModelConfig config = tfm::preset_config("base");
     config.src_vocab_size = config.tgt_vocab_size = o.vocab;
-    model.emplace(tfm::init_model(config, o.seed));
+    model.emplace(tfm::init_model(config, o.seed, tfm::cpu_backend()));
     tfm::save_model(*model, model_path);
     tfm::Random random(o.seed + 1);
     sources = bench::random_sentences(random, o.batch, o.src_len, o.vocab);

@@ -57,6 +57,9 @@ class MemoryCheckingBackend : public Backend {
 
   std::string name() const override { return "memory-checking cpu"; }
   bool supports(Precision precision) const override { return cpu().supports(precision); }
+  std::string unsupported_reason(Precision precision) const override {
+    return cpu().unsupported_reason(precision);
+  }
 
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
@@ -337,6 +340,11 @@ class MemoryCheckingBackend : public Backend {
                     float* y, int64_t ldy) const override {
     const Access access = check("scatter_rows", {{"x", x}, {"rows", rows}, {"y", y}});
     cpu().scatter_rows(x, ldx, rows, count, d, y, ldy);
+  }
+  void mean_of_row_groups(const float* x, int64_t groups, int64_t group_size, int64_t cols,
+                          float* y) const override {
+    const Access access = check("mean_of_row_groups", {{"x", x}, {"y", y}});
+    cpu().mean_of_row_groups(x, groups, group_size, cols, y);
   }
   void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                                 int64_t d, uint16_t* y, int64_t ldy) const override {
@@ -737,7 +745,7 @@ TEST_P(BackendMemory, PlannedScoringActivationsAreOneBlockThatThePassesFitExactl
 // saving on it take the staged paths a GPU takes: the model it loads decodes as the CPU's
 // does, and the file it saves is the CPU's byte for byte.
 TEST_P(BackendMemory, LoadingAndSavingThroughTheHostKeepEveryValue) {
-  const Model on_cpu = load_model(file_);
+  const Model on_cpu = load_model(file_, tfm::cpu_backend());
   SearchOptions o;
   o.max_length_b = 6;
   const auto expected = search(on_cpu, sources_, {}, o);

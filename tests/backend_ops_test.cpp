@@ -1443,6 +1443,27 @@ TEST_P(BackendOps, CopyFillGatherAndScatterRows) {
   }
 }
 
+// The mean of each group of consecutive rows (decoding's cross-attention averaged over heads):
+// against float64 for groups of 1 (a copy), 3 and 16 rows, widths 1, 7 and 65.
+TEST_P(BackendOps, MeanOfRowGroupsMatchesFloat64) {
+  uint64_t seed = 700;
+  for (int64_t group_size : {1, 3, 16})
+    for (int64_t cols : {1, 7, 65}) {
+      const int64_t groups = 5;
+      const auto x = random_vector(groups * group_size * cols, seed++);
+      std::vector<float> y(size_t(groups * cols), 123.f);
+      be().mean_of_row_groups(x.data(), groups, group_size, cols, y.data());
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t c = 0; c < cols; ++c) {
+          double sum = 0;
+          for (int64_t k = 0; k < group_size; ++k)
+            sum += double(x[size_t((g * group_size + k) * cols + c)]);
+          ASSERT_NEAR(y[size_t(g * cols + c)], sum / double(group_size), 1e-6)
+              << "group size " << group_size << " cols " << cols << " at " << g << "," << c;
+        }
+    }
+}
+
 // --- Memory -------------------------------------------------------------------------------------
 
 // Host -> device -> device -> host round trips, alignment, zeroed blocks, and a DeviceBuffer

@@ -310,10 +310,13 @@ TEST(Cli, TheGpuTranslatesAndScoresAsTheCpuDoes) {
                                     " --beam " + beam + " --device ";
       const CliResult on_gpu = work.run_cli(translate + gpu);
       ASSERT_EQ(on_gpu.exit_code, 0) << on_gpu.err;
-      if (std::string(beam) == "4" && std::string(type) == "float32")
+      if (std::string(beam) == "4" && std::string(type) == "float32") {
         EXPECT_EQ(on_gpu.out, "a t z m o n\na z z a\na c h i s o n\n");
+      }
       const CliResult on_cpu = work.run_cli(translate + "cpu");
-      if (on_cpu.exit_code == 0) EXPECT_EQ(on_gpu.out, on_cpu.out);
+      if (on_cpu.exit_code == 0) {
+        EXPECT_EQ(on_gpu.out, on_cpu.out);
+      }
     }
   const std::string score = "score --model " + model + " --src " + work.path("gpu_ar.txt") +
                             " --tgt " + work.path("gpu_en.txt") + " --device ";

@@ -48,7 +48,7 @@ double worst_logprob_error(const Model& model, const std::string& fixture) {
 
 Model import_model(const std::string& dir) {
   ImportedModel m = import_ctranslate2(dir);
-  return Model(m.config, std::move(m.parameters), dir);
+  return Model(m.config, std::move(m.parameters), dir, tfm::cpu_backend());
 }
 
 struct Spec7Case {
@@ -59,7 +59,8 @@ class Spec7Import : public ::testing::TestWithParam<Spec7Case> {};
 
 TEST_P(Spec7Import, LogProbabilitiesMatchPyTorch) {
   const Spec7Case& p = GetParam();
-  const Model fixture = load_model(kFixtures + "/" + p.fixture + ".safetensors");
+  const Model fixture =
+      load_model(kFixtures + "/" + p.fixture + ".safetensors", tfm::cpu_backend());
   const Model imported = import_model(kSpec7 + "/" + p.variant);
   const ModelConfig &want = fixture.config(), &got = imported.config();
   EXPECT_EQ(got.norm, want.norm);
@@ -84,7 +85,8 @@ class Spec7Quantised : public ::testing::TestWithParam<Spec7Case> {};
 
 TEST_P(Spec7Quantised, WeightsWithinTheirRoundingOfTheOriginal) {
   const Spec7Case& p = GetParam();
-  const Model fixture = load_model(kFixtures + "/" + p.fixture + ".safetensors");
+  const Model fixture =
+      load_model(kFixtures + "/" + p.fixture + ".safetensors", tfm::cpu_backend());
   const Model imported = import_model(kSpec7 + "/" + p.variant);
   const bool int8 = p.variant.find("int8") != std::string::npos,
              int16 = p.variant.find("int16") != std::string::npos,
@@ -180,7 +182,7 @@ std::string export_to(const Model& model, const std::string& name, CtQuantizatio
 // The generator and the exporter are separate writers of the same spec: where the generator's
 // arithmetic is ours (no float32 sinusoid table), their model.bin must be the same bytes.
 TEST(CTranslate2Export, SameBytesAsTheSpecGenerator) {
-  const Model model = load_model(kFixtures + "/pre_gelu_target.safetensors");
+  const Model model = load_model(kFixtures + "/pre_gelu_target.safetensors", tfm::cpu_backend());
   for (auto [variant, q] : {std::pair{"pre_gelu_target", CtQuantization::kFloat32},
                             std::pair{"pre_gelu_target_int16", CtQuantization::kInt16}}) {
     const std::string dir = export_to(model, variant, q);
@@ -200,7 +202,7 @@ TEST(CTranslate2Export, RoundTripIsIdentityForEveryFixtureModel) {
   for (const auto& entry : fs::directory_iterator(kFixtures)) {
     const std::string file = entry.path().filename().string();
     if (file.find('.') != file.rfind('.') || entry.path().extension() != ".safetensors") continue;
-    const Model model = load_model(entry.path().string());
+    const Model model = load_model(entry.path().string(), tfm::cpu_backend());
     const ModelConfig& c = model.config();
     if (c.self_attention_window >= 0 || c.attention == AttentionScoring::kAdditive) {
       try {
@@ -230,7 +232,7 @@ TEST(CTranslate2Export, RoundTripIsIdentityForEveryFixtureModel) {
 }
 
 TEST(CTranslate2Export, QuantisedExportsImportWithinTheirRounding) {
-  const Model model = load_model(kFixtures + "/paper_post.safetensors");
+  const Model model = load_model(kFixtures + "/paper_post.safetensors", tfm::cpu_backend());
   for (CtQuantization q :
        {CtQuantization::kInt8, CtQuantization::kInt8Float16, CtQuantization::kInt8BFloat16,
         CtQuantization::kInt16, CtQuantization::kFloat16, CtQuantization::kBFloat16}) {

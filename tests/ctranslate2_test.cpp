@@ -25,7 +25,7 @@ struct Imported {
 
 Imported import(const std::string& variant) {
   ImportedModel m = import_ctranslate2(kDataDir + "/" + variant);
-  return {Model(m.config, std::move(m.parameters), variant),
+  return {Model(m.config, std::move(m.parameters), variant, tfm::cpu_backend()),
           Vocabulary::from_tokens(m.source_tokens, "source"),
           Vocabulary::from_tokens(m.target_tokens, "target")};
 }
@@ -217,7 +217,8 @@ TEST(CTranslate2, Version6WithFloat16AndAliasesImports) {
   EXPECT_EQ(m.parameters.at("tgt_embed.weight").data, vars["decoder/embeddings/weight"].data);
   EXPECT_EQ(m.parameters.count("out_proj.weight"), 0u);
   EXPECT_EQ(m.parameters.at("encoder.layers.3.self_attn.v.bias").data.size(), 32u);
-  Model model(m.config, std::move(m.parameters), dir);  // every tensor present, right shapes
+  Model model(m.config, std::move(m.parameters), dir,
+              tfm::cpu_backend());  // every tensor present, right shapes
   std::filesystem::remove_all(dir);
 }
 

@@ -27,7 +27,7 @@ struct Transliterator {
     ImportedModel m =
         import_ctranslate2(std::string(TFM_FIXTURE_DIR) +
                            "/../data/ctranslate2-aren-transliteration/aren-transliteration");
-    return {Model(m.config, std::move(m.parameters), "aren"),
+    return {Model(m.config, std::move(m.parameters), "aren", tfm::cpu_backend()),
             Vocabulary::from_tokens(m.source_tokens, "s"),
             Vocabulary::from_tokens(m.target_tokens, "t")};
   }
@@ -280,8 +280,8 @@ TEST(Decode, InferenceOnlyModelFreesItsFloatWeightsAndKeepsTheOutputs) {
 TEST(Decode, InferenceOnlyFloat32ReadsTiedEmbeddingsFromThePackedProjection) {
   for (EmbeddingSharing sharing : kEverySharing) {
     const ModelConfig c = tiny_config(sharing, 37, 29);
-    const Model kept = init_model(c, 5);
-    Model only = init_model(c, 5);
+    const Model kept = init_model(c, 5, tfm::cpu_backend());
+    Model only = init_model(c, 5, tfm::cpu_backend());
     only.set_inference_only(Precision::kFloat32);
     SearchOptions o = beam(3);
     o.min_length = 4;
@@ -318,7 +318,7 @@ TEST(Decode, Int8EmbeddingsForEverySharing) {
   if (!cpu_backend().supports(Precision::kInt8)) GTEST_SKIP() << "this CPU has no VNNI";
   for (EmbeddingSharing sharing : kEverySharing) {
     const ModelConfig c = tiny_config(sharing, 24, 21);
-    const Model float_model = init_model(c, 11);
+    const Model float_model = init_model(c, 11, tfm::cpu_backend());
     const std::string path = ::testing::TempDir() + "/int8_sharing.safetensors";
     save_model(float_model, path);
     const Model int8 = load_model(path, cpu_backend(), ModelWeights::kInt8);
@@ -411,7 +411,7 @@ class IncrementalDecoding : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(IncrementalDecoding, LogProbsEqualAFullForwardOfTheHypothesis) {
   const std::string dir = TFM_FIXTURE_DIR;
-  Model model = load_model(dir + "/" + GetParam() + ".safetensors");
+  Model model = load_model(dir + "/" + GetParam() + ".safetensors", tfm::cpu_backend());
   const TensorMap io = read_safetensors(dir + "/" + GetParam() + ".io.safetensors").tensors;
   const Tensor& src = io.at("src_tokens");
   std::vector<std::vector<int32_t>> sources(static_cast<size_t>(src.shape[0]));

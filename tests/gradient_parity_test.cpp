@@ -37,7 +37,8 @@ void expect_tensor_near(const Tensor& actual, const Tensor& expected, const std:
 // A fixture's model, its batch and PyTorch's loss and gradients on it.
 struct GradientFixture {
   explicit GradientFixture(const std::string& name)
-      : model(load_model(std::string(TFM_FIXTURE_DIR) + "/" + name + ".safetensors")),
+      : model(load_model(std::string(TFM_FIXTURE_DIR) + "/" + name + ".safetensors",
+                         tfm::cpu_backend())),
         expected(read_safetensors(std::string(TFM_FIXTURE_DIR) + "/" + name + ".grads.safetensors")
                      .tensors),
         batch(fixture_batch(model.config(), read_safetensors(std::string(TFM_FIXTURE_DIR) + "/" +

@@ -22,6 +22,9 @@ std::string GuardPageBackend::name() const {
 bool GuardPageBackend::supports(Precision precision) const {
   return cpu().supports(precision);
 }
+std::string GuardPageBackend::unsupported_reason(Precision precision) const {
+  return cpu().unsupported_reason(precision);
+}
 
 void GuardPageBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                               float alpha, MatmulOperand a, int64_t lda, MatmulOperand b,
@@ -224,6 +227,10 @@ void GuardPageBackend::gather_rows(const float* x, int64_t ldx, const int64_t* r
 void GuardPageBackend::scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                                     int64_t d, float* y, int64_t ldy) const {
   cpu().scatter_rows(x, ldx, rows, count, d, y, ldy);
+}
+void GuardPageBackend::mean_of_row_groups(const float* x, int64_t groups, int64_t group_size,
+                                          int64_t cols, float* y) const {
+  cpu().mean_of_row_groups(x, groups, group_size, cols, y);
 }
 void GuardPageBackend::scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows,
                                                 int64_t count, int64_t d, uint16_t* y,

@@ -46,7 +46,7 @@ std::string write_poisoned_model(const std::string& name, float value) {
   tfm::ModelConfig config = tfm::preset_config("tiny");
   config.src_vocab_size = config.tgt_vocab_size = 32;
   config.share_embeddings = tfm::EmbeddingSharing::kNone;
-  tfm::Model model = tfm::init_model(config, 3);
+  tfm::Model model = tfm::init_model(config, 3, tfm::cpu_backend());
   tfm::Tensor embedding = model.parameters().to_host().at("src_embed.weight");
   embedding.data[size_t(31 * config.d_model + 5)] = value;
   model.mutable_parameters().copy_from_host("src_embed.weight", embedding.ptr());
@@ -104,7 +104,8 @@ TEST(NonFinite, BadStepsAreSkippedAndTooManyInARowStopWithTheCheckpointIntact) {
   EXPECT_EQ(logged, 6);  // 30 real steps: skipped ones do not count as steps
   // The skipped updates left every weight but the poisoned one finite.
   tfm::allow_nonfinite_weights(true);
-  const tfm::Model trained = tfm::load_model(work.path("mixed/model.safetensors"));
+  const tfm::Model trained =
+      tfm::load_model(work.path("mixed/model.safetensors"), tfm::cpu_backend());
   tfm::allow_nonfinite_weights(false);
   for (const auto& [name, t] : trained.parameters().to_host())
     for (size_t i = 0; i < t.data.size(); ++i) {

@@ -806,6 +806,16 @@ void HostStagedBackend::scatter_rows(const float* x, int64_t ldx, const int64_t*
   st.download();
 }
 
+void HostStagedBackend::mean_of_row_groups(const float* x, int64_t groups, int64_t group_size,
+                                           int64_t cols, float* y) const {
+  Staging st(device_);
+  const auto hx = st.read(x, groups * group_size * cols);
+  const auto hy = st.write(y, groups * cols);
+  st.upload();
+  device_.mean_of_row_groups(st[hx], groups, group_size, cols, st[hy]);
+  st.download();
+}
+
 void HostStagedBackend::scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows,
                                                  int64_t count, int64_t d, uint16_t* y,
                                                  int64_t ldy) const {

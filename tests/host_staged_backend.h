@@ -27,6 +27,9 @@ class HostStagedBackend final : public Backend {
 
   std::string name() const override { return device_.name(); }
   bool supports(Precision precision) const override { return device_.supports(precision); }
+  std::string unsupported_reason(Precision precision) const override {
+    return device_.unsupported_reason(precision);
+  }
 
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
@@ -112,6 +115,8 @@ class HostStagedBackend final : public Backend {
                    float* y, int64_t ldy) const override;
   void scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count, int64_t d,
                     float* y, int64_t ldy) const override;
+  void mean_of_row_groups(const float* x, int64_t groups, int64_t group_size, int64_t cols,
+                          float* y) const override;
   void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                                 int64_t d, uint16_t* y, int64_t ldy) const override;
 

@@ -108,7 +108,7 @@ TEST(Safetensors, TruncatedModelFileIsAnError) {
   ModelConfig c = preset_config("tiny");
   c.src_vocab_size = c.tgt_vocab_size = 50;
   const std::string path = temp_path("truncated.safetensors");
-  save_model(init_model(c, 3), path);
+  save_model(init_model(c, 3, tfm::cpu_backend()), path);
   std::string bytes = read_file_bytes(path);
   EXPECT_THROW(parse_safetensors(bytes.substr(0, bytes.size() - 100), path), Error);
   std::remove(path.c_str());
@@ -190,11 +190,11 @@ TEST(Config, RejectsUnknownValuesKeysAndInconsistentSizes) {
 TEST(ModelFile, MissingTensorAndWrongShapeAreNamed) {
   ModelConfig c = preset_config("tiny");
   c.src_vocab_size = c.tgt_vocab_size = 30;
-  Model model = init_model(c, 1);
+  Model model = init_model(c, 1, tfm::cpu_backend());
   TensorMap missing = model.parameters().to_host();
   missing.erase("decoder.layers.1.ffn.fc2.bias");
   try {
-    Model bad(c, std::move(missing), "m.safetensors");
+    Model bad(c, std::move(missing), "m.safetensors", tfm::cpu_backend());
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("missing tensor \"decoder.layers.1.ffn.fc2.bias\""),
@@ -203,7 +203,7 @@ TEST(ModelFile, MissingTensorAndWrongShapeAreNamed) {
   TensorMap wrong = model.parameters().to_host();
   wrong["encoder.layers.0.self_attn.q.weight"] = Tensor({64, 63});
   try {
-    Model bad(c, std::move(wrong), "m.safetensors");
+    Model bad(c, std::move(wrong), "m.safetensors", tfm::cpu_backend());
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("has shape [64, 63], expected [64, 64]"),
@@ -219,7 +219,8 @@ TEST(ModelFile, InitIsDeterministicAndSaveLoadRoundTrips) {
   c.output_bias = true;
   c.position_encoding = PositionEncoding::kLearned;
   c.max_positions = 64;
-  Model a = init_model(c, 9), b = init_model(c, 9), other = init_model(c, 10);
+  Model a = init_model(c, 9, tfm::cpu_backend()), b = init_model(c, 9, tfm::cpu_backend()),
+        other = init_model(c, 10, tfm::cpu_backend());
   const TensorMap a_host = a.parameters().to_host();
   EXPECT_EQ(a_host.at("encoder.layers.0.ffn.fc1.weight").data,
             b.parameters().to_host().at("encoder.layers.0.ffn.fc1.weight").data);
@@ -227,7 +228,7 @@ TEST(ModelFile, InitIsDeterministicAndSaveLoadRoundTrips) {
             other.parameters().to_host().at("encoder.layers.0.ffn.fc1.weight").data);
   const std::string path = temp_path("init.safetensors");
   save_model(a, path);
-  Model loaded = load_model(path);
+  Model loaded = load_model(path, tfm::cpu_backend());
   EXPECT_EQ(config_to_json(loaded.config()), config_to_json(c));
   EXPECT_EQ(loaded.parameters().to_host().size(), a_host.size());
   for (const auto& [name, tensor] : loaded.parameters().to_host())
@@ -245,7 +246,7 @@ TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
   c.src_vocab_size = 40;
   c.tgt_vocab_size = 35;
   c.share_embeddings = EmbeddingSharing::kNone;
-  Model a = init_model(c, 3);
+  Model a = init_model(c, 3, tfm::cpu_backend());
   const std::string float_path = temp_path("int8_source.safetensors");
   const std::string int8_path = temp_path("int8.safetensors");
   save_model(a, float_path);
@@ -272,7 +273,7 @@ TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
   EXPECT_EQ(int8_tensors, size_t(c.encoder_layers * 6 + c.decoder_layers * 10 + 3));
 
   const Model int8 = load_model(int8_path, cpu_backend(), ModelWeights::kInt8);
-  const Model multiplied_out = load_model(int8_path);
+  const Model multiplied_out = load_model(int8_path, tfm::cpu_backend());
   ASSERT_TRUE(int8.holds_int8_weights());
   EXPECT_FALSE(multiplied_out.holds_int8_weights());
   const TensorMap int8_host = int8.parameters().to_host();
@@ -308,7 +309,7 @@ TEST(ModelFile, Int8WeightsAreStoredAsTheyAreQuantised) {
 TEST(ModelFile, Int8FileErrorsAreNamed) {
   ModelConfig c = preset_config("tiny");
   c.src_vocab_size = c.tgt_vocab_size = 30;
-  const TensorMap parameters = init_model(c, 1).parameters().to_host();
+  const TensorMap parameters = init_model(c, 1, tfm::cpu_backend()).parameters().to_host();
   const std::map<std::string, std::string> metadata{{"config", config_to_json_text(c)}};
   const std::string path = temp_path("bad_int8.safetensors");
   const std::string q = "encoder.layers.0.self_attn.q.weight";
@@ -321,7 +322,7 @@ TEST(ModelFile, Int8FileErrorsAreNamed) {
     for (auto& [name, t] : changes) stored[name] = t;
     write_safetensors(path, stored, metadata);
     try {
-      load_model(path);
+      load_model(path, tfm::cpu_backend());
       FAIL() << "no error; expected: " << fragment;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
@@ -340,7 +341,7 @@ TEST(ModelFile, Int8FileErrorsAreNamed) {
   stored[q] = {"I8", {64, 64}, values.data()};
   stored[q + "_scale"] = {"F32", {64}, scales.data()};
   write_safetensors(path, stored, metadata);
-  const Model loaded = load_model(path);
+  const Model loaded = load_model(path, tfm::cpu_backend());
   EXPECT_EQ(loaded.parameters().to_host().at(q).data, std::vector<float>(64 * 64, 0.5f));
   std::remove(path.c_str());
 }

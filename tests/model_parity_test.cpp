@@ -23,7 +23,7 @@ struct Fixture {
 
 Fixture load_fixture(const std::string& name) {
   const std::string dir = TFM_FIXTURE_DIR;
-  Model model = load_model(dir + "/" + name + ".safetensors");
+  Model model = load_model(dir + "/" + name + ".safetensors", tfm::cpu_backend());
   TensorMap io = read_safetensors(dir + "/" + name + ".io.safetensors").tensors;
   TokenBatch batch = testing_support::fixture_batch(model.config(), io);
   return {std::move(model), std::move(io), std::move(batch)};

@@ -96,8 +96,8 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
   EXPECT_NE(r.err.find("data parallel: 2 ranks"), std::string::npos) << r.err;
   // Rank 0 alone reports and writes.
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
-  const tfm::Model one = tfm::load_model(work.path("one/model.safetensors"));
-  const tfm::Model two = tfm::load_model(work.path("two/model.safetensors"));
+  const tfm::Model one = tfm::load_model(work.path("one/model.safetensors"), tfm::cpu_backend());
+  const tfm::Model two = tfm::load_model(work.path("two/model.safetensors"), tfm::cpu_backend());
   std::string where;
   EXPECT_LT(max_relative_difference(two, one, where), 1e-5) << where;
   // Each sentence was used once: the ranks' shares add up to the global batches.
@@ -111,8 +111,9 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = work.run_cli(train_flags("two_sgd", 20) + sgd, "/dev/null", kLauncher);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_LT(max_relative_difference(tfm::load_model(work.path("two_sgd/model.safetensors")),
-                                    tfm::load_model(work.path("one_sgd/model.safetensors")), where),
+  EXPECT_LT(max_relative_difference(
+                tfm::load_model(work.path("two_sgd/model.safetensors"), tfm::cpu_backend()),
+                tfm::load_model(work.path("one_sgd/model.safetensors"), tfm::cpu_backend()), where),
             1e-5)
       << where;
   // A cool-down by the clock (the whole run, by --max-minutes): every rank takes rank 0's
@@ -124,7 +125,8 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
   EXPECT_GE(training_state("two_clock", "step"),
             10);  // so the replicas were compared (every 5 steps)
   // The parameters moved: the comparison is not of two untouched initialisations.
-  const tfm::Model start = tfm::load_model(work.path("one/checkpoints/step-000000010.safetensors"));
+  const tfm::Model start =
+      tfm::load_model(work.path("one/checkpoints/step-000000010.safetensors"), tfm::cpu_backend());
   EXPECT_GT(max_relative_difference(start, one, where), 1e-3);
 
   // 10 steps on 2 ranks, then resumed on 1 process to step 20: the same run.
@@ -132,7 +134,8 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = work.run_cli(train_flags("switch", 20) + " --resume");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const tfm::Model switched = tfm::load_model(work.path("switch/model.safetensors"));
+  const tfm::Model switched =
+      tfm::load_model(work.path("switch/model.safetensors"), tfm::cpu_backend());
   EXPECT_LT(max_relative_difference(switched, one, where), 1e-5) << where;
 }
 
@@ -163,7 +166,7 @@ TEST_F(MpiTrain, KillingOneRankEndsTheJobAndKeepsTheLastCheckpoint) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   EXPECT_LT(seconds, 30.0);
   EXPECT_TRUE(!WIFEXITED(status) || WEXITSTATUS(status) != 0) << "the job reported success";
-  EXPECT_NO_THROW(tfm::load_model(dir + "/model.safetensors"));
+  EXPECT_NO_THROW(tfm::load_model(dir + "/model.safetensors", tfm::cpu_backend()));
   const CliResult r = work.run_cli(train_flags("killed", 1) + " --resume");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   std::printf("job ended %.1f s after the kill; its stderr:\n%s\n", seconds,

@@ -51,7 +51,7 @@ void expect_parameters_near(const Model& model, const TensorMap& expected,
 TEST(Optimizer, OneSgdStepMovesEveryParameterByMinusItsGradient) {
   for (const char* name : {"paper_post", "pre_gelu_target", "none_learned"}) {
     const std::string dir = TFM_FIXTURE_DIR;
-    Model model = load_model(dir + "/" + name + ".safetensors");
+    Model model = load_model(dir + "/" + name + ".safetensors", tfm::cpu_backend());
     const TokenBatch batch = fixture_batch(
         model.config(), read_safetensors(dir + "/" + name + ".io.safetensors").tensors);
     OptimizerOptions o;
@@ -68,7 +68,7 @@ TEST(Optimizer, OneSgdStepMovesEveryParameterByMinusItsGradient) {
 TEST(Optimizer, ThreeAdamStepsMatchTorchOptimAdam) {
   for (const char* name : {"paper_post", "pre_gelu_target"}) {
     const std::string dir = TFM_FIXTURE_DIR;
-    Model model = load_model(dir + "/" + name + ".safetensors");
+    Model model = load_model(dir + "/" + name + ".safetensors", tfm::cpu_backend());
     const TokenBatch batch = fixture_batch(
         model.config(), read_safetensors(dir + "/" + name + ".io.safetensors").tensors);
     OptimizerOptions o;

@@ -60,9 +60,9 @@ std::string data_flags(const std::string& train, const std::string& valid = "") 
 double exact_match(const std::string& model, const std::string& prefix, int beam,
                    const std::string& device = "cpu") {
   const std::string out = work.path(prefix + ".beam" + std::to_string(beam));
-  const CliResult r = work.run_cli("translate --model " + model + " --ids -i " +
-                                   work.path(prefix + ".src") + " -o " + out + " --beam " +
-                                   std::to_string(beam) + " --device " + device);
+  const CliResult r =
+      work.run_cli("translate --model " + model + " --ids -i " + work.path(prefix + ".src") +
+                   " -o " + out + " --beam " + std::to_string(beam) + " --device " + device);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   std::istringstream hyp(tfm::read_file_bytes(out)),
       ref(tfm::read_file_bytes(work.path(prefix + ".tgt")));
@@ -262,9 +262,11 @@ TEST(Train, ResumeContinuesBitForBit) {
                          work.path("avg.safetensors"))
                 .exit_code,
             0);
-  tfm::Model average = tfm::load_model(work.path("avg.safetensors"));
-  tfm::Model a = tfm::load_model(work.path("straight/checkpoints/step-000000015.safetensors"));
-  tfm::Model b = tfm::load_model(work.path("straight/checkpoints/step-000000020.safetensors"));
+  tfm::Model average = tfm::load_model(work.path("avg.safetensors"), tfm::cpu_backend());
+  tfm::Model a = tfm::load_model(work.path("straight/checkpoints/step-000000015.safetensors"),
+                                 tfm::cpu_backend());
+  tfm::Model b = tfm::load_model(work.path("straight/checkpoints/step-000000020.safetensors"),
+                                 tfm::cpu_backend());
   const auto& name = "decoder.layers.1.ffn.fc2.weight";
   const tfm::Tensor mean = average.parameters().to_host().at(name),
                     first = a.parameters().to_host().at(name),
@@ -290,7 +292,9 @@ TEST(Train, CooldownFollowsTheScheduleThenFallsToZeroAndResumesBitForBit) {
   schedule.warmup = 4;
   schedule.lr_factor = 2;
   const int64_t d_model =
-      tfm::load_model(work.path("cool_straight/model.safetensors")).config().d_model;
+      tfm::load_model(work.path("cool_straight/model.safetensors"), tfm::cpu_backend())
+          .config()
+          .d_model;
   for (const auto& entry : steps) {
     const int64_t step = entry["step"];
     // Before step s, (s - 1) of 20 steps are done: over the last 40% the factor is below 1
@@ -371,9 +375,9 @@ int train_and_signal(const std::string& dir, int signal) {
 
 TEST(Train, SigtermSavesAndExitsCleanlyAndSigkillLeavesALoadableCheckpoint) {
   EXPECT_EQ(train_and_signal(work.path("term"), SIGTERM), 0);
-  EXPECT_NO_THROW(tfm::load_model(work.path("term/model.safetensors")));
+  EXPECT_NO_THROW(tfm::load_model(work.path("term/model.safetensors"), tfm::cpu_backend()));
   EXPECT_EQ(train_and_signal(work.path("killed"), SIGKILL), 128 + SIGKILL);
-  EXPECT_NO_THROW(tfm::load_model(work.path("killed/model.safetensors")));
+  EXPECT_NO_THROW(tfm::load_model(work.path("killed/model.safetensors"), tfm::cpu_backend()));
   // And the killed run resumes.
   const CliResult r = work.run_cli("train" + data_flags("long") + " --model-dir " +
                                    work.path("killed") + " --resume --max-steps 1 --valid-every 0");

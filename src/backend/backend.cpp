@@ -21,6 +21,10 @@ const std::vector<const Backend*>& available_backends() {
   return backends;
 }
 
+std::string Backend::unsupported_reason(Precision) const {
+  return "is not supported by device " + name();
+}
+
 std::string available_backend_names() {
   std::string names;
   for (const Backend* backend : available_backends()) {

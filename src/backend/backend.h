@@ -46,6 +46,10 @@ class Backend {
   virtual std::string name() const = 0;
   // Whether prepare_matrix accepts this precision here (bfloat16 needs AVX512-BF16 on the CPU).
   virtual bool supports(Precision precision) const = 0;
+  // Why supports(precision) is false, as the end of a sentence about it ("needs a CPU with
+  // AVX512-BF16 instructions"): what error messages say. By default "is not supported by
+  // device <name>".
+  virtual std::string unsupported_reason(Precision precision) const;
 
   // --- Matrix products ---------------------------------------------------------------------
   // C[m, n] = alpha · op(A)[m, k] · op(B)[k, n] + beta · C, op(X) = X or Xᵀ; lda/ldb/ldc are
@@ -216,6 +220,11 @@ class Backend {
   // y[rows[r]] = x[r] for r < count (rows distinct); strides ldx, ldy.
   virtual void scatter_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                             int64_t d, float* y, int64_t ldy) const = 0;
+  // y[groups, cols] (dense) = the mean of each group of group_size consecutive rows of
+  // x[groups · group_size, cols] (dense): the rows summed in order, then times 1 / group_size.
+  // Decoding's cross-attention weights [N, H, S] averaged over the heads in one call.
+  virtual void mean_of_row_groups(const float* x, int64_t groups, int64_t group_size, int64_t cols,
+                                  float* y) const = 0;
   // y[rows[r]] = x[r] rounded to bfloat16 (nearest, ties to even), as scatter_rows: a bfloat16
   // key/value cache's append.
   virtual void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows,

@@ -43,7 +43,7 @@ CommandRunner add_average_command(CLI::App& app) {
     std::optional<ModelConfig> config;
     std::vector<float> add;  // a tensor being added, copied where the host cannot read it
     for (const auto& path : files) {
-      Model m = load_model(path);
+      Model m = load_model(path, cpu_backend());  // averaged on the host
       if (!config) {
         config = m.config();
         sum = m.parameters().to_host();
@@ -60,7 +60,7 @@ CommandRunner add_average_command(CLI::App& app) {
     const float inv = 1.f / float(files.size());
     for (auto& [name, t] : sum)
       for (float& x : t.data) x *= inv;
-    save_model(Model(*config, std::move(sum), "average"), o->output);
+    save_model(Model(*config, std::move(sum), "average", cpu_backend()), o->output);
     std::printf("wrote %s: average of %zu models\n", o->output.c_str(), files.size());
   };
 }

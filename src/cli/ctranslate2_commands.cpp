@@ -79,7 +79,7 @@ CommandRunner add_export_ctranslate2_command(CLI::App& app) {
     std::error_code ec;
     if (!o->force && fs::is_directory(o->output, ec) && !fs::is_empty(o->output, ec))
       throw Error(o->output + ": directory is not empty (use --force to write into it)");
-    ModelBundle bundle = load_model_bundle(o->model, /*need_vocabulary=*/true);
+    ModelBundle bundle = load_model_bundle(o->model, /*need_vocabulary=*/true, cpu_backend());
     const Vocabulary& source = *bundle.source_vocabulary;
     const Vocabulary& target = *bundle.target_vocabulary;
     auto token_list = [](const Vocabulary& v) {

@@ -64,8 +64,8 @@ Precision ComputeTypeOption::resolve(const Backend& backend, const std::string& 
     precision = stored_precision(model_path);
     if (!backend.supports(precision))
       throw Error(model_path + " stores int8 weights, which device " + backend.name() +
-                  " cannot multiply here (int8 needs AVX512-VNNI or AVX-VNNI on a CPU); "
-                  "--compute-type float32 runs it in float32");
+                  " cannot multiply here (int8 " + backend.unsupported_reason(precision) +
+                  "); --compute-type float32 runs it in float32");
     return precision;
   }
   if (name == "auto")  // as CTranslate2's auto on CPUs: int8 where it runs here, else float32
@@ -74,13 +74,7 @@ Precision ComputeTypeOption::resolve(const Backend& backend, const std::string& 
   if (!parse_compute_type(name, precision, cache))
     throw Error("--compute-type: " + compute_type_problem(name));
   if (backend.supports(precision)) return precision;
-  if (backend.name() != "cpu")
-    throw Error("--compute-type " + name + " is not supported by device " + backend.name());
-  throw Error(precision == Precision::kBFloat16
-                  ? "--compute-type bfloat16 needs a CPU with AVX512-BF16 instructions"
-                  : "--compute-type " + name +
-                        " needs a CPU with int8 dot-product instructions (AVX512-VNNI or "
-                        "AVX-VNNI)");
+  throw Error("--compute-type " + name + " " + backend.unsupported_reason(precision));
 }
 
 CacheFormat ComputeTypeOption::cache_format() const {

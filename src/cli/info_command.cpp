@@ -114,7 +114,7 @@ CommandRunner add_info_command(CLI::App& app) {
     if (!model_path->empty() && !std::filesystem::is_directory(*model_path, ec)) {
       print_file_info(*model_path);
     } else if (!model_path->empty()) {
-      ModelBundle bundle = load_model_bundle(*model_path, false);
+      ModelBundle bundle = load_model_bundle(*model_path, false, cpu_backend());
       print_info(bundle.model.config());
       // A training run's directory: where its training stands (the checkpoint --resume reads).
       if (has_checkpoint(*model_path)) {

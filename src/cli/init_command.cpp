@@ -26,7 +26,7 @@ CommandRunner add_init_command(CLI::App& app) {
       "model.safetensors");
   return [options] {
     const ModelConfig config = options->config.resolve();
-    Model model = init_model(config, options->seed);
+    Model model = init_model(config, options->seed, cpu_backend());
     save_model(model, options->output);
     std::printf("wrote %s: %lld parameters\n", options->output.c_str(),
                 (long long)parameter_count(config));

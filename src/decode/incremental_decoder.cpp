@@ -87,13 +87,6 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
   const int32_t* history = upload(backend, history_.data(), n * max_steps_, device_history_);
   const int64_t* append_rows = upload(backend, append_rows_.data(), n, device_append_rows_);
   const int32_t* sentence = upload(backend, hypothesis_sentence_.data(), n, device_sentence_);
-  const int64_t* head_rows = nullptr;  // [H, N]
-  if (cross_attention && !per_head) {
-    head_rows_.resize(size_t(heads * n));
-    for (int64_t head = 0; head < heads; ++head)
-      for (int64_t i = 0; i < n; ++i) head_rows_[size_t(head * n + i)] = i * heads + head;
-    head_rows = upload(backend, head_rows_.data(), heads * n, device_head_rows_);
-  }
 
   for (int64_t layer = 0; layer < c.decoder_layers; ++layer) {
     DecoderStep step;
@@ -123,14 +116,8 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
       const float* probs = layer_cache_.cross_attn.probs.data();  // [N, H, S]
       if (per_head) {
         backend.copy(probs, n * heads * src_len_, cross_attention);
-      } else {  // the mean over heads: rows i·H + head of probs viewed as [N·H, S], summed
-        float* one_head = ensure_size(backend, one_head_, n * src_len_);  // [N, S]
-        for (int64_t head = 0; head < heads; ++head) {
-          backend.gather_rows(probs, src_len_, head_rows + head * n, n, src_len_,
-                              head == 0 ? cross_attention : one_head, src_len_);
-          if (head > 0) backend.add(cross_attention, one_head, n * src_len_);
-        }
-        backend.scale(cross_attention, 1.f / float(heads), n * src_len_);
+      } else {  // the mean over heads: probs viewed as N groups of H rows of S
+        backend.mean_of_row_groups(probs, n, heads, src_len_, cross_attention);
       }
     }
     backend.copy(layer_cache_.output(), n * d, x);

@@ -65,18 +65,15 @@ class IncrementalDecoder {
   // Cache row holding position j of hypothesis i: history_[i * max_steps + j], j < position.
   std::vector<int32_t> history_, reordered_history_;  // [max_hypotheses, max_steps]
   std::vector<int64_t> append_rows_;                  // [N] history_'s rows at this position
-  std::vector<int64_t> head_rows_;                    // [H, N] row i·H + h of the weights
   DeviceBuffer<int32_t> device_src_lengths_;          // [sentences]
   DeviceBuffer<int32_t> device_tokens_;               // [N]
   DeviceBuffer<int32_t> device_sentence_;             // [N] hypothesis_sentence_
   DeviceBuffer<int32_t> device_history_;              // [N, max_steps]
   DeviceBuffer<int64_t> device_append_rows_;          // [N]
-  DeviceBuffer<int64_t> device_head_rows_;            // [H, N]
   std::vector<DeviceBuffer<float>> cross_kv_;         // per layer [sentences, S, 2D]: keys | values
   std::vector<DeviceBuffer<uint16_t>> bfloat16_cross_kv_;  // the same in a bfloat16 cache
   DeviceBuffer<float> x_;                                  // [N, D] residual stream
   DecoderLayerCache layer_cache_;  // the layer's buffers (one layer at a time)
-  DeviceBuffer<float> one_head_;   // [N, S] one head's cross-attention
 };
 
 }  // namespace tfm

@@ -23,8 +23,7 @@ struct ModelBundle {
 // `backend`. With `inference_only` (translate, score, serve) it runs inference in that precision
 // only: int8 reads its linear weights as int8 (model_weights_for), and every precision frees the
 // float weights once packed (Model::set_inference_only); without, all weights are float32.
-ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary,
-                              const Backend& backend = cpu_backend(),
+ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary, const Backend& backend,
                               std::optional<Precision> inference_only = std::nullopt);
 
 // The model file `path` names: itself, or a directory's model.safetensors. Throws Error when

@@ -29,7 +29,7 @@ inline ModelWeights model_weights_for(Precision precision) {
 // (check_finite_parameters). The model runs on `backend`. A file that stores its linear
 // weights in int8 (docs/model-file.md, "int8 weights") loads them as they are for kInt8
 // and multiplied out by their row scales for kFloat32.
-Model load_model(const std::string& path, const Backend& backend = cpu_backend(),
+Model load_model(const std::string& path, const Backend& backend,
                  ModelWeights weights = ModelWeights::kFloat32);
 
 // The config of a model file's header (its metadata, declared shapes and dtypes, before any

@@ -9,6 +9,6 @@
 
 namespace tfm {
 
-Model init_model(const ModelConfig& config, uint64_t seed, const Backend& backend = cpu_backend());
+Model init_model(const ModelConfig& config, uint64_t seed, const Backend& backend);
 
 }  // namespace tfm

@@ -36,8 +36,8 @@ class Model {
         DeviceInt8Weights int8_weights = {});
   // The same from host tensors, copied into `backend`'s memory (each freed once copied); a
   // tensor without data is one that int8_weights holds.
-  Model(ModelConfig config, TensorMap parameters, const std::string& where,
-        const Backend& backend = cpu_backend(), Int8WeightMap int8_weights = {});
+  Model(ModelConfig config, TensorMap parameters, const std::string& where, const Backend& backend,
+        Int8WeightMap int8_weights = {});
   Model(Model&&) = default;
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;

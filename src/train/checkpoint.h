@@ -65,7 +65,7 @@ struct LoadedCheckpoint {
   TrainingState state;
 };
 // The model runs on `backend`.
-LoadedCheckpoint load_checkpoint(const std::string& dir, const Backend& backend = cpu_backend());
+LoadedCheckpoint load_checkpoint(const std::string& dir, const Backend& backend);
 // DIR/checkpoint.safetensors: where a run keeps what --resume continues from.
 std::string checkpoint_path(const std::string& dir);
 bool has_checkpoint(const std::string& dir);

@@ -57,9 +57,8 @@ void check_compute_type(const Backend& backend, Precision precision) {
   if (precision == Precision::kInt8)
     throw Error("--compute-type int8 is for inference; train in float32 or bfloat16");
   if (!backend.supports(precision))
-    throw Error(std::string("--compute-type ") + precision_name(precision) +
-                (backend.name() == "cpu" ? " needs a CPU with AVX512-BF16 instructions"
-                                         : " is not supported by device " + backend.name()));
+    throw Error(std::string("--compute-type ") + precision_name(precision) + " " +
+                backend.unsupported_reason(precision));
 }
 
 // Sums loss totals over the ranks (nothing to do in one process).

@@ -55,6 +55,17 @@ class CpuBackend final : public Backend {
     return false;
   }
 
+  std::string unsupported_reason(Precision precision) const override {
+    switch (precision) {
+      case Precision::kBFloat16:
+        return "needs a CPU with AVX512-BF16 instructions";
+      case Precision::kInt8:
+        return "needs a CPU with int8 dot-product instructions (AVX512-VNNI or AVX-VNNI)";
+      default:
+        return Backend::unsupported_reason(precision);
+    }
+  }
+
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision, MatmulEpilogue epilogue) const override {
@@ -224,6 +235,19 @@ class CpuBackend final : public Backend {
                     float* y, int64_t ldy) const override {
 #pragma omp parallel for schedule(static) if (count * d >= kParallelElements)
     for (int64_t r = 0; r < count; ++r) std::copy_n(x + r * ldx, d, y + rows[r] * ldy);
+  }
+  void mean_of_row_groups(const float* x, int64_t groups, int64_t group_size, int64_t cols,
+                          float* y) const override {
+    const float inverse = 1.f / float(group_size);
+#pragma omp parallel for schedule(static) if (groups * group_size * cols >= kParallelElements)
+    for (int64_t g = 0; g < groups; ++g) {
+      float* out = y + g * cols;  // [cols]
+      const float* first = x + g * group_size * cols;
+      std::copy_n(first, cols, out);
+      for (int64_t k = 1; k < group_size; ++k)
+        for (int64_t c = 0; c < cols; ++c) out[c] += first[k * cols + c];
+      for (int64_t c = 0; c < cols; ++c) out[c] *= inverse;
+    }
   }
   void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                                 int64_t d, uint16_t* y, int64_t ldy) const override {

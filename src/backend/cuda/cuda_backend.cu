@@ -288,6 +288,11 @@ class CudaBackend final : public Backend {
     TFM_CUDA_OPERATION(c_, "scatter_rows");
     cuda::scatter_rows(c_.stream, x, ldx, rows, count, d, y, ldy);
   }
+  void mean_of_row_groups(const float* x, int64_t groups, int64_t group_size, int64_t cols,
+                          float* y) const override {
+    TFM_CUDA_OPERATION(c_, "mean_of_row_groups");
+    cuda::mean_of_row_groups(c_.stream, x, groups, group_size, cols, y);
+  }
   void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                                 int64_t d, uint16_t* y, int64_t ldy) const override {
     TFM_CUDA_OPERATION(c_, "scatter_rows_to_bfloat16");

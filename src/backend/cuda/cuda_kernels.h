@@ -60,6 +60,8 @@ void gather_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* row
                  int64_t d, float* y, int64_t ldy);
 void scatter_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                   int64_t d, float* y, int64_t ldy);
+void mean_of_row_groups(cudaStream_t s, const float* x, int64_t groups, int64_t group_size,
+                        int64_t cols, float* y);
 void scatter_rows_to_bfloat16(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
                               int64_t count, int64_t d, uint16_t* y, int64_t ldy);
 // Int8 products (matmul.cu's int8 path): q[m, k] = the activation rows quantised as the CPU

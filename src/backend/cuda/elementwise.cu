@@ -288,6 +288,16 @@ __global__ void scatter_rows_kernel(const float* x, int64_t ldx, const int64_t* 
     y[rows[r] * ldy + c] = x[r * ldx + c];
   }
 }
+__global__ void mean_of_row_groups_kernel(const float* x, int64_t groups, int64_t group_size,
+                                          int64_t cols, float inverse, float* y) {
+  TFM_FOR_EACH(i, groups * cols) {
+    const int64_t g = i / cols, c = i % cols;
+    const float* first = x + g * group_size * cols + c;
+    float sum = first[0];
+    for (int64_t k = 1; k < group_size; ++k) sum += first[k * cols];
+    y[i] = sum * inverse;
+  }
+}
 __global__ void scatter_rows_bfloat16_kernel(const float* x, int64_t ldx, const int64_t* rows,
                                              int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
   TFM_FOR_EACH(i, count * d) {
@@ -547,6 +557,13 @@ void scatter_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* ro
   if (count * d == 0) return;
   scatter_rows_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(x, ldx, rows, count, d, y, ldy);
   check_launch("scatter_rows");
+}
+void mean_of_row_groups(cudaStream_t s, const float* x, int64_t groups, int64_t group_size,
+                        int64_t cols, float* y) {
+  if (groups * cols == 0) return;
+  mean_of_row_groups_kernel<<<blocks_for(groups * cols), kThreads, 0, s>>>(
+      x, groups, group_size, cols, 1.f / float(group_size), y);
+  check_launch("mean_of_row_groups");
 }
 void scatter_rows_to_bfloat16(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
                               int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
