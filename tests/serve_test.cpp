@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/backend.h"
 #include "cli_runner.h"
 #include "model/config.h"
 #include "serve/translate_request.h"
@@ -243,6 +244,35 @@ TEST(Serve, ConcurrentRequestsEqualTranslate) {
       std::regex_search(metrics, m, std::regex("transformer_batch_sentences_count (\\d+)")));
   EXPECT_LT(std::stoi(m[1]), 48 + 10) << metrics;
   EXPECT_EQ(server.stop(), 0);
+}
+
+// On a GPU (skipped where there is none): `serve --device cuda` answers concurrent requests,
+// batched together, with the CPU's `translate` output, and stops cleanly.
+TEST(Serve, TheGpuServesWhatTheCpuTranslates) {
+  std::string gpu;
+  for (const tfm::Backend* backend : tfm::available_backends())
+    if (!backend->memory_is_host()) gpu = backend->name();
+  if (gpu.empty())
+    GTEST_SKIP() << "no GPU backend on this machine (this build has: "
+                 << tfm::available_backend_names() << ")";
+  const std::vector<std::string> words = arabic_words(24, 11);
+  const std::vector<std::string> expected = translate_lines(words, "--beam 4");
+  Server server("--device " + gpu + " --batch-wait-ms 30 --batch-quiet-ms 30", "gpu_server");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  std::vector<std::future<json>> answers;
+  for (size_t i = 0; i < words.size(); ++i)
+    answers.push_back(std::async(std::launch::async, [&, i] {
+      int status = 0;
+      json j = post_json(server, "/v1/translate", json({{"text", words[i]}}).dump(), &status);
+      EXPECT_EQ(status, 200) << j;
+      return j;
+    }));
+  for (size_t i = 0; i < words.size(); ++i) {
+    const json j = answers[i].get();
+    ASSERT_TRUE(j.contains("translations")) << j;
+    EXPECT_EQ(j["translations"][0]["text"], expected[i]) << words[i];
+  }
+  EXPECT_EQ(server.stop(), 0) << server.stderr_text();
 }
 
 TEST(Serve, RequestOptionsPrefixAndAttention) {

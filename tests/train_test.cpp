@@ -157,6 +157,33 @@ TEST(Train, ReversalTaskIsLearnedOnTheGpuAndItsCheckpointsMoveToTheCpu) {
         << "step " << on_cpu[i]["step"];
 }
 
+// On a GPU (skipped where there is none): 1,000 training steps do not grow their device memory
+// (the activation block planned per epoch, scratch returned to the pool), as the log's
+// device_memory_mb says.
+TEST(Train, GpuMemoryStaysFlatOverAThousandSteps) {
+  std::string why;
+  const std::string gpu = first_gpu(why);
+  if (gpu.empty()) GTEST_SKIP() << why;
+  write_reversal_data("rev_train", 20000, 3, 8, 1);
+  const std::string dir = work.path("rev_gpu_memory");
+  fs::remove_all(dir);
+  const CliResult r = work.run_cli("train --preset tiny --vocab 32" + data_flags("rev_train") +
+                                   " --model-dir " + dir + " --device " + gpu +
+                                   " --max-steps 1000 --batch-tokens 1024 --log-every 100");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto train = log_events(dir, "train");
+  ASSERT_EQ(train.size(), 10u);
+  ASSERT_TRUE(train[1].contains("device_memory_mb")) << train[1];
+  // Steps 200, 600, 1000. A later epoch may plan a larger activation block for a longer batch
+  // (a step, not a slope); a leak grows with the steps: 600 -> 1000 must not grow.
+  const double settled = train[1]["device_memory_mb"].get<double>();
+  const double later = train[5]["device_memory_mb"].get<double>();
+  const double last = train[9]["device_memory_mb"].get<double>();
+  EXPECT_GT(settled, 0.0);
+  EXPECT_LE(later, settled * 1.10);
+  EXPECT_LE(last, later * 1.01) << "200: " << settled << " MB, 600: " << later << " MB";
+}
+
 // The trainer plans its activation block from batch_shape (model/transformer.h) instead of
 // building every batch of an epoch: it must be the shape of the batch it then builds, for
 // every rank's share.

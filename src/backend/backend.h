@@ -206,6 +206,9 @@ class Backend {
   // write it through its pointers — checkpoints are written from it and MPI reduces it in
   // place — where another backend's is copied through the host first.
   virtual bool memory_is_host() const = 0;
+  // Bytes of this backend's own memory that its allocations hold now, or -1 where it does not
+  // say (the CPU: its memory is the process's, which the resident set size measures).
+  virtual int64_t memory_in_use() const { return -1; }
   // Byte copies within this backend's memory, and between it and the host's.
   virtual void copy_bytes(const void* from, int64_t bytes, void* to) const = 0;
   virtual void copy_from_host(const void* host, int64_t bytes, void* device) const = 0;

@@ -6,6 +6,7 @@
 // per-query kernels of attention.cu. Products in float32, as the CPU backend's.
 #include <cmath>
 
+#include "backend/cuda/blas_library.h"
 #include "backend/cuda/cuda_kernels.h"
 
 namespace tfm {
@@ -96,11 +97,12 @@ void strided_product(const Context& c, bool trans_a, bool trans_b, int64_t m, in
                      int64_t stride_b, float* out, int64_t ldc, int64_t stride_c, int64_t batch) {
   const float alpha = 1.f, beta = 0.f;
   std::lock_guard<std::mutex> lock(c.blas_mutex);
-  TFM_CUDA(cublasSetStream(c.blas, c.stream));
-  TFM_CUDA(cublasSgemmStridedBatched(c.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k),
-                                     &alpha, b, int(ldb), stride_b, a, int(lda), stride_a, &beta,
-                                     out, int(ldc), stride_c, int(batch)));
+  const BlasLibrary& blas = blas_library();
+  TFM_CUDA(blas.set_stream(c.blas, c.stream));
+  TFM_CUDA(blas.sgemm_strided_batched(c.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k),
+                                      &alpha, b, int(ldb), stride_b, a, int(lda), stride_a, &beta,
+                                      out, int(ldc), stride_c, int(batch)));
 }
 
 float score_scale(const AttentionShape& s) {

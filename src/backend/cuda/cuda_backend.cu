@@ -8,6 +8,7 @@
 #include <new>
 #include <stdexcept>
 
+#include "backend/cuda/blas_library.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/matmul.h"
@@ -27,7 +28,7 @@ void check(cudaError_t status, const char* call) {
 }
 void check(cublasStatus_t status, const char* call) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw Error(std::string("cuBLAS: ") + call + ": " + cublasGetStatusString(status));
+  throw Error(std::string("cuBLAS: ") + call + ": " + blas_library().status_string(status));
 }
 void check_launch(const char* kernel) {
   check(cudaGetLastError(), kernel);
@@ -37,8 +38,8 @@ void Context::activate() const {
   TFM_CUDA(cudaSetDevice(device));
   std::call_once(created, [this] {
     TFM_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    TFM_CUDA(cublasCreate(&blas));
-    TFM_CUDA(cublasSetStream(blas, stream));
+    TFM_CUDA(blas_library().create(&blas));
+    TFM_CUDA(blas_library().set_stream(blas, stream));
     // The pool keeps what is freed: the next step's buffers come back without the driver.
     cudaMemPool_t pool;
     TFM_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
@@ -252,6 +253,14 @@ class CudaBackend final : public Backend {
     cudaFreeAsync(memory, c_.stream);
   }
   bool memory_is_host() const override { return false; }
+  int64_t memory_in_use() const override {
+    c_.activate();
+    cudaMemPool_t pool;
+    uint64_t used = 0;
+    TFM_CUDA(cudaDeviceGetDefaultMemPool(&pool, c_.device));
+    TFM_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    return int64_t(used);
+  }
   void copy_bytes(const void* from, int64_t bytes, void* to) const override {
     if (bytes <= 0) return;
     TFM_CUDA_OPERATION(c_, "copy_bytes");

@@ -3,6 +3,7 @@
 // with the same stride and no copy. See matmul.h.
 #include <stdexcept>
 
+#include "backend/cuda/blas_library.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/matmul.h"
 #include "backend/device_buffer.h"
@@ -21,14 +22,15 @@ void blas_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64
                   float alpha, const void* a, int64_t lda, const void* b, int64_t ldb, float beta,
                   float* out, int64_t ldc, cudaDataType_t type) {
   std::lock_guard<std::mutex> lock(c.blas_mutex);
-  TFM_CUDA(cublasSetStream(c.blas, c.stream));
+  const BlasLibrary& blas = blas_library();
+  TFM_CUDA(blas.set_stream(c.blas, c.stream));
   if (type == CUDA_R_32F) {
-    TFM_CUDA(cublasSgemm(c.blas, op(trans_b), op(trans_a), int(n), int(m), int(k), &alpha,
-                         static_cast<const float*>(b), int(ldb), static_cast<const float*>(a),
-                         int(lda), &beta, out, int(ldc)));
+    TFM_CUDA(blas.sgemm(c.blas, op(trans_b), op(trans_a), int(n), int(m), int(k), &alpha,
+                        static_cast<const float*>(b), int(ldb), static_cast<const float*>(a),
+                        int(lda), &beta, out, int(ldc)));
     return;
   }
-  TFM_CUDA(cublasGemmEx(c.blas, op(trans_b), op(trans_a), int(n), int(m), int(k), &alpha, b, type,
+  TFM_CUDA(blas.gemm_ex(c.blas, op(trans_b), op(trans_a), int(n), int(m), int(k), &alpha, b, type,
                         int(ldb), a, type, int(lda), &beta, out, CUDA_R_32F, int(ldc),
                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }

@@ -1,0 +1,54 @@
+// See blas_library.h.
+#include <dlfcn.h>
+
+#include <string>
+
+#include "backend/cuda/blas_library.h"
+#include "tensor/error.h"
+
+namespace tfm {
+namespace cuda {
+
+namespace {
+
+// The major version this build was compiled against (CUBLAS_VER_MAJOR), then the unversioned
+// development link.
+void* open_library(std::string& tried) {
+  const std::string versioned = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+  for (const std::string& name : {versioned, std::string("libcublas.so")}) {
+    if (void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
+    const char* why = dlerror();
+    tried += (tried.empty() ? "" : "; ") + name + ": " + (why ? why : "not found");
+  }
+  return nullptr;
+}
+
+template <typename Function>
+void look_up(void* handle, const char* name, Function& function) {
+  function = reinterpret_cast<Function>(dlsym(handle, name));
+  if (!function) throw Error(std::string("cuBLAS: the library has no ") + name);
+}
+
+BlasLibrary load() {
+  std::string tried;
+  void* handle = open_library(tried);  // kept open for the process's life
+  if (!handle) throw Error("cuBLAS could not be loaded (" + tried + ")");
+  BlasLibrary library{};
+  look_up(handle, "cublasCreate_v2", library.create);
+  look_up(handle, "cublasSetStream_v2", library.set_stream);
+  look_up(handle, "cublasSgemm_v2", library.sgemm);
+  look_up(handle, "cublasGemmEx", library.gemm_ex);
+  look_up(handle, "cublasSgemmStridedBatched", library.sgemm_strided_batched);
+  look_up(handle, "cublasGetStatusString", library.status_string);
+  return library;
+}
+
+}  // namespace
+
+const BlasLibrary& blas_library() {
+  static const BlasLibrary library = load();
+  return library;
+}
+
+}  // namespace cuda
+}  // namespace tfm

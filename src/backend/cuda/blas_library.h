@@ -1,0 +1,32 @@
+// cuBLAS, loaded with dlopen when a GPU is first used rather than linked: a process that links
+// libcublas pays about 210 MB of resident memory at start (the loader's relocations of
+// libcublasLt), CPU runs and --help included, where the CPU-only build starts in 6 MB. The
+// functions the backend calls are looked up once, by their exported names, with the types of
+// cublas_v2.h's declarations.
+#pragma once
+
+#include <cublas_v2.h>
+
+namespace tfm {
+namespace cuda {
+
+struct BlasLibrary {
+  decltype(&cublasCreate_v2) create;
+  decltype(&cublasSetStream_v2) set_stream;
+  decltype(&cublasSgemm_v2) sgemm;
+  // cublasGemmEx as exported (C++ also sees an inline overload taking cudaDataType as the
+  // compute type, which is not in the library).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*,
+                            cudaDataType, int, const void*, void*, cudaDataType, int,
+                            cublasComputeType_t, cublasGemmAlgo_t);
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
+  decltype(&cublasGetStatusString) status_string;
+};
+
+// The library's functions; the first call loads libcublas.so.13 (the runtime's search path:
+// LD_LIBRARY_PATH, the binary's run path, ld.so.conf). Throws Error saying what is missing.
+const BlasLibrary& blas_library();
+
+}  // namespace cuda
+}  // namespace tfm
