@@ -14,7 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (config == file.metadata.end()) return;
     tfm::ModelConfig c = tfm::config_from_json_text(config->second, "fuzz");
     tfm::check_finite_parameters(file.tensors, "fuzz");
-    tfm::Model model(std::move(c), std::move(file.tensors), "fuzz");
+    tfm::Model model(std::move(c), std::move(file.tensors), "fuzz", tfm::cpu_backend());
   });
   return 0;
 }
