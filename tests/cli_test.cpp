@@ -40,6 +40,26 @@ const std::string& tiny_model() {
   return model;
 }
 
+// Thread counts from --threads and from OMP_NUM_THREADS are bounded (4 × the CPUs) before any
+// parallel region runs: 100,000 once crashed in libgomp while loading the model (exit 139).
+TEST(Cli, ThreadCountsAreBoundedBeforeAnyWork) {
+  work.write_file("threads_src.txt", "5 6\n");
+  const std::string translate =
+      "translate --model " + tiny_model() + " --ids -i " + work.path("threads_src.txt");
+  CliResult r = work.run_cli(translate + " --threads 100000");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--threads"), std::string::npos) << r.err;
+  expect_error(work.run_cli(translate, "/dev/null", "OMP_NUM_THREADS=100000 "), 2,
+               {"OMP_NUM_THREADS=100000", "--threads"});
+  expect_error(work.run_cli("info --model " + tiny_model(), "/dev/null", "OMP_NUM_THREADS=4096 "),
+               2, {"OMP_NUM_THREADS=4096"});
+  // --threads decides where both are given; a sensible environment is left alone.
+  r = work.run_cli(translate + " --threads 2", "/dev/null", "OMP_NUM_THREADS=100000 ");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = work.run_cli(translate, "/dev/null", "OMP_NUM_THREADS=2,1 ");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 TEST(Cli, InfoPrintsThePaperParameterCounts) {
   CliResult r = work.run_cli("info --preset base --vocab 37000");
   EXPECT_EQ(r.exit_code, 0) << r.err;

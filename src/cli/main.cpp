@@ -13,6 +13,7 @@
 #include "model/transformer.h"
 #include "tensor/error.h"
 #include "tensor/memory_budget.h"
+#include "tensor/thread_limit.h"
 #include "text/corpus.h"
 #include "train/replicas.h"
 
@@ -25,8 +26,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for all commands");
   int threads = 0;
-  app.add_option("--threads", threads, "Worker threads (default: all cores, or OMP_NUM_THREADS)")
-      ->check(tfm::at_least(0));
+  app.add_option("--threads", threads,
+                 "Worker threads, at most 4 × the CPUs this process may use (default: all cores, "
+                 "or OMP_NUM_THREADS)")
+      ->check(tfm::in_range(0, tfm::max_worker_threads()));
   bool allow_nonfinite = false;
   app.add_flag("--allow-nonfinite", allow_nonfinite,
                "Load model weights that contain NaN or Inf instead of refusing them");
@@ -88,7 +91,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s (see --help)\n", e.what());
     return 2;
   }
-  if (threads > 0) omp_set_num_threads(threads);
+  if (threads > 0) {
+    omp_set_num_threads(threads);
+  } else if (const std::string problem = tfm::thread_environment_problem(); !problem.empty()) {
+    std::fprintf(stderr, "error: %s\n", problem.c_str());  // before any parallel region runs
+    return 2;
+  }
   tfm::allow_nonfinite_weights(allow_nonfinite);
   try {
     if (!max_memory.empty()) tfm::set_memory_limit(tfm::parse_memory_size(max_memory));

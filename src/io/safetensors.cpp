@@ -19,6 +19,7 @@
 #include "tensor/error.h"
 #include "tensor/float16.h"
 #include "tensor/memory_budget.h"
+#include "tensor/thread_limit.h"
 
 namespace tfm {
 
@@ -245,7 +246,7 @@ SafetensorsFile read_from_file(const std::string& path, const SafetensorsHeaderC
         // giving the fresh destination its pages (a fault and a zeroed page per 4 KiB) and
         // copying out of the page cache, and those run in parallel (the base model's float32
         // load measured 0.15 s on one thread; README, Performance).
-        const int64_t chunks = n >= kParallelReadBytes ? omp_get_max_threads() : 1;
+        const int64_t chunks = n >= kParallelReadBytes ? worker_threads() : 1;
         const uint64_t chunk = (n + uint64_t(chunks) - 1) / uint64_t(chunks);
         bool failed = false;
 #pragma omp parallel for schedule(static) if (chunks > 1) reduction(|| : failed)
