@@ -60,6 +60,13 @@ TEST(Cli, ThreadCountsAreBoundedBeforeAnyWork) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// Help that cannot be written is an error, not a success (issue: `--help > /dev/full` exited 0).
+TEST(Cli, HelpToAFullDeviceIsAnError) {
+  expect_error(work.run_cli("--help >/dev/full"), 1, {"standard output"});
+  expect_error(work.run_cli("translate --help >/dev/full"), 1, {"standard output"});
+  EXPECT_EQ(work.run_cli("translate --help >/dev/null").exit_code, 0);
+}
+
 TEST(Cli, InfoPrintsThePaperParameterCounts) {
   CliResult r = work.run_cli("info --preset base --vocab 37000");
   EXPECT_EQ(r.exit_code, 0) << r.err;

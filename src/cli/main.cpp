@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <iostream>
 #include <map>
 #include <new>
 
@@ -16,6 +17,23 @@
 #include "tensor/thread_limit.h"
 #include "text/corpus.h"
 #include "train/replicas.h"
+
+namespace {
+
+// The exit status after --help (or --version) printed to standard output: `code`, or 1 with one
+// error line when the text was lost (a full disk, /dev/full, a closed pipe).
+int help_written(int code) {
+  std::cout.flush();
+  try {
+    tfm::flush_standard_output();
+  } catch (const tfm::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return code;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   tfm::remove_temp_files_on_signals();
@@ -82,11 +100,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return help_written(app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return help_written(app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return help_written(app.exit(e));
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "error: %s (see --help)\n", e.what());
     return 2;
