@@ -213,7 +213,23 @@ TEST(Cli, UsageErrorsExitWithTwo) {
   CliResult help = work.run_cli("score --help");
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("--per-token"), std::string::npos);
-  expect_error(work.run_cli("info --preset base"), 1, {"vocabulary size"});
+  // Options that cannot run together are usage errors too, however late they are found (these
+  // exited 1, as failures of the work, until the class was fixed).
+  expect_error(work.run_cli("info --preset base"), 2, {"vocabulary size"});
+  expect_error(work.run_cli("--max-memory abc info --preset tiny --vocab 20"), 2, {"--max-memory"});
+  work.write_file("usage_src.txt", "5 6\n");
+  const std::string translate =
+      "translate --model " + tiny_model() + " --ids -i " + work.path("usage_src.txt");
+  expect_error(work.run_cli(translate + " --nbest 5 --beam 2"), 2, {"--nbest"});
+  expect_error(work.run_cli(translate + " --replace-unknowns"), 2, {"--replace-unknowns"});
+  expect_error(work.run_cli(translate + " --prefix 5 --prefix-file " + work.path("usage_src.txt")),
+               2, {"--prefix"});
+  expect_error(work.run_cli("score --model " + tiny_model() + " --ids --src - --tgt -"), 2,
+               {"stdin"});
+  expect_error(work.run_cli("average -o " + work.path("avg.safetensors")), 2,
+               {"nothing to average"});
+  expect_error(work.run_cli("init --vocab 20 -o " + work.path("none.safetensors")), 2,
+               {"--preset or --config"});
 }
 
 TEST(Cli, ImportCTranslate2AndScoreText) {

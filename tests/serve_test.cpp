@@ -516,7 +516,7 @@ TEST(Serve, BadStartIsOneErrorLine) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
   r = work.run_cli("serve --model " + model_dir() + " --beam 20");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);  // options that cannot go together: a usage error
   EXPECT_NE(r.err.find("--beam 20 exceeds --max-beam 16"), std::string::npos) << r.err;
   // A port that is taken.
   Server first("");

@@ -32,13 +32,13 @@ CommandRunner add_average_command(CLI::App& app) {
   return [o] {
     std::vector<std::string> files = o->models;
     if (!o->model_dir.empty()) {
-      if (!files.empty()) throw Error("give model files or --model-dir, not both");
+      if (!files.empty()) throw UsageError("give model files or --model-dir, not both");
       const auto snapshots = list_snapshots(o->model_dir);
       if (snapshots.empty()) throw Error(o->model_dir + ": no snapshots in checkpoints/");
       files.assign(snapshots.end() - std::min<int64_t>(o->last, int64_t(snapshots.size())),
                    snapshots.end());
     }
-    if (files.empty()) throw Error("nothing to average: give model files or --model-dir");
+    if (files.empty()) throw UsageError("nothing to average: give model files or --model-dir");
     TensorMap sum;
     std::optional<ModelConfig> config;
     std::vector<float> add;  // a tensor being added, copied where the host cannot read it

@@ -44,7 +44,7 @@ void run_bleu(const BleuCommandOptions& o) {
   int stdin_uses = o.input == "-" ? 1 : 0;
   for (const auto& ref : o.refs) stdin_uses += ref == "-" ? 1 : 0;
   if (stdin_uses > 1)
-    throw Error("stdin (-) can be read only once: give the hypotheses with --input FILE");
+    throw UsageError("stdin (-) can be read only once: give the hypotheses with --input FILE");
   const bool want_bleu = std::find(o.metrics.begin(), o.metrics.end(), "bleu") != o.metrics.end();
   const bool want_chrf = std::find(o.metrics.begin(), o.metrics.end(), "chrf") != o.metrics.end();
 

@@ -32,7 +32,7 @@ void ConfigOptions::add_to(CLI::App& app) {
 
 ModelConfig ConfigOptions::resolve() const {
   if (preset.empty() == config_path.empty())
-    throw Error("give exactly one of --preset or --config");
+    throw UsageError("give exactly one of --preset or --config");
   ModelConfig c;
   nlohmann::json overrides = nlohmann::json::object();
   if (!preset.empty()) {
@@ -45,7 +45,7 @@ ModelConfig ConfigOptions::resolve() const {
   const bool has_src = src_vocab > 0 || vocab > 0 || overrides.contains("src_vocab_size");
   const bool has_tgt = tgt_vocab > 0 || vocab > 0 || overrides.contains("tgt_vocab_size");
   if (!has_src || !has_tgt)
-    throw Error("the vocabulary size is needed: --vocab N (shared) or --src-vocab N --tgt-vocab M");
+    throw UsageError("the vocabulary size is needed: --vocab N (shared) or --src-vocab N --tgt-vocab M");
   nlohmann::json j = config_to_json(c);
   for (auto it = overrides.begin(); it != overrides.end(); ++it) j[it.key()] = it.value();
   if (vocab > 0) j["src_vocab_size"] = j["tgt_vocab_size"] = vocab;

@@ -72,7 +72,7 @@ Precision ComputeTypeOption::resolve(const Backend& backend, const std::string& 
     return backend.supports(Precision::kInt8) ? Precision::kInt8 : Precision::kFloat32;
   CacheFormat cache = CacheFormat::kFloat32;
   if (!parse_compute_type(name, precision, cache))
-    throw Error("--compute-type: " + compute_type_problem(name));
+    throw UsageError("--compute-type: " + compute_type_problem(name));
   if (backend.supports(precision)) return precision;
   throw Error("--compute-type " + name + " " + backend.unsupported_reason(precision));
 }

@@ -121,6 +121,10 @@ int main(int argc, char** argv) {
     if (max_line_bytes) tfm::set_max_line_bytes(max_line_bytes);
     for (CLI::App* sub : app.get_subcommands()) runners.at(sub)();
     tfm::flush_standard_output();  // a full disk or /dev/full must not pass for success
+  } catch (const tfm::UsageError& e) {
+    std::fprintf(stderr, "error: %s (see --help)\n", e.what());
+    tfm::abort_replicas(2);
+    return 2;
   } catch (const tfm::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     // Under mpirun: end the other ranks too instead of leaving them waiting.

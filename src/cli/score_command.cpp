@@ -37,7 +37,7 @@ void run_score(const ScoreOptions& o) {
   const Precision precision = o.compute_type.resolve(backend, o.model);
   ModelBundle bundle = load_model_bundle(o.model, !o.ids, backend, precision);
   const ModelConfig& config = bundle.model.config();
-  if (o.src == "-" && o.tgt == "-") throw Error("--src and --tgt cannot both be stdin");
+  if (o.src == "-" && o.tgt == "-") throw UsageError("--src and --tgt cannot both be stdin");
   const std::vector<std::string> src_lines = read_lines(o.src);
   const std::vector<std::string> tgt_lines = read_lines(o.tgt);
   if (src_lines.size() != tgt_lines.size())

@@ -77,7 +77,7 @@ CommandRunner add_serve_command(CLI::App& app) {
     o->device = decoding->device.name;
     o->search = decoding->resolve(find_backend(o->device), o->model);
     if (o->search.beam > o->limits.max_beam)
-      throw Error("--beam " + std::to_string(o->search.beam) + " exceeds --max-beam " +
+      throw UsageError("--beam " + std::to_string(o->search.beam) + " exceeds --max-beam " +
                   std::to_string(o->limits.max_beam));
     o->batcher.batching = !*no_batching;
     run_server(*o);

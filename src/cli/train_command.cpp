@@ -156,7 +156,7 @@ CommandRunner add_train_command(CLI::App& app) {
     if (!o->compute_type.empty()) {
       Precision precision;
       if (!parse_precision(o->compute_type, precision))
-        throw Error("--compute-type must be float32 or bfloat16, not \"" + o->compute_type + "\"");
+        throw UsageError("--compute-type must be float32 or bfloat16, not \"" + o->compute_type + "\"");
       train.precision = precision;
     }
     if (!o->sentencepiece_alphas.empty())

@@ -67,10 +67,10 @@ class Translation {
         config_(bundle_.model.config()),
         source_vocabulary_(bundle_.source_vocabulary ? &*bundle_.source_vocabulary : nullptr),
         target_vocabulary_(bundle_.target_vocabulary ? &*bundle_.target_vocabulary : nullptr) {
-    if (o_.search.beam < 1) throw Error("--beam must be at least 1");
-    if (o_.nbest > o_.search.beam) throw Error("--nbest cannot exceed --beam");
+    if (o_.search.beam < 1) throw UsageError("--beam must be at least 1");
+    if (o_.nbest > o_.search.beam) throw UsageError("--nbest cannot exceed --beam");
     if (o_.replace_unknowns && o_.ids)
-      throw Error("--replace-unknowns needs text input, not --ids");
+      throw UsageError("--replace-unknowns needs text input, not --ids");
     o_.search.nbest = std::max<int64_t>(o_.nbest, 1);
     o_.search.attention = o_.attention || o_.replace_unknowns || !o_.attention_file.empty();
     o_.search.attention_per_head = !o_.attention_file.empty();
@@ -104,7 +104,7 @@ class Translation {
   // Target prefixes: one for all lines (--prefix), or one per line (--prefix-file).
   void read_prefixes() {
     if (!o_.prefix.empty() && !o_.prefix_file.empty())
-      throw Error("give --prefix or --prefix-file, not both");
+      throw UsageError("give --prefix or --prefix-file, not both");
     if (!o_.prefix.empty()) {
       prefixes_.assign(lines_.size(), encode_target(o_.prefix, "--prefix", 1));
     } else if (!o_.prefix_file.empty()) {

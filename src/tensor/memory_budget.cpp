@@ -65,10 +65,10 @@ int64_t parse_memory_size(const std::string& text) {
   else if (unit == "T" || unit == "TiB")
     scale = 1024.0 * 1024 * 1024 * 1024;
   else if (!unit.empty())
-    throw Error("--max-memory: unknown unit in \"" + text + "\" (use e.g. 512M or 8G)");
+    throw UsageError("--max-memory: unknown unit in \"" + text + "\" (use e.g. 512M or 8G)");
   if (text.empty() || end == text.c_str() || !std::isfinite(value) || value <= 0 ||
       value * scale < 1 || value * scale >= 9.2e18)
-    throw Error("--max-memory: \"" + text + "\" is not a positive size (use e.g. 512M or 8G)");
+    throw UsageError("--max-memory: \"" + text + "\" is not a positive size (use e.g. 512M or 8G)");
   return int64_t(value * scale);
 }
 
