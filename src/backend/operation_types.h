@@ -3,6 +3,7 @@
 // optimizer's hyperparameters. Plain data only; no backend's code.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -75,6 +76,12 @@ struct MatmulEpilogue {
 // In the additive score the head's query and key projections W_i^Q, W_i^K play the roles of
 // Bahdanau's W and U (a further linear map after them would compose into the same thing).
 enum class AttentionScoring { kScaledDot, kDot, kAdditive };
+
+// The factor a scoring applies to the raw dot products: 1/sqrt(d_k) for kScaledDot, else 1
+// (every backend scales by it).
+inline float attention_score_scale(AttentionScoring kind, int64_t head_dim) {
+  return kind == AttentionScoring::kScaledDot ? 1.f / std::sqrt(float(head_dim)) : 1.f;
+}
 
 struct AttentionScore {
   AttentionScoring kind = AttentionScoring::kScaledDot;

@@ -34,10 +34,6 @@
 
 namespace tfm {
 
-float attention_score_scale(AttentionScoring kind, int64_t head_dim) {
-  return kind == AttentionScoring::kScaledDot ? 1.f / std::sqrt(float(head_dim)) : 1.f;
-}
-
 namespace {
 
 // One additive logit: Σ_c v[c]·tanh(q[c] + k[c]) over the d entries of a head.

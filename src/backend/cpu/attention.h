@@ -10,9 +10,6 @@
 
 namespace tfm {
 
-// Scale applied to the raw dot products: 1/sqrt(d_k) for kScaledDot, else 1.
-float attention_score_scale(AttentionScoring kind, int64_t head_dim);
-
 // out[b, t, h*d:(h+1)*d] = Σ_j p[b,h,t,j] · V[b, j, h*d:(h+1)*d]
 // probs: [batch, heads, query_len, key_len] receives the attention weights before dropout
 // (masked entries 0; a query with no visible key gets an all-zero row and a zero output).

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "backend/cuda/attention_common.h"
 #include "backend/cuda/cuda_kernels.h"
 
 namespace tfm {
@@ -30,25 +31,6 @@ __host__ __device__ __forceinline__ int64_t round_up4(int64_t n) {
   return (n + 3) / 4 * 4;
 }
 
-// Visible key range [begin, end) of a query at `position` (backend/cpu/attention.cpp's rule).
-__device__ __forceinline__ void visible_keys(const AttentionMask& mask, int64_t key_count,
-                                             int64_t position, int64_t* begin, int64_t* end) {
-  int64_t lo = 0, hi = key_count;
-  if (mask.causal && position + 1 < hi) hi = position + 1;
-  if (mask.window >= 0) {
-    if (position - mask.window > lo) lo = position - mask.window;
-    if (!mask.causal && position + mask.window + 1 < hi) hi = position + mask.window + 1;
-  }
-  if (hi < lo) hi = lo;
-  *begin = lo;
-  *end = hi;
-}
-
-__host__ __device__ __forceinline__ int64_t batch_stride(int64_t given, int64_t key_len,
-                                                         int64_t row_stride) {
-  return given ? given : key_len * row_stride;
-}
-
 // Row j (of keys or values) of query sequence b, whose keys are sequence kb's, head h.
 template <typename Element>
 __device__ __forceinline__ const Element* key_row(const Element* base, const AttentionShape& s,
@@ -57,7 +39,7 @@ __device__ __forceinline__ const Element* key_row(const Element* base, const Att
                                                   int64_t h) {
   if (s.key_rows)
     return base + int64_t(s.key_rows[b * s.key_rows_stride + j]) * row_stride + h * s.head_dim;
-  return base + kb * batch_stride(given_batch_stride, s.key_len, row_stride) + j * row_stride +
+  return base + kb * sequence_stride(given_batch_stride, s.key_len, row_stride) + j * row_stride +
          h * s.head_dim;
 }
 
@@ -78,10 +60,6 @@ __global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, c
   if (mask.key_lengths && mask.key_lengths[kb] < key_count) key_count = mask.key_lengths[kb];
   int64_t begin, end;
   visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
-  // A query past the last valid key gets an empty range that may start beyond it.
-  begin = begin < key_count ? begin : key_count;
-  end = end < key_count ? end : key_count;
-  end = end > begin ? end : begin;
 
   // Shared memory: the scores (when neither probs nor scratch holds them), then the query: a
   // wide read past the query's end lands in the padding, not in what other threads write.
@@ -137,8 +115,8 @@ __global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, c
 // dK and dV of every key row a block may add to start at 0 (only the heads' columns).
 __global__ void zero_key_rows_kernel(AttentionShape s, float* dk, float* dv) {
   const int64_t width = s.heads * s.head_dim;
-  const int64_t k_batch = batch_stride(s.k_batch_stride, s.key_len, s.k_row_stride);
-  const int64_t v_batch = batch_stride(s.v_batch_stride, s.key_len, s.v_row_stride);
+  const int64_t k_batch = sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride);
+  const int64_t v_batch = sequence_stride(s.v_batch_stride, s.key_len, s.v_row_stride);
   TFM_FOR_EACH(i, s.batch * s.key_len * width) {
     const int64_t c = i % width, j = (i / width) % s.key_len, b = i / (width * s.key_len);
     dk[b * k_batch + j * s.k_row_stride + c] = 0.f;
@@ -162,10 +140,6 @@ __global__ void attention_backward_kernel(AttentionShape s, AttentionMask mask, 
   if (mask.key_lengths && mask.key_lengths[b] < key_count) key_count = mask.key_lengths[b];
   int64_t begin, end;
   visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
-  // A query past the last valid key gets an empty range that may start beyond it.
-  begin = begin < key_count ? begin : key_count;
-  end = end < key_count ? end : key_count;
-  end = end > begin ? end : begin;
   float* dq_row = dq + (b * s.query_len + t) * s.q_row_stride + h * d;
   if (begin >= end) {
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dq_row[c] = 0.f;
@@ -185,8 +159,8 @@ __global__ void attention_backward_kernel(AttentionShape s, AttentionMask mask, 
   const float* p = probs + index * s.key_len;
   const uint8_t* drop = dropout.p > 0.f ? dropout.mask + index * s.key_len : nullptr;
   const float keep_scale = drop ? 1.f / (1.f - dropout.p) : 1.f;
-  const int64_t k_batch = batch_stride(s.k_batch_stride, s.key_len, s.k_row_stride);
-  const int64_t v_batch = batch_stride(s.v_batch_stride, s.key_len, s.v_row_stride);
+  const int64_t k_batch = sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride);
+  const int64_t v_batch = sequence_stride(s.v_batch_stride, s.key_len, s.v_row_stride);
   // dP'_j = dO · V_j, through dropout, and Σ_j dP_j · P_j.
   float dot = 0.f;
   for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
@@ -230,10 +204,6 @@ __global__ void attention_backward_kernel(AttentionShape s, AttentionMask mask, 
   }
 }
 
-float score_scale(const AttentionShape& s) {
-  return s.score.kind == AttentionScoring::kScaledDot ? 1.f / std::sqrt(float(s.head_dim)) : 1.f;
-}
-
 // Shared memory for `rows_in_shared` query-sized rows plus a row of Tk scores, when that fits
 // in the default 48 KB (with the static arrays); otherwise the scores go to a scratch block of
 // [blocks, Tk] floats.
@@ -274,7 +244,7 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
   attention_forward_kernel<Element>
       <<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
           s, mask, q, k, v, probs, in_shared ? nullptr : scratch.as<float>(), out, dropout,
-          score_scale(s));
+          attention_score_scale(s.score.kind, s.head_dim));
   check_launch("attention_forward");
 }
 
@@ -318,7 +288,7 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
       shared_bytes_for(2 * s.head_dim + (in_shared ? round_up4(s.key_len) : 0));
   attention_backward_kernel<<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
       s, mask, q, k, v, probs, dropout, d_out, in_shared ? nullptr : scratch.as<float>(), dq, dk,
-      dv, d_additive_v, score_scale(s));
+      dv, d_additive_v, attention_score_scale(s.score.kind, s.head_dim));
   check_launch("attention_backward");
 }
 

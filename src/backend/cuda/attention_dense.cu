@@ -6,6 +6,7 @@
 // per-query kernels of attention.cu. Products in float32, as the CPU backend's.
 #include <cmath>
 
+#include "backend/cuda/attention_common.h"
 #include "backend/cuda/blas_library.h"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -16,27 +17,12 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // warps per block, one query row each
 
-__host__ __device__ __forceinline__ int64_t sequence_stride(int64_t given, int64_t key_len,
-                                                            int64_t row_stride) {
-  return given ? given : key_len * row_stride;
-}
-
-// Visible keys [begin, end) of query t of sequence b (attention.cu's rule, clamped).
+// Visible keys [begin, end) of query t of sequence b.
 __device__ __forceinline__ void visible_range(const AttentionShape& s, const AttentionMask& mask,
                                               int64_t b, int64_t t, int64_t* begin, int64_t* end) {
   int64_t key_count = s.key_len;
   if (mask.key_lengths && mask.key_lengths[b] < key_count) key_count = mask.key_lengths[b];
-  const int64_t position = t + mask.query_offset;
-  int64_t lo = 0, hi = key_count;
-  if (mask.causal && position + 1 < hi) hi = position + 1;
-  if (mask.window >= 0) {
-    if (position - mask.window > lo) lo = position - mask.window;
-    if (!mask.causal && position + mask.window + 1 < hi) hi = position + mask.window + 1;
-  }
-  lo = lo < key_count ? lo : key_count;
-  hi = hi < key_count ? hi : key_count;
-  *begin = lo;
-  *end = hi > lo ? hi : lo;
+  visible_keys(mask, key_count, t + mask.query_offset, begin, end);
 }
 
 // Row r = ((b·H + h)·Tq + t) of scores [B, H, Tq, Tk]: the raw logits become the weights (0
@@ -105,10 +91,6 @@ void strided_product(const Context& c, bool trans_a, bool trans_b, int64_t m, in
                                       out, int(ldc), stride_c, int(batch)));
 }
 
-float score_scale(const AttentionShape& s) {
-  return s.score.kind == AttentionScoring::kScaledDot ? 1.f / std::sqrt(float(s.head_dim)) : 1.f;
-}
-
 unsigned row_blocks(int64_t rows) {
   return unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
@@ -141,8 +123,8 @@ void dense_attention_forward(const Context& c, const AttentionShape& s, const At
                     s.query_len * s.q_row_stride, k + h * d, s.k_row_stride, k_stride,
                     scores + h * pair_size, s.key_len, s.heads * pair_size, s.batch);
   masked_softmax_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream>>>(
-      s, mask, scores, score_scale(s), dropout.p > 0.f ? dropout.mask : nullptr,
-      dropout.p > 0.f ? 1.f / (1.f - dropout.p) : 1.f,
+      s, mask, scores, attention_score_scale(s.score.kind, s.head_dim),
+      dropout.p > 0.f ? dropout.mask : nullptr, dropout.p > 0.f ? 1.f / (1.f - dropout.p) : 1.f,
       dropout.p > 0.f ? dropped.as<float>() : nullptr);
   check_launch("attention_forward (softmax)");
   const float* weights = dropout.p > 0.f ? dropped.as<float>() : scores;
@@ -187,8 +169,8 @@ void dense_attention_backward(const Context& c, const AttentionShape& s, const A
                     s.key_len, s.heads * pair_size, s.batch);
   }
   softmax_backward_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream>>>(
-      rows, s.key_len, probs, d_scores, score_scale(s), dropping ? dropout.mask : nullptr,
-      keep_scale);
+      rows, s.key_len, probs, d_scores, attention_score_scale(s.score.kind, s.head_dim),
+      dropping ? dropout.mask : nullptr, keep_scale);
   check_launch("attention_backward (softmax)");
   for (int64_t h = 0; h < s.heads; ++h) {
     // dQ[Tq, d] = dS·K, dK[Tk, d] = dSᵀ·Q.
