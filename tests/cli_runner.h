@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
+
 namespace tfm::testing_support {
 
 struct CliResult {
@@ -125,6 +127,15 @@ struct KillGroupOnExit {
 
 // The reversal task on token ids: work/prefix.src holds random sequences of ids 4..31 (lengths
 // min_len..max_len), work/prefix.tgt their reversals, one pair per line.
+// The --device name of this binary's first backend whose memory is not the host's (a GPU), or
+// "" with the reason in `why`: what the GPU tests run on, or skip with.
+inline std::string first_gpu_backend(std::string& why) {
+  for (const Backend* backend : available_backends())
+    if (!backend->memory_is_host()) return backend->name();
+  why = "no GPU backend on this machine (this build has: " + available_backend_names() + ")";
+  return "";
+}
+
 inline void write_reversal_data(const CliWorkDir& work, const std::string& prefix, int pairs,
                                 int min_len, int max_len, unsigned seed) {
   std::mt19937 random(seed);

@@ -333,12 +333,9 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
 // --device cuda gives CTranslate2's expected outputs and the CPU's, greedy and beam, in every
 // compute type, and scores within each format's rounding of the CPU's score.
 TEST(Cli, TheGpuTranslatesAndScoresAsTheCpuDoes) {
-  std::string gpu;
-  for (const tfm::Backend* backend : tfm::available_backends())
-    if (!backend->memory_is_host()) gpu = backend->name();
-  if (gpu.empty())
-    GTEST_SKIP() << "no GPU backend on this machine (this build has: "
-                 << tfm::available_backend_names() << ")";
+  std::string why;
+  const std::string gpu = tfm::testing_support::first_gpu_backend(why);
+  if (gpu.empty()) GTEST_SKIP() << why;
   const std::string data = std::string(TFM_FIXTURE_DIR) +
                            "/../data/ctranslate2-aren-transliteration/aren-transliteration";
   const std::string model = work.path("aren_gpu");

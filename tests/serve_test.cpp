@@ -249,12 +249,9 @@ TEST(Serve, ConcurrentRequestsEqualTranslate) {
 // On a GPU (skipped where there is none): `serve --device cuda` answers concurrent requests,
 // batched together, with the CPU's `translate` output, and stops cleanly.
 TEST(Serve, TheGpuServesWhatTheCpuTranslates) {
-  std::string gpu;
-  for (const tfm::Backend* backend : tfm::available_backends())
-    if (!backend->memory_is_host()) gpu = backend->name();
-  if (gpu.empty())
-    GTEST_SKIP() << "no GPU backend on this machine (this build has: "
-                 << tfm::available_backend_names() << ")";
+  std::string why;
+  const std::string gpu = tfm::testing_support::first_gpu_backend(why);
+  if (gpu.empty()) GTEST_SKIP() << why;
   const std::vector<std::string> words = arabic_words(24, 11);
   const std::vector<std::string> expected = translate_lines(words, "--beam 4");
   Server server("--device " + gpu + " --batch-wait-ms 30 --batch-quiet-ms 30", "gpu_server");

@@ -107,20 +107,12 @@ void learn_reversal(const std::string& type, const std::string& device = "cpu") 
   EXPECT_GE(exact_match(dir + "/model.best.safetensors", "rev_dev", 4, device), 0.9);
 }
 
-// The name of the first GPU backend of this binary, or empty (the reason in `why`).
-std::string first_gpu(std::string& why) {
-  for (const tfm::Backend* backend : tfm::available_backends())
-    if (!backend->memory_is_host()) return backend->name();
-  why = "no GPU backend on this machine (this build has: " + tfm::available_backend_names() + ")";
-  return "";
-}
-
 // On a GPU (skipped where there is none): the same task to the same bars, trained and
 // translated there in float32 and bfloat16; then the GPU's checkpoint resumed on the CPU, and
 // the GPU's first steps against the CPU's from the same initial model.
 TEST(Train, ReversalTaskIsLearnedOnTheGpuAndItsCheckpointsMoveToTheCpu) {
   std::string why;
-  const std::string gpu = first_gpu(why);
+  const std::string gpu = tfm::testing_support::first_gpu_backend(why);
   if (gpu.empty()) GTEST_SKIP() << why;
   learn_reversal("float32", gpu);
   learn_reversal("bfloat16", gpu);
@@ -162,7 +154,7 @@ TEST(Train, ReversalTaskIsLearnedOnTheGpuAndItsCheckpointsMoveToTheCpu) {
 // device_memory_mb says.
 TEST(Train, GpuMemoryStaysFlatOverAThousandSteps) {
   std::string why;
-  const std::string gpu = first_gpu(why);
+  const std::string gpu = tfm::testing_support::first_gpu_backend(why);
   if (gpu.empty()) GTEST_SKIP() << why;
   write_reversal_data("rev_train", 20000, 3, 8, 1);
   const std::string dir = work.path("rev_gpu_memory");
