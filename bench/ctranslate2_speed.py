@@ -4,7 +4,7 @@
 Why this file exists
     On CPUs the engine people deploy for translation is CTranslate2, usually in int8. README's
     claims about it are ratios measured here, in the same run on the same machine, never figures
-    from elsewhere (DESIGN.md §6). One random base model (Table 3: N=6, d_model 512, d_ff 2048,
+    from elsewhere (docs/performance.md, "How we measure"). One random base model (Table 3: N=6, d_model 512, d_ff 2048,
     h 8; shared 8000-token vocabulary) is written once by `transformer init` and exported with
     `transformer export-ctranslate2`, in float32 and (as users deploy it) quantised to int8; the
     int8 export is read back with `transformer import-ctranslate2`, which keeps its int8 weights

@@ -2,7 +2,7 @@
 // the paper's base model on one fixed batch of random sources, with every output forced to the
 // same length, so that bench/run_decode_bench.sh can compare it with PyTorch decoding loops
 // (bench/decode_peer.py) on the same model file and the same sources in the same run
-// (DESIGN.md §6).
+// (docs/performance.md, "How we measure").
 //
 // Output length: a random model stops at random places, so both sides generate exactly
 // --out-len tokens: min_length = max_length = out_len (eos is forbidden before out_len tokens

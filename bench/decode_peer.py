@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The PyTorch peers of bench/decode_bench.cpp (DESIGN.md §6): greedy and beam decoding of the
+"""The PyTorch peers of bench/decode_bench.cpp (docs/performance.md, "How we measure"): greedy and beam decoding of the
 same model file on the same sources, every output forced to the same length, float32, inference
 mode, the same thread count. Two implementations (--impl):
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Same-run comparison of two commits of the engine, so that a refactor proves it lost nothing
-# (DESIGN.md §6: ratios measured in one run, never against a figure from elsewhere). Builds the
+# (docs/performance.md, "How we measure": ratios measured in one run, never against a figure from elsewhere). Builds the
 # score, train and decode benches of OLD and NEW in git worktrees, writes one base model and one
 # batch, then runs every case for both commits, ROUNDS times, swapping which commit goes first
 # each round, on the same files and thread count:

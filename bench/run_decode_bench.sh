@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decoding benchmark, ours vs PyTorch in one run (DESIGN.md §6): builds decode_bench, writes the
+# Decoding benchmark, ours vs PyTorch in one run (docs/performance.md, "How we measure"): builds decode_bench, writes the
 # base model (shared 8000-token vocabulary) and 32 random 32-token sources once, then runs, for a
 # few rounds, each round in this order and on the same files and thread count:
 #   greedy:  bench/decode_bench --beam 1                      (tfm::search, KV-cached)

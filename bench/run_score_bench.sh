@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scoring benchmark, ours vs PyTorch in one run (DESIGN.md §6): builds score_bench, writes the
+# Scoring benchmark, ours vs PyTorch in one run (docs/performance.md, "How we measure"): builds score_bench, writes the
 # base model + a 32×32→32 batch once, then runs bench/score_bench and bench/score_peer.py
 # alternately for a few rounds on the same files and thread count, checks that both give the
 # same per-sentence log-probabilities, and writes bench/results/score.{md,json}.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training benchmark, ours vs PyTorch in one run (DESIGN.md §6): builds train_bench, then runs
+# Training benchmark, ours vs PyTorch in one run (docs/performance.md, "How we measure"): builds train_bench, then runs
 # bench/train_bench and bench/train_peer.py alternately for a few rounds — one training step
 # (zero grads, forward, label-smoothed loss, backward, Adam) of the base model with a shared
 # 8000-token vocabulary on a 64-pair batch of 32 source / 32 target positions, same thread count —

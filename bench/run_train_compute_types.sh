@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training in bfloat16 against float32 and against PyTorch, in one run (DESIGN.md §6):
+# Training in bfloat16 against float32 and against PyTorch, in one run (docs/performance.md, "How we measure"):
 # train_bench (one full step of the base model: zero grads, forward, label-smoothed loss,
 # backward, Adam; the same fixed batch of 64 pairs × 32 + 32 positions) with --compute-type
 # float32 and bfloat16, and bench/train_peer.py (PyTorch 1.13, float32: the same step, what

@@ -1,6 +1,7 @@
 // score_bench: times teacher-forced scoring (tfm::score_forward, exactly what `transformer score`
 // computes) of the paper's base model on one fixed batch, so that bench/run_score_bench.sh can
-// compare it with a PyTorch implementation (bench/score_peer.py) in the same run (DESIGN.md §6).
+// compare it with a PyTorch implementation (bench/score_peer.py) in the same run
+// (docs/performance.md, "How we measure").
 //
 // It writes the model and the batch's token ids into a work directory for the peer, then prints
 // one JSON line: target tokens/s, median seconds, peak RSS, the measured GEMM peak and MFU,

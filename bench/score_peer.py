@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The PyTorch peer of bench/score_bench.cpp (DESIGN.md §6): the same teacher-forced scoring of
+"""The PyTorch peer of bench/score_bench.cpp (docs/performance.md, "How we measure"): the same teacher-forced scoring of
 the same model file on the same batch, written the way a careful PyTorch user would — stock
 nn.TransformerEncoderLayer / nn.TransformerDecoderLayer modules (batch_first, eval, inference
 mode, so the encoder takes PyTorch's fused fast path), weights loaded from our safetensors file

@@ -1,9 +1,9 @@
 // train_bench: times one full training step of the paper's base model — zero the gradients,
 // tfm::loss_and_gradients (forward, label-smoothed cross-entropy, backward) and one Adam update —
 // on a fixed batch, so that bench/run_train_bench.sh can compare it with the same step written in
-// PyTorch (bench/train_peer.py) in the same run (DESIGN.md §6). The training loop of
-// `transformer train` does exactly these three things per step; this program isolates them from
-// data loading, logging and checkpoints.
+// PyTorch (bench/train_peer.py) in the same run (docs/performance.md, "How we measure"). The
+// training loop of `transformer train` does exactly these three things per step; this program
+// isolates them from data loading, logging and checkpoints.
 //
 // It prints one JSON line: median seconds per step, target tokens/s, peak RSS, the model FLOPs
 // of a step, the fp32 GEMM peak measured in this process and the resulting MFU, the step split
@@ -53,7 +53,7 @@ struct Options {
   float dropout = 0.1f;
   float label_smoothing = 0.1f;
   uint64_t seed = 1234;
-  std::string config_path;  // JSON config keys over the base model's; empty: the base model
+  std::string config_path;     // JSON config keys over the base model's; empty: the base model
   std::string device = "cpu";  // the backend (find_backend): cpu, cuda, cuda:N, auto
   bool profile = false;
   tfm::Precision precision = tfm::Precision::kFloat32;  // of every linear product
@@ -274,8 +274,8 @@ int run(const Options& o) {
   const double flops =
       step_flops(config, double(batch.batch), double(batch.src_len), double(batch.tgt_len));
   // The CPU's GEMM peak (no peak is measured for a GPU run: NaN, written as null).
-  const double gemm_peak = backend.memory_is_host() ? bench::measure_square_gemm_peak(o.gemm_size, 5)
-                                                    : std::nan("");
+  const double gemm_peak =
+      backend.memory_is_host() ? bench::measure_square_gemm_peak(o.gemm_size, 5) : std::nan("");
 
   nlohmann::json line =
       bench::common_fields(median_seconds, step_seconds, target_tokens, rss_mib, flops, gemm_peak);

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The PyTorch peer of bench/train_bench.cpp (DESIGN.md §6): the same training step of the same
+"""The PyTorch peer of bench/train_bench.cpp (docs/performance.md, "How we measure"): the same training step of the same
 model shape on the same batch shape, written the way a careful PyTorch user would: the stock
 nn.Transformer (post-norm, relu, batch_first), one nn.Embedding shared by source, target and the
 output projection (scaled by sqrt(d_model), N(0, d^-1/2) initialisation as usual when tying),
