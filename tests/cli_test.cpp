@@ -67,6 +67,26 @@ TEST(Cli, HelpToAFullDeviceIsAnError) {
   EXPECT_EQ(work.run_cli("translate --help >/dev/null").exit_code, 0);
 }
 
+TEST(Cli, VersionNamesTheReleaseTheModelFormatAndTheBuild) {
+  CliResult r = work.run_cli("--version");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind(std::string("transformer ") + TFM_PROJECT_VERSION + "\n", 0), 0u) << r.out;
+  for (const char* line : {"model file format: transformer-cpp/1", "backends: cpu",
+                           "MPI: ", "compiled for: x86-64", "this CPU: "})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " in\n" << r.out;
+  expect_error(work.run_cli("--version >/dev/full"), 1, {"standard output"});
+}
+
+TEST(Cli, HelpIsTheSameOnEveryMachine) {
+  // docs/cli.md is --help verbatim, so --help must not show this machine's CPU count or devices.
+  const CliResult all_cpus = work.run_cli("--help");
+  const CliResult one_cpu = work.run_cli("--help", "/dev/null", "taskset -c 0 ");
+  ASSERT_EQ(all_cpus.exit_code, 0);
+  EXPECT_EQ(all_cpus.out, one_cpu.out);
+  EXPECT_NE(all_cpus.out.find("Usage: transformer [OPTIONS]"), std::string::npos) << all_cpus.out;
+  EXPECT_NE(work.run_cli("translate --help").out.find("cuda:N"), std::string::npos);
+}
+
 TEST(Cli, InfoPrintsThePaperParameterCounts) {
   CliResult r = work.run_cli("info --preset base --vocab 37000");
   EXPECT_EQ(r.exit_code, 0) << r.err;

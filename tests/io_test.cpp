@@ -179,6 +179,19 @@ TEST(Config, RejectsUnknownValuesKeysAndInconsistentSizes) {
   EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"format":"other/2"})")
                 .find("unsupported model format"),
             std::string::npos);
+  // A later format version is refused by name; the versions this build reads load.
+  EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"format":"transformer-cpp/2"})")
+                .find("model format transformer-cpp/2 is newer than this build reads (up to "
+                      "transformer-cpp/1)"),
+            std::string::npos);
+  for (const char* malformed : {"transformer-cpp/0", "transformer-cpp/01", "transformer-cpp/",
+                                "transformer-cpp/1x", "transformer-cpp/99999999999"})
+    EXPECT_NE(message(std::string(R"({"src_vocab_size":9,"tgt_vocab_size":9,"format":")") +
+                      malformed + "\"}")
+                  .find("unsupported model format"),
+              std::string::npos)
+        << malformed;
+  EXPECT_EQ(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"format":"transformer-cpp/1"})"), "");
   EXPECT_NE(message(R"({"src_vocab_size":9,"tgt_vocab_size":9,"d_model":"big"})")
                 .find("must be an integer"),
             std::string::npos);

@@ -25,6 +25,14 @@ std::string Backend::unsupported_reason(Precision) const {
   return "is not supported by device " + name();
 }
 
+std::vector<std::string> built_backend_kinds() {
+  std::vector<std::string> kinds = {"cpu"};
+#ifdef TRANSFORMER_WITH_CUDA
+  kinds.push_back("cuda");
+#endif
+  return kinds;
+}
+
 std::string available_backend_names() {
   std::string names;
   for (const Backend* backend : available_backends()) {

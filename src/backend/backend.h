@@ -241,8 +241,12 @@ const Backend& cpu_backend();
 // Every backend built into this binary, the CPU first.
 const std::vector<const Backend*>& available_backends();
 
-// Their names, comma-separated ("cpu"), for help texts and errors.
+// Their names, comma-separated ("cpu"), for errors. Asking probes the GPUs.
 std::string available_backend_names();
+
+// The kinds of backend compiled into this binary ("cpu", "cuda"), whether or not this machine
+// can run them: what `--version` reports, without touching a device.
+std::vector<std::string> built_backend_kinds();
 
 // The backend --device names; an unknown name throws Error listing the available ones.
 const Backend& find_backend(const std::string& device);

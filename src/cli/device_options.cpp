@@ -7,8 +7,12 @@
 namespace tfm {
 
 void DeviceOption::add_to(CLI::App& app) {
+  // The help names every kind, whatever this build and machine have: asking which devices are
+  // here would start the GPU runtime in every command, and --help would differ by machine
+  // (`--version` and the error for an absent device say what this one has).
   app.add_option("--device", name,
-                 "Where the model runs (this build has: " + available_backend_names() + ")")
+                 "Where the model runs: cpu, cuda or cuda:N (an NVIDIA GPU, in a build with the "
+                 "CUDA backend), or auto (the first GPU if there is one, else the CPU)")
       ->capture_default_str();
 }
 

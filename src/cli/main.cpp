@@ -7,6 +7,7 @@
 #include <map>
 #include <new>
 
+#include "cli/build_info.h"
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
 #include "io/file_util.h"
@@ -40,14 +41,19 @@ int main(int argc, char** argv) {
   tfm::retain_freed_memory();
   CLI::App app{
       "transformer: the Transformer of \"Attention Is All You Need\" (encoder-decoder, §3) —\n"
-      "build, score and import models. Run `transformer COMMAND --help` for each command."};
+      "train, translate, score, serve and convert models. Run `transformer COMMAND --help` for "
+      "each command.",
+      "transformer"};  // the name usage lines show, whatever path the binary was run by
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for all commands");
+  app.set_version_flag("--version", tfm::build_description(),
+                       "Print the version, the model file format and what this build has");
   int threads = 0;
   app.add_option("--threads", threads,
                  "Worker threads, at most 4 × the CPUs this process may use (default: all cores, "
                  "or OMP_NUM_THREADS)")
-      ->check(tfm::in_range(0, tfm::max_worker_threads()));
+      // Described in words: the bound is this machine's, and --help must not depend on it.
+      ->check(tfm::in_range(0, tfm::max_worker_threads()).description("in [0, 4 × CPUs]"));
   bool allow_nonfinite = false;
   app.add_flag("--allow-nonfinite", allow_nonfinite,
                "Load model weights that contain NaN or Inf instead of refusing them");

@@ -10,7 +10,25 @@ namespace tfm {
 
 namespace {
 
-const char* kFormat = "transformer-cpp/1";
+const std::string kFormat =
+    std::string(kModelFormatName) + "/" + std::to_string(kModelFormatVersion);
+
+// Checks a file's "format" tag: one of ours, at a version this build reads.
+void check_format(const nlohmann::json& tag, const std::string& where) {
+  const std::string prefix = std::string(kModelFormatName) + "/";
+  const std::string text = tag.is_string() ? tag.get<std::string>() : std::string();
+  if (text.rfind(prefix, 0) == 0 && text.size() > prefix.size() &&
+      text.size() <= prefix.size() + 9 &&
+      text.find_first_not_of("0123456789", prefix.size()) == std::string::npos &&
+      text[prefix.size()] != '0') {
+    const long version = std::stol(text.substr(prefix.size()));
+    if (version <= kModelFormatVersion) return;
+    throw Error(where + ": model format " + text + " is newer than this build reads (up to " +
+                kFormat + "); use a newer transformer-cpp");
+  }
+  throw Error(where + ": unsupported model format " + tag.dump() + " (expected \"" + kFormat +
+              "\")");
+}
 
 template <typename Enum>
 struct EnumName {
@@ -98,11 +116,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
     if (!known.count(it.key())) throw Error(where + ": unknown config key \"" + it.key() + "\"");
 
   ModelConfig c;
-  if (j.contains("format")) {
-    if (!j["format"].is_string() || j["format"].get<std::string>() != kFormat)
-      throw Error(where + ": unsupported model format " + j["format"].dump() + " (expected \"" +
-                  kFormat + "\")");
-  }
+  if (j.contains("format")) check_format(j["format"], where);
   auto read_int = [&](const char* key, int64_t& field) {
     if (j.contains(key)) field = int_from_json(j[key], key, where);
   };

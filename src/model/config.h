@@ -13,6 +13,12 @@
 
 namespace tfm {
 
+// The format tag every model file's config carries: "transformer-cpp/<version>". The version
+// rises when a file written now could be misread by an older build; a build reads every version
+// up to its own and refuses a newer one by name.
+inline constexpr const char* kModelFormatName = "transformer-cpp";
+inline constexpr int kModelFormatVersion = 1;
+
 enum class EmbeddingSharing { kAll, kTarget, kNone };
 enum class NormPosition { kPost, kPre };
 enum class PositionEncoding { kSinusoidal, kLearned, kNone };

@@ -1,0 +1,89 @@
+// `transformer --version` (see build_info.h).
+#include "cli/build_info.h"
+
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+
+#ifndef TRANSFORMER_VERSION
+#error "TRANSFORMER_VERSION comes from CMake's project(VERSION)"
+#endif
+
+namespace tfm {
+
+namespace {
+
+std::string joined(const std::vector<std::string>& words) {
+  std::string text;
+  for (const std::string& word : words) text += (text.empty() ? "" : " ") + word;
+  return text.empty() ? "none of the extensions below" : text;
+}
+
+// The x86 extensions this translation unit was compiled for (the whole build shares its flags).
+std::string compiled_instruction_sets() {
+  std::vector<std::string> sets;
+#ifdef __AVX2__
+  sets.push_back("AVX2");
+#endif
+#ifdef __FMA__
+  sets.push_back("FMA");
+#endif
+#ifdef __AVX512F__
+  sets.push_back("AVX-512");
+#endif
+#ifdef __AVX512BF16__
+  sets.push_back("AVX512-BF16");
+#endif
+#ifdef __AVX512VNNI__
+  sets.push_back("AVX512-VNNI");
+#endif
+#ifdef __AVXVNNI__
+  sets.push_back("AVX-VNNI");
+#endif
+#ifdef __AMX_TILE__
+  sets.push_back("AMX");
+#endif
+  return joined(sets);
+}
+
+// The same extensions as this CPU reports them.
+std::string cpu_instruction_sets() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  std::vector<std::string> sets;
+  if (__builtin_cpu_supports("avx2")) sets.push_back("AVX2");
+  if (__builtin_cpu_supports("fma")) sets.push_back("FMA");
+  if (__builtin_cpu_supports("avx512f")) sets.push_back("AVX-512");
+  if (__builtin_cpu_supports("avx512bf16")) sets.push_back("AVX512-BF16");
+  if (__builtin_cpu_supports("avx512vnni")) sets.push_back("AVX512-VNNI");
+  if (__builtin_cpu_supports("avxvnni")) sets.push_back("AVX-VNNI");
+  if (__builtin_cpu_supports("amx-bf16")) sets.push_back("AMX");
+  return joined(sets);
+#else
+  return "not an x86 CPU";
+#endif
+}
+
+}  // namespace
+
+std::string build_description() {
+  std::string text = std::string("transformer ") + TRANSFORMER_VERSION + "\n";
+  text += std::string("model file format: ") + kModelFormatName + "/" +
+          std::to_string(kModelFormatVersion) + "\n";
+  text += "backends: " + joined(built_backend_kinds());
+#ifdef TRANSFORMER_CUDA_VERSION
+  text += std::string(" (CUDA ") + TRANSFORMER_CUDA_VERSION + ")";
+#endif
+  text += "\n";
+#ifdef TRANSFORMER_WITH_MPI
+  text += "MPI: yes (train under mpirun)\n";
+#else
+  text += "MPI: no\n";
+#endif
+  text += "compiled for: x86-64 " + compiled_instruction_sets() + "\n";
+  text += "this CPU: " + cpu_instruction_sets();
+  return text;
+}
+
+}  // namespace tfm
