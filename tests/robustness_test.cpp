@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -172,6 +173,100 @@ TEST(FullDisk, WritingToDevFullIsAnError) {
   expect_error(work.run_cli("score --ids --model " + ids_model() + " --src " + lines + " --tgt " +
                             lines + " -o /dev/full"),
                1, {"/dev/full", "No space left on device"});
+}
+
+// The files of a directory (not recursive), by name.
+std::map<std::string, std::string> directory_files(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::directory_iterator(dir))
+    files[entry.path().filename().string()] = tfm::read_file_bytes(entry.path().string());
+  return files;
+}
+
+// Runs `command` with files limited to about 50 KB (SIGXFSZ ignored, so a write past the limit
+// fails with EFBIG as on a full disk, and only the files larger than that: a vocabulary gets
+// written, a model does not). No tmpfs or permission trick needed, root or not.
+CliResult run_with_small_files(const std::string& command) {
+  return work.run_cli(command, "/dev/null", "trap '' XFSZ; ulimit -f 100; ");
+}
+
+// Every command that writes a directory of several files replaces an existing one as a whole:
+// the new one beside it, then swapped in. A failure after the first new file (the vocabulary
+// fits under the limit, the model does not) leaves the old directory byte for byte as it was,
+// where export once removed the old vocabulary first and every writer wrote the new
+// vocabulary beside the old model.
+TEST(FullDisk, AReplacedDirectoryStaysWholeWhenTheNewOneCannotBeWritten) {
+  const std::string model = tfm::testing_support::import_transliteration_model(work);
+  struct Case {
+    std::string command, output;
+    std::vector<std::string> old_files;
+  };
+  const std::string export_dir = work.path("old_export"), import_dir = work.path("old_import"),
+                    quantize_dir = work.path("old_quantize");
+  const std::string aren = std::string(TFM_FIXTURE_DIR) +
+                           "/../data/ctranslate2-aren-transliteration/aren-transliteration";
+  const Case cases[] = {
+      {"export-ctranslate2 --force --model " + model + " -o " + export_dir,
+       export_dir,
+       {"model.bin", "config.json", "shared_vocabulary.json"}},
+      {"import-ctranslate2 " + aren + " -o " + import_dir,
+       import_dir,
+       {"model.safetensors", "source_vocabulary.txt", "target_vocabulary.txt"}},
+      {"quantize --force --type float32 --model " + model + " -o " + quantize_dir,
+       quantize_dir,
+       {"model.safetensors", "source_vocabulary.txt", "target_vocabulary.txt"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.command);
+    fs::create_directories(c.output);
+    for (const std::string& name : c.old_files)
+      work.write_file(fs::path(c.output).filename().string() + "/" + name, "old " + name + "\n");
+    const auto old = directory_files(c.output);
+    expect_error(run_with_small_files(c.command), 1, {"File too large"});
+    EXPECT_TRUE(directory_files(c.output) == old) << "the old directory changed";
+    for (const auto& entry : fs::directory_iterator(work.dir()))
+      EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
+    // Without the limit the new directory replaces the old one whole: none of its files stay.
+    const CliResult r = work.run_cli(c.command);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (const auto& [name, bytes] : directory_files(c.output))
+      EXPECT_TRUE(bytes != (old.count(name) ? old.at(name) : "")) << name << " is the old one";
+  }
+  // The export of source and target vocabularies over one with a shared vocabulary: the old
+  // shared_vocabulary.json (which CTranslate2 would read first) is gone.
+  EXPECT_FALSE(fs::exists(export_dir + "/shared_vocabulary.json"));
+  EXPECT_TRUE(fs::exists(export_dir + "/source_vocabulary.json"));
+}
+
+// --force replaces what the command writes, never a directory holding anything else; the temp
+// directory of a process killed while writing one is removed by the next writer, and a directory
+// it had moved aside goes back in place.
+TEST(FullDisk, ADirectoryIsReplacedOnlyWhenItHoldsWhatTheCommandWrites) {
+  const std::string model = tfm::testing_support::import_transliteration_model(work);
+  const std::string out = work.path("mixed");
+  fs::create_directories(out);
+  work.write_file("mixed/model.bin", "old model");
+  work.write_file("mixed/notes.txt", "mine");
+  expect_error(work.run_cli("export-ctranslate2 --force --model " + model + " -o " + out), 1,
+               {out, "\"notes.txt\"", "choose a new or empty directory"});
+  EXPECT_EQ(tfm::read_file_bytes(out + "/notes.txt"), "mine");
+  EXPECT_EQ(tfm::read_file_bytes(out + "/model.bin"), "old model");
+
+  const std::string pid = dead_pid();
+  const std::string stale = work.path("fresh.tmp." + pid);
+  fs::create_directories(stale);
+  work.write_file("fresh.tmp." + pid + "/model.bin", "half");
+  const std::string moved_aside = work.path("aside.old.tmp." + pid);
+  fs::create_directories(moved_aside);
+  work.write_file("aside.old.tmp." + pid + "/model.bin", "the only copy");
+  work.write_file("aside.tmp." + pid + "/model.bin", "new, complete");
+  CliResult r = work.run_cli("export-ctranslate2 --model " + model + " -o " + work.path("fresh"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(stale));
+  r = work.run_cli("export-ctranslate2 --force --model " + model + " -o " + work.path("aside"));
+  EXPECT_FALSE(fs::exists(moved_aside));
+  EXPECT_FALSE(fs::exists(work.path("aside.tmp." + pid)));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
 }
 
 TEST(StandardOutput, WriteErrorsAreReportedWithExitCode1) {

@@ -66,7 +66,9 @@ CommandRunner add_export_ctranslate2_command(CLI::App& app) {
                  "int8_bfloat16 (the other weights in that type), int16, float16 or bfloat16")
       ->check(CLI::IsMember({"float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16",
                              "int16", "float16", "bfloat16"}));
-  app.add_flag("--force", o->force, "Write into an output directory that is not empty");
+  app.add_flag("--force", o->force,
+               "Replace an earlier export in the output directory (as a whole, once the new one "
+               "is complete; a directory holding other files is refused)");
   app.footer(
       "Writes model.bin (binary version 6, TransformerSpec revision 7), config.json and the\n"
       "vocabularies as JSON token lists (shared_vocabulary.json when source and target are the\n"
@@ -93,9 +95,6 @@ CommandRunner add_export_ctranslate2_command(CLI::App& app) {
                                    target.piece(target.unk_id())};
     if (source.piece(source.unk_id()) != tokens.unk_token)
       throw Error("the source and target vocabularies name their unknown token differently");
-    if (o->force)  // a stale vocabulary of another name would be read instead of ours
-      for (const char* stale : {"shared_vocabulary", "source_vocabulary", "target_vocabulary"})
-        for (const char* ext : {".json", ".txt"}) fs::remove(o->output + "/" + stale + ext, ec);
     export_ctranslate2(bundle.model, tokens, parse_ct_quantization(o->quantization), o->output);
     const ModelConfig& c = bundle.model.config();
     std::printf("wrote %s: CTranslate2 TransformerSpec, %lld+%lld layers, d_model %lld, %s\n",

@@ -35,7 +35,9 @@ CommandRunner add_quantize_command(CLI::App& app) {
                  "weight in float32")
       ->check(CLI::IsMember({"int8", "float32"}))
       ->capture_default_str();
-  app.add_flag("--force", o->force, "Overwrite an existing output file or non-empty directory");
+  app.add_flag("--force", o->force,
+               "Overwrite an existing output file, or replace a model directory (as a whole, once "
+               "the new one is complete; a directory holding other files is refused)");
   app.footer(
       "Biases, layer norms and learned positions stay float32. translate, score and serve\n"
       "run an int8 model in int8 unless --compute-type says otherwise (other types multiply\n"
@@ -54,11 +56,14 @@ CommandRunner add_quantize_command(CLI::App& app) {
     const Model model = load_model(model_path, cpu_backend(), weights);
     std::string output_path = o->output;
     if (directory) {
-      make_directories(o->output);
-      copy_vocabulary_files(o->model, o->output);
+      write_directory_atomically(o->output, model_directory_files(), [&](const std::string& temp) {
+        copy_vocabulary_files(o->model, temp);
+        save_model(model, temp + "/model.safetensors");
+      });
       output_path = o->output + "/model.safetensors";
+    } else {
+      save_model(model, output_path);
     }
-    save_model(model, output_path);
     std::printf("wrote %s: linear weights and embeddings in %s, %.1f MiB\n", o->output.c_str(),
                 o->type.c_str(), double(fs::file_size(output_path, ec)) / (1 << 20));
   };

@@ -37,7 +37,8 @@ struct CTranslate2Tokens {
 };
 
 // Writes `directory`/{model.bin, config.json, shared_vocabulary.json or source_ and
-// target_vocabulary.json}, each atomically. Throws Error for a model the spec cannot hold.
+// target_vocabulary.json} as a whole (write_directory_atomically: a previous export there is
+// replaced only once the new one is complete). Throws Error for a model the spec cannot hold.
 void export_ctranslate2(const Model& model, const CTranslate2Tokens& tokens,
                         CtQuantization quantization, const std::string& directory);
 

@@ -233,18 +233,29 @@ void export_ctranslate2(const Model& model, const CTranslate2Tokens& tokens,
       {"multi_query_attention", false},
       {"unk_token", tokens.unk_token},
   };
-  make_directories(directory);
-  if (tokens.source == tokens.target) {
-    write_bytes_atomically(directory + "/shared_vocabulary.json",
-                           nlohmann::json(tokens.target).dump(2) + "\n");
-  } else {
-    write_bytes_atomically(directory + "/source_vocabulary.json",
-                           nlohmann::json(tokens.source).dump(2) + "\n");
-    write_bytes_atomically(directory + "/target_vocabulary.json",
-                           nlohmann::json(tokens.target).dump(2) + "\n");
-  }
-  write_bytes_atomically(directory + "/config.json", config.dump(2) + "\n");
-  write_bytes_atomically(directory + "/model.bin", bytes);
+  // What this writes, and the vocabulary names CTranslate2's own converters use: an export
+  // replaces a previous one as a whole.
+  static const std::vector<std::string> kExportFiles = {"model.bin",
+                                                        "config.json",
+                                                        "shared_vocabulary.json",
+                                                        "source_vocabulary.json",
+                                                        "target_vocabulary.json",
+                                                        "shared_vocabulary.txt",
+                                                        "source_vocabulary.txt",
+                                                        "target_vocabulary.txt"};
+  write_directory_atomically(directory, kExportFiles, [&](const std::string& temp) {
+    if (tokens.source == tokens.target) {
+      write_bytes_atomically(temp + "/shared_vocabulary.json",
+                             nlohmann::json(tokens.target).dump(2) + "\n");
+    } else {
+      write_bytes_atomically(temp + "/source_vocabulary.json",
+                             nlohmann::json(tokens.source).dump(2) + "\n");
+      write_bytes_atomically(temp + "/target_vocabulary.json",
+                             nlohmann::json(tokens.target).dump(2) + "\n");
+    }
+    write_bytes_atomically(temp + "/config.json", config.dump(2) + "\n");
+    write_bytes_atomically(temp + "/model.bin", bytes);
+  });
 }
 
 }  // namespace tfm

@@ -1,9 +1,11 @@
 // File helpers shared by every writer of files that matter.
 #include "io/file_util.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -57,6 +59,91 @@ std::string reason(int error_number) {
 
 bool process_is_gone(long pid) {
   return pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+}
+
+// The pid of a temp name `<base>.tmp.<pid>`, or -1 when `name` is not one.
+long temp_name_pid(const std::string& name) {
+  const size_t mark = name.rfind(".tmp.");
+  if (mark == std::string::npos || mark + 5 == name.size()) return -1;
+  const std::string digits = name.substr(mark + 5);
+  if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stol(digits);
+}
+
+// Makes what was renamed into or out of `dir` durable.
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw Error(dir + ": cannot open (" + reason(errno) + ")");
+  const int result = ::fsync(fd);
+  const int error_number = errno;
+  ::close(fd);
+  if (result != 0 && error_number != EINVAL)  // EINVAL: a file system without directory sync
+    throw Error(dir + ": cannot sync (" + reason(error_number) + ")");
+}
+
+// The directory write_directory_atomically replaces for `dir`: absolute, without a trailing
+// separator, a symbolic link resolved (the link stays, its directory is replaced).
+std::filesystem::path directory_to_replace(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path path = fs::absolute(dir, ec).lexically_normal();
+  if (ec) throw Error(dir + ": cannot resolve (" + ec.message() + ")");
+  if (!path.has_filename()) path = path.parent_path();
+  if (fs::is_symlink(path, ec)) {
+    path = fs::canonical(path, ec);
+    if (ec) throw Error(dir + ": cannot resolve (" + ec.message() + ")");
+  }
+  return path;
+}
+
+// True when `path` is a directory to replace: refuses one that holds anything not named in
+// `replaceable`, and anything else that is not a directory. False when there is none.
+bool existing_replaceable_directory(const std::filesystem::path& path, const std::string& dir,
+                                    const std::vector<std::string>& replaceable) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status status = fs::symlink_status(path, ec);
+  if (status.type() == fs::file_type::not_found) return false;
+  if (ec) throw Error(dir + ": cannot open (" + ec.message() + ")");
+  if (!fs::is_directory(status)) throw Error(dir + ": exists and is not a directory");
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (std::find(replaceable.begin(), replaceable.end(), name) == replaceable.end())
+      throw Error(dir + ": holds " + quoted_for_message(name) +
+                  ", which this command does not write; it replaces only a directory holding "
+                  "nothing but what it writes: choose a new or empty directory");
+  }
+  if (ec) throw Error(dir + ": cannot list (" + ec.message() + ")");
+  return true;
+}
+
+// Puts the complete directory `temp` in the place of `target`; returns where the directory it
+// replaced now is ("" when there was none), to be removed.
+std::string swap_into_place(const std::string& temp, const std::string& target, bool replacing,
+                            const std::string& dir) {
+  if (!replacing) {
+    if (std::rename(temp.c_str(), target.c_str()) != 0)
+      throw Error(dir + ": cannot create (" + reason(errno) + ")");
+    return "";
+  }
+  if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0)
+    return temp;
+  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+    throw Error(dir + ": cannot replace (" + reason(errno) + ")");
+  // No exchange on this file system: the old one aside first, under a name that the next
+  // remove_stale_temp_files puts back should this process die before the new one is in place.
+  const std::filesystem::path path(target);
+  const std::string aside =
+      (path.parent_path() / (path.filename().string() + ".old.tmp." + std::to_string(::getpid())))
+          .string();
+  if (std::rename(target.c_str(), aside.c_str()) != 0)
+    throw Error(dir + ": cannot replace (" + reason(errno) + ")");
+  if (std::rename(temp.c_str(), target.c_str()) != 0) {
+    const int error_number = errno;
+    std::rename(aside.c_str(), target.c_str());
+    throw Error(dir + ": cannot replace (" + reason(error_number) + ")");
+  }
+  return aside;
 }
 
 }  // namespace
@@ -179,24 +266,74 @@ void flush_standard_output() {
   }
 }
 
-void make_directories(const std::string& path) {
+void write_directory_atomically(const std::string& dir, const std::vector<std::string>& replaceable,
+                                const std::function<void(const std::string& temp)>& write) {
+  namespace fs = std::filesystem;
+  const fs::path target = directory_to_replace(dir);
+  const std::string parent = target.parent_path().string(), name = target.filename().string();
+  remove_stale_temp_files(parent, name + ".");  // first: it may put `dir` back in place
+  const bool replacing = existing_replaceable_directory(target, dir, replaceable);
+  if (!replacing) make_directories(parent);
+  const std::string temp =
+      (target.parent_path() / (name + ".tmp." + std::to_string(::getpid()))).string();
   std::error_code ec;
-  std::filesystem::create_directories(path, ec);
+  fs::remove_all(temp, ec);
+  if (::mkdir(temp.c_str(), 0777) != 0)
+    throw Error(temp + ": cannot create directory (" + reason(errno) + ")");
+  std::string old;
+  try {
+    struct stat info;
+    if (replacing && ::stat(target.c_str(), &info) == 0)
+      ::chmod(temp.c_str(), info.st_mode & 07777);
+    write(temp);
+    sync_directory(temp);
+    old = swap_into_place(temp, target.string(), replacing, dir);
+    sync_directory(parent);
+  } catch (const Error& e) {  // named as the user knows it, not by the temp directory
+    fs::remove_all(temp, ec);
+    std::string message = e.what();
+    for (size_t at; (at = message.find(temp)) != std::string::npos;)
+      message.replace(at, temp.size(), target.string());
+    throw Error(message);
+  } catch (...) {
+    fs::remove_all(temp, ec);
+    throw;
+  }
+  if (!old.empty()) fs::remove_all(old, ec);  // else removed as stale by a later writer
+}
+
+std::vector<std::string> make_directories(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> missing;
+  std::error_code ec;
+  for (fs::path p = fs::path(path).lexically_normal(); !p.empty() && !fs::exists(p, ec);
+       p = p.parent_path()) {
+    if (p.has_filename()) missing.insert(missing.begin(), p.string());
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(path, ec);
   if (ec) throw Error(path + ": cannot create directory (" + ec.message() + ")");
+  return missing;
 }
 
 void remove_stale_temp_files(const std::string& dir, const std::string& prefix) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    const size_t mark = name.rfind(".tmp.");
-    if (mark == std::string::npos || mark + 5 == name.size()) continue;
-    const std::string digits = name.substr(mark + 5);
-    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::error_code type_ec;
-    if (!it->is_regular_file(type_ec)) continue;
-    if (process_is_gone(std::stol(digits))) std::filesystem::remove(it->path(), type_ec);
+    const long pid = temp_name_pid(name);
+    std::error_code entry_ec;
+    const bool is_directory = it->is_directory(entry_ec);
+    if (pid < 0 || !(is_directory || it->is_regular_file(entry_ec)) || !process_is_gone(pid))
+      continue;
+    const size_t aside = name.rfind(".old.tmp.");
+    const fs::path base = it->path().parent_path() / name.substr(0, aside);
+    if (is_directory && aside != std::string::npos &&
+        !fs::exists(fs::symlink_status(base, entry_ec)))
+      fs::rename(it->path(), base, entry_ec);  // the only complete copy: back in its place
+    else
+      fs::remove_all(it->path(), entry_ec);
   }
 }
 

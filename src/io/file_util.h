@@ -1,12 +1,14 @@
 // Whole-file reads and atomic writes (temp file in the same directory + fsync + rename), so an
-// interrupted run never leaves a half-written model, checkpoint or output behind; checked writes
-// to standard output; the cleanup of temp files on signals and after a crash.
+// interrupted run never leaves a half-written model, checkpoint or output behind; the same for a
+// directory of several files written as one (a model directory, a CTranslate2 export); checked
+// writes to standard output; the cleanup of temp files on signals and after a crash.
 #pragma once
 
 #include <cstdio>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tfm {
 
@@ -39,11 +41,24 @@ void write_output(const std::string& path, const std::function<void(std::FILE*)>
 // written to it was lost (a full disk, /dev/full, a closed pipe).
 void flush_standard_output();
 
-// Creates the directory (and parents) if missing; throws Error on failure.
-void make_directories(const std::string& path);
+// Writes a directory as a whole: write(temp) fills a new directory `dir`.tmp.<pid> beside `dir`
+// (files written there through write_file_atomically are synced), then it takes the place of
+// `dir` in one rename (RENAME_EXCHANGE where the file system has it, else the old one moved
+// aside first) and the old one is removed. On any failure the new one is removed and `dir` is
+// as it was, complete. An existing `dir` is replaced only when it holds nothing but entries
+// named in `replaceable` (what the writer writes): a directory holding anything else is refused,
+// never deleted. A symbolic link to a directory stays; the directory it names is replaced.
+void write_directory_atomically(const std::string& dir, const std::vector<std::string>& replaceable,
+                                const std::function<void(const std::string& temp)>& write);
 
-// Removes the temp files (`<name>.tmp.<pid>`) in `dir` that a process that no longer runs left
-// behind (kill -9, power loss); only those whose name starts with `prefix` when it is given.
+// Creates the directory (and parents) if missing; throws Error on failure. Returns those it
+// created, the deepest last (empty when `path` existed).
+std::vector<std::string> make_directories(const std::string& path);
+
+// Removes the temp files and directories (`<name>.tmp.<pid>`) in `dir` that a process that no
+// longer runs left behind (kill -9, power loss); only those whose name starts with `prefix` when
+// it is given. A directory such a process had moved aside (`<name>.old.tmp.<pid>`) goes back to
+// `<name>` when nothing took that name.
 void remove_stale_temp_files(const std::string& dir, const std::string& prefix = "");
 
 // SIGINT, SIGTERM and SIGHUP remove the temp files this process is writing, then end it as the

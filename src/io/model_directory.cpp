@@ -69,10 +69,25 @@ ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary, con
   return bundle;
 }
 
+namespace {
+
+const char* const kVocabularyFiles[] = {"vocab.spm", "source.spm", "target.spm",
+                                        "source_vocabulary.txt", "target_vocabulary.txt"};
+
+}  // namespace
+
+const std::vector<std::string>& model_directory_files() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> list{"model.safetensors"};
+    list.insert(list.end(), std::begin(kVocabularyFiles), std::end(kVocabularyFiles));
+    return list;
+  }();
+  return names;
+}
+
 void copy_vocabulary_files(const std::string& from_dir, const std::string& to_dir) {
   std::error_code ec;
-  for (const char* name : {"vocab.spm", "source.spm", "target.spm", "source_vocabulary.txt",
-                           "target_vocabulary.txt"}) {
+  for (const char* name : kVocabularyFiles) {
     const std::string from = from_dir + "/" + name;
     if (std::filesystem::exists(from, ec))
       write_bytes_atomically(to_dir + "/" + name, read_file_bytes(from));
@@ -100,15 +115,16 @@ void install_vocabulary_files(const std::vector<std::string>& files, const std::
 void write_model_directory(const std::string& dir, const Model& model,
                            const std::vector<std::string>* source_tokens,
                            const std::vector<std::string>* target_tokens) {
-  make_directories(dir);
   auto write_tokens = [&](const std::string& path, const std::vector<std::string>& tokens) {
     write_file_atomically(path, [&](std::FILE* f) {
       for (const auto& token : tokens) write_text(f, token + "\n");
     });
   };
-  if (source_tokens) write_tokens(dir + "/source_vocabulary.txt", *source_tokens);
-  if (target_tokens) write_tokens(dir + "/target_vocabulary.txt", *target_tokens);
-  save_model(model, dir + "/model.safetensors");
+  write_directory_atomically(dir, model_directory_files(), [&](const std::string& temp) {
+    if (source_tokens) write_tokens(temp + "/source_vocabulary.txt", *source_tokens);
+    if (target_tokens) write_tokens(temp + "/target_vocabulary.txt", *target_tokens);
+    save_model(model, temp + "/model.safetensors");
+  });
 }
 
 }  // namespace tfm

@@ -42,7 +42,12 @@ void copy_vocabulary_files(const std::string& from_dir, const std::string& to_di
 // for, each atomically: one joint file (SentencePiece or .txt token list), or source + target.
 void install_vocabulary_files(const std::vector<std::string>& files, const std::string& dir);
 
-// Writes `dir/model.safetensors` and, when given, token-list vocabularies, each atomically.
+// The names of the files a model directory is made of (the model and every vocabulary name
+// load_model_bundle looks for): what a writer of a whole model directory may replace.
+const std::vector<std::string>& model_directory_files();
+
+// Writes the model directory `dir` as a whole (write_directory_atomically): model.safetensors
+// and, when given, token-list vocabularies.
 void write_model_directory(const std::string& dir, const Model& model,
                            const std::vector<std::string>* source_tokens,
                            const std::vector<std::string>* target_tokens);
