@@ -200,6 +200,38 @@ TEST(Cli, CorruptModelFilesAreClearErrors) {
                {"nothing.safetensors"});
 }
 
+// Every command that takes a model path resolves it in one place (model_file_path) and says the
+// OS's reason the same way: a symbolic link loop was "no such file or directory" in translate and
+// "Too many levels of symbolic links" in info.
+TEST(Cli, AnUnopenableModelPathIsTheSameErrorInEveryCommand) {
+  const std::string loop = work.path("loop");
+  fs::remove(loop);
+  fs::create_symlink(loop, loop);
+  work.write_file("loop_src.txt", "3\n");
+  const std::string text = work.path("loop_src.txt");
+  const std::string loop_dir = work.path("loop_dir");
+  fs::create_directories(loop_dir);
+  fs::remove(loop_dir + "/model.safetensors");
+  fs::create_symlink(loop_dir + "/model.safetensors", loop_dir + "/model.safetensors");
+  for (const std::string& model : {loop, loop_dir}) {
+    for (const std::string& command :
+         {"translate --ids -i " + text + " --model " + model,
+          "score --ids --src " + text + " --tgt " + text + " --model " + model,
+          "info --model " + model, "serve --port 0 --model " + model,
+          "quantize -o " + work.path("loop_q") + " --model " + model,
+          "export-ctranslate2 -o " + work.path("loop_ct2") + " --model " + model}) {
+      SCOPED_TRACE(command);
+      expect_error(work.run_cli(command), 1, {": cannot open (Too many levels of symbolic links)"});
+    }
+  }
+  const std::string missing = work.path("missing_model");
+  for (const std::string& command :
+       {"translate --ids -i " + text + " --model " + missing, "info --model " + missing}) {
+    SCOPED_TRACE(command);
+    expect_error(work.run_cli(command), 1, {missing + ": cannot open (No such file or directory)"});
+  }
+}
+
 // --device: cpu (the default) gives the same scores as no flag; an unknown device is one clear
 // error before anything is read or written, in every command that runs the model.
 TEST(Cli, DeviceSelectsABackendAndUnknownDevicesAreErrors) {

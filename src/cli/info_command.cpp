@@ -112,7 +112,7 @@ CommandRunner add_info_command(CLI::App& app) {
   return [options, model_path] {
     std::error_code ec;
     if (!model_path->empty() && !std::filesystem::is_directory(*model_path, ec)) {
-      print_file_info(*model_path);
+      print_file_info(model_file_path(*model_path));
     } else if (!model_path->empty()) {
       ModelBundle bundle = load_model_bundle(*model_path, false, cpu_backend());
       print_info(bundle.model.config());

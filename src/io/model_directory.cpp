@@ -1,6 +1,10 @@
 // Model directory loading and writing.
 #include "io/model_directory.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "io/file_util.h"
@@ -10,12 +14,19 @@
 namespace tfm {
 
 std::string model_file_path(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw Error(path + ": no such file or directory");
-  if (!fs::is_directory(path, ec)) return path;
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0)  // the OS's reason: missing, a symlink loop, no access
+    throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  if (!S_ISDIR(info.st_mode)) {
+    require_regular_file(path);
+    return path;
+  }
   const std::string model_path = path + "/model.safetensors";
-  if (!fs::exists(model_path, ec)) throw Error(path + ": no model.safetensors in this directory");
+  if (::stat(model_path.c_str(), &info) != 0) {
+    if (errno == ENOENT) throw Error(path + ": no model.safetensors in this directory");
+    throw Error(model_path + ": cannot open (" + std::strerror(errno) + ")");
+  }
+  require_regular_file(model_path);
   return model_path;
 }
 

@@ -27,7 +27,8 @@ ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary, con
                               std::optional<Precision> inference_only = std::nullopt);
 
 // The model file `path` names: itself, or a directory's model.safetensors. Throws Error when
-// there is none.
+// there is none, with the OS's reason ("<path>: cannot open (Too many levels of symbolic
+// links)"). Every command that takes --model resolves it here first, so all say the same.
 std::string model_file_path(const std::string& path);
 
 // What a model stores its linear weights in, from its header: kInt8 for I8 weights, else
