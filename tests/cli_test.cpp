@@ -200,6 +200,62 @@ TEST(Cli, CorruptModelFilesAreClearErrors) {
                {"nothing.safetensors"});
 }
 
+// Names read from files reach messages quoted: a NUL cut the message short where it was printed,
+// a damaged byte ended up raw on the terminal, a long name made a message of any length. Now
+// \xNN, and at most 80 bytes of a name.
+TEST(Cli, NamesReadFromFilesArePrintedEscapedAndBounded) {
+  // A CTranslate2 model.bin (binary version 6) whose first variable has rank 9, named by bytes.
+  auto model_bin = [](const std::string& variable) {
+    std::string bytes;
+    auto u32 = [&](uint32_t v) { bytes.append(reinterpret_cast<const char*>(&v), 4); };
+    auto text = [&](const std::string& s) {
+      const uint16_t length = uint16_t(s.size() + 1);
+      bytes.append(reinterpret_cast<const char*>(&length), 2);
+      bytes += s;
+      bytes += '\0';
+    };
+    u32(6);
+    text("TransformerSpec");
+    u32(7);
+    u32(1);
+    text(variable);
+    bytes += char(9);
+    return bytes;
+  };
+  fs::create_directories(work.path("named_ct2"));
+  work.write_file("named_ct2/model.bin", model_bin(std::string("enc\0der/\xff\x01x", 11)));
+  CliResult r = work.run_cli("import-ctranslate2 " + work.path("named_ct2") + " -o " +
+                             work.path("named_out"));
+  expect_error(r, 1, {"variable \"enc\\x00der/\\xff\\x01x\" has rank 9 (at byte"});
+  EXPECT_EQ(r.err.find('\xff'), std::string::npos) << r.err;
+  work.write_file("named_ct2/model.bin", model_bin(std::string(1000, 'a')));
+  r = work.run_cli("import-ctranslate2 " + work.path("named_ct2") + " -o " +
+                   work.path("named_out"));
+  expect_error(r, 1, {"variable \"" + std::string(80, 'a') + "\"... (1000 bytes) has rank 9"});
+  // A safetensors header's tensor name with an escaped NUL, and well-formed UTF-8 kept as it is.
+  const std::string header =
+      R"({"a\u0000b\u00e9": {"dtype": "Q8", "shape": [1], "data_offsets": [0, 1]}})";
+  std::string file(8, '\0');
+  file[0] = char(header.size());
+  work.write_file("named.safetensors", file + header + "x");
+  expect_error(work.run_cli("info --model " + work.path("named.safetensors")), 1,
+               {"tensor \"a\\x00b\xc3\xa9\": unsupported dtype \"Q8\""});
+}
+
+// A config file's numbers past a double's range, and its keys given twice, are named: 1e999 was
+// "not a JSON object", and of {"d_model": 64, "d_model": 512} the last was taken silently.
+TEST(Cli, ConfigJsonErrorsNameTheKey) {
+  const std::string big = work.write_file("big.json", R"({"d_model": 1e999})");
+  expect_error(work.run_cli("info --vocab 100 --config " + big), 1,
+               {big + ": the number 1e999 (\"d_model\") is out of range"});
+  const std::string twice = work.write_file("twice.json", R"({"d_model": 64, "d_model": 512})");
+  expect_error(work.run_cli("info --vocab 100 --config " + twice), 1,
+               {twice + ": duplicate key \"d_model\""});
+  const std::string broken = work.write_file("broken.json", R"({"d_model": )");
+  expect_error(work.run_cli("info --vocab 100 --config " + broken), 1,
+               {broken + ": not valid JSON: parse error at line 1, column 13"});
+}
+
 // Every command that takes a model path resolves it in one place (model_file_path) and says the
 // OS's reason the same way: a symbolic link loop was "no such file or directory" in translate and
 // "Too many levels of symbolic links" in info.

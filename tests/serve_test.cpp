@@ -318,7 +318,10 @@ TEST(Serve, ClientErrorsAreJsonNamingTheProblem) {
   const std::vector<Case> cases = {
       {"{\"text\": ", 400, "malformed JSON"},
       {"[1, 2]", 400, "must be a JSON object"},
-      {R"({"text": "a", "beam": 5E0755})", 400, "malformed JSON"},  // too large for a double
+      {R"({"text": "a", "beam": 5E0755})", 400,
+       "malformed JSON: the number 5E0755 (\"beam\") is out of range"},  // past a double
+      {R"({"text": "a", "beam": 2, "beam": 16})", 400, "malformed JSON: duplicate key \"beam\""},
+      {R"({"text": ["a", {"x": 1, "x": 2}]})", 400, "duplicate key \"x\""},
       {R"({"txt": "x"})", 400, "unknown field \"txt\""},
       {R"({"beam": 2})", 400, "missing field \"text\""},
       {R"({"text": 5})", 400, "text must be a string or a list of strings"},
@@ -491,6 +494,12 @@ TEST(Serve, LibreTranslateClientsWorkUnchanged) {
        "xml format is not supported"},
       {R"({"q": "x", "source": "ar", "target": "en", "alternatives": "z"})",
        "Invalid request: alternatives parameter is not a number"},
+      {R"({"q": "x", "source": "ar", "target": "en", "alternatives": -1})",
+       "Invalid request: alternatives parameter must be >= 0"},
+      {R"({"q": "x", "source": "ar", "target": "en", "alternatives": 16})",
+       "Invalid request: alternatives parameter must be <= 15"},
+      {R"({"q": "x", "q": "y", "source": "ar", "target": "en"})",
+       "Invalid request: duplicate key \"q\""},
       {"{", "Invalid JSON format"}};
   for (const auto& [body, message] : errors) {
     r = c.Post("/translate", body, "application/json");

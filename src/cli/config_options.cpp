@@ -6,6 +6,7 @@
 #include "cli/option_ranges.h"
 #include "io/file_util.h"
 #include "tensor/error.h"
+#include "tensor/strict_json.h"
 
 namespace tfm {
 
@@ -38,14 +39,15 @@ ModelConfig ConfigOptions::resolve() const {
   if (!preset.empty()) {
     c = preset_config(preset);
   } else {
-    nlohmann::json j = nlohmann::json::parse(read_file_bytes(config_path), nullptr, false);
-    if (j.is_discarded() || !j.is_object()) throw Error(config_path + ": not a JSON object");
+    nlohmann::json j = parse_json_strictly(read_file_bytes(config_path), config_path);
+    if (!j.is_object()) throw Error(config_path + ": not a JSON object");
     overrides = j;
   }
   const bool has_src = src_vocab > 0 || vocab > 0 || overrides.contains("src_vocab_size");
   const bool has_tgt = tgt_vocab > 0 || vocab > 0 || overrides.contains("tgt_vocab_size");
   if (!has_src || !has_tgt)
-    throw UsageError("the vocabulary size is needed: --vocab N (shared) or --src-vocab N --tgt-vocab M");
+    throw UsageError(
+        "the vocabulary size is needed: --vocab N (shared) or --src-vocab N --tgt-vocab M");
   nlohmann::json j = config_to_json(c);
   for (auto it = overrides.begin(); it != overrides.end(); ++it) j[it.key()] = it.value();
   if (vocab > 0) j["src_vocab_size"] = j["tgt_vocab_size"] = vocab;

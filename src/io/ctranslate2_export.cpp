@@ -170,17 +170,19 @@ void check_exportable(const ModelConfig& c, const CTranslate2Tokens& tokens) {
   };
   for (const auto* list : {&tokens.source, &tokens.target})
     if (first_id(*list, tokens.unk_token) == int64_t(list->size()))
-      throw Error("the vocabularies need the unknown token \"" + tokens.unk_token +
-                  "\" (CTranslate2 would append it and change their size)");
+      throw Error("the vocabularies need the unknown token " +
+                  quoted_for_message(tokens.unk_token) +
+                  " (CTranslate2 would append it and change their size)");
   const std::pair<const char*, int64_t> specials[] = {{"bos_id", c.bos_id}, {"eos_id", c.eos_id}};
   for (const auto& [key, id] : specials)
     if (first_id(tokens.target, tokens.target[size_t(id)]) != id)
-      throw Error(std::string("the target token of ") + key + " (\"" + tokens.target[size_t(id)] +
-                  "\") also appears at a lower id, which CTranslate2 would use instead");
+      throw Error(std::string("the target token of ") + key + " (" +
+                  quoted_for_message(tokens.target[size_t(id)]) +
+                  ") also appears at a lower id, which CTranslate2 would use instead");
   if (c.src_append_eos && first_id(tokens.source, tokens.target[size_t(c.eos_id)]) != c.eos_id)
-    throw Error("the source vocabulary does not hold the end token \"" +
-                tokens.target[size_t(c.eos_id)] + "\" at eos_id " + std::to_string(c.eos_id) +
-                ", which CTranslate2 appends to every source");
+    throw Error("the source vocabulary does not hold the end token " +
+                quoted_for_message(tokens.target[size_t(c.eos_id)]) + " at eos_id " +
+                std::to_string(c.eos_id) + ", which CTranslate2 appends to every source");
 }
 
 uint64_t content_hash(const Tensor& t) {

@@ -80,13 +80,14 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
   for (uint32_t i = 0; i < count; ++i) {
     const std::string name = in.read_string();
     const uint8_t rank = in.read<uint8_t>();
-    if (rank > 8) in.fail("variable \"" + name + "\" has rank " + std::to_string(rank));
+    if (rank > 8)
+      in.fail("variable " + quoted_for_message(name) + " has rank " + std::to_string(rank));
     Shape shape;
     uint64_t numel = 1;
     for (uint8_t r = 0; r < rank; ++r) {
       const uint32_t dim = in.read<uint32_t>();
       if (dim != 0 && numel > bytes.size() / dim)
-        in.fail("variable \"" + name + "\" is larger than the file");
+        in.fail("variable " + quoted_for_message(name) + " is larger than the file");
       numel *= dim;
       shape.push_back(dim);
     }
@@ -94,7 +95,9 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
     uint64_t byte_count;
     if (result.version >= 4) {
       const uint8_t id = in.read<uint8_t>();
-      if (id > 5) in.fail("variable \"" + name + "\" has unknown dtype id " + std::to_string(id));
+      if (id > 5)
+        in.fail("variable " + quoted_for_message(name) + " has unknown dtype id " +
+                std::to_string(id));
       dtype = CtDtype(id);
       byte_count = in.read<uint32_t>();
     } else {
@@ -107,15 +110,16 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
       else if (item_size == 1)
         dtype = CtDtype::kI8;
       else
-        in.fail("variable \"" + name + "\" has item size " + std::to_string(item_size));
+        in.fail("variable " + quoted_for_message(name) + " has item size " +
+                std::to_string(item_size));
       if (element_count != numel)
-        in.fail("variable \"" + name + "\" element count does not match its shape");
+        in.fail("variable " + quoted_for_message(name) + " element count does not match its shape");
       byte_count = uint64_t(item_size) * element_count;
     }
     static const int kItemSize[] = {4, 1, 2, 4, 2, 2};
     if (byte_count != numel * uint64_t(kItemSize[int(dtype)]))
-      in.fail("variable \"" + name + "\" byte count does not match its shape");
-    const char* data = in.take(byte_count, "variable \"" + name + "\"");
+      in.fail("variable " + quoted_for_message(name) + " byte count does not match its shape");
+    const char* data = in.take(byte_count, "variable " + quoted_for_message(name));
     Tensor t(shape);
     const int64_t count = int64_t(numel);
     auto cast = [](auto v) { return float(v); };
@@ -140,7 +144,7 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
         break;
     }
     if (!raw.emplace(name, RawVariable{std::move(t), dtype}).second)
-      in.fail("variable \"" + name + "\" appears twice");
+      in.fail("variable " + quoted_for_message(name) + " appears twice");
   }
   std::vector<std::pair<std::string, std::string>> aliases;
   if (result.version >= 3) {
@@ -175,13 +179,15 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
     Tensor default_scale{Shape{}};
     default_scale.data = {1000.f};
     if (scale_it == raw.end() && variable.dtype == CtDtype::kI8)
-      throw Error(where + ": int8 variable \"" + name + "\" has no \"" + name + suffix + "\"");
+      throw Error(where + ": int8 variable " + quoted_for_message(name) + " has no " +
+                  quoted_for_message(name + suffix));
     const Tensor& scale = scale_it == raw.end() ? default_scale : scale_it->second.values;
     Tensor& w = variable.values;
     const int64_t rows = w.shape.empty() ? 1 : w.shape[0];
     const int64_t row_size = rows ? w.numel() / rows : 0;
     if (scale.numel() != 1 && scale.numel() != rows)
-      throw Error(where + ": scale \"" + name + suffix + "\" does not match its weight's rows");
+      throw Error(where + ": scale " + quoted_for_message(name + suffix) +
+                  " does not match its weight's rows");
     Int8Matrix* stored = nullptr;
     if (variable.dtype == CtDtype::kI8 && w.shape.size() == 2) {
       stored = &result.int8_matrices[name];
@@ -192,7 +198,8 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
     for (int64_t r = 0; r < rows; ++r) {
       const float s = scale.numel() == 1 ? scale.data[0] : scale.data[size_t(r)];
       if (!(s != 0.f) || !std::isfinite(s))
-        throw Error(where + ": scale \"" + name + suffix + "\" holds 0 or a non-finite value");
+        throw Error(where + ": scale " + quoted_for_message(name + suffix) +
+                    " holds 0 or a non-finite value");
       for (int64_t c = 0; c < row_size; ++c) w.data[size_t(r * row_size + c)] /= s;
       if (stored) stored->scales[size_t(r)] = 1.f / s;
     }
@@ -201,7 +208,8 @@ CTranslate2Variables parse_ctranslate2_model(const std::string& bytes, const std
   for (auto& [alias, target] : aliases) {
     auto it = result.variables.find(target);
     if (it == result.variables.end())
-      throw Error(where + ": alias \"" + alias + "\" names missing variable \"" + target + "\"");
+      throw Error(where + ": alias " + quoted_for_message(alias) + " names missing variable " +
+                  quoted_for_message(target));
     result.variables.emplace(alias, it->second);
     result.stored_dtypes[alias] = result.stored_dtypes[target];
     auto int8 = result.int8_matrices.find(target);

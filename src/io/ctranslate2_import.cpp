@@ -14,6 +14,7 @@
 #include "io/file_util.h"
 #include "model/positional_encoding.h"
 #include "tensor/error.h"
+#include "tensor/strict_json.h"
 
 namespace tfm {
 
@@ -35,7 +36,7 @@ class SpecVariables {
 
   Tensor take(const std::string& name) {
     std::optional<Tensor> t = take_optional(name);
-    if (!t) fail("missing variable \"" + name + "\"");
+    if (!t) fail("missing variable " + quoted_for_message(name));
     return std::move(*t);
   }
   // The int8 form of a variable stored in int8 (its fp32 form is taken with take()).
@@ -49,7 +50,7 @@ class SpecVariables {
   double take_scalar(const std::string& name, double fallback) {
     std::optional<Tensor> t = take_optional(name);
     if (!t) return fallback;
-    if (t->numel() != 1) fail("variable \"" + name + "\" is not a scalar");
+    if (t->numel() != 1) fail("variable " + quoted_for_message(name) + " is not a scalar");
     return t->data[0];
   }
   // Strings stored as int8 arrays (special tokens before binary version 6).
@@ -521,8 +522,8 @@ TokenSettings read_token_settings(SpecVariables& v, const std::string& directory
   const std::string config_path = directory + "/config.json";
   nlohmann::json j = nlohmann::json::object();
   if (std::filesystem::exists(config_path)) {
-    j = nlohmann::json::parse(read_file_bytes(config_path), nullptr, false);
-    if (j.is_discarded() || !j.is_object()) throw Error(config_path + ": not a JSON object");
+    j = parse_json_strictly(read_file_bytes(config_path), config_path);
+    if (!j.is_object()) throw Error(config_path + ": not a JSON object");
   }
   auto string_key = [&](const char* key, std::string& out) {
     if (!j.contains(key)) return;
@@ -582,8 +583,8 @@ std::optional<std::vector<std::string>> read_vocabulary(const std::string& direc
                     txt_path = directory + "/" + name + ".txt";
   std::vector<std::string> tokens;
   if (fs::exists(json_path)) {
-    nlohmann::json j = nlohmann::json::parse(read_file_bytes(json_path), nullptr, false);
-    if (j.is_discarded() || !j.is_array()) throw Error(json_path + ": not a JSON list of tokens");
+    const nlohmann::json j = parse_json_strictly(read_file_bytes(json_path), json_path);
+    if (!j.is_array()) throw Error(json_path + ": not a JSON list of tokens");
     for (const auto& t : j) {
       if (!t.is_string()) throw Error(json_path + ": not a JSON list of tokens");
       tokens.push_back(t.get<std::string>());
@@ -630,7 +631,7 @@ void read_vocabularies(SpecVariables& v, const std::string& directory, const Tok
                    const char* side) {
     auto it = std::find(tokens.begin(), tokens.end(), token);
     if (it == tokens.end())
-      throw Error(directory + ": the " + side + " vocabulary has no \"" + token + "\"");
+      throw Error(directory + ": the " + side + " vocabulary has no " + quoted_for_message(token));
     return int64_t(it - tokens.begin());
   };
   if (s.add_source_bos) v.refuse("a start token prepended to the source (add_source_bos)");
@@ -691,7 +692,8 @@ ImportedModel import_ctranslate2(const std::string& directory) {
   const std::string& spec = v.file().spec_name;
   if (spec != "" && spec != "TransformerBase" && spec != "TransformerBig" &&
       spec != "TransformerSpec")
-    v.fail("spec \"" + spec + "\" is not a Transformer encoder-decoder (TransformerSpec)");
+    v.fail("spec " + quoted_for_message(spec) +
+           " is not a Transformer encoder-decoder (TransformerSpec)");
   if (v.file().spec_revision > 7)
     v.fail("spec revision " + std::to_string(v.file().spec_revision) +
            " is newer than this importer knows (1-7)");
@@ -707,8 +709,8 @@ ImportedModel import_ctranslate2(const std::string& directory) {
   c.layer_norm_eps = tokens.layer_norm_epsilon.value_or(1e-5);
   const std::vector<std::string> left = v.names();
   if (!left.empty())
-    v.fail("unsupported variable \"" + left.front() +
-           "\" (a model feature this importer does not know)");
+    v.fail("unsupported variable " + quoted_for_message(left.front()) +
+           " (a model feature this importer does not know)");
   read_vocabularies(v, directory, tokens, out);
   validate_config(c, model_path);
   return out;

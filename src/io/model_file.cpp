@@ -80,15 +80,16 @@ ModelConfig model_config_of_header(const SafetensorsHeader& header, const std::s
     if (dtype != "I8") continue;
     const Shape& shape = header.shapes.at(name);
     if (!is_int8_weight(name) || shape.size() != 2)
-      throw Error(where + ": tensor \"" + name +
-                  "\" is I8, but only linear weights and token embeddings may be stored in int8");
+      throw Error(where + ": tensor " + quoted_for_message(name) +
+                  " is I8, but only linear weights and token embeddings may be stored in int8");
     const std::string scale = name + kInt8ScaleSuffix;
     auto scale_dtype = header.dtypes.find(scale);
     if (scale_dtype == header.dtypes.end())
-      throw Error(where + ": int8 tensor \"" + name + "\" has no \"" + scale + "\"");
+      throw Error(where + ": int8 tensor " + quoted_for_message(name) + " has no " +
+                  quoted_for_message(scale));
     if (scale_dtype->second != "F32" || header.shapes.at(scale) != Shape{shape[0]})
-      throw Error(where + ": \"" + scale + "\" must be F32 of shape [" + std::to_string(shape[0]) +
-                  "], one scale per row of \"" + name + "\"");
+      throw Error(where + ": " + quoted_for_message(scale) + " must be F32 of shape [" +
+                  std::to_string(shape[0]) + "], one scale per row of " + quoted_for_message(name));
     shapes.erase(scale);
   }
   check_parameter_shapes(config, shapes, where);

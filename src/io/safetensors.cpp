@@ -96,12 +96,13 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
     if (name == "__metadata__") {
       if (!entry.is_object()) fail("__metadata__ is not an object");
       for (auto m = entry.begin(); m != entry.end(); ++m) {
-        if (!m.value().is_string()) fail("__metadata__ value \"" + m.key() + "\" is not a string");
+        if (!m.value().is_string())
+          fail("__metadata__ value " + quoted_for_message(m.key()) + " is not a string");
         file.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    const std::string tensor = "tensor \"" + name + "\": ";
+    const std::string tensor = "tensor " + quoted_for_message(name) + ": ";
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
         !entry.contains("data_offsets"))
       fail(tensor + "needs dtype, shape and data_offsets");
@@ -110,7 +111,7 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
     const DtypeInfo* info = nullptr;
     for (const auto& d : kDtypes)
       if (dtype == d.name) info = &d;
-    if (!info) fail(tensor + "unsupported dtype \"" + dtype + "\"");
+    if (!info) fail(tensor + "unsupported dtype " + quoted_for_message(dtype));
     const auto& shape_json = entry["shape"];
     if (!shape_json.is_array() || shape_json.size() > 8)
       fail(tensor + "shape is not a short array");
@@ -142,7 +143,8 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
             [](const Range& a, const Range& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].begin < ranges[i - 1].end)
-      fail("tensors \"" + ranges[i - 1].name + "\" and \"" + ranges[i].name + "\" overlap");
+      fail("tensors " + quoted_for_message(ranges[i - 1].name) + " and " +
+           quoted_for_message(ranges[i].name) + " overlap");
 
   if (check) {
     SafetensorsHeader declared;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "tensor/error.h"
+#include "tensor/strict_json.h"
 
 namespace tfm {
 
@@ -69,7 +70,7 @@ Enum enum_from_json(const EnumName<Enum> (&names)[N], const nlohmann::json& j, c
     if (value == entry.name) return entry.value;
     allowed += std::string(allowed.empty() ? "" : ", ") + "\"" + entry.name + "\"";
   }
-  throw Error(where + ": unknown value \"" + value + "\" for config key \"" + key +
+  throw Error(where + ": unknown value " + quoted_for_message(value) + " for config key \"" + key +
               "\" (expected one of " + allowed + ")");
 }
 
@@ -113,7 +114,8 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
                                               "eos_id",
                                               "src_append_eos"};
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (!known.count(it.key())) throw Error(where + ": unknown config key \"" + it.key() + "\"");
+    if (!known.count(it.key()))
+      throw Error(where + ": unknown config key " + quoted_for_message(it.key()));
 
   ModelConfig c;
   if (j.contains("format")) check_format(j["format"], where);
@@ -165,9 +167,7 @@ ModelConfig config_from_json(const nlohmann::json& j, const std::string& where) 
 }
 
 ModelConfig config_from_json_text(const std::string& text, const std::string& where) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw Error(where + ": model config is not valid JSON");
-  return config_from_json(j, where);
+  return config_from_json(parse_json_strictly(text, where + ": model config"), where);
 }
 
 nlohmann::json config_to_json(const ModelConfig& c) {

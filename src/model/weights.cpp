@@ -162,7 +162,8 @@ void check_parameter_shapes(const ModelConfig& config, const std::map<std::strin
     for (const auto& [name, shape] : shapes) {
       bool used = false;
       for (const auto& spec : specs) used = used || spec.name == name;
-      if (!used) throw Error(where + ": unexpected tensor \"" + name + "\" for this config");
+      if (!used)
+        throw Error(where + ": unexpected tensor " + quoted_for_message(name) + " for this config");
     }
   }
 }

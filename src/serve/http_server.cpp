@@ -22,6 +22,7 @@
 #include "serve/translation_service.h"
 #include "serve/web_page.h"
 #include "tensor/error.h"
+#include "tensor/strict_json.h"
 
 namespace tfm {
 
@@ -365,9 +366,12 @@ void run_server(const ServeSettings& settings) {
         json fields = json::object();
         if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
           try {
-            fields = json::parse(req.body);
-          } catch (const json::exception&) {  // syntax, or a number out of range
-            throw RequestError(400, "Invalid JSON format");
+            fields = parse_json_strictly(req.body);
+          } catch (const JsonError& e) {  // syntax, a number out of range, a key given twice
+            const std::string what = e.what();
+            throw RequestError(400, what.rfind("duplicate key", 0) == 0
+                                        ? "Invalid request: " + what
+                                        : std::string("Invalid JSON format"));
           }
         } else {
           for (const auto& [key, value] : req.params)

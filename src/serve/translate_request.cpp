@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "tensor/strict_json.h"
 #include "text/vocabulary.h"
 
 namespace tfm {
@@ -90,9 +91,9 @@ TranslateRequest parse_translate_request(const std::string& body, const SearchOp
   check_body_size(body, limits);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(body);
-  } catch (const nlohmann::json::exception& e) {
-    // A syntax error (with the byte offset) or a number too large for a double.
+    j = parse_json_strictly(body);
+  } catch (const JsonError& e) {
+    // A syntax error (with the byte offset), a number too large for a double, a key given twice.
     throw RequestError(400, std::string("malformed JSON: ") + e.what());
   }
   if (!j.is_object()) throw RequestError(400, "the request must be a JSON object");
@@ -199,16 +200,21 @@ LibreTranslateRequest parse_libretranslate_request(const nlohmann::json& fields,
     nlohmann::json a = fields["alternatives"];
     if (a.is_string()) {  // form fields arrive as text
       const std::string& s = a.get_ref<const std::string&>();
-      if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), ::isdigit))
+      const size_t digits = s.size() - (s.rfind('-', 0) == 0 ? 1 : 0);
+      if (digits == 0 || digits > 9 || !std::all_of(s.end() - long(digits), s.end(), ::isdigit))
         throw RequestError(400, "Invalid request: alternatives parameter is not a number");
       a = std::stoll(s);
     }
     if (!a.is_number_integer())
       throw RequestError(400, "Invalid request: alternatives parameter is not a number");
-    const int64_t alternatives = std::max<int64_t>(0, a.get<int64_t>());
-    if (alternatives + 1 > limits.max_beam)
+    // LibreTranslate clamps a negative count to 0; a negative count is a client's mistake, so
+    // it is refused here rather than answered as if it were 0.
+    if (!a.is_number_unsigned() && a.get<int64_t>() < 0)
+      throw RequestError(400, "Invalid request: alternatives parameter must be >= 0");
+    if (a.get<uint64_t>() >= uint64_t(limits.max_beam))  // each alternative is one more beam
       throw RequestError(400, "Invalid request: alternatives parameter must be <= " +
                                   std::to_string(limits.max_beam - 1));
+    const int64_t alternatives = a.get<int64_t>();
     r.alternatives = alternatives;
     if (alternatives > 0) set_nbest(r.translate, alternatives + 1, false, limits);
   }
