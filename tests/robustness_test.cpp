@@ -627,6 +627,25 @@ TEST(EarlySigterm, TrainStoppedBeforeItsFirstStepExitsCleanly) {
             std::string::npos)
       << tfm::read_file_bytes(dir + ".stderr");
   EXPECT_FALSE(fs::exists(dir + "/checkpoint.safetensors"));
+  EXPECT_FALSE(fs::exists(dir)) << "train created it and wrote nothing into it";
+}
+
+// A first run that fails before writing anything (here: its data file is missing) removes the
+// directories it created, lock included; it left one holding only .lock. A directory that was
+// there before stays, with whatever it holds.
+TEST(ModelDirLock, AFailedFirstRunLeavesNoDirectoryItCreated) {
+  ids_model();
+  const std::string parent = work.path("failed_first");
+  fs::create_directories(parent);
+  work.write_file("failed_first/mine.txt", "kept");
+  const std::string flags = " --train-src " + work.path("no_such.src") + " --train-tgt " +
+                            work.path("rev.tgt") + " --preset tiny --vocab 32 --ids --max-steps 1";
+  expect_error(work.run_cli("train --model-dir " + parent + "/a/b/run" + flags), 1,
+               {"no_such.src"});
+  EXPECT_FALSE(fs::exists(parent + "/a"));
+  EXPECT_EQ(tfm::read_file_bytes(parent + "/mine.txt"), "kept");
+  expect_error(work.run_cli("train --model-dir " + parent + flags), 1, {"no_such.src"});
+  EXPECT_EQ(tfm::read_file_bytes(parent + "/mine.txt"), "kept");
 }
 
 TEST(Nbest, ALineThatIsNotTranslatedHasNoEntries) {

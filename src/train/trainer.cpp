@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 
 #include "io/directory_lock.h"
@@ -91,14 +92,27 @@ class TrainingRun {
     result_.primary = primary_;
   }
 
-  // Opens the model and reads the data; false when a signal came before the first step.
+  // Opens the model and reads the data; false when a signal came before the first step. A run
+  // that ends here leaves no directory it created behind (bad data on a first run left one
+  // holding only .lock).
   bool start() {
-    open_model();
-    if (stopped_before_start()) return false;
-    read_data();
-    if (stopped_before_start()) return false;
-    prepare_training();
-    return true;
+    try {
+      open_model();
+      bool starting = !stopped_before_start();
+      if (starting) {
+        read_data();
+        starting = !stopped_before_start();
+      }
+      if (!starting) {
+        remove_unused_model_directory();
+        return false;
+      }
+      prepare_training();
+      return true;
+    } catch (...) {
+      remove_unused_model_directory();
+      throw;
+    }
   }
 
   // Steps until a limit, the data, early stopping or a signal ends the run.
@@ -154,7 +168,7 @@ class TrainingRun {
   // directory: rank 0 locks it.
   void open_model() {
     if (primary_) {
-      make_directories(o_.model_dir);
+      created_directories_ = make_directories(o_.model_dir);
       lock_.emplace(o_.model_dir, "training run");
       remove_stale_temp_files(o_.model_dir);
       remove_stale_temp_files(o_.model_dir + "/checkpoints");
@@ -205,6 +219,23 @@ class TrainingRun {
                    alphas[0], alphas[1], (*o_.sentencepiece_alphas)[0],
                    (*o_.sentencepiece_alphas)[1]);
     state_.sentencepiece_alphas = o_.sentencepiece_alphas.value_or(alphas);
+  }
+
+  // The directories open_model created, when nothing but the lock was written into them: a run
+  // that failed before its first file leaves the file system as it found it. A directory that
+  // existed before, or holds anything else, stays.
+  void remove_unused_model_directory() {
+    if (created_directories_.empty()) return;
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (fs::directory_iterator it(o_.model_dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename() != ".lock") return;
+    if (ec) return;
+    fs::remove(o_.model_dir + "/.lock", ec);
+    lock_.reset();
+    for (auto dir = created_directories_.rbegin(); dir != created_directories_.rend(); ++dir)
+      if (::rmdir(dir->c_str()) != 0) break;  // only empty ones: never anything of anyone's
+    created_directories_.clear();
   }
 
   // Weights + gradients (+ Adam's two moments) of one rank.
@@ -661,8 +692,9 @@ class TrainingRun {
   TrainResult result_;
 
   // The model and where the run stands.
-  std::optional<DirectoryLock> lock_;        // rank 0's, on the model directory
-  std::optional<LoadedCheckpoint> resumed_;  // until its parts moved into model_ / optimizer_
+  std::optional<DirectoryLock> lock_;             // rank 0's, on the model directory
+  std::vector<std::string> created_directories_;  // by open_model, the deepest last
+  std::optional<LoadedCheckpoint> resumed_;       // until its parts moved into model_ / optimizer_
   std::optional<Model> model_;
   TrainingState state_;
   Precision precision_ = Precision::kFloat32;
