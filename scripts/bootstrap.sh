@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(cmake g++ make pkg-config libdnnl-dev libsentencepiece-dev libcli11-dev
           nlohmann-json3-dev libgtest-dev libbenchmark-dev libicu-dev libopenmpi-dev openmpi-bin
-          libcpp-httplib-dev "$@")
+          libcpp-httplib-dev pybind11-dev python3-dev python3-pytest "$@")
 
 missing=()
 for p in "${packages[@]}"; do

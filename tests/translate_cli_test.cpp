@@ -73,10 +73,13 @@ TEST(TranslateCli, ReplaceUnknownsAndAttentionFile) {
   EXPECT_NE(json.find("\"target\":[\"a\",\"t\",\"z\",\"m\",\"o\",\"n\",\"</s>\"]"),
             std::string::npos)
       << json.substr(0, 300);
-  EXPECT_EQ(work.run_cli("translate --model " + model_dir() + " -i " + work.path("one.txt") +
-                         " --attention-layer 6")
-                .exit_code,
-            1);
+  // A layer the model does not have is a usage error, named before anything is translated.
+  r = work.run_cli("translate --model " + model_dir() + " -i " + work.path("one.txt") +
+                   " --attention-layer 6");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--attention-layer 6 is beyond the model's 6 decoder layers"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(TranslateCli, BadInputIsAClearError) {

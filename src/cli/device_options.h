@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "api/compute_type.h"
 #include "backend/backend.h"
 
 namespace tfm {
@@ -21,13 +22,8 @@ struct ComputeTypeOption {
   std::string name = "default";
 
   void add_to(CLI::App& app);
-  // The precision it names ("default": the one the model at `model_path` stores its linear
-  // weights in, int8 or float32; "auto": int8 where `backend` multiplies in it, else float32);
-  // throws Error when `backend` cannot multiply in it (bfloat16 on a CPU without AVX512-BF16,
-  // int8 on one without VNNI).
-  Precision resolve(const Backend& backend, const std::string& model_path) const;
-  // The key/value cache of incremental decoding: bfloat16 for bfloat16 and int8_bfloat16.
-  CacheFormat cache_format() const;
+  // What it names for the model at `model_path` on `backend` (resolve_compute_type).
+  ComputeType resolve(const Backend& backend, const std::string& model_path) const;
 };
 
 }  // namespace tfm

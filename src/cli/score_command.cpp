@@ -1,19 +1,18 @@
 // `transformer score`: force-decodes each (source, target) pair and prints the sum of the
-// natural-log probabilities of target + eos (docs/model-file.md), optionally per token. Pairs are
-// sorted by length and batched by tokens; output keeps input order.
+// natural-log probabilities of target + eos (docs/model-file.md), optionally per token, through
+// the library's Translator (pairs sorted by length and batched by tokens); output keeps input
+// order.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 
+#include "api/translator.h"
 #include "cli/commands.h"
 #include "cli/device_options.h"
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "io/file_util.h"
-#include "io/model_directory.h"
 #include "tensor/error.h"
-#include "tensor/memory_budget.h"
-#include "text/batching.h"
 #include "text/corpus.h"
 
 namespace tfm {
@@ -33,23 +32,22 @@ struct ScoreOptions {
 };
 
 void run_score(const ScoreOptions& o) {
-  const Backend& backend = o.device.resolve();
-  const Precision precision = o.compute_type.resolve(backend, o.model);
-  ModelBundle bundle = load_model_bundle(o.model, !o.ids, backend, precision);
-  const ModelConfig& config = bundle.model.config();
   if (o.src == "-" && o.tgt == "-") throw UsageError("--src and --tgt cannot both be stdin");
+  TranslatorOptions loading;
+  loading.device = o.device.name;
+  loading.compute_type = o.compute_type.name;
+  loading.need_vocabulary = !o.ids;
+  const Translator translator(o.model, loading);
+  const ModelConfig& config = translator.config();
   const std::vector<std::string> src_lines = read_lines(o.src);
   const std::vector<std::string> tgt_lines = read_lines(o.tgt);
   if (src_lines.size() != tgt_lines.size())
     throw Error(o.src + " has " + std::to_string(src_lines.size()) + " lines but " + o.tgt +
                 " has " + std::to_string(tgt_lines.size()));
-  auto sources =
-      encode_lines(src_lines, bundle.source_vocabulary ? &*bundle.source_vocabulary : nullptr,
-                   o.ids, config.src_vocab_size, o.src);
-  auto targets =
-      encode_lines(tgt_lines, bundle.target_vocabulary ? &*bundle.target_vocabulary : nullptr,
-                   o.ids, config.tgt_vocab_size, o.tgt);
-  const int64_t extra_src = config.src_append_eos ? 1 : 0;
+  const auto sources =
+      encode_lines(src_lines, translator.source_vocabulary(), o.ids, config.src_vocab_size, o.src);
+  const auto targets =
+      encode_lines(tgt_lines, translator.target_vocabulary(), o.ids, config.tgt_vocab_size, o.tgt);
   for (size_t i = 0; i < sources.size(); ++i) {
     if (int64_t(sources[i].size()) > max_source_tokens(config))
       throw Error(o.src + ":" + std::to_string(i + 1) + ": " + std::to_string(sources[i].size()) +
@@ -58,48 +56,18 @@ void run_score(const ScoreOptions& o) {
       throw Error(o.tgt + ":" + std::to_string(i + 1) + ": " + std::to_string(targets[i].size()) +
                   " tokens is longer than the model's max_positions allow");
   }
-
-  // Pairs of similar length batched together (little padding), as training batches them.
-  ParallelCorpus pairs;
-  pairs.sources = std::move(sources);
-  pairs.targets = std::move(targets);
-  const BatchPlan plan = plan_batches(pairs, o.batch_tokens, extra_src, 0, 0, false);
-  std::vector<std::vector<float>> results(pairs.sources.size());  // per pair: per-token log-probs
-  // The activations of every batch, planned from their shapes and allocated as one block before
-  // the first: a --batch-tokens that does not fit is refused here.
-  ScoringWorkspace ws;
-  for (const std::vector<int64_t>& members : plan)
-    plan_score_forward(bundle.model, batch_shape(config, pairs.sources, pairs.targets, members), ws,
-                       precision);
-  check_memory(ws.plan.block_bytes(), "scoring in batches of up to " +
-                                          std::to_string(o.batch_tokens) +
-                                          " tokens (--batch-tokens: the activations)");
-  ws.memory.allocate(bundle.model.backend(), ws.plan);
-  std::vector<float> logprobs;
-  Progress progress("score", int64_t(pairs.sources.size()));
-  int64_t done = 0;
-  for (const std::vector<int64_t>& members : plan) {
-    const TokenBatch batch = make_batch(config, pairs.sources, pairs.targets, members);
-    score_forward(bundle.model, batch, ws, logprobs, precision);
-    for (size_t m = 0; m < members.size(); ++m) {
-      const float* row = logprobs.data() + int64_t(m) * batch.tgt_len;
-      results[size_t(members[m])].assign(row, row + batch.tgt_lengths[m]);
-    }
-    done += int64_t(members.size());
-    progress.update(done);
-  }
-  progress.finish(done);
+  Progress progress("score", int64_t(sources.size()));
+  const std::vector<ScoringResult> results = translator.score_ids(
+      sources, targets, o.batch_tokens, [&](int64_t done) { progress.update(done); });
+  progress.finish(int64_t(sources.size()));
 
   auto write = [&](std::FILE* f) {
-    for (const auto& tokens : results) {
-      double total = 0;
-      for (float v : tokens) total += v;
-      std::string line = std::to_string(total);
+    for (const ScoringResult& result : results) {
       char buffer[32];
-      std::snprintf(buffer, sizeof buffer, "%.6f", total);
-      line = buffer;
+      std::snprintf(buffer, sizeof buffer, "%.6f", result.log_prob);
+      std::string line = buffer;
       if (o.per_token)
-        for (float v : tokens) {
+        for (float v : result.log_probs) {
           std::snprintf(buffer, sizeof buffer, " %.6f", double(v));
           line += buffer;
         }

@@ -26,8 +26,9 @@ void SearchFlags::add_to(CLI::App& app) {
 
 SearchOptions SearchFlags::resolve(const Backend& backend, const std::string& model_path) const {
   SearchOptions s = search;
-  s.precision = compute_type.resolve(backend, model_path);
-  s.cache = compute_type.cache_format();
+  const ComputeType type = compute_type.resolve(backend, model_path);
+  s.precision = type.precision;
+  s.cache = type.cache;
   return s;
 }
 

@@ -1,22 +1,21 @@
-// `transformer translate`: reads sentences (stdin or --input), translates them with greedy or
-// beam search in length-sorted batches, and writes one line per input in input order (or
-// --nbest lines `index ||| hypothesis ||| score`). Empty lines give empty lines.
+// `transformer translate`: reads sentences (stdin or --input), translates them through the
+// library's Translator (api/translator.h: length-sorted batches, greedy or beam search), and
+// writes one line per input in input order (or --nbest lines `index ||| hypothesis ||| score`).
+// Empty lines give empty lines.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <numeric>
 
+#include "api/translator.h"
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "cli/search_options.h"
-#include "decode/beam_search.h"
-#include "decode/hypothesis_text.h"
 #include "io/file_util.h"
-#include "io/model_directory.h"
 #include "tensor/error.h"
 #include "text/corpus.h"
+#include "text/vocabulary.h"
 
 namespace tfm {
 
@@ -26,7 +25,6 @@ struct TranslateOptions {
   std::string model, input = "-", output;
   bool ids = false;
   SearchFlags decoding;  // --beam, --alpha, length limits, --device, --compute-type
-  SearchOptions search;  // decoding, resolved when the command runs
   int64_t nbest = 0;     // 0: plain output
   int64_t batch_tokens = 4096;
   std::string prefix, prefix_file;
@@ -35,172 +33,144 @@ struct TranslateOptions {
   std::string attention_file;  // JSON lines with every head of one layer
 };
 
-// Source line i, encoded; empty when the line is empty or skipped.
-struct Source {
-  std::vector<int32_t> ids;
-  std::vector<std::string> pieces;  // for --replace-unknowns
-  bool translate = false;
-};
-
-std::string format_attention(const Hypothesis& h, int64_t heads) {
+std::string format_attention(const TranslationHypothesis& h) {
   std::string out;
   char buffer[32];
   for (size_t t = 0; t < h.attention.size(); ++t) {
     if (t) out += ' ';
-    const std::vector<float> row = mean_attention(h, t, heads);
-    for (size_t j = 0; j < row.size(); ++j) {
-      std::snprintf(buffer, sizeof buffer, j ? ",%.4f" : "%.4f", double(row[j]));
+    for (size_t j = 0; j < h.attention[t].size(); ++j) {
+      std::snprintf(buffer, sizeof buffer, j ? ",%.4f" : "%.4f", double(h.attention[t][j]));
       out += buffer;
     }
   }
   return out;
 }
 
-// One `translate` run in named steps: the model, the input lines and their prefixes, the
-// length-sorted batches through search(), then the output file and the attention file.
+// One `translate` run in named steps: the model (a Translator), the input lines and their
+// prefixes, the translation, then the output file and the attention file.
 class Translation {
  public:
   explicit Translation(TranslateOptions options)
-      : o_(std::move(options)),
-        backend_(o_.decoding.device.resolve()),
-        bundle_(open_model()),
-        config_(bundle_.model.config()),
-        source_vocabulary_(bundle_.source_vocabulary ? &*bundle_.source_vocabulary : nullptr),
-        target_vocabulary_(bundle_.target_vocabulary ? &*bundle_.target_vocabulary : nullptr) {
-    if (o_.search.beam < 1) throw UsageError("--beam must be at least 1");
-    if (o_.nbest > o_.search.beam) throw UsageError("--nbest cannot exceed --beam");
+      : o_(std::move(options)), translator_(o_.model, translator_options()) {
+    const SearchOptions& s = o_.decoding.search;
+    if (o_.nbest > s.beam) throw UsageError("--nbest cannot exceed --beam");
     if (o_.replace_unknowns && o_.ids)
       throw UsageError("--replace-unknowns needs text input, not --ids");
-    o_.search.nbest = std::max<int64_t>(o_.nbest, 1);
-    o_.search.attention = o_.attention || o_.replace_unknowns || !o_.attention_file.empty();
-    o_.search.attention_per_head = !o_.attention_file.empty();
-    stored_heads_ = o_.search.attention_per_head ? config_.heads : 1;
+    if (!o_.prefix.empty() && !o_.prefix_file.empty())
+      throw UsageError("give --prefix or --prefix-file, not both");
+    if (s.attention_layer >= translator_.config().decoder_layers)
+      throw UsageError("--attention-layer " + std::to_string(s.attention_layer) +
+                       " is beyond the model's " +
+                       std::to_string(translator_.config().decoder_layers) + " decoder layers");
+    t_.beam_size = s.beam;
+    t_.length_penalty = s.alpha;
+    t_.max_decoding_length_a = s.max_length_a;
+    t_.max_decoding_length_b = s.max_length_b;
+    t_.max_decoding_length = s.max_length;
+    t_.min_decoding_length = s.min_length;
+    t_.num_hypotheses = std::max<int64_t>(o_.nbest, 1);
+    t_.max_batch_tokens = o_.batch_tokens;
+    t_.return_attention = o_.attention;
+    t_.return_attention_heads = !o_.attention_file.empty();
+    t_.attention_layer = s.attention_layer;
+    t_.replace_unknowns = o_.replace_unknowns;
   }
 
   void run() {
     where_ = o_.input == "-" ? "stdin" : o_.input;
     lines_ = read_lines(o_.input);
     read_prefixes();
-    encode_sources();
-    translate_in_batches();
+    translate();
+    warn_about_long_lines();
     write_output(o_.output, [&](std::FILE* f) { write_translations(f); });
     if (!o_.attention_file.empty())
       write_file_atomically(o_.attention_file, [&](std::FILE* f) { write_attention(f); });
   }
 
  private:
-  ModelBundle open_model() {
-    o_.search = o_.decoding.resolve(backend_, o_.model);
-    return load_model_bundle(o_.model, !o_.ids, backend_, o_.search.precision);
+  TranslatorOptions translator_options() const {
+    TranslatorOptions t;
+    t.device = o_.decoding.device.name;
+    t.compute_type = o_.decoding.compute_type.name;
+    t.need_vocabulary = !o_.ids;
+    return t;
   }
 
-  std::vector<int32_t> encode_target(const std::string& text, const std::string& file,
-                                     int64_t line) const {
-    if (o_.ids) return parse_id_line(text, config_.tgt_vocab_size, file, line);
-    if (!is_valid_utf8(text)) throw Error(file + ":" + std::to_string(line) + ": invalid UTF-8");
-    return target_vocabulary_->encode(text);
-  }
-
-  // Target prefixes: one for all lines (--prefix), or one per line (--prefix-file).
+  // Target prefixes, as text lines (or id lines with --ids): one for all lines (--prefix), or
+  // one per line (--prefix-file).
   void read_prefixes() {
-    if (!o_.prefix.empty() && !o_.prefix_file.empty())
-      throw UsageError("give --prefix or --prefix-file, not both");
     if (!o_.prefix.empty()) {
-      prefixes_.assign(lines_.size(), encode_target(o_.prefix, "--prefix", 1));
+      if (!o_.ids && !is_valid_utf8(o_.prefix)) throw Error("--prefix: invalid UTF-8");
+      prefixes_.assign(lines_.size(), o_.prefix);
     } else if (!o_.prefix_file.empty()) {
-      const auto prefix_lines = read_lines(o_.prefix_file);
-      if (prefix_lines.size() != lines_.size())
-        throw Error(o_.prefix_file + " has " + std::to_string(prefix_lines.size()) + " lines but " +
+      prefixes_ = read_lines(o_.prefix_file);
+      if (prefixes_.size() != lines_.size())
+        throw Error(o_.prefix_file + " has " + std::to_string(prefixes_.size()) + " lines but " +
                     where_ + " has " + std::to_string(lines_.size()));
-      for (size_t i = 0; i < prefix_lines.size(); ++i)
-        prefixes_.push_back(encode_target(prefix_lines[i], o_.prefix_file, int64_t(i) + 1));
     }
   }
 
-  // Every line as source ids; empty lines and lines over the model's limit are not translated
-  // (the latter with a warning).
-  void encode_sources() {
-    const int64_t limit = max_source_tokens(config_);
-    sources_.resize(lines_.size());
-    for (size_t i = 0; i < lines_.size(); ++i) {
-      Source& s = sources_[i];
-      if (o_.ids) {
-        s.ids = parse_id_line(lines_[i], config_.src_vocab_size, where_, int64_t(i) + 1);
-      } else {
-        s.ids = source_vocabulary_->encode(lines_[i]);
-        if (o_.replace_unknowns) s.pieces = source_vocabulary_->to_pieces(lines_[i]);
-      }
-      if (s.ids.empty()) continue;
-      if (int64_t(s.ids.size()) > limit) {
-        std::fprintf(
-            stderr,
-            "warning: %s:%zu: %zu tokens exceed the model's limit of %lld; writing an empty line\n",
-            where_.c_str(), i + 1, s.ids.size(), (long long)limit);
-        continue;
-      }
-      s.translate = true;
-    }
-  }
-
-  // Longest first, batched so that sentences × longest source × beam stays within budget.
-  void translate_in_batches() {
-    std::vector<size_t> order;
-    for (size_t i = 0; i < sources_.size(); ++i)
-      if (sources_[i].translate) order.push_back(i);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return sources_[a].ids.size() > sources_[b].ids.size();
-    });
-    results_.assign(sources_.size(), {});
-    Progress progress("translate", int64_t(order.size()));
-    for (size_t next = 0; next < order.size();) {
-      const int64_t count = sentences_within_budget(
-          o_.batch_tokens, int64_t(sources_[order[next]].ids.size()), o_.search.beam);
-      std::vector<std::vector<int32_t>> batch_sources, batch_prefixes;
-      std::vector<size_t> members;
-      for (; next < order.size() && int64_t(members.size()) < count; ++next) {
-        members.push_back(order[next]);
-        batch_sources.push_back(sources_[order[next]].ids);
-        if (!prefixes_.empty()) batch_prefixes.push_back(prefixes_[order[next]]);
-      }
-      auto hypotheses = search(bundle_.model, batch_sources, batch_prefixes, o_.search);
-      for (size_t m = 0; m < members.size(); ++m) results_[members[m]] = std::move(hypotheses[m]);
-      progress.update(int64_t(next));
-    }
-    progress.finish(int64_t(order.size()));
-  }
-
-  std::string render(size_t line, const Hypothesis& h) const {
+  void translate() {
+    const int64_t count = int64_t(lines_.size());
+    Progress progress("translate", count);
+    auto update = [&](int64_t done) { progress.update(done); };
     if (o_.ids) {
-      std::string text;
-      for (int32_t id : h.tokens) text += (text.empty() ? "" : " ") + std::to_string(id);
-      return text;
+      const ModelConfig& config = translator_.config();
+      std::vector<std::vector<int32_t>> sources, prefixes;
+      for (size_t i = 0; i < lines_.size(); ++i)
+        sources.push_back(parse_id_line(lines_[i], config.src_vocab_size, where_, int64_t(i) + 1));
+      const std::string prefix_where = o_.prefix.empty() ? o_.prefix_file : "--prefix";
+      for (size_t i = 0; i < prefixes_.size(); ++i)
+        prefixes.push_back(parse_id_line(prefixes_[i], config.tgt_vocab_size, prefix_where,
+                                         o_.prefix.empty() ? int64_t(i) + 1 : 1));
+      results_ = translator_.translate_ids(sources, t_, prefixes, update);
+    } else {
+      results_ = translator_.translate_batch(lines_, t_, prefixes_, update);
     }
-    return hypothesis_text(h, *target_vocabulary_, stored_heads_,
-                           o_.replace_unknowns ? &sources_[line].pieces : nullptr);
+    progress.finish(count);
+  }
+
+  // A line too long for the model's positions is left untranslated, with a warning.
+  void warn_about_long_lines() const {
+    for (size_t i = 0; i < results_.size(); ++i)
+      if (results_[i].hypotheses.empty() && translator_.too_long(results_[i].source_tokens))
+        std::fprintf(stderr,
+                     "warning: %s:%zu: %lld tokens exceed the model's limit of %lld; writing an "
+                     "empty line\n",
+                     where_.c_str(), i + 1, (long long)results_[i].source_tokens,
+                     (long long)max_source_tokens(translator_.config()));
+  }
+
+  std::string render(const TranslationHypothesis& h) const {
+    if (!o_.ids) return h.text;
+    std::string text;
+    for (int32_t id : h.ids) text += (text.empty() ? "" : " ") + std::to_string(id);
+    return text;
   }
 
   // One line per input line, in input order, or --nbest lines `index ||| text ||| score`.
   void write_translations(std::FILE* f) const {
     std::string out;
     char score[32];
-    for (size_t i = 0; i < sources_.size(); ++i) {
+    for (size_t i = 0; i < results_.size(); ++i) {
+      const auto& hypotheses = results_[i].hypotheses;
       if (o_.nbest > 0) {
         // A line that was not translated (empty, or too long) has no entries: an empty
         // hypothesis with a log-probability would claim a translation that never happened.
-        for (const Hypothesis& h : results_[i]) {
-          std::snprintf(score, sizeof score, "%.6f", h.logprob);
-          out += std::to_string(i) + " ||| " + render(i, h) + " ||| " + score;
-          if (o_.attention) out += " ||| " + format_attention(h, stored_heads_);
+        for (const TranslationHypothesis& h : hypotheses) {
+          std::snprintf(score, sizeof score, "%.6f", h.log_prob);
+          out += std::to_string(i) + " ||| " + render(h) + " ||| " + score;
+          if (o_.attention) out += " ||| " + format_attention(h);
           out += '\n';
         }
       } else {
-        if (!results_[i].empty()) {
-          out += render(i, results_[i].front());
-          if (o_.attention) out += " ||| " + format_attention(results_[i].front(), stored_heads_);
+        if (!hypotheses.empty()) {
+          out += render(hypotheses.front());
+          if (o_.attention) out += " ||| " + format_attention(hypotheses.front());
         }
         out += '\n';
       }
-      if (out.size() > (1 << 16) || i + 1 == sources_.size()) {
+      if (out.size() > (1 << 16) || i + 1 == results_.size()) {
         write_text(f, out);
         out.clear();
       }
@@ -209,48 +179,32 @@ class Translation {
 
   // One JSON object per translated line: pieces and attention[head][target step][source].
   void write_attention(std::FILE* f) const {
-    for (size_t i = 0; i < sources_.size(); ++i) {
-      if (results_[i].empty()) continue;
-      const Hypothesis& h = results_[i].front();
+    const ModelConfig& config = translator_.config();
+    for (size_t i = 0; i < results_.size(); ++i) {
+      if (results_[i].hypotheses.empty()) continue;
+      const TranslationHypothesis& h = results_[i].hypotheses.front();
       nlohmann::json line;
       line["line"] = i;
-      line["source"] = o_.ids ? nlohmann::json(sources_[i].ids)
-                              : nlohmann::json(source_vocabulary_->to_pieces(lines_[i]));
-      nlohmann::json target = nlohmann::json::array();
-      for (int32_t id : h.tokens)
-        target.push_back(o_.ids ? nlohmann::json(id)
-                                : nlohmann::json(target_vocabulary_->piece(id)));
+      if (o_.ids)
+        line["source"] = parse_id_line(lines_[i], config.src_vocab_size, where_, int64_t(i) + 1);
+      else
+        line["source"] = translator_.source_vocabulary()->to_pieces(lines_[i]);
+      nlohmann::json target = o_.ids ? nlohmann::json(h.ids) : nlohmann::json(h.tokens);
       if (h.finished_with_eos) target.push_back("</s>");
       line["target"] = target;
-      line["layer"] =
-          o_.search.attention_layer < 0 ? config_.decoder_layers - 1 : o_.search.attention_layer;
-      nlohmann::json heads = nlohmann::json::array();
-      for (int64_t head = 0; head < config_.heads; ++head) {
-        nlohmann::json rows = nlohmann::json::array();
-        for (const auto& step : h.attention) {
-          const size_t width = step.size() / size_t(config_.heads);
-          rows.push_back(std::vector<float>(step.begin() + long(head * width),
-                                            step.begin() + long((head + 1) * width)));
-        }
-        heads.push_back(rows);
-      }
-      line["attention"] = heads;
+      line["layer"] = t_.attention_layer < 0 ? config.decoder_layers - 1 : t_.attention_layer;
+      line["attention"] = h.attention_heads;
       write_text(f, line.dump() + "\n");
     }
   }
 
   TranslateOptions o_;
-  const Backend& backend_;
-  ModelBundle bundle_;
-  const ModelConfig& config_;
-  const Vocabulary* source_vocabulary_;  // null with --ids
-  const Vocabulary* target_vocabulary_;
-  int64_t stored_heads_ = 1;  // attention kept per hypothesis step: 1 (mean) or every head
-  std::string where_;         // the input's name in messages
+  Translator translator_;
+  TranslationOptions t_;
+  std::string where_;  // the input's name in messages
   std::vector<std::string> lines_;
-  std::vector<std::vector<int32_t>> prefixes_;    // per line, or none
-  std::vector<Source> sources_;                   // per line
-  std::vector<std::vector<Hypothesis>> results_;  // per line: the n best, or none
+  std::vector<std::string> prefixes_;       // per line (text, or ids with --ids), or none
+  std::vector<TranslationResult> results_;  // per line: the n best, or none
 };
 
 void run_translate(TranslateOptions o) {

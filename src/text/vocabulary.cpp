@@ -128,6 +128,24 @@ std::string Vocabulary::piece(int32_t id) const {
   return id >= 0 && id < int32_t(tokens_.size()) ? tokens_[size_t(id)] : "<unk>";
 }
 
+std::vector<int32_t> Vocabulary::piece_ids(const std::vector<std::string>& pieces) const {
+  std::vector<int32_t> ids;
+  ids.reserve(pieces.size());
+  for (const std::string& p : pieces) {
+    int32_t id = -1;
+    if (sentencepiece_) {
+      id = sentencepiece_->PieceToId(p);  // <unk>'s id for an unknown piece
+    } else if (auto it = token_ids_.find(p); it != token_ids_.end()) {
+      id = it->second;
+    } else {
+      id = unk_id_;
+    }
+    if (id < 0) throw Error(where_ + ": unknown token " + quoted_for_message(p) + " and no <unk>");
+    ids.push_back(id);
+  }
+  return ids;
+}
+
 std::string Vocabulary::decode_pieces(const std::vector<std::string>& pieces) const {
   if (sentencepiece_) {
     std::string text;

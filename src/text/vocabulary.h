@@ -43,6 +43,9 @@ class Vocabulary {
   // piece, and the text a sequence of pieces stands for.
   std::vector<std::string> to_pieces(const std::string& line) const;
   std::string piece(int32_t id) const;
+  // The ids of pieces (pre-tokenized input): an unknown piece is <unk>, or an Error naming it
+  // when the vocabulary has no <unk>.
+  std::vector<int32_t> piece_ids(const std::vector<std::string>& pieces) const;
   std::string decode_pieces(const std::vector<std::string>& pieces) const;
   int32_t unk_id() const;
   const std::string& where() const { return where_; }
