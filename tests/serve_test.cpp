@@ -90,6 +90,33 @@ class Server {
   std::string err_;
 };
 
+// A raw TCP connection to the server (for what an HTTP client library will not send), or -1.
+int connect_to(const Server& server) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(server.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `request` on `fd` and reads until the server closes the connection (or `seconds`
+// pass without a byte); closes `fd`. What the server sent.
+std::string exchange_until_closed(int fd, const std::string& request, int seconds = 5) {
+  timeval timeout{seconds, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  if (!request.empty()) ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string answer;
+  char buffer[4096];
+  for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) answer.append(buffer, size_t(n));
+  ::close(fd);
+  return answer;
+}
+
 json post_json(const Server& s, const std::string& path, const std::string& body, int* status) {
   auto r = s.client().Post(path.c_str(), body, "application/json");
   if (!r) {
@@ -380,12 +407,8 @@ TEST(Serve, FullQueueTimeoutAndDisconnect) {
   EXPECT_EQ(first.get(), 504);
 
   // A client that sends a request and goes away: its queued sentence is dropped.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(uint16_t(server.port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const int fd = connect_to(server);
+  ASSERT_GE(fd, 0);
   const std::string body = R"({"text": ["آ ز ا", "آ ب"]})";
   const std::string request =
       "POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
@@ -427,6 +450,78 @@ TEST(Serve, TooManyConnectionsGet503) {
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1000));
   EXPECT_EQ(a.get(), 200);
   EXPECT_EQ(b.get(), 200);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// A connection past the pool that sends nothing (or not yet) gets its 503 too: it was closed
+// unanswered after the keep-alive wait, on the accepting thread. Here the one answering
+// connection waits for its next request (keep-alive), one more waits for a thread, and a
+// third that sends nothing is answered 503 at once and closed.
+TEST(Serve, AnIdleConnectionPastThePoolGets503) {
+  Server server("--max-connections 1");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  const int answered = connect_to(server);
+  ASSERT_GE(answered, 0);
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(answered, health.data(), health.size(), 0), ssize_t(health.size()));
+  char buffer[512];
+  ASSERT_GT(::recv(answered, buffer, sizeof buffer, 0), 0);  // served; now it keeps alive
+  // Accepted in the order they connect: this one waits for the thread, the next is past it.
+  const int waiting = connect_to(server);
+  ASSERT_GE(waiting, 0);
+  const auto started = std::chrono::steady_clock::now();
+  const std::string refused = exchange_until_closed(connect_to(server), "");
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503 ", 0), 0u) << refused;
+  EXPECT_NE(refused.find("Retry-After: 1\r\n"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("--max-connections"), std::string::npos) << refused;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1000));
+  ::close(answered);
+  ::close(waiting);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// A POST without Content-Length (and not chunked) is 411 at once and its connection ends: it
+// waited for the client to close (--io-timeout) and got 400. A method a path does not answer is
+// 405 with Allow, not 404.
+TEST(Serve, BodyWithoutLengthIs411AndAWrongMethodIs405) {
+  Server server("");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  const auto started = std::chrono::steady_clock::now();
+  const std::string answer = exchange_until_closed(
+      connect_to(server), "POST /v1/translate HTTP/1.1\r\nHost: x\r\n\r\n{\"text\": \"a\"}");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 411 ", 0), 0u) << answer;
+  EXPECT_NE(answer.find("needs a Content-Length"), std::string::npos) << answer;
+  EXPECT_EQ(answer.find("HTTP/1.1 400"), std::string::npos) << answer;  // the body not read as
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));  // a request
+  auto c = server.client();
+  auto r = c.Get("/v1/translate");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  r = c.Post("/health", "{}", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "GET, HEAD");
+  EXPECT_NE(json::parse(r->body)["error"].get<std::string>().find("not POST"), std::string::npos);
+  r = c.Delete("/translate");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  r = c.Get("/nowhere");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  // Chunked bodies are still read.
+  r = c.Post(
+      "/v1/translate",
+      [](size_t, httplib::DataSink& sink) {
+        const std::string body = R"({"text": "آ ز ا"})";
+        sink.write(body.data(), body.size());
+        sink.done();
+        return true;
+      },
+      "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(server.stop(), 0);
 }
 

@@ -2,18 +2,19 @@
 #include "serve/http_server.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <httplib.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <strings.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
+#include <map>
 #include <thread>
 
 #include "io/model_directory.h"
@@ -31,8 +32,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-// Set on a connection-pool thread while it answers a connection that found the pool full.
+// Set on the accepting thread while it answers a connection that found the pool full.
 thread_local bool g_overflow_connection = false;
+// The socket of the connection this thread answers (for a handler that must notice a client
+// that went away), and whether the response being written ends that connection.
+thread_local int g_client_socket = -1;
+thread_local bool g_close_after_response = false;
 // When the request on this thread arrived (set by the pre-routing handler).
 thread_local Clock::time_point g_request_start;
 
@@ -87,47 +92,168 @@ class ConnectionPool : public httplib::TaskQueue {
   std::vector<std::thread> threads_;
 };
 
-// httplib::Server with a deeper listen backlog: Debian's libcpp-httplib is compiled with a
-// backlog of 5, which drops the connections of more than a handful of clients arriving at once.
+// "ip" and port of a socket's peer (remote) or own (local) address, as text.
+void socket_address(int fd, bool remote, std::string& ip, int& port) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  auto* raw = reinterpret_cast<sockaddr*>(&address);
+  if ((remote ? getpeername(fd, raw, &length) : getsockname(fd, raw, &length)) != 0) return;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (address.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&address);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    port = ntohs(in->sin_port);
+  } else if (address.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&address);
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+    port = ntohs(in6->sin6_port);
+  }
+  ip = text;
+}
+
+// True when `fd` has something to read (or was closed) within `timeout`.
+bool wait_readable(int fd, std::chrono::microseconds timeout) {
+  pollfd p{fd, POLLIN, 0};
+  const int ms = int(std::max<int64_t>(1, timeout.count() / 1000));
+  int ready;
+  while ((ready = poll(&p, 1, ms)) < 0 && errno == EINTR) {
+  }
+  return ready > 0;
+}
+
+// One connection's socket as httplib's Stream: reads buffered (httplib reads a request's head
+// a byte at a time), each read and write bounded by --io-timeout as httplib's own stream does.
+class ConnectionStream : public httplib::Stream {
+ public:
+  ConnectionStream(int fd, std::chrono::microseconds read_timeout,
+                   std::chrono::microseconds write_timeout)
+      : fd_(fd), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+
+  bool has_buffered() const { return begin_ < end_; }
+  bool is_readable() const override { return has_buffered() || wait_readable(fd_, read_timeout_); }
+  bool is_writable() const override {
+    pollfd p{fd_, POLLOUT, 0};
+    return poll(&p, 1, int(std::max<int64_t>(1, write_timeout_.count() / 1000))) > 0;
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    if (!has_buffered()) {
+      if (!is_readable()) return -1;
+      const ssize_t n = recv(fd_, buffer_, sizeof buffer_, 0);
+      if (n <= 0) return n;
+      begin_ = 0;
+      end_ = size_t(n);
+    }
+    const size_t n = std::min(size, end_ - begin_);
+    std::memcpy(ptr, buffer_ + begin_, n);
+    begin_ += n;
+    return ssize_t(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    return send(fd_, ptr, size, MSG_NOSIGNAL);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    socket_address(fd_, true, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    socket_address(fd_, false, ip, port);
+  }
+  socket_t socket() const override { return fd_; }
+
+ private:
+  int fd_;
+  std::chrono::microseconds read_timeout_, write_timeout_;
+  char buffer_[4096];
+  size_t begin_ = 0, end_ = 0;
+};
+
+// Ends a connection whose answer may have left its request unread (a body without length, a
+// connection refused before its request): the answer's end is sent (FIN) before the unread
+// bytes are drained and the socket closed, so the client reads the answer instead of a reset.
+void close_after_answer(int fd, std::chrono::milliseconds linger) {
+  shutdown(fd, SHUT_WR);
+  char sink[4096];
+  const auto until = Clock::now() + linger;
+  do {
+    const ssize_t n = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+    if (n < 0 && !wait_readable(fd, std::chrono::duration_cast<std::chrono::microseconds>(
+                                        until - Clock::now())))
+      break;
+  } while (Clock::now() < until);
+  close(fd);
+}
+
+// The answer to a connection that found --max-connections answered and as many waiting: 503,
+// written at once on the accepting thread without waiting for the request (an idle or slow
+// client would hold the accepting thread, and one that never sends was closed unanswered).
+void refuse_connection(int fd) {
+  const std::string body =
+      R"({"error":"the server is answering --max-connections connections and as many wait; )"
+      R"(retry later"})";
+  const std::string response =
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: "
+      "1\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  close_after_answer(fd, std::chrono::milliseconds(0));
+}
+
+// httplib::Server with its connection loop here instead of in the library (Debian's
+// libcpp-httplib 0.11 is compiled, so the loop cannot be patched), to: answer a connection
+// past the pool at once (refuse_connection); end a connection after an answer that leaves its
+// request unread (g_close_after_response: 411); give handlers their socket (g_client_socket).
+// Otherwise as httplib's: keep-alive up to its count and timeout, a stream per connection.
+// Also a deeper listen backlog: Debian's libcpp-httplib is compiled with a backlog of 5, which
+// drops the connections of more than a handful of clients arriving at once.
 class Server : public httplib::Server {
  public:
   // Calling listen() again on the bound socket only changes its backlog.
   bool deepen_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
-};
+  std::function<void()> on_refused_connection;  // counts a refuse_connection
 
-// The socket connected to addr:port, found among this process' descriptors; -1 if none.
-// httplib 0.11 does not hand handlers their socket, and a handler needs it to notice a client
-// that went away while its sentences wait.
-int find_client_socket(const std::string& addr, int port) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (const dirent* entry = readdir(dir)) {
-    const int fd = std::atoi(entry->d_name);
-    struct stat st {};
-    if (fd <= 2 || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage peer{};
-    socklen_t length = sizeof peer;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    int peer_port = -1;
-    if (peer.ss_family == AF_INET) {
-      const auto* in = reinterpret_cast<const sockaddr_in*>(&peer);
-      inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
-      peer_port = ntohs(in->sin_port);
-    } else if (peer.ss_family == AF_INET6) {
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&peer);
-      inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
-      peer_port = ntohs(in6->sin6_port);
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    if (g_overflow_connection) {
+      refuse_connection(sock);
+      if (on_refused_connection) on_refused_connection();
+      return true;
     }
-    if (peer_port == port && addr == text) {
-      found = fd;
-      break;
+    ConnectionStream stream(sock, seconds(read_timeout_sec_, read_timeout_usec_),
+                            seconds(write_timeout_sec_, write_timeout_usec_));
+    g_client_socket = sock;
+    bool answered = false, close_after = false;
+    for (size_t count = keep_alive_max_count_; count > 0 && next_request_arrives(stream); --count) {
+      bool connection_closed = false;
+      g_close_after_response = false;
+      answered = process_request(stream, count == 1, connection_closed, nullptr);
+      close_after = g_close_after_response;
+      if (!answered || connection_closed || close_after) break;
     }
+    g_client_socket = -1;
+    if (close_after) {
+      close_after_answer(sock, std::chrono::milliseconds(500));
+    } else {
+      shutdown(sock, SHUT_RDWR);
+      close(sock);
+    }
+    return answered;
   }
-  closedir(dir);
-  return found;
-}
+
+  // Waits up to the keep-alive timeout for the connection's next request, as httplib does, but
+  // gives up as soon as the server stops.
+  bool next_request_arrives(const ConnectionStream& stream) const {
+    if (stream.has_buffered()) return true;
+    const auto until = Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_);
+    while (svr_sock_ != INVALID_SOCKET && Clock::now() < until)
+      if (wait_readable(stream.socket(), std::chrono::milliseconds(10))) return true;
+    return false;
+  }
+
+  static std::chrono::microseconds seconds(time_t sec, time_t usec) {
+    return std::chrono::seconds(sec) + std::chrono::microseconds(usec);
+  }
+};
 
 // True once the peer closed its side (or the socket failed).
 bool peer_closed(int fd) {
@@ -223,6 +349,7 @@ void run_server(const ServeSettings& settings) {
   std::atomic<int64_t> in_flight{0};
   std::atomic<uint64_t> answered{0};
 
+  server.on_refused_connection = [&] { metrics.count_request("", 503, 0.0); };
   server.new_task_queue = [&] {
     return new ConnectionPool(size_t(settings.max_connections), size_t(settings.max_connections));
   };
@@ -243,14 +370,40 @@ void run_server(const ServeSettings& settings) {
     setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
   });
 
-  server.set_pre_routing_handler([&](const httplib::Request&, httplib::Response& res) {
+  // The methods each path answers, for 405's Allow (every route is registered through these).
+  std::map<std::string, std::string> methods_of_path;
+  auto allow = [&](const char* methods, const std::string& path) {
+    std::string& list = methods_of_path[path];
+    list += (list.empty() ? "" : ", ") + std::string(methods);
+    if (!settings.allow_origin.empty() && list.find("OPTIONS") == std::string::npos)
+      list += ", OPTIONS";
+  };
+  auto get = [&](const std::string& path, httplib::Server::Handler handler) {
+    allow("GET, HEAD", path);
+    server.Get(path, std::move(handler));
+  };
+  auto post = [&](const std::string& path, httplib::Server::Handler handler) {
+    allow("POST", path);
+    server.Post(path, std::move(handler));
+  };
+
+  server.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
     g_request_start = Clock::now();
     ++in_flight;
-    if (!g_overflow_connection) return httplib::Server::HandlerResponse::Unhandled;
+    // A request that may carry a body but gives neither its length nor chunks: httplib would
+    // read it until the client closes (--io-timeout later, 400). Answered at once; the bytes
+    // that may follow are not read, so the connection ends with this answer.
+    const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                             req.method == "DELETE" || req.method == "PRI";
+    if (!body_method || req.has_header("Content-Length") ||
+        strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") == 0)
+      return httplib::Server::HandlerResponse::Unhandled;
+    g_close_after_response = true;
     res.set_header("Connection", "close");
-    reply_error(res, 503,
-                "the server is answering --max-connections connections and as many wait; "
-                "retry later");
+    if (req.method == "DELETE" || req.method == "PRI")  // no body needed, and no such route
+      res.status = 404;  // the error handler makes it 405 where the path has other methods
+    else
+      reply_error(res, 411, req.method + " needs a Content-Length (or chunked transfer encoding)");
     return httplib::Server::HandlerResponse::Handled;
   });
   server.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
@@ -259,7 +412,11 @@ void run_server(const ServeSettings& settings) {
       reply_error(res, 413,
                   "the request body is larger than " + std::to_string(limits.max_body_bytes) +
                       " bytes (--max-body-bytes)");
-    else if (res.status == 404)
+    else if (res.status == 404 && methods_of_path.count(req.path)) {
+      res.set_header("Allow", methods_of_path.at(req.path));
+      reply_error(res, 405,
+                  req.path + " answers " + methods_of_path.at(req.path) + ", not " + req.method);
+    } else if (res.status == 404)
       reply_error(res, 404, "no such endpoint: " + req.method + " " + req.path);
     else if (res.status == 400)
       reply_error(res, 400, "malformed HTTP request");
@@ -301,31 +458,24 @@ void run_server(const ServeSettings& settings) {
       }
     };
   };
-  // Gives up on a request whose client closed its connection; looks the socket up only once
-  // the request has waited a while, so short requests pay nothing.
-  auto make_give_up = [](const httplib::Request& req) {
-    return [&req, fd = -2, since = Clock::now()]() mutable {
-      if (fd == -2) {
-        if (Clock::now() - since < std::chrono::milliseconds(100)) return false;
-        fd = find_client_socket(req.remote_addr, req.remote_port);
-      }
-      return fd >= 0 && peer_closed(fd);
-    };
+  // Gives up on a request whose client closed its connection.
+  auto make_give_up = [](const httplib::Request&) {
+    return [fd = g_client_socket] { return fd >= 0 && peer_closed(fd); };
   };
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(settings.request_timeout_seconds));
 
-  server.Get("/", [](const httplib::Request&, httplib::Response& res) {
+  get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(web_page_html(), "text/html; charset=utf-8");
   });
-  server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  get("/health", [](const httplib::Request&, httplib::Response& res) {
     reply_json(res, 200, {{"status", "ok"}});
   });
-  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+  get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(service.queued_sentences(), in_flight.load()),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
-  server.Get("/v1/model", [&](const httplib::Request&, httplib::Response& res) {
+  get("/v1/model", [&](const httplib::Request&, httplib::Response& res) {
     const Vocabulary& sv = *bundle.source_vocabulary;
     const Vocabulary& tv = *bundle.target_vocabulary;
     reply_json(res, 200,
@@ -349,65 +499,62 @@ void run_server(const ServeSettings& settings) {
                   {"max_beam", limits.max_beam},
                   {"max_length", limits.max_length}}}});
   });
-  server.Post("/v1/translate", guarded([&](const httplib::Request& req, httplib::Response& res) {
-                const TranslateRequest request =
-                    parse_translate_request(req.body, defaults, limits);
-                const auto results =
-                    service.translate(request, g_request_start + timeout, make_give_up(req));
-                json list = json::array();
-                for (const SentenceResult& r : results)
-                  list.push_back(sentence_json(service, request, r));
-                reply_json(res, 200, {{"translations", list}});
-              }));
-  server.Post(
-      "/translate", guarded([&](const httplib::Request& req, httplib::Response& res) {
-        // LibreTranslate's fields come as JSON, or as form fields (urlencoded or
-        // multipart), or in the query string.
-        json fields = json::object();
-        if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
-          try {
-            fields = parse_json_strictly(req.body);
-          } catch (const JsonError& e) {  // syntax, a number out of range, a key given twice
-            const std::string what = e.what();
-            throw RequestError(400, what.rfind("duplicate key", 0) == 0
-                                        ? "Invalid request: " + what
-                                        : std::string("Invalid JSON format"));
-          }
-        } else {
-          for (const auto& [key, value] : req.params)
-            if (!fields.contains(key)) fields[key] = value;
-          for (const auto& [key, part] : req.files)
-            if (!fields.contains(key)) fields[key] = part.content;
-          if (fields.contains("q") && fields["q"].is_string()) {
-            std::string q = fields["q"];  // form text: \r\n → \n, as LibreTranslate
-            for (size_t at; (at = q.find("\r\n")) != std::string::npos;) q.erase(at, 1);
-            fields["q"] = q;
-          }
-        }
-        const LibreTranslateRequest lr = parse_libretranslate_request(
-            fields, defaults, limits, settings.source_language, settings.target_language);
-        const auto results =
-            service.translate(lr.translate, g_request_start + timeout, make_give_up(req));
-        json texts = json::array(), alternatives = json::array();
-        for (const SentenceResult& r : results) {
-          texts.push_back(r.texts.empty() ? "" : r.texts.front());
-          json others = json::array();
-          for (size_t k = 1; k < r.texts.size(); ++k) others.push_back(r.texts[k]);
-          alternatives.push_back(others);
-        }
-        const bool list = lr.translate.text_was_list;
-        json out = {{"translatedText", list ? texts : texts.front()}};
-        if (lr.alternatives > 0) out["alternatives"] = list ? alternatives : alternatives.front();
-        if (lr.detect_source) {
-          const json detected = {
-              {"confidence", settings.source_language.empty() ? 0.0 : 100.0},
-              {"language", settings.source_language.empty() ? "auto" : settings.source_language}};
-          out["detectedLanguage"] =
-              list ? json(std::vector<json>(results.size(), detected)) : detected;
-        }
-        reply_json(res, 200, out);
-      }));
-  server.Get("/languages", [&](const httplib::Request&, httplib::Response& res) {
+  post("/v1/translate", guarded([&](const httplib::Request& req, httplib::Response& res) {
+         const TranslateRequest request = parse_translate_request(req.body, defaults, limits);
+         const auto results =
+             service.translate(request, g_request_start + timeout, make_give_up(req));
+         json list = json::array();
+         for (const SentenceResult& r : results) list.push_back(sentence_json(service, request, r));
+         reply_json(res, 200, {{"translations", list}});
+       }));
+  post("/translate", guarded([&](const httplib::Request& req, httplib::Response& res) {
+         // LibreTranslate's fields come as JSON, or as form fields (urlencoded or
+         // multipart), or in the query string.
+         json fields = json::object();
+         if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
+           try {
+             fields = parse_json_strictly(req.body);
+           } catch (const JsonError& e) {  // syntax, a number out of range, a key given twice
+             const std::string what = e.what();
+             throw RequestError(400, what.rfind("duplicate key", 0) == 0
+                                         ? "Invalid request: " + what
+                                         : std::string("Invalid JSON format"));
+           }
+         } else {
+           for (const auto& [key, value] : req.params)
+             if (!fields.contains(key)) fields[key] = value;
+           for (const auto& [key, part] : req.files)
+             if (!fields.contains(key)) fields[key] = part.content;
+           if (fields.contains("q") && fields["q"].is_string()) {
+             std::string q = fields["q"];  // form text: \r\n → \n, as LibreTranslate
+             for (size_t at; (at = q.find("\r\n")) != std::string::npos;) q.erase(at, 1);
+             fields["q"] = q;
+           }
+         }
+         const LibreTranslateRequest lr = parse_libretranslate_request(
+             fields, defaults, limits, settings.source_language, settings.target_language);
+         const auto results =
+             service.translate(lr.translate, g_request_start + timeout, make_give_up(req));
+         json texts = json::array(), alternatives = json::array();
+         for (const SentenceResult& r : results) {
+           texts.push_back(r.texts.empty() ? "" : r.texts.front());
+           json others = json::array();
+           for (size_t k = 1; k < r.texts.size(); ++k) others.push_back(r.texts[k]);
+           alternatives.push_back(others);
+         }
+         const bool list = lr.translate.text_was_list;
+         json out = {{"translatedText", list ? texts : texts.front()}};
+         if (lr.alternatives > 0) out["alternatives"] = list ? alternatives : alternatives.front();
+         if (lr.detect_source) {
+           const json detected = {
+               {"confidence", settings.source_language.empty() ? 0.0 : 100.0},
+               {"language", settings.source_language.empty() ? "auto" : settings.source_language}};
+           out["detectedLanguage"] =
+               list ? json(std::vector<json>(results.size(), detected)) : detected;
+         }
+         reply_json(res, 200, out);
+       }));
+  get("/languages", [&](const httplib::Request&, httplib::Response& res) {
     json languages = json::array();
     if (!settings.source_language.empty() && !settings.target_language.empty())
       languages.push_back({{"code", settings.source_language},
@@ -415,7 +562,7 @@ void run_server(const ServeSettings& settings) {
                            {"targets", {settings.target_language}}});
     reply_json(res, 200, languages);
   });
-  server.Get("/frontend/settings", [&](const httplib::Request&, httplib::Response& res) {
+  get("/frontend/settings", [&](const httplib::Request&, httplib::Response& res) {
     auto language = [](const std::string& code) {
       const std::string c = code.empty() ? "auto" : code;
       return json{{"code", c}, {"name", c}};
