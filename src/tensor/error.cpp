@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "text/vocabulary.h"
+#include "tensor/utf8.h"
 
 namespace tfm {
 

@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensor/utf8.h"  // is_valid_utf8, for the callers that read text
+
 namespace sentencepiece {
 class SentencePieceProcessor;
 }
@@ -58,9 +60,6 @@ class Vocabulary {
   int32_t unk_id_ = -1;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sentencepiece_;
 };
-
-// True when `text` is well-formed UTF-8 (no overlongs, surrogates or values past U+10FFFF).
-bool is_valid_utf8(const std::string& text);
 
 // Parses a line of space-separated non-negative token ids, each < vocab_size.
 // Throws Error("<where>:<line>: ...") on anything else.
