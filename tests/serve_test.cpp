@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -602,13 +603,53 @@ TEST(Serve, LibreTranslateClientsWorkUnchanged) {
     EXPECT_EQ(r->status, 400) << body;
     EXPECT_EQ(json::parse(r->body), json({{"error", message}})) << body;
   }
+  // Every language, each with its English name and targets, as LibreTranslate lists them: a
+  // client that looks the target up among the languages' own codes finds it.
   r = c.Get("/languages");
   ASSERT_TRUE(r);
   EXPECT_EQ(json::parse(r->body),
-            json::parse(R"([{"code": "ar", "name": "ar", "targets": ["en"]}])"));
+            json::parse(R"([{"code": "ar", "name": "Arabic", "targets": ["en"]},
+                                                  {"code": "en", "name": "English", "targets": []}])"));
   r = c.Get("/frontend/settings");
   ASSERT_TRUE(r);
-  EXPECT_EQ(json::parse(r->body)["language"]["target"]["code"], "en");
+  EXPECT_EQ(json::parse(r->body)["language"]["target"],
+            json({{"code", "en"}, {"name", "English"}}));
+  // /detect: the source language, for one text or several; LibreTranslate's error without q,
+  // and 405 for GET.
+  r = c.Post("/detect", R"({"q": ["آ ز ا", "آ ت ز م و ن"]})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body), json::parse(R"([{"confidence": 100.0, "language": "ar"}])"));
+  r = c.Post("/detect", "{}", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body), json({{"error", "Invalid request: missing q parameter"}}));
+  r = c.Get("/detect");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+
+  // libretranslate-py's requests, byte for byte as its LibreTranslateAPI sends them with
+  // urllib: languages() is a GET that carries an empty urlencoded body; detect() and translate()
+  // POST urlencoded fields. A client that checks its codes against /languages first.
+  const std::string urlencoded = "Content-Type: application/x-www-form-urlencoded\r\n";
+  auto send = [&](const std::string& method, const std::string& path, const std::string& body) {
+    const std::string answer = exchange_until_closed(
+        connect_to(server), method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                                "Accept-Encoding: identity\r\nUser-Agent: Python-urllib/3.11\r\n" +
+                                urlencoded + "Content-Length: " + std::to_string(body.size()) +
+                                "\r\nConnection: close\r\n\r\n" + body);
+    const size_t start = answer.find("\r\n\r\n");
+    EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
+    return start == std::string::npos ? json() : json::parse(answer.substr(start + 4));
+  };
+  const json languages = send("GET", "/languages", "");
+  std::set<std::string> codes;
+  for (const json& language : languages) codes.insert(language["code"].get<std::string>());
+  EXPECT_EQ(codes, (std::set<std::string>{"ar", "en"}));
+  EXPECT_EQ(send("POST", "/detect", "q=%D8%A2+%D8%B2+%D8%A7")[0]["language"], "ar");
+  EXPECT_EQ(
+      send("POST", "/translate", "q=%D8%A2+%D8%B2+%D8%A7&source=ar&target=en")["translatedText"],
+      "a z z a");
   EXPECT_EQ(server.stop(), 0);
 }
 
@@ -662,3 +703,13 @@ TEST(ServeRequest, ParserDefaultsAndOverrides) {
 }
 
 }  // namespace
+
+TEST(ServeRequest, LanguageNamesComeFromIcu) {
+  EXPECT_EQ(tfm::language_name("es"), "Spanish");
+  EXPECT_EQ(tfm::language_name("de"), "German");
+  EXPECT_EQ(tfm::language_name("zh"), "Chinese");
+  EXPECT_EQ(tfm::language_name("xx"), "xx");  // no such language: the code itself
+  EXPECT_EQ(tfm::language_name("not a code at all, far too long"),
+            "not a code at all, far too long");
+  EXPECT_EQ(tfm::libretranslate_languages("", "en"), json::array());
+}

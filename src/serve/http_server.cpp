@@ -507,30 +507,34 @@ void run_server(const ServeSettings& settings) {
          for (const SentenceResult& r : results) list.push_back(sentence_json(service, request, r));
          reply_json(res, 200, {{"translations", list}});
        }));
+  // LibreTranslate's fields come as JSON, or as form fields (urlencoded or multipart), or in
+  // the query string.
+  auto libretranslate_fields = [](const httplib::Request& req) {
+    json fields = json::object();
+    if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
+      try {
+        fields = parse_json_strictly(req.body);
+      } catch (const JsonError& e) {  // syntax, a number out of range, a key given twice
+        const std::string what = e.what();
+        throw RequestError(400, what.rfind("duplicate key", 0) == 0
+                                    ? "Invalid request: " + what
+                                    : std::string("Invalid JSON format"));
+      }
+    } else {
+      for (const auto& [key, value] : req.params)
+        if (!fields.contains(key)) fields[key] = value;
+      for (const auto& [key, part] : req.files)
+        if (!fields.contains(key)) fields[key] = part.content;
+      if (fields.contains("q") && fields["q"].is_string()) {
+        std::string q = fields["q"];  // form text: \r\n → \n, as LibreTranslate
+        for (size_t at; (at = q.find("\r\n")) != std::string::npos;) q.erase(at, 1);
+        fields["q"] = q;
+      }
+    }
+    return fields;
+  };
   post("/translate", guarded([&](const httplib::Request& req, httplib::Response& res) {
-         // LibreTranslate's fields come as JSON, or as form fields (urlencoded or
-         // multipart), or in the query string.
-         json fields = json::object();
-         if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
-           try {
-             fields = parse_json_strictly(req.body);
-           } catch (const JsonError& e) {  // syntax, a number out of range, a key given twice
-             const std::string what = e.what();
-             throw RequestError(400, what.rfind("duplicate key", 0) == 0
-                                         ? "Invalid request: " + what
-                                         : std::string("Invalid JSON format"));
-           }
-         } else {
-           for (const auto& [key, value] : req.params)
-             if (!fields.contains(key)) fields[key] = value;
-           for (const auto& [key, part] : req.files)
-             if (!fields.contains(key)) fields[key] = part.content;
-           if (fields.contains("q") && fields["q"].is_string()) {
-             std::string q = fields["q"];  // form text: \r\n → \n, as LibreTranslate
-             for (size_t at; (at = q.find("\r\n")) != std::string::npos;) q.erase(at, 1);
-             fields["q"] = q;
-           }
-         }
+         const json fields = libretranslate_fields(req);
          const LibreTranslateRequest lr = parse_libretranslate_request(
              fields, defaults, limits, settings.source_language, settings.target_language);
          const auto results =
@@ -554,18 +558,19 @@ void run_server(const ServeSettings& settings) {
          }
          reply_json(res, 200, out);
        }));
+  post("/detect", guarded([&](const httplib::Request& req, httplib::Response& res) {
+         reply_json(
+             res, 200,
+             libretranslate_detect(libretranslate_fields(req), limits, settings.source_language));
+       }));
   get("/languages", [&](const httplib::Request&, httplib::Response& res) {
-    json languages = json::array();
-    if (!settings.source_language.empty() && !settings.target_language.empty())
-      languages.push_back({{"code", settings.source_language},
-                           {"name", settings.source_language},
-                           {"targets", {settings.target_language}}});
-    reply_json(res, 200, languages);
+    reply_json(res, 200,
+               libretranslate_languages(settings.source_language, settings.target_language));
   });
   get("/frontend/settings", [&](const httplib::Request&, httplib::Response& res) {
     auto language = [](const std::string& code) {
-      const std::string c = code.empty() ? "auto" : code;
-      return json{{"code", c}, {"name", c}};
+      if (code.empty()) return json{{"code", "auto"}, {"name", "Auto Detect"}};
+      return json{{"code", code}, {"name", language_name(code)}};
     };
     reply_json(res, 200,
                {{"charLimit", -1},

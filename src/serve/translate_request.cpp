@@ -1,6 +1,9 @@
 // Parsing and checking of serve's request bodies (see translate_request.h).
 #include "serve/translate_request.h"
 
+#include <unicode/locid.h>
+#include <unicode/unistr.h>
+
 #include <algorithm>
 #include <set>
 
@@ -219,6 +222,47 @@ LibreTranslateRequest parse_libretranslate_request(const nlohmann::json& fields,
     if (alternatives > 0) set_nbest(r.translate, alternatives + 1, false, limits);
   }
   return r;
+}
+
+std::string language_name(const std::string& code) {
+  if (code.empty() || code.size() > 16) return code;
+  const icu::Locale locale(code.c_str());
+  if (locale.isBogus() || std::string(locale.getLanguage()).empty()) return code;
+  icu::UnicodeString name;
+  locale.getDisplayLanguage(icu::Locale::getEnglish(), name);
+  std::string utf8;
+  name.toUTF8String(utf8);
+  // ICU gives the code back for a language it has no name for.
+  return utf8.empty() || utf8 == locale.getLanguage() ? code : utf8;
+}
+
+nlohmann::json libretranslate_languages(const std::string& source_language,
+                                        const std::string& target_language) {
+  nlohmann::json languages = nlohmann::json::array();
+  if (source_language.empty() || target_language.empty()) return languages;
+  languages.push_back({{"code", source_language},
+                       {"name", language_name(source_language)},
+                       {"targets", {target_language}}});
+  if (target_language != source_language)
+    languages.push_back({{"code", target_language},
+                         {"name", language_name(target_language)},
+                         {"targets", nlohmann::json::array()}});
+  return languages;
+}
+
+nlohmann::json libretranslate_detect(const nlohmann::json& fields, const ServeLimits& limits,
+                                     const std::string& source_language) {
+  if (!fields.is_object()) throw RequestError(400, "Invalid JSON format");
+  const bool missing =
+      !fields.contains("q") || fields["q"].is_null() ||
+      (fields["q"].is_string() && fields["q"].get_ref<const std::string&>().empty()) ||
+      (fields["q"].is_array() && fields["q"].empty());
+  if (missing) throw RequestError(400, "Invalid request: missing q parameter");
+  TranslateRequest checked;  // q as /translate reads it: types, sizes, UTF-8
+  read_texts(fields["q"], "q", limits, checked);
+  const bool known = !source_language.empty();
+  return nlohmann::json::array(
+      {{{"confidence", known ? 100.0 : 0.0}, {"language", known ? source_language : "auto"}}});
 }
 
 }  // namespace tfm

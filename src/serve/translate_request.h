@@ -65,4 +65,21 @@ LibreTranslateRequest parse_libretranslate_request(const nlohmann::json& fields,
                                                    const std::string& source_language,
                                                    const std::string& target_language);
 
+// LibreTranslate's `GET /languages` for a server told its pair: every language it knows, each
+// with its English name (from ICU's locale data; the code itself for a code ICU does not know)
+// and the codes it translates into — the source into the target, the target into none. Empty
+// when the pair was not given.
+nlohmann::json libretranslate_languages(const std::string& source_language,
+                                        const std::string& target_language);
+
+// LibreTranslate's `POST /detect`: q (one text or a list) checked as /translate checks it, and
+// the candidates for it: the one source language this server translates, with confidence 100,
+// or "auto" with confidence 0 when the server was not told its source language (what
+// /translate's detectedLanguage says then too).
+nlohmann::json libretranslate_detect(const nlohmann::json& fields, const ServeLimits& limits,
+                                     const std::string& source_language);
+
+// A language code's English name ("es" → "Spanish"), or the code when it names no language.
+std::string language_name(const std::string& code);
+
 }  // namespace tfm
