@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <string_view>
 #include <thread>
 
 #include "io/model_directory.h"
@@ -121,6 +122,19 @@ bool wait_readable(int fd, std::chrono::microseconds timeout) {
   return ready > 0;
 }
 
+// The Content-Type a form body is handed to httplib under. Debian's compiled httplib refuses an
+// urlencoded body over 8 KiB with 413 (its CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH),
+// which also turned away JSON that curl -d sends as a form; bodies are bounded by
+// --max-body-bytes instead, and LibreTranslate's form fields are parsed here
+// (libretranslate_fields).
+constexpr const char* kFormContentType = "application/x-www-form-urlencoded";
+constexpr const char* kRenamedFormContentType = "application/x-transformer-form-urlencoded";
+
+bool starts_with_ignoring_case(std::string_view text, std::string_view prefix) {
+  return text.size() >= prefix.size() &&
+         strncasecmp(text.data(), prefix.data(), prefix.size()) == 0;
+}
+
 // One connection's socket as httplib's Stream: reads buffered (httplib reads a request's head
 // a byte at a time), each read and write bounded by --io-timeout as httplib's own stream does.
 class ConnectionStream : public httplib::Stream {
@@ -129,7 +143,7 @@ class ConnectionStream : public httplib::Stream {
                    std::chrono::microseconds write_timeout)
       : fd_(fd), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
 
-  bool has_buffered() const { return begin_ < end_; }
+  bool has_buffered() const { return begin_ < buffer_.size(); }
   bool is_readable() const override { return has_buffered() || wait_readable(fd_, read_timeout_); }
   bool is_writable() const override {
     pollfd p{fd_, POLLOUT, 0};
@@ -137,14 +151,13 @@ class ConnectionStream : public httplib::Stream {
   }
   ssize_t read(char* ptr, size_t size) override {
     if (!has_buffered()) {
-      if (!is_readable()) return -1;
-      const ssize_t n = recv(fd_, buffer_, sizeof buffer_, 0);
-      if (n <= 0) return n;
+      buffer_.clear();
       begin_ = 0;
-      end_ = size_t(n);
+      const ssize_t n = receive();
+      if (n <= 0) return n;
     }
-    const size_t n = std::min(size, end_ - begin_);
-    std::memcpy(ptr, buffer_ + begin_, n);
+    const size_t n = std::min(size, buffer_.size() - begin_);
+    std::memcpy(ptr, buffer_.data() + begin_, n);
     begin_ += n;
     return ssize_t(n);
   }
@@ -160,11 +173,38 @@ class ConnectionStream : public httplib::Stream {
   }
   socket_t socket() const override { return fd_; }
 
+  // Reads the next request's head into the buffer (up to 64 KiB; httplib refuses longer heads
+  // itself) and hands a form body to httplib under kRenamedFormContentType.
+  void rename_form_content_type() {
+    size_t head_end;
+    while ((head_end = buffer_.find("\r\n\r\n", begin_)) == std::string::npos &&
+           buffer_.size() - begin_ < 65536)
+      if (!wait_readable(fd_, read_timeout_) || receive() <= 0) return;
+    for (size_t line = buffer_.find("\r\n", begin_); line < head_end;
+         line = buffer_.find("\r\n", line + 2)) {
+      const std::string_view header(buffer_.data() + line + 2, head_end - line - 2);
+      if (!starts_with_ignoring_case(header, "content-type:")) continue;
+      size_t value = line + 2 + std::strlen("content-type:");
+      while (value < head_end && (buffer_[value] == ' ' || buffer_[value] == '\t')) ++value;
+      if (starts_with_ignoring_case(std::string_view(buffer_).substr(value), kFormContentType))
+        buffer_.replace(value, std::strlen(kFormContentType), kRenamedFormContentType);
+      return;
+    }
+  }
+
  private:
+  // Appends what one recv() gives to the buffer.
+  ssize_t receive() {
+    char chunk[4096];
+    const ssize_t n = recv(fd_, chunk, sizeof chunk, 0);
+    if (n > 0) buffer_.append(chunk, size_t(n));
+    return n;
+  }
+
   int fd_;
   std::chrono::microseconds read_timeout_, write_timeout_;
-  char buffer_[4096];
-  size_t begin_ = 0, end_ = 0;
+  std::string buffer_;  // bytes received and not yet read, from begin_
+  size_t begin_ = 0;
 };
 
 // Ends a connection whose answer may have left its request unread (a body without length, a
@@ -226,6 +266,7 @@ class Server : public httplib::Server {
     for (size_t count = keep_alive_max_count_; count > 0 && next_request_arrives(stream); --count) {
       bool connection_closed = false;
       g_close_after_response = false;
+      stream.rename_form_content_type();
       answered = process_request(stream, count == 1, connection_closed, nullptr);
       close_after = g_close_after_response;
       if (!answered || connection_closed || close_after) break;
@@ -521,7 +562,12 @@ void run_server(const ServeSettings& settings) {
                                     : std::string("Invalid JSON format"));
       }
     } else {
+      httplib::Params form;  // an urlencoded body (see kRenamedFormContentType)
+      if (starts_with_ignoring_case(req.get_header_value("Content-Type"), kRenamedFormContentType))
+        httplib::detail::parse_query_text(req.body, form);
       for (const auto& [key, value] : req.params)
+        if (!fields.contains(key)) fields[key] = value;
+      for (const auto& [key, value] : form)
         if (!fields.contains(key)) fields[key] = value;
       for (const auto& [key, part] : req.files)
         if (!fields.contains(key)) fields[key] = part.content;
