@@ -11,7 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -49,9 +51,10 @@ std::string slurp(const std::string& path) {
 // A running `transformer serve`; stopped with SIGTERM (and reaped) by stop() or the destructor.
 class Server {
  public:
-  explicit Server(const std::string& options, const std::string& name = "server") {
+  explicit Server(const std::string& options, const std::string& name = "server",
+                  const std::string& model = model_dir()) {
     err_ = work.path(name + ".err");
-    std::vector<std::string> argv = {TFM_CLI_PATH, "serve", "--model",   model_dir(),
+    std::vector<std::string> argv = {TFM_CLI_PATH, "serve", "--model",   model,
                                      "--port",     "0",     "--threads", "2"};
     std::istringstream extra(options);
     for (std::string word; extra >> word;) argv.push_back(word);
@@ -70,6 +73,7 @@ class Server {
     if (pid_ > 0) stop();
   }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port_);
     c.set_read_timeout(60, 0);
@@ -744,5 +748,54 @@ TEST(Serve, BodiesOverEightKilobytesAreReadWhateverTheirContentType) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 413);
   EXPECT_NE(r->body.find("--max-body-bytes"), std::string::npos) << r->body;
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// Resident memory of a process, MiB.
+int64_t resident_mib(pid_t pid) {
+  const std::string status = slurp("/proc/" + std::to_string(pid) + "/status");
+  const size_t at = status.find("VmRSS:");
+  return at == std::string::npos ? -1 : std::stoll(status.substr(at + 6)) / 1024;
+}
+
+TEST(Serve, RefusedLargeTextsLeaveNoMemoryBehind) {
+  // A SentencePiece model (tokenizing a large text allocates tens of MB): a vocabulary trained
+  // here and a tiny random model beside it.
+  std::string corpus;
+  for (int i = 0; i < 400; ++i)
+    corpus += "the model translates sentence " + std::to_string(i) +
+              " of the corpus into another language and back again\n";
+  work.write_file("spm_corpus.txt", corpus);
+  std::filesystem::create_directories(work.path("spm_model"));
+  ASSERT_EQ(work.run_cli("vocab --input " + work.path("spm_corpus.txt") + " --size 300 -o " +
+                         work.path("spm_model/vocab.spm"))
+                .exit_code,
+            0);
+  ASSERT_EQ(
+      work.run_cli("init --preset tiny --vocab 300 -o " + work.path("spm_model/model.safetensors"))
+          .exit_code,
+      0);
+  Server server("", "large_texts", work.path("spm_model"));
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  std::string text;
+  while (text.size() < 900000) text += corpus;
+  text.resize(900000);
+  const std::string body = json({{"text", text}}).dump();
+  const int64_t before = resident_mib(server.pid());
+  std::vector<std::thread> clients;
+  std::atomic<int> refused{0};
+  for (int t = 0; t < 4; ++t)
+    clients.emplace_back([&] {
+      auto c = server.client();
+      for (int i = 0; i < 4; ++i) {
+        auto r = c.Post("/v1/translate", body, "application/json");
+        if (r && r->status == 400) ++refused;
+      }
+    });
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(refused.load(), 16);
+  // Before: each request thread kept its tokenizing memory (~40 MB a thread, over 600 MB here).
+  const int64_t after = resident_mib(server.pid());
+  EXPECT_LT(after - before, 150) << before << " MiB before, " << after << " MiB after";
   EXPECT_EQ(server.stop(), 0);
 }

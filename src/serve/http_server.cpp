@@ -24,6 +24,7 @@
 #include "serve/translation_service.h"
 #include "serve/web_page.h"
 #include "tensor/error.h"
+#include "tensor/memory_budget.h"
 #include "tensor/strict_json.h"
 
 namespace tfm {
@@ -127,6 +128,9 @@ bool wait_readable(int fd, std::chrono::microseconds timeout) {
 // which also turned away JSON that curl -d sends as a form; bodies are bounded by
 // --max-body-bytes instead, and LibreTranslate's form fields are parsed here
 // (libretranslate_fields).
+// A request body above this size has its transient memory returned to the system afterwards.
+constexpr size_t kLargeBodyBytes = 64 << 10;
+
 constexpr const char* kFormContentType = "application/x-www-form-urlencoded";
 constexpr const char* kRenamedFormContentType = "application/x-transformer-form-urlencoded";
 
@@ -340,6 +344,8 @@ json sentence_json(const TranslationService& service, const TranslateRequest& re
 }  // namespace
 
 void run_server(const ServeSettings& settings) {
+  // Two heaps for the decoding thread and every request thread together (see limit_heaps).
+  limit_heaps(2);
   // SIGINT and SIGTERM are taken by one watcher thread (sigtimedwait), so they are blocked
   // before any other thread exists: no thread of the pool, of the decoder or of OpenMP can be
   // interrupted by them.
@@ -497,6 +503,10 @@ void run_server(const ServeSettings& settings) {
       } catch (const std::exception& e) {
         reply_error(res, 500, e.what());
       }
+      // The process keeps freed memory for reuse (retain_freed_memory), in one heap per
+      // thread: a large body's transient memory (tokenizing 1 MB of text takes ~40 MB) would
+      // stay with each worker thread that ever took one. Given back after such a request.
+      if (req.body.size() > kLargeBodyBytes) release_freed_memory();
     };
   };
   // Gives up on a request whose client closed its connection.

@@ -92,4 +92,8 @@ void release_freed_memory() {
   malloc_trim(0);
 }
 
+void limit_heaps(int heaps) {
+  mallopt(M_ARENA_MAX, heaps);
+}
+
 }  // namespace tfm
