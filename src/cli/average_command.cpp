@@ -23,7 +23,7 @@ CommandRunner add_average_command(CLI::App& app) {
   app.add_option("MODELS", o->models, "Model files to average");
   app.add_option("--model-dir", o->model_dir,
                  "Average the newest --last snapshots in DIR/checkpoints (written by train)");
-  app.add_option("--last", o->last, "How many snapshots with --model-dir (default 5)")
+  app.add_option("--last", o->last, with_default("How many snapshots with --model-dir", o->last))
       ->check(at_least(1));
   app.add_option("-o,--output", o->output, "Model file to write")->required();
   app.footer(

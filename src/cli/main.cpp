@@ -61,9 +61,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-memory", max_memory,
                  "Refuse models and files that need more memory than this (e.g. 8G; default: "
                  "the machine's physical memory)");
-  int64_t max_line_bytes = 0;
+  int64_t max_line_bytes = tfm::kDefaultMaxLineBytes;
   app.add_option("--max-line-bytes", max_line_bytes,
-                 "Refuse text lines longer than this many bytes (default 1048576)")
+                 tfm::with_default("Refuse text lines longer than this many bytes", max_line_bytes))
       ->check(tfm::at_least(1));
   app.fallthrough();  // the options above may also follow the command
 

@@ -6,8 +6,10 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 namespace tfm {
 
@@ -39,6 +41,24 @@ inline CLI::Validator in_range(double low, double high, bool low_closed = true,
         return std::string();
       },
       words);
+}
+
+// An option's help text with its default, read from the variable the option sets (before the
+// command line is parsed, it holds the default), so that the help cannot state another value:
+// "TEXT (default VALUE)", or "TEXT (default VALUE; MEANING)".
+template <typename Number>
+std::string with_default(const std::string& text, Number value, const std::string& meaning = "") {
+  std::string shown;
+  if constexpr (std::is_floating_point_v<Number>) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%g", double(value));
+    shown = buffer;
+    // 1e-09 → 1e-9
+    if (const size_t e = shown.find("e-0"); e != std::string::npos) shown.erase(e + 2, 1);
+  } else {
+    shown = std::to_string(value);
+  }
+  return text + " (default " + shown + (meaning.empty() ? "" : "; " + meaning) + ")";
 }
 
 // A finite number ≥ low (or > low when `closed` is false).

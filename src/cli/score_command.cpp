@@ -94,7 +94,7 @@ CommandRunner add_score_command(CLI::App& app) {
   app.add_flag("--per-token", o->per_token,
                "After the total, print each token's log-probability (target tokens, then eos)");
   app.add_option("--batch-tokens", o->batch_tokens,
-                 "Padded source + target tokens per batch (default 4096)")
+                 with_default("Padded source + target tokens per batch", o->batch_tokens))
       ->check(at_least(1));
   o->device.add_to(app);
   o->compute_type.add_to(app);

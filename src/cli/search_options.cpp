@@ -6,15 +6,17 @@
 namespace tfm {
 
 void SearchFlags::add_to(CLI::App& app) {
-  app.add_option("--beam", search.beam, "Beam size; 1 is greedy search (default 4)")
+  app.add_option("--beam", search.beam, with_default("Beam size; 1 is greedy search", search.beam))
       ->check(in_range(1, 1 << 20));
   app.add_option("--alpha", search.alpha,
-                 "Length penalty α: hypotheses are ranked by log p / ((5+|Y|)/6)^α (default 0.6)")
+                 with_default("Length penalty α: hypotheses are ranked by log p / ((5+|Y|)/6)^α",
+                              search.alpha))
       ->check(in_range(0, 10));
   app.add_option("--max-length-a", search.max_length_a,
                  "At most a·(source length) + b output tokens (default a 1)")
       ->check(in_range(0, 1000));
-  app.add_option("--max-length-b", search.max_length_b, "... + b (default 50)")
+  app.add_option("--max-length-b", search.max_length_b,
+                 with_default("... + b", search.max_length_b))
       ->check(in_range(0, 1 << 20));
   app.add_option("--max-length", search.max_length, "Hard cap on output tokens (default: none)")
       ->check(in_range(1, 1 << 20));

@@ -19,46 +19,51 @@ CommandRunner add_serve_command(CLI::App& app) {
       ->required();
   app.add_option("--host", o->host,
                  "Address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 for all)");
-  app.add_option("--port", o->port, "TCP port (default 8080; 0: any free port, printed)")
+  app.add_option("--port", o->port, with_default("TCP port", o->port, "0: any free port, printed"))
       ->check(in_range(0, 65535));
   decoding->add_to(app);
   app.add_option("--batch-tokens", o->batcher.batch_tokens,
-                 "Budget per decoded batch: sentences × longest source × beam (default 4096)")
+                 with_default("Budget per decoded batch: sentences × longest source × beam",
+                              o->batcher.batch_tokens))
       ->check(at_least(1));
   app.add_option(
          "--batch-wait-ms", o->batcher.max_wait_ms,
-         "Longest wait of the oldest queued sentence for others to fill its batch; the wait "
-         "ends early when no sentence arrived for --batch-quiet-ms (default 5; 0: decode "
-         "at once)")
+         with_default("Longest wait of the oldest queued sentence for others to fill its batch; "
+                      "the wait ends early when no sentence arrived for --batch-quiet-ms",
+                      o->batcher.max_wait_ms, "0: decode at once"))
       ->check(in_range(0, 10000));
   app.add_option("--batch-quiet-ms", o->batcher.quiet_gap_ms,
-                 "End the wait for company when no sentence arrived for this long (default 1)")
+                 with_default("End the wait for company when no sentence arrived for this long",
+                              o->batcher.quiet_gap_ms))
       ->check(in_range(0.001, 10000));
   app.add_flag("--no-batching", *no_batching,
                "Decode every sentence alone (for comparison; much slower under load)");
   app.add_option("--max-queued-sentences", o->batcher.max_queued_sentences,
-                 "Sentences that may wait to be decoded; more get 503 (default 1024)")
+                 with_default("Sentences that may wait to be decoded; more get 503",
+                              o->batcher.max_queued_sentences))
       ->check(at_least(1));
-  app.add_option("--max-connections", o->max_connections,
-                 "Connections answered at once; as many more may wait, the rest get 503 "
-                 "(default 256)")
+  app.add_option(
+         "--max-connections", o->max_connections,
+         with_default("Connections answered at once; as many more may wait, the rest get 503",
+                      o->max_connections))
       ->check(in_range(1, 4096));
   app.add_option("--max-body-bytes", o->limits.max_body_bytes,
-                 "Largest request body; larger gets 413 (default 1048576)")
+                 with_default("Largest request body; larger gets 413", o->limits.max_body_bytes))
       ->check(at_least(1));
   app.add_option("--max-sentences", o->limits.max_sentences,
-                 "Sentences per request; more get 413 (default 64)")
+                 with_default("Sentences per request; more get 413", o->limits.max_sentences))
       ->check(at_least(1));
   app.add_option("--max-sentence-tokens", o->limits.max_sentence_tokens,
                  "Source tokens per sentence; more get 400 (default: the model's limit)")
       ->check(at_least(1));
   o->limits.max_sentence_tokens = 0;
-  app.add_option("--max-beam", o->limits.max_beam,
-                 "Largest beam (and n-best) a request may ask for (default 16)")
+  app.add_option(
+         "--max-beam", o->limits.max_beam,
+         with_default("Largest beam (and n-best) a request may ask for", o->limits.max_beam))
       ->check(in_range(1, 1024));
   app.add_option("--request-timeout", o->request_timeout_seconds,
-                 "Seconds a request may take; then 504 and its queued work is dropped "
-                 "(default 60)")
+                 with_default("Seconds a request may take; then 504 and its queued work is dropped",
+                              o->request_timeout_seconds))
       ->check(in_range(0.001, 86400));
   app.add_option("--source-language", o->source_language,
                  "Language code of the model's source, for LibreTranslate clients "
@@ -78,7 +83,7 @@ CommandRunner add_serve_command(CLI::App& app) {
     o->search = decoding->resolve(find_backend(o->device), o->model);
     if (o->search.beam > o->limits.max_beam)
       throw UsageError("--beam " + std::to_string(o->search.beam) + " exceeds --max-beam " +
-                  std::to_string(o->limits.max_beam));
+                       std::to_string(o->limits.max_beam));
     o->batcher.batching = !*no_batching;
     run_server(*o);
   };

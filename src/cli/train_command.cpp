@@ -49,10 +49,10 @@ CommandRunner add_train_command(CLI::App& app) {
   app.add_flag("--resume", t.resume,
                "Continue the run saved in --model-dir exactly where it stopped (bit for bit)");
   app.add_option("--max-length", t.max_length,
-                 "Skip pairs with a side longer than this many tokens (default 256)")
+                 with_default("Skip pairs with a side longer than this many tokens", t.max_length))
       ->check(at_least(1));
   app.add_option("--batch-tokens", t.batch_tokens,
-                 "Padded source + target tokens per batch (default 4096)")
+                 with_default("Padded source + target tokens per batch", t.batch_tokens))
       ->check(at_least(1));
   app.add_option("--accumulate", t.accumulate,
                  "Batches per optimizer step (gradient accumulation; default 1)")
@@ -67,16 +67,17 @@ CommandRunner add_train_command(CLI::App& app) {
                  "run's")
       ->expected(1, 2)
       ->check(in_range(0, 1));
-  app.add_option("--label-smoothing", t.label_smoothing, "Label smoothing ε (default 0.1)")
+  app.add_option("--label-smoothing", t.label_smoothing,
+                 with_default("Label smoothing ε", t.label_smoothing))
       ->check(in_range(0, 1, true, false));
   app.add_option("--dropout", t.dropout,
-                 "Dropout on sublayer outputs and embedding sums (default 0.1)")
+                 with_default("Dropout on sublayer outputs and embedding sums", t.dropout))
       ->check(in_range(0, 1, true, false));
   app.add_option("--attention-dropout", t.attention_dropout,
-                 "Dropout on attention weights (default 0)")
+                 with_default("Dropout on attention weights", t.attention_dropout))
       ->check(in_range(0, 1, true, false));
   app.add_option("--relu-dropout", t.relu_dropout,
-                 "Dropout inside the feed-forward layer (default 0)")
+                 with_default("Dropout inside the feed-forward layer", t.relu_dropout))
       ->check(in_range(0, 1, true, false));
   app.add_option("--optimizer", t.optimizer.algorithm, "adam (default) or sgd")
       ->check(CLI::IsMember({"adam", "sgd"}));
@@ -84,13 +85,14 @@ CommandRunner add_train_command(CLI::App& app) {
                  "noam: the paper's d_model^-0.5·min(step^-0.5, step·warmup^-1.5) (default); "
                  "constant: --lr")
       ->check(CLI::IsMember({"noam", "constant"}));
-  app.add_option("--lr", t.optimizer.lr, "Learning rate of the constant schedule (default 1e-3)")
+  app.add_option("--lr", t.optimizer.lr,
+                 with_default("Learning rate of the constant schedule", t.optimizer.lr))
       ->check(at_least(0, false));
   app.add_option("--lr-factor", t.optimizer.lr_factor,
-                 "Multiplier of the noam schedule (default 1)")
+                 with_default("Multiplier of the noam schedule", t.optimizer.lr_factor))
       ->check(at_least(0, false));
   app.add_option("--warmup", t.optimizer.warmup,
-                 "Warm-up steps of the noam schedule (default 4000)")
+                 with_default("Warm-up steps of the noam schedule", t.optimizer.warmup))
       ->check(at_least(1));
   app.add_option("--lr-cooldown", t.optimizer.cooldown,
                  "Over this last fraction of the run (of --max-steps, or of --max-minutes by the "
@@ -98,15 +100,17 @@ CommandRunner add_train_command(CLI::App& app) {
                  "a run that --max-epochs or --early-stopping ends first stops part-way "
                  "(default 0: none)")
       ->check(in_range(0, 1, true, true));
-  app.add_option("--adam-beta1", t.optimizer.beta1, "Adam β1 (default 0.9)")
+  app.add_option("--adam-beta1", t.optimizer.beta1, with_default("Adam β1", t.optimizer.beta1))
       ->check(in_range(0, 1, true, false));
-  app.add_option("--adam-beta2", t.optimizer.beta2, "Adam β2 (default 0.98)")
+  app.add_option("--adam-beta2", t.optimizer.beta2, with_default("Adam β2", t.optimizer.beta2))
       ->check(in_range(0, 1, true, false));
-  app.add_option("--adam-eps", t.optimizer.eps, "Adam ε (default 1e-9)")->check(at_least(0, false));
+  app.add_option("--adam-eps", t.optimizer.eps, with_default("Adam ε", t.optimizer.eps))
+      ->check(at_least(0, false));
   app.add_option("--clip-norm", t.optimizer.clip_norm,
                  "Clip the global gradient norm to this value (default 0: off)")
       ->check(at_least(0));
-  app.add_option("--seed", t.seed, "Seed of initialisation, shuffling and dropout (default 1)");
+  app.add_option("--seed", t.seed,
+                 with_default("Seed of initialisation, shuffling and dropout", t.seed));
   app.add_option("--max-steps", t.max_steps,
                  "Stop after this many optimizer steps (default 0: no limit)")
       ->check(at_least(0));
@@ -117,26 +121,30 @@ CommandRunner add_train_command(CLI::App& app) {
                  "Stop after this many minutes of training (default 0: no limit)")
       ->check(at_least(0));
   app.add_option("--valid-every", t.valid_every,
-                 "Validate every N steps (default 500; 0: at the end)")
+                 with_default("Validate every N steps", t.valid_every, "0: at the end"))
       ->check(at_least(0));
   app.add_option("--save-every", t.save_every,
-                 "Checkpoint every N steps (default 500; 0: at the end)")
+                 with_default("Checkpoint every N steps", t.save_every, "0: at the end"))
       ->check(at_least(0));
-  app.add_option("--log-every", t.log_every, "Log a line every N steps (default 100; 0: none)")
+  app.add_option("--log-every", t.log_every,
+                 with_default("Log a line every N steps", t.log_every, "0: none"))
       ->check(at_least(0));
   app.add_option("--keep", t.keep,
-                 "Keep the last K step snapshots for `average` (default 5; 0: none)")
+                 with_default("Keep the last K step snapshots for `average`", t.keep, "0: none"))
       ->check(at_least(0));
   app.add_option("--early-stopping", t.early_stopping,
                  "Stop after N validations without a better perplexity (default 0: off)")
       ->check(at_least(0));
-  app.add_option("--max-bad-steps", t.max_bad_steps,
-                 "A step with a NaN/Inf loss or gradient is skipped; stop with an error after this "
-                 "many in a row, leaving the last checkpoint as it was (default 20)")
+  app.add_option(
+         "--max-bad-steps", t.max_bad_steps,
+         with_default("A step with a NaN/Inf loss or gradient is skipped; stop with an error after "
+                      "this many in a row, leaving the last checkpoint as it was",
+                      t.max_bad_steps))
       ->check(at_least(1));
   app.add_option("--replica-timeout", t.replica_timeout,
-                 "Under mpirun: seconds a rank waits for the others before ending the job with an "
-                 "error (default 300)")
+                 with_default("Under mpirun: seconds a rank waits for the others before ending the "
+                              "job with an error",
+                              t.replica_timeout))
       ->check(at_least(0, false));
   app.add_option("--replica-check-every", t.replica_check_every,
                  "Under mpirun: compare the ranks' parameter checksums every N steps (default 0: "
@@ -156,7 +164,8 @@ CommandRunner add_train_command(CLI::App& app) {
     if (!o->compute_type.empty()) {
       Precision precision;
       if (!parse_precision(o->compute_type, precision))
-        throw UsageError("--compute-type must be float32 or bfloat16, not \"" + o->compute_type + "\"");
+        throw UsageError("--compute-type must be float32 or bfloat16, not \"" + o->compute_type +
+                         "\"");
       train.precision = precision;
     }
     if (!o->sentencepiece_alphas.empty())

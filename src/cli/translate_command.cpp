@@ -230,8 +230,9 @@ CommandRunner add_translate_command(CLI::App& app) {
          "(index from 0; score = natural-log probability of the tokens and eos; a line that is "
          "not translated, empty or too long, has no entries)")
       ->check(in_range(1, 1 << 20));
-  app.add_option("--batch-tokens", o->batch_tokens,
-                 "Budget per batch: sentences × longest source × beam (default 4096)")
+  app.add_option(
+         "--batch-tokens", o->batch_tokens,
+         with_default("Budget per batch: sentences × longest source × beam", o->batch_tokens))
       ->check(at_least(1));
   app.add_option("--prefix", o->prefix, "Force every translation to start with this target text");
   app.add_option("--prefix-file", o->prefix_file,

@@ -32,15 +32,17 @@ CommandRunner add_vocab_command(CLI::App& app) {
   app.add_option("--input", o->inputs, "Text files, one sentence per line (source and target)")
       ->required()
       ->check(CLI::ExistingFile);
-  app.add_option("--size", o->size, "Vocabulary size, special tokens included (default 8000)")
+  app.add_option("--size", o->size,
+                 with_default("Vocabulary size, special tokens included", o->size))
       ->check(in_range(8, 1 << 22));
   app.add_option("-o,--output", o->output, "SentencePiece model file to write (e.g. vocab.spm)")
       ->required();
   app.add_option("--character-coverage", o->character_coverage,
-                 "Share of characters covered by the vocabulary (default 1.0; 0.9995 for CJK)")
+                 with_default("Share of characters covered by the vocabulary",
+                              o->character_coverage, "0.9995 for CJK"))
       ->check(in_range(0, 1, false, true));
   app.add_option("--max-sentences", o->max_sentences,
-                 "Train on at most this many sentences, sampled (default 2,000,000)")
+                 with_default("Train on at most this many sentences, sampled", o->max_sentences))
       ->check(at_least(1));
   app.footer("Example:\n  transformer vocab --input train.en train.es --size 8000 -o vocab.spm");
   return [o] {

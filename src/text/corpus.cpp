@@ -18,12 +18,12 @@ namespace tfm {
 
 namespace {
 
-int64_t g_max_line_bytes = int64_t(1) << 20;
+int64_t g_max_line_bytes = kDefaultMaxLineBytes;
 
 }  // namespace
 
 void set_max_line_bytes(int64_t bytes) {
-  g_max_line_bytes = bytes > 0 ? bytes : int64_t(1) << 20;
+  g_max_line_bytes = bytes > 0 ? bytes : kDefaultMaxLineBytes;
 }
 
 int64_t max_line_bytes() {

@@ -18,6 +18,7 @@ namespace tfm {
 std::vector<std::string> read_lines(const std::string& path);
 
 // The line-length cap of read_lines (the CLI's --max-line-bytes; default 1 MiB).
+inline constexpr int64_t kDefaultMaxLineBytes = int64_t(1) << 20;  // 1 MiB
 void set_max_line_bytes(int64_t bytes);
 int64_t max_line_bytes();
 
