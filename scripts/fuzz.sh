@@ -17,7 +17,7 @@ bash scripts/bootstrap.sh clang libclang-rt-dev libomp-dev
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g -Wno-pass-failed"
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
   -DTRANSFORMER_FUZZ=ON -DTRANSFORMER_TESTS=OFF -DTRANSFORMER_BENCH=OFF -DTRANSFORMER_MPI=OFF \
-  -DTRANSFORMER_CUDA=OFF \
+  -DTRANSFORMER_CUDA=OFF -DTRANSFORMER_PYTHON=OFF \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target $(printf '%s_fuzz ' "${targets[@]}")
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
