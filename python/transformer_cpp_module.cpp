@@ -13,11 +13,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "api/training.h"
 #include "api/translator.h"
 #include "tensor/error.h"
 
@@ -75,6 +78,118 @@ tfm::TranslationOptions translation_options(int64_t beam_size, double length_pen
   return o;
 }
 
+// train()'s keyword options: each sets one field of TrainOptions or of the model's
+// ConfigChoice, named as the command line's flag with '_' for '-'. Their defaults are the
+// structs' own.
+struct TrainingRun {
+  tfm::TrainOptions options;
+  tfm::ConfigChoice model;
+};
+using TrainingSetter = std::function<void(TrainingRun&, const py::handle&)>;
+
+template <typename T>
+TrainingSetter set(T tfm::TrainOptions::*field) {
+  return
+      [field](TrainingRun& run, const py::handle& value) { run.options.*field = value.cast<T>(); };
+}
+template <typename T>
+TrainingSetter set(T tfm::OptimizerOptions::*field) {
+  return [field](TrainingRun& run, const py::handle& value) {
+    run.options.optimizer.*field = value.cast<T>();
+  };
+}
+template <typename T>
+TrainingSetter set(T tfm::ConfigChoice::*field) {
+  return [field](TrainingRun& run, const py::handle& value) { run.model.*field = value.cast<T>(); };
+}
+
+const std::map<std::string, TrainingSetter>& training_setters() {
+  using tfm::ConfigChoice, tfm::OptimizerOptions, tfm::TrainOptions;
+  static const std::map<std::string, TrainingSetter> setters = {
+      {"valid_src", set(&TrainOptions::valid_src)},
+      {"valid_tgt", set(&TrainOptions::valid_tgt)},
+      {"vocabs", set(&TrainOptions::vocabularies)},
+      {"ids", set(&TrainOptions::ids)},
+      {"preset", set(&ConfigChoice::preset)},
+      {"config", set(&ConfigChoice::config_path)},
+      {"vocab", set(&ConfigChoice::vocab)},
+      {"src_vocab", set(&ConfigChoice::src_vocab)},
+      {"tgt_vocab", set(&ConfigChoice::tgt_vocab)},
+      {"share", set(&ConfigChoice::share)},
+      {"device", set(&TrainOptions::device)},
+      {"compute_type",
+       [](TrainingRun& run, const py::handle& value) {
+         run.options.precision = tfm::training_precision(value.cast<std::string>());
+       }},
+      {"init", set(&TrainOptions::init_path)},
+      {"resume", set(&TrainOptions::resume)},
+      {"max_length", set(&TrainOptions::max_length)},
+      {"batch_tokens", set(&TrainOptions::batch_tokens)},
+      {"accumulate", set(&TrainOptions::accumulate)},
+      {"sentencepiece_alphas",
+       [](TrainingRun& run, const py::handle& value) {
+         std::vector<double> alphas;
+         if (py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value))
+           alphas = {value.cast<double>()};
+         else
+           alphas = value.cast<std::vector<double>>();
+         if (alphas.empty() || alphas.size() > 2)
+           throw tfm::UsageError("sentencepiece_alphas takes one value or two (source, target)");
+         run.options.sentencepiece_alphas = {alphas.front(), alphas.back()};
+       }},
+      {"label_smoothing", set(&TrainOptions::label_smoothing)},
+      {"dropout", set(&TrainOptions::dropout)},
+      {"attention_dropout", set(&TrainOptions::attention_dropout)},
+      {"relu_dropout", set(&TrainOptions::relu_dropout)},
+      {"optimizer", set(&OptimizerOptions::algorithm)},
+      {"lr_schedule", set(&OptimizerOptions::schedule)},
+      {"lr", set(&OptimizerOptions::lr)},
+      {"lr_factor", set(&OptimizerOptions::lr_factor)},
+      {"warmup", set(&OptimizerOptions::warmup)},
+      {"lr_cooldown", set(&OptimizerOptions::cooldown)},
+      {"adam_beta1", set(&OptimizerOptions::beta1)},
+      {"adam_beta2", set(&OptimizerOptions::beta2)},
+      {"adam_eps", set(&OptimizerOptions::eps)},
+      {"clip_norm", set(&OptimizerOptions::clip_norm)},
+      {"seed", set(&TrainOptions::seed)},
+      {"max_steps", set(&TrainOptions::max_steps)},
+      {"max_epochs", set(&TrainOptions::max_epochs)},
+      {"max_minutes", set(&TrainOptions::max_minutes)},
+      {"valid_every", set(&TrainOptions::valid_every)},
+      {"save_every", set(&TrainOptions::save_every)},
+      {"log_every", set(&TrainOptions::log_every)},
+      {"keep", set(&TrainOptions::keep)},
+      {"early_stopping", set(&TrainOptions::early_stopping)},
+      {"max_bad_steps", set(&TrainOptions::max_bad_steps)},
+  };
+  return setters;
+}
+
+TrainingRun training_run(const std::string& model_dir, const std::string& train_src,
+                         const std::string& train_tgt, const py::kwargs& options) {
+  TrainingRun run;
+  run.options.model_dir = model_dir;
+  run.options.train_src = train_src;
+  run.options.train_tgt = train_tgt;
+  const auto& setters = training_setters();
+  for (const auto& [key, value] : options) {
+    const std::string name = key.cast<std::string>();
+    auto it = setters.find(name);
+    if (it == setters.end()) {
+      std::string known;
+      for (const auto& [n, setter] : setters) known += (known.empty() ? "" : ", ") + n;
+      throw tfm::UsageError("train() has no option \"" + name + "\" (known: " + known + ")");
+    }
+    try {
+      it->second(run, value);
+    } catch (const py::cast_error&) {
+      throw tfm::UsageError(name + ": " + py::repr(value).cast<std::string>() +
+                            " is not of the option's type");
+    }
+  }
+  return run;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(transformer_cpp, m) {
@@ -106,6 +221,34 @@ PYBIND11_MODULE(transformer_cpp, m) {
         return "ScoringResult(log_prob=" + std::to_string(r.log_prob) + ")";
       });
 
+  py::class_<tfm::TrainResult>(m, "TrainResult", "What a training run did")
+      .def_readonly("steps", &tfm::TrainResult::steps, "Optimizer steps taken in all")
+      .def_readonly("last_loss", &tfm::TrainResult::last_loss,
+                    "Loss per target token over the last logged interval")
+      .def_readonly("best_valid_nll", &tfm::TrainResult::best_valid_nll,
+                    "Best validation negative log-likelihood per token (-1: no validation)")
+      .def_readonly("interrupted", &tfm::TrainResult::interrupted,
+                    "Stopped by SIGINT / SIGTERM (after saving)")
+      .def("__repr__", [](const tfm::TrainResult& r) {
+        return "TrainResult(steps=" + std::to_string(r.steps) +
+               ", last_loss=" + std::to_string(r.last_loss) + ")";
+      });
+
+  m.def(
+      "train",
+      [](const std::string& model_dir, const std::string& train_src, const std::string& train_tgt,
+         const py::kwargs& options) {
+        const TrainingRun run = training_run(model_dir, train_src, train_tgt, options);
+        py::gil_scoped_release release;
+        return tfm::train_model(run.options, run.model);
+      },
+      py::arg("model_dir"), py::arg("train_src"), py::arg("train_tgt"),
+      "Trains a model into model_dir, as `transformer train` does; every keyword is that "
+      "command's flag with '_' for '-' (preset='small', vocabs=['spm.model'], max_steps=1000, "
+      "compute_type='bfloat16', valid_src=..., resume=True, ...). Progress is logged to "
+      "standard error; SIGINT / SIGTERM save and stop. Returns a TrainResult.");
+
+  const tfm::TranslationOptions defaults;  // every keyword's default
   py::class_<tfm::Translator>(m, "Translator")
       .def(py::init([](const std::string& model_path, const std::string& device,
                        const std::string& compute_type) {
@@ -148,12 +291,17 @@ PYBIND11_MODULE(transformer_cpp, m) {
             }
             return to_python(std::move(results), as_tokens, return_attention);
           },
-          py::arg("source"), py::kw_only(), py::arg("beam_size") = 4,
-          py::arg("length_penalty") = 0.6, py::arg("num_hypotheses") = 1,
-          py::arg("max_decoding_length_a") = 1.0, py::arg("max_decoding_length_b") = 50,
-          py::arg("max_decoding_length") = 0, py::arg("min_decoding_length") = 0,
-          py::arg("max_batch_tokens") = 4096, py::arg("return_attention") = false,
-          py::arg("replace_unknowns") = false, py::arg("target_prefix") = py::none(),
+          py::arg("source"), py::kw_only(), py::arg("beam_size") = defaults.beam_size,
+          py::arg("length_penalty") = defaults.length_penalty,
+          py::arg("num_hypotheses") = defaults.num_hypotheses,
+          py::arg("max_decoding_length_a") = defaults.max_decoding_length_a,
+          py::arg("max_decoding_length_b") = defaults.max_decoding_length_b,
+          py::arg("max_decoding_length") = defaults.max_decoding_length,
+          py::arg("min_decoding_length") = defaults.min_decoding_length,
+          py::arg("max_batch_tokens") = defaults.max_batch_tokens,
+          py::arg("return_attention") = defaults.return_attention,
+          py::arg("replace_unknowns") = defaults.replace_unknowns,
+          py::arg("target_prefix") = py::none(),
           "Translates a list of texts (or of token lists); returns one TranslationResult per "
           "input, in order. An empty input, or one longer than the model's positions, gets no "
           "hypotheses.")
@@ -164,7 +312,8 @@ PYBIND11_MODULE(transformer_cpp, m) {
             py::gil_scoped_release release;
             return translator.score_batch(source, target, max_batch_tokens);
           },
-          py::arg("source"), py::arg("target"), py::kw_only(), py::arg("max_batch_tokens") = 4096,
+          py::arg("source"), py::arg("target"), py::kw_only(),
+          py::arg("max_batch_tokens") = defaults.max_batch_tokens,
           "log p(target + eos | source) of each pair, teacher-forced")
       .def_property_readonly(
           "parameters",

@@ -675,25 +675,25 @@ TEST(Serve, BadStartIsOneErrorLine) {
 }
 
 TEST(ServeRequest, ParserDefaultsAndOverrides) {
-  tfm::SearchOptions defaults;
-  defaults.beam = 5;
+  tfm::TranslationOptions defaults;
+  defaults.beam_size = 5;
   tfm::ServeLimits limits;
   limits.decoder_layers = 6;
   tfm::TranslateRequest r = tfm::parse_translate_request(R"({"text": "hello"})", defaults, limits);
   EXPECT_EQ(r.texts, std::vector<std::string>{"hello"});
   EXPECT_FALSE(r.text_was_list);
-  EXPECT_EQ(r.search.beam, 5);
-  EXPECT_EQ(r.search.nbest, 1);
-  EXPECT_FALSE(r.search.attention);
+  EXPECT_EQ(r.search.beam_size, 5);
+  EXPECT_EQ(r.search.num_hypotheses, 1);
+  EXPECT_FALSE(r.search.return_attention_heads);
   // nbest above the default beam raises the beam when the request left the beam alone.
   r = tfm::parse_translate_request(R"({"text": ["a"], "nbest": 8, "alpha": 0})", defaults, limits);
   EXPECT_TRUE(r.text_was_list);
-  EXPECT_EQ(r.search.beam, 8);
-  EXPECT_EQ(r.search.nbest, 8);
-  EXPECT_EQ(r.search.alpha, 0);
+  EXPECT_EQ(r.search.beam_size, 8);
+  EXPECT_EQ(r.search.num_hypotheses, 8);
+  EXPECT_EQ(r.search.length_penalty, 0);
   r = tfm::parse_translate_request(R"({"text": "a", "attention_layer": 2, "prefix": "p"})",
                                    defaults, limits);
-  EXPECT_TRUE(r.attention && r.search.attention && r.search.attention_per_head);
+  EXPECT_TRUE(r.attention && r.search.return_attention_heads);
   EXPECT_EQ(r.search.attention_layer, 2);
   EXPECT_EQ(r.prefixes, std::vector<std::string>{"p"});
   // Integers beyond int64 are refused as out of range, not wrapped.

@@ -77,7 +77,7 @@ TEST(TranslateCli, ReplaceUnknownsAndAttentionFile) {
   r = work.run_cli("translate --model " + model_dir() + " -i " + work.path("one.txt") +
                    " --attention-layer 6");
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_NE(r.err.find("--attention-layer 6 is beyond the model's 6 decoder layers"),
+  EXPECT_NE(r.err.find("attention_layer 6 is beyond the model's 6 decoder layers"),
             std::string::npos)
       << r.err;
 }

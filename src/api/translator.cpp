@@ -48,17 +48,18 @@ void check_ids(const std::vector<std::vector<int32_t>>& sequences, int64_t vocab
                     std::to_string(vocabulary_size) + ")");
 }
 
-void check_options(const TranslationOptions& o) {
-  auto bad = [](const std::string& what) { throw UsageError(what); };
-  if (o.beam_size < 1) bad("beam_size must be at least 1");
-  if (o.num_hypotheses < 1 || o.num_hypotheses > o.beam_size)
-    bad("num_hypotheses must be between 1 and beam_size");
-  if (!(o.length_penalty >= 0 && o.length_penalty <= 10)) bad("length_penalty must be in [0, 10]");
-  if (!(o.max_decoding_length_a >= 0 && o.max_decoding_length_a <= 1000))
-    bad("max_decoding_length_a must be in [0, 1000]");
-  if (o.max_decoding_length_b < 0 || o.max_decoding_length < 0 || o.min_decoding_length < 0)
-    bad("decoding lengths cannot be negative");
-  if (o.max_batch_tokens < 1) bad("max_batch_tokens must be at least 1");
+// Each text encoded with `vocabulary`; `what` names a text in errors ("source 3: invalid UTF-8").
+std::vector<std::vector<int32_t>> encode_texts(const Vocabulary& vocabulary,
+                                               const std::vector<std::string>& texts,
+                                               const char* what) {
+  std::vector<std::vector<int32_t>> ids;
+  ids.reserve(texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    if (!is_valid_utf8(texts[i]))
+      throw Error(std::string(what) + " " + std::to_string(i) + ": invalid UTF-8");
+    ids.push_back(vocabulary.encode(texts[i]));
+  }
+  return ids;
 }
 
 // Every head's weights, [heads][steps][source], from a hypothesis that kept all of them.
@@ -103,6 +104,23 @@ const Vocabulary* Translator::target_vocabulary() const {
   return state_->bundle.target_vocabulary ? &*state_->bundle.target_vocabulary : nullptr;
 }
 
+void Translator::check_options(const TranslationOptions& o) const {
+  auto bad = [](const std::string& what) { throw UsageError(what); };
+  if (o.beam_size < 1) bad("beam_size must be at least 1");
+  if (o.num_hypotheses < 1 || o.num_hypotheses > o.beam_size)
+    bad("num_hypotheses must be between 1 and beam_size");
+  if (!(o.length_penalty >= 0 && o.length_penalty <= 10)) bad("length_penalty must be in [0, 10]");
+  if (!(o.max_decoding_length_a >= 0 && o.max_decoding_length_a <= 1000))
+    bad("max_decoding_length_a must be in [0, 1000]");
+  if (o.max_decoding_length_b < 0 || o.max_decoding_length < 0 || o.min_decoding_length < 0)
+    bad("decoding lengths cannot be negative");
+  if (o.max_batch_tokens < 1) bad("max_batch_tokens must be at least 1");
+  const int64_t layers = config().decoder_layers;
+  if (o.attention_layer < -1 || o.attention_layer >= layers)
+    bad("attention_layer " + std::to_string(o.attention_layer) + " is beyond the model's " +
+        std::to_string(layers) + " decoder layers (-1 is the last)");
+}
+
 bool Translator::too_long(int64_t source_tokens) const {
   return source_tokens > max_source_tokens(config());
 }
@@ -133,10 +151,6 @@ std::vector<TranslationResult> Translator::translate_ids(
       options.return_attention || options.return_attention_heads || options.replace_unknowns;
   settings.attention_per_head = options.return_attention_heads;
   settings.attention_layer = options.attention_layer;
-  if (settings.attention_layer >= config.decoder_layers)
-    throw UsageError("attention_layer " + std::to_string(settings.attention_layer) +
-                     " is beyond the model's " + std::to_string(config.decoder_layers) +
-                     " decoder layers");
   const int64_t heads = settings.attention_per_head ? config.heads : 1;
   const Vocabulary* target_vocabulary = this->target_vocabulary();
 
@@ -191,19 +205,12 @@ std::vector<TranslationResult> Translator::translate_batch(
     const std::function<void(int64_t)>& progress) const {
   const Vocabulary& source_vocabulary = required(state_->bundle.source_vocabulary, "source");
   const Vocabulary& target_vocabulary = required(state_->bundle.target_vocabulary, "target");
-  std::vector<std::vector<int32_t>> source_ids, prefix_ids;
-  std::vector<std::vector<std::string>> source_pieces;  // for replace_unknowns
-  for (size_t i = 0; i < sources.size(); ++i) {
-    if (!is_valid_utf8(sources[i])) throw Error("source " + std::to_string(i) + ": invalid UTF-8");
-    source_ids.push_back(source_vocabulary.encode(sources[i]));
-    source_pieces.push_back(options.replace_unknowns ? source_vocabulary.to_pieces(sources[i])
-                                                     : std::vector<std::string>());
-  }
-  for (size_t i = 0; i < target_prefixes.size(); ++i) {
-    if (!is_valid_utf8(target_prefixes[i]))
-      throw Error("target prefix " + std::to_string(i) + ": invalid UTF-8");
-    prefix_ids.push_back(target_vocabulary.encode(target_prefixes[i]));
-  }
+  const auto source_ids = encode_texts(source_vocabulary, sources, "source");
+  const auto prefix_ids = encode_texts(target_vocabulary, target_prefixes, "target prefix");
+  std::vector<std::vector<std::string>> source_pieces(sources.size());  // for replace_unknowns
+  if (options.replace_unknowns)
+    for (size_t i = 0; i < sources.size(); ++i)
+      source_pieces[i] = source_vocabulary.to_pieces(sources[i]);
   return translate_ids(source_ids, options, prefix_ids, progress, &source_pieces);
 }
 
@@ -224,16 +231,8 @@ std::vector<ScoringResult> Translator::score_batch(const std::vector<std::string
                                                    int64_t max_batch_tokens) const {
   const Vocabulary& source_vocabulary = required(state_->bundle.source_vocabulary, "source");
   const Vocabulary& target_vocabulary = required(state_->bundle.target_vocabulary, "target");
-  std::vector<std::vector<int32_t>> source_ids, target_ids;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    if (!is_valid_utf8(sources[i])) throw Error("source " + std::to_string(i) + ": invalid UTF-8");
-    source_ids.push_back(source_vocabulary.encode(sources[i]));
-  }
-  for (size_t i = 0; i < targets.size(); ++i) {
-    if (!is_valid_utf8(targets[i])) throw Error("target " + std::to_string(i) + ": invalid UTF-8");
-    target_ids.push_back(target_vocabulary.encode(targets[i]));
-  }
-  return score_ids(source_ids, target_ids, max_batch_tokens);
+  return score_ids(encode_texts(source_vocabulary, sources, "source"),
+                   encode_texts(target_vocabulary, targets, "target"), max_batch_tokens);
 }
 
 std::vector<ScoringResult> Translator::score_ids(

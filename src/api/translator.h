@@ -33,6 +33,9 @@ struct TranslatorOptions {
   bool need_vocabulary = true;
 };
 
+// The default batch budget of translating and scoring: sentences × longest source × beam.
+inline constexpr int64_t kDefaultMaxBatchTokens = 4096;
+
 // One call's search, with CTranslate2's names.
 struct TranslationOptions {
   int64_t beam_size = 4;               // 1: greedy
@@ -40,13 +43,16 @@ struct TranslationOptions {
   int64_t num_hypotheses = 1;          // the n best, at most beam_size
   double max_decoding_length_a = 1.0;  // at most a · source length + b tokens
   int64_t max_decoding_length_b = 50;
-  int64_t max_decoding_length = 0;      // hard cap; 0: the model's positions
-  int64_t min_decoding_length = 0;      // eos is not allowed before this many tokens
-  int64_t max_batch_tokens = 4096;      // sentences × longest source × beam per batch
+  int64_t max_decoding_length = 0;                    // hard cap; 0: the model's positions
+  int64_t min_decoding_length = 0;                    // eos is not allowed before this many tokens
+  int64_t max_batch_tokens = kDefaultMaxBatchTokens;  // per batch
   bool return_attention = false;        // each hypothesis' cross-attention averaged over heads
   bool return_attention_heads = false;  // and every head's, [heads][steps][source]
   int64_t attention_layer = -1;         // the decoder layer it comes from (-1: the last)
   bool replace_unknowns = false;        // each <unk> becomes the source piece it attends to most
+
+  // Sentences may share one search only when every option is the same (serve's batcher).
+  bool operator==(const TranslationOptions&) const = default;
 };
 
 struct TranslationHypothesis {
@@ -104,10 +110,10 @@ class Translator {
   // log p(target + eos | source) per pair, teacher-forced.
   std::vector<ScoringResult> score_batch(const std::vector<std::string>& sources,
                                          const std::vector<std::string>& targets,
-                                         int64_t max_batch_tokens = 4096) const;
+                                         int64_t max_batch_tokens = kDefaultMaxBatchTokens) const;
   std::vector<ScoringResult> score_ids(const std::vector<std::vector<int32_t>>& sources,
                                        const std::vector<std::vector<int32_t>>& targets,
-                                       int64_t max_batch_tokens = 4096,
+                                       int64_t max_batch_tokens = kDefaultMaxBatchTokens,
                                        const std::function<void(int64_t)>& progress = {}) const;
 
   const ModelConfig& config() const;
@@ -115,6 +121,10 @@ class Translator {
   const Vocabulary* target_vocabulary() const;
   const Backend& backend() const;
   const SearchOptions& search_defaults() const;  // the compute type resolved
+  // Throws UsageError, naming the option, for options out of range or beyond this model
+  // (attention_layer past its decoder layers); every translate call checks them first, and a
+  // caller may check once before it reads its input.
+  void check_options(const TranslationOptions& options) const;
   // Whether a source of this many tokens is beyond the model's positions (never translated).
   bool too_long(int64_t source_tokens) const;
 

@@ -1,12 +1,7 @@
-// ConfigOptions: preset or JSON config file, then vocabulary and sharing overrides.
+// ConfigOptions: the flags of a ConfigChoice.
 #include "cli/config_options.h"
 
-#include <nlohmann/json.hpp>
-
 #include "cli/option_ranges.h"
-#include "io/file_util.h"
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
 
 namespace tfm {
 
@@ -29,37 +24,6 @@ void ConfigOptions::add_to(CLI::App& app) {
                  "paper's choice; default when sizes match), target (target embedding = "
                  "pre-softmax; default when sizes differ) or none")
       ->check(CLI::IsMember({"all", "target", "none"}));
-}
-
-ModelConfig ConfigOptions::resolve() const {
-  if (preset.empty() == config_path.empty())
-    throw UsageError("give exactly one of --preset or --config");
-  ModelConfig c;
-  nlohmann::json overrides = nlohmann::json::object();
-  if (!preset.empty()) {
-    c = preset_config(preset);
-  } else {
-    nlohmann::json j = parse_json_strictly(read_file_bytes(config_path), config_path);
-    if (!j.is_object()) throw Error(config_path + ": not a JSON object");
-    overrides = j;
-  }
-  const bool has_src = src_vocab > 0 || vocab > 0 || overrides.contains("src_vocab_size");
-  const bool has_tgt = tgt_vocab > 0 || vocab > 0 || overrides.contains("tgt_vocab_size");
-  if (!has_src || !has_tgt)
-    throw UsageError(
-        "the vocabulary size is needed: --vocab N (shared) or --src-vocab N --tgt-vocab M");
-  nlohmann::json j = config_to_json(c);
-  for (auto it = overrides.begin(); it != overrides.end(); ++it) j[it.key()] = it.value();
-  if (vocab > 0) j["src_vocab_size"] = j["tgt_vocab_size"] = vocab;
-  if (src_vocab > 0) j["src_vocab_size"] = src_vocab;
-  if (tgt_vocab > 0) j["tgt_vocab_size"] = tgt_vocab;
-  if (!share.empty()) {
-    j["share_embeddings"] = share;
-  } else if (!overrides.contains("share_embeddings") &&
-             j["src_vocab_size"] != j["tgt_vocab_size"]) {
-    j["share_embeddings"] = "target";
-  }
-  return config_from_json(j, preset.empty() ? config_path : "preset " + preset);
 }
 
 }  // namespace tfm

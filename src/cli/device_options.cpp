@@ -37,9 +37,4 @@ void ComputeTypeOption::add_to(CLI::App& app) {
       ->capture_default_str();
 }
 
-ComputeType ComputeTypeOption::resolve(const Backend& backend,
-                                       const std::string& model_path) const {
-  return resolve_compute_type(name, backend, model_path);
-}
-
 }  // namespace tfm

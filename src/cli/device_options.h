@@ -21,9 +21,7 @@ struct DeviceOption {
 struct ComputeTypeOption {
   std::string name = "default";
 
-  void add_to(CLI::App& app);
-  // What it names for the model at `model_path` on `backend` (resolve_compute_type).
-  ComputeType resolve(const Backend& backend, const std::string& model_path) const;
+  void add_to(CLI::App& app);  // the name is resolved by the Translator (resolve_compute_type)
 };
 
 }  // namespace tfm

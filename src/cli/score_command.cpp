@@ -26,7 +26,7 @@ struct ScoreOptions {
   std::string output;
   bool ids = false;
   bool per_token = false;
-  int64_t batch_tokens = 4096;
+  int64_t batch_tokens = kDefaultMaxBatchTokens;
   DeviceOption device;
   ComputeTypeOption compute_type;
 };

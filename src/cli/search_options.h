@@ -6,20 +6,19 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "api/translator.h"
 #include "cli/device_options.h"
-#include "decode/beam_search.h"
 
 namespace tfm {
 
 struct SearchFlags {
-  SearchOptions search;
+  TranslationOptions search;  // the library's options these flags set
   DeviceOption device;
   ComputeTypeOption compute_type;
 
   void add_to(CLI::App& app);
-  // search with the precision of --compute-type on `backend` (device.resolve()) for the model at
-  // `model_path`; throws Error for bfloat16 on a CPU without it.
-  SearchOptions resolve(const Backend& backend, const std::string& model_path) const;
+  // Where and in which number format a Translator loads the model (--device, --compute-type).
+  TranslatorOptions translator_options() const;
 };
 
 }  // namespace tfm

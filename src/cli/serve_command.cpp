@@ -80,9 +80,10 @@ CommandRunner add_serve_command(CLI::App& app) {
       "  curl -s localhost:8080/v1/translate -d '{\"text\": \"the house is small\"}'");
   return [o, decoding, no_batching] {
     o->device = decoding->device.name;
-    o->search = decoding->resolve(find_backend(o->device), o->model);
-    if (o->search.beam > o->limits.max_beam)
-      throw UsageError("--beam " + std::to_string(o->search.beam) + " exceeds --max-beam " +
+    o->compute_type = decoding->compute_type.name;
+    o->search = decoding->search;
+    if (o->search.beam_size > o->limits.max_beam)
+      throw UsageError("--beam " + std::to_string(o->search.beam_size) + " exceeds --max-beam " +
                        std::to_string(o->limits.max_beam));
     o->batcher.batching = !*no_batching;
     run_server(*o);

@@ -1,14 +1,13 @@
-// `transformer train`: flags -> TrainOptions -> train().
+// `transformer train`: flags -> TrainOptions -> train_model() (api/training.h).
 #include <cstdio>
 #include <memory>
 
+#include "api/training.h"
 #include "cli/commands.h"
 #include "cli/config_options.h"
 #include "cli/device_options.h"
 #include "cli/option_ranges.h"
 #include "tensor/error.h"
-#include "text/vocabulary.h"
-#include "train/trainer.h"
 
 namespace tfm {
 
@@ -161,27 +160,11 @@ CommandRunner add_train_command(CLI::App& app) {
   return [o] {
     TrainOptions train = o->train;
     train.device = o->device.resolve().name();
-    if (!o->compute_type.empty()) {
-      Precision precision;
-      if (!parse_precision(o->compute_type, precision))
-        throw UsageError("--compute-type must be float32 or bfloat16, not \"" + o->compute_type +
-                         "\"");
-      train.precision = precision;
-    }
+    if (!o->compute_type.empty()) train.precision = training_precision(o->compute_type);
     if (!o->sentencepiece_alphas.empty())
       train.sentencepiece_alphas = {o->sentencepiece_alphas.front(),
                                     o->sentencepiece_alphas.back()};
-    ConfigOptions config = o->config;
-    if (!config.preset.empty() || !config.config_path.empty()) {
-      if (!train.vocabularies.empty() && config.vocab == 0 && config.src_vocab == 0 &&
-          config.tgt_vocab == 0) {
-        config.src_vocab = Vocabulary::from_file(train.vocabularies.front()).size();
-        config.tgt_vocab = Vocabulary::from_file(train.vocabularies.back()).size();
-      }
-      train.config = config.resolve();
-      train.has_config = true;
-    }
-    const TrainResult result = tfm::train(train);
+    const TrainResult result = train_model(train, o->config);
     if (result.primary && !result.stopped_before_start)
       std::printf("trained %lld steps; model: %s/model.safetensors\n", (long long)result.steps,
                   train.model_dir.c_str());

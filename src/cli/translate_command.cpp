@@ -26,7 +26,7 @@ struct TranslateOptions {
   bool ids = false;
   SearchFlags decoding;  // --beam, --alpha, length limits, --device, --compute-type
   int64_t nbest = 0;     // 0: plain output
-  int64_t batch_tokens = 4096;
+  int64_t batch_tokens = kDefaultMaxBatchTokens;
   std::string prefix, prefix_file;
   bool replace_unknowns = false;
   bool attention = false;
@@ -52,28 +52,18 @@ class Translation {
  public:
   explicit Translation(TranslateOptions options)
       : o_(std::move(options)), translator_(o_.model, translator_options()) {
-    const SearchOptions& s = o_.decoding.search;
-    if (o_.nbest > s.beam) throw UsageError("--nbest cannot exceed --beam");
+    t_ = o_.decoding.search;
+    if (o_.nbest > t_.beam_size) throw UsageError("--nbest cannot exceed --beam");
     if (o_.replace_unknowns && o_.ids)
       throw UsageError("--replace-unknowns needs text input, not --ids");
     if (!o_.prefix.empty() && !o_.prefix_file.empty())
       throw UsageError("give --prefix or --prefix-file, not both");
-    if (s.attention_layer >= translator_.config().decoder_layers)
-      throw UsageError("--attention-layer " + std::to_string(s.attention_layer) +
-                       " is beyond the model's " +
-                       std::to_string(translator_.config().decoder_layers) + " decoder layers");
-    t_.beam_size = s.beam;
-    t_.length_penalty = s.alpha;
-    t_.max_decoding_length_a = s.max_length_a;
-    t_.max_decoding_length_b = s.max_length_b;
-    t_.max_decoding_length = s.max_length;
-    t_.min_decoding_length = s.min_length;
     t_.num_hypotheses = std::max<int64_t>(o_.nbest, 1);
     t_.max_batch_tokens = o_.batch_tokens;
     t_.return_attention = o_.attention;
     t_.return_attention_heads = !o_.attention_file.empty();
-    t_.attention_layer = s.attention_layer;
     t_.replace_unknowns = o_.replace_unknowns;
+    translator_.check_options(t_);  // before the input is read
   }
 
   void run() {
@@ -89,9 +79,7 @@ class Translation {
 
  private:
   TranslatorOptions translator_options() const {
-    TranslatorOptions t;
-    t.device = o_.decoding.device.name;
-    t.compute_type = o_.decoding.compute_type.name;
+    TranslatorOptions t = o_.decoding.translator_options();
     t.need_vocabulary = !o_.ids;
     return t;
   }

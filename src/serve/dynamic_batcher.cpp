@@ -2,25 +2,12 @@
 #include "serve/dynamic_batcher.h"
 
 #include <algorithm>
-#include <numeric>
 
 namespace tfm {
 
-namespace {
-
-// Sentences may share a search() call only when every option of the search is the same.
-bool same_search(const SearchOptions& a, const SearchOptions& b) {
-  return a.beam == b.beam && a.alpha == b.alpha && a.max_length_a == b.max_length_a &&
-         a.max_length_b == b.max_length_b && a.max_length == b.max_length &&
-         a.min_length == b.min_length && a.nbest == b.nbest && a.attention == b.attention &&
-         a.attention_layer == b.attention_layer && a.attention_per_head == b.attention_per_head &&
-         a.precision == b.precision && a.cache == b.cache;
-}
-
-}  // namespace
-
-DynamicBatcher::DynamicBatcher(const Model& model, BatcherSettings settings, ServeMetrics& metrics)
-    : model_(model), settings_(settings), metrics_(metrics), thread_([this] { run(); }) {}
+DynamicBatcher::DynamicBatcher(const Translator& translator, BatcherSettings settings,
+                               ServeMetrics& metrics)
+    : translator_(translator), settings_(settings), metrics_(metrics), thread_([this] { run(); }) {}
 
 DynamicBatcher::~DynamicBatcher() {
   {
@@ -76,30 +63,31 @@ void DynamicBatcher::drop_cancelled(const BatchTicket* ticket) {
 
 bool DynamicBatcher::budget_filled() const {
   if (queue_.empty()) return false;
-  const SearchOptions& key = queue_.front().ticket->search;
+  const TranslationOptions& key = queue_.front().ticket->search;
   int64_t count = 0, longest = 0;
   for (const Entry& e : queue_) {
-    if (!same_search(e.ticket->search, key)) continue;
+    if (!(e.ticket->search == key)) continue;
     ++count;
     longest = std::max<int64_t>(longest, int64_t(e.ticket->sources[e.sentence].size()));
-    if (count >= sentences_within_budget(settings_.batch_tokens, longest, key.beam)) return true;
+    if (count >= sentences_within_budget(settings_.batch_tokens, longest, key.beam_size))
+      return true;
   }
   return false;
 }
 
 std::vector<DynamicBatcher::Entry> DynamicBatcher::take_batch() {
   std::vector<Entry> batch;
-  const SearchOptions key = queue_.front().ticket->search;
+  const TranslationOptions key = queue_.front().ticket->search;
   int64_t longest = 0;
   std::deque<Entry> rest;
   for (Entry& e : queue_) {
     // The oldest sentence always goes; others join while the batch stays within budget.
     const int64_t length = int64_t(e.ticket->sources[e.sentence].size());
     const bool joins =
-        batch.empty() ||
-        (settings_.batching && same_search(e.ticket->search, key) &&
-         int64_t(batch.size()) + 1 <=
-             sentences_within_budget(settings_.batch_tokens, std::max(longest, length), key.beam));
+        batch.empty() || (settings_.batching && e.ticket->search == key &&
+                          int64_t(batch.size()) + 1 <=
+                              sentences_within_budget(settings_.batch_tokens,
+                                                      std::max(longest, length), key.beam_size));
     if (joins) {
       longest = std::max(longest, length);
       batch.push_back(std::move(e));
@@ -142,14 +130,11 @@ void DynamicBatcher::run() {
 }
 
 void DynamicBatcher::decode(const std::vector<Entry>& batch) {
-  // Longest first, as `translate` orders its batches.
-  std::vector<size_t> order(batch.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return batch[a].ticket->sources[batch[a].sentence].size() >
-           batch[b].ticket->sources[batch[b].sentence].size();
-  });
-  auto run_search = [&](const std::vector<size_t>& members) {
+  // One translate_ids call: it orders the batch longest first, and under the batcher's budget
+  // (the rule take_batch applied) decodes it in one search.
+  TranslationOptions options = batch.front().ticket->search;
+  options.max_batch_tokens = settings_.batch_tokens;
+  auto translate = [&](const std::vector<size_t>& members) {
     std::vector<std::vector<int32_t>> sources, prefixes;
     bool any_prefix = false;
     for (size_t m : members) {
@@ -160,25 +145,26 @@ void DynamicBatcher::decode(const std::vector<Entry>& batch) {
       any_prefix = any_prefix || !prefixes.back().empty();
     }
     if (!any_prefix) prefixes.clear();
-    auto hypotheses = search(model_, sources, prefixes, batch[members.front()].ticket->search);
+    auto results = translator_.translate_ids(sources, options, prefixes);
     // Results are written without the mutex: each (ticket, sentence) slot belongs to this
     // batch alone, and its waiter reads it only after `pending` drops under the mutex.
     for (size_t i = 0; i < members.size(); ++i) {
       const Entry& e = batch[members[i]];
-      e.ticket->results[e.sentence] = std::move(hypotheses[i]);
+      e.ticket->results[e.sentence] = std::move(results[i].hypotheses);
     }
   };
+  std::vector<size_t> all(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) all[i] = i;
   try {
-    run_search(order);
+    translate(all);
   } catch (const std::exception& whole) {
-    if (order.size() == 1) {
-      const Entry& e = batch[order.front()];
-      e.ticket->errors[e.sentence] = whole.what();
+    if (all.size() == 1) {
+      batch.front().ticket->errors[batch.front().sentence] = whole.what();
       return;
     }
-    for (size_t m : order) {  // find the sentence that fails; the others still get answers
+    for (size_t m : all) {  // find the sentence that fails; the others still get answers
       try {
-        run_search({m});
+        translate({m});
       } catch (const std::exception& alone) {
         batch[m].ticket->errors[batch[m].sentence] = alone.what();
       }

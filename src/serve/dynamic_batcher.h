@@ -1,7 +1,7 @@
 // Dynamic batching for `serve`: sentences of concurrent requests wait in one bounded queue, and
-// a single decoding thread takes them in arrival order into search() calls under a token budget
-// (the same budget rule as `translate --batch-tokens`), sorted longest first inside each batch.
-// Sentences join a batch only with sentences that asked for the same search options. Results go
+// a single decoding thread takes them in arrival order into one Translator::translate_ids call
+// per batch under a token budget (the rule of `translate --batch-tokens`). Sentences join a
+// batch only with sentences that asked for the same translation options. Results go
 // back to each request's ticket in its own order; a failing batch is retried one sentence at a
 // time, so one bad sentence fails only its own request.
 #pragma once
@@ -17,35 +17,36 @@
 #include <thread>
 #include <vector>
 
-#include "decode/beam_search.h"
-#include "model/transformer.h"
+#include "api/translator.h"
 #include "serve/metrics.h"
 
 namespace tfm {
 
 struct BatcherSettings {
-  int64_t batch_tokens = 4096;  // sentences × (longest source + 1) × beam per search() call
-  int64_t max_wait_ms = 0;      // how long the oldest queued sentence waits for company,
-  double quiet_gap_ms = 1;      // unless no sentence arrived for this long
+  int64_t batch_tokens =
+      kDefaultMaxBatchTokens;           // sentences × (longest source + 1) × beam per batch
+  int64_t max_wait_ms = 0;              // how long the oldest queued sentence waits for company,
+  double quiet_gap_ms = 1;              // unless no sentence arrived for this long
   int64_t max_queued_sentences = 1024;  // submit() refuses what would not fit
-  bool batching = true;                 // false: every search() call decodes one sentence
+  bool batching = true;                 // false: every batch is one sentence
 };
 
 // One request's sentences on their way through the queue. The batcher's mutex guards
 // results, errors, pending and cancelled once the ticket is submitted.
 struct BatchTicket {
-  SearchOptions search;
-  std::vector<std::vector<int32_t>> sources;     // [sentences][source tokens], none empty
-  std::vector<std::vector<int32_t>> prefixes;    // [sentences][prefix tokens], or empty
-  std::vector<std::vector<Hypothesis>> results;  // [sentences][up to nbest], best first
-  std::vector<std::string> errors;               // [sentences]: "" or why decoding failed
-  int64_t pending = 0;                           // sentences not decoded yet
-  bool cancelled = false;                        // its queued sentences are dropped
+  TranslationOptions search;                   // max_batch_tokens is the batcher's own
+  std::vector<std::vector<int32_t>> sources;   // [sentences][source tokens], none empty
+  std::vector<std::vector<int32_t>> prefixes;  // [sentences][prefix tokens], or empty
+  std::vector<std::vector<TranslationHypothesis>> results;  // [sentences][up to n], best first
+  std::vector<std::string> errors;  // [sentences]: "" or why decoding failed
+  int64_t pending = 0;              // sentences not decoded yet
+  bool cancelled = false;           // its queued sentences are dropped
 };
 
 class DynamicBatcher {
  public:
-  DynamicBatcher(const Model& model, BatcherSettings settings, ServeMetrics& metrics);
+  // The translator must outlive the batcher; only the batcher's thread calls it.
+  DynamicBatcher(const Translator& translator, BatcherSettings settings, ServeMetrics& metrics);
   ~DynamicBatcher();  // decodes everything still queued, then stops the thread
   DynamicBatcher(const DynamicBatcher&) = delete;
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
@@ -70,7 +71,7 @@ class DynamicBatcher {
   void decode(const std::vector<Entry>& batch);    // without the mutex; fills results/errors
   void drop_cancelled(const BatchTicket* ticket);  // (mutex held)
 
-  const Model& model_;
+  const Translator& translator_;
   const BatcherSettings settings_;
   ServeMetrics& metrics_;
   mutable std::mutex mutex_;

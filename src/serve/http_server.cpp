@@ -18,7 +18,6 @@
 #include <string_view>
 #include <thread>
 
-#include "io/model_directory.h"
 #include "model/config.h"
 #include "serve/metrics.h"
 #include "serve/translation_service.h"
@@ -26,6 +25,7 @@
 #include "tensor/error.h"
 #include "tensor/memory_budget.h"
 #include "tensor/strict_json.h"
+#include "text/vocabulary.h"
 
 namespace tfm {
 
@@ -324,16 +324,14 @@ json sentence_json(const TranslationService& service, const TranslateRequest& re
                    const SentenceResult& r) {
   json j;
   const bool any = r.translated && !r.hypotheses.empty();
-  j["text"] = any ? r.texts.front() : "";
-  j["score"] = any ? json(r.hypotheses.front().logprob) : json(nullptr);
+  j["text"] = any ? r.hypotheses.front().text : "";
+  j["score"] = any ? json(r.hypotheses.front().log_prob) : json(nullptr);
   j["source_tokens"] = r.source_tokens;
-  j["target_tokens"] = any ? r.hypotheses.front().tokens.size() : 0;
+  j["target_tokens"] = any ? r.hypotheses.front().ids.size() : 0;
   if (request.nbest_requested) {
     json list = json::array();
-    for (size_t k = 0; k < r.hypotheses.size(); ++k)
-      list.push_back({{"text", r.texts[k]},
-                      {"score", r.hypotheses[k].logprob},
-                      {"target_tokens", r.hypotheses[k].tokens.size()}});
+    for (const TranslationHypothesis& h : r.hypotheses)
+      list.push_back({{"text", h.text}, {"score", h.log_prob}, {"target_tokens", h.ids.size()}});
     j["nbest"] = list;
   }
   if (request.attention && any)
@@ -380,19 +378,20 @@ void run_server(const ServeSettings& settings) {
     }
   } join_watcher{finished, watcher};
 
-  const ModelBundle bundle = load_model_bundle(settings.model, true, find_backend(settings.device),
-                                               settings.search.precision);
-  const ModelConfig& config = bundle.model.config();
+  const Translator translator(
+      settings.model,
+      {.device = settings.device, .compute_type = settings.compute_type, .need_vocabulary = true});
+  const ModelConfig& config = translator.config();
   ServeLimits limits = settings.limits;
   const int64_t model_tokens = max_source_tokens(config);
   if (limits.max_sentence_tokens <= 0 || limits.max_sentence_tokens > model_tokens)
     limits.max_sentence_tokens = model_tokens;
   limits.max_length = max_target_tokens(config);
   limits.decoder_layers = config.decoder_layers;
-  SearchOptions defaults = settings.search;
-  defaults.nbest = 1;
+  TranslationOptions defaults = settings.search;
+  defaults.num_hypotheses = 1;
   ServeMetrics metrics;
-  TranslationService service(bundle, settings.batcher, limits, metrics);
+  TranslationService service(translator, settings.batcher, limits, metrics);
   std::atomic<int64_t> in_flight{0};
   std::atomic<uint64_t> answered{0};
 
@@ -527,8 +526,9 @@ void run_server(const ServeSettings& settings) {
                     "text/plain; version=0.0.4; charset=utf-8");
   });
   get("/v1/model", [&](const httplib::Request&, httplib::Response& res) {
-    const Vocabulary& sv = *bundle.source_vocabulary;
-    const Vocabulary& tv = *bundle.target_vocabulary;
+    const Vocabulary& sv = *translator.source_vocabulary();
+    const Vocabulary& tv = *translator.target_vocabulary();
+    const SearchOptions& loaded = translator.search_defaults();  // the compute type resolved
     reply_json(res, 200,
                {{"model", settings.model},
                 {"config", config_to_json(config)},
@@ -539,10 +539,10 @@ void run_server(const ServeSettings& settings) {
                 {"languages",
                  {{"source", settings.source_language}, {"target", settings.target_language}}},
                 {"defaults",
-                 {{"beam", defaults.beam},
-                  {"alpha", defaults.alpha},
-                  {"max_length", defaults.max_length},
-                  {"compute_type", compute_type_name(defaults.precision, defaults.cache)}}},
+                 {{"beam", defaults.beam_size},
+                  {"alpha", defaults.length_penalty},
+                  {"max_length", defaults.max_decoding_length},
+                  {"compute_type", compute_type_name(loaded.precision, loaded.cache)}}},
                 {"limits",
                  {{"max_body_bytes", limits.max_body_bytes},
                   {"max_sentences", limits.max_sentences},
@@ -597,9 +597,9 @@ void run_server(const ServeSettings& settings) {
              service.translate(lr.translate, g_request_start + timeout, make_give_up(req));
          json texts = json::array(), alternatives = json::array();
          for (const SentenceResult& r : results) {
-           texts.push_back(r.texts.empty() ? "" : r.texts.front());
+           texts.push_back(r.hypotheses.empty() ? "" : r.hypotheses.front().text);
            json others = json::array();
-           for (size_t k = 1; k < r.texts.size(); ++k) others.push_back(r.texts[k]);
+           for (size_t k = 1; k < r.hypotheses.size(); ++k) others.push_back(r.hypotheses[k].text);
            alternatives.push_back(others);
          }
          const bool list = lr.translate.text_was_list;

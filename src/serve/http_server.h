@@ -12,11 +12,12 @@
 namespace tfm {
 
 struct ServeSettings {
-  std::string model;           // model directory with its vocabulary
-  std::string device = "cpu";  // the backend that runs it (find_backend)
+  std::string model;                     // model directory with its vocabulary
+  std::string device = "cpu";            // the backend that runs it (find_backend)
+  std::string compute_type = "default";  // its products' number format (resolve_compute_type)
   std::string host = "127.0.0.1";
-  int port = 8080;       // 0: any free port (printed)
-  SearchOptions search;  // the defaults of every request
+  int port = 8080;            // 0: any free port (printed)
+  TranslationOptions search;  // the defaults of every request
   ServeLimits limits;
   BatcherSettings batcher;
   int64_t max_connections = 256;  // connections answered at once; as many more may wait

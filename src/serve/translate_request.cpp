@@ -75,21 +75,22 @@ void check_body_size(const std::string& body, const ServeLimits& limits) {
 
 // nbest hypotheses: the beam grows to nbest when the request did not set it.
 void set_nbest(TranslateRequest& r, int64_t nbest, bool beam_given, const ServeLimits& limits) {
-  if (!beam_given && r.search.beam < nbest) {
+  if (!beam_given && r.search.beam_size < nbest) {
     if (nbest > limits.max_beam)
       throw RequestError(400, "nbest must be at most " + std::to_string(limits.max_beam) +
                                   ", not " + std::to_string(nbest) + " (the server's --max-beam)");
-    r.search.beam = nbest;
+    r.search.beam_size = nbest;
   }
-  if (nbest > r.search.beam)
+  if (nbest > r.search.beam_size)
     throw RequestError(400, "nbest (" + std::to_string(nbest) + ") cannot exceed beam (" +
-                                std::to_string(r.search.beam) + ")");
-  r.search.nbest = nbest;
+                                std::to_string(r.search.beam_size) + ")");
+  r.search.num_hypotheses = nbest;
 }
 
 }  // namespace
 
-TranslateRequest parse_translate_request(const std::string& body, const SearchOptions& defaults,
+TranslateRequest parse_translate_request(const std::string& body,
+                                         const TranslationOptions& defaults,
                                          const ServeLimits& limits) {
   check_body_size(body, limits);
   nlohmann::json j;
@@ -114,22 +115,22 @@ TranslateRequest parse_translate_request(const std::string& body, const SearchOp
   read_texts(j["text"], "text", limits, r);
   const bool beam_given = j.contains("beam");
   if (beam_given)
-    r.search.beam = integer_field(j["beam"], "beam", 1, limits.max_beam, "--max-beam");
+    r.search.beam_size = integer_field(j["beam"], "beam", 1, limits.max_beam, "--max-beam");
   if (j.contains("alpha")) {
     const nlohmann::json& a = j["alpha"];
     if (!a.is_number() || !(a.get<double>() >= 0 && a.get<double>() <= 10))
       throw RequestError(400, "alpha must be a number between 0 and 10, not " + a.dump());
-    r.search.alpha = a.get<double>();
+    r.search.length_penalty = a.get<double>();
   }
-  r.search.nbest = 1;
+  r.search.num_hypotheses = 1;
   if (j.contains("nbest")) {
     set_nbest(r, integer_field(j["nbest"], "nbest", 1, limits.max_beam, "--max-beam"), beam_given,
               limits);
     r.nbest_requested = true;
   }
   if (j.contains("max_length"))
-    r.search.max_length = integer_field(j["max_length"], "max_length", 1, limits.max_length,
-                                        "model's position limit");
+    r.search.max_decoding_length = integer_field(j["max_length"], "max_length", 1,
+                                                 limits.max_length, "model's position limit");
   if (j.contains("prefix")) {
     const nlohmann::json& p = j["prefix"];
     if (p.is_string()) {
@@ -154,13 +155,12 @@ TranslateRequest parse_translate_request(const std::string& body, const SearchOp
                                              limits.decoder_layers - 1, "model's decoder layers");
     r.attention = true;
   }
-  r.search.attention = r.attention;
-  r.search.attention_per_head = r.attention;
+  r.search.return_attention_heads = r.attention;
   return r;
 }
 
 LibreTranslateRequest parse_libretranslate_request(const nlohmann::json& fields,
-                                                   const SearchOptions& defaults,
+                                                   const TranslationOptions& defaults,
                                                    const ServeLimits& limits,
                                                    const std::string& source_language,
                                                    const std::string& target_language) {
@@ -183,7 +183,7 @@ LibreTranslateRequest parse_libretranslate_request(const nlohmann::json& fields,
   };
   LibreTranslateRequest r;
   r.translate.search = defaults;
-  r.translate.search.nbest = 1;
+  r.translate.search.num_hypotheses = 1;
   read_texts(fields["q"], "q", limits, r.translate);
   const std::string source = code("source"), target = code("target");
   r.detect_source = source == "auto";

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "decode/beam_search.h"
+#include "api/translator.h"
 
 namespace tfm {
 
@@ -40,14 +40,15 @@ struct TranslateRequest {
   std::vector<std::string> texts;     // [sentences], each valid UTF-8
   bool text_was_list = false;         // answer with a list even for one sentence
   std::vector<std::string> prefixes;  // empty, or [sentences]: forced target starts
-  SearchOptions search;               // the server's defaults with this request's overrides
+  TranslationOptions search;          // the server's defaults with this request's overrides
   bool nbest_requested = false;       // the answer lists hypotheses
   bool attention = false;             // the answer carries the best hypothesis' attention
 };
 
 // `POST /v1/translate`: {"text": "..." | ["...", ...], "beam", "alpha", "nbest", "max_length",
 // "prefix": "..." | [...], "attention", "attention_layer"}; unknown fields are refused.
-TranslateRequest parse_translate_request(const std::string& body, const SearchOptions& defaults,
+TranslateRequest parse_translate_request(const std::string& body,
+                                         const TranslationOptions& defaults,
                                          const ServeLimits& limits);
 
 // LibreTranslate's `POST /translate`, its fields gathered into one JSON object by the caller
@@ -60,7 +61,7 @@ struct LibreTranslateRequest {
   int64_t alternatives = 0;
 };
 LibreTranslateRequest parse_libretranslate_request(const nlohmann::json& fields,
-                                                   const SearchOptions& defaults,
+                                                   const TranslationOptions& defaults,
                                                    const ServeLimits& limits,
                                                    const std::string& source_language,
                                                    const std::string& target_language);

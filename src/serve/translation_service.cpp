@@ -1,23 +1,23 @@
 // Requests → batcher tickets → results (see translation_service.h).
 #include "serve/translation_service.h"
 
-#include "decode/hypothesis_text.h"
+#include "text/vocabulary.h"
 
 namespace tfm {
 
-TranslationService::TranslationService(const ModelBundle& bundle, const BatcherSettings& batcher,
+TranslationService::TranslationService(const Translator& translator, const BatcherSettings& batcher,
                                        const ServeLimits& limits, ServeMetrics& metrics)
-    : bundle_(bundle),
+    : translator_(translator),
       limits_(limits),
       metrics_(metrics),
-      batcher_(bundle.model, batcher, metrics) {}
+      batcher_(translator, batcher, metrics) {}
 
 std::vector<SentenceResult> TranslationService::translate(
     const TranslateRequest& request, std::chrono::steady_clock::time_point deadline,
     const std::function<bool()>& give_up) {
-  const Vocabulary& source_vocabulary = *bundle_.source_vocabulary;
-  const Vocabulary& target_vocabulary = *bundle_.target_vocabulary;
-  const ModelConfig& config = bundle_.model.config();
+  const Vocabulary& source_vocabulary = *translator_.source_vocabulary();
+  const Vocabulary& target_vocabulary = *translator_.target_vocabulary();
+  const ModelConfig& config = translator_.config();
   std::vector<SentenceResult> results(request.texts.size());
   auto ticket = std::make_shared<BatchTicket>();
   ticket->search = request.search;
@@ -62,9 +62,7 @@ std::vector<SentenceResult> TranslationService::translate(
                                   "] could not be translated: " + ticket->errors[k]);
     SentenceResult& r = results[members[k]];
     r.hypotheses = std::move(ticket->results[k]);
-    for (const Hypothesis& h : r.hypotheses)
-      r.texts.push_back(hypothesis_text(h, target_vocabulary, 1));
-    if (!r.hypotheses.empty()) target_tokens += int64_t(r.hypotheses.front().tokens.size());
+    if (!r.hypotheses.empty()) target_tokens += int64_t(r.hypotheses.front().ids.size());
   }
   int64_t source_tokens = 0;
   for (const SentenceResult& r : results) source_tokens += r.translated ? r.source_tokens : 0;
@@ -74,26 +72,18 @@ std::vector<SentenceResult> TranslationService::translate(
 
 nlohmann::json TranslationService::attention_json(const SentenceResult& result,
                                                   int64_t layer) const {
-  const Hypothesis& h = result.hypotheses.front();
-  const int64_t heads = bundle_.model.config().heads;
+  const TranslationHypothesis& h = result.hypotheses.front();
   nlohmann::json source = result.source_pieces;
-  const size_t width = h.attention.empty() ? 0 : h.attention.front().size() / size_t(heads);
+  const auto& heads = h.attention_heads;  // [heads][target steps][source positions]
+  const size_t width = heads.empty() || heads.front().empty() ? 0 : heads.front().front().size();
   if (width == result.source_pieces.size() + 1) source.push_back("</s>");  // the appended eos
-  nlohmann::json target = nlohmann::json::array();
-  for (int32_t id : h.tokens) target.push_back(bundle_.target_vocabulary->piece(id));
+  nlohmann::json target = h.tokens;
   if (h.finished_with_eos) target.push_back("</s>");
-  nlohmann::json all_heads = nlohmann::json::array();
-  for (int64_t head = 0; head < heads; ++head) {
-    nlohmann::json rows = nlohmann::json::array();  // [target steps][source positions]
-    for (const std::vector<float>& step : h.attention)
-      rows.push_back(std::vector<float>(step.begin() + long(size_t(head) * width),
-                                        step.begin() + long(size_t(head + 1) * width)));
-    all_heads.push_back(std::move(rows));
-  }
-  return {{"layer", layer < 0 ? bundle_.model.config().decoder_layers - 1 : layer},
+  const int64_t layers = translator_.config().decoder_layers;
+  return {{"layer", layer < 0 ? layers - 1 : layer},
           {"source", source},
           {"target", target},
-          {"heads", all_heads}};
+          {"heads", heads}};
 }
 
 }  // namespace tfm

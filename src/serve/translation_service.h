@@ -1,7 +1,7 @@
 // The model side of `serve`: turns a parsed request into tickets for the dynamic batcher —
-// encoding each sentence with the model's vocabulary and checking it against the limits — and
-// the decoded hypotheses back into text, scores and attention. No HTTP here; the server maps
-// these results and RequestErrors onto responses.
+// encoding each sentence with the Translator's vocabulary and checking it against the server's
+// limits — and gathers the Translator's hypotheses (text, scores, attention) per sentence. No
+// HTTP here; the server maps these results and RequestErrors onto responses.
 #pragma once
 
 #include <chrono>
@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "io/model_directory.h"
 #include "serve/dynamic_batcher.h"
 #include "serve/translate_request.h"
 
@@ -19,17 +18,16 @@ namespace tfm {
 
 // One sentence of a request, answered.
 struct SentenceResult {
-  bool translated = false;             // false for an empty sentence
-  std::vector<Hypothesis> hypotheses;  // best first
-  std::vector<std::string> texts;      // [hypotheses]
-  std::vector<std::string> source_pieces;
+  bool translated = false;                        // false for an empty sentence
+  std::vector<TranslationHypothesis> hypotheses;  // best first
+  std::vector<std::string> source_pieces;         // with attention
   int64_t source_tokens = 0;
 };
 
 class TranslationService {
  public:
-  // The bundle must outlive the service and have both vocabularies.
-  TranslationService(const ModelBundle& bundle, const BatcherSettings& batcher,
+  // The translator must outlive the service and have both vocabularies.
+  TranslationService(const Translator& translator, const BatcherSettings& batcher,
                      const ServeLimits& limits, ServeMetrics& metrics);
 
   // Encodes, queues and waits for every sentence of the request. Throws RequestError:
@@ -47,7 +45,7 @@ class TranslationService {
   int64_t queued_sentences() const { return batcher_.queued_sentences(); }
 
  private:
-  const ModelBundle& bundle_;
+  const Translator& translator_;
   const ServeLimits limits_;
   ServeMetrics& metrics_;
   DynamicBatcher batcher_;

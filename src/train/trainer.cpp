@@ -36,6 +36,28 @@ using Clock = std::chrono::steady_clock;
 void check_options(const TrainOptions& o) {
   if (o.model_dir.empty()) throw Error("--model-dir is required");
   if (o.accumulate < 1) throw Error("--accumulate must be at least 1");
+  if (o.batch_tokens < 1) throw Error("--batch-tokens must be at least 1");
+  if (o.max_length < 1) throw Error("--max-length must be at least 1");
+  const OptimizerOptions& opt = o.optimizer;
+  if (opt.algorithm != "adam" && opt.algorithm != "sgd")
+    throw Error("--optimizer must be adam or sgd, not " + quoted_for_message(opt.algorithm));
+  if (opt.schedule != "noam" && opt.schedule != "constant")
+    throw Error("--lr-schedule must be noam or constant, not " + quoted_for_message(opt.schedule));
+  if (!(opt.lr > 0) || !(opt.lr_factor > 0)) throw Error("--lr and --lr-factor must be positive");
+  if (opt.warmup < 1) throw Error("--warmup must be at least 1");
+  if (!(opt.cooldown >= 0 && opt.cooldown <= 1)) throw Error("--lr-cooldown must be in [0, 1]");
+  if (!(opt.beta1 >= 0 && opt.beta1 < 1) || !(opt.beta2 >= 0 && opt.beta2 < 1))
+    throw Error("--adam-beta1 and --adam-beta2 must be in [0, 1)");
+  if (!(opt.eps > 0)) throw Error("--adam-eps must be positive");
+  if (!(opt.clip_norm >= 0)) throw Error("--clip-norm cannot be negative");
+  if (o.max_steps < 0 || o.max_epochs < 0 || !(o.max_minutes >= 0))
+    throw Error("--max-steps, --max-epochs and --max-minutes cannot be negative");
+  if (o.valid_every < 0 || o.save_every < 0 || o.log_every < 0 || o.keep < 0 ||
+      o.early_stopping < 0 || o.replica_check_every < 0)
+    throw Error(
+        "--valid-every, --save-every, --log-every, --keep, --early-stopping and "
+        "--replica-check-every cannot be negative");
+  if (o.max_bad_steps < 1) throw Error("--max-bad-steps must be at least 1");
   if (!(o.label_smoothing >= 0.f && o.label_smoothing < 1.f))
     throw Error("--label-smoothing must be in [0, 1)");
   for (float p : {o.dropout, o.attention_dropout, o.relu_dropout})
@@ -45,7 +67,7 @@ void check_options(const TrainOptions& o) {
                       : "give --vocabs (SentencePiece or token list) or --ids");
   if (o.vocabularies.size() > 2)
     throw Error("--vocabs takes one joint or two (source, target) files");
-  if (o.replica_timeout <= 0) throw Error("--replica-timeout must be positive");
+  if (!(o.replica_timeout > 0)) throw Error("--replica-timeout must be positive");
   if (o.optimizer.cooldown > 0 && o.max_steps <= 0 && o.max_minutes <= 0)
     throw Error("--lr-cooldown needs the run's length: --max-steps or --max-minutes");
   if (o.sentencepiece_alphas)
