@@ -11,8 +11,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -327,14 +329,61 @@ TEST(Serve, RequestOptionsPrefixAndAttention) {
     for (const json& row : head) {
       ASSERT_EQ(row.size(), a["source"].size());
       double sum = 0;
-      for (const json& w : row) sum += w.get<double>();
-      EXPECT_NEAR(sum, 1.0, 1e-4);  // a softmax over the source positions
+      for (const json& w : row) {
+        sum += w.get<double>();
+        const double scaled = w.get<double>() * 1e4;  // written to 4 decimals
+        EXPECT_NEAR(scaled, std::round(scaled), 1e-6) << w;
+      }
+      // A softmax over the source positions, each weight rounded by at most 5e-5.
+      EXPECT_NEAR(sum, 1.0, 5e-5 * double(row.size()) + 1e-6);
     }
   }
   j = post_json(server, "/v1/translate", R"({"text": "آ ز ا", "beam": 1, "max_length": 2})",
                 &status);
   ASSERT_EQ(status, 200) << j;
   EXPECT_LE(j["translations"][0]["target_tokens"].get<int>(), 2);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// An "attention": true answer is bounded before decoding: heads × (length limit + eos) × source
+// positions per sentence, against --max-attention-cells.
+TEST(Serve, AttentionAnswersAreBoundedByMaxAttentionCells) {
+  const std::string text = "آ ت ز م و ن";  // 6 source tokens, then the eos the model appends
+  int64_t cells = 0;
+  {
+    Server probe("");
+    ASSERT_GT(probe.port(), 0) << probe.stderr_text();
+    const tfm::ModelConfig config = tfm::config_from_json(
+        json::parse(probe.client().Get("/v1/model")->body)["config"], "/v1/model");
+    const int64_t limit = std::min<int64_t>(6 + 50, tfm::max_target_tokens(config));  // a·6 + b
+    cells = config.heads * (limit + 1) * (6 + (config.src_append_eos ? 1 : 0));
+    EXPECT_EQ(probe.stop(), 0);
+  }
+  const json body = {{"text", {text, text}}, {"attention", true}};
+  {
+    Server server("--max-attention-cells " + std::to_string(2 * cells - 1));
+    ASSERT_GT(server.port(), 0) << server.stderr_text();
+    int status = 0;
+    json j = post_json(server, "/v1/translate", body.dump(), &status);
+    EXPECT_EQ(status, 413) << j;
+    EXPECT_NE(j.value("error", "").find("--max-attention-cells"), std::string::npos) << j;
+    EXPECT_NE(j.value("error", "").find(std::to_string(2 * cells) + " weights by text[1]"),
+              std::string::npos)
+        << j;
+    // The same sentences without attention, or with a shorter length limit, are answered.
+    j = post_json(server, "/v1/translate", json({{"text", {text, text}}}).dump(), &status);
+    EXPECT_EQ(status, 200) << j;
+    j = post_json(server, "/v1/translate",
+                  json({{"text", {text, text}}, {"attention", true}, {"max_length", 20}}).dump(),
+                  &status);
+    EXPECT_EQ(status, 200) << j;
+    EXPECT_EQ(server.stop(), 0);
+  }
+  Server server("--max-attention-cells " + std::to_string(2 * cells));
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  int status = 0;
+  const json j = post_json(server, "/v1/translate", body.dump(), &status);
+  EXPECT_EQ(status, 200) << j;
   EXPECT_EQ(server.stop(), 0);
 }
 

@@ -62,6 +62,23 @@ std::vector<std::vector<int32_t>> encode_texts(const Vocabulary& vocabulary,
   return ids;
 }
 
+// The decoder's search settings for one call: the loaded compute type, the call's options.
+SearchOptions search_settings(const SearchOptions& defaults, const TranslationOptions& options) {
+  SearchOptions settings = defaults;
+  settings.beam = options.beam_size;
+  settings.alpha = options.length_penalty;
+  settings.nbest = options.num_hypotheses;
+  settings.max_length_a = options.max_decoding_length_a;
+  settings.max_length_b = options.max_decoding_length_b;
+  settings.max_length = options.max_decoding_length;
+  settings.min_length = options.min_decoding_length;
+  settings.attention =
+      options.return_attention || options.return_attention_heads || options.replace_unknowns;
+  settings.attention_per_head = options.return_attention_heads;
+  settings.attention_layer = options.attention_layer;
+  return settings;
+}
+
 // Every head's weights, [heads][steps][source], from a hypothesis that kept all of them.
 std::vector<std::vector<std::vector<float>>> split_heads(const Hypothesis& h, int64_t heads) {
   std::vector<std::vector<std::vector<float>>> out(static_cast<size_t>(heads));
@@ -121,6 +138,12 @@ void Translator::check_options(const TranslationOptions& o) const {
         std::to_string(layers) + " decoder layers (-1 is the last)");
 }
 
+int64_t Translator::max_output_tokens(const TranslationOptions& options, int64_t source_tokens,
+                                      int64_t prefix_tokens) const {
+  return generation_limit(config(), search_settings(state_->defaults, options), source_tokens,
+                          prefix_tokens);
+}
+
 bool Translator::too_long(int64_t source_tokens) const {
   return source_tokens > max_source_tokens(config());
 }
@@ -139,18 +162,7 @@ std::vector<TranslationResult> Translator::translate_ids(
   if (!target_prefixes.empty() && target_prefixes.size() != sources.size())
     throw UsageError("target prefixes: " + std::to_string(target_prefixes.size()) + " for " +
                      std::to_string(sources.size()) + " sources");
-  SearchOptions settings = state_->defaults;
-  settings.beam = options.beam_size;
-  settings.alpha = options.length_penalty;
-  settings.nbest = options.num_hypotheses;
-  settings.max_length_a = options.max_decoding_length_a;
-  settings.max_length_b = options.max_decoding_length_b;
-  settings.max_length = options.max_decoding_length;
-  settings.min_length = options.min_decoding_length;
-  settings.attention =
-      options.return_attention || options.return_attention_heads || options.replace_unknowns;
-  settings.attention_per_head = options.return_attention_heads;
-  settings.attention_layer = options.attention_layer;
+  const SearchOptions settings = search_settings(state_->defaults, options);
   const int64_t heads = settings.attention_per_head ? config.heads : 1;
   const Vocabulary* target_vocabulary = this->target_vocabulary();
 

@@ -125,6 +125,10 @@ class Translator {
   // (attention_layer past its decoder layers); every translate call checks them first, and a
   // caller may check once before it reads its input.
   void check_options(const TranslationOptions& options) const;
+  // The most tokens a translation of a source of this many tokens may have under `options`
+  // (eos excluded), for bounding what a call can return before making it.
+  int64_t max_output_tokens(const TranslationOptions& options, int64_t source_tokens,
+                            int64_t prefix_tokens = 0) const;
   // Whether a source of this many tokens is beyond the model's positions (never translated).
   bool too_long(int64_t source_tokens) const;
 

@@ -61,6 +61,12 @@ CommandRunner add_serve_command(CLI::App& app) {
          "--max-beam", o->limits.max_beam,
          with_default("Largest beam (and n-best) a request may ask for", o->limits.max_beam))
       ->check(in_range(1, 1024));
+  app.add_option("--max-attention-cells", o->limits.max_attention_cells,
+                 with_default("Attention weights one answer may hold (heads × target × source "
+                              "tokens over its sentences, at their length limits); a request "
+                              "with \"attention\": true that could exceed it gets 413",
+                              o->limits.max_attention_cells))
+      ->check(at_least(1));
   app.add_option("--request-timeout", o->request_timeout_seconds,
                  with_default("Seconds a request may take; then 504 and its queued work is dropped",
                               o->request_timeout_seconds))

@@ -106,22 +106,18 @@ class BeamSearch {
   // Length limits per sentence (generated tokens, eos excluded), prefix lengths, and the
   // memory the whole search may take, checked before anything is allocated.
   void plan_lengths() {
-    const int64_t max_tokens = max_target_tokens(c_);
     max_len_.assign(size_t(sentences_), 0);
     prefix_len_.assign(size_t(sentences_), 0);
     for (int64_t s = 0; s < sentences_; ++s) {
-      int64_t limit = int64_t(std::floor(o_.max_length_a * double(sources_[size_t(s)].size()))) +
-                      o_.max_length_b;
-      if (o_.max_length > 0) limit = std::min(limit, o_.max_length);
-      limit = std::max<int64_t>(1, std::min(limit, max_tokens));
       if (!prefixes_.empty()) {
         prefix_len_[size_t(s)] = int64_t(prefixes_[size_t(s)].size());
         for (int32_t id : prefixes_[size_t(s)])
           if (id < 0 || id >= c_.tgt_vocab_size)
             throw Error("prefix token id " + std::to_string(id) +
                         " is outside the target vocabulary");
-        limit = std::max(limit, std::min(prefix_len_[size_t(s)], max_tokens));
       }
+      const int64_t limit =
+          generation_limit(c_, o_, int64_t(sources_[size_t(s)].size()), prefix_len_[size_t(s)]);
       max_len_[size_t(s)] = limit;
       longest_ = std::max(longest_, limit);
     }
@@ -331,6 +327,16 @@ class BeamSearch {
 };
 
 }  // namespace
+
+int64_t generation_limit(const ModelConfig& config, const SearchOptions& options,
+                         int64_t source_tokens, int64_t prefix_tokens) {
+  const int64_t max_tokens = max_target_tokens(config);
+  int64_t limit =
+      int64_t(std::floor(options.max_length_a * double(source_tokens))) + options.max_length_b;
+  if (options.max_length > 0) limit = std::min(limit, options.max_length);
+  limit = std::max<int64_t>(1, std::min(limit, max_tokens));
+  return std::max(limit, std::min(prefix_tokens, max_tokens));
+}
 
 std::vector<std::vector<Hypothesis>> search(const Model& model,
                                             const std::vector<std::vector<int32_t>>& sources,

@@ -45,6 +45,12 @@ inline int64_t sentences_within_budget(int64_t batch_tokens, int64_t longest_sou
   return std::max<int64_t>(1, batch_tokens / ((longest_source + 1) * beam));
 }
 
+// The most tokens the search generates for a source of this many tokens (eos excluded): a ·
+// source + b, within max_length and the model's positions, at least 1, and never below a forced
+// prefix's length.
+int64_t generation_limit(const ModelConfig& config, const SearchOptions& options,
+                         int64_t source_tokens, int64_t prefix_tokens = 0);
+
 // sources: raw ids (no eos); prefixes: forced target starts (empty vectors, or none at all).
 // Returns up to nbest hypotheses per sentence, best first.
 std::vector<std::vector<Hypothesis>> search(const Model& model,

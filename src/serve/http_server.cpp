@@ -548,7 +548,8 @@ void run_server(const ServeSettings& settings) {
                   {"max_sentences", limits.max_sentences},
                   {"max_sentence_tokens", limits.max_sentence_tokens},
                   {"max_beam", limits.max_beam},
-                  {"max_length", limits.max_length}}}});
+                  {"max_length", limits.max_length},
+                  {"max_attention_cells", limits.max_attention_cells}}}});
   });
   post("/v1/translate", guarded([&](const httplib::Request& req, httplib::Response& res) {
          const TranslateRequest request = parse_translate_request(req.body, defaults, limits);

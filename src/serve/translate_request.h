@@ -34,6 +34,10 @@ struct ServeLimits {
   int64_t max_beam = 16;              // --max-beam → 400
   int64_t max_length = 256;           // the largest per-request max_length → 400
   int64_t decoder_layers = 1;         // attention_layer must be below this
+  // --max-attention-cells → 413: the attention weights a request's answer may hold at most
+  // (heads × target tokens × source positions, summed over its sentences, at their length
+  // limits), which bounds the memory and the bytes of an "attention": true answer.
+  int64_t max_attention_cells = 1 << 22;
 };
 
 struct TranslateRequest {

@@ -1,6 +1,8 @@
 // Requests → batcher tickets → results (see translation_service.h).
 #include "serve/translation_service.h"
 
+#include <cmath>
+
 #include "text/vocabulary.h"
 
 namespace tfm {
@@ -22,6 +24,7 @@ std::vector<SentenceResult> TranslationService::translate(
   auto ticket = std::make_shared<BatchTicket>();
   ticket->search = request.search;
   std::vector<size_t> members;  // [ticket sentences] → index in the request
+  int64_t attention_cells = 0;  // the most attention weights the answer can hold
   for (size_t i = 0; i < request.texts.size(); ++i) {
     std::vector<int32_t> ids = source_vocabulary.encode(request.texts[i]);
     results[i].source_tokens = int64_t(ids.size());
@@ -41,7 +44,22 @@ std::vector<SentenceResult> TranslationService::translate(
                                     std::to_string(max_target_tokens(config)));
       ticket->prefixes.push_back(std::move(prefix));
     }
-    if (request.attention) results[i].source_pieces = source_vocabulary.to_pieces(request.texts[i]);
+    if (request.attention) {
+      const int64_t prefix_tokens =
+          ticket->prefixes.empty() ? 0 : int64_t(ticket->prefixes.back().size());
+      const int64_t positions = int64_t(ids.size()) + (config.src_append_eos ? 1 : 0);
+      const int64_t steps =
+          translator_.max_output_tokens(request.search, int64_t(ids.size()), prefix_tokens) + 1;
+      attention_cells += config.heads * steps * positions;  // every head, eos step included
+      if (attention_cells > limits_.max_attention_cells)
+        throw RequestError(413, "the attention asked for could hold " +
+                                    std::to_string(attention_cells) + " weights by " + name +
+                                    "; this server answers at most " +
+                                    std::to_string(limits_.max_attention_cells) +
+                                    " (--max-attention-cells): ask for the attention of fewer "
+                                    "or shorter sentences, or a smaller max_length");
+      results[i].source_pieces = source_vocabulary.to_pieces(request.texts[i]);
+    }
     ticket->sources.push_back(std::move(ids));
     members.push_back(i);
     results[i].translated = true;
@@ -79,11 +97,23 @@ nlohmann::json TranslationService::attention_json(const SentenceResult& result,
   if (width == result.source_pieces.size() + 1) source.push_back("</s>");  // the appended eos
   nlohmann::json target = h.tokens;
   if (h.finished_with_eos) target.push_back("</s>");
+  // Weights to 4 decimals (as `translate --attention` writes them): a third of the bytes of
+  // float32's shortest round trip, and finer than a heat map shows.
+  nlohmann::json rounded = nlohmann::json::array();
+  for (const auto& head : heads) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const std::vector<float>& step : head) {
+      nlohmann::json row = nlohmann::json::array();
+      for (float w : step) row.push_back(std::round(double(w) * 1e4) / 1e4);
+      rows.push_back(std::move(row));
+    }
+    rounded.push_back(std::move(rows));
+  }
   const int64_t layers = translator_.config().decoder_layers;
   return {{"layer", layer < 0 ? layers - 1 : layer},
           {"source", source},
           {"target", target},
-          {"heads", heads}};
+          {"heads", std::move(rounded)}};
 }
 
 }  // namespace tfm
