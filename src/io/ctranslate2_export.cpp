@@ -10,6 +10,7 @@
 
 #include "io/ctranslate2.h"
 #include "io/file_util.h"
+#include "model/parameter_tree.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
 
@@ -59,61 +60,44 @@ Tensor stack_rows(const TensorMap& p, const std::vector<std::string>& names) {
   return out;
 }
 
+// The model's tensors under CTranslate2's names: a walk of the parameter tree
+// (model/parameter_tree.h), plus the position tables CTranslate2 adds per position.
+struct SpecWriter : ParameterVisitor {
+  const TensorMap& p;
+  SpecTensors& s;
+
+  void linears(const std::string& scope, const std::vector<LinearPart<const float>>& parts) {
+    std::vector<std::string> weights, biases;
+    for (const LinearPart<const float>& part : parts) {
+      weights.push_back(part.name + ".weight");
+      biases.push_back(part.name + ".bias");
+    }
+    s.add(scope + "/weight", stack_rows(p, weights), true);
+    s.add(scope + "/bias", stack_rows(p, biases), false);
+  }
+  void norm(LayerNormParams<const float>&, const std::string& name, const std::string& scope) {
+    s.add(scope + "/gamma", p.at(name + ".weight"), false);
+    s.add(scope + "/beta", p.at(name + ".bias"), false);
+  }
+  void tensor(const float*&, Int8Rows*, const TensorPlace& place) {
+    // Position tables are written by position_table; additive attention is refused before.
+    for (const std::string& variable : place.ctranslate2)
+      s.add(variable, p.at(place.name),
+            place.role == ParameterRole::kTokenEmbedding ||
+                place.role == ParameterRole::kLinearWeight);
+  }
+};
+
 SpecTensors spec_tensors(const Model& model) {
   const ModelConfig& c = model.config();
   const TensorMap p = model.parameters().to_host();
   SpecTensors s;
-  auto linear = [&](const std::string& to, const std::string& from,
-                    const std::vector<const char*>& parts) {
-    std::vector<std::string> weights, biases;
-    for (const char* part : parts) {
-      weights.push_back(from + part + ".weight");
-      biases.push_back(from + part + ".bias");
-    }
-    s.add(to + "/weight", stack_rows(p, weights), true);
-    s.add(to + "/bias", stack_rows(p, biases), false);
-  };
-  auto norm = [&](const std::string& to, const std::string& from) {
-    s.add(to + "/gamma", p.at(from + ".weight"), false);
-    s.add(to + "/beta", p.at(from + ".bias"), false);
-  };
-  const char* src_embed =
-      c.share_embeddings == EmbeddingSharing::kAll ? "embed.weight" : "src_embed.weight";
-  const char* tgt_embed =
-      c.share_embeddings == EmbeddingSharing::kAll ? "embed.weight" : "tgt_embed.weight";
-  const char* projection =
-      c.share_embeddings == EmbeddingSharing::kNone ? "out_proj.weight" : tgt_embed;
-  s.add("encoder/embeddings_0/weight", p.at(src_embed), true);
-  s.add("decoder/embeddings/weight", p.at(tgt_embed), true);
-  s.add("decoder/projection/weight", p.at(projection), true);
-  if (c.output_bias) s.add("decoder/projection/bias", p.at("out_proj.bias"), false);
-  for (const char* stack : {"encoder", "decoder"}) {
+  SpecWriter writer{{}, p, s};
+  TransformerParams<const float> scratch;
+  walk_parameters(c, scratch, writer);
+  for (const char* stack : {"encoder", "decoder"})
     if (auto table = position_table(model, std::string(stack) == "encoder"))
       s.add(std::string(stack) + "/position_encodings/encodings", std::move(*table), false);
-    if (c.norm == NormPosition::kPre)
-      norm(std::string(stack) + "/layer_norm", std::string(stack) + ".norm");
-  }
-  for (int64_t i = 0; i < c.encoder_layers + c.decoder_layers; ++i) {
-    const bool encoder = i < c.encoder_layers;
-    const int64_t index = encoder ? i : i - c.encoder_layers;
-    const std::string stack = encoder ? "encoder" : "decoder";
-    const std::string to = stack + "/layer_" + std::to_string(index),
-                      from = stack + ".layers." + std::to_string(index);
-    linear(to + "/self_attention/linear_0", from + ".self_attn", {".q", ".k", ".v"});
-    linear(to + "/self_attention/linear_1", from + ".self_attn", {".o"});
-    norm(to + "/self_attention/layer_norm", from + ".norm1");
-    linear(to + "/ffn/linear_0", from + ".ffn", {".fc1"});
-    linear(to + "/ffn/linear_1", from + ".ffn", {".fc2"});
-    if (encoder) {
-      norm(to + "/ffn/layer_norm", from + ".norm2");
-    } else {
-      linear(to + "/attention/linear_0", from + ".cross_attn", {".q"});
-      linear(to + "/attention/linear_1", from + ".cross_attn", {".k", ".v"});
-      linear(to + "/attention/linear_2", from + ".cross_attn", {".o"});
-      norm(to + "/attention/layer_norm", from + ".norm2");
-      norm(to + "/ffn/layer_norm", from + ".norm3");
-    }
-  }
   return s;
 }
 

@@ -12,6 +12,7 @@
 
 #include "io/ctranslate2.h"
 #include "io/file_util.h"
+#include "model/parameter_tree.h"
 #include "model/positional_encoding.h"
 #include "tensor/error.h"
 #include "tensor/strict_json.h"
@@ -439,28 +440,31 @@ class LayerMapper {
     p_[to + ".weight"] = v_.take(from + "/gamma");
     p_[to + ".bias"] = v_.take(from + "/beta");
   }
-  void self_attention(const std::string& from, const std::string& to) {
-    refuse_scope_features(v_, from, c_);
-    linear(from + "/linear_0", {to + ".q", to + ".k", to + ".v"});
-    linear(from + "/linear_1", {to + ".o"});
-  }
-  void cross_attention(const std::string& from, const std::string& to) {
-    refuse_scope_features(v_, from, c_);
-    linear(from + "/linear_0", {to + ".q"});
-    linear(from + "/linear_1", {to + ".k", to + ".v"});
-    linear(from + "/linear_2", {to + ".o"});
-  }
-  void feed_forward(const std::string& from, const std::string& to) {
-    refuse_scope_features(v_, from, c_);
-    linear(from + "/linear_0", {to + ".fc1"});
-    linear(from + "/linear_1", {to + ".fc2"});
-  }
 
  private:
   SpecVariables& v_;
   const ModelConfig& c_;
   TensorMap& p_;
   Int8WeightMap& int8_;
+};
+
+// The layers' tensors read by walking the parameter tree (model/parameter_tree.h) with
+// CTranslate2's names: every scope's features checked, every stacked linear split into ours.
+// Embeddings and position tables are read before, where the config is found.
+struct LayerReader : ParameterVisitor {
+  SpecVariables& v;
+  const ModelConfig& c;
+  LayerMapper& map;
+
+  void scope(const std::string& scope) { refuse_scope_features(v, scope, c); }
+  void linears(const std::string& scope, const std::vector<LinearPart<const float>>& parts) {
+    std::vector<std::string> names;
+    for (const LinearPart<const float>& part : parts) names.push_back(part.name);
+    map.linear(scope, names);
+  }
+  void norm(LayerNormParams<const float>&, const std::string& name, const std::string& scope) {
+    map.norm(scope, name);
+  }
 };
 
 void map_layers(SpecVariables& v, ModelConfig& c, TensorMap& p, Int8WeightMap& int8) {
@@ -475,36 +479,20 @@ void map_layers(SpecVariables& v, ModelConfig& c, TensorMap& p, Int8WeightMap& i
   if (c.d_model % c.heads != 0)
     v.fail("d_model " + std::to_string(c.d_model) + " is not divisible by " +
            std::to_string(c.heads) + " heads");
-  LayerMapper map(v, c, p, int8);
-  for (int64_t i = 0; i < c.encoder_layers; ++i) {
-    const std::string from = "encoder/layer_" + std::to_string(i),
-                      to = "encoder.layers." + std::to_string(i);
-    refuse_scope_features(v, from, c);
-    map.self_attention(from + "/self_attention", to + ".self_attn");
-    map.norm(from + "/self_attention/layer_norm", to + ".norm1");
-    map.feed_forward(from + "/ffn", to + ".ffn");
-    map.norm(from + "/ffn/layer_norm", to + ".norm2");
-  }
-  for (int64_t i = 0; i < c.decoder_layers; ++i) {
-    const std::string from = "decoder/layer_" + std::to_string(i),
-                      to = "decoder.layers." + std::to_string(i);
-    refuse_scope_features(v, from, c);
-    if (!v.has_scope(from + "/attention")) v.refuse("decoder layers without encoder attention");
-    map.self_attention(from + "/self_attention", to + ".self_attn");
-    map.norm(from + "/self_attention/layer_norm", to + ".norm1");
-    map.cross_attention(from + "/attention", to + ".cross_attn");
-    map.norm(from + "/attention/layer_norm", to + ".norm2");
-    map.feed_forward(from + "/ffn", to + ".ffn");
-    map.norm(from + "/ffn/layer_norm", to + ".norm3");
-  }
+  for (int64_t i = 0; i < c.decoder_layers; ++i)
+    if (!v.has_scope("decoder/layer_" + std::to_string(i) + "/attention"))
+      v.refuse("decoder layers without encoder attention");
   for (const char* stack : {"encoder", "decoder"}) {
     const bool has_final_norm = v.has_scope(std::string(stack) + "/layer_norm");
     if (c.norm == NormPosition::kPre && !has_final_norm)
       v.refuse("pre-norm without a final layer norm (no_final_norm)");
     if (c.norm == NormPosition::kPost && has_final_norm)
       v.refuse("a final layer norm after post-norm layers");
-    if (has_final_norm) map.norm(std::string(stack) + "/layer_norm", std::string(stack) + ".norm");
   }
+  LayerMapper map(v, c, p, int8);
+  LayerReader reader{{}, v, c, map};
+  TransformerParams<const float> scratch;
+  walk_parameters(c, scratch, reader);
   c.d_ff = p.at("encoder.layers.0.ffn.fc1.weight").shape[0];
 }
 

@@ -276,67 +276,6 @@ ModelConfig preset_config(const std::string& name) {
   throw Error("unknown preset \"" + name + "\" (expected one of " + names + ")");
 }
 
-std::vector<ParameterSpec> parameter_specs(const ModelConfig& c) {
-  const int64_t d = c.d_model;
-  std::vector<ParameterSpec> specs;
-  auto add_linear = [&](const std::string& prefix, int64_t out, int64_t in) {
-    specs.push_back({prefix + ".weight", {out, in}});
-    specs.push_back({prefix + ".bias", {out}});
-  };
-  auto add_norm = [&](const std::string& prefix) {
-    specs.push_back({prefix + ".weight", {d}});
-    specs.push_back({prefix + ".bias", {d}});
-  };
-  auto add_attention = [&](const std::string& prefix) {
-    for (const char* p : {"q", "k", "v", "o"}) add_linear(prefix + "." + p, d, d);
-    if (c.attention == AttentionScoring::kAdditive)
-      specs.push_back({prefix + ".additive_v", {c.heads, c.head_dim()}});
-  };
-  auto add_ffn = [&](const std::string& prefix) {
-    add_linear(prefix + ".fc1", c.d_ff, d);
-    add_linear(prefix + ".fc2", d, c.d_ff);
-  };
-
-  switch (c.share_embeddings) {
-    case EmbeddingSharing::kAll:
-      specs.push_back({"embed.weight", {c.src_vocab_size, d}});
-      break;
-    case EmbeddingSharing::kTarget:
-      specs.push_back({"src_embed.weight", {c.src_vocab_size, d}});
-      specs.push_back({"tgt_embed.weight", {c.tgt_vocab_size, d}});
-      break;
-    case EmbeddingSharing::kNone:
-      specs.push_back({"src_embed.weight", {c.src_vocab_size, d}});
-      specs.push_back({"tgt_embed.weight", {c.tgt_vocab_size, d}});
-      specs.push_back({"out_proj.weight", {c.tgt_vocab_size, d}});
-      break;
-  }
-  if (c.output_bias) specs.push_back({"out_proj.bias", {c.tgt_vocab_size}});
-  if (c.position_encoding == PositionEncoding::kLearned) {
-    specs.push_back({"encoder.pos_embed.weight", {c.max_positions, d}});
-    specs.push_back({"decoder.pos_embed.weight", {c.max_positions, d}});
-  }
-  for (int64_t i = 0; i < c.encoder_layers; ++i) {
-    const std::string p = "encoder.layers." + std::to_string(i);
-    add_attention(p + ".self_attn");
-    add_norm(p + ".norm1");
-    add_ffn(p + ".ffn");
-    add_norm(p + ".norm2");
-  }
-  if (c.norm == NormPosition::kPre) add_norm("encoder.norm");
-  for (int64_t i = 0; i < c.decoder_layers; ++i) {
-    const std::string p = "decoder.layers." + std::to_string(i);
-    add_attention(p + ".self_attn");
-    add_norm(p + ".norm1");
-    add_attention(p + ".cross_attn");
-    add_norm(p + ".norm2");
-    add_ffn(p + ".ffn");
-    add_norm(p + ".norm3");
-  }
-  if (c.norm == NormPosition::kPre) add_norm("decoder.norm");
-  return specs;
-}
-
 int64_t parameter_count(const ModelConfig& c) {
   int64_t total = 0;
   for (const auto& spec : parameter_specs(c)) total += Tensor::numel_of(spec.shape);

@@ -80,12 +80,29 @@ void validate_config(const ModelConfig& c, const std::string& where);
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();
 
+// What a parameter tensor is to the model.
+enum class ParameterRole {
+  kTokenEmbedding,     // [vocabulary, d_model]; may also be the output projection
+  kPositionEmbedding,  // a learned position table [max_positions, d_model]
+  kLinearWeight,       // [out, in]
+  kLinearBias,         // [out]
+  kNormScale,          // a layer norm's gain [d_model] (CTranslate2's gamma)
+  kNormShift,          // its bias [d_model] (beta)
+  kAdditiveV,          // additive attention's per-head vectors [heads, d_k]
+};
+
 struct ParameterSpec {
   std::string name;
   Shape shape;
+  ParameterRole role = ParameterRole::kLinearWeight;
+  // The CTranslate2 variables it is written as (a shared embedding is several), and the row
+  // where it starts in them: CTranslate2 stacks Q|K|V (and K|V) into one variable. Empty for
+  // the tensors CTranslate2 has no variable of its own for.
+  std::vector<std::string> ctranslate2;
+  int64_t ctranslate2_row = 0;
 };
 
-// Every parameter tensor of the model, in a fixed order.
+// Every parameter tensor of the model, in a fixed order (the walk of model/parameter_tree.h).
 std::vector<ParameterSpec> parameter_specs(const ModelConfig& c);
 int64_t parameter_count(const ModelConfig& c);
 

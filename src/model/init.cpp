@@ -8,24 +8,6 @@
 
 namespace tfm {
 
-namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// Token embeddings and learned position tables.
-bool is_embedding(const std::string& name) {
-  return is_token_embedding(name) || ends_with(name, "pos_embed.weight");
-}
-
-bool is_norm(const std::string& name) {
-  return name.find(".norm") != std::string::npos;
-}
-
-}  // namespace
-
 Model init_model(const ModelConfig& config, uint64_t seed, const Backend& backend) {
   validate_config(config, "init");
   check_memory(parameter_count(config) * int64_t(sizeof(float)), "a model of this config");
@@ -35,23 +17,23 @@ Model init_model(const ModelConfig& config, uint64_t seed, const Backend& backen
     Tensor t(spec.shape);
     float* p = t.ptr();
     const int64_t n = t.numel();
-    if (is_embedding(spec.name)) {
+    const bool token_embedding = spec.role == ParameterRole::kTokenEmbedding;
+    if (token_embedding || spec.role == ParameterRole::kPositionEmbedding) {
       const float std_dev = 1.f / std::sqrt(float(config.d_model));
       for (int64_t i = 0; i < n; ++i) p[i] = random.normal() * std_dev;
-      if (spec.name != "encoder.pos_embed.weight" && spec.name != "decoder.pos_embed.weight")
+      if (token_embedding)
         for (int64_t c = 0; c < config.d_model; ++c) p[config.pad_id * config.d_model + c] = 0.f;
-    } else if (is_norm(spec.name)) {
-      const float value = ends_with(spec.name, ".weight") ? 1.f : 0.f;
-      for (int64_t i = 0; i < n; ++i) p[i] = value;
-    } else if (ends_with(spec.name, ".additive_v")) {
+    } else if (spec.role == ParameterRole::kNormScale) {
+      for (int64_t i = 0; i < n; ++i) p[i] = 1.f;
+    } else if (spec.role == ParameterRole::kAdditiveV) {
       // Xavier-uniform of each head's [1, d_k] map tanh(q + k) -> logit: with tanh outputs of
       // variance ~1/2 the initial logits have variance ~1 at every d_k.
       const float bound = std::sqrt(6.f / float(config.head_dim() + 1));
       for (int64_t i = 0; i < n; ++i) p[i] = random.uniform(-bound, bound);
-    } else if (spec.shape.size() == 2) {  // Xavier-uniform on [out, in]
+    } else if (spec.role == ParameterRole::kLinearWeight) {  // Xavier-uniform on [out, in]
       const float bound = std::sqrt(6.f / float(spec.shape[0] + spec.shape[1]));
       for (int64_t i = 0; i < n; ++i) p[i] = random.uniform(-bound, bound);
-    }  // biases stay zero
+    }  // biases and norm shifts stay zero
     parameters.emplace(spec.name, std::move(t));
   }
   return Model(config, std::move(parameters), "init", backend);

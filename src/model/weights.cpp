@@ -1,6 +1,7 @@
-// Parameter binding and checking.
+// Parameter binding (a walk of the parameter tree, model/parameter_tree.h) and checking.
 #include "model/weights.h"
 
+#include "model/parameter_tree.h"
 #include "tensor/error.h"
 
 namespace tfm {
@@ -16,136 +17,84 @@ auto& find(Map& tensors, const std::string& name) {
   return it->second;
 }
 
-// int8: the weights held in int8 (tensor/int8_weights.h), whose float tensors keep only their
-// shape; a Linear whose weight is found there reads it instead (weight null). Null: none.
-template <typename F>
-void bind_int8(Linear<F>& l, const std::string& name, const DeviceInt8Weights* int8) {
-  if (!int8) return;
-  auto it = int8->find(name);
-  if (it == int8->end()) return;
-  l.weight = nullptr;
-  l.int8 = it->second.view();
-}
+// Fills the views of walk_parameters from `tensors`: each tensor's data, or its int8 rows where
+// `int8` (null: none) holds the matrix, its float tensor then keeping only its shape.
+template <typename Map>
+struct Binder : ParameterVisitor {
+  Map& tensors;
+  const DeviceInt8Weights* int8;
 
-template <typename F, typename Map>
-Linear<F> bind_linear(Map& tensors, const std::string& prefix, const DeviceInt8Weights* int8) {
-  auto& w = find(tensors, prefix + ".weight");
-  if (w.shape.size() != 2) throw Error("tensor \"" + prefix + ".weight\" is not a matrix");
-  Linear<F> l;
-  l.weight = w.ptr();
-  bind_int8(l, prefix + ".weight", int8);
-  l.out = w.shape[0];
-  l.in = w.shape[1];
-  l.bias = find(tensors, prefix + ".bias").ptr();
-  return l;
-}
-
-template <typename F, typename Map>
-LayerNormParams<F> bind_norm(Map& tensors, const std::string& prefix) {
-  return {find(tensors, prefix + ".weight").ptr(), find(tensors, prefix + ".bias").ptr()};
-}
-
-template <typename F, typename Map>
-FeedForward<F> bind_ffn(Map& tensors, const std::string& prefix, const DeviceInt8Weights* int8) {
-  return {bind_linear<F>(tensors, prefix + ".fc1", int8),
-          bind_linear<F>(tensors, prefix + ".fc2", int8)};
-}
-
-template <typename F, typename Map>
-Attention<F> bind_attention_of(Map& tensors, const std::string& prefix, AttentionScoring scoring,
-                               const DeviceInt8Weights* int8) {
-  Attention<F> a;
-  a.q = bind_linear<F>(tensors, prefix + ".q", int8);
-  a.k = bind_linear<F>(tensors, prefix + ".k", int8);
-  a.v = bind_linear<F>(tensors, prefix + ".v", int8);
-  a.o = bind_linear<F>(tensors, prefix + ".o", int8);
-  a.scoring = scoring;
-  if (scoring == AttentionScoring::kAdditive)
-    a.additive_v = find(tensors, prefix + ".additive_v").ptr();
-  return a;
-}
-
-template <typename F, typename Map>
-EncoderLayer<F> bind_encoder_layer_of(Map& tensors, const std::string& prefix,
-                                      AttentionScoring scoring, const DeviceInt8Weights* int8) {
-  return {bind_attention_of<F>(tensors, prefix + ".self_attn", scoring, int8),
-          bind_norm<F>(tensors, prefix + ".norm1"), bind_ffn<F>(tensors, prefix + ".ffn", int8),
-          bind_norm<F>(tensors, prefix + ".norm2")};
-}
-
-template <typename F, typename Map>
-DecoderLayer<F> bind_decoder_layer_of(Map& tensors, const std::string& prefix,
-                                      AttentionScoring scoring, const DeviceInt8Weights* int8) {
-  return {bind_attention_of<F>(tensors, prefix + ".self_attn", scoring, int8),
-          bind_norm<F>(tensors, prefix + ".norm1"),
-          bind_attention_of<F>(tensors, prefix + ".cross_attn", scoring, int8),
-          bind_norm<F>(tensors, prefix + ".norm2"),
-          bind_ffn<F>(tensors, prefix + ".ffn", int8),
-          bind_norm<F>(tensors, prefix + ".norm3")};
-}
+  template <typename F>
+  void bind_tensor(F*& slot, Int8Rows* int8_slot, const std::string& name) {
+    auto& tensor = find(tensors, name);  // required also when int8 holds it
+    if (int8 && int8_slot) {
+      if (auto it = int8->find(name); it != int8->end()) {
+        *int8_slot = it->second.view();
+        slot = nullptr;
+        return;
+      }
+    }
+    slot = tensor.ptr();
+  }
+  template <typename F>
+  void linears(const std::string&, const std::vector<LinearPart<F>>& parts) {
+    for (const LinearPart<F>& part : parts) {
+      bind_tensor(part.linear->weight, &part.linear->int8, part.name + ".weight");
+      part.linear->bias = find(tensors, part.name + ".bias").ptr();
+    }
+  }
+  template <typename F>
+  void norm(LayerNormParams<F>& params, const std::string& name, const std::string&) {
+    params.weight = find(tensors, name + ".weight").ptr();
+    params.bias = find(tensors, name + ".bias").ptr();
+  }
+  template <typename F>
+  void tensor(F*& slot, Int8Rows* int8_slot, const TensorPlace& place) {
+    bind_tensor(slot, int8_slot, place.name);
+  }
+};
 
 template <typename F, typename Map>
 TransformerParams<F> bind_all(const ModelConfig& config, Map& tensors,
                               const DeviceInt8Weights* int8 = nullptr) {
   TransformerParams<F> w;
-  // An embedding's float rows, or null and its int8 view when int8 holds it.
-  auto embedding = [&](const char* name, Int8Rows& int8_view) -> F* {
-    if (int8) {
-      if (auto it = int8->find(name); it != int8->end()) {
-        int8_view = it->second.view();
-        find(tensors, name);  // still required, with no data
-        return nullptr;
-      }
-    }
-    return find(tensors, name).ptr();
-  };
-  switch (config.share_embeddings) {
-    case EmbeddingSharing::kAll:
-      w.src_embed = w.tgt_embed = w.output.weight = embedding("embed.weight", w.src_embed_int8);
-      w.tgt_embed_int8 = w.output.int8 = w.src_embed_int8;
-      break;
-    case EmbeddingSharing::kTarget:
-      w.src_embed = embedding("src_embed.weight", w.src_embed_int8);
-      w.tgt_embed = w.output.weight = embedding("tgt_embed.weight", w.tgt_embed_int8);
-      w.output.int8 = w.tgt_embed_int8;
-      break;
-    case EmbeddingSharing::kNone:
-      w.src_embed = embedding("src_embed.weight", w.src_embed_int8);
-      w.tgt_embed = embedding("tgt_embed.weight", w.tgt_embed_int8);
-      w.output.weight = find(tensors, "out_proj.weight").ptr();
-      bind_int8(w.output, "out_proj.weight", int8);
-      break;
-  }
-  w.output.in = config.d_model;
-  w.output.out = config.tgt_vocab_size;
-  if (config.output_bias) w.output.bias = find(tensors, "out_proj.bias").ptr();
-  if (config.position_encoding == PositionEncoding::kLearned) {
-    w.encoder_pos_embed = find(tensors, "encoder.pos_embed.weight").ptr();
-    w.decoder_pos_embed = find(tensors, "decoder.pos_embed.weight").ptr();
-  }
-  for (int64_t i = 0; i < config.encoder_layers; ++i)
-    w.encoder_layers.push_back(bind_encoder_layer_of<F>(
-        tensors, "encoder.layers." + std::to_string(i), config.attention, int8));
-  for (int64_t i = 0; i < config.decoder_layers; ++i)
-    w.decoder_layers.push_back(bind_decoder_layer_of<F>(
-        tensors, "decoder.layers." + std::to_string(i), config.attention, int8));
-  if (config.norm == NormPosition::kPre) {
-    w.encoder_norm = bind_norm<F>(tensors, "encoder.norm");
-    w.decoder_norm = bind_norm<F>(tensors, "decoder.norm");
-  }
+  Binder<Map> binder{{}, tensors, int8};
+  walk_parameters(config, w, binder);
   return w;
+}
+
+// The sizes a single layer's tensors (under `prefix`) imply, for binding it without a model.
+ModelConfig layer_config(const TensorMap& tensors, const std::string& prefix,
+                         AttentionScoring scoring) {
+  const Shape& q = find(tensors, prefix + ".self_attn.q.weight").shape;
+  const Shape& fc1 = find(tensors, prefix + ".ffn.fc1.weight").shape;
+  if (q.size() != 2 || fc1.size() != 2)
+    throw Error("tensors \"" + prefix + ".self_attn.q.weight\" and \"" + prefix +
+                ".ffn.fc1.weight\" must be matrices");
+  ModelConfig c;
+  c.d_model = q[1];
+  c.d_ff = fc1[0];
+  c.heads = 1;  // the binder reads no shape from the config but these
+  c.attention = scoring;
+  return c;
 }
 
 }  // namespace
 
 EncoderLayerWeights bind_encoder_layer(const TensorMap& tensors, const std::string& prefix,
                                        AttentionScoring scoring) {
-  return bind_encoder_layer_of<const float>(tensors, prefix, scoring, nullptr);
+  EncoderLayerWeights layer;
+  Binder<const TensorMap> binder{{}, tensors, nullptr};
+  walk_encoder_layer(layer_config(tensors, prefix, scoring), layer, prefix, "", binder);
+  return layer;
 }
 
 DecoderLayerWeights bind_decoder_layer(const TensorMap& tensors, const std::string& prefix,
                                        AttentionScoring scoring) {
-  return bind_decoder_layer_of<const float>(tensors, prefix, scoring, nullptr);
+  DecoderLayerWeights layer;
+  Binder<const TensorMap> binder{{}, tensors, nullptr};
+  walk_decoder_layer(layer_config(tensors, prefix, scoring), layer, prefix, "", binder);
+  return layer;
 }
 
 void check_parameter_shapes(const ModelConfig& config, const std::map<std::string, Shape>& shapes,
