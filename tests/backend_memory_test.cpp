@@ -29,7 +29,7 @@
 #include "backend/device_tensors.h"
 #include "decode/beam_search.h"
 #include "fixture_batch.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"

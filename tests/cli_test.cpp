@@ -9,7 +9,7 @@
 
 #include "backend/backend.h"
 #include "cli_runner.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_directory.h"
 #include "io/safetensors.h"
 

@@ -15,7 +15,7 @@
 #include "cli_runner.h"
 #include "fixture_batch.h"
 #include "io/ctranslate2.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
 #include "text/vocabulary.h"

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "cli_runner.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "model/init.h"
 #include "model/transformer.h"

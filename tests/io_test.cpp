@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/init.h"

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "cli_runner.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"

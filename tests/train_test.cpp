@@ -16,7 +16,7 @@
 
 #include "backend/backend.h"
 #include "cli_runner.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "model/transformer.h"
 #include "text/batching.h"

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "cli_runner.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 
 namespace {
 

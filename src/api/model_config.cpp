@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "tensor/error.h"
 #include "tensor/strict_json.h"
 

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "metrics/bleu.h"
 #include "tensor/error.h"
 #include "text/corpus.h"

@@ -10,7 +10,7 @@
 #include "cli/build_info.h"
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "model/transformer.h"
 #include "tensor/error.h"

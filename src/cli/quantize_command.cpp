@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_directory.h"
 #include "io/model_file.h"
 #include "tensor/error.h"

@@ -11,7 +11,7 @@
 #include "cli/device_options.h"
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "tensor/error.h"
 #include "text/corpus.h"
 

@@ -12,7 +12,7 @@
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "cli/search_options.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "tensor/error.h"
 #include "text/corpus.h"
 #include "text/vocabulary.h"

@@ -10,7 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "tensor/error.h"
 
 // Declared by SentencePiece's internal headers, which Debian does not install.

@@ -9,7 +9,7 @@
 #include <unordered_map>
 
 #include "io/ctranslate2.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "model/parameter_tree.h"
 #include "model/transformer.h"
 #include "tensor/error.h"

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "io/ctranslate2.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "model/parameter_tree.h"
 #include "model/positional_encoding.h"
 #include "tensor/error.h"

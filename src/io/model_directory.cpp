@@ -7,7 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "tensor/error.h"
 

@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "tensor/error.h"
 #include "tensor/float16.h"
 #include "tensor/memory_budget.h"

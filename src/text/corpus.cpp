@@ -11,7 +11,7 @@
 #include <memory>
 #include <thread>
 
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "tensor/error.h"
 
 namespace tfm {

@@ -5,7 +5,7 @@
 
 #include <sstream>
 
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "tensor/error.h"
 
 namespace tfm {

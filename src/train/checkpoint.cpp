@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <optional>
 
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "tensor/error.h"

@@ -13,7 +13,7 @@
 #include <optional>
 
 #include "io/directory_lock.h"
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 #include "io/model_directory.h"
 #include "io/model_file.h"
 #include "model/init.h"

@@ -1,5 +1,5 @@
 // File helpers shared by every writer of files that matter.
-#include "io/file_util.h"
+#include "tensor/file_util.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
