@@ -15,8 +15,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -141,7 +143,9 @@ bool mount_small_tmpfs(const std::string& dir, const std::string& size) {
 TEST(FullDisk, VocabFailsNamingTheFileAndKeepsTheOldOne) {
   text_model();
   const std::string disk = work.path("disk");
-  if (!mount_small_tmpfs(disk, "1m")) GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
+  if (!mount_small_tmpfs(disk, "1m"))
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
+                 << "; mounting needs root with CAP_SYS_ADMIN)";
   const std::string target = disk + "/v.spm";
   CliResult r = work.run_cli("vocab --input " + work.path("text.en") + " --size 40 -o " + target);
   ASSERT_EQ(r.exit_code, 0) << r.err;
