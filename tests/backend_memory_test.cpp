@@ -33,6 +33,7 @@
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
+#include "skip_report.h"
 #include "tensor/random.h"
 #include "train/checkpoint.h"
 #include "train/loss.h"
@@ -566,7 +567,10 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
   // precision of the backend, with a float32 and a bfloat16 key/value cache.
   const std::vector<std::vector<int32_t>>& sources = sources_;
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kInt8}) {
-    if (!backend_.supports(precision)) continue;
+    if (!backend_.supports(precision)) {
+      testing_support::skip_precision(backend_, precision, "decoding");
+      continue;
+    }
     for (CacheFormat cache : {CacheFormat::kFloat32, CacheFormat::kBFloat16})
       for (int64_t beam : {1, 4})
         for (bool per_head : {false, true}) {
@@ -583,7 +587,9 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
   }
   // A model loaded for int8 inference (quantised as it is read, and from a file that stores
   // int8): its int8 weights are the backend's memory too.
-  if (backend_.supports(Precision::kInt8)) {
+  if (!backend_.supports(Precision::kInt8)) {
+    testing_support::skip_precision(backend_, Precision::kInt8, "an int8-loaded model");
+  } else {
     const std::string int8_file = ::testing::TempDir() + "/memory_" + GetParam() + "_int8";
     const Model quantised = load_model(file_, backend_, ModelWeights::kInt8);
     save_model(quantised, int8_file);
@@ -663,7 +669,10 @@ TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExact
   const std::vector<TokenBatch> batches = batches_of_several_shapes(config, batch_);
   for (float relu_dropout : {0.1f, 0.f})
     for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
-      if (!backend_.supports(precision)) continue;
+      if (!backend_.supports(precision)) {
+        testing_support::skip_precision(backend_, precision, "planned training");
+        continue;
+      }
       SCOPED_TRACE(std::string(precision_name(precision)) + " relu dropout " +
                    std::to_string(relu_dropout));
       DropoutOptions dropout;
@@ -718,7 +727,10 @@ TEST_P(BackendMemory, PlannedScoringActivationsAreOneBlockThatThePassesFitExactl
   const Model& model = *model_;
   const std::vector<TokenBatch> batches = batches_of_several_shapes(model.config(), batch_);
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kInt8}) {
-    if (!backend_.supports(precision)) continue;
+    if (!backend_.supports(precision)) {
+      testing_support::skip_precision(backend_, precision, "planned scoring");
+      continue;
+    }
     SCOPED_TRACE(precision_name(precision));
     auto plan = [&](ScoringWorkspace& ws) {
       for (const TokenBatch& batch : batches)

@@ -21,6 +21,7 @@
 #include "backend/device_tensors.h"
 #include "guard_page_backend.h"
 #include "host_staged_backend.h"
+#include "skip_report.h"
 #include "tensor/float16.h"
 #include "tensor/random.h"
 
@@ -101,6 +102,7 @@ TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
       EXPECT_THROW(be().matmul(false, false, 1, 1, 1, 1.f, one.data(), 1, one.data(), 1, 0.f,
                                one.data(), 1, precision),
                    std::invalid_argument);
+      testing_support::skip_precision(be(), precision);
       continue;
     }
     auto as_multiplied = [bfloat16](float x) {
@@ -196,7 +198,8 @@ TEST_P(BackendOps, RoundToBFloat16RoundsEachElementToNearestEven) {
 // the copy of the operand itself the result is bit for bit the product that rounds it, and with
 // a copy of other values it is those values' product (the copy, not `values`, is multiplied).
 TEST_P(BackendOps, MatmulReadsTheRoundedCopyOfAnOperand) {
-  if (!be().supports(Precision::kBFloat16)) GTEST_SKIP() << "no bfloat16 products here";
+  if (!be().supports(Precision::kBFloat16))
+    GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
   const int64_t m = 33, n = 70, k = 65;
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {
@@ -244,7 +247,10 @@ TEST_P(BackendOps, MatmulReadsTheRoundedCopyOfAnOperand) {
 // many primitive blocks, inside a parallel region (another path), and with no inner dimension.
 TEST_P(BackendOps, MatmulAppliesItsEpilogueToTheFinishedProduct) {
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
-    if (!be().supports(precision)) continue;
+    if (!be().supports(precision)) {
+      testing_support::skip_precision(be(), precision);
+      continue;
+    }
     uint64_t seed = 600;
     for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{3, 5, 7},
                            {300, 129, 65},
@@ -321,7 +327,8 @@ TEST_P(BackendOps, MatmulAppliesItsEpilogueToTheFinishedProduct) {
 // conversion does, on every path (the primitive's, and the float fallback inside a parallel
 // region); normal results stay.
 TEST_P(BackendOps, BFloat16OutputFlushesSubnormalResultsOnEveryPath) {
-  if (!be().supports(Precision::kBFloat16)) GTEST_SKIP() << "no bfloat16 products here";
+  if (!be().supports(Precision::kBFloat16))
+    GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
   const int64_t m = 8, n = 16, k = 4;
   std::vector<float> a(size_t(m * k), 1e-20f), b(size_t(k * n), 1e-20f);  // products 4e-40
   for (int64_t j = 0; j < k; ++j) b[size_t(j * n)] = 1e-17f;              // column 0: 4e-37, normal
@@ -354,7 +361,8 @@ TEST_P(BackendOps, MatmulRefusesABFloat16OutputItCannotWrite) {
   EXPECT_THROW(be().matmul(false, false, 1, 1, 1, 1.f, one.data(), 1, one.data(), 1, 0.f, nullptr,
                            1, Precision::kFloat32, to_bfloat16),
                std::invalid_argument);
-  if (!be().supports(Precision::kBFloat16)) return;
+  if (!be().supports(Precision::kBFloat16))
+    return testing_support::skip_precision(be(), Precision::kBFloat16);
   EXPECT_THROW(be().matmul(false, false, 1, 1, 1, 1.f, one.data(), 1, one.data(), 1, 1.f, nullptr,
                            1, Precision::kBFloat16, to_bfloat16),
                std::invalid_argument);
@@ -409,6 +417,7 @@ TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
     if (!be().supports(precision)) {
       const float w = 1.f;
       EXPECT_THROW(be().prepare_matrix({&w}, {1}, 1, precision), std::invalid_argument);
+      testing_support::skip_precision(be(), precision);
       continue;
     }
     double worst = 0;
@@ -492,7 +501,7 @@ TEST_P(BackendOps, Int8HeldWeightsMultiplyAsTheirFloatOriginalsInInt8) {
   for (const Int8Matrix& q : quantised) int8.push_back(q.view());
   if (!be().supports(Precision::kInt8)) {
     EXPECT_THROW(be().prepare_int8_matrix(int8, part_rows, k), std::invalid_argument);
-    return;
+    return testing_support::skip_precision(be(), Precision::kInt8);
   }
   const auto held = be().prepare_int8_matrix(int8, part_rows, k);
   const auto from_float = be().prepare_matrix(floats, part_rows, k, Precision::kInt8);
@@ -1229,7 +1238,9 @@ TEST_P(BackendOps, PreparedMatrixRowsServeAsAnEmbeddingTable) {
       ASSERT_EQ(prepared, plain) << vocab << "x" << d;
     }
   }
-  if (be().supports(Precision::kBFloat16)) {
+  if (!be().supports(Precision::kBFloat16)) {
+    testing_support::skip_precision(be(), Precision::kBFloat16, "read_rows of a prepared matrix");
+  } else {
     const auto table = random_vector(4 * 8, 53);
     const auto matrix = be().prepare_matrix({table.data()}, {4}, 8, Precision::kBFloat16);
     const int32_t id = 1;

@@ -12,6 +12,7 @@
 #include "tensor/file_util.h"
 #include "io/model_directory.h"
 #include "io/safetensors.h"
+#include "skip_report.h"
 
 namespace {
 
@@ -378,6 +379,8 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, int8_score_out);
   } else {
+    tfm::testing_support::skip_precision(tfm::cpu_backend(), tfm::Precision::kInt8,
+                                         "score and translate");
     expect_error(work.run_cli(int8_score), 1, {"VNNI"});
   }
   expect_error(work.run_cli(int8_translate + " --compute-type int4"), 2, {"int4"});
@@ -398,6 +401,8 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
       EXPECT_EQ(r.out, int8_score_out) << alias;
     }
   } else {
+    tfm::testing_support::skip_precision(tfm::cpu_backend(), tfm::Precision::kInt8,
+                                         "int8_float32 and auto");
     r = work.run_cli("score --compute-type auto" + score_texts);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, float32_score);
@@ -424,6 +429,9 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
     EXPECT_EQ(header.dtypes.at("tgt_embed.weight"), "I8");
   }
   const bool vnni = tfm::cpu_backend().supports(tfm::Precision::kInt8);
+  if (!vnni)
+    tfm::testing_support::skip_precision(tfm::cpu_backend(), tfm::Precision::kInt8,
+                                         "translating the int8 import");
   for (const char* type : {"float32", "int8", "int8_bfloat16", "default"}) {
     if (std::string(type) != "float32" && !vnni) continue;
     r = work.run_cli(std::string("translate --compute-type ") + type + " --model " +
@@ -516,6 +524,9 @@ TEST(Cli, QuantizeWritesAnInt8ModelThatRunsInInt8) {
     r = work.run_cli("translate --model " + work.path("q_int8") + " -i " + work.path("q_ar.txt"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, "a t z m o n\na c h i s o n\n");
+  } else {
+    tfm::testing_support::skip_precision(tfm::cpu_backend(), tfm::Precision::kInt8,
+                                         "scoring the quantised model");
   }
   // Back to float32: a float32 model again, whose weights are the int8 ones multiplied out
   // (its score moves from the original float32 one by about int8's rounding).

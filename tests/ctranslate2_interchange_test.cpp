@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
@@ -288,6 +289,25 @@ TEST(CTranslate2Export, QuantisedExportsImportWithinTheirRounding) {
       EXPECT_EQ(got.data[size_t(r * cols + k)],
                 float(std::nearbyint(w.data[size_t(r * cols + k)] * scale)) / scale);
   }
+}
+
+// int8 rows as CTranslate2 4.8's ModelSpec._quantize stores them (numpy, float32): a row of zeros
+// gets the scale 1 (max|row| taken as 127), and a row of magnitudes below 127 / FLT_MAX the scale
+// FLT_MAX rather than inf (numpy: scale 3.4028235e+38, values rint([3.4028232, -1.7014116])).
+TEST(CTranslate2Export, Int8ScalesOfZeroAndTinyRows) {
+  Tensor w({3, 2});
+  w.data = {0.f, 0.f, 1e-38f, -5e-39f, 0.5f, -1.f};
+  std::vector<CtVariable> out;
+  append_ct_variable(out, "w", w, true, CtQuantization::kInt8);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].dtype, CtDtype::kI8);
+  std::vector<int8_t> values(6);
+  std::memcpy(values.data(), out[0].bytes.data(), 6);
+  EXPECT_EQ(values, (std::vector<int8_t>{0, 0, 3, -2, 64, -127}));
+  std::vector<float> scales(3);
+  ASSERT_EQ(out[1].bytes.size(), 12u);
+  std::memcpy(scales.data(), out[1].bytes.data(), 12);
+  EXPECT_EQ(scales, (std::vector<float>{1.f, std::numeric_limits<float>::max(), 127.f}));
 }
 
 // Rewrites model.bin of a copy of a spec-7 directory through `edit` (variables by name).

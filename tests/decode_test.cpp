@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "model/init.h"
 #include "model/prepared_weights.h"
+#include "skip_report.h"
 #include "tensor/error.h"
 #include "text/vocabulary.h"
 
@@ -96,8 +97,7 @@ class ReducedPrecision : public ::testing::TestWithParam<ReducedPrecisionCase> {
  protected:
   void SetUp() override {
     if (!cpu_backend().supports(GetParam().precision))
-      GTEST_SKIP() << "this CPU cannot multiply in " << precision_name(GetParam().precision)
-                   << " (bfloat16 needs AVX512-BF16, int8 VNNI)";
+      GTEST_SKIP() << testing_support::cannot_compute(cpu_backend(), GetParam().precision);
   }
 };
 
@@ -184,7 +184,8 @@ TEST(Decode, BFloat16CacheKeepsTheOutputs) {
 // never kept) multiplies exactly as the float32-loaded model does in int8: the same rule
 // quantises both. It refuses every other precision and any change to its weights.
 TEST(Decode, Int8LoadedModelEqualsInt8ProductsOfTheFloatModel) {
-  if (!cpu_backend().supports(Precision::kInt8)) GTEST_SKIP() << "this CPU has no VNNI";
+  if (!cpu_backend().supports(Precision::kInt8))
+    GTEST_SKIP() << testing_support::cannot_compute(cpu_backend(), Precision::kInt8);
   Transliterator t = Transliterator::load();
   const std::string path = ::testing::TempDir() + "/aren_int8_test.safetensors";
   save_model(t.model, path);
@@ -230,7 +231,10 @@ TEST(Decode, Int8LoadedModelEqualsInt8ProductsOfTheFloatModel) {
 // refuses other precisions, changes and saving.
 TEST(Decode, InferenceOnlyModelFreesItsFloatWeightsAndKeepsTheOutputs) {
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
-    if (!cpu_backend().supports(precision)) continue;
+    if (!cpu_backend().supports(precision)) {
+      testing_support::skip_precision(cpu_backend(), precision);
+      continue;
+    }
     Transliterator t = Transliterator::load();
     Transliterator only = Transliterator::load();
     only.model.set_inference_only(precision);
@@ -315,7 +319,8 @@ TEST(Decode, InferenceOnlyFloat32ReadsTiedEmbeddingsFromThePackedProjection) {
 // projection multiplies by them, and the result equals the float model's int8 inference (which
 // quantises its embeddings by the same rule).
 TEST(Decode, Int8EmbeddingsForEverySharing) {
-  if (!cpu_backend().supports(Precision::kInt8)) GTEST_SKIP() << "this CPU has no VNNI";
+  if (!cpu_backend().supports(Precision::kInt8))
+    GTEST_SKIP() << testing_support::cannot_compute(cpu_backend(), Precision::kInt8);
   for (EmbeddingSharing sharing : kEverySharing) {
     const ModelConfig c = tiny_config(sharing, 24, 21);
     const Model float_model = init_model(c, 11, tfm::cpu_backend());

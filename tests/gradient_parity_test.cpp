@@ -10,6 +10,7 @@
 #include "fixture_batch.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
+#include "skip_report.h"
 #include "train/loss.h"
 
 namespace tfm {
@@ -85,7 +86,8 @@ TEST_P(GradientParity, EveryParameterGradientMatchesPyTorch) {
 // 0.4–4.2%. Bound: 15% over all parameters (a wrong operand or transpose gives ~100%), the loss
 // within 1%, and the bfloat16 gradients differ from the float32 ones (bfloat16 really ran).
 TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
-  if (!cpu_backend().supports(Precision::kBFloat16)) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  if (!cpu_backend().supports(Precision::kBFloat16))
+    GTEST_SKIP() << testing_support::cannot_compute(cpu_backend(), Precision::kBFloat16);
   const GradientFixture f(GetParam());
   const Model& model = f.model;
   const TensorMap& expected = f.expected;

@@ -15,8 +15,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -141,7 +143,9 @@ bool mount_small_tmpfs(const std::string& dir, const std::string& size) {
 TEST(FullDisk, VocabFailsNamingTheFileAndKeepsTheOldOne) {
   text_model();
   const std::string disk = work.path("disk");
-  if (!mount_small_tmpfs(disk, "1m")) GTEST_SKIP() << "cannot mount a tmpfs here (not root)";
+  if (!mount_small_tmpfs(disk, "1m"))
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
+                 << "; mounting needs root with CAP_SYS_ADMIN)";
   const std::string target = disk + "/v.spm";
   CliResult r = work.run_cli("vocab --input " + work.path("text.en") + " --size 40 -o " + target);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -577,12 +581,14 @@ TEST(Bleu, AByteOrderMarkIsDroppedAndEmptyReferencesScoreAsInSacrebleu) {
   const std::string ref = work.write_file("bom_ref.txt", "hello world\n");
   CliResult r = work.run_cli("bleu --ref " + ref + " --input " + hyp);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  // sacreBLEU 2.5.1: BLEU = 0.00 100.0/100.0/0.0/0.0 (two words: no 3- or 4-grams), chrF2 100.
+  // str() of sacreBLEU 2.5.1's BLEU / chrF results for the line without the byte order mark
+  // (tests/fixtures/sacrebleu_values.py): two words, so no 3- or 4-grams. sacreBLEU's own command
+  // line would keep U+FEFF as part of the first word.
   EXPECT_EQ(r.out,
             "BLEU = 0.00 100.0/100.0/0.0/0.0 (BP = 1.000 ratio = 1.000 hyp_len = 2 ref_len = 2)\n"
             "chrF2 = 100.00\n");
-  // sacreBLEU ≥ 2.2 scores an empty reference line as a reference of length 0 (values from
-  // sacreBLEU 2.5.1's corpus_bleu / corpus_chrf).
+  // sacreBLEU ≥ 2.2 scores an empty reference line as a reference of length 0 (the lines are
+  // str() of sacreBLEU 2.5.1's BLEU / chrF results, tests/fixtures/sacrebleu_values.py).
   const std::string hyps = work.write_file(
       "er_hyp.txt", "The dog bit the man.\nIt wasn't surprising.\nThe man had just bitten him.\n");
   const std::string refs =

@@ -19,6 +19,7 @@
 #include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "model/transformer.h"
+#include "skip_report.h"
 #include "text/batching.h"
 #include "text/corpus.h"
 #include "text/vocabulary.h"
@@ -210,7 +211,9 @@ TEST(Train, BatchShapesAreThoseOfTheBatchesTheTrainerBuilds) {
 TEST(Train, ReversalTaskIsLearnedAndTranslatedInFloat32AndBFloat16) {
   learn_reversal("float32");
   if (!tfm::cpu_backend().supports(tfm::Precision::kBFloat16))
-    GTEST_SKIP() << "this CPU has no AVX512-BF16: bfloat16 training not run";
+    GTEST_SKIP() << "bfloat16 training not run: "
+                 << tfm::testing_support::cannot_compute(tfm::cpu_backend(),
+                                                         tfm::Precision::kBFloat16);
   learn_reversal("bfloat16");
 }
 
@@ -218,7 +221,8 @@ TEST(Train, ReversalTaskIsLearnedAndTranslatedInFloat32AndBFloat16) {
 // with the same bytes as a straight one.
 TEST(Train, BFloat16ResumeContinuesBitForBitInTheRecordedComputeType) {
   if (!tfm::cpu_backend().supports(tfm::Precision::kBFloat16))
-    GTEST_SKIP() << "this CPU has no AVX512-BF16";
+    GTEST_SKIP() << tfm::testing_support::cannot_compute(tfm::cpu_backend(),
+                                                         tfm::Precision::kBFloat16);
   write_reversal_data("small_bf16", 300, 2, 9, 3);
   const std::string base = "train --preset tiny --vocab 32" + data_flags("small_bf16") +
                            " --batch-tokens 256 --save-every 5 --valid-every 0 --log-every 5"

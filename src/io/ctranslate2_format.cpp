@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "tensor/error.h"
 #include "tensor/float16.h"
@@ -287,6 +288,9 @@ void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, c
       for (int64_t c = 0; c < row_size; ++c)
         amax = std::max(amax, std::fabs(w[size_t(r * row_size + c)]));
       if (amax == 0.f) amax = 127.f;
+      // As CTranslate2 4.8's converter: a row whose largest magnitude is below 127 / FLT_MAX
+      // keeps the scale FLT_MAX instead of overflowing to inf (inf * w is not an int8).
+      amax = std::max(amax, 127.f / std::numeric_limits<float>::max());
       const float scale = 127.f / amax;
       scales[size_t(r)] = scale;
       for (int64_t c = 0; c < row_size; ++c)

@@ -61,9 +61,10 @@ CtVariable ct_float32_scalar(const std::string& name, float value);  // e.g. que
 
 // Appends `tensor` as CTranslate2's ModelSpec._quantize would store it: a quantizable weight
 // (a Linear's or an Embeddings' `weight`) becomes int8 with a per-row `<name>_scale`
-// (127 / max|row|, rows of zeros use 127) or int16 with one scale (2^10 / max|w|), rounded
-// half to even; float16 / bfloat16 convert every float tensor; int8 / int16 leave the other
-// tensors in float32, int8_float16 / int8_bfloat16 convert them to float16 / bfloat16.
+// (127 / max|row|; a row of zeros takes max|row| as 127, and the scale stops at FLT_MAX as in
+// CTranslate2 4.8) or int16 with one scale (2^10 / max|w|), rounded half to even; float16 /
+// bfloat16 convert every float tensor; int8 / int16 leave the other tensors in float32,
+// int8_float16 / int8_bfloat16 convert them to float16 / bfloat16.
 void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, const Tensor& tensor,
                         bool quantizable, CtQuantization quantization);
 

@@ -1,0 +1,222 @@
+// A directory written by CTranslate2's own converter, not by this project: a tiny M2M100 model
+// (random weights) built with Hugging Face Transformers 4.40.2 and converted by CTranslate2
+// 4.6.2's ct2-transformers-converter (tests/data/ctranslate2-converted/README.md,
+// tests/fixtures/convert_with_ctranslate2.py). m2m100.expected.json holds what CTranslate2 4.6.2's
+// runtime translated and scored with it (4.8.5's runtime gives the same tokens, scores within
+// 3e-6). Imported, the model must translate to CTranslate2's tokens and score CTranslate2's
+// log-probabilities; exported again, it must be the converter's directory but for the
+// differences listed in ExportIsWhatTheConverterWrote.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "decode/beam_search.h"
+#include "io/ctranslate2.h"
+#include "io/file_util.h"
+#include "model/transformer.h"
+
+namespace tfm {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kDir = std::string(TFM_FIXTURE_DIR) + "/../data/ctranslate2-converted";
+const std::string kModel = kDir + "/m2m100";
+
+nlohmann::json expected() {
+  return nlohmann::json::parse(read_file_bytes(kDir + "/m2m100.expected.json"));
+}
+
+struct Converted {
+  ImportedModel imported;
+  Model model;
+  std::map<std::string, int32_t> ids;
+
+  Converted()
+      : imported(import_ctranslate2(kModel)),
+        model(imported.config, TensorMap(imported.parameters), kModel, cpu_backend()) {
+    for (size_t i = 0; i < imported.source_tokens.size(); ++i)
+      ids[imported.source_tokens[i]] = int32_t(i);
+  }
+  std::vector<int32_t> encode(const nlohmann::json& tokens) const {
+    std::vector<int32_t> out;
+    for (const auto& t : tokens) out.push_back(ids.at(t.get<std::string>()));
+    return out;
+  }
+  std::vector<std::string> decode(const std::vector<int32_t>& tokens) const {
+    std::vector<std::string> out;
+    for (int32_t id : tokens) out.push_back(imported.target_tokens[size_t(id)]);
+    return out;
+  }
+};
+
+TEST(CTranslate2Converted, ImportsAsAPlainPreNormTransformer) {
+  const Converted m;
+  const ModelConfig& c = m.model.config();
+  EXPECT_EQ(c.encoder_layers, 1);
+  EXPECT_EQ(c.decoder_layers, 1);
+  EXPECT_EQ(c.d_model, 16);
+  EXPECT_EQ(c.heads, 2);
+  EXPECT_EQ(c.d_ff, 32);
+  EXPECT_EQ(c.norm, NormPosition::kPre);
+  EXPECT_EQ(c.activation, Activation::kRelu);
+  EXPECT_EQ(c.share_embeddings, EmbeddingSharing::kAll);
+  EXPECT_TRUE(c.scale_embeddings);  // the converter's float 4.0 = sqrt(16)
+  EXPECT_FALSE(c.output_bias);
+  // fairseq's sinusoid, stored by the converter as a table from position 2 (padding_idx + 1).
+  EXPECT_EQ(c.position_encoding, PositionEncoding::kSinusoidal);
+  EXPECT_EQ(c.sinusoid_layout, SinusoidLayout::kConcat);
+  EXPECT_EQ(c.position_offset, 2);
+  EXPECT_FALSE(c.src_append_eos);   // M2M100's tokenizer writes </s> itself
+  EXPECT_EQ(c.src_vocab_size, 45);  // 29 pieces and specials, 8 languages, 8 madeupwords
+  EXPECT_EQ(m.imported.target_tokens[size_t(c.eos_id)], "</s>");
+  EXPECT_EQ(c.bos_id, c.eos_id);  // decoder_start_token </s>
+  EXPECT_EQ(c.layer_norm_eps, 1e-5);
+}
+
+// score_batch: per target token and </s>, CTranslate2's log-probabilities.
+TEST(CTranslate2Converted, ScoresAreCTranslate2s) {
+  const Converted m;
+  const nlohmann::json cases = expected()["score"];
+  ASSERT_EQ(cases.size(), 2u);
+  for (const auto& e : cases) {
+    const std::vector<int32_t> target = m.encode(e["target"]);
+    TokenBatch batch = make_batch(m.model.config(), {m.encode(e["source"])}, {target});
+    ScoringWorkspace ws;
+    std::vector<float> logprobs;
+    score_forward(m.model, batch, ws, logprobs);
+    const auto& want = e["log_probs"];
+    ASSERT_EQ(batch.tgt_lengths[0], int64_t(want.size()));
+    for (size_t t = 0; t < want.size(); ++t)
+      EXPECT_NEAR(logprobs[t], want[t].get<double>(), 1e-5) << e["target"] << " position " << t;
+  }
+}
+
+// Per token of `target` and then </s>, our log-probabilities under teacher forcing.
+std::vector<float> token_logprobs(const Converted& m, const std::vector<int32_t>& source,
+                                  const std::vector<int32_t>& target) {
+  TokenBatch batch = make_batch(m.model.config(), {source}, {target});
+  ScoringWorkspace ws;
+  std::vector<float> logprobs;
+  score_forward(m.model, batch, ws, logprobs);
+  logprobs.resize(size_t(batch.tgt_lengths[0]));
+  return logprobs;
+}
+
+// translate_batch with target_prefix, beam_size 1 / 2 / 4, length_penalty 0 (hypotheses ranked
+// by their log-probability, as our alpha 0) and max_decoding_length 12 (the prefix included).
+// CTranslate2's score leaves out the forced prefix, which our Hypothesis::logprob counts; neither
+// counts a </s> after a hypothesis stopped by the length cap.
+TEST(CTranslate2Converted, TranslationsAreCTranslate2s) {
+  const Converted m;
+  const nlohmann::json cases = expected()["translate"];
+  ASSERT_EQ(cases.size(), 9u);
+  int same = 0, capped = 0, better = 0;
+  for (const auto& e : cases) {
+    SCOPED_TRACE(e["source"].dump() + " beam " + e["beam_size"].dump());
+    SearchOptions o;
+    o.beam = e["beam_size"].get<int64_t>();
+    o.alpha = e["length_penalty"].get<double>();
+    o.max_length = e["max_decoding_length"].get<int64_t>();
+    const std::vector<int32_t> source = m.encode(e["source"]),
+                               prefix = m.encode(e["target_prefix"]),
+                               theirs = m.encode(e["tokens"]);
+    const Hypothesis h = search(m.model, {source}, {prefix}, o)[0][0];
+    // Our model gives CTranslate2's hypothesis CTranslate2's score.
+    const std::vector<float> lp = token_logprobs(m, source, theirs);
+    const bool their_eos = int64_t(theirs.size()) < o.max_length;
+    double prefix_logprob = 0, their_score = their_eos ? lp[theirs.size()] : 0.0;
+    for (size_t t = 0; t < theirs.size(); ++t)
+      (t < prefix.size() ? prefix_logprob : their_score) += lp[t];
+    EXPECT_NEAR(their_score, e["score"].get<double>(), 1e-4);
+    if (h.tokens == theirs) {
+      ++same;
+      capped += !their_eos;
+      EXPECT_EQ(h.finished_with_eos, their_eos);
+      EXPECT_NEAR(h.logprob - prefix_logprob, e["score"].get<double>(), 1e-4);
+      continue;
+    }
+    // Where the searches part, ours found the more likely translation: CTranslate2 keeps the
+    // `beam` best candidates of a step and lets </s> end a hypothesis only among them, we keep
+    // 2 x beam (as fairseq and Marian) and so finish a hypothesis that ranked below the beam.
+    // Here: beam 4 ends "__de__ </s>" (-2.42 after the prefix), CTranslate2 "__de__ ▁book <unk>
+    // </s>" (-3.10).
+    ASSERT_GT(o.beam, 1) << "greedy search must give CTranslate2's tokens";
+    ASSERT_TRUE(h.finished_with_eos);
+    EXPECT_GT(h.logprob - prefix_logprob, e["score"].get<double>() + 0.1)
+        << "ours: " << ::testing::PrintToString(m.decode(h.tokens));
+    ++better;
+  }
+  EXPECT_EQ(same, 8);
+  EXPECT_GE(capped, 1);
+  EXPECT_EQ(better, 1);
+}
+
+// Our exporter, on the imported model, against the converter's own directory: every variable
+// with the same name, type, shape and value, except
+//  - the position table, which we write from our sinusoid (the converter copies Transformers'
+//    float32 table: they differ by rounding, < 3e-6);
+//  - scale_embeddings, which the converter writes as the float 4.0 (embed_scale) and we as the
+//    boolean true that TransformerSpec.from_config writes (CTranslate2 reads it as sqrt(d_model));
+// and config.json, where the converter writes bos_token "<s>" (the tokenizer's, unused by this
+// model: our model has no token of that role, so we write the decoder's start token) and
+// layer_norm_epsilon null (CTranslate2's default, 1e-5, which we write out). Aliases and the
+// order of the variables are the converter's too (checked outside the suite); the vocabulary
+// holds the same tokens (the converter escapes non-ASCII, we write UTF-8).
+TEST(CTranslate2Converted, ExportIsWhatTheConverterWrote) {
+  const Converted m;
+  const std::string dir = fs::temp_directory_path() / "tfm_ct2_converted_export";
+  fs::remove_all(dir);
+  export_ctranslate2(m.model,
+                     {m.imported.source_tokens, m.imported.target_tokens, std::string("<unk>")},
+                     CtQuantization::kFloat32, dir);
+  const std::string theirs_path = kModel + "/model.bin", ours_path = dir + "/model.bin";
+  const CTranslate2Variables theirs =
+      parse_ctranslate2_model(read_file_bytes(theirs_path), theirs_path);
+  const CTranslate2Variables ours = parse_ctranslate2_model(read_file_bytes(ours_path), ours_path);
+  EXPECT_EQ(ours.version, theirs.version);
+  EXPECT_EQ(ours.spec_name, theirs.spec_name);
+  EXPECT_EQ(ours.spec_revision, theirs.spec_revision);
+  std::vector<std::string> their_names, our_names;
+  for (const auto& [name, t] : theirs.variables) their_names.push_back(name);
+  for (const auto& [name, t] : ours.variables) our_names.push_back(name);
+  ASSERT_EQ(our_names, their_names);
+  for (const auto& [name, want] : theirs.variables) {
+    const Tensor& got = ours.variables.at(name);
+    EXPECT_EQ(got.shape, want.shape) << name;
+    if (name.find("scale_embeddings") != std::string::npos) {
+      EXPECT_EQ(theirs.stored_dtypes.at(name), CtDtype::kF32);
+      EXPECT_EQ(want.data, std::vector<float>{4.f});
+      EXPECT_EQ(ours.stored_dtypes.at(name), CtDtype::kI8);
+      EXPECT_EQ(got.data, std::vector<float>{1.f});
+      continue;
+    }
+    EXPECT_EQ(ours.stored_dtypes.at(name), theirs.stored_dtypes.at(name)) << name;
+    if (name.find("position_encodings") != std::string::npos) {
+      ASSERT_EQ(got.data.size(), want.data.size());
+      for (size_t i = 0; i < want.data.size(); ++i)
+        ASSERT_NEAR(got.data[i], want.data[i], 3e-6) << name << " " << i;
+      continue;
+    }
+    EXPECT_TRUE(got.data == want.data) << name;
+  }
+  nlohmann::json their_config = nlohmann::json::parse(read_file_bytes(kModel + "/config.json"));
+  nlohmann::json our_config = nlohmann::json::parse(read_file_bytes(dir + "/config.json"));
+  EXPECT_EQ(their_config["bos_token"], "<s>");
+  EXPECT_EQ(our_config["bos_token"], "</s>");
+  EXPECT_TRUE(their_config["layer_norm_epsilon"].is_null());
+  EXPECT_EQ(our_config["layer_norm_epsilon"], 1e-5);
+  for (const char* key : {"bos_token", "layer_norm_epsilon"}) {
+    their_config.erase(key);
+    our_config.erase(key);
+  }
+  EXPECT_EQ(our_config, their_config);
+  EXPECT_EQ(nlohmann::json::parse(read_file_bytes(dir + "/shared_vocabulary.json")),
+            nlohmann::json::parse(read_file_bytes(kModel + "/shared_vocabulary.json")));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tfm
