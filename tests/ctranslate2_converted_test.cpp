@@ -15,8 +15,8 @@
 
 #include "decode/beam_search.h"
 #include "io/ctranslate2.h"
-#include "io/file_util.h"
 #include "model/transformer.h"
+#include "tensor/file_util.h"
 
 namespace tfm {
 namespace {
