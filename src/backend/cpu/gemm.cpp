@@ -2,9 +2,11 @@
 // - Outside OpenMP parallel regions: a oneDNN matmul primitive (brgemm kernels) with the
 //   operands described by their strides, so transposes cost nothing, and the epilogue (bias,
 //   ReLU) in the same pass. Creating one costs ~0.3 ms, so primitives are kept per shape, the
-//   most recently used 4096 of them: each holds ~120 KB of generated code, and training meets a
-//   new row count with every batch (an unbounded cache grew training's memory by 2 GB in one
-//   epoch). With few rows (decoding: 32 hypotheses) it
+//   most recently used 4096 of them. Each holds ~50 KB of generated code and kernel state, and
+//   training's row counts (and the depth of its weight gradients) change with every batch, so
+//   those dimensions run as a multiple of 32 plus a rest below 32, two products of sizes from
+//   a small set (run_in_pieces): one primitive per row count grew training's memory by
+//   0.4-0.9 MB a step until the cache was full. With few rows (decoding: 32 hypotheses) it
 //   runs 3–6× the rate of dnnl_sgemm, which repacks the weights on every call.
 // - Inside a parallel construct (attention's per-(sequence, head) products, which the region
 //   already spreads over the threads): dnnl_sgemm, single-threaded there, with no creation cost
@@ -29,6 +31,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 
 #include "backend/cpu/elementwise.h"
@@ -150,10 +153,11 @@ void execute(const CachedMatmul& mm, void* a, const dnnl::memory& b, void* c,
 
 // The primitive for a shape, created on first use; null if oneDNN has none for it. The cache
 // keeps the kMaxShapes most recently used: a decoding step's ~10 shapes × up to a few hundred
-// live-hypothesis counts, and training's ~20 shapes per batch shape × the few hundred batch
-// shapes of an epoch (the quickstart corpus: under 4,096 in all). With 1,024, training
-// recreated most primitives every epoch (small preset, bfloat16: 7,500 target tokens/s in the
-// second epoch against 8,500 with every shape kept; ~130 KB of code per primitive). Shared
+// live-hypothesis counts, and training's product shapes × the sizes run_in_pieces cuts their
+// batch dimensions into (the quickstart's small preset: 13 × at most 72, 861 in all, every one
+// met by step 350, in the first epoch of 450-500 steps). Before those pieces every batch shape had
+// primitives of its own, and with 1,024 training recreated most of them every epoch (small preset,
+// bfloat16: 7,500 target tokens/s in the second epoch against 8,500 with every shape kept). Shared
 // pointers, so that evicting one never frees a primitive that another thread is running.
 std::shared_ptr<const CachedMatmul> matmul_for(const GemmShape& s) {
   constexpr size_t kMaxShapes = 4096;
@@ -247,6 +251,69 @@ GemmShape plain_product_shape(bool trans_a, bool trans_b, float beta, bool bfloa
           lda,
           ldb,
           ldc};
+}
+
+// The sizes a batch-dependent dimension runs in: a multiple of kShapeQuantum, then the rest
+// below it, so that the primitives of every row count up to r are at most r / 32 + 31 per
+// product shape instead of r (r / q + q - 1 is smallest near q = √r: 32 to 64 for training's
+// row counts of 1,000 to 4,000). The rest is one more execution, on at most 31 rows or 31
+// columns of depth.
+constexpr int64_t kShapeQuantum = 32;
+
+struct Pieces {
+  int64_t begin[2], size[2];
+  int count;
+};
+
+Pieces pieces_of(int64_t extent) {
+  const int64_t rest = extent % kShapeQuantum, whole = extent - rest;
+  if (whole == 0 || rest == 0) return {{0, 0}, {extent, 0}, 1};
+  return {{0, whole}, {whole, rest}, 2};
+}
+
+// Whether a product of depth k runs as two products (the second adding to the first).
+bool splits_depth(int64_t k) {
+  return pieces_of(k).count > 1;
+}
+
+// c = op(a) · op(b) + beta · c (beta 0 or 1), then the epilogue, through cached primitives:
+// the rows and the depth each in pieces_of's pieces (a later depth piece adds to the earlier
+// ones). T is float, or uint16_t for dense bfloat16 copies. The primitives apply the epilogue
+// where beta is 0 and the depth is one piece; elsewhere it is applied to the finished product.
+// A bfloat16 output needs one depth piece (the caller goes through float otherwise). False,
+// with nothing computed, where oneDNN has no primitive for one of the pieces.
+template <typename T>
+bool run_in_pieces(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
+                   int64_t lda, const T* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                   const MatmulEpilogue& epilogue) {
+  constexpr bool bfloat16 = std::is_same_v<T, uint16_t>;
+  const Pieces rows = pieces_of(m), depth = pieces_of(k);
+  if (epilogue.rounded_output && depth.count > 1)
+    throw std::logic_error("gemm: a bfloat16 output of a product in depth pieces");
+  const bool fused = primitive_applies_epilogue(beta) && depth.count == 1;
+  const MatmulEpilogue piece_epilogue = fused ? epilogue : MatmulEpilogue{};
+  std::shared_ptr<const CachedMatmul> mm[2][2];  // [row piece][depth piece]
+  for (int r = 0; r < rows.count; ++r)
+    for (int d = 0; d < depth.count; ++d) {
+      mm[r][d] = matmul_for(plain_product_shape(trans_a, trans_b, d == 0 ? beta : 1.f, bfloat16,
+                                                piece_epilogue, rows.size[r], n, depth.size[d], lda,
+                                                ldb, ldc));
+      if (!mm[r][d]) return false;
+    }
+  for (int r = 0; r < rows.count; ++r)
+    for (int d = 0; d < depth.count; ++d) {
+      const int64_t i = rows.begin[r], p = depth.begin[d];
+      const T* a_piece = a + (trans_a ? p * lda + i : i * lda + p);  // op(a)[i.., p..]
+      const T* b_piece = b + (trans_b ? p : p * ldb);                // op(b)[p.., 0..]
+      void* out = piece_epilogue.rounded_output
+                      ? static_cast<void*>(piece_epilogue.rounded_output + i * ldc)
+                      : static_cast<void*>(c + i * ldc);
+      execute(*mm[r][d], const_cast<T*>(a_piece),
+              dnnl::memory(mm[r][d]->b, cpu_engine(), const_cast<T*>(b_piece)), out,
+              piece_epilogue.bias);
+    }
+  if (!fused) apply_epilogue(c, ldc, epilogue, m, n);
+  return true;
 }
 
 }  // namespace
@@ -618,10 +685,11 @@ void bfloat16_output_via_float(bool trans_a, bool trans_b, int64_t m, int64_t n,
 }  // namespace
 
 // A and B rounded into dense bfloat16 copies (this thread's scratch) unless given rounded, then
-// the cached bfloat16 primitive, which also applies the epilogue where beta is 0 and writes a
-// bfloat16 output where one is asked for; where none applies (inside a parallel region, alpha ≠
-// 1 or beta not 0 or 1) the same rounded values widened back and multiplied by sgemm, so that
-// every path computes the same products of bfloat16 inputs.
+// the cached bfloat16 primitives (run_in_pieces), which also apply the epilogue where beta is 0
+// and write a bfloat16 output where one is asked for (through a float result where the depth
+// runs in two pieces); where none applies (inside a parallel region, alpha ≠ 1 or beta not 0
+// or 1) the same rounded values widened back and multiplied by sgemm, so that every path
+// computes the same products of bfloat16 inputs.
 void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, const uint16_t* a_rounded, int64_t lda, const float* b,
                    const uint16_t* b_rounded, int64_t ldb, float beta, float* c, int64_t ldc,
@@ -631,7 +699,8 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   if (epilogue.rounded_output && beta != 0.f)
     throw std::invalid_argument("gemm: a bfloat16 output needs beta 0");
   if (m <= 0 || n <= 0) return;
-  if (epilogue.rounded_output && (k <= 0 || alpha != 1.f || omp_get_level() > 0)) {
+  if (epilogue.rounded_output &&
+      (k <= 0 || alpha != 1.f || omp_get_level() > 0 || splits_depth(k))) {
     bfloat16_output_via_float(trans_a, trans_b, m, n, k, alpha, a, a_rounded, lda, b, b_rounded,
                               ldb, ldc, epilogue);
     return;
@@ -657,17 +726,9 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
     b16 = scratch;
   }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
-  if (plain_product && omp_get_level() == 0) {
-    const GemmShape shape =
-        plain_product_shape(trans_a, trans_b, beta, true, epilogue, m, n, k, a_cols, b_cols, ldc);
-    if (const std::shared_ptr<const CachedMatmul> mm = matmul_for(shape)) {
-      void* out = epilogue.rounded_output ? static_cast<void*>(epilogue.rounded_output) : c;
-      execute(*mm, const_cast<uint16_t*>(a16),
-              dnnl::memory(mm->b, cpu_engine(), const_cast<uint16_t*>(b16)), out, epilogue.bias);
-      if (!primitive_applies_epilogue(beta)) apply_epilogue(c, ldc, epilogue, m, n);
-      return;
-    }
-  }
+  if (plain_product && omp_get_level() == 0 &&
+      run_in_pieces(trans_a, trans_b, m, n, k, a16, a_cols, b16, b_cols, beta, c, ldc, epilogue))
+    return;
   if (epilogue.rounded_output) {
     bfloat16_output_via_float(trans_a, trans_b, m, n, k, alpha, a, a_rounded, lda, b, b_rounded,
                               ldb, ldc, epilogue);
@@ -703,19 +764,12 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     return;
   }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
-  std::shared_ptr<const CachedMatmul> mm;
-  // Inside a parallel construct (even of one thread) sgemm; the primitive elsewhere.
-  if (omp_get_level() == 0 && plain_product)
-    mm = matmul_for(
-        plain_product_shape(trans_a, trans_b, beta, false, epilogue, m, n, k, lda, ldb, ldc));
-  if (!mm) {
-    run_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    apply_epilogue(c, ldc, epilogue, m, n);
+  // Inside a parallel construct (even of one thread) sgemm; the primitives elsewhere.
+  if (omp_get_level() == 0 && plain_product &&
+      run_in_pieces(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc, epilogue))
     return;
-  }
-  execute(*mm, const_cast<float*>(a), dnnl::memory(mm->b, cpu_engine(), const_cast<float*>(b)), c,
-          epilogue.bias);
-  if (!primitive_applies_epilogue(beta)) apply_epilogue(c, ldc, epilogue, m, n);
+  run_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  apply_epilogue(c, ldc, epilogue, m, n);
 }
 
 }  // namespace tfm
