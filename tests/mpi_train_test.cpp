@@ -16,10 +16,10 @@
 #include <thread>
 
 #include "cli_runner.h"
-#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
+#include "tensor/file_util.h"
 
 namespace {
 
@@ -118,12 +118,21 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
       << where;
   // A cool-down by the clock (the whole run, by --max-minutes): every rank takes rank 0's
   // minutes, so the replicas stay bit-equal (--replica-check-every 5 compares them every 5 steps;
-  // each rank reading its own clock would give each its own learning rate).
-  r = work.run_cli(train_flags("two_clock", 1000000) + " --max-minutes 0.03 --lr-cooldown 1",
-                   "/dev/null", kLauncher);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_GE(training_state("two_clock", "step"),
-            10);  // so the replicas were compared (every 5 steps)
+  // each rank reading its own clock would give each its own learning rate). The run needs 10
+  // steps, so that the replicas are compared: a machine too busy to give them in the time
+  // limit gets twice the time, and again.
+  double minutes = 0.015;
+  int64_t clock_steps = 0;
+  for (int attempt = 0; attempt < 5 && clock_steps < 10; ++attempt) {
+    minutes *= 2;
+    const std::string name = "two_clock_" + std::to_string(attempt);
+    r = work.run_cli(train_flags(name, 1000000) + " --max-minutes " + std::to_string(minutes) +
+                         " --lr-cooldown 1",
+                     "/dev/null", kLauncher);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    clock_steps = training_state(name, "step");
+  }
+  EXPECT_GE(clock_steps, 10) << "fewer than 10 steps in " << minutes << " minutes";
   // The parameters moved: the comparison is not of two untouched initialisations.
   const tfm::Model start =
       tfm::load_model(work.path("one/checkpoints/step-000000010.safetensors"), tfm::cpu_backend());

@@ -124,6 +124,18 @@ std::string exchange_until_closed(int fd, const std::string& request, int second
   return answer;
 }
 
+// Polls /metrics until it has `line` (a whole line, e.g. "transformer_queue_sentences 3") or
+// `seconds` pass: tests wait on the server's own state instead of sleeping and hoping.
+bool wait_for_metric(const Server& server, const std::string& line, int seconds = 30) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  for (;;) {
+    auto r = server.client().Get("/metrics");
+    if (r && ("\n" + r->body).find("\n" + line + "\n") != std::string::npos) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 json post_json(const Server& s, const std::string& path, const std::string& body, int* status) {
   auto r = s.client().Post(path.c_str(), body, "application/json");
   if (!r) {
@@ -442,16 +454,16 @@ TEST(Serve, ClientErrorsAreJsonNamingTheProblem) {
 }
 
 TEST(Serve, FullQueueTimeoutAndDisconnect) {
-  // The first sentence waits 1.5 s for company, so the queue stays occupied meanwhile.
+  // The first sentence waits 5 s for company, so the queue stays occupied meanwhile.
   Server server(
-      "--batch-wait-ms 1500 --batch-quiet-ms 1500 --max-queued-sentences 3 --request-timeout 0.5");
+      "--batch-wait-ms 5000 --batch-quiet-ms 5000 --max-queued-sentences 3 --request-timeout 1");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
   auto first = std::async(std::launch::async, [&] {
     int status = 0;
     post_json(server, "/v1/translate", R"({"text": ["آ ز ا", "آ ت ز م و ن", "آ ب"]})", &status);
     return status;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(wait_for_metric(server, "transformer_queue_sentences 3"));
   auto full = server.client().Post("/v1/translate", R"({"text": "آ ز ا"})", "application/json");
   ASSERT_TRUE(full);
   EXPECT_EQ(full->status, 503);
@@ -469,9 +481,9 @@ TEST(Serve, FullQueueTimeoutAndDisconnect) {
       "application/json\r\nContent-Length: " +
       std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(fd, request.data(), request.size(), 0), ssize_t(request.size()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ASSERT_TRUE(wait_for_metric(server, "transformer_queue_sentences 2"));
   ::close(fd);
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  EXPECT_TRUE(wait_for_metric(server, "transformer_dropped_sentences_total 5"));
   const std::string metrics = server.client().Get("/metrics")->body;
   EXPECT_NE(metrics.find("transformer_dropped_sentences_total 5\n"), std::string::npos)
       << metrics;  // 3 of the timed-out request + 2 of the one that went away
@@ -587,7 +599,7 @@ TEST(Serve, GracefulStopFinishesRequestsInFlight) {
     const json j = post_json(server, "/v1/translate", R"({"text": "آ ز ا"})", &status);
     return std::make_pair(status, j);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(wait_for_metric(server, "transformer_queue_sentences 1"));
   const auto started = std::chrono::steady_clock::now();
   EXPECT_EQ(server.stop(), 0);  // SIGTERM while the request waits in the queue
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
