@@ -170,6 +170,17 @@ TEST(Cli, ScoreRejectsBadInputNamingFileAndLine) {
   expect_error(work.run_cli("score --model " + tiny_model() + " --src " + work.path("good.txt") +
                             " --tgt " + work.path("good.txt")),
                1, {"vocabulary"});
+  // Longer than the model's 1,024 positions allow (the library's check, told by file and line):
+  // a source needs one more for its eos, a target one more for the bos before it.
+  std::string too_long;
+  for (int i = 0; i < 1024; ++i) too_long += "3 ";
+  work.write_file("long.txt", "3 4\n" + too_long + "\n");
+  expect_error(
+      work.run_cli(base + "--src " + work.path("good.txt") + " --tgt " + work.path("long.txt")), 1,
+      {"long.txt:2: 1024 tokens is longer than the model's max_positions allow"});
+  expect_error(
+      work.run_cli(base + "--src " + work.path("long.txt") + " --tgt " + work.path("good.txt")), 1,
+      {"long.txt:2: 1024 tokens is longer than the model's max_positions allow"});
 }
 
 TEST(Cli, CorruptModelFilesAreClearErrors) {

@@ -238,6 +238,19 @@ std::vector<TranslationResult> Translator::translate_tokens(
   return translate_ids(source_ids, options, prefix_ids, {}, &sources);
 }
 
+namespace {
+std::string too_long_detail(size_t tokens) {
+  return std::to_string(tokens) + " tokens is longer than the model's max_positions allow";
+}
+}  // namespace
+
+SequenceTooLong::SequenceTooLong(size_t index, bool target, size_t tokens)
+    : Error(std::string(target ? "target " : "source ") + std::to_string(index) + ": " +
+            too_long_detail(tokens)),
+      index(index),
+      target(target),
+      detail(too_long_detail(tokens)) {}
+
 std::vector<ScoringResult> Translator::score_batch(const std::vector<std::string>& sources,
                                                    const std::vector<std::string>& targets,
                                                    int64_t max_batch_tokens) const {
@@ -260,11 +273,9 @@ std::vector<ScoringResult> Translator::score_ids(
   check_ids(targets, config.tgt_vocab_size, "target");
   for (size_t i = 0; i < sources.size(); ++i) {
     if (int64_t(sources[i].size()) > max_source_tokens(config))
-      throw Error("source " + std::to_string(i) + ": " + std::to_string(sources[i].size()) +
-                  " tokens is longer than the model's max_positions allow");
+      throw SequenceTooLong(i, false, sources[i].size());
     if (int64_t(targets[i].size()) > max_target_tokens(config))
-      throw Error("target " + std::to_string(i) + ": " + std::to_string(targets[i].size()) +
-                  " tokens is longer than the model's max_positions allow");
+      throw SequenceTooLong(i, true, targets[i].size());
   }
   const Precision precision = state_->defaults.precision;
   const Model& model = state_->bundle.model;

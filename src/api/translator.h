@@ -20,6 +20,7 @@
 
 #include "decode/beam_search.h"
 #include "io/model_directory.h"
+#include "tensor/error.h"
 
 namespace tfm {
 
@@ -74,6 +75,15 @@ struct TranslationResult {
   // positions: see too_long()).
   std::vector<TranslationHypothesis> hypotheses;
   int64_t source_tokens = 0;  // the source's length in tokens (without eos)
+};
+
+// What score_ids throws for a pair longer than the model's positions allow: which pair and
+// which side, so that a caller can name the line it came from.
+struct SequenceTooLong : Error {
+  SequenceTooLong(size_t index, bool target, size_t tokens);
+  size_t index;        // of the pair
+  bool target;         // the target side (else the source)
+  std::string detail;  // "N tokens is longer than ...", what() without the pair
 };
 
 struct ScoringResult {

@@ -11,8 +11,8 @@
 #include "cli/device_options.h"
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
-#include "tensor/file_util.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 #include "text/corpus.h"
 
 namespace tfm {
@@ -48,17 +48,14 @@ void run_score(const ScoreOptions& o) {
       encode_lines(src_lines, translator.source_vocabulary(), o.ids, config.src_vocab_size, o.src);
   const auto targets =
       encode_lines(tgt_lines, translator.target_vocabulary(), o.ids, config.tgt_vocab_size, o.tgt);
-  for (size_t i = 0; i < sources.size(); ++i) {
-    if (int64_t(sources[i].size()) > max_source_tokens(config))
-      throw Error(o.src + ":" + std::to_string(i + 1) + ": " + std::to_string(sources[i].size()) +
-                  " tokens is longer than the model's max_positions allow");
-    if (int64_t(targets[i].size()) > max_target_tokens(config))
-      throw Error(o.tgt + ":" + std::to_string(i + 1) + ": " + std::to_string(targets[i].size()) +
-                  " tokens is longer than the model's max_positions allow");
-  }
   Progress progress("score", int64_t(sources.size()));
-  const std::vector<ScoringResult> results = translator.score_ids(
-      sources, targets, o.batch_tokens, [&](int64_t done) { progress.update(done); });
+  std::vector<ScoringResult> results;
+  try {
+    results = translator.score_ids(sources, targets, o.batch_tokens,
+                                   [&](int64_t done) { progress.update(done); });
+  } catch (const SequenceTooLong& e) {  // the library's check, told as file:line
+    throw Error((e.target ? o.tgt : o.src) + ":" + std::to_string(e.index + 1) + ": " + e.detail);
+  }
   progress.finish(int64_t(sources.size()));
 
   auto write = [&](std::FILE* f) {

@@ -95,6 +95,9 @@ def test_errors_are_python_exceptions(model_dir, translator):
         transformer_cpp.Translator(model_dir + "/nowhere")
     with pytest.raises(RuntimeError, match="unknown device"):
         transformer_cpp.Translator(model_dir, device="tpu")
+    too_long = " ".join(["آ"] * 5000)  # more tokens than the model has positions
+    with pytest.raises(RuntimeError, match="target 1: .* longer than the model's max_positions"):
+        translator.score_batch([SOURCE, SOURCE], [EXPECTED[SOURCE], too_long])
 
 
 def test_the_gil_is_released_while_translating(translator):
