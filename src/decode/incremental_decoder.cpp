@@ -122,11 +122,13 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
     }
     backend.copy(layer_cache_.output(), n * d, x);
   }
-  if (c.norm == NormPosition::kPre)
-    backend.layer_norm(x, w.decoder_norm.weight, w.decoder_norm.bias, x, n, d,
-                       float(c.layer_norm_eps), nullptr, nullptr);
-  linear_forward(backend, w.output, x, n, logprobs);
-  backend.log_softmax(logprobs, logprobs, n, c.tgt_vocab_size);
+  final_norm(backend, c, w.decoder_norm, x, n, nullptr, x);
+  output_head_forward(
+      backend, w.output, x, n, output_head_,
+      [&](const OutputChunk& chunk) {
+        backend.log_softmax(chunk.logits, chunk.logits, chunk.rows, c.tgt_vocab_size);
+      },
+      logprobs);
   ++position_;
 }
 

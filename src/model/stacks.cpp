@@ -95,20 +95,6 @@ void plan_embed_with_dropout(const ModelConfig& config, int64_t batch, int64_t l
   if (dropout > 0.f) plan.need(mask, n);
 }
 
-// out = LayerNorm(in) for pre-norm stacks (final norm), a copy for post-norm.
-void final_norm(const Backend& backend, const ModelConfig& config, const LayerNormWeights& norm,
-                const float* in, int64_t rows, LayerNormCache& cache, DeviceBuffer<float>& out) {
-  const int64_t d = config.d_model;
-  float* y = ensure_size(backend, out, rows * d);
-  if (config.norm == NormPosition::kPre) {
-    backend.layer_norm(in, norm.weight, norm.bias, y, rows, d, float(config.layer_norm_eps),
-                       ensure_size(backend, cache.mean, rows),
-                       ensure_size(backend, cache.rstd, rows));
-  } else {
-    backend.copy(in, rows * d, y);
-  }
-}
-
 void plan_final_norm(const ModelConfig& config, int64_t rows, LayerNormCache& cache,
                      DeviceBuffer<float>& out, WorkspacePlan& plan) {
   plan.need(out, rows * config.d_model);  // [rows, D]
@@ -126,6 +112,18 @@ void make_layer_caches(std::vector<LayerCache>& caches, int64_t layers) {
 }
 
 }  // namespace
+
+void final_norm(const Backend& backend, const ModelConfig& config, const LayerNormWeights& norm,
+                const float* in, int64_t rows, LayerNormCache* cache, float* out) {
+  const int64_t d = config.d_model;
+  if (config.norm == NormPosition::kPre) {
+    backend.layer_norm(in, norm.weight, norm.bias, out, rows, d, float(config.layer_norm_eps),
+                       cache ? ensure_size(backend, cache->mean, rows) : nullptr,
+                       cache ? ensure_size(backend, cache->rstd, rows) : nullptr);
+  } else if (in != out) {
+    backend.copy(in, rows * d, out);
+  }
+}
 
 void plan_encoder_forward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
                           const DropoutOptions& dropout, StackCache& cache, WorkspacePlan& plan) {
@@ -281,8 +279,9 @@ void encoder_forward(const Model& model, const TransformerWeights& w, const Toke
                           batch.src_len, src_lengths, dropout, i, layer);
     x = layer.output();
   }
-  final_norm(backend, config, w.encoder_norm, x, batch.batch * batch.src_len, cache.encoder_norm,
-             cache.memory);
+  const int64_t rows = batch.batch * batch.src_len;
+  final_norm(backend, config, w.encoder_norm, x, rows, &cache.encoder_norm,
+             ensure_size(backend, cache.memory, rows * config.d_model));  // [B, S, D]
 }
 
 void decoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
@@ -306,8 +305,9 @@ void decoder_forward(const Model& model, const TransformerWeights& w, const Toke
                           cache.src_lengths.data(), dropout, i, layer);
     x = layer.output();
   }
-  final_norm(backend, config, w.decoder_norm, x, batch.batch * batch.tgt_len, cache.decoder_norm,
-             cache.decoder_out);
+  const int64_t rows = batch.batch * batch.tgt_len;
+  final_norm(backend, config, w.decoder_norm, x, rows, &cache.decoder_norm,
+             ensure_size(backend, cache.decoder_out, rows * config.d_model));  // [B, T, D]
 }
 
 namespace {

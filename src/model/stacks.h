@@ -78,6 +78,11 @@ struct StackCache {
   DeviceBuffer<float> decoder_out;  // [B, T, D] decoder output
 };
 
+// out [rows, D] = LayerNorm(in) where the stack is pre-norm (its final norm; cache, when given,
+// keeps the statistics its backward reads), else a copy of in. out may be in.
+void final_norm(const Backend& backend, const ModelConfig& config, const LayerNormWeights& norm,
+                const float* in, int64_t rows, LayerNormCache* cache, float* out);
+
 // Single layers from `input`, output in the cache (used by the stacks and by layer-level tests).
 // input: [B, S, D]; src_lengths: [B]; layer_index numbers the dropout sites.
 void encoder_layer_forward(const Backend& backend, const ModelConfig& config,

@@ -254,35 +254,21 @@ void plan_target_states(const Model& model, const TransformerWeights& w, const B
   plan.need(states, shape.target_tokens * model.config().d_model);  // [tokens, D]
 }
 
-int64_t output_chunk_rows(int64_t vocab) {
-  return std::max<int64_t>(1, (int64_t(4) << 20) / vocab);
-}
-
-int64_t output_logits_elements(int64_t vocab, int64_t positions) {
-  return std::min(output_chunk_rows(vocab), std::max<int64_t>(positions, 1)) * vocab;
-}
-
 void score_forward(const Model& model, const TokenBatch& batch, ScoringWorkspace& ws,
                    std::vector<float>& token_logprobs, Precision precision) {
   std::shared_ptr<const PreparedWeights> hold;
   const TransformerWeights& w = model.sequence_weights(precision, hold);
   const Backend& backend = model.backend();
-  const int64_t d = model.config().d_model, vocab = model.config().tgt_vocab_size;
+  const int64_t vocab = model.config().tgt_vocab_size;
   ws.cache.training = false;
   const int64_t count = target_states(model, w, batch, {}, ws.cache, ws.rows, ws.labels, ws.states);
-  const float* states = ws.states.data();                        // [valid_rows, D]
   const int32_t* device_labels = ws.cache.target_labels.data();  // [valid_rows]
   float* picked = ensure_size(backend, ws.picked, count);        // [valid_rows]
-
-  // Chunks of rows keep the logits buffer near 16 MB whatever the vocabulary.
-  const int64_t chunk = output_chunk_rows(vocab);
-  float* logits =
-      ensure_size(backend, ws.logits, output_logits_elements(vocab, count));  // [chunk, V]
-  for (int64_t begin = 0; begin < count; begin += chunk) {
-    const int64_t n = std::min(chunk, count - begin);
-    linear_forward(backend, w.output, states + begin * d, n, logits);
-    backend.log_softmax_pick(logits, device_labels + begin, n, vocab, picked + begin);
-  }
+  output_head_forward(backend, w.output, ws.states.data(), count, ws.head,
+                      [&](const OutputChunk& c) {
+                        backend.log_softmax_pick(c.logits, device_labels + c.begin, c.rows, vocab,
+                                                 picked + c.begin);
+                      });
   std::vector<float> host_picked(static_cast<size_t>(count));
   backend.copy_to_host(picked, count * int64_t(sizeof(float)), host_picked.data());
   token_logprobs.assign(size_t(batch.batch * batch.tgt_len), 0.f);
@@ -294,11 +280,11 @@ void plan_score_forward(const Model& model, const BatchShape& shape, ScoringWork
                         Precision precision) {
   std::shared_ptr<const PreparedWeights> hold;
   const TransformerWeights& w = model.sequence_weights(precision, hold);
-  const int64_t vocab = model.config().tgt_vocab_size, count = shape.target_tokens;
+  const int64_t count = shape.target_tokens;
   ws.cache.training = false;
   plan_target_states(model, w, shape, {}, ws.cache, ws.states, ws.plan);
-  ws.plan.need(ws.picked, count);                                 // [tokens]
-  ws.plan.need(ws.logits, output_logits_elements(vocab, count));  // [chunk, V]
+  ws.plan.need(ws.picked, count);  // [tokens]
+  plan_output_head_forward(w.output, count, ws.head, ws.plan);
 }
 
 }  // namespace tfm

@@ -16,6 +16,7 @@
 #include "backend/device_tensors.h"
 #include "backend/workspace.h"
 #include "model/config.h"
+#include "model/output_head.h"
 #include "model/stacks.h"
 #include "model/weights.h"
 #include "tensor/tensor.h"
@@ -147,13 +148,6 @@ void plan_target_states(const Model& model, const TransformerWeights& w, const B
                         const DropoutOptions& dropout, StackCache& cache,
                         DeviceBuffer<float>& states, WorkspacePlan& plan);
 
-// How many rows of logits the output projection computes at once: [rows, vocab] stays near
-// 16 MB whatever the vocabulary.
-int64_t output_chunk_rows(int64_t vocab);
-// Elements of the logits buffer for `positions` rows projected in such chunks:
-// [min(chunk, positions), vocab], at least one row.
-int64_t output_logits_elements(int64_t vocab, int64_t positions);
-
 // Every buffer of score_forward. Planned (plan_score_forward for each batch shape, then
 // memory.allocate(backend, plan)), they are parts of one block; unplanned, each grows on first
 // use to the largest shape it meets.
@@ -162,7 +156,7 @@ struct ScoringWorkspace {
   WorkspacePlan plan;          // every shape planned so far
   StackCache cache;            // both stacks in inference mode (one layer cache reused)
   DeviceBuffer<float> states;  // [tokens, D] decoder outputs at the real target positions
-  DeviceBuffer<float> logits;  // [chunk, V] the output projection of a chunk of them
+  OutputHeadBuffers head;      // the output projection of a chunk of them
   DeviceBuffer<float> picked;  // [tokens] log p of each position's label
   std::vector<int64_t> rows;   // [tokens] flat b * T + t of each real position (host)
   std::vector<int32_t> labels;

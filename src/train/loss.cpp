@@ -26,25 +26,17 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
 
   LossTotals totals;
   totals.tokens = count;
-  const int64_t chunk = output_chunk_rows(vocab);
-  float* logits =
-      ensure_size(backend, ws.logits, output_logits_elements(vocab, count));  // [chunk, V]
-  for (int64_t begin = 0; begin < count; begin += chunk) {
-    const int64_t n = std::min(chunk, count - begin);
-    const float* x = states + begin * d;  // [n, D]
-    const uint16_t* rounded_x =
-        rounded_copy(backend, w.output, x, n, d, ws.rounded_states);  // [n, D]
-    linear_forward(backend, w.output, x, n, logits, rounded_x);
+  output_head_forward(backend, w.output, states, count, ws.head, [&](const OutputChunk& c) {
     const CrossEntropyTotals ce = backend.cross_entropy_forward_backward(
-        logits, labels + begin, n, vocab, label_smoothing, grad_scale);
+        c.logits, labels + c.begin, c.rows, vocab, label_smoothing, grad_scale);
     totals.loss += ce.loss;
     totals.nll += ce.nll;
     totals.correct += ce.correct;
-    if (!backward) continue;
-    // logits now hold d loss / d logits [n, V].
-    linear_backward(backend, w.output, g.output, x, logits, n, d_states + begin * d, false,
-                    ws.scratch, rounded_x);
-  }
+    if (!backward) return;
+    // The chunk's logits now hold d loss / d logits [rows, V].
+    linear_backward(backend, w.output, g.output, c.states, c.logits, c.rows, d_states + c.begin * d,
+                    false, ws.scratch, c.rounded_states);
+  });
   if (!backward) return totals;
 
   const int64_t out_size = batch.batch * batch.tgt_len * d;
@@ -63,15 +55,12 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
   const int64_t d = config.d_model, vocab = config.tgt_vocab_size, count = shape.target_tokens;
   ws.cache.training = backward;
   plan_target_states(model, w, shape, dropout, ws.cache, ws.states, ws.plan);
-  ws.plan.need(ws.d_states, count * d);                           // [tokens, D]
-  ws.plan.need(ws.logits, output_logits_elements(vocab, count));  // [chunk, V]
+  ws.plan.need(ws.d_states, count * d);  // [tokens, D]
+  plan_output_head_forward(w.output, count, ws.head, ws.plan);
   const int64_t rounded = rounded_weights_elements(w);
   if (rounded > 0) ws.plan.need(ws.rounded_weights, rounded);  // [Σ out · in]
-  const int64_t chunk_rows = std::min(output_chunk_rows(vocab), count);
-  if (rounds_to_bfloat16(w.output) && chunk_rows > 0)
-    ws.plan.need(ws.rounded_states, chunk_rows * d);  // [chunk, D]
   if (!backward) return;
-  plan_linear_backward(w.output, chunk_rows, ws.scratch, ws.plan);
+  plan_linear_backward(w.output, std::min(output_chunk_rows(vocab), count), ws.scratch, ws.plan);
   ws.plan.need(ws.d_decoder_out, shape.batch * shape.tgt_len * d);  // [B, T, D]
   plan_stacks_backward(model, w, shape, ws.scratch, ws.plan);
 }

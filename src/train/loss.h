@@ -36,12 +36,10 @@ struct TrainingWorkspace {
   BackwardScratch scratch;
   DeviceBuffer<float> states;         // [tokens, D] decoder outputs at real positions
   DeviceBuffer<float> d_states;       // [tokens, D]
-  DeviceBuffer<float> logits;         // [chunk, V] logits, then their gradient
+  OutputHeadBuffers head;             // a chunk's logits, then their gradient
   DeviceBuffer<float> d_decoder_out;  // [B, T, D]
-  // Training in bfloat16: every linear weight rounded once per pass (with_rounded_weights), and
-  // the output projection's input rows once per chunk for its forward and weight gradient.
+  // Training in bfloat16: every linear weight rounded once per pass (with_rounded_weights).
   DeviceBuffer<uint16_t> rounded_weights;  // [Σ out · in]
-  DeviceBuffer<uint16_t> rounded_states;   // [chunk, D]
   std::vector<int32_t> labels;             // [tokens]
   std::vector<int64_t> rows;               // [tokens] flat b * T + t of each real position
 };

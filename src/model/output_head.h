@@ -1,0 +1,65 @@
+// The output head of §3.4: decoder states to logits over the target vocabulary (the learned
+// linear transformation before the softmax, tied to the embeddings or not), the one definition
+// that scoring (model/transformer.cpp), the loss (train/loss.cpp) and decoding
+// (decode/incremental_decoder.cpp) share. Rows go through the projection in chunks, so that the
+// [rows, V] logits never exist at once whatever the vocabulary; each chunk is handed to the
+// caller's softmax (log p of a label, cross-entropy and its gradient, the search's
+// log-probabilities) before the next chunk overwrites it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "model/linear.h"
+
+namespace tfm {
+
+// How many rows of logits the projection computes at once: [rows, vocab] stays near 16 MB.
+int64_t output_chunk_rows(int64_t vocab);
+// Elements of the logits buffer for `positions` rows projected in such chunks:
+// [min(chunk, positions), vocab], at least one row.
+int64_t output_logits_elements(int64_t vocab, int64_t positions);
+
+struct OutputHeadBuffers {
+  DeviceBuffer<float> logits;             // [chunk, V] one chunk's logits
+  DeviceBuffer<uint16_t> rounded_states;  // [chunk, D] its states in bfloat16 (bfloat16 training)
+};
+
+// One chunk of the projection, as output_head_forward hands it over.
+struct OutputChunk {
+  int64_t begin = 0;                         // its first row of the states
+  int64_t rows = 0;                          // how many
+  const float* states = nullptr;             // [rows, D]
+  const uint16_t* rounded_states = nullptr;  // [rows, D] in bfloat16, or null (linear_backward's)
+  float* logits = nullptr;                   // [rows, V], the caller's to overwrite
+};
+
+// logits = states[count, D] · outputᵀ + b, chunk by chunk in buffers, each passed to
+// use(const OutputChunk&). With `destination` ([count, V]) every row is projected there at once
+// and handed over as one chunk instead (decoding, whose search reads all rows).
+template <typename Use>
+void output_head_forward(const Backend& backend, const LinearWeights& output, const float* states,
+                         int64_t count, OutputHeadBuffers& buffers, Use&& use,
+                         float* destination = nullptr) {
+  const int64_t d = output.in, vocab = output.out;
+  const int64_t chunk = destination ? std::max<int64_t>(count, 1) : output_chunk_rows(vocab);
+  float* logits = destination ? destination
+                              : ensure_size(backend, buffers.logits,
+                                            output_logits_elements(vocab, count));  // [chunk, V]
+  for (int64_t begin = 0; begin < count; begin += chunk) {
+    OutputChunk c;
+    c.begin = begin;
+    c.rows = std::min(chunk, count - begin);
+    c.states = states + begin * d;
+    c.rounded_states = rounded_copy(backend, output, c.states, c.rows, d, buffers.rounded_states);
+    c.logits = logits;
+    linear_forward(backend, output, c.states, c.rows, c.logits, c.rounded_states);
+    use(c);
+  }
+}
+
+// What output_head_forward asks of `buffers` for `count` rows (without a destination).
+void plan_output_head_forward(const LinearWeights& output, int64_t count,
+                              OutputHeadBuffers& buffers, WorkspacePlan& plan);
+
+}  // namespace tfm
