@@ -63,10 +63,16 @@ def square_gemm_peak(n, repeats=5):
 
 
 def loaded_blas():
-    """Which BLAS library torch's dense GEMMs went to (Debian's torch uses libblas.so.3, the slow
-    netlib reference unless OpenBLAS or similar provides that alternative)."""
+    """Which BLAS library torch's dense GEMMs on the CPU go to: "mkl" for PyPI's wheel (MKL is
+    inside libtorch, as its build configuration says); Debian's torch uses libblas.so.3, the
+    slow netlib reference unless OpenBLAS or similar provides that alternative. The BLAS that
+    numpy's wheel brings and CUDA's cuBLAS do not count."""
+    if "BLAS_INFO=mkl" in torch.__config__.show():
+        return "mkl"
     with open("/proc/self/maps") as f:
-        paths = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
+        paths = {line.split()[-1] for line in f
+                 if "blas" in line.lower() and "/" in line and "cublas" not in line.lower()
+                 and "numpy" not in line}
     if any("openblas" in p for p in paths):
         return "openblas"
     if any("/blas/libblas" in p for p in paths):

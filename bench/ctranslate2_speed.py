@@ -12,20 +12,23 @@ Why this file exists
     for several rounds, alternating which side goes first, each case runs both command lines:
       ours:  transformer translate --compute-type float32|int8|int8_bfloat16 --beam 1|4
              (int8 and int8_bfloat16: the import)
-      CT2:   ct2-translator --compute_type float32|int8 --beam_size 1|4 --intra_threads 2
+      CT2:   bench/ct2_translate_peer.py --compute_type float32|int8 --beam_size 1|4 --intra_threads 2
+             (ctranslate2.Translator.translate_batch from the wheel users install from PyPI,
+             pinned in bench/peers.txt and installed outside the repository by bench/peers.sh)
     Our int8_bfloat16 (int8 products, the decoder's key/value cache in bfloat16) runs against
     CTranslate2's int8: CTranslate2 has no bfloat16 on CPUs (its mayiuse_bfloat16 is false for
     Device::CPU, so it refuses int8_bfloat16 there), and int8 is what its users deploy.
     on the same 32 sentences of 32 random tokens, every output forced to exactly 32 tokens on
     both sides (minimum = maximum length; length penalty 0), one batch of 32 sentences each.
-    The time is the whole process (loading the model included), the memory its peak resident set
+    The time is the whole process (loading the model included; for CTranslate2 also starting
+    Python and importing ctranslate2, reported beside it), the memory its peak resident set
     (os.wait4's ru_maxrss). It reports medians, CTranslate2 time / our time (> 1: ours faster),
     both peak RSS, and how many outputs are the same token sequences.
 
 How to run
-    bash bench/build_ctranslate2.sh SRC PREFIX       (once; CTranslate2 4.x sources)
     bash scripts/build.sh
-    python3 bench/ctranslate2_speed.py --ct2 PREFIX [--rounds 5] [--work-dir DIR]
+    python3 bench/ctranslate2_speed.py [--rounds 5] [--work-dir DIR] [--transformer BIN] [--peer-python PY]
+    (the peers are installed on first use: bash bench/peers.sh)
     Writes bench/results/ctranslate2_speed.{md,json}. About 4 minutes on 2 cores.
 """
 
@@ -120,7 +123,8 @@ def commands(args, ours, exports, source, compute_type, beam):
                "--batch-tokens", str(SENTENCES * (TOKENS + 1) * beam),
                "--compute-type", compute_type]
     ct2_type = CT2_COMPUTE_TYPE[compute_type]
-    ct2_cmd = [os.path.join(args.ct2, "bin", "ct2-translator"), "--model", exports[ct2_type],
+    ct2_cmd = [args.peer_python, os.path.join(ROOT, "bench", "ct2_translate_peer.py"),
+               "--model", exports[ct2_type],
                "--src", source, "--beam_size", str(beam), "--length_penalty", "0",
                "--min_decoding_length", str(TOKENS), "--max_decoding_length", str(TOKENS),
                "--batch_size", str(SENTENCES), "--intra_threads", str(THREADS),
@@ -129,23 +133,32 @@ def commands(args, ours, exports, source, compute_type, beam):
 
 
 def main():
+    global BIN
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
-    parser.add_argument("--ct2", required=True, help="CTranslate2 install prefix (bin/ct2-translator)")
+    parser.add_argument("--transformer", help="our program (default build/transformer)")
+    parser.add_argument("--peer-python",
+                        help="python with the ctranslate2 wheel (default: bash bench/peers.sh's)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--work-dir", help="keep the model and outputs here (default: a temp dir)")
     args = parser.parse_args()
+    if args.transformer:
+        BIN = os.path.abspath(args.transformer)
     if not os.access(BIN, os.X_OK):
         fail(BIN + " is missing: run bash scripts/build.sh first")
-    if not os.access(os.path.join(args.ct2, "bin", "ct2-translator"), os.X_OK):
-        fail(args.ct2 + "/bin/ct2-translator is missing: bash bench/build_ctranslate2.sh SRC PREFIX")
+    if not args.peer_python:
+        peers = subprocess.run(["bash", os.path.join(ROOT, "bench", "peers.sh")],
+                               stdout=subprocess.PIPE, text=True)
+        if peers.returncode != 0:
+            fail("bench/peers.sh could not install the peers")
+        args.peer_python = peers.stdout.strip()
     work = args.work_dir or tempfile.mkdtemp(prefix="ct2_speed.")
     os.makedirs(work, exist_ok=True)
     ours, exports, source = prepare(work, args.seed)
-    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS),
-               LD_LIBRARY_PATH=os.path.join(args.ct2, "lib"))
+    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS))
 
     samples = {(c, b, side): [] for c, b in CASES for side in ("ours", "ct2")}
+    peer_phases = {(c, b): [] for c, b in CASES}  # the peer's own JSON line of each run
     outputs = {}
     for round_index in range(args.rounds):
         for compute_type, beam in CASES:
@@ -158,11 +171,16 @@ def main():
                 samples[(compute_type, beam, side)].append(timed(cmd, env, output))
                 with open(output) as f:
                     outputs[(compute_type, beam, side)] = f.read().splitlines()
+                if side == "ct2":
+                    with open(output + ".err") as f:
+                        peer_phases[(compute_type, beam)].append(json.loads(f.read().splitlines()[-1]))
         print("round %d/%d done" % (round_index + 1, args.rounds), file=sys.stderr)
 
     report = {"benchmark": "ctranslate2_speed", "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "cpu": cpu_name(), "threads": THREADS, "rounds": args.rounds,
-              "sentences": SENTENCES, "tokens": TOKENS, "vocab": VOCAB, "cases": []}
+              "sentences": SENTENCES, "tokens": TOKENS, "vocab": VOCAB,
+              "ctranslate2": peer_phases[CASES[0]][0]["ctranslate2"], "ctranslate2_from": "PyPI wheel",
+              "cases": []}
     for compute_type, beam in CASES:
         entry = {"compute_type": compute_type, "ct2_compute_type": CT2_COMPUTE_TYPE[compute_type],
                  "beam": beam}
@@ -172,6 +190,8 @@ def main():
             entry[side + "_all_seconds"] = [s for s, _ in runs]
             entry[side + "_peak_rss_mib"] = max(r for _, r in runs)
         entry["speed_ours_over_ct2"] = entry["ct2_seconds"] / entry["ours_seconds"]
+        for phase in ("import_s", "load_s", "translate_s"):
+            entry["ct2_" + phase] = statistics.median(p[phase] for p in peer_phases[(compute_type, beam)])
         ours_lines, ct2_lines = outputs[(compute_type, beam, "ours")], outputs[(compute_type, beam, "ct2")]
         if len(ours_lines) != SENTENCES or len(ct2_lines) != SENTENCES:
             fail("expected %d output lines, got %d (ours) and %d (CTranslate2)"
@@ -187,18 +207,19 @@ def main():
         json.dump(report, f, indent=1)
     lines = ["# Decoding against CTranslate2, same run", "",
              "%s, %s, %d threads, %d rounds (sides alternating), base model, %d sentences x %d tokens, "
-             "whole processes; medians, peak RSS the largest of the rounds." %
-             (report["date"], report["cpu"], THREADS, args.rounds, SENTENCES, TOKENS), "",
-             "| case | ours s | CTranslate2 s | speed ours/CT2 | ours peak RSS MiB | CT2 peak RSS MiB | same outputs |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "whole processes; medians, peak RSS the largest of the rounds. CTranslate2 %s, the wheel "
+             "from PyPI, through its Python API (its import is in its time; the last column says how much)." %
+             (report["date"], report["cpu"], THREADS, args.rounds, SENTENCES, TOKENS, report["ctranslate2"]), "",
+             "| case | ours s | CTranslate2 s | speed ours/CT2 | ours peak RSS MiB | CT2 peak RSS MiB | same outputs | CT2 import s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for e in report["cases"]:
         against = "" if e["ct2_compute_type"] == e["compute_type"] else " (CT2 %s)" % e["ct2_compute_type"]
-        lines.append("| %s%s, %s | %.3f | %.3f | %.2f | %.0f | %.0f | %d/%d |" % (
+        lines.append("| %s%s, %s | %.3f | %.3f | %.2f | %.0f | %.0f | %d/%d | %.3f |" % (
             e["compute_type"], against, "greedy" if e["beam"] == 1 else "beam %d" % e["beam"], e["ours_seconds"],
             e["ct2_seconds"], e["speed_ours_over_ct2"], e["ours_peak_rss_mib"], e["ct2_peak_rss_mib"],
-            e["identical_outputs"], SENTENCES))
-    lines += ["", "Reproduce: `python3 bench/ctranslate2_speed.py --ct2 PREFIX` (CTranslate2 built by "
-              "`bash bench/build_ctranslate2.sh`)."]
+            e["identical_outputs"], SENTENCES, e["ct2_import_s"]))
+    lines += ["", "Reproduce: `python3 bench/ctranslate2_speed.py` (the peer is installed from PyPI by "
+              "`bash bench/peers.sh`, pinned in bench/peers.txt)."]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(RESULTS, "ctranslate2_speed.md"), "w") as f:
         f.write(text)

@@ -2,14 +2,14 @@
 # The complexity column of the paper's Table 1, measured: forward time of one self-attention layer
 # (d_model 512, 8 heads, one sequence) against its length n = 64 … 4096, full attention vs
 # restricted attention (window 32), with a recurrent layer (tanh RNN) as the O(n·d²) reference and
-# PyTorch 1.13 beside each (nn.MultiheadAttention, with a band mask for the restricted case, and
+# PyTorch (bench/peers.txt) beside each (nn.MultiheadAttention, with a band mask for the restricted case, and
 # nn.RNN) in the same run, alternating rounds. Fits the log–log slope of time against n over
 # n >= 512 (expected: about 2 for full attention's core, 1 for restricted and recurrent) and
 # writes bench/results/attention_scaling.{md,json,png}.
 #
 # usage: bench/run_attention_scaling.sh   (from anywhere; installs packages and builds as needed)
 # env:   OMP_NUM_THREADS (default 2)  ROUNDS (2)  MAX_N (4096)  WINDOW (32)  MIN_CENTIS (30)
-#        BUILD_DIR (build)  BENCH_NO_INSTALL=1: fail instead of installing OpenBLAS for the peer
+#        BUILD_DIR (build)
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,7 +32,7 @@ args=(--max-n "$max_n" --window "$window" --min-centis "$min_centis")
 start=$(date +%s)
 for round in $(seq 1 "$rounds"); do
   "$bench_bin" "${args[@]}" >>"$work/ours.jsonl" || fail "attention_scaling_bench failed"
-  /usr/bin/python3 bench/attention_scaling_peer.py "${args[@]}" >>"$work/peer.jsonl" ||
+  "$python" bench/attention_scaling_peer.py "${args[@]}" >>"$work/peer.jsonl" ||
     fail "attention_scaling_peer.py failed"
 done
 
@@ -104,7 +104,7 @@ inference: no attention weights kept) in milliseconds. *Layer* includes the Q, K
 projections (O(n·d²)); *core* is the attention between projected Q, K, V alone. Restricted: each
 position attends to the {window} positions on either side (`self_attention_window` {window}).
 Recurrent: h_t = tanh(W_x x_t + W_h h_{{t−1}} + b), d = 512, the O(n·d²) row of Table 1 with n
-sequential steps. PyTorch 1.13 beside each, same thread count: nn.MultiheadAttention (restricted =
+sequential steps. PyTorch beside each, same thread count: nn.MultiheadAttention (restricted =
 the same band as a boolean mask; PyTorch computes all n² scores anyway) and nn.RNN; the ratio is
 PyTorch's time / ours.
 

@@ -19,7 +19,7 @@
 #        PHASE_REPEATS (3: --profile replays)  QUIET_WAIT (30: seconds to wait for other
 #        processes to go idle before each run)  BUILD_DIR (build)
 #        WORK_DIR (a fresh temp dir, removed at the end unless given)
-#        BENCH_NO_INSTALL=1: fail instead of installing OpenBLAS for the peer
+#        PEERS_VENV (where bench/peers.sh installs the peers)
 # Takes about 4 minutes on 2 cores when the machine is otherwise idle (plus up to QUIET_WAIT
 # seconds before each of the 15 runs when it is not).
 set -euo pipefail
@@ -34,7 +34,6 @@ warmup=${WARMUP:-1}
 phase_repeats=${PHASE_REPEATS:-3}
 quiet_wait=${QUIET_WAIT:-30}
 build=${BUILD_DIR:-build}
-python=/usr/bin/python3
 results=bench/results
 beam=4
 

@@ -7,7 +7,7 @@
 # usage: bench/run_score_bench.sh        (from anywhere; installs packages and builds as needed)
 # env:   OMP_NUM_THREADS (default 2)  ROUNDS (3)  REPEATS (10)  BUILD_DIR (build)
 #        WORK_DIR (a fresh temp dir, removed at the end unless given)
-#        BENCH_NO_INSTALL=1: fail instead of installing OpenBLAS for the peer
+#        PEERS_VENV (where bench/peers.sh installs the peers)
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +16,6 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 rounds=${ROUNDS:-3}
 repeats=${REPEATS:-10}
 build=${BUILD_DIR:-build}
-python=/usr/bin/python3
 results=bench/results
 
 fail() { echo "error: $*" >&2; exit 1; }

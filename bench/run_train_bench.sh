@@ -6,10 +6,13 @@
 # and writes bench/results/train.{md,json} with the medians, the tokens/s ratio, each side's MFU
 # against the GEMM peak it measured itself, peak RSS and the forward / backward / optimizer split.
 #
+# COMPUTE_TYPE=bfloat16 runs ours in bfloat16 (train --compute-type bfloat16) against PyTorch's
+# bfloat16 autocast (train_peer.py --autocast bfloat16) and writes bench/results/train_bfloat16.*.
+#
 # usage: bench/run_train_bench.sh        (from anywhere; installs packages and builds as needed)
-# env:   OMP_NUM_THREADS (default 2)  ROUNDS (3)  STEPS (5)  WARMUP (2)  PHASE_REPEATS (3)
+# env:   COMPUTE_TYPE (float32)  OMP_NUM_THREADS (default 2)  ROUNDS (3)  STEPS (5)  WARMUP (2)  PHASE_REPEATS (3)
 #        QUIET_WAIT (60: seconds to wait for other processes to go idle before each run)
-#        BUILD_DIR (build)  BENCH_NO_INSTALL=1: fail instead of installing OpenBLAS
+#        BUILD_DIR (build)  PEERS_VENV (bench/peers.sh)
 # Takes about 5 minutes on 2 cores when the machine is otherwise idle (PyTorch needs ~5 s a
 # step, ours ~2 s).
 set -euo pipefail
@@ -23,8 +26,13 @@ warmup=${WARMUP:-2}
 phase_repeats=${PHASE_REPEATS:-3}
 quiet_wait=${QUIET_WAIT:-60}
 build=${BUILD_DIR:-build}
-python=/usr/bin/python3
 results=bench/results
+compute_type=${COMPUTE_TYPE:-float32}
+case $compute_type in
+  float32) peer_precision=(); name=train ;;
+  bfloat16) peer_precision=(--autocast bfloat16); name=train_bfloat16 ;;
+  *) echo "error: COMPUTE_TYPE is float32 or bfloat16, not $compute_type" >&2; exit 1 ;;
+esac
 
 fail() { echo "error: $*" >&2; exit 1; }
 
@@ -68,10 +76,10 @@ start=$(date +%s)
 for round in $(seq 1 "$rounds"); do
   wait_quiet
   measured "$work/ours.jsonl" "$work/ours.load" "$bench_bin" "${common[@]}" \
-    --profile --phase-repeats "$phase_repeats" ||
+    --compute-type "$compute_type" --profile --phase-repeats "$phase_repeats" ||
     fail "train_bench failed in round $round"
   wait_quiet
-  measured "$work/peer.jsonl" "$work/peer.load" "$python" bench/train_peer.py "${common[@]}" ||
+  measured "$work/peer.jsonl" "$work/peer.load" "$python" bench/train_peer.py "${common[@]}" "${peer_precision[@]}" ||
     fail "train_peer.py failed in round $round"
   echo "round $round/$rounds done ($(( $(date +%s) - start )) s)" >&2
 done
@@ -82,10 +90,10 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if ! git diff --quiet HEAD -- src 2>/dev/null; then commit="$commit+dirty"; fi
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 
-"$python" - "$work" "$results" "$cpu" "$commit" "$load" "$ticks_per_s" <<'EOF'
+"$python" - "$work" "$results" "$cpu" "$commit" "$load" "$ticks_per_s" "$name" "$compute_type" <<'EOF'
 import datetime, json, statistics, sys
 
-work, results, cpu, commit, load, ticks_per_s = sys.argv[1:7]
+work, results, cpu, commit, load, ticks_per_s, name, compute_type = sys.argv[1:9]
 
 def read_runs(side):
     runs = [json.loads(line) for line in open(f"{work}/{side}.jsonl") if line.strip()]
@@ -139,6 +147,7 @@ report = {
                  "base model, shared vocab 8000",
     "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     "cpu": cpu, "commit": commit, "threads": o["threads"], "load_average_after": load,
+    "compute_type": compute_type,
     "batch": shape["batch"], "src_len_with_eos": shape["src_len"], "tgt_len_with_bos": shape["tgt_len"],
     "source_tokens": shape["source_tokens"], "target_tokens": shape["target_tokens"],
     "gflop_per_step": shape["gflop"],
@@ -159,7 +168,7 @@ noise = (f"\n\n**Noisy: every round had other processes taking over {noise_limit
          f" Medians over the clean rounds ({', '.join(str(i + 1) for i in used)} of {len(ours_all)}: "
          f"other processes under {noise_limit} of a core during both runs).")
 
-with open(f"{results}/train.json", "w") as f:
+with open(f"{results}/{name}.json", "w") as f:
     json.dump(report, f, indent=2)
     f.write("\n")
 
@@ -183,9 +192,15 @@ Our forward, split: encoder stack {op['encoder_forward_s']:.3f} s, decoder stack
 {op['decoder_forward_s']:.3f} s, vocabulary projection + loss {op['projection_loss_forward_s']:.3f} s.
 """
 
+precision = ("float32 on both sides" if compute_type == "float32" else
+             "bfloat16: ours `--compute-type bfloat16` (bfloat16 products, float32 master weights and "
+             "Adam), PyTorch's forward and loss under `torch.autocast(dtype=torch.bfloat16)` (its "
+             "mixed precision)")
 md = f"""# Training benchmark (`bench/run_train_bench.sh`)
 
-{report['date']} · {cpu} · {o['threads']} threads · commit {commit}
+{report['date']} · {cpu} · {o['threads']} threads · commit {commit} · PyTorch {p['impl'].split('-', 1)[1]}
+
+Precision: {precision}.
 
 One training step of the base model (d_model 512, 6+6 layers, post-norm, relu, one shared
 8000-token embedding tied to the output projection; {o['parameters'] / 1e6:.1f} M parameters):
@@ -197,8 +212,8 @@ One fixed batch: {shape['batch']} pairs × {shape['src_len']} source positions (
 (3 × the forward's: each product has two of the same size in the backward).
 {len(ours_all)} rounds, each one run of ours then one of PyTorch; each run: {shape['warmup']} warm-up + {shape['steps']} timed steps.
 MFU is against the fp32 GEMM peak each side measured in the same process (square
-{shape['gemm_size']}³ product: the faster of oneDNN's sgemm and matmul for ours, torch.mm → OpenBLAS
-for PyTorch).
+{shape['gemm_size']}³ product: the faster of oneDNN's sgemm and matmul for ours, torch.mm → {p.get('blas', '?')}
+for PyTorch), in both precisions.
 
 | | target tokens/s | median s/step | peak RSS MiB | GFLOP/s | GEMM peak GFLOP/s | MFU |
 |---|---:|---:|---:|---:|---:|---:|
@@ -216,7 +231,7 @@ each stack, which ours (post-norm) does not have. Loss per token at the first st
 Peak RSS is the process's ru_maxrss after the timed steps (PyTorch's includes the interpreter and
 libtorch).
 """
-with open(f"{results}/train.md", "w") as f:
+with open(f"{results}/{name}.md", "w") as f:
     f.write(md)
 
 def line(name, s):
@@ -235,5 +250,5 @@ if noisy:
           file=sys.stderr)
 else:
     print(f"medians over clean rounds {[i + 1 for i in used]} of {len(ours_all)}")
-print(f"wrote {results}/train.md and {results}/train.json")
+print(f"wrote {results}/{name}.md and {results}/{name}.json")
 EOF
