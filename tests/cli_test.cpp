@@ -9,10 +9,10 @@
 
 #include "backend/backend.h"
 #include "cli_runner.h"
-#include "tensor/file_util.h"
 #include "io/model_directory.h"
 #include "io/safetensors.h"
 #include "skip_report.h"
+#include "tensor/file_util.h"
 
 namespace {
 
@@ -378,7 +378,8 @@ TEST(Cli, ImportCTranslate2AndScoreText) {
   if (tfm::cpu_backend().supports(tfm::Precision::kInt8)) {
     r = work.run_cli(int8_score);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_NEAR(std::stod(r.out), -1.061750, 0.1);
+    // Measured 0.011 from float32's (2026-11-28, AMD EPYC).
+    EXPECT_NEAR(std::stod(r.out), -1.061750, 0.03);
     EXPECT_NE(std::stod(r.out), -1.061750);
     r = work.run_cli(int8_translate);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -552,7 +553,12 @@ TEST(Cli, QuantizeWritesAnInt8ModelThatRunsInInt8) {
   ASSERT_EQ(back.exit_code, 0) << back.err;
   EXPECT_EQ(back.out, multiplied_out.out);
   EXPECT_NE(back.out, original.out);
-  EXPECT_NEAR(std::stod(back.out), std::stod(original.out), 0.1);
+  // Measured 0.009 and 0.002 from the float32 scores (2026-11-28, AMD EPYC).
+  std::istringstream back_lines(back.out), original_lines(original.out);
+  int scored = 0;
+  for (double b = 0, o = 0; back_lines >> b && original_lines >> o; ++scored)
+    EXPECT_NEAR(b, o, 0.025) << "sentence " << scored + 1;
+  EXPECT_EQ(scored, 2);
 }
 
 }  // namespace

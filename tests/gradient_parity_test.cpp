@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "backend/backend.h"
 #include "fixture_batch.h"
@@ -80,14 +81,38 @@ TEST_P(GradientParity, EveryParameterGradientMatchesPyTorch) {
 // backward) reads its operands rounded to bfloat16 (relative error ≤ 2^-9 each; the rounding
 // itself is checked exactly in backend_ops_test.cpp). How far that moves a gradient depends on
 // the model: these fixtures are tiny random models (d_model 12) whose ReLUs and softmaxes
-// flip under small perturbations. Measured here (2026-11-24) over all parameters, the L2
-// error against PyTorch's float64 gradient relative to its norm is 0.4–3.5% (additive_window
-// 12%), while rounding only the weights to bfloat16 and computing in float32 already moves it
-// 0.4–4.2%. Bound: 15% over all parameters (a wrong operand or transpose gives ~100%), the loss
-// within 1%, and the bfloat16 gradients differ from the float32 ones (bfloat16 really ran).
+// flip under small perturbations, some far more than others (additive_window most: rounding
+// only its weights to bfloat16 and computing in float32 already moves its gradients several
+// percent). So each fixture has its own bounds, 2-3x the L2 error against PyTorch's float64
+// gradient, relative to its norm, measured on 2026-11-28 (AMD EPYC, AVX512-BF16): over all
+// parameters, and in each tensor alone (the worst tensor's error, in brackets; additive_window's
+// 58% gets 0.9, under 2x, since a bound past 1 would accept a zero gradient). A wrong operand or
+// transpose gives ~100%. Besides, the loss within 1%, and the bfloat16 gradients differ from
+// the float32 ones (bfloat16 really ran).
+struct BFloat16GradientBound {
+  double all;     // the relative L2 error over all parameters
+  double tensor;  // ... in each tensor
+};
+const std::map<std::string, BFloat16GradientBound> kBFloat16GradientBounds = {
+    {"additive", {0.012, 0.05}},                  // 0.46% (1.9%)
+    {"additive_window", {0.25, 0.9}},             // 11.9% (58%)
+    {"dot_unscaled", {0.07, 0.18}},               // 2.8% (7.0%)
+    {"none_learned", {0.016, 0.045}},             // 0.61% (1.7%)
+    {"paper_post", {0.023, 0.1}},                 // 0.89% (4.1%)
+    {"pre_gelu_target", {0.01, 0.025}},           // 0.37% (1.0%)
+    {"pre_learned_offset_window", {0.03, 0.11}},  // 1.2% (4.5%)
+    {"pre_nope_noscale", {0.09, 0.19}},           // 3.5% (7.4%)
+    {"single", {0.017, 0.085}},                   // 0.67% (3.4%)
+    {"window2", {0.085, 0.28}},                   // 3.4% (11.1%)
+};
+
 TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
   if (!cpu_backend().supports(Precision::kBFloat16))
     GTEST_SKIP() << testing_support::cannot_compute(cpu_backend(), Precision::kBFloat16);
+  const auto measured = kBFloat16GradientBounds.find(GetParam());
+  ASSERT_NE(measured, kBFloat16GradientBounds.end())
+      << "no measured bfloat16 bound for the fixture " << GetParam();
+  const BFloat16GradientBound bound = measured->second;
   const GradientFixture f(GetParam());
   const Model& model = f.model;
   const TensorMap& expected = f.expected;
@@ -113,8 +138,17 @@ TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
       norm += std::pow(double(e.data[i]), 2);
     }
     any_differs = any_differs || grad.data != f32_host.at(name).data;
+    // Per tensor, so that an error in one small tensor is not diluted by the large ones. A
+    // tensor whose gradient is zero (the key bias under dot-product scores) must stay so.
+    double tensor_error = 0, tensor_norm = 0;
+    for (size_t i = 0; i < grad.data.size(); ++i) {
+      tensor_error += std::pow(double(grad.data[i]) - e.data[i], 2);
+      tensor_norm += std::pow(double(e.data[i]), 2);
+    }
+    EXPECT_LE(std::sqrt(tensor_error), bound.tensor * std::sqrt(tensor_norm) + 1e-9)
+        << name << ": relative error " << std::sqrt(tensor_error / std::max(tensor_norm, 1e-300));
   }
-  EXPECT_LE(std::sqrt(error / norm), 0.15);
+  EXPECT_LE(std::sqrt(error / norm), bound.all);
   EXPECT_TRUE(any_differs);
 }
 

@@ -82,9 +82,11 @@ TEST(ParameterTree, ModelFileDocumentsEveryTensorOfEveryVariant) {
   for (const tfm::ModelConfig& c : variants())
     for (const tfm::ParameterSpec& spec : tfm::parameter_specs(c))
       layer_tensors.insert(with_layer_i(spec.name));
-  for (const std::string& name : documented)
-    if (name.find(".layers.i.") != std::string::npos)
+  for (const std::string& name : documented) {
+    if (name.find(".layers.i.") != std::string::npos) {
       EXPECT_TRUE(layer_tensors.count(name)) << name << " is documented but not in the model";
+    }
+  }
 }
 
 TEST(ParameterTree, CTranslate2VariablesStackTheProjectionsThatReadOneInput) {

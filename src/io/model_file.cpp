@@ -76,10 +76,12 @@ ModelConfig model_config_of_header(const SafetensorsHeader& header, const std::s
   // the scales are not parameters of the config, so they leave the shapes before those are
   // checked.
   std::map<std::string, Shape> shapes = header.shapes;
+  const std::map<std::string, ParameterRole> roles = parameter_roles(config);
   for (const auto& [name, dtype] : header.dtypes) {
     if (dtype != "I8") continue;
     const Shape& shape = header.shapes.at(name);
-    if (!is_int8_weight(name) || shape.size() != 2)
+    const auto role = roles.find(name);
+    if (role == roles.end() || !int8_may_hold(role->second) || shape.size() != 2)
       throw Error(where + ": tensor " + quoted_for_message(name) +
                   " is I8, but only linear weights and token embeddings may be stored in int8");
     const std::string scale = name + kInt8ScaleSuffix;
@@ -118,8 +120,10 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
   // The config and every declared shape are checked before any tensor is read; each tensor is
   // checked (and quantised) as soon as it is read, so int8 never holds the file in float32.
   SafetensorsReceiver receiver;
+  std::map<std::string, ParameterRole> roles;  // of the config's parameters, by name
   auto quantised = [&](const std::string& name) {
-    return weights == ModelWeights::kInt8 && is_int8_weight(name);
+    const auto role = roles.find(name);
+    return weights == ModelWeights::kInt8 && role != roles.end() && int8_may_hold(role->second);
   };
   receiver.place = [&](const std::string& name, const Shape& shape) -> float* {
     if (auto owner = scale_owners.find(name); owner != scale_owners.end())
@@ -164,6 +168,7 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
       path,
       [&](const SafetensorsHeader& header) {
         config = model_config_of_header(header, path);
+        roles = parameter_roles(config);
         std::map<std::string, Shape> shapes = header.shapes;
         for (const auto& [name, dtype] : header.dtypes)
           if (dtype == "I8") {

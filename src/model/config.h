@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -104,6 +105,13 @@ struct ParameterSpec {
 
 // Every parameter tensor of the model, in a fixed order (the walk of model/parameter_tree.h).
 std::vector<ParameterSpec> parameter_specs(const ModelConfig& c);
+// The role of each of them, by name.
+std::map<std::string, ParameterRole> parameter_roles(const ModelConfig& c);
+// Whether a model file or a model may hold a parameter of this role in int8 (rows of int8 and a
+// scale per row): the matrices of the products (linear weights) and the token embeddings.
+inline bool int8_may_hold(ParameterRole role) {
+  return role == ParameterRole::kLinearWeight || role == ParameterRole::kTokenEmbedding;
+}
 int64_t parameter_count(const ModelConfig& c);
 
 }  // namespace tfm

@@ -44,4 +44,10 @@ std::vector<ParameterSpec> parameter_specs(const ModelConfig& c) {
   return specs;
 }
 
+std::map<std::string, ParameterRole> parameter_roles(const ModelConfig& c) {
+  std::map<std::string, ParameterRole> roles;
+  for (const ParameterSpec& spec : parameter_specs(c)) roles.emplace(spec.name, spec.role);
+  return roles;
+}
+
 }  // namespace tfm

@@ -88,13 +88,20 @@ std::shared_ptr<const PreparedWeights> Model::prepared(Precision precision) cons
   // packed copy exists, so at no time are there two copies of all the weights. The embeddings
   // are read by every step: they stay, except a float32 table tied to the output projection,
   // whose rows the lookups then read from the packed projection.
+  const std::map<std::string, ParameterRole> roles = parameter_roles(config_);
+  auto has_role = [&](const std::string& name, ParameterRole role) {
+    const auto it = roles.find(name);
+    return it != roles.end() && it->second == role;
+  };
   std::map<const void*, std::string> float_sources;  // data -> parameter name
   for (const auto& [name, entry] : parameters_)
-    if ((is_linear_weight(name) || is_token_embedding(name)) && entry.data)
+    if ((has_role(name, ParameterRole::kLinearWeight) ||
+         has_role(name, ParameterRole::kTokenEmbedding)) &&
+        entry.data)
       float_sources.emplace(entry.data, name);
   std::map<const void*, std::string> int8_sources;  // values -> parameter name
   for (const auto& [name, q] : int8_weights_)
-    if (is_linear_weight(name)) int8_sources.emplace(q.values.data(), name);
+    if (has_role(name, ParameterRole::kLinearWeight)) int8_sources.emplace(q.values.data(), name);
   prepared = prepare_weights(*backend_, config_, weights_, precision, [&](const void* source) {
     if (auto f = float_sources.find(source); f != float_sources.end()) {
       parameters_.release(f->second);

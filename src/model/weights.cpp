@@ -117,22 +117,6 @@ void check_parameter_shapes(const ModelConfig& config, const std::map<std::strin
   }
 }
 
-bool is_token_embedding(const std::string& name) {
-  return name == "embed.weight" || name == "src_embed.weight" || name == "tgt_embed.weight";
-}
-
-bool is_linear_weight(const std::string& name) {
-  if (name == "out_proj.weight") return true;
-  for (const char* suffix :
-       {".q.weight", ".k.weight", ".v.weight", ".o.weight", ".fc1.weight", ".fc2.weight"}) {
-    const std::string s = suffix;
-    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0 &&
-        (name.rfind("encoder.layers.", 0) == 0 || name.rfind("decoder.layers.", 0) == 0))
-      return true;
-  }
-  return false;
-}
-
 TransformerWeights bind_weights(const ModelConfig& config, const DeviceTensors& tensors,
                                 const std::string& where, const DeviceInt8Weights* int8) {
   check_parameter_shapes(config, tensors.shapes(), where);

@@ -132,16 +132,6 @@ inline EmbeddingTable target_embedding(const TransformerWeights& w) {
   return {w.tgt_embed, w.tgt_embed_int8, w.tgt_embed_prepared};
 }
 
-// Whether a parameter name is the weight of a Linear (the attention projections, the
-// feed-forward layers, a separate output projection).
-bool is_linear_weight(const std::string& name);
-// Whether it is a token embedding table ("embed.weight", "src_embed.weight", "tgt_embed.weight").
-bool is_token_embedding(const std::string& name);
-// The matrices int8 holds: the linear weights and the token embeddings.
-inline bool is_int8_weight(const std::string& name) {
-  return is_linear_weight(name) || is_token_embedding(name);
-}
-
 // Views into `tensors` (which must outlive the result); checks as above. The linear weights
 // found in `int8` (which must outlive the result too) are bound to it instead.
 TransformerWeights bind_weights(const ModelConfig& config, const DeviceTensors& tensors,
