@@ -331,7 +331,7 @@ each one's own); each run: {runs['ours_greedy'][0]['warmup']} warm-up + {runs['o
 GFLOP/s counts the useful work of a KV-cached search ({runs['ours_greedy'][0]['gflop']:.0f} GFLOP greedy,
 {runs['ours_beam'][0]['gflop']:.0f} GFLOP beam 4) for every side; MFU is against the square
 {runs['ours_greedy'][0]['gemm_size']}³ fp32 GEMM each process measured itself (the faster of oneDNN's sgemm and matmul for ours, torch.mm →
-OpenBLAS for PyTorch {torch_version}, {blas}).
+{blas} for PyTorch {torch_version}).
 
 ## Greedy ({rounds_note('greedy')})
 
