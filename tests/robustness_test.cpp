@@ -498,7 +498,9 @@ TEST(TempFiles, StaleOnesAreRemovedAndOwnOnesGoOnSigterm) {
     caught_writing = !fs::exists(big);
     kill(writer, SIGTERM);
     const int code = wait_for(writer);
-    if (caught_writing) EXPECT_EQ(code, 128 + SIGTERM);
+    if (caught_writing) {
+      EXPECT_EQ(code, 128 + SIGTERM);
+    }
   }
   ASSERT_TRUE(caught_writing) << "8 attempts, and each model was written before the signal";
   EXPECT_FALSE(fs::exists(big));

@@ -1,12 +1,13 @@
 // The activation memory of a pass as one allocation, planned from the batch shapes it will run
-// (llm.c allocates its activations once from (B, T) the same way). Each layer has a plan
-// function beside its forward and backward that names the buffers they ask ensure_size for and
-// how many elements, for a batch shape; a WorkspacePlan keeps each buffer's largest need over
-// every shape planned; Workspace::allocate gives every planned buffer its part of one block on
-// the backend. The passes then find their buffers large enough and allocate nothing, the
-// footprint is known (and checked) before the first step, and a device backend gets one
-// allocation instead of hundreds. A buffer asked for more than its plan still grows on its own
-// (correct, only outside the block); the tests prove the plans and the passes agree exactly.
+// (llm.c allocates its activations once from (B, T) the same way). Each layer lists the buffers
+// of its forward and of its backward, and how many elements each needs for a batch shape, once
+// (a *_buffers template over a sizer: Allocate below for the pass, WorkspacePlan for the plan); a
+// WorkspacePlan keeps each buffer's largest need over every shape planned; Workspace::allocate
+// gives every planned buffer its part of one block on the backend. The passes then find their
+// buffers large enough and allocate nothing, the footprint is known (and checked) before the first
+// step, and a device backend gets one allocation instead of hundreds. A buffer asked for more than
+// its plan still grows on its own (correct, only outside the block); the tests prove the plans and
+// the passes agree exactly.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,19 @@ class WorkspacePlan {
   };
   std::vector<Part> parts_;  // in the order first needed
   std::unordered_map<const void*, size_t> index_;
+};
+
+// The other sizer of a layer's buffer list: where WorkspacePlan::need records a need, this
+// gives the buffer at least that size now (ensure_size). Each layer lists its buffers and their
+// sizes once, in a template over the sizer (its *_buffers function); its plan walks the list
+// with the WorkspacePlan and its pass walks it with an Allocate first, then reads the buffers.
+// So a pass and its plan cannot disagree on a buffer or a size.
+struct Allocate {
+  const Backend& backend;
+  template <typename T>
+  void need(DeviceBuffer<T>& buffer, int64_t elements) const {
+    ensure_size(backend, buffer, elements);
+  }
 };
 
 // Owns the block the planned buffers borrow. Declare it before those buffers in the structure

@@ -18,28 +18,52 @@ bool hidden_only_in_bfloat16(const FeedForwardWeights& w, Activation act, float 
          rounds_to_bfloat16(w.fc2);
 }
 
+// The buffers feed_forward_forward uses for `rows` rows: its one size table.
+template <typename Sizer>
+void forward_buffers(const FeedForwardWeights& w, Activation act, int64_t rows, float dropout,
+                     FeedForwardCache& cache, Sizer& sizer) {
+  if (rows <= 0) return;
+  const int64_t n = rows * w.fc1.out;
+  if (rounds_to_bfloat16(w.fc1)) sizer.need(cache.rounded_input, rows * w.fc1.in);  // [rows, D]
+  if (hidden_only_in_bfloat16(w, act, dropout)) {
+    sizer.need(cache.rounded_hidden, n);  // [rows, d_ff]
+    return;
+  }
+  sizer.need(cache.hidden, n);  // [rows, d_ff]
+  if (act != Activation::kRelu && cache.keep_pre_activation)
+    sizer.need(cache.pre_activation, n);                               // [rows, d_ff]
+  if (dropout > 0.f) sizer.need(cache.dropout_mask, n);                // [rows, d_ff]
+  if (rounds_to_bfloat16(w.fc2)) sizer.need(cache.rounded_hidden, n);  // [rows, d_ff]
+}
+
+// The scratch feed_forward_backward uses (its products' own aside).
+template <typename Sizer>
+void backward_buffers(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
+                      Sizer& sizer) {
+  sizer.need(scratch.d_hidden, rows * w.fc1.out);  // [rows, d_ff]
+}
+
 }  // namespace
 
 void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
                           const float* x, int64_t rows, float dropout, uint64_t key,
                           FeedForwardCache& cache, float* out) {
+  if (rows <= 0) return;
+  Allocate sizer{backend};
+  forward_buffers(w, act, rows, dropout, cache, sizer);
   const uint16_t* rounded_x =
       rounded_copy(backend, w.fc1, x, rows, w.fc1.in, cache.rounded_input);  // [rows, D]
   if (hidden_only_in_bfloat16(w, act, dropout)) {
-    if (rows <= 0) return;
-    uint16_t* rounded_hidden =
-        ensure_size(backend, cache.rounded_hidden, rows * w.fc1.out);  // [rows, d_ff]
+    uint16_t* rounded_hidden = cache.rounded_hidden.data();  // [rows, d_ff]
     linear_forward(backend, w.fc1, x, rows, nullptr, rounded_x, true, rounded_hidden);
     linear_forward(backend, w.fc2, nullptr, rows, out, rounded_hidden);
     return;
   }
-  float* hidden = ensure_size(backend, cache.hidden, rows * w.fc1.out);  // [rows, d_ff]
+  float* hidden = cache.hidden.data();  // [rows, d_ff]
   if (act == Activation::kRelu) {
     linear_forward(backend, w.fc1, x, rows, hidden, rounded_x, true);  // ReLU in fc1's pass
   } else {
-    float* pre = cache.keep_pre_activation
-                     ? ensure_size(backend, cache.pre_activation, rows * w.fc1.out)
-                     : hidden;  // [rows, d_ff]
+    float* pre = cache.keep_pre_activation ? cache.pre_activation.data() : hidden;  // [rows, d_ff]
     // fc1 without its bias, which add_bias_activation adds in the same pass as the activation.
     LinearWeights fc1 = w.fc1;
     fc1.bias = nullptr;
@@ -47,7 +71,7 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
     backend.add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
   }
   if (dropout > 0.f) {
-    uint8_t* mask = ensure_size(backend, cache.dropout_mask, rows * w.fc1.out);
+    uint8_t* mask = cache.dropout_mask.data();
     backend.dropout_mask(mask, rows * w.fc1.out, dropout, key);
     backend.apply_dropout(hidden, mask, rows * w.fc1.out, dropout);
   }
@@ -58,25 +82,12 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
 
 void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int64_t rows,
                                float dropout, FeedForwardCache& cache, WorkspacePlan& plan) {
-  const int64_t n = rows * w.fc1.out;
-  if (hidden_only_in_bfloat16(w, act, dropout)) {
-    if (rows <= 0) return;
-    plan.need(cache.rounded_input, rows * w.fc1.in);  // [rows, D]
-    plan.need(cache.rounded_hidden, n);               // [rows, d_ff]
-    return;
-  }
-  plan.need(cache.hidden, n);  // [rows, d_ff]
-  if (act != Activation::kRelu && cache.keep_pre_activation)
-    plan.need(cache.pre_activation, n);                 // [rows, d_ff]
-  if (dropout > 0.f) plan.need(cache.dropout_mask, n);  // [rows, d_ff]
-  if (rounds_to_bfloat16(w.fc1) && rows > 0)
-    plan.need(cache.rounded_input, rows * w.fc1.in);                              // [rows, D]
-  if (rounds_to_bfloat16(w.fc2) && rows > 0) plan.need(cache.rounded_hidden, n);  // [rows, d_ff]
+  forward_buffers(w, act, rows, dropout, cache, plan);
 }
 
 void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
                                 WorkspacePlan& plan) {
-  plan.need(scratch.d_hidden, rows * w.fc1.out);  // [rows, d_ff]
+  backward_buffers(w, rows, scratch, plan);
   plan_linear_backward(w.fc2, rows, scratch, plan);
   plan_linear_backward(w.fc1, rows, scratch, plan);
 }
@@ -86,7 +97,9 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            int64_t rows, float dropout, FeedForwardCache& cache, const float* d_out,
                            BackwardScratch& scratch, float* dx, bool accumulate) {
   const int64_t hidden_size = rows * w.fc1.out;
-  float* d_hidden = ensure_size(backend, scratch.d_hidden, hidden_size);  // [rows, d_ff]
+  Allocate sizer{backend};
+  backward_buffers(w, rows, scratch, sizer);
+  float* d_hidden = scratch.d_hidden.data();  // [rows, d_ff]
   if (hidden_only_in_bfloat16(w, act, dropout)) {
     if (rows <= 0) return;
     const uint16_t* rounded_hidden = cache.rounded_hidden.data();  // [rows, d_ff]

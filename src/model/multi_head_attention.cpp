@@ -25,35 +25,83 @@ AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs&
 
 namespace {
 
+// What one attention call projects (project() below): its queries only (cross-attention in
+// incremental decoding: the keys are cached already), or keys and values too, from the same
+// rows (self-attention) or from another sequence (cross-attention).
+enum class Projected { kQuery, kSelf, kCross };
+
+// The buffers multi_head_attention_forward uses: its one size table. memory_rows: the rows its
+// keys and values are projected from.
+template <typename Sizer>
+void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, int64_t query_len,
+                     int64_t key_len, float dropout, Projected projected, int64_t memory_rows,
+                     AttentionCache& cache, Sizer& sizer) {
+  const int64_t d = w.q.out, query_rows = batch * query_len;
+  const int64_t prob_count = batch * heads * query_len * key_len;
+  sizer.need(cache.context, query_rows * d);  // [B, Tq, D]
+  if (rounds_to_bfloat16(w.o) && query_rows > 0)
+    sizer.need(cache.rounded_context, query_rows * d);                           // [B, Tq, D]
+  if (cache.keep_weights || dropout > 0.f) sizer.need(cache.probs, prob_count);  // [B, H, Tq, Tk]
+  if (dropout > 0.f) sizer.need(cache.dropout_mask, prob_count);
+  if (w.qkv.prepared && projected == Projected::kSelf) {
+    sizer.need(cache.q, query_rows * 3 * d);  // [B, T, 3D] rows q | k | v
+    return;
+  }
+  sizer.need(cache.q, query_rows * d);  // [B, Tq, D]
+  const bool rounds = rounds_to_bfloat16(w.q);
+  if (rounds && query_rows > 0) sizer.need(cache.rounded_query_input, query_rows * d);
+  if (projected == Projected::kQuery) return;
+  if (w.kv.prepared) {
+    sizer.need(cache.k, memory_rows * 2 * d);  // [B, Tk, 2D] rows k | v
+    return;
+  }
+  sizer.need(cache.k, memory_rows * d);  // [B, Tk, D]
+  sizer.need(cache.v, memory_rows * d);  // [B, Tk, D]
+  if (rounds && projected == Projected::kCross && memory_rows > 0)
+    sizer.need(cache.rounded_memory_input, memory_rows * d);  // [B, Tk, D]
+}
+
+// The scratch multi_head_attention_backward uses (its products' own aside).
+template <typename Sizer>
+void backward_buffers(const AttentionWeights& w, int64_t batch, int64_t query_len, int64_t key_len,
+                      BackwardScratch& scratch, Sizer& sizer) {
+  const int64_t d = w.q.out;
+  sizer.need(scratch.d_context, batch * query_len * d);  // [B, Tq, D]
+  sizer.need(scratch.dq, batch * query_len * d);         // [B, Tq, D]
+  sizer.need(scratch.dk, batch * key_len * d);           // [B, Tk, D]
+  sizer.need(scratch.dv, batch * key_len * d);           // [B, Tk, D]
+}
+
 // Q, K, V of one attention call and their row strides.
 struct Projections {
   const float *q = nullptr, *k = nullptr, *v = nullptr;
   int64_t q_stride = 0, k_stride = 0, v_stride = 0;
 };
 
-// Q from query_input, and K, V from memory_input unless it is null, into the cache: one stacked
-// product where the weights are prepared for it, else one product each (what backward reads).
+// Q from query_input, and K, V from memory_input unless it is null, into the cache (sized by
+// forward_buffers): one stacked product where the weights are prepared for it, else one
+// product each (what backward reads).
 Projections project(const Backend& backend, const AttentionWeights& w, const float* query_input,
                     const float* memory_input, int64_t query_rows, int64_t key_rows,
                     AttentionCache& cache) {
   const int64_t d = w.q.out;
   if (w.qkv.prepared && query_input == memory_input) {
-    float* qkv = ensure_size(backend, cache.q, query_rows * 3 * d);  // [B, T, 3D] rows q | k | v
+    float* qkv = cache.q.data();  // [B, T, 3D] rows q | k | v
     linear_forward(backend, w.qkv, query_input, query_rows, qkv);
     return {qkv, qkv + d, qkv + 2 * d, 3 * d, 3 * d, 3 * d};
   }
-  float* q = ensure_size(backend, cache.q, query_rows * d);  // [B, Tq, D]
+  float* q = cache.q.data();  // [B, Tq, D]
   const uint16_t* rounded_query =
       rounded_copy(backend, w.q, query_input, query_rows, d, cache.rounded_query_input);
   linear_forward(backend, w.q, query_input, query_rows, q, rounded_query);
   if (!memory_input) return {q, nullptr, nullptr, d, 0, 0};
   if (w.kv.prepared) {
-    float* kv = ensure_size(backend, cache.k, key_rows * 2 * d);  // [B, Tk, 2D] rows k | v
+    float* kv = cache.k.data();  // [B, Tk, 2D] rows k | v
     linear_forward(backend, w.kv, memory_input, key_rows, kv);
     return {q, kv, kv + d, d, 2 * d, 2 * d};
   }
-  float* k = ensure_size(backend, cache.k, key_rows * d);  // [B, Tk, D]
-  float* v = ensure_size(backend, cache.v, key_rows * d);  // [B, Tk, D]
+  float* k = cache.k.data();  // [B, Tk, D]
+  float* v = cache.v.data();  // [B, Tk, D]
   const uint16_t* rounded_memory =
       memory_input == query_input
           ? rounded_query
@@ -69,17 +117,22 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
                                   const AttentionInputs& in, AttentionCache& cache, float* out) {
   const int64_t d = w.q.out;
   const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
-  float* context = ensure_size(backend, cache.context, query_rows * d);  // [B, Tq, D]
-  const int64_t prob_count = in.batch * heads * in.query_len * in.key_len;
-  const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
-  float* probs = keep ? ensure_size(backend, cache.probs, prob_count) : nullptr;  // [B, H, Tq, Tk]
-  AttentionShape shape = attention_shape(w, in, heads, d);
   // Incremental decoding projects only this position: its q, k, v in self-attention (k and v
   // are appended to the cache), its q alone in cross-attention (the keys are cached already).
   const bool appends = in.cached && in.cached->append_rows;
-  Projections p =
-      project(backend, w, in.query_input, in.cached && !appends ? nullptr : in.memory_input,
-              query_rows, in.cached ? query_rows : key_rows, cache);
+  const float* memory_input = in.cached && !appends ? nullptr : in.memory_input;
+  const int64_t memory_rows = in.cached ? query_rows : key_rows;
+  const Projected projected = !memory_input                    ? Projected::kQuery
+                              : memory_input == in.query_input ? Projected::kSelf
+                                                               : Projected::kCross;
+  Allocate sizer{backend};
+  forward_buffers(w, heads, in.batch, in.query_len, in.key_len, in.dropout, projected, memory_rows,
+                  cache, sizer);
+  float* context = cache.context.data();                     // [B, Tq, D]
+  const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
+  float* probs = keep ? cache.probs.data() : nullptr;        // [B, H, Tq, Tk]
+  AttentionShape shape = attention_shape(w, in, heads, d);
+  Projections p = project(backend, w, in.query_input, memory_input, query_rows, memory_rows, cache);
   const CachedKeysValues* kv = in.cached;
   const bool bfloat16_cache = kv && kv->bfloat16_keys;
   if (appends && bfloat16_cache) {
@@ -104,7 +157,7 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   AttentionDropout dropout;
   if (in.dropout > 0.f) {
     dropout.p = in.dropout;
-    dropout.mask = ensure_size(backend, cache.dropout_mask, prob_count);
+    dropout.mask = cache.dropout_mask.data();
     dropout.key = in.dropout_key;
   }
   if (bfloat16_cache)
@@ -121,44 +174,15 @@ void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads,
                                        int64_t query_len, int64_t key_len, float dropout,
                                        bool self_attention, AttentionCache& cache,
                                        WorkspacePlan& plan) {
-  const int64_t d = w.q.out;
-  const int64_t query_rows = batch * query_len, key_rows = batch * key_len;
-  const int64_t prob_count = batch * heads * query_len * key_len;
-  plan.need(cache.context, query_rows * d);  // [B, Tq, D]
-  if (rounds_to_bfloat16(w.o) && query_rows > 0) {
-    plan.need(cache.rounded_context, query_rows * d);  // [B, Tq, D]
-  }
-  if (cache.keep_weights || dropout > 0.f) {
-    plan.need(cache.probs, prob_count);  // [B, H, Tq, Tk]
-  }
-  // As project() chooses.
-  if (w.qkv.prepared && self_attention) {
-    plan.need(cache.q, query_rows * 3 * d);  // [B, T, 3D]
-  } else {
-    plan.need(cache.q, query_rows * d);  // [B, Tq, D]
-    const bool rounds = rounds_to_bfloat16(w.q);
-    if (rounds && query_rows > 0)
-      plan.need(cache.rounded_query_input, query_rows * d);  // [B, Tq, D]
-    if (w.kv.prepared) {
-      plan.need(cache.k, key_rows * 2 * d);  // [B, Tk, 2D]
-    } else {
-      plan.need(cache.k, key_rows * d);  // [B, Tk, D]
-      plan.need(cache.v, key_rows * d);  // [B, Tk, D]
-      if (rounds && !self_attention && key_rows > 0)
-        plan.need(cache.rounded_memory_input, key_rows * d);  // [B, Tk, D]
-    }
-  }
-  if (dropout > 0.f) plan.need(cache.dropout_mask, prob_count);
+  forward_buffers(w, heads, batch, query_len, key_len, dropout,
+                  self_attention ? Projected::kSelf : Projected::kCross, batch * key_len, cache,
+                  plan);
 }
 
 void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch, int64_t query_len,
                                         int64_t key_len, BackwardScratch& scratch,
                                         WorkspacePlan& plan) {
-  const int64_t d = w.q.out;
-  plan.need(scratch.d_context, batch * query_len * d);  // [B, Tq, D]
-  plan.need(scratch.dq, batch * query_len * d);         // [B, Tq, D]
-  plan.need(scratch.dk, batch * key_len * d);           // [B, Tk, D]
-  plan.need(scratch.dv, batch * key_len * d);           // [B, Tk, D]
+  backward_buffers(w, batch, query_len, key_len, scratch, plan);
   for (const LinearWeights* l : {&w.o, &w.q})
     plan_linear_backward(*l, batch * query_len, scratch, plan);
   for (const LinearWeights* l : {&w.k, &w.v})
@@ -172,10 +196,12 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
                                    float* d_query_input, bool accumulate, float* d_memory_input) {
   const int64_t d = w.q.out;
   const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
-  float* d_context = ensure_size(backend, scratch.d_context, query_rows * d);  // [B, Tq, D]
-  float* dq = ensure_size(backend, scratch.dq, query_rows * d);                // [B, Tq, D]
-  float* dk = ensure_size(backend, scratch.dk, key_rows * d);                  // [B, Tk, D]
-  float* dv = ensure_size(backend, scratch.dv, key_rows * d);                  // [B, Tk, D]
+  Allocate sizer{backend};
+  backward_buffers(w, in.batch, in.query_len, in.key_len, scratch, sizer);
+  float* d_context = scratch.d_context.data();  // [B, Tq, D]
+  float* dq = scratch.dq.data();                // [B, Tq, D]
+  float* dk = scratch.dk.data();                // [B, Tk, D]
+  float* dv = scratch.dv.data();                // [B, Tk, D]
   linear_backward(backend, w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false,
                   scratch, rounds_to_bfloat16(w.o) ? cache.rounded_context.data() : nullptr);
   AttentionDropout dropout;

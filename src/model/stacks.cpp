@@ -73,35 +73,57 @@ LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t 
   return cache;
 }
 
+// The buffers of embed_with_dropout: its one size table.
+template <typename Sizer>
+void embed_buffers(const ModelConfig& config, int64_t batch, int64_t len, float dropout,
+                   DeviceBuffer<float>& out, DeviceBuffer<uint8_t>& mask, Sizer& sizer) {
+  const int64_t n = batch * len * config.d_model;
+  sizer.need(out, n);  // [B, len, D]
+  if (dropout > 0.f) sizer.need(mask, n);
+}
+
 // x [rows, D] = embeddings + positions, then dropout with its own mask.
 void embed_with_dropout(const Backend& backend, const ModelConfig& config,
                         const EmbeddingTable& table, const float* positions, const int32_t* ids,
                         int64_t batch, int64_t len, float dropout, uint64_t key,
                         DeviceBuffer<float>& out, DeviceBuffer<uint8_t>& mask) {
+  Allocate sizer{backend};
+  embed_buffers(config, batch, len, dropout, out, mask, sizer);
   const int64_t n = batch * len * config.d_model;
-  float* x = ensure_size(backend, out, n);
+  float* x = out.data();  // [B, len, D]
   embed_forward(backend, config, table, positions, ids, batch, len, 0, x);
   if (dropout > 0.f) {
-    backend.dropout_mask(ensure_size(backend, mask, n), n, dropout, key);
+    backend.dropout_mask(mask.data(), n, dropout, key);
     backend.apply_dropout(x, mask.data(), n, dropout);
   }
 }
 
-void plan_embed_with_dropout(const ModelConfig& config, int64_t batch, int64_t len, float dropout,
-                             DeviceBuffer<float>& out, DeviceBuffer<uint8_t>& mask,
-                             WorkspacePlan& plan) {
-  const int64_t n = batch * len * config.d_model;
-  plan.need(out, n);  // [B, len, D]
-  if (dropout > 0.f) plan.need(mask, n);
+// The buffers of a stack's final norm: its output and the statistics its backward reads.
+template <typename Sizer>
+void final_norm_buffers(const ModelConfig& config, int64_t rows, LayerNormCache& cache,
+                        DeviceBuffer<float>& out, Sizer& sizer) {
+  sizer.need(out, rows * config.d_model);  // [rows, D]
+  if (config.norm == NormPosition::kPre) {
+    sizer.need(cache.mean, rows);
+    sizer.need(cache.rstd, rows);
+  }
 }
 
-void plan_final_norm(const ModelConfig& config, int64_t rows, LayerNormCache& cache,
-                     DeviceBuffer<float>& out, WorkspacePlan& plan) {
-  plan.need(out, rows * config.d_model);  // [rows, D]
-  if (config.norm == NormPosition::kPre) {
-    plan.need(cache.mean, rows);
-    plan.need(cache.rstd, rows);
-  }
+// The host-computed index arrays each stack uploads: its token ids and the batch's lengths.
+template <typename Sizer>
+void token_buffers(int64_t batch, int64_t len, DeviceBuffer<int32_t>& ids,
+                   DeviceBuffer<int32_t>& lengths, Sizer& sizer) {
+  sizer.need(ids, batch * len);  // [B, len]
+  sizer.need(lengths, batch);    // [B]
+}
+
+// The scratch of stacks_backward itself (its layers' aside).
+template <typename Sizer>
+void stacks_backward_buffers(const ModelConfig& config, int64_t batch, int64_t src_len,
+                             int64_t tgt_len, BackwardScratch& scratch, Sizer& sizer) {
+  const int64_t d = config.d_model;
+  sizer.need(scratch.d_stream, batch * std::max(src_len, tgt_len) * d);  // [rows, D]
+  sizer.need(scratch.d_memory, batch * src_len * d);                     // [B, S, D]
 }
 
 // Planning records where each layer cache is, so the vector gets all its layers before the
@@ -118,8 +140,7 @@ void final_norm(const Backend& backend, const ModelConfig& config, const LayerNo
   const int64_t d = config.d_model;
   if (config.norm == NormPosition::kPre) {
     backend.layer_norm(in, norm.weight, norm.bias, out, rows, d, float(config.layer_norm_eps),
-                       cache ? ensure_size(backend, cache->mean, rows) : nullptr,
-                       cache ? ensure_size(backend, cache->rstd, rows) : nullptr);
+                       cache ? cache->mean.data() : nullptr, cache ? cache->rstd.data() : nullptr);
   } else if (in != out) {
     backend.copy(in, rows * d, out);
   }
@@ -130,10 +151,8 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
   const ModelConfig& config = model.config();
   const int64_t layers = config.encoder_layers, B = shape.batch, S = shape.src_len;
   make_layer_caches(cache.encoder_layers, layers);
-  plan.need(cache.src_ids, B * S);  // [B, S]
-  plan.need(cache.src_lengths, B);  // [B]
-  plan_embed_with_dropout(config, B, S, dropout.dropout, cache.encoder_input,
-                          cache.encoder_input_mask, plan);
+  token_buffers(B, S, cache.src_ids, cache.src_lengths, plan);
+  embed_buffers(config, B, S, dropout.dropout, cache.encoder_input, cache.encoder_input_mask, plan);
   for (int64_t i = 0; i < layers; ++i) {
     EncoderLayerCache& layer = layer_cache(cache.encoder_layers, cache.training, layers, i);
     const EncoderLayerWeights& lw = w.encoder_layers[size_t(i)];
@@ -144,7 +163,7 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
     plan_feed_forward_forward(lw.ffn, config.activation, B * S, dropout.relu_dropout, layer.ffn,
                               plan);
   }
-  plan_final_norm(config, B * S, cache.encoder_norm, cache.memory, plan);
+  final_norm_buffers(config, B * S, cache.encoder_norm, cache.memory, plan);
 }
 
 void plan_decoder_forward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
@@ -153,10 +172,8 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
   const int64_t layers = config.decoder_layers, B = shape.batch, S = shape.src_len,
                 T = shape.tgt_len;
   make_layer_caches(cache.decoder_layers, layers);
-  plan.need(cache.tgt_in, B * T);   // [B, T]
-  plan.need(cache.tgt_lengths, B);  // [B]
-  plan_embed_with_dropout(config, B, T, dropout.dropout, cache.decoder_input,
-                          cache.decoder_input_mask, plan);
+  token_buffers(B, T, cache.tgt_in, cache.tgt_lengths, plan);
+  embed_buffers(config, B, T, dropout.dropout, cache.decoder_input, cache.decoder_input_mask, plan);
   for (int64_t i = 0; i < layers; ++i) {
     DecoderLayerCache& layer = layer_cache(cache.decoder_layers, cache.training, layers, i);
     const DecoderLayerWeights& lw = w.decoder_layers[size_t(i)];
@@ -170,15 +187,14 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
     plan_feed_forward_forward(lw.ffn, config.activation, B * T, dropout.relu_dropout, layer.ffn,
                               plan);
   }
-  plan_final_norm(config, B * T, cache.decoder_norm, cache.decoder_out, plan);
+  final_norm_buffers(config, B * T, cache.decoder_norm, cache.decoder_out, plan);
 }
 
 void plan_stacks_backward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
                           BackwardScratch& scratch, WorkspacePlan& plan) {
   const ModelConfig& config = model.config();
-  const int64_t d = config.d_model, B = shape.batch, S = shape.src_len, T = shape.tgt_len;
-  plan.need(scratch.d_stream, B * std::max(S, T) * d);  // [rows, D]
-  plan.need(scratch.d_memory, B * S * d);               // [B, S, D]
+  const int64_t B = shape.batch, S = shape.src_len, T = shape.tgt_len;
+  stacks_backward_buffers(config, B, S, T, scratch, plan);
   for (const DecoderLayerWeights& lw : w.decoder_layers) {
     plan_sublayer_backward(config, B * T, scratch, plan);
     plan_feed_forward_backward(lw.ffn, B * T, scratch, plan);
@@ -264,6 +280,8 @@ void encoder_forward(const Model& model, const TransformerWeights& w, const Toke
   const ModelConfig& config = model.config();
   const Backend& backend = model.backend();
   const int64_t layers = config.encoder_layers;
+  Allocate sizer{backend};
+  token_buffers(batch.batch, batch.src_len, cache.src_ids, cache.src_lengths, sizer);
   const int32_t* src_ids = upload(backend, batch.src_ids.data(), batch.batch * batch.src_len,
                                   cache.src_ids);  // [B, S]
   const int32_t* src_lengths =
@@ -280,8 +298,9 @@ void encoder_forward(const Model& model, const TransformerWeights& w, const Toke
     x = layer.output();
   }
   const int64_t rows = batch.batch * batch.src_len;
+  final_norm_buffers(config, rows, cache.encoder_norm, cache.memory, sizer);
   final_norm(backend, config, w.encoder_norm, x, rows, &cache.encoder_norm,
-             ensure_size(backend, cache.memory, rows * config.d_model));  // [B, S, D]
+             cache.memory.data());  // [B, S, D]
 }
 
 void decoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
@@ -289,6 +308,8 @@ void decoder_forward(const Model& model, const TransformerWeights& w, const Toke
   const ModelConfig& config = model.config();
   const Backend& backend = model.backend();
   const int64_t layers = config.decoder_layers;
+  Allocate sizer{backend};
+  token_buffers(batch.batch, batch.tgt_len, cache.tgt_in, cache.tgt_lengths, sizer);
   const int32_t* tgt_in = upload(backend, batch.tgt_in.data(), batch.batch * batch.tgt_len,
                                  cache.tgt_in);  // [B, T]
   const int32_t* tgt_lengths =
@@ -306,8 +327,9 @@ void decoder_forward(const Model& model, const TransformerWeights& w, const Toke
     x = layer.output();
   }
   const int64_t rows = batch.batch * batch.tgt_len;
+  final_norm_buffers(config, rows, cache.decoder_norm, cache.decoder_out, sizer);
   final_norm(backend, config, w.decoder_norm, x, rows, &cache.decoder_norm,
-             ensure_size(backend, cache.decoder_out, rows * config.d_model));  // [B, T, D]
+             cache.decoder_out.data());  // [B, T, D]
 }
 
 namespace {
@@ -395,10 +417,11 @@ void stacks_backward(const Model& model, const TransformerWeights& w, const Tran
   const Backend& backend = model.backend();
   const int64_t d = config.d_model;
   const int64_t B = batch.batch, S = batch.src_len, T = batch.tgt_len;
-  const int64_t max_rows = B * std::max(S, T);
+  Allocate sizer{backend};
+  stacks_backward_buffers(config, B, S, T, scratch, sizer);
   // The gradient flowing down the residual stream, each layer's backward in place.
-  float* stream = ensure_size(backend, scratch.d_stream, max_rows * d);  // [rows, D]
-  float* d_memory = ensure_size(backend, scratch.d_memory, B * S * d);   // [B, S, D]
+  float* stream = scratch.d_stream.data();    // [rows, D]
+  float* d_memory = scratch.d_memory.data();  // [B, S, D]
   backend.fill(d_memory, B * S * d, 0.f);
 
   // Final norm (pre-norm) or identity, from the stack output to the last layer's output.

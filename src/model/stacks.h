@@ -79,7 +79,8 @@ struct StackCache {
 };
 
 // out [rows, D] = LayerNorm(in) where the stack is pre-norm (its final norm; cache, when given,
-// keeps the statistics its backward reads), else a copy of in. out may be in.
+// already sized for `rows`, keeps the statistics its backward reads), else a copy of in. out may
+// be in.
 void final_norm(const Backend& backend, const ModelConfig& config, const LayerNormWeights& norm,
                 const float* in, int64_t rows, LayerNormCache* cache, float* out);
 

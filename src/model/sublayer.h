@@ -8,6 +8,21 @@
 
 namespace tfm {
 
+// The buffers sublayer_forward uses (F's own aside), for `rows` rows: its one size table.
+template <typename Sizer>
+void sublayer_forward_buffers(const ModelConfig& config, int64_t rows, float dropout,
+                              SublayerCache& cache, Sizer& sizer) {
+  const int64_t n = rows * config.d_model;
+  sizer.need(cache.output, n);  // [rows, D]
+  sizer.need(cache.norm.mean, rows);
+  sizer.need(cache.norm.rstd, rows);
+  if (config.norm == NormPosition::kPost)
+    sizer.need(cache.residual, n);  // [rows, D]
+  else
+    sizer.need(cache.normed, n);  // [rows, D]
+  if (dropout > 0.f) sizer.need(cache.dropout_mask, n);
+}
+
 // function(in [rows, D], out [rows, D]) is the sublayer's attention or feed-forward.
 template <typename Function>
 void sublayer_forward(const Backend& backend, const ModelConfig& config,
@@ -15,23 +30,25 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
                       uint64_t key, SublayerCache& cache, Function&& function) {
   const int64_t d = config.d_model, n = rows * d;
   const float eps = float(config.layer_norm_eps);
-  float* output = ensure_size(backend, cache.output, n);  // [rows, D]
-  float* mean = ensure_size(backend, cache.norm.mean, rows);
-  float* rstd = ensure_size(backend, cache.norm.rstd, rows);
+  Allocate sizer{backend};
+  sublayer_forward_buffers(config, rows, dropout, cache, sizer);
+  float* output = cache.output.data();  // [rows, D]
+  float* mean = cache.norm.mean.data();
+  float* rstd = cache.norm.rstd.data();
   auto drop = [&](float* x) {
     if (dropout <= 0.f) return;
-    uint8_t* mask = ensure_size(backend, cache.dropout_mask, n);
+    uint8_t* mask = cache.dropout_mask.data();
     backend.dropout_mask(mask, n, dropout, key);
     backend.apply_dropout(x, mask, n, dropout);
   };
   if (config.norm == NormPosition::kPost) {
-    float* residual = ensure_size(backend, cache.residual, n);  // [rows, D]
+    float* residual = cache.residual.data();  // [rows, D]
     function(input, residual);
     drop(residual);
     backend.add(residual, input, n);
     backend.layer_norm(residual, norm.weight, norm.bias, output, rows, d, eps, mean, rstd);
   } else {
-    float* normed = ensure_size(backend, cache.normed, n);  // [rows, D]
+    float* normed = cache.normed.data();  // [rows, D]
     backend.layer_norm(input, norm.weight, norm.bias, normed, rows, d, eps, mean, rstd);
     function(normed, output);
     drop(output);
@@ -42,15 +59,16 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
 // What sublayer_forward asks of its cache (F's own buffers aside).
 inline void plan_sublayer_forward(const ModelConfig& config, int64_t rows, float dropout,
                                   SublayerCache& cache, WorkspacePlan& plan) {
+  sublayer_forward_buffers(config, rows, dropout, cache, plan);
+}
+
+// The scratch sublayer_backward uses (F's backward aside), for `rows` rows.
+template <typename Sizer>
+void sublayer_backward_buffers(const ModelConfig& config, int64_t rows, BackwardScratch& scratch,
+                               Sizer& sizer) {
   const int64_t n = rows * config.d_model;
-  plan.need(cache.output, n);  // [rows, D]
-  plan.need(cache.norm.mean, rows);
-  plan.need(cache.norm.rstd, rows);
-  if (config.norm == NormPosition::kPost)
-    plan.need(cache.residual, n);  // [rows, D]
-  else
-    plan.need(cache.normed, n);  // [rows, D]
-  if (dropout > 0.f) plan.need(cache.dropout_mask, n);
+  sizer.need(scratch.d_sublayer, n);                                       // [rows, D]
+  if (config.norm == NormPosition::kPre) sizer.need(scratch.d_normed, n);  // [rows, D]
 }
 
 // The backward of sublayer_forward (cache from its training call): d_stream [rows, D] holds the
@@ -64,7 +82,9 @@ void sublayer_backward(const Backend& backend, const ModelConfig& config,
                        float* d_stream, BackwardScratch& scratch,
                        FunctionBackward&& function_backward) {
   const int64_t d = config.d_model, n = rows * d;
-  float* d_function_out = ensure_size(backend, scratch.d_sublayer, n);  // [rows, D]
+  Allocate sizer{backend};
+  sublayer_backward_buffers(config, rows, scratch, sizer);
+  float* d_function_out = scratch.d_sublayer.data();  // [rows, D]
   const float* mean = cache.norm.mean.data();
   const float* rstd = cache.norm.rstd.data();
   if (config.norm == NormPosition::kPost) {
@@ -79,7 +99,7 @@ void sublayer_backward(const Backend& backend, const ModelConfig& config,
     // The residual path passes d_stream through unchanged; F's path adds to it.
     backend.copy(d_stream, n, d_function_out);
     if (dropout > 0.f) backend.apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
-    float* d_normed = ensure_size(backend, scratch.d_normed, n);  // [rows, D]
+    float* d_normed = scratch.d_normed.data();  // [rows, D]
     function_backward(d_function_out, cache.normed.data(), d_normed, false);
     backend.layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_stream,
                                 norm_grad.weight, norm_grad.bias, rows, d, true);
@@ -89,9 +109,7 @@ void sublayer_backward(const Backend& backend, const ModelConfig& config,
 // What sublayer_backward asks of the scratch (F's backward aside).
 inline void plan_sublayer_backward(const ModelConfig& config, int64_t rows,
                                    BackwardScratch& scratch, WorkspacePlan& plan) {
-  const int64_t n = rows * config.d_model;
-  plan.need(scratch.d_sublayer, n);                                       // [rows, D]
-  if (config.norm == NormPosition::kPre) plan.need(scratch.d_normed, n);  // [rows, D]
+  sublayer_backward_buffers(config, rows, scratch, plan);
 }
 
 }  // namespace tfm

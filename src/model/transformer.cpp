@@ -222,6 +222,16 @@ BatchShape batch_shape(const ModelConfig& config, const std::vector<std::vector<
 
 namespace {
 
+// The buffers of target_states beyond the stacks': the real positions, their labels and their
+// decoder states, for `count` target tokens.
+template <typename Sizer>
+void target_state_buffers(int64_t d_model, int64_t count, StackCache& cache,
+                          DeviceBuffer<float>& states, Sizer& sizer) {
+  sizer.need(cache.target_rows, count);    // [tokens]
+  sizer.need(cache.target_labels, count);  // [tokens]
+  sizer.need(states, count * d_model);     // [tokens, D]
+}
+
 void upload_target_positions(const Backend& backend, const TokenBatch& batch, StackCache& cache,
                              std::vector<int64_t>& rows, std::vector<int32_t>& labels) {
   rows.clear();
@@ -244,10 +254,12 @@ int64_t target_states(const Model& model, const TransformerWeights& w, const Tok
   const int64_t d = model.config().d_model;
   encoder_forward(model, w, batch, dropout, cache);
   decoder_forward(model, w, batch, dropout, cache);
+  Allocate sizer{backend};
+  target_state_buffers(d, shape_of(batch).target_tokens, cache, states, sizer);
   upload_target_positions(backend, batch, cache, rows, labels);
   const int64_t count = int64_t(rows.size());
   backend.gather_rows(cache.decoder_out.data(), d, cache.target_rows.data(), count, d,
-                      ensure_size(backend, states, count * d), d);  // [tokens, D]
+                      states.data(), d);  // [tokens, D]
   return count;
 }
 
@@ -256,9 +268,7 @@ void plan_target_states(const Model& model, const TransformerWeights& w, const B
                         DeviceBuffer<float>& states, WorkspacePlan& plan) {
   plan_encoder_forward(model, w, shape, dropout, cache, plan);
   plan_decoder_forward(model, w, shape, dropout, cache, plan);
-  plan.need(cache.target_rows, shape.target_tokens);                // [tokens]
-  plan.need(cache.target_labels, shape.target_tokens);              // [tokens]
-  plan.need(states, shape.target_tokens * model.config().d_model);  // [tokens, D]
+  target_state_buffers(model.config().d_model, shape.target_tokens, cache, states, plan);
 }
 
 void score_forward(const Model& model, const TokenBatch& batch, ScoringWorkspace& ws,
@@ -269,8 +279,10 @@ void score_forward(const Model& model, const TokenBatch& batch, ScoringWorkspace
   const int64_t vocab = model.config().tgt_vocab_size;
   ws.cache.training = false;
   const int64_t count = target_states(model, w, batch, {}, ws.cache, ws.rows, ws.labels, ws.states);
+  Allocate sizer{backend};
+  sizer.need(ws.picked, count);                                  // [valid_rows]
   const int32_t* device_labels = ws.cache.target_labels.data();  // [valid_rows]
-  float* picked = ensure_size(backend, ws.picked, count);        // [valid_rows]
+  float* picked = ws.picked.data();                              // [valid_rows]
   output_head_forward(backend, w.output, ws.states.data(), count, ws.head,
                       [&](const OutputChunk& c) {
                         backend.log_softmax_pick(c.logits, device_labels + c.begin, c.rows, vocab,

@@ -6,6 +6,19 @@
 
 namespace tfm {
 
+namespace {
+
+// The buffers of loss_and_gradients itself (the stacks', the output head's and the scratch's
+// aside), for `count` target tokens of a [batch, tgt_len] batch.
+template <typename Sizer>
+void loss_buffers(int64_t d_model, int64_t count, int64_t batch, int64_t tgt_len, bool backward,
+                  TrainingWorkspace& ws, Sizer& sizer) {
+  sizer.need(ws.d_states, count * d_model);                               // [tokens, D]
+  if (backward) sizer.need(ws.d_decoder_out, batch * tgt_len * d_model);  // [B, T, D]
+}
+
+}  // namespace
+
 LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
                               const TokenBatch& batch, const DropoutOptions& dropout,
                               float label_smoothing, float grad_scale, TrainingWorkspace& ws,
@@ -19,10 +32,12 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   ws.cache.training = backward;
   const int64_t count =
       target_states(model, w, batch, dropout, ws.cache, ws.rows, ws.labels, ws.states);
-  const int64_t* rows = ws.cache.target_rows.data();               // [tokens]
-  const int32_t* labels = ws.cache.target_labels.data();           // [tokens]
-  const float* states = ws.states.data();                          // [tokens, D]
-  float* d_states = ensure_size(backend, ws.d_states, count * d);  // [tokens, D]
+  Allocate sizer{backend};
+  loss_buffers(d, count, batch.batch, batch.tgt_len, backward, ws, sizer);
+  const int64_t* rows = ws.cache.target_rows.data();      // [tokens]
+  const int32_t* labels = ws.cache.target_labels.data();  // [tokens]
+  const float* states = ws.states.data();                 // [tokens, D]
+  float* d_states = ws.d_states.data();                   // [tokens, D]
 
   LossTotals totals;
   totals.tokens = count;
@@ -40,7 +55,7 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   if (!backward) return totals;
 
   const int64_t out_size = batch.batch * batch.tgt_len * d;
-  float* d_out = ensure_size(backend, ws.d_decoder_out, out_size);  // [B, T, D]
+  float* d_out = ws.d_decoder_out.data();  // [B, T, D]
   backend.fill(d_out, out_size, 0.f);
   backend.scatter_rows(d_states, d, rows, count, d, d_out, d);
   stacks_backward(model, w, g, batch, dropout, ws.cache, d_out, ws.scratch);
@@ -55,13 +70,12 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
   const int64_t d = config.d_model, vocab = config.tgt_vocab_size, count = shape.target_tokens;
   ws.cache.training = backward;
   plan_target_states(model, w, shape, dropout, ws.cache, ws.states, ws.plan);
-  ws.plan.need(ws.d_states, count * d);  // [tokens, D]
+  loss_buffers(d, count, shape.batch, shape.tgt_len, backward, ws, ws.plan);
   plan_output_head_forward(w.output, count, ws.head, ws.plan);
   const int64_t rounded = rounded_weights_elements(w);
   if (rounded > 0) ws.plan.need(ws.rounded_weights, rounded);  // [Σ out · in]
   if (!backward) return;
   plan_linear_backward(w.output, std::min(output_chunk_rows(vocab), count), ws.scratch, ws.plan);
-  ws.plan.need(ws.d_decoder_out, shape.batch * shape.tgt_len * d);  // [B, T, D]
   plan_stacks_backward(model, w, shape, ws.scratch, ws.plan);
 }
 
