@@ -16,11 +16,11 @@
 #include "cli_runner.h"
 #include "fixture_batch.h"
 #include "io/ctranslate2.h"
-#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 #include "tensor/float16.h"
 
 namespace tfm {
@@ -308,6 +308,36 @@ TEST(CTranslate2Export, Int8ScalesOfZeroAndTinyRows) {
   ASSERT_EQ(out[1].bytes.size(), 12u);
   std::memcpy(scales.data(), out[1].bytes.data(), 12);
   EXPECT_EQ(scales, (std::vector<float>{1.f, std::numeric_limits<float>::max(), 127.f}));
+}
+
+// int16: one scale per matrix, 2^10 / max|w|. A matrix of zeros (where CTranslate2's converter
+// writes the scale inf and values cast from NaN) gets the scale 1 and zeros; one of magnitudes
+// below 2^10 / FLT_MAX a finite scale near FLT_MAX instead of inf.
+TEST(CTranslate2Export, Int16ScalesOfZeroAndTinyMatrices) {
+  auto exported = [](const std::vector<float>& data) {
+    Tensor w({1, 2});
+    w.data = data;
+    std::vector<CtVariable> out;
+    append_ct_variable(out, "w", w, true, CtQuantization::kInt16);
+    EXPECT_EQ(out.size(), 2u);
+    EXPECT_EQ(out[0].dtype, CtDtype::kI16);
+    std::pair<std::vector<int16_t>, float> values_and_scale{std::vector<int16_t>(2), 0.f};
+    std::memcpy(values_and_scale.first.data(), out[0].bytes.data(), 4);
+    std::memcpy(&values_and_scale.second, out[1].bytes.data(), 4);
+    return values_and_scale;
+  };
+  const auto [zero_values, zero_scale] = exported({0.f, 0.f});
+  EXPECT_EQ(zero_values, (std::vector<int16_t>{0, 0}));
+  EXPECT_EQ(zero_scale, 1.f);
+  // 2^10 / (2^10 / FLT_MAX) rounds to 3.4028233e38, just below FLT_MAX (numpy agrees); the
+  // values are rint([3.402823, -0.6805648]).
+  const auto [tiny_values, tiny_scale] = exported({1e-38f, -2e-39f});
+  EXPECT_TRUE(std::isfinite(tiny_scale));
+  EXPECT_GT(tiny_scale, 3.4e38f);
+  EXPECT_EQ(tiny_values, (std::vector<int16_t>{3, -1}));
+  const auto [values, scale] = exported({0.5f, -2.f});
+  EXPECT_EQ(scale, 512.f);
+  EXPECT_EQ(values, (std::vector<int16_t>{256, -1024}));
 }
 
 // Rewrites model.bin of a copy of a spec-7 directory through `edit` (variables by name).

@@ -303,6 +303,11 @@ void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, c
   if (quantizable && quantization == CtQuantization::kInt16) {
     float amax = 0.f;
     for (float v : w) amax = std::max(amax, std::fabs(v));
+    // CTranslate2 4.8's converter divides by max|w| as it is, so a matrix of zeros gets the
+    // scale inf and values cast from NaN. Here it gets the scale 1 (its values 0, which any
+    // scale reads back as 0), and a max|w| below 2^10 / FLT_MAX a scale near FLT_MAX, not inf.
+    if (amax == 0.f) amax = 1024.f;
+    amax = std::max(amax, 1024.f / std::numeric_limits<float>::max());
     const float scale = float(1024.0 / double(amax));  // 2^10 / max|w|, in float32 as numpy does
     std::vector<int16_t> q(w.size());
     for (size_t i = 0; i < w.size(); ++i)

@@ -7,8 +7,9 @@
 //    tokens are the whitespace-separated pieces of the tokenizer's output.
 //  - Matches are clipped by the maximum count of the n-gram over the references; the reference
 //    length is the closest one to the hypothesis length (ties: the shorter).
-//  - An empty reference ("") means "no reference from this stream for this segment"
-//    (variable number of references, signature nrefs:var); a segment with none is an error.
+//  - An empty reference line is a reference like any other (the empty string): sacreBLEU ≥ 2.2
+//    drops only undefined (None) references, which text files cannot hold, so every stream
+//    counts for every segment (reference_count below).
 //  - chrF: character n-grams (orders 1..char_order) with whitespace removed; per segment the
 //    reference with the best sentence-level F wins; corpus statistics are summed, then
 //    precision and recall are averaged over the orders that have n-grams on both sides.
