@@ -123,12 +123,9 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
     backend.copy(layer_cache_.output(), n * d, x);
   }
   final_norm(backend, c, w.decoder_norm, x, n, nullptr, x);
-  output_head_forward(
-      backend, w.output, x, n, output_head_,
-      [&](const OutputChunk& chunk) {
-        backend.log_softmax(chunk.logits, chunk.logits, chunk.rows, c.tgt_vocab_size);
-      },
-      logprobs);
+  output_head_forward(backend, w.output, x, n, logprobs, [&](const OutputChunk& chunk) {
+    backend.log_softmax(chunk.logits, chunk.logits, chunk.rows, c.tgt_vocab_size);
+  });
   ++position_;
 }
 

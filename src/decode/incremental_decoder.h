@@ -73,9 +73,6 @@ class IncrementalDecoder {
   std::vector<DeviceBuffer<float>> cross_kv_;         // per layer [sentences, S, 2D]: keys | values
   std::vector<DeviceBuffer<uint16_t>> bfloat16_cross_kv_;  // the same in a bfloat16 cache
   DeviceBuffer<float> x_;                                  // [N, D] residual stream
-  // The output head's buffers: step() projects every row into its caller's logprobs at once,
-  // so they stay empty.
-  OutputHeadBuffers output_head_;
   DecoderLayerCache layer_cache_;  // the layer's buffers (one layer at a time)
 };
 

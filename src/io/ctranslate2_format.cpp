@@ -272,6 +272,19 @@ CtVariable ct_float32_scalar(const std::string& name, float value) {
   return {name, CtDtype::kF32, {}, to_bytes(std::vector<float>{value})};
 }
 
+namespace {
+
+// range / amax in float32 (as numpy computes it), the scale that maps values of magnitude up to
+// amax onto [-range, range]. As CTranslate2 4.8's converter does for int8 rows: zeros (amax 0)
+// take amax as range (scale 1, values 0), and a magnitude below range / FLT_MAX keeps the scale
+// FLT_MAX instead of overflowing to inf (inf * w is no integer).
+float quantization_scale(float range, float amax) {
+  if (amax == 0.f) amax = range;
+  return range / std::max(amax, range / std::numeric_limits<float>::max());
+}
+
+}  // namespace
+
 void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, const Tensor& tensor,
                         bool quantizable, CtQuantization quantization) {
   const std::vector<float>& w = tensor.data;
@@ -287,11 +300,7 @@ void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, c
       float amax = 0.f;
       for (int64_t c = 0; c < row_size; ++c)
         amax = std::max(amax, std::fabs(w[size_t(r * row_size + c)]));
-      if (amax == 0.f) amax = 127.f;
-      // As CTranslate2 4.8's converter: a row whose largest magnitude is below 127 / FLT_MAX
-      // keeps the scale FLT_MAX instead of overflowing to inf (inf * w is not an int8).
-      amax = std::max(amax, 127.f / std::numeric_limits<float>::max());
-      const float scale = 127.f / amax;
+      const float scale = quantization_scale(127.f, amax);
       scales[size_t(r)] = scale;
       for (int64_t c = 0; c < row_size; ++c)
         q[size_t(r * row_size + c)] = int8_t(std::nearbyint(w[size_t(r * row_size + c)] * scale));
@@ -303,12 +312,9 @@ void append_ct_variable(std::vector<CtVariable>& out, const std::string& name, c
   if (quantizable && quantization == CtQuantization::kInt16) {
     float amax = 0.f;
     for (float v : w) amax = std::max(amax, std::fabs(v));
-    // CTranslate2 4.8's converter divides by max|w| as it is, so a matrix of zeros gets the
-    // scale inf and values cast from NaN. Here it gets the scale 1 (its values 0, which any
-    // scale reads back as 0), and a max|w| below 2^10 / FLT_MAX a scale near FLT_MAX, not inf.
-    if (amax == 0.f) amax = 1024.f;
-    amax = std::max(amax, 1024.f / std::numeric_limits<float>::max());
-    const float scale = float(1024.0 / double(amax));  // 2^10 / max|w|, in float32 as numpy does
+    // CTranslate2 4.8's converter divides by max|w| as it is here, so a matrix of zeros gets
+    // the scale inf and values cast from NaN; ours gets what its int8 rows get.
+    const float scale = quantization_scale(1024.f, amax);  // 2^10 / max|w|
     std::vector<int16_t> q(w.size());
     for (size_t i = 0; i < w.size(); ++i)
       q[i] = int16_t(std::clamp(std::nearbyint(w[i] * scale), -32768.f, 32767.f));

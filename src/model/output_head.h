@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 
 #include "model/linear.h"
 
@@ -35,17 +36,13 @@ struct OutputChunk {
 };
 
 // logits = states[count, D] · outputᵀ + b, chunk by chunk in buffers, each passed to
-// use(const OutputChunk&). With `destination` ([count, V]) every row is projected there at once
-// and handed over as one chunk instead (decoding, whose search reads all rows).
+// use(const OutputChunk&).
 template <typename Use>
 void output_head_forward(const Backend& backend, const LinearWeights& output, const float* states,
-                         int64_t count, OutputHeadBuffers& buffers, Use&& use,
-                         float* destination = nullptr) {
-  const int64_t d = output.in, vocab = output.out;
-  const int64_t chunk = destination ? std::max<int64_t>(count, 1) : output_chunk_rows(vocab);
-  float* logits = destination ? destination
-                              : ensure_size(backend, buffers.logits,
-                                            output_logits_elements(vocab, count));  // [chunk, V]
+                         int64_t count, OutputHeadBuffers& buffers, Use&& use) {
+  const int64_t d = output.in, vocab = output.out, chunk = output_chunk_rows(vocab);
+  float* logits =
+      ensure_size(backend, buffers.logits, output_logits_elements(vocab, count));  // [chunk, V]
   for (int64_t begin = 0; begin < count; begin += chunk) {
     OutputChunk c;
     c.begin = begin;
@@ -58,7 +55,23 @@ void output_head_forward(const Backend& backend, const LinearWeights& output, co
   }
 }
 
-// What output_head_forward asks of `buffers` for `count` rows (without a destination).
+// Decoding's form: every row projected into `destination` [count, V] at once (the search reads
+// them all), then handed to use() as one chunk. Its weights are prepared, so nothing is rounded
+// and no buffer of its own is needed.
+template <typename Use>
+void output_head_forward(const Backend& backend, const LinearWeights& output, const float* states,
+                         int64_t count, float* destination, Use&& use) {
+  if (rounds_to_bfloat16(output))
+    throw std::logic_error("output_head_forward: decoding's projection rounds to bfloat16");
+  OutputChunk c;
+  c.rows = count;
+  c.states = states;
+  c.logits = destination;
+  linear_forward(backend, output, states, count, destination);
+  use(c);
+}
+
+// What the chunked output_head_forward asks of `buffers` for `count` rows.
 void plan_output_head_forward(const LinearWeights& output, int64_t count,
                               OutputHeadBuffers& buffers, WorkspacePlan& plan);
 

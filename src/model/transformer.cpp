@@ -271,6 +271,16 @@ void plan_target_states(const Model& model, const TransformerWeights& w, const B
   target_state_buffers(model.config().d_model, shape.target_tokens, cache, states, plan);
 }
 
+namespace {
+
+// The buffers of score_forward itself (the stacks' and the output head's aside).
+template <typename Sizer>
+void score_buffers(int64_t count, ScoringWorkspace& ws, Sizer& sizer) {
+  sizer.need(ws.picked, count);  // [tokens] log p of each position's label
+}
+
+}  // namespace
+
 void score_forward(const Model& model, const TokenBatch& batch, ScoringWorkspace& ws,
                    std::vector<float>& token_logprobs, Precision precision) {
   std::shared_ptr<const PreparedWeights> hold;
@@ -280,7 +290,7 @@ void score_forward(const Model& model, const TokenBatch& batch, ScoringWorkspace
   ws.cache.training = false;
   const int64_t count = target_states(model, w, batch, {}, ws.cache, ws.rows, ws.labels, ws.states);
   Allocate sizer{backend};
-  sizer.need(ws.picked, count);                                  // [valid_rows]
+  score_buffers(count, ws, sizer);
   const int32_t* device_labels = ws.cache.target_labels.data();  // [valid_rows]
   float* picked = ws.picked.data();                              // [valid_rows]
   output_head_forward(backend, w.output, ws.states.data(), count, ws.head,
@@ -302,7 +312,7 @@ void plan_score_forward(const Model& model, const BatchShape& shape, ScoringWork
   const int64_t count = shape.target_tokens;
   ws.cache.training = false;
   plan_target_states(model, w, shape, {}, ws.cache, ws.states, ws.plan);
-  ws.plan.need(ws.picked, count);  // [tokens]
+  score_buffers(count, ws, ws.plan);
   plan_output_head_forward(w.output, count, ws.head, ws.plan);
 }
 
