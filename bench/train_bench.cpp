@@ -212,6 +212,9 @@ int run(const Options& o) {
   std::vector<double> losses;  // per-token smoothed loss of every step, warm-up included
   std::vector<double> zero_times, loss_grad_times, adam_times;  // one entry per step
   auto train_step = [&] {
+    // TFM_CUDA_PROFILE's table covers the timed steps only: the warm-up's first uploads,
+    // allocations and kernel loads are not what a step costs.
+    if (step == o.warmup) model.backend().restart_profile();
     ++step;
     const double t0 = now_seconds();
     gradients.set_zero();

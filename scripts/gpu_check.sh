@@ -11,12 +11,16 @@
 #      train and translate commands themselves on the base model,
 #   4. compute-sanitizer memcheck over the backend-ops test, and racecheck over the kernels that
 #      share memory within a block,
-# and prints a table last. Logs go to $OUT (or /tmp/gpu_check) when set.
+# and prints a table last. Logs go to /tmp/gpu_check, and as one gpu_check_logs.tar.gz into $OUT
+# when it is set (the device tool brings back a few files only).
 #   bash scripts/gpu_check.sh [BUNDLE]   (default .gpu/bundle.tar.xz)
+# GPU_CHECK_STEPS="backend_ops train_vs_torch_bf16 ..." runs only the steps named (a short
+# rerun after a change); the table lists the others as skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-.gpu/bundle.tar.xz}
-logs=${OUT:-/tmp/gpu_check}
+logs=/tmp/gpu_check
+rm -rf "$logs"
 mkdir -p "$logs"
 tar -xJf "$bundle" || { echo "error: cannot unpack $bundle"; exit 1; }
 export LD_LIBRARY_PATH="$PWD/build/gpu-lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -30,6 +34,10 @@ results=()
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
+  if [ -n "${GPU_CHECK_STEPS:-}" ] && [[ " $GPU_CHECK_STEPS " != *" $name "* ]]; then
+    results+=("$(printf '%-22s %-18s' "$name" "skipped (not named)")")
+    return 0
+  fi
   local start=$SECONDS
   timeout "$limit" bash -c '"$@"' step "$@" >"$logs/$name.log" 2>&1
   local rc=$?
@@ -158,3 +166,4 @@ head -32 "$logs/profile_bf16.log" 2>/dev/null
 echo
 echo "== GPU check: $(head -1 "$logs/device.txt")"
 printf '%s\n' "${results[@]}" | tee "$logs/summary.txt"
+if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu_check_logs.tar.gz" -C "$logs" .; fi

@@ -29,11 +29,11 @@
 #include "backend/device_tensors.h"
 #include "decode/beam_search.h"
 #include "fixture_batch.h"
-#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
 #include "skip_report.h"
+#include "tensor/file_util.h"
 #include "tensor/random.h"
 #include "train/checkpoint.h"
 #include "train/loss.h"
@@ -246,13 +246,14 @@ class MemoryCheckingBackend : public Backend {
         check("log_softmax_pick", {{"logits", logits}, {"targets", targets}, {"out", out}});
     cpu().log_softmax_pick(logits, targets, rows, cols, out);
   }
-  CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
-                                                    int64_t rows, int64_t vocab, float smoothing,
-                                                    float grad_scale) const override {
+  void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
+                                      int64_t vocab, float smoothing, float grad_scale,
+                                      double* row_totals) const override {
     const Access access =
-        check("cross_entropy_forward_backward", {{"logits", logits}, {"targets", targets}});
-    return cpu().cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing,
-                                                grad_scale);
+        check("cross_entropy_forward_backward",
+              {{"logits", logits}, {"targets", targets}, {"row_totals", row_totals}});
+    cpu().cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale,
+                                         row_totals);
   }
   void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens) const override {

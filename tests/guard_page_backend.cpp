@@ -142,12 +142,11 @@ void GuardPageBackend::log_softmax_pick(const float* logits, const int32_t* targ
                                         int64_t cols, float* out) const {
   cpu().log_softmax_pick(logits, targets, rows, cols, out);
 }
-CrossEntropyTotals GuardPageBackend::cross_entropy_forward_backward(float* logits,
-                                                                    const int32_t* targets,
-                                                                    int64_t rows, int64_t vocab,
-                                                                    float smoothing,
-                                                                    float grad_scale) const {
-  return cpu().cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale);
+void GuardPageBackend::cross_entropy_forward_backward(float* logits, const int32_t* targets,
+                                                      int64_t rows, int64_t vocab, float smoothing,
+                                                      float grad_scale, double* row_totals) const {
+  cpu().cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale,
+                                       row_totals);
 }
 
 void GuardPageBackend::best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,

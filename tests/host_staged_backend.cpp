@@ -668,19 +668,17 @@ void HostStagedBackend::log_softmax_pick(const float* logits, const int32_t* tar
   st.download();
 }
 
-CrossEntropyTotals HostStagedBackend::cross_entropy_forward_backward(float* logits,
-                                                                     const int32_t* targets,
-                                                                     int64_t rows, int64_t vocab,
-                                                                     float smoothing,
-                                                                     float grad_scale) const {
+void HostStagedBackend::cross_entropy_forward_backward(float* logits, const int32_t* targets,
+                                                       int64_t rows, int64_t vocab, float smoothing,
+                                                       float grad_scale, double* row_totals) const {
   Staging st(device_);
   const auto hlogits = st.read_write(logits, rows * vocab);
   const auto htargets = st.read(targets, rows);
+  const auto htotals = st.write(row_totals, rows * 3);
   st.upload();
-  const CrossEntropyTotals totals = device_.cross_entropy_forward_backward(
-      st[hlogits], st[htargets], rows, vocab, smoothing, grad_scale);
+  device_.cross_entropy_forward_backward(st[hlogits], st[htargets], rows, vocab, smoothing,
+                                         grad_scale, st[htotals]);
   st.download();
-  return totals;
 }
 
 // --- Search --------------------------------------------------------------------------------------

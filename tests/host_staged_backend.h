@@ -89,9 +89,9 @@ class HostStagedBackend final : public Backend {
   void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override;
   void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
                         float* out) const override;
-  CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
-                                                    int64_t rows, int64_t vocab, float smoothing,
-                                                    float grad_scale) const override;
+  void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
+                                      int64_t vocab, float smoothing, float grad_scale,
+                                      double* row_totals) const override;
 
   void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens) const override;

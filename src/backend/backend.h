@@ -171,11 +171,17 @@ class Backend {
   virtual void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows,
                                 int64_t cols, float* out) const = 0;
   // Label-smoothed cross-entropy fused with its gradient: logits[rows, vocab] becomes
-  // grad_scale · (softmax − ((1-ε)·onehot(y) + ε/vocab)); returns the sums over rows.
-  virtual CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
-                                                            int64_t rows, int64_t vocab,
-                                                            float smoothing,
-                                                            float grad_scale) const = 0;
+  // grad_scale · (softmax − ((1-ε)·onehot(y) + ε/vocab)); row_totals[rows, 3] (this backend's
+  // memory) receives per row its smoothed loss, −log p_y, and 1 where the first argmax is y (else
+  // 0). Nothing is summed here, so a backend need not wait for the result: the caller copies the
+  // rows back once per batch (sum_cross_entropy_rows).
+  virtual void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
+                                              int64_t vocab, float smoothing, float grad_scale,
+                                              double* row_totals) const = 0;
+  // How many bytes of logits the output head projects at once (model/output_head.h): near the
+  // caches on the CPU, where each chunk is consumed while it is warm; large enough on a GPU that
+  // each chunk's products and softmax fill the device.
+  virtual int64_t logits_chunk_bytes() const { return int64_t(16) << 20; }
 
   // --- Search ------------------------------------------------------------------------------
   // Per row r of logprobs[rows, vocab]: its keep largest entries, largest first, into
@@ -209,6 +215,10 @@ class Backend {
   // Bytes of this backend's own memory that its allocations hold now, or -1 where it does not
   // say (the CPU: its memory is the process's, which the resident set size measures).
   virtual int64_t memory_in_use() const { return -1; }
+  // Forget what the backend's operation profile (TFM_CUDA_PROFILE on CUDA) has recorded so far:
+  // benchmarks call it after their warm-up, so the table shows steady steps only. Nothing where
+  // a backend keeps no profile.
+  virtual void restart_profile() const {}
   // Byte copies within this backend's memory, and between it and the host's.
   virtual void copy_bytes(const void* from, int64_t bytes, void* to) const = 0;
   virtual void copy_from_host(const void* host, int64_t bytes, void* device) const = 0;

@@ -133,12 +133,24 @@ struct AttentionDropout {
   uint64_t key = 0;
 };
 
-// Sums over the rows of one fused label-smoothed cross-entropy call.
+// Sums over the rows of fused label-smoothed cross-entropy calls.
 struct CrossEntropyTotals {
   double loss = 0;      // Σ rows of the smoothed loss
   double nll = 0;       // Σ rows of −log p_y (for perplexity)
   int64_t correct = 0;  // rows whose argmax is the target
 };
+
+// The per-row values of Backend::cross_entropy_forward_backward, row_totals[rows, 3] copied to
+// the host, summed in row order (the same totals whatever the backend and its threads).
+inline CrossEntropyTotals sum_cross_entropy_rows(const double* row_totals, int64_t rows) {
+  CrossEntropyTotals totals;
+  for (int64_t r = 0; r < rows; ++r) {
+    totals.loss += row_totals[3 * r];
+    totals.nll += row_totals[3 * r + 1];
+    totals.correct += row_totals[3 * r + 2] != 0 ? 1 : 0;
+  }
+  return totals;
+}
 
 struct AdamHyperparameters {
   float lr = 1e-3f;

@@ -15,11 +15,12 @@
 
 namespace tfm {
 
-// How many rows of logits the projection computes at once: [rows, vocab] stays near 16 MB.
-int64_t output_chunk_rows(int64_t vocab);
+// How many rows of logits the projection computes at once on `backend`: [rows, vocab] within
+// its Backend::logits_chunk_bytes, at least one row.
+int64_t output_chunk_rows(const Backend& backend, int64_t vocab);
 // Elements of the logits buffer for `positions` rows projected in such chunks:
 // [min(chunk, positions), vocab], at least one row.
-int64_t output_logits_elements(int64_t vocab, int64_t positions);
+int64_t output_logits_elements(const Backend& backend, int64_t vocab, int64_t positions);
 
 struct OutputHeadBuffers {
   DeviceBuffer<float> logits;             // [chunk, V] one chunk's logits
@@ -40,9 +41,9 @@ struct OutputChunk {
 template <typename Use>
 void output_head_forward(const Backend& backend, const LinearWeights& output, const float* states,
                          int64_t count, OutputHeadBuffers& buffers, Use&& use) {
-  const int64_t d = output.in, vocab = output.out, chunk = output_chunk_rows(vocab);
-  float* logits =
-      ensure_size(backend, buffers.logits, output_logits_elements(vocab, count));  // [chunk, V]
+  const int64_t d = output.in, vocab = output.out, chunk = output_chunk_rows(backend, vocab);
+  float* logits = ensure_size(backend, buffers.logits,
+                              output_logits_elements(backend, vocab, count));  // [chunk, V]
   for (int64_t begin = 0; begin < count; begin += chunk) {
     OutputChunk c;
     c.begin = begin;
@@ -72,7 +73,7 @@ void output_head_forward(const Backend& backend, const LinearWeights& output, co
 }
 
 // What the chunked output_head_forward asks of `buffers` for `count` rows.
-void plan_output_head_forward(const LinearWeights& output, int64_t count,
+void plan_output_head_forward(const Backend& backend, const LinearWeights& output, int64_t count,
                               OutputHeadBuffers& buffers, WorkspacePlan& plan);
 
 }  // namespace tfm

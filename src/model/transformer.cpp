@@ -313,7 +313,7 @@ void plan_score_forward(const Model& model, const BatchShape& shape, ScoringWork
   ws.cache.training = false;
   plan_target_states(model, w, shape, {}, ws.cache, ws.states, ws.plan);
   score_buffers(count, ws, ws.plan);
-  plan_output_head_forward(w.output, count, ws.head, ws.plan);
+  plan_output_head_forward(model.backend(), w.output, count, ws.head, ws.plan);
 }
 
 }  // namespace tfm

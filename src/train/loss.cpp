@@ -14,6 +14,7 @@ template <typename Sizer>
 void loss_buffers(int64_t d_model, int64_t count, int64_t batch, int64_t tgt_len, bool backward,
                   TrainingWorkspace& ws, Sizer& sizer) {
   sizer.need(ws.d_states, count * d_model);                               // [tokens, D]
+  sizer.need(ws.row_totals, count * 3);                                   // [tokens, 3]
   if (backward) sizer.need(ws.d_decoder_out, batch * tgt_len * d_model);  // [B, T, D]
 }
 
@@ -39,26 +40,33 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
   const float* states = ws.states.data();                 // [tokens, D]
   float* d_states = ws.d_states.data();                   // [tokens, D]
 
-  LossTotals totals;
-  totals.tokens = count;
+  double* row_totals = ws.row_totals.data();  // [tokens, 3]
+
   output_head_forward(backend, w.output, states, count, ws.head, [&](const OutputChunk& c) {
-    const CrossEntropyTotals ce = backend.cross_entropy_forward_backward(
-        c.logits, labels + c.begin, c.rows, vocab, label_smoothing, grad_scale);
-    totals.loss += ce.loss;
-    totals.nll += ce.nll;
-    totals.correct += ce.correct;
+    backend.cross_entropy_forward_backward(c.logits, labels + c.begin, c.rows, vocab,
+                                           label_smoothing, grad_scale, row_totals + 3 * c.begin);
     if (!backward) return;
     // The chunk's logits now hold d loss / d logits [rows, V].
     linear_backward(backend, w.output, g.output, c.states, c.logits, c.rows, d_states + c.begin * d,
                     false, ws.scratch, c.rounded_states);
   });
-  if (!backward) return totals;
-
-  const int64_t out_size = batch.batch * batch.tgt_len * d;
-  float* d_out = ws.d_decoder_out.data();  // [B, T, D]
-  backend.fill(d_out, out_size, 0.f);
-  backend.scatter_rows(d_states, d, rows, count, d, d_out, d);
-  stacks_backward(model, w, g, batch, dropout, ws.cache, d_out, ws.scratch);
+  if (backward) {
+    const int64_t out_size = batch.batch * batch.tgt_len * d;
+    float* d_out = ws.d_decoder_out.data();  // [B, T, D]
+    backend.fill(d_out, out_size, 0.f);
+    backend.scatter_rows(d_states, d, rows, count, d, d_out, d);
+    stacks_backward(model, w, g, batch, dropout, ws.cache, d_out, ws.scratch);
+  }
+  // The pass's one wait for the device, once all of it is enqueued: the per-token loss terms,
+  // summed in token order.
+  ws.host_row_totals.resize(size_t(count * 3));
+  backend.copy_to_host(row_totals, count * 3 * int64_t(sizeof(double)), ws.host_row_totals.data());
+  const CrossEntropyTotals sums = sum_cross_entropy_rows(ws.host_row_totals.data(), count);
+  LossTotals totals;
+  totals.tokens = count;
+  totals.loss = sums.loss;
+  totals.nll = sums.nll;
+  totals.correct = sums.correct;
   return totals;
 }
 
@@ -71,11 +79,12 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
   ws.cache.training = backward;
   plan_target_states(model, w, shape, dropout, ws.cache, ws.states, ws.plan);
   loss_buffers(d, count, shape.batch, shape.tgt_len, backward, ws, ws.plan);
-  plan_output_head_forward(w.output, count, ws.head, ws.plan);
+  plan_output_head_forward(model.backend(), w.output, count, ws.head, ws.plan);
   const int64_t rounded = rounded_weights_elements(w);
   if (rounded > 0) ws.plan.need(ws.rounded_weights, rounded);  // [Σ out · in]
   if (!backward) return;
-  plan_linear_backward(w.output, std::min(output_chunk_rows(vocab), count), ws.scratch, ws.plan);
+  plan_linear_backward(w.output, std::min(output_chunk_rows(model.backend(), vocab), count),
+                       ws.scratch, ws.plan);
   plan_stacks_backward(model, w, shape, ws.scratch, ws.plan);
 }
 

@@ -38,10 +38,12 @@ struct TrainingWorkspace {
   DeviceBuffer<float> d_states;       // [tokens, D]
   OutputHeadBuffers head;             // a chunk's logits, then their gradient
   DeviceBuffer<float> d_decoder_out;  // [B, T, D]
+  DeviceBuffer<double> row_totals;    // [tokens, 3] each token's loss terms (cross-entropy's)
   // Training in bfloat16: every linear weight rounded once per pass (with_rounded_weights).
   DeviceBuffer<uint16_t> rounded_weights;  // [Σ out · in]
   std::vector<int32_t> labels;             // [tokens]
   std::vector<int64_t> rows;               // [tokens] flat b * T + t of each real position
+  std::vector<double> host_row_totals;     // [tokens, 3] row_totals copied back once per batch
 };
 
 // With grad_scale = 0 only the loss is computed (no backward): validation. Every linear product,

@@ -175,10 +175,11 @@ class CpuBackend final : public Backend {
                         float* out) const override {
     tfm::log_softmax_pick(logits, targets, rows, cols, out);
   }
-  CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
-                                                    int64_t rows, int64_t vocab, float smoothing,
-                                                    float grad_scale) const override {
-    return tfm::cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale);
+  void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
+                                      int64_t vocab, float smoothing, float grad_scale,
+                                      double* row_totals) const override {
+    tfm::cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale,
+                                        row_totals);
   }
 
   void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,

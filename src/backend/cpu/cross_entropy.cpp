@@ -28,12 +28,10 @@ double sum_in_blocks(const float* row, int64_t n) {
 
 }  // namespace
 
-CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* targets,
-                                                  int64_t rows, int64_t vocab, float smoothing,
-                                                  float grad_scale) {
-  double loss = 0, nll = 0;
-  int64_t correct = 0;
-#pragma omp parallel for schedule(static) reduction(+ : loss, nll, correct) if (rows * vocab > 32768)
+void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
+                                    int64_t vocab, float smoothing, float grad_scale,
+                                    double* row_totals) {
+#pragma omp parallel for schedule(static) if (rows * vocab > 32768)
   for (int64_t r = 0; r < rows; ++r) {
     float* row = logits + r * vocab;  // [vocab] logits, then exp(logit − max), then the gradient
     const int32_t y = targets[r];
@@ -67,16 +65,16 @@ CrossEntropyTotals cross_entropy_forward_backward(float* logits, const int32_t* 
     const double log_sum = double(max_value) + std::log(double(sum));
     const double nll_row = log_sum - double(target_logit);
     const double smooth_row = log_sum - sum_logits / double(vocab);  // mean_k(−log p_k)
-    loss += (1.0 - smoothing) * nll_row + smoothing * smooth_row;
-    nll += nll_row;
-    correct += argmax == y ? 1 : 0;
+    double* totals = row_totals + 3 * r;  // [3] smoothed loss, −log p_y, argmax == y
+    totals[0] = (1.0 - smoothing) * nll_row + smoothing * smooth_row;
+    totals[1] = nll_row;
+    totals[2] = argmax == y ? 1 : 0;
     const float scale = grad_scale / sum;  // softmax_c = row[c] / sum
     const float uniform = grad_scale * smoothing / float(vocab);
 #pragma omp simd
     for (int64_t c = 0; c < vocab; ++c) row[c] = row[c] * scale - uniform;
     row[y] -= grad_scale * (1.f - smoothing);
   }
-  return {loss, nll, correct};
 }
 
 }  // namespace tfm

@@ -82,9 +82,9 @@ void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count
 void log_softmax(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols);
 void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* targets, int64_t rows,
                       int64_t cols, float* out);
-CrossEntropyTotals cross_entropy_forward_backward(const Context& c, float* logits,
-                                                  const int32_t* targets, int64_t rows,
-                                                  int64_t vocab, float smoothing, float grad_scale);
+void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t* targets,
+                                    int64_t rows, int64_t vocab, float smoothing, float grad_scale,
+                                    double* row_totals);
 void best_tokens(cudaStream_t s, const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
                  int32_t banned, float* values, int32_t* tokens);
 

@@ -1,12 +1,10 @@
 // The CUDA backend's kernels over whole rows of the vocabulary: log-softmax, the picked
 // log-probability, the label-smoothed cross-entropy fused with its gradient, and the k best
-// tokens of each row for beam search. One block per row; the loss's per-row totals come back to
-// the host and are summed there in row order (deterministic).
+// tokens of each row for beam search. One block per row; the loss's per-row totals stay in device
+// memory until the caller copies a whole batch's back (no wait per call).
 #include <cmath>
-#include <vector>
 
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/operation_profile.h"
 
 namespace tfm {
 namespace cuda {
@@ -43,54 +41,84 @@ __global__ void log_softmax_pick_kernel(const float* logits, const int32_t* targ
   if (threadIdx.x == 0) out[blockIdx.x] = in[targets[blockIdx.x]] - log_sum;
 }
 
-// Per row: the loss terms in double and whether the first maximum is the target; the row becomes
-// grad_scale · (softmax − smoothed one-hot).
+// A part of one row as one pass leaves it: its largest value, the first index holding it (vocab:
+// none yet) and Σ exp(x − largest) over the part.
+struct SoftmaxPart {
+  float largest;
+  int64_t first;
+  float sum;
+};
+
+// exp(x − largest) that treats −∞ − −∞ as an empty term rather than NaN.
+__device__ __forceinline__ float scaled_exp(float x, float largest) {
+  return x == -INFINITY ? 0.f : expf(x - largest);
+}
+
+// Two parts as one: the larger maximum (the lower first index on a tie), the sums rescaled to it.
+__device__ __forceinline__ SoftmaxPart combine(SoftmaxPart a, SoftmaxPart b) {
+  const float largest = fmaxf(a.largest, b.largest);
+  SoftmaxPart out;
+  out.largest = largest;
+  out.sum = a.sum * scaled_exp(a.largest, largest) + b.sum * scaled_exp(b.largest, largest);
+  const int64_t first_a = a.largest == largest ? a.first : INT64_MAX;
+  const int64_t first_b = b.largest == largest ? b.first : INT64_MAX;
+  out.first = first_a < first_b ? first_a : first_b;
+  return out;
+}
+
+// The whole block's part, every thread getting it.
+__device__ SoftmaxPart block_combine(SoftmaxPart part, SoftmaxPart* shared) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    SoftmaxPart other;
+    other.largest = __shfl_xor_sync(0xffffffffu, part.largest, offset);
+    other.first = __shfl_xor_sync(0xffffffffu, part.first, offset);
+    other.sum = __shfl_xor_sync(0xffffffffu, part.sum, offset);
+    part = combine(part, other);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = part;
+  __syncthreads();
+  part = shared[0];
+  for (int w = 1; w < warps; ++w) part = combine(part, shared[w]);
+  return part;
+}
+
+// Per row, in one read of the logits: the loss terms in double and whether the first maximum is
+// the target; then a second pass makes the row grad_scale · (softmax − smoothed one-hot).
 __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int64_t vocab,
-                                     float smoothing, float grad_scale, double* row_loss,
-                                     double* row_nll, int32_t* row_correct) {
-  __shared__ float shared[32];
+                                     float smoothing, float grad_scale, double* row_totals) {
+  __shared__ SoftmaxPart shared_parts[32];
   __shared__ double shared_double[32];
-  __shared__ int64_t first_index[32];
   float* row = logits + int64_t(blockIdx.x) * vocab;
   const int32_t y = targets[blockIdx.x];
-  float largest = -INFINITY;
+  const float target_logit = row[y];
+  SoftmaxPart part{-INFINITY, vocab, 0.f};
   double sum_logits = 0;
   for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
-    largest = fmaxf(largest, row[c]);
-    sum_logits += double(row[c]);
-  }
-  largest = block_max(largest, shared);
-  sum_logits = block_sum(sum_logits, shared_double);
-  // The first index holding the maximum (vocab: none, when every entry is NaN).
-  int64_t first = vocab;
-  for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x)
-    if (row[c] == largest) {
-      first = c;
-      break;
+    const float x = row[c];
+    sum_logits += double(x);
+    if (x > part.largest) {  // online softmax: the sum so far rescaled to the new maximum
+      part.sum = part.sum * scaled_exp(part.largest, x) + 1.f;
+      part.largest = x;
+      part.first = c;
+    } else {
+      if (x == part.largest && part.first == vocab) part.first = c;  // −∞ everywhere so far
+      part.sum += scaled_exp(x, part.largest);
     }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const int64_t other = __shfl_xor_sync(0xffffffffu, first, offset);
-    first = other < first ? other : first;
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) first_index[warp] = first;
-  __syncthreads();
-  if (threadIdx.x == 0)
-    for (int w = 1; w < int(blockDim.x >> 5); ++w)
-      first_index[0] = first_index[w] < first_index[0] ? first_index[w] : first_index[0];
-  const float target_logit = row[y];
-  float sum = 0.f;
-  for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) sum += expf(row[c] - largest);
-  sum = block_sum(sum, shared);  // its barriers also publish first_index[0]
+  sum_logits = block_sum(sum_logits, shared_double);
+  const SoftmaxPart whole = block_combine(part, shared_parts);
+  const float largest = whole.largest, sum = whole.sum;
   const double log_sum = double(largest) + log(double(sum));
   const double nll_row = log_sum - double(target_logit);
   if (threadIdx.x == 0) {
-    row_loss[blockIdx.x] =
-        (1.0 - smoothing) * nll_row + smoothing * (log_sum - sum_logits / double(vocab));
-    row_nll[blockIdx.x] = nll_row;
-    row_correct[blockIdx.x] = first_index[0] == y ? 1 : 0;
+    double* totals = row_totals + 3 * int64_t(blockIdx.x);  // [3]
+    totals[0] = (1.0 - smoothing) * nll_row + smoothing * (log_sum - sum_logits / double(vocab));
+    totals[1] = nll_row;
+    totals[2] = whole.first == y ? 1 : 0;
   }
-  __syncthreads();  // every thread has read row[y] and the maximum before the row is rewritten
+  // Every thread read row[y] before the combine's barriers, so the row may be rewritten now.
   const float scale = grad_scale / sum;
   const float uniform = grad_scale * smoothing / float(vocab);
   for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
@@ -162,34 +190,13 @@ void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* target
   check_launch("log_softmax_pick");
 }
 
-CrossEntropyTotals cross_entropy_forward_backward(const Context& c, float* logits,
-                                                  const int32_t* targets, int64_t rows,
-                                                  int64_t vocab, float smoothing,
-                                                  float grad_scale) {
-  CrossEntropyTotals totals;
-  if (rows == 0) return totals;
-  // [rows] loss, [rows] nll (double), [rows] correct (int32)
-  Scratch per_row(c, rows * int64_t(2 * sizeof(double) + sizeof(int32_t)));
-  double* loss = per_row.as<double>();
-  double* nll = loss + rows;
-  int32_t* correct = reinterpret_cast<int32_t*>(nll + rows);
-  cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, c.stream>>>(
-      logits, targets, vocab, smoothing, grad_scale, loss, nll, correct);
+void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t* targets,
+                                    int64_t rows, int64_t vocab, float smoothing, float grad_scale,
+                                    double* row_totals) {
+  if (rows == 0) return;
+  cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(logits, targets, vocab, smoothing,
+                                                              grad_scale, row_totals);
   check_launch("cross_entropy_forward_backward");
-  const ProfiledWait wait;  // the host waits for the result from here on
-  std::vector<double> host(static_cast<size_t>(2 * rows));
-  std::vector<int32_t> host_correct(static_cast<size_t>(rows));
-  TFM_CUDA(cudaMemcpyAsync(host.data(), loss, size_t(2 * rows) * sizeof(double),
-                           cudaMemcpyDeviceToHost, c.stream));
-  TFM_CUDA(cudaMemcpyAsync(host_correct.data(), correct, size_t(rows) * sizeof(int32_t),
-                           cudaMemcpyDeviceToHost, c.stream));
-  TFM_CUDA(cudaStreamSynchronize(c.stream));
-  for (int64_t r = 0; r < rows; ++r) {
-    totals.loss += host[size_t(r)];
-    totals.nll += host[size_t(rows + r)];
-    totals.correct += host_correct[size_t(r)];
-  }
-  return totals;
 }
 
 void best_tokens(cudaStream_t s, const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,

@@ -79,6 +79,20 @@ bool profiling() {
   return on;
 }
 
+void restart_profile() {
+  if (!profiling()) return;
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  cudaDeviceSynchronize();  // every recorded event has happened before it is destroyed
+  for (const Record& r : p.records) {
+    cudaEventDestroy(r.start);
+    cudaEventDestroy(r.stop);
+  }
+  p.records.clear();
+  p.host_wait_seconds = 0;
+  p.host_waits = 0;
+}
+
 ProfiledOperation::ProfiledOperation(const Context& c, const char* name) {
   // Never throws: operations run in destructors too (a buffer freed at exit).
   if (!profiling() || cudaEventCreate(&start_) != cudaSuccess) return;

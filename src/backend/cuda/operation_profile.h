@@ -16,6 +16,9 @@ namespace cuda {
 
 // Whether TFM_CUDA_PROFILE is set (read once).
 bool profiling();
+// Drops everything recorded so far (Backend::restart_profile): the table at exit then covers
+// what ran after the call only.
+void restart_profile();
 
 // Events around one operation of `name` (a string literal) on the context's stream.
 class ProfiledOperation {
