@@ -87,6 +87,19 @@ __device__ __forceinline__ float from_bfloat16(uint16_t h) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += int64_t(gridDim.x) * blockDim.x)
 
+// Element (r, c) of a [rows, cols] matrix per iteration: rows along the grid's y, columns along
+// its x, both grid-strided, so that no thread divides a flat index by cols (a 64-bit division
+// costs several times the load it addresses). Launch with matrix_blocks(rows, cols), kThreads.
+#define TFM_FOR_EACH_ELEMENT(r, c, rows, cols)                                   \
+  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                       \
+    for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < (cols); \
+         c += int64_t(gridDim.x) * blockDim.x)
+inline dim3 matrix_blocks(int64_t rows, int64_t cols) {
+  const int64_t x = (cols + kThreads - 1) / kThreads;
+  return dim3(unsigned(x < 1 ? 1 : (x > 1024 ? 1024 : x)),
+              unsigned(rows < 1 ? 1 : (rows > 65535 ? 65535 : rows)));
+}
+
 // Σ over a block of `value` (blockDim.x a multiple of 32, at most 1024); every thread gets the
 // result. `shared` holds 32 entries; the block must not use it between calls without a barrier.
 template <typename T>

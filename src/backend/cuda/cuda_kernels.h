@@ -17,9 +17,10 @@ namespace cuda {
 void round_to_bfloat16(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
                        uint16_t* out);
 // out[rows, cols] (row stride ldo) in bfloat16, subnormal results flushed to zero (the
-// product epilogue's rounded_output), from the float result[rows, cols] (row stride ldr).
-void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, int64_t rows,
-                                int64_t cols, uint16_t* out, int64_t ldo);
+// product epilogue's rounded_output), from the float result[rows, cols] (row stride ldr) plus
+// bias[cols] (null: none), then ReLU where relu: the epilogue and the rounding in one pass.
+void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, const float* bias,
+                                bool relu, int64_t rows, int64_t cols, uint16_t* out, int64_t ldo);
 void add(cudaStream_t s, float* y, const float* x, int64_t n);
 void scale(cudaStream_t s, float* x, float factor, int64_t n);
 void fill(cudaStream_t s, float* y, int64_t n, float value);

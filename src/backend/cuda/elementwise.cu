@@ -14,14 +14,17 @@ namespace {
 
 __global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t ldx,
                              uint16_t* out) {
-  TFM_FOR_EACH(i, rows * cols) out[i] = to_bfloat16(x[(i / cols) * ldx + i % cols]);
+  TFM_FOR_EACH_ELEMENT(r, c, rows, cols) out[r * cols + c] = to_bfloat16(x[r * ldx + c]);
 }
 
-__global__ void round_flushing_kernel(const float* result, int64_t ldr, int64_t rows, int64_t cols,
-                                      uint16_t* out, int64_t ldo) {
-  TFM_FOR_EACH(i, rows * cols) {
-    const float v = result[(i / cols) * ldr + i % cols];
-    out[(i / cols) * ldo + i % cols] =
+__global__ void round_flushing_kernel(const float* result, int64_t ldr, const float* bias,
+                                      bool relu, int64_t rows, int64_t cols, uint16_t* out,
+                                      int64_t ldo) {
+  TFM_FOR_EACH_ELEMENT(r, c, rows, cols) {
+    float v = result[r * ldr + c];
+    if (bias) v += bias[c];
+    if (relu) v = v > 0.f ? v : 0.f;
+    out[r * ldo + c] =
         fabsf(v) < 1.17549435e-38f ? uint16_t(signbit(v) ? 0x8000u : 0u) : to_bfloat16(v);
   }
 }
@@ -37,18 +40,18 @@ __global__ void fill_kernel(float* y, int64_t n, float value) {
 }
 
 __global__ void scale_matrix_kernel(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
-  TFM_FOR_EACH(i, rows * cols) {
-    float& v = c[(i / cols) * ldc + i % cols];
+  TFM_FOR_EACH_ELEMENT(r, col, rows, cols) {
+    float& v = c[r * ldc + col];
     v = beta == 0.f ? 0.f : v * beta;
   }
 }
 
 __global__ void bias_relu_kernel(float* y, int64_t ldy, const float* bias, bool relu, int64_t rows,
                                  int64_t cols) {
-  TFM_FOR_EACH(i, rows * cols) {
-    float& v = y[(i / cols) * ldy + i % cols];
+  TFM_FOR_EACH_ELEMENT(r, c, rows, cols) {
+    float& v = y[r * ldy + c];
     float x = v;
-    if (bias) x += bias[i % cols];
+    if (bias) x += bias[c];
     if (relu) x = x > 0.f ? x : 0.f;
     v = x;
   }
@@ -60,10 +63,11 @@ __device__ __forceinline__ float gelu(float x) {
 
 __global__ void bias_activation_kernel(float* pre, const float* bias, float* out, int64_t rows,
                                        int64_t cols, bool apply, Activation act) {
-  TFM_FOR_EACH(i, rows * cols) {
+  TFM_FOR_EACH_ELEMENT(r, c, rows, cols) {
+    const int64_t i = r * cols + c;
     float x = pre[i];
     if (bias) {
-      x += bias[i % cols];
+      x += bias[c];
       pre[i] = x;
     }
     if (apply) out[i] = act == Activation::kRelu ? (x > 0.f ? x : 0.f) : gelu(x);
@@ -208,21 +212,21 @@ __global__ void embedding_forward_kernel(const float* table, int64_t table_ld, I
                                          const float* positions, const int32_t* ids, int64_t rows,
                                          int64_t len, int64_t d, float scale,
                                          int64_t first_position, float* out) {
-  TFM_FOR_EACH(i, rows * d) {
-    const int64_t row = i / d, c = i % d, id = ids[row];
+  TFM_FOR_EACH_ELEMENT(row, c, rows, d) {
+    const int64_t id = ids[row];
     float v = int8.values ? float(int8.values[id * d + c]) * (int8.scales[id] * scale)
                           : table[id * table_ld + c] * scale;
     if (positions) v += positions[(first_position + row % len) * d + c];
-    out[i] = v;
+    out[row * d + c] = v;
   }
 }
 
 __global__ void scale_and_add_positions_kernel(const float* positions, int64_t rows, int64_t len,
                                                int64_t d, float scale, int64_t first_position,
                                                float* out) {
-  TFM_FOR_EACH(i, rows * d) {
-    const int64_t row = i / d, c = i % d;
-    out[i] = out[i] * scale + (positions ? positions[(first_position + row % len) * d + c] : 0.f);
+  TFM_FOR_EACH_ELEMENT(row, c, rows, d) {
+    float& v = out[row * d + c];
+    v = v * scale + (positions ? positions[(first_position + row % len) * d + c] : 0.f);
   }
 }
 
@@ -230,9 +234,8 @@ __global__ void embedding_backward_kernel(const float* d_out, const int32_t* ids
                                           int64_t len, int64_t d, float scale,
                                           int64_t first_position, float* d_table,
                                           float* d_positions) {
-  TFM_FOR_EACH(i, rows * d) {
-    const int64_t row = i / d, c = i % d;
-    const float g = d_out[i];
+  TFM_FOR_EACH_ELEMENT(row, c, rows, d) {
+    const float g = d_out[row * d + c];
     atomicAdd(d_table + int64_t(ids[row]) * d + c, scale * g);
     if (d_positions) atomicAdd(d_positions + (first_position + row % len) * d + c, g);
   }
@@ -276,32 +279,28 @@ __global__ void sum_partials_kernel(const double* partial, int64_t count, double
 
 __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                                    int64_t d, float* y, int64_t ldy) {
-  TFM_FOR_EACH(i, count * d) {
-    const int64_t r = i / d, c = i % d;
+  TFM_FOR_EACH_ELEMENT(r, c, count, d) {
     y[r * ldy + c] = x[rows[r] * ldx + c];
   }
 }
 __global__ void scatter_rows_kernel(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                                     int64_t d, float* y, int64_t ldy) {
-  TFM_FOR_EACH(i, count * d) {
-    const int64_t r = i / d, c = i % d;
+  TFM_FOR_EACH_ELEMENT(r, c, count, d) {
     y[rows[r] * ldy + c] = x[r * ldx + c];
   }
 }
 __global__ void mean_of_row_groups_kernel(const float* x, int64_t groups, int64_t group_size,
                                           int64_t cols, float inverse, float* y) {
-  TFM_FOR_EACH(i, groups * cols) {
-    const int64_t g = i / cols, c = i % cols;
+  TFM_FOR_EACH_ELEMENT(g, c, groups, cols) {
     const float* first = x + g * group_size * cols + c;
     float sum = first[0];
     for (int64_t k = 1; k < group_size; ++k) sum += first[k * cols];
-    y[i] = sum * inverse;
+    y[g * cols + c] = sum * inverse;
   }
 }
 __global__ void scatter_rows_bfloat16_kernel(const float* x, int64_t ldx, const int64_t* rows,
                                              int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
-  TFM_FOR_EACH(i, count * d) {
-    const int64_t r = i / d, c = i % d;
+  TFM_FOR_EACH_ELEMENT(r, c, count, d) {
     y[rows[r] * ldy + c] = to_bfloat16(x[r * ldx + c]);
   }
 }
@@ -366,7 +365,7 @@ __global__ void int8_product_kernel(const int8_t* qx, const float* x_scales, con
 
 __global__ void read_rows_kernel(const float* w, const int32_t* ids, int64_t count, int64_t d,
                                  float* out) {
-  TFM_FOR_EACH(i, count * d) out[i] = w[int64_t(ids[i / d]) * d + i % d];
+  TFM_FOR_EACH_ELEMENT(r, c, count, d) out[r * d + c] = w[int64_t(ids[r]) * d + c];
 }
 
 }  // namespace
@@ -374,15 +373,15 @@ __global__ void read_rows_kernel(const float* w, const int32_t* ids, int64_t cou
 void round_to_bfloat16(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
                        uint16_t* out) {
   if (rows * cols == 0) return;
-  round_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(x, rows, cols, ldx, out);
+  round_kernel<<<matrix_blocks(rows, cols), kThreads, 0, s>>>(x, rows, cols, ldx, out);
   check_launch("round_to_bfloat16");
 }
 
-void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, int64_t rows,
-                                int64_t cols, uint16_t* out, int64_t ldo) {
+void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, const float* bias,
+                                bool relu, int64_t rows, int64_t cols, uint16_t* out, int64_t ldo) {
   if (rows * cols == 0) return;
-  round_flushing_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(result, ldr, rows, cols, out,
-                                                                     ldo);
+  round_flushing_kernel<<<matrix_blocks(rows, cols), kThreads, 0, s>>>(result, ldr, bias, relu,
+                                                                       rows, cols, out, ldo);
   check_launch("round_to_bfloat16_flushing");
 }
 
@@ -404,22 +403,22 @@ void fill(cudaStream_t s, float* y, int64_t n, float value) {
 
 void scale_matrix(cudaStream_t s, float* c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
   if (rows * cols == 0 || beta == 1.f) return;
-  scale_matrix_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(c, ldc, rows, cols, beta);
+  scale_matrix_kernel<<<matrix_blocks(rows, cols), kThreads, 0, s>>>(c, ldc, rows, cols, beta);
   check_launch("scale_matrix");
 }
 
 void bias_relu_epilogue(cudaStream_t s, float* y, int64_t ldy, const float* bias, bool relu,
                         int64_t rows, int64_t cols) {
   if (rows * cols == 0 || (!bias && !relu)) return;
-  bias_relu_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(y, ldy, bias, relu, rows, cols);
+  bias_relu_kernel<<<matrix_blocks(rows, cols), kThreads, 0, s>>>(y, ldy, bias, relu, rows, cols);
   check_launch("bias_relu_epilogue");
 }
 
 void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* out, int64_t rows,
                          int64_t cols, bool apply_activation, Activation act) {
   if (rows * cols == 0) return;
-  bias_activation_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(pre, bias, out, rows, cols,
-                                                                      apply_activation, act);
+  bias_activation_kernel<<<matrix_blocks(rows, cols), kThreads, 0, s>>>(pre, bias, out, rows, cols,
+                                                                        apply_activation, act);
   check_launch("add_bias_activation");
 }
 
@@ -493,7 +492,7 @@ void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int
                        const float* positions, const int32_t* ids, int64_t rows, int64_t len,
                        int64_t d, float scale, int64_t first_position, float* out) {
   if (rows * d == 0) return;
-  embedding_forward_kernel<<<blocks_for(rows * d), kThreads, 0, s>>>(
+  embedding_forward_kernel<<<matrix_blocks(rows, d), kThreads, 0, s>>>(
       table, table_ld, int8, positions, ids, rows, len, d, scale, first_position, out);
   check_launch("embedding_forward");
 }
@@ -501,7 +500,7 @@ void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int
 void scale_and_add_positions(cudaStream_t s, const float* positions, int64_t rows, int64_t len,
                              int64_t d, float scale, int64_t first_position, float* out) {
   if (rows * d == 0) return;
-  scale_and_add_positions_kernel<<<blocks_for(rows * d), kThreads, 0, s>>>(
+  scale_and_add_positions_kernel<<<matrix_blocks(rows, d), kThreads, 0, s>>>(
       positions, rows, len, d, scale, first_position, out);
   check_launch("scale_and_add_positions");
 }
@@ -510,7 +509,7 @@ void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, 
                         int64_t len, int64_t d, float scale, int64_t first_position, float* d_table,
                         float* d_positions) {
   if (rows * d == 0) return;
-  embedding_backward_kernel<<<blocks_for(rows * d), kThreads, 0, s>>>(
+  embedding_backward_kernel<<<matrix_blocks(rows, d), kThreads, 0, s>>>(
       d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
   check_launch("embedding_backward");
 }
@@ -549,27 +548,27 @@ double sum_of_squares(const Context& c, const float* x, int64_t n) {
 void gather_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                  int64_t d, float* y, int64_t ldy) {
   if (count * d == 0) return;
-  gather_rows_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(x, ldx, rows, count, d, y, ldy);
+  gather_rows_kernel<<<matrix_blocks(count, d), kThreads, 0, s>>>(x, ldx, rows, count, d, y, ldy);
   check_launch("gather_rows");
 }
 void scatter_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                   int64_t d, float* y, int64_t ldy) {
   if (count * d == 0) return;
-  scatter_rows_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(x, ldx, rows, count, d, y, ldy);
+  scatter_rows_kernel<<<matrix_blocks(count, d), kThreads, 0, s>>>(x, ldx, rows, count, d, y, ldy);
   check_launch("scatter_rows");
 }
 void mean_of_row_groups(cudaStream_t s, const float* x, int64_t groups, int64_t group_size,
                         int64_t cols, float* y) {
   if (groups * cols == 0) return;
-  mean_of_row_groups_kernel<<<blocks_for(groups * cols), kThreads, 0, s>>>(
+  mean_of_row_groups_kernel<<<matrix_blocks(groups, cols), kThreads, 0, s>>>(
       x, groups, group_size, cols, 1.f / float(group_size), y);
   check_launch("mean_of_row_groups");
 }
 void scatter_rows_to_bfloat16(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
                               int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
   if (count * d == 0) return;
-  scatter_rows_bfloat16_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(x, ldx, rows, count, d, y,
-                                                                          ldy);
+  scatter_rows_bfloat16_kernel<<<matrix_blocks(count, d), kThreads, 0, s>>>(x, ldx, rows, count, d,
+                                                                            y, ldy);
   check_launch("scatter_rows_to_bfloat16");
 }
 
@@ -597,7 +596,7 @@ void int8_product(cudaStream_t s, const int8_t* qx, const float* x_scales, const
 void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count, int64_t d,
                float* out) {
   if (count * d == 0) return;
-  read_rows_kernel<<<blocks_for(count * d), kThreads, 0, s>>>(w, ids, count, d, out);
+  read_rows_kernel<<<matrix_blocks(count, d), kThreads, 0, s>>>(w, ids, count, d, out);
   check_launch("read_rows");
 }
 

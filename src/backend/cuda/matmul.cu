@@ -147,9 +147,11 @@ void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a16, a_cols, b16, b_cols, beta, target,
                  ld_target, CUDA_R_16BF);
   }
-  bias_relu_epilogue(c.stream, target, ld_target, epilogue.bias, epilogue.relu, m, n);
-  if (epilogue.rounded_output)
-    round_to_bfloat16_flushing(c.stream, target, ldc, m, n, epilogue.rounded_output, ldc);
+  if (epilogue.rounded_output)  // bias, ReLU and rounding in one pass over the float block
+    round_to_bfloat16_flushing(c.stream, target, ldc, epilogue.bias, epilogue.relu, m, n,
+                               epilogue.rounded_output, ldc);
+  else
+    bias_relu_epilogue(c.stream, target, ld_target, epilogue.bias, epilogue.relu, m, n);
 }
 
 std::unique_ptr<PreparedMatrix> prepare_matrix(const Backend& backend, const Context& c,
