@@ -6,15 +6,17 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
 #include "io/ctranslate2.h"
-#include "tensor/file_util.h"
+#include "model/config.h"
 #include "model/parameter_tree.h"
 #include "model/positional_encoding.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 #include "tensor/strict_json.h"
 
 namespace tfm {
@@ -259,9 +261,6 @@ void map_embeddings(SpecVariables& v, ModelConfig& c, TensorMap& p, Int8WeightMa
   // Embeddings stored in int8 stay so (as linear weights do); a tied projection reads them.
   std::optional<Int8Matrix> src_int8 = v.take_int8(src_name);
   std::optional<Int8Matrix> tgt_int8 = v.take_int8("decoder/embeddings/weight");
-  auto keep_int8 = [&](std::optional<Int8Matrix>& q, const char* name) {
-    if (q) int8[name] = std::move(*q);
-  };
   for (const Tensor* t : {&src, &tgt, &proj})
     if (t->shape.size() != 2) v.fail("embeddings and the projection must be matrices");
   c.d_model = src.shape[1];
@@ -271,28 +270,38 @@ void map_embeddings(SpecVariables& v, ModelConfig& c, TensorMap& p, Int8WeightMa
     v.fail("the projection's rows do not match the target vocabulary");
   c.src_vocab_size = src.shape[0];
   c.tgt_vocab_size = tgt.shape[0];
-  if (same_values(src, tgt) && same_values(tgt, proj)) {
+  if (same_values(src, tgt) && same_values(tgt, proj))
     c.share_embeddings = EmbeddingSharing::kAll;
-    p["embed.weight"] = std::move(src);
-    keep_int8(src_int8, "embed.weight");
-  } else if (same_values(tgt, proj)) {
+  else if (same_values(tgt, proj))
     c.share_embeddings = EmbeddingSharing::kTarget;
-    p["src_embed.weight"] = std::move(src);
-    p["tgt_embed.weight"] = std::move(tgt);
-    keep_int8(src_int8, "src_embed.weight");
-    keep_int8(tgt_int8, "tgt_embed.weight");
-  } else {
+  else
     c.share_embeddings = EmbeddingSharing::kNone;
-    p["src_embed.weight"] = std::move(src);
-    p["tgt_embed.weight"] = std::move(tgt);
-    keep_int8(src_int8, "src_embed.weight");
-    keep_int8(tgt_int8, "tgt_embed.weight");
-    p["out_proj.weight"] = std::move(proj);
-    if (auto q = v.take_int8("decoder/projection/weight")) int8["out_proj.weight"] = std::move(*q);
-  }
   std::optional<Tensor> bias = v.take_optional("decoder/projection/bias");
   c.output_bias = bias.has_value();
-  if (bias) p["out_proj.bias"] = std::move(*bias);
+  // Our tensors for the sharing found are the parameter spec's: each takes the CTranslate2
+  // variable it is written as first (a shared table is written as several, the same values).
+  // Embeddings stored in int8 stay so, as linear weights do; a tied projection reads them.
+  struct Source {
+    Tensor* values;
+    std::optional<Int8Matrix>* int8;  // null: never int8 (a bias)
+  };
+  std::optional<Int8Matrix> proj_int8;  // taken only where the projection is a tensor of its own
+  const std::map<std::string, Source> sources = {
+      {"encoder/embeddings_0/weight", {&src, &src_int8}},
+      {"decoder/embeddings/weight", {&tgt, &tgt_int8}},
+      {"decoder/projection/weight", {&proj, &proj_int8}},
+      {"decoder/projection/bias", {bias ? &*bias : nullptr, nullptr}}};
+  ModelConfig tables_only = c;  // the layers are not read yet: the walk lists none
+  tables_only.encoder_layers = tables_only.decoder_layers = 0;
+  for (const ParameterSpec& spec : parameter_specs(tables_only)) {
+    if (spec.ctranslate2.empty()) continue;
+    const auto source = sources.find(spec.ctranslate2.front());
+    if (source == sources.end() || !source->second.values) continue;
+    if (source->second.int8 == &proj_int8) proj_int8 = v.take_int8("decoder/projection/weight");
+    p[spec.name] = std::move(*source->second.values);
+    if (source->second.int8 && *source->second.int8)
+      int8[spec.name] = std::move(**source->second.int8);
+  }
   if (v.has("decoder/projection/weight_zero")) v.refuse("AWQ-quantised weights");
   const bool encoder_scale = read_embedding_scale(v, "encoder", c.d_model);
   const bool decoder_scale = read_embedding_scale(v, "decoder", c.d_model);
