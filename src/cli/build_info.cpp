@@ -81,7 +81,8 @@ std::string build_description() {
 #else
   text += "MPI: no\n";
 #endif
-  text += "compiled for: x86-64 " + compiled_instruction_sets() + "\n";
+  text += "compiled for: x86-64 " + compiled_instruction_sets() +
+          " (AVX-512 kernels chosen at run time where this CPU has them)\n";
   text += "this CPU: " + cpu_instruction_sets();
   return text;
 }

@@ -8,15 +8,20 @@
 // of 64, blocks of 16 keys with register-held sums.
 #include "backend/cpu/attention.h"
 
-#if defined(__AVX512F__)
+// The AVX-512 kernels below are compiled into every x86-64 build, whatever its -march, each
+// function marked for AVX-512 (TFM_AVX512), and run only where the CPU has it (avx512_usable):
+// a portable binary (x86-64-v3) uses them on a machine that has AVX-512 as a native build does.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TFM_AVX512_KERNELS 1
+#define TFM_AVX512 __attribute__((target("avx512f")))
 // GCC 12's AVX-512 header declares its "undefined" vectors as self-initialised, which GCC 12
 // then reports as maybe-uninitialized wherever they are inlined: not a fault of this file.
-#if defined(__GNUC__) && !defined(__clang__)
+#if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
+#if !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
 #endif
@@ -246,24 +251,30 @@ inline const Element* cached_row(const Element* base, const int32_t* rows, int64
   return base + (rows ? int64_t(rows[j]) : j) * stride;
 }
 
-#if defined(__AVX512F__)
+#if TFM_AVX512_KERNELS
 // The AVX-512 form of single_query_attention's two loops for heads of 64 (base and big models),
 // which the plain loops leave at a fraction of the machine's rate: there each key's dot product
 // ends in a horizontal sum of 16 lanes (GCC: 15 dependent scalar adds), and each key's weighted
 // value is added into the output in memory (a load and a store per 16 floats per key).
 
+// Whether this CPU (and its operating system) runs AVX-512 code: asked once.
+inline bool avx512_usable() {
+  static const bool usable = __builtin_cpu_supports("avx512f");
+  return usable;
+}
+
 // 16 cached elements as float32 (bfloat16: widened exactly).
-inline __m512 load16(const float* p) {
+TFM_AVX512 inline __m512 load16(const float* p) {
   return _mm512_loadu_ps(p);
 }
-inline __m512 load16(const uint16_t* p) {
+TFM_AVX512 inline __m512 load16(const uint16_t* p) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
 // Lane i of the result: the sum of v[i]'s 16 lanes. Three rounds of pairwise adds, each pairing
 // lanes by a shuffle: 45 instructions for 16 sums instead of 16 reductions of 15 adds.
-inline __m512 transposed_sums(const __m512 v[16]) {
+TFM_AVX512 inline __m512 transposed_sums(const __m512 v[16]) {
   __m512 pairs[8];  // per 128-bit lane: [v0, v1, v0, v1] partial sums of v[2i], v[2i + 1]
   for (int i = 0; i < 8; ++i)
     pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
@@ -284,8 +295,9 @@ inline __m512 transposed_sums(const __m512 v[16]) {
 // Unscaled scores of keys [begin, end) for every head: probs[h * key_len + j] = q_h · k_j,h.
 // Keys in blocks of 16, each block's rows read once for all heads (the block stays in L1).
 template <typename Element>
-void dot_scores_64(const float* q, const Element* k_base, const int32_t* rows, int64_t k_stride,
-                   int64_t heads, int64_t key_len, int64_t begin, int64_t end, float* probs) {
+TFM_AVX512 void dot_scores_64(const float* q, const Element* k_base, const int32_t* rows,
+                              int64_t k_stride, int64_t heads, int64_t key_len, int64_t begin,
+                              int64_t end, float* probs) {
   for (int64_t j0 = begin; j0 < end; j0 += 16) {
     const int n = int(std::min<int64_t>(16, end - j0));
     const Element* key[16];  // the block's rows
@@ -321,9 +333,9 @@ void dot_scores_64(const float* q, const Element* k_base, const int32_t* rows, i
 // out[h * 64 + c] = Σ_j probs[h * key_len + j] · v_j[h * 64 + c] over keys [begin, end), each
 // head's sums held in registers (two sets, even and odd keys, for two chains of FMAs).
 template <typename Element>
-void weighted_values_64(const float* probs, const Element* v_base, const int32_t* rows,
-                        int64_t v_stride, int64_t heads, int64_t key_len, int64_t begin,
-                        int64_t end, float* out) {
+TFM_AVX512 void weighted_values_64(const float* probs, const Element* v_base, const int32_t* rows,
+                                   int64_t v_stride, int64_t heads, int64_t key_len, int64_t begin,
+                                   int64_t end, float* out) {
   for (int64_t h = 0; h < heads; ++h) {
     const float* p_h = probs + h * key_len;
     __m512 even[4], odd[4];
@@ -373,9 +385,9 @@ void single_query_attention(const AttentionShape& s, const AttentionMask& mask, 
   visible_keys(mask, key_count, mask.query_offset, &begin, &end);
   const float* additive_v =
       s.score.kind == AttentionScoring::kAdditive ? s.score.additive_v : nullptr;
-#if defined(__AVX512F__)
+#if TFM_AVX512_KERNELS
   if constexpr (kHeadDim == 64)
-    if (!additive_v) {
+    if (!additive_v && avx512_usable()) {
       dot_scores_64(q_b, k_base, rows, s.k_row_stride, heads, s.key_len, begin, end, probs);
       for (int64_t h = 0; h < heads; ++h)
         masked_softmax_row(probs + h * s.key_len, s.key_len, begin, end, scale);
