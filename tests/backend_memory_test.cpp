@@ -248,12 +248,14 @@ class MemoryCheckingBackend : public Backend {
   }
   void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
                                       int64_t vocab, float smoothing, float grad_scale,
-                                      double* row_totals) const override {
-    const Access access =
-        check("cross_entropy_forward_backward",
-              {{"logits", logits}, {"targets", targets}, {"row_totals", row_totals}});
+                                      double* row_totals,
+                                      uint16_t* rounded_gradient) const override {
+    const Access access = check("cross_entropy_forward_backward", {{"logits", logits},
+                                                                   {"targets", targets},
+                                                                   {"row_totals", row_totals},
+                                                                   {"rounded", rounded_gradient}});
     cpu().cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale,
-                                         row_totals);
+                                         row_totals, rounded_gradient);
   }
   void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens) const override {

@@ -1323,7 +1323,18 @@ TEST_P(BackendOps, LabelSmoothedCrossEntropyAndItsGradientMatchFloat64) {
       auto grad = logits;
       std::vector<double> row_totals(size_t(rows * 3), -1.0);  // [rows, 3]
       be().cross_entropy_forward_backward(grad.data(), targets.data(), rows, vocab, smoothing,
-                                          grad_scale, row_totals.data());
+                                          grad_scale, row_totals.data(), nullptr);
+      // With a bfloat16 output, the same gradient rounded (float_to_bfloat16) element for element.
+      auto scratch_logits = logits;
+      std::vector<uint16_t> rounded(size_t(rows * vocab), 0xFFFF);  // [rows, vocab]
+      std::vector<double> rounded_totals(size_t(rows * 3), -1.0);   // [rows, 3]
+      be().cross_entropy_forward_backward(scratch_logits.data(), targets.data(), rows, vocab,
+                                          smoothing, grad_scale, rounded_totals.data(),
+                                          rounded.data());
+      for (int64_t i = 0; i < rows * vocab; ++i)
+        ASSERT_EQ(rounded[size_t(i)], float_to_bfloat16(grad[size_t(i)]))
+            << "vocab " << vocab << " element " << i;
+      EXPECT_EQ(rounded_totals, row_totals) << "vocab " << vocab;
       for (int64_t r = 0; r < rows; ++r) {
         const float* z = logits.data() + r * vocab;
         double max = -INFINITY, sum = 0, mean_nll = 0;
@@ -1361,8 +1372,8 @@ TEST_P(BackendOps, CrossEntropyCountsTheFirstLargestLogitAsThePrediction) {
         std::vector<float> logits(size_t(vocab), 0.5f);
         logits[size_t(first)] = logits[size_t(second)] = 4.f;
         double row_totals[3] = {-1, -1, -1};
-        be().cross_entropy_forward_backward(logits.data(), &target, 1, vocab, 0.1f, 1.f,
-                                            row_totals);
+        be().cross_entropy_forward_backward(logits.data(), &target, 1, vocab, 0.1f, 1.f, row_totals,
+                                            nullptr);
         EXPECT_EQ(row_totals[2], target == first ? 1.0 : 0.0)
             << "maxima at " << first << " and " << second << ", target " << target;
       }

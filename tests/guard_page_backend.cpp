@@ -144,9 +144,10 @@ void GuardPageBackend::log_softmax_pick(const float* logits, const int32_t* targ
 }
 void GuardPageBackend::cross_entropy_forward_backward(float* logits, const int32_t* targets,
                                                       int64_t rows, int64_t vocab, float smoothing,
-                                                      float grad_scale, double* row_totals) const {
+                                                      float grad_scale, double* row_totals,
+                                                      uint16_t* rounded_gradient) const {
   cpu().cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale,
-                                       row_totals);
+                                       row_totals, rounded_gradient);
 }
 
 void GuardPageBackend::best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,

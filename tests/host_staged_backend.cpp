@@ -670,14 +670,16 @@ void HostStagedBackend::log_softmax_pick(const float* logits, const int32_t* tar
 
 void HostStagedBackend::cross_entropy_forward_backward(float* logits, const int32_t* targets,
                                                        int64_t rows, int64_t vocab, float smoothing,
-                                                       float grad_scale, double* row_totals) const {
+                                                       float grad_scale, double* row_totals,
+                                                       uint16_t* rounded_gradient) const {
   Staging st(device_);
   const auto hlogits = st.read_write(logits, rows * vocab);
   const auto htargets = st.read(targets, rows);
   const auto htotals = st.write(row_totals, rows * 3);
+  const auto hrounded = st.write(rounded_gradient, rounded_gradient ? rows * vocab : 0);
   st.upload();
   device_.cross_entropy_forward_backward(st[hlogits], st[htargets], rows, vocab, smoothing,
-                                         grad_scale, st[htotals]);
+                                         grad_scale, st[htotals], st[hrounded]);
   st.download();
 }
 

@@ -91,7 +91,8 @@ class HostStagedBackend final : public Backend {
                         float* out) const override;
   void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
                                       int64_t vocab, float smoothing, float grad_scale,
-                                      double* row_totals) const override;
+                                      double* row_totals,
+                                      uint16_t* rounded_gradient) const override;
 
   void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens) const override;

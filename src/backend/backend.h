@@ -174,10 +174,14 @@ class Backend {
   // grad_scale · (softmax − ((1-ε)·onehot(y) + ε/vocab)); row_totals[rows, 3] (this backend's
   // memory) receives per row its smoothed loss, −log p_y, and 1 where the first argmax is y (else
   // 0). Nothing is summed here, so a backend need not wait for the result: the caller copies the
-  // rows back once per batch (sum_cross_entropy_rows).
+  // rows back once per batch (sum_cross_entropy_rows). rounded_gradient [rows, vocab] (null:
+  // none): the gradient also written there rounded to bfloat16 (as round_to_bfloat16 would),
+  // for the products of a bfloat16 backward; the logits' contents are then unspecified (a
+  // backend may write the rounded form only).
   virtual void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
                                               int64_t vocab, float smoothing, float grad_scale,
-                                              double* row_totals) const = 0;
+                                              double* row_totals,
+                                              uint16_t* rounded_gradient) const = 0;
   // How many bytes of logits the output head projects at once (model/output_head.h): near the
   // caches on the CPU, where each chunk is consumed while it is warm; large enough on a GPU that
   // each chunk's products and softmax fill the device.

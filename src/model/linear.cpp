@@ -39,9 +39,10 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
 
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
-                     BackwardScratch& scratch, const uint16_t* rounded_x) {
-  const uint16_t* rounded_dy =
-      rounded_copy(backend, w, dy, rows, w.out, scratch.rounded_d_out);  // [rows, out]
+                     BackwardScratch& scratch, const uint16_t* rounded_x,
+                     const uint16_t* rounded_dy) {
+  if (!rounded_dy)
+    rounded_dy = rounded_copy(backend, w, dy, rows, w.out, scratch.rounded_d_out);  // [rows, out]
   if (dx)
     backend.matmul(false, false, rows, w.in, w.out, 1.f, {dy, rounded_dy}, w.out,
                    {w.weight, w.rounded}, w.in, accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);

@@ -41,10 +41,13 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
                     uint16_t* rounded_y = nullptr);
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
 // db += Σ_rows dy. Both products in w.precision; in bfloat16 dy is rounded once for both (into
-// scratch.rounded_d_out), and x / W are read from rounded_x / w.rounded where given.
+// scratch.rounded_d_out) unless rounded_dy holds it already (the loss writes its gradient so;
+// dy is then read for the bias gradient only), and x / W are read from rounded_x / w.rounded
+// where given.
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
-                     BackwardScratch& scratch, const uint16_t* rounded_x = nullptr);
+                     BackwardScratch& scratch, const uint16_t* rounded_x = nullptr,
+                     const uint16_t* rounded_dy = nullptr);
 // What linear_backward asks of the scratch for `rows` rows.
 void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,
                           WorkspacePlan& plan);

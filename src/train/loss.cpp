@@ -42,13 +42,21 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
 
   double* row_totals = ws.row_totals.data();  // [tokens, 3]
 
+  // A bfloat16 backward without an output bias reads the loss's gradient in bfloat16 only: the
+  // cross-entropy writes it so (into the scratch linear_backward would round it into), and the
+  // backend may skip the float32 form.
+  const bool rounded_gradient = backward && rounds_to_bfloat16(w.output) && !w.output.bias;
   output_head_forward(backend, w.output, states, count, ws.head, [&](const OutputChunk& c) {
+    uint16_t* rounded = rounded_gradient ? ensure_size(backend, ws.scratch.rounded_d_out,
+                                                       c.rows * vocab)  // [rows, V]
+                                         : nullptr;
     backend.cross_entropy_forward_backward(c.logits, labels + c.begin, c.rows, vocab,
-                                           label_smoothing, grad_scale, row_totals + 3 * c.begin);
+                                           label_smoothing, grad_scale, row_totals + 3 * c.begin,
+                                           rounded);
     if (!backward) return;
-    // The chunk's logits now hold d loss / d logits [rows, V].
+    // The chunk's logits now hold d loss / d logits [rows, V] (or `rounded` does).
     linear_backward(backend, w.output, g.output, c.states, c.logits, c.rows, d_states + c.begin * d,
-                    false, ws.scratch, c.rounded_states);
+                    false, ws.scratch, c.rounded_states, rounded);
   });
   if (backward) {
     const int64_t out_size = batch.batch * batch.tgt_len * d;

@@ -177,9 +177,10 @@ class CpuBackend final : public Backend {
   }
   void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
                                       int64_t vocab, float smoothing, float grad_scale,
-                                      double* row_totals) const override {
+                                      double* row_totals,
+                                      uint16_t* rounded_gradient) const override {
     tfm::cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale,
-                                        row_totals);
+                                        row_totals, rounded_gradient);
   }
 
   void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/cpu/fast_exp.h"
+#include "tensor/float16.h"
 
 namespace tfm {
 
@@ -30,7 +31,7 @@ double sum_in_blocks(const float* row, int64_t n) {
 
 void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
                                     int64_t vocab, float smoothing, float grad_scale,
-                                    double* row_totals) {
+                                    double* row_totals, uint16_t* rounded_gradient) {
 #pragma omp parallel for schedule(static) if (rows * vocab > 32768)
   for (int64_t r = 0; r < rows; ++r) {
     float* row = logits + r * vocab;  // [vocab] logits, then exp(logit − max), then the gradient
@@ -74,6 +75,11 @@ void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64
 #pragma omp simd
     for (int64_t c = 0; c < vocab; ++c) row[c] = row[c] * scale - uniform;
     row[y] -= grad_scale * (1.f - smoothing);
+    if (rounded_gradient) {
+      uint16_t* rounded = rounded_gradient + r * vocab;  // [vocab]
+#pragma omp simd
+      for (int64_t c = 0; c < vocab; ++c) rounded[c] = float_to_bfloat16(row[c]);
+    }
   }
 }
 

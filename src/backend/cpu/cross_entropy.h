@@ -11,9 +11,10 @@ namespace tfm {
 
 // logits[rows, vocab] becomes grad_scale · (softmax − ((1-ε)·onehot(y) + ε/vocab)).
 // row_totals[rows, 3]: each row's smoothed loss, −log p_y, and 1 where its first argmax is y
-// (Backend::cross_entropy_forward_backward). targets[rows] must be valid ids.
+// (Backend::cross_entropy_forward_backward). targets[rows] must be valid ids. rounded_gradient
+// (or null) [rows, vocab]: each row's gradient also in bfloat16, written while the row is warm.
 void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
                                     int64_t vocab, float smoothing, float grad_scale,
-                                    double* row_totals);
+                                    double* row_totals, uint16_t* rounded_gradient);
 
 }  // namespace tfm

@@ -208,10 +208,11 @@ class CudaBackend final : public Backend {
   }
   void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
                                       int64_t vocab, float smoothing, float grad_scale,
-                                      double* row_totals) const override {
+                                      double* row_totals,
+                                      uint16_t* rounded_gradient) const override {
     TFM_CUDA_OPERATION(c_, "cross_entropy_forward_backward");
     cuda::cross_entropy_forward_backward(c_.stream, logits, targets, rows, vocab, smoothing,
-                                         grad_scale, row_totals);
+                                         grad_scale, row_totals, rounded_gradient);
   }
   // 512 MiB: a base model's 25,000-token batch in 8 chunks of ~3,600 rows, each product and
   // softmax large enough to fill the device, where 16 MB chunks (the CPU's) made ~230 launches

@@ -85,9 +85,11 @@ __device__ SoftmaxPart block_combine(SoftmaxPart part, SoftmaxPart* shared) {
 }
 
 // Per row, in one read of the logits: the loss terms in double and whether the first maximum is
-// the target; then a second pass makes the row grad_scale · (softmax − smoothed one-hot).
+// the target; then a second pass makes the row grad_scale · (softmax − smoothed one-hot), in
+// float32 in place, or only in bfloat16 into rounded_gradient where that is given.
 __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int64_t vocab,
-                                     float smoothing, float grad_scale, double* row_totals) {
+                                     float smoothing, float grad_scale, double* row_totals,
+                                     uint16_t* rounded_gradient) {
   __shared__ SoftmaxPart shared_parts[32];
   __shared__ double shared_double[32];
   float* row = logits + int64_t(blockIdx.x) * vocab;
@@ -121,10 +123,14 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
   // Every thread read row[y] before the combine's barriers, so the row may be rewritten now.
   const float scale = grad_scale / sum;
   const float uniform = grad_scale * smoothing / float(vocab);
+  uint16_t* rounded = rounded_gradient ? rounded_gradient + int64_t(blockIdx.x) * vocab : nullptr;
   for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
     float g = expf(row[c] - largest) * scale - uniform;
     if (c == y) g -= grad_scale * (1.f - smoothing);
-    row[c] = g;
+    if (rounded)
+      rounded[c] = to_bfloat16(g);
+    else
+      row[c] = g;
   }
 }
 
@@ -192,10 +198,10 @@ void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* target
 
 void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t* targets,
                                     int64_t rows, int64_t vocab, float smoothing, float grad_scale,
-                                    double* row_totals) {
+                                    double* row_totals, uint16_t* rounded_gradient) {
   if (rows == 0) return;
-  cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(logits, targets, vocab, smoothing,
-                                                              grad_scale, row_totals);
+  cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(
+      logits, targets, vocab, smoothing, grad_scale, row_totals, rounded_gradient);
   check_launch("cross_entropy_forward_backward");
 }
 
