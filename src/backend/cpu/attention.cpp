@@ -8,6 +8,8 @@
 // of 64, blocks of 16 keys with register-held sums.
 #include "backend/cpu/attention.h"
 
+#include "backend/cpu/cpu_dispatch.h"
+
 // The AVX-512 kernels below are compiled into every x86-64 build, whatever its -march, each
 // function marked for AVX-512 (TFM_AVX512), and run only where the CPU has it (avx512_usable):
 // a portable binary (x86-64-v3) uses them on a machine that has AVX-512 as a native build does.
@@ -451,9 +453,9 @@ void single_query_attention_batch(const AttentionShape& s, const AttentionMask& 
 
 }  // namespace
 
-void attention_forward(const AttentionShape& s, const AttentionMask& mask, const float* q,
-                       const float* k, const float* v, float* probs, float* out,
-                       const AttentionDropout& dropout) {
+TFM_CPU_KERNEL void attention_forward(const AttentionShape& s, const AttentionMask& mask,
+                                      const float* q, const float* k, const float* v, float* probs,
+                                      float* out, const AttentionDropout& dropout) {
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   const int64_t pairs = s.batch * s.heads;
   const int64_t pair_size = s.query_len * s.key_len;
@@ -515,9 +517,10 @@ void attention_forward(const AttentionShape& s, const AttentionMask& mask, const
   }
 }
 
-void attention_forward_bfloat16_cache(const AttentionShape& s, const AttentionMask& mask,
-                                      const float* q, const uint16_t* k, const uint16_t* v,
-                                      float* probs, float* out) {
+TFM_CPU_KERNEL void attention_forward_bfloat16_cache(const AttentionShape& s,
+                                                     const AttentionMask& mask, const float* q,
+                                                     const uint16_t* k, const uint16_t* v,
+                                                     float* probs, float* out) {
   if (s.query_len != 1)
     throw std::invalid_argument("attention_forward_bfloat16_cache: one query per sequence only");
   if (s.score.kind == AttentionScoring::kAdditive && !s.score.additive_v)
@@ -526,10 +529,11 @@ void attention_forward_bfloat16_cache(const AttentionShape& s, const AttentionMa
                                probs, out);
 }
 
-void attention_backward(const AttentionShape& s, const AttentionMask& mask, const float* q,
-                        const float* k, const float* v, const float* probs,
-                        const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
-                        float* dv, float* d_additive_v) {
+TFM_CPU_KERNEL void attention_backward(const AttentionShape& s, const AttentionMask& mask,
+                                       const float* q, const float* k, const float* v,
+                                       const float* probs, const AttentionDropout& dropout,
+                                       const float* d_out, float* dq, float* dk, float* dv,
+                                       float* d_additive_v) {
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   const int64_t pairs = s.batch * s.heads;
   const int64_t pair_size = s.query_len * s.key_len;

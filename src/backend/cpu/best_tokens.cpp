@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/parallel_threshold.h"
 
 namespace tfm {
@@ -43,8 +44,8 @@ void best_tokens_of_row(const float* row, int64_t vocab, int64_t keep, int32_t b
 
 }  // namespace
 
-void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
-                 float* values, int32_t* tokens) {
+TFM_CPU_KERNEL void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
+                                int32_t banned, float* values, int32_t* tokens) {
 #pragma omp parallel for schedule(static) if (rows * vocab >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r)
     best_tokens_of_row(logprobs + r * vocab, vocab, keep, banned, values + r * keep,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/fast_exp.h"
 #include "tensor/float16.h"
 
@@ -29,9 +30,10 @@ double sum_in_blocks(const float* row, int64_t n) {
 
 }  // namespace
 
-void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
-                                    int64_t vocab, float smoothing, float grad_scale,
-                                    double* row_totals, uint16_t* rounded_gradient) {
+TFM_CPU_KERNEL void cross_entropy_forward_backward(float* logits, const int32_t* targets,
+                                                   int64_t rows, int64_t vocab, float smoothing,
+                                                   float grad_scale, double* row_totals,
+                                                   uint16_t* rounded_gradient) {
 #pragma omp parallel for schedule(static) if (rows * vocab > 32768)
   for (int64_t r = 0; r < rows; ++r) {
     float* row = logits + r * vocab;  // [vocab] logits, then exp(logit − max), then the gradient

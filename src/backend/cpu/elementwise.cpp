@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/fast_exp.h"
 #include "backend/cpu/parallel_threshold.h"
 #include "tensor/float16.h"
@@ -26,7 +27,7 @@ inline float log_sum_exp(const float* x, int64_t cols) {
 
 }  // namespace
 
-void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
+TFM_CPU_KERNEL void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     float* row = y + r * cols;
@@ -35,8 +36,8 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
   }
 }
 
-void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows, int64_t cols,
-                         Activation act) {
+TFM_CPU_KERNEL void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows,
+                                        int64_t cols, Activation act) {
   const float inv_sqrt2 = 0.70710678118654752440f;
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
@@ -56,18 +57,19 @@ void add_bias_activation(float* pre, const float* bias, float* out, int64_t rows
   }
 }
 
-void add_inplace(float* y, const float* x, int64_t n) {
+TFM_CPU_KERNEL void add_inplace(float* y, const float* x, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
-void scale_inplace(float* x, float s, int64_t n) {
+TFM_CPU_KERNEL void scale_inplace(float* x, float s, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
-void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
-                int64_t cols, float eps, float* mean_out, float* rstd_out) {
+TFM_CPU_KERNEL void layer_norm(const float* x, const float* gamma, const float* beta, float* y,
+                               int64_t rows, int64_t cols, float eps, float* mean_out,
+                               float* rstd_out) {
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * cols;
@@ -90,9 +92,10 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float* y,
   }
 }
 
-void layer_norm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
-                         const float* gamma, float* dx, float* dgamma, float* dbeta, int64_t rows,
-                         int64_t cols, bool accumulate) {
+TFM_CPU_KERNEL void layer_norm_backward(const float* dy, const float* x, const float* mean,
+                                        const float* rstd, const float* gamma, float* dx,
+                                        float* dgamma, float* dbeta, int64_t rows, int64_t cols,
+                                        bool accumulate) {
   // Rows are split into a fixed number of contiguous blocks whose partial dgamma / dbeta sums
   // are added in block order, so results do not depend on thread scheduling (resumed training
   // must reproduce an uninterrupted run bit for bit).
@@ -142,7 +145,8 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
   }
 }
 
-void activation_backward(float* d, const float* pre_activation, int64_t n, Activation act) {
+TFM_CPU_KERNEL void activation_backward(float* d, const float* pre_activation, int64_t n,
+                                        Activation act) {
   if (act == Activation::kRelu) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
     for (int64_t i = 0; i < n; ++i) d[i] = pre_activation[i] > 0.f ? d[i] : 0.f;
@@ -158,12 +162,12 @@ void activation_backward(float* d, const float* pre_activation, int64_t n, Activ
   }
 }
 
-void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) {
+TFM_CPU_KERNEL void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) d[i] = bfloat16_to_float(relu_output[i]) > 0.f ? d[i] : 0.f;
 }
 
-void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) {
+TFM_CPU_KERNEL void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = dy + r * cols;
 #pragma omp simd
@@ -171,7 +175,7 @@ void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) {
   }
 }
 
-void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) {
+TFM_CPU_KERNEL void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) {
   const uint32_t threshold = uint32_t(double(p) * 16777216.0);  // p in units of 2^-24
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
@@ -183,13 +187,13 @@ void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) {
   }
 }
 
-void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) {
+TFM_CPU_KERNEL void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) {
   const float keep_scale = 1.f / (1.f - p);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) x[i] = mask[i] ? x[i] * keep_scale : 0.f;
 }
 
-void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
+TFM_CPU_KERNEL void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * cols;
@@ -204,8 +208,8 @@ void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
 
 namespace tfm {
 
-void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
-                      float* out) {
+TFM_CPU_KERNEL void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows,
+                                     int64_t cols, float* out) {
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = logits + r * cols;

@@ -1,12 +1,14 @@
 // Embedding gather and scatter-add on the CPU: OpenMP over rows, SIMD over d_model.
 #include "backend/cpu/embedding.h"
 
+#include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/parallel_threshold.h"
 
 namespace tfm {
 
-void embedding_forward(const float* table, const float* positions, const int32_t* ids, int64_t rows,
-                       int64_t len, int64_t d, float scale, int64_t first_position, float* out) {
+TFM_CPU_KERNEL void embedding_forward(const float* table, const float* positions,
+                                      const int32_t* ids, int64_t rows, int64_t len, int64_t d,
+                                      float scale, int64_t first_position, float* out) {
 #pragma omp parallel for schedule(static) if (rows * d >= kParallelElements)
   for (int64_t row = 0; row < rows; ++row) {
     const float* embedding = table + int64_t(ids[row]) * d;
@@ -22,9 +24,9 @@ void embedding_forward(const float* table, const float* positions, const int32_t
   }
 }
 
-void embedding_forward(const Int8Rows& table, const float* positions, const int32_t* ids,
-                       int64_t rows, int64_t len, int64_t d, float scale, int64_t first_position,
-                       float* out) {
+TFM_CPU_KERNEL void embedding_forward(const Int8Rows& table, const float* positions,
+                                      const int32_t* ids, int64_t rows, int64_t len, int64_t d,
+                                      float scale, int64_t first_position, float* out) {
 #pragma omp parallel for schedule(static) if (rows * d >= kParallelElements)
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t id = ids[row];
@@ -37,8 +39,9 @@ void embedding_forward(const Int8Rows& table, const float* positions, const int3
   }
 }
 
-void scale_and_add_positions(const float* positions, int64_t rows, int64_t len, int64_t d,
-                             float scale, int64_t first_position, float* out) {
+TFM_CPU_KERNEL void scale_and_add_positions(const float* positions, int64_t rows, int64_t len,
+                                            int64_t d, float scale, int64_t first_position,
+                                            float* out) {
 #pragma omp parallel for schedule(static) if (rows * d >= kParallelElements)
   for (int64_t row = 0; row < rows; ++row) {
     float* o = out + row * d;  // [d]
@@ -48,9 +51,9 @@ void scale_and_add_positions(const float* positions, int64_t rows, int64_t len, 
   }
 }
 
-void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
-                        int64_t d, float scale, int64_t first_position, float* d_table,
-                        float* d_positions) {
+TFM_CPU_KERNEL void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows,
+                                       int64_t len, int64_t d, float scale, int64_t first_position,
+                                       float* d_table, float* d_positions) {
   for (int64_t row = 0; row < rows; ++row) {
     const float* g = d_out + row * d;
     float* table_row = d_table + int64_t(ids[row]) * d;

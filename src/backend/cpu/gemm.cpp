@@ -34,6 +34,7 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/elementwise.h"
 #include "backend/cpu/int8_quantization.h"
 #include "backend/cpu/parallel_threshold.h"
@@ -318,7 +319,8 @@ bool run_in_pieces(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
 
 }  // namespace
 
-void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* out) {
+TFM_CPU_KERNEL void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx,
+                                      uint16_t* out) {
 #pragma omp parallel for schedule(static) if (m * k >= kParallelElements && omp_get_level() == 0)
   for (int64_t r = 0; r < m; ++r) {
     const float* row = x + r * ldx;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/parallel_threshold.h"
 
 namespace tfm {
@@ -23,7 +24,7 @@ float max_magnitude(const float* x, int64_t k) {
 
 }  // namespace
 
-void int8_row_sums(const int8_t* q, int64_t n, int64_t k, int32_t* column_sums) {
+TFM_CPU_KERNEL void int8_row_sums(const int8_t* q, int64_t n, int64_t k, int32_t* column_sums) {
   for (int64_t r = 0; r < n; ++r) {
     int32_t sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -32,8 +33,8 @@ void int8_row_sums(const int8_t* q, int64_t n, int64_t k, int32_t* column_sums) 
   }
 }
 
-void quantize_activation_rows(const float* x, int64_t m, int64_t k, int64_t ldx, uint8_t* q,
-                              float* scales) {
+TFM_CPU_KERNEL void quantize_activation_rows(const float* x, int64_t m, int64_t k, int64_t ldx,
+                                             uint8_t* q, float* scales) {
 #pragma omp parallel for if (m * k >= kParallelElements && omp_get_level() == 0)
   for (int64_t r = 0; r < m; ++r) {
     const float* row = x + r * ldx;
@@ -55,9 +56,9 @@ void quantize_activation_rows(const float* x, int64_t m, int64_t k, int64_t ldx,
   }
 }
 
-void dequantize_products(const int32_t* products, int64_t m, int64_t n, const int32_t* column_sums,
-                         const float* row_scales, const float* column_scales, float* y,
-                         int64_t ldy) {
+TFM_CPU_KERNEL void dequantize_products(const int32_t* products, int64_t m, int64_t n,
+                                        const int32_t* column_sums, const float* row_scales,
+                                        const float* column_scales, float* y, int64_t ldy) {
 #pragma omp parallel for if (m * n >= kParallelElements && omp_get_level() == 0)
   for (int64_t r = 0; r < m; ++r) {
     const int32_t* in = products + r * n;

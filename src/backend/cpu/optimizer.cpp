@@ -5,12 +5,13 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/parallel_threshold.h"
 
 namespace tfm {
 
-void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                 const AdamHyperparameters& h, int64_t step) {
+TFM_CPU_KERNEL void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
+                                const AdamHyperparameters& h, int64_t step) {
   const double bias_correction1 = 1.0 - std::pow(double(h.beta1), double(step));
   const double bias_correction2 = 1.0 - std::pow(double(h.beta2), double(step));
   const float step_size = float(double(h.lr) / bias_correction1);
@@ -25,12 +26,12 @@ void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
   }
 }
 
-void sgd_update(float* param, const float* grad, int64_t n, float lr) {
+TFM_CPU_KERNEL void sgd_update(float* param, const float* grad, int64_t n, float lr) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) param[i] -= lr * grad[i];
 }
 
-double sum_of_squares(const float* x, int64_t n) {
+TFM_CPU_KERNEL double sum_of_squares(const float* x, int64_t n) {
   // Blocks of a fixed size summed in parallel (8 double lanes each), then the block sums in
   // order: the result depends on n alone, not on the thread count, and a whole model's
   // gradients (one block of memory) take one pass at memory speed.
