@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "cli_runner.h"
 #include "io/model_directory.h"
+#include "io/model_file.h"
 #include "io/safetensors.h"
 #include "skip_report.h"
 #include "tensor/file_util.h"
@@ -350,6 +351,42 @@ TEST(Cli, UsageErrorsExitWithTwo) {
                {"nothing to average"});
   expect_error(work.run_cli("init --vocab 20 -o " + work.path("none.safetensors")), 2,
                {"--preset or --config"});
+}
+
+// average refuses what it cannot average, with one error line and no output file: models of
+// different configs, model files beside --model-dir, a run directory without snapshots, a file
+// that is not a model. The average of two models is their mean, element for element.
+TEST(Cli, AverageRefusesWhatItCannotAverageAndAveragesTheRest) {
+  const std::string other = work.path("other_vocab.safetensors");
+  ASSERT_EQ(work.run_cli("init --preset tiny --vocab 24 --seed 5 -o " + other).exit_code, 0);
+  const std::string out = work.path("average_out.safetensors");
+  expect_error(work.run_cli("average " + tiny_model() + " " + other + " -o " + out), 1,
+               {other, "config differs"});
+  expect_error(
+      work.run_cli("average " + tiny_model() + " --model-dir " + work.dir() + " -o " + out), 2,
+      {"not both"});
+  fs::create_directories(work.path("run_without_snapshots"));
+  expect_error(
+      work.run_cli("average --model-dir " + work.path("run_without_snapshots") + " -o " + out), 1,
+      {"run_without_snapshots", "no snapshots"});
+  const std::string not_a_model = work.write_file("not_a_model.safetensors", "plain text\n");
+  expect_error(work.run_cli("average " + tiny_model() + " " + not_a_model + " -o " + out), 1,
+               {not_a_model});
+  EXPECT_FALSE(fs::exists(out));
+
+  const std::string second = work.path("tiny_seed6.safetensors");
+  ASSERT_EQ(work.run_cli("init --preset tiny --vocab 20 --seed 6 -o " + second).exit_code, 0);
+  const CliResult r = work.run_cli("average " + tiny_model() + " " + second + " -o " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const tfm::Model a = tfm::load_model(tiny_model(), tfm::cpu_backend());
+  const tfm::Model b = tfm::load_model(second, tfm::cpu_backend());
+  const tfm::Model mean = tfm::load_model(out, tfm::cpu_backend());
+  const tfm::TensorMap ta = a.parameters().to_host(), tb = b.parameters().to_host(),
+                       tm = mean.parameters().to_host();
+  ASSERT_EQ(tm.size(), ta.size());
+  for (const auto& [name, t] : tm)
+    for (size_t i = 0; i < t.data.size(); ++i)
+      ASSERT_EQ(t.data[i], (ta.at(name).data[i] + tb.at(name).data[i]) * 0.5f) << name << " " << i;
 }
 
 TEST(Cli, ImportCTranslate2AndScoreText) {

@@ -140,12 +140,20 @@ bool mount_small_tmpfs(const std::string& dir, const std::string& size) {
   return ::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0;
 }
 
+// Unmounts a tmpfs when the test ends however it ends: a failed ASSERT returns early, and the
+// mount would otherwise outlive the test (and its temporary directory's removal).
+struct UnmountAtExit {
+  std::string dir;
+  ~UnmountAtExit() { ::umount(dir.c_str()); }
+};
+
 TEST(FullDisk, VocabFailsNamingTheFileAndKeepsTheOldOne) {
   text_model();
   const std::string disk = work.path("disk");
   if (!mount_small_tmpfs(disk, "1m"))
     GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
                  << "; mounting needs root with CAP_SYS_ADMIN)";
+  const UnmountAtExit unmount{disk};
   const std::string target = disk + "/v.spm";
   CliResult r = work.run_cli("vocab --input " + work.path("text.en") + " --size 40 -o " + target);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -166,7 +174,6 @@ TEST(FullDisk, VocabFailsNamingTheFileAndKeepsTheOldOne) {
   r = work.run_cli("translate --ids --model " + ids_model() + " -i " + lines + " -o " + target);
   expect_error(r, 1, {target, "No space left on device"});
   EXPECT_EQ(tfm::read_file_bytes(target), old);
-  ::umount(disk.c_str());
 }
 
 TEST(FullDisk, WritingToDevFullIsAnError) {
