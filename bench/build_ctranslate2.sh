@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds CTranslate2 4.x from a source checkout (with its third_party/spdlog, cpu_features and
-# cxxopts submodules present) against Debian's oneDNN 2.6, for bench/ctranslate2_compare.py.
-# Nothing of CTranslate2 is part of this repository; this only builds a peer for comparisons.
+# cxxopts submodules present) against Debian's oneDNN 2.6. The comparisons now run CTranslate2's
+# PyPI wheel (bench/peers.sh); this remains to reproduce the results before 2026-11-28, which
+# ran a CTranslate2 built so. Nothing of CTranslate2 is part of this repository.
 #   bash bench/build_ctranslate2.sh SRC PREFIX    (about 10 minutes on 2 cores)
 # Its oneDNN-3-only Conv1D code (unused by translation models) is compiled out, the one change
 # its sources need for Debian 12.

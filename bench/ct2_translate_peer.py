@@ -32,6 +32,8 @@ def main():
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--intra_threads", type=int, default=0)
     parser.add_argument("--inter_threads", type=int, default=1)
+    parser.add_argument("--with_score", action="store_true",
+                        help="write 'score ||| tokens' lines, as ct2-translator --with_score")
     args = parser.parse_args()
     translator = ctranslate2.Translator(args.model, device="cpu", compute_type=args.compute_type,
                                        inter_threads=args.inter_threads,
@@ -42,8 +44,12 @@ def main():
     results = translator.translate_batch(
         source, max_batch_size=args.batch_size, beam_size=args.beam_size,
         length_penalty=args.length_penalty, min_decoding_length=args.min_decoding_length,
-        max_decoding_length=args.max_decoding_length)
-    sys.stdout.write("".join(" ".join(r.hypotheses[0]) + "\n" for r in results))
+        max_decoding_length=args.max_decoding_length, return_scores=args.with_score)
+    if args.with_score:
+        sys.stdout.write("".join("%.6f ||| %s\n" % (r.scores[0], " ".join(r.hypotheses[0]))
+                                 for r in results))
+    else:
+        sys.stdout.write("".join(" ".join(r.hypotheses[0]) + "\n" for r in results))
     sys.stdout.flush()
     done = time.perf_counter()
     print(json.dumps({"ctranslate2": ctranslate2.__version__,

@@ -14,11 +14,14 @@ Why this file exists
     Both sides run with length penalty 0 (plain log-probabilities: CTranslate2 divides by
     length^penalty, we by ((5+|Y|)/6)^alpha), no minimum length, and the same length cap.
 
+    CTranslate2 is its wheel from PyPI (bench/peers.txt), as users install it, through
+    bench/ct2_translate_peer.py (the wheel has no ct2-translator).
+
 How to run
-    bash bench/build_ctranslate2.sh SRC PREFIX          (once; CTranslate2 4.x sources)
-    python3 bench/ctranslate2_compare.py --ct2 PREFIX [--quickstart out/quickstart/averaged
+    python3 bench/ctranslate2_compare.py [--peer-python PY] [--quickstart out/quickstart/averaged
         --source out/corpus/test.en]
-    Writes bench/results/ctranslate2_compare.{md,json}. Needs spm_encode/spm_decode (Debian's
+    PY defaults to the peers' environment that bench/peers.sh installs. Writes
+    bench/results/ctranslate2_compare.{md,json}. Needs spm_encode/spm_decode (Debian's
     `sentencepiece`) for the quickstart model.
 """
 
@@ -43,11 +46,10 @@ def run(cmd, stdin=None, env=None):
 
 
 def ct2_translate(args, model, src_file, beam, compute_type="float32"):
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(args.ct2, "lib"))
-    out = run([os.path.join(args.ct2, "bin", "ct2-translator"), "--model", model, "--src", src_file,
-               "--beam_size", str(beam), "--length_penalty", "0", "--min_decoding_length", "0",
-               "--max_decoding_length", str(MAX_LENGTH), "--with_score", "--intra_threads", "2",
-               "--compute_type", compute_type], env=env)
+    out = run([args.peer_python, os.path.join(ROOT, "bench", "ct2_translate_peer.py"), "--model",
+               model, "--src", src_file, "--beam_size", str(beam), "--length_penalty", "0",
+               "--min_decoding_length", "0", "--max_decoding_length", str(MAX_LENGTH),
+               "--with_score", "--intra_threads", "2", "--compute_type", compute_type])
     rows = []
     for line in out.splitlines():
         score, _, text = line.partition(" ||| ")
@@ -96,11 +98,16 @@ def vocabulary_tokens(directory):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--ct2", required=True, help="CTranslate2 install prefix (bin/ct2-translator)")
+    parser.add_argument("--peer-python",
+                        help="python of an environment with the ctranslate2 wheel (default: "
+                             "the one bench/peers.sh installs)")
     parser.add_argument("--quickstart", help="our model directory with vocab.spm (e.g. the quickstart's averaged model)")
     parser.add_argument("--source", help="source text for --quickstart (e.g. out/corpus/test.en)")
     parser.add_argument("--lines", type=int, default=200)
     args = parser.parse_args()
+    if not args.peer_python:
+        args.peer_python = run(["bash", os.path.join(ROOT, "bench", "peers.sh")]).strip()
+    version = run([args.peer_python, "-c", "import ctranslate2; print(ctranslate2.__version__)"])
     work = tempfile.mkdtemp(prefix="ct2_compare_")
     results = []
 
@@ -162,7 +169,8 @@ def main():
         delta = "—" if r["max_score_delta"] is None else "%.2g" % r["max_score_delta"]
         lines.append("| %s | %d | %d | %d | %s |" % (r["case"], r["sentences"], r["identical"],
                                                    r["scored"], delta))
-    table = "\n".join(lines) + "\n"
+    table = ("CTranslate2 %s (its PyPI wheel, through bench/ct2_translate_peer.py).\n\n"
+             % version.strip() + "\n".join(lines) + "\n")
     open(os.path.join(ROOT, "bench", "results", "ctranslate2_compare.md"), "w").write(table)
     print(table)
 
