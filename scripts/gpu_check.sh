@@ -110,6 +110,18 @@ step decode_64_greedy 60 decode_compare 64 1
 step decode_64_beam4 60 decode_compare 64 4
 step decode_512_greedy 60 decode_compare 512 1
 step decode_512_beam4 60 decode_compare 512 4
+# Where a beam-4 search of 512 sentences spends its GPU time (the lowest ratio above).
+profile_decode() {
+  local dir=/tmp/gpu_check_decode
+  [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = 512 ] ||
+    build/bench/decode_bench --work-dir $dir --prepare-only --batch 512 --src-len 32 \
+      --vocab 37000 >/dev/null 2>&1 || return 1
+  TFM_CUDA_PROFILE=1 build/bench/decode_bench --work-dir /tmp/gpu_check_decode --device cuda \
+    --compute-type bfloat16 --cache bfloat16 --beam 4 --out-len 32 --warmup 1 --repeats 2 \
+    2>&1 >/dev/null
+}
+export -f profile_decode
+step profile_decode 40 profile_decode
 
 # The train command itself (data loading, batching, logging) on the base model in bfloat16, and
 # decoding it (d 512, 6+6 layers, vocabulary 37,000) on random token ids.
@@ -163,6 +175,8 @@ fi
 
 echo
 head -32 "$logs/profile_bf16.log" 2>/dev/null
+echo
+head -24 "$logs/profile_decode.log" 2>/dev/null
 echo
 echo "== GPU check: $(head -1 "$logs/device.txt")"
 printf '%s\n' "${results[@]}" | tee "$logs/summary.txt"
