@@ -87,17 +87,27 @@ __device__ __forceinline__ float from_bfloat16(uint16_t h) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += int64_t(gridDim.x) * blockDim.x)
 
-// Element (r, c) of a [rows, cols] matrix per iteration: rows along the grid's y, columns along
-// its x, both grid-strided, so that no thread divides a flat index by cols (a 64-bit division
-// costs several times the load it addresses). Launch with matrix_blocks(rows, cols), kThreads.
+// Element (r, c) of a [rows, cols] matrix per iteration: columns along the block's and the
+// grid's x, rows along their y, both grid-strided, so that no thread divides a flat index by
+// cols (a 64-bit division costs several times the load it addresses). Launch with
+// <<<matrix_blocks(rows, cols), matrix_threads(cols)>>>.
 #define TFM_FOR_EACH_ELEMENT(r, c, rows, cols)                                   \
-  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                       \
+  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < (rows);   \
+       r += int64_t(gridDim.y) * blockDim.y)                                     \
     for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < (cols); \
          c += int64_t(gridDim.x) * blockDim.x)
+// kThreads per block: a power-of-two run of columns from a warp up to kThreads, the rest as
+// rows, so that narrow matrices (a decoding step's source positions) fill their blocks too.
+inline dim3 matrix_threads(int64_t cols) {
+  int64_t x = 32;
+  while (x < cols && x < kThreads) x *= 2;
+  return dim3(unsigned(x), unsigned(kThreads / x));
+}
 inline dim3 matrix_blocks(int64_t rows, int64_t cols) {
-  const int64_t x = (cols + kThreads - 1) / kThreads;
+  const dim3 threads = matrix_threads(cols);
+  const int64_t x = (cols + threads.x - 1) / threads.x, y = (rows + threads.y - 1) / threads.y;
   return dim3(unsigned(x < 1 ? 1 : (x > 1024 ? 1024 : x)),
-              unsigned(rows < 1 ? 1 : (rows > 65535 ? 65535 : rows)));
+              unsigned(y < 1 ? 1 : (y > 65535 ? 65535 : y)));
 }
 
 // Σ over a block of `value` (blockDim.x a multiple of 32, at most 1024); every thread gets the

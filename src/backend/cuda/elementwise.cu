@@ -373,15 +373,15 @@ __global__ void read_rows_kernel(const float* w, const int32_t* ids, int64_t cou
 void round_to_bfloat16(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
                        uint16_t* out) {
   if (rows * cols == 0) return;
-  round_kernel<<<matrix_blocks(rows, cols), kThreads, 0, s>>>(x, rows, cols, ldx, out);
+  round_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(x, rows, cols, ldx, out);
   check_launch("round_to_bfloat16");
 }
 
 void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, const float* bias,
                                 bool relu, int64_t rows, int64_t cols, uint16_t* out, int64_t ldo) {
   if (rows * cols == 0) return;
-  round_flushing_kernel<<<matrix_blocks(rows, cols), kThreads, 0, s>>>(result, ldr, bias, relu,
-                                                                       rows, cols, out, ldo);
+  round_flushing_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
+      result, ldr, bias, relu, rows, cols, out, ldo);
   check_launch("round_to_bfloat16_flushing");
 }
 
@@ -403,22 +403,24 @@ void fill(cudaStream_t s, float* y, int64_t n, float value) {
 
 void scale_matrix(cudaStream_t s, float* c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
   if (rows * cols == 0 || beta == 1.f) return;
-  scale_matrix_kernel<<<matrix_blocks(rows, cols), kThreads, 0, s>>>(c, ldc, rows, cols, beta);
+  scale_matrix_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(c, ldc, rows, cols,
+                                                                                 beta);
   check_launch("scale_matrix");
 }
 
 void bias_relu_epilogue(cudaStream_t s, float* y, int64_t ldy, const float* bias, bool relu,
                         int64_t rows, int64_t cols) {
   if (rows * cols == 0 || (!bias && !relu)) return;
-  bias_relu_kernel<<<matrix_blocks(rows, cols), kThreads, 0, s>>>(y, ldy, bias, relu, rows, cols);
+  bias_relu_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(y, ldy, bias, relu,
+                                                                              rows, cols);
   check_launch("bias_relu_epilogue");
 }
 
 void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* out, int64_t rows,
                          int64_t cols, bool apply_activation, Activation act) {
   if (rows * cols == 0) return;
-  bias_activation_kernel<<<matrix_blocks(rows, cols), kThreads, 0, s>>>(pre, bias, out, rows, cols,
-                                                                        apply_activation, act);
+  bias_activation_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
+      pre, bias, out, rows, cols, apply_activation, act);
   check_launch("add_bias_activation");
 }
 
@@ -492,7 +494,7 @@ void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int
                        const float* positions, const int32_t* ids, int64_t rows, int64_t len,
                        int64_t d, float scale, int64_t first_position, float* out) {
   if (rows * d == 0) return;
-  embedding_forward_kernel<<<matrix_blocks(rows, d), kThreads, 0, s>>>(
+  embedding_forward_kernel<<<matrix_blocks(rows, d), matrix_threads(d), 0, s>>>(
       table, table_ld, int8, positions, ids, rows, len, d, scale, first_position, out);
   check_launch("embedding_forward");
 }
@@ -500,7 +502,7 @@ void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int
 void scale_and_add_positions(cudaStream_t s, const float* positions, int64_t rows, int64_t len,
                              int64_t d, float scale, int64_t first_position, float* out) {
   if (rows * d == 0) return;
-  scale_and_add_positions_kernel<<<matrix_blocks(rows, d), kThreads, 0, s>>>(
+  scale_and_add_positions_kernel<<<matrix_blocks(rows, d), matrix_threads(d), 0, s>>>(
       positions, rows, len, d, scale, first_position, out);
   check_launch("scale_and_add_positions");
 }
@@ -509,7 +511,7 @@ void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, 
                         int64_t len, int64_t d, float scale, int64_t first_position, float* d_table,
                         float* d_positions) {
   if (rows * d == 0) return;
-  embedding_backward_kernel<<<matrix_blocks(rows, d), kThreads, 0, s>>>(
+  embedding_backward_kernel<<<matrix_blocks(rows, d), matrix_threads(d), 0, s>>>(
       d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
   check_launch("embedding_backward");
 }
@@ -548,27 +550,29 @@ double sum_of_squares(const Context& c, const float* x, int64_t n) {
 void gather_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                  int64_t d, float* y, int64_t ldy) {
   if (count * d == 0) return;
-  gather_rows_kernel<<<matrix_blocks(count, d), kThreads, 0, s>>>(x, ldx, rows, count, d, y, ldy);
+  gather_rows_kernel<<<matrix_blocks(count, d), matrix_threads(d), 0, s>>>(x, ldx, rows, count, d,
+                                                                           y, ldy);
   check_launch("gather_rows");
 }
 void scatter_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                   int64_t d, float* y, int64_t ldy) {
   if (count * d == 0) return;
-  scatter_rows_kernel<<<matrix_blocks(count, d), kThreads, 0, s>>>(x, ldx, rows, count, d, y, ldy);
+  scatter_rows_kernel<<<matrix_blocks(count, d), matrix_threads(d), 0, s>>>(x, ldx, rows, count, d,
+                                                                            y, ldy);
   check_launch("scatter_rows");
 }
 void mean_of_row_groups(cudaStream_t s, const float* x, int64_t groups, int64_t group_size,
                         int64_t cols, float* y) {
   if (groups * cols == 0) return;
-  mean_of_row_groups_kernel<<<matrix_blocks(groups, cols), kThreads, 0, s>>>(
+  mean_of_row_groups_kernel<<<matrix_blocks(groups, cols), matrix_threads(cols), 0, s>>>(
       x, groups, group_size, cols, 1.f / float(group_size), y);
   check_launch("mean_of_row_groups");
 }
 void scatter_rows_to_bfloat16(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
                               int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
   if (count * d == 0) return;
-  scatter_rows_bfloat16_kernel<<<matrix_blocks(count, d), kThreads, 0, s>>>(x, ldx, rows, count, d,
-                                                                            y, ldy);
+  scatter_rows_bfloat16_kernel<<<matrix_blocks(count, d), matrix_threads(d), 0, s>>>(
+      x, ldx, rows, count, d, y, ldy);
   check_launch("scatter_rows_to_bfloat16");
 }
 
@@ -596,7 +600,7 @@ void int8_product(cudaStream_t s, const int8_t* qx, const float* x_scales, const
 void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count, int64_t d,
                float* out) {
   if (count * d == 0) return;
-  read_rows_kernel<<<matrix_blocks(count, d), kThreads, 0, s>>>(w, ids, count, d, out);
+  read_rows_kernel<<<matrix_blocks(count, d), matrix_threads(d), 0, s>>>(w, ids, count, d, out);
   check_launch("read_rows");
 }
 
