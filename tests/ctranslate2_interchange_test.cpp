@@ -530,11 +530,13 @@ TEST(CTranslate2Cli, ExportThenImportKeepsScores) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   work.write_file("ar.txt", "آ ت ز م و ن\n");
   work.write_file("en.txt", "a t z m o n\n");
-  for (const char* model : {"cli_aren", "cli_aren_back"}) {
+  // CTranslate2's score of the pair; the float32 import matches it to the printed digits
+  // (measured 1e-6), the int8 round trip within 2.3× its measured 0.011.
+  for (auto [model, bound] : {std::pair{"cli_aren", 1e-5}, std::pair{"cli_aren_back", 0.025}}) {
     r = work.run_cli("score --model " + work.path(model) + " --src " + work.path("ar.txt") +
                      " --tgt " + work.path("en.txt"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_NEAR(std::stod(r.out), -1.061750, 0.02) << model;  // int8 round trip
+    EXPECT_NEAR(std::stod(r.out), -1.061750, bound) << model;
   }
   r = work.run_cli("export-ctranslate2 --model " + kFixtures + "/window2.safetensors -o " +
                    work.path("nope"));

@@ -7,9 +7,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "tensor/file_util.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 #include "text/vocabulary.h"
 
 namespace tfm {
@@ -99,14 +99,19 @@ std::vector<int32_t> best_tokens(const Imported& m, const std::string& src,
   return best;
 }
 
+// Per-token log-probabilities of CTranslate2's int8 and int16 exports of its test model against
+// its float32 one, each bounded at 2–2.5× the largest difference measured (2026-11-28, these
+// two pairs: int8 0.0175, int16 0.0040), and the same best token at every step.
 TEST(CTranslate2, QuantizedModelsAgreeWithFloat) {
   const Imported reference = import("aren-transliteration");
-  for (const char* variant : {"aren-transliteration-i8", "aren-transliteration-i16"}) {
+  for (auto [variant, bound] :
+       {std::pair{"aren-transliteration-i8", 0.035}, std::pair{"aren-transliteration-i16", 0.01}}) {
     const Imported quantized = import(variant);
     for (auto [src, tgt] :
          {std::pair{"آ ت ز م و ن", "a t z m o n"}, {"آ ت ش ي س و ن", "a c h i s o n"}}) {
       const auto a = score(reference, src, tgt), b = score(quantized, src, tgt);
-      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-2) << variant;
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_NEAR(a[i], b[i], bound) << variant << " token " << i;
       EXPECT_EQ(best_tokens(reference, src, tgt), best_tokens(quantized, src, tgt)) << variant;
     }
   }
