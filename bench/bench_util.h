@@ -123,9 +123,12 @@ inline double median(std::vector<double> v) {
 }
 
 // Median seconds of `repeats` calls of fn after `warmup` untimed calls; every time in *all.
+// after_warmup (if set) runs between the two: a profile restarted there covers the timed calls.
 inline double time_median(int warmup, int repeats, const std::function<void()>& fn,
-                          std::vector<double>* all) {
+                          std::vector<double>* all,
+                          const std::function<void()>& after_warmup = {}) {
   for (int i = 0; i < warmup; ++i) fn();
+  if (after_warmup) after_warmup();
   std::vector<double> seconds;
   for (int i = 0; i < repeats; ++i) {
     const double start = now_seconds();

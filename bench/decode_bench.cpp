@@ -323,14 +323,11 @@ int run(const Options& o) {
   search_options.cache = o.cache;
 
   std::vector<std::vector<tfm::Hypothesis>> results;
-  int searches = 0;
-  auto decode = [&] {
-    // TFM_CUDA_PROFILE's table covers the timed searches only, not the warm-up's first loads.
-    if (searches++ == o.warmup) backend.restart_profile();
-    results = tfm::search(model, sources, {}, search_options);
-  };
+  auto decode = [&] { results = tfm::search(model, sources, {}, search_options); };
   std::vector<double> all_seconds;
-  const double median_seconds = time_median(o.warmup, o.repeats, decode, &all_seconds);
+  // TFM_CUDA_PROFILE's table covers the timed searches only, not the warm-up's first loads.
+  const double median_seconds =
+      time_median(o.warmup, o.repeats, decode, &all_seconds, [&] { backend.restart_profile(); });
   const double rss_mib = bench::peak_rss_mib();  // before --profile and the GEMM probe's buffers
 
   int64_t generated = 0;

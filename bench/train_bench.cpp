@@ -212,9 +212,6 @@ int run(const Options& o) {
   std::vector<double> losses;  // per-token smoothed loss of every step, warm-up included
   std::vector<double> zero_times, loss_grad_times, adam_times;  // one entry per step
   auto train_step = [&] {
-    // TFM_CUDA_PROFILE's table covers the timed steps only: the warm-up's first uploads,
-    // allocations and kernel loads are not what a step costs.
-    if (step == o.warmup) model.backend().restart_profile();
     ++step;
     const double t0 = now_seconds();
     gradients.set_zero();
@@ -232,7 +229,10 @@ int run(const Options& o) {
     losses.push_back(totals.loss / double(totals.tokens));
   };
   std::vector<double> step_seconds;
-  const double median_seconds = time_median(o.warmup, o.steps, train_step, &step_seconds);
+  // TFM_CUDA_PROFILE's table covers the timed steps only: the warm-up's first uploads,
+  // allocations and kernel loads are not what a step costs.
+  const double median_seconds = time_median(o.warmup, o.steps, train_step, &step_seconds,
+                                            [&] { model.backend().restart_profile(); });
   const double rss_mib = bench::peak_rss_mib();  // the training steps' peak, before --profile's
                                                  // extra workspace and the GEMM probe's buffers
   auto timed_median = [&](const std::vector<double>& v) {  // over the timed steps only
