@@ -4,14 +4,15 @@
 # (scripts/check_skips.py against tests/allowed_skips.txt: no GPU, a CPU feature it lacks, ...).
 # First installs what the suite's optional tests need, so that none of them skips for want of a
 # package: chromium, its driver and Selenium (serve's web page), the SWORD Bible modules
-# (prepare_corpus). Used by scripts/test.sh and scripts/sanitize.sh.
+# (prepare_corpus), PyTorch and numpy (the fixture generators, re-run and compared). Used by
+# scripts/test.sh and scripts/sanitize.sh.
 #   bash scripts/run_ctest.sh BUILD_DIR [CTEST_ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=$1
 shift
 bash scripts/bootstrap.sh chromium chromium-driver python3-selenium \
-  diatheke python3-sword sword-text-web sword-text-sparv
+  diatheke python3-sword sword-text-web sword-text-sparv python3-torch python3-numpy
 # CTest runs tests side by side (-j2 on two cores), each with OpenMP threads; libgomp's waiting
 # threads spin at every barrier by default and take the cores the other test needs: the reversal
 # training test took 40 s alone, 80 s beside a copy of itself with passive waits, 217 s without.

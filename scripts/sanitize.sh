@@ -8,8 +8,9 @@
 # memory) instead of ours, and so would the server's memory test (ASan's allocator keeps freed
 # memory in quarantine and ignores glibc's heap settings);
 # so is the install test, whose
-# program outside the project links the library without the sanitizer runtime; so is
-# prepare_corpus, a Python script's test with no C++ in it, which the Release pass runs. The Python
+# program outside the project links the library without the sanitizer runtime; so are
+# prepare_corpus and fixtures_match_their_generators, Python scripts' tests with no C++ in them,
+# which the Release pass runs. The Python
 # module is not built here: an instrumented extension cannot load into an uninstrumented
 # interpreter. As in scripts/test.sh, every skip is listed with its reason, and one this machine
 # should not need fails the run (scripts/run_ctest.sh, tests/allowed_skips.txt).
@@ -23,5 +24,5 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTRANSFORMER_BENCH=OFF -DTRAN
 cmake --build build-asan -j"$(nproc)"
 export ASAN_OPTIONS=abort_on_error=0:detect_leaks=1:check_initialization_order=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-slow='^Train\.ReversalTaskIsLearnedAndTranslatedInFloat32AndBFloat16$|^MpiTrain\.|^Memory\.GemmShapesDoNotGrowMemoryWithoutBound$|^Train\.CpuMemoryStaysFlatAfterWarmUp$|^install_and_find_package$|^Serve\.RefusedLargeTextsLeaveNoMemoryBehind$|^prepare_corpus$'
+slow='^Train\.ReversalTaskIsLearnedAndTranslatedInFloat32AndBFloat16$|^MpiTrain\.|^Memory\.GemmShapesDoNotGrowMemoryWithoutBound$|^Train\.CpuMemoryStaysFlatAfterWarmUp$|^install_and_find_package$|^Serve\.RefusedLargeTextsLeaveNoMemoryBehind$|^prepare_corpus$|^fixtures_match_their_generators$'
 bash scripts/run_ctest.sh build-asan -E "$slow"
