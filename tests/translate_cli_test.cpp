@@ -1,10 +1,14 @@
 // `transformer translate` as a user runs it on the imported CTranslate2 model: text in, text
 // out in input order, empty lines kept, n-best and attention formats, and bad input (unknown
-// model directory, vocabulary mismatch, invalid UTF-8, an over-long line, beam 0).
+// model directory, vocabulary mismatch, invalid UTF-8, an over-long line, beam 0), and what
+// --alpha and the length options do to the outputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
+#include <vector>
 
 #include "cli_runner.h"
 #include "tensor/file_util.h"
@@ -80,6 +84,90 @@ TEST(TranslateCli, ReplaceUnknownsAndAttentionFile) {
   EXPECT_NE(r.err.find("attention_layer 6 is beyond the model's 6 decoder layers"),
             std::string::npos)
       << r.err;
+}
+
+// Output tokens of one printed hypothesis (words separated by single spaces; "" has none).
+int64_t token_count(const std::string& text) {
+  return text.empty() ? 0 : int64_t(std::count(text.begin(), text.end(), ' ')) + 1;
+}
+
+// --alpha ranks each n-best list by log p / ((5 + |Y|) / 6)^α, |Y| counting eos, as its help
+// says: checked from the printed log-probabilities for three values, one of which reorders the
+// lists. The length options cut every output at min(floor(a · source tokens) + b, --max-length)
+// tokens; the inputs' own translations (6, 4, 3 and 6 tokens) are longer than most limits.
+TEST(TranslateCli, LengthPenaltyRanksTheNbestAndLengthOptionsCutTheOutputs) {
+  const std::vector<std::string> inputs = {"آ ت ز م و ن", "آ ز ا", "ن", "م ح م د"};
+  std::string text;
+  for (const auto& line : inputs) text += line + "\n";
+  work.write_file("lengths.txt", text);
+  struct Entry {
+    std::string text;
+    double logprob;
+  };
+  // Each input's n-best list, in the printed order.
+  auto nbest = [&](const std::string& options) {
+    const CliResult r = work.run_cli("translate --model " + model_dir() + " -i " +
+                                     work.path("lengths.txt") + " " + options);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::vector<std::vector<Entry>> lists(inputs.size());
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      const size_t first = line.find(" ||| "), last = line.rfind(" ||| ");
+      const size_t index = std::stoul(line.substr(0, first));
+      EXPECT_LT(index, lists.size()) << line;
+      if (index >= lists.size() || first == last) continue;
+      lists[index].push_back(
+          {line.substr(first + 5, last - first - 5), std::stod(line.substr(last + 5))});
+    }
+    return lists;
+  };
+  std::vector<std::vector<std::vector<Entry>>> by_alpha;
+  for (double alpha : {0.0, 0.6, 3.0}) {
+    by_alpha.push_back(nbest("--beam 4 --nbest 4 --alpha " + std::to_string(alpha)));
+    for (const auto& list : by_alpha.back()) {
+      ASSERT_EQ(list.size(), 4u) << "alpha " << alpha;
+      for (size_t k = 1; k < list.size(); ++k) {
+        auto normalised = [&](const Entry& e) {
+          return e.logprob / std::pow((5.0 + double(token_count(e.text) + 1)) / 6.0, alpha);
+        };
+        // 1e-5: the printed log-probabilities have six decimals.
+        EXPECT_GE(normalised(list[k - 1]) + 1e-5, normalised(list[k]))
+            << "alpha " << alpha << ": '" << list[k - 1].text << "' ranked before '" << list[k].text
+            << "'";
+      }
+    }
+  }
+  bool reordered = false;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    for (size_t k = 0; k < 4; ++k) reordered |= by_alpha[0][i][k].text != by_alpha[2][i][k].text;
+  EXPECT_TRUE(reordered) << "alpha 3 ranks every list as alpha 0 does";
+
+  const std::vector<int64_t> own_lengths = {6, 4, 3, 6};
+  for (size_t i = 0; i < inputs.size(); ++i)
+    ASSERT_EQ(token_count(by_alpha[1][i][0].text), own_lengths[i]) << by_alpha[1][i][0].text;
+  struct Limit {
+    std::string options;
+    double a;
+    int64_t b, max_length;
+  };
+  for (const Limit& limit :
+       {Limit{"--max-length-a 0.5 --max-length-b 0", 0.5, 0, 0},
+        Limit{"--max-length-a 0 --max-length-b 4", 0, 4, 0}, Limit{"--max-length 2", 1, 50, 2},
+        Limit{"--max-length-a 1 --max-length-b 1 --max-length 5", 1, 1, 5}}) {
+    const auto lists = nbest("--beam 4 --nbest 4 " + limit.options);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      int64_t most = int64_t(std::floor(limit.a * double(token_count(inputs[i])))) + limit.b;
+      if (limit.max_length > 0) most = std::min(most, limit.max_length);
+      most = std::max<int64_t>(most, 1);  // at least one token is generated
+      ASSERT_FALSE(lists[i].empty()) << limit.options;
+      for (const Entry& e : lists[i])
+        EXPECT_LE(token_count(e.text), most) << limit.options << ": '" << e.text << "'";
+      // A translation longer than the limit is cut at it.
+      if (own_lengths[i] > most)
+        EXPECT_EQ(token_count(lists[i][0].text), most)
+            << limit.options << ": '" << lists[i][0].text << "'";
+    }
+  }
 }
 
 TEST(TranslateCli, BadInputIsAClearError) {
