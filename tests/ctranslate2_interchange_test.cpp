@@ -180,6 +180,56 @@ std::string export_to(const Model& model, const std::string& name, CtQuantizatio
   return dir;
 }
 
+// Vocabularies CTranslate2 would read differently from ours are refused before anything is
+// written: a size that is not the model's; no unknown token (its loader would append one); a
+// target bos or eos token that also sits at a lower id (its token-to-id map keeps the first); a
+// source vocabulary without the end token at eos_id when every source gets one appended.
+TEST(CTranslate2Export, VocabulariesCTranslate2WouldReadOtherwiseAreRefused) {
+  const Model model = load_model(kFixtures + "/paper_post.safetensors", tfm::cpu_backend());
+  ASSERT_TRUE(model.config().src_append_eos);
+  const CTranslate2Tokens good = tokens_for(model.config());
+  struct Case {
+    const char* what;
+    std::function<void(CTranslate2Tokens&)> spoil;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"a source token short", [](CTranslate2Tokens& t) { t.source.pop_back(); },
+       "do not match the model's vocabulary sizes"},
+      {"a target token more", [](CTranslate2Tokens& t) { t.target.push_back("extra"); },
+       "do not match the model's vocabulary sizes"},
+      {"no unknown token", [](CTranslate2Tokens& t) { t.unk_token = "<oov>"; },
+       "need the unknown token"},
+      {"the target's unknown token missing", [](CTranslate2Tokens& t) { t.target[3] = "w3"; },
+       "need the unknown token"},
+      {"bos also at id 0", [](CTranslate2Tokens& t) { t.target[0] = t.target[1]; },
+       "the target token of bos_id"},
+      {"eos also at id 1", [](CTranslate2Tokens& t) { t.target[1] = t.target[2]; },
+       "the target token of eos_id"},
+      {"the source without the end token", [](CTranslate2Tokens& t) { t.source[2] = "</source>"; },
+       "the source vocabulary does not hold the end token"},
+  };
+  for (const Case& c : cases) {
+    CTranslate2Tokens tokens = good;
+    c.spoil(tokens);
+    const std::string dir = work.path("refused_vocabulary");
+    fs::remove_all(dir);
+    try {
+      export_ctranslate2(model, tokens, CtQuantization::kFloat32, dir);
+      ADD_FAILURE() << c.what << ": exported";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos)
+          << c.what << ": " << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir)) << c.what;
+  }
+  // The unspoiled tokens export (the cases above fail for their own reason).
+  const std::string dir = work.path("accepted_vocabulary");
+  fs::remove_all(dir);
+  export_ctranslate2(model, good, CtQuantization::kFloat32, dir);
+  EXPECT_TRUE(fs::exists(dir + "/model.bin"));
+}
+
 // The generator and the exporter are separate writers of the same spec: where the generator's
 // arithmetic is ours (no float32 sinusoid table), their model.bin must be the same bytes.
 TEST(CTranslate2Export, SameBytesAsTheSpecGenerator) {
