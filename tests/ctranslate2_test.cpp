@@ -51,6 +51,10 @@ TEST(CTranslate2, ImportedConfigFollowsCTranslate2Conventions) {
   EXPECT_EQ(c.sinusoid_layout, SinusoidLayout::kConcat);
   EXPECT_EQ(c.position_offset, 1);
   EXPECT_FALSE(c.src_append_eos);
+  // No config.json names one: CTranslate2's ops::LayerNorm default (include/ctranslate2/ops/
+  // layer_norm.h, epsilon = 1e-5). The scores cannot tell: with 1e-6 planted, the pair below
+  // scores -1.061749 as with 1e-5.
+  EXPECT_EQ(c.layer_norm_eps, 1e-5);
   EXPECT_EQ(c.src_vocab_size, 51);  // 50 lines + <unk>
   EXPECT_EQ(c.tgt_vocab_size, 43);
   EXPECT_EQ(m.source.encode("آ zzz"), (std::vector<int32_t>{m.source.encode("آ")[0], 50}));
