@@ -1,7 +1,12 @@
 // Data-parallel `transformer train` under OpenMPI's mpirun: two ranks sharing a global batch end
 // where one process with the same batch ends (the gradient sum is the same sum, in another
 // order), a run resumes with a different number of ranks, and killing one rank ends the whole
-// job quickly with the last checkpoint intact. Skipped when the build or the machine lacks MPI.
+// job quickly with the last checkpoint intact. The replica checks, with ranks given different
+// data or options (mpirun's MPMD form): ranks that start from different states fail before the
+// first step and write no model (nor change a resumed one), ranks whose updates differ end the
+// job at the next --replica-check-every step with the last checkpoint intact, and a stopped rank
+// (SIGSTOP: alive but silent) ends the job after --replica-timeout. Skipped when the build or
+// the machine lacks MPI.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,10 +15,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "cli_runner.h"
 #include "io/model_file.h"
@@ -29,8 +39,9 @@ using tfm::testing_support::CliResult;
 const tfm::testing_support::CliWorkDir work("tfm_mpi_train_test");
 
 // Two ranks of one thread each on any machine (this one has 2 cores; CI may be root).
-const std::string kLauncher =
-    "mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np 2 ";
+const std::string kMpirun =
+    "mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 ";
+const std::string kLauncher = kMpirun + "-np 2 ";
 
 bool mpi_available() {
 #ifdef TRANSFORMER_WITH_MPI
@@ -40,13 +51,24 @@ bool mpi_available() {
 #endif
 }
 
-std::string train_flags(const std::string& dir, int steps) {
-  return "train --preset tiny --vocab 32 --ids --train-src " + work.path("data.src") +
-         " --train-tgt " + work.path("data.tgt") + " --valid-src " + work.path("dev.src") +
+// `data` names the training files (work/<data>.src, .tgt).
+std::string train_flags(const std::string& dir, int steps, const std::string& data = "data",
+                        int save_every = 10, int check_every = 5) {
+  return "train --preset tiny --vocab 32 --ids --train-src " + work.path(data + ".src") +
+         " --train-tgt " + work.path(data + ".tgt") + " --valid-src " + work.path("dev.src") +
          " --valid-tgt " + work.path("dev.tgt") + " --model-dir " + work.path(dir) +
          " --max-steps " + std::to_string(steps) +
-         " --dropout 0 --batch-tokens 600 --warmup 10 --seed 5 --valid-every 10"
-         " --save-every 10 --log-every 5 --replica-check-every 5";
+         " --dropout 0 --batch-tokens 600 --warmup 10 --seed 5 --valid-every 10 --save-every " +
+         std::to_string(save_every) + " --log-every 5 --replica-check-every " +
+         std::to_string(check_every);
+}
+
+// A job of two ranks that run `transformer` with different arguments (mpirun's MPMD form: the
+// first program is rank 0), as when the ranks see different files or were given different
+// options.
+CliResult run_two_ranks(const std::string& rank0_args, const std::string& rank1_args) {
+  return work.run_cli(rank0_args + " : -np 1 " + TFM_CLI_PATH + " " + rank1_args, "/dev/null",
+                      kMpirun + "-np 1 ");
 }
 
 // The largest ‖a − b‖ / ‖b‖ over the tensors (L2 norms). Element-wise comparison is not the
@@ -78,6 +100,49 @@ int64_t training_state(const std::string& dir, const char* field) {
   const auto file = tfm::read_safetensors(work.path(dir + "/checkpoint.safetensors"));
   return nlohmann::json::parse(file.metadata.at("training_state"))[field];
 }
+
+// The paths under work/<dir> (relative to it, sorted), or none when it does not exist.
+std::vector<std::string> files_under(const std::string& dir) {
+  std::vector<std::string> files;
+  if (!fs::exists(work.path(dir))) return files;
+  for (const auto& entry : fs::recursive_directory_iterator(work.path(dir)))
+    files.push_back(fs::relative(entry.path(), work.path(dir)).string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// The pids of the rank processes of the job training in `dir`: those whose command line starts
+// with the binary's path and names the directory.
+std::vector<pid_t> rank_processes(const std::string& dir) {
+  const std::string pgrep = "pgrep -f '^" + std::string(TFM_CLI_PATH) + " train .*" + dir + " '";
+  std::vector<pid_t> pids;
+  if (FILE* out = ::popen(pgrep.c_str(), "r")) {
+    for (int pid; std::fscanf(out, "%d", &pid) == 1;) pids.push_back(pid);
+    ::pclose(out);
+  }
+  return pids;
+}
+
+// Whether `pid` is still a process training in `dir` (not gone, not a zombie, not a reused pid).
+bool still_training_in(pid_t pid, const std::string& dir) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  const std::string command_line((std::istreambuf_iterator<char>(in)),
+                                 std::istreambuf_iterator<char>());
+  return command_line.find(dir) != std::string::npos;
+}
+
+// SIGKILLs the ranks of a job when it goes out of scope. mpirun starts each rank in a process
+// group of its own, out of reach of KillGroupOnExit's kill of the job's group, and a rank
+// stopped by SIGSTOP would otherwise outlive a test that failed before the job ended (SIGKILL
+// ends a stopped process too, without a SIGCONT first).
+struct KillRanksOnExit {
+  std::vector<pid_t> ranks;
+  std::string dir;
+  ~KillRanksOnExit() {
+    for (pid_t pid : ranks)
+      if (still_training_in(pid, dir)) kill(pid, SIGKILL);
+  }
+};
 
 class MpiTrain : public ::testing::Test {
  protected:
@@ -180,6 +245,146 @@ TEST_F(MpiTrain, KillingOneRankEndsTheJobAndKeepsTheLastCheckpoint) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   std::printf("job ended %.1f s after the kill; its stderr:\n%s\n", seconds,
               tfm::read_file_bytes(err).c_str());
+}
+
+TEST_F(MpiTrain, RanksThatStartFromDifferentStatesFailBeforeTheFirstStepAndWriteNothing) {
+  // Rank 1 reads a partial copy of the training data (the first 1400 of its 1500 pairs, as from
+  // a copy to a node's own disk that stopped early): its corpus and batch plan differ.
+  tfm::testing_support::write_reversal_data(work, "partial", 1400, 3, 12, 11);
+  CliResult r = run_two_ranks(train_flags("mixed", 10), train_flags("mixed", 10, "partial"));
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("the ranks start from different states"), std::string::npos) << r.err;
+  // No model, checkpoint or temp file: at most the lock and the log, which rank 0 opens before
+  // the check, still empty.
+  for (const std::string& file : files_under("mixed"))
+    EXPECT_TRUE(file == ".lock" ||
+                (file == "train.log.jsonl" && fs::file_size(work.path("mixed/" + file)) == 0))
+        << file;
+  // The directory is not left in the way of a correct run.
+  r = work.run_cli(train_flags("mixed", 1));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+
+  // What sizes cannot tell: the same number of pairs of the same lengths with one token changed
+  // (compared by the ids' checksum), and an option that changes every update (--lr-factor).
+  const std::string source = tfm::read_file_bytes(work.path("data.src"));
+  const size_t first_end = source.find(' ');  // the first line's first id, in [4, 31]
+  const int first_id = std::stoi(source.substr(0, first_end));
+  work.write_file("edited.src",
+                  std::to_string(first_id == 31 ? 30 : first_id + 1) + source.substr(first_end));
+  fs::copy_file(work.path("data.tgt"), work.path("edited.tgt"),
+                fs::copy_options::overwrite_existing);
+  for (const auto& [name, rank1_flags] :
+       {std::pair{"edited", train_flags("edited", 10, "edited")},
+        std::pair{"lr", train_flags("lr", 10) + " --lr-factor 2"}}) {
+    r = run_two_ranks(train_flags(name, 10), rank1_flags);
+    EXPECT_NE(r.exit_code, 0) << name << ": " << r.err;
+    EXPECT_NE(r.err.find("the ranks start from different states"), std::string::npos)
+        << name << ": " << r.err;
+    EXPECT_FALSE(fs::exists(work.path(std::string(name) + "/model.safetensors"))) << name;
+  }
+
+  // Resumed: rank 1's --max-length drops the pairs longer than 10 tokens from its corpus. The
+  // run's files stay byte for byte as they were (without the check, the job would go on to
+  // step 20 and overwrite them with a model trained on two different corpora).
+  r = work.run_cli(train_flags("resumed", 10));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> files = files_under("resumed");
+  const std::string checkpoint = tfm::read_file_bytes(work.path("resumed/checkpoint.safetensors"));
+  const std::string model = tfm::read_file_bytes(work.path("resumed/model.safetensors"));
+  const std::string resume = train_flags("resumed", 20) + " --resume";
+  r = run_two_ranks(resume, resume + " --max-length 10");
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("the ranks start from different states"), std::string::npos) << r.err;
+  EXPECT_EQ(files_under("resumed"), files);
+  // (Not EXPECT_EQ: a failure would print megabytes of tensor bytes.)
+  EXPECT_TRUE(tfm::read_file_bytes(work.path("resumed/checkpoint.safetensors")) == checkpoint);
+  EXPECT_TRUE(tfm::read_file_bytes(work.path("resumed/model.safetensors")) == model);
+  EXPECT_EQ(training_state("resumed", "step"), 10);
+}
+
+TEST_F(MpiTrain, ReplicasThatDivergeEndTheJobAtTheNextCheckWithTheLastCheckpointIntact) {
+#ifndef TFM_MPI_PERTURBING_SHIM
+  GTEST_SKIP() << "built without MPI";
+#else
+  // The same options, data and start on both ranks, but rank 1 receives every gradient sum with
+  // its first value off by 1e-3 (tests/mpi_perturbing_shim.c, preloaded), as from a corrupted
+  // transfer or a node whose arithmetic differs: the ranks apply different updates. Nothing in
+  // the start state can see that; only the parameter check can. Saved every 5 steps and compared
+  // every 10: rank 0's step-5 checkpoint is written before the check finds the difference, and
+  // at step 10 the check comes before the save. (ASan, in the sanitizer pass, wants its runtime
+  // first among the libraries; the shim is loaded before it, and is not instrumented.)
+  const char* asan_options = std::getenv("ASAN_OPTIONS");
+  const std::string rank1_environment =
+      std::string("env LD_PRELOAD=") + TFM_MPI_PERTURBING_SHIM +
+      " ASAN_OPTIONS=" + (asan_options ? std::string(asan_options) + ":" : std::string()) +
+      "verify_asan_link_order=0 ";
+  const std::string flags = train_flags("diverged", 20, "data", 5, 10);
+  const CliResult r =
+      work.run_cli(flags + " : -np 1 " + rank1_environment + TFM_CLI_PATH + " " + flags,
+                   "/dev/null", kMpirun + "-np 1 ");
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("the ranks' parameters differ after step 10 (replicas diverged)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("start from different states"), std::string::npos) << r.err;
+  EXPECT_EQ(training_state("diverged", "step"), 5);
+  EXPECT_NO_THROW(tfm::load_model(work.path("diverged/model.safetensors"), tfm::cpu_backend()));
+  EXPECT_FALSE(fs::exists(work.path("diverged/checkpoints/step-000000010.safetensors")));
+  for (const std::string& file : files_under("diverged"))
+    EXPECT_EQ(file.find(".tmp."), std::string::npos) << file;
+#endif
+}
+
+TEST_F(MpiTrain, AStoppedRankEndsTheJobAfterTheReplicaTimeout) {
+  // SIGSTOP: the rank is alive (mpirun sees nothing wrong) but silent, as a hung one is; only
+  // the other rank's deadline on its collective can end the job. 5 s: far above any wait
+  // between two running ranks on a busy 2-core machine (a step of this model takes
+  // milliseconds, rank 0's save tens), and short enough to keep the test quick.
+  const std::string dir = work.path("stalled");
+  const std::string err = work.path("stalled.err");
+  const pid_t job = tfm::testing_support::spawn_in_background(
+      {"/bin/sh", "-c",
+       kLauncher + TFM_CLI_PATH + " " + train_flags("stalled", 1000000) + " --replica-timeout 5"},
+      err);
+  ASSERT_GT(job, 0);
+  // Whatever happens below, the job's process group does not outlive the test.
+  const tfm::testing_support::KillGroupOnExit cleanup{job};
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(dir + "/model.safetensors") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(fs::exists(dir + "/model.safetensors")) << tfm::read_file_bytes(err);
+  const std::vector<pid_t> ranks = rank_processes(dir);
+  ASSERT_EQ(ranks.size(), 2u) << tfm::read_file_bytes(err);
+  // Nor do its ranks, the stopped one included (they are not in the job's process group).
+  const KillRanksOnExit kill_ranks{ranks, dir};
+  // The newest rank (usually rank 1); either will do: the survivor reports the timeout.
+  ASSERT_EQ(kill(ranks.back(), SIGSTOP), 0);
+  const auto stopped_at = std::chrono::steady_clock::now();
+  int status = 0;
+  for (deadline = stopped_at + std::chrono::seconds(60); waitpid(job, &status, WNOHANG) == 0;) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "the job did not end within 60 s of a rank's stop (--replica-timeout 5); its stderr:\n"
+        << tfm::read_file_bytes(err);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  EXPECT_LT(seconds, 30.0);
+  EXPECT_TRUE(!WIFEXITED(status) || WEXITSTATUS(status) != 0) << "the job reported success";
+  const std::string log = tfm::read_file_bytes(err);
+  EXPECT_NE(log.find("no answer from the other ranks for 5 s"), std::string::npos) << log;
+  EXPECT_NE(log.find("(--replica-timeout sets the limit)"), std::string::npos) << log;
+  // mpirun ended the stopped rank with the job: left behind, it would keep its memory and, as
+  // rank 0, the directory's lock.
+  for (deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+       still_training_in(ranks.back(), dir) && std::chrono::steady_clock::now() < deadline;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(still_training_in(ranks.back(), dir)) << "the stopped rank outlived the job";
+  EXPECT_NO_THROW(tfm::load_model(dir + "/model.safetensors", tfm::cpu_backend()));
+  EXPECT_GE(training_state("stalled", "step"), 10);
+  const CliResult r = work.run_cli(train_flags("stalled", 1) + " --resume");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::printf("job ended %.1f s after the stop; its stderr:\n%s\n", seconds, log.c_str());
 }
 
 }  // namespace

@@ -163,9 +163,10 @@ TEST(TranslateCli, LengthPenaltyRanksTheNbestAndLengthOptionsCutTheOutputs) {
       for (const Entry& e : lists[i])
         EXPECT_LE(token_count(e.text), most) << limit.options << ": '" << e.text << "'";
       // A translation longer than the limit is cut at it.
-      if (own_lengths[i] > most)
+      if (own_lengths[i] > most) {
         EXPECT_EQ(token_count(lists[i][0].text), most)
             << limit.options << ": '" << lists[i][0].text << "'";
+      }
     }
   }
 }

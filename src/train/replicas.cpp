@@ -75,6 +75,15 @@ uint64_t checksum_tensors(const DeviceTensors& tensors, uint64_t hash) {
   return hash;
 }
 
+uint64_t checksum_sequences(const std::vector<std::vector<int32_t>>& sequences, uint64_t hash) {
+  for (const auto& ids : sequences) {
+    const uint64_t length = ids.size();
+    hash = fnv1a(&length, sizeof length, hash);
+    hash = fnv1a(ids.data(), ids.size() * sizeof(int32_t), hash);
+  }
+  return hash;
+}
+
 #ifdef TRANSFORMER_WITH_MPI
 
 namespace {

@@ -72,5 +72,8 @@ void abort_replicas(int exit_code);
 inline constexpr uint64_t kChecksumStart = 0xcbf29ce484222325ull;
 uint64_t checksum_text(const std::string& text, uint64_t hash = kChecksumStart);
 uint64_t checksum_tensors(const DeviceTensors& tensors, uint64_t hash = kChecksumStart);
+// Over every sequence's length and ids, in order.
+uint64_t checksum_sequences(const std::vector<std::vector<int32_t>>& sequences,
+                            uint64_t hash = kChecksumStart);
 
 }  // namespace tfm

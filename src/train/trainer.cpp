@@ -13,12 +13,12 @@
 #include <optional>
 
 #include "io/directory_lock.h"
-#include "tensor/file_util.h"
 #include "io/model_directory.h"
 #include "io/model_file.h"
 #include "model/init.h"
 #include "model/linear.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 #include "tensor/memory_budget.h"
 #include "text/batching.h"
 #include "train/checkpoint.h"
@@ -31,6 +31,32 @@ namespace tfm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Every option that changes what a step computes, which batches it takes, or when the run
+// validates, saves, logs, compares replicas or stops: ranks given different ones would sum the
+// gradients of different computations, or meet at different collectives. Paths, the device and
+// --replica-timeout may differ between ranks (each node its own disk and GPU); the data they
+// name is compared by its ids, the model by its configuration, the number format and subword
+// sampling as the training state resolved them.
+std::string options_every_rank_shares(const TrainOptions& o, const ModelConfig& config) {
+  const OptimizerOptions& opt = o.optimizer;
+  nlohmann::json j = {
+      {"config", config_to_json(config)},
+      {"ids", o.ids},
+      {"max_length", o.max_length},
+      {"batch_tokens", o.batch_tokens},
+      {"accumulate", o.accumulate},
+      {"label_smoothing", o.label_smoothing},
+      {"dropout", {o.dropout, o.attention_dropout, o.relu_dropout}},
+      {"optimizer",
+       {opt.algorithm, opt.schedule, opt.lr, opt.lr_factor, opt.warmup, opt.beta1, opt.beta2,
+        opt.eps, opt.clip_norm, opt.cooldown}},
+      {"seed", o.seed},
+      {"limits", {o.max_steps, o.max_epochs, o.max_minutes, o.max_bad_steps, o.early_stopping}},
+      {"every", {o.valid_every, o.save_every, o.log_every, o.keep, o.replica_check_every}},
+  };
+  return j.dump();
+}
 
 // Options no run could use, refused before anything is read.
 void check_options(const TrainOptions& o) {
@@ -363,17 +389,19 @@ class TrainingRun {
       // gradient is summed, or the ranks would train on different batches without noticing.
       const std::string start_state =
           state_.to_json().dump() + " " + std::to_string(optimizer_->step()) + " " +
-          std::to_string(corpus_.sources.size()) + " " + std::to_string(plan_.size()) + " " +
-          std::to_string(valid_batches_.size());
+          std::to_string(plan_.size()) + " " + std::to_string(valid_batches_.size()) + " " +
+          options_every_rank_shares(o_, config);
       // The parameters need no check: they were just broadcast from rank 0.
       uint64_t checksum = checksum_text(start_state);
+      checksum = checksum_sequences(corpus_.sources, checksum);
+      checksum = checksum_sequences(corpus_.targets, checksum);
       for (const auto& [prefix, moments] : optimizer_->moments())
         checksum = checksum_tensors(*moments, checksum_text(prefix, checksum));
       if (!replicas_.all_equal(checksum))
         throw Error(replicas_.prefix() +
                     "the ranks start from different states (checkpoint, data or options differ "
-                    "between them; every rank needs the same --model-dir and data files, e.g. on "
-                    "a shared file system)");
+                    "between them; every rank needs the same options, --model-dir and data, e.g. "
+                    "on a shared file system)");
     }
 #ifdef NDEBUG
     check_every_ = o_.replica_check_every;
