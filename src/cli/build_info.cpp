@@ -3,6 +3,10 @@
 
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "backend/backend.h"
 #include "model/config.h"
 
@@ -57,8 +61,13 @@ std::string cpu_instruction_sets() {
   if (__builtin_cpu_supports("avx512f")) sets.push_back("AVX-512");
   if (__builtin_cpu_supports("avx512bf16")) sets.push_back("AVX512-BF16");
   if (__builtin_cpu_supports("avx512vnni")) sets.push_back("AVX512-VNNI");
-  if (__builtin_cpu_supports("avxvnni")) sets.push_back("AVX-VNNI");
-  if (__builtin_cpu_supports("amx-bf16")) sets.push_back("AMX");
+  // AVX-VNNI and AMX-BF16 by CPUID leaf 7 (subleaf 1 EAX bit 4; subleaf 0 EDX bit 22): clang
+  // 14's __builtin_cpu_supports does not know their names.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)))
+    sets.push_back("AVX-VNNI");
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx & (1u << 22)))
+    sets.push_back("AMX");
   return joined(sets);
 #else
   return "not an x86 CPU";

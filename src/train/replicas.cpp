@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "tensor/error.h"
 
@@ -31,9 +32,11 @@ bool launched_by_mpi() {
 
 Replicas& Replicas::world() {
   static Replicas* replicas = [] {
-    auto* r = new Replicas();  // never destroyed: MPI_Finalize runs at exit
+    // Never destroyed (MPI_Finalize runs at exit); freed when joining throws, and then tried
+    // again by the next call.
+    auto r = std::unique_ptr<Replicas>(new Replicas());
     if (launched_by_mpi()) r->join_mpi();
-    return r;
+    return r.release();
   }();
   return *replicas;
 }
