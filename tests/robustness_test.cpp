@@ -630,10 +630,19 @@ TEST(EarlySigterm, TrainStoppedBeforeItsFirstStepExitsCleanly) {
       dir + ".stderr");
   ASSERT_GT(pid, 0);
   const tfm::testing_support::KillGroupOnExit cleanup{pid};
-  ASSERT_TRUE(wait_until([&] { return fs::exists(dir + "/.lock"); }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // The signal comes while train is blocked opening the FIFO (for reading, with no writer yet):
+  // the main thread's system call is then openat (/proc/PID/syscall's first field, 257 on
+  // x86-64; open is 2), or, where that file cannot be read, its wait channel is the FIFO's.
+  auto blocked_opening = [&] {
+    const std::string proc = "/proc/" + std::to_string(pid);
+    std::string number, channel;
+    std::ifstream(proc + "/syscall") >> number;  // stays empty where it cannot be read
+    if (!number.empty()) return number == "257" || number == "2";
+    std::ifstream(proc + "/wchan") >> channel;
+    return channel == "wait_for_partner" || channel == "fifo_open";
+  };
+  ASSERT_TRUE(wait_until(blocked_opening, 30)) << tfm::read_file_bytes(dir + ".stderr");
   kill(pid, SIGTERM);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   // Feed the FIFO once train has it open (never block here if it ended without opening it).
   int feed = -1;
   ASSERT_TRUE(
