@@ -1,13 +1,18 @@
-// A directory written by CTranslate2's own converter, not by this project: a tiny M2M100 model
-// (random weights) built with Hugging Face Transformers 4.40.2 and converted by CTranslate2
-// 4.6.2's ct2-transformers-converter (tests/data/ctranslate2-converted/README.md,
-// tests/fixtures/convert_with_ctranslate2.py). m2m100.expected.json holds what CTranslate2 4.6.2's
-// runtime translated and scored with it (4.8.5's runtime gives the same tokens, scores within
-// 3e-6). Imported, the model must translate to CTranslate2's tokens and score CTranslate2's
-// log-probabilities; exported again, it must be the converter's directory but for the
-// differences listed in ExportIsWhatTheConverterWrote.
+// Directories written by CTranslate2's own converters, not by this project, from models built
+// with the producing toolkits' own code (random weights):
+//  - m2m100: a tiny M2M100 model of Hugging Face Transformers 4.40.2, converted by CTranslate2
+//    4.6.2's ct2-transformers-converter (tests/fixtures/convert_with_ctranslate2.py);
+//  - opennmt_py: a tiny OpenNMT-py 3.5.1 Transformer saved by its trainer's ModelSaver, converted
+//    by CTranslate2 4.8.5's ct2-opennmt-py-converter
+//    (tests/fixtures/convert_opennmt_py_with_ctranslate2.py).
+// Each NAME.expected.json holds what CTranslate2's runtime translated and scored with NAME/ (for
+// m2m100, 4.8.5's runtime gives 4.6.2's tokens, scores within 3e-6;
+// tests/data/ctranslate2-converted/README.md). Imported, a model must translate to CTranslate2's
+// tokens and score CTranslate2's log-probabilities; m2m100, exported again, must be the
+// converter's directory but for the differences listed in ExportIsWhatTheConverterWrote.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -25,25 +30,34 @@ namespace fs = std::filesystem;
 const std::string kDir = std::string(TFM_FIXTURE_DIR) + "/../data/ctranslate2-converted";
 const std::string kModel = kDir + "/m2m100";
 
-nlohmann::json expected() {
-  return nlohmann::json::parse(read_file_bytes(kDir + "/m2m100.expected.json"));
+nlohmann::json expected(const std::string& name = "m2m100") {
+  return nlohmann::json::parse(read_file_bytes(kDir + "/" + name + ".expected.json"));
 }
 
 struct Converted {
   ImportedModel imported;
   Model model;
-  std::map<std::string, int32_t> ids;
+  std::map<std::string, int32_t> source_ids, target_ids;
 
-  Converted()
-      : imported(import_ctranslate2(kModel)),
-        model(imported.config, TensorMap(imported.parameters), kModel, cpu_backend()) {
+  explicit Converted(const std::string& name = "m2m100")
+      : imported(import_ctranslate2(kDir + "/" + name)),
+        model(imported.config, TensorMap(imported.parameters), name, cpu_backend()) {
     for (size_t i = 0; i < imported.source_tokens.size(); ++i)
-      ids[imported.source_tokens[i]] = int32_t(i);
+      source_ids.emplace(imported.source_tokens[i], int32_t(i));
+    for (size_t i = 0; i < imported.target_tokens.size(); ++i)
+      target_ids.emplace(imported.target_tokens[i], int32_t(i));
   }
-  std::vector<int32_t> encode(const nlohmann::json& tokens) const {
+  static std::vector<int32_t> encode(const std::map<std::string, int32_t>& ids,
+                                     const nlohmann::json& tokens) {
     std::vector<int32_t> out;
     for (const auto& t : tokens) out.push_back(ids.at(t.get<std::string>()));
     return out;
+  }
+  std::vector<int32_t> source(const nlohmann::json& tokens) const {
+    return encode(source_ids, tokens);
+  }
+  std::vector<int32_t> target(const nlohmann::json& tokens) const {
+    return encode(target_ids, tokens);
   }
   std::vector<std::string> decode(const std::vector<int32_t>& tokens) const {
     std::vector<std::string> out;
@@ -76,21 +90,53 @@ TEST(CTranslate2Converted, ImportsAsAPlainPreNormTransformer) {
   EXPECT_EQ(c.layer_norm_eps, 1e-5);
 }
 
+// OpenNMT-py's Transformer as CTranslate2 reads it: pre-norm with final norms, its interleaved
+// sinusoid from position 0, embeddings scaled, no query/key/value biases (zeros here), the output
+// projection tied to the target embeddings with a bias of its own, <unk> <blank> <s> </s> first.
+TEST(CTranslate2Converted, ImportsOpenNmtPysTransformer) {
+  const Converted m("opennmt_py");
+  const ModelConfig& c = m.model.config();
+  EXPECT_EQ(c.encoder_layers, 2);
+  EXPECT_EQ(c.decoder_layers, 2);
+  EXPECT_EQ(c.d_model, 16);
+  EXPECT_EQ(c.heads, 2);
+  EXPECT_EQ(c.d_ff, 32);
+  EXPECT_EQ(c.norm, NormPosition::kPre);
+  EXPECT_EQ(c.activation, Activation::kRelu);
+  EXPECT_EQ(c.share_embeddings, EmbeddingSharing::kTarget);
+  EXPECT_TRUE(c.scale_embeddings);
+  EXPECT_TRUE(c.output_bias);
+  EXPECT_EQ(c.position_encoding, PositionEncoding::kSinusoidal);
+  EXPECT_EQ(c.sinusoid_layout, SinusoidLayout::kInterleaved);
+  EXPECT_EQ(c.position_offset, 0);
+  EXPECT_FALSE(c.src_append_eos);
+  EXPECT_EQ(c.src_vocab_size, 19);
+  EXPECT_EQ(c.tgt_vocab_size, 18);
+  EXPECT_EQ((std::vector<int64_t>{c.pad_id, c.bos_id, c.eos_id}), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(c.layer_norm_eps, 1e-5);  // CTranslate2's default: the converter records none
+  for (const char* bias :
+       {"encoder.layers.0.self_attn.q.bias", "decoder.layers.1.cross_attn.v.bias"})
+    for (float value : m.imported.parameters.at(bias).data) EXPECT_EQ(value, 0.f) << bias;
+}
+
+class ConvertedModel : public ::testing::TestWithParam<std::string> {};
+
 // score_batch: per target token and </s>, CTranslate2's log-probabilities.
-TEST(CTranslate2Converted, ScoresAreCTranslate2s) {
-  const Converted m;
-  const nlohmann::json cases = expected()["score"];
+TEST_P(ConvertedModel, ScoresAreCTranslate2s) {
+  const Converted m(GetParam());
+  const nlohmann::json cases = expected(GetParam())["score"];
   ASSERT_EQ(cases.size(), 2u);
   for (const auto& e : cases) {
-    const std::vector<int32_t> target = m.encode(e["target"]);
-    TokenBatch batch = make_batch(m.model.config(), {m.encode(e["source"])}, {target});
+    const std::vector<int32_t> target = m.target(e["tokens"]);  // </s> included
+    TokenBatch batch = make_batch(m.model.config(), {m.source(e["source"])},
+                                  {std::vector<int32_t>(target.begin(), target.end() - 1)});
     ScoringWorkspace ws;
     std::vector<float> logprobs;
     score_forward(m.model, batch, ws, logprobs);
     const auto& want = e["log_probs"];
     ASSERT_EQ(batch.tgt_lengths[0], int64_t(want.size()));
     for (size_t t = 0; t < want.size(); ++t)
-      EXPECT_NEAR(logprobs[t], want[t].get<double>(), 1e-5) << e["target"] << " position " << t;
+      EXPECT_NEAR(logprobs[t], want[t].get<double>(), 1e-5) << e["tokens"] << " position " << t;
   }
 }
 
@@ -105,54 +151,69 @@ std::vector<float> token_logprobs(const Converted& m, const std::vector<int32_t>
   return logprobs;
 }
 
-// translate_batch with target_prefix, beam_size 1 / 2 / 4, length_penalty 0 (hypotheses ranked
-// by their log-probability, as our alpha 0) and max_decoding_length 12 (the prefix included).
-// CTranslate2's score leaves out the forced prefix, which our Hypothesis::logprob counts; neither
-// counts a </s> after a hypothesis stopped by the length cap.
-TEST(CTranslate2Converted, TranslationsAreCTranslate2s) {
-  const Converted m;
-  const nlohmann::json cases = expected()["translate"];
+// translate_batch (m2m100: with a target_prefix), beam_size 1 / 2 / 4, length_penalty 0
+// (hypotheses ranked by their log-probability, as our alpha 0) and max_decoding_length 12 (the
+// prefix included). CTranslate2's score leaves out the forced prefix, which our
+// Hypothesis::logprob counts; neither counts a </s> after a hypothesis stopped by the length cap.
+TEST_P(ConvertedModel, TranslationsAreCTranslate2s) {
+  const Converted m(GetParam());
+  const nlohmann::json cases = expected(GetParam())["translate"];
   ASSERT_EQ(cases.size(), 9u);
-  int same = 0, capped = 0, better = 0;
+  int same = 0, capped = 0, ended = 0, better = 0;
   for (const auto& e : cases) {
     SCOPED_TRACE(e["source"].dump() + " beam " + e["beam_size"].dump());
     SearchOptions o;
     o.beam = e["beam_size"].get<int64_t>();
     o.alpha = e["length_penalty"].get<double>();
     o.max_length = e["max_decoding_length"].get<int64_t>();
-    const std::vector<int32_t> source = m.encode(e["source"]),
-                               prefix = m.encode(e["target_prefix"]),
-                               theirs = m.encode(e["tokens"]);
+    // CTranslate2's default min_decoding_length, 1 (m2m100's file predates the key).
+    o.min_length = e.value("min_decoding_length", int64_t(1));
+    const std::vector<int32_t> source = m.source(e["source"]),
+                               prefix = m.target(e["target_prefix"]),
+                               theirs = m.target(e["tokens"]);
     const Hypothesis h = search(m.model, {source}, {prefix}, o)[0][0];
-    // Our model gives CTranslate2's hypothesis CTranslate2's score.
+    // Our model gives CTranslate2's hypothesis CTranslate2's score. At a step before
+    // min_decoding_length CTranslate2 takes </s> out of the softmax, which raises the chosen
+    // token's log-probability by -log(1 - p(</s>)); our search forbids </s> there too, and our
+    // log-probabilities stay those of the whole vocabulary (as fairseq's and the score command's).
     const std::vector<float> lp = token_logprobs(m, source, theirs);
     const bool their_eos = int64_t(theirs.size()) < o.max_length;
     double prefix_logprob = 0, their_score = their_eos ? lp[theirs.size()] : 0.0;
     for (size_t t = 0; t < theirs.size(); ++t)
       (t < prefix.size() ? prefix_logprob : their_score) += lp[t];
-    EXPECT_NEAR(their_score, e["score"].get<double>(), 1e-4);
+    double renormalised = 0;  // what CTranslate2 adds
+    for (size_t t = prefix.size(); t < size_t(o.min_length) && t < theirs.size(); ++t) {
+      const std::vector<int32_t> before(theirs.begin(), theirs.begin() + long(t));
+      renormalised -= std::log1p(-std::exp(double(token_logprobs(m, source, before)[t])));
+    }
+    EXPECT_NEAR(their_score + renormalised, e["score"].get<double>(), 1e-4);
     if (h.tokens == theirs) {
       ++same;
       capped += !their_eos;
+      ended += their_eos;
       EXPECT_EQ(h.finished_with_eos, their_eos);
-      EXPECT_NEAR(h.logprob - prefix_logprob, e["score"].get<double>(), 1e-4);
+      EXPECT_NEAR(h.logprob - prefix_logprob + renormalised, e["score"].get<double>(), 1e-4);
       continue;
     }
     // Where the searches part, ours found the more likely translation: CTranslate2 keeps the
     // `beam` best candidates of a step and lets </s> end a hypothesis only among them, we keep
     // 2 x beam (as fairseq and Marian) and so finish a hypothesis that ranked below the beam.
-    // Here: beam 4 ends "__de__ </s>" (-2.42 after the prefix), CTranslate2 "__de__ ▁book <unk>
-    // </s>" (-3.10).
+    // m2m100: beam 4 ends "__de__ </s>" (-2.42 after the prefix), CTranslate2 "__de__ ▁book
+    // <unk> </s>" (-3.10).
     ASSERT_GT(o.beam, 1) << "greedy search must give CTranslate2's tokens";
     ASSERT_TRUE(h.finished_with_eos);
     EXPECT_GT(h.logprob - prefix_logprob, e["score"].get<double>() + 0.1)
         << "ours: " << ::testing::PrintToString(m.decode(h.tokens));
     ++better;
   }
-  EXPECT_EQ(same, 8);
-  EXPECT_GE(capped, 1);
-  EXPECT_EQ(better, 1);
+  // How the nine cases came out (same hypothesis, of which ended by </s> or capped; ours better).
+  const std::map<std::string, std::array<int, 4>> outcomes = {{"m2m100", {8, 2, 6, 1}},
+                                                              {"opennmt_py", {9, 3, 6, 0}}};
+  EXPECT_EQ((std::array<int, 4>{same, capped, ended, better}), outcomes.at(GetParam()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Converters, ConvertedModel,
+                         ::testing::Values(std::string("m2m100"), std::string("opennmt_py")));
 
 // Our exporter, on the imported model, against the converter's own directory: every variable
 // with the same name, type, shape and value, except
