@@ -4,7 +4,10 @@
 //    4.6.2's ct2-transformers-converter (tests/fixtures/convert_with_ctranslate2.py);
 //  - opennmt_py: a tiny OpenNMT-py 3.5.1 Transformer saved by its trainer's ModelSaver, converted
 //    by CTranslate2 4.8.5's ct2-opennmt-py-converter
-//    (tests/fixtures/convert_opennmt_py_with_ctranslate2.py).
+//    (tests/fixtures/convert_opennmt_py_with_ctranslate2.py);
+//  - fairseq: a tiny fairseq `transformer` made by fairseq-preprocess and fairseq-train (source
+//    of 0.12.2), converted by CTranslate2 4.8.5's ct2-fairseq-converter
+//    (tests/fixtures/convert_fairseq_with_ctranslate2.py).
 // Each NAME.expected.json holds what CTranslate2's runtime translated and scored with NAME/ (for
 // m2m100, 4.8.5's runtime gives 4.6.2's tokens, scores within 3e-6;
 // tests/data/ctranslate2-converted/README.md). Imported, a model must translate to CTranslate2's
@@ -119,6 +122,32 @@ TEST(CTranslate2Converted, ImportsOpenNmtPysTransformer) {
     for (float value : m.imported.parameters.at(bias).data) EXPECT_EQ(value, 0.f) << bias;
 }
 
+// fairseq's `transformer` as CTranslate2 reads it: post-norm (the paper's), its sinusoid from
+// position 2 (padding_idx + 1), embeddings scaled, one dictionary for both sides and the output
+// projection, </s> appended to every source and starting the decoder.
+TEST(CTranslate2Converted, ImportsFairseqsTransformer) {
+  const Converted m("fairseq");
+  const ModelConfig& c = m.model.config();
+  EXPECT_EQ(c.encoder_layers, 2);
+  EXPECT_EQ(c.decoder_layers, 2);
+  EXPECT_EQ(c.d_model, 16);
+  EXPECT_EQ(c.heads, 2);
+  EXPECT_EQ(c.d_ff, 32);
+  EXPECT_EQ(c.norm, NormPosition::kPost);
+  EXPECT_EQ(c.activation, Activation::kRelu);
+  EXPECT_EQ(c.share_embeddings, EmbeddingSharing::kAll);
+  EXPECT_TRUE(c.scale_embeddings);
+  EXPECT_FALSE(c.output_bias);
+  EXPECT_EQ(c.position_encoding, PositionEncoding::kSinusoidal);
+  EXPECT_EQ(c.sinusoid_layout, SinusoidLayout::kConcat);
+  EXPECT_EQ(c.position_offset, 2);
+  EXPECT_TRUE(c.src_append_eos);
+  EXPECT_EQ(c.src_vocab_size, 48);  // fairseq pads its dictionary to a multiple of 8
+  EXPECT_EQ(m.imported.target_tokens[size_t(c.eos_id)], "</s>");
+  EXPECT_EQ(c.bos_id, c.eos_id);  // decoder_start_token </s>
+  EXPECT_EQ(c.layer_norm_eps, 1e-5);
+}
+
 class ConvertedModel : public ::testing::TestWithParam<std::string> {};
 
 // score_batch: per target token and </s>, CTranslate2's log-probabilities.
@@ -207,13 +236,14 @@ TEST_P(ConvertedModel, TranslationsAreCTranslate2s) {
     ++better;
   }
   // How the nine cases came out (same hypothesis, of which ended by </s> or capped; ours better).
-  const std::map<std::string, std::array<int, 4>> outcomes = {{"m2m100", {8, 2, 6, 1}},
-                                                              {"opennmt_py", {9, 3, 6, 0}}};
+  const std::map<std::string, std::array<int, 4>> outcomes = {
+      {"m2m100", {8, 2, 6, 1}}, {"opennmt_py", {9, 3, 6, 0}}, {"fairseq", {9, 3, 6, 0}}};
   EXPECT_EQ((std::array<int, 4>{same, capped, ended, better}), outcomes.at(GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Converters, ConvertedModel,
-                         ::testing::Values(std::string("m2m100"), std::string("opennmt_py")));
+                         ::testing::Values(std::string("m2m100"), std::string("opennmt_py"),
+                                           std::string("fairseq")));
 
 // Our exporter, on the imported model, against the converter's own directory: every variable
 // with the same name, type, shape and value, except
