@@ -427,6 +427,13 @@ TEST(Serve, AttentionAnswersAreBoundedByMaxAttentionCells) {
   EXPECT_EQ(server.stop(), 0);
 }
 
+// `text` written `times` times.
+std::string repeated(const std::string& text, int times) {
+  std::string out;
+  for (int i = 0; i < times; ++i) out += text;
+  return out;
+}
+
 TEST(Serve, ClientErrorsAreJsonNamingTheProblem) {
   Server server("--max-body-bytes 4000 --max-sentences 4 --max-sentence-tokens 12");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
@@ -464,6 +471,10 @@ TEST(Serve, ClientErrorsAreJsonNamingTheProblem) {
        "text[0] has 13 tokens; this server takes at most 12 per sentence (--max-sentence-tokens)"},
       {json({{"text", std::string(5000, 'a')}}).dump(), 413,
        "larger than 4000 bytes (--max-body-bytes)"},
+      // Values beyond 2 × (2 × --max-sentences + 16) are refused as they are parsed: a body
+      // of "{}," builds tens of times its bytes. 49 values here: the object, the list and 47
+      // empty objects.
+      {"{\"text\": [" + repeated("{}, ", 46) + "{}]}", 413, "more than 48 JSON values"},
   };
   for (const Case& c : cases) {
     int status = 0;
@@ -473,8 +484,21 @@ TEST(Serve, ClientErrorsAreJsonNamingTheProblem) {
     EXPECT_NE(j["error"].get<std::string>().find(c.message_part), std::string::npos)
         << c.body << " → " << j;
   }
-  // After all that the server still translates.
+  // A request at the limit of everything is not refused for its values.
   int status = 0;
+  const json full = post_json(server, "/v1/translate",
+                              R"({"text": ["آ", "ز", "ا", "ن"], "prefix": ["a", "z", "a", "n"],
+                                  "beam": 2, "alpha": 0.5, "nbest": 2, "max_length": 8,
+                                  "attention": true, "attention_layer": 0})",
+                              &status);
+  EXPECT_EQ(status, 200) << full;
+  // LibreTranslate's JSON is held to the same bound.
+  const json libre = post_json(
+      server, "/translate",
+      "{\"source\": \"ar\", \"target\": \"en\", \"q\": [" + repeated("{}, ", 46) + "{}]}", &status);
+  EXPECT_EQ(status, 413) << libre;
+  EXPECT_NE(libre.value("error", "").find("more than 48 JSON values"), std::string::npos) << libre;
+  // After all that the server still translates.
   const json ok = post_json(server, "/v1/translate", R"({"text": "آ ز ا"})", &status);
   EXPECT_EQ(status, 200) << ok;
   EXPECT_EQ(ok["translations"][0]["text"], "a z z a");

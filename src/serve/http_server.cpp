@@ -561,11 +561,11 @@ void run_server(const ServeSettings& settings) {
        }));
   // LibreTranslate's fields come as JSON, or as form fields (urlencoded or multipart), or in
   // the query string.
-  auto libretranslate_fields = [](const httplib::Request& req) {
+  auto libretranslate_fields = [&limits](const httplib::Request& req) {
     json fields = json::object();
     if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
       try {
-        fields = parse_json_strictly(req.body);
+        fields = parse_request_json(req.body, limits);
       } catch (const JsonError& e) {  // syntax, a number out of range, a key given twice
         const std::string what = e.what();
         throw RequestError(400, what.rfind("duplicate key", 0) == 0

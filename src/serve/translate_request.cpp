@@ -89,13 +89,24 @@ void set_nbest(TranslateRequest& r, int64_t nbest, bool beam_given, const ServeL
 
 }  // namespace
 
+nlohmann::json parse_request_json(const std::string& body, const ServeLimits& limits) {
+  const int64_t max_values = 2 * (2 * limits.max_sentences + 16);
+  try {
+    return parse_json_strictly(body, max_values);
+  } catch (const JsonTooLarge&) {
+    throw RequestError(413, "the request holds more than " + std::to_string(max_values) +
+                                " JSON values; this server takes at most 2 × (2 × --max-sentences "
+                                "+ 16)");
+  }
+}
+
 TranslateRequest parse_translate_request(const std::string& body,
                                          const TranslationOptions& defaults,
                                          const ServeLimits& limits) {
   check_body_size(body, limits);
   nlohmann::json j;
   try {
-    j = parse_json_strictly(body);
+    j = parse_request_json(body, limits);
   } catch (const JsonError& e) {
     // A syntax error (with the byte offset), a number too large for a double, a key given twice.
     throw RequestError(400, std::string("malformed JSON: ") + e.what());

@@ -40,6 +40,12 @@ struct ServeLimits {
   int64_t max_attention_cells = 1 << 22;
 };
 
+// A request body's JSON, parsed with a bound on its values: the sentences and prefixes (two
+// lists of at most max_sentences strings) and the few other fields, twice over. A body past it
+// ({"text": [{}, {}, ...]}: 1 MiB of it would build ~350,000 values, tens of MB) is refused with
+// 413 as it is parsed. Other problems are parse_json_strictly's JsonError, for the caller.
+nlohmann::json parse_request_json(const std::string& body, const ServeLimits& limits);
+
 struct TranslateRequest {
   std::vector<std::string> texts;     // [sentences], each valid UTF-8
   bool text_was_list = false;         // answer with a list even for one sentence

@@ -5,6 +5,7 @@
 // turned into "not a JSON object". Here both are errors that name the key.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -17,9 +18,17 @@ struct JsonError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A JSON text with more values than its reader allows (parse_json_strictly's max_values).
+struct JsonTooLarge : JsonError {
+  using JsonError::JsonError;
+};
+
 // Parses `text`. Throws JsonError: "duplicate key \"k\"", "the number 1e999 (\"d_model\") is out
-// of range", or "not valid JSON: <the parser's reason>".
-nlohmann::json parse_json_strictly(std::string_view text);
+// of range", or "not valid JSON: <the parser's reason>"; JsonTooLarge when it holds more than
+// `max_values` values (objects, arrays and scalars, nested ones included; 0: no limit), found
+// while parsing, before they are all built: a parsed value takes tens of times the bytes of its
+// text ("{}," is 3 bytes), so a request body's size alone does not bound its memory.
+nlohmann::json parse_json_strictly(std::string_view text, int64_t max_values = 0);
 
 // The same for a file's JSON: throws Error("<where>: <what is wrong>").
 nlohmann::json parse_json_strictly(std::string_view text, const std::string& where);
