@@ -241,6 +241,38 @@ TEST_P(ConvertedModel, TranslationsAreCTranslate2s) {
   EXPECT_EQ((std::array<int, 4>{same, capped, ended, better}), outcomes.at(GetParam()));
 }
 
+// Our exporter, on each imported model: the converter's variables, by name and shape, and the
+// values of every weight, bias and layer norm (the flags and position tables differ in form:
+// ExportIsWhatTheConverterWrote lists how for m2m100). The biases a model does not have
+// (OpenNMT-py's query/key/value and feed-forward ones) are left out, as the converter leaves
+// them out, though the import holds them as zeros.
+TEST_P(ConvertedModel, ExportHasTheConvertersWeights) {
+  const Converted m(GetParam());
+  const std::string dir = fs::temp_directory_path() / ("tfm_ct2_export_" + GetParam());
+  fs::remove_all(dir);
+  export_ctranslate2(m.model,
+                     {m.imported.source_tokens, m.imported.target_tokens, std::string("<unk>")},
+                     CtQuantization::kFloat32, dir);
+  const std::string theirs_path = kDir + "/" + GetParam() + "/model.bin",
+                    ours_path = dir + "/model.bin";
+  const CTranslate2Variables theirs =
+      parse_ctranslate2_model(read_file_bytes(theirs_path), theirs_path);
+  const CTranslate2Variables ours = parse_ctranslate2_model(read_file_bytes(ours_path), ours_path);
+  std::vector<std::string> their_names, our_names;
+  for (const auto& [name, t] : theirs.variables) their_names.push_back(name);
+  for (const auto& [name, t] : ours.variables) our_names.push_back(name);
+  EXPECT_EQ(our_names, their_names);
+  for (const auto& [name, want] : theirs.variables) {
+    const auto got = ours.variables.find(name);
+    if (got == ours.variables.end()) continue;
+    EXPECT_EQ(got->second.shape, want.shape) << name;
+    const std::string last = name.substr(name.rfind('/') + 1);
+    if (last == "weight" || last == "bias" || last == "gamma" || last == "beta")
+      EXPECT_TRUE(got->second.data == want.data) << name;
+  }
+  fs::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Converters, ConvertedModel,
                          ::testing::Values(std::string("m2m100"), std::string("opennmt_py"),
                                            std::string("fairseq")));

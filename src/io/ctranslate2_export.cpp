@@ -9,10 +9,10 @@
 #include <unordered_map>
 
 #include "io/ctranslate2.h"
-#include "tensor/file_util.h"
 #include "model/parameter_tree.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 
 namespace tfm {
 
@@ -73,7 +73,12 @@ struct SpecWriter : ParameterVisitor {
       biases.push_back(part.name + ".bias");
     }
     s.add(scope + "/weight", stack_rows(p, weights), true);
-    s.add(scope + "/bias", stack_rows(p, biases), false);
+    // An all-zero bias is left out, as CTranslate2's converters leave out the biases a model
+    // does not have (OpenNMT-py's query/key/value and feed-forward layers by default):
+    // CTranslate2 then adds none, which is the same.
+    Tensor bias = stack_rows(p, biases);
+    if (std::any_of(bias.data.begin(), bias.data.end(), [](float v) { return v != 0.f; }))
+      s.add(scope + "/bias", std::move(bias), false);
   }
   void norm(LayerNormParams<const float>&, const std::string& name, const std::string& scope) {
     s.add(scope + "/gamma", p.at(name + ".weight"), false);
