@@ -581,12 +581,13 @@ TEST(Serve, ServerErrorsAreJsonNamingTheProblemAndTheServerGoesOn) {
                                   "AddressSanitizer aborts on an allocation that fails");
 #else
   // /translate's handler parses an urlencoded form itself: 780,000 fields of 4 bytes take
-  // ~150 MB, the 3.9 MB body that carries them under 8 MB. With 32 MiB more allowed than the
-  // server holds (RLIMIT_DATA, which glibc's heaps are charged against as they grow), the body
-  // is read and the parse runs out. (Past ~130 MiB the parse would finish, and the JSON object
-  // built from its fields run out instead: nlohmann's destructor allocates, and a bad_alloc
-  // there ends the process.)
-  Server server("--max-body-bytes 4000000", "bad_alloc_server");
+  // ~150 MB, the 3.9 MB body that carries them under 8 MB; --max-sentences 400000 lets that
+  // many fields through (its bound is 2 × (2 × 400,000 + 16)). With 32 MiB more allowed than
+  // the server holds (RLIMIT_DATA, which glibc's heaps are charged against as they grow), the
+  // body is read and the parse runs out. (Past ~130 MiB the parse would finish, and the JSON
+  // object built from its fields run out instead: nlohmann's destructor allocates, and a
+  // bad_alloc there ends the process.)
+  Server server("--max-body-bytes 4000000 --max-sentences 400000", "bad_alloc_server");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
   auto c = server.client();
   ASSERT_TRUE(c.Get("/health"));  // the connection threads (started after "listening") exist
@@ -663,7 +664,9 @@ TEST(Serve, TooManyConnectionsGet503) {
   // first request, /health, is answered) and holds it there (its second request, pipelined
   // behind, sends only part of its body); the waiting one is accepted before the third because
   // the kernel queues connections in the order they were made and one thread accepts them.
-  Server server("--max-connections 1");
+  // With --allow-origin the 503 carries the CORS headers every answer does, so that a page can
+  // read it and its Retry-After.
+  Server server("--max-connections 1 --allow-origin https://example.org");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
   const std::string body = R"({"text": "آ ز ا"})";
   const std::string translate =
@@ -690,6 +693,8 @@ TEST(Serve, TooManyConnectionsGet503) {
   EXPECT_EQ(c->status, 503);
   EXPECT_EQ(c->get_header_value("Retry-After"), "1");
   EXPECT_NE(c->body.find("--max-connections"), std::string::npos) << c->body;
+  EXPECT_EQ(c->get_header_value("Access-Control-Allow-Origin"), "https://example.org");
+  EXPECT_EQ(c->get_header_value("Access-Control-Expose-Headers"), "Retry-After");
   // At once: a connection that waited for the thread would be answered only after the held
   // request gave up (--io-timeout, 10 s).
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
@@ -831,6 +836,8 @@ TEST(Serve, AllowOriginAnswersBrowsersPreflightsAndRequests) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200) << r->body;
     EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), origin);
+    // Retry-After (on 503s) is not a header a page may read unless the answer names it.
+    EXPECT_EQ(r->get_header_value("Access-Control-Expose-Headers"), "Retry-After");
     r = c.Post("/translate", from_page, R"({"q": "آ ز ا", "source": "ar", "target": "en"})",
                "application/json");
     ASSERT_TRUE(r);
@@ -1093,6 +1100,21 @@ TEST(Serve, BodiesOverEightKilobytesAreReadWhateverTheirContentType) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_TRUE(json::parse(r->body)["translatedText"].is_string());
+  // A repeated field counts once, the first; '+' and %XX are decoded, a stray '%' kept.
+  r = c.Post("/translate", "q=%D8%A2+%D8%B2+%D8%A7&q=%D8%A8&source=ar&target=en&x=%zz%4",
+             "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["translatedText"], "a z z a") << r->body;
+  // A form's fields are bounded as a JSON body's values are, 2 × (2 × --max-sentences + 16):
+  // 288 here. 600 KB of "a&" (300,000 fields, tens of MB once stored) is refused with 413
+  // before any is stored.
+  std::string many_fields;
+  for (int i = 0; i < 300000; ++i) many_fields += "a&";
+  r = c.Post("/translate", many_fields, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_NE(r->body.find("--max-sentences"), std::string::npos) << r->body;
   // A body over --max-body-bytes is still refused, naming the option.
   r = c.Post("/v1/translate", std::string(2 << 20, 'x'), "application/x-www-form-urlencoded");
   ASSERT_TRUE(r);

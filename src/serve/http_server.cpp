@@ -231,14 +231,19 @@ void close_after_answer(int fd, std::chrono::milliseconds linger) {
 // The answer to a connection that found --max-connections answered and as many waiting: 503,
 // written at once on the accepting thread without waiting for the request (an idle or slow
 // client would hold the accepting thread, and one that never sends was closed unanswered).
-void refuse_connection(int fd) {
+// allow_origin (--allow-origin; empty: none) lets a browser's page read it, as every answer.
+void refuse_connection(int fd, const std::string& allow_origin) {
   const std::string body =
       R"({"error":"the server is answering --max-connections connections and as many wait; )"
       R"(retry later"})";
   const std::string response =
       "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: "
       "1\r\nConnection: close\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
+      std::to_string(body.size()) + "\r\n" +
+      (allow_origin.empty() ? std::string()
+                            : "Access-Control-Allow-Origin: " + allow_origin +
+                                  "\r\nAccess-Control-Expose-Headers: Retry-After\r\n") +
+      "\r\n" + body;
   send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   close_after_answer(fd, std::chrono::milliseconds(0));
 }
@@ -255,11 +260,12 @@ class Server : public httplib::Server {
   // Calling listen() again on the bound socket only changes its backlog.
   bool deepen_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
   std::function<void()> on_refused_connection;  // counts a refuse_connection
+  std::string allow_origin;                     // --allow-origin, for refuse_connection
 
  private:
   bool process_and_close_socket(socket_t sock) override {
     if (g_overflow_connection) {
-      refuse_connection(sock);
+      refuse_connection(sock, allow_origin);
       if (on_refused_connection) on_refused_connection();
       return true;
     }
@@ -479,8 +485,11 @@ void run_server(const ServeSettings& settings) {
     ++answered;
   });
   if (!settings.allow_origin.empty()) {
+    server.allow_origin = settings.allow_origin;
     server.set_post_routing_handler([&](const httplib::Request&, httplib::Response& res) {
       res.set_header("Access-Control-Allow-Origin", settings.allow_origin);
+      // Retry-After (503, 429) is not among the headers a page may read unless named.
+      res.set_header("Access-Control-Expose-Headers", "Retry-After");
     });
     server.Options(".*", [&](const httplib::Request&, httplib::Response& res) {
       res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
@@ -573,9 +582,9 @@ void run_server(const ServeSettings& settings) {
                                     : std::string("Invalid JSON format"));
       }
     } else {
-      httplib::Params form;  // an urlencoded body (see kRenamedFormContentType)
+      std::map<std::string, std::string> form;  // an urlencoded body (kRenamedFormContentType)
       if (starts_with_ignoring_case(req.get_header_value("Content-Type"), kRenamedFormContentType))
-        httplib::detail::parse_query_text(req.body, form);
+        form = parse_form_fields(req.body, limits);
       for (const auto& [key, value] : req.params)
         if (!fields.contains(key)) fields[key] = value;
       for (const auto& [key, value] : form)

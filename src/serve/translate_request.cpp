@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <set>
+#include <string_view>
 
 #include "tensor/strict_json.h"
 #include "text/vocabulary.h"
@@ -98,6 +99,61 @@ nlohmann::json parse_request_json(const std::string& body, const ServeLimits& li
                                 " JSON values; this server takes at most 2 × (2 × --max-sentences "
                                 "+ 16)");
   }
+}
+
+namespace {
+
+// '+' and %XX decoded (see parse_form_fields).
+std::string decode_form_text(std::string_view text) {
+  const auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '+') {
+      out += ' ';
+    } else if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 &&
+               hex(text[i + 2]) >= 0) {
+      out += char(hex(text[i + 1]) * 16 + hex(text[i + 2]));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> parse_form_fields(const std::string& body,
+                                                     const ServeLimits& limits) {
+  const int64_t max_fields = 2 * (2 * limits.max_sentences + 16);  // parse_request_json's bound
+  const int64_t pairs = 1 + int64_t(std::count(body.begin(), body.end(), '&'));
+  if (pairs > max_fields)
+    throw RequestError(413, "the form holds " + std::to_string(pairs) +
+                                " fields; this server takes at most 2 × (2 × --max-sentences + "
+                                "16) = " +
+                                std::to_string(max_fields));
+  std::map<std::string, std::string> fields;
+  const std::string_view text(body);
+  for (size_t begin = 0; begin <= text.size();) {
+    size_t end = text.find('&', begin);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view pair = text.substr(begin, end - begin);
+    begin = end + 1;
+    if (pair.empty()) continue;
+    const size_t equals = pair.find('=');
+    std::string name = decode_form_text(pair.substr(0, equals));
+    if (fields.count(name)) continue;
+    fields.emplace(std::move(name), equals == std::string_view::npos
+                                        ? std::string()
+                                        : decode_form_text(pair.substr(equals + 1)));
+  }
+  return fields;
 }
 
 TranslateRequest parse_translate_request(const std::string& body,

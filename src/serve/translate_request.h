@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -45,6 +46,14 @@ struct ServeLimits {
 // ({"text": [{}, {}, ...]}: 1 MiB of it would build ~350,000 values, tens of MB) is refused with
 // 413 as it is parsed. Other problems are parse_json_strictly's JsonError, for the caller.
 nlohmann::json parse_request_json(const std::string& body, const ServeLimits& limits);
+
+// The fields of an urlencoded form body (LibreTranslate's POST /translate as curl -d and HTML
+// forms send it): name=value pairs split at '&', each name and value with '+' and %XX decoded
+// (a '%' without two hex digits after it stays as it is), the first of a repeated name kept,
+// empty pairs skipped. The pairs are counted before any is stored: past parse_request_json's
+// bound on values, 413 (1 MiB of "a&a&..." would otherwise build ~500,000 entries).
+std::map<std::string, std::string> parse_form_fields(const std::string& body,
+                                                     const ServeLimits& limits);
 
 struct TranslateRequest {
   std::vector<std::string> texts;     // [sentences], each valid UTF-8
