@@ -267,8 +267,9 @@ TEST_P(ConvertedModel, ExportHasTheConvertersWeights) {
     if (got == ours.variables.end()) continue;
     EXPECT_EQ(got->second.shape, want.shape) << name;
     const std::string last = name.substr(name.rfind('/') + 1);
-    if (last == "weight" || last == "bias" || last == "gamma" || last == "beta")
+    if (last == "weight" || last == "bias" || last == "gamma" || last == "beta") {
       EXPECT_TRUE(got->second.data == want.data) << name;
+    }
   }
   fs::remove_all(dir);
 }

@@ -631,15 +631,26 @@ TEST(EarlySigterm, TrainStoppedBeforeItsFirstStepExitsCleanly) {
   ASSERT_GT(pid, 0);
   const tfm::testing_support::KillGroupOnExit cleanup{pid};
   // The signal comes while train is blocked opening the FIFO (for reading, with no writer yet):
-  // the main thread's system call is then openat (/proc/PID/syscall's first field, 257 on
-  // x86-64; open is 2), or, where that file cannot be read, its wait channel is the FIFO's.
+  // its wait channel is then the FIFO's (/proc/PID/wchan). Where the kernel hides wait channels
+  // ("0" or nothing), the main thread's system call is openat (/proc/PID/syscall's first field,
+  // 257 on x86-64; open is 2) in three readings 20 ms apart: any other file's openat (the
+  // vocabulary's, the target side's) is over long before.
+  const std::string proc = "/proc/" + std::to_string(pid);
+  auto in_open = [&] {
+    std::string number;
+    std::ifstream(proc + "/syscall") >> number;
+    return number == "257" || number == "2";
+  };
   auto blocked_opening = [&] {
-    const std::string proc = "/proc/" + std::to_string(pid);
-    std::string number, channel;
-    std::ifstream(proc + "/syscall") >> number;  // stays empty where it cannot be read
-    if (!number.empty()) return number == "257" || number == "2";
+    std::string channel;
     std::ifstream(proc + "/wchan") >> channel;
-    return channel == "wait_for_partner" || channel == "fifo_open";
+    if (!channel.empty() && channel != "0")
+      return channel == "wait_for_partner" || channel == "fifo_open";
+    for (int reading = 0; reading < 3; ++reading) {
+      if (!in_open()) return false;
+      if (reading < 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
   };
   ASSERT_TRUE(wait_until(blocked_opening, 30)) << tfm::read_file_bytes(dir + ".stderr");
   kill(pid, SIGTERM);
