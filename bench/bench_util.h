@@ -50,16 +50,29 @@ inline tfm::Precision precision_arg(int argc, char** argv, int& i, const char* u
   return precision;
 }
 
-// --compute-type of decoding (translate's names, int8_bfloat16 included): the products'
-// precision and the key/value cache's format.
+// --compute-type of decoding (translate's names, int8_bfloat16 and the float16 ones included):
+// the products' precision and the key/value cache's format. The device checks that it runs
+// them (check_compute_type), once it is known.
 inline void compute_type_arg(int argc, char** argv, int& i, const char* usage,
                              tfm::Precision& precision, tfm::CacheFormat& cache) {
   if (i + 1 >= argc) usage_error(usage, "--compute-type needs a value");
   const std::string type = argv[++i];
   if (!tfm::parse_compute_type(type, precision, cache))
-    usage_error(usage, "--compute-type is float32, bfloat16, int8 or int8_bfloat16, not " + type);
-  if (!tfm::cpu_backend().supports(precision))
-    throw std::runtime_error("--compute-type " + type + ": this CPU cannot multiply in it");
+    usage_error(usage,
+                "--compute-type is float32, bfloat16, float16, int8, int8_bfloat16 or "
+                "int8_float16, not " +
+                    type);
+}
+// Throws where `backend` cannot run products in `precision` or keep a cache in `cache`.
+inline void check_compute_type(const tfm::Backend& backend, tfm::Precision precision,
+                               tfm::CacheFormat cache) {
+  const std::string name = tfm::compute_type_name(precision, cache);
+  if (!backend.supports(precision))
+    throw std::runtime_error("--compute-type " + name + " " +
+                             backend.unsupported_reason(precision));
+  if (cache == tfm::CacheFormat::kFloat16 && !backend.supports(tfm::Precision::kFloat16))
+    throw std::runtime_error("--compute-type " + name + " " +
+                             backend.unsupported_reason(tfm::Precision::kFloat16));
 }
 
 // The non-negative integer value of option argv[i]; advances i past it.

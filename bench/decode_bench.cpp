@@ -84,9 +84,10 @@ const char* kUsage =
     "otherwise\n"
     "  --prepare-only       write a fresh model and sources into DIR, then exit\n"
     "  --beam N             1: greedy (default 1)\n"
-    "  --compute-type T     float32 (default), bfloat16, int8 or int8_bfloat16 (translate\n"
-    "                       --compute-type)\n"
-    "  --cache F            key/value cache float32 or bfloat16 (default: the compute type's)\n"
+    "  --compute-type T     float32 (default), bfloat16, float16, int8, int8_bfloat16 or\n"
+    "                       int8_float16 (translate --compute-type; float16 on GPUs only)\n"
+    "  --cache F            key/value cache float32, bfloat16 or float16 (default: the\n"
+    "                       compute type's)\n"
     "  --repeats N          timed searches after warm-up (default 5)\n"
     "  --warmup N           untimed searches first (default 1)\n"
     "  --profile            also replay the search's decoder calls on the same shapes to split\n"
@@ -122,9 +123,11 @@ Options parse_options(int argc, char** argv) {
     } else if (a == "--cache") {
       if (i + 1 >= argc) usage_error("--cache needs a value");
       const std::string format = argv[++i];
-      if (format != "float32" && format != "bfloat16")
-        usage_error("--cache is float32 or bfloat16, not " + format);
-      o.cache = format == "bfloat16" ? tfm::CacheFormat::kBFloat16 : tfm::CacheFormat::kFloat32;
+      if (format != "float32" && format != "bfloat16" && format != "float16")
+        usage_error("--cache is float32, bfloat16 or float16, not " + format);
+      o.cache = format == "bfloat16"  ? tfm::CacheFormat::kBFloat16
+                : format == "float16" ? tfm::CacheFormat::kFloat16
+                                      : tfm::CacheFormat::kFloat32;
     } else if (a == "--repeats") {
       o.repeats = int(int_value(i));
     } else if (a == "--warmup") {
@@ -301,6 +304,7 @@ int run(const Options& o) {
   // Loaded as translate loads it: for inference in this compute type only (int8 weights held
   // in int8; every weight freed once prepared), so the peak RSS is what a user sees.
   const tfm::Backend& backend = tfm::find_backend(o.device);
+  bench::check_compute_type(backend, o.precision, o.cache);
   if (o.profile && !backend.memory_is_host())
     throw tfm::Error("--profile replays the search on the CPU only (device " + backend.name() +
                      ")");
@@ -357,14 +361,13 @@ int run(const Options& o) {
 
   nlohmann::json line =
       bench::common_fields(median_seconds, all_seconds, generated, rss_mib, flops, gemm_peak);
-  const bool bfloat16_cache = o.cache == tfm::CacheFormat::kBFloat16;
   const std::string compute_type = tfm::compute_type_name(o.precision, o.cache);
   line.update({
       {"side", std::string(o.beam == 1 ? "ours-greedy" : "ours-beam") +
                    (compute_type == "float32" ? "" : "-" + compute_type)},
       {"compute_type", compute_type},
       {"device", backend.name()},
-      {"cache", bfloat16_cache ? "bfloat16" : "float32"},
+      {"cache", tfm::precision_name(tfm::cache_precision(o.cache))},
       {"beam", o.beam},
       {"batch", batch},
       {"src_len", src_len},

@@ -80,10 +80,10 @@ class MemoryCheckingBackend : public Backend {
     cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
                  epilogue);
   }
-  void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                         uint16_t* out) const override {
-    const Access access = check("round_to_bfloat16", {{"x", x}, {"out", out}});
-    cpu().round_to_bfloat16(x, rows, cols, ldx, out);
+  void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
+                        uint16_t* out) const override {
+    const Access access = check("round_to_16_bits", {{"x", x}, {"out", out}});
+    cpu().round_to_16_bits(x, rows, cols, ldx, format, out);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,
@@ -114,14 +114,14 @@ class MemoryCheckingBackend : public Backend {
     const Access attention_access = check_attention("attention_forward", shape, mask, dropout);
     cpu().attention_forward(shape, mask, q, k, v, probs, out, dropout);
   }
-  void attention_forward_bfloat16_cache(const AttentionShape& shape, const AttentionMask& mask,
-                                        const float* q, const uint16_t* k, const uint16_t* v,
-                                        float* probs, float* out) const override {
-    const Access access = check("attention_forward_bfloat16_cache",
+  void attention_forward_16_bit_cache(const AttentionShape& shape, const AttentionMask& mask,
+                                      const float* q, Precision format, const uint16_t* k,
+                                      const uint16_t* v, float* probs, float* out) const override {
+    const Access access = check("attention_forward_16_bit_cache",
                                 {{"q", q}, {"k", k}, {"v", v}, {"probs", probs}, {"out", out}});
     const Access attention_access =
-        check_attention("attention_forward_bfloat16_cache", shape, mask, {});
-    cpu().attention_forward_bfloat16_cache(shape, mask, q, k, v, probs, out);
+        check_attention("attention_forward_16_bit_cache", shape, mask, {});
+    cpu().attention_forward_16_bit_cache(shape, mask, q, format, k, v, probs, out);
   }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
@@ -264,11 +264,16 @@ class MemoryCheckingBackend : public Backend {
     cpu().best_tokens(logprobs, rows, vocab, keep, banned, values, tokens);
   }
 
-  void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                   const AdamHyperparameters& h, int64_t step) const override {
+  void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t total,
+                   const float* grad, float* m, float* v, const AdamHyperparameters& h,
+                   int64_t step) const override {
     const Access access =
-        check("adam_update", {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}});
-    cpu().adam_update(param, grad, m, v, n, h, step);
+        check("adam_update",
+              {{"params", params}, {"offsets", offsets}, {"grad", grad}, {"m", m}, {"v", v}});
+    std::vector<Argument> tensors;  // the addresses the table holds (readable now)
+    for (int64_t i = 0; i < count; ++i) tensors.push_back({"param", params[i]});
+    const Access tensors_access = check("adam_update", tensors);
+    cpu().adam_update(params, offsets, count, total, grad, m, v, h, step);
   }
   void sgd_update(float* param, const float* grad, int64_t n, float lr) const override {
     const Access access = check("sgd_update", {{"param", param}, {"grad", grad}});
@@ -350,10 +355,11 @@ class MemoryCheckingBackend : public Backend {
     const Access access = check("mean_of_row_groups", {{"x", x}, {"y", y}});
     cpu().mean_of_row_groups(x, groups, group_size, cols, y);
   }
-  void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
-                                int64_t d, uint16_t* y, int64_t ldy) const override {
-    const Access access = check("scatter_rows_to_bfloat16", {{"x", x}, {"rows", rows}, {"y", y}});
-    cpu().scatter_rows_to_bfloat16(x, ldx, rows, count, d, y, ldy);
+  void scatter_rows_to_16_bits(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                               int64_t d, Precision format, uint16_t* y,
+                               int64_t ldy) const override {
+    const Access access = check("scatter_rows_to_16_bits", {{"x", x}, {"rows", rows}, {"y", y}});
+    cpu().scatter_rows_to_16_bits(x, ldx, rows, count, d, format, y, ldy);
   }
 
  private:

@@ -89,14 +89,16 @@ TEST(Backends, CpuIsRegisteredFirstAndUnknownDevicesAreRefused) {
 
 // --- Matrix products --------------------------------------------------------------------------
 
-// In float32 against float64 on the inputs as given; in bfloat16 (training's products) against
-// float64 on the inputs rounded to bfloat16 (nearest, ties to even), so the bound is float32
-// accumulation's in both: the rounding itself is checked exactly, not within a tolerance.
+// In float32 against float64 on the inputs as given; in bfloat16 (training's products) and
+// float16 (GPUs only) against float64 on the inputs rounded to that format (nearest, ties to
+// even), so the bound is float32 accumulation's in each: the rounding itself is checked exactly,
+// not within a tolerance.
 TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
   const int64_t sizes[] = {1, 7, 63, 65};
-  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16}) {
     SCOPED_TRACE(precision_name(precision));
     const bool bfloat16 = precision == Precision::kBFloat16;
+    const bool float16 = precision == Precision::kFloat16;
     if (!be().supports(precision)) {
       std::vector<float> one = {1.f};
       EXPECT_THROW(be().matmul(false, false, 1, 1, 1, 1.f, one.data(), 1, one.data(), 1, 0.f,
@@ -105,7 +107,8 @@ TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
       testing_support::skip_precision(be(), precision);
       continue;
     }
-    auto as_multiplied = [bfloat16](float x) {
+    auto as_multiplied = [bfloat16, float16](float x) {
+      if (float16) return double(half_to_float(float_to_half(x)));
       return bfloat16 ? double(bfloat16_to_float(float_to_bfloat16(x))) : double(x);
     };
     uint64_t seed = 1;
@@ -153,45 +156,73 @@ TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
                std::invalid_argument);
 }
 
-// round_to_bfloat16 is the rounding bfloat16 products apply (nearest, ties to even, NaN kept):
-// element for element float_to_bfloat16, from a strided matrix into a dense one, including
-// exact ties, values that round up into the next exponent, infinities and NaN.
-TEST_P(BackendOps, RoundToBFloat16RoundsEachElementToNearestEven) {
+// round_to_16_bits is the rounding bfloat16 products and 16-bit caches apply (nearest, ties to
+// even, NaN kept): element for element float_to_bfloat16 / float_to_half, from a strided matrix
+// into a dense one, including exact ties, values that round up into the next exponent or past
+// the format's range, infinities, subnormals and NaN, whose bits are spelled out (the float16
+// ones as numpy's float32 → float16 cast gives them).
+TEST_P(BackendOps, RoundTo16BitsRoundsEachElementToNearestEven) {
+  struct Special {
+    uint32_t input;     // float32 bits
+    uint16_t expected;  // in the format
+  };
+  const std::vector<Special> bfloat16_specials = {
+      {0x3f808000u, 0x3f80},  // a tie: down to the even 0x3f80
+      {0x3f818000u, 0x3f82},  // a tie: up to the even 0x3f82
+      {0x3fffffffu, 0x4000},  // carries into the exponent: 2.0
+      {0x7f7fffffu, 0x7f80},  // the largest float rounds up to +inf
+      {0x7f800000u, 0x7f80},  // +inf
+      {0xff800000u, 0xff80},  // -inf
+      {0x80000000u, 0x8000},  // -0 keeps its sign
+      {0x000116c2u, 0x0001},  // 1e-40, subnormal: rounds to 0x0001
+  };
+  const std::vector<Special> float16_specials = {
+      {0x3f801000u, 0x3c00},  // 1 + 2^-11, a tie: down to the even 1.0
+      {0x3f803000u, 0x3c02},  // 1 + 3·2^-11, a tie: up to the even 0x3c02
+      {0x477fef00u, 0x7bff},  // 65519: the largest float16, 65504
+      {0x477ff000u, 0x7c00},  // 65520, half way past it: +inf
+      {0x7f7fffffu, 0x7c00},  // the largest float: +inf
+      {0xff800000u, 0xfc00},  // -inf
+      {0x80000000u, 0x8000},  // -0 keeps its sign
+      {0x33c00000u, 0x0002},  // 1.5 · 2^-24, a tie between subnormals: up to the even 2 · 2^-24
+      {0x33000000u, 0x0000},  // 2^-25, a tie with 0: down to 0
+      {0x3dcccccdu, 0x2e66},  // 0.1
+  };
   const int64_t rows = 37, cols = 29, ldx = cols + 3;
-  auto x = random_vector(rows * ldx, 11, 100.f);
-  // Exact ties (halfway between two bfloat16 values, both parities), carries and specials.
-  const float specials[] = {std::bit_cast<float>(0x3f808000u),
-                            std::bit_cast<float>(0x3f818000u),
-                            std::bit_cast<float>(0x3fffffffu),
-                            std::bit_cast<float>(0x7f7fffffu),
-                            std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN(),
-                            -0.f,
-                            1e-40f};
-  for (size_t i = 0; i < std::size(specials); ++i) x[i * 7] = specials[i];
-  std::vector<uint16_t> out(size_t(rows * cols), 0xdead);
-  be().round_to_bfloat16(x.data(), rows, cols, ldx, out.data());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = x[size_t(r * ldx + c)];
-      const uint16_t got = out[size_t(r * cols + c)];
-      if (std::isnan(v))
-        EXPECT_TRUE(std::isnan(bfloat16_to_float(got))) << r << "," << c;
-      else
-        ASSERT_EQ(got, float_to_bfloat16(v)) << r << "," << c << " " << v;
-    }
-  // The specials' bits spelled out (float_to_bfloat16 is the same rounding, so the loop above
-  // alone would not pin them); special i sits at x[7 i], row 7i / ldx, column 7i % ldx.
-  const auto special = [&](int64_t i) { return out[size_t(7 * i / ldx * cols + 7 * i % ldx)]; };
-  EXPECT_EQ(special(0), 0x3f80);  // 0x3f808000 is a tie: down to the even 0x3f80
-  EXPECT_EQ(special(1), 0x3f82);  // 0x3f818000 is a tie: up to the even 0x3f82
-  EXPECT_EQ(special(2), 0x4000);  // 0x3fffffff carries into the exponent: 2.0
-  EXPECT_EQ(special(3), 0x7f80);  // the largest float rounds up to +inf
-  EXPECT_EQ(special(4), 0x7f80);  // +inf
-  EXPECT_EQ(special(5), 0xff80);  // -inf
-  EXPECT_EQ(special(7), 0x8000);  // -0 keeps its sign
-  EXPECT_EQ(special(8), 0x0001);  // 1e-40, subnormal 0x000116c2: rounds to 0x0001
+  for (Precision format : {Precision::kBFloat16, Precision::kFloat16}) {
+    const bool float16 = format == Precision::kFloat16;
+    const std::vector<Special>& specials = float16 ? float16_specials : bfloat16_specials;
+    // Standard normal values (float16 holds them with room to spare) and, for bfloat16, large
+    // ones; special i in row i, column 3i % cols; a NaN in the row after them.
+    auto x = random_vector(rows * ldx, 11, float16 ? 1.f : 100.f);
+    const auto special_at = [&](size_t i) { return int64_t(i) * ldx + 3 * int64_t(i) % cols; };
+    for (size_t i = 0; i < specials.size(); ++i)
+      x[size_t(special_at(i))] = std::bit_cast<float>(specials[i].input);
+    x[size_t(special_at(specials.size()))] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<uint16_t> out(size_t(rows * cols), 0xdead);
+    be().round_to_16_bits(x.data(), rows, cols, ldx, format, out.data());
+    const auto widen = [&](uint16_t bits) {
+      return float16 ? half_to_float(bits) : bfloat16_to_float(bits);
+    };
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = x[size_t(r * ldx + c)];
+        const uint16_t got = out[size_t(r * cols + c)];
+        if (std::isnan(v))
+          EXPECT_TRUE(std::isnan(widen(got))) << r << "," << c;
+        else
+          ASSERT_EQ(got, float16 ? float_to_half(v) : float_to_bfloat16(v))
+              << precision_name(format) << " " << r << "," << c << " " << v;
+      }
+    for (size_t i = 0; i < specials.size(); ++i)
+      EXPECT_EQ(out[size_t(int64_t(i) * cols + 3 * int64_t(i) % cols)], specials[i].expected)
+          << precision_name(format) << " special " << i;
+  }
+  std::vector<float> one = {1.f};
+  std::vector<uint16_t> bits(1);
+  for (Precision other : {Precision::kFloat32, Precision::kInt8})
+    EXPECT_THROW(be().round_to_16_bits(one.data(), 1, 1, 1, other, bits.data()),
+                 std::invalid_argument);
 }
 
 // A bfloat16 product reads an operand's rounded copy where one is given (MatmulOperand): with
@@ -211,9 +242,10 @@ TEST_P(BackendOps, MatmulReadsTheRoundedCopyOfAnOperand) {
       auto other = random_vector(a_rows * lda, 41);
       std::vector<uint16_t> a16(size_t(a_rows * a_cols)), b16(size_t(b_rows * b_cols)),
           other16(size_t(a_rows * a_cols));
-      be().round_to_bfloat16(a.data(), a_rows, a_cols, lda, a16.data());
-      be().round_to_bfloat16(b.data(), b_rows, b_cols, ldb, b16.data());
-      be().round_to_bfloat16(other.data(), a_rows, a_cols, lda, other16.data());
+      be().round_to_16_bits(a.data(), a_rows, a_cols, lda, Precision::kBFloat16, a16.data());
+      be().round_to_16_bits(b.data(), b_rows, b_cols, ldb, Precision::kBFloat16, b16.data());
+      be().round_to_16_bits(other.data(), a_rows, a_cols, lda, Precision::kBFloat16,
+                            other16.data());
       for (float beta : {0.f, 1.f}) {
         SCOPED_TRACE("ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
                      " beta=" + std::to_string(beta));
@@ -246,7 +278,7 @@ TEST_P(BackendOps, MatmulReadsTheRoundedCopyOfAnOperand) {
 // own pass) and beta 1, alpha 1 and not, strided C (its padding untouched), shapes of one and
 // many primitive blocks, inside a parallel region (another path), and with no inner dimension.
 TEST_P(BackendOps, MatmulAppliesItsEpilogueToTheFinishedProduct) {
-  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16}) {
     if (!be().supports(precision)) {
       testing_support::skip_precision(be(), precision);
       continue;
@@ -406,13 +438,15 @@ TEST_P(BackendOps, MatmulWithNoInnerDimensionLeavesBetaTimesC) {
 // supports, against float64. The bounds:
 // - float32: float rounding.
 // - bfloat16: inputs and weights rounded to 8-bit mantissas with float32 accumulation, so each
-//   product carries at most ~2 · 2^-8 relative error: 2/256 of Σ|x·w|.
+//   product carries at most ~2 · 2^-8 relative error: 2/256 of Σ|x·w|; float16 (GPUs only) the
+//   same with 11-bit mantissas: 2/2048 of Σ|x·w|.
 // - int8: weight row j is stored as round(w/s_j)·s_j with s_j = max|w_j|/127, input row r as
 //   round(x/a_r)·a_r with a_r = max|x_r|/127, so each element moves by at most half a step and
 //   the product by at most (s_j/2)·Σ|x| + (a_r/2)·Σ|w_j| + k·a_r·s_j/4 (plus float rounding).
 TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
   ASSERT_TRUE(be().supports(Precision::kFloat32));
-  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kInt8}) {
+  for (Precision precision :
+       {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16, Precision::kInt8}) {
     SCOPED_TRACE(precision_name(precision));
     if (!be().supports(precision)) {
       const float w = 1.f;
@@ -429,7 +463,8 @@ TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
         parts.push_back(random_vector(part_rows[i] * k, 60 + i));
         pointers.push_back(parts.back().data());
       }
-      if (k == 513) parts[0][3] = 1e30f;  // far outside float16's range, inside bfloat16's
+      // Far outside float16's range, inside bfloat16's (float16 cannot hold it: left out there).
+      if (k == 513 && precision != Precision::kFloat16) parts[0][3] = 1e30f;
       if (k == 64) std::fill_n(parts[2].begin() + 2 * k, k, 0.f);  // an all-zero weight row
       const auto prepared = be().prepare_matrix(pointers, part_rows, k, precision);
       ASSERT_EQ(prepared->rows(), 39);
@@ -462,6 +497,7 @@ TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
               const double error = std::abs(y[size_t(r * ldy + row)] - sum);
               double bound = 1e-4 + 1e-6 * magnitude;
               if (precision == Precision::kBFloat16) bound = 2.0 / 256 * magnitude;
+              if (precision == Precision::kFloat16) bound = 2.0 / 2048 * magnitude + 1e-6;
               if (precision == Precision::kInt8) {
                 const double s = w_largest / 127, a = x_largest / 127;
                 bound += s / 2 * x_magnitude + a / 2 * w_magnitude + double(k) * a * s / 4;
@@ -796,11 +832,13 @@ struct RoundedCopy {
   std::vector<uint16_t> bits;
   std::vector<float> widened;
 };
-RoundedCopy rounded_copy(const std::vector<float>& x) {
+// x rounded to `format` (kBFloat16 or kFloat16): the bits, and their values widened back.
+RoundedCopy rounded_copy(const std::vector<float>& x, Precision format) {
   RoundedCopy r;
   for (float v : x) {
-    r.bits.push_back(float_to_bfloat16(v));
-    r.widened.push_back(bfloat16_to_float(r.bits.back()));
+    const bool float16 = format == Precision::kFloat16;
+    r.bits.push_back(float16 ? float_to_half(v) : float_to_bfloat16(v));
+    r.widened.push_back(float16 ? half_to_float(r.bits.back()) : bfloat16_to_float(r.bits.back()));
   }
   return r;
 }
@@ -809,8 +847,8 @@ RoundedCopy rounded_copy(const std::vector<float>& x) {
 // sentence sharing its encoder keys (key_batch), against the dense reference on gathered copies.
 // Head sizes 5 and 64 (the base and big models', which the CPU compiles separately, with AVX-512
 // in blocks of 16 keys), 6 and 37 keys (two whole blocks and a part, a window starting inside
-// the first). The same over a bfloat16 cache (attention_forward_bfloat16_cache): the reference
-// reads the rounded values widened to float, so only float rounding separates the two.
+// the first). The same over bfloat16 and float16 caches (attention_forward_16_bit_cache): the
+// reference reads the rounded values widened to float, so only float rounding separates the two.
 TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
   for (int64_t head_dim : {5, 64})
     for (int64_t key_len : {6, 37})
@@ -858,16 +896,19 @@ TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
         for (size_t i = 0; i < out.size(); ++i)
           ASSERT_NEAR(out[i], expected[i], 1e-5)
               << "cached rows, scoring " << int(scoring) << ", head size " << head_dim;
-        {  // the same rows cached in bfloat16
-          const RoundedCopy pool_k16 = rounded_copy(pool_k), pool_v16 = rounded_copy(pool_v);
+        for (Precision format : {Precision::kBFloat16, Precision::kFloat16}) {
+          // the same rows cached in 16 bits
+          const RoundedCopy pool_k16 = rounded_copy(pool_k, format),
+                            pool_v16 = rounded_copy(pool_v, format);
           std::fill(out.begin(), out.end(), 7.f);
-          be().attention_forward_bfloat16_cache(cached, mask, q.data(), pool_k16.bits.data(),
-                                                pool_v16.bits.data(), nullptr, out.data());
+          be().attention_forward_16_bit_cache(cached, mask, q.data(), format, pool_k16.bits.data(),
+                                              pool_v16.bits.data(), nullptr, out.data());
           be().attention_forward(cached, mask, q.data(), pool_k16.widened.data(),
                                  pool_v16.widened.data(), nullptr, expected.data(), {});
           for (size_t i = 0; i < out.size(); ++i)
             ASSERT_NEAR(out[i], expected[i], 1e-6)
-                << "bfloat16 cached rows, scoring " << int(scoring) << ", head size " << head_dim;
+                << precision_name(format) << " cached rows, scoring " << int(scoring)
+                << ", head size " << head_dim;
         }
 
         // key_batch: queries 0..3 read key sequences {1, 1, 0, 2} of 3 (6 keys: lengths 5, 2, 4).
@@ -896,23 +937,27 @@ TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
         for (size_t i = 0; i < out.size(); ++i)
           ASSERT_NEAR(out[i], expected[i], 1e-5)
               << "key batches, scoring " << int(scoring) << ", head size " << head_dim;
-        {  // the shared keys and values in bfloat16, the weights kept
-          const RoundedCopy keys16 = rounded_copy(keys), values16 = rounded_copy(values);
+        for (Precision format : {Precision::kBFloat16, Precision::kFloat16}) {
+          // the shared keys and values in 16 bits, the weights kept
+          const RoundedCopy keys16 = rounded_copy(keys, format),
+                            values16 = rounded_copy(values, format);
           std::vector<float> out16(out.size(), 7.f), probs16(probs.size(), 7.f);
-          be().attention_forward_bfloat16_cache(dense, shared, q.data(), keys16.bits.data(),
-                                                values16.bits.data(), probs16.data(), out16.data());
+          be().attention_forward_16_bit_cache(dense, shared, q.data(), format, keys16.bits.data(),
+                                              values16.bits.data(), probs16.data(), out16.data());
           std::vector<float> widened_probs(probs.size());
           be().attention_forward(dense, shared, q.data(), keys16.widened.data(),
                                  values16.widened.data(), widened_probs.data(), expected.data(),
                                  {});
           for (size_t i = 0; i < out.size(); ++i)
             ASSERT_NEAR(out16[i], expected[i], 1e-6)
-                << "bfloat16 key batches, scoring " << int(scoring) << ", head size " << head_dim;
+                << precision_name(format) << " key batches, scoring " << int(scoring)
+                << ", head size " << head_dim;
           for (size_t i = 0; i < probs.size(); ++i)
-            ASSERT_NEAR(probs16[i], widened_probs[i], 1e-6) << "bfloat16 weights " << i;
+            ASSERT_NEAR(probs16[i], widened_probs[i], 1e-6)
+                << precision_name(format) << " weights " << i;
           // Rounding moved the output, but only by rounding: each key and value element moves by at
-          // most 2^-9 of itself (nearest, 8-bit mantissa), which moves these outputs (standard
-          // normal inputs, up to 64 terms a logit) by 0.016 at most.
+          // most 2^-9 of itself (bfloat16: nearest, 8-bit mantissa; float16 2^-12), which moves
+          // these outputs (standard normal inputs, up to 64 terms a logit) by 0.016 at most.
           double moved = 0;
           for (size_t i = 0; i < out.size(); ++i)
             moved = std::max(moved, double(std::abs(out16[i] - out[i])));
@@ -1383,16 +1428,32 @@ TEST_P(BackendOps, CrossEntropyCountsTheFirstLargestLogitAsThePrediction) {
 // --- Optimizer and gradient clipping ------------------------------------------------------------
 
 // torch.optim.Adam: m = β1·m + (1-β1)·g, v = β2·v + (1-β2)·g², then
-// p -= lr / (1 - β1^t) · m / (sqrt(v) / sqrt(1 - β2^t) + ε); three steps.
+// p -= lr / (1 - β1^t) · m / (sqrt(v) / sqrt(1 - β2^t) + ε); three steps, one call a step over
+// a set of tensors (sizes 1, 7, 0, 70001 and 3: one alone, an empty one among them, one larger
+// than a launch's first wave) whose gradients and moments are one block each.
 TEST_P(BackendOps, AdamAndSgdUpdatesMatchFloat64) {
-  for (int64_t n : {1, 7, 70001}) {
-    auto param = random_vector(n, 61);
+  for (const std::vector<int64_t>& sizes :
+       {std::vector<int64_t>{1}, std::vector<int64_t>{7, 0, 70001, 3}}) {
+    std::vector<int64_t> offsets = {0};
+    for (int64_t size : sizes) offsets.push_back(offsets.back() + size);
+    const int64_t n = offsets.back(), count = int64_t(sizes.size());
+    std::vector<std::vector<float>> params;
+    std::vector<float*> addresses;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      params.push_back(random_vector(std::max<int64_t>(sizes[i], 1), 61 + i));
+      addresses.push_back(params.back().data());
+    }
     std::vector<float> m(size_t(n), 0.f), v(size_t(n), 0.f);
-    std::vector<double> rp(param.begin(), param.end()), rm(size_t(n), 0.0), rv(size_t(n), 0.0);
+    std::vector<double> rp(static_cast<size_t>(n)), rm(static_cast<size_t>(n), 0.0),
+        rv(static_cast<size_t>(n), 0.0);
+    for (int64_t t = 0; t < count; ++t)
+      for (int64_t j = 0; j < sizes[size_t(t)]; ++j)
+        rp[size_t(offsets[size_t(t)] + j)] = params[size_t(t)][size_t(j)];
     const AdamHyperparameters h{0.01f, 0.9f, 0.98f, 1e-9f};
     for (int64_t step = 1; step <= 3; ++step) {
       auto grad = random_vector(n, 62 + uint64_t(step));
-      be().adam_update(param.data(), grad.data(), m.data(), v.data(), n, h, step);
+      be().adam_update(addresses.data(), offsets.data(), count, n, grad.data(), m.data(), v.data(),
+                       h, step);
       const double c1 = 1 - std::pow(double(h.beta1), double(step));
       const double c2 = 1 - std::pow(double(h.beta2), double(step));
       for (int64_t i = 0; i < n; ++i) {
@@ -1403,11 +1464,17 @@ TEST_P(BackendOps, AdamAndSgdUpdatesMatchFloat64) {
             h.lr / c1 * rm[size_t(i)] / (std::sqrt(rv[size_t(i)]) / std::sqrt(c2) + h.eps);
       }
     }
-    for (int64_t i = 0; i < n; ++i) {
-      ASSERT_NEAR(param[size_t(i)], rp[size_t(i)], 1e-5) << i;
-      ASSERT_NEAR(m[size_t(i)], rm[size_t(i)], 1e-5) << i;
-      ASSERT_NEAR(v[size_t(i)], rv[size_t(i)], 1e-5) << i;
-    }
+    for (int64_t t = 0; t < count; ++t)
+      for (int64_t j = 0; j < sizes[size_t(t)]; ++j) {
+        const size_t i = size_t(offsets[size_t(t)] + j);
+        ASSERT_NEAR(params[size_t(t)][size_t(j)], rp[i], 1e-5) << "tensor " << t << " " << j;
+        ASSERT_NEAR(m[i], rm[i], 1e-5) << i;
+        ASSERT_NEAR(v[i], rv[i], 1e-5) << i;
+      }
+  }
+  {
+    const int64_t n = 70001;
+    auto param = random_vector(n, 65);
     auto sgd = param;
     auto grad = random_vector(n, 66);
     be().sgd_update(sgd.data(), grad.data(), n, 0.125f);
@@ -1454,14 +1521,21 @@ TEST_P(BackendOps, CopyFillGatherAndScatterRows) {
       ASSERT_EQ(scattered[size_t(r * ldy + c)],
                 written && c < d ? source[size_t(r * ldx + c)] : 3.f);
   }
-  // Into a bfloat16 cache: each element rounded to nearest even, the rest untouched.
-  std::vector<uint16_t> scattered16(size_t(source_rows * ldy), 0x4040);  // 3.0
-  be().scatter_rows_to_bfloat16(gathered.data(), ldy, rows.data(), 4, d, scattered16.data(), ldy);
-  for (int64_t r = 0; r < source_rows; ++r) {
-    const bool written = std::find(rows.begin(), rows.end(), r) != rows.end();
-    for (int64_t c = 0; c < ldy; ++c)
-      ASSERT_EQ(scattered16[size_t(r * ldy + c)],
-                written && c < d ? float_to_bfloat16(source[size_t(r * ldx + c)]) : 0x4040);
+  // Into a bfloat16 or float16 cache: each element rounded to nearest even, the rest untouched.
+  for (Precision format : {Precision::kBFloat16, Precision::kFloat16}) {
+    const bool float16 = format == Precision::kFloat16;
+    std::vector<uint16_t> scattered16(size_t(source_rows * ldy), 0x4040);
+    be().scatter_rows_to_16_bits(gathered.data(), ldy, rows.data(), 4, d, format,
+                                 scattered16.data(), ldy);
+    for (int64_t r = 0; r < source_rows; ++r) {
+      const bool written = std::find(rows.begin(), rows.end(), r) != rows.end();
+      for (int64_t c = 0; c < ldy; ++c) {
+        const float v = source[size_t(r * ldx + c)];
+        ASSERT_EQ(scattered16[size_t(r * ldy + c)],
+                  written && c < d ? (float16 ? float_to_half(v) : float_to_bfloat16(v)) : 0x4040)
+            << precision_name(format);
+      }
+    }
   }
 }
 

@@ -32,9 +32,9 @@ void GuardPageBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, 
                               MatmulEpilogue epilogue) const {
   cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision, epilogue);
 }
-void GuardPageBackend::round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                                         uint16_t* out) const {
-  cpu().round_to_bfloat16(x, rows, cols, ldx, out);
+void GuardPageBackend::round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                                        Precision format, uint16_t* out) const {
+  cpu().round_to_16_bits(x, rows, cols, ldx, format, out);
 }
 std::unique_ptr<PreparedMatrix> GuardPageBackend::prepare_matrix(
     const std::vector<const float*>& parts, const std::vector<int64_t>& part_rows, int64_t k,
@@ -52,11 +52,12 @@ void GuardPageBackend::attention_forward(const AttentionShape& shape, const Atte
                                          const AttentionDropout& dropout) const {
   cpu().attention_forward(shape, mask, q, k, v, probs, out, dropout);
 }
-void GuardPageBackend::attention_forward_bfloat16_cache(const AttentionShape& shape,
-                                                        const AttentionMask& mask, const float* q,
-                                                        const uint16_t* k, const uint16_t* v,
-                                                        float* probs, float* out) const {
-  cpu().attention_forward_bfloat16_cache(shape, mask, q, k, v, probs, out);
+void GuardPageBackend::attention_forward_16_bit_cache(const AttentionShape& shape,
+                                                      const AttentionMask& mask, const float* q,
+                                                      Precision format, const uint16_t* k,
+                                                      const uint16_t* v, float* probs,
+                                                      float* out) const {
+  cpu().attention_forward_16_bit_cache(shape, mask, q, format, k, v, probs, out);
 }
 void GuardPageBackend::attention_backward(const AttentionShape& shape, const AttentionMask& mask,
                                           const float* q, const float* k, const float* v,
@@ -155,9 +156,10 @@ void GuardPageBackend::best_tokens(const float* logprobs, int64_t rows, int64_t 
   cpu().best_tokens(logprobs, rows, vocab, keep, banned, values, tokens);
 }
 
-void GuardPageBackend::adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
+void GuardPageBackend::adam_update(float* const* params, const int64_t* offsets, int64_t count,
+                                   int64_t total, const float* grad, float* m, float* v,
                                    const AdamHyperparameters& h, int64_t step) const {
-  cpu().adam_update(param, grad, m, v, n, h, step);
+  cpu().adam_update(params, offsets, count, total, grad, m, v, h, step);
 }
 void GuardPageBackend::sgd_update(float* param, const float* grad, int64_t n, float lr) const {
   cpu().sgd_update(param, grad, n, lr);
@@ -232,10 +234,10 @@ void GuardPageBackend::mean_of_row_groups(const float* x, int64_t groups, int64_
                                           int64_t cols, float* y) const {
   cpu().mean_of_row_groups(x, groups, group_size, cols, y);
 }
-void GuardPageBackend::scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows,
-                                                int64_t count, int64_t d, uint16_t* y,
-                                                int64_t ldy) const {
-  cpu().scatter_rows_to_bfloat16(x, ldx, rows, count, d, y, ldy);
+void GuardPageBackend::scatter_rows_to_16_bits(const float* x, int64_t ldx, const int64_t* rows,
+                                               int64_t count, int64_t d, Precision format,
+                                               uint16_t* y, int64_t ldy) const {
+  cpu().scatter_rows_to_16_bits(x, ldx, rows, count, d, format, y, ldy);
 }
 
 }  // namespace tfm

@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "backend/device_buffer.h"
+
 namespace tfm {
 namespace {
 
@@ -245,12 +247,13 @@ int64_t attention_weights(const AttentionShape& s) {
   return s.batch * s.heads * s.query_len * s.key_len;
 }
 
-// The forward passes, float or bfloat16 keys and values.
+// The forward passes, float keys and values, or 16-bit ones in `format`.
 template <typename Element>
 void staged_attention_forward(const Backend& device, const AttentionShape& shape,
                               const AttentionMask& mask, const float* q, const Element* k,
                               const Element* v, float* probs, float* out,
-                              const AttentionDropout* dropout) {
+                              const AttentionDropout* dropout,
+                              Precision format = Precision::kFloat32) {
   Staging st(device);
   const int64_t width = attention_width(shape), query_rows = shape.batch * shape.query_len;
   const int64_t sequences = forward_key_sequences(shape, mask);
@@ -283,7 +286,8 @@ void staged_attention_forward(const Backend& device, const AttentionShape& shape
     d.mask = st[hmask];
     device.attention_forward(s, m, st[hq], st[hk], st[hv], st[hprobs], st[hout], d);
   } else {
-    device.attention_forward_bfloat16_cache(s, m, st[hq], st[hk], st[hv], st[hprobs], st[hout]);
+    device.attention_forward_16_bit_cache(s, m, st[hq], format, st[hk], st[hv], st[hprobs],
+                                          st[hout]);
   }
   st.download();
 }
@@ -354,13 +358,13 @@ void HostStagedBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
   st.download();
 }
 
-void HostStagedBackend::round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                                          uint16_t* out) const {
+void HostStagedBackend::round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                                         Precision format, uint16_t* out) const {
   Staging st(device_);
   const auto hx = st.read(x, matrix_extent(rows, cols, ldx));
   const auto hout = st.write(out, matrix_extent(rows, cols, cols));
   st.upload();
-  device_.round_to_bfloat16(st[hx], rows, cols, ldx, st[hout]);
+  device_.round_to_16_bits(st[hx], rows, cols, ldx, format, st[hout]);
   st.download();
 }
 
@@ -404,11 +408,12 @@ void HostStagedBackend::attention_forward(const AttentionShape& shape, const Att
   staged_attention_forward(device_, shape, mask, q, k, v, probs, out, &dropout);
 }
 
-void HostStagedBackend::attention_forward_bfloat16_cache(const AttentionShape& shape,
-                                                         const AttentionMask& mask, const float* q,
-                                                         const uint16_t* k, const uint16_t* v,
-                                                         float* probs, float* out) const {
-  staged_attention_forward<uint16_t>(device_, shape, mask, q, k, v, probs, out, nullptr);
+void HostStagedBackend::attention_forward_16_bit_cache(const AttentionShape& shape,
+                                                       const AttentionMask& mask, const float* q,
+                                                       Precision format, const uint16_t* k,
+                                                       const uint16_t* v, float* probs,
+                                                       float* out) const {
+  staged_attention_forward<uint16_t>(device_, shape, mask, q, k, v, probs, out, nullptr, format);
 }
 
 // The backward pass has one key sequence per query sequence (no key_batch sharing in training):
@@ -699,15 +704,26 @@ void HostStagedBackend::best_tokens(const float* logprobs, int64_t rows, int64_t
 
 // --- Optimizer and gradient clipping -------------------------------------------------------------
 
-void HostStagedBackend::adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
+// Each parameter staged on its own; the table of their device addresses is built once they are
+// uploaded, and uploaded itself.
+void HostStagedBackend::adam_update(float* const* params, const int64_t* offsets, int64_t count,
+                                    int64_t total, const float* grad, float* m, float* v,
                                     const AdamHyperparameters& h, int64_t step) const {
   Staging st(device_);
-  const auto hparam = st.read_write(param, n);
-  const auto hgrad = st.read(grad, n);
-  const auto hm = st.read_write(m, n);
-  const auto hv = st.read_write(v, n);
+  std::vector<Handle<float>> hparams;
+  for (int64_t i = 0; i < count; ++i)
+    hparams.push_back(st.read_write(params[i], offsets[i + 1] - offsets[i]));
+  const auto hoffsets = st.read(offsets, count + 1);
+  const auto hgrad = st.read(grad, total);
+  const auto hm = st.read_write(m, total);
+  const auto hv = st.read_write(v, total);
   st.upload();
-  device_.adam_update(st[hparam], st[hgrad], st[hm], st[hv], n, h, step);
+  std::vector<float*> addresses;  // [count] in the device's memory
+  for (const Handle<float>& hparam : hparams) addresses.push_back(st[hparam]);
+  DeviceBuffer<float*> device_addresses;
+  upload(device_, addresses.data(), count, device_addresses);
+  device_.adam_update(device_addresses.data(), st[hoffsets], count, total, st[hgrad], st[hm],
+                      st[hv], h, step);
   st.download();
 }
 
@@ -816,16 +832,16 @@ void HostStagedBackend::mean_of_row_groups(const float* x, int64_t groups, int64
   st.download();
 }
 
-void HostStagedBackend::scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows,
-                                                 int64_t count, int64_t d, uint16_t* y,
-                                                 int64_t ldy) const {
+void HostStagedBackend::scatter_rows_to_16_bits(const float* x, int64_t ldx, const int64_t* rows,
+                                                int64_t count, int64_t d, Precision format,
+                                                uint16_t* y, int64_t ldy) const {
   Staging st(device_);
   const auto hx = st.read(x, matrix_extent(count, d, ldx));
   const auto hrows = st.read(rows, count);
   const auto hy = st.write(y, matrix_extent(max_index_plus_one(rows, count), d, ldy),
                            listed_rows(rows, count, d, ldy));
   st.upload();
-  device_.scatter_rows_to_bfloat16(st[hx], ldx, st[hrows], count, d, st[hy], ldy);
+  device_.scatter_rows_to_16_bits(st[hx], ldx, st[hrows], count, d, format, st[hy], ldy);
   st.download();
 }
 

@@ -34,8 +34,8 @@ class HostStagedBackend final : public Backend {
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision, MatmulEpilogue epilogue = {}) const override;
-  void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                         uint16_t* out) const override;
+  void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
+                        uint16_t* out) const override;
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,
                                                  Precision precision) const override;
@@ -46,9 +46,9 @@ class HostStagedBackend final : public Backend {
   void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                          const float* k, const float* v, float* probs, float* out,
                          const AttentionDropout& dropout) const override;
-  void attention_forward_bfloat16_cache(const AttentionShape& shape, const AttentionMask& mask,
-                                        const float* q, const uint16_t* k, const uint16_t* v,
-                                        float* probs, float* out) const override;
+  void attention_forward_16_bit_cache(const AttentionShape& shape, const AttentionMask& mask,
+                                      const float* q, Precision format, const uint16_t* k,
+                                      const uint16_t* v, float* probs, float* out) const override;
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
@@ -97,8 +97,9 @@ class HostStagedBackend final : public Backend {
   void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens) const override;
 
-  void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                   const AdamHyperparameters& h, int64_t step) const override;
+  void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t total,
+                   const float* grad, float* m, float* v, const AdamHyperparameters& h,
+                   int64_t step) const override;
   void sgd_update(float* param, const float* grad, int64_t n, float lr) const override;
   double sum_of_squares(const float* x, int64_t n) const override;
 
@@ -118,8 +119,9 @@ class HostStagedBackend final : public Backend {
                     float* y, int64_t ldy) const override;
   void mean_of_row_groups(const float* x, int64_t groups, int64_t group_size, int64_t cols,
                           float* y) const override;
-  void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
-                                int64_t d, uint16_t* y, int64_t ldy) const override;
+  void scatter_rows_to_16_bits(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                               int64_t d, Precision format, uint16_t* y,
+                               int64_t ldy) const override;
 
  private:
   const Backend& device_;

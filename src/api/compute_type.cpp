@@ -7,16 +7,13 @@
 namespace tfm {
 
 const char* const kComputeTypeNames =
-    "default, auto, float32 (float), bfloat16, int8 (int8_float32) or int8_bfloat16";
+    "default, auto, float32 (float), bfloat16, float16, int8 (int8_float32), int8_bfloat16 or "
+    "int8_float16";
 
 std::string compute_type_problem(const std::string& name) {
   Precision precision;
   CacheFormat cache;
   if (name == "default" || name == "auto" || parse_compute_type(name, precision, cache)) return "";
-  if (name == "float16" || name == "int8_float16")
-    return name +
-           " is not supported on the CPU (CTranslate2 runs float16 on GPUs only); "
-           "bfloat16 or int8_bfloat16 are the CPU's 16-bit types";
   if (name == "int16")
     return "int16 products are not supported (CTranslate2 has them only with Intel MKL); "
            "int8 or float32 run here";
@@ -42,6 +39,10 @@ ComputeType resolve_compute_type(const std::string& name, const Backend& backend
     throw UsageError("--compute-type: " + compute_type_problem(name));
   if (!backend.supports(type.precision))
     throw Error("--compute-type " + name + " " + backend.unsupported_reason(type.precision));
+  // A float16 cache goes with float16 products: where they are refused, so is the cache
+  // (int8_float16 on a CPU, as in CTranslate2's list of the CPU's types).
+  if (type.cache == CacheFormat::kFloat16 && !backend.supports(Precision::kFloat16))
+    throw Error("--compute-type " + name + " " + backend.unsupported_reason(Precision::kFloat16));
   return type;
 }
 

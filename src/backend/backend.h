@@ -44,7 +44,8 @@ class Backend {
   virtual ~Backend() = default;
   // What --device names this backend ("cpu").
   virtual std::string name() const = 0;
-  // Whether prepare_matrix accepts this precision here (bfloat16 needs AVX512-BF16 on the CPU).
+  // Whether matmul and prepare_matrix accept this precision here (bfloat16 needs AVX512-BF16 on
+  // the CPU; float16 runs on GPUs only).
   virtual bool supports(Precision precision) const = 0;
   // Why supports(precision) is false, as the end of a sentence about it ("needs a CPU with
   // AVX512-BF16 instructions"): what error messages say. By default "is not supported by
@@ -56,7 +57,8 @@ class Backend {
   // the row strides of A, B, C as stored. k = 0 leaves beta · C. `precision`: kFloat32, or
   // kBFloat16 (bfloat16 training): every element of A and B rounded to bfloat16 (nearest, ties
   // to even), the products accumulated in float32; an operand whose `rounded` copy is given
-  // (MatmulOperand) is read from it instead. The epilogue (bias, ReLU: MatmulEpilogue) then
+  // (MatmulOperand) is read from it instead; or kFloat16 (where supported): the same with A and
+  // B rounded to float16, always from their values. The epilogue (bias, ReLU: MatmulEpilogue) then
   // applies to the finished C, which epilogue.rounded_output may ask for in bfloat16 instead
   // (kBFloat16 with beta 0 only; c is then not touched). Throws std::invalid_argument for a
   // precision supports() refuses, for kInt8 (weights only: prepare_matrix), and for a
@@ -65,10 +67,13 @@ class Backend {
                       MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
                       float* c, int64_t ldc, Precision precision,
                       MatmulEpilogue epilogue = {}) const = 0;
-  // out[rows, cols] (dense) = x[rows, cols] (row stride ldx) rounded to bfloat16 (nearest, ties
-  // to even; NaN stays NaN): what a bfloat16 matmul reads, for operands used by several products.
-  virtual void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                                 uint16_t* out) const = 0;
+  // out[rows, cols] (dense) = x[rows, cols] (row stride ldx) rounded to `format`, kBFloat16 or
+  // kFloat16 (nearest, ties to even; NaN stays NaN; float16 past 65504 becomes ±Inf): what a
+  // bfloat16 matmul reads, for operands used by several products, and a 16-bit key/value cache's
+  // rows. Every backend rounds to both formats, whatever supports() says of their products;
+  // std::invalid_argument for any other format.
+  virtual void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                                Precision format, uint16_t* out) const = 0;
   // parts[i] is [part_rows[i], k]; the prepared matrix stacks them in order. Throws
   // std::invalid_argument for a precision supports() refuses.
   virtual std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
@@ -89,12 +94,15 @@ class Backend {
   virtual void attention_forward(const AttentionShape& shape, const AttentionMask& mask,
                                  const float* q, const float* k, const float* v, float* probs,
                                  float* out, const AttentionDropout& dropout) const = 0;
-  // Incremental decoding over a key/value cache stored in bfloat16 (row strides in elements):
-  // attention_forward for shape.query_len 1 without dropout, q, probs and out in float.
-  virtual void attention_forward_bfloat16_cache(const AttentionShape& shape,
-                                                const AttentionMask& mask, const float* q,
-                                                const uint16_t* k, const uint16_t* v, float* probs,
-                                                float* out) const = 0;
+  // Incremental decoding over a key/value cache stored in `format`, kBFloat16 or kFloat16
+  // (round_to_16_bits; row strides in elements): attention_forward for shape.query_len 1 without
+  // dropout, q, probs and out in float. Every backend reads both formats;
+  // std::invalid_argument for any other.
+  virtual void attention_forward_16_bit_cache(const AttentionShape& shape,
+                                              const AttentionMask& mask, const float* q,
+                                              Precision format, const uint16_t* k,
+                                              const uint16_t* v, float* probs,
+                                              float* out) const = 0;
   // dq, dk, dv (= , in the layouts of q, k, v) from d_out and the forward's probs and dropout
   // mask; d_additive_v [heads, head_dim] += with additive scores.
   virtual void attention_backward(const AttentionShape& shape, const AttentionMask& mask,
@@ -175,7 +183,7 @@ class Backend {
   // memory) receives per row its smoothed loss, −log p_y, and 1 where the first argmax is y (else
   // 0). Nothing is summed here, so a backend need not wait for the result: the caller copies the
   // rows back once per batch (sum_cross_entropy_rows). rounded_gradient [rows, vocab] (null:
-  // none): the gradient also written there rounded to bfloat16 (as round_to_bfloat16 would),
+  // none): the gradient also written there rounded to bfloat16 (as round_to_16_bits would),
   // for the products of a bfloat16 backward; the logits' contents are then unspecified (a
   // backend may write the rounded form only).
   virtual void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
@@ -197,8 +205,15 @@ class Backend {
                            int32_t banned, float* values, int32_t* tokens) const = 0;
 
   // --- Optimizer (§5.3) and gradient clipping ------------------------------------------------
-  // torch.optim.Adam's update; step counts from 1; m, v updated in place.
-  virtual void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
+  // torch.optim.Adam's update of `count` tensors in one call (one launch on a GPU); step counts
+  // from 1. Tensor i is params[i][0, n_i), n_i = offsets[i + 1] - offsets[i]; its gradient is
+  // grad[offsets[i], offsets[i + 1]) and its moments m and v the same range of theirs (one block
+  // each: DeviceTensors' kOneBlock sets, laid out in the same order), updated in place.
+  // params [count] (pointers into this backend's memory) and offsets [count + 1] (offsets[0] = 0,
+  // non-decreasing) are arrays in this backend's memory too; total = offsets[count], given so
+  // that no backend has to read it back.
+  virtual void adam_update(float* const* params, const int64_t* offsets, int64_t count,
+                           int64_t total, const float* grad, float* m, float* v,
                            const AdamHyperparameters& h, int64_t step) const = 0;
   // param -= lr · grad
   virtual void sgd_update(float* param, const float* grad, int64_t n, float lr) const = 0;
@@ -242,11 +257,11 @@ class Backend {
   // Decoding's cross-attention weights [N, H, S] averaged over the heads in one call.
   virtual void mean_of_row_groups(const float* x, int64_t groups, int64_t group_size, int64_t cols,
                                   float* y) const = 0;
-  // y[rows[r]] = x[r] rounded to bfloat16 (nearest, ties to even), as scatter_rows: a bfloat16
-  // key/value cache's append.
-  virtual void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows,
-                                        int64_t count, int64_t d, uint16_t* y,
-                                        int64_t ldy) const = 0;
+  // y[rows[r]] = x[r] rounded to `format` as round_to_16_bits does, placed as scatter_rows
+  // places them: a 16-bit key/value cache's append.
+  virtual void scatter_rows_to_16_bits(const float* x, int64_t ldx, const int64_t* rows,
+                                       int64_t count, int64_t d, Precision format, uint16_t* y,
+                                       int64_t ldy) const = 0;
 };
 
 // The CPU backend: oneDNN products and the SIMD/OpenMP kernels of backend/cpu/.

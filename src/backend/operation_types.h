@@ -13,32 +13,50 @@ namespace tfm {
 // accumulation and output either way). bfloat16 keeps float32's range with an 8-bit mantissa:
 // half the memory, and twice the multiply rate on CPUs with AVX512-BF16 (CTranslate2's
 // compute_type "bfloat16"); the activations are rounded to bfloat16 at each product's input.
-// int8 stores each weight row as signed bytes with one float scale per row (a quarter of the
-// memory) and quantises each activation row the same way at the product, which runs on integers
-// with int32 accumulation (CTranslate2's compute_type "int8"; VNNI instructions on the CPU).
-enum class Precision { kFloat32, kBFloat16, kInt8 };
+// float16 (IEEE half: a 11-bit mantissa, values up to 65504) is the same on GPUs only, as in
+// CTranslate2, whose tensor cores multiply it at bfloat16's rate. int8 stores each weight row as
+// signed bytes with one float scale per row (a quarter of the memory) and quantises each
+// activation row the same way at the product, which runs on integers with int32 accumulation
+// (CTranslate2's compute_type "int8"; VNNI instructions on the CPU).
+//
+// kBFloat16 and kFloat16 also name the two 16-bit element types of stored rows (a key/value
+// cache: Backend::round_to_16_bits and the operations beside it), which every backend has.
+enum class Precision { kFloat32, kBFloat16, kFloat16, kInt8 };
 
-// "float32", "bfloat16", "int8": the names --compute-type and the model files use.
+// Whether `precision` is one of the two 16-bit floating-point formats.
+inline bool is_16_bit_float(Precision precision) {
+  return precision == Precision::kBFloat16 || precision == Precision::kFloat16;
+}
+
+// "float32", "bfloat16", "float16", "int8": the names --compute-type and the model files use.
 const char* precision_name(Precision precision);
 // The precision of such a name; false for any other string.
 bool parse_precision(const std::string& name, Precision& precision);
 
 // The element type of incremental decoding's key/value cache (the keys and values every
-// decoding step reads again): float32, or bfloat16 — half the bytes, which is what a step over a
-// long cache waits for; rows are rounded to nearest even as they are written.
-enum class CacheFormat { kFloat32, kBFloat16 };
+// decoding step reads again): float32, or bfloat16 or float16 — half the bytes, which is what a
+// step over a long cache waits for; rows are rounded to nearest even as they are written.
+enum class CacheFormat { kFloat32, kBFloat16, kFloat16 };
 
-// A --compute-type name as CTranslate2 spells them: "float32" (or "float"), "bfloat16" (products
-// and the cache in bfloat16), "int8" (or "int8_float32": int8 products, float32 elsewhere) or
-// "int8_bfloat16" (int8 products, the cache in bfloat16). False, and nothing set, for any other
-// string ("default" and "auto" depend on the model and the device: cli/device_options.h).
+// The Precision that names a 16-bit cache's element type (kFloat32 for a float32 cache).
+inline Precision cache_precision(CacheFormat cache) {
+  return cache == CacheFormat::kBFloat16  ? Precision::kBFloat16
+         : cache == CacheFormat::kFloat16 ? Precision::kFloat16
+                                          : Precision::kFloat32;
+}
+
+// A --compute-type name as CTranslate2 spells them: "float32" (or "float"), "bfloat16" or
+// "float16" (products and the cache in that format), "int8" (or "int8_float32": int8 products,
+// float32 elsewhere), "int8_bfloat16" or "int8_float16" (int8 products, the cache in that
+// format). False, and nothing set, for any other string ("default" and "auto" depend on the
+// model and the device: api/compute_type.h).
 bool parse_compute_type(const std::string& name, Precision& precision, CacheFormat& cache);
 // The name parse_compute_type reads back ("int8_bfloat16" for int8 with a bfloat16 cache; a
-// float32 cache under bfloat16 products, which no name gives, is called "bfloat16").
+// float32 cache under 16-bit products, which no name gives, is called by the products' format).
 std::string compute_type_name(Precision precision, CacheFormat cache);
 
 // One operand of a matrix product (Backend::matmul): float32 values, and for a bfloat16 product
-// optionally the same values already rounded to bfloat16 (Backend::round_to_bfloat16: dense,
+// optionally the same values already rounded to bfloat16 (Backend::round_to_16_bits: dense,
 // [rows, cols] as stored, row stride cols), which the product then reads instead of rounding
 // `values` again. Training in bfloat16 rounds each weight once per pass and each output gradient
 // once for its two backward products this way. Converts implicitly from a float pointer. With a

@@ -31,7 +31,9 @@ void ComputeTypeOption::add_to(CLI::App& app) {
                  "bfloat16 too); int8 (or int8_float32: a quarter of the weight memory, a scale "
                  "per weight row and per activation row, integer products; CPUs with VNNI); "
                  "int8_bfloat16 (int8 products, decoding's cached keys and values in bfloat16: "
-                 "half the bytes a step reads; score: the same as int8)")
+                 "half the bytes a step reads; score: the same as int8); on GPUs also float16 "
+                 "(as bfloat16 with float16's 11-bit mantissa and range to 65504) and "
+                 "int8_float16 (int8 products, the cache in float16)")
       ->check(CLI::Validator([](std::string& input) { return compute_type_problem(input); },
                              "COMPUTE_TYPE"))
       ->capture_default_str();

@@ -24,14 +24,15 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
   const Backend& backend = model.backend();
   upload(backend, src_lengths, sentences, device_src_lengths_);
   const size_t layers = prepared_->steps.decoder_layers.size();
-  const bool bfloat16 = cache == CacheFormat::kBFloat16;
+  const Precision format = cache_precision(cache);
+  const bool rounded = is_16_bit_float(format);
   const int64_t self_size = max_steps * max_hypotheses * d;
-  DeviceBuffer<float> unrounded;  // bfloat16: one layer's float32 K|V, rounded into the cache
-  if (bfloat16) {
+  DeviceBuffer<float> unrounded;  // 16 bits: one layer's float32 K|V, rounded into the cache
+  if (rounded) {
     unrounded.allocate_uninitialized(backend, rows * 2 * d);
-    bfloat16_cross_kv_.resize(layers);
-    bfloat16_self_keys_.resize(layers);
-    bfloat16_self_values_.resize(layers);
+    cross_kv_16_bits_.resize(layers);
+    self_keys_16_bits_.resize(layers);
+    self_values_16_bits_.resize(layers);
   } else {
     cross_kv_.resize(layers);
     self_keys_.resize(layers);
@@ -39,19 +40,19 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
   }
   for (size_t l = 0; l < layers; ++l) {
     float* cross_kv =  // [sentences, S, 2D]: keys | values
-        bfloat16 ? unrounded.data() : cross_kv_[l].allocate_uninitialized(backend, rows * 2 * d);
+        rounded ? unrounded.data() : cross_kv_[l].allocate_uninitialized(backend, rows * 2 * d);
     linear_forward(backend, prepared_->steps.decoder_layers[l].cross_attn.kv, memory, rows,
                    cross_kv);
     // Untouched pages cost nothing: only the rows the steps write are ever mapped.
-    if (!bfloat16) {
+    if (!rounded) {
       self_keys_[l].allocate_uninitialized(backend, self_size);
       self_values_[l].allocate_uninitialized(backend, self_size);
       continue;
     }
-    backend.round_to_bfloat16(cross_kv, rows, 2 * d, 2 * d,
-                              bfloat16_cross_kv_[l].allocate_uninitialized(backend, rows * 2 * d));
-    bfloat16_self_keys_[l].allocate_uninitialized(backend, self_size);
-    bfloat16_self_values_[l].allocate_uninitialized(backend, self_size);
+    backend.round_to_16_bits(cross_kv, rows, 2 * d, 2 * d, format,
+                             cross_kv_16_bits_[l].allocate_uninitialized(backend, rows * 2 * d));
+    self_keys_16_bits_[l].allocate_uninitialized(backend, self_size);
+    self_values_16_bits_[l].allocate_uninitialized(backend, self_size);
   }
   history_.resize(size_t(max_hypotheses * max_steps));
   reordered_history_.resize(history_.size());
@@ -97,11 +98,12 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
     step.self.key_rows_stride = max_steps_;
     step.self.append_rows = append_rows;
     step.cross.row_stride = 2 * d;  // [sentences, S, 2D]: keys | values
-    if (cache_ == CacheFormat::kBFloat16) {
-      step.self.bfloat16_keys = bfloat16_self_keys_[size_t(layer)].data();
-      step.self.bfloat16_values = bfloat16_self_values_[size_t(layer)].data();
-      step.cross.bfloat16_keys = bfloat16_cross_kv_[size_t(layer)].data();
-      step.cross.bfloat16_values = step.cross.bfloat16_keys + d;
+    if (cache_ != CacheFormat::kFloat32) {
+      step.self.format = step.cross.format = cache_precision(cache_);
+      step.self.keys_16_bits = self_keys_16_bits_[size_t(layer)].data();
+      step.self.values_16_bits = self_values_16_bits_[size_t(layer)].data();
+      step.cross.keys_16_bits = cross_kv_16_bits_[size_t(layer)].data();
+      step.cross.values_16_bits = step.cross.keys_16_bits + d;
     } else {
       step.self.keys = self_keys_[size_t(layer)].data();
       step.self.values = self_values_[size_t(layer)].data();

@@ -61,7 +61,7 @@ class IncrementalDecoder {
   // mostly contiguous (always, in greedy search), which the attention reads far faster.
   // One of the two pairs is allocated, as the cache format says.
   std::vector<DeviceBuffer<float>> self_keys_, self_values_;
-  std::vector<DeviceBuffer<uint16_t>> bfloat16_self_keys_, bfloat16_self_values_;
+  std::vector<DeviceBuffer<uint16_t>> self_keys_16_bits_, self_values_16_bits_;
   // Cache row holding position j of hypothesis i: history_[i * max_steps + j], j < position.
   std::vector<int32_t> history_, reordered_history_;  // [max_hypotheses, max_steps]
   std::vector<int64_t> append_rows_;                  // [N] history_'s rows at this position
@@ -71,8 +71,8 @@ class IncrementalDecoder {
   DeviceBuffer<int32_t> device_history_;              // [N, max_steps]
   DeviceBuffer<int64_t> device_append_rows_;          // [N]
   std::vector<DeviceBuffer<float>> cross_kv_;         // per layer [sentences, S, 2D]: keys | values
-  std::vector<DeviceBuffer<uint16_t>> bfloat16_cross_kv_;  // the same in a bfloat16 cache
-  DeviceBuffer<float> x_;                                  // [N, D] residual stream
+  std::vector<DeviceBuffer<uint16_t>> cross_kv_16_bits_;  // the same in a 16-bit cache
+  DeviceBuffer<float> x_;                                 // [N, D] residual stream
   DecoderLayerCache layer_cache_;  // the layer's buffers (one layer at a time)
 };
 

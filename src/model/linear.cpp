@@ -15,7 +15,7 @@ const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, con
                              int64_t rows, int64_t cols, DeviceBuffer<uint16_t>& buffer) {
   if (rows <= 0 || !rounds_to_bfloat16(w)) return nullptr;
   uint16_t* rounded = ensure_size(backend, buffer, rows * cols);  // [rows, cols]
-  backend.round_to_bfloat16(x, rows, cols, cols, rounded);
+  backend.round_to_16_bits(x, rows, cols, cols, Precision::kBFloat16, rounded);
   return rounded;
 }
 

@@ -134,12 +134,12 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   AttentionShape shape = attention_shape(w, in, heads, d);
   Projections p = project(backend, w, in.query_input, memory_input, query_rows, memory_rows, cache);
   const CachedKeysValues* kv = in.cached;
-  const bool bfloat16_cache = kv && kv->bfloat16_keys;
-  if (appends && bfloat16_cache) {
-    backend.scatter_rows_to_bfloat16(p.k, p.k_stride, kv->append_rows, in.batch, d,
-                                     kv->bfloat16_keys, kv->row_stride);
-    backend.scatter_rows_to_bfloat16(p.v, p.v_stride, kv->append_rows, in.batch, d,
-                                     kv->bfloat16_values, kv->row_stride);
+  const bool cache_16_bits = kv && kv->keys_16_bits;
+  if (appends && cache_16_bits) {
+    backend.scatter_rows_to_16_bits(p.k, p.k_stride, kv->append_rows, in.batch, d, kv->format,
+                                    kv->keys_16_bits, kv->row_stride);
+    backend.scatter_rows_to_16_bits(p.v, p.v_stride, kv->append_rows, in.batch, d, kv->format,
+                                    kv->values_16_bits, kv->row_stride);
   } else if (appends) {
     backend.scatter_rows(p.k, p.k_stride, kv->append_rows, in.batch, d, kv->keys, kv->row_stride);
     backend.scatter_rows(p.v, p.v_stride, kv->append_rows, in.batch, d, kv->values, kv->row_stride);
@@ -160,9 +160,9 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
     dropout.mask = cache.dropout_mask.data();
     dropout.key = in.dropout_key;
   }
-  if (bfloat16_cache)
-    backend.attention_forward_bfloat16_cache(shape, in.mask, p.q, kv->bfloat16_keys,
-                                             kv->bfloat16_values, probs, context);
+  if (cache_16_bits)
+    backend.attention_forward_16_bit_cache(shape, in.mask, p.q, kv->format, kv->keys_16_bits,
+                                           kv->values_16_bits, probs, context);
   else
     backend.attention_forward(shape, in.mask, p.q, p.k, p.v, probs, context, dropout);
   const uint16_t* rounded_context =

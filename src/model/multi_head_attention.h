@@ -20,11 +20,13 @@ namespace tfm {
 struct CachedKeysValues {
   float* keys = nullptr;    // row r at keys + r * row_stride, heads side by side
   float* values = nullptr;  // the same rows for the values
-  // A cache stored in bfloat16 instead (keys and values above null): the same rows, half the
-  // bytes for each step to read; appended rows are rounded to nearest even.
-  uint16_t* bfloat16_keys = nullptr;
-  uint16_t* bfloat16_values = nullptr;
-  int64_t row_stride = 0;  // in elements
+  // A cache stored in 16 bits instead (keys and values above null): the same rows in
+  // `format` (bfloat16 or float16), half the bytes for each step to read; appended rows are
+  // rounded to nearest even.
+  uint16_t* keys_16_bits = nullptr;
+  uint16_t* values_16_bits = nullptr;
+  Precision format = Precision::kFloat32;  // of keys_16_bits and values_16_bits
+  int64_t row_stride = 0;                  // in elements
   // Self-attention: query i reads key j from row key_rows[i * key_rows_stride + j], j up to the
   // mask's query_offset (its own position), and first writes its own key and value to row
   // append_rows[i] (= key_rows[i * key_rows_stride + query_offset]). Null (cross-attention):

@@ -170,7 +170,7 @@ TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeigh
   uint16_t* next = ensure_size(backend, storage, rounded_weights_elements(weights));
   for_each_linear(weights, [&](LinearWeights& l) {
     if (!has_rounded_weight(l)) return;
-    backend.round_to_bfloat16(l.weight, l.out, l.in, l.in, next);  // [out, in]
+    backend.round_to_16_bits(l.weight, l.out, l.in, l.in, Precision::kBFloat16, next);  // [out, in]
     l.rounded = next;
     next += l.out * l.in;
   });

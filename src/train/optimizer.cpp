@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "tensor/error.h"
 
@@ -30,7 +31,20 @@ Optimizer::Optimizer(OptimizerOptions options, const DeviceTensors& parameters)
   if (options_.algorithm == "adam") {
     first_moment_ = DeviceTensors::zeros_like(parameters);
     second_moment_ = DeviceTensors::zeros_like(parameters);
+    // The moments' blocks and the gradients' (zeros_like of the same parameters) share one
+    // layout, name by name.
+    for (const auto& [name, moment] : first_moment_) offsets_.push_back(moment.offset);
+    offsets_.push_back(first_moment_.numel());
+    upload(*backend_, offsets_.data(), int64_t(offsets_.size()), device_offsets_);
   }
+}
+
+void Optimizer::point_at(DeviceTensors& parameters) {
+  std::vector<float*> addresses;
+  for (auto& [name, p] : parameters) addresses.push_back(p.ptr());
+  if (addresses == addresses_) return;
+  addresses_ = std::move(addresses);
+  upload(*backend_, addresses_.data(), int64_t(addresses_.size()), device_addresses_);
 }
 
 double Optimizer::apply(DeviceTensors& parameters, DeviceTensors& gradients, int64_t d_model,
@@ -43,16 +57,18 @@ double Optimizer::apply(DeviceTensors& parameters, DeviceTensors& gradients, int
   ++step_;
   const double lr = learning_rate(options_, d_model, step_, progress);
   last_rate_ = lr;
-  for (auto& [name, p] : parameters) {
-    float* g = gradients.at(name).ptr();
-    if (options_.algorithm == "sgd") {
-      backend_->sgd_update(p.ptr(), g, p.numel(), float(lr));
-    } else {
-      AdamHyperparameters h{float(lr), options_.beta1, options_.beta2, options_.eps};
-      backend_->adam_update(p.ptr(), g, first_moment_.at(name).ptr(), second_moment_.at(name).ptr(),
-                            p.numel(), h, step_);
-    }
+  if (options_.algorithm == "sgd") {
+    for (auto& [name, p] : parameters)
+      backend_->sgd_update(p.ptr(), gradients.at(name).ptr(), p.numel(), float(lr));
+    return norm;
   }
+  if (parameters.size() != first_moment_.size() || gradients.numel() != first_moment_.numel())
+    throw std::logic_error("Optimizer::apply: not the parameters the optimizer was made for");
+  point_at(parameters);
+  const AdamHyperparameters h{float(lr), options_.beta1, options_.beta2, options_.eps};
+  backend_->adam_update(device_addresses_.data(), device_offsets_.data(),
+                        int64_t(addresses_.size()), first_moment_.numel(), gradients.flat(),
+                        first_moment_.flat(), second_moment_.flat(), h, step_);
   return norm;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device_buffer.h"
 #include "backend/device_tensors.h"
 #include "tensor/tensor.h"
 
@@ -64,6 +65,16 @@ class Optimizer {
   double last_rate_ = 0;
   // Adam's moments, each one block in the backend's memory (empty for SGD).
   DeviceTensors first_moment_, second_moment_;
+  // What Backend::adam_update reads to update every parameter in one call: their addresses
+  // [count] and ranges in the gradient and moment blocks [count + 1] (the host's copies, and
+  // the backend's, uploaded again only when an address changes).
+  std::vector<float*> addresses_;
+  std::vector<int64_t> offsets_;
+  DeviceBuffer<float*> device_addresses_;
+  DeviceBuffer<int64_t> device_offsets_;
+
+  // Uploads addresses_ where a parameter moved since the last call (or before the first).
+  void point_at(DeviceTensors& parameters);
 };
 
 }  // namespace tfm

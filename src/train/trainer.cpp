@@ -103,8 +103,9 @@ void check_options(const TrainOptions& o) {
 
 // A compute type this backend cannot train in.
 void check_compute_type(const Backend& backend, Precision precision) {
-  if (precision == Precision::kInt8)
-    throw Error("--compute-type int8 is for inference; train in float32 or bfloat16");
+  if (precision == Precision::kInt8 || precision == Precision::kFloat16)
+    throw Error(std::string("--compute-type ") + precision_name(precision) +
+                " is for inference; train in float32 or bfloat16");
   if (!backend.supports(precision))
     throw Error(std::string("--compute-type ") + precision_name(precision) + " " +
                 backend.unsupported_reason(precision));

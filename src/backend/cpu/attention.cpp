@@ -38,6 +38,7 @@
 #include "backend/cpu/elementwise.h"
 #include "backend/cpu/fast_exp.h"
 #include "backend/cpu/gemm.h"
+#include "tensor/float16.h"
 
 namespace tfm {
 
@@ -237,12 +238,22 @@ void streamed_attention(const AttentionShape& s, const AttentionMask& mask, int6
   }
 }
 
-// A cached key or value element as float: float32 as it is, bfloat16 widened (exact).
+// A cache element in IEEE float16: its bits, as a type of its own so that the templates below
+// tell it from bfloat16's uint16_t (the cache's uint16_t rows are read through it).
+struct Float16Bits {
+  uint16_t bits;
+};
+static_assert(sizeof(Float16Bits) == sizeof(uint16_t));
+
+// A cached key or value element as float: float32 as it is, bfloat16 and float16 widened (exact).
 inline float cached_element(float x) {
   return x;
 }
 inline float cached_element(uint16_t x) {
   return std::bit_cast<float>(uint32_t(x) << 16);
+}
+inline float cached_element(Float16Bits x) {
+  return half_to_float(x.bits);
 }
 
 // Key or value j of a single query's sequence: row rows[j] of the shared cache at `base`, or
@@ -272,6 +283,9 @@ TFM_AVX512 inline __m512 load16(const float* p) {
 TFM_AVX512 inline __m512 load16(const uint16_t* p) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+TFM_AVX512 inline __m512 load16(const Float16Bits* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // Lane i of the result: the sum of v[i]'s 16 lanes. Three rounds of pairwise adds, each pairing
@@ -367,8 +381,8 @@ TFM_AVX512 void weighted_values_64(const float* probs, const Element* v_base, co
 // loops (a GEMM call per head would cost more in overhead than the arithmetic). Each visible
 // key row is read once, front to back, for every head. probs: [heads, key_len] of sequence b.
 // kHeadDim > 0 fixes the head size at compile time (fully unrolled dot products); 0: runtime.
-// Element: float, or uint16_t for keys and values cached in bfloat16 (half the bytes to read,
-// which is what this loop waits for once the cache outgrows the caches).
+// Element: float, or uint16_t / Float16Bits for keys and values cached in bfloat16 / float16
+// (half the bytes to read, which is what this loop waits for once the cache outgrows the caches).
 template <int64_t kHeadDim, typename Element>
 void single_query_attention(const AttentionShape& s, const AttentionMask& mask, int64_t b,
                             float scale, const float* q, const Element* k, const Element* v,
@@ -517,16 +531,22 @@ TFM_CPU_KERNEL void attention_forward(const AttentionShape& s, const AttentionMa
   }
 }
 
-TFM_CPU_KERNEL void attention_forward_bfloat16_cache(const AttentionShape& s,
-                                                     const AttentionMask& mask, const float* q,
-                                                     const uint16_t* k, const uint16_t* v,
-                                                     float* probs, float* out) {
+TFM_CPU_KERNEL void attention_forward_16_bit_cache(const AttentionShape& s,
+                                                   const AttentionMask& mask, const float* q,
+                                                   Precision format, const uint16_t* k,
+                                                   const uint16_t* v, float* probs, float* out) {
+  if (!is_16_bit_float(format))
+    throw std::invalid_argument("attention_forward_16_bit_cache: the cache is bfloat16 or float16");
   if (s.query_len != 1)
-    throw std::invalid_argument("attention_forward_bfloat16_cache: one query per sequence only");
+    throw std::invalid_argument("attention_forward_16_bit_cache: one query per sequence only");
   if (s.score.kind == AttentionScoring::kAdditive && !s.score.additive_v)
     throw std::invalid_argument("attention_forward: additive scores need their v vectors");
-  single_query_attention_batch(s, mask, attention_score_scale(s.score.kind, s.head_dim), q, k, v,
-                               probs, out);
+  const float scale = attention_score_scale(s.score.kind, s.head_dim);
+  if (format == Precision::kBFloat16)
+    single_query_attention_batch(s, mask, scale, q, k, v, probs, out);
+  else
+    single_query_attention_batch(s, mask, scale, q, reinterpret_cast<const Float16Bits*>(k),
+                                 reinterpret_cast<const Float16Bits*>(v), probs, out);
 }
 
 TFM_CPU_KERNEL void attention_backward(const AttentionShape& s, const AttentionMask& mask,

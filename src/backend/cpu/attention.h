@@ -21,12 +21,12 @@ void attention_forward(const AttentionShape& shape, const AttentionMask& mask, c
                        const float* k, const float* v, float* probs, float* out,
                        const AttentionDropout& dropout = {});
 
-// Incremental decoding over keys and values cached in bfloat16 (row strides in elements):
-// attention_forward for shape.query_len 1 without dropout, each element widened to float as it
-// is read; q, probs and out stay float.
-void attention_forward_bfloat16_cache(const AttentionShape& shape, const AttentionMask& mask,
-                                      const float* q, const uint16_t* k, const uint16_t* v,
-                                      float* probs, float* out);
+// Incremental decoding over keys and values cached in `format`, bfloat16 or float16 (row strides
+// in elements): attention_forward for shape.query_len 1 without dropout, each element widened to
+// float as it is read; q, probs and out stay float.
+void attention_forward_16_bit_cache(const AttentionShape& shape, const AttentionMask& mask,
+                                    const float* q, Precision format, const uint16_t* k,
+                                    const uint16_t* v, float* probs, float* out);
 
 // Additive scores never materialise the [Tq, Tk, d_k] tensor tanh(q_i + k_j): forward and
 // backward recompute it one (i, j) pair at a time, so they need O(d_k) memory beyond the

@@ -51,6 +51,8 @@ class CpuBackend final : public Backend {
         return bfloat16_supported();
       case Precision::kInt8:
         return int8_supported();
+      case Precision::kFloat16:
+        return false;
     }
     return false;
   }
@@ -61,6 +63,9 @@ class CpuBackend final : public Backend {
         return "needs a CPU with AVX512-BF16 instructions";
       case Precision::kInt8:
         return "needs a CPU with int8 dot-product instructions (AVX512-VNNI or AVX-VNNI)";
+      case Precision::kFloat16:
+        return "runs on GPUs only (as in CTranslate2); bfloat16 and int8_bfloat16 are the CPU's "
+               "16-bit compute types";
       default:
         return Backend::unsupported_reason(precision);
     }
@@ -76,9 +81,9 @@ class CpuBackend final : public Backend {
       gemm(trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, c, ldc, precision,
            epilogue);
   }
-  void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                         uint16_t* out) const override {
-    tfm::round_to_bfloat16(x, rows, cols, ldx, out);
+  void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
+                        uint16_t* out) const override {
+    round_rows(x, rows, cols, ldx, format, out);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,
@@ -96,10 +101,10 @@ class CpuBackend final : public Backend {
                          const AttentionDropout& dropout) const override {
     tfm::attention_forward(shape, mask, q, k, v, probs, out, dropout);
   }
-  void attention_forward_bfloat16_cache(const AttentionShape& shape, const AttentionMask& mask,
-                                        const float* q, const uint16_t* k, const uint16_t* v,
-                                        float* probs, float* out) const override {
-    tfm::attention_forward_bfloat16_cache(shape, mask, q, k, v, probs, out);
+  void attention_forward_16_bit_cache(const AttentionShape& shape, const AttentionMask& mask,
+                                      const float* q, Precision format, const uint16_t* k,
+                                      const uint16_t* v, float* probs, float* out) const override {
+    tfm::attention_forward_16_bit_cache(shape, mask, q, format, k, v, probs, out);
   }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
@@ -187,9 +192,12 @@ class CpuBackend final : public Backend {
                    float* values, int32_t* tokens) const override {
     tfm::best_tokens(logprobs, rows, vocab, keep, banned, values, tokens);
   }
-  void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                   const AdamHyperparameters& h, int64_t step) const override {
-    tfm::adam_update(param, grad, m, v, n, h, step);
+  void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t,
+                   const float* grad, float* m, float* v, const AdamHyperparameters& h,
+                   int64_t step) const override {
+    for (int64_t i = 0; i < count; ++i)
+      tfm::adam_update(params[i], grad + offsets[i], m + offsets[i], v + offsets[i],
+                       offsets[i + 1] - offsets[i], h, step);
   }
   void sgd_update(float* param, const float* grad, int64_t n, float lr) const override {
     tfm::sgd_update(param, grad, n, lr);
@@ -251,11 +259,26 @@ class CpuBackend final : public Backend {
       for (int64_t c = 0; c < cols; ++c) out[c] *= inverse;
     }
   }
-  void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
-                                int64_t d, uint16_t* y, int64_t ldy) const override {
+  void scatter_rows_to_16_bits(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                               int64_t d, Precision format, uint16_t* y,
+                               int64_t ldy) const override {
+    if (!is_16_bit_float(format))
+      throw std::invalid_argument("scatter_rows_to_16_bits: the format is bfloat16 or float16");
 #pragma omp parallel for schedule(static) if (count * d >= kParallelElements)
     for (int64_t r = 0; r < count; ++r)
-      tfm::round_to_bfloat16(x + r * ldx, 1, d, ldx, y + rows[r] * ldy);
+      round_rows(x + r * ldx, 1, d, ldx, format, y + rows[r] * ldy);
+  }
+
+ private:
+  // round_to_16_bits on the CPU.
+  static void round_rows(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
+                         uint16_t* out) {
+    if (format == Precision::kBFloat16)
+      round_to_bfloat16(x, rows, cols, ldx, out);
+    else if (format == Precision::kFloat16)
+      round_to_float16(x, rows, cols, ldx, out);
+    else
+      throw std::invalid_argument("round_to_16_bits: the format is bfloat16 or float16");
   }
 };
 

@@ -330,6 +330,21 @@ TFM_CPU_KERNEL void round_to_bfloat16(const float* x, int64_t m, int64_t k, int6
   }
 }
 
+TFM_CPU_KERNEL void round_to_float16(const float* x, int64_t m, int64_t k, int64_t ldx,
+                                     uint16_t* out) {
+#pragma omp parallel for schedule(static) if (m * k >= kParallelElements && omp_get_level() == 0)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * ldx;
+    uint16_t* o = out + r * k;
+    for (int64_t c = 0; c < k; ++c) o[c] = float_to_half(row[c]);
+  }
+}
+
+const char* float16_refusal() {
+  return "float16 products run on GPUs only (as in CTranslate2); bfloat16 is the CPU's 16-bit "
+         "format";
+}
+
 bool bfloat16_supported() {
   static const bool supported = [] {
     try {
@@ -371,6 +386,7 @@ dnnl::memory::data_type weight_data_type(Precision precision) {
       return dnnl::memory::data_type::bf16;
     case Precision::kInt8:
       return dnnl::memory::data_type::s8;
+    case Precision::kFloat16:  // refused before (check_packable)
     case Precision::kFloat32:
       break;
   }
@@ -449,6 +465,7 @@ void check_packable(size_t parts, size_t part_rows, int64_t k, Precision precisi
   if (parts != part_rows || k <= 0) throw std::invalid_argument("PackedMatrix: bad parts");
   if (precision == Precision::kBFloat16 && !bfloat16_supported())
     throw std::invalid_argument("this CPU has no bfloat16 matrix instructions (AVX512-BF16)");
+  if (precision == Precision::kFloat16) throw std::invalid_argument(float16_refusal());
   if (precision == Precision::kInt8 && !int8_supported())
     throw std::invalid_argument("this CPU has no int8 dot-product instructions (VNNI)");
   // int8 products accumulate up to 255 · 127 per input column in int32.
@@ -643,6 +660,8 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
       execute(*mm, rounded, p.packed, y);
       break;
     }
+    case Precision::kFloat16:  // never packed (check_packable)
+      throw std::logic_error("PackedMatrix: float16 is not packed on the CPU");
     case Precision::kInt8: {
       thread_local std::vector<uint8_t> quantised_buffer;
       thread_local std::vector<float> scale_buffer;
@@ -750,6 +769,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           Precision precision, MatmulEpilogue epilogue) {
   if (precision == Precision::kInt8)
     throw std::invalid_argument("gemm: int8 products need weights prepared in int8");
+  if (precision == Precision::kFloat16) throw std::invalid_argument(float16_refusal());
   if (precision == Precision::kBFloat16) {
     gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, nullptr, lda, b, nullptr, ldb, beta, c, ldc,
                   epilogue);

@@ -33,6 +33,12 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
 // is running.
 void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* out);
 
+// The same in IEEE float16 (nearest, ties to even; past 65504 ±Inf; NaN stays NaN): rows of a
+// float16 key/value cache. Products in float16 are the GPU's only.
+void round_to_float16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* out);
+// What a float16 product on the CPU is refused with (std::invalid_argument's message).
+const char* float16_refusal();
+
 // Whether oneDNN has a native (not reference) bfloat16 matmul kernel on this CPU.
 bool bfloat16_supported();
 

@@ -26,6 +26,15 @@ __device__ __forceinline__ float element(float x) {
 __device__ __forceinline__ float element(uint16_t x) {
   return from_bfloat16(x);
 }
+// A float16 cache element: its bits, a type of its own so that the templates tell it from
+// bfloat16's uint16_t.
+struct Float16Bits {
+  uint16_t bits;
+};
+static_assert(sizeof(Float16Bits) == sizeof(uint16_t), "read in place of the cache's uint16_t");
+__device__ __forceinline__ float element(Float16Bits x) {
+  return from_float16(x.bits);
+}
 
 __host__ __device__ __forceinline__ int64_t round_up4(int64_t n) {
   return (n + 3) / 4 * 4;
@@ -256,12 +265,20 @@ void attention_forward(const Context& c, const AttentionShape& s, const Attentio
   launch_forward<float>(c, s, mask, q, k, v, probs, out, dropout);
 }
 
-void attention_forward_bfloat16_cache(const Context& c, const AttentionShape& s,
-                                      const AttentionMask& mask, const float* q, const uint16_t* k,
-                                      const uint16_t* v, float* probs, float* out) {
+void attention_forward_16_bit_cache(const Context& c, const AttentionShape& s,
+                                    const AttentionMask& mask, const float* q, Precision format,
+                                    const uint16_t* k, const uint16_t* v, float* probs,
+                                    float* out) {
+  if (!is_16_bit_float(format))
+    throw std::invalid_argument("attention_forward_16_bit_cache: the cache is bfloat16 or float16");
   if (s.query_len != 1)
-    throw std::invalid_argument("attention_forward_bfloat16_cache: one query per sequence only");
-  launch_forward<uint16_t>(c, s, mask, q, k, v, probs, out, AttentionDropout{});
+    throw std::invalid_argument("attention_forward_16_bit_cache: one query per sequence only");
+  if (format == Precision::kBFloat16)
+    launch_forward<uint16_t>(c, s, mask, q, k, v, probs, out, AttentionDropout{});
+  else
+    launch_forward<Float16Bits>(c, s, mask, q, reinterpret_cast<const Float16Bits*>(k),
+                                reinterpret_cast<const Float16Bits*>(v), probs, out,
+                                AttentionDropout{});
 }
 
 void attention_backward(const Context& c, const AttentionShape& s, const AttentionMask& mask,

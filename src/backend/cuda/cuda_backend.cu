@@ -77,10 +77,11 @@ class CudaBackend final : public Backend {
     cuda::matmul(c_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
                  epilogue);
   }
-  void round_to_bfloat16(const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                         uint16_t* out) const override {
-    TFM_CUDA_OPERATION(c_, "round_to_bfloat16");
-    cuda::round_to_bfloat16(c_.stream, x, rows, cols, ldx, out);
+  void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
+                        uint16_t* out) const override {
+    TFM_CUDA_OPERATION(c_,
+                       format == Precision::kFloat16 ? "round_to_float16" : "round_to_bfloat16");
+    cuda::round_to_16_bits(c_.stream, x, rows, cols, ldx, format, out);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,
@@ -99,11 +100,11 @@ class CudaBackend final : public Backend {
     TFM_CUDA_OPERATION(c_, "attention_forward");
     cuda::attention_forward(c_, shape, mask, q, k, v, probs, out, dropout);
   }
-  void attention_forward_bfloat16_cache(const AttentionShape& shape, const AttentionMask& mask,
-                                        const float* q, const uint16_t* k, const uint16_t* v,
-                                        float* probs, float* out) const override {
-    TFM_CUDA_OPERATION(c_, "attention_forward_bfloat16_cache");
-    cuda::attention_forward_bfloat16_cache(c_, shape, mask, q, k, v, probs, out);
+  void attention_forward_16_bit_cache(const AttentionShape& shape, const AttentionMask& mask,
+                                      const float* q, Precision format, const uint16_t* k,
+                                      const uint16_t* v, float* probs, float* out) const override {
+    TFM_CUDA_OPERATION(c_, "attention_forward_16_bit_cache");
+    cuda::attention_forward_16_bit_cache(c_, shape, mask, q, format, k, v, probs, out);
   }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
@@ -224,12 +225,13 @@ class CudaBackend final : public Backend {
     TFM_CUDA_OPERATION(c_, "best_tokens");
     cuda::best_tokens(c_.stream, logprobs, rows, vocab, keep, banned, values, tokens);
   }
-  void adam_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                   const AdamHyperparameters& h, int64_t step) const override {
+  void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t total,
+                   const float* grad, float* m, float* v, const AdamHyperparameters& h,
+                   int64_t step) const override {
     const double bias_correction1 = 1.0 - std::pow(double(h.beta1), double(step));
     const double bias_correction2 = 1.0 - std::pow(double(h.beta2), double(step));
     TFM_CUDA_OPERATION(c_, "adam_update");
-    cuda::adam_update(c_.stream, param, grad, m, v, n, h.beta1, h.beta2, h.eps,
+    cuda::adam_update(c_.stream, params, offsets, count, total, grad, m, v, h.beta1, h.beta2, h.eps,
                       float(double(h.lr) / bias_correction1),
                       float(1.0 / std::sqrt(bias_correction2)));
   }
@@ -309,10 +311,11 @@ class CudaBackend final : public Backend {
     TFM_CUDA_OPERATION(c_, "mean_of_row_groups");
     cuda::mean_of_row_groups(c_.stream, x, groups, group_size, cols, y);
   }
-  void scatter_rows_to_bfloat16(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
-                                int64_t d, uint16_t* y, int64_t ldy) const override {
-    TFM_CUDA_OPERATION(c_, "scatter_rows_to_bfloat16");
-    cuda::scatter_rows_to_bfloat16(c_.stream, x, ldx, rows, count, d, y, ldy);
+  void scatter_rows_to_16_bits(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
+                               int64_t d, Precision format, uint16_t* y,
+                               int64_t ldy) const override {
+    TFM_CUDA_OPERATION(c_, "scatter_rows_to_16_bits");
+    cuda::scatter_rows_to_16_bits(c_.stream, x, ldx, rows, count, d, format, y, ldy);
   }
 
  private:

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -80,6 +81,19 @@ __device__ __forceinline__ uint16_t to_bfloat16(float f) {
 }
 __device__ __forceinline__ float from_bfloat16(uint16_t h) {
   return __uint_as_float(uint32_t(h) << 16);
+}
+// float → IEEE float16 bits, nearest with ties to even (past 65504: ±Inf), as tensor/float16.h's
+// float_to_half; and back, exactly.
+__device__ __forceinline__ uint16_t to_float16(float f) {
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ __forceinline__ float from_float16(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+// One of the two to a format given at compile time (true: float16, false: bfloat16).
+template <bool kFloat16>
+__device__ __forceinline__ uint16_t to_16_bits(float f) {
+  return kFloat16 ? to_float16(f) : to_bfloat16(f);
 }
 
 // The grid-stride loop of the element-wise kernels.

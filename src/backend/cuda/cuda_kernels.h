@@ -14,8 +14,9 @@ namespace tfm {
 namespace cuda {
 
 // --- elementwise.cu ---
-void round_to_bfloat16(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                       uint16_t* out);
+// format: kBFloat16 or kFloat16 (std::invalid_argument otherwise).
+void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                      Precision format, uint16_t* out);
 // out[rows, cols] (row stride ldo) in bfloat16, subnormal results flushed to zero (the
 // product epilogue's rounded_output), from the float result[rows, cols] (row stride ldr) plus
 // bias[cols] (null: none), then ReLU where relu: the epilogue and the rounding in one pass.
@@ -52,8 +53,9 @@ void scale_and_add_positions(cudaStream_t s, const float* positions, int64_t row
 void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, int64_t rows,
                         int64_t len, int64_t d, float scale, int64_t first_position, float* d_table,
                         float* d_positions);
-void adam_update(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t n,
-                 float b1, float b2, float eps, float step_size, float inv_sqrt_bc2);
+void adam_update(cudaStream_t s, float* const* params, const int64_t* offsets, int64_t count,
+                 int64_t total, const float* grad, float* m, float* v, float b1, float b2,
+                 float eps, float step_size, float inv_sqrt_bc2);
 void sgd_update(cudaStream_t s, float* param, const float* grad, int64_t n, float lr);
 // Σ x² in double in a fixed order, waited for.
 double sum_of_squares(const Context& c, const float* x, int64_t n);
@@ -63,8 +65,8 @@ void scatter_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* ro
                   int64_t d, float* y, int64_t ldy);
 void mean_of_row_groups(cudaStream_t s, const float* x, int64_t groups, int64_t group_size,
                         int64_t cols, float* y);
-void scatter_rows_to_bfloat16(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
-                              int64_t count, int64_t d, uint16_t* y, int64_t ldy);
+void scatter_rows_to_16_bits(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
+                             int64_t count, int64_t d, Precision format, uint16_t* y, int64_t ldy);
 // Int8 products (matmul.cu's int8 path): q[m, k] = the activation rows quantised as the CPU
 // quantises them (tensor/int8_weights.h, backend/cpu/int8_quantization.h), in signed form, and
 // scales[m]; weight rows quantised by quantize_weight_rows' rule.
@@ -93,9 +95,9 @@ void best_tokens(cudaStream_t s, const float* logprobs, int64_t rows, int64_t vo
 void attention_forward(const Context& c, const AttentionShape& shape, const AttentionMask& mask,
                        const float* q, const float* k, const float* v, float* probs, float* out,
                        const AttentionDropout& dropout);
-void attention_forward_bfloat16_cache(const Context& c, const AttentionShape& shape,
-                                      const AttentionMask& mask, const float* q, const uint16_t* k,
-                                      const uint16_t* v, float* probs, float* out);
+void attention_forward_16_bit_cache(const Context& c, const AttentionShape& shape,
+                                    const AttentionMask& mask, const float* q, Precision format,
+                                    const uint16_t* k, const uint16_t* v, float* probs, float* out);
 void attention_backward(const Context& c, const AttentionShape& shape, const AttentionMask& mask,
                         const float* q, const float* k, const float* v, const float* probs,
                         const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,

@@ -3,6 +3,8 @@
 // quantisation. Each computes what the CPU kernel of the same name does (backend/cpu/), with the
 // same rounding where results must agree bit for bit (bfloat16, the dropout hash, int8).
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/operation_profile.h"
@@ -12,9 +14,10 @@ namespace cuda {
 
 namespace {
 
+template <bool kFloat16>
 __global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t ldx,
                              uint16_t* out) {
-  TFM_FOR_EACH_ELEMENT(r, c, rows, cols) out[r * cols + c] = to_bfloat16(x[r * ldx + c]);
+  TFM_FOR_EACH_ELEMENT(r, c, rows, cols) out[r * cols + c] = to_16_bits<kFloat16>(x[r * ldx + c]);
 }
 
 __global__ void round_flushing_kernel(const float* result, int64_t ldr, const float* bias,
@@ -241,15 +244,27 @@ __global__ void embedding_backward_kernel(const float* d_out, const int32_t* ids
   }
 }
 
-__global__ void adam_kernel(float* param, const float* grad, float* m, float* v, int64_t n,
-                            float b1, float b2, float eps, float step_size, float inv_sqrt_bc2) {
-  TFM_FOR_EACH(i, n) {
-    const float g = grad[i];
-    const float mi = b1 * m[i] + (1.f - b1) * g;
-    const float vi = b2 * v[i] + (1.f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] -= step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+// Every tensor of the set in one launch, over the flat range of the gradient block: element e
+// belongs to the last tensor i with offsets[i] <= e (a binary search of the small offsets
+// table, which stays in the cache; that tensor is non-empty, as offsets[i + 1] > e).
+__global__ void adam_kernel(float* const* params, const int64_t* offsets, int64_t count,
+                            int64_t total, const float* grad, float* m, float* v, float b1,
+                            float b2, float eps, float step_size, float inv_sqrt_bc2) {
+  TFM_FOR_EACH(e, total) {
+    int64_t lo = 0, hi = count - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (offsets[mid] <= e)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const float g = grad[e];
+    const float mi = b1 * m[e] + (1.f - b1) * g;
+    const float vi = b2 * v[e] + (1.f - b2) * g * g;
+    m[e] = mi;
+    v[e] = vi;
+    params[lo][e - offsets[lo]] -= step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
   }
 }
 
@@ -298,11 +313,19 @@ __global__ void mean_of_row_groups_kernel(const float* x, int64_t groups, int64_
     y[g * cols + c] = sum * inverse;
   }
 }
-__global__ void scatter_rows_bfloat16_kernel(const float* x, int64_t ldx, const int64_t* rows,
-                                             int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
+template <bool kFloat16>
+__global__ void scatter_rows_16_bit_kernel(const float* x, int64_t ldx, const int64_t* rows,
+                                           int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
   TFM_FOR_EACH_ELEMENT(r, c, count, d) {
-    y[rows[r] * ldy + c] = to_bfloat16(x[r * ldx + c]);
+    y[rows[r] * ldy + c] = to_16_bits<kFloat16>(x[r * ldx + c]);
   }
+}
+
+// Whether a 16-bit format is float16 (else bfloat16); std::invalid_argument for other formats.
+bool is_float16(Precision format, const char* operation) {
+  if (!is_16_bit_float(format))
+    throw std::invalid_argument(std::string(operation) + ": the format is bfloat16 or float16");
+  return format == Precision::kFloat16;
 }
 
 // One block per row: its largest magnitude, then the row quantised. Activations as
@@ -370,11 +393,14 @@ __global__ void read_rows_kernel(const float* w, const int32_t* ids, int64_t cou
 
 }  // namespace
 
-void round_to_bfloat16(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                       uint16_t* out) {
+void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                      Precision format, uint16_t* out) {
+  const bool float16 = is_float16(format, "round_to_16_bits");
   if (rows * cols == 0) return;
-  round_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(x, rows, cols, ldx, out);
-  check_launch("round_to_bfloat16");
+  (float16 ? round_kernel<true>
+           : round_kernel<false>)<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
+      x, rows, cols, ldx, out);
+  check_launch("round_to_16_bits");
 }
 
 void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, const float* bias,
@@ -516,11 +542,12 @@ void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, 
   check_launch("embedding_backward");
 }
 
-void adam_update(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t n,
-                 float b1, float b2, float eps, float step_size, float inv_sqrt_bc2) {
-  if (n == 0) return;
-  adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(param, grad, m, v, n, b1, b2, eps, step_size,
-                                                 inv_sqrt_bc2);
+void adam_update(cudaStream_t s, float* const* params, const int64_t* offsets, int64_t count,
+                 int64_t total, const float* grad, float* m, float* v, float b1, float b2,
+                 float eps, float step_size, float inv_sqrt_bc2) {
+  if (count == 0 || total == 0) return;
+  adam_kernel<<<blocks_for(total), kThreads, 0, s>>>(params, offsets, count, total, grad, m, v, b1,
+                                                     b2, eps, step_size, inv_sqrt_bc2);
   check_launch("adam_update");
 }
 
@@ -568,12 +595,15 @@ void mean_of_row_groups(cudaStream_t s, const float* x, int64_t groups, int64_t 
       x, groups, group_size, cols, 1.f / float(group_size), y);
   check_launch("mean_of_row_groups");
 }
-void scatter_rows_to_bfloat16(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
-                              int64_t count, int64_t d, uint16_t* y, int64_t ldy) {
+void scatter_rows_to_16_bits(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
+                             int64_t count, int64_t d, Precision format, uint16_t* y, int64_t ldy) {
+  const bool float16 = is_float16(format, "scatter_rows_to_16_bits");
   if (count * d == 0) return;
-  scatter_rows_bfloat16_kernel<<<matrix_blocks(count, d), matrix_threads(d), 0, s>>>(
+  (float16
+       ? scatter_rows_16_bit_kernel<true>
+       : scatter_rows_16_bit_kernel<false>)<<<matrix_blocks(count, d), matrix_threads(d), 0, s>>>(
       x, ldx, rows, count, d, y, ldy);
-  check_launch("scatter_rows_to_bfloat16");
+  check_launch("scatter_rows_to_16_bits");
 }
 
 void quantize_activation_rows(cudaStream_t s, const float* x, int64_t m, int64_t k, int64_t ldx,

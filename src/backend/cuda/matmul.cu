@@ -17,7 +17,12 @@ cublasOperation_t op(bool transposed) {
   return transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
 
-// C = alpha · op(A) · op(B) + beta · C with A, B in float32 or in bfloat16 (`type`).
+// cuBLAS's name for the element type of a 16-bit product's operands.
+cudaDataType_t blas_type(Precision format) {
+  return format == Precision::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+// C = alpha · op(A) · op(B) + beta · C with A, B in float32, bfloat16 or float16 (`type`).
 void blas_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                   float alpha, const void* a, int64_t lda, const void* b, int64_t ldb, float beta,
                   float* out, int64_t ldc, cudaDataType_t type) {
@@ -46,7 +51,8 @@ class CudaPreparedMatrix final : public PreparedMatrix {
         weights_float_.allocate_uninitialized(backend, rows * cols);
         break;
       case Precision::kBFloat16:
-        weights_bfloat16_.allocate_uninitialized(backend, rows * cols);
+      case Precision::kFloat16:
+        weights_16_bits_.allocate_uninitialized(backend, rows * cols);
         break;
       case Precision::kInt8:
         weights_int8_.allocate_uninitialized(backend, rows * cols);
@@ -66,11 +72,12 @@ class CudaPreparedMatrix final : public PreparedMatrix {
         blas_product(context_, false, true, m, rows_, cols_, 1.f, x, ldx, weights_float_.data(),
                      cols_, 0.f, y, ldy, CUDA_R_32F);
         return;
-      case Precision::kBFloat16: {
+      case Precision::kBFloat16:
+      case Precision::kFloat16: {
         Scratch rounded(context_, m * cols_ * int64_t(sizeof(uint16_t)));  // [m, k]
-        round_to_bfloat16(context_.stream, x, m, cols_, ldx, rounded.as<uint16_t>());
+        round_to_16_bits(context_.stream, x, m, cols_, ldx, precision_, rounded.as<uint16_t>());
         blas_product(context_, false, true, m, rows_, cols_, 1.f, rounded.as<uint16_t>(), cols_,
-                     weights_bfloat16_.data(), cols_, 0.f, y, ldy, CUDA_R_16BF);
+                     weights_16_bits_.data(), cols_, 0.f, y, ldy, blas_type(precision_));
         return;
       }
       case Precision::kInt8: {
@@ -94,10 +101,10 @@ class CudaPreparedMatrix final : public PreparedMatrix {
   const Context& context_;
   int64_t rows_, cols_;
   Precision precision_;
-  DeviceBuffer<float> weights_float_;        // [rows, cols] (float32)
-  DeviceBuffer<uint16_t> weights_bfloat16_;  // [rows, cols] (bfloat16)
-  DeviceBuffer<int8_t> weights_int8_;        // [rows, cols] (int8)
-  DeviceBuffer<float> scales_;               // [rows] (int8)
+  DeviceBuffer<float> weights_float_;       // [rows, cols] (float32)
+  DeviceBuffer<uint16_t> weights_16_bits_;  // [rows, cols] (bfloat16 or float16)
+  DeviceBuffer<int8_t> weights_int8_;       // [rows, cols] (int8)
+  DeviceBuffer<float> scales_;              // [rows] (int8)
 };
 
 int64_t total_rows(const std::vector<int64_t>& part_rows) {
@@ -128,24 +135,29 @@ void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, target,
                  ld_target, CUDA_R_32F);
   } else {
-    // Each operand rounded into a dense copy unless it came rounded: stored [rows, cols] with
-    // row stride cols.
+    // Each operand rounded into a dense copy unless it came rounded (bfloat16 copies only):
+    // stored [rows, cols] with row stride cols.
     const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
     const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-    Scratch a_copy(c, a.rounded ? 0 : a_rows * a_cols * int64_t(sizeof(uint16_t)));
-    Scratch b_copy(c, b.rounded ? 0 : b_rows * b_cols * int64_t(sizeof(uint16_t)));
-    const uint16_t* a16 = a.rounded;
-    const uint16_t* b16 = b.rounded;
+    const bool bfloat16 = precision == Precision::kBFloat16;
+    const uint16_t* a16 = bfloat16 ? a.rounded : nullptr;
+    const uint16_t* b16 = bfloat16 ? b.rounded : nullptr;
+    if ((!a16 && !a.values) || (!b16 && !b.values))
+      throw std::invalid_argument(
+          "matmul: an operand without values (a float16 product rounds "
+          "its operands itself)");
+    Scratch a_copy(c, a16 ? 0 : a_rows * a_cols * int64_t(sizeof(uint16_t)));
+    Scratch b_copy(c, b16 ? 0 : b_rows * b_cols * int64_t(sizeof(uint16_t)));
     if (!a16) {
-      round_to_bfloat16(c.stream, a.values, a_rows, a_cols, lda, a_copy.as<uint16_t>());
+      round_to_16_bits(c.stream, a.values, a_rows, a_cols, lda, precision, a_copy.as<uint16_t>());
       a16 = a_copy.as<uint16_t>();
     }
     if (!b16) {
-      round_to_bfloat16(c.stream, b.values, b_rows, b_cols, ldb, b_copy.as<uint16_t>());
+      round_to_16_bits(c.stream, b.values, b_rows, b_cols, ldb, precision, b_copy.as<uint16_t>());
       b16 = b_copy.as<uint16_t>();
     }
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a16, a_cols, b16, b_cols, beta, target,
-                 ld_target, CUDA_R_16BF);
+                 ld_target, blas_type(precision));
   }
   if (epilogue.rounded_output)  // bias, ReLU and rounding in one pass over the float block
     round_to_bfloat16_flushing(c.stream, target, ldc, epilogue.bias, epilogue.relu, m, n,
@@ -174,8 +186,9 @@ std::unique_ptr<PreparedMatrix> prepare_matrix(const Backend& backend, const Con
                                  c.stream));
         break;
       case Precision::kBFloat16:
-        round_to_bfloat16(c.stream, parts[i], n, k, k,
-                          prepared->weights_bfloat16_.data() + row * k);
+      case Precision::kFloat16:
+        round_to_16_bits(c.stream, parts[i], n, k, k, precision,
+                         prepared->weights_16_bits_.data() + row * k);
         break;
       case Precision::kInt8:
         quantize_weight_rows(c.stream, parts[i], n, k, prepared->weights_int8_.data() + row * k,
