@@ -260,7 +260,8 @@ PYBIND11_MODULE(transformer_cpp, m) {
            }),
            py::arg("model_path"), py::arg("device") = "cpu", py::arg("compute_type") = "default",
            "Loads a model directory (model.safetensors + vocabulary). device: cpu, cuda, cuda:N "
-           "or auto; compute_type: default, auto, float32, bfloat16, int8 or int8_bfloat16")
+           "or auto; compute_type: default, auto, float32, bfloat16, float16, int8, "
+           "int8_bfloat16 or int8_float16 (the float16 ones on GPUs)")
       .def(
           "translate_batch",
           [](const tfm::Translator& translator, const std::variant<Texts, TokenLists>& source,

@@ -4,10 +4,12 @@
 #   1. the backend-ops test on every GPU (each operation × precision against float64),
 #   2. the command-line GPU tests (CTranslate2's model translated and scored on the GPU as on
 #      the CPU; the reversal task trained and translated on the GPU in float32 and bfloat16; a
-#      GPU checkpoint resumed on the CPU; the first losses of both devices compared),
+#      GPU checkpoint resumed on the CPU; the first losses of both devices compared), and the
+#      fixture tests on the GPU (PyTorch's gradients, the CTranslate2-converted models),
 #   3. training against PyTorch in the same run (bench/train_bench against bench/train_peer.py,
 #      float32 and bfloat16), a per-operation profile of a bfloat16 step, decoding against
-#      MarianMTModel.generate() (bench/decode_bench against bench/decode_peer_hf.py), then the
+#      MarianMTModel.generate() (bench/decode_bench against bench/decode_peer_hf.py; bfloat16,
+#      and float16 at batch 512), then the
 #      train and translate commands themselves on the base model,
 #   4. compute-sanitizer memcheck over the backend-ops test, and racecheck over the kernels that
 #      share memory within a block,
@@ -51,6 +53,8 @@ step() {  # step NAME SECONDS COMMAND...
 tests=build/tests/transformer_tests
 step backend_ops 120 $tests --gtest_filter='*BackendOps*cuda*:Backends.*'
 step gpu_cli 240 $tests --gtest_filter='*Gpu*'
+# PyTorch's gradients and CTranslate2's scores and translations, on the GPU.
+step gpu_fixtures 120 $tests --gtest_filter='*GradientParity*cuda*:*ConvertedModelOnDevice*cuda*'
 # Training against PyTorch on this card, same run, same shape (the base model, 400 pairs of 63 +
 # eos / bos tokens, vocabulary 37,000, dropout 0.1, label smoothing 0.1, Adam): float32 against
 # PyTorch's float32, our bfloat16 products against its bfloat16 autocast.
@@ -86,22 +90,24 @@ step profile_bf16 40 profile_step bfloat16
 
 # Decoding against transformers' MarianMTModel.generate() in the same run (the issue's anchor:
 # bfloat16, 32 new tokens, batches 64 and 512, greedy and beam 4): bench/decode_bench on a random
-# base model in bfloat16 (products and cache) against bench/decode_peer_hf.py of the same shape.
-decode_compare() {  # decode_compare BATCH BEAM
+# base model in bfloat16 (products and cache) against bench/decode_peer_hf.py of the same shape;
+# then float16 on both sides.
+decode_compare() {  # decode_compare BATCH BEAM [TYPE: bfloat16 (default) or float16]
+  local type=${3:-bfloat16}
   local dir=/tmp/gpu_check_decode
   [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = "$1" ] ||
     build/bench/decode_bench --work-dir $dir --prepare-only --batch "$1" --src-len 32 \
       --vocab 37000 >/dev/null 2>&1 || return 1
   local ours peer
-  ours=$(build/bench/decode_bench --work-dir $dir --device cuda --compute-type bfloat16 \
-    --cache bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
+  ours=$(build/bench/decode_bench --work-dir $dir --device cuda --compute-type "$type" \
+    --cache "$type" --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
   peer=$(python3 bench/decode_peer_hf.py --batch "$1" --beam "$2" --src-len 32 --out-len 32 \
-    --vocab 37000 --device cuda --dtype bfloat16 | tail -1) || return 1
-  python3 - "$ours" "$peer" "$1" "$2" <<'PY' | tee -a "$logs/decode_compare.txt"
+    --vocab 37000 --device cuda --dtype "$type" | tail -1) || return 1
+  python3 - "$ours" "$peer" "$1" "$2" "$type" <<'PY' | tee -a "$logs/decode_compare.txt"
 import json, sys
 ours, peer = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print("decoding batch %s beam %s: ours %.0f tokens/s, %s %.0f: ratio %.3f" % (
-    sys.argv[3], sys.argv[4], ours["tokens_per_s"], peer["impl"].split(",")[0],
+print("decoding %s batch %s beam %s: ours %.0f tokens/s, %s %.0f: ratio %.3f" % (
+    sys.argv[5], sys.argv[3], sys.argv[4], ours["tokens_per_s"], peer["impl"].split(",")[0],
     peer["tokens_per_s"], ours["tokens_per_s"] / peer["tokens_per_s"]))
 PY
 }
@@ -110,6 +116,8 @@ step decode_64_greedy 60 decode_compare 64 1
 step decode_64_beam4 60 decode_compare 64 4
 step decode_512_greedy 60 decode_compare 512 1
 step decode_512_beam4 60 decode_compare 512 4
+step decode_512_beam4_f16 60 decode_compare 512 4 float16
+step decode_512_greedy_f16 60 decode_compare 512 1 float16
 # Where a beam-4 search of 512 sentences spends its GPU time (the lowest ratio above).
 profile_decode() {
   local dir=/tmp/gpu_check_decode

@@ -12,11 +12,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -34,6 +36,16 @@ struct CliResult {
 class CliWorkDir {
  public:
   explicit CliWorkDir(std::string test_name) : test_name_(std::move(test_name)) {}
+  // Removed with everything in it when the test program ends (every test process makes one,
+  // and thousands of them filled /tmp), unless TFM_KEEP_TEST_DIRS is set, to look into after a
+  // failure.
+  ~CliWorkDir() {
+    if (dir_.empty() || std::getenv("TFM_KEEP_TEST_DIRS")) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  CliWorkDir(const CliWorkDir&) = delete;
+  CliWorkDir& operator=(const CliWorkDir&) = delete;
 
   const std::string& dir() const {
     if (dir_.empty()) {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "backend/backend.h"
@@ -509,7 +510,12 @@ TEST(Cli, TheGpuTranslatesAndScoresAsTheCpuDoes) {
   ASSERT_EQ(work.run_cli("import-ctranslate2 " + data + " -o " + model).exit_code, 0);
   work.write_file("gpu_ar.txt", "آ ت ز م و ن\nآ ز ا\nآ ت ش ي س و ن\n");
   work.write_file("gpu_en.txt", "a t z m o n\na z z a\na c h i s o n\n");
-  for (const char* type : {"float32", "bfloat16", "int8", "int8_bfloat16"})
+  // The float16 types, which only a GPU runs, against their 16-bit neighbours on the GPU: float16
+  // (an 11-bit mantissa) as float32, int8_float16 as int8 (the same products, the cache in
+  // float16 instead of float32).
+  std::map<std::string, std::string> gpu_outputs;  // type + beam → output
+  for (const char* type :
+       {"float32", "bfloat16", "int8", "int8_bfloat16", "float16", "int8_float16"})
     for (const char* beam : {"1", "2", "4"}) {
       SCOPED_TRACE(std::string(type) + " beam " + beam);
       const std::string translate = "translate --model " + model + " -i " +
@@ -517,8 +523,14 @@ TEST(Cli, TheGpuTranslatesAndScoresAsTheCpuDoes) {
                                     " --beam " + beam + " --device ";
       const CliResult on_gpu = work.run_cli(translate + gpu);
       ASSERT_EQ(on_gpu.exit_code, 0) << on_gpu.err;
+      gpu_outputs[std::string(type) + beam] = on_gpu.out;
       if (std::string(beam) == "4" && std::string(type) == "float32") {
         EXPECT_EQ(on_gpu.out, "a t z m o n\na z z a\na c h i s o n\n");
+      }
+      if (std::string(type) == "float16") {
+        EXPECT_EQ(on_gpu.out, gpu_outputs.at(std::string("float32") + beam));
+      } else if (std::string(type) == "int8_float16") {
+        EXPECT_EQ(on_gpu.out, gpu_outputs.at(std::string("int8") + beam));
       }
       const CliResult on_cpu = work.run_cli(translate + "cpu");
       if (on_cpu.exit_code == 0) {
@@ -530,7 +542,7 @@ TEST(Cli, TheGpuTranslatesAndScoresAsTheCpuDoes) {
   const CliResult float_score = work.run_cli(score + gpu);
   ASSERT_EQ(float_score.exit_code, 0) << float_score.err;
   EXPECT_NEAR(std::stod(float_score.out), -1.061750, 1e-5);  // CTranslate2's own score
-  for (const char* type : {"bfloat16", "int8"}) {
+  for (const char* type : {"bfloat16", "float16", "int8"}) {
     const CliResult on_gpu = work.run_cli(score + gpu + " --compute-type " + type);
     ASSERT_EQ(on_gpu.exit_code, 0) << on_gpu.err;
     EXPECT_NEAR(std::stod(on_gpu.out), -1.061750, 0.02) << type;

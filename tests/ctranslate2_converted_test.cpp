@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "decode/beam_search.h"
+#include "fixture_batch.h"
 #include "io/ctranslate2.h"
 #include "model/transformer.h"
 #include "tensor/file_util.h"
@@ -42,9 +43,9 @@ struct Converted {
   Model model;
   std::map<std::string, int32_t> source_ids, target_ids;
 
-  explicit Converted(const std::string& name = "m2m100")
+  explicit Converted(const std::string& name = "m2m100", const Backend& backend = cpu_backend())
       : imported(import_ctranslate2(kDir + "/" + name)),
-        model(imported.config, TensorMap(imported.parameters), name, cpu_backend()) {
+        model(imported.config, TensorMap(imported.parameters), name, backend) {
     for (size_t i = 0; i < imported.source_tokens.size(); ++i)
       source_ids.emplace(imported.source_tokens[i], int32_t(i));
     for (size_t i = 0; i < imported.target_tokens.size(); ++i)
@@ -149,11 +150,13 @@ TEST(CTranslate2Converted, ImportsFairseqsTransformer) {
 }
 
 class ConvertedModel : public ::testing::TestWithParam<std::string> {};
+// The same models on every backend present (the CPU, and each GPU where there is one).
+class ConvertedModelOnDevice : public ::testing::TestWithParam<testing_support::FixtureOnDevice> {};
 
 // score_batch: per target token and </s>, CTranslate2's log-probabilities.
-TEST_P(ConvertedModel, ScoresAreCTranslate2s) {
-  const Converted m(GetParam());
-  const nlohmann::json cases = expected(GetParam())["score"];
+TEST_P(ConvertedModelOnDevice, ScoresAreCTranslate2s) {
+  const Converted m(GetParam().fixture, find_backend(GetParam().device));
+  const nlohmann::json cases = expected(GetParam().fixture)["score"];
   ASSERT_EQ(cases.size(), 2u);
   for (const auto& e : cases) {
     const std::vector<int32_t> target = m.target(e["tokens"]);  // </s> included
@@ -184,9 +187,9 @@ std::vector<float> token_logprobs(const Converted& m, const std::vector<int32_t>
 // (hypotheses ranked by their log-probability, as our alpha 0) and max_decoding_length 12 (the
 // prefix included). CTranslate2's score leaves out the forced prefix, which our
 // Hypothesis::logprob counts; neither counts a </s> after a hypothesis stopped by the length cap.
-TEST_P(ConvertedModel, TranslationsAreCTranslate2s) {
-  const Converted m(GetParam());
-  const nlohmann::json cases = expected(GetParam())["translate"];
+TEST_P(ConvertedModelOnDevice, TranslationsAreCTranslate2s) {
+  const Converted m(GetParam().fixture, find_backend(GetParam().device));
+  const nlohmann::json cases = expected(GetParam().fixture)["translate"];
   ASSERT_EQ(cases.size(), 9u);
   int same = 0, capped = 0, ended = 0, better = 0;
   for (const auto& e : cases) {
@@ -238,7 +241,7 @@ TEST_P(ConvertedModel, TranslationsAreCTranslate2s) {
   // How the nine cases came out (same hypothesis, of which ended by </s> or capped; ours better).
   const std::map<std::string, std::array<int, 4>> outcomes = {
       {"m2m100", {8, 2, 6, 1}}, {"opennmt_py", {9, 3, 6, 0}}, {"fairseq", {9, 3, 6, 0}}};
-  EXPECT_EQ((std::array<int, 4>{same, capped, ended, better}), outcomes.at(GetParam()));
+  EXPECT_EQ((std::array<int, 4>{same, capped, ended, better}), outcomes.at(GetParam().fixture));
 }
 
 // Our exporter, on each imported model: the converter's variables, by name and shape, and the
@@ -274,9 +277,13 @@ TEST_P(ConvertedModel, ExportHasTheConvertersWeights) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Converters, ConvertedModel,
-                         ::testing::Values(std::string("m2m100"), std::string("opennmt_py"),
-                                           std::string("fairseq")));
+const std::vector<std::string> kConverted = {"m2m100", "opennmt_py", "fairseq"};
+INSTANTIATE_TEST_SUITE_P(Converters, ConvertedModel, ::testing::ValuesIn(kConverted));
+INSTANTIATE_TEST_SUITE_P(Converters, ConvertedModelOnDevice,
+                         ::testing::ValuesIn(testing_support::on_every_device(kConverted)),
+                         [](const auto& info) {
+                           return testing_support::fixture_on_device_name(info.param);
+                         });
 
 // Our exporter, on the imported model, against the converter's own directory: every variable
 // with the same name, type, shape and value, except

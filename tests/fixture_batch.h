@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/transformer.h"
 
 namespace tfm::testing_support {
@@ -26,6 +27,27 @@ inline std::vector<std::string> fixture_names(const std::string& suffix = ".io.s
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+// A fixture on one backend: each test over the PyTorch and CTranslate2 fixtures runs on the CPU
+// and on every GPU present (available_backends()), so that the GPU answers to the same outside
+// values wherever one is.
+struct FixtureOnDevice {
+  std::string fixture;
+  std::string device;  // Backend::name(): "cpu", "cuda", "cuda:1"
+};
+inline std::vector<FixtureOnDevice> on_every_device(const std::vector<std::string>& fixtures) {
+  std::vector<FixtureOnDevice> cases;
+  for (const Backend* backend : available_backends())
+    for (const std::string& fixture : fixtures) cases.push_back({fixture, backend->name()});
+  return cases;
+}
+// "<fixture>" on the CPU (the names the tests always had), "<fixture>_cuda_1" elsewhere.
+inline std::string fixture_on_device_name(const FixtureOnDevice& c) {
+  if (c.device == "cpu") return c.fixture;
+  std::string name = c.fixture + "_" + c.device;
+  std::replace(name.begin(), name.end(), ':', '_');
+  return name;
 }
 
 inline std::vector<std::vector<int32_t>> fixture_rows(const Tensor& padded) {

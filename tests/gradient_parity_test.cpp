@@ -1,6 +1,7 @@
 // Gradients of the label-smoothed loss (ε = 0.1, no dropout) for every parameter of every
-// fixture variant against float64 PyTorch autograd (tests/fixtures/*.grads.safetensors). The
-// backward of each operation is checked against float64 in backend_ops_test.cpp.
+// fixture variant against float64 PyTorch autograd (tests/fixtures/*.grads.safetensors), on the
+// CPU and on every GPU present. The backward of each operation is checked against float64 in
+// backend_ops_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,11 +37,12 @@ void expect_tensor_near(const Tensor& actual, const Tensor& expected, const std:
   EXPECT_LE(worst, 0.0) << name << " (scale " << scale << ")";
 }
 
-// A fixture's model, its batch and PyTorch's loss and gradients on it.
+// A fixture's model on one backend, its batch and PyTorch's loss and gradients on it.
 struct GradientFixture {
-  explicit GradientFixture(const std::string& name)
-      : model(load_model(std::string(TFM_FIXTURE_DIR) + "/" + name + ".safetensors",
-                         tfm::cpu_backend())),
+  explicit GradientFixture(const testing_support::FixtureOnDevice& c)
+      : GradientFixture(c.fixture, find_backend(c.device)) {}
+  GradientFixture(const std::string& name, const Backend& backend)
+      : model(load_model(std::string(TFM_FIXTURE_DIR) + "/" + name + ".safetensors", backend)),
         expected(read_safetensors(std::string(TFM_FIXTURE_DIR) + "/" + name + ".grads.safetensors")
                      .tensors),
         batch(fixture_batch(model.config(), read_safetensors(std::string(TFM_FIXTURE_DIR) + "/" +
@@ -51,7 +53,8 @@ struct GradientFixture {
   TokenBatch batch;
 };
 
-class GradientParity : public ::testing::TestWithParam<std::string> {};
+// Every fixture on every backend present (testing_support::on_every_device).
+class GradientParity : public ::testing::TestWithParam<testing_support::FixtureOnDevice> {};
 
 TEST_P(GradientParity, EveryParameterGradientMatchesPyTorch) {
   const GradientFixture f(GetParam());
@@ -107,11 +110,12 @@ const std::map<std::string, BFloat16GradientBound> kBFloat16GradientBounds = {
 };
 
 TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
-  if (!cpu_backend().supports(Precision::kBFloat16))
-    GTEST_SKIP() << testing_support::cannot_compute(cpu_backend(), Precision::kBFloat16);
-  const auto measured = kBFloat16GradientBounds.find(GetParam());
+  const Backend& backend = find_backend(GetParam().device);
+  if (!backend.supports(Precision::kBFloat16))
+    GTEST_SKIP() << testing_support::cannot_compute(backend, Precision::kBFloat16);
+  const auto measured = kBFloat16GradientBounds.find(GetParam().fixture);
   ASSERT_NE(measured, kBFloat16GradientBounds.end())
-      << "no measured bfloat16 bound for the fixture " << GetParam();
+      << "no measured bfloat16 bound for the fixture " << GetParam().fixture;
   const BFloat16GradientBound bound = measured->second;
   const GradientFixture f(GetParam());
   const Model& model = f.model;
@@ -153,8 +157,11 @@ TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GradientParity,
-                         ::testing::ValuesIn(testing_support::fixture_names(".grads.safetensors")),
-                         [](const auto& info) { return info.param; });
+                         ::testing::ValuesIn(testing_support::on_every_device(
+                             testing_support::fixture_names(".grads.safetensors"))),
+                         [](const auto& info) {
+                           return testing_support::fixture_on_device_name(info.param);
+                         });
 
 }  // namespace
 }  // namespace tfm

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <poll.h>
 #include <signal.h>
 #include <strings.h>
 #include <sys/resource.h>
@@ -615,6 +616,52 @@ TEST(Serve, ServerErrorsAreJsonNamingTheProblemAndTheServerGoesOn) {
   EXPECT_EQ(j["translations"][0]["text"], "a z z a");
   EXPECT_TRUE(wait_for_metric(server, "transformer_request_errors_total{code=\"500\"} 1"));
   EXPECT_EQ(server.stop(), 0);
+
+  // With 1 MiB to spare in a fresh server, memory runs out before any handler: in httplib,
+  // reading the 3.9 MB body (answered 500 with the JSON above, the connection then closed,
+  // since the rest of the body would be read as the next request's line), or reading a request
+  // line (the connection closed unanswered). Either way the server goes on; an exception
+  // escaping a connection's thread ended the process.
+  Server fresh("--max-body-bytes 4000000", "tight_server");
+  ASSERT_GT(fresh.port(), 0) << fresh.stderr_text();
+  ASSERT_TRUE(fresh.client().Get("/health"));
+  const std::string large_body = json({{"text", form}}).dump();
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int64_t now_kb = proc_status_kb(fresh.pid(), "VmData:");
+    ASSERT_GT(now_kb, 0);
+    rlimit tight_limit = before;
+    tight_limit.rlim_cur = rlim_t(now_kb + 1024) << 10;
+    ASSERT_EQ(::prlimit(fresh.pid(), RLIMIT_DATA, &tight_limit, nullptr), 0);
+    // Sent as curl sends it: the body in pieces until an answer comes, then the connection
+    // closed. A server that answered early and kept the connection would read the rest of the
+    // body as its next request line.
+    const int fd = connect_to(fresh);
+    ASSERT_GE(fd, 0);
+    const std::string head =
+        "POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(large_body.size()) + "\r\n\r\n";
+    ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), ssize_t(head.size()));
+    for (size_t sent = 0; sent < large_body.size();) {
+      pollfd answered{fd, POLLIN, 0};
+      if (::poll(&answered, 1, 0) > 0) break;
+      const ssize_t n = ::send(fd, large_body.data() + sent,
+                               std::min<size_t>(64 << 10, large_body.size() - sent), MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += size_t(n);
+    }
+    const std::string answer = receive_response(fd, 10);
+    ::close(fd);
+    ASSERT_EQ(::prlimit(fresh.pid(), RLIMIT_DATA, &before, nullptr), 0);
+    if (!answer.empty()) {
+      EXPECT_EQ(answer.rfind("HTTP/1.1 500 ", 0), 0u) << attempt << ": " << answer;
+      EXPECT_NE(answer.find(R"({"error":"out of memory"})"), std::string::npos) << answer;
+    }
+    auto health = fresh.client().Get("/health");
+    ASSERT_TRUE(health) << "the server ended: " << fresh.stderr_text();
+    EXPECT_EQ(health->status, 200);
+  }
+  EXPECT_EQ(fresh.stop(), 0);
 #endif
 }
 

@@ -25,7 +25,8 @@
 namespace tfm {
 
 // How the model is loaded: where it runs and the number format of its products (CTranslate2's
-// names: default, auto, float32, bfloat16, int8, int8_bfloat16).
+// names: default, auto, float32, bfloat16, int8, int8_bfloat16; float16 and int8_float16 on
+// GPUs).
 struct TranslatorOptions {
   std::string device = "cpu";
   std::string compute_type = "default";

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <string_view>
 #include <thread>
@@ -273,13 +274,21 @@ class Server : public httplib::Server {
                             seconds(write_timeout_sec_, write_timeout_usec_));
     g_client_socket = sock;
     bool answered = false, close_after = false;
-    for (size_t count = keep_alive_max_count_; count > 0 && next_request_arrives(stream); --count) {
-      bool connection_closed = false;
-      g_close_after_response = false;
-      stream.rename_form_content_type();
-      answered = process_request(stream, count == 1, connection_closed, nullptr);
-      close_after = g_close_after_response;
-      if (!answered || connection_closed || close_after) break;
+    try {
+      for (size_t count = keep_alive_max_count_; count > 0 && next_request_arrives(stream);
+           --count) {
+        bool connection_closed = false;
+        g_close_after_response = false;
+        stream.rename_form_content_type();
+        answered = process_request(stream, count == 1, connection_closed, nullptr);
+        close_after = g_close_after_response;
+        if (!answered || connection_closed || close_after) break;
+      }
+    } catch (const std::exception&) {
+      // Outside any handler (httplib reading a request line or headers, when memory runs out):
+      // the connection is closed unanswered, and the server goes on. Escaping this thread, the
+      // exception would end the process.
+      answered = close_after = false;
     }
     g_client_socket = -1;
     if (close_after) {
@@ -497,6 +506,24 @@ void run_server(const ServeSettings& settings) {
       res.status = 204;
     });
   }
+
+  // An exception before a handler runs (reading a body runs out of memory) gets the JSON answer
+  // a handler gives, where httplib alone answers a bare 500 with an EXCEPTION_WHAT header. The
+  // connection is closed after it: the rest of the body, unread, would be read as the next
+  // request's line, whose growing buffer httplib cannot let an exception out of (std::terminate).
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+        g_close_after_response = true;
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::bad_alloc&) {
+          reply_error(res, 500, "out of memory");
+        } catch (const std::exception& e) {
+          reply_error(res, 500, e.what());
+        } catch (...) {
+          reply_error(res, 500, "internal error");
+        }
+      });
 
   // Every handler answers a RequestError or any other failure with a JSON error, never by
   // letting it escape into httplib.

@@ -380,10 +380,6 @@ class TrainingRun {
                   std::to_string(plan_.size()) +
                   " batches of this data; resume with the run's own --train-src/--train-tgt and "
                   "--batch-tokens");
-    if (primary_) {
-      log_ = std::fopen((o_.model_dir + "/train.log.jsonl").c_str(), "a");
-      if (!log_) throw Error(o_.model_dir + "/train.log.jsonl: cannot open for writing");
-    }
     terminal_ = primary_ && ::isatty(2);
     if (replicas_.distributed()) {
       // Every rank read the checkpoint, corpus and options itself: they must agree before any
@@ -403,6 +399,12 @@ class TrainingRun {
                     "the ranks start from different states (checkpoint, data or options differ "
                     "between them; every rank needs the same options, --model-dir and data, e.g. "
                     "on a shared file system)");
+    }
+    // The log is opened once the run is known to start: a run refused before (here, ranks that
+    // disagree) leaves no empty log, and so no directory, behind.
+    if (primary_) {
+      log_ = std::fopen((o_.model_dir + "/train.log.jsonl").c_str(), "a");
+      if (!log_) throw Error(o_.model_dir + "/train.log.jsonl: cannot open for writing");
     }
 #ifdef NDEBUG
     check_every_ = o_.replica_check_every;
