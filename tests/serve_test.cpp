@@ -153,6 +153,13 @@ std::string receive_response(int fd, int seconds = 30) {
   return answer;
 }
 
+// Resident memory of a process, MiB.
+int64_t resident_mib(pid_t pid) {
+  const std::string status = slurp("/proc/" + std::to_string(pid) + "/status");
+  const size_t at = status.find("VmRSS:");
+  return at == std::string::npos ? -1 : std::stoll(status.substr(at + 6)) / 1024;
+}
+
 // Polls /metrics until it has `line` (a whole line, e.g. "transformer_queue_sentences 3") or
 // `seconds` pass: tests wait on the server's own state instead of sleeping and hoping.
 bool wait_for_metric(const Server& server, const std::string& line, int seconds = 30) {
@@ -792,6 +799,41 @@ TEST(Serve, AnIdleConnectionPastThePoolGets503) {
 // A POST without Content-Length (and not chunked) is 411 at once and its connection ends: it
 // waited for the client to close (--io-timeout) and got 400. A method a path does not answer is
 // 405 with Allow, not 404.
+// A request line (or headers) without an end: answered 431 once 64 KiB of it have come, and the
+// connection closed. httplib alone reads a request line until its newline, however long: 64 MB
+// without one made the server 100 MB larger, and it answered nothing.
+TEST(Serve, AHeadWithoutAnEndIs431) {
+  Server server("");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  const int64_t before_mib = resident_mib(server.pid());
+  for (const std::string& start :
+       {std::string("GET /"), std::string("POST /v1/translate HTTP/1.1\r\nX: ")}) {
+    const int fd = connect_to(server);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::send(fd, start.data(), start.size(), MSG_NOSIGNAL), ssize_t(start.size()));
+    const std::string chunk(64 << 10, 'a');
+    for (size_t sent = 0; sent < (16u << 20);) {  // until the answer, at most 16 MiB
+      pollfd answered{fd, POLLIN, 0};
+      if (::poll(&answered, 1, 0) > 0) break;
+      const ssize_t n = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += size_t(n);
+    }
+    const std::string answer = receive_response(fd, 15);
+    ::close(fd);
+    EXPECT_EQ(answer.rfind("HTTP/1.1 431 ", 0), 0u) << answer.substr(0, 300);
+    EXPECT_NE(answer.find(R"({"error":"the request line and headers take more than 65536 bytes"})"),
+              std::string::npos)
+        << answer.substr(0, 300);
+  }
+  EXPECT_LT(resident_mib(server.pid()), before_mib + 16);
+  int status = 0;
+  const json j = post_json(server, "/v1/translate", R"({"text": "آ ز ا"})", &status);
+  EXPECT_EQ(status, 200) << j;
+  EXPECT_TRUE(wait_for_metric(server, "transformer_request_errors_total{code=\"431\"} 2"));
+  EXPECT_EQ(server.stop(), 0);
+}
+
 TEST(Serve, BodyWithoutLengthIs411AndAWrongMethodIs405) {
   Server server("");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
@@ -1168,13 +1210,6 @@ TEST(Serve, BodiesOverEightKilobytesAreReadWhateverTheirContentType) {
   EXPECT_EQ(r->status, 413);
   EXPECT_NE(r->body.find("--max-body-bytes"), std::string::npos) << r->body;
   EXPECT_EQ(server.stop(), 0);
-}
-
-// Resident memory of a process, MiB.
-int64_t resident_mib(pid_t pid) {
-  const std::string status = slurp("/proc/" + std::to_string(pid) + "/status");
-  const size_t at = status.find("VmRSS:");
-  return at == std::string::npos ? -1 : std::stoll(status.substr(at + 6)) / 1024;
 }
 
 TEST(Serve, RefusedLargeTextsLeaveNoMemoryBehind) {

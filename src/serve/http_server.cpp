@@ -178,13 +178,28 @@ class ConnectionStream : public httplib::Stream {
   }
   socket_t socket() const override { return fd_; }
 
-  // Reads the next request's head into the buffer (up to 64 KiB; httplib refuses longer heads
-  // itself) and hands a form body to httplib under kRenamedFormContentType.
-  void rename_form_content_type() {
+  // What read_head found.
+  enum class Head { kComplete, kTooLarge, kEnded };
+  // The bytes a request's head (request line and headers) may take.
+  static constexpr size_t kMaxHeadBytes = 64 << 10;
+
+  // Reads the next request's head into the buffer and hands a form body to httplib under
+  // kRenamedFormContentType. kTooLarge: no end of head within kMaxHeadBytes (httplib itself
+  // would read a request line until its newline, however long: a client sending 1 GB without
+  // one made the server hold 1 GB); kEnded: the client closed or went quiet first (httplib then
+  // finds that itself).
+  Head read_head() {
     size_t head_end;
-    while ((head_end = buffer_.find("\r\n\r\n", begin_)) == std::string::npos &&
-           buffer_.size() - begin_ < 65536)
-      if (!wait_readable(fd_, read_timeout_) || receive() <= 0) return;
+    while ((head_end = buffer_.find("\r\n\r\n", begin_)) == std::string::npos) {
+      if (buffer_.size() - begin_ >= kMaxHeadBytes) return Head::kTooLarge;
+      if (!wait_readable(fd_, read_timeout_) || receive() <= 0) return Head::kEnded;
+    }
+    rename_form_content_type(head_end);
+    return Head::kComplete;
+  }
+
+ private:
+  void rename_form_content_type(size_t head_end) {
     for (size_t line = buffer_.find("\r\n", begin_); line < head_end;
          line = buffer_.find("\r\n", line + 2)) {
       const std::string_view header(buffer_.data() + line + 2, head_end - line - 2);
@@ -197,7 +212,6 @@ class ConnectionStream : public httplib::Stream {
     }
   }
 
- private:
   // Appends what one recv() gives to the buffer.
   ssize_t receive() {
     char chunk[4096];
@@ -229,24 +243,33 @@ void close_after_answer(int fd, std::chrono::milliseconds linger) {
   close(fd);
 }
 
-// The answer to a connection that found --max-connections answered and as many waiting: 503,
-// written at once on the accepting thread without waiting for the request (an idle or slow
-// client would hold the accepting thread, and one that never sends was closed unanswered).
-// allow_origin (--allow-origin; empty: none) lets a browser's page read it, as every answer.
-void refuse_connection(int fd, const std::string& allow_origin) {
-  const std::string body =
-      R"({"error":"the server is answering --max-connections connections and as many wait; )"
-      R"(retry later"})";
+// An answer written straight to the socket, outside httplib (the connection is closed after
+// it): `status_line` ("503 Service Unavailable"), a JSON body, `extra_headers` (each ending in
+// \r\n), and with allow_origin (--allow-origin; empty: none) the CORS headers every answer
+// carries, so that a browser's page can read it.
+void answer_and_close(int fd, const std::string& status_line, const std::string& body,
+                      const std::string& extra_headers, const std::string& allow_origin,
+                      std::chrono::milliseconds linger) {
   const std::string response =
-      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: "
-      "1\r\nConnection: close\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n" +
+      "HTTP/1.1 " + status_line + "\r\nContent-Type: application/json\r\n" + extra_headers +
+      "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" +
       (allow_origin.empty() ? std::string()
                             : "Access-Control-Allow-Origin: " + allow_origin +
                                   "\r\nAccess-Control-Expose-Headers: Retry-After\r\n") +
       "\r\n" + body;
   send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  close_after_answer(fd, std::chrono::milliseconds(0));
+  close_after_answer(fd, linger);
+}
+
+// The answer to a connection that found --max-connections answered and as many waiting: 503,
+// written at once on the accepting thread without waiting for the request (an idle or slow
+// client would hold the accepting thread, and one that never sends was closed unanswered).
+void refuse_connection(int fd, const std::string& allow_origin) {
+  answer_and_close(
+      fd, "503 Service Unavailable",
+      R"({"error":"the server is answering --max-connections connections and as many wait; )"
+      R"(retry later"})",
+      "Retry-After: 1\r\n", allow_origin, std::chrono::milliseconds(0));
 }
 
 // httplib::Server with its connection loop here instead of in the library (Debian's
@@ -261,6 +284,7 @@ class Server : public httplib::Server {
   // Calling listen() again on the bound socket only changes its backlog.
   bool deepen_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
   std::function<void()> on_refused_connection;  // counts a refuse_connection
+  std::function<void()> on_head_too_large;      // counts a 431
   std::string allow_origin;                     // --allow-origin, for refuse_connection
 
  private:
@@ -279,7 +303,15 @@ class Server : public httplib::Server {
            --count) {
         bool connection_closed = false;
         g_close_after_response = false;
-        stream.rename_form_content_type();
+        if (stream.read_head() == ConnectionStream::Head::kTooLarge) {
+          answer_and_close(sock, "431 Request Header Fields Too Large",
+                           R"({"error":"the request line and headers take more than )" +
+                               std::to_string(ConnectionStream::kMaxHeadBytes) + R"( bytes"})",
+                           "", allow_origin, std::chrono::milliseconds(500));
+          if (on_head_too_large) on_head_too_large();
+          g_client_socket = -1;
+          return true;
+        }
         answered = process_request(stream, count == 1, connection_closed, nullptr);
         close_after = g_close_after_response;
         if (!answered || connection_closed || close_after) break;
@@ -411,6 +443,7 @@ void run_server(const ServeSettings& settings) {
   std::atomic<uint64_t> answered{0};
 
   server.on_refused_connection = [&] { metrics.count_request("", 503, 0.0); };
+  server.on_head_too_large = [&] { metrics.count_request("", 431, 0.0); };
   server.new_task_queue = [&] {
     return new ConnectionPool(size_t(settings.max_connections), size_t(settings.max_connections));
   };
