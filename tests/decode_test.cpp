@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "cli_runner.h"
 #include "decode/beam_search.h"
 #include "fixture_batch.h"
 #include "io/ctranslate2.h"
@@ -202,6 +203,45 @@ TEST(Decode, SixteenBitCachesKeepTheOutputs) {
         for (size_t j = 0; j < full.attention[step].size(); ++j)
           EXPECT_NEAR(rounded.attention[step][j], full.attention[step][j], 2 * bound)
               << what << " step " << step;
+    }
+}
+
+// On a GPU: device memory stays flat while one model decodes batch after batch, 150 searches of
+// at least 20 steps each (3,000 steps and more) per setting: float32 and float16, greedy and
+// beam 4. What the first searches allocate (prepared weights, the pool's blocks) is kept; what a
+// search allocates for itself is freed when it ends. A leak grows with the searches: after the
+// 30th, the 90th and the 150th, the memory in use must not grow.
+TEST(Decode, GpuMemoryStaysFlatOverThousandsOfSteps) {
+  std::string why;
+  const std::string gpu = testing_support::first_gpu_backend(why);
+  if (gpu.empty()) GTEST_SKIP() << why;
+  const Backend& backend = find_backend(gpu);
+  ImportedModel m =
+      import_ctranslate2(std::string(TFM_FIXTURE_DIR) +
+                         "/../data/ctranslate2-aren-transliteration/aren-transliteration");
+  const Vocabulary source = Vocabulary::from_tokens(m.source_tokens, "s");
+  const Model model(m.config, std::move(m.parameters), "aren", backend);
+  const std::vector<std::vector<int32_t>> sentences = {
+      source.encode("آ ت ز م و ن"), source.encode("آ ز ا"), source.encode("آ ت ش ي س و ن"),
+      source.encode("آ ب")};
+  for (Precision precision : {Precision::kFloat32, Precision::kFloat16})
+    for (int64_t size : {1, 4}) {
+      SCOPED_TRACE(std::string(precision_name(precision)) + " beam " + std::to_string(size));
+      SearchOptions o = beam(size);
+      o.precision = precision;
+      o.cache = precision == Precision::kFloat16 ? CacheFormat::kFloat16 : CacheFormat::kFloat32;
+      o.min_length = 20;
+      o.max_length = 24;
+      std::vector<int64_t> in_use;  // after searches 30, 90 and 150
+      for (int i = 1; i <= 150; ++i) {
+        const auto results = search(model, sentences, {}, o);
+        ASSERT_EQ(results.size(), sentences.size());
+        ASSERT_GE(results[0][0].tokens.size(), 20u);
+        if (i == 30 || i == 90 || i == 150) in_use.push_back(backend.memory_in_use());
+      }
+      ASSERT_GT(in_use[0], 0);
+      EXPECT_LE(in_use[1], in_use[0] + (1 << 20)) << in_use[0] << " then " << in_use[1];
+      EXPECT_LE(in_use[2], in_use[1] + (1 << 20)) << in_use[1] << " then " << in_use[2];
     }
 }
 
