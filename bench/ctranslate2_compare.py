@@ -28,6 +28,7 @@ How to run
 import argparse
 import json
 import os
+import shutil
 import random
 import subprocess
 import sys
@@ -105,6 +106,10 @@ def main():
     parser.add_argument("--source", help="source text for --quickstart (e.g. out/corpus/test.en)")
     parser.add_argument("--lines", type=int, default=200)
     args = parser.parse_args()
+    if args.quickstart:
+        for tool in ("spm_encode", "spm_decode"):
+            if not shutil.which(tool):
+                sys.exit("error: --quickstart needs %s (Debian: apt-get install sentencepiece)" % tool)
     if not args.peer_python:
         args.peer_python = run(["bash", os.path.join(ROOT, "bench", "peers.sh")]).strip()
     version = run([args.peer_python, "-c", "import ctranslate2; print(ctranslate2.__version__)"])
