@@ -1,6 +1,6 @@
-// Attention over whole score matrices on cuBLAS: per head, one strided-batched product over the
-// sequences for QKᵀ, a masked softmax of one warp per query row, and one for P·V; the backward
-// likewise (dV = P'ᵀ·dO, dP = dO·Vᵀ, the softmax's backward, dQ = dS·K, dK = dSᵀ·Q). This is
+// Attention over whole score matrices on cuBLAS: one batched product over every (sequence, head)
+// for QKᵀ, a masked softmax of one warp per query row, and one for P·V; the backward likewise
+// (dV = P'ᵀ·dO, dP = dO·Vᵀ, the softmax's backward, dQ = dS·K, dK = dSᵀ·Q). This is
 // what training (which keeps the weights for the backward anyway) and the encoder's full
 // passes use; additive scores, cached rows and shared key batches (decoding) stay with the
 // per-query kernels of attention.cu. Products in float32, as the CPU backend's.
@@ -76,19 +76,48 @@ __global__ void softmax_backward_kernel(int64_t rows, int64_t key_len, const flo
   for (int64_t j = lane; j < key_len; j += 32) g[j] = p[j] * (g[j] - dot) * scale;
 }
 
-// Row-major C = alpha·op(A)·op(B) + beta·C for `batch` matrices at fixed strides, on cuBLAS
-// (column-major: Cᵀ = op(B)ᵀ·op(A)ᵀ, as matmul.cu).
-void strided_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                     const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
-                     int64_t stride_b, float* out, int64_t ldc, int64_t stride_c, int64_t batch) {
+// Where the matrices of one operand of a per-head product lie: matrix (s, h) of sequence s and
+// head h starts at base + s·sequence + h·head, rows `ld` elements apart.
+struct HeadMatrices {
+  const float* base;
+  int64_t ld, sequence, head;
+};
+
+// The matrix pointers of a per-head product, matrix i = s·heads + h.
+__global__ void head_pointers_kernel(HeadMatrices a, HeadMatrices b, HeadMatrices c, int64_t heads,
+                                     int64_t count, const float** a_pointers,
+                                     const float** b_pointers, float** c_pointers) {
+  TFM_FOR_EACH(i, count) {
+    const int64_t s = i / heads, h = i % heads;
+    a_pointers[i] = a.base + s * a.sequence + h * a.head;
+    b_pointers[i] = b.base + s * b.sequence + h * b.head;
+    c_pointers[i] = const_cast<float*>(c.base) + s * c.sequence + h * c.head;
+  }
+}
+
+// Row-major C = op(A)·op(B) for every (sequence, head) of a batch in one cuBLAS call (a per-head
+// loop of strided-batched products made 8 launches of 1/8 of the work at 8 heads), column-major
+// as matmul.cu: Cᵀ = op(B)ᵀ·op(A)ᵀ.
+void head_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                  HeadMatrices a, HeadMatrices b, HeadMatrices out, int64_t sequences,
+                  int64_t heads) {
+  const int64_t count = sequences * heads;
+  if (count == 0) return;
+  Scratch pointers(c, 3 * count * int64_t(sizeof(float*)));  // [3, count]
+  const float** a_pointers = pointers.as<const float*>();
+  const float** b_pointers = a_pointers + count;
+  float** c_pointers = pointers.as<float*>() + 2 * count;
+  head_pointers_kernel<<<blocks_for(count), kThreads, 0, c.stream>>>(
+      a, b, out, heads, count, a_pointers, b_pointers, c_pointers);
+  check_launch("attention (head pointers)");
   const float alpha = 1.f, beta = 0.f;
   std::lock_guard<std::mutex> lock(c.blas_mutex);
   const BlasLibrary& blas = blas_library();
   TFM_CUDA(blas.set_stream(c.blas, c.stream));
-  TFM_CUDA(blas.sgemm_strided_batched(c.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k),
-                                      &alpha, b, int(ldb), stride_b, a, int(lda), stride_a, &beta,
-                                      out, int(ldc), stride_c, int(batch)));
+  TFM_CUDA(blas.sgemm_batched(c.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha,
+                              b_pointers, int(b.ld), a_pointers, int(a.ld), &beta, c_pointers,
+                              int(out.ld), int(count)));
 }
 
 unsigned row_blocks(int64_t rows) {
@@ -118,20 +147,22 @@ void dense_attention_forward(const Context& c, const AttentionShape& s, const At
   Scratch dropped(c, dropout.p > 0.f ? rows * s.key_len * int64_t(sizeof(float)) : 0);
   const int64_t k_stride = sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride);
   const int64_t v_stride = sequence_stride(s.v_batch_stride, s.key_len, s.v_row_stride);
-  for (int64_t h = 0; h < s.heads; ++h)  // S[Tq, Tk] = Q·Kᵀ per sequence
-    strided_product(c, false, true, s.query_len, s.key_len, d, q + h * d, s.q_row_stride,
-                    s.query_len * s.q_row_stride, k + h * d, s.k_row_stride, k_stride,
-                    scores + h * pair_size, s.key_len, s.heads * pair_size, s.batch);
+  // S[Tq, Tk] = Q·Kᵀ per sequence and head
+  head_product(c, false, true, s.query_len, s.key_len, d,
+               {q, s.q_row_stride, s.query_len * s.q_row_stride, d},
+               {k, s.k_row_stride, k_stride, d},
+               {scores, s.key_len, s.heads * pair_size, pair_size}, s.batch, s.heads);
   masked_softmax_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream>>>(
       s, mask, scores, attention_score_scale(s.score.kind, s.head_dim),
       dropout.p > 0.f ? dropout.mask : nullptr, dropout.p > 0.f ? 1.f / (1.f - dropout.p) : 1.f,
       dropout.p > 0.f ? dropped.as<float>() : nullptr);
   check_launch("attention_forward (softmax)");
   const float* weights = dropout.p > 0.f ? dropped.as<float>() : scores;
-  for (int64_t h = 0; h < s.heads; ++h)  // O[Tq, d] = P'·V per sequence
-    strided_product(c, false, false, s.query_len, d, s.key_len, weights + h * pair_size, s.key_len,
-                    s.heads * pair_size, v + h * d, s.v_row_stride, v_stride, out + h * d,
-                    s.out_row_stride, s.query_len * s.out_row_stride, s.batch);
+  // O[Tq, d] = P'·V per sequence and head
+  head_product(c, false, false, s.query_len, d, s.key_len,
+               {weights, s.key_len, s.heads * pair_size, pair_size},
+               {v, s.v_row_stride, v_stride, d},
+               {out, s.out_row_stride, s.query_len * s.out_row_stride, d}, s.batch, s.heads);
 }
 
 void dense_attention_backward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
@@ -158,29 +189,26 @@ void dense_attention_backward(const Context& c, const AttentionShape& s, const A
     apply_dropout(c.stream, dropped, dropout.mask, rows * s.key_len, dropout.p);
     weights = dropped;
   }
-  for (int64_t h = 0; h < s.heads; ++h) {
-    // dV[Tk, d] = P'ᵀ·dO; rows of keys no query sees get 0 (their weights are 0).
-    strided_product(c, true, false, s.key_len, d, s.query_len, weights + h * pair_size, s.key_len,
-                    s.heads * pair_size, d_out + h * d, s.out_row_stride, out_stride, dv + h * d,
-                    s.v_row_stride, v_stride, s.batch);
-    // dP[Tq, Tk] = dO·Vᵀ
-    strided_product(c, false, true, s.query_len, s.key_len, d, d_out + h * d, s.out_row_stride,
-                    out_stride, v + h * d, s.v_row_stride, v_stride, d_scores + h * pair_size,
-                    s.key_len, s.heads * pair_size, s.batch);
-  }
+  const HeadMatrices weights_by_head{weights, s.key_len, s.heads * pair_size, pair_size};
+  const HeadMatrices d_out_by_head{d_out, s.out_row_stride, out_stride, d};
+  const HeadMatrices d_scores_by_head{d_scores, s.key_len, s.heads * pair_size, pair_size};
+  // dV[Tk, d] = P'ᵀ·dO; rows of keys no query sees get 0 (their weights are 0).
+  head_product(c, true, false, s.key_len, d, s.query_len, weights_by_head, d_out_by_head,
+               {dv, s.v_row_stride, v_stride, d}, s.batch, s.heads);
+  // dP[Tq, Tk] = dO·Vᵀ
+  head_product(c, false, true, s.query_len, s.key_len, d, d_out_by_head,
+               {v, s.v_row_stride, v_stride, d}, d_scores_by_head, s.batch, s.heads);
   softmax_backward_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream>>>(
       rows, s.key_len, probs, d_scores, attention_score_scale(s.score.kind, s.head_dim),
       dropping ? dropout.mask : nullptr, keep_scale);
   check_launch("attention_backward (softmax)");
-  for (int64_t h = 0; h < s.heads; ++h) {
-    // dQ[Tq, d] = dS·K, dK[Tk, d] = dSᵀ·Q.
-    strided_product(c, false, false, s.query_len, d, s.key_len, d_scores + h * pair_size, s.key_len,
-                    s.heads * pair_size, k + h * d, s.k_row_stride, k_stride, dq + h * d,
-                    s.q_row_stride, q_stride, s.batch);
-    strided_product(c, true, false, s.key_len, d, s.query_len, d_scores + h * pair_size, s.key_len,
-                    s.heads * pair_size, q + h * d, s.q_row_stride, q_stride, dk + h * d,
-                    s.k_row_stride, k_stride, s.batch);
-  }
+  // dQ[Tq, d] = dS·K, dK[Tk, d] = dSᵀ·Q.
+  head_product(c, false, false, s.query_len, d, s.key_len, d_scores_by_head,
+               {k, s.k_row_stride, k_stride, d}, {dq, s.q_row_stride, q_stride, d}, s.batch,
+               s.heads);
+  head_product(c, true, false, s.key_len, d, s.query_len, d_scores_by_head,
+               {q, s.q_row_stride, q_stride, d}, {dk, s.k_row_stride, k_stride, d}, s.batch,
+               s.heads);
   (void)mask;  // the weights are 0 wherever the mask hides a key: dS is 0 there too
 }
 

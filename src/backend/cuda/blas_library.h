@@ -17,10 +17,10 @@ struct BlasLibrary {
   // cublasGemmEx as exported (C++ also sees an inline overload taking cudaDataType as the
   // compute type, which is not in the library).
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                            const void*, const void*, cudaDataType, int, const void*,
-                            cudaDataType, int, const void*, void*, cudaDataType, int,
-                            cublasComputeType_t, cublasGemmAlgo_t);
-  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t);
+  decltype(&cublasSgemmBatched) sgemm_batched;
   decltype(&cublasGetStatusString) status_string;
 };
 
