@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "api/compute_type.h"
 #include "backend/cpu/gemm.h"
 #include "tensor/error.h"
 #include "tensor/memory_budget.h"
@@ -63,16 +64,14 @@ inline void compute_type_arg(int argc, char** argv, int& i, const char* usage,
                 "int8_float16, not " +
                     type);
 }
-// Throws where `backend` cannot run products in `precision` or keep a cache in `cache`.
+// Throws where `backend` cannot run products in `precision` or keep a cache in `cache`
+// (api/compute_type.h's rule, as translate applies it).
 inline void check_compute_type(const tfm::Backend& backend, tfm::Precision precision,
                                tfm::CacheFormat cache) {
-  const std::string name = tfm::compute_type_name(precision, cache);
-  if (!backend.supports(precision))
-    throw std::runtime_error("--compute-type " + name + " " +
-                             backend.unsupported_reason(precision));
-  if (cache == tfm::CacheFormat::kFloat16 && !backend.supports(tfm::Precision::kFloat16))
-    throw std::runtime_error("--compute-type " + name + " " +
-                             backend.unsupported_reason(tfm::Precision::kFloat16));
+  const std::string why = tfm::unsupported_reason(tfm::ComputeType{precision, cache}, backend);
+  if (!why.empty())
+    throw std::runtime_error("--compute-type " + tfm::compute_type_name(precision, cache) + " " +
+                             why);
 }
 
 // The non-negative integer value of option argv[i]; advances i past it.

@@ -20,6 +20,13 @@ std::string compute_type_problem(const std::string& name) {
   return "must be " + std::string(kComputeTypeNames) + ", not \"" + name + "\"";
 }
 
+std::string unsupported_reason(const ComputeType& type, const Backend& backend) {
+  if (!backend.supports(type.precision)) return backend.unsupported_reason(type.precision);
+  if (type.cache == CacheFormat::kFloat16 && !backend.supports(Precision::kFloat16))
+    return backend.unsupported_reason(Precision::kFloat16);
+  return "";
+}
+
 ComputeType resolve_compute_type(const std::string& name, const Backend& backend,
                                  const std::string& model_path) {
   ComputeType type;
@@ -37,12 +44,8 @@ ComputeType resolve_compute_type(const std::string& name, const Backend& backend
   }
   if (!parse_compute_type(name, type.precision, type.cache))
     throw UsageError("--compute-type: " + compute_type_problem(name));
-  if (!backend.supports(type.precision))
-    throw Error("--compute-type " + name + " " + backend.unsupported_reason(type.precision));
-  // A float16 cache goes with float16 products: where they are refused, so is the cache
-  // (int8_float16 on a CPU, as in CTranslate2's list of the CPU's types).
-  if (type.cache == CacheFormat::kFloat16 && !backend.supports(Precision::kFloat16))
-    throw Error("--compute-type " + name + " " + backend.unsupported_reason(Precision::kFloat16));
+  if (const std::string why = unsupported_reason(type, backend); !why.empty())
+    throw Error("--compute-type " + name + " " + why);
   return type;
 }
 

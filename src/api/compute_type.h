@@ -23,6 +23,12 @@ extern const char* const kComputeTypeNames;
 // so); empty for the names it takes.
 std::string compute_type_problem(const std::string& name);
 
+// Why `backend` cannot run `type`, as the end of a sentence about it (Backend::unsupported_reason
+// of the products' precision, or of float16 for a float16 cache: float16 storage goes with
+// float16 products, so int8_float16 is refused where float16 is, as on CTranslate2's CPUs);
+// empty where it can.
+std::string unsupported_reason(const ComputeType& type, const Backend& backend);
+
 // The compute type `name` means for the model at `model_path` on `backend`: "default" is the
 // precision the file stores its linear weights in (int8 or float32), "auto" int8 where `backend`
 // multiplies in it, else float32 (CTranslate2's auto on CPUs). Throws UsageError for an unknown

@@ -3,6 +3,7 @@
 
 #include "tensor/error.h"
 #include "text/vocabulary.h"
+#include "train/checkpoint.h"
 
 namespace tfm {
 
@@ -23,8 +24,7 @@ TrainResult train_model(TrainOptions options, const ConfigChoice& choice) {
 
 Precision training_precision(const std::string& compute_type) {
   Precision precision;
-  if ((compute_type != "float32" && compute_type != "bfloat16") ||
-      !parse_precision(compute_type, precision))
+  if (!parse_precision(compute_type, precision) || !trains_in(precision))
     throw UsageError("the training compute type must be float32 or bfloat16, not \"" +
                      compute_type + "\"");
   return precision;

@@ -73,7 +73,7 @@ TrainingState TrainingState::from_json(const nlohmann::json& j, const std::strin
   if (j.contains("compute_type")) {
     const nlohmann::json& v = j.at("compute_type");
     if (!v.is_string() || !parse_precision(v.get<std::string>(), s.compute_type) ||
-        s.compute_type == Precision::kInt8 || s.compute_type == Precision::kFloat16)
+        !trains_in(s.compute_type))
       throw bad("compute_type", "is not float32 or bfloat16 (" + v.dump() + ")");
   }
   if (j.contains("sentencepiece_alphas")) {

@@ -17,6 +17,13 @@
 
 namespace tfm {
 
+// Whether a run trains in `precision`: float32 or bfloat16 products (int8 and float16 are for
+// inference; float16 training would need loss scaling). The one rule that train's
+// --compute-type, the library's training_precision and a checkpoint's state are checked by.
+inline bool trains_in(Precision precision) {
+  return precision == Precision::kFloat32 || precision == Precision::kBFloat16;
+}
+
 struct TrainingState {
   int64_t step = 0;
   int64_t epoch = 0;        // epochs completed

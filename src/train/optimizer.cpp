@@ -33,9 +33,10 @@ Optimizer::Optimizer(OptimizerOptions options, const DeviceTensors& parameters)
     second_moment_ = DeviceTensors::zeros_like(parameters);
     // The moments' blocks and the gradients' (zeros_like of the same parameters) share one
     // layout, name by name.
-    for (const auto& [name, moment] : first_moment_) offsets_.push_back(moment.offset);
-    offsets_.push_back(first_moment_.numel());
-    upload(*backend_, offsets_.data(), int64_t(offsets_.size()), device_offsets_);
+    std::vector<int64_t> offsets;  // [tensors + 1]
+    for (const auto& [name, moment] : first_moment_) offsets.push_back(moment.offset);
+    offsets.push_back(first_moment_.numel());
+    upload(*backend_, offsets.data(), int64_t(offsets.size()), device_offsets_);
   }
 }
 

@@ -65,11 +65,10 @@ class Optimizer {
   double last_rate_ = 0;
   // Adam's moments, each one block in the backend's memory (empty for SGD).
   DeviceTensors first_moment_, second_moment_;
-  // What Backend::adam_update reads to update every parameter in one call: their addresses
-  // [count] and ranges in the gradient and moment blocks [count + 1] (the host's copies, and
-  // the backend's, uploaded again only when an address changes).
+  // What Backend::adam_update reads to update every parameter in one call, in the backend's
+  // memory: the parameters' addresses [count] (uploaded again only when one changes: the host
+  // keeps its copy to tell) and their ranges in the gradient and moment blocks [count + 1].
   std::vector<float*> addresses_;
-  std::vector<int64_t> offsets_;
   DeviceBuffer<float*> device_addresses_;
   DeviceBuffer<int64_t> device_offsets_;
 

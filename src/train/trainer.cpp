@@ -103,7 +103,7 @@ void check_options(const TrainOptions& o) {
 
 // A compute type this backend cannot train in.
 void check_compute_type(const Backend& backend, Precision precision) {
-  if (precision == Precision::kInt8 || precision == Precision::kFloat16)
+  if (!trains_in(precision))
     throw Error(std::string("--compute-type ") + precision_name(precision) +
                 " is for inference; train in float32 or bfloat16");
   if (!backend.supports(precision))
