@@ -330,7 +330,7 @@ int run_heads(const Options& o) {
       auto training = [&] {
         forward();
         tfm::multi_head_attention_backward(tfm::cpu_backend(), w, g, heads, in, cache, d_out.data(),
-                                           scratch, d_x.data(), false, d_x.data());
+                                           nullptr, scratch, d_x.data(), false, d_x.data());
       };
       const double forward_s = bench::time_for_at_least(forward, min_seconds);
       const double training_s = bench::time_for_at_least(training, min_seconds);

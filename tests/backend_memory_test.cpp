@@ -160,6 +160,40 @@ class MemoryCheckingBackend : public Backend {
                                                         {"dbeta", dbeta}});
     cpu().layer_norm_backward(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols, accumulate);
   }
+  void residual_layer_norm(float* f, const float* x, int64_t rows, int64_t cols, float p,
+                           uint64_t key, uint8_t* mask, const float* gamma, const float* beta,
+                           float eps, float* y, float* mean, float* rstd,
+                           uint16_t* rounded_y) const override {
+    const Access access = check("residual_layer_norm", {{"f", f},
+                                                        {"x", x},
+                                                        {"mask", mask},
+                                                        {"gamma", gamma},
+                                                        {"beta", beta},
+                                                        {"y", y},
+                                                        {"mean", mean},
+                                                        {"rstd", rstd},
+                                                        {"rounded_y", rounded_y}});
+    cpu().residual_layer_norm(f, x, rows, cols, p, key, mask, gamma, beta, eps, y, mean, rstd,
+                              rounded_y);
+  }
+  void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
+                                    const float* rstd, const float* gamma, float* dgamma,
+                                    float* dbeta, const uint8_t* mask, float p, float* d_f,
+                                    uint16_t* rounded_d_f, int64_t rows,
+                                    int64_t cols) const override {
+    const Access access = check("residual_layer_norm_backward", {{"dy", dy},
+                                                                 {"sum", sum},
+                                                                 {"mean", mean},
+                                                                 {"rstd", rstd},
+                                                                 {"gamma", gamma},
+                                                                 {"dgamma", dgamma},
+                                                                 {"dbeta", dbeta},
+                                                                 {"mask", mask},
+                                                                 {"d_f", d_f},
+                                                                 {"rounded_d_f", rounded_d_f}});
+    cpu().residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
+                                       rounded_d_f, rows, cols);
+  }
   void add(float* y, const float* x, int64_t n) const override {
     const Access access = check("add", {{"y", y}, {"x", x}});
     cpu().add(y, x, n);
@@ -184,9 +218,11 @@ class MemoryCheckingBackend : public Backend {
         check("activation_backward", {{"d", d}, {"pre_activation", pre_activation}});
     cpu().activation_backward(d, pre_activation, n, act);
   }
-  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const override {
-    const Access access = check("relu_backward_bfloat16", {{"d", d}, {"relu_output", relu_output}});
-    cpu().relu_backward_bfloat16(d, relu_output, n);
+  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
+                              uint16_t* rounded_d) const override {
+    const Access access = check("relu_backward_bfloat16",
+                                {{"d", d}, {"relu_output", relu_output}, {"rounded_d", rounded_d}});
+    cpu().relu_backward_bfloat16(d, relu_output, n, rounded_d);
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     const Access access = check("bias_backward", {{"dy", dy}, {"dbias", dbias}});

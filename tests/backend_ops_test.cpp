@@ -401,7 +401,8 @@ TEST_P(BackendOps, MatmulRefusesABFloat16OutputItCannotWrite) {
 }
 
 // relu_backward_bfloat16 is activation_backward's ReLU on the bfloat16 output widened: gradients
-// pass where the output is positive and stop at zeros (both signs), negatives and NaN.
+// pass where the output is positive and stop at zeros (both signs), negatives and NaN; the
+// rounded copy it may write is their bfloat16 rounding.
 TEST_P(BackendOps, ReluBackwardFromABFloat16Output) {
   for (int64_t n : {int64_t(7), int64_t(100000)}) {
     auto output = random_vector(n, 77);
@@ -416,11 +417,18 @@ TEST_P(BackendOps, ReluBackwardFromABFloat16Output) {
     const auto d0 = random_vector(n, 78);
     auto expected = d0, got = d0;
     be().activation_backward(expected.data(), widened.data(), n, Activation::kRelu);
-    be().relu_backward_bfloat16(got.data(), output16.data(), n);
+    be().relu_backward_bfloat16(got.data(), output16.data(), n, nullptr);
     ASSERT_EQ(got, expected);
     EXPECT_EQ(got[0], 0.f);
     EXPECT_EQ(got[2], 0.f);
     EXPECT_EQ(got[3], d0[3]);
+    // With the rounded copy asked for: the same values, and each one's bfloat16 rounding.
+    auto got_again = d0;
+    std::vector<uint16_t> rounded(static_cast<size_t>(n), 0xABCD);
+    be().relu_backward_bfloat16(got_again.data(), output16.data(), n, rounded.data());
+    ASSERT_EQ(got_again, expected);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(rounded[size_t(i)], float_to_bfloat16(expected[size_t(i)])) << i;
   }
 }
 
@@ -1087,6 +1095,90 @@ TEST_P(BackendOps, LayerNormForwardAndBackwardMatchFloat64) {
       }
     }
   }
+}
+
+// The post-norm sublayer's end fused into one operation each way gives what its parts give on
+// the same backend (those are checked against float64 above and below): the same mask; the sum
+// (a multiply-add may be fused), the norm and its gradients within float32 rounding; the dropped
+// gradient, and bfloat16 copies that are exactly the rounding of the values written.
+TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
+  const float eps = 1e-5f;
+  const uint64_t key = 777;
+  auto near = [](float got, float want) {
+    return std::abs(double(got) - double(want)) <= 2e-6 * (1 + std::abs(double(want)));
+  };
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{9, 1}, {9, 7}, {5, 65}, {300, 512}})
+    for (float p : {0.f, 0.3f})
+      for (bool rounded : {true, false}) {
+        SCOPED_TRACE(testing::Message()
+                     << rows << " x " << cols << " p " << p << " rounded " << rounded);
+        const int64_t n = rows * cols;
+        const auto x = random_vector(n, 31), f0 = random_vector(n, 32, 2.f);
+        const auto gamma = random_vector(cols, 33), beta = random_vector(cols, 34);
+        const auto dy0 = random_vector(n, 35);
+        // The parts: dropout_mask, apply_dropout, add, layer_norm.
+        std::vector<uint8_t> mask_parts(size_t(n), 7);
+        auto sum_parts = f0;
+        if (p > 0.f) {
+          be().dropout_mask(mask_parts.data(), n, p, key);
+          be().apply_dropout(sum_parts.data(), mask_parts.data(), n, p);
+        }
+        be().add(sum_parts.data(), x.data(), n);
+        std::vector<float> y_parts(static_cast<size_t>(n)), mean_parts(static_cast<size_t>(rows)),
+            rstd_parts(static_cast<size_t>(rows));
+        be().layer_norm(sum_parts.data(), gamma.data(), beta.data(), y_parts.data(), rows, cols,
+                        eps, mean_parts.data(), rstd_parts.data());
+        // The fused forward.
+        std::vector<uint8_t> mask(size_t(n), 7);
+        auto sum = f0;
+        std::vector<float> y(static_cast<size_t>(n)), mean(static_cast<size_t>(rows)),
+            rstd(static_cast<size_t>(rows));
+        std::vector<uint16_t> rounded_y(size_t(n), 0xABCD);
+        be().residual_layer_norm(sum.data(), x.data(), rows, cols, p, key,
+                                 p > 0.f ? mask.data() : nullptr, gamma.data(), beta.data(), eps,
+                                 y.data(), mean.data(), rstd.data(),
+                                 rounded ? rounded_y.data() : nullptr);
+        if (p > 0.f) {
+          ASSERT_EQ(mask, mask_parts);
+        }
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_TRUE(near(sum[size_t(i)], sum_parts[size_t(i)])) << i;
+        for (int64_t r = 0; r < rows; ++r) {
+          ASSERT_TRUE(near(mean[size_t(r)], mean_parts[size_t(r)])) << r;
+          ASSERT_TRUE(near(rstd[size_t(r)], rstd_parts[size_t(r)])) << r;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(near(y[size_t(i)], y_parts[size_t(i)])) << i;
+          ASSERT_EQ(rounded_y[size_t(i)], rounded ? float_to_bfloat16(y[size_t(i)]) : 0xABCD) << i;
+        }
+        // The parts of the backward: layer_norm_backward, then the dropout on a copy.
+        std::vector<float> dx_parts(static_cast<size_t>(n)), dgamma_parts(size_t(cols), 0.5f),
+            dbeta_parts(dgamma_parts);
+        be().layer_norm_backward(dy0.data(), sum.data(), mean.data(), rstd.data(), gamma.data(),
+                                 dx_parts.data(), dgamma_parts.data(), dbeta_parts.data(), rows,
+                                 cols, false);
+        // The fused backward, in place over dy.
+        auto dy = dy0;
+        std::vector<float> d_f(size_t(n), 9.f), dgamma(size_t(cols), 0.5f), dbeta(dgamma);
+        std::vector<uint16_t> rounded_d_f(size_t(n), 0xABCD);
+        be().residual_layer_norm_backward(dy.data(), sum.data(), mean.data(), rstd.data(),
+                                          gamma.data(), dgamma.data(), dbeta.data(),
+                                          p > 0.f ? mask.data() : nullptr, p, d_f.data(),
+                                          rounded ? rounded_d_f.data() : nullptr, rows, cols);
+        for (int64_t c = 0; c < cols; ++c) {
+          ASSERT_TRUE(near(dgamma[size_t(c)], dgamma_parts[size_t(c)])) << c;
+          ASSERT_TRUE(near(dbeta[size_t(c)], dbeta_parts[size_t(c)])) << c;
+        }
+        const float keep_scale = 1.f / (1.f - p);
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(near(dy[size_t(i)], dx_parts[size_t(i)])) << i;
+          const float dropped = p == 0.f          ? dy[size_t(i)]
+                                : mask[size_t(i)] ? dy[size_t(i)] * keep_scale
+                                                  : 0.f;
+          ASSERT_EQ(d_f[size_t(i)], dropped) << i;
+          ASSERT_EQ(rounded_d_f[size_t(i)], rounded ? float_to_bfloat16(dropped) : 0xABCD) << i;
+        }
+      }
 }
 
 TEST_P(BackendOps, AddScaleAndBias) {

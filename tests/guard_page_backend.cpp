@@ -78,6 +78,22 @@ void GuardPageBackend::layer_norm_backward(const float* dy, const float* x, cons
                                            bool accumulate) const {
   cpu().layer_norm_backward(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols, accumulate);
 }
+void GuardPageBackend::residual_layer_norm(float* f, const float* x, int64_t rows, int64_t cols,
+                                           float p, uint64_t key, uint8_t* mask, const float* gamma,
+                                           const float* beta, float eps, float* y, float* mean,
+                                           float* rstd, uint16_t* rounded_y) const {
+  cpu().residual_layer_norm(f, x, rows, cols, p, key, mask, gamma, beta, eps, y, mean, rstd,
+                            rounded_y);
+}
+void GuardPageBackend::residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
+                                                    const float* rstd, const float* gamma,
+                                                    float* dgamma, float* dbeta,
+                                                    const uint8_t* mask, float p, float* d_f,
+                                                    uint16_t* rounded_d_f, int64_t rows,
+                                                    int64_t cols) const {
+  cpu().residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
+                                     rounded_d_f, rows, cols);
+}
 void GuardPageBackend::add(float* y, const float* x, int64_t n) const {
   cpu().add(y, x, n);
 }
@@ -96,9 +112,9 @@ void GuardPageBackend::activation_backward(float* d, const float* pre_activation
                                            Activation act) const {
   cpu().activation_backward(d, pre_activation, n, act);
 }
-void GuardPageBackend::relu_backward_bfloat16(float* d, const uint16_t* relu_output,
-                                              int64_t n) const {
-  cpu().relu_backward_bfloat16(d, relu_output, n);
+void GuardPageBackend::relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
+                                              uint16_t* rounded_d) const {
+  cpu().relu_backward_bfloat16(d, relu_output, n, rounded_d);
 }
 void GuardPageBackend::bias_backward(const float* dy, int64_t rows, int64_t cols,
                                      float* dbias) const {

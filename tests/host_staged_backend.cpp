@@ -495,6 +495,53 @@ void HostStagedBackend::layer_norm_backward(const float* dy, const float* x, con
   st.download();
 }
 
+void HostStagedBackend::residual_layer_norm(float* f, const float* x, int64_t rows, int64_t cols,
+                                            float p, uint64_t key, uint8_t* mask,
+                                            const float* gamma, const float* beta, float eps,
+                                            float* y, float* mean, float* rstd,
+                                            uint16_t* rounded_y) const {
+  Staging st(device_);
+  const int64_t n = rows * cols;
+  const auto hf = st.read_write(f, n);
+  const auto hx = st.read(x, n);
+  const auto hmask = st.write(p > 0.f ? mask : nullptr, n);
+  const auto hgamma = st.read(gamma, cols);
+  const auto hbeta = st.read(beta, cols);
+  const auto hy = st.write(y, n);
+  const auto hmean = st.write(mean, rows);
+  const auto hrstd = st.write(rstd, rows);
+  const auto hrounded = st.write(rounded_y, n);
+  st.upload();
+  device_.residual_layer_norm(st[hf], st[hx], rows, cols, p, key, st[hmask], st[hgamma], st[hbeta],
+                              eps, st[hy], st[hmean], st[hrstd], st[hrounded]);
+  st.download();
+}
+
+void HostStagedBackend::residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
+                                                     const float* rstd, const float* gamma,
+                                                     float* dgamma, float* dbeta,
+                                                     const uint8_t* mask, float p, float* d_f,
+                                                     uint16_t* rounded_d_f, int64_t rows,
+                                                     int64_t cols) const {
+  Staging st(device_);
+  const int64_t n = rows * cols;
+  const auto hdy = st.read_write(dy, n);
+  const auto hsum = st.read(sum, n);
+  const auto hmean = st.read(mean, rows);
+  const auto hrstd = st.read(rstd, rows);
+  const auto hgamma = st.read(gamma, cols);
+  const auto hdgamma = st.read_write(dgamma, cols);
+  const auto hdbeta = st.read_write(dbeta, cols);
+  const auto hmask = st.read(p > 0.f ? mask : nullptr, n);
+  const auto hd_f = st.write(d_f, n);
+  const auto hrounded = st.write(rounded_d_f, n);
+  st.upload();
+  device_.residual_layer_norm_backward(st[hdy], st[hsum], st[hmean], st[hrstd], st[hgamma],
+                                       st[hdgamma], st[hdbeta], st[hmask], p, st[hd_f],
+                                       st[hrounded], rows, cols);
+  st.download();
+}
+
 void HostStagedBackend::add(float* y, const float* x, int64_t n) const {
   Staging st(device_);
   const auto hy = st.read_write(y, n);
@@ -544,13 +591,14 @@ void HostStagedBackend::activation_backward(float* d, const float* pre_activatio
   st.download();
 }
 
-void HostStagedBackend::relu_backward_bfloat16(float* d, const uint16_t* relu_output,
-                                               int64_t n) const {
+void HostStagedBackend::relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
+                                               uint16_t* rounded_d) const {
   Staging st(device_);
   const auto hd = st.read_write(d, n);
   const auto houtput = st.read(relu_output, n);
+  const auto hrounded = st.write(rounded_d, n);
   st.upload();
-  device_.relu_backward_bfloat16(st[hd], st[houtput], n);
+  device_.relu_backward_bfloat16(st[hd], st[houtput], n, st[hrounded]);
   st.download();
 }
 

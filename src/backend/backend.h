@@ -122,6 +122,29 @@ class Backend {
                                    const float* rstd, const float* gamma, float* dx, float* dgamma,
                                    float* dbeta, int64_t rows, int64_t cols,
                                    bool accumulate) const = 0;
+  // The end of a post-norm residual sublayer, y = LayerNorm(x + Dropout(f)), in one pass (the
+  // four operations it replaces, each a pass over the rows, give the same values to float32
+  // rounding: the dropout's product and the add may be one fused multiply-add). With p > 0,
+  // mask[rows · cols] is drawn as dropout_mask(mask, rows · cols, p, key) draws it and f dropped
+  // as apply_dropout drops it (p = 0: mask is not touched and may be null). f then becomes the
+  // sum x + f, the norm's input, which the backward reads; y = layer_norm(sum), with mean / rstd
+  // [rows] (may be null) as layer_norm writes them. rounded_y [rows, cols] (null: none) receives
+  // y rounded to bfloat16 (round_to_16_bits) for the products of a bfloat16 step that read it.
+  // y aliases neither f nor x.
+  virtual void residual_layer_norm(float* f, const float* x, int64_t rows, int64_t cols, float p,
+                                   uint64_t key, uint8_t* mask, const float* gamma,
+                                   const float* beta, float eps, float* y, float* mean, float* rstd,
+                                   uint16_t* rounded_y) const = 0;
+  // Its backward. dy [rows, cols], the gradient of y, becomes that of x (layer_norm_backward
+  // over the saved sum, in place), with dgamma / dbeta += as layer_norm_backward adds them;
+  // d_f [rows, cols] receives it after the dropout (apply_dropout with mask and p; a copy when
+  // p = 0): the gradient of F's output. rounded_d_f [rows, cols] (null: none) receives d_f
+  // rounded to bfloat16, for F's last product in a bfloat16 step.
+  virtual void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
+                                            const float* rstd, const float* gamma, float* dgamma,
+                                            float* dbeta, const uint8_t* mask, float p, float* d_f,
+                                            uint16_t* rounded_d_f, int64_t rows,
+                                            int64_t cols) const = 0;
   // y[n] += x[n] (the residual add; also gradient accumulation).
   virtual void add(float* y, const float* x, int64_t n) const = 0;
   // x[n] *= s
@@ -140,7 +163,10 @@ class Backend {
                                    Activation act) const = 0;
   // d[n] *= relu'(·) read off the ReLU's output kept in bfloat16 (MatmulEpilogue::rounded_output):
   // d where that output is positive, else 0 (activation_backward's kRelu on the rounded output).
-  virtual void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const = 0;
+  // rounded_d [n] (null: none) receives the result rounded to bfloat16 as well, for the
+  // products of the backward that read it.
+  virtual void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
+                                      uint16_t* rounded_d) const = 0;
   // dbias[cols] += Σ_rows dy[rows, cols]
   virtual void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const = 0;
 

@@ -95,7 +95,8 @@ void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, Backw
 void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            const FeedForward<float>& g, Activation act, const float* x,
                            int64_t rows, float dropout, FeedForwardCache& cache, const float* d_out,
-                           BackwardScratch& scratch, float* dx, bool accumulate) {
+                           const uint16_t* rounded_d_out, BackwardScratch& scratch, float* dx,
+                           bool accumulate) {
   const int64_t hidden_size = rows * w.fc1.out;
   Allocate sizer{backend};
   backward_buffers(w, rows, scratch, sizer);
@@ -104,14 +105,18 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
     if (rows <= 0) return;
     const uint16_t* rounded_hidden = cache.rounded_hidden.data();  // [rows, d_ff]
     linear_backward(backend, w.fc2, g.fc2, nullptr, d_out, rows, d_hidden, false, scratch,
-                    rounded_hidden);
-    backend.relu_backward_bfloat16(d_hidden, rounded_hidden, hidden_size);
+                    rounded_hidden, rounded_d_out);
+    // fc1's products read d_hidden in bfloat16, written here beside it (fc2 is done with
+    // rounded_d_out, which may be the same scratch).
+    uint16_t* rounded_d_hidden =
+        ensure_size(backend, scratch.rounded_d_out, hidden_size);  // [rows, d_ff]
+    backend.relu_backward_bfloat16(d_hidden, rounded_hidden, hidden_size, rounded_d_hidden);
     linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate, scratch,
-                    cache.rounded_input.data());
+                    cache.rounded_input.data(), rounded_d_hidden);
     return;
   }
   linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false, scratch,
-                  rounds_to_bfloat16(w.fc2) ? cache.rounded_hidden.data() : nullptr);
+                  rounds_to_bfloat16(w.fc2) ? cache.rounded_hidden.data() : nullptr, rounded_d_out);
   if (dropout > 0.f)
     backend.apply_dropout(d_hidden, cache.dropout_mask.data(), hidden_size, dropout);
   // ReLU's derivative from its output (Backend::activation_backward), GELU's from the kept input.

@@ -43,6 +43,7 @@ void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, Backw
 void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            const FeedForward<float>& g, Activation act, const float* x,
                            int64_t rows, float dropout, FeedForwardCache& cache, const float* d_out,
-                           BackwardScratch& scratch, float* dx, bool accumulate);
+                           const uint16_t* rounded_d_out, BackwardScratch& scratch, float* dx,
+                           bool accumulate);
 
 }  // namespace tfm

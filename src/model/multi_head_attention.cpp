@@ -192,8 +192,9 @@ void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch
 void multi_head_attention_backward(const Backend& backend, const AttentionWeights& w,
                                    const Attention<float>& g, int64_t heads,
                                    const AttentionInputs& in, AttentionCache& cache,
-                                   const float* d_out, BackwardScratch& scratch,
-                                   float* d_query_input, bool accumulate, float* d_memory_input) {
+                                   const float* d_out, const uint16_t* rounded_d_out,
+                                   BackwardScratch& scratch, float* d_query_input, bool accumulate,
+                                   float* d_memory_input) {
   const int64_t d = w.q.out;
   const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
   Allocate sizer{backend};
@@ -203,7 +204,8 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   float* dk = scratch.dk.data();                // [B, Tk, D]
   float* dv = scratch.dv.data();                // [B, Tk, D]
   linear_backward(backend, w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false,
-                  scratch, rounds_to_bfloat16(w.o) ? cache.rounded_context.data() : nullptr);
+                  scratch, rounds_to_bfloat16(w.o) ? cache.rounded_context.data() : nullptr,
+                  rounded_d_out);
   AttentionDropout dropout;
   if (in.dropout > 0.f) {
     dropout.p = in.dropout;

@@ -196,13 +196,16 @@ void plan_stacks_backward(const Model& model, const TransformerWeights& w, const
   const int64_t B = shape.batch, S = shape.src_len, T = shape.tgt_len;
   stacks_backward_buffers(config, B, S, T, scratch, plan);
   for (const DecoderLayerWeights& lw : w.decoder_layers) {
-    plan_sublayer_backward(config, B * T, scratch, plan);
+    plan_sublayer_backward(config, lw.ffn.fc2, B * T, scratch, plan);
+    plan_sublayer_backward(config, lw.cross_attn.o, B * T, scratch, plan);
+    plan_sublayer_backward(config, lw.self_attn.o, B * T, scratch, plan);
     plan_feed_forward_backward(lw.ffn, B * T, scratch, plan);
     plan_multi_head_attention_backward(lw.cross_attn, B, T, S, scratch, plan);
     plan_multi_head_attention_backward(lw.self_attn, B, T, T, scratch, plan);
   }
   for (const EncoderLayerWeights& lw : w.encoder_layers) {
-    plan_sublayer_backward(config, B * S, scratch, plan);
+    plan_sublayer_backward(config, lw.ffn.fc2, B * S, scratch, plan);
+    plan_sublayer_backward(config, lw.self_attn.o, B * S, scratch, plan);
     plan_feed_forward_backward(lw.ffn, B * S, scratch, plan);
     plan_multi_head_attention_backward(lw.self_attn, B, S, S, scratch, plan);
   }
@@ -342,12 +345,14 @@ void feed_forward_sublayer_backward(const Backend& backend, const ModelConfig& c
                                     const float* input, int64_t rows, const DropoutOptions& dropout,
                                     SublayerCache& sublayer, FeedForwardCache& cache,
                                     float* d_stream, BackwardScratch& scratch) {
-  sublayer_backward(
-      backend, config, norm, norm_grad, input, rows, dropout.dropout, sublayer, d_stream, scratch,
-      [&](const float* d_out, const float* x, float* dx, bool accumulate) {
-        feed_forward_backward(backend, w, g, config.activation, x, rows, dropout.relu_dropout,
-                              cache, d_out, scratch, dx, accumulate);
-      });
+  sublayer_backward(backend, config, norm, norm_grad, w.fc2, input, rows, dropout.dropout, sublayer,
+                    d_stream, scratch,
+                    [&](const float* d_out, const uint16_t* rounded_d_out, const float* x,
+                        float* dx, bool accumulate) {
+                      feed_forward_backward(backend, w, g, config.activation, x, rows,
+                                            dropout.relu_dropout, cache, d_out, rounded_d_out,
+                                            scratch, dx, accumulate);
+                    });
 }
 
 // The backward of a self-attention sublayer (causal in the decoder).
@@ -358,15 +363,16 @@ void self_attention_sublayer_backward(
     const DropoutOptions& dropout, SublayerCache& sublayer, AttentionCache& cache, float* d_stream,
     BackwardScratch& scratch) {
   const int64_t rows = batch * len;
-  sublayer_backward(backend, config, norm, norm_grad, input, rows, dropout.dropout, sublayer,
+  sublayer_backward(backend, config, norm, norm_grad, w.o, input, rows, dropout.dropout, sublayer,
                     d_stream, scratch,
-                    [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+                    [&](const float* d_out, const uint16_t* rounded_d_out, const float* x,
+                        float* dx, bool accumulate) {
                       const AttentionInputs in = self_attention_inputs(
                           config, x, batch, len, lengths, causal, dropout.attention_dropout, 0);
                       // Self-attention: the query and memory inputs are the same tensor.
                       if (!accumulate) backend.fill(dx, rows * config.d_model, 0.f);
                       multi_head_attention_backward(backend, w, g, config.heads, in, cache, d_out,
-                                                    scratch, dx, true, dx);
+                                                    rounded_d_out, scratch, dx, true, dx);
                     });
 }
 
@@ -397,13 +403,15 @@ void decoder_layer_backward(const Backend& backend, const ModelConfig& config,
                                  cache.cross_sublayer.output.data(), rows, dropout,
                                  cache.ffn_sublayer, cache.ffn, d_stream, scratch);
   sublayer_backward(
-      backend, config, w.norm2, g.norm2, cache.self_sublayer.output.data(), rows, dropout.dropout,
-      cache.cross_sublayer, d_stream, scratch,
-      [&](const float* d_out, const float* x, float* dx, bool accumulate) {
+      backend, config, w.norm2, g.norm2, w.cross_attn.o, cache.self_sublayer.output.data(), rows,
+      dropout.dropout, cache.cross_sublayer, d_stream, scratch,
+      [&](const float* d_out, const uint16_t* rounded_d_out, const float* x, float* dx,
+          bool accumulate) {
         const AttentionInputs in = cross_attention_inputs(
             x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout, 0);
         multi_head_attention_backward(backend, w.cross_attn, g.cross_attn, config.heads, in,
-                                      cache.cross_attn, d_out, scratch, dx, accumulate, d_memory);
+                                      cache.cross_attn, d_out, rounded_d_out, scratch, dx,
+                                      accumulate, d_memory);
       });
   self_attention_sublayer_backward(backend, config, w.norm1, g.norm1, w.self_attn, g.self_attn,
                                    input, batch, tgt_len, tgt_lengths, true, dropout,

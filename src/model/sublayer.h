@@ -35,23 +35,20 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
   float* output = cache.output.data();  // [rows, D]
   float* mean = cache.norm.mean.data();
   float* rstd = cache.norm.rstd.data();
-  auto drop = [&](float* x) {
-    if (dropout <= 0.f) return;
-    uint8_t* mask = cache.dropout_mask.data();
-    backend.dropout_mask(mask, n, dropout, key);
-    backend.apply_dropout(x, mask, n, dropout);
-  };
+  uint8_t* mask = dropout > 0.f ? cache.dropout_mask.data() : nullptr;  // [rows, D]
   if (config.norm == NormPosition::kPost) {
-    float* residual = cache.residual.data();  // [rows, D]
+    float* residual = cache.residual.data();  // [rows, D] F's output, then the norm's input
     function(input, residual);
-    drop(residual);
-    backend.add(residual, input, n);
-    backend.layer_norm(residual, norm.weight, norm.bias, output, rows, d, eps, mean, rstd);
+    backend.residual_layer_norm(residual, input, rows, d, dropout, key, mask, norm.weight,
+                                norm.bias, eps, output, mean, rstd, nullptr);
   } else {
     float* normed = cache.normed.data();  // [rows, D]
     backend.layer_norm(input, norm.weight, norm.bias, normed, rows, d, eps, mean, rstd);
     function(normed, output);
-    drop(output);
+    if (mask) {
+      backend.dropout_mask(mask, n, dropout, key);
+      backend.apply_dropout(output, mask, n, dropout);
+    }
     backend.add(output, input, n);
   }
 }
@@ -62,54 +59,67 @@ inline void plan_sublayer_forward(const ModelConfig& config, int64_t rows, float
   sublayer_forward_buffers(config, rows, dropout, cache, plan);
 }
 
-// The scratch sublayer_backward uses (F's backward aside), for `rows` rows.
+// Whether sublayer_backward hands F its output's gradient in bfloat16 as well: post-norm, where
+// the norm's backward writes it, and F's last product reads it rounded (bfloat16 training).
+inline bool sublayer_rounds_gradient(const ModelConfig& config, const LinearWeights& last) {
+  return config.norm == NormPosition::kPost && rounds_to_bfloat16(last);
+}
+
+// The scratch sublayer_backward uses (F's backward aside), for `rows` rows. F's last product is
+// `last`.
 template <typename Sizer>
-void sublayer_backward_buffers(const ModelConfig& config, int64_t rows, BackwardScratch& scratch,
-                               Sizer& sizer) {
+void sublayer_backward_buffers(const ModelConfig& config, const LinearWeights& last, int64_t rows,
+                               BackwardScratch& scratch, Sizer& sizer) {
   const int64_t n = rows * config.d_model;
   sizer.need(scratch.d_sublayer, n);                                       // [rows, D]
   if (config.norm == NormPosition::kPre) sizer.need(scratch.d_normed, n);  // [rows, D]
+  // [rows, D] d_sublayer in bfloat16: F's last product's (linear_backward's own buffer)
+  if (rows > 0 && sublayer_rounds_gradient(config, last)) sizer.need(scratch.rounded_d_out, n);
 }
 
 // The backward of sublayer_forward (cache from its training call): d_stream [rows, D] holds the
 // gradient of the sublayer's output and is replaced, in place, by that of its input.
-// function_backward(d_out, function_input, d_function_input, accumulate) runs the function's
-// backward (d_function_input: = or += when accumulate).
+// function_backward(d_out, rounded_d_out, function_input, d_function_input, accumulate) runs the
+// function's backward (d_function_input: = or += when accumulate); rounded_d_out is d_out in
+// bfloat16 where sublayer_rounds_gradient(config, last) (else null), for F's last product
+// `last`.
 template <typename FunctionBackward>
 void sublayer_backward(const Backend& backend, const ModelConfig& config,
                        const LayerNormWeights& norm, const LayerNormParams<float>& norm_grad,
-                       const float* input, int64_t rows, float dropout, SublayerCache& cache,
-                       float* d_stream, BackwardScratch& scratch,
+                       const LinearWeights& last, const float* input, int64_t rows, float dropout,
+                       SublayerCache& cache, float* d_stream, BackwardScratch& scratch,
                        FunctionBackward&& function_backward) {
   const int64_t d = config.d_model, n = rows * d;
   Allocate sizer{backend};
-  sublayer_backward_buffers(config, rows, scratch, sizer);
+  sublayer_backward_buffers(config, last, rows, scratch, sizer);
   float* d_function_out = scratch.d_sublayer.data();  // [rows, D]
   const float* mean = cache.norm.mean.data();
   const float* rstd = cache.norm.rstd.data();
   if (config.norm == NormPosition::kPost) {
     // d residual = LN backward (row by row, so in place); it flows to the input directly and
     // through the dropout to F.
-    backend.layer_norm_backward(d_stream, cache.residual.data(), mean, rstd, norm.weight, d_stream,
-                                norm_grad.weight, norm_grad.bias, rows, d, false);
-    backend.copy(d_stream, n, d_function_out);
-    if (dropout > 0.f) backend.apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
-    function_backward(d_function_out, input, d_stream, true);
+    uint16_t* rounded_d_function_out =  // [rows, D]
+        rows > 0 && sublayer_rounds_gradient(config, last) ? scratch.rounded_d_out.data() : nullptr;
+    backend.residual_layer_norm_backward(d_stream, cache.residual.data(), mean, rstd, norm.weight,
+                                         norm_grad.weight, norm_grad.bias,
+                                         dropout > 0.f ? cache.dropout_mask.data() : nullptr,
+                                         dropout, d_function_out, rounded_d_function_out, rows, d);
+    function_backward(d_function_out, rounded_d_function_out, input, d_stream, true);
   } else {
     // The residual path passes d_stream through unchanged; F's path adds to it.
     backend.copy(d_stream, n, d_function_out);
     if (dropout > 0.f) backend.apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
     float* d_normed = scratch.d_normed.data();  // [rows, D]
-    function_backward(d_function_out, cache.normed.data(), d_normed, false);
+    function_backward(d_function_out, nullptr, cache.normed.data(), d_normed, false);
     backend.layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_stream,
                                 norm_grad.weight, norm_grad.bias, rows, d, true);
   }
 }
 
 // What sublayer_backward asks of the scratch (F's backward aside).
-inline void plan_sublayer_backward(const ModelConfig& config, int64_t rows,
-                                   BackwardScratch& scratch, WorkspacePlan& plan) {
-  sublayer_backward_buffers(config, rows, scratch, plan);
+inline void plan_sublayer_backward(const ModelConfig& config, const LinearWeights& last,
+                                   int64_t rows, BackwardScratch& scratch, WorkspacePlan& plan) {
+  sublayer_backward_buffers(config, last, rows, scratch, plan);
 }
 
 }  // namespace tfm

@@ -122,6 +122,21 @@ class CpuBackend final : public Backend {
                            int64_t cols, bool accumulate) const override {
     tfm::layer_norm_backward(dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols, accumulate);
   }
+  void residual_layer_norm(float* f, const float* x, int64_t rows, int64_t cols, float p,
+                           uint64_t key, uint8_t* mask, const float* gamma, const float* beta,
+                           float eps, float* y, float* mean, float* rstd,
+                           uint16_t* rounded_y) const override {
+    tfm::residual_layer_norm(f, x, rows, cols, p, key, mask, gamma, beta, eps, y, mean, rstd,
+                             rounded_y);
+  }
+  void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
+                                    const float* rstd, const float* gamma, float* dgamma,
+                                    float* dbeta, const uint8_t* mask, float p, float* d_f,
+                                    uint16_t* rounded_d_f, int64_t rows,
+                                    int64_t cols) const override {
+    tfm::residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
+                                      rounded_d_f, rows, cols);
+  }
   void add(float* y, const float* x, int64_t n) const override { add_inplace(y, x, n); }
   void scale(float* x, float s, int64_t n) const override { scale_inplace(x, s, n); }
 
@@ -136,8 +151,9 @@ class CpuBackend final : public Backend {
                            Activation act) const override {
     tfm::activation_backward(d, pre_activation, n, act);
   }
-  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const override {
-    tfm::relu_backward_bfloat16(d, relu_output, n);
+  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
+                              uint16_t* rounded_d) const override {
+    tfm::relu_backward_bfloat16(d, relu_output, n, rounded_d);
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     tfm::bias_backward(dy, rows, cols, dbias);

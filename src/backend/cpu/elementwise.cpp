@@ -25,6 +25,96 @@ inline float log_sum_exp(const float* x, int64_t cols) {
   return max_value + std::log(sum);
 }
 
+// One row of layer_norm: in[cols] normalised into out[cols] (may alias), its mean and 1/σ
+// stored at mean_out[r] / rstd_out[r] where those are given. Inlined into each caller's
+// clone (cpu_dispatch.h), so every caller rounds alike.
+__attribute__((always_inline)) inline void normalize_row(const float* in, const float* gamma,
+                                                         const float* beta, float* out,
+                                                         int64_t cols, float eps, float* mean_out,
+                                                         float* rstd_out, int64_t r) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < cols; ++c) sum += in[c];
+  const float mean = sum / float(cols);
+  float sum_sq = 0.f;
+#pragma omp simd reduction(+ : sum_sq)
+  for (int64_t c = 0; c < cols; ++c) {
+    const float d = in[c] - mean;
+    sum_sq += d * d;
+  }
+  const float inv_std = 1.f / std::sqrt(sum_sq / float(cols) + eps);
+  if (mean_out) mean_out[r] = mean;
+  if (rstd_out) rstd_out[r] = inv_std;
+#pragma omp simd
+  for (int64_t c = 0; c < cols; ++c) out[c] = (in[c] - mean) * inv_std * gamma[c] + beta[c];
+}
+
+// Dropout's keep decision for element i: a counter-based hash of (key, i) against p in units
+// of 2^-24 (dropout_threshold), so that any pass over any part of a matrix draws the same mask.
+inline uint32_t dropout_threshold(float p) {
+  return uint32_t(double(p) * 16777216.0);
+}
+__attribute__((always_inline)) inline bool dropout_keeps(uint64_t key, uint64_t i,
+                                                         uint32_t threshold) {
+  uint64_t z = key + i * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return uint32_t(z >> 40) >= threshold;
+}
+
+// One row of layer_norm_backward: dx row `out` (= or += when accumulate; may alias g) from the
+// gradient g and input `in` with their mean m and 1/σ s, and the row's dgamma / dbeta terms
+// added to the block's partial sums lg / lb. Its callers keep their own OpenMP loops, which are
+// cloned per instruction set with them (cpu_dispatch.h); an inlined helper's would not be.
+__attribute__((always_inline)) inline void layer_norm_backward_row(const float* g, const float* in,
+                                                                   float m, float s,
+                                                                   const float* gamma, float* out,
+                                                                   float* lg, float* lb,
+                                                                   int64_t cols, bool accumulate) {
+  float sum_gy = 0.f, sum_gy_xhat = 0.f;
+#pragma omp simd reduction(+ : sum_gy, sum_gy_xhat)
+  for (int64_t c = 0; c < cols; ++c) {
+    const float xhat = (in[c] - m) * s;
+    const float gy = g[c] * gamma[c];
+    sum_gy += gy;
+    sum_gy_xhat += gy * xhat;
+    lg[c] += g[c] * xhat;
+    lb[c] += g[c];
+  }
+  const float mean_gy = sum_gy / float(cols), mean_gy_xhat = sum_gy_xhat / float(cols);
+  if (accumulate) {
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c)
+      out[c] += s * (g[c] * gamma[c] - mean_gy - (in[c] - m) * s * mean_gy_xhat);
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c)
+      out[c] = s * (g[c] * gamma[c] - mean_gy - (in[c] - m) * s * mean_gy_xhat);
+  }
+}
+
+// Rows are split into a fixed number of contiguous blocks whose partial dgamma / dbeta sums are
+// added in block order, so results do not depend on thread scheduling (resumed training must
+// reproduce an uninterrupted run bit for bit). partial [kLayerNormBlocks, 2, cols], zeroed.
+constexpr int64_t kLayerNormBlocks = 8;
+inline float* layer_norm_block_partials(int64_t cols) {
+  thread_local std::vector<float> partials;
+  partials.assign(size_t(2 * kLayerNormBlocks * cols), 0.f);
+  return partials.data();
+}
+inline void add_layer_norm_block_partials(const float* partial, int64_t cols, float* dgamma,
+                                          float* dbeta) {
+  for (int64_t block = 0; block < kLayerNormBlocks; ++block) {
+    const float* lg = partial + block * 2 * cols;
+    const float* lb = lg + cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      dgamma[c] += lg[c];
+      dbeta[c] += lb[c];
+    }
+  }
+}
+
 }  // namespace
 
 TFM_CPU_KERNEL void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
@@ -71,24 +161,40 @@ TFM_CPU_KERNEL void layer_norm(const float* x, const float* gamma, const float* 
                                int64_t rows, int64_t cols, float eps, float* mean_out,
                                float* rstd_out) {
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
+  for (int64_t r = 0; r < rows; ++r)
+    normalize_row(x + r * cols, gamma, beta, y + r * cols, cols, eps, mean_out, rstd_out, r);
+}
+
+TFM_CPU_KERNEL void residual_layer_norm(float* f, const float* x, int64_t rows, int64_t cols,
+                                        float p, uint64_t key, uint8_t* mask, const float* gamma,
+                                        const float* beta, float eps, float* y, float* mean_out,
+                                        float* rstd_out, uint16_t* rounded_y) {
+  const uint32_t threshold = dropout_threshold(p);
+  const float keep_scale = 1.f / (1.f - p);
+  // Row by row, each row's four steps while it is in cache: the values of dropout_mask,
+  // apply_dropout, add_inplace and layer_norm over the whole matrix.
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
+    float* sum = f + r * cols;
     const float* in = x + r * cols;
-    float* out = y + r * cols;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < cols; ++c) sum += in[c];
-    const float mean = sum / float(cols);
-    float sum_sq = 0.f;
-#pragma omp simd reduction(+ : sum_sq)
-    for (int64_t c = 0; c < cols; ++c) {
-      const float d = in[c] - mean;
-      sum_sq += d * d;
-    }
-    const float inv_std = 1.f / std::sqrt(sum_sq / float(cols) + eps);
-    if (mean_out) mean_out[r] = mean;
-    if (rstd_out) rstd_out[r] = inv_std;
+    if (p > 0.f) {
+      uint8_t* keep = mask + r * cols;
 #pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) out[c] = (in[c] - mean) * inv_std * gamma[c] + beta[c];
+      for (int64_t c = 0; c < cols; ++c) {
+        keep[c] = dropout_keeps(key, uint64_t(r * cols + c), threshold) ? 1 : 0;
+        sum[c] = (keep[c] ? sum[c] * keep_scale : 0.f) + in[c];
+      }
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) sum[c] += in[c];
+    }
+    float* out = y + r * cols;
+    normalize_row(sum, gamma, beta, out, cols, eps, mean_out, rstd_out, r);
+    if (rounded_y) {
+      uint16_t* rounded = rounded_y + r * cols;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) rounded[c] = float_to_bfloat16(out[c]);
+    }
   }
 }
 
@@ -96,53 +202,53 @@ TFM_CPU_KERNEL void layer_norm_backward(const float* dy, const float* x, const f
                                         const float* rstd, const float* gamma, float* dx,
                                         float* dgamma, float* dbeta, int64_t rows, int64_t cols,
                                         bool accumulate) {
-  // Rows are split into a fixed number of contiguous blocks whose partial dgamma / dbeta sums
-  // are added in block order, so results do not depend on thread scheduling (resumed training
-  // must reproduce an uninterrupted run bit for bit).
-  constexpr int64_t kBlocks = 8;
-  thread_local std::vector<float> partials;
-  partials.assign(size_t(2 * kBlocks * cols), 0.f);
-  float* partial = partials.data();
+  float* partial = layer_norm_block_partials(cols);
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
-  for (int64_t block = 0; block < kBlocks; ++block) {
+  for (int64_t block = 0; block < kLayerNormBlocks; ++block) {
     float* lg = partial + block * 2 * cols;
-    float* lb = lg + cols;
-    const int64_t begin = rows * block / kBlocks, end = rows * (block + 1) / kBlocks;
+    const int64_t begin = rows * block / kLayerNormBlocks;
+    const int64_t end = rows * (block + 1) / kLayerNormBlocks;
+    for (int64_t r = begin; r < end; ++r)
+      layer_norm_backward_row(dy + r * cols, x + r * cols, mean[r], rstd[r], gamma, dx + r * cols,
+                              lg, lg + cols, cols, accumulate);
+  }
+  add_layer_norm_block_partials(partial, cols, dgamma, dbeta);
+}
+
+TFM_CPU_KERNEL void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
+                                                 const float* rstd, const float* gamma,
+                                                 float* dgamma, float* dbeta, const uint8_t* mask,
+                                                 float p, float* d_f, uint16_t* rounded_d_f,
+                                                 int64_t rows, int64_t cols) {
+  const float keep_scale = 1.f / (1.f - p);
+  float* partial = layer_norm_block_partials(cols);
+  // layer_norm_backward's blocks, each row then dropped into d_f (and rounded) while in cache.
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
+  for (int64_t block = 0; block < kLayerNormBlocks; ++block) {
+    float* lg = partial + block * 2 * cols;
+    const int64_t begin = rows * block / kLayerNormBlocks;
+    const int64_t end = rows * (block + 1) / kLayerNormBlocks;
     for (int64_t r = begin; r < end; ++r) {
-      const float* g = dy + r * cols;
-      const float* in = x + r * cols;
-      float* out = dx + r * cols;
-      const float m = mean[r], s = rstd[r];
-      float sum_gy = 0.f, sum_gy_xhat = 0.f;
-#pragma omp simd reduction(+ : sum_gy, sum_gy_xhat)
-      for (int64_t c = 0; c < cols; ++c) {
-        const float xhat = (in[c] - m) * s;
-        const float gy = g[c] * gamma[c];
-        sum_gy += gy;
-        sum_gy_xhat += gy * xhat;
-        lg[c] += g[c] * xhat;
-        lb[c] += g[c];
-      }
-      const float mean_gy = sum_gy / float(cols), mean_gy_xhat = sum_gy_xhat / float(cols);
-      if (accumulate) {
+      float* d_sum = dy + r * cols;
+      layer_norm_backward_row(d_sum, sum + r * cols, mean[r], rstd[r], gamma, d_sum, lg, lg + cols,
+                              cols, false);
+      float* out = d_f + r * cols;
+      if (p > 0.f) {
+        const uint8_t* keep = mask + r * cols;
 #pragma omp simd
-        for (int64_t c = 0; c < cols; ++c)
-          out[c] += s * (g[c] * gamma[c] - mean_gy - (in[c] - m) * s * mean_gy_xhat);
+        for (int64_t c = 0; c < cols; ++c) out[c] = keep[c] ? d_sum[c] * keep_scale : 0.f;
       } else {
 #pragma omp simd
-        for (int64_t c = 0; c < cols; ++c)
-          out[c] = s * (g[c] * gamma[c] - mean_gy - (in[c] - m) * s * mean_gy_xhat);
+        for (int64_t c = 0; c < cols; ++c) out[c] = d_sum[c];
+      }
+      if (rounded_d_f) {
+        uint16_t* rounded = rounded_d_f + r * cols;
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) rounded[c] = float_to_bfloat16(out[c]);
       }
     }
   }
-  for (int64_t block = 0; block < kBlocks; ++block) {
-    const float* lg = partial + block * 2 * cols;
-    const float* lb = lg + cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      dgamma[c] += lg[c];
-      dbeta[c] += lb[c];
-    }
-  }
+  add_layer_norm_block_partials(partial, cols, dgamma, dbeta);
 }
 
 TFM_CPU_KERNEL void activation_backward(float* d, const float* pre_activation, int64_t n,
@@ -162,7 +268,16 @@ TFM_CPU_KERNEL void activation_backward(float* d, const float* pre_activation, i
   }
 }
 
-TFM_CPU_KERNEL void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) {
+TFM_CPU_KERNEL void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
+                                           uint16_t* rounded_d) {
+  if (rounded_d) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
+    for (int64_t i = 0; i < n; ++i) {
+      d[i] = bfloat16_to_float(relu_output[i]) > 0.f ? d[i] : 0.f;
+      rounded_d[i] = float_to_bfloat16(d[i]);
+    }
+    return;
+  }
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) d[i] = bfloat16_to_float(relu_output[i]) > 0.f ? d[i] : 0.f;
 }
@@ -176,15 +291,9 @@ TFM_CPU_KERNEL void bias_backward(const float* dy, int64_t rows, int64_t cols, f
 }
 
 TFM_CPU_KERNEL void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) {
-  const uint32_t threshold = uint32_t(double(p) * 16777216.0);  // p in units of 2^-24
+  const uint32_t threshold = dropout_threshold(p);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t z = key + uint64_t(i) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    mask[i] = uint32_t(z >> 40) >= threshold ? 1 : 0;
-  }
+  for (int64_t i = 0; i < n; ++i) mask[i] = dropout_keeps(key, uint64_t(i), threshold) ? 1 : 0;
 }
 
 TFM_CPU_KERNEL void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) {

@@ -36,8 +36,18 @@ void activation_backward(float* d, const float* pre_activation, int64_t n, Activ
 void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias);
 
 // d[n] = relu_output[n] > 0 ? d[n] : 0, the ReLU's output held in bfloat16.
-void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n);
+// rounded_d (null: none) receives the result in bfloat16 too.
+void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n, uint16_t* rounded_d);
 
+// Backend::residual_layer_norm and its backward: the post-norm sublayer's dropout, residual add
+// and layer norm, row by row in one pass.
+void residual_layer_norm(float* f, const float* x, int64_t rows, int64_t cols, float p,
+                         uint64_t key, uint8_t* mask, const float* gamma, const float* beta,
+                         float eps, float* y, float* mean, float* rstd, uint16_t* rounded_y);
+void residual_layer_norm_backward(float* dy, const float* sum, const float* mean, const float* rstd,
+                                  const float* gamma, float* dgamma, float* dbeta,
+                                  const uint8_t* mask, float p, float* d_f, uint16_t* rounded_d_f,
+                                  int64_t rows, int64_t cols);
 // Inverted dropout with a counter-based generator: element i is kept iff
 // hash(key, i) >= p, so masks depend only on (key, i) — reproducible, parallel, and
 // needing no generator state to resume. mask[n] receives 1 (kept) or 0.

@@ -127,6 +127,23 @@ class CudaBackend final : public Backend {
     cuda::layer_norm_backward(c_, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols,
                               accumulate);
   }
+  void residual_layer_norm(float* f, const float* x, int64_t rows, int64_t cols, float p,
+                           uint64_t key, uint8_t* mask, const float* gamma, const float* beta,
+                           float eps, float* y, float* mean, float* rstd,
+                           uint16_t* rounded_y) const override {
+    TFM_CUDA_OPERATION(c_, "residual_layer_norm");
+    cuda::residual_layer_norm(c_.stream, f, x, rows, cols, p, key, mask, gamma, beta, eps, y, mean,
+                              rstd, rounded_y);
+  }
+  void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
+                                    const float* rstd, const float* gamma, float* dgamma,
+                                    float* dbeta, const uint8_t* mask, float p, float* d_f,
+                                    uint16_t* rounded_d_f, int64_t rows,
+                                    int64_t cols) const override {
+    TFM_CUDA_OPERATION(c_, "residual_layer_norm_backward");
+    cuda::residual_layer_norm_backward(c_, dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
+                                       rounded_d_f, rows, cols);
+  }
   void add(float* y, const float* x, int64_t n) const override {
     TFM_CUDA_OPERATION(c_, "add");
     cuda::add(c_.stream, y, x, n);
@@ -150,9 +167,10 @@ class CudaBackend final : public Backend {
     TFM_CUDA_OPERATION(c_, "activation_backward");
     cuda::activation_backward(c_.stream, d, pre_activation, n, act);
   }
-  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n) const override {
+  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
+                              uint16_t* rounded_d) const override {
     TFM_CUDA_OPERATION(c_, "relu_backward_bfloat16");
-    cuda::relu_backward_bfloat16(c_.stream, d, relu_output, n);
+    cuda::relu_backward_bfloat16(c_.stream, d, relu_output, n, rounded_d);
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     TFM_CUDA_OPERATION(c_, "bias_backward");

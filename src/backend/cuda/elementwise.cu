@@ -90,8 +90,13 @@ __global__ void activation_backward_kernel(float* d, const float* pre, int64_t n
   }
 }
 
-__global__ void relu_backward_bfloat16_kernel(float* d, const uint16_t* relu_output, int64_t n) {
-  TFM_FOR_EACH(i, n) d[i] = from_bfloat16(relu_output[i]) > 0.f ? d[i] : 0.f;
+__global__ void relu_backward_bfloat16_kernel(float* d, const uint16_t* relu_output, int64_t n,
+                                              uint16_t* rounded_d) {
+  TFM_FOR_EACH(i, n) {
+    const float value = from_bfloat16(relu_output[i]) > 0.f ? d[i] : 0.f;
+    d[i] = value;
+    if (rounded_d) rounded_d[i] = to_bfloat16(value);
+  }
 }
 
 // Column sums over many rows in two deterministic passes: chunks of rows summed per column into
@@ -127,27 +132,34 @@ __global__ void sum_chunks_kernel(const float* partial, int64_t chunks, int64_t 
   out[c] += sum;
 }
 
+// Dropout's keep decision for element i: the CPU's counter-based hash of (key, i) against p in
+// units of 2^-24 (dropout_threshold), so that any pass over any part of a matrix draws the same
+// mask.
+__host__ __device__ __forceinline__ uint32_t dropout_threshold(float p) {
+  return uint32_t(double(p) * 16777216.0);
+}
+__device__ __forceinline__ bool dropout_keeps(uint64_t key, uint64_t i, uint32_t threshold) {
+  uint64_t z = key + i * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return uint32_t(z >> 40) >= threshold;
+}
+
 __global__ void dropout_mask_kernel(uint8_t* mask, int64_t n, uint32_t threshold, uint64_t key) {
-  TFM_FOR_EACH(i, n) {
-    uint64_t z = key + uint64_t(i) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    mask[i] = uint32_t(z >> 40) >= threshold ? 1 : 0;
-  }
+  TFM_FOR_EACH(i, n) mask[i] = dropout_keeps(key, uint64_t(i), threshold) ? 1 : 0;
 }
 
 __global__ void apply_dropout_kernel(float* x, const uint8_t* mask, int64_t n, float keep_scale) {
   TFM_FOR_EACH(i, n) x[i] = mask[i] ? x[i] * keep_scale : 0.f;
 }
 
-// One block per row: the mean, then the variance about it (two passes, as the CPU's).
-__global__ void layer_norm_kernel(const float* x, const float* gamma, const float* beta, float* y,
-                                  int64_t cols, float eps, float* mean_out, float* rstd_out) {
-  __shared__ float shared[32];
-  const int64_t r = blockIdx.x;
-  const float* in = x + r * cols;
-  float* out = y + r * cols;
+// One row normalised by the block (the mean, then the variance about it: two passes, as the
+// CPU's), its statistics stored by thread 0 where asked for. out may alias in.
+__device__ __forceinline__ void normalize_row(const float* in, const float* gamma,
+                                              const float* beta, float* out, int64_t cols,
+                                              float eps, float* mean_out, float* rstd_out,
+                                              float* shared) {
   float sum = 0.f;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += in[c];
   const float mean = block_sum(sum, shared) / float(cols);
@@ -158,19 +170,60 @@ __global__ void layer_norm_kernel(const float* x, const float* gamma, const floa
   }
   const float inv_std = rsqrtf(block_sum(sum_sq, shared) / float(cols) + eps);
   if (threadIdx.x == 0) {
-    if (mean_out) mean_out[r] = mean;
-    if (rstd_out) rstd_out[r] = inv_std;
+    if (mean_out) *mean_out = mean;
+    if (rstd_out) *rstd_out = inv_std;
   }
-  __syncthreads();  // y may alias x: every thread has read its row before any writes
+  __syncthreads();  // out may alias in: every thread has read its row before any writes
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
     out[c] = (in[c] - mean) * inv_std * gamma[c] + beta[c];
 }
 
+// One block per row.
+__global__ void layer_norm_kernel(const float* x, const float* gamma, const float* beta, float* y,
+                                  int64_t cols, float eps, float* mean_out, float* rstd_out) {
+  __shared__ float shared[32];
+  const int64_t r = blockIdx.x;
+  normalize_row(x + r * cols, gamma, beta, y + r * cols, cols, eps,
+                mean_out ? mean_out + r : nullptr, rstd_out ? rstd_out + r : nullptr, shared);
+}
+
+// Backend::residual_layer_norm, one block per row: f = x + dropout(f) (mask drawn here), then
+// the row normalised into y, and y rounded to bfloat16 where asked. Each thread reads back only
+// the sum elements it wrote itself before the first barrier.
+__global__ void residual_layer_norm_kernel(float* f, const float* x, int64_t cols,
+                                           uint32_t threshold, float keep_scale, uint64_t key,
+                                           uint8_t* mask, const float* gamma, const float* beta,
+                                           float eps, float* y, float* mean_out, float* rstd_out,
+                                           uint16_t* rounded_y) {
+  __shared__ float shared[32];
+  const int64_t r = blockIdx.x;
+  float* sum = f + r * cols;
+  const float* in = x + r * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float value = sum[c];
+    if (mask) {
+      const bool keep = dropout_keeps(key, uint64_t(r * cols + c), threshold);
+      mask[r * cols + c] = keep ? 1 : 0;
+      value = keep ? value * keep_scale : 0.f;
+    }
+    sum[c] = value + in[c];
+  }
+  float* out = y + r * cols;
+  normalize_row(sum, gamma, beta, out, cols, eps, mean_out ? mean_out + r : nullptr,
+                rstd_out ? rstd_out + r : nullptr, shared);
+  if (rounded_y)
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      rounded_y[r * cols + c] = to_bfloat16(out[c]);
+}
+
 // dx of one row per block. dy may alias dx row by row: every thread's two sums are complete
-// (a barrier inside block_sum) before any element is written.
+// (a barrier inside block_sum) before any element is written. With d_f (the residual sublayer's
+// backward), each dx element is also dropped into d_f (by mask and keep_scale; mask null: a copy)
+// and rounded into rounded_d_f where that is given.
 __global__ void layer_norm_dx_kernel(const float* dy, const float* x, const float* mean,
                                      const float* rstd, const float* gamma, float* dx, int64_t cols,
-                                     bool accumulate) {
+                                     bool accumulate, const uint8_t* mask, float keep_scale,
+                                     float* d_f, uint16_t* rounded_d_f) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
   const float* g = dy + r * cols;
@@ -187,7 +240,14 @@ __global__ void layer_norm_dx_kernel(const float* dy, const float* x, const floa
   const float mean_gy_xhat = block_sum(sum_gy_xhat, shared) / float(cols);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float v = s * (g[c] * gamma[c] - mean_gy - (in[c] - m) * s * mean_gy_xhat);
-    out[c] = accumulate ? out[c] + v : v;
+    const float d = accumulate ? out[c] + v : v;
+    out[c] = d;
+    if (d_f) {
+      const int64_t i = r * cols + c;
+      const float dropped = !mask ? d : mask[i] ? d * keep_scale : 0.f;
+      d_f[i] = dropped;
+      if (rounded_d_f) rounded_d_f[i] = to_bfloat16(dropped);
+    }
   }
 }
 
@@ -456,9 +516,10 @@ void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, 
   check_launch("activation_backward");
 }
 
-void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_output, int64_t n) {
+void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_output, int64_t n,
+                            uint16_t* rounded_d) {
   if (n == 0) return;
-  relu_backward_bfloat16_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, relu_output, n);
+  relu_backward_bfloat16_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, relu_output, n, rounded_d);
   check_launch("relu_backward_bfloat16");
 }
 
@@ -477,8 +538,7 @@ void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols
 
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key) {
   if (n == 0) return;
-  const uint32_t threshold = uint32_t(double(p) * 16777216.0);  // p in units of 2^-24
-  dropout_mask_kernel<<<blocks_for(n), kThreads, 0, s>>>(mask, n, threshold, key);
+  dropout_mask_kernel<<<blocks_for(n), kThreads, 0, s>>>(mask, n, dropout_threshold(p), key);
   check_launch("dropout_mask");
 }
 
@@ -495,9 +555,26 @@ void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float*
   check_launch("layer_norm");
 }
 
-void layer_norm_backward(const Context& c, const float* dy, const float* x, const float* mean,
-                         const float* rstd, const float* gamma, float* dx, float* dgamma,
-                         float* dbeta, int64_t rows, int64_t cols, bool accumulate) {
+void residual_layer_norm(cudaStream_t s, float* f, const float* x, int64_t rows, int64_t cols,
+                         float p, uint64_t key, uint8_t* mask, const float* gamma,
+                         const float* beta, float eps, float* y, float* mean, float* rstd,
+                         uint16_t* rounded_y) {
+  if (rows == 0) return;
+  residual_layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(
+      f, x, cols, dropout_threshold(p), 1.f / (1.f - p), key, p > 0.f ? mask : nullptr, gamma, beta,
+      eps, y, mean, rstd, rounded_y);
+  check_launch("residual_layer_norm");
+}
+
+namespace {
+
+// layer_norm_backward's kernels, the dx kernel finishing the residual sublayer's backward where
+// d_f is given (residual_layer_norm_backward).
+void layer_norm_backward_launches(const Context& c, const float* dy, const float* x,
+                                  const float* mean, const float* rstd, const float* gamma,
+                                  float* dx, float* dgamma, float* dbeta, int64_t rows,
+                                  int64_t cols, bool accumulate, const uint8_t* mask, float p,
+                                  float* d_f, uint16_t* rounded_d_f) {
   if (rows == 0) return;
   const cudaStream_t s = c.stream;
   const RowsPerChunk split = column_chunks(rows);
@@ -512,8 +589,26 @@ void layer_norm_backward(const Context& c, const float* dy, const float* x, cons
   sum_chunks_kernel<<<column_blocks, 128, 0, s>>>(partial_beta, split.chunks, cols, dbeta);
   check_launch("layer_norm_backward (chunks)");
   layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(dy, x, mean, rstd, gamma, dx, cols,
-                                                           accumulate);
+                                                           accumulate, p > 0.f ? mask : nullptr,
+                                                           1.f / (1.f - p), d_f, rounded_d_f);
   check_launch("layer_norm_backward");
+}
+
+}  // namespace
+
+void layer_norm_backward(const Context& c, const float* dy, const float* x, const float* mean,
+                         const float* rstd, const float* gamma, float* dx, float* dgamma,
+                         float* dbeta, int64_t rows, int64_t cols, bool accumulate) {
+  layer_norm_backward_launches(c, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols,
+                               accumulate, nullptr, 0.f, nullptr, nullptr);
+}
+
+void residual_layer_norm_backward(const Context& c, float* dy, const float* sum, const float* mean,
+                                  const float* rstd, const float* gamma, float* dgamma,
+                                  float* dbeta, const uint8_t* mask, float p, float* d_f,
+                                  uint16_t* rounded_d_f, int64_t rows, int64_t cols) {
+  layer_norm_backward_launches(c, dy, sum, mean, rstd, gamma, dy, dgamma, dbeta, rows, cols, false,
+                               mask, p, d_f, rounded_d_f);
 }
 
 void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int8Rows int8,
