@@ -21,10 +21,11 @@ bool hidden_only_in_bfloat16(const FeedForwardWeights& w, Activation act, float 
 // The buffers feed_forward_forward uses for `rows` rows: its one size table.
 template <typename Sizer>
 void forward_buffers(const FeedForwardWeights& w, Activation act, int64_t rows, float dropout,
-                     FeedForwardCache& cache, Sizer& sizer) {
+                     bool input_rounded, FeedForwardCache& cache, Sizer& sizer) {
   if (rows <= 0) return;
   const int64_t n = rows * w.fc1.out;
-  if (rounds_to_bfloat16(w.fc1)) sizer.need(cache.rounded_input, rows * w.fc1.in);  // [rows, D]
+  if (rounds_to_bfloat16(w.fc1) && !input_rounded)
+    sizer.need(cache.rounded_input, rows * w.fc1.in);  // [rows, D]
   if (hidden_only_in_bfloat16(w, act, dropout)) {
     sizer.need(cache.rounded_hidden, n);  // [rows, d_ff]
     return;
@@ -46,13 +47,17 @@ void backward_buffers(const FeedForwardWeights& w, int64_t rows, BackwardScratch
 }  // namespace
 
 void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
-                          const float* x, int64_t rows, float dropout, uint64_t key,
+                          MatmulOperand input, int64_t rows, float dropout, uint64_t key,
                           FeedForwardCache& cache, float* out) {
   if (rows <= 0) return;
   Allocate sizer{backend};
-  forward_buffers(w, act, rows, dropout, cache, sizer);
-  const uint16_t* rounded_x =
-      rounded_copy(backend, w.fc1, x, rows, w.fc1.in, cache.rounded_input);  // [rows, D]
+  const bool input_rounded = input.rounded && rounds_to_bfloat16(w.fc1);
+  forward_buffers(w, act, rows, dropout, input_rounded, cache, sizer);
+  const float* x = input.values;  // [rows, D]
+  const uint16_t* rounded_x =     // [rows, D]
+      input_rounded ? input.rounded
+                    : rounded_copy(backend, w.fc1, x, rows, w.fc1.in, cache.rounded_input);
+  cache.rounded_x = rounded_x;
   if (hidden_only_in_bfloat16(w, act, dropout)) {
     uint16_t* rounded_hidden = cache.rounded_hidden.data();  // [rows, d_ff]
     linear_forward(backend, w.fc1, x, rows, nullptr, rounded_x, true, rounded_hidden);
@@ -81,8 +86,9 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
 }
 
 void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int64_t rows,
-                               float dropout, FeedForwardCache& cache, WorkspacePlan& plan) {
-  forward_buffers(w, act, rows, dropout, cache, plan);
+                               float dropout, bool input_rounded, FeedForwardCache& cache,
+                               WorkspacePlan& plan) {
+  forward_buffers(w, act, rows, dropout, input_rounded && rounds_to_bfloat16(w.fc1), cache, plan);
 }
 
 void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
@@ -112,7 +118,7 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
         ensure_size(backend, scratch.rounded_d_out, hidden_size);  // [rows, d_ff]
     backend.relu_backward_bfloat16(d_hidden, rounded_hidden, hidden_size, rounded_d_hidden);
     linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate, scratch,
-                    cache.rounded_input.data(), rounded_d_hidden);
+                    cache.rounded_x, rounded_d_hidden);
     return;
   }
   linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false, scratch,
@@ -124,7 +130,7 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
       d_hidden, act == Activation::kRelu ? cache.hidden.data() : cache.pre_activation.data(),
       hidden_size, act);
   linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate, scratch,
-                  rounds_to_bfloat16(w.fc1) ? cache.rounded_input.data() : nullptr);
+                  rounds_to_bfloat16(w.fc1) ? cache.rounded_x : nullptr);
 }
 
 }  // namespace tfm

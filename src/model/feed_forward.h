@@ -26,17 +26,23 @@ struct FeedForwardCache {
   // by the weight gradient's. With ReLU and no dropout inside, rounded_hidden is the only copy of
   // the hidden layer: written by fc1's product (subnormal values flushed to zero), read by fc2's
   // products and by ReLU's backward (its sign).
+  // rounded_input is fc1's input rounded here, where it does not come in bfloat16 already (a
+  // post-norm sublayer's norm writes it so); rounded_x is the one fc1's products read, either.
   DeviceBuffer<uint16_t> rounded_input;   // [rows, D]
   DeviceBuffer<uint16_t> rounded_hidden;  // [rows, d_ff]
+  const uint16_t* rounded_x = nullptr;    // [rows, D]
 };
 
-// out[rows, D] = fc2(dropout(act(fc1(x)))).
+// out[rows, D] = fc2(dropout(act(fc1(x)))). x.rounded: x in bfloat16 where its producer wrote
+// it so, else null (rounded here where fc1's products round).
 void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
-                          const float* x, int64_t rows, float dropout, uint64_t key,
+                          MatmulOperand x, int64_t rows, float dropout, uint64_t key,
                           FeedForwardCache& cache, float* out);
-// What the forward above asks of its cache, and the backward below of the scratch.
+// What the forward above asks of its cache (input_rounded: whether x comes with x.rounded), and
+// the backward below of the scratch.
 void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int64_t rows,
-                               float dropout, FeedForwardCache& cache, WorkspacePlan& plan);
+                               float dropout, bool input_rounded, FeedForwardCache& cache,
+                               WorkspacePlan& plan);
 void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
                                 WorkspacePlan& plan);
 // dx (= or += when accumulate) and parameter gradients, given d_out [rows, D].

@@ -31,11 +31,12 @@ namespace {
 enum class Projected { kQuery, kSelf, kCross };
 
 // The buffers multi_head_attention_forward uses: its one size table. memory_rows: the rows its
-// keys and values are projected from.
+// keys and values are projected from; query_rounded / memory_rounded: whether those inputs come
+// with bfloat16 copies (AttentionInputs), which spare rounding them here.
 template <typename Sizer>
 void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, int64_t query_len,
                      int64_t key_len, float dropout, Projected projected, int64_t memory_rows,
-                     AttentionCache& cache, Sizer& sizer) {
+                     bool query_rounded, bool memory_rounded, AttentionCache& cache, Sizer& sizer) {
   const int64_t d = w.q.out, query_rows = batch * query_len;
   const int64_t prob_count = batch * heads * query_len * key_len;
   sizer.need(cache.context, query_rows * d);  // [B, Tq, D]
@@ -49,7 +50,8 @@ void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, in
   }
   sizer.need(cache.q, query_rows * d);  // [B, Tq, D]
   const bool rounds = rounds_to_bfloat16(w.q);
-  if (rounds && query_rows > 0) sizer.need(cache.rounded_query_input, query_rows * d);
+  if (rounds && !query_rounded && query_rows > 0)
+    sizer.need(cache.rounded_query_input, query_rows * d);  // [B, Tq, D]
   if (projected == Projected::kQuery) return;
   if (w.kv.prepared) {
     sizer.need(cache.k, memory_rows * 2 * d);  // [B, Tk, 2D] rows k | v
@@ -57,7 +59,7 @@ void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, in
   }
   sizer.need(cache.k, memory_rows * d);  // [B, Tk, D]
   sizer.need(cache.v, memory_rows * d);  // [B, Tk, D]
-  if (rounds && projected == Projected::kCross && memory_rows > 0)
+  if (rounds && !memory_rounded && projected == Projected::kCross && memory_rows > 0)
     sizer.need(cache.rounded_memory_input, memory_rows * d);  // [B, Tk, D]
 }
 
@@ -80,9 +82,11 @@ struct Projections {
 
 // Q from query_input, and K, V from memory_input unless it is null, into the cache (sized by
 // forward_buffers): one stacked product where the weights are prepared for it, else one
-// product each (what backward reads).
+// product each (what backward reads). In bfloat16 the inputs' rounded copies are the given
+// ones (null: rounded here), kept in cache.rounded_query / rounded_memory for the backward.
 Projections project(const Backend& backend, const AttentionWeights& w, const float* query_input,
-                    const float* memory_input, int64_t query_rows, int64_t key_rows,
+                    const float* memory_input, const uint16_t* given_rounded_query,
+                    const uint16_t* given_rounded_memory, int64_t query_rows, int64_t key_rows,
                     AttentionCache& cache) {
   const int64_t d = w.q.out;
   if (w.qkv.prepared && query_input == memory_input) {
@@ -92,7 +96,10 @@ Projections project(const Backend& backend, const AttentionWeights& w, const flo
   }
   float* q = cache.q.data();  // [B, Tq, D]
   const uint16_t* rounded_query =
-      rounded_copy(backend, w.q, query_input, query_rows, d, cache.rounded_query_input);
+      given_rounded_query
+          ? given_rounded_query
+          : rounded_copy(backend, w.q, query_input, query_rows, d, cache.rounded_query_input);
+  cache.rounded_query = rounded_query;
   linear_forward(backend, w.q, query_input, query_rows, q, rounded_query);
   if (!memory_input) return {q, nullptr, nullptr, d, 0, 0};
   if (w.kv.prepared) {
@@ -103,9 +110,11 @@ Projections project(const Backend& backend, const AttentionWeights& w, const flo
   float* k = cache.k.data();  // [B, Tk, D]
   float* v = cache.v.data();  // [B, Tk, D]
   const uint16_t* rounded_memory =
-      memory_input == query_input
-          ? rounded_query
+      memory_input == query_input ? rounded_query
+      : given_rounded_memory
+          ? given_rounded_memory
           : rounded_copy(backend, w.k, memory_input, key_rows, d, cache.rounded_memory_input);
+  cache.rounded_memory = rounded_memory;
   linear_forward(backend, w.k, memory_input, key_rows, k, rounded_memory);
   linear_forward(backend, w.v, memory_input, key_rows, v, rounded_memory);
   return {q, k, v, d, d, d};
@@ -125,14 +134,20 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   const Projected projected = !memory_input                    ? Projected::kQuery
                               : memory_input == in.query_input ? Projected::kSelf
                                                                : Projected::kCross;
+  // The given bfloat16 copies, where this call's projections round and read them.
+  const bool rounds = rounds_to_bfloat16(w.q);
+  const uint16_t* rounded_query = rounds ? in.rounded_query_input : nullptr;
+  const uint16_t* rounded_memory =
+      rounds && projected == Projected::kCross ? in.rounded_memory_input : nullptr;
   Allocate sizer{backend};
   forward_buffers(w, heads, in.batch, in.query_len, in.key_len, in.dropout, projected, memory_rows,
-                  cache, sizer);
+                  rounded_query != nullptr, rounded_memory != nullptr, cache, sizer);
   float* context = cache.context.data();                     // [B, Tq, D]
   const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
   float* probs = keep ? cache.probs.data() : nullptr;        // [B, H, Tq, Tk]
   AttentionShape shape = attention_shape(w, in, heads, d);
-  Projections p = project(backend, w, in.query_input, memory_input, query_rows, memory_rows, cache);
+  Projections p = project(backend, w, in.query_input, memory_input, rounded_query, rounded_memory,
+                          query_rows, memory_rows, cache);
   const CachedKeysValues* kv = in.cached;
   const bool cache_16_bits = kv && kv->keys_16_bits;
   if (appends && cache_16_bits) {
@@ -172,10 +187,12 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
 
 void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads, int64_t batch,
                                        int64_t query_len, int64_t key_len, float dropout,
-                                       bool self_attention, AttentionCache& cache,
-                                       WorkspacePlan& plan) {
+                                       bool self_attention, bool query_rounded, bool memory_rounded,
+                                       AttentionCache& cache, WorkspacePlan& plan) {
+  const bool rounds = rounds_to_bfloat16(w.q);
   forward_buffers(w, heads, batch, query_len, key_len, dropout,
-                  self_attention ? Projected::kSelf : Projected::kCross, batch * key_len, cache,
+                  self_attention ? Projected::kSelf : Projected::kCross, batch * key_len,
+                  rounds && query_rounded, rounds && !self_attention && memory_rounded, cache,
                   plan);
 }
 
@@ -217,11 +234,8 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   // The inputs as this cache's forward rounded them (training in bfloat16: the same weights'
   // precision and batch as this backward's, which the caller guarantees), else null.
   const bool rounded = rounds_to_bfloat16(w.q);
-  const uint16_t* rounded_query = rounded ? cache.rounded_query_input.data() : nullptr;
-  const uint16_t* rounded_memory = !rounded ? nullptr
-                                   : in.memory_input == in.query_input
-                                       ? rounded_query
-                                       : cache.rounded_memory_input.data();
+  const uint16_t* rounded_query = rounded ? cache.rounded_query : nullptr;
+  const uint16_t* rounded_memory = rounded ? cache.rounded_memory : nullptr;
   linear_backward(backend, w.q, g.q, in.query_input, dq, query_rows, d_query_input, accumulate,
                   scratch, rounded_query);
   // With dot-product scores the key bias adds q·b_k to every logit of a query's row, which

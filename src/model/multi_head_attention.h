@@ -39,6 +39,10 @@ struct CachedKeysValues {
 struct AttentionInputs {
   const float* query_input = nullptr;   // [B, Tq, D]
   const float* memory_input = nullptr;  // [B, Tk, D] (keys and values come from here)
+  // The same in bfloat16 where their producer wrote them so (a post-norm sublayer's norm in a
+  // bfloat16 step), else null: rounded here where the projections round.
+  const uint16_t* rounded_query_input = nullptr;   // [B, Tq, D]
+  const uint16_t* rounded_memory_input = nullptr;  // [B, Tk, D]
   int64_t batch = 0, query_len = 0, key_len = 0;
   AttentionMask mask;
   float dropout = 0.f;  // on the attention weights
@@ -60,9 +64,13 @@ struct AttentionCache {
   DeviceBuffer<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
   // Training in bfloat16: the projections' inputs rounded once, read by the Q, K, V products and
   // by their weight gradients (a self-attention's one copy serves all three); the same for W_o.
+  // The two input buffers are used where the inputs do not come rounded already
+  // (AttentionInputs); rounded_query / rounded_memory are the copies the products read, either.
   DeviceBuffer<uint16_t> rounded_query_input;   // [B, Tq, D]
   DeviceBuffer<uint16_t> rounded_memory_input;  // [B, Tk, D] cross-attention only
   DeviceBuffer<uint16_t> rounded_context;       // [B, Tq, D] W_o's input, for W_o and its dW
+  const uint16_t* rounded_query = nullptr;      // [B, Tq, D]
+  const uint16_t* rounded_memory = nullptr;     // [B, Tk, D] (self-attention: rounded_query)
 };
 
 // out[B, Tq, D] = W_o · Concat_h(softmax(Q_h K_hᵀ / sqrt(d_k)) V_h): one GEMM per projection
@@ -71,11 +79,12 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
                                   const AttentionInputs& in, AttentionCache& cache, float* out);
 // What the forward above asks of its cache for whole sequences (not incremental decoding) of
 // `batch` × query_len queries over key_len keys; self_attention: keys and values come from the
-// queries' own input. The backward's scratch likewise.
+// queries' own input; query_rounded / memory_rounded: the inputs come with their bfloat16 copies
+// (AttentionInputs). The backward's scratch likewise.
 void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads, int64_t batch,
                                        int64_t query_len, int64_t key_len, float dropout,
-                                       bool self_attention, AttentionCache& cache,
-                                       WorkspacePlan& plan);
+                                       bool self_attention, bool query_rounded, bool memory_rounded,
+                                       AttentionCache& cache, WorkspacePlan& plan);
 void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch, int64_t query_len,
                                         int64_t key_len, BackwardScratch& scratch,
                                         WorkspacePlan& plan);

@@ -156,12 +156,18 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
   for (int64_t i = 0; i < layers; ++i) {
     EncoderLayerCache& layer = layer_cache(cache.encoder_layers, cache.training, layers, i);
     const EncoderLayerWeights& lw = w.encoder_layers[size_t(i)];
-    plan_sublayer_forward(config, B * S, dropout.dropout, layer.attention_sublayer, plan);
+    // As encoder_layer_forward and encoder_forward pass them: every sublayer's output rounded,
+    // the first layer's input (the embeddings) not.
+    const bool rounds = sublayer_rounds_output(config, lw.ffn.fc1);
+    const bool input_rounded =
+        i > 0 && sublayer_rounds_output(config, w.encoder_layers[size_t(i - 1)].ffn.fc1);
+    plan_sublayer_forward(config, B * S, dropout.dropout, rounds, layer.attention_sublayer, plan);
     plan_multi_head_attention_forward(lw.self_attn, config.heads, B, S, S,
-                                      dropout.attention_dropout, true, layer.self_attn, plan);
-    plan_sublayer_forward(config, B * S, dropout.dropout, layer.ffn_sublayer, plan);
-    plan_feed_forward_forward(lw.ffn, config.activation, B * S, dropout.relu_dropout, layer.ffn,
-                              plan);
+                                      dropout.attention_dropout, true, input_rounded, false,
+                                      layer.self_attn, plan);
+    plan_sublayer_forward(config, B * S, dropout.dropout, rounds, layer.ffn_sublayer, plan);
+    plan_feed_forward_forward(lw.ffn, config.activation, B * S, dropout.relu_dropout, rounds,
+                              layer.ffn, plan);
   }
   final_norm_buffers(config, B * S, cache.encoder_norm, cache.memory, plan);
 }
@@ -177,15 +183,26 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
   for (int64_t i = 0; i < layers; ++i) {
     DecoderLayerCache& layer = layer_cache(cache.decoder_layers, cache.training, layers, i);
     const DecoderLayerWeights& lw = w.decoder_layers[size_t(i)];
-    plan_sublayer_forward(config, B * T, dropout.dropout, layer.self_sublayer, plan);
+    // As decoder_layer_forward and decoder_forward pass them: every sublayer's output rounded
+    // but the last layer's (the output head's input), the first layer's input not, the memory
+    // where the encoder's last layer rounded it.
+    const bool rounds = sublayer_rounds_output(config, lw.ffn.fc1);
+    const bool input_rounded =
+        i > 0 && sublayer_rounds_output(config, w.decoder_layers[size_t(i - 1)].ffn.fc1);
+    const bool memory_rounded = !w.encoder_layers.empty() &&
+                                sublayer_rounds_output(config, w.encoder_layers.back().ffn.fc1);
+    plan_sublayer_forward(config, B * T, dropout.dropout, rounds, layer.self_sublayer, plan);
     plan_multi_head_attention_forward(lw.self_attn, config.heads, B, T, T,
-                                      dropout.attention_dropout, true, layer.self_attn, plan);
-    plan_sublayer_forward(config, B * T, dropout.dropout, layer.cross_sublayer, plan);
+                                      dropout.attention_dropout, true, input_rounded, false,
+                                      layer.self_attn, plan);
+    plan_sublayer_forward(config, B * T, dropout.dropout, rounds, layer.cross_sublayer, plan);
     plan_multi_head_attention_forward(lw.cross_attn, config.heads, B, T, S,
-                                      dropout.attention_dropout, false, layer.cross_attn, plan);
-    plan_sublayer_forward(config, B * T, dropout.dropout, layer.ffn_sublayer, plan);
-    plan_feed_forward_forward(lw.ffn, config.activation, B * T, dropout.relu_dropout, layer.ffn,
-                              plan);
+                                      dropout.attention_dropout, false, rounds, memory_rounded,
+                                      layer.cross_attn, plan);
+    plan_sublayer_forward(config, B * T, dropout.dropout, rounds && i + 1 < layers,
+                          layer.ffn_sublayer, plan);
+    plan_feed_forward_forward(lw.ffn, config.activation, B * T, dropout.relu_dropout, rounds,
+                              layer.ffn, plan);
   }
   final_norm_buffers(config, B * T, cache.decoder_norm, cache.decoder_out, plan);
 }
@@ -212,23 +229,26 @@ void plan_stacks_backward(const Model& model, const TransformerWeights& w, const
 }
 
 void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
-                           const EncoderLayerWeights& w, const float* input, int64_t batch,
+                           const EncoderLayerWeights& w, MatmulOperand input, int64_t batch,
                            int64_t src_len, const int32_t* src_lengths,
                            const DropoutOptions& dropout, int64_t layer_index,
                            EncoderLayerCache& cache) {
   const int64_t rows = batch * src_len;
-  sublayer_forward(backend, config, w.norm1, input, rows, dropout.dropout,
-                   dropout_key(dropout.seed, encoder_site(layer_index, 0)),
-                   cache.attention_sublayer, [&](const float* x, float* out) {
-                     const AttentionInputs in = self_attention_inputs(
-                         config, x, batch, src_len, src_lengths, false, dropout.attention_dropout,
-                         dropout_key(dropout.seed, encoder_site(layer_index, 1)));
-                     multi_head_attention_forward(backend, w.self_attn, config.heads, in,
-                                                  cache.self_attn, out);
-                   });
-  sublayer_forward(backend, config, w.norm2, cache.attention_sublayer.output.data(), rows,
-                   dropout.dropout, dropout_key(dropout.seed, encoder_site(layer_index, 2)),
-                   cache.ffn_sublayer, [&](const float* x, float* out) {
+  // The next layer's projections, or the decoder's of the encoder output, read the last output.
+  const bool rounds = sublayer_rounds_output(config, w.ffn.fc1);
+  sublayer_forward(
+      backend, config, w.norm1, input, rows, dropout.dropout,
+      dropout_key(dropout.seed, encoder_site(layer_index, 0)), rounds, cache.attention_sublayer,
+      [&](MatmulOperand x, float* out) {
+        AttentionInputs in = self_attention_inputs(
+            config, x.values, batch, src_len, src_lengths, false, dropout.attention_dropout,
+            dropout_key(dropout.seed, encoder_site(layer_index, 1)));
+        in.rounded_query_input = x.rounded;
+        multi_head_attention_forward(backend, w.self_attn, config.heads, in, cache.self_attn, out);
+      });
+  sublayer_forward(backend, config, w.norm2, cache.attention_sublayer.output_operand(), rows,
+                   dropout.dropout, dropout_key(dropout.seed, encoder_site(layer_index, 2)), rounds,
+                   cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
                      feed_forward_forward(
                          backend, w.ffn, config.activation, x, rows, dropout.relu_dropout,
                          dropout_key(dropout.seed, encoder_site(layer_index, 3)), cache.ffn, out);
@@ -236,32 +256,37 @@ void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
 }
 
 void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
-                           const DecoderLayerWeights& w, const float* input, int64_t batch,
-                           int64_t tgt_len, const int32_t* tgt_lengths, const float* memory,
+                           const DecoderLayerWeights& w, MatmulOperand input, int64_t batch,
+                           int64_t tgt_len, const int32_t* tgt_lengths, MatmulOperand memory,
                            int64_t src_len, const int32_t* src_lengths,
                            const DropoutOptions& dropout, int64_t layer_index,
                            DecoderLayerCache& cache, const DecoderStep* step) {
   const int64_t rows = batch * tgt_len;
-  sublayer_forward(backend, config, w.norm1, input, rows, dropout.dropout,
-                   dropout_key(dropout.seed, decoder_site(layer_index, 0)), cache.self_sublayer,
-                   [&](const float* x, float* out) {
-                     AttentionInputs in = self_attention_inputs(
-                         config, x, batch, tgt_len, tgt_lengths, true, dropout.attention_dropout,
-                         dropout_key(dropout.seed, decoder_site(layer_index, 1)));
-                     if (step) {  // keys 0..t from the cache, this position's appended
-                       in.key_len = step->position + 1;
-                       in.mask.query_offset = step->position;
-                       in.cached = &step->self;
-                     }
-                     multi_head_attention_forward(backend, w.self_attn, config.heads, in,
-                                                  cache.self_attn, out);
-                   });
-  sublayer_forward(backend, config, w.norm2, cache.self_sublayer.output.data(), rows,
-                   dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 2)),
-                   cache.cross_sublayer, [&](const float* x, float* out) {
+  const bool rounds = sublayer_rounds_output(config, w.ffn.fc1);
+  sublayer_forward(
+      backend, config, w.norm1, input, rows, dropout.dropout,
+      dropout_key(dropout.seed, decoder_site(layer_index, 0)), rounds, cache.self_sublayer,
+      [&](MatmulOperand x, float* out) {
+        AttentionInputs in = self_attention_inputs(
+            config, x.values, batch, tgt_len, tgt_lengths, true, dropout.attention_dropout,
+            dropout_key(dropout.seed, decoder_site(layer_index, 1)));
+        in.rounded_query_input = x.rounded;
+        if (step) {  // keys 0..t from the cache, this position's appended
+          in.key_len = step->position + 1;
+          in.mask.query_offset = step->position;
+          in.cached = &step->self;
+        }
+        multi_head_attention_forward(backend, w.self_attn, config.heads, in, cache.self_attn, out);
+      });
+  sublayer_forward(backend, config, w.norm2, cache.self_sublayer.output_operand(), rows,
+                   dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 2)), rounds,
+                   cache.cross_sublayer, [&](MatmulOperand x, float* out) {
                      AttentionInputs in = cross_attention_inputs(
-                         x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout,
+                         x.values, memory.values, batch, tgt_len, src_len, src_lengths,
+                         dropout.attention_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 3)));
+                     in.rounded_query_input = x.rounded;
+                     in.rounded_memory_input = memory.rounded;
                      if (step) {  // the encoder keys of each hypothesis' sentence
                        in.mask.key_batch = step->sentence_of_query;
                        in.cached = &step->cross;
@@ -269,9 +294,11 @@ void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
                      multi_head_attention_forward(backend, w.cross_attn, config.heads, in,
                                                   cache.cross_attn, out);
                    });
-  sublayer_forward(backend, config, w.norm3, cache.cross_sublayer.output.data(), rows,
+  // The last layer's output goes to the output head, which rounds its chunks itself.
+  const bool last = layer_index + 1 == config.decoder_layers;
+  sublayer_forward(backend, config, w.norm3, cache.cross_sublayer.output_operand(), rows,
                    dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 4)),
-                   cache.ffn_sublayer, [&](const float* x, float* out) {
+                   rounds && !last, cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
                      feed_forward_forward(
                          backend, w.ffn, config.activation, x, rows, dropout.relu_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 5)), cache.ffn, out);
@@ -293,17 +320,19 @@ void encoder_forward(const Model& model, const TransformerWeights& w, const Toke
                      batch.batch, batch.src_len, dropout.dropout,
                      dropout_key(dropout.seed, kEncoderInputSite), cache.encoder_input,
                      cache.encoder_input_mask);
-  const float* x = cache.encoder_input.data();
+  MatmulOperand x{cache.encoder_input.data()};  // [B, S, D]
   for (int64_t i = 0; i < layers; ++i) {
     EncoderLayerCache& layer = layer_cache(cache.encoder_layers, cache.training, layers, i);
     encoder_layer_forward(backend, config, w.encoder_layers[size_t(i)], x, batch.batch,
                           batch.src_len, src_lengths, dropout, i, layer);
-    x = layer.output();
+    x = layer.output_operand();
   }
   const int64_t rows = batch.batch * batch.src_len;
   final_norm_buffers(config, rows, cache.encoder_norm, cache.memory, sizer);
-  final_norm(backend, config, w.encoder_norm, x, rows, &cache.encoder_norm,
+  final_norm(backend, config, w.encoder_norm, x.values, rows, &cache.encoder_norm,
              cache.memory.data());  // [B, S, D]
+  // Post-norm's final norm is a copy: the last sublayer's bfloat16 copy is the memory's.
+  cache.rounded_memory = config.norm == NormPosition::kPost ? x.rounded : nullptr;
 }
 
 void decoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
@@ -321,17 +350,17 @@ void decoder_forward(const Model& model, const TransformerWeights& w, const Toke
                      batch.batch, batch.tgt_len, dropout.dropout,
                      dropout_key(dropout.seed, kDecoderInputSite), cache.decoder_input,
                      cache.decoder_input_mask);
-  const float* x = cache.decoder_input.data();
+  MatmulOperand x{cache.decoder_input.data()};  // [B, T, D]
   for (int64_t i = 0; i < layers; ++i) {
     DecoderLayerCache& layer = layer_cache(cache.decoder_layers, cache.training, layers, i);
     decoder_layer_forward(backend, config, w.decoder_layers[size_t(i)], x, batch.batch,
-                          batch.tgt_len, tgt_lengths, cache.memory.data(), batch.src_len,
-                          cache.src_lengths.data(), dropout, i, layer);
-    x = layer.output();
+                          batch.tgt_len, tgt_lengths, {cache.memory.data(), cache.rounded_memory},
+                          batch.src_len, cache.src_lengths.data(), dropout, i, layer);
+    x = layer.output_operand();
   }
   const int64_t rows = batch.batch * batch.tgt_len;
   final_norm_buffers(config, rows, cache.decoder_norm, cache.decoder_out, sizer);
-  final_norm(backend, config, w.decoder_norm, x, rows, &cache.decoder_norm,
+  final_norm(backend, config, w.decoder_norm, x.values, rows, &cache.decoder_norm,
              cache.decoder_out.data());  // [B, T, D]
 }
 

@@ -29,6 +29,12 @@ struct SublayerCache {
   LayerNormCache norm;
   DeviceBuffer<uint8_t> dropout_mask;  // [rows, D] when dropout > 0
   DeviceBuffer<float> output;          // [rows, D]
+  // [rows, D] output in bfloat16 where sublayer_rounds_output (model/sublayer.h): what the next
+  // sublayer's first products read, and their weight gradients. output_rounded is its data where
+  // the last pass wrote it, else null.
+  DeviceBuffer<uint16_t> rounded_output;
+  const uint16_t* output_rounded = nullptr;
+  MatmulOperand output_operand() const { return {output.data(), output_rounded}; }
 };
 
 struct EncoderLayerCache {
@@ -36,6 +42,7 @@ struct EncoderLayerCache {
   AttentionCache self_attn;
   FeedForwardCache ffn;
   const float* output() const { return ffn_sublayer.output.data(); }  // [B, S, D]
+  MatmulOperand output_operand() const { return ffn_sublayer.output_operand(); }
 };
 
 struct DecoderLayerCache {
@@ -43,6 +50,7 @@ struct DecoderLayerCache {
   AttentionCache self_attn, cross_attn;
   FeedForwardCache ffn;
   const float* output() const { return ffn_sublayer.output.data(); }  // [B, T, D]
+  MatmulOperand output_operand() const { return ffn_sublayer.output_operand(); }
 };
 
 // Dropout probabilities and the key that makes every mask of one step reproducible.
@@ -70,7 +78,11 @@ struct StackCache {
   DeviceBuffer<uint8_t> encoder_input_mask;
   std::vector<EncoderLayerCache> encoder_layers;  // N when training, else 1 (reused)
   LayerNormCache encoder_norm;
-  DeviceBuffer<float> memory;         // [B, S, D] encoder output
+  DeviceBuffer<float> memory;  // [B, S, D] encoder output
+  // [B, S, D] memory in bfloat16 where the encoder's last sublayer wrote it so (post-norm, whose
+  // final norm is a copy; a bfloat16 step), else null: the cross-attentions' keys and values
+  // read it
+  const uint16_t* rounded_memory = nullptr;
   DeviceBuffer<float> decoder_input;  // [B, T, D]
   DeviceBuffer<uint8_t> decoder_input_mask;
   std::vector<DecoderLayerCache> decoder_layers;
@@ -87,7 +99,7 @@ void final_norm(const Backend& backend, const ModelConfig& config, const LayerNo
 // Single layers from `input`, output in the cache (used by the stacks and by layer-level tests).
 // input: [B, S, D]; src_lengths: [B]; layer_index numbers the dropout sites.
 void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
-                           const EncoderLayerWeights& w, const float* input, int64_t batch,
+                           const EncoderLayerWeights& w, MatmulOperand input, int64_t batch,
                            int64_t src_len, const int32_t* src_lengths,
                            const DropoutOptions& dropout, int64_t layer_index,
                            EncoderLayerCache& cache);
@@ -100,10 +112,11 @@ struct DecoderStep {
 };
 
 // input: [B, T, D]; memory: [B, S, D]. With step (incremental decoding) memory is unused, T is 1
-// and tgt_lengths null; src_lengths then has one entry per encoder sequence.
+// and tgt_lengths null; src_lengths then has one entry per encoder sequence. input and memory
+// carry their bfloat16 copies where their producers wrote them (MatmulOperand::rounded).
 void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
-                           const DecoderLayerWeights& w, const float* input, int64_t batch,
-                           int64_t tgt_len, const int32_t* tgt_lengths, const float* memory,
+                           const DecoderLayerWeights& w, MatmulOperand input, int64_t batch,
+                           int64_t tgt_len, const int32_t* tgt_lengths, MatmulOperand memory,
                            int64_t src_len, const int32_t* src_lengths,
                            const DropoutOptions& dropout, int64_t layer_index,
                            DecoderLayerCache& cache, const DecoderStep* step = nullptr);

@@ -8,10 +8,19 @@
 
 namespace tfm {
 
+// Whether a sublayer's output goes on in bfloat16 too (SublayerCache::rounded_output): post-norm,
+// where its norm writes the copy in the same pass, and where `next`, the product that reads the
+// output next, rounds its operands (a bfloat16 step). That product's rounding pass is then gone.
+// A layer may name one of its own products as `next` for the following layer's: a model's
+// products share one precision.
+inline bool sublayer_rounds_output(const ModelConfig& config, const LinearWeights& next) {
+  return config.norm == NormPosition::kPost && rounds_to_bfloat16(next);
+}
+
 // The buffers sublayer_forward uses (F's own aside), for `rows` rows: its one size table.
 template <typename Sizer>
 void sublayer_forward_buffers(const ModelConfig& config, int64_t rows, float dropout,
-                              SublayerCache& cache, Sizer& sizer) {
+                              bool round_output, SublayerCache& cache, Sizer& sizer) {
   const int64_t n = rows * config.d_model;
   sizer.need(cache.output, n);  // [rows, D]
   sizer.need(cache.norm.mean, rows);
@@ -21,17 +30,21 @@ void sublayer_forward_buffers(const ModelConfig& config, int64_t rows, float dro
   else
     sizer.need(cache.normed, n);  // [rows, D]
   if (dropout > 0.f) sizer.need(cache.dropout_mask, n);
+  if (round_output && rows > 0) sizer.need(cache.rounded_output, n);  // [rows, D]
 }
 
-// function(in [rows, D], out [rows, D]) is the sublayer's attention or feed-forward.
+// function(in [rows, D], out [rows, D]) is the sublayer's attention or feed-forward; `in` is a
+// MatmulOperand: the values, and their bfloat16 copy where one comes with them (else null).
+// round_output: sublayer_rounds_output (the copy then in cache.rounded_output).
 template <typename Function>
 void sublayer_forward(const Backend& backend, const ModelConfig& config,
-                      const LayerNormWeights& norm, const float* input, int64_t rows, float dropout,
-                      uint64_t key, SublayerCache& cache, Function&& function) {
+                      const LayerNormWeights& norm, MatmulOperand input, int64_t rows,
+                      float dropout, uint64_t key, bool round_output, SublayerCache& cache,
+                      Function&& function) {
   const int64_t d = config.d_model, n = rows * d;
   const float eps = float(config.layer_norm_eps);
   Allocate sizer{backend};
-  sublayer_forward_buffers(config, rows, dropout, cache, sizer);
+  sublayer_forward_buffers(config, rows, dropout, round_output, cache, sizer);
   float* output = cache.output.data();  // [rows, D]
   float* mean = cache.norm.mean.data();
   float* rstd = cache.norm.rstd.data();
@@ -39,24 +52,27 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
   if (config.norm == NormPosition::kPost) {
     float* residual = cache.residual.data();  // [rows, D] F's output, then the norm's input
     function(input, residual);
-    backend.residual_layer_norm(residual, input, rows, d, dropout, key, mask, norm.weight,
-                                norm.bias, eps, output, mean, rstd, nullptr);
+    uint16_t* rounded_output = round_output && rows > 0 ? cache.rounded_output.data() : nullptr;
+    backend.residual_layer_norm(residual, input.values, rows, d, dropout, key, mask, norm.weight,
+                                norm.bias, eps, output, mean, rstd, rounded_output);
+    cache.output_rounded = rounded_output;
   } else {
     float* normed = cache.normed.data();  // [rows, D]
-    backend.layer_norm(input, norm.weight, norm.bias, normed, rows, d, eps, mean, rstd);
-    function(normed, output);
+    backend.layer_norm(input.values, norm.weight, norm.bias, normed, rows, d, eps, mean, rstd);
+    function(MatmulOperand{normed}, output);
     if (mask) {
       backend.dropout_mask(mask, n, dropout, key);
       backend.apply_dropout(output, mask, n, dropout);
     }
-    backend.add(output, input, n);
+    backend.add(output, input.values, n);
+    cache.output_rounded = nullptr;
   }
 }
 
 // What sublayer_forward asks of its cache (F's own buffers aside).
 inline void plan_sublayer_forward(const ModelConfig& config, int64_t rows, float dropout,
-                                  SublayerCache& cache, WorkspacePlan& plan) {
-  sublayer_forward_buffers(config, rows, dropout, cache, plan);
+                                  bool round_output, SublayerCache& cache, WorkspacePlan& plan) {
+  sublayer_forward_buffers(config, rows, dropout, round_output, cache, plan);
 }
 
 // Whether sublayer_backward hands F its output's gradient in bfloat16 as well: post-norm, where
