@@ -139,7 +139,8 @@ class Backend {
   // over the saved sum, in place), with dgamma / dbeta += as layer_norm_backward adds them;
   // d_f [rows, cols] receives it after the dropout (apply_dropout with mask and p; a copy when
   // p = 0): the gradient of F's output. rounded_d_f [rows, cols] (null: none) receives d_f
-  // rounded to bfloat16, for F's last product in a bfloat16 step.
+  // rounded to bfloat16, for F's last product in a bfloat16 step. d_f aliases neither dy nor
+  // sum. Both operations throw std::invalid_argument for p > 0 without a mask.
   virtual void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                             const float* rstd, const float* gamma, float* dgamma,
                                             float* dbeta, const uint8_t* mask, float p, float* d_f,

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace tfm {
@@ -142,6 +143,13 @@ struct AttentionMask {
   int64_t window = -1;
   int64_t query_offset = 0;
 };
+
+// Backend::residual_layer_norm and its backward draw or read a dropout mask where p > 0: every
+// backend refuses one without it alike.
+inline void check_dropout_mask(float p, const void* mask) {
+  if (p > 0.f && !mask)
+    throw std::invalid_argument("residual_layer_norm: dropout p > 0 without a mask");
+}
 
 // Dropout on the attention weights (training only). mask: [batch, heads, query_len, key_len],
 // written by the forward pass (from key) and read by the backward pass.

@@ -49,6 +49,7 @@ void backward_buffers(const FeedForwardWeights& w, int64_t rows, BackwardScratch
 void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
                           MatmulOperand input, int64_t rows, float dropout, uint64_t key,
                           FeedForwardCache& cache, float* out) {
+  cache.rounded_x = nullptr;
   if (rows <= 0) return;
   Allocate sizer{backend};
   const bool input_rounded = input.rounded && rounds_to_bfloat16(w.fc1);

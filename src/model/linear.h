@@ -64,7 +64,8 @@ struct BackwardScratch {
   DeviceBuffer<float> d_stream;    // [rows, D] gradient of the residual stream
   DeviceBuffer<float> d_memory;    // [B, S, D] gradient of the encoder output (cross-attention)
   // [rows, out] a linear's output gradient rounded to bfloat16 (training in bfloat16), read by
-  // both of its backward products
+  // both of its backward products: rounded by linear_backward, or written there by the kernel
+  // that makes the gradient (a post-norm sublayer's norm backward, the ReLU's backward)
   DeviceBuffer<uint16_t> rounded_d_out;
 };
 

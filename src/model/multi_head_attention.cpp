@@ -231,8 +231,9 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   backend.attention_backward(attention_shape(w, in, heads, d), in.mask, cache.q.data(),
                              cache.k.data(), cache.v.data(), cache.probs.data(), dropout, d_context,
                              dq, dk, dv, g.additive_v);
-  // The inputs as this cache's forward rounded them (training in bfloat16: the same weights'
-  // precision and batch as this backward's, which the caller guarantees), else null.
+  // The inputs' bfloat16 copies this cache's forward read (training in bfloat16: the same
+  // weights' precision and batch as this backward's, which the caller guarantees), else null.
+  // Its own, or its producers' (AttentionCache::rounded_query), which a training pass keeps.
   const bool rounded = rounds_to_bfloat16(w.q);
   const uint16_t* rounded_query = rounded ? cache.rounded_query : nullptr;
   const uint16_t* rounded_memory = rounded ? cache.rounded_memory : nullptr;

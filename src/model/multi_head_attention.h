@@ -65,7 +65,10 @@ struct AttentionCache {
   // Training in bfloat16: the projections' inputs rounded once, read by the Q, K, V products and
   // by their weight gradients (a self-attention's one copy serves all three); the same for W_o.
   // The two input buffers are used where the inputs do not come rounded already
-  // (AttentionInputs); rounded_query / rounded_memory are the copies the products read, either.
+  // (AttentionInputs); rounded_query / rounded_memory are the copies the products read, either:
+  // a producer's (the previous sublayer's cache, the encoder's last one) is valid while that cache
+  // is, i.e. through a training pass's backward; inference passes, which share one layer cache,
+  // never read them back.
   DeviceBuffer<uint16_t> rounded_query_input;   // [B, Tq, D]
   DeviceBuffer<uint16_t> rounded_memory_input;  // [B, Tk, D] cross-attention only
   DeviceBuffer<uint16_t> rounded_context;       // [B, Tq, D] W_o's input, for W_o and its dW

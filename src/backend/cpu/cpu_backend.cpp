@@ -126,6 +126,7 @@ class CpuBackend final : public Backend {
                            uint64_t key, uint8_t* mask, const float* gamma, const float* beta,
                            float eps, float* y, float* mean, float* rstd,
                            uint16_t* rounded_y) const override {
+    check_dropout_mask(p, mask);
     tfm::residual_layer_norm(f, x, rows, cols, p, key, mask, gamma, beta, eps, y, mean, rstd,
                              rounded_y);
   }
@@ -134,6 +135,7 @@ class CpuBackend final : public Backend {
                                     float* dbeta, const uint8_t* mask, float p, float* d_f,
                                     uint16_t* rounded_d_f, int64_t rows,
                                     int64_t cols) const override {
+    check_dropout_mask(p, mask);
     tfm::residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
                                       rounded_d_f, rows, cols);
   }

@@ -131,6 +131,7 @@ class CudaBackend final : public Backend {
                            uint64_t key, uint8_t* mask, const float* gamma, const float* beta,
                            float eps, float* y, float* mean, float* rstd,
                            uint16_t* rounded_y) const override {
+    check_dropout_mask(p, mask);
     TFM_CUDA_OPERATION(c_, "residual_layer_norm");
     cuda::residual_layer_norm(c_.stream, f, x, rows, cols, p, key, mask, gamma, beta, eps, y, mean,
                               rstd, rounded_y);
@@ -140,6 +141,7 @@ class CudaBackend final : public Backend {
                                     float* dbeta, const uint8_t* mask, float p, float* d_f,
                                     uint16_t* rounded_d_f, int64_t rows,
                                     int64_t cols) const override {
+    check_dropout_mask(p, mask);
     TFM_CUDA_OPERATION(c_, "residual_layer_norm_backward");
     cuda::residual_layer_norm_backward(c_, dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
                                        rounded_d_f, rows, cols);
