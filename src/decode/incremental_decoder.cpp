@@ -89,6 +89,10 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
   const int64_t* append_rows = upload(backend, append_rows_.data(), n, device_append_rows_);
   const int32_t* sentence = upload(backend, hypothesis_sentence_.data(), n, device_sentence_);
 
+  // Each layer reads the one before's output where it lies, in the layer cache they share (its
+  // self-attention sublayer reads it before the feed-forward sublayer writes the next one, as
+  // the encoder's inference passes do), not a copy of it.
+  const float* input = x;  // [N, D]
   for (int64_t layer = 0; layer < c.decoder_layers; ++layer) {
     DecoderStep step;
     step.position = t;
@@ -112,8 +116,9 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
     }
     const bool keep = cross_attention && layer == kept_layer;
     layer_cache_.cross_attn.keep_weights = keep;
-    decoder_layer_forward(backend, c, w.decoder_layers[size_t(layer)], x, n, 1, nullptr, nullptr,
-                          src_len_, device_src_lengths_.data(), {}, layer, layer_cache_, &step);
+    decoder_layer_forward(backend, c, w.decoder_layers[size_t(layer)], input, n, 1, nullptr,
+                          nullptr, src_len_, device_src_lengths_.data(), {}, layer, layer_cache_,
+                          &step);
     if (keep) {
       const float* probs = layer_cache_.cross_attn.probs.data();  // [N, H, S]
       if (per_head) {
@@ -122,9 +127,9 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
         backend.mean_of_row_groups(probs, n, heads, src_len_, cross_attention);
       }
     }
-    backend.copy(layer_cache_.output(), n * d, x);
+    input = layer_cache_.output();
   }
-  final_norm(backend, c, w.decoder_norm, x, n, nullptr, x);
+  final_norm(backend, c, w.decoder_norm, input, n, nullptr, x);
   output_head_forward(backend, w.output, x, n, logprobs, [&](const OutputChunk& chunk) {
     backend.log_softmax(chunk.logits, chunk.logits, chunk.rows, c.tgt_vocab_size);
   });
