@@ -20,11 +20,13 @@ uint64_t decoder_site(int64_t layer, int offset) {
   return 100000 + uint64_t(layer) * 16 + uint64_t(offset);
 }
 
-AttentionInputs self_attention_inputs(const ModelConfig& config, const float* x, int64_t batch,
+// x (and memory below) with the bfloat16 copies their producers wrote, if any (MatmulOperand).
+AttentionInputs self_attention_inputs(const ModelConfig& config, MatmulOperand x, int64_t batch,
                                       int64_t len, const int32_t* lengths, bool causal,
                                       float dropout, uint64_t key) {
   AttentionInputs in;
-  in.query_input = in.memory_input = x;
+  in.query_input = in.memory_input = x.values;
+  in.rounded_query_input = x.rounded;
   in.batch = batch;
   in.query_len = in.key_len = len;
   in.mask.key_lengths = lengths;
@@ -35,12 +37,14 @@ AttentionInputs self_attention_inputs(const ModelConfig& config, const float* x,
   return in;
 }
 
-AttentionInputs cross_attention_inputs(const float* x, const float* memory, int64_t batch,
+AttentionInputs cross_attention_inputs(MatmulOperand x, MatmulOperand memory, int64_t batch,
                                        int64_t tgt_len, int64_t src_len, const int32_t* src_lengths,
                                        float dropout, uint64_t key) {
   AttentionInputs in;
-  in.query_input = x;
-  in.memory_input = memory;
+  in.query_input = x.values;
+  in.memory_input = memory.values;
+  in.rounded_query_input = x.rounded;
+  in.rounded_memory_input = memory.rounded;
   in.batch = batch;
   in.query_len = tgt_len;
   in.key_len = src_len;
@@ -158,9 +162,9 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
     const EncoderLayerWeights& lw = w.encoder_layers[size_t(i)];
     // As encoder_layer_forward and encoder_forward pass them: every sublayer's output rounded,
     // the first layer's input (the embeddings) not.
-    const bool rounds = sublayer_rounds_output(config, lw.ffn.fc1);
+    const bool rounds = sublayer_rounds_for(config, lw.ffn.fc1);
     const bool input_rounded =
-        i > 0 && sublayer_rounds_output(config, w.encoder_layers[size_t(i - 1)].ffn.fc1);
+        i > 0 && sublayer_rounds_for(config, w.encoder_layers[size_t(i - 1)].ffn.fc1);
     plan_sublayer_forward(config, B * S, dropout.dropout, rounds, layer.attention_sublayer, plan);
     plan_multi_head_attention_forward(lw.self_attn, config.heads, B, S, S,
                                       dropout.attention_dropout, true, input_rounded, false,
@@ -186,11 +190,11 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
     // As decoder_layer_forward and decoder_forward pass them: every sublayer's output rounded
     // but the last layer's (the output head's input), the first layer's input not, the memory
     // where the encoder's last layer rounded it.
-    const bool rounds = sublayer_rounds_output(config, lw.ffn.fc1);
+    const bool rounds = sublayer_rounds_for(config, lw.ffn.fc1);
     const bool input_rounded =
-        i > 0 && sublayer_rounds_output(config, w.decoder_layers[size_t(i - 1)].ffn.fc1);
-    const bool memory_rounded = !w.encoder_layers.empty() &&
-                                sublayer_rounds_output(config, w.encoder_layers.back().ffn.fc1);
+        i > 0 && sublayer_rounds_for(config, w.decoder_layers[size_t(i - 1)].ffn.fc1);
+    const bool memory_rounded =
+        !w.encoder_layers.empty() && sublayer_rounds_for(config, w.encoder_layers.back().ffn.fc1);
     plan_sublayer_forward(config, B * T, dropout.dropout, rounds, layer.self_sublayer, plan);
     plan_multi_head_attention_forward(lw.self_attn, config.heads, B, T, T,
                                       dropout.attention_dropout, true, input_rounded, false,
@@ -235,17 +239,16 @@ void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
                            EncoderLayerCache& cache) {
   const int64_t rows = batch * src_len;
   // The next layer's projections, or the decoder's of the encoder output, read the last output.
-  const bool rounds = sublayer_rounds_output(config, w.ffn.fc1);
-  sublayer_forward(
-      backend, config, w.norm1, input, rows, dropout.dropout,
-      dropout_key(dropout.seed, encoder_site(layer_index, 0)), rounds, cache.attention_sublayer,
-      [&](MatmulOperand x, float* out) {
-        AttentionInputs in = self_attention_inputs(
-            config, x.values, batch, src_len, src_lengths, false, dropout.attention_dropout,
-            dropout_key(dropout.seed, encoder_site(layer_index, 1)));
-        in.rounded_query_input = x.rounded;
-        multi_head_attention_forward(backend, w.self_attn, config.heads, in, cache.self_attn, out);
-      });
+  const bool rounds = sublayer_rounds_for(config, w.ffn.fc1);
+  sublayer_forward(backend, config, w.norm1, input, rows, dropout.dropout,
+                   dropout_key(dropout.seed, encoder_site(layer_index, 0)), rounds,
+                   cache.attention_sublayer, [&](MatmulOperand x, float* out) {
+                     AttentionInputs in = self_attention_inputs(
+                         config, x, batch, src_len, src_lengths, false, dropout.attention_dropout,
+                         dropout_key(dropout.seed, encoder_site(layer_index, 1)));
+                     multi_head_attention_forward(backend, w.self_attn, config.heads, in,
+                                                  cache.self_attn, out);
+                   });
   sublayer_forward(backend, config, w.norm2, cache.attention_sublayer.output_operand(), rows,
                    dropout.dropout, dropout_key(dropout.seed, encoder_site(layer_index, 2)), rounds,
                    cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
@@ -262,31 +265,27 @@ void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
                            const DropoutOptions& dropout, int64_t layer_index,
                            DecoderLayerCache& cache, const DecoderStep* step) {
   const int64_t rows = batch * tgt_len;
-  const bool rounds = sublayer_rounds_output(config, w.ffn.fc1);
-  sublayer_forward(
-      backend, config, w.norm1, input, rows, dropout.dropout,
-      dropout_key(dropout.seed, decoder_site(layer_index, 0)), rounds, cache.self_sublayer,
-      [&](MatmulOperand x, float* out) {
-        AttentionInputs in = self_attention_inputs(
-            config, x.values, batch, tgt_len, tgt_lengths, true, dropout.attention_dropout,
-            dropout_key(dropout.seed, decoder_site(layer_index, 1)));
-        in.rounded_query_input = x.rounded;
-        if (step) {  // keys 0..t from the cache, this position's appended
-          in.key_len = step->position + 1;
-          in.mask.query_offset = step->position;
-          in.cached = &step->self;
-        }
-        multi_head_attention_forward(backend, w.self_attn, config.heads, in, cache.self_attn, out);
-      });
+  const bool rounds = sublayer_rounds_for(config, w.ffn.fc1);
+  sublayer_forward(backend, config, w.norm1, input, rows, dropout.dropout,
+                   dropout_key(dropout.seed, decoder_site(layer_index, 0)), rounds,
+                   cache.self_sublayer, [&](MatmulOperand x, float* out) {
+                     AttentionInputs in = self_attention_inputs(
+                         config, x, batch, tgt_len, tgt_lengths, true, dropout.attention_dropout,
+                         dropout_key(dropout.seed, decoder_site(layer_index, 1)));
+                     if (step) {  // keys 0..t from the cache, this position's appended
+                       in.key_len = step->position + 1;
+                       in.mask.query_offset = step->position;
+                       in.cached = &step->self;
+                     }
+                     multi_head_attention_forward(backend, w.self_attn, config.heads, in,
+                                                  cache.self_attn, out);
+                   });
   sublayer_forward(backend, config, w.norm2, cache.self_sublayer.output_operand(), rows,
                    dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 2)), rounds,
                    cache.cross_sublayer, [&](MatmulOperand x, float* out) {
                      AttentionInputs in = cross_attention_inputs(
-                         x.values, memory.values, batch, tgt_len, src_len, src_lengths,
-                         dropout.attention_dropout,
+                         x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 3)));
-                     in.rounded_query_input = x.rounded;
-                     in.rounded_memory_input = memory.rounded;
                      if (step) {  // the encoder keys of each hypothesis' sentence
                        in.mask.key_batch = step->sentence_of_query;
                        in.cached = &step->cross;

@@ -29,7 +29,7 @@ struct SublayerCache {
   LayerNormCache norm;
   DeviceBuffer<uint8_t> dropout_mask;  // [rows, D] when dropout > 0
   DeviceBuffer<float> output;          // [rows, D]
-  // [rows, D] output in bfloat16 where sublayer_rounds_output (model/sublayer.h): what the next
+  // [rows, D] output in bfloat16 where sublayer_rounds_for (model/sublayer.h): what the next
   // sublayer's first products read, and their weight gradients. output_rounded is its data where
   // the last pass wrote it, else null.
   DeviceBuffer<uint16_t> rounded_output;

@@ -8,13 +8,14 @@
 
 namespace tfm {
 
-// Whether a sublayer's output goes on in bfloat16 too (SublayerCache::rounded_output): post-norm,
-// where its norm writes the copy in the same pass, and where `next`, the product that reads the
-// output next, rounds its operands (a bfloat16 step). That product's rounding pass is then gone.
-// A layer may name one of its own products as `next` for the following layer's: a model's
-// products share one precision.
-inline bool sublayer_rounds_output(const ModelConfig& config, const LinearWeights& next) {
-  return config.norm == NormPosition::kPost && rounds_to_bfloat16(next);
+// Whether a sublayer's norm hands `reader`, the product that reads what it writes, a bfloat16
+// copy too: post-norm, where the norm's pass writes the copy (forward: its output, in
+// SublayerCache::rounded_output, for the next sublayer's first products; backward: F's output
+// gradient, for F's last product), and where `reader` rounds its operands (a bfloat16 step).
+// That product's rounding pass is then gone. A layer may name one of its own products as the
+// following layer's reader: a model's products share one precision.
+inline bool sublayer_rounds_for(const ModelConfig& config, const LinearWeights& reader) {
+  return config.norm == NormPosition::kPost && rounds_to_bfloat16(reader);
 }
 
 // The buffers sublayer_forward uses (F's own aside), for `rows` rows: its one size table.
@@ -35,7 +36,7 @@ void sublayer_forward_buffers(const ModelConfig& config, int64_t rows, float dro
 
 // function(in [rows, D], out [rows, D]) is the sublayer's attention or feed-forward; `in` is a
 // MatmulOperand: the values, and their bfloat16 copy where one comes with them (else null).
-// round_output: sublayer_rounds_output (the copy then in cache.rounded_output).
+// round_output: sublayer_rounds_for the next product (the copy then in cache.rounded_output).
 template <typename Function>
 void sublayer_forward(const Backend& backend, const ModelConfig& config,
                       const LayerNormWeights& norm, MatmulOperand input, int64_t rows,
@@ -75,12 +76,6 @@ inline void plan_sublayer_forward(const ModelConfig& config, int64_t rows, float
   sublayer_forward_buffers(config, rows, dropout, round_output, cache, plan);
 }
 
-// Whether sublayer_backward hands F its output's gradient in bfloat16 as well: post-norm, where
-// the norm's backward writes it, and F's last product reads it rounded (bfloat16 training).
-inline bool sublayer_rounds_gradient(const ModelConfig& config, const LinearWeights& last) {
-  return config.norm == NormPosition::kPost && rounds_to_bfloat16(last);
-}
-
 // The scratch sublayer_backward uses (F's backward aside), for `rows` rows. F's last product is
 // `last`.
 template <typename Sizer>
@@ -90,14 +85,14 @@ void sublayer_backward_buffers(const ModelConfig& config, const LinearWeights& l
   sizer.need(scratch.d_sublayer, n);                                       // [rows, D]
   if (config.norm == NormPosition::kPre) sizer.need(scratch.d_normed, n);  // [rows, D]
   // [rows, D] d_sublayer in bfloat16: F's last product's (linear_backward's own buffer)
-  if (rows > 0 && sublayer_rounds_gradient(config, last)) sizer.need(scratch.rounded_d_out, n);
+  if (rows > 0 && sublayer_rounds_for(config, last)) sizer.need(scratch.rounded_d_out, n);
 }
 
 // The backward of sublayer_forward (cache from its training call): d_stream [rows, D] holds the
 // gradient of the sublayer's output and is replaced, in place, by that of its input.
 // function_backward(d_out, rounded_d_out, function_input, d_function_input, accumulate) runs the
 // function's backward (d_function_input: = or += when accumulate); rounded_d_out is d_out in
-// bfloat16 where sublayer_rounds_gradient(config, last) (else null), for F's last product
+// bfloat16 where sublayer_rounds_for(config, last) (else null), for F's last product
 // `last`.
 template <typename FunctionBackward>
 void sublayer_backward(const Backend& backend, const ModelConfig& config,
@@ -115,7 +110,7 @@ void sublayer_backward(const Backend& backend, const ModelConfig& config,
     // d residual = LN backward (row by row, so in place); it flows to the input directly and
     // through the dropout to F.
     uint16_t* rounded_d_function_out =  // [rows, D]
-        rows > 0 && sublayer_rounds_gradient(config, last) ? scratch.rounded_d_out.data() : nullptr;
+        rows > 0 && sublayer_rounds_for(config, last) ? scratch.rounded_d_out.data() : nullptr;
     backend.residual_layer_norm_backward(d_stream, cache.residual.data(), mean, rstd, norm.weight,
                                          norm_grad.weight, norm_grad.bias,
                                          dropout > 0.f ? cache.dropout_mask.data() : nullptr,
