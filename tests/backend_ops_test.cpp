@@ -188,36 +188,38 @@ TEST_P(BackendOps, RoundTo16BitsRoundsEachElementToNearestEven) {
       {0x33000000u, 0x0000},  // 2^-25, a tie with 0: down to 0
       {0x3dcccccdu, 0x2e66},  // 0.1
   };
-  const int64_t rows = 37, cols = 29, ldx = cols + 3;
-  for (Precision format : {Precision::kBFloat16, Precision::kFloat16}) {
-    const bool float16 = format == Precision::kFloat16;
-    const std::vector<Special>& specials = float16 ? float16_specials : bfloat16_specials;
-    // Standard normal values (float16 holds them with room to spare) and, for bfloat16, large
-    // ones; special i in row i, column 3i % cols; a NaN in the row after them.
-    auto x = random_vector(rows * ldx, 11, float16 ? 1.f : 100.f);
-    const auto special_at = [&](size_t i) { return int64_t(i) * ldx + 3 * int64_t(i) % cols; };
-    for (size_t i = 0; i < specials.size(); ++i)
-      x[size_t(special_at(i))] = std::bit_cast<float>(specials[i].input);
-    x[size_t(special_at(specials.size()))] = std::numeric_limits<float>::quiet_NaN();
-    std::vector<uint16_t> out(size_t(rows * cols), 0xdead);
-    be().round_to_16_bits(x.data(), rows, cols, ldx, format, out.data());
-    const auto widen = [&](uint16_t bits) {
-      return float16 ? half_to_float(bits) : bfloat16_to_float(bits);
-    };
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) {
-        const float v = x[size_t(r * ldx + c)];
-        const uint16_t got = out[size_t(r * cols + c)];
-        if (std::isnan(v))
-          EXPECT_TRUE(std::isnan(widen(got))) << r << "," << c;
-        else
-          ASSERT_EQ(got, float16 ? float_to_half(v) : float_to_bfloat16(v))
-              << precision_name(format) << " " << r << "," << c << " " << v;
-      }
-    for (size_t i = 0; i < specials.size(); ++i)
-      EXPECT_EQ(out[size_t(int64_t(i) * cols + 3 * int64_t(i) % cols)], specials[i].expected)
-          << precision_name(format) << " special " << i;
-  }
+  // 29 of 32 columns: one element at a time; 28 of 36: a GPU rounds four at a time.
+  const int64_t rows = 37;
+  for (const auto& [cols, ldx] : {std::pair<int64_t, int64_t>{29, 32}, {28, 36}})
+    for (Precision format : {Precision::kBFloat16, Precision::kFloat16}) {
+      const bool float16 = format == Precision::kFloat16;
+      const std::vector<Special>& specials = float16 ? float16_specials : bfloat16_specials;
+      // Standard normal values (float16 holds them with room to spare) and, for bfloat16, large
+      // ones; special i in row i, column 3i % cols; a NaN in the row after them.
+      auto x = random_vector(rows * ldx, 11, float16 ? 1.f : 100.f);
+      const auto special_at = [&](size_t i) { return int64_t(i) * ldx + 3 * int64_t(i) % cols; };
+      for (size_t i = 0; i < specials.size(); ++i)
+        x[size_t(special_at(i))] = std::bit_cast<float>(specials[i].input);
+      x[size_t(special_at(specials.size()))] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<uint16_t> out(size_t(rows * cols), 0xdead);
+      be().round_to_16_bits(x.data(), rows, cols, ldx, format, out.data());
+      const auto widen = [&](uint16_t bits) {
+        return float16 ? half_to_float(bits) : bfloat16_to_float(bits);
+      };
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const float v = x[size_t(r * ldx + c)];
+          const uint16_t got = out[size_t(r * cols + c)];
+          if (std::isnan(v))
+            EXPECT_TRUE(std::isnan(widen(got))) << r << "," << c;
+          else
+            ASSERT_EQ(got, float16 ? float_to_half(v) : float_to_bfloat16(v))
+                << precision_name(format) << " " << r << "," << c << " " << v;
+        }
+      for (size_t i = 0; i < specials.size(); ++i)
+        EXPECT_EQ(out[size_t(int64_t(i) * cols + 3 * int64_t(i) % cols)], specials[i].expected)
+            << precision_name(format) << " special " << i;
+    }
   std::vector<float> one = {1.f};
   std::vector<uint16_t> bits(1);
   for (Precision other : {Precision::kFloat32, Precision::kInt8})
@@ -855,8 +857,10 @@ RoundedCopy rounded_copy(const std::vector<float>& x, Precision format) {
 // sentence sharing its encoder keys (key_batch), against the dense reference on gathered copies.
 // Head sizes 5 and 64 (the base and big models', which the CPU compiles separately, with AVX-512
 // in blocks of 16 keys), 6 and 37 keys (two whole blocks and a part, a window starting inside
-// the first). The same over bfloat16 and float16 caches (attention_forward_16_bit_cache): the
-// reference reads the rounded values widened to float, so only float rounding separates the two.
+// the first; on a GPU, a part of its four keys at a time). Dot-product scores take a GPU's warp
+// per query, additive ones its block per query. The same over bfloat16 and float16 caches
+// (attention_forward_16_bit_cache): the reference reads the rounded values widened to float, so
+// only float rounding separates the two.
 TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
   for (int64_t head_dim : {5, 64})
     for (int64_t key_len : {6, 37})
@@ -1041,7 +1045,7 @@ TEST_P(BackendOps, AttentionDropoutForwardAndBackwardMatchFloat64) {
 
 TEST_P(BackendOps, LayerNormForwardAndBackwardMatchFloat64) {
   const float eps = 1e-5f;
-  for (int64_t cols : {1, 7, 63, 65, 512}) {
+  for (int64_t cols : {1, 7, 63, 65, 512, 1500}) {  // 1500: longer than a GPU warp's row
     const int64_t rows = 9;
     auto x = random_vector(rows * cols, 11, 3.f);
     auto gamma = random_vector(cols, 12), beta = random_vector(cols, 13);
@@ -1109,7 +1113,8 @@ TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
   auto near = [](float got, float want) {
     return std::abs(double(got) - double(want)) <= 1e-5 * (1 + std::abs(double(want)));
   };
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{9, 1}, {9, 7}, {5, 65}, {300, 512}})
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{9, 1}, {9, 7}, {5, 65}, {300, 512}, {3, 1500}})
     for (float p : {0.f, 0.3f})
       for (bool rounded : {true, false}) {
         SCOPED_TRACE(testing::Message()
@@ -1401,7 +1406,7 @@ TEST_P(BackendOps, PreparedMatrixRowsServeAsAnEmbeddingTable) {
 // --- Output distribution and loss ---------------------------------------------------------------
 
 TEST_P(BackendOps, LogSoftmaxAndPickMatchFloat64) {
-  for (int64_t cols : {1, 7, 65, 1003}) {
+  for (int64_t cols : {1, 7, 65, 1000, 1003}) {  // 1000: a GPU reads four at a time
     const int64_t rows = 3;
     auto x = random_vector(rows * cols, 41, 4.f);
     std::vector<int32_t> targets = {0, int32_t(cols - 1), int32_t(cols / 2)};
@@ -1428,8 +1433,10 @@ TEST_P(BackendOps, LogSoftmaxAndPickMatchFloat64) {
 // sort of (value, id) — so ties go to the lower id — with the banned token and NaN as −∞.
 // Values on a grid of 0.25 make ties common; sizes around the kernel's chunks of 16.
 TEST_P(BackendOps, BestTokensRankEachRowLikeAStableSort) {
-  for (int64_t vocab : {1, 7, 16, 37, 1003})
-    for (int64_t keep : {int64_t(1), int64_t(3), vocab})
+  // keep 1, 3, 8 and 16 take a GPU's one-pass kernel (17 and the whole row the per-entry one);
+  // vocabulary 16 and 1000 are read four at a time there.
+  for (int64_t vocab : {1, 7, 16, 37, 1000, 1003})
+    for (int64_t keep : {int64_t(1), int64_t(3), int64_t(8), int64_t(16), int64_t(17), vocab})
       for (int32_t banned : {-1, 0, int32_t(vocab / 2)}) {
         if (keep > vocab) continue;
         const int64_t rows = 4;
@@ -1462,7 +1469,7 @@ TEST_P(BackendOps, BestTokensRankEachRowLikeAStableSort) {
 // per row, and its gradient grad_scale · (softmax − ((1-ε)·onehot + ε/V)), in place of the
 // logits.
 TEST_P(BackendOps, LabelSmoothedCrossEntropyAndItsGradientMatchFloat64) {
-  for (int64_t vocab : {2, 7, 65, 1003})
+  for (int64_t vocab : {2, 7, 65, 1000, 1003})  // 1000: a GPU reads four at a time
     for (float smoothing : {0.f, 0.1f}) {
       const int64_t rows = 5;
       auto logits = random_vector(rows * vocab, 51, 3.f);

@@ -121,6 +121,106 @@ __global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, c
   }
 }
 
+// The forward of one query per warp (kQueryWarps queries a block), for dot-product scores
+// without dropout and heads of at most 32 · kMaxLaneColumns: the lanes split the head's
+// columns, so each key and value row is read by the warp in one coalesced pass (the per-block
+// kernel above gives each thread a whole key row and leaves most of its threads idle over a
+// decoding step's few keys). The score of each key is a warp sum. Query index (b, h, t) as
+// above; scores go to probs' row or to this warp's part of shared memory.
+constexpr int kQueryWarps = 4;
+constexpr int kMaxLaneColumns = 4;
+constexpr int kKeysAtOnce = 4;
+
+template <typename Element>
+__global__ void attention_query_warp_kernel(AttentionShape s, AttentionMask mask, const float* q,
+                                            const Element* k, const Element* v, float* probs,
+                                            float* out, float scale) {
+  extern __shared__ float shared_memory[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t index = int64_t(blockIdx.x) * kQueryWarps + warp;
+  if (index >= s.batch * s.heads * s.query_len) return;  // no block barrier follows
+  const int64_t t = index % s.query_len, pair = index / s.query_len;
+  const int64_t h = pair % s.heads, b = pair / s.heads;
+  const int64_t d = s.head_dim;
+  const int64_t kb = mask.key_batch ? mask.key_batch[b] : b;
+  int64_t key_count = s.key_len;
+  if (mask.key_lengths && mask.key_lengths[kb] < key_count) key_count = mask.key_lengths[kb];
+  int64_t begin, end;
+  visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
+  float* scores =
+      probs ? probs + index * s.key_len : shared_memory + warp * round_up4(s.key_len);  // [Tk]
+  const float* q_global = q + (b * s.query_len + t) * s.q_row_stride + h * d;
+  float q_lane[kMaxLaneColumns];  // q[lane + 32 m]
+#pragma unroll
+  for (int m = 0; m < kMaxLaneColumns; ++m) {
+    const int64_t c = lane + 32 * m;
+    q_lane[m] = c < d ? q_global[c] : 0.f;
+  }
+  // kKeysAtOnce keys per step, their row lookups and loads issued together (a key costs two
+  // dependent loads: its row in the table, then the row).
+  float largest = -INFINITY;
+  for (int64_t j0 = begin; j0 < end; j0 += kKeysAtOnce) {
+    float sum[kKeysAtOnce];
+#pragma unroll
+    for (int u = 0; u < kKeysAtOnce; ++u) {
+      sum[u] = 0.f;
+      if (j0 + u >= end) continue;
+      const Element* key = key_row(k, s, b, kb, j0 + u, s.k_row_stride, s.k_batch_stride, h);
+#pragma unroll
+      for (int m = 0; m < kMaxLaneColumns; ++m) {
+        const int64_t c = lane + 32 * m;
+        if (c < d) sum[u] += q_lane[m] * element(key[c]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kKeysAtOnce; ++u) {
+      for (int offset = 16; offset > 0; offset >>= 1)
+        sum[u] += __shfl_xor_sync(0xffffffffu, sum[u], offset);
+      if (j0 + u < end) {
+        if (lane == 0) scores[j0 + u] = sum[u];
+        largest = fmaxf(largest, sum[u]);
+      }
+    }
+  }
+  __syncwarp();
+  const float shift = largest * scale;
+  float total = 0.f;
+  for (int64_t j = lane; j < s.key_len; j += 32) {
+    if (j < begin || j >= end) {
+      scores[j] = 0.f;
+      continue;
+    }
+    const float e = expf(scores[j] * scale - shift);
+    scores[j] = e;
+    total += e;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1)
+    total += __shfl_xor_sync(0xffffffffu, total, offset);
+  const float inverse = total > 0.f ? 1.f / total : 0.f;
+  for (int64_t j = begin + lane; j < end; j += 32) scores[j] *= inverse;
+  __syncwarp();
+  float sum[kMaxLaneColumns] = {};
+  for (int64_t j0 = begin; j0 < end; j0 += kKeysAtOnce) {
+#pragma unroll
+    for (int u = 0; u < kKeysAtOnce; ++u) {
+      if (j0 + u >= end) continue;
+      const float w = scores[j0 + u];
+      const Element* value = key_row(v, s, b, kb, j0 + u, s.v_row_stride, s.v_batch_stride, h);
+#pragma unroll
+      for (int m = 0; m < kMaxLaneColumns; ++m) {
+        const int64_t c = lane + 32 * m;
+        if (c < d) sum[m] += w * element(value[c]);
+      }
+    }
+  }
+  float* out_row = out + (b * s.query_len + t) * s.out_row_stride + h * d;
+#pragma unroll
+  for (int m = 0; m < kMaxLaneColumns; ++m) {
+    const int64_t c = lane + 32 * m;
+    if (c < d) out_row[c] = sum[m];
+  }
+}
+
 // dK and dV of every key row a block may add to start at 0 (only the heads' columns).
 __global__ void zero_key_rows_kernel(AttentionShape s, float* dk, float* dv) {
   const int64_t width = s.heads * s.head_dim;
@@ -246,14 +346,24 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
       return;
     }
   }
+  const float scale = attention_score_scale(s.score.kind, s.head_dim);
+  const int64_t warp_scores = probs ? 0 : kQueryWarps * round_up4(s.key_len);
+  if (s.score.kind != AttentionScoring::kAdditive && dropout.p == 0.f &&
+      s.head_dim <= 32 * kMaxLaneColumns &&
+      int64_t(shared_bytes_for(warp_scores)) <= kSharedLimit) {
+    attention_query_warp_kernel<Element>
+        <<<unsigned((blocks + kQueryWarps - 1) / kQueryWarps), 32 * kQueryWarps,
+           shared_bytes_for(warp_scores), c.stream>>>(s, mask, q, k, v, probs, out, scale);
+    check_launch("attention_forward (a query per warp)");
+    return;
+  }
   const bool in_shared = probs || scores_fit_shared(s, 1);
   Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
   const size_t shared_bytes =
       shared_bytes_for(s.head_dim + (probs || !in_shared ? 0 : round_up4(s.key_len)));
   attention_forward_kernel<Element>
       <<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
-          s, mask, q, k, v, probs, in_shared ? nullptr : scratch.as<float>(), out, dropout,
-          attention_score_scale(s.score.kind, s.head_dim));
+          s, mask, q, k, v, probs, in_shared ? nullptr : scratch.as<float>(), out, dropout, scale);
   check_launch("attention_forward");
 }
 

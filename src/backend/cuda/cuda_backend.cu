@@ -70,17 +70,19 @@ class CudaBackend final : public Backend {
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision, MatmulEpilogue epilogue) const override {
-    TFM_CUDA_OPERATION(
-        c_, precision == Precision::kBFloat16
-                ? (epilogue.rounded_output ? "matmul bfloat16 (bfloat16 out)" : "matmul bfloat16")
-                : "matmul float32");
+    TFM_CUDA_OPERATION_SHAPED(
+        c_,
+        precision == Precision::kBFloat16
+            ? (epilogue.rounded_output ? "matmul bfloat16 (bfloat16 out)" : "matmul bfloat16")
+            : "matmul float32",
+        m, n, k);
     cuda::matmul(c_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
                  epilogue);
   }
   void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
                         uint16_t* out) const override {
-    TFM_CUDA_OPERATION(c_,
-                       format == Precision::kFloat16 ? "round_to_float16" : "round_to_bfloat16");
+    TFM_CUDA_OPERATION_SHAPED(
+        c_, format == Precision::kFloat16 ? "round_to_float16" : "round_to_bfloat16", rows, cols);
     cuda::round_to_16_bits(c_.stream, x, rows, cols, ldx, format, out);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
@@ -97,20 +99,23 @@ class CudaBackend final : public Backend {
   void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                          const float* k, const float* v, float* probs, float* out,
                          const AttentionDropout& dropout) const override {
-    TFM_CUDA_OPERATION(c_, "attention_forward");
+    TFM_CUDA_OPERATION_SHAPED(c_, "attention_forward", shape.batch * shape.heads, shape.query_len,
+                              shape.key_len);
     cuda::attention_forward(c_, shape, mask, q, k, v, probs, out, dropout);
   }
   void attention_forward_16_bit_cache(const AttentionShape& shape, const AttentionMask& mask,
                                       const float* q, Precision format, const uint16_t* k,
                                       const uint16_t* v, float* probs, float* out) const override {
-    TFM_CUDA_OPERATION(c_, "attention_forward_16_bit_cache");
+    TFM_CUDA_OPERATION_SHAPED(c_, "attention_forward_16_bit_cache", shape.batch * shape.heads,
+                              shape.query_len, shape.key_len);
     cuda::attention_forward_16_bit_cache(c_, shape, mask, q, format, k, v, probs, out);
   }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
                           float* dv, float* d_additive_v) const override {
-    TFM_CUDA_OPERATION(c_, "attention_backward");
+    TFM_CUDA_OPERATION_SHAPED(c_, "attention_backward", shape.batch * shape.heads, shape.query_len,
+                              shape.key_len);
     cuda::attention_backward(c_, shape, mask, q, k, v, probs, dropout, d_out, dq, dk, dv,
                              d_additive_v);
   }
@@ -132,7 +137,7 @@ class CudaBackend final : public Backend {
                            float eps, float* y, float* mean, float* rstd,
                            uint16_t* rounded_y) const override {
     check_dropout_mask(p, mask);
-    TFM_CUDA_OPERATION(c_, "residual_layer_norm");
+    TFM_CUDA_OPERATION_SHAPED(c_, "residual_layer_norm", rows, cols);
     cuda::residual_layer_norm(c_.stream, f, x, rows, cols, p, key, mask, gamma, beta, eps, y, mean,
                               rstd, rounded_y);
   }
@@ -142,7 +147,7 @@ class CudaBackend final : public Backend {
                                     uint16_t* rounded_d_f, int64_t rows,
                                     int64_t cols) const override {
     check_dropout_mask(p, mask);
-    TFM_CUDA_OPERATION(c_, "residual_layer_norm_backward");
+    TFM_CUDA_OPERATION_SHAPED(c_, "residual_layer_norm_backward", rows, cols);
     cuda::residual_layer_norm_backward(c_, dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
                                        rounded_d_f, rows, cols);
   }
@@ -171,11 +176,11 @@ class CudaBackend final : public Backend {
   }
   void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
                               uint16_t* rounded_d) const override {
-    TFM_CUDA_OPERATION(c_, "relu_backward_bfloat16");
+    TFM_CUDA_OPERATION_SHAPED(c_, "relu_backward_bfloat16", n);
     cuda::relu_backward_bfloat16(c_.stream, d, relu_output, n, rounded_d);
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
-    TFM_CUDA_OPERATION(c_, "bias_backward");
+    TFM_CUDA_OPERATION_SHAPED(c_, "bias_backward", rows, cols);
     cuda::bias_backward(c_, dy, rows, cols, dbias);
   }
 
@@ -219,7 +224,7 @@ class CudaBackend final : public Backend {
   }
 
   void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override {
-    TFM_CUDA_OPERATION(c_, "log_softmax");
+    TFM_CUDA_OPERATION_SHAPED(c_, "log_softmax", rows, cols);
     cuda::log_softmax(c_.stream, x, y, rows, cols);
   }
   void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
@@ -231,7 +236,7 @@ class CudaBackend final : public Backend {
                                       int64_t vocab, float smoothing, float grad_scale,
                                       double* row_totals,
                                       uint16_t* rounded_gradient) const override {
-    TFM_CUDA_OPERATION(c_, "cross_entropy_forward_backward");
+    TFM_CUDA_OPERATION_SHAPED(c_, "cross_entropy_forward_backward", rows, vocab);
     cuda::cross_entropy_forward_backward(c_.stream, logits, targets, rows, vocab, smoothing,
                                          grad_scale, row_totals, rounded_gradient);
   }
@@ -242,7 +247,7 @@ class CudaBackend final : public Backend {
 
   void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens) const override {
-    TFM_CUDA_OPERATION(c_, "best_tokens");
+    TFM_CUDA_OPERATION_SHAPED(c_, "best_tokens", rows, vocab, keep);
     cuda::best_tokens(c_.stream, logprobs, rows, vocab, keep, banned, values, tokens);
   }
   void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t total,

@@ -20,6 +20,19 @@ __global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t
   TFM_FOR_EACH_ELEMENT(r, c, rows, cols) out[r * cols + c] = to_16_bits<kFloat16>(x[r * ldx + c]);
 }
 
+// The same four columns at a time (cols4 = cols / 4 and ldx4 = ldx / 4 in float4s; x 16-byte
+// and out 8-byte aligned).
+template <bool kFloat16>
+__global__ void round_x4_kernel(const float4* x, int64_t rows, int64_t cols4, int64_t ldx4,
+                                uint2* out) {
+  TFM_FOR_EACH_ELEMENT(r, c, rows, cols4) {
+    const float4 v = x[r * ldx4 + c];
+    out[r * cols4 + c] =
+        make_uint2(uint32_t(to_16_bits<kFloat16>(v.x)) | uint32_t(to_16_bits<kFloat16>(v.y)) << 16,
+                   uint32_t(to_16_bits<kFloat16>(v.z)) | uint32_t(to_16_bits<kFloat16>(v.w)) << 16);
+  }
+}
+
 __global__ void round_flushing_kernel(const float* result, int64_t ldr, const float* bias,
                                       bool relu, int64_t rows, int64_t cols, uint16_t* out,
                                       int64_t ldo) {
@@ -99,6 +112,37 @@ __global__ void relu_backward_bfloat16_kernel(float* d, const uint16_t* relu_out
   }
 }
 
+// Four bfloat16 values packed as they lie in memory (the first in the low half of x).
+__device__ __forceinline__ uint2 pack_bfloat16x4(float a, float b, float c, float e) {
+  return make_uint2(uint32_t(to_bfloat16(a)) | uint32_t(to_bfloat16(b)) << 16,
+                    uint32_t(to_bfloat16(c)) | uint32_t(to_bfloat16(e)) << 16);
+}
+__device__ __forceinline__ bool bfloat16_positive(uint32_t pair, int half) {
+  return from_bfloat16(uint16_t(half ? pair >> 16 : pair & 0xffffu)) > 0.f;
+}
+
+// The same four elements at a time (n4 = n / 4, every pointer aligned to its 4 elements): a
+// 16-byte and an 8-byte load in flight per element step where the one-at-a-time kernel has 6
+// bytes, which leaves the memory idle between loads.
+__global__ void relu_backward_bfloat16_x4_kernel(float4* d, const uint2* relu_output, int64_t n4,
+                                                 uint2* rounded_d) {
+  TFM_FOR_EACH(i, n4) {
+    const uint2 out = relu_output[i];
+    float4 g = d[i];
+    g.x = bfloat16_positive(out.x, 0) ? g.x : 0.f;
+    g.y = bfloat16_positive(out.x, 1) ? g.y : 0.f;
+    g.z = bfloat16_positive(out.y, 0) ? g.z : 0.f;
+    g.w = bfloat16_positive(out.y, 1) ? g.w : 0.f;
+    d[i] = g;
+    if (rounded_d) rounded_d[i] = pack_bfloat16x4(g.x, g.y, g.z, g.w);
+  }
+}
+
+// Whether pointer p is aligned to `bytes`.
+__host__ __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
 // Column sums over many rows in two deterministic passes: chunks of rows summed per column into
 // partial[chunk, cols] (threads along the columns: coalesced), then each column's chunks added
 // in chunk order. A single pass of one thread per column left the GPU nearly idle (cols threads
@@ -123,13 +167,29 @@ __global__ void bias_partial_kernel(const float* dy, RowsPerChunk split, int64_t
   partial[int64_t(blockIdx.y) * cols + c] = sum;
 }
 
-// out[c] += Σ_chunks partial[chunk, c], the chunks in order.
+// out[c] += Σ_chunks partial[chunk, c]: a block of kSumColumns columns × kSumLanes threads per
+// column, thread y summing chunks y, y + kSumLanes, ..., then the kSumLanes sums added in order
+// (deterministic). One thread per column walking every chunk left the GPU nearly idle: a few
+// hundred threads, each with a few hundred loads one after another.
+constexpr int kSumColumns = 32, kSumLanes = 8;
 __global__ void sum_chunks_kernel(const float* partial, int64_t chunks, int64_t cols, float* out) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+  __shared__ float sums[kSumLanes][kSumColumns + 1];
+  const int64_t c = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;
   float sum = 0.f;
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) sum += partial[chunk * cols + c];
-  out[c] += sum;
+  if (c < cols)
+    for (int64_t chunk = threadIdx.y; chunk < chunks; chunk += kSumLanes)
+      sum += partial[chunk * cols + c];
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float total = 0.f;
+  for (int y = 0; y < kSumLanes; ++y) total += sums[y][threadIdx.x];
+  out[c] += total;
+}
+void launch_sum_chunks(cudaStream_t s, const float* partial, int64_t chunks, int64_t cols,
+                       float* out) {
+  sum_chunks_kernel<<<unsigned((cols + kSumColumns - 1) / kSumColumns),
+                      dim3(kSumColumns, kSumLanes), 0, s>>>(partial, chunks, cols, out);
 }
 
 // Dropout's keep decision for element i: the CPU's counter-based hash of (key, i) against p in
@@ -214,6 +274,121 @@ __global__ void residual_layer_norm_kernel(float* f, const float* x, int64_t col
   if (rounded_y)
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
       rounded_y[r * cols + c] = to_bfloat16(out[c]);
+}
+
+// The same three kernels with a warp per row, for rows of at most 32 · kPerLane columns: the row
+// stays in registers (lane l holds columns l, l + 32, ...; each warp load coalesced), so the
+// statistics need only warp shuffles and no block barrier, and every thread has kPerLane loads
+// in flight. A block of 256 threads for 256 / 32 rows; the block kernels above serve longer rows.
+constexpr int kWarpRows = kThreads / 32;
+
+__device__ __forceinline__ float warp_sum(float value) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Backend::layer_norm (f null) or residual_layer_norm (f: the branch, dropped by the mask drawn
+// here and added to x, the sum kept in f) of row blockIdx.x · kWarpRows + warp.
+template <int kPerLane>
+__global__ void layer_norm_warp_kernel(float* f, const float* x, int64_t rows, int64_t cols,
+                                       uint32_t threshold, float keep_scale, uint64_t key,
+                                       uint8_t* mask, const float* gamma, const float* beta,
+                                       float eps, float* y, float* mean_out, float* rstd_out,
+                                       uint16_t* rounded_y) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  float value[kPerLane];
+  float sum = 0.f;
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) {
+    const int64_t c = lane + 32 * m, i = r * cols + c;
+    value[m] = 0.f;
+    if (c >= cols) continue;
+    float v = x[i];
+    if (f) {
+      float branch = f[i];
+      if (mask) {
+        const bool keep = dropout_keeps(key, uint64_t(i), threshold);
+        mask[i] = keep ? 1 : 0;
+        branch = keep ? branch * keep_scale : 0.f;
+      }
+      v = branch + v;
+      f[i] = v;
+    }
+    value[m] = v;
+    sum += v;
+  }
+  const float mean = warp_sum(sum) / float(cols);
+  float sum_sq = 0.f;
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) {
+    const float d = lane + 32 * m < cols ? value[m] - mean : 0.f;
+    sum_sq += d * d;
+  }
+  const float inv_std = rsqrtf(warp_sum(sum_sq) / float(cols) + eps);
+  if (lane == 0) {
+    if (mean_out) mean_out[r] = mean;
+    if (rstd_out) rstd_out[r] = inv_std;
+  }
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) {
+    const int64_t c = lane + 32 * m, i = r * cols + c;
+    if (c >= cols) continue;
+    const float out = (value[m] - mean) * inv_std * gamma[c] + beta[c];
+    y[i] = out;
+    if (rounded_y) rounded_y[i] = to_bfloat16(out);
+  }
+}
+
+// layer_norm_dx_kernel's row per warp. dy may alias dx: the warp holds its row before writing.
+template <int kPerLane>
+__global__ void layer_norm_dx_warp_kernel(const float* dy, const float* x, const float* mean,
+                                          const float* rstd, const float* gamma, float* dx,
+                                          int64_t rows, int64_t cols, bool accumulate,
+                                          const uint8_t* mask, float keep_scale, float* d_f,
+                                          uint16_t* rounded_d_f) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const float m_r = mean[r], s = rstd[r];
+  float gy[kPerLane], x_hat[kPerLane];
+  float sum_gy = 0.f, sum_gy_xhat = 0.f;
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) {
+    const int64_t c = lane + 32 * m, i = r * cols + c;
+    gy[m] = x_hat[m] = 0.f;
+    if (c >= cols) continue;
+    gy[m] = dy[i] * gamma[c];
+    x_hat[m] = (x[i] - m_r) * s;
+    sum_gy += gy[m];
+    sum_gy_xhat += gy[m] * x_hat[m];
+  }
+  const float mean_gy = warp_sum(sum_gy) / float(cols);
+  const float mean_gy_xhat = warp_sum(sum_gy_xhat) / float(cols);
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) {
+    const int64_t c = lane + 32 * m, i = r * cols + c;
+    if (c >= cols) continue;
+    const float v = s * (gy[m] - mean_gy - x_hat[m] * mean_gy_xhat);
+    const float d = accumulate ? dx[i] + v : v;
+    dx[i] = d;
+    if (d_f) {
+      const float dropped = !mask ? d : mask[i] ? d * keep_scale : 0.f;
+      d_f[i] = dropped;
+      if (rounded_d_f) rounded_d_f[i] = to_bfloat16(dropped);
+    }
+  }
+}
+
+// The kPerLane of the warp kernels for rows of `cols` columns: 0 where a row is too long for
+// them (the block kernels then).
+int warp_row_columns_per_lane(int64_t cols) {
+  return cols <= 128 ? 4 : cols <= 256 ? 8 : cols <= 512 ? 16 : cols <= 1024 ? 32 : 0;
+}
+unsigned warp_row_blocks(int64_t rows) {
+  return unsigned((rows + kWarpRows - 1) / kWarpRows);
 }
 
 // dx of one row per block. dy may alias dx row by row: every thread's two sums are complete
@@ -457,9 +632,16 @@ void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols
                       Precision format, uint16_t* out) {
   const bool float16 = is_float16(format, "round_to_16_bits");
   if (rows * cols == 0) return;
-  (float16 ? round_kernel<true>
-           : round_kernel<false>)<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
-      x, rows, cols, ldx, out);
+  if (cols % 4 == 0 && ldx % 4 == 0 && aligned(x, 16) && aligned(out, 8)) {
+    const int64_t cols4 = cols / 4;
+    (float16 ? round_x4_kernel<true>
+             : round_x4_kernel<false>)<<<matrix_blocks(rows, cols4), matrix_threads(cols4), 0, s>>>(
+        reinterpret_cast<const float4*>(x), rows, cols4, ldx / 4, reinterpret_cast<uint2*>(out));
+  } else {
+    (float16 ? round_kernel<true>
+             : round_kernel<false>)<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
+        x, rows, cols, ldx, out);
+  }
   check_launch("round_to_16_bits");
 }
 
@@ -519,7 +701,13 @@ void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, 
 void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_output, int64_t n,
                             uint16_t* rounded_d) {
   if (n == 0) return;
-  relu_backward_bfloat16_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, relu_output, n, rounded_d);
+  if (n % 4 == 0 && aligned(d, 16) && aligned(relu_output, 8) && aligned(rounded_d, 8)) {
+    relu_backward_bfloat16_x4_kernel<<<blocks_for(n / 4), kThreads, 0, s>>>(
+        reinterpret_cast<float4*>(d), reinterpret_cast<const uint2*>(relu_output), n / 4,
+        reinterpret_cast<uint2*>(rounded_d));
+  } else {
+    relu_backward_bfloat16_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, relu_output, n, rounded_d);
+  }
   check_launch("relu_backward_bfloat16");
 }
 
@@ -531,8 +719,7 @@ void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols
   bias_partial_kernel<<<dim3(column_blocks, unsigned(split.chunks)), 128, 0, c.stream>>>(
       dy, split, cols, partial.as<float>());
   check_launch("bias_backward");
-  sum_chunks_kernel<<<column_blocks, 128, 0, c.stream>>>(partial.as<float>(), split.chunks, cols,
-                                                         dbias);
+  launch_sum_chunks(c.stream, partial.as<float>(), split.chunks, cols, dbias);
   check_launch("bias_backward (chunks)");
 }
 
@@ -551,7 +738,28 @@ void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, flo
 void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y,
                 int64_t rows, int64_t cols, float eps, float* mean, float* rstd) {
   if (rows == 0) return;
-  layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, gamma, beta, y, cols, eps, mean, rstd);
+  const unsigned blocks = warp_row_blocks(rows);
+  const auto warp_kernel = [&](auto kernel) {
+    kernel<<<blocks, kThreads, 0, s>>>(nullptr, x, rows, cols, 0u, 1.f, 0, nullptr, gamma, beta,
+                                       eps, y, mean, rstd, nullptr);
+  };
+  switch (warp_row_columns_per_lane(cols)) {
+    case 4:
+      warp_kernel(layer_norm_warp_kernel<4>);
+      break;
+    case 8:
+      warp_kernel(layer_norm_warp_kernel<8>);
+      break;
+    case 16:
+      warp_kernel(layer_norm_warp_kernel<16>);
+      break;
+    case 32:
+      warp_kernel(layer_norm_warp_kernel<32>);
+      break;
+    default:
+      layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, gamma, beta, y, cols, eps, mean,
+                                                            rstd);
+  }
   check_launch("layer_norm");
 }
 
@@ -560,9 +768,30 @@ void residual_layer_norm(cudaStream_t s, float* f, const float* x, int64_t rows,
                          const float* beta, float eps, float* y, float* mean, float* rstd,
                          uint16_t* rounded_y) {
   if (rows == 0) return;
-  residual_layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(
-      f, x, cols, dropout_threshold(p), 1.f / (1.f - p), key, p > 0.f ? mask : nullptr, gamma, beta,
-      eps, y, mean, rstd, rounded_y);
+  uint8_t* drawn_mask = p > 0.f ? mask : nullptr;
+  const unsigned blocks = warp_row_blocks(rows);
+  const auto warp_kernel = [&](auto kernel) {
+    kernel<<<blocks, kThreads, 0, s>>>(f, x, rows, cols, dropout_threshold(p), 1.f / (1.f - p), key,
+                                       drawn_mask, gamma, beta, eps, y, mean, rstd, rounded_y);
+  };
+  switch (warp_row_columns_per_lane(cols)) {
+    case 4:
+      warp_kernel(layer_norm_warp_kernel<4>);
+      break;
+    case 8:
+      warp_kernel(layer_norm_warp_kernel<8>);
+      break;
+    case 16:
+      warp_kernel(layer_norm_warp_kernel<16>);
+      break;
+    case 32:
+      warp_kernel(layer_norm_warp_kernel<32>);
+      break;
+    default:
+      residual_layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(
+          f, x, cols, dropout_threshold(p), 1.f / (1.f - p), key, drawn_mask, gamma, beta, eps, y,
+          mean, rstd, rounded_y);
+  }
   check_launch("residual_layer_norm");
 }
 
@@ -585,12 +814,33 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
   layer_norm_partial_kernel<<<dim3(column_blocks, unsigned(split.chunks)), 128, 0, s>>>(
       dy, x, mean, rstd, split, cols, partial_gamma, partial_beta);
   check_launch("layer_norm_backward (parameters)");
-  sum_chunks_kernel<<<column_blocks, 128, 0, s>>>(partial_gamma, split.chunks, cols, dgamma);
-  sum_chunks_kernel<<<column_blocks, 128, 0, s>>>(partial_beta, split.chunks, cols, dbeta);
+  launch_sum_chunks(s, partial_gamma, split.chunks, cols, dgamma);
+  launch_sum_chunks(s, partial_beta, split.chunks, cols, dbeta);
   check_launch("layer_norm_backward (chunks)");
-  layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(dy, x, mean, rstd, gamma, dx, cols,
-                                                           accumulate, p > 0.f ? mask : nullptr,
-                                                           1.f / (1.f - p), d_f, rounded_d_f);
+  const uint8_t* drop_mask = p > 0.f ? mask : nullptr;
+  const float keep_scale = 1.f / (1.f - p);
+  const auto warp_kernel = [&](auto kernel) {
+    kernel<<<warp_row_blocks(rows), kThreads, 0, s>>>(dy, x, mean, rstd, gamma, dx, rows, cols,
+                                                      accumulate, drop_mask, keep_scale, d_f,
+                                                      rounded_d_f);
+  };
+  switch (warp_row_columns_per_lane(cols)) {
+    case 4:
+      warp_kernel(layer_norm_dx_warp_kernel<4>);
+      break;
+    case 8:
+      warp_kernel(layer_norm_dx_warp_kernel<8>);
+      break;
+    case 16:
+      warp_kernel(layer_norm_dx_warp_kernel<16>);
+      break;
+    case 32:
+      warp_kernel(layer_norm_dx_warp_kernel<32>);
+      break;
+    default:
+      layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(
+          dy, x, mean, rstd, gamma, dx, cols, accumulate, drop_mask, keep_scale, d_f, rounded_d_f);
+  }
   check_launch("layer_norm_backward");
 }
 

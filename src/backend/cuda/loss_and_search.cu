@@ -13,32 +13,29 @@ namespace {
 
 constexpr int kRowThreads = 512;
 
-// log Σ exp(row) of one row, every thread of the block getting it.
-__device__ float row_log_sum_exp(const float* row, int64_t cols, float* shared) {
-  float largest = -INFINITY;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) largest = fmaxf(largest, row[c]);
-  largest = block_max(largest, shared);
-  float sum = 0.f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += expf(row[c] - largest);
-  sum = block_sum(sum, shared);
-  return largest + logf(sum);
+// Whether a row can be read as float4: its length a multiple of 4 and its start 16-byte aligned
+// (every row of a matrix is, when the first is and the length is a multiple of 4).
+__device__ __forceinline__ bool reads_as_float4(const void* row, int64_t cols) {
+  return (cols & 3) == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
 }
 
-__global__ void log_softmax_kernel(const float* x, float* y, int64_t cols) {
-  __shared__ float shared[32];
-  const float* in = x + int64_t(blockIdx.x) * cols;
-  float* out = y + int64_t(blockIdx.x) * cols;
-  const float log_sum = row_log_sum_exp(in, cols, shared);
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = in[c] - log_sum;
-}
-
-__global__ void log_softmax_pick_kernel(const float* logits, const int32_t* targets, int64_t cols,
-                                        float* out) {
-  __shared__ float shared[32];
-  const float* in = logits + int64_t(blockIdx.x) * cols;
-  const float log_sum = row_log_sum_exp(in, cols, shared);
-  if (threadIdx.x == 0) out[blockIdx.x] = in[targets[blockIdx.x]] - log_sum;
+// visit(x, c) for this thread's columns of a row, in increasing order: four at a time from one
+// 16-byte load where the row allows (several loads in flight per thread, which a row of one
+// float per thread per step lacks to keep the memory busy), else one at a time.
+template <typename Visit>
+__device__ __forceinline__ void for_each_in_row(const float* row, int64_t cols, Visit visit) {
+  if (reads_as_float4(row, cols)) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    for (int64_t i = threadIdx.x; i < cols / 4; i += blockDim.x) {
+      const float4 x = row4[i];
+      visit(x.x, 4 * i);
+      visit(x.y, 4 * i + 1);
+      visit(x.z, 4 * i + 2);
+      visit(x.w, 4 * i + 3);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) visit(row[c], c);
+  }
 }
 
 // A part of one row as one pass leaves it: its largest value, the first index holding it (vocab:
@@ -84,6 +81,50 @@ __device__ SoftmaxPart block_combine(SoftmaxPart part, SoftmaxPart* shared) {
   return part;
 }
 
+// One thread's part of a row, read once (online softmax: the sum so far rescaled whenever the
+// maximum grows); the first index is not tracked.
+__device__ __forceinline__ SoftmaxPart thread_softmax_part(const float* row, int64_t cols) {
+  SoftmaxPart part{-INFINITY, 0, 0.f};
+  for_each_in_row(row, cols, [&](float x, int64_t) {
+    if (x > part.largest) {
+      part.sum = part.sum * scaled_exp(part.largest, x) + 1.f;
+      part.largest = x;
+    } else {
+      part.sum += scaled_exp(x, part.largest);
+    }
+  });
+  return part;
+}
+
+// y = x − log Σ exp(x) per row: one read for the maximum and the sum together, one to write.
+__global__ void log_softmax_kernel(const float* x, float* y, int64_t cols) {
+  __shared__ SoftmaxPart shared[32];
+  const float* in = x + int64_t(blockIdx.x) * cols;
+  float* out = y + int64_t(blockIdx.x) * cols;
+  const SoftmaxPart whole = block_combine(thread_softmax_part(in, cols), shared);
+  const float log_sum = whole.largest + logf(whole.sum);
+  if (reads_as_float4(in, cols) && reads_as_float4(out, cols)) {
+    const float4* in4 = reinterpret_cast<const float4*>(in);
+    float4* out4 = reinterpret_cast<float4*>(out);
+    for (int64_t i = threadIdx.x; i < cols / 4; i += blockDim.x) {
+      const float4 x = in4[i];
+      out4[i] = make_float4(x.x - log_sum, x.y - log_sum, x.z - log_sum, x.w - log_sum);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = in[c] - log_sum;
+  }
+}
+
+// out = the target's logit − log Σ exp(row), one read of the row.
+__global__ void log_softmax_pick_kernel(const float* logits, const int32_t* targets, int64_t cols,
+                                        float* out) {
+  __shared__ SoftmaxPart shared[32];
+  const float* in = logits + int64_t(blockIdx.x) * cols;
+  const SoftmaxPart whole = block_combine(thread_softmax_part(in, cols), shared);
+  if (threadIdx.x == 0)
+    out[blockIdx.x] = in[targets[blockIdx.x]] - (whole.largest + logf(whole.sum));
+}
+
 // Per row, in one read of the logits: the loss terms in double and whether the first maximum is
 // the target; then a second pass makes the row grad_scale · (softmax − smoothed one-hot), in
 // float32 in place, or only in bfloat16 into rounded_gradient where that is given.
@@ -97,8 +138,7 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
   const float target_logit = row[y];
   SoftmaxPart part{-INFINITY, vocab, 0.f};
   double sum_logits = 0;
-  for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
-    const float x = row[c];
+  for_each_in_row(row, vocab, [&](float x, int64_t c) {
     sum_logits += double(x);
     if (x > part.largest) {  // online softmax: the sum so far rescaled to the new maximum
       part.sum = part.sum * scaled_exp(part.largest, x) + 1.f;
@@ -108,7 +148,7 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
       if (x == part.largest && part.first == vocab) part.first = c;  // −∞ everywhere so far
       part.sum += scaled_exp(x, part.largest);
     }
-  }
+  });
   sum_logits = block_sum(sum_logits, shared_double);
   const SoftmaxPart whole = block_combine(part, shared_parts);
   const float largest = whole.largest, sum = whole.sum;
@@ -124,9 +164,45 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
   const float scale = grad_scale / sum;
   const float uniform = grad_scale * smoothing / float(vocab);
   uint16_t* rounded = rounded_gradient ? rounded_gradient + int64_t(blockIdx.x) * vocab : nullptr;
+  const float target_term = grad_scale * (1.f - smoothing);
+  if (reads_as_float4(row, vocab) &&
+      (!rounded || (reinterpret_cast<uintptr_t>(rounded) & 7) == 0)) {
+    float4* row4 = reinterpret_cast<float4*>(row);
+    for (int64_t i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
+      const float4 x = row4[i];
+      float4 g =
+          make_float4(expf(x.x - largest) * scale - uniform, expf(x.y - largest) * scale - uniform,
+                      expf(x.z - largest) * scale - uniform, expf(x.w - largest) * scale - uniform);
+      switch (y - 4 * i) {  // the target among these four, if it is
+        case 0:
+          g.x -= target_term;
+          break;
+        case 1:
+          g.y -= target_term;
+          break;
+        case 2:
+          g.z -= target_term;
+          break;
+        case 3:
+          g.w -= target_term;
+          break;
+        default:
+          break;
+      }
+      if (rounded) {
+        const uint2 packed =
+            make_uint2(uint32_t(to_bfloat16(g.x)) | uint32_t(to_bfloat16(g.y)) << 16,
+                       uint32_t(to_bfloat16(g.z)) | uint32_t(to_bfloat16(g.w)) << 16);
+        reinterpret_cast<uint2*>(rounded)[i] = packed;
+      } else {
+        row4[i] = g;
+      }
+    }
+    return;
+  }
   for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
     float g = expf(row[c] - largest) * scale - uniform;
-    if (c == y) g -= grad_scale * (1.f - smoothing);
+    if (c == y) g -= target_term;
     if (rounded)
       rounded[c] = to_bfloat16(g);
     else
@@ -181,6 +257,64 @@ __global__ void best_tokens_kernel(const float* logprobs, int64_t vocab, int64_t
   }
 }
 
+// The same ranking in one read of the row, for keep ≤ K: each thread keeps the K best pairs of
+// its columns, best first, in registers (unrolled, so that they stay registers); then keep
+// rounds each take the best head among the threads, and the thread that held it moves to its
+// next. The K best of a thread's columns hold every entry of the row's keep best that it owns.
+template <int K>
+__global__ void best_tokens_one_pass_kernel(const float* logprobs, int64_t vocab, int64_t keep,
+                                            int32_t banned, float* values, int32_t* tokens) {
+  __shared__ float best_value[32];
+  __shared__ int32_t best_id[32];
+  const float* row = logprobs + int64_t(blockIdx.x) * vocab;
+  float v_list[K];
+  int32_t id_list[K];
+#pragma unroll
+  for (int i = 0; i < K; ++i) v_list[i] = -INFINITY, id_list[i] = INT32_MAX;
+  for_each_in_row(row, vocab, [&](float v, int64_t c) {
+    if (c == banned || v != v) v = -INFINITY;
+    const int32_t id = int32_t(c);
+    if (!ranks_before(v, id, v_list[K - 1], id_list[K - 1])) return;
+      // insert: entries that rank after the new pair move one down
+#pragma unroll
+    for (int i = K - 1; i > 0; --i) {
+      if (ranks_before(v, id, v_list[i - 1], id_list[i - 1])) {
+        v_list[i] = v_list[i - 1], id_list[i] = id_list[i - 1];
+      } else if (ranks_before(v, id, v_list[i], id_list[i])) {
+        v_list[i] = v, id_list[i] = id;
+      }
+    }
+    if (ranks_before(v, id, v_list[0], id_list[0])) v_list[0] = v, id_list[0] = id;
+  });
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int64_t i = 0; i < keep; ++i) {
+    float v_best = v_list[0];
+    int32_t id_best = id_list[0];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float v = __shfl_xor_sync(0xffffffffu, v_best, offset);
+      const int32_t id = __shfl_xor_sync(0xffffffffu, id_best, offset);
+      if (ranks_before(v, id, v_best, id_best)) v_best = v, id_best = id;
+    }
+    if (lane == 0) best_value[warp] = v_best, best_id[warp] = id_best;
+    __syncthreads();
+    v_best = best_value[0];
+    id_best = best_id[0];
+    for (int w = 1; w < warps; ++w)
+      if (ranks_before(best_value[w], best_id[w], v_best, id_best))
+        v_best = best_value[w], id_best = best_id[w];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      values[int64_t(blockIdx.x) * keep + i] = v_best;
+      tokens[int64_t(blockIdx.x) * keep + i] = id_best;
+    }
+    if (id_list[0] == id_best) {  // ids are unique in a row: this thread held it
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) v_list[j] = v_list[j + 1], id_list[j] = id_list[j + 1];
+      v_list[K - 1] = -INFINITY, id_list[K - 1] = INT32_MAX;
+    }
+  }
+}
+
 }  // namespace
 
 void log_softmax(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols) {
@@ -208,8 +342,22 @@ void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t
 void best_tokens(cudaStream_t s, const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
                  int32_t banned, float* values, int32_t* tokens) {
   if (rows == 0) return;
-  best_tokens_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values,
-                                                            tokens);
+  const unsigned blocks = unsigned(rows);
+  if (keep <= 1)
+    best_tokens_one_pass_kernel<1>
+        <<<blocks, kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values, tokens);
+  else if (keep <= 4)
+    best_tokens_one_pass_kernel<4>
+        <<<blocks, kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values, tokens);
+  else if (keep <= 8)
+    best_tokens_one_pass_kernel<8>
+        <<<blocks, kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values, tokens);
+  else if (keep <= 16)
+    best_tokens_one_pass_kernel<16>
+        <<<blocks, kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values, tokens);
+  else  // a wide beam: one pass over the row per entry
+    best_tokens_kernel<<<blocks, kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values,
+                                                      tokens);
   check_launch("best_tokens");
 }
 

@@ -2,7 +2,9 @@
 // environment, every Backend operation of the CUDA backend records a pair of CUDA events around
 // what it enqueues, and the host's waits for the GPU (copies back, loss totals, Σ x²) are timed
 // on the host clock; at exit the totals per operation go to stderr as a table, largest first.
-// Without the variable nothing is recorded (one branch per operation). Events do not stop the
+// Without the variable nothing is recorded (one branch per operation). TFM_CUDA_PROFILE=shapes
+// keys the table by operation and shape (the dimensions an operation names, e.g. a product's
+// m×n×k), for the operations that give one. Events do not stop the
 // stream, so the GPU runs as it does unprofiled; what the table leaves out is launch overhead
 // and the gaps between operations (the "unaccounted" line: the stream's span less the sum).
 #pragma once
@@ -23,7 +25,9 @@ void restart_profile();
 // Events around one operation of `name` (a string literal) on the context's stream.
 class ProfiledOperation {
  public:
-  ProfiledOperation(const Context& c, const char* name);
+  // dims: up to three dimensions for TFM_CUDA_PROFILE=shapes (0: none).
+  ProfiledOperation(const Context& c, const char* name, int64_t dim0 = 0, int64_t dim1 = 0,
+                    int64_t dim2 = 0);
   ~ProfiledOperation();
   ProfiledOperation(const ProfiledOperation&) = delete;
   ProfiledOperation& operator=(const ProfiledOperation&) = delete;
@@ -32,6 +36,7 @@ class ProfiledOperation {
   const Context* context_ = nullptr;  // null: not profiling
   const char* name_ = nullptr;
   cudaEvent_t start_ = nullptr;
+  int64_t dims_[3] = {0, 0, 0};
 };
 
 // Host time spent waiting for the stream, counted under "host waits".
@@ -55,3 +60,7 @@ class ProfiledWait {
 #define TFM_CUDA_OPERATION(context, name) \
   (context).activate();                   \
   const ::tfm::cuda::ProfiledOperation profiled_operation((context), (name))
+// The same with the operation's dimensions, for TFM_CUDA_PROFILE=shapes.
+#define TFM_CUDA_OPERATION_SHAPED(context, name, ...) \
+  (context).activate();                               \
+  const ::tfm::cuda::ProfiledOperation profiled_operation((context), (name), __VA_ARGS__)
