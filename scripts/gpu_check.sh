@@ -80,9 +80,10 @@ export -f train_compare
 export logs
 step train_vs_torch_fp32 60 train_compare float32
 step train_vs_torch_bf16 60 train_compare bfloat16
-# Where a bfloat16 step's GPU time goes, per operation (TFM_CUDA_PROFILE: events around each).
+# Where a bfloat16 step's GPU time goes, per operation and shape (TFM_CUDA_PROFILE=shapes: events
+# around each).
 profile_step() {
-  TFM_CUDA_PROFILE=1 build/bench/train_bench --batch 400 --src-len 63 --tgt-len 63 \
+  TFM_CUDA_PROFILE=shapes build/bench/train_bench --batch 400 --src-len 63 --tgt-len 63 \
     --vocab 37000 --steps 3 --warmup 1 --device cuda --compute-type "$1" 2>&1 >/dev/null
 }
 export -f profile_step
@@ -124,7 +125,7 @@ profile_decode() {
   [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = 512 ] ||
     build/bench/decode_bench --work-dir $dir --prepare-only --batch 512 --src-len 32 \
       --vocab 37000 >/dev/null 2>&1 || return 1
-  TFM_CUDA_PROFILE=1 build/bench/decode_bench --work-dir /tmp/gpu_check_decode --device cuda \
+  TFM_CUDA_PROFILE=shapes build/bench/decode_bench --work-dir /tmp/gpu_check_decode --device cuda \
     --compute-type bfloat16 --cache bfloat16 --beam 4 --out-len 32 --warmup 1 --repeats 2 \
     2>&1 >/dev/null
 }
@@ -182,9 +183,9 @@ fi
 
 
 echo
-head -32 "$logs/profile_bf16.log" 2>/dev/null
+head -40 "$logs/profile_bf16.log" 2>/dev/null
 echo
-head -24 "$logs/profile_decode.log" 2>/dev/null
+head -30 "$logs/profile_decode.log" 2>/dev/null
 echo
 echo "== GPU check: $(head -1 "$logs/device.txt")"
 printf '%s\n' "${results[@]}" | tee "$logs/summary.txt"
