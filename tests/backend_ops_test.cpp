@@ -363,27 +363,30 @@ TEST_P(BackendOps, MatmulAppliesItsEpilogueToTheFinishedProduct) {
 TEST_P(BackendOps, BFloat16OutputFlushesSubnormalResultsOnEveryPath) {
   if (!be().supports(Precision::kBFloat16))
     GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
-  const int64_t m = 8, n = 16, k = 4;
-  std::vector<float> a(size_t(m * k), 1e-20f), b(size_t(k * n), 1e-20f);  // products 4e-40
-  for (int64_t j = 0; j < k; ++j) b[size_t(j * n)] = 1e-17f;              // column 0: 4e-37, normal
-  for (int nested = 0; nested < 2; ++nested) {
-    std::vector<uint16_t> out(size_t(m * n), 0xdead);
-    MatmulEpilogue to_bfloat16;
-    to_bfloat16.rounded_output = out.data();
-    if (!nested) {
-      be().matmul(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, nullptr, n,
-                  Precision::kBFloat16, to_bfloat16);
-    } else {
+  const int64_t m = 8, k = 4;
+  for (int64_t n : {16, 15})  // a GPU's epilogue four columns at a time, and one at a time
+    for (int nested = 0; nested < 2; ++nested) {
+      std::vector<float> a(size_t(m * k), 1e-20f), b(size_t(k * n), 1e-20f);  // products 4e-40
+      for (int64_t j = 0; j < k; ++j) b[size_t(j * n)] = 1e-17f;  // column 0: 4e-37, normal
+      std::vector<uint16_t> out(size_t(m * n), 0xdead);
+      MatmulEpilogue to_bfloat16;
+      to_bfloat16.rounded_output = out.data();
+      if (!nested) {
+        be().matmul(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, nullptr, n,
+                    Precision::kBFloat16, to_bfloat16);
+      } else {
 #pragma omp parallel num_threads(1)
-      be().matmul(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, nullptr, n,
-                  Precision::kBFloat16, to_bfloat16);
+        be().matmul(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, nullptr, n,
+                    Precision::kBFloat16, to_bfloat16);
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        EXPECT_GT(bfloat16_to_float(out[size_t(i * n)]), 3e-37f)
+            << "n=" << n << " nested=" << nested;
+        for (int64_t j = 1; j < n; ++j)
+          ASSERT_EQ(out[size_t(i * n + j)], 0)
+              << "n=" << n << " nested=" << nested << " " << i << "," << j;
+      }
     }
-    for (int64_t i = 0; i < m; ++i) {
-      EXPECT_GT(bfloat16_to_float(out[size_t(i * n)]), 3e-37f) << "nested=" << nested;
-      for (int64_t j = 1; j < n; ++j)
-        ASSERT_EQ(out[size_t(i * n + j)], 0) << "nested=" << nested << " " << i << "," << j;
-    }
-  }
 }
 
 // MatmulEpilogue::rounded_output is refused where it cannot apply: beta ≠ 0, float32 products.

@@ -14,6 +14,31 @@ namespace cuda {
 
 namespace {
 
+// Whether pointer p is aligned to `bytes`.
+__host__ __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+// A [rows, cols] matrix with row stride ld can be read and written four columns at a time
+// (float4, or four 16-bit values as 8 bytes) when cols and ld are multiples of 4 and its
+// pointer is aligned to such a word (aligned(); a null pointer counts as aligned).
+__host__ __forceinline__ bool four_columns_at_a_time(int64_t cols, int64_t ld) {
+  return cols % 4 == 0 && ld % 4 == 0;
+}
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+__device__ __forceinline__ float4 relu4(float4 a) {
+  return make_float4(a.x > 0.f ? a.x : 0.f, a.y > 0.f ? a.y : 0.f, a.z > 0.f ? a.z : 0.f,
+                     a.w > 0.f ? a.w : 0.f);
+}
+// float → bfloat16 with float32's subnormals flushed to a signed zero (the bfloat16-output
+// product's contract: the CPU's product kernels flush them).
+__device__ __forceinline__ uint16_t to_bfloat16_flushing(float v) {
+  return fabsf(v) < 1.17549435e-38f ? uint16_t(signbit(v) ? 0x8000u : 0u) : to_bfloat16(v);
+}
+
 template <bool kFloat16>
 __global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t ldx,
                              uint16_t* out) {
@@ -40,8 +65,21 @@ __global__ void round_flushing_kernel(const float* result, int64_t ldr, const fl
     float v = result[r * ldr + c];
     if (bias) v += bias[c];
     if (relu) v = v > 0.f ? v : 0.f;
-    out[r * ldo + c] =
-        fabsf(v) < 1.17549435e-38f ? uint16_t(signbit(v) ? 0x8000u : 0u) : to_bfloat16(v);
+    out[r * ldo + c] = to_bfloat16_flushing(v);
+  }
+}
+
+// The same four columns at a time (cols4, ldr4, ldo4 in words of four).
+__global__ void round_flushing_x4_kernel(const float4* result, int64_t ldr4, const float4* bias,
+                                         bool relu, int64_t rows, int64_t cols4, uint2* out,
+                                         int64_t ldo4) {
+  TFM_FOR_EACH_ELEMENT(r, c, rows, cols4) {
+    float4 v = result[r * ldr4 + c];
+    if (bias) v = add4(v, bias[c]);
+    if (relu) v = relu4(v);
+    out[r * ldo4 + c] =
+        make_uint2(uint32_t(to_bfloat16_flushing(v.x)) | uint32_t(to_bfloat16_flushing(v.y)) << 16,
+                   uint32_t(to_bfloat16_flushing(v.z)) | uint32_t(to_bfloat16_flushing(v.w)) << 16);
   }
 }
 
@@ -73,6 +111,17 @@ __global__ void bias_relu_kernel(float* y, int64_t ldy, const float* bias, bool 
   }
 }
 
+// bias_relu_kernel four columns at a time.
+__global__ void bias_relu_x4_kernel(float4* y, int64_t ldy4, const float4* bias, bool relu,
+                                    int64_t rows, int64_t cols4) {
+  TFM_FOR_EACH_ELEMENT(r, c, rows, cols4) {
+    float4 v = y[r * ldy4 + c];
+    if (bias) v = add4(v, bias[c]);
+    if (relu) v = relu4(v);
+    y[r * ldy4 + c] = v;
+  }
+}
+
 __device__ __forceinline__ float gelu(float x) {
   return 0.5f * x * (1.f + erff(x * 0.70710678118654752440f));
 }
@@ -87,6 +136,22 @@ __global__ void bias_activation_kernel(float* pre, const float* bias, float* out
       pre[i] = x;
     }
     if (apply) out[i] = act == Activation::kRelu ? (x > 0.f ? x : 0.f) : gelu(x);
+  }
+}
+
+// bias_activation_kernel four columns at a time.
+__global__ void bias_activation_x4_kernel(float4* pre, const float4* bias, float4* out,
+                                          int64_t rows, int64_t cols4, bool apply, Activation act) {
+  TFM_FOR_EACH_ELEMENT(r, c, rows, cols4) {
+    const int64_t i = r * cols4 + c;
+    float4 x = pre[i];
+    if (bias) {
+      x = add4(x, bias[c]);
+      pre[i] = x;
+    }
+    if (apply)
+      out[i] = act == Activation::kRelu ? relu4(x)
+                                        : make_float4(gelu(x.x), gelu(x.y), gelu(x.z), gelu(x.w));
   }
 }
 
@@ -136,11 +201,6 @@ __global__ void relu_backward_bfloat16_x4_kernel(float4* d, const uint2* relu_ou
     d[i] = g;
     if (rounded_d) rounded_d[i] = pack_bfloat16x4(g.x, g.y, g.z, g.w);
   }
-}
-
-// Whether pointer p is aligned to `bytes`.
-__host__ __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
-  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
 }
 
 // Column sums over many rows in two deterministic passes: chunks of rows summed per column into
@@ -632,7 +692,7 @@ void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols
                       Precision format, uint16_t* out) {
   const bool float16 = is_float16(format, "round_to_16_bits");
   if (rows * cols == 0) return;
-  if (cols % 4 == 0 && ldx % 4 == 0 && aligned(x, 16) && aligned(out, 8)) {
+  if (four_columns_at_a_time(cols, ldx) && aligned(x, 16) && aligned(out, 8)) {
     const int64_t cols4 = cols / 4;
     (float16 ? round_x4_kernel<true>
              : round_x4_kernel<false>)<<<matrix_blocks(rows, cols4), matrix_threads(cols4), 0, s>>>(
@@ -648,8 +708,16 @@ void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols
 void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, const float* bias,
                                 bool relu, int64_t rows, int64_t cols, uint16_t* out, int64_t ldo) {
   if (rows * cols == 0) return;
-  round_flushing_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
-      result, ldr, bias, relu, rows, cols, out, ldo);
+  if (four_columns_at_a_time(cols, ldr) && ldo % 4 == 0 && aligned(result, 16) &&
+      aligned(bias, 16) && aligned(out, 8)) {
+    const int64_t cols4 = cols / 4;
+    round_flushing_x4_kernel<<<matrix_blocks(rows, cols4), matrix_threads(cols4), 0, s>>>(
+        reinterpret_cast<const float4*>(result), ldr / 4, reinterpret_cast<const float4*>(bias),
+        relu, rows, cols4, reinterpret_cast<uint2*>(out), ldo / 4);
+  } else {
+    round_flushing_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
+        result, ldr, bias, relu, rows, cols, out, ldo);
+  }
   check_launch("round_to_bfloat16_flushing");
 }
 
@@ -679,16 +747,31 @@ void scale_matrix(cudaStream_t s, float* c, int64_t ldc, int64_t rows, int64_t c
 void bias_relu_epilogue(cudaStream_t s, float* y, int64_t ldy, const float* bias, bool relu,
                         int64_t rows, int64_t cols) {
   if (rows * cols == 0 || (!bias && !relu)) return;
-  bias_relu_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(y, ldy, bias, relu,
-                                                                              rows, cols);
+  if (four_columns_at_a_time(cols, ldy) && aligned(y, 16) && aligned(bias, 16)) {
+    const int64_t cols4 = cols / 4;
+    bias_relu_x4_kernel<<<matrix_blocks(rows, cols4), matrix_threads(cols4), 0, s>>>(
+        reinterpret_cast<float4*>(y), ldy / 4, reinterpret_cast<const float4*>(bias), relu, rows,
+        cols4);
+  } else {
+    bias_relu_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(y, ldy, bias, relu,
+                                                                                rows, cols);
+  }
   check_launch("bias_relu_epilogue");
 }
 
 void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* out, int64_t rows,
                          int64_t cols, bool apply_activation, Activation act) {
   if (rows * cols == 0) return;
-  bias_activation_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
-      pre, bias, out, rows, cols, apply_activation, act);
+  if (four_columns_at_a_time(cols, cols) && aligned(pre, 16) && aligned(bias, 16) &&
+      aligned(out, 16)) {
+    const int64_t cols4 = cols / 4;
+    bias_activation_x4_kernel<<<matrix_blocks(rows, cols4), matrix_threads(cols4), 0, s>>>(
+        reinterpret_cast<float4*>(pre), reinterpret_cast<const float4*>(bias),
+        reinterpret_cast<float4*>(out), rows, cols4, apply_activation, act);
+  } else {
+    bias_activation_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
+        pre, bias, out, rows, cols, apply_activation, act);
+  }
   check_launch("add_bias_activation");
 }
 
