@@ -877,9 +877,11 @@ TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
         s.query_len = 1;
         s.key_len = key_len;
         const int64_t d = s.heads * s.head_dim;
-        // A pool of cached rows (stride d + 2); hypothesis b reads its key_len rows through its
-        // row table, so shared prefixes read the same rows.
-        const int64_t pool_rows = 2 * key_len + 11, row_stride = d + 2, table_stride = key_len + 3;
+        // A pool of cached rows (stride d + 2, or d + 8: rows of whole 16-byte words, which a
+        // GPU reads a key per lane); hypothesis b reads its key_len rows through its row table,
+        // so shared prefixes read the same rows.
+        const int64_t pool_rows = 2 * key_len + 11, row_stride = d + (key_len > 16 ? 8 : 2),
+                      table_stride = key_len + 3;
         auto pool_k = random_vector(pool_rows * row_stride, 92);
         auto pool_v = random_vector(pool_rows * row_stride, 93);
         std::vector<int32_t> table(size_t(s.batch * table_stride));

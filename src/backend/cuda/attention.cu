@@ -221,6 +221,130 @@ __global__ void attention_query_warp_kernel(AttentionShape s, AttentionMask mask
   }
 }
 
+// 16 bytes of a row of Element widened to floats (kCount of them); p 16-byte aligned.
+template <typename Element>
+struct SixteenBytes;
+template <>
+struct SixteenBytes<float> {
+  static constexpr int kCount = 4;
+  __device__ static void widen(const float* p, float* out) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
+  }
+};
+template <>
+struct SixteenBytes<uint16_t> {
+  static constexpr int kCount = 8;
+  __device__ static void widen(const uint16_t* p, float* out) {
+    const uint4 x = *reinterpret_cast<const uint4*>(p);
+    const uint32_t words[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = from_bfloat16(uint16_t(words[i] & 0xffffu));
+      out[2 * i + 1] = from_bfloat16(uint16_t(words[i] >> 16));
+    }
+  }
+};
+template <>
+struct SixteenBytes<Float16Bits> {
+  static constexpr int kCount = 8;
+  __device__ static void widen(const Float16Bits* p, float* out) {
+    const uint4 x = *reinterpret_cast<const uint4*>(p);
+    const uint32_t words[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = from_float16(uint16_t(words[i] & 0xffffu));
+      out[2 * i + 1] = from_float16(uint16_t(words[i] >> 16));
+    }
+  }
+};
+
+// attention_query_warp_kernel with the scores a key per lane, for heads of kHead columns whose
+// key rows are 16-byte aligned: each lane reads its key's row in 16-byte words and sums its dot
+// product alone, where the kernel above pays a warp reduction per key (most of a decoding
+// step's attention was those shuffles). The query sits in the warp's shared memory (read by
+// every lane at once), then the scores. Weights and values as above.
+template <typename Element, int kHead>
+__global__ void attention_query_lanes_kernel(AttentionShape s, AttentionMask mask, const float* q,
+                                             const Element* k, const Element* v, float* probs,
+                                             float* out, float scale) {
+  extern __shared__ float shared_memory[];
+  constexpr int kWord = SixteenBytes<Element>::kCount;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t index = int64_t(blockIdx.x) * kQueryWarps + warp;
+  if (index >= s.batch * s.heads * s.query_len) return;  // no block barrier follows
+  const int64_t t = index % s.query_len, pair = index / s.query_len;
+  const int64_t h = pair % s.heads, b = pair / s.heads;
+  const int64_t kb = mask.key_batch ? mask.key_batch[b] : b;
+  int64_t key_count = s.key_len;
+  if (mask.key_lengths && mask.key_lengths[kb] < key_count) key_count = mask.key_lengths[kb];
+  int64_t begin, end;
+  visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
+  float* q_row = shared_memory + warp * (kHead + round_up4(s.key_len));  // [kHead]
+  float* scores = probs ? probs + index * s.key_len : q_row + kHead;     // [Tk]
+  const float* q_global = q + (b * s.query_len + t) * s.q_row_stride + h * kHead;
+  for (int c = lane; c < kHead; c += 32) q_row[c] = q_global[c];
+  __syncwarp();
+  float largest = -INFINITY;
+  for (int64_t j = begin + lane; j < end; j += 32) {
+    const Element* key = key_row(k, s, b, kb, j, s.k_row_stride, s.k_batch_stride, h);
+    float sum = 0.f;
+#pragma unroll
+    for (int c0 = 0; c0 < kHead; c0 += kWord) {
+      float word[kWord];
+      SixteenBytes<Element>::widen(key + c0, word);
+#pragma unroll
+      for (int e = 0; e < kWord; ++e) sum += q_row[c0 + e] * word[e];
+    }
+    scores[j] = sum;
+    largest = fmaxf(largest, sum);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1)
+    largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+  __syncwarp();
+  const float shift = largest * scale;
+  float total = 0.f;
+  for (int64_t j = lane; j < s.key_len; j += 32) {
+    if (j < begin || j >= end) {
+      scores[j] = 0.f;
+      continue;
+    }
+    const float e = expf(scores[j] * scale - shift);
+    scores[j] = e;
+    total += e;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1)
+    total += __shfl_xor_sync(0xffffffffu, total, offset);
+  const float inverse = total > 0.f ? 1.f / total : 0.f;
+  for (int64_t j = begin + lane; j < end; j += 32) scores[j] *= inverse;
+  __syncwarp();
+  constexpr int kLaneColumns = (kHead + 31) / 32;
+  float sum[kLaneColumns] = {};
+  for (int64_t j0 = begin; j0 < end; j0 += kKeysAtOnce) {
+#pragma unroll
+    for (int u = 0; u < kKeysAtOnce; ++u) {
+      if (j0 + u >= end) continue;
+      const float w = scores[j0 + u];
+      const Element* value = key_row(v, s, b, kb, j0 + u, s.v_row_stride, s.v_batch_stride, h);
+#pragma unroll
+      for (int m = 0; m < kLaneColumns; ++m) sum[m] += w * element(value[lane + 32 * m]);
+    }
+  }
+  float* out_row = out + (b * s.query_len + t) * s.out_row_stride + h * kHead;
+#pragma unroll
+  for (int m = 0; m < kLaneColumns; ++m) out_row[lane + 32 * m] = sum[m];
+}
+
+// Whether the key rows of s are 16-byte words for attention_query_lanes_kernel: the head a
+// multiple of a word, every row and sequence start a whole number of words from an aligned k.
+template <typename Element>
+bool key_rows_are_words(const AttentionShape& s, const Element* k) {
+  constexpr int64_t word = 16 / int64_t(sizeof(Element));
+  return s.head_dim % word == 0 && s.k_row_stride % word == 0 &&
+         sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride) % word == 0 &&
+         reinterpret_cast<uintptr_t>(k) % 16 == 0;
+}
+
 // dK and dV of every key row a block may add to start at 0 (only the heads' columns).
 __global__ void zero_key_rows_kernel(AttentionShape s, float* dk, float* dv) {
   const int64_t width = s.heads * s.head_dim;
@@ -348,8 +472,25 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
   }
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   const int64_t warp_scores = probs ? 0 : kQueryWarps * round_up4(s.key_len);
-  if (s.score.kind != AttentionScoring::kAdditive && dropout.p == 0.f &&
-      s.head_dim <= 32 * kMaxLaneColumns &&
+  const bool dot_scores = s.score.kind != AttentionScoring::kAdditive && dropout.p == 0.f;
+  const int64_t lanes_shared = kQueryWarps * (s.head_dim + (probs ? 0 : round_up4(s.key_len)));
+  if (dot_scores && (s.head_dim == 32 || s.head_dim == 64 || s.head_dim == 128) &&
+      key_rows_are_words(s, k) && int64_t(shared_bytes_for(lanes_shared)) <= kSharedLimit) {
+    const unsigned grid = unsigned((blocks + kQueryWarps - 1) / kQueryWarps);
+    const size_t bytes = shared_bytes_for(lanes_shared);
+    const auto launch = [&](auto kernel) {
+      kernel<<<grid, 32 * kQueryWarps, bytes, c.stream>>>(s, mask, q, k, v, probs, out, scale);
+    };
+    if (s.head_dim == 32)
+      launch(attention_query_lanes_kernel<Element, 32>);
+    else if (s.head_dim == 64)
+      launch(attention_query_lanes_kernel<Element, 64>);
+    else
+      launch(attention_query_lanes_kernel<Element, 128>);
+    check_launch("attention_forward (a key per lane)");
+    return;
+  }
+  if (dot_scores && s.head_dim <= 32 * kMaxLaneColumns &&
       int64_t(shared_bytes_for(warp_scores)) <= kSharedLimit) {
     attention_query_warp_kernel<Element>
         <<<unsigned((blocks + kQueryWarps - 1) / kQueryWarps), 32 * kQueryWarps,
