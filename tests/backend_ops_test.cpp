@@ -1438,8 +1438,8 @@ TEST_P(BackendOps, LogSoftmaxAndPickMatchFloat64) {
 // sort of (value, id) — so ties go to the lower id — with the banned token and NaN as −∞.
 // Values on a grid of 0.25 make ties common; sizes around the kernel's chunks of 16.
 TEST_P(BackendOps, BestTokensRankEachRowLikeAStableSort) {
-  // keep 1, 3, 8 and 16 take a GPU's one-pass kernel (17 and the whole row the per-entry one);
-  // vocabulary 16 and 1000 are read four at a time there.
+  // keep up to 32 takes a GPU's one-pass kernel (a list per warp), a whole row of 37 or more the
+  // per-entry one; vocabulary 16 and 1000 are read four at a time there.
   for (int64_t vocab : {1, 7, 16, 37, 1000, 1003})
     for (int64_t keep : {int64_t(1), int64_t(3), int64_t(8), int64_t(16), int64_t(17), vocab})
       for (int32_t banned : {-1, 0, int32_t(vocab / 2)}) {

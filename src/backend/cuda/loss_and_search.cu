@@ -257,61 +257,99 @@ __global__ void best_tokens_kernel(const float* logprobs, int64_t vocab, int64_t
   }
 }
 
-// The same ranking in one read of the row, for keep ≤ K: each thread keeps the K best pairs of
-// its columns, best first, in registers (unrolled, so that they stay registers); then keep
-// rounds each take the best head among the threads, and the thread that held it moves to its
-// next. The K best of a thread's columns hold every entry of the row's keep best that it owns.
-template <int K>
-__global__ void best_tokens_one_pass_kernel(const float* logprobs, int64_t vocab, int64_t keep,
-                                            int32_t banned, float* values, int32_t* tokens) {
-  __shared__ float best_value[32];
-  __shared__ int32_t best_id[32];
+// A warp's list of at most kMaxWarpKeep best (value, id) pairs, best first, across its lanes:
+// lane i holds entry i; lanes past the list's length hold (−∞, INT32_MAX), which ranks after
+// every pair of a row. The warp offers candidates together (offer_all), and only the lanes'
+// candidates that beat the list's last entry, found by one ballot, are inserted, one at a time
+// by the whole warp; after the first few hundred entries of a row that is rare. Every lane must
+// call every member (warp-collective).
+constexpr int kMaxWarpKeep = 32;
+struct WarpBest {
+  int length;  // the list's capacity, 1..kMaxWarpKeep
+  float value = -INFINITY;
+  int32_t id = INT32_MAX;
+  float last_value = -INFINITY;  // entry length − 1, in every lane
+  int32_t last_id = INT32_MAX;
+
+  __device__ explicit WarpBest(int keep) : length(keep) {}
+
+  // Offers each lane's pair (v, i); pairs not worth a place cost only the ballot.
+  __device__ void offer_all(float v, int32_t i) {
+    uint32_t beating = __ballot_sync(0xffffffffu, ranks_before(v, i, last_value, last_id));
+    while (beating) {
+      const int from = __ffs(beating) - 1;
+      beating &= beating - 1;
+      insert(__shfl_sync(0xffffffffu, v, from), __shfl_sync(0xffffffffu, i, from));
+    }
+  }
+
+  // One pair offered by the whole warp (the same in every lane).
+  __device__ void insert(float v, int32_t i) {
+    if (!ranks_before(v, i, last_value, last_id)) return;  // the list improved meanwhile
+    const int lane = threadIdx.x & 31;
+    const bool before = lane < length && ranks_before(value, id, v, i);
+    const int at = __popc(__ballot_sync(0xffffffffu, before));
+    const float above_value = __shfl_up_sync(0xffffffffu, value, 1);
+    const int32_t above_id = __shfl_up_sync(0xffffffffu, id, 1);
+    if (lane < length) {
+      if (lane == at)
+        value = v, id = i;
+      else if (lane > at)
+        value = above_value, id = above_id;
+    }
+    last_value = __shfl_sync(0xffffffffu, value, length - 1);
+    last_id = __shfl_sync(0xffffffffu, id, length - 1);
+  }
+};
+
+// best_tokens for keep ≤ kMaxWarpKeep in one read of the row: each warp ranks its share of the
+// row (32 words of four at a time where the row reads as float4), then warp 0 ranks the warps'
+// lists. The per-entry kernel above reads the row keep times.
+__global__ void best_tokens_warp_kernel(const float* logprobs, int64_t vocab, int64_t keep,
+                                        int32_t banned, float* values, int32_t* tokens) {
+  __shared__ float list_value[kRowThreads / 32][kMaxWarpKeep];
+  __shared__ int32_t list_id[kRowThreads / 32][kMaxWarpKeep];
   const float* row = logprobs + int64_t(blockIdx.x) * vocab;
-  float v_list[K];
-  int32_t id_list[K];
-#pragma unroll
-  for (int i = 0; i < K; ++i) v_list[i] = -INFINITY, id_list[i] = INT32_MAX;
-  for_each_in_row(row, vocab, [&](float v, int64_t c) {
-    if (c == banned || v != v) v = -INFINITY;
-    const int32_t id = int32_t(c);
-    if (!ranks_before(v, id, v_list[K - 1], id_list[K - 1])) return;
-      // insert: entries that rank after the new pair move one down
-#pragma unroll
-    for (int i = K - 1; i > 0; --i) {
-      if (ranks_before(v, id, v_list[i - 1], id_list[i - 1])) {
-        v_list[i] = v_list[i - 1], id_list[i] = id_list[i - 1];
-      } else if (ranks_before(v, id, v_list[i], id_list[i])) {
-        v_list[i] = v, id_list[i] = id;
-      }
-    }
-    if (ranks_before(v, id, v_list[0], id_list[0])) v_list[0] = v, id_list[0] = id;
-  });
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int64_t i = 0; i < keep; ++i) {
-    float v_best = v_list[0];
-    int32_t id_best = id_list[0];
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float v = __shfl_xor_sync(0xffffffffu, v_best, offset);
-      const int32_t id = __shfl_xor_sync(0xffffffffu, id_best, offset);
-      if (ranks_before(v, id, v_best, id_best)) v_best = v, id_best = id;
-    }
-    if (lane == 0) best_value[warp] = v_best, best_id[warp] = id_best;
-    __syncthreads();
-    v_best = best_value[0];
-    id_best = best_id[0];
-    for (int w = 1; w < warps; ++w)
-      if (ranks_before(best_value[w], best_id[w], v_best, id_best))
-        v_best = best_value[w], id_best = best_id[w];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      values[int64_t(blockIdx.x) * keep + i] = v_best;
-      tokens[int64_t(blockIdx.x) * keep + i] = id_best;
-    }
-    if (id_list[0] == id_best) {  // ids are unique in a row: this thread held it
+  const auto offered = [&](float v, int64_t c) {  // banned, NaN and past the row: −∞
+    return c < vocab && c != banned && v == v ? v : -INFINITY;
+  };
+  WarpBest best{int(keep)};
+  if (reads_as_float4(row, vocab)) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    for (int64_t base = int64_t(warp) * 32; base < vocab / 4; base += blockDim.x) {
+      const int64_t w = base + lane;  // the whole warp iterates while any lane has a word
+      const bool inside = w < vocab / 4;
+      const float4 x = inside ? row4[w] : make_float4(0.f, 0.f, 0.f, 0.f);
+      const int32_t c = int32_t(4 * w);
+      float v[4] = {offered(x.x, c), offered(x.y, c + 1), offered(x.z, c + 2), offered(x.w, c + 3)};
+      int32_t id[4] = {c, c + 1, c + 2, c + 3};
+      bool any = false;
 #pragma unroll
-      for (int j = 0; j < K - 1; ++j) v_list[j] = v_list[j + 1], id_list[j] = id_list[j + 1];
-      v_list[K - 1] = -INFINITY, id_list[K - 1] = INT32_MAX;
+      for (int e = 0; e < 4; ++e) {
+        if (!inside) v[e] = -INFINITY, id[e] = INT32_MAX;  // the sentinel: never offered
+        any = any || ranks_before(v[e], id[e], best.last_value, best.last_id);
+      }
+      if (!__any_sync(0xffffffffu, any)) continue;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) best.offer_all(v[e], id[e]);
     }
+  } else {
+    for (int64_t base = int64_t(warp) * 32; base < vocab; base += blockDim.x) {
+      const int64_t c = base + lane;
+      best.offer_all(offered(c < vocab ? row[c] : 0.f, c), int32_t(c < vocab ? c : INT32_MAX));
+    }
+  }
+  if (lane < keep) list_value[warp][lane] = best.value, list_id[warp][lane] = best.id;
+  __syncthreads();
+  if (warp != 0) return;
+  WarpBest whole{int(keep)};
+  for (int from = 0; from < warps; ++from)
+    whole.offer_all(lane < keep ? list_value[from][lane] : -INFINITY,
+                    lane < keep ? list_id[from][lane] : INT32_MAX);
+  if (lane < keep) {
+    values[int64_t(blockIdx.x) * keep + lane] = whole.value;
+    tokens[int64_t(blockIdx.x) * keep + lane] = whole.id;
   }
 }
 
@@ -342,22 +380,12 @@ void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t
 void best_tokens(cudaStream_t s, const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
                  int32_t banned, float* values, int32_t* tokens) {
   if (rows == 0) return;
-  const unsigned blocks = unsigned(rows);
-  if (keep <= 1)
-    best_tokens_one_pass_kernel<1>
-        <<<blocks, kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values, tokens);
-  else if (keep <= 4)
-    best_tokens_one_pass_kernel<4>
-        <<<blocks, kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values, tokens);
-  else if (keep <= 8)
-    best_tokens_one_pass_kernel<8>
-        <<<blocks, kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values, tokens);
-  else if (keep <= 16)
-    best_tokens_one_pass_kernel<16>
-        <<<blocks, kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values, tokens);
+  if (keep <= kMaxWarpKeep)
+    best_tokens_warp_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(logprobs, vocab, keep, banned,
+                                                                   values, tokens);
   else  // a wide beam: one pass over the row per entry
-    best_tokens_kernel<<<blocks, kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values,
-                                                      tokens);
+    best_tokens_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values,
+                                                              tokens);
   check_launch("best_tokens");
 }
 
