@@ -1050,7 +1050,9 @@ TEST_P(BackendOps, AttentionDropoutForwardAndBackwardMatchFloat64) {
 
 TEST_P(BackendOps, LayerNormForwardAndBackwardMatchFloat64) {
   const float eps = 1e-5f;
-  for (int64_t cols : {1, 7, 63, 65, 512, 1500}) {  // 1500: longer than a GPU warp's row
+  // On a GPU: rows of 1, 7, 63 and 65 one float a lane at a time, 96, 512 and 1024 in float4
+  // words, 1500 a block per row.
+  for (int64_t cols : {1, 7, 63, 65, 96, 512, 1024, 1500}) {
     const int64_t rows = 9;
     auto x = random_vector(rows * cols, 11, 3.f);
     auto gamma = random_vector(cols, 12), beta = random_vector(cols, 13);
@@ -1119,7 +1121,7 @@ TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
     return std::abs(double(got) - double(want)) <= 1e-5 * (1 + std::abs(double(want)));
   };
   for (const auto& [rows, cols] :
-       {std::pair<int64_t, int64_t>{9, 1}, {9, 7}, {5, 65}, {300, 512}, {3, 1500}})
+       {std::pair<int64_t, int64_t>{9, 1}, {9, 7}, {5, 65}, {7, 96}, {300, 512}, {3, 1500}})
     for (float p : {0.f, 0.3f})
       for (bool rounded : {true, false}) {
         SCOPED_TRACE(testing::Message()

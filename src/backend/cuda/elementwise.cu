@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/operation_profile.h"
@@ -336,10 +337,11 @@ __global__ void residual_layer_norm_kernel(float* f, const float* x, int64_t col
       rounded_y[r * cols + c] = to_bfloat16(out[c]);
 }
 
-// The same three kernels with a warp per row, for rows of at most 32 · kPerLane columns: the row
-// stays in registers (lane l holds columns l, l + 32, ...; each warp load coalesced), so the
-// statistics need only warp shuffles and no block barrier, and every thread has kPerLane loads
-// in flight. A block of 256 threads for 256 / 32 rows; the block kernels above serve longer rows.
+// The same three kernels with a warp per row, for rows of at most 32 · kPerLane words of kWidth
+// floats: the row stays in registers (lane l holds words l, l + 32, ...; each warp load
+// coalesced), so the statistics need only warp shuffles and no block barrier, and every thread
+// has kPerLane loads in flight, of 16 bytes each where the row is float4 words (kWidth 4). A
+// block of 256 threads for 256 / 32 rows; the block kernels above serve longer rows.
 constexpr int kWarpRows = kThreads / 32;
 
 __device__ __forceinline__ float warp_sum(float value) {
@@ -348,45 +350,95 @@ __device__ __forceinline__ float warp_sum(float value) {
   return value;
 }
 
+// kWidth consecutive elements of a row as one load or store: a float4 (four bfloat16 as 8
+// bytes, four mask bytes as 4) where kWidth is 4, the pointer aligned to it.
+template <int kWidth>
+struct RowWord;
+template <>
+struct RowWord<1> {
+  __device__ static void load(const float* p, float* v) { v[0] = *p; }
+  __device__ static void store(float* p, const float* v) { *p = v[0]; }
+  __device__ static void store_bfloat16(uint16_t* p, const float* v) { *p = to_bfloat16(v[0]); }
+  __device__ static void load_mask(const uint8_t* p, bool* keep) { keep[0] = *p != 0; }
+  __device__ static void store_mask(uint8_t* p, const bool* keep) { *p = keep[0] ? 1 : 0; }
+};
+template <>
+struct RowWord<4> {
+  __device__ static void load(const float* p, float* v) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  }
+  __device__ static void store(float* p, const float* v) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+  __device__ static void store_bfloat16(uint16_t* p, const float* v) {
+    *reinterpret_cast<uint2*>(p) =
+        make_uint2(uint32_t(to_bfloat16(v[0])) | uint32_t(to_bfloat16(v[1])) << 16,
+                   uint32_t(to_bfloat16(v[2])) | uint32_t(to_bfloat16(v[3])) << 16);
+  }
+  __device__ static void load_mask(const uint8_t* p, bool* keep) {
+    const uint32_t bytes = *reinterpret_cast<const uint32_t*>(p);
+    for (int e = 0; e < 4; ++e) keep[e] = ((bytes >> (8 * e)) & 0xffu) != 0;
+  }
+  __device__ static void store_mask(uint8_t* p, const bool* keep) {
+    *reinterpret_cast<uint32_t*>(p) = uint32_t(keep[0]) | uint32_t(keep[1]) << 8 |
+                                      uint32_t(keep[2]) << 16 | uint32_t(keep[3]) << 24;
+  }
+};
+
 // Backend::layer_norm (f null) or residual_layer_norm (f: the branch, dropped by the mask drawn
 // here and added to x, the sum kept in f) of row blockIdx.x · kWarpRows + warp.
-template <int kPerLane>
+template <int kWidth, int kPerLane>
 __global__ void layer_norm_warp_kernel(float* f, const float* x, int64_t rows, int64_t cols,
                                        uint32_t threshold, float keep_scale, uint64_t key,
                                        uint8_t* mask, const float* gamma, const float* beta,
                                        float eps, float* y, float* mean_out, float* rstd_out,
                                        uint16_t* rounded_y) {
+  using Word = RowWord<kWidth>;
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
   if (r >= rows) return;
-  float value[kPerLane];
+  float value[kPerLane][kWidth];
   float sum = 0.f;
 #pragma unroll
   for (int m = 0; m < kPerLane; ++m) {
-    const int64_t c = lane + 32 * m, i = r * cols + c;
-    value[m] = 0.f;
+    const int64_t c = int64_t(lane + 32 * m) * kWidth, i = r * cols + c;
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) value[m][e] = 0.f;
     if (c >= cols) continue;
-    float v = x[i];
+    float v[kWidth];
+    Word::load(x + i, v);
     if (f) {
-      float branch = f[i];
+      float branch[kWidth];
+      Word::load(f + i, branch);
       if (mask) {
-        const bool keep = dropout_keeps(key, uint64_t(i), threshold);
-        mask[i] = keep ? 1 : 0;
-        branch = keep ? branch * keep_scale : 0.f;
+        bool keep[kWidth];
+#pragma unroll
+        for (int e = 0; e < kWidth; ++e) {
+          keep[e] = dropout_keeps(key, uint64_t(i + e), threshold);
+          branch[e] = keep[e] ? branch[e] * keep_scale : 0.f;
+        }
+        Word::store_mask(mask + i, keep);
       }
-      v = branch + v;
-      f[i] = v;
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) v[e] = branch[e] + v[e];
+      Word::store(f + i, v);
     }
-    value[m] = v;
-    sum += v;
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) {
+      value[m][e] = v[e];
+      sum += v[e];
+    }
   }
   const float mean = warp_sum(sum) / float(cols);
   float sum_sq = 0.f;
 #pragma unroll
-  for (int m = 0; m < kPerLane; ++m) {
-    const float d = lane + 32 * m < cols ? value[m] - mean : 0.f;
-    sum_sq += d * d;
-  }
+  for (int m = 0; m < kPerLane; ++m)
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) {
+      const float d = int64_t(lane + 32 * m) * kWidth < cols ? value[m][e] - mean : 0.f;
+      sum_sq += d * d;
+    }
   const float inv_std = rsqrtf(warp_sum(sum_sq) / float(cols) + eps);
   if (lane == 0) {
     if (mean_out) mean_out[r] = mean;
@@ -394,58 +446,103 @@ __global__ void layer_norm_warp_kernel(float* f, const float* x, int64_t rows, i
   }
 #pragma unroll
   for (int m = 0; m < kPerLane; ++m) {
-    const int64_t c = lane + 32 * m, i = r * cols + c;
+    const int64_t c = int64_t(lane + 32 * m) * kWidth, i = r * cols + c;
     if (c >= cols) continue;
-    const float out = (value[m] - mean) * inv_std * gamma[c] + beta[c];
-    y[i] = out;
-    if (rounded_y) rounded_y[i] = to_bfloat16(out);
+    float g[kWidth], b[kWidth], out[kWidth];
+    Word::load(gamma + c, g);
+    Word::load(beta + c, b);
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) out[e] = (value[m][e] - mean) * inv_std * g[e] + b[e];
+    Word::store(y + i, out);
+    if (rounded_y) Word::store_bfloat16(rounded_y + i, out);
   }
 }
 
 // layer_norm_dx_kernel's row per warp. dy may alias dx: the warp holds its row before writing.
-template <int kPerLane>
+template <int kWidth, int kPerLane>
 __global__ void layer_norm_dx_warp_kernel(const float* dy, const float* x, const float* mean,
                                           const float* rstd, const float* gamma, float* dx,
                                           int64_t rows, int64_t cols, bool accumulate,
                                           const uint8_t* mask, float keep_scale, float* d_f,
                                           uint16_t* rounded_d_f) {
+  using Word = RowWord<kWidth>;
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
   if (r >= rows) return;
   const float m_r = mean[r], s = rstd[r];
-  float gy[kPerLane], x_hat[kPerLane];
+  float gy[kPerLane][kWidth], x_hat[kPerLane][kWidth];
   float sum_gy = 0.f, sum_gy_xhat = 0.f;
 #pragma unroll
   for (int m = 0; m < kPerLane; ++m) {
-    const int64_t c = lane + 32 * m, i = r * cols + c;
-    gy[m] = x_hat[m] = 0.f;
+    const int64_t c = int64_t(lane + 32 * m) * kWidth, i = r * cols + c;
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) gy[m][e] = x_hat[m][e] = 0.f;
     if (c >= cols) continue;
-    gy[m] = dy[i] * gamma[c];
-    x_hat[m] = (x[i] - m_r) * s;
-    sum_gy += gy[m];
-    sum_gy_xhat += gy[m] * x_hat[m];
+    float g[kWidth], in[kWidth], gam[kWidth];
+    Word::load(dy + i, g);
+    Word::load(x + i, in);
+    Word::load(gamma + c, gam);
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) {
+      gy[m][e] = g[e] * gam[e];
+      x_hat[m][e] = (in[e] - m_r) * s;
+      sum_gy += gy[m][e];
+      sum_gy_xhat += gy[m][e] * x_hat[m][e];
+    }
   }
   const float mean_gy = warp_sum(sum_gy) / float(cols);
   const float mean_gy_xhat = warp_sum(sum_gy_xhat) / float(cols);
 #pragma unroll
   for (int m = 0; m < kPerLane; ++m) {
-    const int64_t c = lane + 32 * m, i = r * cols + c;
+    const int64_t c = int64_t(lane + 32 * m) * kWidth, i = r * cols + c;
     if (c >= cols) continue;
-    const float v = s * (gy[m] - mean_gy - x_hat[m] * mean_gy_xhat);
-    const float d = accumulate ? dx[i] + v : v;
-    dx[i] = d;
+    float d[kWidth];
+    if (accumulate) Word::load(dx + i, d);
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) {
+      const float v = s * (gy[m][e] - mean_gy - x_hat[m][e] * mean_gy_xhat);
+      d[e] = accumulate ? d[e] + v : v;
+    }
+    Word::store(dx + i, d);
     if (d_f) {
-      const float dropped = !mask ? d : mask[i] ? d * keep_scale : 0.f;
-      d_f[i] = dropped;
-      if (rounded_d_f) rounded_d_f[i] = to_bfloat16(dropped);
+      bool keep[kWidth];
+      if (mask) Word::load_mask(mask + i, keep);
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) d[e] = !mask ? d[e] : keep[e] ? d[e] * keep_scale : 0.f;
+      Word::store(d_f + i, d);
+      if (rounded_d_f) Word::store_bfloat16(rounded_d_f + i, d);
     }
   }
 }
 
-// The kPerLane of the warp kernels for rows of `cols` columns: 0 where a row is too long for
-// them (the block kernels then).
-int warp_row_columns_per_lane(int64_t cols) {
-  return cols <= 128 ? 4 : cols <= 256 ? 8 : cols <= 512 ? 16 : cols <= 1024 ? 32 : 0;
+// Calls launch(width, per_lane) (std::integral_constant tags of the warp kernels' kWidth and
+// kPerLane) for rows of `cols` columns, read in words of four where `words_of_four`; false where
+// a row is too long for the warp kernels (the block kernels then).
+template <typename Launch>
+bool launch_warp_rows(int64_t cols, bool words_of_four, Launch launch) {
+  using One = std::integral_constant<int, 1>;
+  using Four = std::integral_constant<int, 4>;
+  if (cols > 1024) return false;
+  if (words_of_four) {
+    if (cols <= 128)
+      launch(Four{}, std::integral_constant<int, 1>{});
+    else if (cols <= 256)
+      launch(Four{}, std::integral_constant<int, 2>{});
+    else if (cols <= 512)
+      launch(Four{}, std::integral_constant<int, 4>{});
+    else
+      launch(Four{}, std::integral_constant<int, 8>{});
+  } else {
+    if (cols <= 128)
+      launch(One{}, std::integral_constant<int, 4>{});
+    else if (cols <= 256)
+      launch(One{}, std::integral_constant<int, 8>{});
+    else if (cols <= 512)
+      launch(One{}, std::integral_constant<int, 16>{});
+    else
+      launch(One{}, std::integral_constant<int, 32>{});
+  }
+  return true;
 }
 unsigned warp_row_blocks(int64_t rows) {
   return unsigned((rows + kWarpRows - 1) / kWarpRows);
@@ -821,28 +918,15 @@ void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, flo
 void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y,
                 int64_t rows, int64_t cols, float eps, float* mean, float* rstd) {
   if (rows == 0) return;
-  const unsigned blocks = warp_row_blocks(rows);
-  const auto warp_kernel = [&](auto kernel) {
-    kernel<<<blocks, kThreads, 0, s>>>(nullptr, x, rows, cols, 0u, 1.f, 0, nullptr, gamma, beta,
-                                       eps, y, mean, rstd, nullptr);
-  };
-  switch (warp_row_columns_per_lane(cols)) {
-    case 4:
-      warp_kernel(layer_norm_warp_kernel<4>);
-      break;
-    case 8:
-      warp_kernel(layer_norm_warp_kernel<8>);
-      break;
-    case 16:
-      warp_kernel(layer_norm_warp_kernel<16>);
-      break;
-    case 32:
-      warp_kernel(layer_norm_warp_kernel<32>);
-      break;
-    default:
-      layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, gamma, beta, y, cols, eps, mean,
-                                                            rstd);
-  }
+  const bool words_of_four =
+      cols % 4 == 0 && aligned(x, 16) && aligned(gamma, 16) && aligned(beta, 16) && aligned(y, 16);
+  const bool by_warp = launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {
+    layer_norm_warp_kernel<decltype(width)::value, decltype(per_lane)::value>
+        <<<warp_row_blocks(rows), kThreads, 0, s>>>(nullptr, x, rows, cols, 0u, 1.f, 0, nullptr,
+                                                    gamma, beta, eps, y, mean, rstd, nullptr);
+  });
+  if (!by_warp)
+    layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, gamma, beta, y, cols, eps, mean, rstd);
   check_launch("layer_norm");
 }
 
@@ -852,29 +936,19 @@ void residual_layer_norm(cudaStream_t s, float* f, const float* x, int64_t rows,
                          uint16_t* rounded_y) {
   if (rows == 0) return;
   uint8_t* drawn_mask = p > 0.f ? mask : nullptr;
-  const unsigned blocks = warp_row_blocks(rows);
-  const auto warp_kernel = [&](auto kernel) {
-    kernel<<<blocks, kThreads, 0, s>>>(f, x, rows, cols, dropout_threshold(p), 1.f / (1.f - p), key,
-                                       drawn_mask, gamma, beta, eps, y, mean, rstd, rounded_y);
-  };
-  switch (warp_row_columns_per_lane(cols)) {
-    case 4:
-      warp_kernel(layer_norm_warp_kernel<4>);
-      break;
-    case 8:
-      warp_kernel(layer_norm_warp_kernel<8>);
-      break;
-    case 16:
-      warp_kernel(layer_norm_warp_kernel<16>);
-      break;
-    case 32:
-      warp_kernel(layer_norm_warp_kernel<32>);
-      break;
-    default:
-      residual_layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(
-          f, x, cols, dropout_threshold(p), 1.f / (1.f - p), key, drawn_mask, gamma, beta, eps, y,
-          mean, rstd, rounded_y);
-  }
+  const bool words_of_four = cols % 4 == 0 && aligned(f, 16) && aligned(x, 16) &&
+                             aligned(drawn_mask, 4) && aligned(gamma, 16) && aligned(beta, 16) &&
+                             aligned(y, 16) && aligned(rounded_y, 8);
+  const bool by_warp = launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {
+    layer_norm_warp_kernel<decltype(width)::value, decltype(per_lane)::value>
+        <<<warp_row_blocks(rows), kThreads, 0, s>>>(f, x, rows, cols, dropout_threshold(p),
+                                                    1.f / (1.f - p), key, drawn_mask, gamma, beta,
+                                                    eps, y, mean, rstd, rounded_y);
+  });
+  if (!by_warp)
+    residual_layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(
+        f, x, cols, dropout_threshold(p), 1.f / (1.f - p), key, drawn_mask, gamma, beta, eps, y,
+        mean, rstd, rounded_y);
   check_launch("residual_layer_norm");
 }
 
@@ -902,28 +976,18 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
   check_launch("layer_norm_backward (chunks)");
   const uint8_t* drop_mask = p > 0.f ? mask : nullptr;
   const float keep_scale = 1.f / (1.f - p);
-  const auto warp_kernel = [&](auto kernel) {
-    kernel<<<warp_row_blocks(rows), kThreads, 0, s>>>(dy, x, mean, rstd, gamma, dx, rows, cols,
-                                                      accumulate, drop_mask, keep_scale, d_f,
-                                                      rounded_d_f);
-  };
-  switch (warp_row_columns_per_lane(cols)) {
-    case 4:
-      warp_kernel(layer_norm_dx_warp_kernel<4>);
-      break;
-    case 8:
-      warp_kernel(layer_norm_dx_warp_kernel<8>);
-      break;
-    case 16:
-      warp_kernel(layer_norm_dx_warp_kernel<16>);
-      break;
-    case 32:
-      warp_kernel(layer_norm_dx_warp_kernel<32>);
-      break;
-    default:
-      layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(
-          dy, x, mean, rstd, gamma, dx, cols, accumulate, drop_mask, keep_scale, d_f, rounded_d_f);
-  }
+  const bool words_of_four = cols % 4 == 0 && aligned(dy, 16) && aligned(x, 16) &&
+                             aligned(gamma, 16) && aligned(dx, 16) && aligned(drop_mask, 4) &&
+                             aligned(d_f, 16) && aligned(rounded_d_f, 8);
+  const bool by_warp = launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {
+    layer_norm_dx_warp_kernel<decltype(width)::value, decltype(per_lane)::value>
+        <<<warp_row_blocks(rows), kThreads, 0, s>>>(dy, x, mean, rstd, gamma, dx, rows, cols,
+                                                    accumulate, drop_mask, keep_scale, d_f,
+                                                    rounded_d_f);
+  });
+  if (!by_warp)
+    layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(
+        dy, x, mean, rstd, gamma, dx, cols, accumulate, drop_mask, keep_scale, d_f, rounded_d_f);
   check_launch("layer_norm_backward");
 }
 
