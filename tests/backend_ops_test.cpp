@@ -1218,9 +1218,10 @@ TEST_P(BackendOps, AddScaleAndBias) {
     }
   }
   // And 300 × 129, a size the CPU's element-wise loops split over threads: the bias gradient is
-  // each column summed in row order, bit for bit, on the CPU.
-  for (int64_t cols : {1, 7, 65, 129}) {
-    const int64_t rows = cols == 129 ? 300 : 5;
+  // each column summed in row order, bit for bit, on the CPU. 300 × 128: a GPU's four columns a
+  // thread.
+  for (int64_t cols : {1, 7, 65, 128, 129}) {
+    const int64_t rows = cols >= 128 ? 300 : 5;
     auto y = random_vector(rows * cols, 17), bias = random_vector(cols, 18);
     auto with_bias = y;
     be().add_bias(with_bias.data(), bias.data(), rows, cols);

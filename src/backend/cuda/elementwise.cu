@@ -40,6 +40,42 @@ __device__ __forceinline__ uint16_t to_bfloat16_flushing(float v) {
   return fabsf(v) < 1.17549435e-38f ? uint16_t(signbit(v) ? 0x8000u : 0u) : to_bfloat16(v);
 }
 
+// kWidth consecutive elements of a row as one load or store: a float4 (four bfloat16 as 8
+// bytes, four mask bytes as 4) where kWidth is 4, the pointer aligned to it.
+template <int kWidth>
+struct RowWord;
+template <>
+struct RowWord<1> {
+  __device__ static void load(const float* p, float* v) { v[0] = *p; }
+  __device__ static void store(float* p, const float* v) { *p = v[0]; }
+  __device__ static void store_bfloat16(uint16_t* p, const float* v) { *p = to_bfloat16(v[0]); }
+  __device__ static void load_mask(const uint8_t* p, bool* keep) { keep[0] = *p != 0; }
+  __device__ static void store_mask(uint8_t* p, const bool* keep) { *p = keep[0] ? 1 : 0; }
+};
+template <>
+struct RowWord<4> {
+  __device__ static void load(const float* p, float* v) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  }
+  __device__ static void store(float* p, const float* v) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+  __device__ static void store_bfloat16(uint16_t* p, const float* v) {
+    *reinterpret_cast<uint2*>(p) =
+        make_uint2(uint32_t(to_bfloat16(v[0])) | uint32_t(to_bfloat16(v[1])) << 16,
+                   uint32_t(to_bfloat16(v[2])) | uint32_t(to_bfloat16(v[3])) << 16);
+  }
+  __device__ static void load_mask(const uint8_t* p, bool* keep) {
+    const uint32_t bytes = *reinterpret_cast<const uint32_t*>(p);
+    for (int e = 0; e < 4; ++e) keep[e] = ((bytes >> (8 * e)) & 0xffu) != 0;
+  }
+  __device__ static void store_mask(uint8_t* p, const bool* keep) {
+    *reinterpret_cast<uint32_t*>(p) = uint32_t(keep[0]) | uint32_t(keep[1]) << 8 |
+                                      uint32_t(keep[2]) << 16 | uint32_t(keep[3]) << 24;
+  }
+};
+
 template <bool kFloat16>
 __global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t ldx,
                              uint16_t* out) {
@@ -216,16 +252,22 @@ RowsPerChunk column_chunks(int64_t rows) {
   return {rows, chunk_rows, (rows + chunk_rows - 1) / chunk_rows};
 }
 
-// partial[chunk, c] = Σ dy[r, c] over the chunk's rows.
+// partial[chunk, c] = Σ dy[r, c] over the chunk's rows, kWidth columns a thread (RowWord).
+template <int kWidth>
 __global__ void bias_partial_kernel(const float* dy, RowsPerChunk split, int64_t cols,
                                     float* partial) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth;
   if (c >= cols) return;
   const int64_t begin = int64_t(blockIdx.y) * split.chunk_rows;
   const int64_t end = begin + split.chunk_rows < split.rows ? begin + split.chunk_rows : split.rows;
-  float sum = 0.f;
-  for (int64_t r = begin; r < end; ++r) sum += dy[r * cols + c];
-  partial[int64_t(blockIdx.y) * cols + c] = sum;
+  float sum[kWidth] = {};
+  for (int64_t r = begin; r < end; ++r) {
+    float v[kWidth];
+    RowWord<kWidth>::load(dy + r * cols + c, v);
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) sum[e] += v[e];
+  }
+  RowWord<kWidth>::store(partial + int64_t(blockIdx.y) * cols + c, sum);
 }
 
 // out[c] += Σ_chunks partial[chunk, c]: a block of kSumColumns columns × kSumLanes threads per
@@ -349,42 +391,6 @@ __device__ __forceinline__ float warp_sum(float value) {
     value += __shfl_xor_sync(0xffffffffu, value, offset);
   return value;
 }
-
-// kWidth consecutive elements of a row as one load or store: a float4 (four bfloat16 as 8
-// bytes, four mask bytes as 4) where kWidth is 4, the pointer aligned to it.
-template <int kWidth>
-struct RowWord;
-template <>
-struct RowWord<1> {
-  __device__ static void load(const float* p, float* v) { v[0] = *p; }
-  __device__ static void store(float* p, const float* v) { *p = v[0]; }
-  __device__ static void store_bfloat16(uint16_t* p, const float* v) { *p = to_bfloat16(v[0]); }
-  __device__ static void load_mask(const uint8_t* p, bool* keep) { keep[0] = *p != 0; }
-  __device__ static void store_mask(uint8_t* p, const bool* keep) { *p = keep[0] ? 1 : 0; }
-};
-template <>
-struct RowWord<4> {
-  __device__ static void load(const float* p, float* v) {
-    const float4 x = *reinterpret_cast<const float4*>(p);
-    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-  }
-  __device__ static void store(float* p, const float* v) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  }
-  __device__ static void store_bfloat16(uint16_t* p, const float* v) {
-    *reinterpret_cast<uint2*>(p) =
-        make_uint2(uint32_t(to_bfloat16(v[0])) | uint32_t(to_bfloat16(v[1])) << 16,
-                   uint32_t(to_bfloat16(v[2])) | uint32_t(to_bfloat16(v[3])) << 16);
-  }
-  __device__ static void load_mask(const uint8_t* p, bool* keep) {
-    const uint32_t bytes = *reinterpret_cast<const uint32_t*>(p);
-    for (int e = 0; e < 4; ++e) keep[e] = ((bytes >> (8 * e)) & 0xffu) != 0;
-  }
-  __device__ static void store_mask(uint8_t* p, const bool* keep) {
-    *reinterpret_cast<uint32_t*>(p) = uint32_t(keep[0]) | uint32_t(keep[1]) << 8 |
-                                      uint32_t(keep[2]) << 16 | uint32_t(keep[3]) << 24;
-  }
-};
 
 // Backend::layer_norm (f null) or residual_layer_norm (f: the branch, dropped by the mask drawn
 // here and added to x, the sum kept in f) of row blockIdx.x · kWarpRows + warp.
@@ -586,21 +592,28 @@ __global__ void layer_norm_dx_kernel(const float* dy, const float* x, const floa
 // dgamma, dbeta partials: [chunk, cols] of Σ dy·x̂ and then [chunk, cols] of Σ dy, for the
 // chunk's rows (the two-pass column sum of bias_partial_kernel). Runs before the dx kernel,
 // which may overwrite dy.
+template <int kWidth>
 __global__ void layer_norm_partial_kernel(const float* dy, const float* x, const float* mean,
                                           const float* rstd, RowsPerChunk split, int64_t cols,
                                           float* partial_gamma, float* partial_beta) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth;
   if (c >= cols) return;
   const int64_t begin = int64_t(blockIdx.y) * split.chunk_rows;
   const int64_t end = begin + split.chunk_rows < split.rows ? begin + split.chunk_rows : split.rows;
-  float sum_g = 0.f, sum_b = 0.f;
+  float sum_g[kWidth] = {}, sum_b[kWidth] = {};
   for (int64_t r = begin; r < end; ++r) {
-    const float g = dy[r * cols + c];
-    sum_g += g * (x[r * cols + c] - mean[r]) * rstd[r];
-    sum_b += g;
+    float g[kWidth], in[kWidth];
+    RowWord<kWidth>::load(dy + r * cols + c, g);
+    RowWord<kWidth>::load(x + r * cols + c, in);
+    const float m = mean[r], s = rstd[r];
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) {
+      sum_g[e] += g[e] * (in[e] - m) * s;
+      sum_b[e] += g[e];
+    }
   }
-  partial_gamma[int64_t(blockIdx.y) * cols + c] = sum_g;
-  partial_beta[int64_t(blockIdx.y) * cols + c] = sum_b;
+  RowWord<kWidth>::store(partial_gamma + int64_t(blockIdx.y) * cols + c, sum_g);
+  RowWord<kWidth>::store(partial_beta + int64_t(blockIdx.y) * cols + c, sum_b);
 }
 
 __global__ void embedding_forward_kernel(const float* table, int64_t table_ld, Int8Rows int8,
@@ -895,9 +908,13 @@ void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols
   if (cols == 0 || rows == 0) return;
   const RowsPerChunk split = column_chunks(rows);
   Scratch partial(c, split.chunks * cols * int64_t(sizeof(float)));  // [chunks, cols]
-  const unsigned column_blocks = unsigned((cols + 127) / 128);
-  bias_partial_kernel<<<dim3(column_blocks, unsigned(split.chunks)), 128, 0, c.stream>>>(
-      dy, split, cols, partial.as<float>());
+  if (cols % 4 == 0 && aligned(dy, 16)) {                            // four columns a thread
+    const dim3 grid(unsigned((cols / 4 + 127) / 128), unsigned(split.chunks));
+    bias_partial_kernel<4><<<grid, 128, 0, c.stream>>>(dy, split, cols, partial.as<float>());
+  } else {
+    const dim3 grid(unsigned((cols + 127) / 128), unsigned(split.chunks));
+    bias_partial_kernel<1><<<grid, 128, 0, c.stream>>>(dy, split, cols, partial.as<float>());
+  }
   check_launch("bias_backward");
   launch_sum_chunks(c.stream, partial.as<float>(), split.chunks, cols, dbias);
   check_launch("bias_backward (chunks)");
@@ -965,11 +982,17 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
   const cudaStream_t s = c.stream;
   const RowsPerChunk split = column_chunks(rows);
   Scratch partial(c, 2 * split.chunks * cols * int64_t(sizeof(float)));  // 2 × [chunks, cols]
-  const unsigned column_blocks = unsigned((cols + 127) / 128);
   float* partial_gamma = partial.as<float>();
   float* partial_beta = partial_gamma + split.chunks * cols;
-  layer_norm_partial_kernel<<<dim3(column_blocks, unsigned(split.chunks)), 128, 0, s>>>(
-      dy, x, mean, rstd, split, cols, partial_gamma, partial_beta);
+  if (cols % 4 == 0 && aligned(dy, 16) && aligned(x, 16)) {  // four columns a thread
+    const dim3 grid(unsigned((cols / 4 + 127) / 128), unsigned(split.chunks));
+    layer_norm_partial_kernel<4>
+        <<<grid, 128, 0, s>>>(dy, x, mean, rstd, split, cols, partial_gamma, partial_beta);
+  } else {
+    const dim3 grid(unsigned((cols + 127) / 128), unsigned(split.chunks));
+    layer_norm_partial_kernel<1>
+        <<<grid, 128, 0, s>>>(dy, x, mean, rstd, split, cols, partial_gamma, partial_beta);
+  }
   check_launch("layer_norm_backward (parameters)");
   launch_sum_chunks(s, partial_gamma, split.chunks, cols, dgamma);
   launch_sum_chunks(s, partial_beta, split.chunks, cols, dbeta);
