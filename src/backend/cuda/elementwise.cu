@@ -649,27 +649,55 @@ __global__ void embedding_backward_kernel(const float* d_out, const int32_t* ids
   }
 }
 
-// Every tensor of the set in one launch, over the flat range of the gradient block: element e
-// belongs to the last tensor i with offsets[i] <= e (a binary search of the small offsets
-// table, which stays in the cache; that tensor is non-empty, as offsets[i + 1] > e).
+// Every tensor of the set in one launch, over the flat range of the gradient block, four
+// elements a thread: element e belongs to the last tensor i with offsets[i] <= e (a binary search
+// of the small offsets table, which stays in the cache, once per thread; that tensor is
+// non-empty, as offsets[i + 1] > e). Four elements within one tensor, with every address
+// aligned (the blocks' checked by the host), move as float4 words; elsewhere (a tensor's edge)
+// one at a time.
+// One Adam step of one element; returns the parameter's new value.
+__device__ __forceinline__ float adam_element(float p, float g, float& m, float& v, float b1,
+                                              float b2, float eps, float step_size,
+                                              float inv_sqrt_bc2) {
+  m = b1 * m + (1.f - b1) * g;
+  v = b2 * v + (1.f - b2) * g * g;
+  return p - step_size * m / (sqrtf(v) * inv_sqrt_bc2 + eps);
+}
+
 __global__ void adam_kernel(float* const* params, const int64_t* offsets, int64_t count,
                             int64_t total, const float* grad, float* m, float* v, float b1,
-                            float b2, float eps, float step_size, float inv_sqrt_bc2) {
-  TFM_FOR_EACH(e, total) {
+                            float b2, float eps, float step_size, float inv_sqrt_bc2,
+                            bool blocks_aligned) {
+  TFM_FOR_EACH(quad, (total + 3) / 4) {
+    const int64_t first = 4 * quad;
     int64_t lo = 0, hi = count - 1;
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
-      if (offsets[mid] <= e)
+      if (offsets[mid] <= first)
         lo = mid;
       else
         hi = mid - 1;
     }
-    const float g = grad[e];
-    const float mi = b1 * m[e] + (1.f - b1) * g;
-    const float vi = b2 * v[e] + (1.f - b2) * g * g;
-    m[e] = mi;
-    v[e] = vi;
-    params[lo][e - offsets[lo]] -= step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    float* param = params[lo] + (first - offsets[lo]);
+    if (blocks_aligned && first + 4 <= offsets[lo + 1] && aligned(param, 16)) {
+      const float4 g = *reinterpret_cast<const float4*>(grad + first);
+      float4 mw = *reinterpret_cast<const float4*>(m + first);
+      float4 vw = *reinterpret_cast<const float4*>(v + first);
+      float4 p = *reinterpret_cast<const float4*>(param);
+      p.x = adam_element(p.x, g.x, mw.x, vw.x, b1, b2, eps, step_size, inv_sqrt_bc2);
+      p.y = adam_element(p.y, g.y, mw.y, vw.y, b1, b2, eps, step_size, inv_sqrt_bc2);
+      p.z = adam_element(p.z, g.z, mw.z, vw.z, b1, b2, eps, step_size, inv_sqrt_bc2);
+      p.w = adam_element(p.w, g.w, mw.w, vw.w, b1, b2, eps, step_size, inv_sqrt_bc2);
+      *reinterpret_cast<float4*>(m + first) = mw;
+      *reinterpret_cast<float4*>(v + first) = vw;
+      *reinterpret_cast<float4*>(param) = p;
+      continue;
+    }
+    for (int64_t e = first; e < first + 4 && e < total; ++e) {
+      while (offsets[lo + 1] <= e) ++lo;  // the next non-empty tensor
+      float* target = params[lo] + (e - offsets[lo]);
+      *target = adam_element(*target, grad[e], m[e], v[e], b1, b2, eps, step_size, inv_sqrt_bc2);
+    }
   }
 }
 
@@ -1061,8 +1089,9 @@ void adam_update(cudaStream_t s, float* const* params, const int64_t* offsets, i
                  int64_t total, const float* grad, float* m, float* v, float b1, float b2,
                  float eps, float step_size, float inv_sqrt_bc2) {
   if (count == 0 || total == 0) return;
-  adam_kernel<<<blocks_for(total), kThreads, 0, s>>>(params, offsets, count, total, grad, m, v, b1,
-                                                     b2, eps, step_size, inv_sqrt_bc2);
+  adam_kernel<<<blocks_for((total + 3) / 4), kThreads, 0, s>>>(
+      params, offsets, count, total, grad, m, v, b1, b2, eps, step_size, inv_sqrt_bc2,
+      aligned(grad, 16) && aligned(m, 16) && aligned(v, 16));
   check_launch("adam_update");
 }
 
