@@ -839,6 +839,70 @@ TEST_P(BackendOps, AttentionBandedForwardAndBackwardMatchFloat64) {
     }
 }
 
+// Training's short sequences with heads of 64 (a GPU's block per sequence and head, up to 64
+// queries and keys; 65 takes its whole-matrix path): forward, weights and backward against
+// float64, with a key length of 0 among them, causal and not, queries and keys of different
+// lengths. The gradients' buffers start at 9: every element is written.
+TEST_P(BackendOps, AttentionOverShortSequencesMatchesFloat64) {
+  struct Case {
+    int64_t query_len, key_len;
+    bool causal;
+  };
+  for (const Case& c : {Case{1, 1, false}, Case{7, 9, false}, Case{37, 37, true},
+                        Case{64, 64, true}, Case{64, 50, false}, Case{65, 65, true}}) {
+    AttentionShape s;
+    s.batch = 3;
+    s.heads = 2;
+    s.head_dim = 64;
+    s.query_len = c.query_len;
+    s.key_len = c.key_len;
+    s.q_row_stride = s.out_row_stride = s.heads * s.head_dim;
+    s.k_row_stride = s.v_row_stride = 2 * s.heads * s.head_dim;  // keys and values interleaved
+    std::vector<int32_t> lengths = {int32_t(c.key_len),
+                                    int32_t(std::max<int64_t>(c.key_len - 3, 1)), 0};
+    AttentionMask mask;
+    mask.key_lengths = lengths.data();
+    mask.causal = c.causal;
+    auto q = random_vector(s.batch * c.query_len * s.q_row_stride, 71);
+    auto kv = random_vector(s.batch * c.key_len * s.k_row_stride, 72);
+    // The reference's own dense copies of the keys and the values.
+    AttentionShape dense = s;
+    dense.k_row_stride = dense.v_row_stride = s.heads * s.head_dim;
+    std::vector<float> k_dense, v_dense;
+    for (size_t i = 0; i < kv.size(); ++i) {
+      const size_t column = i % size_t(s.k_row_stride);
+      if (column < size_t(s.heads * s.head_dim))
+        k_dense.push_back(kv[i]);
+      else
+        v_dense.push_back(kv[i]);
+    }
+    auto d_out = random_vector(s.batch * c.query_len * s.out_row_stride, 74);
+    std::vector<float> probs(size_t(s.batch * s.heads * c.query_len * c.key_len), 7.f);
+    std::vector<float> out(q.size(), 9.f);
+    const float* keys = kv.data();
+    const float* values = kv.data() + s.heads * s.head_dim;
+    be().attention_forward(s, mask, q.data(), keys, values, probs.data(), out.data(), {});
+    const auto expected = reference_attention(dense, mask, q, k_dense, v_dense);
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_NEAR(out[i], expected[i], 1e-5) << "out " << i << " Tq " << c.query_len;
+    std::vector<float> dq(q.size(), 9.f), dkv(kv.size(), 9.f);
+    std::vector<float> d_additive_v(size_t(s.heads * s.head_dim), 0.f);  // unused: dot scores
+    be().attention_backward(s, mask, q.data(), keys, values, probs.data(), {}, d_out.data(),
+                            dq.data(), dkv.data(), dkv.data() + s.heads * s.head_dim,
+                            d_additive_v.data());
+    std::vector<double> rq, rk, rv, r_additive_v;
+    reference_attention_backward(dense, mask, q, k_dense, v_dense, d_out, rq, rk, rv, r_additive_v);
+    for (size_t i = 0; i < dq.size(); ++i)
+      ASSERT_NEAR(dq[i], rq[i], 1e-4) << "dq " << i << " Tq " << c.query_len;
+    size_t next_k = 0, next_v = 0;
+    for (size_t i = 0; i < dkv.size(); ++i) {
+      const bool value_half = (i % size_t(s.k_row_stride)) >= size_t(s.heads * s.head_dim);
+      const double want = value_half ? rv[next_v++] : rk[next_k++];
+      ASSERT_NEAR(dkv[i], want, 1e-4) << (value_half ? "dv " : "dk ") << i << " Tq " << c.query_len;
+    }
+  }
+}
+
 // x rounded to bfloat16 (nearest even), and the same values widened back to float: what a
 // bfloat16 key/value cache holds, and the float copy a float32 reference reads instead.
 struct RoundedCopy {

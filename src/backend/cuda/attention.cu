@@ -6,7 +6,8 @@
 // backward adds each query's share of dK and dV with atomics (their order is not fixed, so dK
 // and dV may differ from run to run in the last bits). These kernels serve decoding (cached
 // rows, shared key batches), additive scores and very long passes without stored weights;
-// everything else goes to the whole-matrix products of attention_dense.cu.
+// everything else goes to attention_short.cu's block per head (short sequences) or the
+// whole-matrix products of attention_dense.cu.
 #include <cmath>
 #include <type_traits>
 
@@ -465,6 +466,10 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
   if (dropout.p > 0.f)
     dropout_mask(c.stream, dropout.mask, blocks * s.key_len, dropout.p, dropout.key);
   if constexpr (std::is_same_v<Element, float>) {
+    if (short_attention_applies(s, mask, dropout)) {
+      short_attention_forward(c, s, mask, q, k, v, probs, out);
+      return;
+    }
     if (dense_attention_applies(s, mask, probs != nullptr)) {
       dense_attention_forward(c, s, mask, q, k, v, probs, out, dropout);
       return;
@@ -540,6 +545,10 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
   if (additive && (!s.score.additive_v || !d_additive_v))
     throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
   const int64_t blocks = s.batch * s.heads * s.query_len;
+  if (blocks > 0 && short_attention_applies(s, mask, dropout)) {
+    short_attention_backward(c, s, q, k, v, probs, d_out, dq, dk, dv);
+    return;
+  }
   if (blocks > 0 && dense_attention_applies(s, mask, true)) {
     dense_attention_backward(c, s, mask, q, k, v, probs, dropout, d_out, dq, dk, dv);
     return;

@@ -1,0 +1,251 @@
+// Attention over short sequences (at most 64 queries and 64 keys, heads of 64) with one thread
+// block per (sequence, head), forward and backward, for training's batches: the block holds the
+// head's Q, K and V (and P, dO, dS in the backward) in shared memory, so the scores never go to
+// device memory and each pass is one launch. attention_dense.cu's path made two (forward) or four
+// (backward) batched cuBLAS products of 64 × 64 × 64 matrices, a softmax pass over the stored
+// scores and the pointer tables of each product. Dot-product scores and every mask
+// (visible_keys); additive scores, attention dropout, cached rows and shared key batches keep the
+// other paths. Products in float32, as everywhere else.
+#include "backend/cuda/attention_common.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace tfm {
+namespace cuda {
+
+namespace {
+
+constexpr int kShortLen = 64;          // the most queries or keys a block takes
+constexpr int kShortHead = 64;         // the head size it takes
+constexpr int kPitch = kShortLen + 1;  // shared rows padded: column reads fall in distinct banks
+constexpr int kShortThreads = 256;     // a 16 × 16 grid, each thread a 4 × 4 tile of a product
+constexpr int64_t kMatrix = int64_t(kShortLen) * kPitch;  // floats of one shared matrix
+
+// rows × 64 of a head's rows into shared [64][kPitch], rows past `rows` zero.
+__device__ __forceinline__ void load_head_rows(const float* first_row, int64_t row_stride,
+                                               int64_t rows, float* shared) {
+  for (int i = threadIdx.x; i < kShortLen * kShortHead; i += kShortThreads) {
+    const int r = i / kShortHead, c = i % kShortHead;
+    shared[r * kPitch + c] = r < rows ? first_row[r * row_stride + c] : 0.f;
+  }
+}
+
+// This thread's 4 × 4 tile of C[64, 64] = Σ_k A(i, k) · B(k, j) over k < inner, rows
+// ty + 16·a and columns tx + 16·b of the tile; a_at(i, k) and b_at(k, j) read shared memory.
+template <typename A, typename B>
+__device__ __forceinline__ void tile_product(int inner, A a_at, B b_at, float (&acc)[4][4]) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int b = 0; b < 4; ++b) acc[a][b] = 0.f;
+  for (int k = 0; k < inner; ++k) {
+    float left[4], right[4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) left[a] = a_at(ty + 16 * a, k);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) right[b] = b_at(k, tx + 16 * b);
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) acc[a][b] += left[a] * right[b];
+  }
+}
+
+// store(i, j, value) for each element of the tile.
+template <typename Store>
+__device__ __forceinline__ void store_tile(const float (&acc)[4][4], Store store) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int b = 0; b < 4; ++b) store(ty + 16 * a, tx + 16 * b, acc[a][b]);
+}
+
+// Where block (b, h)'s rows are.
+struct HeadRows {
+  int64_t b, h;
+  __device__ HeadRows(const AttentionShape& s) : b(blockIdx.x / s.heads), h(blockIdx.x % s.heads) {}
+  __device__ const float* query(const AttentionShape& s, const float* q) const {
+    return q + b * s.query_len * s.q_row_stride + h * kShortHead;
+  }
+  __device__ const float* key(const AttentionShape& s, const float* k) const {
+    return k + b * sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride) + h * kShortHead;
+  }
+  __device__ const float* value(const AttentionShape& s, const float* v) const {
+    return v + b * sequence_stride(s.v_batch_stride, s.key_len, s.v_row_stride) + h * kShortHead;
+  }
+  // Row t of the weights [B, H, Tq, Tk].
+  __device__ int64_t weights_row(const AttentionShape& s, int64_t t) const {
+    return ((b * s.heads + h) * s.query_len + t) * s.key_len;
+  }
+};
+
+// Block (b, h): S = Q·Kᵀ, P = the masked softmax of S · scale (masked_softmax_kernel's formula),
+// stored into probs when given, O = P·V.
+__global__ void short_attention_forward_kernel(AttentionShape s, AttentionMask mask, const float* q,
+                                               const float* k, const float* v, float* probs,
+                                               float* out, float scale) {
+  extern __shared__ float shared[];
+  float* qs = shared;        // [64][kPitch] Q rows
+  float* ks = qs + kMatrix;  // [64][kPitch] K rows
+  float* vs = ks + kMatrix;  // [64][kPitch] V rows
+  float* ps = vs + kMatrix;  // [64][kPitch] S, then P
+  const HeadRows at(s);
+  const int tq = int(s.query_len), tk = int(s.key_len);
+  load_head_rows(at.query(s, q), s.q_row_stride, tq, qs);
+  load_head_rows(at.key(s, k), s.k_row_stride, tk, ks);
+  load_head_rows(at.value(s, v), s.v_row_stride, tk, vs);
+  __syncthreads();
+  float acc[4][4];
+  tile_product(
+      kShortHead, [&](int i, int c) { return qs[i * kPitch + c]; },
+      [&](int c, int j) { return ks[j * kPitch + c]; }, acc);
+  store_tile(acc, [&](int i, int j, float x) { ps[i * kPitch + j] = x; });
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int64_t key_count = s.key_len;
+  if (mask.key_lengths && mask.key_lengths[at.b] < key_count) key_count = mask.key_lengths[at.b];
+  for (int t = warp; t < kShortLen; t += kShortThreads / 32) {
+    float* p = ps + t * kPitch;
+    if (t >= tq) {  // no query: zero weights (its output row is not stored)
+      p[lane] = p[lane + 32] = 0.f;
+      continue;
+    }
+    int64_t begin, end;
+    visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
+    float largest = -INFINITY;
+    for (int j = lane; j < kShortLen; j += 32)
+      if (j >= begin && j < end) largest = fmaxf(largest, p[j]);
+    for (int offset = 16; offset > 0; offset >>= 1)
+      largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+    const float shift = largest * scale;
+    float total = 0.f;
+    for (int j = lane; j < kShortLen; j += 32)
+      if (j >= begin && j < end) total += expf(p[j] * scale - shift);
+    for (int offset = 16; offset > 0; offset >>= 1)
+      total += __shfl_xor_sync(0xffffffffu, total, offset);
+    const float inverse = total > 0.f ? 1.f / total : 0.f;
+    for (int j = lane; j < kShortLen; j += 32) {
+      const float w = j >= begin && j < end ? expf(p[j] * scale - shift) * inverse : 0.f;
+      p[j] = w;
+      if (probs && j < tk) probs[at.weights_row(s, t) + j] = w;
+    }
+  }
+  __syncthreads();
+  tile_product(
+      tk, [&](int i, int j) { return ps[i * kPitch + j]; },
+      [&](int j, int c) { return vs[j * kPitch + c]; }, acc);
+  float* out_rows = out + at.b * s.query_len * s.out_row_stride + at.h * kShortHead;
+  store_tile(acc, [&](int i, int c, float x) {
+    if (i < tq) out_rows[i * s.out_row_stride + c] = x;
+  });
+}
+
+// Block (b, h) of the backward, from the forward's weights P: dV = Pᵀ·dO, dP = dO·Vᵀ,
+// dS = P ⊙ (dP − Σ_j dP·P) · scale (softmax_backward_kernel's formula), dQ = dS·K, dK = dSᵀ·Q.
+__global__ void short_attention_backward_kernel(AttentionShape s, const float* q, const float* k,
+                                                const float* v, const float* probs,
+                                                const float* d_out, float* dq, float* dk, float* dv,
+                                                float scale) {
+  extern __shared__ float shared[];
+  float* qs = shared;        // [64][kPitch] Q rows
+  float* ks = qs + kMatrix;  // [64][kPitch] K rows
+  float* vs = ks + kMatrix;  // [64][kPitch] V rows
+  float* gs = vs + kMatrix;  // [64][kPitch] dO rows
+  float* ps = gs + kMatrix;  // [64][kPitch] P
+  float* ds = ps + kMatrix;  // [64][kPitch] dP, then dS
+  const HeadRows at(s);
+  const int tq = int(s.query_len), tk = int(s.key_len);
+  load_head_rows(at.query(s, q), s.q_row_stride, tq, qs);
+  load_head_rows(at.key(s, k), s.k_row_stride, tk, ks);
+  load_head_rows(at.value(s, v), s.v_row_stride, tk, vs);
+  load_head_rows(d_out + at.b * s.query_len * s.out_row_stride + at.h * kShortHead,
+                 s.out_row_stride, tq, gs);
+  for (int i = threadIdx.x; i < kShortLen * kShortLen; i += kShortThreads) {
+    const int t = i / kShortLen, j = i % kShortLen;
+    ps[t * kPitch + j] = t < tq && j < tk ? probs[at.weights_row(s, t) + j] : 0.f;
+  }
+  __syncthreads();
+  float acc[4][4];
+  // dV[j, c] = Σ_t P[t, j] · dO[t, c]
+  tile_product(
+      tq, [&](int j, int t) { return ps[t * kPitch + j]; },
+      [&](int t, int c) { return gs[t * kPitch + c]; }, acc);
+  float* dv_rows =
+      dv + at.b * sequence_stride(s.v_batch_stride, s.key_len, s.v_row_stride) + at.h * kShortHead;
+  store_tile(acc, [&](int j, int c, float x) {
+    if (j < tk) dv_rows[j * s.v_row_stride + c] = x;
+  });
+  // dP[t, j] = Σ_c dO[t, c] · V[j, c]
+  tile_product(
+      kShortHead, [&](int t, int c) { return gs[t * kPitch + c]; },
+      [&](int c, int j) { return vs[j * kPitch + c]; }, acc);
+  store_tile(acc, [&](int t, int j, float x) { ds[t * kPitch + j] = x; });
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int t = warp; t < kShortLen; t += kShortThreads / 32) {
+    const float* p = ps + t * kPitch;
+    float* g = ds + t * kPitch;
+    float dot = 0.f;
+    for (int j = lane; j < tk; j += 32) dot += g[j] * p[j];
+    for (int offset = 16; offset > 0; offset >>= 1)
+      dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    for (int j = lane; j < kShortLen; j += 32) g[j] = j < tk ? p[j] * (g[j] - dot) * scale : 0.f;
+  }
+  __syncthreads();
+  // dQ[t, c] = Σ_j dS[t, j] · K[j, c]
+  tile_product(
+      tk, [&](int t, int j) { return ds[t * kPitch + j]; },
+      [&](int j, int c) { return ks[j * kPitch + c]; }, acc);
+  float* dq_rows = dq + at.b * s.query_len * s.q_row_stride + at.h * kShortHead;
+  store_tile(acc, [&](int t, int c, float x) {
+    if (t < tq) dq_rows[t * s.q_row_stride + c] = x;
+  });
+  // dK[j, c] = Σ_t dS[t, j] · Q[t, c]
+  tile_product(
+      tq, [&](int j, int t) { return ds[t * kPitch + j]; },
+      [&](int t, int c) { return qs[t * kPitch + c]; }, acc);
+  float* dk_rows =
+      dk + at.b * sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride) + at.h * kShortHead;
+  store_tile(acc, [&](int j, int c, float x) {
+    if (j < tk) dk_rows[j * s.k_row_stride + c] = x;
+  });
+}
+
+constexpr size_t kForwardShared = 4 * kMatrix * sizeof(float);
+constexpr size_t kBackwardShared = 6 * kMatrix * sizeof(float);
+
+}  // namespace
+
+bool short_attention_applies(const AttentionShape& s, const AttentionMask& mask,
+                             const AttentionDropout& dropout) {
+  return s.score.kind != AttentionScoring::kAdditive && !s.key_rows && !mask.key_batch &&
+         dropout.p == 0.f && s.head_dim == kShortHead && s.query_len >= 1 &&
+         s.query_len <= kShortLen && s.key_len >= 1 && s.key_len <= kShortLen &&
+         s.batch * s.heads >= 1 && s.batch * s.heads <= int64_t(1) << 31;
+}
+
+void short_attention_forward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
+                             const float* q, const float* k, const float* v, float* probs,
+                             float* out) {
+  TFM_CUDA(cudaFuncSetAttribute(short_attention_forward_kernel,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(kForwardShared)));
+  short_attention_forward_kernel<<<unsigned(s.batch * s.heads), kShortThreads, kForwardShared,
+                                   c.stream>>>(s, mask, q, k, v, probs, out,
+                                               attention_score_scale(s.score.kind, s.head_dim));
+  check_launch("attention_forward (short sequences)");
+}
+
+void short_attention_backward(const Context& c, const AttentionShape& s, const float* q,
+                              const float* k, const float* v, const float* probs,
+                              const float* d_out, float* dq, float* dk, float* dv) {
+  TFM_CUDA(cudaFuncSetAttribute(short_attention_backward_kernel,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBackwardShared)));
+  short_attention_backward_kernel<<<unsigned(s.batch * s.heads), kShortThreads, kBackwardShared,
+                                    c.stream>>>(s, q, k, v, probs, d_out, dq, dk, dv,
+                                                attention_score_scale(s.score.kind, s.head_dim));
+  check_launch("attention_backward (short sequences)");
+}
+
+}  // namespace cuda
+}  // namespace tfm
