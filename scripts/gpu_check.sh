@@ -119,18 +119,20 @@ step decode_512_greedy 60 decode_compare 512 1
 step decode_512_beam4 60 decode_compare 512 4
 step decode_512_beam4_f16 60 decode_compare 512 4 float16
 step decode_512_greedy_f16 60 decode_compare 512 1 float16
-# Where a beam-4 search of 512 sentences spends its GPU time (the lowest ratio above).
-profile_decode() {
+# Where decoding spends its GPU time: a beam-4 search of 512 sentences (the lowest ratio above),
+# and greedy search of 64 (the most launches per token).
+profile_decode() {  # profile_decode BATCH BEAM
   local dir=/tmp/gpu_check_decode
-  [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = 512 ] ||
-    build/bench/decode_bench --work-dir $dir --prepare-only --batch 512 --src-len 32 \
+  [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = "$1" ] ||
+    build/bench/decode_bench --work-dir $dir --prepare-only --batch "$1" --src-len 32 \
       --vocab 37000 >/dev/null 2>&1 || return 1
-  TFM_CUDA_PROFILE=shapes build/bench/decode_bench --work-dir /tmp/gpu_check_decode --device cuda \
-    --compute-type bfloat16 --cache bfloat16 --beam 4 --out-len 32 --warmup 1 --repeats 2 \
+  TFM_CUDA_PROFILE=shapes build/bench/decode_bench --work-dir $dir --device cuda \
+    --compute-type bfloat16 --cache bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 2 \
     2>&1 >/dev/null
 }
 export -f profile_decode
-step profile_decode 40 profile_decode
+step profile_decode 40 profile_decode 512 4
+step profile_decode_64 40 profile_decode 64 1
 
 # The train command itself (data loading, batching, logging) on the base model in bfloat16, and
 # decoding it (d 512, 6+6 layers, vocabulary 37,000) on random token ids.
@@ -186,6 +188,8 @@ echo
 head -40 "$logs/profile_bf16.log" 2>/dev/null
 echo
 head -30 "$logs/profile_decode.log" 2>/dev/null
+echo
+head -24 "$logs/profile_decode_64.log" 2>/dev/null
 echo
 echo "== GPU check: $(head -1 "$logs/device.txt")"
 printf '%s\n' "${results[@]}" | tee "$logs/summary.txt"
