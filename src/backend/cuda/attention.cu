@@ -198,6 +198,7 @@ __global__ void attention_query_warp_kernel(AttentionShape s, AttentionMask mask
   for (int offset = 16; offset > 0; offset >>= 1)
     total += __shfl_xor_sync(0xffffffffu, total, offset);
   const float inverse = total > 0.f ? 1.f / total : 0.f;
+  __syncwarp();  // lanes now scale scores other lanes wrote (keys from begin, not from 0)
   for (int64_t j = begin + lane; j < end; j += 32) scores[j] *= inverse;
   __syncwarp();
   float sum[kMaxLaneColumns] = {};
@@ -281,8 +282,11 @@ __global__ void attention_query_lanes_kernel(AttentionShape s, AttentionMask mas
   if (mask.key_lengths && mask.key_lengths[kb] < key_count) key_count = mask.key_lengths[kb];
   int64_t begin, end;
   visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
-  float* q_row = shared_memory + warp * (kHead + round_up4(s.key_len));  // [kHead]
-  float* scores = probs ? probs + index * s.key_len : q_row + kHead;     // [Tk]
+  // The warp's part of shared memory: the query, then the scores unless probs holds them (the
+  // launch's size: kQueryWarps × this).
+  const int64_t warp_floats = kHead + (probs ? 0 : round_up4(s.key_len));
+  float* q_row = shared_memory + warp * warp_floats;                  // [kHead]
+  float* scores = probs ? probs + index * s.key_len : q_row + kHead;  // [Tk]
   const float* q_global = q + (b * s.query_len + t) * s.q_row_stride + h * kHead;
   for (int c = lane; c < kHead; c += 32) q_row[c] = q_global[c];
   __syncwarp();
@@ -317,6 +321,7 @@ __global__ void attention_query_lanes_kernel(AttentionShape s, AttentionMask mas
   for (int offset = 16; offset > 0; offset >>= 1)
     total += __shfl_xor_sync(0xffffffffu, total, offset);
   const float inverse = total > 0.f ? 1.f / total : 0.f;
+  __syncwarp();  // lanes now scale scores other lanes wrote (keys from begin, not from 0)
   for (int64_t j = begin + lane; j < end; j += 32) scores[j] *= inverse;
   __syncwarp();
   constexpr int kLaneColumns = (kHead + 31) / 32;
