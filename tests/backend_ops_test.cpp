@@ -839,10 +839,10 @@ TEST_P(BackendOps, AttentionBandedForwardAndBackwardMatchFloat64) {
     }
 }
 
-// Training's short sequences with heads of 64 (a GPU's block per sequence and head, up to 64
-// queries and keys; 65 takes its whole-matrix path): forward, weights and backward against
-// float64, with a key length of 0 among them, causal and not, queries and keys of different
-// lengths. The gradients' buffers start at 9: every element is written.
+// Training's short sequences with heads of 64 (a GPU's forward takes a block per sequence and
+// head up to 64 queries and keys, 65 its whole-matrix path): forward, weights and backward
+// against float64, with a key length of 0 among them, causal and not, queries and keys of
+// different lengths. The gradients' buffers start at 9: every element is written.
 TEST_P(BackendOps, AttentionOverShortSequencesMatchesFloat64) {
   struct Case {
     int64_t query_len, key_len;
@@ -1282,10 +1282,10 @@ TEST_P(BackendOps, AddScaleAndBias) {
     }
   }
   // And 300 × 129, a size the CPU's element-wise loops split over threads: the bias gradient is
-  // each column summed in row order, bit for bit, on the CPU. 300 × 128: a GPU's four columns a
+  // each column summed in row order, bit for bit, on the CPU. 300 × 2048: a GPU's four columns a
   // thread.
-  for (int64_t cols : {1, 7, 65, 128, 129}) {
-    const int64_t rows = cols >= 128 ? 300 : 5;
+  for (int64_t cols : {1, 7, 65, 129, 2048}) {
+    const int64_t rows = cols >= 129 ? 300 : 5;
     auto y = random_vector(rows * cols, 17), bias = random_vector(cols, 18);
     auto with_bias = y;
     be().add_bias(with_bias.data(), bias.data(), rows, cols);

@@ -6,8 +6,8 @@
 // backward adds each query's share of dK and dV with atomics (their order is not fixed, so dK
 // and dV may differ from run to run in the last bits). These kernels serve decoding (cached
 // rows, shared key batches), additive scores and very long passes without stored weights;
-// everything else goes to attention_short.cu's block per head (short sequences) or the
-// whole-matrix products of attention_dense.cu.
+// everything else goes to attention_short.cu's block per head (the forward of short
+// sequences) or the whole-matrix products of attention_dense.cu.
 #include <cmath>
 #include <type_traits>
 
@@ -550,10 +550,6 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
   if (additive && (!s.score.additive_v || !d_additive_v))
     throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
   const int64_t blocks = s.batch * s.heads * s.query_len;
-  if (blocks > 0 && short_attention_applies(s, mask, dropout)) {
-    short_attention_backward(c, s, q, k, v, probs, d_out, dq, dk, dv);
-    return;
-  }
   if (blocks > 0 && dense_attention_applies(s, mask, true)) {
     dense_attention_backward(c, s, mask, q, k, v, probs, dropout, d_out, dq, dk, dv);
     return;

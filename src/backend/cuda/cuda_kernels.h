@@ -114,17 +114,14 @@ void attention_backward(const Context& c, const AttentionShape& shape, const Att
                         float* dv, float* d_additive_v);
 
 // --- attention_short.cu: a block per (sequence, head) for at most 64 queries and keys ---
-// Whether it serves this call: dot-product scores, heads of 64, no attention dropout, no cached
-// rows or shared key batches.
+// Whether it serves this forward: dot-product scores, heads of 64, no attention dropout, no
+// cached rows or shared key batches.
 bool short_attention_applies(const AttentionShape& s, const AttentionMask& mask,
                              const AttentionDropout& dropout);
-// attention_forward (probs may be null) and attention_backward where it applies.
+// attention_forward (probs may be null) where it applies.
 void short_attention_forward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
                              const float* q, const float* k, const float* v, float* probs,
                              float* out);
-void short_attention_backward(const Context& c, const AttentionShape& s, const float* q,
-                              const float* k, const float* v, const float* probs,
-                              const float* d_out, float* dq, float* dk, float* dv);
 
 // --- attention_dense.cu: the whole-matrix path attention.cu hands these calls to ---
 // Whether it serves this call: dot-product scores without cached rows or shared key batches
