@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend proven on a GPU machine in one call (at most ~8 minutes): unpacks the bundle
 # that scripts/gpu_bundle.sh made on the development machine into this checkout, then runs
-#   1. the backend-ops test on every GPU (each operation × precision against float64),
+#   1. the backend-ops test on every GPU (each operation × precision against float64), each test
+#      in a process of its own,
 #   2. the command-line GPU tests (CTranslate2's model translated and scored on the GPU as on
 #      the CPU; the reversal task trained and translated on the GPU in float32 and bfloat16; a
 #      GPU checkpoint resumed on the CPU; the first losses of both devices compared), and the
@@ -51,7 +52,26 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 tests=build/tests/transformer_tests
-step backend_ops 120 $tests --gtest_filter='*BackendOps*cuda*:Backends.*'
+# Each test in a process of its own: an illegal memory access poisons the process's CUDA context,
+# so in one process a single faulty kernel fails every test after it (as on 589d8dd).
+each_test_alone() {  # each_test_alone FILTER
+  local names failed=0
+  names=$($tests --gtest_list_tests --gtest_filter="$1" |
+    awk '/^[^ ]/ {suite = $1} /^  [^ ]/ {print suite $1}') || return 1
+  [ -n "$names" ] || { echo "error: no test matches $1"; return 1; }
+  for name in $names; do
+    $tests --gtest_filter="$name" >"$logs/one_test.log" 2>&1 || {
+      failed=1
+      echo "[  FAILED  ] $name"
+      grep -E "Failure|error|Expected|Which is|evaluates|exception" "$logs/one_test.log" | head -8
+    }
+  done
+  echo "$(echo "$names" | wc -l) tests, each in its own process"
+  return $failed
+}
+export -f each_test_alone
+export tests
+step backend_ops 180 each_test_alone '*BackendOps*cuda*:Backends.*'
 step gpu_cli 240 $tests --gtest_filter='*Gpu*'
 # PyTorch's gradients and CTranslate2's scores and translations, on the GPU.
 step gpu_fixtures 120 $tests --gtest_filter='*GradientParity*cuda*:*ConvertedModelOnDevice*cuda*'
