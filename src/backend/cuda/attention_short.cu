@@ -152,7 +152,7 @@ bool short_attention_applies(const AttentionShape& s, const AttentionMask& mask,
   return s.score.kind != AttentionScoring::kAdditive && !s.key_rows && !mask.key_batch &&
          dropout.p == 0.f && s.head_dim == kShortHead && s.query_len >= 1 &&
          s.query_len <= kShortLen && s.key_len >= 1 && s.key_len <= kShortLen &&
-         s.batch * s.heads >= 1 && s.batch * s.heads <= int64_t(1) << 31;
+         s.batch * s.heads >= 1 && s.batch * s.heads < int64_t(1) << 31;
 }
 
 void short_attention_forward(const Context& c, const AttentionShape& s, const AttentionMask& mask,

@@ -1014,7 +1014,7 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
                                   float* dx, float* dgamma, float* dbeta, int64_t rows,
                                   int64_t cols, bool accumulate, const uint8_t* mask, float p,
                                   float* d_f, uint16_t* rounded_d_f) {
-  if (rows == 0) return;
+  if (rows == 0 || cols == 0) return;
   const cudaStream_t s = c.stream;
   const RowsPerChunk split = column_chunks(rows);
   Scratch partial(c, 2 * split.chunks * cols * int64_t(sizeof(float)));  // 2 × [chunks, cols]
