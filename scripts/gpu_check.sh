@@ -70,7 +70,7 @@ each_test_alone() {  # each_test_alone FILTER
   return $failed
 }
 export -f each_test_alone
-export tests
+export tests logs
 step backend_ops 180 each_test_alone '*BackendOps*cuda*:Backends.*'
 step gpu_cli 240 $tests --gtest_filter='*Gpu*'
 # PyTorch's gradients and CTranslate2's scores and translations, on the GPU.
