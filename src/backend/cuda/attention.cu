@@ -53,6 +53,22 @@ __device__ __forceinline__ const Element* key_row(const Element* base, const Att
          h * s.head_dim;
 }
 
+// Query `index` of s decomposed as (b, h, t), the key sequence kb it reads and the keys
+// [begin, end) it sees there.
+struct QueryAt {
+  int64_t t, h, b, kb, begin, end;
+  __device__ QueryAt(const AttentionShape& s, const AttentionMask& mask, int64_t index) {
+    t = index % s.query_len;
+    const int64_t pair = index / s.query_len;
+    h = pair % s.heads;
+    b = pair / s.heads;
+    kb = mask.key_batch ? mask.key_batch[b] : b;
+    int64_t key_count = s.key_len;
+    if (mask.key_lengths && mask.key_lengths[kb] < key_count) key_count = mask.key_lengths[kb];
+    visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
+  }
+};
+
 // Block (b, h, t) = blockIdx.x decomposed. scores: probs' row, or this block's scratch row.
 template <typename Element>
 __global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, const float* q,
@@ -62,14 +78,9 @@ __global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, c
   extern __shared__ float shared_memory[];
   __shared__ float reduce[32];
   const int64_t index = blockIdx.x;
-  const int64_t t = index % s.query_len, pair = index / s.query_len;
-  const int64_t h = pair % s.heads, b = pair / s.heads;
+  const QueryAt at(s, mask, index);
+  const int64_t t = at.t, h = at.h, b = at.b, kb = at.kb, begin = at.begin, end = at.end;
   const int64_t d = s.head_dim;
-  const int64_t kb = mask.key_batch ? mask.key_batch[b] : b;
-  int64_t key_count = s.key_len;
-  if (mask.key_lengths && mask.key_lengths[kb] < key_count) key_count = mask.key_lengths[kb];
-  int64_t begin, end;
-  visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
 
   // Shared memory: the scores (when neither probs nor scratch holds them), then the query: a
   // wide read past the query's end lands in the padding, not in what other threads write.
@@ -122,15 +133,73 @@ __global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, c
   }
 }
 
+// The warp-per-query kernels below: queries a block, the most columns a lane holds (heads of
+// at most 32 · kMaxLaneColumns), and the keys whose loads a lane issues together.
+constexpr int kQueryWarps = 4;
+constexpr int kMaxLaneColumns = 4;
+constexpr int kKeysAtOnce = 4;
+
+// The warp-per-query kernels' softmax: scores [Tk] hold the logits of keys [begin, end) (written
+// by any lane of the warp) and become the weights, exp(score · scale − largest · scale)
+// normalised over those keys and 0 elsewhere, as the block kernel's.
+__device__ __forceinline__ void warp_softmax(float* scores, int64_t key_len, int64_t begin,
+                                             int64_t end, float largest, float scale) {
+  const int lane = threadIdx.x & 31;
+  __syncwarp();  // the logits other lanes wrote
+  const float shift = largest * scale;
+  float total = 0.f;
+  for (int64_t j = lane; j < key_len; j += 32) {
+    if (j < begin || j >= end) {
+      scores[j] = 0.f;
+      continue;
+    }
+    const float e = expf(scores[j] * scale - shift);
+    scores[j] = e;
+    total += e;
+  }
+  total = warp_sum(total);
+  const float inverse = total > 0.f ? 1.f / total : 0.f;
+  __syncwarp();  // lanes now scale scores other lanes wrote (keys from begin, not from 0)
+  for (int64_t j = begin + lane; j < end; j += 32) scores[j] *= inverse;
+  __syncwarp();
+}
+
+// Their output: query `at`'s row of out, column c = lane + 32 m (m < kColumns, c < d) the sum of
+// its visible keys' values weighted, kKeysAtOnce keys' row lookups and loads issued together.
+template <int kColumns, typename Element>
+__device__ __forceinline__ void warp_weighted_values(const AttentionShape& s, const Element* v,
+                                                     const QueryAt& at, const float* weights,
+                                                     int64_t d, float* out) {
+  const int lane = threadIdx.x & 31;
+  float sum[kColumns] = {};
+  for (int64_t j0 = at.begin; j0 < at.end; j0 += kKeysAtOnce) {
+#pragma unroll
+    for (int u = 0; u < kKeysAtOnce; ++u) {
+      if (j0 + u >= at.end) continue;
+      const float w = weights[j0 + u];
+      const Element* value =
+          key_row(v, s, at.b, at.kb, j0 + u, s.v_row_stride, s.v_batch_stride, at.h);
+#pragma unroll
+      for (int m = 0; m < kColumns; ++m) {
+        const int64_t c = lane + 32 * m;
+        if (c < d) sum[m] += w * element(value[c]);
+      }
+    }
+  }
+  float* out_row = out + (at.b * s.query_len + at.t) * s.out_row_stride + at.h * d;
+#pragma unroll
+  for (int m = 0; m < kColumns; ++m) {
+    const int64_t c = lane + 32 * m;
+    if (c < d) out_row[c] = sum[m];
+  }
+}
+
 // The forward of one query per warp (kQueryWarps queries a block), for dot-product scores
 // without dropout and heads of at most 32 · kMaxLaneColumns: the lanes split the head's
 // columns, so each key and value row is read by the warp in one coalesced pass (the per-block
 // kernel above gives each thread a whole key row and leaves most of its threads idle over a
 // decoding step's few keys). The score of each key is a warp sum. Query index (b, h, t) as
 // above; scores go to probs' row or to this warp's part of shared memory.
-constexpr int kQueryWarps = 4;
-constexpr int kMaxLaneColumns = 4;
-constexpr int kKeysAtOnce = 4;
 
 template <typename Element>
 __global__ void attention_query_warp_kernel(AttentionShape s, AttentionMask mask, const float* q,
@@ -140,14 +209,9 @@ __global__ void attention_query_warp_kernel(AttentionShape s, AttentionMask mask
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t index = int64_t(blockIdx.x) * kQueryWarps + warp;
   if (index >= s.batch * s.heads * s.query_len) return;  // no block barrier follows
-  const int64_t t = index % s.query_len, pair = index / s.query_len;
-  const int64_t h = pair % s.heads, b = pair / s.heads;
+  const QueryAt at(s, mask, index);
+  const int64_t t = at.t, h = at.h, b = at.b, kb = at.kb, begin = at.begin, end = at.end;
   const int64_t d = s.head_dim;
-  const int64_t kb = mask.key_batch ? mask.key_batch[b] : b;
-  int64_t key_count = s.key_len;
-  if (mask.key_lengths && mask.key_lengths[kb] < key_count) key_count = mask.key_lengths[kb];
-  int64_t begin, end;
-  visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
   float* scores =
       probs ? probs + index * s.key_len : shared_memory + warp * round_up4(s.key_len);  // [Tk]
   const float* q_global = q + (b * s.query_len + t) * s.q_row_stride + h * d;
@@ -175,52 +239,15 @@ __global__ void attention_query_warp_kernel(AttentionShape s, AttentionMask mask
     }
 #pragma unroll
     for (int u = 0; u < kKeysAtOnce; ++u) {
-      for (int offset = 16; offset > 0; offset >>= 1)
-        sum[u] += __shfl_xor_sync(0xffffffffu, sum[u], offset);
+      sum[u] = warp_sum(sum[u]);
       if (j0 + u < end) {
         if (lane == 0) scores[j0 + u] = sum[u];
         largest = fmaxf(largest, sum[u]);
       }
     }
   }
-  __syncwarp();
-  const float shift = largest * scale;
-  float total = 0.f;
-  for (int64_t j = lane; j < s.key_len; j += 32) {
-    if (j < begin || j >= end) {
-      scores[j] = 0.f;
-      continue;
-    }
-    const float e = expf(scores[j] * scale - shift);
-    scores[j] = e;
-    total += e;
-  }
-  for (int offset = 16; offset > 0; offset >>= 1)
-    total += __shfl_xor_sync(0xffffffffu, total, offset);
-  const float inverse = total > 0.f ? 1.f / total : 0.f;
-  __syncwarp();  // lanes now scale scores other lanes wrote (keys from begin, not from 0)
-  for (int64_t j = begin + lane; j < end; j += 32) scores[j] *= inverse;
-  __syncwarp();
-  float sum[kMaxLaneColumns] = {};
-  for (int64_t j0 = begin; j0 < end; j0 += kKeysAtOnce) {
-#pragma unroll
-    for (int u = 0; u < kKeysAtOnce; ++u) {
-      if (j0 + u >= end) continue;
-      const float w = scores[j0 + u];
-      const Element* value = key_row(v, s, b, kb, j0 + u, s.v_row_stride, s.v_batch_stride, h);
-#pragma unroll
-      for (int m = 0; m < kMaxLaneColumns; ++m) {
-        const int64_t c = lane + 32 * m;
-        if (c < d) sum[m] += w * element(value[c]);
-      }
-    }
-  }
-  float* out_row = out + (b * s.query_len + t) * s.out_row_stride + h * d;
-#pragma unroll
-  for (int m = 0; m < kMaxLaneColumns; ++m) {
-    const int64_t c = lane + 32 * m;
-    if (c < d) out_row[c] = sum[m];
-  }
+  warp_softmax(scores, s.key_len, begin, end, largest, scale);
+  warp_weighted_values<kMaxLaneColumns>(s, v, at, scores, d, out);
 }
 
 // 16 bytes of a row of Element widened to floats (kCount of them); p 16-byte aligned.
@@ -275,13 +302,8 @@ __global__ void attention_query_lanes_kernel(AttentionShape s, AttentionMask mas
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t index = int64_t(blockIdx.x) * kQueryWarps + warp;
   if (index >= s.batch * s.heads * s.query_len) return;  // no block barrier follows
-  const int64_t t = index % s.query_len, pair = index / s.query_len;
-  const int64_t h = pair % s.heads, b = pair / s.heads;
-  const int64_t kb = mask.key_batch ? mask.key_batch[b] : b;
-  int64_t key_count = s.key_len;
-  if (mask.key_lengths && mask.key_lengths[kb] < key_count) key_count = mask.key_lengths[kb];
-  int64_t begin, end;
-  visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
+  const QueryAt at(s, mask, index);
+  const int64_t t = at.t, h = at.h, b = at.b, kb = at.kb, begin = at.begin, end = at.end;
   // The warp's part of shared memory: the query, then the scores unless probs holds them (the
   // launch's size: kQueryWarps × this).
   const int64_t warp_floats = kHead + (probs ? 0 : round_up4(s.key_len));
@@ -304,41 +326,9 @@ __global__ void attention_query_lanes_kernel(AttentionShape s, AttentionMask mas
     scores[j] = sum;
     largest = fmaxf(largest, sum);
   }
-  for (int offset = 16; offset > 0; offset >>= 1)
-    largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
-  __syncwarp();
-  const float shift = largest * scale;
-  float total = 0.f;
-  for (int64_t j = lane; j < s.key_len; j += 32) {
-    if (j < begin || j >= end) {
-      scores[j] = 0.f;
-      continue;
-    }
-    const float e = expf(scores[j] * scale - shift);
-    scores[j] = e;
-    total += e;
-  }
-  for (int offset = 16; offset > 0; offset >>= 1)
-    total += __shfl_xor_sync(0xffffffffu, total, offset);
-  const float inverse = total > 0.f ? 1.f / total : 0.f;
-  __syncwarp();  // lanes now scale scores other lanes wrote (keys from begin, not from 0)
-  for (int64_t j = begin + lane; j < end; j += 32) scores[j] *= inverse;
-  __syncwarp();
-  constexpr int kLaneColumns = (kHead + 31) / 32;
-  float sum[kLaneColumns] = {};
-  for (int64_t j0 = begin; j0 < end; j0 += kKeysAtOnce) {
-#pragma unroll
-    for (int u = 0; u < kKeysAtOnce; ++u) {
-      if (j0 + u >= end) continue;
-      const float w = scores[j0 + u];
-      const Element* value = key_row(v, s, b, kb, j0 + u, s.v_row_stride, s.v_batch_stride, h);
-#pragma unroll
-      for (int m = 0; m < kLaneColumns; ++m) sum[m] += w * element(value[lane + 32 * m]);
-    }
-  }
-  float* out_row = out + (b * s.query_len + t) * s.out_row_stride + h * kHead;
-#pragma unroll
-  for (int m = 0; m < kLaneColumns; ++m) out_row[lane + 32 * m] = sum[m];
+  largest = warp_max(largest);
+  warp_softmax(scores, s.key_len, begin, end, largest, scale);
+  warp_weighted_values<kHead / 32>(s, v, at, scores, kHead, out);
 }
 
 // Whether the key rows of s are 16-byte words for attention_query_lanes_kernel: the head a
@@ -347,8 +337,7 @@ template <typename Element>
 bool key_rows_are_words(const AttentionShape& s, const Element* k) {
   constexpr int64_t word = 16 / int64_t(sizeof(Element));
   return s.head_dim % word == 0 && s.k_row_stride % word == 0 &&
-         sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride) % word == 0 &&
-         reinterpret_cast<uintptr_t>(k) % 16 == 0;
+         sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride) % word == 0 && aligned(k, 16);
 }
 
 // dK and dV of every key row a block may add to start at 0 (only the heads' columns).

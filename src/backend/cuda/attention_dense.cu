@@ -39,13 +39,11 @@ __global__ void masked_softmax_kernel(AttentionShape s, AttentionMask mask, floa
   float* p = scores + row * s.key_len;
   float largest = -INFINITY;
   for (int64_t j = begin + lane; j < end; j += 32) largest = fmaxf(largest, p[j]);
-  for (int offset = 16; offset > 0; offset >>= 1)
-    largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+  largest = warp_max(largest);
   const float shift = largest * scale;
   float total = 0.f;
   for (int64_t j = begin + lane; j < end; j += 32) total += expf(p[j] * scale - shift);
-  for (int offset = 16; offset > 0; offset >>= 1)
-    total += __shfl_xor_sync(0xffffffffu, total, offset);
+  total = warp_sum(total);
   const float inverse = total > 0.f ? 1.f / total : 0.f;
   for (int64_t j = lane; j < s.key_len; j += 32) {
     const float w = j >= begin && j < end ? expf(p[j] * scale - shift) * inverse : 0.f;
@@ -72,7 +70,7 @@ __global__ void softmax_backward_kernel(int64_t rows, int64_t key_len, const flo
     g[j] = v;
     dot += v * p[j];
   }
-  for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+  dot = warp_sum(dot);
   for (int64_t j = lane; j < key_len; j += 32) g[j] = p[j] * (g[j] - dot) * scale;
 }
 

@@ -118,14 +118,12 @@ __global__ void short_attention_forward_kernel(AttentionShape s, AttentionMask m
     float largest = -INFINITY;
     for (int j = lane; j < kShortLen; j += 32)
       if (j >= begin && j < end) largest = fmaxf(largest, p[j]);
-    for (int offset = 16; offset > 0; offset >>= 1)
-      largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+    largest = warp_max(largest);
     const float shift = largest * scale;
     float total = 0.f;
     for (int j = lane; j < kShortLen; j += 32)
       if (j >= begin && j < end) total += expf(p[j] * scale - shift);
-    for (int offset = 16; offset > 0; offset >>= 1)
-      total += __shfl_xor_sync(0xffffffffu, total, offset);
+    total = warp_sum(total);
     const float inverse = total > 0.f ? 1.f / total : 0.f;
     for (int j = lane; j < kShortLen; j += 32) {
       const float w = j >= begin && j < end ? expf(p[j] * scale - shift) * inverse : 0.f;

@@ -96,6 +96,17 @@ __device__ __forceinline__ uint16_t to_16_bits(float f) {
   return kFloat16 ? to_float16(f) : to_bfloat16(f);
 }
 
+// Four 16-bit values as they lie in memory, the first in the low half: one 8-byte store.
+__device__ __forceinline__ uint2 pack_16_bits(uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
+  return make_uint2(uint32_t(a) | uint32_t(b) << 16, uint32_t(c) | uint32_t(d) << 16);
+}
+
+// Whether pointer p is aligned to `bytes` (a power of two; a null pointer counts as aligned):
+// the condition of the kernels' 8- and 16-byte loads and stores.
+__host__ __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
 // The grid-stride loop of the element-wise kernels.
 #define TFM_FOR_EACH(i, n)                                                  \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
@@ -124,33 +135,38 @@ inline dim3 matrix_blocks(int64_t rows, int64_t cols) {
               unsigned(y < 1 ? 1 : (y > 65535 ? 65535 : y)));
 }
 
+// Σ and maximum over the 32 lanes of a warp (every lane calling), every lane getting the result.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T value) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+__device__ __forceinline__ float warp_max(float value) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  return value;
+}
+
 // Σ over a block of `value` (blockDim.x a multiple of 32, at most 1024); every thread gets the
 // result. `shared` holds 32 entries; the block must not use it between calls without a barrier.
 template <typename T>
 __device__ __forceinline__ T block_sum(T value, T* shared) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  value = warp_sum(value);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   __syncthreads();
   if (lane == 0) shared[warp] = value;
   __syncthreads();
-  T total = lane < warps ? shared[lane] : T(0);
-  for (int offset = 16; offset > 0; offset >>= 1)
-    total += __shfl_xor_sync(0xffffffffu, total, offset);
-  return total;
+  return warp_sum(lane < warps ? shared[lane] : T(0));
 }
 template <typename T>
 __device__ __forceinline__ T block_max(T value, T* shared) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  value = warp_max(value);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   __syncthreads();
   if (lane == 0) shared[warp] = value;
   __syncthreads();
-  T total = lane < warps ? shared[lane] : T(-INFINITY);
-  for (int offset = 16; offset > 0; offset >>= 1)
-    total = fmaxf(total, __shfl_xor_sync(0xffffffffu, total, offset));
-  return total;
+  return warp_max(lane < warps ? shared[lane] : T(-INFINITY));
 }
 
 }  // namespace cuda

@@ -15,11 +15,6 @@ namespace cuda {
 
 namespace {
 
-// Whether pointer p is aligned to `bytes`.
-__host__ __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes) {
-  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
-}
-
 // A [rows, cols] matrix with row stride ld can be read and written four columns at a time
 // (float4, or four 16-bit values as 8 bytes) when cols and ld are multiples of 4 and its
 // pointer is aligned to such a word (aligned(); a null pointer counts as aligned).
@@ -63,8 +58,7 @@ struct RowWord<4> {
   }
   __device__ static void store_bfloat16(uint16_t* p, const float* v) {
     *reinterpret_cast<uint2*>(p) =
-        make_uint2(uint32_t(to_bfloat16(v[0])) | uint32_t(to_bfloat16(v[1])) << 16,
-                   uint32_t(to_bfloat16(v[2])) | uint32_t(to_bfloat16(v[3])) << 16);
+        pack_16_bits(to_bfloat16(v[0]), to_bfloat16(v[1]), to_bfloat16(v[2]), to_bfloat16(v[3]));
   }
   __device__ static void load_mask(const uint8_t* p, bool* keep) {
     const uint32_t bytes = *reinterpret_cast<const uint32_t*>(p);
@@ -89,9 +83,8 @@ __global__ void round_x4_kernel(const float4* x, int64_t rows, int64_t cols4, in
                                 uint2* out) {
   TFM_FOR_EACH_ELEMENT(r, c, rows, cols4) {
     const float4 v = x[r * ldx4 + c];
-    out[r * cols4 + c] =
-        make_uint2(uint32_t(to_16_bits<kFloat16>(v.x)) | uint32_t(to_16_bits<kFloat16>(v.y)) << 16,
-                   uint32_t(to_16_bits<kFloat16>(v.z)) | uint32_t(to_16_bits<kFloat16>(v.w)) << 16);
+    out[r * cols4 + c] = pack_16_bits(to_16_bits<kFloat16>(v.x), to_16_bits<kFloat16>(v.y),
+                                      to_16_bits<kFloat16>(v.z), to_16_bits<kFloat16>(v.w));
   }
 }
 
@@ -114,9 +107,8 @@ __global__ void round_flushing_x4_kernel(const float4* result, int64_t ldr4, con
     float4 v = result[r * ldr4 + c];
     if (bias) v = add4(v, bias[c]);
     if (relu) v = relu4(v);
-    out[r * ldo4 + c] =
-        make_uint2(uint32_t(to_bfloat16_flushing(v.x)) | uint32_t(to_bfloat16_flushing(v.y)) << 16,
-                   uint32_t(to_bfloat16_flushing(v.z)) | uint32_t(to_bfloat16_flushing(v.w)) << 16);
+    out[r * ldo4 + c] = pack_16_bits(to_bfloat16_flushing(v.x), to_bfloat16_flushing(v.y),
+                                     to_bfloat16_flushing(v.z), to_bfloat16_flushing(v.w));
   }
 }
 
@@ -214,11 +206,6 @@ __global__ void relu_backward_bfloat16_kernel(float* d, const uint16_t* relu_out
   }
 }
 
-// Four bfloat16 values packed as they lie in memory (the first in the low half of x).
-__device__ __forceinline__ uint2 pack_bfloat16x4(float a, float b, float c, float e) {
-  return make_uint2(uint32_t(to_bfloat16(a)) | uint32_t(to_bfloat16(b)) << 16,
-                    uint32_t(to_bfloat16(c)) | uint32_t(to_bfloat16(e)) << 16);
-}
 __device__ __forceinline__ bool bfloat16_positive(uint32_t pair, int half) {
   return from_bfloat16(uint16_t(half ? pair >> 16 : pair & 0xffffu)) > 0.f;
 }
@@ -236,7 +223,9 @@ __global__ void relu_backward_bfloat16_x4_kernel(float4* d, const uint2* relu_ou
     g.z = bfloat16_positive(out.y, 0) ? g.z : 0.f;
     g.w = bfloat16_positive(out.y, 1) ? g.w : 0.f;
     d[i] = g;
-    if (rounded_d) rounded_d[i] = pack_bfloat16x4(g.x, g.y, g.z, g.w);
+    if (rounded_d)
+      rounded_d[i] =
+          pack_16_bits(to_bfloat16(g.x), to_bfloat16(g.y), to_bfloat16(g.z), to_bfloat16(g.w));
   }
 }
 
@@ -393,12 +382,6 @@ __global__ void residual_layer_norm_kernel(float* f, const float* x, int64_t col
 // has kPerLane loads in flight, of 16 bytes each where the row is float4 words (kWidth 4). A
 // block of 256 threads for 256 / 32 rows; the block kernels above serve longer rows.
 constexpr int kWarpRows = kThreads / 32;
-
-__device__ __forceinline__ float warp_sum(float value) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
 
 // Backend::layer_norm (f null) or residual_layer_norm (f: the branch, dropped by the mask drawn
 // here and added to x, the sum kept in f) of row blockIdx.x · kWarpRows + warp.

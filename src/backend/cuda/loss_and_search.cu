@@ -16,7 +16,7 @@ constexpr int kRowThreads = 512;
 // Whether a row can be read as float4: its length a multiple of 4 and its start 16-byte aligned
 // (every row of a matrix is, when the first is and the length is a multiple of 4).
 __device__ __forceinline__ bool reads_as_float4(const void* row, int64_t cols) {
-  return (cols & 3) == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  return (cols & 3) == 0 && aligned(row, 16);
 }
 
 // visit(x, c) for this thread's columns of a row, in increasing order: four at a time from one
@@ -165,8 +165,7 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
   const float uniform = grad_scale * smoothing / float(vocab);
   uint16_t* rounded = rounded_gradient ? rounded_gradient + int64_t(blockIdx.x) * vocab : nullptr;
   const float target_term = grad_scale * (1.f - smoothing);
-  if (reads_as_float4(row, vocab) &&
-      (!rounded || (reinterpret_cast<uintptr_t>(rounded) & 7) == 0)) {
+  if (reads_as_float4(row, vocab) && aligned(rounded, 8)) {
     float4* row4 = reinterpret_cast<float4*>(row);
     for (int64_t i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
       const float4 x = row4[i];
@@ -191,8 +190,7 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
       }
       if (rounded) {
         const uint2 packed =
-            make_uint2(uint32_t(to_bfloat16(g.x)) | uint32_t(to_bfloat16(g.y)) << 16,
-                       uint32_t(to_bfloat16(g.z)) | uint32_t(to_bfloat16(g.w)) << 16);
+            pack_16_bits(to_bfloat16(g.x), to_bfloat16(g.y), to_bfloat16(g.z), to_bfloat16(g.w));
         reinterpret_cast<uint2*>(rounded)[i] = packed;
       } else {
         row4[i] = g;
