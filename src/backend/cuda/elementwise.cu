@@ -22,28 +22,39 @@ __host__ __forceinline__ bool four_columns_at_a_time(int64_t cols, int64_t ld) {
   return cols % 4 == 0 && ld % 4 == 0;
 }
 
-__device__ __forceinline__ float4 add4(float4 a, float4 b) {
-  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-}
-__device__ __forceinline__ float4 relu4(float4 a) {
-  return make_float4(a.x > 0.f ? a.x : 0.f, a.y > 0.f ? a.y : 0.f, a.z > 0.f ? a.z : 0.f,
-                     a.w > 0.f ? a.w : 0.f);
-}
 // float → bfloat16 with float32's subnormals flushed to a signed zero (the bfloat16-output
 // product's contract: the CPU's product kernels flush them).
 __device__ __forceinline__ uint16_t to_bfloat16_flushing(float v) {
   return fabsf(v) < 1.17549435e-38f ? uint16_t(signbit(v) ? 0x8000u : 0u) : to_bfloat16(v);
 }
 
-// kWidth consecutive elements of a row as one load or store: a float4 (four bfloat16 as 8
-// bytes, four mask bytes as 4) where kWidth is 4, the pointer aligned to it.
+// The conversions of a 16-bit store (RowWord::store_16).
+struct ToBFloat16 {
+  __device__ uint16_t operator()(float v) const { return to_bfloat16(v); }
+};
+struct ToBFloat16Flushing {
+  __device__ uint16_t operator()(float v) const { return to_bfloat16_flushing(v); }
+};
+template <bool kFloat16>
+struct To16Bits {
+  __device__ uint16_t operator()(float v) const { return to_16_bits<kFloat16>(v); }
+};
+
+// kWidth consecutive elements of a row as one load or store: a float4 (four 16-bit values as 8
+// bytes, four mask bytes as 4) where kWidth is 4, the pointer aligned to it. The element-wise
+// and row kernels are written once over kWidth: 1 is the one-at-a-time form every shape takes,
+// 4 the form of rows and pointers aligned to words of four.
 template <int kWidth>
 struct RowWord;
 template <>
 struct RowWord<1> {
   __device__ static void load(const float* p, float* v) { v[0] = *p; }
   __device__ static void store(float* p, const float* v) { *p = v[0]; }
-  __device__ static void store_bfloat16(uint16_t* p, const float* v) { *p = to_bfloat16(v[0]); }
+  __device__ static void load_bfloat16(const uint16_t* p, float* v) { v[0] = from_bfloat16(*p); }
+  template <typename Convert>
+  __device__ static void store_16(uint16_t* p, const float* v, Convert convert) {
+    *p = convert(v[0]);
+  }
   __device__ static void load_mask(const uint8_t* p, bool* keep) { keep[0] = *p != 0; }
   __device__ static void store_mask(uint8_t* p, const bool* keep) { *p = keep[0] ? 1 : 0; }
 };
@@ -56,9 +67,15 @@ struct RowWord<4> {
   __device__ static void store(float* p, const float* v) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   }
-  __device__ static void store_bfloat16(uint16_t* p, const float* v) {
+  __device__ static void load_bfloat16(const uint16_t* p, float* v) {
+    const uint2 x = *reinterpret_cast<const uint2*>(p);
+    v[0] = from_bfloat16(uint16_t(x.x & 0xffffu)), v[1] = from_bfloat16(uint16_t(x.x >> 16));
+    v[2] = from_bfloat16(uint16_t(x.y & 0xffffu)), v[3] = from_bfloat16(uint16_t(x.y >> 16));
+  }
+  template <typename Convert>
+  __device__ static void store_16(uint16_t* p, const float* v, Convert convert) {
     *reinterpret_cast<uint2*>(p) =
-        pack_16_bits(to_bfloat16(v[0]), to_bfloat16(v[1]), to_bfloat16(v[2]), to_bfloat16(v[3]));
+        pack_16_bits(convert(v[0]), convert(v[1]), convert(v[2]), convert(v[3]));
   }
   __device__ static void load_mask(const uint8_t* p, bool* keep) {
     const uint32_t bytes = *reinterpret_cast<const uint32_t*>(p);
@@ -70,45 +87,52 @@ struct RowWord<4> {
   }
 };
 
-template <bool kFloat16>
-__global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                             uint16_t* out) {
-  TFM_FOR_EACH_ELEMENT(r, c, rows, cols) out[r * cols + c] = to_16_bits<kFloat16>(x[r * ldx + c]);
+// Calls launch(width) with std::integral_constant<int, 4> where `words_of_four`, else with
+// <int, 1>: the kWidth of a kernel written over RowWord.
+template <typename Launch>
+void launch_by_width(bool words_of_four, Launch launch) {
+  if (words_of_four)
+    launch(std::integral_constant<int, 4>{});
+  else
+    launch(std::integral_constant<int, 1>{});
 }
 
-// The same four columns at a time (cols4 = cols / 4 and ldx4 = ldx / 4 in float4s; x 16-byte
-// and out 8-byte aligned).
-template <bool kFloat16>
-__global__ void round_x4_kernel(const float4* x, int64_t rows, int64_t cols4, int64_t ldx4,
-                                uint2* out) {
-  TFM_FOR_EACH_ELEMENT(r, c, rows, cols4) {
-    const float4 v = x[r * ldx4 + c];
-    out[r * cols4 + c] = pack_16_bits(to_16_bits<kFloat16>(v.x), to_16_bits<kFloat16>(v.y),
-                                      to_16_bits<kFloat16>(v.z), to_16_bits<kFloat16>(v.w));
+// out[rows, cols] = x rounded to 16 bits, kWidth columns a thread.
+template <int kWidth, bool kFloat16>
+__global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t ldx,
+                             uint16_t* out) {
+  TFM_FOR_EACH_ELEMENT(r, w, rows, cols / kWidth) {
+    float v[kWidth];
+    RowWord<kWidth>::load(x + r * ldx + w * kWidth, v);
+    RowWord<kWidth>::store_16(out + r * cols + w * kWidth, v, To16Bits<kFloat16>{});
   }
 }
 
+// A word of a product's result with the bias (null: none) added and ReLU applied where asked:
+// the product epilogues' step.
+template <int kWidth>
+__device__ __forceinline__ void load_biased_word(const float* result, const float* bias, bool relu,
+                                                 float* v) {
+  RowWord<kWidth>::load(result, v);
+  float b[kWidth];
+  if (bias) RowWord<kWidth>::load(bias, b);
+#pragma unroll
+  for (int e = 0; e < kWidth; ++e) {
+    if (bias) v[e] += b[e];
+    if (relu) v[e] = v[e] > 0.f ? v[e] : 0.f;
+  }
+}
+
+// A float product's result with bias and ReLU, rounded to bfloat16 with subnormals flushed.
+template <int kWidth>
 __global__ void round_flushing_kernel(const float* result, int64_t ldr, const float* bias,
                                       bool relu, int64_t rows, int64_t cols, uint16_t* out,
                                       int64_t ldo) {
-  TFM_FOR_EACH_ELEMENT(r, c, rows, cols) {
-    float v = result[r * ldr + c];
-    if (bias) v += bias[c];
-    if (relu) v = v > 0.f ? v : 0.f;
-    out[r * ldo + c] = to_bfloat16_flushing(v);
-  }
-}
-
-// The same four columns at a time (cols4, ldr4, ldo4 in words of four).
-__global__ void round_flushing_x4_kernel(const float4* result, int64_t ldr4, const float4* bias,
-                                         bool relu, int64_t rows, int64_t cols4, uint2* out,
-                                         int64_t ldo4) {
-  TFM_FOR_EACH_ELEMENT(r, c, rows, cols4) {
-    float4 v = result[r * ldr4 + c];
-    if (bias) v = add4(v, bias[c]);
-    if (relu) v = relu4(v);
-    out[r * ldo4 + c] = pack_16_bits(to_bfloat16_flushing(v.x), to_bfloat16_flushing(v.y),
-                                     to_bfloat16_flushing(v.z), to_bfloat16_flushing(v.w));
+  TFM_FOR_EACH_ELEMENT(r, w, rows, cols / kWidth) {
+    const int64_t c = w * kWidth;
+    float v[kWidth];
+    load_biased_word<kWidth>(result + r * ldr + c, bias ? bias + c : nullptr, relu, v);
+    RowWord<kWidth>::store_16(out + r * ldo + c, v, ToBFloat16Flushing{});
   }
 }
 
@@ -129,25 +153,14 @@ __global__ void scale_matrix_kernel(float* c, int64_t ldc, int64_t rows, int64_t
   }
 }
 
+template <int kWidth>
 __global__ void bias_relu_kernel(float* y, int64_t ldy, const float* bias, bool relu, int64_t rows,
                                  int64_t cols) {
-  TFM_FOR_EACH_ELEMENT(r, c, rows, cols) {
-    float& v = y[r * ldy + c];
-    float x = v;
-    if (bias) x += bias[c];
-    if (relu) x = x > 0.f ? x : 0.f;
-    v = x;
-  }
-}
-
-// bias_relu_kernel four columns at a time.
-__global__ void bias_relu_x4_kernel(float4* y, int64_t ldy4, const float4* bias, bool relu,
-                                    int64_t rows, int64_t cols4) {
-  TFM_FOR_EACH_ELEMENT(r, c, rows, cols4) {
-    float4 v = y[r * ldy4 + c];
-    if (bias) v = add4(v, bias[c]);
-    if (relu) v = relu4(v);
-    y[r * ldy4 + c] = v;
+  TFM_FOR_EACH_ELEMENT(r, w, rows, cols / kWidth) {
+    const int64_t c = w * kWidth;
+    float v[kWidth];
+    load_biased_word<kWidth>(y + r * ldy + c, bias ? bias + c : nullptr, relu, v);
+    RowWord<kWidth>::store(y + r * ldy + c, v);
   }
 }
 
@@ -155,32 +168,24 @@ __device__ __forceinline__ float gelu(float x) {
   return 0.5f * x * (1.f + erff(x * 0.70710678118654752440f));
 }
 
+template <int kWidth>
 __global__ void bias_activation_kernel(float* pre, const float* bias, float* out, int64_t rows,
                                        int64_t cols, bool apply, Activation act) {
-  TFM_FOR_EACH_ELEMENT(r, c, rows, cols) {
-    const int64_t i = r * cols + c;
-    float x = pre[i];
+  TFM_FOR_EACH_ELEMENT(r, w, rows, cols / kWidth) {
+    const int64_t c = w * kWidth, i = r * cols + c;
+    float x[kWidth], b[kWidth];
+    RowWord<kWidth>::load(pre + i, x);
     if (bias) {
-      x += bias[c];
-      pre[i] = x;
+      RowWord<kWidth>::load(bias + c, b);
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) x[e] += b[e];
+      RowWord<kWidth>::store(pre + i, x);
     }
-    if (apply) out[i] = act == Activation::kRelu ? (x > 0.f ? x : 0.f) : gelu(x);
-  }
-}
-
-// bias_activation_kernel four columns at a time.
-__global__ void bias_activation_x4_kernel(float4* pre, const float4* bias, float4* out,
-                                          int64_t rows, int64_t cols4, bool apply, Activation act) {
-  TFM_FOR_EACH_ELEMENT(r, c, rows, cols4) {
-    const int64_t i = r * cols4 + c;
-    float4 x = pre[i];
-    if (bias) {
-      x = add4(x, bias[c]);
-      pre[i] = x;
-    }
-    if (apply)
-      out[i] = act == Activation::kRelu ? relu4(x)
-                                        : make_float4(gelu(x.x), gelu(x.y), gelu(x.z), gelu(x.w));
+    if (!apply) continue;
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e)
+      x[e] = act == Activation::kRelu ? (x[e] > 0.f ? x[e] : 0.f) : gelu(x[e]);
+    RowWord<kWidth>::store(out + i, x);
   }
 }
 
@@ -197,35 +202,20 @@ __global__ void activation_backward_kernel(float* d, const float* pre, int64_t n
   }
 }
 
+// d = d where the ReLU's bfloat16 output is positive, else 0 (rounded into rounded_d where
+// given), kWidth elements a thread.
+template <int kWidth>
 __global__ void relu_backward_bfloat16_kernel(float* d, const uint16_t* relu_output, int64_t n,
                                               uint16_t* rounded_d) {
-  TFM_FOR_EACH(i, n) {
-    const float value = from_bfloat16(relu_output[i]) > 0.f ? d[i] : 0.f;
-    d[i] = value;
-    if (rounded_d) rounded_d[i] = to_bfloat16(value);
-  }
-}
-
-__device__ __forceinline__ bool bfloat16_positive(uint32_t pair, int half) {
-  return from_bfloat16(uint16_t(half ? pair >> 16 : pair & 0xffffu)) > 0.f;
-}
-
-// The same four elements at a time (n4 = n / 4, every pointer aligned to its 4 elements): a
-// 16-byte and an 8-byte load in flight per element step where the one-at-a-time kernel has 6
-// bytes, which leaves the memory idle between loads.
-__global__ void relu_backward_bfloat16_x4_kernel(float4* d, const uint2* relu_output, int64_t n4,
-                                                 uint2* rounded_d) {
-  TFM_FOR_EACH(i, n4) {
-    const uint2 out = relu_output[i];
-    float4 g = d[i];
-    g.x = bfloat16_positive(out.x, 0) ? g.x : 0.f;
-    g.y = bfloat16_positive(out.x, 1) ? g.y : 0.f;
-    g.z = bfloat16_positive(out.y, 0) ? g.z : 0.f;
-    g.w = bfloat16_positive(out.y, 1) ? g.w : 0.f;
-    d[i] = g;
-    if (rounded_d)
-      rounded_d[i] =
-          pack_16_bits(to_bfloat16(g.x), to_bfloat16(g.y), to_bfloat16(g.z), to_bfloat16(g.w));
+  TFM_FOR_EACH(w, n / kWidth) {
+    const int64_t i = w * kWidth;
+    float g[kWidth], out[kWidth];
+    RowWord<kWidth>::load(d + i, g);
+    RowWord<kWidth>::load_bfloat16(relu_output + i, out);
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) g[e] = out[e] > 0.f ? g[e] : 0.f;
+    RowWord<kWidth>::store(d + i, g);
+    if (rounded_d) RowWord<kWidth>::store_16(rounded_d + i, g, ToBFloat16{});
   }
 }
 
@@ -451,7 +441,7 @@ __global__ void layer_norm_warp_kernel(float* f, const float* x, int64_t rows, i
 #pragma unroll
     for (int e = 0; e < kWidth; ++e) out[e] = (value[m][e] - mean) * inv_std * g[e] + b[e];
     Word::store(y + i, out);
-    if (rounded_y) Word::store_bfloat16(rounded_y + i, out);
+    if (rounded_y) Word::store_16(rounded_y + i, out, ToBFloat16{});
   }
 }
 
@@ -507,7 +497,7 @@ __global__ void layer_norm_dx_warp_kernel(const float* dy, const float* x, const
 #pragma unroll
       for (int e = 0; e < kWidth; ++e) d[e] = !mask ? d[e] : keep[e] ? d[e] * keep_scale : 0.f;
       Word::store(d_f + i, d);
-      if (rounded_d_f) Word::store_bfloat16(rounded_d_f + i, d);
+      if (rounded_d_f) Word::store_16(rounded_d_f + i, d, ToBFloat16{});
     }
   }
 }
@@ -821,32 +811,29 @@ void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols
                       Precision format, uint16_t* out) {
   const bool float16 = is_float16(format, "round_to_16_bits");
   if (rows * cols == 0) return;
-  if (four_columns_at_a_time(cols, ldx) && aligned(x, 16) && aligned(out, 8)) {
-    const int64_t cols4 = cols / 4;
-    (float16 ? round_x4_kernel<true>
-             : round_x4_kernel<false>)<<<matrix_blocks(rows, cols4), matrix_threads(cols4), 0, s>>>(
-        reinterpret_cast<const float4*>(x), rows, cols4, ldx / 4, reinterpret_cast<uint2*>(out));
-  } else {
-    (float16 ? round_kernel<true>
-             : round_kernel<false>)<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
-        x, rows, cols, ldx, out);
-  }
+  const bool four = four_columns_at_a_time(cols, ldx) && aligned(x, 16) && aligned(out, 8);
+  launch_by_width(four, [&](auto width) {
+    constexpr int kWidth = decltype(width)::value;
+    const dim3 grid = matrix_blocks(rows, cols / kWidth), threads = matrix_threads(cols / kWidth);
+    if (float16)
+      round_kernel<kWidth, true><<<grid, threads, 0, s>>>(x, rows, cols, ldx, out);
+    else
+      round_kernel<kWidth, false><<<grid, threads, 0, s>>>(x, rows, cols, ldx, out);
+  });
   check_launch("round_to_16_bits");
 }
 
 void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, const float* bias,
                                 bool relu, int64_t rows, int64_t cols, uint16_t* out, int64_t ldo) {
   if (rows * cols == 0) return;
-  if (four_columns_at_a_time(cols, ldr) && ldo % 4 == 0 && aligned(result, 16) &&
-      aligned(bias, 16) && aligned(out, 8)) {
-    const int64_t cols4 = cols / 4;
-    round_flushing_x4_kernel<<<matrix_blocks(rows, cols4), matrix_threads(cols4), 0, s>>>(
-        reinterpret_cast<const float4*>(result), ldr / 4, reinterpret_cast<const float4*>(bias),
-        relu, rows, cols4, reinterpret_cast<uint2*>(out), ldo / 4);
-  } else {
-    round_flushing_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
-        result, ldr, bias, relu, rows, cols, out, ldo);
-  }
+  const bool four = four_columns_at_a_time(cols, ldr) && ldo % 4 == 0 && aligned(result, 16) &&
+                    aligned(bias, 16) && aligned(out, 8);
+  launch_by_width(four, [&](auto width) {
+    constexpr int kWidth = decltype(width)::value;
+    round_flushing_kernel<kWidth>
+        <<<matrix_blocks(rows, cols / kWidth), matrix_threads(cols / kWidth), 0, s>>>(
+            result, ldr, bias, relu, rows, cols, out, ldo);
+  });
   check_launch("round_to_bfloat16_flushing");
 }
 
@@ -876,31 +863,27 @@ void scale_matrix(cudaStream_t s, float* c, int64_t ldc, int64_t rows, int64_t c
 void bias_relu_epilogue(cudaStream_t s, float* y, int64_t ldy, const float* bias, bool relu,
                         int64_t rows, int64_t cols) {
   if (rows * cols == 0 || (!bias && !relu)) return;
-  if (four_columns_at_a_time(cols, ldy) && aligned(y, 16) && aligned(bias, 16)) {
-    const int64_t cols4 = cols / 4;
-    bias_relu_x4_kernel<<<matrix_blocks(rows, cols4), matrix_threads(cols4), 0, s>>>(
-        reinterpret_cast<float4*>(y), ldy / 4, reinterpret_cast<const float4*>(bias), relu, rows,
-        cols4);
-  } else {
-    bias_relu_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(y, ldy, bias, relu,
-                                                                                rows, cols);
-  }
+  const bool four = four_columns_at_a_time(cols, ldy) && aligned(y, 16) && aligned(bias, 16);
+  launch_by_width(four, [&](auto width) {
+    constexpr int kWidth = decltype(width)::value;
+    bias_relu_kernel<kWidth>
+        <<<matrix_blocks(rows, cols / kWidth), matrix_threads(cols / kWidth), 0, s>>>(
+            y, ldy, bias, relu, rows, cols);
+  });
   check_launch("bias_relu_epilogue");
 }
 
 void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* out, int64_t rows,
                          int64_t cols, bool apply_activation, Activation act) {
   if (rows * cols == 0) return;
-  if (four_columns_at_a_time(cols, cols) && aligned(pre, 16) && aligned(bias, 16) &&
-      aligned(out, 16)) {
-    const int64_t cols4 = cols / 4;
-    bias_activation_x4_kernel<<<matrix_blocks(rows, cols4), matrix_threads(cols4), 0, s>>>(
-        reinterpret_cast<float4*>(pre), reinterpret_cast<const float4*>(bias),
-        reinterpret_cast<float4*>(out), rows, cols4, apply_activation, act);
-  } else {
-    bias_activation_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(
-        pre, bias, out, rows, cols, apply_activation, act);
-  }
+  const bool four = four_columns_at_a_time(cols, cols) && aligned(pre, 16) && aligned(bias, 16) &&
+                    aligned(out, 16);
+  launch_by_width(four, [&](auto width) {
+    constexpr int kWidth = decltype(width)::value;
+    bias_activation_kernel<kWidth>
+        <<<matrix_blocks(rows, cols / kWidth), matrix_threads(cols / kWidth), 0, s>>>(
+            pre, bias, out, rows, cols, apply_activation, act);
+  });
   check_launch("add_bias_activation");
 }
 
@@ -913,13 +896,15 @@ void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, 
 void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_output, int64_t n,
                             uint16_t* rounded_d) {
   if (n == 0) return;
-  if (n % 4 == 0 && aligned(d, 16) && aligned(relu_output, 8) && aligned(rounded_d, 8)) {
-    relu_backward_bfloat16_x4_kernel<<<blocks_for(n / 4), kThreads, 0, s>>>(
-        reinterpret_cast<float4*>(d), reinterpret_cast<const uint2*>(relu_output), n / 4,
-        reinterpret_cast<uint2*>(rounded_d));
-  } else {
-    relu_backward_bfloat16_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, relu_output, n, rounded_d);
-  }
+  // Four elements a thread where every pointer allows: a 16-byte and an 8-byte load in flight
+  // per step where one element a thread has 6 bytes, which leaves the memory idle between loads.
+  const bool four =
+      n % 4 == 0 && aligned(d, 16) && aligned(relu_output, 8) && aligned(rounded_d, 8);
+  launch_by_width(four, [&](auto width) {
+    constexpr int kWidth = decltype(width)::value;
+    relu_backward_bfloat16_kernel<kWidth>
+        <<<blocks_for(n / kWidth), kThreads, 0, s>>>(d, relu_output, n, rounded_d);
+  });
   check_launch("relu_backward_bfloat16");
 }
 
