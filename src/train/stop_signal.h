@@ -29,7 +29,8 @@ class StopSignalGuard {
 };
 
 // The signal that asked the run to stop (SIGINT or SIGTERM); 0 while none has. Reset when a
-// StopSignalGuard is created.
+// StopSignalGuard is created. While one lives, a signal sent but not yet taken by its waiting
+// thread counts as soon as this is read.
 const std::atomic<int>& stop_signal();
 
 }  // namespace tfm
