@@ -796,37 +796,45 @@ TEST(Serve, AnIdleConnectionPastThePoolGets503) {
   EXPECT_EQ(server.stop(), 0);
 }
 
-// A POST without Content-Length (and not chunked) is 411 at once and its connection ends: it
-// waited for the client to close (--io-timeout) and got 400. A method a path does not answer is
-// 405 with Allow, not 404.
 // A request line (or headers) without an end: answered 431 once 64 KiB of it have come, and the
 // connection closed. httplib alone reads a request line until its newline, however long: 64 MB
-// without one made the server 100 MB larger, and it answered nothing.
-TEST(Serve, AHeadWithoutAnEndIs431) {
-  Server server("");
-  ASSERT_GT(server.port(), 0) << server.stderr_text();
-  const int64_t before_mib = resident_mib(server.pid());
+// without one made the server 100 MB larger, and it answered nothing. Sends each start and then
+// 64 KiB chunks until the answer comes (at most 16 MiB); returns the answers.
+std::vector<std::string> send_heads_without_an_end(const Server& server) {
+  std::vector<std::string> answers;
   for (const std::string& start :
        {std::string("GET /"), std::string("POST /v1/translate HTTP/1.1\r\nX: ")}) {
     const int fd = connect_to(server);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::send(fd, start.data(), start.size(), MSG_NOSIGNAL), ssize_t(start.size()));
+    if (fd < 0) return answers;
+    if (::send(fd, start.data(), start.size(), MSG_NOSIGNAL) != ssize_t(start.size())) {
+      ::close(fd);
+      return answers;
+    }
     const std::string chunk(64 << 10, 'a');
-    for (size_t sent = 0; sent < (16u << 20);) {  // until the answer, at most 16 MiB
+    for (size_t sent = 0; sent < (16u << 20);) {
       pollfd answered{fd, POLLIN, 0};
       if (::poll(&answered, 1, 0) > 0) break;
       const ssize_t n = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
       if (n <= 0) break;
       sent += size_t(n);
     }
-    const std::string answer = receive_response(fd, 15);
+    answers.push_back(receive_response(fd, 15));
     ::close(fd);
+  }
+  return answers;
+}
+
+TEST(Serve, AHeadWithoutAnEndIs431) {
+  Server server("");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  const std::vector<std::string> answers = send_heads_without_an_end(server);
+  ASSERT_EQ(answers.size(), 2u);
+  for (const std::string& answer : answers) {
     EXPECT_EQ(answer.rfind("HTTP/1.1 431 ", 0), 0u) << answer.substr(0, 300);
     EXPECT_NE(answer.find(R"({"error":"the request line and headers take more than 65536 bytes"})"),
               std::string::npos)
         << answer.substr(0, 300);
   }
-  EXPECT_LT(resident_mib(server.pid()), before_mib + 16);
   int status = 0;
   const json j = post_json(server, "/v1/translate", R"({"text": "آ ز ا"})", &status);
   EXPECT_EQ(status, 200) << j;
@@ -834,6 +842,21 @@ TEST(Serve, AHeadWithoutAnEndIs431) {
   EXPECT_EQ(server.stop(), 0);
 }
 
+// The same heads leave the server's resident memory within 16 MiB of where it was: what it read of
+// them is bounded, not buffered to the end. (Left out of the sanitizer pass, as the other memory
+// tests are: there RSS measures ASan's quarantine, not the server.)
+TEST(Serve, AHeadWithoutAnEndLeavesNoMemoryBehind) {
+  Server server("");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  const int64_t before_mib = resident_mib(server.pid());
+  ASSERT_EQ(send_heads_without_an_end(server).size(), 2u);
+  EXPECT_LT(resident_mib(server.pid()), before_mib + 16);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// A POST without Content-Length (and not chunked) is 411 at once and its connection ends: it
+// waited for the client to close (--io-timeout) and got 400. A method a path does not answer is
+// 405 with Allow, not 404.
 TEST(Serve, BodyWithoutLengthIs411AndAWrongMethodIs405) {
   Server server("");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
