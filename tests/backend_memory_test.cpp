@@ -408,9 +408,11 @@ class MemoryCheckingBackend : public Backend {
     int64_t rows() const override { return inner_->rows(); }
     int64_t cols() const override { return inner_->cols(); }
     Precision precision() const override { return inner_->precision(); }
-    void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const override {
-      const Access access = backend_.check("PreparedMatrix::multiply", {{"x", x}, {"y", y}});
-      inner_->multiply(x, m, ldx, y, ldy);
+    void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+                  const MatmulEpilogue& epilogue) const override {
+      const Access access =
+          backend_.check("PreparedMatrix::multiply", {{"x", x}, {"y", y}, {"bias", epilogue.bias}});
+      inner_->multiply(x, m, ldx, y, ldy, epilogue);
     }
     void read_rows(const int32_t* ids, int64_t count, float* out) const override {
       const Access access =

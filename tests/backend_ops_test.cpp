@@ -529,6 +529,74 @@ TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
   }
 }
 
+// A prepared product's epilogue (bias on every row, ReLU, both) applies to the finished product:
+// what the product without it followed by + bias and max(·, 0) gives, in every precision the
+// backend supports, for one row and many, strided input and output (the padding untouched). A
+// backend may run the fused product on another algorithm (the CUDA backend's cuBLASLt), so the
+// sums may differ in their float rounding: within 1e-5 of Σ|x·w| (and of the bias) per element,
+// a thousandth of the least bound PreparedMatrixMatchesFloat64InEverySupportedPrecision allows a
+// reduced precision. A bfloat16 output is refused: prepared products write float32.
+TEST_P(BackendOps, PreparedMatrixAppliesItsEpilogueToTheFinishedProduct) {
+  for (Precision precision :
+       {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16, Precision::kInt8}) {
+    SCOPED_TRACE(precision_name(precision));
+    if (!be().supports(precision)) {
+      testing_support::skip_precision(be(), precision);
+      continue;
+    }
+    uint64_t seed = 700;
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{5, 7}, {130, 96}, {512, 512}}) {
+      const auto w = random_vector(n * k, seed++);
+      const auto bias = random_vector(n, seed++, 2.f);
+      const auto prepared = be().prepare_matrix({w.data()}, {n}, k, precision);
+      for (int64_t m : {1, 3, 64}) {
+        const int64_t ldx = k + 1, ldy = n + 3;
+        const auto x = random_vector(m * ldx, seed++);
+        std::vector<float> plain(size_t(m * ldy), 7.f);
+        prepared->multiply(x.data(), m, ldx, plain.data(), ldy);
+        for (int form = 0; form < 3; ++form) {  // bias, ReLU, both
+          const bool with_bias = form != 1, relu = form != 0;
+          SCOPED_TRACE("n " + std::to_string(n) + " k " + std::to_string(k) + " m " +
+                       std::to_string(m) + " bias " + std::to_string(with_bias) + " relu " +
+                       std::to_string(relu));
+          std::vector<float> got(size_t(m * ldy), 7.f);
+          prepared->multiply(x.data(), m, ldx, got.data(), ldy,
+                             {with_bias ? bias.data() : nullptr, relu});
+          int64_t clamped = 0;
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t j = 0; j < n; ++j) {
+              double magnitude = 0;
+              for (int64_t c = 0; c < k; ++c)
+                magnitude += std::abs(double(x[size_t(r * ldx + c)]) * w[size_t(j * k + c)]);
+              double expected = plain[size_t(r * ldy + j)];
+              if (with_bias) expected += bias[size_t(j)];
+              const double bound =
+                  1e-5 * (magnitude + (with_bias ? std::abs(bias[size_t(j)]) : 0.0));
+              if (relu && expected <= bound) {  // at or near 0: 0, or what is left above it
+                ++clamped;
+                ASSERT_GE(got[size_t(r * ldy + j)], 0.f) << "row " << r << " col " << j;
+                ASSERT_LE(got[size_t(r * ldy + j)], std::max(expected, 0.0) + bound);
+                continue;
+              }
+              ASSERT_NEAR(got[size_t(r * ldy + j)], expected, bound) << "row " << r << " col " << j;
+            }
+            for (int64_t j = n; j < ldy; ++j) ASSERT_EQ(got[size_t(r * ldy + j)], 7.f);
+          }
+          if (relu && m * n > 100) {
+            ASSERT_GT(clamped, m * n / 4);  // the ReLU has work to do
+          }
+        }
+      }
+      std::vector<uint16_t> rounded(static_cast<size_t>(n));
+      std::vector<float> y(static_cast<size_t>(n));
+      const auto x = random_vector(k, seed++);
+      EXPECT_THROW(
+          prepared->multiply(x.data(), 1, k, y.data(), n, {nullptr, false, rounded.data()}),
+          std::invalid_argument);
+    }
+  }
+}
+
 // Weights held in int8 (tensor/int8_weights.h), stacked from parts, multiply exactly as the
 // same float weights prepared in int8: both quantise by the same rule.
 TEST_P(BackendOps, Int8HeldWeightsMultiplyAsTheirFloatOriginalsInInt8) {

@@ -31,8 +31,12 @@ class PreparedMatrix {
   virtual int64_t rows() const = 0;  // n
   virtual int64_t cols() const = 0;  // k
   virtual Precision precision() const = 0;
-  // y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ. Thread-safe.
-  virtual void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const = 0;
+  // y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ, then the epilogue's bias (on
+  // every row) and ReLU applied to the finished product, in the product's own pass where the
+  // backend can (a linear layer's y = x·Wᵀ + b in one step). epilogue.rounded_output is refused
+  // (std::invalid_argument): a prepared product writes float32. Thread-safe.
+  virtual void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+                        const MatmulEpilogue& epilogue = {}) const = 0;
   // out[count, k] = the rows ids of W, exactly as prepared. For float32 matrices only (throws
   // std::logic_error otherwise): a tied output projection of a model prepared for inference
   // serves the embedding lookups too, and the float table is freed.

@@ -23,12 +23,8 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
                     float* y, const uint16_t* rounded_x, bool relu, uint16_t* rounded_y) {
   if (rounded_y && !rounds_to_bfloat16(w))
     throw std::logic_error("linear_forward: a bfloat16 output from a product that does not round");
-  if (w.prepared) {
-    w.prepared->multiply(x, rows, w.in, y, w.out);
-    if (relu)
-      backend.add_bias_activation(y, w.bias, y, rows, w.out, Activation::kRelu);
-    else if (w.bias)
-      backend.add_bias(y, w.bias, rows, w.out);
+  if (w.prepared) {  // bias and ReLU in the product's own pass here too
+    w.prepared->multiply(x, rows, w.in, y, w.out, {w.bias, relu});
   } else if (!w.weight) {
     throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
   } else {  // bias and ReLU in the product's own pass (MatmulEpilogue)

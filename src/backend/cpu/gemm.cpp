@@ -433,8 +433,10 @@ struct PackedMatrix::Impl {
   bool pack(const void* weights);
   // int8: the stacked quantised rows [n, k] and their scales [n].
   void pack_int8(const std::vector<int8_t>& values, std::vector<float> scales);
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::shared_ptr<const CachedMatmul>>
-      by_rows;  // key: m, ldx, ldy
+  // key: m, ldx, ldy, then whether the primitive adds a bias and applies a ReLU (float32 and
+  // bfloat16; int8's epilogue runs in dequantize_products)
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, std::shared_ptr<const CachedMatmul>>
+      by_rows;
   // read_rows: where element (c, i) of the packed [k, n] lies is column_offsets[c] +
   // row_offset(i) (a blocked layout places each dimension independently); built on first use.
   std::vector<int64_t> column_offsets;  // [k]
@@ -619,16 +621,23 @@ void PackedMatrix::read_rows(const int32_t* ids, int64_t count, float* out) cons
   }
 }
 
-void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const {
+void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+                            const MatmulEpilogue& epilogue) const {
   Impl& p = *impl_;
+  if (epilogue.rounded_output)
+    throw std::invalid_argument("PackedMatrix::multiply: a prepared product writes float32");
   if (m <= 0) return;
   std::shared_ptr<const CachedMatmul> mm;
   if (!p.plain.empty()) {
-    gemm(false, true, m, p.n, p.k, 1.f, x, ldx, p.plain.data(), p.k, 0.f, y, ldy);
+    gemm(false, true, m, p.n, p.k, 1.f, x, ldx, p.plain.data(), p.k, 0.f, y, ldy,
+         Precision::kFloat32, epilogue);
     return;
   }
+  // int8 applies the epilogue while dequantising; the float primitives in their own pass.
+  const bool primitive_bias = epilogue.bias && p.precision != Precision::kInt8;
+  const bool primitive_relu = epilogue.relu && p.precision != Precision::kInt8;
   {
-    const auto key = std::make_tuple(m, ldx, ldy);
+    const auto key = std::make_tuple(m, ldx, ldy, primitive_bias, primitive_relu);
     std::lock_guard<std::mutex> lock(p.mutex);
     auto found = p.by_rows.find(key);
     if (found != p.by_rows.end()) {
@@ -638,8 +647,15 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
       entry->a = input_desc(p.precision, m, p.k, ldx);
       entry->b = p.packed_desc;
       entry->c = output_desc(p.precision, m, p.n, ldy);
+      if (primitive_bias) entry->bias = matrix_desc(1, p.n, p.n, false);
+      dnnl::primitive_attr attr;
+      if (primitive_relu) {
+        dnnl::post_ops ops;
+        ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+        attr.set_post_ops(ops);
+      }
       try {
-        create_matmul(*entry, false);
+        create_matmul(*entry, false, attr);
       } catch (const dnnl::error& e) {
         throw std::runtime_error("oneDNN has no matmul for " + std::to_string(m) +
                                  " rows with packed weights: " + e.what());
@@ -651,13 +667,13 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
   }
   switch (p.precision) {
     case Precision::kFloat32:
-      execute(*mm, const_cast<float*>(x), p.packed, y);
+      execute(*mm, const_cast<float*>(x), p.packed, y, epilogue.bias);
       break;
     case Precision::kBFloat16: {
       thread_local std::vector<uint16_t> rounded_buffer;
       uint16_t* rounded = thread_scratch(rounded_buffer, m * p.k);  // [m, k] x in bfloat16
       round_to_bfloat16(x, m, p.k, ldx, rounded);
-      execute(*mm, rounded, p.packed, y);
+      execute(*mm, rounded, p.packed, y, epilogue.bias);
       break;
     }
     case Precision::kFloat16:  // never packed (check_packable)
@@ -672,7 +688,7 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
       quantize_activation_rows(x, m, p.k, ldx, quantised, row_scales);
       execute(*mm, quantised, p.packed, products);
       dequantize_products(products, m, p.n, p.column_sums.data(), row_scales,
-                          p.weight_scales.data(), y, ldy);
+                          p.weight_scales.data(), y, ldy, epilogue.bias, epilogue.relu);
       break;
     }
   }

@@ -58,7 +58,8 @@ TFM_CPU_KERNEL void quantize_activation_rows(const float* x, int64_t m, int64_t 
 
 TFM_CPU_KERNEL void dequantize_products(const int32_t* products, int64_t m, int64_t n,
                                         const int32_t* column_sums, const float* row_scales,
-                                        const float* column_scales, float* y, int64_t ldy) {
+                                        const float* column_scales, float* y, int64_t ldy,
+                                        const float* bias, bool relu) {
 #pragma omp parallel for if (m * n >= kParallelElements && omp_get_level() == 0)
   for (int64_t r = 0; r < m; ++r) {
     const int32_t* in = products + r * n;
@@ -67,6 +68,14 @@ TFM_CPU_KERNEL void dequantize_products(const int32_t* products, int64_t m, int6
 #pragma omp simd
     for (int64_t c = 0; c < n; ++c)
       out[c] = float(in[c] - 128 * column_sums[c]) * (row_scale * column_scales[c]);
+    if (bias) {
+#pragma omp simd
+      for (int64_t c = 0; c < n; ++c) out[c] += bias[c];
+    }
+    if (relu) {
+#pragma omp simd
+      for (int64_t c = 0; c < n; ++c) out[c] = out[c] > 0.f ? out[c] : 0.f;
+    }
   }
 }
 

@@ -21,9 +21,10 @@ void quantize_activation_rows(const float* x, int64_t m, int64_t k, int64_t ldx,
                               float* scales);
 
 // y[r, c] = (products[r, c] − 128 · column_sums[c]) · row_scales[r] · column_scales[c], where
-// products [m, n] = q_x · q_wᵀ of the two quantised operands; y has row stride ldy.
+// products [m, n] = q_x · q_wᵀ of the two quantised operands; y has row stride ldy. Then
+// + bias[c] where bias is given and max(·, 0) where relu, as a separate pass over y would.
 void dequantize_products(const int32_t* products, int64_t m, int64_t n, const int32_t* column_sums,
-                         const float* row_scales, const float* column_scales, float* y,
-                         int64_t ldy);
+                         const float* row_scales, const float* column_scales, float* y, int64_t ldy,
+                         const float* bias = nullptr, bool relu = false);
 
 }  // namespace tfm

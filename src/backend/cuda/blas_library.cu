@@ -11,11 +11,11 @@ namespace cuda {
 
 namespace {
 
-// The major version this build was compiled against (CUBLAS_VER_MAJOR), then the unversioned
-// development link.
-void* open_library(std::string& tried) {
-  const std::string versioned = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
-  for (const std::string& name : {versioned, std::string("libcublas.so")}) {
+// `base` (libcublas.so, libcublasLt.so) with the major version this build was compiled against
+// (CUBLAS_VER_MAJOR), then the unversioned development link.
+void* open_library(const std::string& base, std::string& tried) {
+  const std::string versioned = base + "." + std::to_string(CUBLAS_VER_MAJOR);
+  for (const std::string& name : {versioned, base}) {
     if (void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
     const char* why = dlerror();
     tried += (tried.empty() ? "" : "; ") + name + ": " + (why ? why : "not found");
@@ -31,7 +31,7 @@ void look_up(void* handle, const char* name, Function& function) {
 
 BlasLibrary load() {
   std::string tried;
-  void* handle = open_library(tried);  // kept open for the process's life
+  void* handle = open_library("libcublas.so", tried);  // kept open for the process's life
   if (!handle) throw Error("cuBLAS could not be loaded (" + tried + ")");
   BlasLibrary library{};
   look_up(handle, "cublasCreate_v2", library.create);
@@ -43,10 +43,34 @@ BlasLibrary load() {
   return library;
 }
 
+BlasLtLibrary load_lt() {
+  std::string tried;
+  void* handle = open_library("libcublasLt.so", tried);  // kept open for the process's life
+  if (!handle) throw Error("cuBLASLt could not be loaded (" + tried + ")");
+  BlasLtLibrary library{};
+  look_up(handle, "cublasLtCreate", library.create);
+  look_up(handle, "cublasLtMatmulDescCreate", library.desc_create);
+  look_up(handle, "cublasLtMatmulDescDestroy", library.desc_destroy);
+  look_up(handle, "cublasLtMatmulDescSetAttribute", library.desc_set);
+  look_up(handle, "cublasLtMatrixLayoutCreate", library.layout_create);
+  look_up(handle, "cublasLtMatrixLayoutDestroy", library.layout_destroy);
+  look_up(handle, "cublasLtMatmulPreferenceCreate", library.preference_create);
+  look_up(handle, "cublasLtMatmulPreferenceDestroy", library.preference_destroy);
+  look_up(handle, "cublasLtMatmulPreferenceSetAttribute", library.preference_set);
+  look_up(handle, "cublasLtMatmulAlgoGetHeuristic", library.heuristic);
+  look_up(handle, "cublasLtMatmul", library.matmul);
+  return library;
+}
+
 }  // namespace
 
 const BlasLibrary& blas_library() {
   static const BlasLibrary library = load();
+  return library;
+}
+
+const BlasLtLibrary& blas_lt_library() {
+  static const BlasLtLibrary library = load_lt();
   return library;
 }
 

@@ -1,10 +1,11 @@
-// cuBLAS, loaded with dlopen when a GPU is first used rather than linked: a process that links
-// libcublas pays about 210 MB of resident memory at start (the loader's relocations of
+// cuBLAS and cuBLASLt, loaded with dlopen when a GPU is first used rather than linked: a process
+// that links libcublas pays about 210 MB of resident memory at start (the loader's relocations of
 // libcublasLt), CPU runs and --help included, where the CPU-only build starts in 6 MB. The
 // functions the backend calls are looked up once, by their exported names, with the types of
-// cublas_v2.h's declarations.
+// cublas_v2.h's and cublasLt.h's declarations.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 namespace tfm {
@@ -24,9 +25,26 @@ struct BlasLibrary {
   decltype(&cublasGetStatusString) status_string;
 };
 
+// cuBLASLt's: the products whose epilogue (bias, ReLU) runs in the product's own kernel.
+struct BlasLtLibrary {
+  decltype(&cublasLtCreate) create;
+  decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatmulPreferenceCreate) preference_create;
+  decltype(&cublasLtMatmulPreferenceDestroy) preference_destroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&cublasLtMatmul) matmul;
+};
+
 // The library's functions; the first call loads libcublas.so.13 (the runtime's search path:
 // LD_LIBRARY_PATH, the binary's run path, ld.so.conf). Throws Error saying what is missing.
 const BlasLibrary& blas_library();
+// The same for libcublasLt.so.13 (which libcublas itself needs, so found where it is).
+const BlasLtLibrary& blas_lt_library();
 
 }  // namespace cuda
 }  // namespace tfm

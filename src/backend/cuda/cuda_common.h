@@ -4,6 +4,7 @@
 // shape of the element-wise kernels. Compiled by nvcc only (src/backend/cuda/*.cu).
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -33,6 +34,10 @@ struct Context {
   mutable cudaStream_t stream = nullptr;
   mutable cublasHandle_t blas = nullptr;
   mutable std::mutex blas_mutex;
+  // cuBLASLt's handle and the workspace its products may use (lt_product.h), made by the first
+  // such product, under blas_mutex like every cuBLAS call.
+  mutable cublasLtHandle_t blas_lt = nullptr;
+  mutable void* lt_workspace = nullptr;
   mutable std::once_flag created;
   // Makes this context's device current on the calling thread (creating the stream and handle
   // the first time).

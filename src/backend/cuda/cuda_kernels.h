@@ -84,9 +84,11 @@ void quantize_activation_rows(cudaStream_t s, const float* x, int64_t m, int64_t
                               int8_t* q, float* scales);
 void quantize_weight_rows(cudaStream_t s, const float* w, int64_t n, int64_t k, int8_t* values,
                           float* scales);
-// y[m, n] (row stride ldy) = (q_x[m, k] · q_wᵀ) · x_scales[r] · w_scales[c], int32 sums.
+// y[m, n] (row stride ldy) = (q_x[m, k] · q_wᵀ) · x_scales[r] · w_scales[c], int32 sums; then
+// + bias[c] (null: none) and max(·, 0) where relu.
 void int8_product(cudaStream_t s, const int8_t* qx, const float* x_scales, const int8_t* qw,
-                  const float* w_scales, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy);
+                  const float* w_scales, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy,
+                  const float* bias, bool relu);
 // out[count, d] = rows ids of the float32 matrix w[., d].
 void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count, int64_t d,
                float* out);

@@ -773,7 +773,7 @@ __global__ void quantize_rows_kernel(const float* x, int64_t k, int64_t ldx, int
 constexpr int kTile = 32;
 __global__ void int8_product_kernel(const int8_t* qx, const float* x_scales, const int8_t* qw,
                                     const float* w_scales, int64_t m, int64_t n, int64_t k,
-                                    float* y, int64_t ldy) {
+                                    float* y, int64_t ldy, const float* bias, bool relu) {
   __shared__ int32_t xs[kTile][kTile + 1];
   __shared__ int32_t ws[kTile][kTile + 1];
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;  // 32 × 8 threads
@@ -794,9 +794,14 @@ __global__ void int8_product_kernel(const int8_t* qx, const float* x_scales, con
   }
   const int64_t c = col0 + tx;
   if (c >= n) return;
+  const float column_bias = bias ? bias[c] : 0.f;
   for (int j = 0; j < 4; ++j) {
     const int64_t r = row0 + ty + 8 * j;
-    if (r < m) y[r * ldy + c] = float(acc[j]) * (x_scales[r] * w_scales[c]);
+    if (r >= m) continue;
+    float v = float(acc[j]) * (x_scales[r] * w_scales[c]);
+    if (bias) v += column_bias;
+    if (relu) v = v > 0.f ? v : 0.f;
+    y[r * ldy + c] = v;
   }
 }
 
@@ -1140,10 +1145,12 @@ void quantize_weight_rows(cudaStream_t s, const float* w, int64_t n, int64_t k, 
 }
 
 void int8_product(cudaStream_t s, const int8_t* qx, const float* x_scales, const int8_t* qw,
-                  const float* w_scales, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy) {
+                  const float* w_scales, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy,
+                  const float* bias, bool relu) {
   if (m * n == 0) return;
   const dim3 grid(unsigned((n + kTile - 1) / kTile), unsigned((m + kTile - 1) / kTile));
-  int8_product_kernel<<<grid, kTile * 8, 0, s>>>(qx, x_scales, qw, w_scales, m, n, k, y, ldy);
+  int8_product_kernel<<<grid, kTile * 8, 0, s>>>(qx, x_scales, qw, w_scales, m, n, k, y, ldy, bias,
+                                                 relu);
   check_launch("int8_product");
 }
 

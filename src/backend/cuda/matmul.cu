@@ -5,6 +5,7 @@
 
 #include "backend/cuda/blas_library.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/lt_product.h"
 #include "backend/cuda/matmul.h"
 #include "backend/device_buffer.h"
 
@@ -64,20 +65,34 @@ class CudaPreparedMatrix final : public PreparedMatrix {
   int64_t cols() const override { return cols_; }
   Precision precision() const override { return precision_; }
 
-  void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const override {
+  // The epilogue inside the product where cuBLASLt has one for it (lt_product.h), else cuBLAS
+  // and a pass of its own; int8's in the kernel that scales the integer sums back.
+  void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+                const MatmulEpilogue& epilogue) const override {
+    if (epilogue.rounded_output)
+      throw std::invalid_argument("PreparedMatrix::multiply: a prepared product writes float32");
     if (m == 0 || rows_ == 0) return;
     context_.activate();
     switch (precision_) {
       case Precision::kFloat32:
-        blas_product(context_, false, true, m, rows_, cols_, 1.f, x, ldx, weights_float_.data(),
-                     cols_, 0.f, y, ldy, CUDA_R_32F);
+        if (!lt_product(context_, m, rows_, cols_, x, ldx, weights_float_.data(), CUDA_R_32F, y,
+                        ldy, epilogue.bias, epilogue.relu)) {
+          blas_product(context_, false, true, m, rows_, cols_, 1.f, x, ldx, weights_float_.data(),
+                       cols_, 0.f, y, ldy, CUDA_R_32F);
+          bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
+        }
         return;
       case Precision::kBFloat16:
       case Precision::kFloat16: {
         Scratch rounded(context_, m * cols_ * int64_t(sizeof(uint16_t)));  // [m, k]
         round_to_16_bits(context_.stream, x, m, cols_, ldx, precision_, rounded.as<uint16_t>());
-        blas_product(context_, false, true, m, rows_, cols_, 1.f, rounded.as<uint16_t>(), cols_,
-                     weights_16_bits_.data(), cols_, 0.f, y, ldy, blas_type(precision_));
+        if (!lt_product(context_, m, rows_, cols_, rounded.as<uint16_t>(), cols_,
+                        weights_16_bits_.data(), blas_type(precision_), y, ldy, epilogue.bias,
+                        epilogue.relu)) {
+          blas_product(context_, false, true, m, rows_, cols_, 1.f, rounded.as<uint16_t>(), cols_,
+                       weights_16_bits_.data(), cols_, 0.f, y, ldy, blas_type(precision_));
+          bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
+        }
         return;
       }
       case Precision::kInt8: {
@@ -86,7 +101,7 @@ class CudaPreparedMatrix final : public PreparedMatrix {
         int8_t* qx = reinterpret_cast<int8_t*>(x_scales + m);  // [m, k]
         quantize_activation_rows(context_.stream, x, m, cols_, ldx, qx, x_scales);
         int8_product(context_.stream, qx, x_scales, weights_int8_.data(), scales_.data(), m, rows_,
-                     cols_, y, ldy);
+                     cols_, y, ldy, epilogue.bias, epilogue.relu);
         return;
       }
     }

@@ -1,0 +1,174 @@
+// See lt_product.h. cuBLASLt is column-major, and reads each row-major matrix as its transpose
+// with the same stride: y[m, n] = x · Wᵀ is D[n, m] = op(A)·B with A = W read as [k, n] (ld k)
+// and transposed, B = x read as [k, m] (ld ldx), D = y read as [n, m] (ld ldy). cuBLASLt's bias
+// has one element per row of D: one per column of y, as a linear layer's bias has.
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "backend/cuda/blas_library.h"
+#include "backend/cuda/lt_product.h"
+
+namespace tfm {
+namespace cuda {
+
+namespace {
+
+// What each product may use of the context's workspace (split-K partial sums and the like).
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+// The largest power of two up to 256 that divides the address: what the heuristic is told of
+// an operand's alignment (it assumes 256 bytes unless told).
+uint32_t alignment_of(const void* pointer) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+struct PlanKey {
+  int device;
+  int64_t m, n, k, ldx, ldy;
+  int type;
+  bool bias, relu;
+  uint32_t align_x, align_w, align_y, align_bias;
+  bool operator<(const PlanKey& o) const {
+    return std::tie(device, m, n, k, ldx, ldy, type, bias, relu, align_x, align_w, align_y,
+                    align_bias) < std::tie(o.device, o.m, o.n, o.k, o.ldx, o.ldy, o.type, o.bias,
+                                           o.relu, o.align_x, o.align_w, o.align_y, o.align_bias);
+  }
+};
+
+// One product's descriptors and the algorithm chosen for them. The bias pointer is an attribute
+// of the descriptor, set at each call under `mutex`.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool usable = false;
+  std::mutex mutex;
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    const BlasLtLibrary& lt = blas_lt_library();
+    if (y_layout) lt.layout_destroy(y_layout);
+    if (x_layout) lt.layout_destroy(x_layout);
+    if (w_layout) lt.layout_destroy(w_layout);
+    if (desc) lt.desc_destroy(desc);
+  }
+};
+
+template <typename T>
+void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
+  TFM_CUDA(blas_lt_library().desc_set(desc, attribute, &value, sizeof value));
+}
+template <typename T>
+void set(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute,
+         const T& value) {
+  TFM_CUDA(blas_lt_library().preference_set(preference, attribute, &value, sizeof value));
+}
+
+// The descriptors for `key` and cuBLASLt's first choice of algorithm for them (usable false where
+// it has none). The bias pointer given is the one the heuristic judges alignment by.
+std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const float* bias) {
+  const BlasLtLibrary& lt = blas_lt_library();
+  auto plan = std::make_unique<Plan>();
+  const auto type = cudaDataType_t(key.type);
+  TFM_CUDA(lt.desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(CUBLAS_OP_T));
+  set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
+  const cublasLtEpilogue_t epilogue =
+      key.bias ? (key.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+               : (key.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+  set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue));
+  if (key.bias) set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
+  TFM_CUDA(lt.layout_create(&plan->w_layout, type, uint64_t(key.k), uint64_t(key.n), key.k));
+  TFM_CUDA(lt.layout_create(&plan->x_layout, type, uint64_t(key.k), uint64_t(key.m), key.ldx));
+  TFM_CUDA(
+      lt.layout_create(&plan->y_layout, CUDA_R_32F, uint64_t(key.n), uint64_t(key.m), key.ldy));
+  cublasLtMatmulPreference_t preference = nullptr;
+  TFM_CUDA(lt.preference_create(&preference));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  try {
+    set(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
+    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w);
+    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x);
+    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y);
+    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
+    const cublasStatus_t status =
+        lt.heuristic(c.blas_lt, plan->desc, plan->w_layout, plan->x_layout, plan->y_layout,
+                     plan->y_layout, preference, 1, &result, &found);
+    plan->usable = status == CUBLAS_STATUS_SUCCESS && found > 0 &&
+                   result.state == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= kWorkspaceBytes;
+  } catch (...) {
+    lt.preference_destroy(preference);
+    throw;
+  }
+  lt.preference_destroy(preference);
+  if (plan->usable) plan->algo = result.algo;
+  return plan;
+}
+
+// The plan for `key`, made on first use. Decoding meets one shape per live-hypothesis count and
+// weight; past kMaxPlans the cache starts again (shared pointers: a plan in use stays alive).
+std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const float* bias) {
+  constexpr size_t kMaxPlans = 4096;
+  static std::mutex mutex;
+  static std::map<PlanKey, std::shared_ptr<Plan>> plans;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = plans.find(key);
+    if (found != plans.end()) return found->second;
+  }
+  std::shared_ptr<Plan> plan = make_plan(c, key, bias);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (plans.size() >= kMaxPlans) plans.clear();
+  return plans.emplace(key, std::move(plan)).first->second;
+}
+
+}  // namespace
+
+bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
+                const void* w, cudaDataType_t type, float* y, int64_t ldy, const float* bias,
+                bool relu) {
+  const BlasLtLibrary& lt = blas_lt_library();
+  std::lock_guard<std::mutex> context_lock(c.blas_mutex);
+  if (!c.blas_lt) {
+    TFM_CUDA(lt.create(&c.blas_lt));
+    TFM_CUDA(cudaMalloc(&c.lt_workspace, kWorkspaceBytes));  // kept for the context's life
+  }
+  const PlanKey key{c.device,
+                    m,
+                    n,
+                    k,
+                    ldx,
+                    ldy,
+                    int(type),
+                    bias != nullptr,
+                    relu,
+                    alignment_of(x),
+                    alignment_of(w),
+                    alignment_of(y),
+                    alignment_of(bias)};
+  const std::shared_ptr<Plan> plan = plan_for(c, key, bias);
+  std::lock_guard<std::mutex> plan_lock(plan->mutex);
+  if (!plan->usable) return false;
+  if (bias) set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
+  const float alpha = 1.f, beta = 0.f;
+  const cublasStatus_t status = lt.matmul(
+      c.blas_lt, plan->desc, &alpha, w, plan->w_layout, x, plan->x_layout, &beta, y, plan->y_layout,
+      y, plan->y_layout, &plan->algo, c.lt_workspace, kWorkspaceBytes, c.stream);
+  if (status == CUBLAS_STATUS_SUCCESS) return true;
+  // Refused at the call (nothing enqueued): this shape goes the other way from now on.
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
+    plan->usable = false;
+    return false;
+  }
+  TFM_CUDA(status);
+  return false;
+}
+
+}  // namespace cuda
+}  // namespace tfm

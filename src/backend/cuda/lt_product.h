@@ -1,0 +1,25 @@
+// A weight product whose epilogue (the bias on every row, the ReLU) runs inside the product's own
+// kernel, on cuBLASLt: a linear layer's y = x·Wᵀ + b as one launch instead of a product and a pass
+// over y. Incremental decoding is bound by launches (a base model's step makes some 37 products,
+// 31 of them with a bias), so each pass saved is a launch saved. cuBLASLt's heuristic picks the
+// algorithm for each shape and alignment once; the choice is kept.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.h"
+
+namespace tfm {
+namespace cuda {
+
+// y[m, n] (float32, row stride ldy) = x[m, k] (row stride ldx) · Wᵀ with W [n, k] dense, then
+// + bias (on every row; null: none) and max(·, 0) where relu. x and W are both `type`:
+// CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F, accumulated in float32. Returns false, having enqueued
+// nothing, where cuBLASLt has no algorithm for the product; the caller then multiplies another
+// way.
+bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
+                const void* w, cudaDataType_t type, float* y, int64_t ldy, const float* bias,
+                bool relu);
+
+}  // namespace cuda
+}  // namespace tfm
