@@ -408,10 +408,13 @@ class MemoryCheckingBackend : public Backend {
     int64_t rows() const override { return inner_->rows(); }
     int64_t cols() const override { return inner_->cols(); }
     Precision precision() const override { return inner_->precision(); }
-    void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+    void multiply(MatmulOperand x, int64_t m, int64_t ldx, float* y, int64_t ldy,
                   const MatmulEpilogue& epilogue) const override {
-      const Access access =
-          backend_.check("PreparedMatrix::multiply", {{"x", x}, {"y", y}, {"bias", epilogue.bias}});
+      const Access access = backend_.check(
+          "PreparedMatrix::multiply",
+          {{"x", x.values}, {"x rounded", x.rounded}, {"y", y}, {"bias", epilogue.bias}});
+      if (x.rounded) ++backend_.rounded_operands_;
+      if (backend_.ignore_rounded_copies_ && x.values) x.rounded = nullptr;
       inner_->multiply(x, m, ldx, y, ldy, epilogue);
     }
     void read_rows(const int32_t* ids, int64_t count, float* out) const override {
@@ -628,8 +631,26 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
           o.attention_per_head = per_head;
           o.precision = precision;
           o.cache = cache;
+          const int64_t before = backend_.rounded_operands();
           const auto found = search(model, sources, {}, o);
           EXPECT_EQ(found.size(), sources.size());
+          if (precision != Precision::kBFloat16) continue;
+          // Post-norm: the norms' bfloat16 copies, handed to the prepared products that read
+          // them (model/sublayer.h), give bit for bit what rounding at each product gives.
+          if (model.config().norm == NormPosition::kPost) {
+            EXPECT_GT(backend_.rounded_operands(), before) << "no product was handed a copy";
+          } else {
+            EXPECT_EQ(backend_.rounded_operands(), before) << "pre-norm writes no copies";
+          }
+          backend_.set_ignore_rounded_copies(true);
+          const auto rounded_again = search(model, sources, {}, o);
+          backend_.set_ignore_rounded_copies(false);
+          ASSERT_EQ(rounded_again.size(), found.size());
+          for (size_t s = 0; s < found.size(); ++s)
+            for (size_t h = 0; h < found[s].size(); ++h) {
+              EXPECT_EQ(rounded_again[s][h].tokens, found[s][h].tokens);
+              EXPECT_EQ(rounded_again[s][h].score, found[s][h].score);
+            }
         }
   }
   // A model loaded for int8 inference (quantised as it is read, and from a file that stores

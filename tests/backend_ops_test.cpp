@@ -597,6 +597,53 @@ TEST_P(BackendOps, PreparedMatrixAppliesItsEpilogueToTheFinishedProduct) {
   }
 }
 
+// A bfloat16 prepared product given its input already rounded (MatmulOperand::rounded, dense, as
+// a post-norm sublayer's norm writes it) reads that copy instead of rounding the values: the
+// same product as from the values (within 1e-5 of Σ|x·w|: a backend may pick another algorithm
+// for another operand address), even with no values at all. The other precisions read the
+// values and ignore a copy (one of other values here), and refuse a copy alone.
+TEST_P(BackendOps, PreparedMatrixReadsAGivenBFloat16Copy) {
+  const int64_t n = 48, k = 80, m = 5, ldx = k + 3;
+  const auto w = random_vector(n * k, 800);
+  const auto x = random_vector(m * ldx, 801), other = random_vector(m * k, 802);
+  std::vector<uint16_t> rounded(size_t(m * k)), rounded_other(size_t(m * k));
+  be().round_to_16_bits(x.data(), m, k, ldx, Precision::kBFloat16, rounded.data());
+  be().round_to_16_bits(other.data(), m, k, k, Precision::kBFloat16, rounded_other.data());
+  for (Precision precision :
+       {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16, Precision::kInt8}) {
+    SCOPED_TRACE(precision_name(precision));
+    if (!be().supports(precision)) {
+      testing_support::skip_precision(be(), precision);
+      continue;
+    }
+    const auto prepared = be().prepare_matrix({w.data()}, {n}, k, precision);
+    std::vector<float> from_values(size_t(m * n)), got(size_t(m * n), 3.f);
+    prepared->multiply(x.data(), m, ldx, from_values.data(), n);
+    EXPECT_THROW(prepared->multiply({nullptr, nullptr}, m, ldx, got.data(), n),
+                 std::invalid_argument);
+    if (precision != Precision::kBFloat16) {
+      EXPECT_THROW(prepared->multiply({nullptr, rounded.data()}, m, ldx, got.data(), n),
+                   std::invalid_argument);
+      prepared->multiply({x.data(), rounded_other.data()}, m, ldx, got.data(), n);
+      EXPECT_EQ(got, from_values);
+      continue;
+    }
+    prepared->multiply({nullptr, rounded.data()}, m, ldx, got.data(), n);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        double magnitude = 0;
+        for (int64_t c = 0; c < k; ++c)
+          magnitude += std::abs(double(x[size_t(r * ldx + c)]) * w[size_t(j * k + c)]);
+        ASSERT_NEAR(got[size_t(r * n + j)], from_values[size_t(r * n + j)], 1e-5 * magnitude)
+            << "row " << r << " col " << j;
+      }
+    // The copy is what is read: another copy gives another product.
+    std::vector<float> from_other(size_t(m * n));
+    prepared->multiply({x.data(), rounded_other.data()}, m, ldx, from_other.data(), n);
+    EXPECT_NE(from_other, from_values);
+  }
+}
+
 // Weights held in int8 (tensor/int8_weights.h), stacked from parts, multiply exactly as the
 // same float weights prepared in int8: both quantise by the same rule.
 TEST_P(BackendOps, Int8HeldWeightsMultiplyAsTheirFloatOriginalsInInt8) {

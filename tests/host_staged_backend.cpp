@@ -304,16 +304,17 @@ class StagedPreparedMatrix final : public PreparedMatrix {
   int64_t rows() const override { return matrix_->rows(); }
   int64_t cols() const override { return matrix_->cols(); }
   Precision precision() const override { return matrix_->precision(); }
-  void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+  void multiply(MatmulOperand x, int64_t m, int64_t ldx, float* y, int64_t ldy,
                 const MatmulEpilogue& epilogue) const override {
     Staging st(device_);
-    const auto hx = st.read(x, matrix_extent(m, cols(), ldx));
+    const auto hx = st.read(x.values, matrix_extent(m, cols(), ldx));
+    const auto hx16 = st.read(x.rounded, m * cols());
     const auto hbias = st.read(epilogue.bias, rows());
     const auto hy = st.write(y, matrix_extent(m, rows(), ldy), matrix_rows(m, rows(), ldy));
     st.upload();
     MatmulEpilogue e = epilogue;
     e.bias = st[hbias];
-    matrix_->multiply(st[hx], m, ldx, st[hy], ldy, e);
+    matrix_->multiply({st[hx], st[hx16]}, m, ldx, st[hy], ldy, e);
     st.download();
   }
   void read_rows(const int32_t* ids, int64_t count, float* out) const override {

@@ -33,9 +33,12 @@ class PreparedMatrix {
   virtual Precision precision() const = 0;
   // y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ, then the epilogue's bias (on
   // every row) and ReLU applied to the finished product, in the product's own pass where the
-  // backend can (a linear layer's y = x·Wᵀ + b in one step). epilogue.rounded_output is refused
-  // (std::invalid_argument): a prepared product writes float32. Thread-safe.
-  virtual void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+  // backend can (a linear layer's y = x·Wᵀ + b in one step). A bfloat16 matrix reads x.rounded
+  // (dense [m, k]: x rounded to bfloat16, as round_to_16_bits makes it) where it is given,
+  // instead of rounding x.values itself; other precisions read x.values. epilogue.rounded_output
+  // and a missing operand are refused (std::invalid_argument): a prepared product writes
+  // float32. Thread-safe.
+  virtual void multiply(MatmulOperand x, int64_t m, int64_t ldx, float* y, int64_t ldy,
                         const MatmulEpilogue& epilogue = {}) const = 0;
   // out[count, k] = the rows ids of W, exactly as prepared. For float32 matrices only (throws
   // std::logic_error otherwise): a tied output projection of a model prepared for inference

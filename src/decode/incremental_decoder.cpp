@@ -80,26 +80,30 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
   float* x = ensure_size(backend, x_, n * d);  // [N, D] residual stream
   embed_forward(backend, c, target_embedding(w), model_.decoder_positions(),
                 upload(backend, tokens, n, device_tokens_), n, 1, t, x);
+  const int64_t keys = t + 1;  // each hypothesis' rows of positions 0..t
   append_rows_.resize(size_t(n));
+  step_history_.resize(size_t(n * keys));
   for (int64_t i = 0; i < n; ++i) {
     append_rows_[size_t(i)] = i * max_steps_ + t;
     history_[size_t(i * max_steps_ + t)] = int32_t(i * max_steps_ + t);
+    std::copy_n(history_.data() + i * max_steps_, keys, step_history_.data() + i * keys);
   }
-  const int32_t* history = upload(backend, history_.data(), n * max_steps_, device_history_);
+  const int32_t* history = upload(backend, step_history_.data(), n * keys, device_history_);
   const int64_t* append_rows = upload(backend, append_rows_.data(), n, device_append_rows_);
   const int32_t* sentence = upload(backend, hypothesis_sentence_.data(), n, device_sentence_);
 
   // Each layer reads the one before's output where it lies, in the layer cache they share (its
   // self-attention sublayer reads it before the feed-forward sublayer writes the next one, as
-  // the encoder's inference passes do), not a copy of it.
-  const float* input = x;  // [N, D]
+  // the encoder's inference passes do), not a copy of it; with the bfloat16 copy its norm wrote
+  // where the products read one (sublayer_rounds_for).
+  MatmulOperand input{x};  // [N, D]
   for (int64_t layer = 0; layer < c.decoder_layers; ++layer) {
     DecoderStep step;
     step.position = t;
     step.sentence_of_query = sentence;
     step.self.row_stride = d;
     step.self.key_rows = history;
-    step.self.key_rows_stride = max_steps_;
+    step.self.key_rows_stride = keys;
     step.self.append_rows = append_rows;
     step.cross.row_stride = 2 * d;  // [sentences, S, 2D]: keys | values
     if (cache_ != CacheFormat::kFloat32) {
@@ -127,9 +131,9 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
         backend.mean_of_row_groups(probs, n, heads, src_len_, cross_attention);
       }
     }
-    input = layer_cache_.output();
+    input = layer_cache_.output_operand();
   }
-  final_norm(backend, c, w.decoder_norm, input, n, nullptr, x);
+  final_norm(backend, c, w.decoder_norm, input.values, n, nullptr, x);
   output_head_forward(backend, w.output, x, n, logprobs, [&](const OutputChunk& chunk) {
     backend.log_softmax(chunk.logits, chunk.logits, chunk.rows, c.tgt_vocab_size);
   });

@@ -52,7 +52,7 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
   cache.rounded_x = nullptr;
   if (rows <= 0) return;
   Allocate sizer{backend};
-  const bool input_rounded = input.rounded && rounds_to_bfloat16(w.fc1);
+  const bool input_rounded = input.rounded && reads_bfloat16_input(w.fc1);
   forward_buffers(w, act, rows, dropout, input_rounded, cache, sizer);
   const float* x = input.values;  // [rows, D]
   const uint16_t* rounded_x =     // [rows, D]

@@ -24,7 +24,7 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
   if (rounded_y && !rounds_to_bfloat16(w))
     throw std::logic_error("linear_forward: a bfloat16 output from a product that does not round");
   if (w.prepared) {  // bias and ReLU in the product's own pass here too
-    w.prepared->multiply(x, rows, w.in, y, w.out, {w.bias, relu});
+    w.prepared->multiply({x, rounded_x}, rows, w.in, y, w.out, {w.bias, relu});
   } else if (!w.weight) {
     throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
   } else {  // bias and ReLU in the product's own pass (MatmulEpilogue)

@@ -24,6 +24,14 @@ inline bool rounds_to_bfloat16(const LinearWeights& w) {
   return w.precision == Precision::kBFloat16 && !w.prepared;
 }
 
+// Whether w's product reads a bfloat16 copy of its input where one is given (linear_forward's
+// rounded_x) instead of rounding the input itself: the products that round (above), and a
+// weight prepared in bfloat16 (PreparedMatrix::multiply). What a post-norm sublayer's norm
+// writes its copy for (sublayer_rounds_for).
+inline bool reads_bfloat16_input(const LinearWeights& w) {
+  return rounds_to_bfloat16(w) || (w.prepared && w.prepared->precision() == Precision::kBFloat16);
+}
+
 // x[rows, cols] (dense) rounded to bfloat16 into `buffer` where w's products round their
 // operands (rows > 0), for the products that read the same rows; else null. The one way layers
 // make the rounded copies that linear_forward / linear_backward take.
@@ -32,8 +40,9 @@ const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, con
 
 // y[rows, out] = x[rows, in] · Wᵀ + b, then max(y, 0) when relu (the feed-forward's first
 // transformation and its ReLU, §3.3), in w.prepared's precision, else w.precision. rounded_x: x
-// already rounded to bfloat16 (Backend::round_to_bfloat16, [rows, in]) where several products
-// read the same rows, or null (x may then be null too). W is read from w.rounded where set.
+// already rounded to bfloat16 (Backend::round_to_16_bits, [rows, in]) where several products
+// read the same rows or a norm wrote it, read where reads_bfloat16_input(w), or null (x may be
+// null where it is read). W is read from w.rounded where set.
 // rounded_y (bfloat16 training only): y is written there in bfloat16 instead
 // (MatmulEpilogue::rounded_output), and y may be null.
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,

@@ -91,7 +91,7 @@ Projections project(const Backend& backend, const AttentionWeights& w, const flo
   const int64_t d = w.q.out;
   if (w.qkv.prepared && query_input == memory_input) {
     float* qkv = cache.q.data();  // [B, T, 3D] rows q | k | v
-    linear_forward(backend, w.qkv, query_input, query_rows, qkv);
+    linear_forward(backend, w.qkv, query_input, query_rows, qkv, given_rounded_query);
     return {qkv, qkv + d, qkv + 2 * d, 3 * d, 3 * d, 3 * d};
   }
   float* q = cache.q.data();  // [B, Tq, D]
@@ -104,7 +104,7 @@ Projections project(const Backend& backend, const AttentionWeights& w, const flo
   if (!memory_input) return {q, nullptr, nullptr, d, 0, 0};
   if (w.kv.prepared) {
     float* kv = cache.k.data();  // [B, Tk, 2D] rows k | v
-    linear_forward(backend, w.kv, memory_input, key_rows, kv);
+    linear_forward(backend, w.kv, memory_input, key_rows, kv, given_rounded_memory);
     return {q, kv, kv + d, d, 2 * d, 2 * d};
   }
   float* k = cache.k.data();  // [B, Tk, D]
@@ -134,11 +134,12 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   const Projected projected = !memory_input                    ? Projected::kQuery
                               : memory_input == in.query_input ? Projected::kSelf
                                                                : Projected::kCross;
-  // The given bfloat16 copies, where this call's projections round and read them.
-  const bool rounds = rounds_to_bfloat16(w.q);
-  const uint16_t* rounded_query = rounds ? in.rounded_query_input : nullptr;
+  // The given bfloat16 copies, where this call's projections read them.
+  const bool reads =
+      reads_bfloat16_input(projected == Projected::kSelf && w.qkv.prepared ? w.qkv : w.q);
+  const uint16_t* rounded_query = reads ? in.rounded_query_input : nullptr;
   const uint16_t* rounded_memory =
-      rounds && projected == Projected::kCross ? in.rounded_memory_input : nullptr;
+      reads && projected == Projected::kCross ? in.rounded_memory_input : nullptr;
   Allocate sizer{backend};
   forward_buffers(w, heads, in.batch, in.query_len, in.key_len, in.dropout, projected, memory_rows,
                   rounded_query != nullptr, rounded_memory != nullptr, cache, sizer);

@@ -11,11 +11,12 @@ namespace tfm {
 // Whether a sublayer's norm hands `reader`, the product that reads what it writes, a bfloat16
 // copy too: post-norm, where the norm's pass writes the copy (forward: its output, in
 // SublayerCache::rounded_output, for the next sublayer's first products; backward: F's output
-// gradient, for F's last product), and where `reader` rounds its operands (a bfloat16 step).
-// That product's rounding pass is then gone. A layer may name one of its own products as the
-// following layer's reader: a model's products share one precision.
+// gradient, for F's last product), and where `reader` reads such a copy (a bfloat16 step's
+// products, or weights prepared in bfloat16: reads_bfloat16_input). That product's rounding pass
+// is then gone. A layer may name one of its own products as the following layer's reader: a
+// model's products share one precision.
 inline bool sublayer_rounds_for(const ModelConfig& config, const LinearWeights& reader) {
-  return config.norm == NormPosition::kPost && rounds_to_bfloat16(reader);
+  return config.norm == NormPosition::kPost && reads_bfloat16_input(reader);
 }
 
 // The buffers sublayer_forward uses (F's own aside), for `rows` rows: its one size table.

@@ -621,11 +621,14 @@ void PackedMatrix::read_rows(const int32_t* ids, int64_t count, float* out) cons
   }
 }
 
-void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+void PackedMatrix::multiply(MatmulOperand operand, int64_t m, int64_t ldx, float* y, int64_t ldy,
                             const MatmulEpilogue& epilogue) const {
   Impl& p = *impl_;
   if (epilogue.rounded_output)
     throw std::invalid_argument("PackedMatrix::multiply: a prepared product writes float32");
+  const uint16_t* given_rounded = p.precision == Precision::kBFloat16 ? operand.rounded : nullptr;
+  const float* x = operand.values;  // [m, k] (row stride ldx)
+  if (!x && !given_rounded) throw std::invalid_argument("PackedMatrix::multiply: no operand");
   if (m <= 0) return;
   std::shared_ptr<const CachedMatmul> mm;
   if (!p.plain.empty()) {
@@ -670,6 +673,10 @@ void PackedMatrix::multiply(const float* x, int64_t m, int64_t ldx, float* y, in
       execute(*mm, const_cast<float*>(x), p.packed, y, epilogue.bias);
       break;
     case Precision::kBFloat16: {
+      if (given_rounded) {
+        execute(*mm, const_cast<uint16_t*>(given_rounded), p.packed, y, epilogue.bias);
+        break;
+      }
       thread_local std::vector<uint16_t> rounded_buffer;
       uint16_t* rounded = thread_scratch(rounded_buffer, m * p.k);  // [m, k] x in bfloat16
       round_to_bfloat16(x, m, p.k, ldx, rounded);

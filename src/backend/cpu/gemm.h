@@ -65,7 +65,7 @@ class PackedMatrix final : public PreparedMatrix {
   Precision precision() const override;
   // The float32 and bfloat16 primitives add the bias and apply the ReLU in their own pass; int8
   // in the pass that turns its integer products back into floats.
-  void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+  void multiply(MatmulOperand x, int64_t m, int64_t ldx, float* y, int64_t ldy,
                 const MatmulEpilogue& epilogue = {}) const override;
   void read_rows(const int32_t* ids, int64_t count, float* out) const override;
 

@@ -55,6 +55,17 @@ Scratch::~Scratch() {
   if (memory_) cudaFreeAsync(memory_, context_.stream);
 }
 
+StagedOperand::StagedOperand(const Context& context, int64_t bytes) : lock_(context.staging_mutex) {
+  if (bytes > context.staging_bytes) {
+    if (context.staging) TFM_CUDA(cudaFreeAsync(context.staging, context.stream));
+    context.staging = nullptr;
+    context.staging_bytes = 0;
+    TFM_CUDA(cudaMallocAsync(&context.staging, size_t(bytes), context.stream));
+    context.staging_bytes = bytes;
+  }
+  memory_ = context.staging;
+}
+
 namespace {
 
 class CudaBackend final : public Backend {

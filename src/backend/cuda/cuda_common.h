@@ -38,6 +38,10 @@ struct Context {
   // such product, under blas_mutex like every cuBLAS call.
   mutable cublasLtHandle_t blas_lt = nullptr;
   mutable void* lt_workspace = nullptr;
+  // What StagedOperand lends: kept between products, grown to the largest asked for.
+  mutable std::mutex staging_mutex;
+  mutable void* staging = nullptr;
+  mutable int64_t staging_bytes = 0;
   mutable std::once_flag created;
   // Makes this context's device current on the calling thread (creating the stream and handle
   // the first time).
@@ -60,6 +64,23 @@ class Scratch {
 
  private:
   const Context& context_;
+  void* memory_ = nullptr;
+};
+
+// The operand of a prepared product converted for it (rounded to 16 bits, quantised to int8), in
+// the context's staging memory, held (staging_mutex) from the conversion's launch to the
+// product's: a decoding step makes some 37 such products, and a Scratch for each was two more
+// calls into the driver. Stream order makes the next product's conversion wait for this one.
+class StagedOperand {
+ public:
+  StagedOperand(const Context& context, int64_t bytes);
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(memory_);
+  }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
   void* memory_ = nullptr;
 };
 

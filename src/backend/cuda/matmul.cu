@@ -67,10 +67,14 @@ class CudaPreparedMatrix final : public PreparedMatrix {
 
   // The epilogue inside the product where cuBLASLt has one for it (lt_product.h), else cuBLAS
   // and a pass of its own; int8's in the kernel that scales the integer sums back.
-  void multiply(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+  void multiply(MatmulOperand operand, int64_t m, int64_t ldx, float* y, int64_t ldy,
                 const MatmulEpilogue& epilogue) const override {
     if (epilogue.rounded_output)
       throw std::invalid_argument("PreparedMatrix::multiply: a prepared product writes float32");
+    const uint16_t* given_rounded =
+        precision_ == Precision::kBFloat16 ? operand.rounded : nullptr;  // [m, k]
+    const float* x = operand.values;                                     // [m, k] (ldx)
+    if (!x && !given_rounded) throw std::invalid_argument("PreparedMatrix::multiply: no operand");
     if (m == 0 || rows_ == 0) return;
     context_.activate();
     switch (precision_) {
@@ -84,19 +88,17 @@ class CudaPreparedMatrix final : public PreparedMatrix {
         return;
       case Precision::kBFloat16:
       case Precision::kFloat16: {
-        Scratch rounded(context_, m * cols_ * int64_t(sizeof(uint16_t)));  // [m, k]
-        round_to_16_bits(context_.stream, x, m, cols_, ldx, precision_, rounded.as<uint16_t>());
-        if (!lt_product(context_, m, rows_, cols_, rounded.as<uint16_t>(), cols_,
-                        weights_16_bits_.data(), blas_type(precision_), y, ldy, epilogue.bias,
-                        epilogue.relu)) {
-          blas_product(context_, false, true, m, rows_, cols_, 1.f, rounded.as<uint16_t>(), cols_,
-                       weights_16_bits_.data(), cols_, 0.f, y, ldy, blas_type(precision_));
-          bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
+        if (given_rounded) {
+          product_16_bits(given_rounded, m, y, ldy, epilogue);
+          return;
         }
+        StagedOperand rounded(context_, m * cols_ * int64_t(sizeof(uint16_t)));  // [m, k]
+        round_to_16_bits(context_.stream, x, m, cols_, ldx, precision_, rounded.as<uint16_t>());
+        product_16_bits(rounded.as<uint16_t>(), m, y, ldy, epilogue);
         return;
       }
       case Precision::kInt8: {
-        Scratch quantised(context_, m * cols_ + m * int64_t(sizeof(float)) + 16);
+        StagedOperand quantised(context_, m * cols_ + m * int64_t(sizeof(float)) + 16);
         float* x_scales = quantised.as<float>();               // [m]
         int8_t* qx = reinterpret_cast<int8_t*>(x_scales + m);  // [m, k]
         quantize_activation_rows(context_.stream, x, m, cols_, ldx, qx, x_scales);
@@ -105,6 +107,16 @@ class CudaPreparedMatrix final : public PreparedMatrix {
         return;
       }
     }
+  }
+  // y = x16[m, k] (dense, in this matrix's 16-bit format) · Wᵀ, then the epilogue.
+  void product_16_bits(const uint16_t* x16, int64_t m, float* y, int64_t ldy,
+                       const MatmulEpilogue& epilogue) const {
+    if (lt_product(context_, m, rows_, cols_, x16, cols_, weights_16_bits_.data(),
+                   blas_type(precision_), y, ldy, epilogue.bias, epilogue.relu))
+      return;
+    blas_product(context_, false, true, m, rows_, cols_, 1.f, x16, cols_, weights_16_bits_.data(),
+                 cols_, 0.f, y, ldy, blas_type(precision_));
+    bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
   }
   void read_rows(const int32_t* ids, int64_t count, float* out) const override {
     if (precision_ != Precision::kFloat32)
