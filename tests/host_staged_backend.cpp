@@ -311,9 +311,12 @@ class StagedPreparedMatrix final : public PreparedMatrix {
     const auto hx16 = st.read(x.rounded, m * cols());
     const auto hbias = st.read(epilogue.bias, rows());
     const auto hy = st.write(y, matrix_extent(m, rows(), ldy), matrix_rows(m, rows(), ldy));
+    const auto hrounded = st.write(epilogue.rounded_output, matrix_extent(m, rows(), ldy),
+                                   matrix_rows(m, rows(), ldy));
     st.upload();
     MatmulEpilogue e = epilogue;
     e.bias = st[hbias];
+    e.rounded_output = st[hrounded];
     matrix_->multiply({st[hx], st[hx16]}, m, ldx, st[hy], ldy, e);
     st.download();
   }

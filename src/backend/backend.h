@@ -35,9 +35,11 @@ class PreparedMatrix {
   // every row) and ReLU applied to the finished product, in the product's own pass where the
   // backend can (a linear layer's y = x·Wᵀ + b in one step). A bfloat16 matrix reads x.rounded
   // (dense [m, k]: x rounded to bfloat16, as round_to_16_bits makes it) where it is given,
-  // instead of rounding x.values itself; other precisions read x.values. epilogue.rounded_output
-  // and a missing operand are refused (std::invalid_argument): a prepared product writes
-  // float32. Thread-safe.
+  // instead of rounding x.values itself, and writes its result in bfloat16 only where
+  // epilogue.rounded_output is given ([m, ldy], nearest, ties to even; a result below the
+  // smallest normal float may be flushed to zero; y is then not touched and may be null).
+  // Other precisions read x.values and write y. Throws std::invalid_argument for a missing
+  // operand, and for a bfloat16 output from another precision. Thread-safe.
   virtual void multiply(MatmulOperand x, int64_t m, int64_t ldx, float* y, int64_t ldy,
                         const MatmulEpilogue& epilogue = {}) const = 0;
   // out[count, k] = the rows ids of W, exactly as prepared. For float32 matrices only (throws

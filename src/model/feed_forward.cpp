@@ -7,15 +7,16 @@ namespace {
 
 // Training in bfloat16 with ReLU and no dropout inside keeps the hidden layer in bfloat16 only:
 // fc1's product writes it rounded (MatmulEpilogue::rounded_output), fc2's products read it, and
-// ReLU's backward reads its sign. That spares writing it in float32 (memory-bound: 16 MB a layer
-// for the base model's 4,096-token batch) and rounding it again. The products are the same
-// (fc2's read the same bfloat16 values); only a hidden value below the smallest normal float
+// ReLU's backward reads its sign. Inference with weights prepared in bfloat16 does the same
+// (fc2 would round the float hidden layer itself). That spares writing it in float32 (memory-bound:
+// 16 MB a layer for the base model's 4,096-token batch) and rounding it again. The products are the
+// same (fc2's read the same bfloat16 values); only a hidden value below the smallest normal float
 // (under 1.2e-38, flushed to zero) would stop its gradient where the float copy passed it. With
 // dropout the float values are kept: dropping and scaling them first, then rounding, is not the
 // same as scaling rounded values.
 bool hidden_only_in_bfloat16(const FeedForwardWeights& w, Activation act, float dropout) {
-  return act == Activation::kRelu && dropout == 0.f && rounds_to_bfloat16(w.fc1) &&
-         rounds_to_bfloat16(w.fc2);
+  return act == Activation::kRelu && dropout == 0.f && reads_bfloat16_input(w.fc1) &&
+         reads_bfloat16_input(w.fc2);
 }
 
 // The buffers feed_forward_forward uses for `rows` rows: its one size table.

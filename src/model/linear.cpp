@@ -21,10 +21,10 @@ const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, con
 
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
                     float* y, const uint16_t* rounded_x, bool relu, uint16_t* rounded_y) {
-  if (rounded_y && !rounds_to_bfloat16(w))
+  if (rounded_y && !reads_bfloat16_input(w))
     throw std::logic_error("linear_forward: a bfloat16 output from a product that does not round");
-  if (w.prepared) {  // bias and ReLU in the product's own pass here too
-    w.prepared->multiply({x, rounded_x}, rows, w.in, y, w.out, {w.bias, relu});
+  if (w.prepared) {  // bias and ReLU (and the rounding) in the product's own pass here too
+    w.prepared->multiply({x, rounded_x}, rows, w.in, y, w.out, {w.bias, relu, rounded_y});
   } else if (!w.weight) {
     throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
   } else {  // bias and ReLU in the product's own pass (MatmulEpilogue)

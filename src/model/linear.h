@@ -43,7 +43,7 @@ const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, con
 // already rounded to bfloat16 (Backend::round_to_16_bits, [rows, in]) where several products
 // read the same rows or a norm wrote it, read where reads_bfloat16_input(w), or null (x may be
 // null where it is read). W is read from w.rounded where set.
-// rounded_y (bfloat16 training only): y is written there in bfloat16 instead
+// rounded_y (where reads_bfloat16_input(w)): y is written there in bfloat16 instead
 // (MatmulEpilogue::rounded_output), and y may be null.
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
                     float* y, const uint16_t* rounded_x = nullptr, bool relu = false,

@@ -433,9 +433,10 @@ struct PackedMatrix::Impl {
   bool pack(const void* weights);
   // int8: the stacked quantised rows [n, k] and their scales [n].
   void pack_int8(const std::vector<int8_t>& values, std::vector<float> scales);
-  // key: m, ldx, ldy, then whether the primitive adds a bias and applies a ReLU (float32 and
-  // bfloat16; int8's epilogue runs in dequantize_products)
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, std::shared_ptr<const CachedMatmul>>
+  // key: m, ldx, ldy, then whether the primitive adds a bias, applies a ReLU (float32 and
+  // bfloat16; int8's epilogue runs in dequantize_products) and writes bfloat16
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>,
+           std::shared_ptr<const CachedMatmul>>
       by_rows;
   // read_rows: where element (c, i) of the packed [k, n] lies is column_offsets[c] +
   // row_offset(i) (a blocked layout places each dimension independently); built on first use.
@@ -624,8 +625,9 @@ void PackedMatrix::read_rows(const int32_t* ids, int64_t count, float* out) cons
 void PackedMatrix::multiply(MatmulOperand operand, int64_t m, int64_t ldx, float* y, int64_t ldy,
                             const MatmulEpilogue& epilogue) const {
   Impl& p = *impl_;
-  if (epilogue.rounded_output)
-    throw std::invalid_argument("PackedMatrix::multiply: a prepared product writes float32");
+  const bool bfloat16_output = epilogue.rounded_output != nullptr;
+  if (bfloat16_output && p.precision != Precision::kBFloat16)
+    throw std::invalid_argument("PackedMatrix::multiply: a bfloat16 output needs bfloat16 weights");
   const uint16_t* given_rounded = p.precision == Precision::kBFloat16 ? operand.rounded : nullptr;
   const float* x = operand.values;  // [m, k] (row stride ldx)
   if (!x && !given_rounded) throw std::invalid_argument("PackedMatrix::multiply: no operand");
@@ -640,7 +642,7 @@ void PackedMatrix::multiply(MatmulOperand operand, int64_t m, int64_t ldx, float
   const bool primitive_bias = epilogue.bias && p.precision != Precision::kInt8;
   const bool primitive_relu = epilogue.relu && p.precision != Precision::kInt8;
   {
-    const auto key = std::make_tuple(m, ldx, ldy, primitive_bias, primitive_relu);
+    const auto key = std::make_tuple(m, ldx, ldy, primitive_bias, primitive_relu, bfloat16_output);
     std::lock_guard<std::mutex> lock(p.mutex);
     auto found = p.by_rows.find(key);
     if (found != p.by_rows.end()) {
@@ -649,7 +651,9 @@ void PackedMatrix::multiply(MatmulOperand operand, int64_t m, int64_t ldx, float
       auto entry = std::make_shared<CachedMatmul>();
       entry->a = input_desc(p.precision, m, p.k, ldx);
       entry->b = p.packed_desc;
-      entry->c = output_desc(p.precision, m, p.n, ldy);
+      // A bfloat16 output is rounded by the primitive as gemm's is (bfloat16_output_via_float).
+      entry->c = bfloat16_output ? matrix_desc(m, p.n, ldy, false, dnnl::memory::data_type::bf16)
+                                 : output_desc(p.precision, m, p.n, ldy);
       if (primitive_bias) entry->bias = matrix_desc(1, p.n, p.n, false);
       dnnl::primitive_attr attr;
       if (primitive_relu) {
@@ -673,14 +677,15 @@ void PackedMatrix::multiply(MatmulOperand operand, int64_t m, int64_t ldx, float
       execute(*mm, const_cast<float*>(x), p.packed, y, epilogue.bias);
       break;
     case Precision::kBFloat16: {
+      void* out = bfloat16_output ? static_cast<void*>(epilogue.rounded_output) : y;
       if (given_rounded) {
-        execute(*mm, const_cast<uint16_t*>(given_rounded), p.packed, y, epilogue.bias);
+        execute(*mm, const_cast<uint16_t*>(given_rounded), p.packed, out, epilogue.bias);
         break;
       }
       thread_local std::vector<uint16_t> rounded_buffer;
       uint16_t* rounded = thread_scratch(rounded_buffer, m * p.k);  // [m, k] x in bfloat16
       round_to_bfloat16(x, m, p.k, ldx, rounded);
-      execute(*mm, rounded, p.packed, y, epilogue.bias);
+      execute(*mm, rounded, p.packed, out, epilogue.bias);
       break;
     }
     case Precision::kFloat16:  // never packed (check_packable)

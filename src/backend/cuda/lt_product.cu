@@ -29,13 +29,14 @@ uint32_t alignment_of(const void* pointer) {
 struct PlanKey {
   int device;
   int64_t m, n, k, ldx, ldy;
-  int type;
+  int type, output_type;
   bool bias, relu;
   uint32_t align_x, align_w, align_y, align_bias;
   bool operator<(const PlanKey& o) const {
-    return std::tie(device, m, n, k, ldx, ldy, type, bias, relu, align_x, align_w, align_y,
-                    align_bias) < std::tie(o.device, o.m, o.n, o.k, o.ldx, o.ldy, o.type, o.bias,
-                                           o.relu, o.align_x, o.align_w, o.align_y, o.align_bias);
+    return std::tie(device, m, n, k, ldx, ldy, type, output_type, bias, relu, align_x, align_w,
+                    align_y, align_bias) < std::tie(o.device, o.m, o.n, o.k, o.ldx, o.ldy, o.type,
+                                                    o.output_type, o.bias, o.relu, o.align_x,
+                                                    o.align_w, o.align_y, o.align_bias);
   }
 };
 
@@ -82,11 +83,16 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const floa
       key.bias ? (key.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
                : (key.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
   set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue));
-  if (key.bias) set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
+  if (key.bias) {
+    set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
+    // float32 whatever the output (by default a bias has the output's type)
+    set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_32F));
+  }
+  const auto output_type = cudaDataType_t(key.output_type);
   TFM_CUDA(lt.layout_create(&plan->w_layout, type, uint64_t(key.k), uint64_t(key.n), key.k));
   TFM_CUDA(lt.layout_create(&plan->x_layout, type, uint64_t(key.k), uint64_t(key.m), key.ldx));
   TFM_CUDA(
-      lt.layout_create(&plan->y_layout, CUDA_R_32F, uint64_t(key.n), uint64_t(key.m), key.ldy));
+      lt.layout_create(&plan->y_layout, output_type, uint64_t(key.n), uint64_t(key.m), key.ldy));
   cublasLtMatmulPreference_t preference = nullptr;
   TFM_CUDA(lt.preference_create(&preference));
   cublasLtMatmulHeuristicResult_t result{};
@@ -115,24 +121,26 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const floa
 // weight; past kMaxPlans the cache starts again (shared pointers: a plan in use stays alive).
 std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const float* bias) {
   constexpr size_t kMaxPlans = 4096;
-  static std::mutex mutex;
-  static std::map<PlanKey, std::shared_ptr<Plan>> plans;
+  // Never destroyed: a plan's destructor calls into the library, which static destruction at
+  // exit may already have torn down.
+  static auto* mutex = new std::mutex;
+  static auto* plans = new std::map<PlanKey, std::shared_ptr<Plan>>;
   {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = plans.find(key);
-    if (found != plans.end()) return found->second;
+    std::lock_guard<std::mutex> lock(*mutex);
+    auto found = plans->find(key);
+    if (found != plans->end()) return found->second;
   }
   std::shared_ptr<Plan> plan = make_plan(c, key, bias);
-  std::lock_guard<std::mutex> lock(mutex);
-  if (plans.size() >= kMaxPlans) plans.clear();
-  return plans.emplace(key, std::move(plan)).first->second;
+  std::lock_guard<std::mutex> lock(*mutex);
+  if (plans->size() >= kMaxPlans) plans->clear();
+  return plans->emplace(key, std::move(plan)).first->second;
 }
 
 }  // namespace
 
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
-                const void* w, cudaDataType_t type, float* y, int64_t ldy, const float* bias,
-                bool relu) {
+                const void* w, cudaDataType_t type, void* y, cudaDataType_t output_type,
+                int64_t ldy, const float* bias, bool relu) {
   const BlasLtLibrary& lt = blas_lt_library();
   std::lock_guard<std::mutex> context_lock(c.blas_mutex);
   if (!c.blas_lt) {
@@ -146,6 +154,7 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
                     ldx,
                     ldy,
                     int(type),
+                    int(output_type),
                     bias != nullptr,
                     relu,
                     alignment_of(x),

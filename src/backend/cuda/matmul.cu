@@ -69,8 +69,9 @@ class CudaPreparedMatrix final : public PreparedMatrix {
   // and a pass of its own; int8's in the kernel that scales the integer sums back.
   void multiply(MatmulOperand operand, int64_t m, int64_t ldx, float* y, int64_t ldy,
                 const MatmulEpilogue& epilogue) const override {
-    if (epilogue.rounded_output)
-      throw std::invalid_argument("PreparedMatrix::multiply: a prepared product writes float32");
+    if (epilogue.rounded_output && precision_ != Precision::kBFloat16)
+      throw std::invalid_argument(
+          "PreparedMatrix::multiply: a bfloat16 output needs bfloat16 weights");
     const uint16_t* given_rounded =
         precision_ == Precision::kBFloat16 ? operand.rounded : nullptr;  // [m, k]
     const float* x = operand.values;                                     // [m, k] (ldx)
@@ -80,7 +81,7 @@ class CudaPreparedMatrix final : public PreparedMatrix {
     switch (precision_) {
       case Precision::kFloat32:
         if (!lt_product(context_, m, rows_, cols_, x, ldx, weights_float_.data(), CUDA_R_32F, y,
-                        ldy, epilogue.bias, epilogue.relu)) {
+                        CUDA_R_32F, ldy, epilogue.bias, epilogue.relu)) {
           blas_product(context_, false, true, m, rows_, cols_, 1.f, x, ldx, weights_float_.data(),
                        cols_, 0.f, y, ldy, CUDA_R_32F);
           bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
@@ -108,15 +109,26 @@ class CudaPreparedMatrix final : public PreparedMatrix {
       }
     }
   }
-  // y = x16[m, k] (dense, in this matrix's 16-bit format) · Wᵀ, then the epilogue.
+  // y = x16[m, k] (dense, in this matrix's 16-bit format) · Wᵀ, then the epilogue; in bfloat16
+  // only where it asks (cuBLASLt rounds in its epilogue, else a float result in scratch is
+  // rounded as Backend::matmul's is, flushing results below the smallest normal float).
   void product_16_bits(const uint16_t* x16, int64_t m, float* y, int64_t ldy,
                        const MatmulEpilogue& epilogue) const {
+    const bool bfloat16_output = epilogue.rounded_output != nullptr;
     if (lt_product(context_, m, rows_, cols_, x16, cols_, weights_16_bits_.data(),
-                   blas_type(precision_), y, ldy, epilogue.bias, epilogue.relu))
+                   blas_type(precision_),
+                   bfloat16_output ? static_cast<void*>(epilogue.rounded_output) : y,
+                   bfloat16_output ? CUDA_R_16BF : CUDA_R_32F, ldy, epilogue.bias, epilogue.relu))
       return;
+    Scratch result(context_, bfloat16_output ? m * ldy * int64_t(sizeof(float)) : 0);  // [m, ldy]
+    float* target = bfloat16_output ? result.as<float>() : y;
     blas_product(context_, false, true, m, rows_, cols_, 1.f, x16, cols_, weights_16_bits_.data(),
-                 cols_, 0.f, y, ldy, blas_type(precision_));
-    bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
+                 cols_, 0.f, target, ldy, blas_type(precision_));
+    if (bfloat16_output)
+      round_to_bfloat16_flushing(context_.stream, target, ldy, epilogue.bias, epilogue.relu, m,
+                                 rows_, epilogue.rounded_output, ldy);
+    else
+      bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
   }
   void read_rows(const int32_t* ids, int64_t count, float* out) const override {
     if (precision_ != Precision::kFloat32)
