@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/lt_product.h"
 #include "backend/cuda/matmul.h"
+#include "backend/cuda/operation_profile.h"
 #include "backend/device_buffer.h"
 
 namespace tfm {
@@ -39,6 +40,24 @@ void blas_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64
   TFM_CUDA(blas.gemm_ex(c.blas, op(trans_b), op(trans_a), int(n), int(m), int(k), &alpha, b, type,
                         int(ldb), a, type, int(lda), &beta, out, CUDA_R_32F, int(ldc),
                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// What the profile calls a prepared product (TFM_CUDA_PROFILE), by its precision, whether it
+// writes bfloat16, and whether cuBLASLt ran it with its epilogue or cuBLAS and a pass of our own.
+const char* prepared_product_name(Precision precision, bool bfloat16_output, bool on_lt) {
+  switch (precision) {
+    case Precision::kFloat32:
+      return on_lt ? "prepared float32 (cuBLASLt)" : "prepared float32 (cuBLAS + pass)";
+    case Precision::kBFloat16:
+      if (bfloat16_output)
+        return on_lt ? "prepared bfloat16 out (cuBLASLt)" : "prepared bfloat16 out (cuBLAS + pass)";
+      return on_lt ? "prepared bfloat16 (cuBLASLt)" : "prepared bfloat16 (cuBLAS + pass)";
+    case Precision::kFloat16:
+      return on_lt ? "prepared float16 (cuBLASLt)" : "prepared float16 (cuBLAS + pass)";
+    case Precision::kInt8:
+      return "prepared int8";
+  }
+  return "prepared";
 }
 
 // A weight matrix held on the GPU in the format it is multiplied in.
@@ -77,11 +96,15 @@ class CudaPreparedMatrix final : public PreparedMatrix {
     const float* x = operand.values;                                     // [m, k] (ldx)
     if (!x && !given_rounded) throw std::invalid_argument("PreparedMatrix::multiply: no operand");
     if (m == 0 || rows_ == 0) return;
-    context_.activate();
+    const bool bfloat16_output = epilogue.rounded_output != nullptr;
+    context_.activate();  // TFM_CUDA_OPERATION_SHAPED's steps, with a name it may change
+    ProfiledOperation profiled_operation(
+        context_, prepared_product_name(precision_, bfloat16_output, true), m, rows_, cols_);
     switch (precision_) {
       case Precision::kFloat32:
         if (!lt_product(context_, m, rows_, cols_, x, ldx, weights_float_.data(), CUDA_R_32F, y,
                         CUDA_R_32F, ldy, epilogue.bias, epilogue.relu)) {
+          profiled_operation.rename(prepared_product_name(precision_, false, false));
           blas_product(context_, false, true, m, rows_, cols_, 1.f, x, ldx, weights_float_.data(),
                        cols_, 0.f, y, ldy, CUDA_R_32F);
           bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
@@ -90,12 +113,14 @@ class CudaPreparedMatrix final : public PreparedMatrix {
       case Precision::kBFloat16:
       case Precision::kFloat16: {
         if (given_rounded) {
-          product_16_bits(given_rounded, m, y, ldy, epilogue);
+          if (!product_16_bits(given_rounded, m, y, ldy, epilogue))
+            profiled_operation.rename(prepared_product_name(precision_, bfloat16_output, false));
           return;
         }
         StagedOperand rounded(context_, m * cols_ * int64_t(sizeof(uint16_t)));  // [m, k]
         round_to_16_bits(context_.stream, x, m, cols_, ldx, precision_, rounded.as<uint16_t>());
-        product_16_bits(rounded.as<uint16_t>(), m, y, ldy, epilogue);
+        if (!product_16_bits(rounded.as<uint16_t>(), m, y, ldy, epilogue))
+          profiled_operation.rename(prepared_product_name(precision_, bfloat16_output, false));
         return;
       }
       case Precision::kInt8: {
@@ -111,15 +136,16 @@ class CudaPreparedMatrix final : public PreparedMatrix {
   }
   // y = x16[m, k] (dense, in this matrix's 16-bit format) · Wᵀ, then the epilogue; in bfloat16
   // only where it asks (cuBLASLt rounds in its epilogue, else a float result in scratch is
-  // rounded as Backend::matmul's is, flushing results below the smallest normal float).
-  void product_16_bits(const uint16_t* x16, int64_t m, float* y, int64_t ldy,
+  // rounded as Backend::matmul's is, flushing results below the smallest normal float). Returns
+  // whether cuBLASLt ran it.
+  bool product_16_bits(const uint16_t* x16, int64_t m, float* y, int64_t ldy,
                        const MatmulEpilogue& epilogue) const {
     const bool bfloat16_output = epilogue.rounded_output != nullptr;
     if (lt_product(context_, m, rows_, cols_, x16, cols_, weights_16_bits_.data(),
                    blas_type(precision_),
                    bfloat16_output ? static_cast<void*>(epilogue.rounded_output) : y,
                    bfloat16_output ? CUDA_R_16BF : CUDA_R_32F, ldy, epilogue.bias, epilogue.relu))
-      return;
+      return true;
     Scratch result(context_, bfloat16_output ? m * ldy * int64_t(sizeof(float)) : 0);  // [m, ldy]
     float* target = bfloat16_output ? result.as<float>() : y;
     blas_product(context_, false, true, m, rows_, cols_, 1.f, x16, cols_, weights_16_bits_.data(),
@@ -129,6 +155,7 @@ class CudaPreparedMatrix final : public PreparedMatrix {
                                  rows_, epilogue.rounded_output, ldy);
     else
       bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
+    return false;
   }
   void read_rows(const int32_t* ids, int64_t count, float* out) const override {
     if (precision_ != Precision::kFloat32)

@@ -29,6 +29,9 @@ class ProfiledOperation {
   ProfiledOperation(const Context& c, const char* name, int64_t dim0 = 0, int64_t dim1 = 0,
                     int64_t dim2 = 0);
   ~ProfiledOperation();
+  // The name it is recorded under, where the operation learns which way it went after it began
+  // (a prepared product on cuBLASLt, or its fallback).
+  void rename(const char* name) { name_ = name; }
   ProfiledOperation(const ProfiledOperation&) = delete;
   ProfiledOperation& operator=(const ProfiledOperation&) = delete;
 
