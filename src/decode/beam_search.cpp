@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "backend/device_buffer.h"
@@ -188,14 +189,17 @@ class BeamSearch {
     const Backend& backend = model_.backend();
     const int64_t n = int64_t(live_.size()), vocab = c_.tgt_vocab_size;
     keep_ = o_.beam == 1 ? 1 : std::min<int64_t>(vocab, 2 * o_.beam);
-    float* values = ensure_size(backend, best_values_, n * keep_);    // [live, keep_]
-    int32_t* tokens = ensure_size(backend, best_tokens_, n * keep_);  // [live, keep_]
+    const int64_t count = n * keep_;
+    int32_t* ranked = ensure_size(backend, best_ranked_, 2 * count);  // [2, live, keep_]
+    float* values = reinterpret_cast<float*>(ranked);                 // [live, keep_]
+    int32_t* tokens = ranked + count;                                 // [live, keep_]
     backend.best_tokens(logprobs_.data(), n, vocab, keep_,
                         t >= o_.min_length ? -1 : int32_t(c_.eos_id), values, tokens);
-    host_values_.resize(size_t(n * keep_));
-    host_tokens_.resize(size_t(n * keep_));
-    backend.copy_to_host(values, n * keep_ * int64_t(sizeof(float)), host_values_.data());
-    backend.copy_to_host(tokens, n * keep_ * int64_t(sizeof(int32_t)), host_tokens_.data());
+    host_ranked_.resize(size_t(2 * count));  // one copy back (one wait) for both
+    backend.copy_to_host(ranked, 2 * count * int64_t(sizeof(int32_t)), host_ranked_.data());
+    host_values_.resize(size_t(count));
+    std::memcpy(host_values_.data(), host_ranked_.data(), size_t(count) * sizeof(float));
+    host_tokens_.assign(host_ranked_.begin() + count, host_ranked_.end());
   }
 
   // candidates_: every continuation worth considering of hypotheses [begin, end) of sentence s,
@@ -320,10 +324,12 @@ class BeamSearch {
   std::vector<float> host_attention_;  // [live, heads or 1, S] its host copy
   std::vector<Candidate> candidates_;  // one sentence's, best first
   int64_t keep_ = 1;                   // continuations ranked per hypothesis
-  DeviceBuffer<float> best_values_;    // [live, keep_] each hypothesis' best log-probs, best first
-  DeviceBuffer<int32_t> best_tokens_;  // [live, keep_] their tokens
-  std::vector<float> host_values_;     // [live, keep_] host copies of the two
-  std::vector<int32_t> host_tokens_;   // [live, keep_]
+  // [2, live, keep_] each hypothesis' best log-probs (float bits), best first, then their
+  // tokens: one buffer, so that one copy brings both back
+  DeviceBuffer<int32_t> best_ranked_;
+  std::vector<int32_t> host_ranked_;  // [2, live, keep_] its host copy
+  std::vector<float> host_values_;    // [live, keep_] the log-probs
+  std::vector<int32_t> host_tokens_;  // [live, keep_] their tokens
 };
 
 }  // namespace

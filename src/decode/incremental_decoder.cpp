@@ -77,20 +77,29 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
     throw std::invalid_argument("IncrementalDecoder: more steps than max_steps (" +
                                 std::to_string(max_steps_) + ")");
   const int64_t kept_layer = attention_layer < 0 ? c.decoder_layers - 1 : attention_layer;
-  float* x = ensure_size(backend, x_, n * d);  // [N, D] residual stream
-  embed_forward(backend, c, target_embedding(w), model_.decoder_positions(),
-                upload(backend, tokens, n, device_tokens_), n, 1, t, x);
   const int64_t keys = t + 1;  // each hypothesis' rows of positions 0..t
-  append_rows_.resize(size_t(n));
-  step_history_.resize(size_t(n * keys));
+  // The step's index arrays in one upload (step_inputs_): [N] append rows (int64), then [N]
+  // tokens, [N] sentences and [N, keys] history rows (int32).
+  const int64_t words = n + (2 * n + n * keys + 1) / 2;  // int64 words
+  step_inputs_.resize(size_t(words));
+  int64_t* append_rows_host = step_inputs_.data();                             // [N]
+  int32_t* tokens_host = reinterpret_cast<int32_t*>(step_inputs_.data() + n);  // [N]
+  int32_t* sentence_host = tokens_host + n;                                    // [N]
+  int32_t* history_host = sentence_host + n;                                   // [N, keys]
+  std::copy_n(tokens, n, tokens_host);
+  std::copy_n(hypothesis_sentence_.data(), n, sentence_host);
   for (int64_t i = 0; i < n; ++i) {
-    append_rows_[size_t(i)] = i * max_steps_ + t;
+    append_rows_host[i] = i * max_steps_ + t;
     history_[size_t(i * max_steps_ + t)] = int32_t(i * max_steps_ + t);
-    std::copy_n(history_.data() + i * max_steps_, keys, step_history_.data() + i * keys);
+    std::copy_n(history_.data() + i * max_steps_, keys, history_host + i * keys);
   }
-  const int32_t* history = upload(backend, step_history_.data(), n * keys, device_history_);
-  const int64_t* append_rows = upload(backend, append_rows_.data(), n, device_append_rows_);
-  const int32_t* sentence = upload(backend, hypothesis_sentence_.data(), n, device_sentence_);
+  const int64_t* append_rows = upload(backend, step_inputs_.data(), words, device_step_inputs_);
+  const int32_t* device_tokens = reinterpret_cast<const int32_t*>(append_rows + n);
+  const int32_t* sentence = device_tokens + n;
+  const int32_t* history = sentence + n;
+  float* x = ensure_size(backend, x_, n * d);  // [N, D] residual stream
+  embed_forward(backend, c, target_embedding(w), model_.decoder_positions(), device_tokens, n, 1, t,
+                x);
 
   // Each layer reads the one before's output where it lies, in the layer cache they share (its
   // self-attention sublayer reads it before the feed-forward sublayer writes the next one, as

@@ -64,15 +64,14 @@ class IncrementalDecoder {
   std::vector<DeviceBuffer<uint16_t>> self_keys_16_bits_, self_values_16_bits_;
   // Cache row holding position j of hypothesis i: history_[i * max_steps + j], j < position.
   std::vector<int32_t> history_, reordered_history_;  // [max_hypotheses, max_steps]
-  // What a step uploads of history_: its first position + 1 columns, dense (the keys the step's
-  // self-attention reads; the whole [N, max_steps] was most of a step's host-to-device bytes).
-  std::vector<int32_t> step_history_;          // [N, position + 1]
-  std::vector<int64_t> append_rows_;           // [N] history_'s rows at this position
+  // What a step's operations read, packed for one upload (a GPU's driver call and staging copy
+  // each): [N] the cache rows this position appends (int64), then as int32 [N] the input
+  // tokens, [N] hypothesis_sentence_ and [N, position + 1] history_'s first position + 1
+  // columns, dense (the keys the self-attention reads; all of [N, max_steps] was most of a
+  // step's host-to-device bytes).
+  std::vector<int64_t> step_inputs_;
+  DeviceBuffer<int64_t> device_step_inputs_;   // step_inputs_ in the backend's memory
   DeviceBuffer<int32_t> device_src_lengths_;   // [sentences]
-  DeviceBuffer<int32_t> device_tokens_;        // [N]
-  DeviceBuffer<int32_t> device_sentence_;      // [N] hypothesis_sentence_
-  DeviceBuffer<int32_t> device_history_;       // [N, position + 1] step_history_
-  DeviceBuffer<int64_t> device_append_rows_;   // [N]
   std::vector<DeviceBuffer<float>> cross_kv_;  // per layer [sentences, S, 2D]: keys | values
   std::vector<DeviceBuffer<uint16_t>> cross_kv_16_bits_;  // the same in a 16-bit cache
   DeviceBuffer<float> x_;                                 // [N, D] residual stream
