@@ -9,6 +9,16 @@
 
 namespace tfm {
 
+namespace {
+
+// The int64 words of a step's packed inputs (IncrementalDecoder::step_inputs_) for n
+// hypotheses reading `keys` cached rows each: n append rows, then 2n + n·keys int32 values.
+int64_t step_input_words(int64_t n, int64_t keys) {
+  return n + (2 * n + n * keys + 1) / 2;
+}
+
+}  // namespace
+
 IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, int64_t sentences,
                                        int64_t src_len, const int32_t* src_lengths,
                                        int64_t max_steps, int64_t max_hypotheses,
@@ -54,6 +64,9 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
     self_keys_16_bits_[l].allocate_uninitialized(backend, self_size);
     self_values_16_bits_[l].allocate_uninitialized(backend, self_size);
   }
+  // The last step's inputs, the largest, allocated once: a buffer grown step by step would be
+  // reallocated (and on a GPU freed, allocated, cleared and copied) at every step.
+  ensure_size(backend, device_step_inputs_, step_input_words(max_hypotheses, max_steps));
   history_.resize(size_t(max_hypotheses * max_steps));
   reordered_history_.resize(history_.size());
   layer_cache_.self_attn.keep_weights = false;
@@ -80,7 +93,7 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
   const int64_t keys = t + 1;  // each hypothesis' rows of positions 0..t
   // The step's index arrays in one upload (step_inputs_): [N] append rows (int64), then [N]
   // tokens, [N] sentences and [N, keys] history rows (int32).
-  const int64_t words = n + (2 * n + n * keys + 1) / 2;  // int64 words
+  const int64_t words = step_input_words(n, keys);
   step_inputs_.resize(size_t(words));
   int64_t* append_rows_host = step_inputs_.data();                             // [N]
   int32_t* tokens_host = reinterpret_cast<int32_t*>(step_inputs_.data() + n);  // [N]
