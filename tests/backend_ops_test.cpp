@@ -38,6 +38,19 @@ std::vector<float> random_vector(int64_t n, uint64_t seed, float scale = 1.f) {
 class BackendOps : public ::testing::TestWithParam<const Backend*> {
  protected:
   const Backend& be() const { return *GetParam(); }
+  // The precisions of a prepared matrix that be() multiplies in; each of the others is reported
+  // as a skipped part of the calling test.
+  std::vector<Precision> prepared_precisions() const {
+    std::vector<Precision> supported;
+    for (Precision precision :
+         {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16, Precision::kInt8}) {
+      if (be().supports(precision))
+        supported.push_back(precision);
+      else
+        testing_support::skip_precision(be(), precision);
+    }
+    return supported;
+  }
 };
 
 // The tests pass host pointers (std::vector data): a backend whose memory is the host's is
@@ -538,13 +551,8 @@ TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
 // reduced precision. A bfloat16 matrix may write the result in bfloat16 instead; the others
 // refuse to.
 TEST_P(BackendOps, PreparedMatrixAppliesItsEpilogueToTheFinishedProduct) {
-  for (Precision precision :
-       {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16, Precision::kInt8}) {
+  for (Precision precision : prepared_precisions()) {
     SCOPED_TRACE(precision_name(precision));
-    if (!be().supports(precision)) {
-      testing_support::skip_precision(be(), precision);
-      continue;
-    }
     uint64_t seed = 700;
     for (auto [n, k] : {std::pair<int64_t, int64_t>{5, 7}, {130, 96}, {512, 512}}) {
       const auto w = random_vector(n * k, seed++);
@@ -628,13 +636,8 @@ TEST_P(BackendOps, PreparedMatrixReadsAGivenBFloat16Copy) {
   std::vector<uint16_t> rounded(size_t(m * k)), rounded_other(size_t(m * k));
   be().round_to_16_bits(x.data(), m, k, ldx, Precision::kBFloat16, rounded.data());
   be().round_to_16_bits(other.data(), m, k, k, Precision::kBFloat16, rounded_other.data());
-  for (Precision precision :
-       {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16, Precision::kInt8}) {
+  for (Precision precision : prepared_precisions()) {
     SCOPED_TRACE(precision_name(precision));
-    if (!be().supports(precision)) {
-      testing_support::skip_precision(be(), precision);
-      continue;
-    }
     const auto prepared = be().prepare_matrix({w.data()}, {n}, k, precision);
     std::vector<float> from_values(size_t(m * n)), got(size_t(m * n), 3.f);
     prepared->multiply(x.data(), m, ldx, from_values.data(), n);

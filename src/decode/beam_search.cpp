@@ -7,8 +7,8 @@
 #include "decode/beam_search.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 
 #include "backend/device_buffer.h"
@@ -197,9 +197,11 @@ class BeamSearch {
                         t >= o_.min_length ? -1 : int32_t(c_.eos_id), values, tokens);
     host_ranked_.resize(size_t(2 * count));  // one copy back (one wait) for both
     backend.copy_to_host(ranked, 2 * count * int64_t(sizeof(int32_t)), host_ranked_.data());
-    host_values_.resize(size_t(count));
-    std::memcpy(host_values_.data(), host_ranked_.data(), size_t(count) * sizeof(float));
-    host_tokens_.assign(host_ranked_.begin() + count, host_ranked_.end());
+  }
+  // Candidate r of rank_tokens' [live, keep_]: its log-prob and its token.
+  float ranked_logprob(int64_t r) const { return std::bit_cast<float>(host_ranked_[size_t(r)]); }
+  int32_t ranked_token(int64_t r) const {
+    return host_ranked_[host_ranked_.size() / 2 + size_t(r)];
   }
 
   // candidates_: every continuation worth considering of hypotheses [begin, end) of sentence s,
@@ -219,8 +221,8 @@ class BeamSearch {
         continue;
       }
       for (int64_t r = h * keep_; r < (h + 1) * keep_; ++r)
-        if (host_values_[size_t(r)] > -INFINITY)
-          candidates_.push_back({base + host_values_[size_t(r)], h, host_tokens_[size_t(r)]});
+        if (ranked_logprob(r) > -INFINITY)
+          candidates_.push_back({base + ranked_logprob(r), h, ranked_token(r)});
     }
     std::stable_sort(candidates_.begin(), candidates_.end(),
                      [](const Candidate& a, const Candidate& b) { return a.logprob > b.logprob; });
@@ -328,8 +330,6 @@ class BeamSearch {
   // tokens: one buffer, so that one copy brings both back
   DeviceBuffer<int32_t> best_ranked_;
   std::vector<int32_t> host_ranked_;  // [2, live, keep_] its host copy
-  std::vector<float> host_values_;    // [live, keep_] the log-probs
-  std::vector<int32_t> host_tokens_;  // [live, keep_] their tokens
 };
 
 }  // namespace

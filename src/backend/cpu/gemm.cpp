@@ -107,6 +107,17 @@ void create_matmul(CachedMatmul& entry, bool lend_scratchpad, dnnl::primitive_at
   entry.primitive = dnnl::matmul(pd);
 }
 
+// A primitive's post-ops: + the destination's old values (a product with beta 1) first, then
+// the ReLU.
+dnnl::primitive_attr post_ops_attr(bool accumulate, bool relu) {
+  dnnl::primitive_attr attr;
+  dnnl::post_ops ops;
+  if (accumulate) ops.append_sum(1.f);
+  if (relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+  attr.set_post_ops(ops);
+  return attr;
+}
+
 // This thread's scratchpad, grown to `bytes` (page-aligned, as oneDNN aligns its own).
 void* thread_scratchpad(size_t bytes) {
   struct Free {
@@ -189,12 +200,7 @@ std::shared_ptr<const CachedMatmul> matmul_for(const GemmShape& s) {
         s.m, s.n, s.ldc, false,
         s.rounded_output ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32);
     if (s.bias) entry->bias = matrix_desc(1, s.n, s.n, false);
-    dnnl::primitive_attr attr;
-    dnnl::post_ops ops;
-    if (s.accumulate) ops.append_sum(1.f);
-    if (s.relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    attr.set_post_ops(ops);
-    create_matmul(*entry, true, attr);
+    create_matmul(*entry, true, post_ops_attr(s.accumulate, s.relu));
   } catch (const dnnl::error&) {
     return nullptr;
   }
@@ -655,14 +661,8 @@ void PackedMatrix::multiply(MatmulOperand operand, int64_t m, int64_t ldx, float
       entry->c = bfloat16_output ? matrix_desc(m, p.n, ldy, false, dnnl::memory::data_type::bf16)
                                  : output_desc(p.precision, m, p.n, ldy);
       if (primitive_bias) entry->bias = matrix_desc(1, p.n, p.n, false);
-      dnnl::primitive_attr attr;
-      if (primitive_relu) {
-        dnnl::post_ops ops;
-        ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-        attr.set_post_ops(ops);
-      }
       try {
-        create_matmul(*entry, false, attr);
+        create_matmul(*entry, false, post_ops_attr(false, primitive_relu));
       } catch (const dnnl::error& e) {
         throw std::runtime_error("oneDNN has no matmul for " + std::to_string(m) +
                                  " rows with packed weights: " + e.what());

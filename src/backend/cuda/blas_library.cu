@@ -23,6 +23,14 @@ void* open_library(const std::string& base, std::string& tried) {
   return nullptr;
 }
 
+// The library `base` names (open_library), or Error naming `what` and every name tried.
+void* open_or_throw(const std::string& base, const char* what) {
+  std::string tried;
+  void* handle = open_library(base, tried);  // kept open for the process's life
+  if (!handle) throw Error(std::string(what) + " could not be loaded (" + tried + ")");
+  return handle;
+}
+
 template <typename Function>
 void look_up(void* handle, const char* name, Function& function) {
   function = reinterpret_cast<Function>(dlsym(handle, name));
@@ -30,9 +38,7 @@ void look_up(void* handle, const char* name, Function& function) {
 }
 
 BlasLibrary load() {
-  std::string tried;
-  void* handle = open_library("libcublas.so", tried);  // kept open for the process's life
-  if (!handle) throw Error("cuBLAS could not be loaded (" + tried + ")");
+  void* handle = open_or_throw("libcublas.so", "cuBLAS");
   BlasLibrary library{};
   look_up(handle, "cublasCreate_v2", library.create);
   look_up(handle, "cublasSetStream_v2", library.set_stream);
@@ -44,9 +50,7 @@ BlasLibrary load() {
 }
 
 BlasLtLibrary load_lt() {
-  std::string tried;
-  void* handle = open_library("libcublasLt.so", tried);  // kept open for the process's life
-  if (!handle) throw Error("cuBLASLt could not be loaded (" + tried + ")");
+  void* handle = open_or_throw("libcublasLt.so", "cuBLASLt");
   BlasLtLibrary library{};
   look_up(handle, "cublasLtCreate", library.create);
   look_up(handle, "cublasLtMatmulDescCreate", library.desc_create);

@@ -42,6 +42,19 @@ void blas_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64
                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// The epilogue of a product finished in float: `result` [m, n] (row stride ld) gets the bias and
+// ReLU in place, or, where the epilogue asks for bfloat16, is rounded into rounded_output (row
+// stride ld) in the same pass with them, results below the smallest normal float flushed to
+// zero.
+void finish_epilogue(const Context& c, float* result, int64_t ld, const MatmulEpilogue& epilogue,
+                     int64_t m, int64_t n) {
+  if (epilogue.rounded_output)
+    round_to_bfloat16_flushing(c.stream, result, ld, epilogue.bias, epilogue.relu, m, n,
+                               epilogue.rounded_output, ld);
+  else
+    bias_relu_epilogue(c.stream, result, ld, epilogue.bias, epilogue.relu, m, n);
+}
+
 // What the profile calls a prepared product (TFM_CUDA_PROFILE), by its precision, whether it
 // writes bfloat16, and whether cuBLASLt ran it with its epilogue or cuBLAS and a pass of our own.
 const char* prepared_product_name(Precision precision, bool bfloat16_output, bool on_lt) {
@@ -107,7 +120,7 @@ class CudaPreparedMatrix final : public PreparedMatrix {
           profiled_operation.rename(prepared_product_name(precision_, false, false));
           blas_product(context_, false, true, m, rows_, cols_, 1.f, x, ldx, weights_float_.data(),
                        cols_, 0.f, y, ldy, CUDA_R_32F);
-          bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
+          finish_epilogue(context_, y, ldy, epilogue, m, rows_);
         }
         return;
       case Precision::kBFloat16:
@@ -150,11 +163,7 @@ class CudaPreparedMatrix final : public PreparedMatrix {
     float* target = bfloat16_output ? result.as<float>() : y;
     blas_product(context_, false, true, m, rows_, cols_, 1.f, x16, cols_, weights_16_bits_.data(),
                  cols_, 0.f, target, ldy, blas_type(precision_));
-    if (bfloat16_output)
-      round_to_bfloat16_flushing(context_.stream, target, ldy, epilogue.bias, epilogue.relu, m,
-                                 rows_, epilogue.rounded_output, ldy);
-    else
-      bias_relu_epilogue(context_.stream, y, ldy, epilogue.bias, epilogue.relu, m, rows_);
+    finish_epilogue(context_, target, ldy, epilogue, m, rows_);
     return false;
   }
   void read_rows(const int32_t* ids, int64_t count, float* out) const override {
@@ -225,11 +234,7 @@ void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a16, a_cols, b16, b_cols, beta, target,
                  ld_target, blas_type(precision));
   }
-  if (epilogue.rounded_output)  // bias, ReLU and rounding in one pass over the float block
-    round_to_bfloat16_flushing(c.stream, target, ldc, epilogue.bias, epilogue.relu, m, n,
-                               epilogue.rounded_output, ldc);
-  else
-    bias_relu_epilogue(c.stream, target, ld_target, epilogue.bias, epilogue.relu, m, n);
+  finish_epilogue(c, target, ld_target, epilogue, m, n);  // bias, ReLU, rounding: one pass
 }
 
 std::unique_ptr<PreparedMatrix> prepare_matrix(const Backend& backend, const Context& c,
