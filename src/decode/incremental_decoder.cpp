@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/embeddings.h"
+#include "model/sublayer.h"
 
 namespace tfm {
 
@@ -36,17 +37,15 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
   const size_t layers = prepared_->steps.decoder_layers.size();
   const Precision format = cache_precision(cache);
   const bool rounded = is_16_bit_float(format);
-  const int64_t self_size = max_steps * max_hypotheses * d;
+  const int64_t self_size = max_steps * max_hypotheses * 2 * d;  // [rows, 2D]
   DeviceBuffer<float> unrounded;  // 16 bits: one layer's float32 K|V, rounded into the cache
   if (rounded) {
     unrounded.allocate_uninitialized(backend, rows * 2 * d);
     cross_kv_16_bits_.resize(layers);
-    self_keys_16_bits_.resize(layers);
-    self_values_16_bits_.resize(layers);
+    self_kv_16_bits_.resize(layers);
   } else {
     cross_kv_.resize(layers);
-    self_keys_.resize(layers);
-    self_values_.resize(layers);
+    self_kv_.resize(layers);
   }
   for (size_t l = 0; l < layers; ++l) {
     float* cross_kv =  // [sentences, S, 2D]: keys | values
@@ -55,14 +54,12 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
                    cross_kv);
     // Untouched pages cost nothing: only the rows the steps write are ever mapped.
     if (!rounded) {
-      self_keys_[l].allocate_uninitialized(backend, self_size);
-      self_values_[l].allocate_uninitialized(backend, self_size);
+      self_kv_[l].allocate_uninitialized(backend, self_size);
       continue;
     }
     backend.round_to_16_bits(cross_kv, rows, 2 * d, 2 * d, format,
                              cross_kv_16_bits_[l].allocate_uninitialized(backend, rows * 2 * d));
-    self_keys_16_bits_[l].allocate_uninitialized(backend, self_size);
-    self_values_16_bits_[l].allocate_uninitialized(backend, self_size);
+    self_kv_16_bits_[l].allocate_uninitialized(backend, self_size);
   }
   // The last step's inputs, the largest, allocated once: a buffer grown step by step would be
   // reallocated (and on a GPU freed, allocated, cleared and copied) at every step.
@@ -123,20 +120,21 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
     DecoderStep step;
     step.position = t;
     step.sentence_of_query = sentence;
-    step.self.row_stride = d;
+    step.self.row_stride = 2 * d;  // [rows, 2D]: keys | values
     step.self.key_rows = history;
     step.self.key_rows_stride = keys;
     step.self.append_rows = append_rows;
     step.cross.row_stride = 2 * d;  // [sentences, S, 2D]: keys | values
+    step.round_last_output = sublayer_rounds_for(c, w.output);
     if (cache_ != CacheFormat::kFloat32) {
       step.self.format = step.cross.format = cache_precision(cache_);
-      step.self.keys_16_bits = self_keys_16_bits_[size_t(layer)].data();
-      step.self.values_16_bits = self_values_16_bits_[size_t(layer)].data();
+      step.self.keys_16_bits = self_kv_16_bits_[size_t(layer)].data();
+      step.self.values_16_bits = step.self.keys_16_bits + d;
       step.cross.keys_16_bits = cross_kv_16_bits_[size_t(layer)].data();
       step.cross.values_16_bits = step.cross.keys_16_bits + d;
     } else {
-      step.self.keys = self_keys_[size_t(layer)].data();
-      step.self.values = self_values_[size_t(layer)].data();
+      step.self.keys = self_kv_[size_t(layer)].data();
+      step.self.values = step.self.keys + d;
       step.cross.keys = cross_kv_[size_t(layer)].data();
       step.cross.values = step.cross.keys + d;
     }
@@ -155,10 +153,15 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
     }
     input = layer_cache_.output_operand();
   }
-  final_norm(backend, c, w.decoder_norm, input.values, n, nullptr, x);
-  output_head_forward(backend, w.output, x, n, logprobs, [&](const OutputChunk& chunk) {
-    backend.log_softmax(chunk.logits, chunk.logits, chunk.rows, c.tgt_vocab_size);
-  });
+  // The decoder's output where the last layer left it: normalised there (pre-norm), or as it is
+  // (post-norm, whose final norm is a copy), with the bfloat16 copy the last layer wrote
+  // where the output head reads one (DecoderStep::round_last_output).
+  float* states = layer_cache_.ffn_sublayer.output.data();  // [N, D]
+  final_norm(backend, c, w.decoder_norm, states, n, nullptr, states);
+  output_head_forward(
+      backend, w.output, {states, input.rounded}, n, logprobs, [&](const OutputChunk& chunk) {
+        backend.log_softmax(chunk.logits, chunk.logits, chunk.rows, c.tgt_vocab_size);
+      });
   ++position_;
 }
 

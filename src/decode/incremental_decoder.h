@@ -54,14 +54,15 @@ class IncrementalDecoder {
   // The host keeps the bookkeeping below and uploads what a step's operations read into the
   // device_ buffers.
   std::vector<int32_t> hypothesis_sentence_;  // [N]
-  // Per decoder layer, what every step wrote: [max_hypotheses, max_steps, D], row
-  // i * max_steps + t from hypothesis slot i at position t (uninitialised until written). A
-  // slot's rows before t may still serve other hypotheses (its old self's descendants); rows at
-  // t are new, so writing them never disturbs a history. Slot-major keeps a hypothesis' rows
-  // mostly contiguous (always, in greedy search), which the attention reads far faster.
-  // One of the two pairs is allocated, as the cache format says.
-  std::vector<DeviceBuffer<float>> self_keys_, self_values_;
-  std::vector<DeviceBuffer<uint16_t>> self_keys_16_bits_, self_values_16_bits_;
+  // Per decoder layer, what every step wrote: [max_hypotheses, max_steps, 2D] rows keys |
+  // values, row i * max_steps + t from hypothesis slot i at position t (uninitialised until
+  // written). A slot's rows before t may still serve other hypotheses (its old self's
+  // descendants); rows at t are new, so writing them never disturbs a history. Slot-major keeps
+  // a hypothesis' rows mostly contiguous (always, in greedy search), which the attention reads
+  // far faster; a row's key and value side by side, as the stacked Q|K|V product writes them,
+  // make the append one operation. One of the two is allocated, as the cache format says.
+  std::vector<DeviceBuffer<float>> self_kv_;
+  std::vector<DeviceBuffer<uint16_t>> self_kv_16_bits_;
   // Cache row holding position j of hypothesis i: history_[i * max_steps + j], j < position.
   std::vector<int32_t> history_, reordered_history_;  // [max_hypotheses, max_steps]
   // What a step's operations read, packed for one upload (a GPU's driver call and staging copy

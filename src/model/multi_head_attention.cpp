@@ -151,14 +151,24 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
                           query_rows, memory_rows, cache);
   const CachedKeysValues* kv = in.cached;
   const bool cache_16_bits = kv && kv->keys_16_bits;
+  // Keys and values side by side both in the projection's rows (the stacked Q|K|V product) and
+  // in the cache's (IncrementalDecoder's): one append writes both.
+  const bool side_by_side =
+      appends && p.v == p.k + d && p.v_stride == p.k_stride &&
+      (cache_16_bits ? kv->values_16_bits == kv->keys_16_bits + d : kv->values == kv->keys + d);
+  const int64_t appended = side_by_side ? 2 * d : d;  // columns of each append
   if (appends && cache_16_bits) {
-    backend.scatter_rows_to_16_bits(p.k, p.k_stride, kv->append_rows, in.batch, d, kv->format,
-                                    kv->keys_16_bits, kv->row_stride);
-    backend.scatter_rows_to_16_bits(p.v, p.v_stride, kv->append_rows, in.batch, d, kv->format,
-                                    kv->values_16_bits, kv->row_stride);
+    backend.scatter_rows_to_16_bits(p.k, p.k_stride, kv->append_rows, in.batch, appended,
+                                    kv->format, kv->keys_16_bits, kv->row_stride);
+    if (!side_by_side)
+      backend.scatter_rows_to_16_bits(p.v, p.v_stride, kv->append_rows, in.batch, d, kv->format,
+                                      kv->values_16_bits, kv->row_stride);
   } else if (appends) {
-    backend.scatter_rows(p.k, p.k_stride, kv->append_rows, in.batch, d, kv->keys, kv->row_stride);
-    backend.scatter_rows(p.v, p.v_stride, kv->append_rows, in.batch, d, kv->values, kv->row_stride);
+    backend.scatter_rows(p.k, p.k_stride, kv->append_rows, in.batch, appended, kv->keys,
+                         kv->row_stride);
+    if (!side_by_side)
+      backend.scatter_rows(p.v, p.v_stride, kv->append_rows, in.batch, d, kv->values,
+                           kv->row_stride);
   }
   if (kv) {
     p.k = kv->keys;

@@ -57,18 +57,19 @@ void output_head_forward(const Backend& backend, const LinearWeights& output, co
 }
 
 // Decoding's form: every row projected into `destination` [count, V] at once (the search reads
-// them all), then handed to use() as one chunk. Its weights are prepared, so nothing is rounded
-// and no buffer of its own is needed.
+// them all), then handed to use() as one chunk. Its weights are prepared, so no buffer of its
+// own is needed: a bfloat16 matrix reads states.rounded where given, else rounds them itself.
 template <typename Use>
-void output_head_forward(const Backend& backend, const LinearWeights& output, const float* states,
+void output_head_forward(const Backend& backend, const LinearWeights& output, MatmulOperand states,
                          int64_t count, float* destination, Use&& use) {
   if (rounds_to_bfloat16(output))
     throw std::logic_error("output_head_forward: decoding's projection rounds to bfloat16");
   OutputChunk c;
   c.rows = count;
-  c.states = states;
+  c.states = states.values;
+  c.rounded_states = states.rounded;
   c.logits = destination;
-  linear_forward(backend, output, states, count, destination);
+  linear_forward(backend, output, states.values, count, destination, states.rounded);
   use(c);
 }
 

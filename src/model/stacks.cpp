@@ -293,11 +293,13 @@ void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
                      multi_head_attention_forward(backend, w.cross_attn, config.heads, in,
                                                   cache.cross_attn, out);
                    });
-  // The last layer's output goes to the output head, which rounds its chunks itself.
+  // The last layer's output goes to the output head, which rounds its chunks itself in
+  // training and scoring; a decoding step's reads the copy where the step asks for it.
   const bool last = layer_index + 1 == config.decoder_layers;
+  const bool rounds_output = last ? step && step->round_last_output : rounds;
   sublayer_forward(backend, config, w.norm3, cache.cross_sublayer.output_operand(), rows,
                    dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 4)),
-                   rounds && !last, cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
+                   rounds_output, cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
                      feed_forward_forward(
                          backend, w.ffn, config.activation, x, rows, dropout.relu_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 5)), cache.ffn, out);

@@ -109,6 +109,9 @@ struct DecoderStep {
   int64_t position = 0;                        // t: the query's position
   const int32_t* sentence_of_query = nullptr;  // [B] encoder sequence each hypothesis reads
   CachedKeysValues self, cross;                // self: appended per step; cross: precomputed
+  // Whether the last layer writes its output's bfloat16 copy too (sublayer_rounds_for the
+  // output head's weights): a step projects all its rows at once and reads it.
+  bool round_last_output = false;
 };
 
 // input: [B, T, D]; memory: [B, S, D]. With step (incremental decoding) memory is unused, T is 1
