@@ -28,6 +28,7 @@
 #include "backend/backend.h"
 #include "backend/device_tensors.h"
 #include "decode/beam_search.h"
+#include "decode/incremental_decoder.h"
 #include "fixture_batch.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
@@ -54,6 +55,11 @@ class MemoryCheckingBackend : public Backend {
   // Products that were handed a rounded copy of an operand (MatmulOperand) so far; with
   // ignore_rounded_copies set they round from the float values instead, as if none were given.
   int64_t rounded_operands() const { return rounded_operands_; }
+  // How many times each operation has been called so far.
+  std::map<std::string, int64_t> calls() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return calls_;
+  }
   void set_ignore_rounded_copies(bool ignore) { ignore_rounded_copies_ = ignore; }
 
   std::string name() const override { return "memory-checking cpu"; }
@@ -465,8 +471,17 @@ class MemoryCheckingBackend : public Backend {
 
   // Records the arguments outside this backend's blocks, and opens the blocks of those inside
   // for the operation. Null pointers are "none" and pass.
+  // An operation's pointers (admit) and the call itself counted (calls()).
   template <typename Arguments>
   Access check(const char* operation, const Arguments& arguments) const {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++calls_[operation];
+    }
+    return admit(operation, arguments);
+  }
+  template <typename Arguments>
+  Access admit(const char* operation, const Arguments& arguments) const {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<const char*> starts;
     for (const Argument& a : arguments) {
@@ -487,11 +502,13 @@ class MemoryCheckingBackend : public Backend {
   }
   Access check_attention(const char* operation, const AttentionShape& shape,
                          const AttentionMask& mask, const AttentionDropout& dropout) const {
-    return check(operation, {{"shape.key_rows", shape.key_rows},
-                             {"shape.score.additive_v", shape.score.additive_v},
-                             {"mask.key_lengths", mask.key_lengths},
-                             {"mask.key_batch", mask.key_batch},
-                             {"dropout.mask", dropout.mask}});
+    return admit(operation,
+                 std::initializer_list<Argument>{{"shape.key_rows", shape.key_rows},
+                                                 {"shape.rounded_out", shape.rounded_out},
+                                                 {"shape.score.additive_v", shape.score.additive_v},
+                                                 {"mask.key_lengths", mask.key_lengths},
+                                                 {"mask.key_batch", mask.key_batch},
+                                                 {"dropout.mask", dropout.mask}});
   }
   void close(const std::vector<const char*>& starts) const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -513,6 +530,7 @@ class MemoryCheckingBackend : public Backend {
   mutable int64_t allocations_ = 0, live_bytes_ = 0;
   mutable std::set<std::string> violations_;
   mutable std::atomic<int64_t> rounded_operands_{0};
+  mutable std::map<std::string, int64_t> calls_;  // by operation
   bool ignore_rounded_copies_ = false;
 };
 
@@ -682,6 +700,56 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
   }
   EXPECT_TRUE(backend_.violations().empty())
       << "host memory handed to operations:" << listed(backend_.violations());
+}
+
+// What one decoding step asks of the backend, operation by operation, after the first steps
+// (which allocate): each decoder layer appends its keys and values to the cache in one
+// operation, the decoder's output reaches the output head uncopied, and no operation rounds
+// on its own (the norms, the attentions and fc1 write the bfloat16 copies the products read,
+// the output head reads the last layer's). On a GPU each of these is a launch.
+TEST_P(BackendMemory, ADecodingStepAppendsOnceALayerAndRoundsNothingApart) {
+  const Model& model = *model_;
+  const ModelConfig& c = model.config();
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    if (!backend_.supports(precision)) {
+      testing_support::skip_precision(backend_, precision, "a decoding step's operations");
+      continue;
+    }
+    for (CacheFormat format : {CacheFormat::kFloat32, CacheFormat::kBFloat16}) {
+      StackCache encoded;
+      std::shared_ptr<const PreparedWeights> hold;
+      encoder_forward(model, model.sequence_weights(precision, hold), batch_, {}, encoded);
+      const int64_t n = batch_.batch, steps = 4;
+      IncrementalDecoder decoder(model, encoded.memory.data(), n, batch_.src_len,
+                                 batch_.src_lengths.data(), steps, n, precision, format);
+      std::vector<int32_t> sentences(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) sentences[size_t(i)] = int32_t(i);
+      decoder.start(sentences);
+      DeviceBuffer<float> logprobs;
+      logprobs.allocate_uninitialized(backend_, n * c.tgt_vocab_size);
+      const std::vector<int32_t> tokens(size_t(n), int32_t(c.bos_id));
+      std::map<std::string, int64_t> before;
+      int64_t allocations = 0;
+      for (int64_t t = 0; t < steps; ++t) {
+        if (t + 1 == steps) before = backend_.calls(), allocations = backend_.allocations();
+        decoder.step(tokens.data(), logprobs.data(), nullptr);
+      }
+      std::map<std::string, int64_t> step = backend_.calls();
+      for (const auto& [operation, count] : before) step[operation] -= count;
+      const std::string appends =
+          format == CacheFormat::kFloat32 ? "scatter_rows" : "scatter_rows_to_16_bits";
+      const std::string where = std::string(precision_name(precision)) + " products, " +
+                                (format == CacheFormat::kFloat32 ? "float32" : "bfloat16") +
+                                " cache";
+      EXPECT_EQ(step[appends], c.decoder_layers) << where;
+      EXPECT_EQ(step["round_to_16_bits"], 0) << where;
+      EXPECT_EQ(step["copy"], 0) << where;
+      EXPECT_EQ(backend_.allocations(), allocations) << where;
+      EXPECT_EQ(step["attention_forward"] + step["attention_forward_16_bit_cache"],
+                2 * c.decoder_layers)
+          << where;
+    }
+  }
 }
 
 // Batches of the fixture's model in several shapes: the fixture's own, the longer source, the

@@ -1197,6 +1197,90 @@ TEST_P(BackendOps, AttentionOverCachedRowsAndSharedKeyBatches) {
       }
 }
 
+// AttentionShape::rounded_out: every forward path (on a GPU: a warp or a block per query, a block
+// per short sequence, the whole-matrix path, the streamed one, a warp per decoding query and a key
+// per lane, over float and 16-bit caches) writes its output rounded to bfloat16 into the dense
+// copy, exactly tensor/float16.h's rounding of the float output it writes as before (out rows
+// wider than the heads, so the copy's layout is its own).
+TEST_P(BackendOps, AttentionWritesItsOutputInBFloat16Too) {
+  struct Case {
+    const char* path;
+    AttentionScoring scoring;
+    int64_t head_dim, query_len, key_len;
+    bool keep_weights, cached, cache_16_bits;
+  };
+  const Case cases[] = {
+      {"heads of 7", AttentionScoring::kScaledDot, 7, 37, 9, true, false, false},
+      {"short sequences", AttentionScoring::kScaledDot, 64, 37, 37, true, false, false},
+      {"whole matrix", AttentionScoring::kScaledDot, 64, 65, 65, true, false, false},
+      {"streamed", AttentionScoring::kDot, 16, 300, 300, false, false, false},
+      {"additive scores", AttentionScoring::kAdditive, 8, 5, 6, true, false, false},
+      {"cached, key per lane", AttentionScoring::kScaledDot, 64, 1, 37, false, true, false},
+      {"cached, warp per query", AttentionScoring::kScaledDot, 5, 1, 37, false, true, false},
+      {"cached additive", AttentionScoring::kAdditive, 8, 1, 6, false, true, false},
+      {"16-bit cache, key per lane", AttentionScoring::kScaledDot, 64, 1, 37, false, true, true},
+      {"16-bit cache, weights kept", AttentionScoring::kScaledDot, 64, 1, 6, true, true, true},
+  };
+  for (const Case& c : cases) {
+    AttentionShape s;
+    const auto additive_v = random_vector(2 * c.head_dim, 111, 1.f);
+    s.score = {c.scoring, additive_v.data()};
+    s.batch = 3;
+    s.heads = 2;
+    s.head_dim = c.head_dim;
+    s.query_len = c.query_len;
+    s.key_len = c.key_len;
+    const int64_t width = s.heads * s.head_dim, rows = s.batch * s.query_len;
+    s.q_row_stride = s.k_row_stride = s.v_row_stride = width;
+    s.out_row_stride = width + 4;
+    std::vector<int32_t> lengths = {int32_t(c.key_len), int32_t(c.key_len - 2), 1};
+    AttentionMask mask;
+    mask.key_lengths = lengths.data();
+    std::vector<int32_t> table;  // cached: sequence b reads rows b · key_len + j, reversed
+    if (c.cached) {
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t j = 0; j < c.key_len; ++j)
+          table.push_back(int32_t((s.batch - 1 - b) * c.key_len + j));
+      s.key_rows = table.data();
+      s.key_rows_stride = c.key_len;
+      mask = {};
+      mask.causal = true;
+      mask.query_offset = c.key_len - 1;
+    } else {
+      mask.causal = c.query_len == c.key_len;
+    }
+    const auto q = random_vector(rows * width, 112);
+    const auto k = random_vector(s.batch * c.key_len * width, 113);
+    const auto v = random_vector(s.batch * c.key_len * width, 114);
+    const RoundedCopy k16 = rounded_copy(k, Precision::kBFloat16),
+                      v16 = rounded_copy(v, Precision::kBFloat16);
+    std::vector<float> probs(size_t(s.batch * s.heads * c.query_len * c.key_len));
+    const auto forward = [&](const AttentionShape& shape, std::vector<float>& out) {
+      float* p = c.keep_weights ? probs.data() : nullptr;
+      if (c.cache_16_bits)
+        be().attention_forward_16_bit_cache(shape, mask, q.data(), Precision::kBFloat16,
+                                            k16.bits.data(), v16.bits.data(), p, out.data());
+      else
+        be().attention_forward(shape, mask, q.data(), k.data(), v.data(), p, out.data(), {});
+    };
+    std::vector<float> plain(size_t(rows * s.out_row_stride), 7.f), out = plain;
+    forward(s, plain);
+    std::vector<uint16_t> rounded(size_t(rows * width), 0x7fc1);
+    AttentionShape rounding = s;
+    rounding.rounded_out = rounded.data();
+    forward(rounding, out);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < width; ++i) {
+        const float x = out[size_t(r * s.out_row_stride + i)];
+        ASSERT_EQ(std::bit_cast<uint32_t>(x),
+                  std::bit_cast<uint32_t>(plain[size_t(r * s.out_row_stride + i)]))
+            << c.path << ": the float output moved, row " << r << " column " << i;
+        ASSERT_EQ(rounded[size_t(r * width + i)], float_to_bfloat16(x))
+            << c.path << ", row " << r << " column " << i << " (" << x << ")";
+      }
+  }
+}
+
 // Dropout on the attention weights: the forward writes the mask and scales the kept weights,
 // the backward reads the same mask; both against float64.
 TEST_P(BackendOps, AttentionDropoutForwardAndBackwardMatchFloat64) {

@@ -265,6 +265,7 @@ void staged_attention_forward(const Backend& device, const AttentionShape& shape
   const auto hprobs = st.write(probs, attention_weights(shape));
   const auto hout = st.write(out, matrix_extent(query_rows, width, shape.out_row_stride),
                              matrix_rows(query_rows, width, shape.out_row_stride));
+  const auto hrounded = st.write(shape.rounded_out, query_rows * width);
   const auto hrows = st.read(shape.key_rows, key_rows_extent(shape));
   const auto hlengths = st.read(mask.key_lengths, sequences);
   const auto hbatch = st.read(mask.key_batch, shape.batch);
@@ -277,6 +278,7 @@ void staged_attention_forward(const Backend& device, const AttentionShape& shape
   st.upload();
   AttentionShape s = shape;
   s.key_rows = st[hrows];
+  s.rounded_out = st[hrounded];
   s.score.additive_v = st[hadditive];
   AttentionMask m = mask;
   m.key_lengths = st[hlengths];
@@ -449,6 +451,7 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   const auto hdk = st.write(dk, extent_of(dk_rows), dk_rows);
   const auto hdv = st.write(dv, extent_of(dv_rows), dv_rows);
   const auto hd_additive = st.read_write(d_additive_v, width);
+  const auto hrounded = st.write(shape.rounded_out, query_rows * width);
   const auto hrows = st.read(shape.key_rows, key_rows_extent(shape));
   const auto hlengths = st.read(mask.key_lengths, sequences);
   const auto hbatch = st.read(mask.key_batch, shape.batch);
@@ -456,6 +459,7 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   st.upload();
   AttentionShape s = shape;
   s.key_rows = st[hrows];
+  s.rounded_out = st[hrounded];
   s.score.additive_v = st[hadditive];
   AttentionMask m = mask;
   m.key_lengths = st[hlengths];

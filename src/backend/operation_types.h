@@ -129,6 +129,10 @@ struct AttentionShape {
   const int32_t* key_rows = nullptr;
   int64_t key_rows_stride = 0;
   AttentionScore score;  // how queries and keys make logits
+  // Where the forward writes its output rounded to bfloat16 as well (round_to_16_bits: nearest,
+  // ties to even), dense [batch · query_len, heads · head_dim], for W_o's bfloat16 product;
+  // null: nowhere. out is written either way.
+  uint16_t* rounded_out = nullptr;
 };
 
 // Which keys a query sees. Query t of sequence b has absolute position t + query_offset;

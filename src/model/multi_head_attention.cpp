@@ -40,7 +40,7 @@ void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, in
   const int64_t d = w.q.out, query_rows = batch * query_len;
   const int64_t prob_count = batch * heads * query_len * key_len;
   sizer.need(cache.context, query_rows * d);  // [B, Tq, D]
-  if (rounds_to_bfloat16(w.o) && query_rows > 0)
+  if (reads_bfloat16_input(w.o) && query_rows > 0)
     sizer.need(cache.rounded_context, query_rows * d);                           // [B, Tq, D]
   if (cache.keep_weights || dropout > 0.f) sizer.need(cache.probs, prob_count);  // [B, H, Tq, Tk]
   if (dropout > 0.f) sizer.need(cache.dropout_mask, prob_count);
@@ -177,6 +177,11 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
     shape.key_rows = kv->key_rows;
     shape.key_rows_stride = kv->key_rows_stride;
   }
+  // W_o's bfloat16 copy of the context, written by the attention itself where W_o reads one.
+  uint16_t* rounded_context = reads_bfloat16_input(w.o) && query_rows > 0
+                                  ? cache.rounded_context.data()  // [B, Tq, D]
+                                  : nullptr;
+  shape.rounded_out = rounded_context;
   shape.q_row_stride = p.q_stride;
   shape.k_row_stride = p.k_stride;
   shape.v_row_stride = p.v_stride;
@@ -191,8 +196,6 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
                                            kv->values_16_bits, probs, context);
   else
     backend.attention_forward(shape, in.mask, p.q, p.k, p.v, probs, context, dropout);
-  const uint16_t* rounded_context =
-      rounded_copy(backend, w.o, context, query_rows, d, cache.rounded_context);  // [B, Tq, D]
   linear_forward(backend, w.o, context, query_rows, out, rounded_context);
 }
 

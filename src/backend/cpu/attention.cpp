@@ -465,6 +465,13 @@ void single_query_attention_batch(const AttentionShape& s, const AttentionMask& 
   }
 }
 
+// out rounded into s.rounded_out where the caller asks for it (AttentionShape::rounded_out).
+void write_rounded_output(const AttentionShape& s, const float* out) {
+  if (s.rounded_out)
+    round_to_bfloat16(out, s.batch * s.query_len, s.heads * s.head_dim, s.out_row_stride,
+                      s.rounded_out);
+}
+
 }  // namespace
 
 TFM_CPU_KERNEL void attention_forward(const AttentionShape& s, const AttentionMask& mask,
@@ -483,6 +490,7 @@ TFM_CPU_KERNEL void attention_forward(const AttentionShape& s, const AttentionMa
     throw std::invalid_argument("attention_forward: key_rows is for one query without dropout");
   if (s.query_len == 1 && dropout.p == 0.f) {  // incremental decoding
     single_query_attention_batch(s, mask, scale, q, k, v, probs, out);
+    write_rounded_output(s, out);
     return;
   }
   if (dropout.p > 0.f) dropout_mask(dropout.mask, pairs * pair_size, dropout.p, dropout.key);
@@ -529,6 +537,7 @@ TFM_CPU_KERNEL void attention_forward(const AttentionShape& s, const AttentionMa
            s.out_row_stride);
     }
   }
+  write_rounded_output(s, out);
 }
 
 TFM_CPU_KERNEL void attention_forward_16_bit_cache(const AttentionShape& s,
@@ -547,6 +556,7 @@ TFM_CPU_KERNEL void attention_forward_16_bit_cache(const AttentionShape& s,
   else
     single_query_attention_batch(s, mask, scale, q, reinterpret_cast<const Float16Bits*>(k),
                                  reinterpret_cast<const Float16Bits*>(v), probs, out);
+  write_rounded_output(s, out);
 }
 
 TFM_CPU_KERNEL void attention_backward(const AttentionShape& s, const AttentionMask& mask,

@@ -186,11 +186,16 @@ __device__ __forceinline__ void warp_weighted_values(const AttentionShape& s, co
       }
     }
   }
-  float* out_row = out + (at.b * s.query_len + at.t) * s.out_row_stride + at.h * d;
+  const int64_t row = at.b * s.query_len + at.t;
+  float* out_row = out + row * s.out_row_stride + at.h * d;
+  uint16_t* rounded_row =  // [heads · d] of the dense rounded copy, or null
+      s.rounded_out ? s.rounded_out + row * s.heads * d + at.h * d : nullptr;
 #pragma unroll
   for (int m = 0; m < kColumns; ++m) {
     const int64_t c = lane + 32 * m;
-    if (c < d) out_row[c] = sum[m];
+    if (c >= d) continue;
+    out_row[c] = sum[m];
+    if (rounded_row) rounded_row[c] = to_bfloat16(sum[m]);
   }
 }
 
@@ -445,6 +450,14 @@ bool scores_fit_shared(const AttentionShape& s, int64_t vectors) {
   return int64_t(shared_bytes_for(vectors * s.head_dim + round_up4(s.key_len))) <= kSharedLimit;
 }
 
+// The rounded copy of out (AttentionShape::rounded_out) for the forwards whose kernels do not
+// write it themselves: a pass of its own.
+void round_output(const Context& c, const AttentionShape& s, const float* out) {
+  if (s.rounded_out)
+    round_to_16_bits(c.stream, out, s.batch * s.query_len, s.heads * s.head_dim, s.out_row_stride,
+                     Precision::kBFloat16, s.rounded_out);
+}
+
 template <typename Element>
 void launch_forward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
                     const float* q, const Element* k, const Element* v, float* probs, float* out,
@@ -466,6 +479,7 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
     }
     if (dense_attention_applies(s, mask, probs != nullptr)) {
       dense_attention_forward(c, s, mask, q, k, v, probs, out, dropout);
+      round_output(c, s, out);
       return;
     }
   }
@@ -505,6 +519,7 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
       <<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
           s, mask, q, k, v, probs, in_shared ? nullptr : scratch.as<float>(), out, dropout, scale);
   check_launch("attention_forward");
+  round_output(c, s, out);
 }
 
 }  // namespace

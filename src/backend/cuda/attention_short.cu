@@ -136,8 +136,13 @@ __global__ void short_attention_forward_kernel(AttentionShape s, AttentionMask m
       tk, [&](int i, int j) { return ps[i * kPitch + j]; },
       [&](int j, int c) { return vs[j * kPitch + c]; }, acc);
   float* out_rows = out + at.b * s.query_len * s.out_row_stride + at.h * kShortHead;
+  uint16_t* rounded_rows =  // the dense rounded copy's rows, or null
+      s.rounded_out ? s.rounded_out + at.b * s.query_len * s.heads * kShortHead + at.h * kShortHead
+                    : nullptr;
   store_tile(acc, [&](int i, int c, float x) {
-    if (i < tq) out_rows[i * s.out_row_stride + c] = x;
+    if (i >= tq) return;
+    out_rows[i * s.out_row_stride + c] = x;
+    if (rounded_rows) rounded_rows[i * s.heads * kShortHead + c] = to_bfloat16(x);
   });
 }
 
