@@ -35,7 +35,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/elementwise.h"
 #include "backend/cpu/gemm.h"
 #include "bench_util.h"
 #include "decode/beam_search.h"
@@ -208,9 +207,9 @@ double search_flops(const tfm::ModelConfig& c, double batch, double src_len, dou
 // search calls after every step but the last (greedy too: identity parents). Step times do not
 // depend on the token values; reorder copies the same amount whatever the parents (here: each
 // sentence's hypotheses rotated). The vocabulary
-// projection + log-softmax inside a step is timed on its own with the same kernels and shapes.
-// Bookkeeping = the search's median − all of the above: candidate selection (a partial sort of
-// the vocabulary per hypothesis), hypothesis copies, and everything else search() does itself.
+// projection inside a step is timed on its own with the same kernels and shapes.
+// Bookkeeping = the search's median − all of the above: the ranking of each hypothesis' logits
+// with their log-softmax (best_tokens), hypothesis copies, and everything else search() does.
 nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources, int64_t beam,
                               int64_t out_len, int repeats, double search_median,
                               tfm::Precision precision, tfm::CacheFormat cache_format) {
@@ -232,14 +231,14 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
     decoder.start(hypothesis_sentence);
     const double t2 = now_seconds();
     double steps = 0, reorders = 0;
-    std::vector<float> logprobs;
+    std::vector<float> logits;
     std::vector<int32_t> tokens, parents;
     for (int64_t t = 0; t < out_len; ++t) {
       const int64_t n = decoder.hypotheses();
       tokens.assign(size_t(n), int32_t(t == 0 ? c.bos_id : 3 + (t * 37) % (vocab - 3)));
-      logprobs.resize(size_t(n * vocab));
+      logits.resize(size_t(n * vocab));
       const double s0 = now_seconds();
-      decoder.step(tokens.data(), logprobs.data(), nullptr);
+      decoder.step(tokens.data(), logits.data(), nullptr);
       const double s1 = now_seconds();
       steps += s1 - s0;
       if (t + 1 == out_len) break;  // the search finishes every hypothesis at the last step
@@ -253,15 +252,14 @@ nlohmann::json profile_search(const tfm::Model& model, const Sentences& sources,
       decoder.reorder(parents);
       reorders += now_seconds() - r0;
     }
-    // The vocabulary projection + log-softmax of every step, alone.
+    // The vocabulary projection of every step, alone.
     std::vector<float> x(size_t(batch * beam * d), 0.01f);
     double projection = 0;
     for (int64_t t = 0; t < out_len; ++t) {
       const int64_t n = rows_at_step(batch, beam, t);
       const double p0 = now_seconds();
       tfm::linear_forward(tfm::cpu_backend(), model.prepared(precision)->steps.output, x.data(), n,
-                          logprobs.data());
-      tfm::log_softmax(logprobs.data(), logprobs.data(), n, vocab);
+                          logits.data());
       projection += now_seconds() - p0;
     }
     if (r == 0) continue;

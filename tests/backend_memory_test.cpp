@@ -299,11 +299,12 @@ class MemoryCheckingBackend : public Backend {
     cpu().cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale,
                                          row_totals, rounded_gradient);
   }
-  void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
-                   float* values, int32_t* tokens) const override {
+  void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
+                   float* values, int32_t* tokens, float* log_sums) const override {
     const Access access =
-        check("best_tokens", {{"logprobs", logprobs}, {"values", values}, {"tokens", tokens}});
-    cpu().best_tokens(logprobs, rows, vocab, keep, banned, values, tokens);
+        check("best_tokens",
+              {{"scores", scores}, {"values", values}, {"tokens", tokens}, {"log_sums", log_sums}});
+    cpu().best_tokens(scores, rows, vocab, keep, banned, values, tokens, log_sums);
   }
 
   void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t total,
@@ -657,14 +658,10 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
           EXPECT_EQ(found.size(), sources.size());
           if (precision != Precision::kBFloat16) continue;
           // The bfloat16 copies handed to the prepared products that read them give bit for bit
-          // what rounding at each product gives: post-norm, the norms' (model/sublayer.h); with
-          // ReLU, fc1's hidden layer, which it writes in bfloat16 only (model/feed_forward.cpp).
-          if (model.config().norm == NormPosition::kPost ||
-              model.config().activation == Activation::kRelu) {
-            EXPECT_GT(backend_.rounded_operands(), before) << "no product was handed a copy";
-          } else {
-            EXPECT_EQ(backend_.rounded_operands(), before) << "pre-norm GELU writes no copies";
-          }
+          // what rounding at each product gives: every attention's output for W_o
+          // (AttentionShape::rounded_out); post-norm, the norms' (model/sublayer.h); with ReLU,
+          // fc1's hidden layer, which it writes in bfloat16 only (model/feed_forward.cpp).
+          EXPECT_GT(backend_.rounded_operands(), before) << "no product was handed a copy";
           backend_.set_ignore_rounded_copies(true);
           const auto rounded_again = search(model, sources, {}, o);
           backend_.set_ignore_rounded_copies(false);
@@ -704,9 +701,10 @@ TEST_P(BackendMemory, TrainingScoringAndDecodingPassOnlyBackendMemoryToOperation
 
 // What one decoding step asks of the backend, operation by operation, after the first steps
 // (which allocate): each decoder layer appends its keys and values to the cache in one
-// operation, the decoder's output reaches the output head uncopied, and no operation rounds
-// on its own (the norms, the attentions and fc1 write the bfloat16 copies the products read,
-// the output head reads the last layer's). On a GPU each of these is a launch.
+// operation, the decoder's output reaches the output head uncopied, no operation rounds on its
+// own (the norms, the attentions and fc1 write the bfloat16 copies the products read, the
+// output head reads the last layer's), and the logits are left for the search's ranking to
+// normalise. On a GPU each of these is a launch.
 TEST_P(BackendMemory, ADecodingStepAppendsOnceALayerAndRoundsNothingApart) {
   const Model& model = *model_;
   const ModelConfig& c = model.config();
@@ -725,14 +723,14 @@ TEST_P(BackendMemory, ADecodingStepAppendsOnceALayerAndRoundsNothingApart) {
       std::vector<int32_t> sentences(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) sentences[size_t(i)] = int32_t(i);
       decoder.start(sentences);
-      DeviceBuffer<float> logprobs;
-      logprobs.allocate_uninitialized(backend_, n * c.tgt_vocab_size);
+      DeviceBuffer<float> logits;
+      logits.allocate_uninitialized(backend_, n * c.tgt_vocab_size);
       const std::vector<int32_t> tokens(size_t(n), int32_t(c.bos_id));
       std::map<std::string, int64_t> before;
       int64_t allocations = 0;
       for (int64_t t = 0; t < steps; ++t) {
         if (t + 1 == steps) before = backend_.calls(), allocations = backend_.allocations();
-        decoder.step(tokens.data(), logprobs.data(), nullptr);
+        decoder.step(tokens.data(), logits.data(), nullptr);
       }
       std::map<std::string, int64_t> step = backend_.calls();
       for (const auto& [operation, count] : before) step[operation] -= count;
@@ -744,6 +742,7 @@ TEST_P(BackendMemory, ADecodingStepAppendsOnceALayerAndRoundsNothingApart) {
       EXPECT_EQ(step[appends], c.decoder_layers) << where;
       EXPECT_EQ(step["round_to_16_bits"], 0) << where;
       EXPECT_EQ(step["copy"], 0) << where;
+      EXPECT_EQ(step["log_softmax"], 0) << where;  // the search's best_tokens normalises
       EXPECT_EQ(backend_.allocations(), allocations) << where;
       EXPECT_EQ(step["attention_forward"] + step["attention_forward_16_bit_cache"],
                 2 * c.decoder_layers)

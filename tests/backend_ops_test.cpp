@@ -1727,35 +1727,56 @@ TEST_P(BackendOps, LogSoftmaxAndPickMatchFloat64) {
 // Values on a grid of 0.25 make ties common; sizes around the kernel's chunks of 16.
 TEST_P(BackendOps, BestTokensRankEachRowLikeAStableSort) {
   // keep up to 32 takes a GPU's one-pass kernel (a list per warp), a whole row of 37 or more the
-  // per-entry one; vocabulary 16 and 1000 are read four at a time there.
+  // per-entry one; vocabulary 16 and 1000 are read four at a time there. With log_sums the
+  // rows are logits: the same ranking, each value less the row's log Σ exp (float64's, to float
+  // rounding), which log_sums holds.
   for (int64_t vocab : {1, 7, 16, 37, 1000, 1003})
     for (int64_t keep : {int64_t(1), int64_t(3), int64_t(8), int64_t(16), int64_t(17), vocab})
-      for (int32_t banned : {-1, 0, int32_t(vocab / 2)}) {
-        if (keep > vocab) continue;
-        const int64_t rows = 4;
-        auto x = random_vector(rows * vocab, 61, 2.f);
-        for (float& v : x) v = std::round(v * 4.f) / 4.f;
-        if (vocab > 2) x[size_t(vocab + 2)] = NAN;     // row 1
-        x[size_t(2 * vocab + vocab - 1)] = -INFINITY;  // row 2, last token
-        std::vector<float> values(size_t(rows * keep));
-        std::vector<int32_t> tokens(values.size());
-        be().best_tokens(x.data(), rows, vocab, keep, banned, values.data(), tokens.data());
-        for (int64_t r = 0; r < rows; ++r) {
-          std::vector<std::pair<float, int32_t>> ranked;
-          for (int64_t id = 0; id < vocab; ++id) {
-            const float v = x[size_t(r * vocab + id)];
-            ranked.push_back({id == banned || std::isnan(v) ? -INFINITY : v, int32_t(id)});
-          }
-          std::stable_sort(ranked.begin(), ranked.end(),
-                           [](const auto& a, const auto& b) { return a.first > b.first; });
-          for (int64_t i = 0; i < keep; ++i) {
-            ASSERT_EQ(tokens[size_t(r * keep + i)], ranked[size_t(i)].second)
-                << "vocab " << vocab << " keep " << keep << " banned " << banned << " row " << r
-                << " rank " << i;
-            ASSERT_EQ(values[size_t(r * keep + i)], ranked[size_t(i)].first);
+      for (int32_t banned : {-1, 0, int32_t(vocab / 2)})
+        for (bool normalise : {false, true}) {
+          if (keep > vocab) continue;
+          const int64_t rows = 4;
+          auto x = random_vector(rows * vocab, 61, 2.f);
+          for (float& v : x) v = std::round(v * 4.f) / 4.f;
+          if (vocab > 2) x[size_t(vocab + 2)] = NAN;     // row 1
+          x[size_t(2 * vocab + vocab - 1)] = -INFINITY;  // row 2, last token
+          std::vector<float> values(size_t(rows * keep));
+          std::vector<int32_t> tokens(values.size());
+          std::vector<float> log_sums(size_t(rows), 7.f);
+          be().best_tokens(x.data(), rows, vocab, keep, banned, values.data(), tokens.data(),
+                           normalise ? log_sums.data() : nullptr);
+          for (int64_t r = 0; r < rows; ++r) {
+            std::vector<std::pair<float, int32_t>> ranked;
+            double largest = -INFINITY, sum = 0;
+            bool has_nan = false;
+            for (int64_t id = 0; id < vocab; ++id) {
+              const float v = x[size_t(r * vocab + id)];
+              ranked.push_back({id == banned || std::isnan(v) ? -INFINITY : v, int32_t(id)});
+              has_nan = has_nan || std::isnan(v);
+              if (!std::isnan(v)) largest = std::max(largest, double(v));
+            }
+            for (int64_t id = 0; id < vocab; ++id)
+              if (!std::isnan(x[size_t(r * vocab + id)]))
+                sum += std::exp(double(x[size_t(r * vocab + id)]) - largest);
+            const float log_sum = normalise ? log_sums[size_t(r)] : 0.f;
+            // With a NaN, or no finite entry, log Σ exp is the backend's own.
+            if (normalise && !has_nan && largest > -INFINITY) {
+              ASSERT_NEAR(log_sum, largest + std::log(sum), 1e-5 * (1 + std::abs(largest)))
+                  << "vocab " << vocab << " row " << r;
+            }
+            std::stable_sort(ranked.begin(), ranked.end(),
+                             [](const auto& a, const auto& b) { return a.first > b.first; });
+            for (int64_t i = 0; i < keep; ++i) {
+              ASSERT_EQ(tokens[size_t(r * keep + i)], ranked[size_t(i)].second)
+                  << "vocab " << vocab << " keep " << keep << " banned " << banned << " row " << r
+                  << " rank " << i << " normalised " << normalise;
+              const float want = ranked[size_t(i)].first - log_sum;
+              const float got = values[size_t(r * keep + i)];
+              ASSERT_TRUE(got == want || (std::isnan(got) && std::isnan(want)))
+                  << got << " against " << want << ", vocab " << vocab << " row " << r;
+            }
           }
         }
-      }
 }
 
 // The loss exactly as torch.nn.CrossEntropyLoss(label_smoothing=ε, reduction='none') gives it

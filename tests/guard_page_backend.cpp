@@ -167,9 +167,10 @@ void GuardPageBackend::cross_entropy_forward_backward(float* logits, const int32
                                        row_totals, rounded_gradient);
 }
 
-void GuardPageBackend::best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
-                                   int32_t banned, float* values, int32_t* tokens) const {
-  cpu().best_tokens(logprobs, rows, vocab, keep, banned, values, tokens);
+void GuardPageBackend::best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep,
+                                   int32_t banned, float* values, int32_t* tokens,
+                                   float* log_sums) const {
+  cpu().best_tokens(scores, rows, vocab, keep, banned, values, tokens, log_sums);
 }
 
 void GuardPageBackend::adam_update(float* const* params, const int64_t* offsets, int64_t count,

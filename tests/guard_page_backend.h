@@ -101,8 +101,8 @@ class GuardPageBackend final : public Backend {
                                       double* row_totals,
                                       uint16_t* rounded_gradient) const override;
 
-  void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
-                   float* values, int32_t* tokens) const override;
+  void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
+                   float* values, int32_t* tokens, float* log_sums) const override;
 
   void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t total,
                    const float* grad, float* m, float* v, const AdamHyperparameters& h,

@@ -750,15 +750,17 @@ void HostStagedBackend::cross_entropy_forward_backward(float* logits, const int3
 
 // --- Search --------------------------------------------------------------------------------------
 
-void HostStagedBackend::best_tokens(const float* logprobs, int64_t rows, int64_t vocab,
-                                    int64_t keep, int32_t banned, float* values,
-                                    int32_t* tokens) const {
+void HostStagedBackend::best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep,
+                                    int32_t banned, float* values, int32_t* tokens,
+                                    float* log_sums) const {
   Staging st(device_);
-  const auto hlogprobs = st.read(logprobs, rows * vocab);
+  const auto hscores = st.read(scores, rows * vocab);
   const auto hvalues = st.write(values, rows * keep);
   const auto htokens = st.write(tokens, rows * keep);
+  const auto hlog_sums = st.write(log_sums, rows);
   st.upload();
-  device_.best_tokens(st[hlogprobs], rows, vocab, keep, banned, st[hvalues], st[htokens]);
+  device_.best_tokens(st[hscores], rows, vocab, keep, banned, st[hvalues], st[htokens],
+                      st[hlog_sums]);
   st.download();
 }
 

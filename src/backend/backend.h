@@ -232,13 +232,18 @@ class Backend {
   virtual int64_t logits_chunk_bytes() const { return int64_t(16) << 20; }
 
   // --- Search ------------------------------------------------------------------------------
-  // Per row r of logprobs[rows, vocab]: its keep largest entries, largest first, into
+  // Per row r of scores[rows, vocab]: its keep largest entries, largest first, into
   // values[r, keep] and their token ids into tokens[r, keep]; ties go to the lower id; token
   // `banned` (-1: none) and NaN count as −∞ (a row with fewer than keep finite entries ends in
-  // −∞ entries). 1 ≤ keep ≤ vocab. Beam search ranks each hypothesis' continuations with it and
+  // −∞ entries). 1 ≤ keep ≤ vocab. With log_sums given ([rows]), the scores are logits: each
+  // row's log Σ exp (over every entry, the banned one included: log_softmax's) goes to
+  // log_sums[r] and is subtracted from the row's values, which are then exactly what
+  // log_softmax gives those entries — the softmax and the ranking in one pass, with no
+  // log-probabilities written. Beam search ranks each hypothesis' continuations with it and
   // copies back only these rows × keep candidates.
-  virtual void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
-                           int32_t banned, float* values, int32_t* tokens) const = 0;
+  virtual void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep,
+                           int32_t banned, float* values, int32_t* tokens,
+                           float* log_sums) const = 0;
 
   // --- Optimizer (§5.3) and gradient clipping ------------------------------------------------
   // torch.optim.Adam's update of `count` tensors in one call (one launch on a GPU); step counts

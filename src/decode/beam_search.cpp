@@ -26,7 +26,7 @@ double length_penalty(double alpha, int64_t length) {
 
 // What one search() call can allocate, in bytes, at most: the encoder's activations, the
 // decoder's self-attention cache (layers × K,V × steps × hypotheses × d) and cross-attention
-// K,V, every hypothesis' row of log-probabilities, the per-sentence candidates, the live
+// K,V, every hypothesis' row of logits, the per-sentence candidates, the live
 // hypotheses' tokens and histories (twice: this step's and the next) and, if kept, attention.
 // Saturates instead of overflowing: a beam of 10⁹ must be refused, not wrap around.
 int64_t search_memory_bytes(const ModelConfig& c, int64_t sentences, int64_t src_len, int64_t steps,
@@ -138,18 +138,17 @@ class BeamSearch {
     memory_ = std::move(cache.memory);
   }
 
-  // The decoder's log-probabilities (and, if kept, cross-attention) for every live hypothesis'
-  // next token.
+  // The decoder's logits (and, if kept, cross-attention) for every live hypothesis' next token.
   void decode_step(IncrementalDecoder& decoder) {
     const int64_t n = int64_t(live_.size());
     inputs_.resize(size_t(n));
     for (int64_t i = 0; i < n; ++i)
       inputs_[size_t(i)] =
           live_[size_t(i)].tokens.empty() ? int32_t(c_.bos_id) : live_[size_t(i)].tokens.back();
-    float* logprobs = ensure_size(model_.backend(), logprobs_, n * c_.tgt_vocab_size);
+    float* logits = ensure_size(model_.backend(), logits_, n * c_.tgt_vocab_size);
     float* attention =
         o_.attention ? ensure_size(model_.backend(), attention_, n * attention_width()) : nullptr;
-    decoder.step(inputs_.data(), logprobs, attention, o_.attention_layer, o_.attention_per_head);
+    decoder.step(inputs_.data(), logits, attention, o_.attention_layer, o_.attention_per_head);
     if (attention) {
       host_attention_.resize(size_t(n * attention_width()));
       model_.backend().copy_to_host(attention, n * attention_width() * int64_t(sizeof(float)),
@@ -183,25 +182,30 @@ class BeamSearch {
 
   // Each live hypothesis' best continuations (the arg max for greedy, else its best 2·beam
   // tokens — enough to fill the beam even if beam of them end the sentence), ranked by the
-  // backend where the log-probabilities are; only these candidates come back to the host. eos
-  // counts as impossible before min_length.
+  // backend where the logits are, which gives them their log-probabilities in the same pass;
+  // only these candidates and each hypothesis' log Σ exp come back to the host. eos counts as
+  // impossible before min_length.
   void rank_tokens(int64_t t) {
     const Backend& backend = model_.backend();
     const int64_t n = int64_t(live_.size()), vocab = c_.tgt_vocab_size;
     keep_ = o_.beam == 1 ? 1 : std::min<int64_t>(vocab, 2 * o_.beam);
-    const int64_t count = n * keep_;
-    int32_t* ranked = ensure_size(backend, best_ranked_, 2 * count);  // [2, live, keep_]
-    float* values = reinterpret_cast<float*>(ranked);                 // [live, keep_]
-    int32_t* tokens = ranked + count;                                 // [live, keep_]
-    backend.best_tokens(logprobs_.data(), n, vocab, keep_,
-                        t >= o_.min_length ? -1 : int32_t(c_.eos_id), values, tokens);
-    host_ranked_.resize(size_t(2 * count));  // one copy back (one wait) for both
-    backend.copy_to_host(ranked, 2 * count * int64_t(sizeof(int32_t)), host_ranked_.data());
+    ranked_count_ = n * keep_;
+    const int64_t words = 2 * ranked_count_ + n;
+    int32_t* ranked = ensure_size(backend, best_ranked_, words);  // [2 · live · keep_ + live]
+    float* values = reinterpret_cast<float*>(ranked);             // [live, keep_]
+    int32_t* tokens = ranked + ranked_count_;                     // [live, keep_]
+    float* log_sums = reinterpret_cast<float*>(tokens + ranked_count_);  // [live]
+    backend.best_tokens(logits_.data(), n, vocab, keep_,
+                        t >= o_.min_length ? -1 : int32_t(c_.eos_id), values, tokens, log_sums);
+    host_ranked_.resize(size_t(words));  // one copy back (one wait) for all three
+    backend.copy_to_host(ranked, words * int64_t(sizeof(int32_t)), host_ranked_.data());
   }
   // Candidate r of rank_tokens' [live, keep_]: its log-prob and its token.
   float ranked_logprob(int64_t r) const { return std::bit_cast<float>(host_ranked_[size_t(r)]); }
-  int32_t ranked_token(int64_t r) const {
-    return host_ranked_[host_ranked_.size() / 2 + size_t(r)];
+  int32_t ranked_token(int64_t r) const { return host_ranked_[size_t(ranked_count_ + r)]; }
+  // Hypothesis h's log Σ exp of its logits (its log-softmax's normaliser).
+  float log_sum(int64_t h) const {
+    return std::bit_cast<float>(host_ranked_[size_t(2 * ranked_count_ + h)]);
   }
 
   // candidates_: every continuation worth considering of hypotheses [begin, end) of sentence s,
@@ -214,10 +218,9 @@ class BeamSearch {
       const double base = live_[size_t(h)].logprob;
       if (forced) {
         const int32_t token = prefixes_[size_t(s)][size_t(t)];
-        float logprob;
-        model_.backend().copy_to_host(logprobs_.data() + h * vocab + token, sizeof(float),
-                                      &logprob);
-        candidates_.push_back({base + logprob, h, token});
+        float logit;  // its log-prob: the logit less the row's log Σ exp (log_softmax's)
+        model_.backend().copy_to_host(logits_.data() + h * vocab + token, sizeof(float), &logit);
+        candidates_.push_back({base + (logit - log_sum(h)), h, token});
         continue;
       }
       for (int64_t r = h * keep_; r < (h + 1) * keep_; ++r)
@@ -321,15 +324,17 @@ class BeamSearch {
   std::vector<int32_t> parents_;                   // [next live] the live hypothesis each extends
   std::vector<std::vector<Hypothesis>> finished_;  // [sentences]
   std::vector<int32_t> inputs_;        // [live] the token each hypothesis feeds the decoder
-  DeviceBuffer<float> logprobs_;       // [live, V] in the backend's memory
+  DeviceBuffer<float> logits_;         // [live, V] in the backend's memory
   DeviceBuffer<float> attention_;      // [live, heads or 1, S] in the backend's memory
   std::vector<float> host_attention_;  // [live, heads or 1, S] its host copy
   std::vector<Candidate> candidates_;  // one sentence's, best first
   int64_t keep_ = 1;                   // continuations ranked per hypothesis
-  // [2, live, keep_] each hypothesis' best log-probs (float bits), best first, then their
-  // tokens: one buffer, so that one copy brings both back
+  // [2 · live · keep_ + live]: each hypothesis' best log-probs (float bits), best first, then
+  // their tokens, then each hypothesis' log Σ exp (float bits): one buffer, so that one copy
+  // brings all back
   DeviceBuffer<int32_t> best_ranked_;
-  std::vector<int32_t> host_ranked_;  // [2, live, keep_] its host copy
+  std::vector<int32_t> host_ranked_;  // its host copy
+  int64_t ranked_count_ = 0;          // live · keep_ of the last rank_tokens
 };
 
 }  // namespace

@@ -77,7 +77,7 @@ void IncrementalDecoder::start(const std::vector<int32_t>& hypothesis_sentence) 
   position_ = 0;
 }
 
-void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cross_attention,
+void IncrementalDecoder::step(const int32_t* tokens, float* logits, float* cross_attention,
                               int64_t attention_layer, bool per_head) {
   const ModelConfig& c = model_.config();
   const Backend& backend = model_.backend();
@@ -158,10 +158,7 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logprobs, float* cro
   // where the output head reads one (DecoderStep::round_last_output).
   float* states = layer_cache_.ffn_sublayer.output.data();  // [N, D]
   final_norm(backend, c, w.decoder_norm, states, n, nullptr, states);
-  output_head_forward(
-      backend, w.output, {states, input.rounded}, n, logprobs, [&](const OutputChunk& chunk) {
-        backend.log_softmax(chunk.logits, chunk.logits, chunk.rows, c.tgt_vocab_size);
-      });
+  output_head_forward(backend, w.output, {states, input.rounded}, n, logits);
   ++position_;
 }
 

@@ -31,11 +31,13 @@ class IncrementalDecoder {
   // Starts `hypothesis_sentence.size()` hypotheses (sentence index of each) at position 0.
   void start(const std::vector<int32_t>& hypothesis_sentence);
 
-  // Feeds tokens[N] (host) at the current position; logprobs[N, V] receive log p(next token).
+  // Feeds tokens[N] (host) at the current position; logits[N, V] receive the output head's
+  // logits for the next token (unnormalised: Backend::best_tokens gives the best ones their
+  // log-probabilities in the same pass, log_softmax all of them).
   // With cross_attention non-null, it receives the cross-attention weights of decoder layer
   // attention_layer (-1: the last): averaged over heads, [N, src_len], or with per_head
   // [N, heads, src_len]. Both outputs are in the model's backend memory.
-  void step(const int32_t* tokens, float* logprobs, float* cross_attention,
+  void step(const int32_t* tokens, float* logits, float* cross_attention,
             int64_t attention_layer = -1, bool per_head = false);
 
   // Keeps hypotheses parents[0..M) (indices into the current set, repeats allowed) as the new

@@ -1,10 +1,11 @@
 // The output head of §3.4: decoder states to logits over the target vocabulary (the learned
 // linear transformation before the softmax, tied to the embeddings or not), the one definition
 // that scoring (model/transformer.cpp), the loss (train/loss.cpp) and decoding
-// (decode/incremental_decoder.cpp) share. Rows go through the projection in chunks, so that the
-// [rows, V] logits never exist at once whatever the vocabulary; each chunk is handed to the
-// caller's softmax (log p of a label, cross-entropy and its gradient, the search's
-// log-probabilities) before the next chunk overwrites it.
+// (decode/incremental_decoder.cpp) share. In training and scoring, rows go through the
+// projection in chunks, so that the [rows, V] logits never exist at once whatever the
+// vocabulary; each chunk is handed to the caller's softmax (log p of a label, cross-entropy and
+// its gradient) before the next chunk overwrites it. A decoding step projects its few rows at
+// once, for the search to rank.
 #pragma once
 
 #include <algorithm>
@@ -56,21 +57,14 @@ void output_head_forward(const Backend& backend, const LinearWeights& output, co
   }
 }
 
-// Decoding's form: every row projected into `destination` [count, V] at once (the search reads
-// them all), then handed to use() as one chunk. Its weights are prepared, so no buffer of its
+// Decoding's form: every row's logits projected into `destination` [count, V] at once (the
+// search ranks them all: Backend::best_tokens). Its weights are prepared, so no buffer of its
 // own is needed: a bfloat16 matrix reads states.rounded where given, else rounds them itself.
-template <typename Use>
-void output_head_forward(const Backend& backend, const LinearWeights& output, MatmulOperand states,
-                         int64_t count, float* destination, Use&& use) {
+inline void output_head_forward(const Backend& backend, const LinearWeights& output,
+                                MatmulOperand states, int64_t count, float* destination) {
   if (rounds_to_bfloat16(output))
     throw std::logic_error("output_head_forward: decoding's projection rounds to bfloat16");
-  OutputChunk c;
-  c.rows = count;
-  c.states = states.values;
-  c.rounded_states = states.rounded;
-  c.logits = destination;
   linear_forward(backend, output, states.values, count, destination, states.rounded);
-  use(c);
 }
 
 // What the chunked output_head_forward asks of `buffers` for `count` rows.

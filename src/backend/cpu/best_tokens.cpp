@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_dispatch.h"
+#include "backend/cpu/fast_exp.h"
 #include "backend/cpu/parallel_threshold.h"
 
 namespace tfm {
@@ -44,12 +45,17 @@ void best_tokens_of_row(const float* row, int64_t vocab, int64_t keep, int32_t b
 
 }  // namespace
 
-TFM_CPU_KERNEL void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
-                                int32_t banned, float* values, int32_t* tokens) {
+TFM_CPU_KERNEL void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep,
+                                int32_t banned, float* values, int32_t* tokens, float* log_sums) {
 #pragma omp parallel for schedule(static) if (rows * vocab >= kParallelElements)
-  for (int64_t r = 0; r < rows; ++r)
-    best_tokens_of_row(logprobs + r * vocab, vocab, keep, banned, values + r * keep,
-                       tokens + r * keep);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = scores + r * vocab;
+    best_tokens_of_row(row, vocab, keep, banned, values + r * keep, tokens + r * keep);
+    if (!log_sums) continue;
+    const float log_sum = log_sum_exp(row, vocab);  // log_softmax's, as it computes it
+    log_sums[r] = log_sum;
+    for (int64_t i = r * keep; i < (r + 1) * keep; ++i) values[i] -= log_sum;
+  }
 }
 
 }  // namespace tfm

@@ -7,10 +7,12 @@
 
 namespace tfm {
 
-// Per row r of logprobs[rows, vocab]: its keep largest entries, largest first, into
+// Per row r of scores[rows, vocab]: its keep largest entries, largest first, into
 // values[r, keep] and tokens[r, keep]; ties go to the lower token id; token `banned` (-1:
-// none) and NaN count as −∞. 1 ≤ keep ≤ vocab.
-void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
-                 float* values, int32_t* tokens);
+// none) and NaN count as −∞. 1 ≤ keep ≤ vocab. log_sums [rows] (null: none): the scores are
+// logits, each row's log Σ exp goes there and the values are the entries less it (log_softmax's
+// values), the row read again while it is in cache rather than written in log-probabilities.
+void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
+                 float* values, int32_t* tokens, float* log_sums);
 
 }  // namespace tfm

@@ -206,9 +206,9 @@ class CpuBackend final : public Backend {
                                         row_totals, rounded_gradient);
   }
 
-  void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
-                   float* values, int32_t* tokens) const override {
-    tfm::best_tokens(logprobs, rows, vocab, keep, banned, values, tokens);
+  void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
+                   float* values, int32_t* tokens, float* log_sums) const override {
+    tfm::best_tokens(scores, rows, vocab, keep, banned, values, tokens, log_sums);
   }
   void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t,
                    const float* grad, float* m, float* v, const AdamHyperparameters& h,

@@ -14,17 +14,6 @@ namespace tfm {
 
 namespace {
 
-// log Σ exp(x[c]) of one row, shifted by its maximum for stability.
-inline float log_sum_exp(const float* x, int64_t cols) {
-  float max_value = -INFINITY;
-#pragma omp simd reduction(max : max_value)
-  for (int64_t c = 0; c < cols; ++c) max_value = x[c] > max_value ? x[c] : max_value;
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t c = 0; c < cols; ++c) sum += fast_exp(x[c] - max_value);
-  return max_value + std::log(sum);
-}
-
 // One row of layer_norm: in[cols] normalised into out[cols] (may alias), its mean and 1/σ
 // stored at mean_out[r] / rstd_out[r] where those are given. Inlined into each caller's
 // clone (cpu_dispatch.h), so every caller rounds alike.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 namespace tfm {
@@ -33,6 +34,19 @@ inline float fast_exp(float x) {
 #pragma omp declare simd
 inline float fast_tanh(float x) {
   return 1.f - 2.f / (fast_exp(2.f * x) + 1.f);
+}
+
+// log Σ exp(x[c]) of one row, shifted by its maximum for stability: log_softmax's and
+// log_softmax_pick's (elementwise.cpp), and best_tokens' where it normalises logits. Inlined
+// into each caller's clone (cpu_dispatch.h), so every caller computes it alike.
+__attribute__((always_inline)) inline float log_sum_exp(const float* x, int64_t cols) {
+  float max_value = -INFINITY;
+#pragma omp simd reduction(max : max_value)
+  for (int64_t c = 0; c < cols; ++c) max_value = x[c] > max_value ? x[c] : max_value;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < cols; ++c) sum += fast_exp(x[c] - max_value);
+  return max_value + std::log(sum);
 }
 
 }  // namespace tfm

@@ -256,10 +256,10 @@ class CudaBackend final : public Backend {
   // of each per step.
   int64_t logits_chunk_bytes() const override { return int64_t(512) << 20; }
 
-  void best_tokens(const float* logprobs, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
-                   float* values, int32_t* tokens) const override {
+  void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
+                   float* values, int32_t* tokens, float* log_sums) const override {
     TFM_CUDA_OPERATION_SHAPED(c_, "best_tokens", rows, vocab, keep);
-    cuda::best_tokens(c_.stream, logprobs, rows, vocab, keep, banned, values, tokens);
+    cuda::best_tokens(c_.stream, scores, rows, vocab, keep, banned, values, tokens, log_sums);
   }
   void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t total,
                    const float* grad, float* m, float* v, const AdamHyperparameters& h,

@@ -100,8 +100,8 @@ void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* target
 void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t* targets,
                                     int64_t rows, int64_t vocab, float smoothing, float grad_scale,
                                     double* row_totals, uint16_t* rounded_gradient);
-void best_tokens(cudaStream_t s, const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
-                 int32_t banned, float* values, int32_t* tokens);
+void best_tokens(cudaStream_t s, const float* scores, int64_t rows, int64_t vocab, int64_t keep,
+                 int32_t banned, float* values, int32_t* tokens, float* log_sums);
 
 // --- attention.cu ---
 void attention_forward(const Context& c, const AttentionShape& shape, const AttentionMask& mask,

@@ -208,6 +208,19 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
   }
 }
 
+// best_tokens' normaliser of a row of logits: its log Σ exp as log_softmax_kernel computes it
+// (one read; the ranking's read then finds the row in L2), stored into log_sums[blockIdx.x] by
+// thread 0; 0 where log_sums is null (the scores are log-probabilities already). Every thread
+// of the block must call it.
+__device__ float row_log_sum(const float* row, int64_t vocab, float* log_sums) {
+  __shared__ SoftmaxPart shared[32];
+  if (!log_sums) return 0.f;
+  const SoftmaxPart whole = block_combine(thread_softmax_part(row, vocab), shared);
+  const float log_sum = whole.largest + logf(whole.sum);
+  if (threadIdx.x == 0) log_sums[blockIdx.x] = log_sum;
+  return log_sum;
+}
+
 // (value, id) pairs in the order of best_tokens: larger value first, then lower id.
 __device__ __forceinline__ bool ranks_before(float v, int32_t id, float w, int32_t other) {
   return v > w || (v == w && id < other);
@@ -215,11 +228,12 @@ __device__ __forceinline__ bool ranks_before(float v, int32_t id, float w, int32
 
 // The keep best entries of one row, one selection round per entry: round i takes the best pair
 // that ranks after round i − 1's (the order is total), so no set of taken ids is kept.
-__global__ void best_tokens_kernel(const float* logprobs, int64_t vocab, int64_t keep,
-                                   int32_t banned, float* values, int32_t* tokens) {
+__global__ void best_tokens_kernel(const float* scores, int64_t vocab, int64_t keep, int32_t banned,
+                                   float* values, int32_t* tokens, float* log_sums) {
   __shared__ float best_value[32];
   __shared__ int32_t best_id[32];
-  const float* row = logprobs + int64_t(blockIdx.x) * vocab;
+  const float* row = scores + int64_t(blockIdx.x) * vocab;
+  const float log_sum = row_log_sum(row, vocab, log_sums);
   float previous_value = INFINITY;
   int32_t previous_id = -1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -247,7 +261,7 @@ __global__ void best_tokens_kernel(const float* logprobs, int64_t vocab, int64_t
         v_best = best_value[w], id_best = best_id[w];
     __syncthreads();
     if (threadIdx.x == 0) {
-      values[int64_t(blockIdx.x) * keep + i] = v_best;
+      values[int64_t(blockIdx.x) * keep + i] = v_best - log_sum;
       tokens[int64_t(blockIdx.x) * keep + i] = id_best;
     }
     previous_value = v_best;
@@ -303,11 +317,13 @@ struct WarpBest {
 // best_tokens for keep ≤ kMaxWarpKeep in one read of the row: each warp ranks its share of the
 // row (32 words of four at a time where the row reads as float4), then warp 0 ranks the warps'
 // lists. The per-entry kernel above reads the row keep times.
-__global__ void best_tokens_warp_kernel(const float* logprobs, int64_t vocab, int64_t keep,
-                                        int32_t banned, float* values, int32_t* tokens) {
+__global__ void best_tokens_warp_kernel(const float* scores, int64_t vocab, int64_t keep,
+                                        int32_t banned, float* values, int32_t* tokens,
+                                        float* log_sums) {
   __shared__ float list_value[kRowThreads / 32][kMaxWarpKeep];
   __shared__ int32_t list_id[kRowThreads / 32][kMaxWarpKeep];
-  const float* row = logprobs + int64_t(blockIdx.x) * vocab;
+  const float* row = scores + int64_t(blockIdx.x) * vocab;
+  const float log_sum = row_log_sum(row, vocab, log_sums);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const auto offered = [&](float v, int64_t c) {  // banned, NaN and past the row: −∞
     return c < vocab && c != banned && v == v ? v : -INFINITY;
@@ -346,7 +362,7 @@ __global__ void best_tokens_warp_kernel(const float* logprobs, int64_t vocab, in
     whole.offer_all(lane < keep ? list_value[from][lane] : -INFINITY,
                     lane < keep ? list_id[from][lane] : INT32_MAX);
   if (lane < keep) {
-    values[int64_t(blockIdx.x) * keep + lane] = whole.value;
+    values[int64_t(blockIdx.x) * keep + lane] = whole.value - log_sum;
     tokens[int64_t(blockIdx.x) * keep + lane] = whole.id;
   }
 }
@@ -375,15 +391,15 @@ void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t
   check_launch("cross_entropy_forward_backward");
 }
 
-void best_tokens(cudaStream_t s, const float* logprobs, int64_t rows, int64_t vocab, int64_t keep,
-                 int32_t banned, float* values, int32_t* tokens) {
+void best_tokens(cudaStream_t s, const float* scores, int64_t rows, int64_t vocab, int64_t keep,
+                 int32_t banned, float* values, int32_t* tokens, float* log_sums) {
   if (rows == 0) return;
   if (keep <= kMaxWarpKeep)
-    best_tokens_warp_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(logprobs, vocab, keep, banned,
-                                                                   values, tokens);
+    best_tokens_warp_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(scores, vocab, keep, banned,
+                                                                   values, tokens, log_sums);
   else  // a wide beam: one pass over the row per entry
-    best_tokens_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(logprobs, vocab, keep, banned, values,
-                                                              tokens);
+    best_tokens_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(scores, vocab, keep, banned, values,
+                                                              tokens, log_sums);
   check_launch("best_tokens");
 }
 
