@@ -451,7 +451,6 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   const auto hdk = st.write(dk, extent_of(dk_rows), dk_rows);
   const auto hdv = st.write(dv, extent_of(dv_rows), dv_rows);
   const auto hd_additive = st.read_write(d_additive_v, width);
-  const auto hrounded = st.write(shape.rounded_out, query_rows * width);
   const auto hrows = st.read(shape.key_rows, key_rows_extent(shape));
   const auto hlengths = st.read(mask.key_lengths, sequences);
   const auto hbatch = st.read(mask.key_batch, shape.batch);
@@ -459,7 +458,7 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   st.upload();
   AttentionShape s = shape;
   s.key_rows = st[hrows];
-  s.rounded_out = st[hrounded];
+  s.rounded_out = nullptr;  // the forward's output: the backward neither reads nor writes it
   s.score.additive_v = st[hadditive];
   AttentionMask m = mask;
   m.key_lengths = st[hlengths];
