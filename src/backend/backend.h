@@ -240,8 +240,8 @@ class Backend {
   // log_sums[r] and is subtracted from the row's values, which are then exactly what
   // log_softmax gives those entries — the softmax and the ranking in one pass, with no
   // log-probabilities written. The ranking is the logits' (two logits that the subtraction
-  // rounds to one log-probability rank as the logits do, not by id). Beam search ranks each hypothesis' continuations with it and
-  // copies back only these rows × keep candidates.
+  // rounds to one log-probability rank as the logits do, not by id). Beam search ranks each
+  // hypothesis' continuations with it and copies back only these rows × keep candidates.
   virtual void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep,
                            int32_t banned, float* values, int32_t* tokens,
                            float* log_sums) const = 0;

@@ -96,13 +96,19 @@ __device__ __forceinline__ SoftmaxPart thread_softmax_part(const float* row, int
   return part;
 }
 
+// log Σ exp(row[cols]) for the whole block, in one read (the maximum and the sum together):
+// what log-softmax subtracts. Every thread of the block must call it, and gets the value.
+__device__ float block_log_sum_exp(const float* row, int64_t cols) {
+  __shared__ SoftmaxPart shared[32];
+  const SoftmaxPart whole = block_combine(thread_softmax_part(row, cols), shared);
+  return whole.largest + logf(whole.sum);
+}
+
 // y = x − log Σ exp(x) per row: one read for the maximum and the sum together, one to write.
 __global__ void log_softmax_kernel(const float* x, float* y, int64_t cols) {
-  __shared__ SoftmaxPart shared[32];
   const float* in = x + int64_t(blockIdx.x) * cols;
   float* out = y + int64_t(blockIdx.x) * cols;
-  const SoftmaxPart whole = block_combine(thread_softmax_part(in, cols), shared);
-  const float log_sum = whole.largest + logf(whole.sum);
+  const float log_sum = block_log_sum_exp(in, cols);
   if (reads_as_float4(in, cols) && reads_as_float4(out, cols)) {
     const float4* in4 = reinterpret_cast<const float4*>(in);
     float4* out4 = reinterpret_cast<float4*>(out);
@@ -118,11 +124,9 @@ __global__ void log_softmax_kernel(const float* x, float* y, int64_t cols) {
 // out = the target's logit − log Σ exp(row), one read of the row.
 __global__ void log_softmax_pick_kernel(const float* logits, const int32_t* targets, int64_t cols,
                                         float* out) {
-  __shared__ SoftmaxPart shared[32];
   const float* in = logits + int64_t(blockIdx.x) * cols;
-  const SoftmaxPart whole = block_combine(thread_softmax_part(in, cols), shared);
-  if (threadIdx.x == 0)
-    out[blockIdx.x] = in[targets[blockIdx.x]] - (whole.largest + logf(whole.sum));
+  const float log_sum = block_log_sum_exp(in, cols);
+  if (threadIdx.x == 0) out[blockIdx.x] = in[targets[blockIdx.x]] - log_sum;
 }
 
 // Per row, in one read of the logits: the loss terms in double and whether the first maximum is
@@ -208,15 +212,13 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
   }
 }
 
-// best_tokens' normaliser of a row of logits: its log Σ exp as log_softmax_kernel computes it
-// (one read; the ranking's read then finds the row in L2), stored into log_sums[blockIdx.x] by
-// thread 0; 0 where log_sums is null (the scores are log-probabilities already). Every thread
-// of the block must call it.
+// best_tokens' normaliser of a row of logits: block_log_sum_exp, as log_softmax_kernel
+// subtracts it (the ranking's read then finds the row in L2), stored into log_sums[blockIdx.x]
+// by thread 0; 0 where log_sums is null (the scores are log-probabilities already). Every
+// thread of the block must call it.
 __device__ float row_log_sum(const float* row, int64_t vocab, float* log_sums) {
-  __shared__ SoftmaxPart shared[32];
   if (!log_sums) return 0.f;
-  const SoftmaxPart whole = block_combine(thread_softmax_part(row, vocab), shared);
-  const float log_sum = whole.largest + logf(whole.sum);
+  const float log_sum = block_log_sum_exp(row, vocab);
   if (threadIdx.x == 0) log_sums[blockIdx.x] = log_sum;
   return log_sum;
 }
