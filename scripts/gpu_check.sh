@@ -139,8 +139,35 @@ step decode_512_greedy 60 decode_compare 512 1
 step decode_512_beam4 60 decode_compare 512 4
 step decode_512_beam4_f16 60 decode_compare 512 4 float16
 step decode_512_greedy_f16 60 decode_compare 512 1 float16
+# The same searches with every step launched operation by operation (TFM_CUDA_GRAPHS=0): what
+# the recorded steps (CUDA graphs) gain, and the same tokens either way.
+decode_without_graphs() {  # decode_without_graphs BATCH BEAM
+  local dir=/tmp/gpu_check_decode
+  [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = "$1" ] ||
+    build/bench/decode_bench --work-dir $dir --prepare-only --batch "$1" --src-len 32 \
+      --vocab 37000 >/dev/null 2>&1 || return 1
+  local run=(build/bench/decode_bench --work-dir $dir --device cuda --compute-type bfloat16
+    --cache bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 3)
+  local graphs eager
+  graphs=$("${run[@]}" | tail -1) || return 1
+  eager=$(TFM_CUDA_GRAPHS=0 "${run[@]}" | tail -1) || return 1
+  python3 - "$graphs" "$eager" "$1" "$2" <<'PY' | tee -a "$logs/decode_compare.txt"
+import json, sys
+graphs, eager = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+if graphs["outputs"] != eager["outputs"] or graphs["logprobs"] != eager["logprobs"]:
+    sys.exit("recorded and unrecorded steps found different translations")
+print("decoding bfloat16 batch %s beam %s: recorded steps %.0f tokens/s, launched one by one %.0f: "
+      "ratio %.3f, the same tokens" % (sys.argv[3], sys.argv[4], graphs["tokens_per_s"],
+                                      eager["tokens_per_s"],
+                                      graphs["tokens_per_s"] / eager["tokens_per_s"]))
+PY
+}
+export -f decode_without_graphs
+step graphs_64_greedy 40 decode_without_graphs 64 1
+step graphs_64_beam4 40 decode_without_graphs 64 4
 # Where decoding spends its GPU time: a beam-4 search of 512 sentences (the lowest ratio above),
-# and greedy search of 64 (the most launches per token).
+# and greedy search of 64 (the most launches per token). Timing each operation turns the
+# recording of steps off: these run launched one by one.
 profile_decode() {  # profile_decode BATCH BEAM
   local dir=/tmp/gpu_check_decode
   [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = "$1" ] ||

@@ -278,10 +278,6 @@ class MemoryCheckingBackend : public Backend {
     cpu().embedding_backward(d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
   }
 
-  void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override {
-    const Access access = check("log_softmax", {{"x", x}, {"y", y}});
-    cpu().log_softmax(x, y, rows, cols);
-  }
   void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
                         float* out) const override {
     const Access access =
@@ -742,7 +738,6 @@ TEST_P(BackendMemory, ADecodingStepAppendsOnceALayerAndRoundsNothingApart) {
       EXPECT_EQ(step[appends], c.decoder_layers) << where;
       EXPECT_EQ(step["round_to_16_bits"], 0) << where;
       EXPECT_EQ(step["copy"], 0) << where;
-      EXPECT_EQ(step["log_softmax"], 0) << where;  // the search's best_tokens normalises
       EXPECT_EQ(backend_.allocations(), allocations) << where;
       EXPECT_EQ(step["attention_forward"] + step["attention_forward_16_bit_cache"],
                 2 * c.decoder_layers)

@@ -152,9 +152,6 @@ void GuardPageBackend::embedding_backward(const float* d_out, const int32_t* ids
   cpu().embedding_backward(d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
 }
 
-void GuardPageBackend::log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const {
-  cpu().log_softmax(x, y, rows, cols);
-}
 void GuardPageBackend::log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows,
                                         int64_t cols, float* out) const {
   cpu().log_softmax_pick(logits, targets, rows, cols, out);

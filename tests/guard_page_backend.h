@@ -93,7 +93,6 @@ class GuardPageBackend final : public Backend {
                           int64_t d, float scale, int64_t first_position, float* d_table,
                           float* d_positions) const override;
 
-  void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override;
   void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
                         float* out) const override;
   void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,

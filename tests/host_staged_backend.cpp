@@ -712,15 +712,6 @@ void HostStagedBackend::embedding_backward(const float* d_out, const int32_t* id
 
 // --- Output distribution and loss ----------------------------------------------------------------
 
-void HostStagedBackend::log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const {
-  Staging st(device_);
-  const auto hx = st.read(x, rows * cols);
-  const auto hy = st.write(y, rows * cols);
-  st.upload();
-  device_.log_softmax(st[hx], st[hy], rows, cols);
-  st.download();
-}
-
 void HostStagedBackend::log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows,
                                          int64_t cols, float* out) const {
   Staging st(device_);

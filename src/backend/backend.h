@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,13 @@ class PreparedMatrix {
   // std::logic_error otherwise): a tied output projection of a model prepared for inference
   // serves the embedding lookups too, and the float table is freed.
   virtual void read_rows(const int32_t* ids, int64_t count, float* out) const = 0;
+};
+
+// Operations a backend kept, as it queued them, to queue them again for less than the calls cost
+// (a CUDA graph): Backend::run_and_record makes one, Backend::replay runs it.
+class RecordedOperations {
+ public:
+  virtual ~RecordedOperations() = default;
 };
 
 class Backend {
@@ -209,8 +217,6 @@ class Backend {
                                   float* d_positions) const = 0;
 
   // --- Output distribution and loss (§3.4, §5.4) ---------------------------------------------
-  // y[rows, cols] = x - logsumexp(x) per row; y may alias x.
-  virtual void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const = 0;
   // out[r] = log_softmax(logits[r])[targets[r]]
   virtual void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows,
                                 int64_t cols, float* out) const = 0;
@@ -288,7 +294,8 @@ class Backend {
   // --- Copies, fills and row movement ---------------------------------------------------------
   virtual void copy(const float* x, int64_t n, float* y) const = 0;  // y[n] = x[n]
   virtual void fill(float* y, int64_t n, float value) const = 0;     // y[n] = value
-  // y[r] = x[rows[r]] for r < count; rows of d elements with strides ldx, ldy.
+  // y[r] = x[rows[r]] for r < count; rows of d elements with strides ldx, ldy. A copy: every
+  // element's 32 bits arrive as they were (IncrementalDecoder moves rows of int32 with it).
   virtual void gather_rows(const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                            int64_t d, float* y, int64_t ldy) const = 0;
   // y[rows[r]] = x[r] for r < count (rows distinct); strides ldx, ldy.
@@ -304,6 +311,27 @@ class Backend {
   virtual void scatter_rows_to_16_bits(const float* x, int64_t ldx, const int64_t* rows,
                                        int64_t count, int64_t d, Precision format, uint16_t* y,
                                        int64_t ldy) const = 0;
+
+  // --- Recording operations to run them again (a decoding step: CUDA graphs) -----------------
+  // Whether run_and_record may keep anything here. A caller that runs the same operations many
+  // times may then record them once, giving them arguments (pointers, sizes, scalars) that stay
+  // the same from run to run and putting what changes in the memory they read.
+  virtual bool records_operations() const { return false; }
+  // Runs `operations` — calls of this backend's operations that allocate nothing — and returns
+  // them recorded, or null where nothing was kept; they ran either way, in order.
+  virtual std::shared_ptr<const RecordedOperations> run_and_record(
+      const std::function<void()>& operations) const {
+    operations();
+    return nullptr;
+  }
+  // Queues what `recording` (from this backend's run_and_record) recorded again, with the
+  // arguments it was recorded with, and returns true; or returns false, having queued nothing,
+  // where memory was allocated on this backend since the recording (a buffer it names may have
+  // moved): the caller runs the operations itself, and may record them anew.
+  virtual bool replay(const RecordedOperations& recording) const {
+    (void)recording;
+    return false;
+  }
 };
 
 // The CPU backend: oneDNN products and the SIMD/OpenMP kernels of backend/cpu/.

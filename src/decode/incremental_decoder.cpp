@@ -13,10 +13,14 @@ namespace tfm {
 namespace {
 
 // The int64 words of a step's packed inputs (IncrementalDecoder::step_inputs_) for n
-// hypotheses reading `keys` cached rows each: n append rows, then 2n + n·keys int32 values.
-int64_t step_input_words(int64_t n, int64_t keys) {
-  return n + (2 * n + n * keys + 1) / 2;
+// hypotheses: n append rows, n parents, then 3n int32 values.
+int64_t step_input_words(int64_t n) {
+  return 2 * n + (3 * n + 1) / 2;
 }
+
+// How many recordings memory allocated since may make useless before a decoder stops recording
+// (something allocates between its steps: replays would keep failing).
+constexpr int64_t kMaxDiscardedRecordings = 4;
 
 }  // namespace
 
@@ -61,13 +65,24 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
                              cross_kv_16_bits_[l].allocate_uninitialized(backend, rows * 2 * d));
     self_kv_16_bits_[l].allocate_uninitialized(backend, self_size);
   }
-  // The last step's inputs, the largest, allocated once: a buffer grown step by step would be
-  // reallocated (and on a GPU freed, allocated, cleared and copied) at every step.
-  ensure_size(backend, device_step_inputs_, step_input_words(max_hypotheses, max_steps));
-  history_.resize(size_t(max_hypotheses * max_steps));
-  reordered_history_.resize(history_.size());
+  // The largest step's inputs, allocated once: a buffer grown step by step would be reallocated
+  // (and on a GPU freed, allocated, cleared and copied) at every step.
+  ensure_size(backend, device_step_inputs_, step_input_words(max_hypotheses));
+  history_.allocate_uninitialized(backend, max_hypotheses * max_steps);
+  gathered_history_.allocate_uninitialized(backend, max_hypotheses * max_steps);
+  reset_history();
+  records_steps_ = backend.records_operations() && c.self_attention_window < 0;
   layer_cache_.self_attn.keep_weights = false;
   layer_cache_.ffn.keep_pre_activation = false;
+}
+
+void IncrementalDecoder::reset_history() {
+  std::vector<int32_t> own_rows(size_t(max_hypotheses_ * max_steps_));
+  for (size_t r = 0; r < own_rows.size(); ++r) own_rows[r] = int32_t(r);
+  for (DeviceBuffer<int32_t>* history : {&history_, &gathered_history_})
+    upload(model_.backend(), own_rows.data(), int64_t(own_rows.size()), *history);
+  history_moved_ = false;
+  pending_parents_.clear();
 }
 
 void IncrementalDecoder::start(const std::vector<int32_t>& hypothesis_sentence) {
@@ -75,42 +90,99 @@ void IncrementalDecoder::start(const std::vector<int32_t>& hypothesis_sentence) 
     throw std::invalid_argument("IncrementalDecoder: more hypotheses than max_hypotheses");
   hypothesis_sentence_ = hypothesis_sentence;
   position_ = 0;
+  if (history_moved_) reset_history();
+  pending_parents_.clear();
 }
 
 void IncrementalDecoder::step(const int32_t* tokens, float* logits, float* cross_attention,
                               int64_t attention_layer, bool per_head) {
   const ModelConfig& c = model_.config();
   const Backend& backend = model_.backend();
-  const TransformerWeights& w = prepared_->steps;
-  const int64_t n = hypotheses(), d = c.d_model, heads = c.heads, t = position_;
+  const int64_t n = hypotheses(), d = c.d_model, t = position_;
   if (t >= max_steps_)
     throw std::invalid_argument("IncrementalDecoder: more steps than max_steps (" +
                                 std::to_string(max_steps_) + ")");
-  const int64_t kept_layer = attention_layer < 0 ? c.decoder_layers - 1 : attention_layer;
-  const int64_t keys = t + 1;  // each hypothesis' rows of positions 0..t
-  // The step's index arrays in one upload (step_inputs_): [N] append rows (int64), then [N]
-  // tokens, [N] sentences and [N, keys] history rows (int32).
-  const int64_t words = step_input_words(n, keys);
+  // The step's index arrays in one upload (step_inputs_): [N] append rows, [N] parents (int64),
+  // then [N] tokens, [N] sentences and [N] key counts (int32).
+  const int64_t words = step_input_words(n);
   step_inputs_.resize(size_t(words));
-  int64_t* append_rows_host = step_inputs_.data();                             // [N]
-  int32_t* tokens_host = reinterpret_cast<int32_t*>(step_inputs_.data() + n);  // [N]
-  int32_t* sentence_host = tokens_host + n;                                    // [N]
-  int32_t* history_host = sentence_host + n;                                   // [N, keys]
+  int64_t* append_rows_host = step_inputs_.data();                                 // [N]
+  int64_t* parents_host = append_rows_host + n;                                    // [N]
+  int32_t* tokens_host = reinterpret_cast<int32_t*>(step_inputs_.data() + 2 * n);  // [N]
+  int32_t* sentence_host = tokens_host + n;                                        // [N]
+  int32_t* key_counts_host = sentence_host + n;                                    // [N]
   std::copy_n(tokens, n, tokens_host);
   std::copy_n(hypothesis_sentence_.data(), n, sentence_host);
+  const bool gathers = !pending_parents_.empty();
   for (int64_t i = 0; i < n; ++i) {
     append_rows_host[i] = i * max_steps_ + t;
-    history_[size_t(i * max_steps_ + t)] = int32_t(i * max_steps_ + t);
-    std::copy_n(history_.data() + i * max_steps_, keys, history_host + i * keys);
+    parents_host[i] = gathers ? pending_parents_[size_t(i)] : i;
+    key_counts_host[i] = int32_t(t + 1);
   }
   const int64_t* append_rows = upload(backend, step_inputs_.data(), words, device_step_inputs_);
-  const int32_t* device_tokens = reinterpret_cast<const int32_t*>(append_rows + n);
-  const int32_t* sentence = device_tokens + n;
-  const int32_t* history = sentence + n;
+  if (gathers) {  // the kept hypotheses' histories, columns 0..t-1, then back in place
+    int32_t* history = history_.data();
+    int32_t* gathered = gathered_history_.data();
+    backend.gather_rows(reinterpret_cast<const float*>(history), max_steps_, append_rows + n, n, t,
+                        reinterpret_cast<float*>(gathered), max_steps_);
+    backend.copy_bytes(gathered, n * max_steps_ * int64_t(sizeof(int32_t)), history);
+    pending_parents_.clear();
+  }
+  const int32_t* device_tokens = reinterpret_cast<const int32_t*>(append_rows + 2 * n);
   float* x = ensure_size(backend, x_, n * d);  // [N, D] residual stream
-  embed_forward(backend, c, target_embedding(w), model_.decoder_positions(), device_tokens, n, 1, t,
-                x);
+  embed_forward(backend, c, target_embedding(prepared_->steps), model_.decoder_positions(),
+                device_tokens, n, 1, t, x);
+  if (!records_steps_) {
+    run_layers(x, n, logits, cross_attention, attention_layer, per_head);
+  } else {
+    StepRecording& recording =
+        recording_for(n, logits, cross_attention, cross_attention ? attention_layer : 0, per_head);
+    const auto run = [&] { run_layers(x, n, logits, cross_attention, attention_layer, per_head); };
+    if (recording.operations && backend.replay(*recording.operations)) {
+      // queued as recorded
+    } else {
+      if (recording.operations) {  // memory moved since: run this one, record the next
+        recording.operations.reset();
+        recording.runs = 0;
+        ++discarded_recordings_;
+      }
+      if (recording.runs++ > 0 && discarded_recordings_ < kMaxDiscardedRecordings) {
+        recording.operations = backend.run_and_record(run);
+        // Where the backend kept nothing, a step it could not record: nor will it the next.
+        if (!recording.operations) discarded_recordings_ = kMaxDiscardedRecordings;
+      } else {
+        run();
+      }
+    }
+  }
+  ++position_;
+}
 
+IncrementalDecoder::StepRecording& IncrementalDecoder::recording_for(int64_t n, const float* logits,
+                                                                     const float* cross_attention,
+                                                                     int64_t attention_layer,
+                                                                     bool per_head) {
+  for (StepRecording& r : recordings_)
+    if (r.hypotheses == n && r.logits == logits && r.cross_attention == cross_attention &&
+        r.attention_layer == attention_layer && r.per_head == per_head)
+      return r;
+  // A search's live set shrinks one size at a time: the oldest shapes are the ones done with.
+  constexpr size_t kKept = 32;
+  if (recordings_.size() == kKept) recordings_.erase(recordings_.begin());
+  recordings_.push_back({n, logits, cross_attention, attention_layer, per_head, 0, nullptr});
+  return recordings_.back();
+}
+
+void IncrementalDecoder::run_layers(float* x, int64_t n, float* logits, float* cross_attention,
+                                    int64_t attention_layer, bool per_head) {
+  const ModelConfig& c = model_.config();
+  const Backend& backend = model_.backend();
+  const TransformerWeights& w = prepared_->steps;
+  const int64_t d = c.d_model, heads = c.heads;
+  const int64_t kept_layer = attention_layer < 0 ? c.decoder_layers - 1 : attention_layer;
+  const int64_t* append_rows = device_step_inputs_.data();  // step()'s upload, [N] first
+  const int32_t* sentence = reinterpret_cast<const int32_t*>(append_rows + 2 * n) + n;
+  const int32_t* key_counts = sentence + n;
   // Each layer reads the one before's output where it lies, in the layer cache they share (its
   // self-attention sublayer reads it before the feed-forward sublayer writes the next one, as
   // the encoder's inference passes do), not a copy of it; with the bfloat16 copy its norm wrote
@@ -118,11 +190,15 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logits, float* cross
   MatmulOperand input{x};  // [N, D]
   for (int64_t layer = 0; layer < c.decoder_layers; ++layer) {
     DecoderStep step;
-    step.position = t;
+    step.position = position_;
+    if (records_steps_) {
+      step.key_counts = key_counts;
+      step.key_capacity = max_steps_;
+    }
     step.sentence_of_query = sentence;
     step.self.row_stride = 2 * d;  // [rows, 2D]: keys | values
-    step.self.key_rows = history;
-    step.self.key_rows_stride = keys;
+    step.self.key_rows = history_.data();
+    step.self.key_rows_stride = max_steps_;
     step.self.append_rows = append_rows;
     step.cross.row_stride = 2 * d;  // [sentences, S, 2D]: keys | values
     step.round_last_output = sublayer_rounds_for(c, w.output);
@@ -159,7 +235,6 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logits, float* cross
   float* states = layer_cache_.ffn_sublayer.output.data();  // [N, D]
   final_norm(backend, c, w.decoder_norm, states, n, nullptr, states);
   output_head_forward(backend, w.output, {states, input.rounded}, n, logits);
-  ++position_;
 }
 
 void IncrementalDecoder::reorder(const std::vector<int32_t>& parents) {
@@ -170,10 +245,19 @@ void IncrementalDecoder::reorder(const std::vector<int32_t>& parents) {
     if (parent < 0 || parent >= hypotheses())
       throw std::invalid_argument("IncrementalDecoder: parent " + std::to_string(parent) +
                                   " is not a current hypothesis");
-  for (int64_t i = 0; i < m; ++i)
-    std::copy_n(history_.data() + int64_t(parents[size_t(i)]) * max_steps_, position_,
-                reordered_history_.data() + i * max_steps_);
-  std::swap(history_, reordered_history_);
+  // Composed with a reorder the next step has not applied yet: the parents in the history.
+  std::vector<int64_t> composed(static_cast<size_t>(m));
+  bool moves = false;
+  for (int64_t i = 0; i < m; ++i) {
+    const int32_t parent = parents[size_t(i)];
+    composed[size_t(i)] = pending_parents_.empty() ? parent : pending_parents_[size_t(parent)];
+    moves = moves || composed[size_t(i)] != i;
+  }
+  pending_parents_.clear();
+  if (moves && position_ > 0) {
+    pending_parents_ = std::move(composed);
+    history_moved_ = true;
+  }
   std::vector<int32_t> sentence(parents.size());
   for (size_t i = 0; i < parents.size(); ++i)
     sentence[i] = hypothesis_sentence_[size_t(parents[i])];

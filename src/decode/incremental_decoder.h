@@ -4,7 +4,10 @@
 // computed once per batch and shared by all hypotheses of a sentence. Each layer is the one
 // decoder_layer_forward of training and scoring, given the cache as its key/value policy
 // (DecoderStep), on the model's prepared weights (model/prepared_weights.h); beam reordering
-// moves indices, not cache rows.
+// moves indices, not cache rows. Where the backend records operations (a GPU: CUDA graphs), a
+// step's layers are recorded once per shape of step and replayed: every argument they take is
+// then the same from step to step, and what changes (the position's key counts, the rows it
+// appends, the token ids) lies in memory the host writes before each step.
 #pragma once
 
 #include <cstdint>
@@ -41,18 +44,45 @@ class IncrementalDecoder {
             int64_t attention_layer = -1, bool per_head = false);
 
   // Keeps hypotheses parents[0..M) (indices into the current set, repeats allowed) as the new
-  // set, in that order. Costs M × position index copies: the cached rows stay where they are.
+  // set, in that order. Costs M × position index copies, made by the backend at the next step:
+  // the cached rows stay where they are. Nothing where parents[i] is i throughout.
   void reorder(const std::vector<int32_t>& parents);
 
   int64_t hypotheses() const { return int64_t(hypothesis_sentence_.size()); }
   int64_t position() const { return position_; }
 
  private:
+  // The operations of a step after its embedding (the layers and the output head) as the backend
+  // recorded them, for steps of one shape: the same hypotheses count and outputs. Recorded at the
+  // second step of a shape (the first allocates what it lacks).
+  struct StepRecording {
+    int64_t hypotheses;
+    const float* logits;
+    const float* cross_attention;
+    int64_t attention_layer;
+    bool per_head;
+    int64_t runs = 0;
+    std::shared_ptr<const RecordedOperations> operations;
+  };
+  StepRecording& recording_for(int64_t n, const float* logits, const float* cross_attention,
+                               int64_t attention_layer, bool per_head);
+  // The layers of one step and the output head: step()'s work after the embedding.
+  void run_layers(float* x, int64_t n, float* logits, float* cross_attention,
+                  int64_t attention_layer, bool per_head);
+  // history_ and gathered_history_ = every slot's own rows (row i · max_steps + j at column j).
+  void reset_history();
+
   const Model& model_;
   std::shared_ptr<const PreparedWeights> prepared_;
   int64_t src_len_, max_steps_, max_hypotheses_;
   CacheFormat cache_;
   int64_t position_ = 0;
+  // Whether the self-attention counts each hypothesis' keys in memory (DecoderStep::key_counts)
+  // and steps are recorded: where the backend records operations, and the model's
+  // self-attention has no window.
+  bool records_steps_ = false;
+  std::vector<StepRecording> recordings_;
+  int64_t discarded_recordings_ = 0;  // recordings that memory allocated since made useless
   // The host keeps the bookkeeping below and uploads what a step's operations read into the
   // device_ buffers.
   std::vector<int32_t> hypothesis_sentence_;  // [N]
@@ -65,13 +95,18 @@ class IncrementalDecoder {
   // make the append one operation. One of the two is allocated, as the cache format says.
   std::vector<DeviceBuffer<float>> self_kv_;
   std::vector<DeviceBuffer<uint16_t>> self_kv_16_bits_;
-  // Cache row holding position j of hypothesis i: history_[i * max_steps + j], j < position.
-  std::vector<int32_t> history_, reordered_history_;  // [max_hypotheses, max_steps]
+  // In the backend's memory, the cache row holding position j of hypothesis i:
+  // history_[i * max_steps + j], j <= position (columns past the position are the slot's own
+  // rows, i * max_steps + j, which is what a step appends). A reorder gathers the kept
+  // hypotheses' first `position` columns into gathered_history_ at the next step, and copies
+  // them back: the steps' operations always read the history at one address.
+  DeviceBuffer<int32_t> history_, gathered_history_;  // [max_hypotheses, max_steps] each
+  bool history_moved_ = false;                        // reordered since reset_history()
+  std::vector<int64_t> pending_parents_;  // [N] the reorder the next step applies, or empty
   // What a step's operations read, packed for one upload (a GPU's driver call and staging copy
-  // each): [N] the cache rows this position appends (int64), then as int32 [N] the input
-  // tokens, [N] hypothesis_sentence_ and [N, position + 1] history_'s first position + 1
-  // columns, dense (the keys the self-attention reads; all of [N, max_steps] was most of a
-  // step's host-to-device bytes).
+  // each), at offsets that depend on N only: [N] the cache rows this position appends and [N]
+  // pending_parents_ (int64), then as int32 [N] the input tokens, [N] hypothesis_sentence_ and
+  // [N] each hypothesis' key count, position + 1.
   std::vector<int64_t> step_inputs_;
   DeviceBuffer<int64_t> device_step_inputs_;   // step_inputs_ in the backend's memory
   DeviceBuffer<int32_t> device_src_lengths_;   // [sentences]

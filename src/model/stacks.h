@@ -106,7 +106,14 @@ void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
 // Incremental decoding (one position of B hypotheses, tgt_len 1, no dropout): the KV-cache
 // policy of decoder_layer_forward, i.e. where its attentions find their keys and values.
 struct DecoderStep {
-  int64_t position = 0;                        // t: the query's position
+  int64_t position = 0;  // t: the query's position
+  // Where each hypothesis' count of keys (its position + 1) lies in memory, [B], or null. With
+  // it, the self-attention spans key_capacity keys, masked by those counts instead of by the
+  // position, so no argument of the step's operations depends on t and a recording of them
+  // (Backend::run_and_record) serves every step; without it, keys 0..position. Not with a
+  // restricted self-attention window, whose mask needs the position.
+  const int32_t* key_counts = nullptr;
+  int64_t key_capacity = 0;
   const int32_t* sentence_of_query = nullptr;  // [B] encoder sequence each hypothesis reads
   CachedKeysValues self, cross;                // self: appended per step; cross: precomputed
   // Whether the last layer writes its output's bfloat16 copy too (sublayer_rounds_for the

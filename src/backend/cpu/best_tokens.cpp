@@ -52,7 +52,7 @@ TFM_CPU_KERNEL void best_tokens(const float* scores, int64_t rows, int64_t vocab
     const float* row = scores + r * vocab;
     best_tokens_of_row(row, vocab, keep, banned, values + r * keep, tokens + r * keep);
     if (!log_sums) continue;
-    const float log_sum = log_sum_exp(row, vocab);  // log_softmax's, as it computes it
+    const float log_sum = log_sum_exp(row, vocab);  // log_softmax_pick's, as it computes it
     log_sums[r] = log_sum;
     for (int64_t i = r * keep; i < (r + 1) * keep; ++i) values[i] -= log_sum;
   }

@@ -191,9 +191,6 @@ class CpuBackend final : public Backend {
     tfm::embedding_backward(d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
   }
 
-  void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override {
-    tfm::log_softmax(x, y, rows, cols);
-  }
   void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
                         float* out) const override {
     tfm::log_softmax_pick(logits, targets, rows, cols, out);

@@ -291,17 +291,6 @@ TFM_CPU_KERNEL void apply_dropout(float* x, const uint8_t* mask, int64_t n, floa
   for (int64_t i = 0; i < n; ++i) x[i] = mask[i] ? x[i] * keep_scale : 0.f;
 }
 
-TFM_CPU_KERNEL void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* in = x + r * cols;
-    float* out = y + r * cols;
-    const float log_sum = log_sum_exp(in, cols);
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) out[c] = in[c] - log_sum;
-  }
-}
-
 }  // namespace tfm
 
 namespace tfm {

@@ -55,9 +55,6 @@ void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key);
 // x[n] = x * mask / (1 - p): forward, and also backward on the gradient.
 void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p);
 
-// y[rows, cols] = x - logsumexp(x) per row; y may alias x.
-void log_softmax(const float* x, float* y, int64_t rows, int64_t cols);
-
 // x[n] *= s
 void scale_inplace(float* x, float s, int64_t n);
 

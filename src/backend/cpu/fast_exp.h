@@ -36,8 +36,8 @@ inline float fast_tanh(float x) {
   return 1.f - 2.f / (fast_exp(2.f * x) + 1.f);
 }
 
-// log Σ exp(x[c]) of one row, shifted by its maximum for stability: log_softmax's and
-// log_softmax_pick's (elementwise.cpp), and best_tokens' where it normalises logits. Inlined
+// log Σ exp(x[c]) of one row, shifted by its maximum for stability: log_softmax_pick's
+// (elementwise.cpp), and best_tokens' where it normalises logits. Inlined
 // into each caller's clone (cpu_dispatch.h), so every caller computes it alike.
 __attribute__((always_inline)) inline float log_sum_exp(const float* x, int64_t cols) {
   float max_value = -INFINITY;

@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/operation_profile.h"
+#include "backend/cuda/operation_recording.h"
 #include "tensor/error.h"
 
 namespace tfm {
@@ -35,6 +36,10 @@ void check_launch(const char* kernel) {
 }
 
 void Context::activate() const {
+  const std::thread::id recorder = recording_thread.load(std::memory_order_acquire);
+  if (recorder != std::thread::id() && recorder != std::this_thread::get_id()) {
+    const std::lock_guard<std::mutex> wait_for_the_recording(recording_mutex);
+  }
   TFM_CUDA(cudaSetDevice(device));
   std::call_once(created, [this] {
     TFM_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -48,6 +53,12 @@ void Context::activate() const {
   });
 }
 
+void Context::change_memory() const {
+  if (recording_thread.load(std::memory_order_acquire) == std::this_thread::get_id())
+    throw RecordingRefused();
+  memory_changes.fetch_add(1, std::memory_order_acq_rel);
+}
+
 Scratch::Scratch(const Context& context, int64_t bytes) : context_(context) {
   if (bytes > 0) TFM_CUDA(cudaMallocAsync(&memory_, size_t(bytes), context.stream));
 }
@@ -57,6 +68,7 @@ Scratch::~Scratch() {
 
 StagedOperand::StagedOperand(const Context& context, int64_t bytes) : lock_(context.staging_mutex) {
   if (bytes > context.staging_bytes) {
+    context.change_memory();
     if (context.staging) TFM_CUDA(cudaFreeAsync(context.staging, context.stream));
     context.staging = nullptr;
     context.staging_bytes = 0;
@@ -234,10 +246,6 @@ class CudaBackend final : public Backend {
                              d_positions);
   }
 
-  void log_softmax(const float* x, float* y, int64_t rows, int64_t cols) const override {
-    TFM_CUDA_OPERATION_SHAPED(c_, "log_softmax", rows, cols);
-    cuda::log_softmax(c_.stream, x, y, rows, cols);
-  }
   void log_softmax_pick(const float* logits, const int32_t* targets, int64_t rows, int64_t cols,
                         float* out) const override {
     TFM_CUDA_OPERATION(c_, "log_softmax_pick");
@@ -282,6 +290,7 @@ class CudaBackend final : public Backend {
 
   void* allocate(int64_t bytes, bool zeroed) const override {
     TFM_CUDA_OPERATION(c_, "allocate");
+    c_.change_memory();
     void* memory = nullptr;
     // 0 bytes: still a unique block.
     TFM_CUDA(cudaMallocAsync(&memory, size_t(bytes > 0 ? bytes : 1), c_.stream));
@@ -292,6 +301,7 @@ class CudaBackend final : public Backend {
     // Never throws (it runs in destructors, some at exit, when the runtime may be unloading);
     // a failure here is the device's, and the next operation reports it.
     if (!memory || cudaSetDevice(c_.device) != cudaSuccess) return;
+    c_.memory_changes.fetch_add(1, std::memory_order_acq_rel);
     const ProfiledOperation profiled_operation(c_, "deallocate");
     cudaFreeAsync(memory, c_.stream);
   }
@@ -305,6 +315,14 @@ class CudaBackend final : public Backend {
     return int64_t(used);
   }
   void restart_profile() const override { cuda::restart_profile(); }
+  bool records_operations() const override { return cuda::records_operations(); }
+  std::shared_ptr<const RecordedOperations> run_and_record(
+      const std::function<void()>& operations) const override {
+    return cuda::run_and_record(c_, operations);
+  }
+  bool replay(const RecordedOperations& recording) const override {
+    return cuda::replay(c_, recording);
+  }
 
   void copy_bytes(const void* from, int64_t bytes, void* to) const override {
     if (bytes <= 0) return;

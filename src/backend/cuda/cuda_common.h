@@ -9,9 +9,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace tfm {
 namespace cuda {
@@ -43,9 +46,25 @@ struct Context {
   mutable void* staging = nullptr;
   mutable int64_t staging_bytes = 0;
   mutable std::once_flag created;
+  // Recording (operation_recording.h): the thread capturing `stream` into a CUDA graph, or no
+  // thread; it holds recording_mutex meanwhile, which other threads' operations wait for.
+  mutable std::mutex recording_mutex;
+  mutable std::atomic<std::thread::id> recording_thread{};
+  // Allocations and frees of memory that outlives an operation (Backend::allocate, the staging
+  // memory): a graph that names such memory is replayed only while this count is unchanged.
+  mutable std::atomic<uint64_t> memory_changes{0};
   // Makes this context's device current on the calling thread (creating the stream and handle
-  // the first time).
+  // the first time); waits while another thread records.
   void activate() const;
+  // Counts an allocation or free (memory_changes); throws RecordingRefused where the calling
+  // thread is recording: memory a graph allocates is the graph's, not the caller's to keep.
+  void change_memory() const;
+};
+
+// Thrown by an allocation attempted while recording: the recording is dropped and its
+// operations run without it.
+struct RecordingRefused : std::runtime_error {
+  RecordingRefused() : std::runtime_error("an allocation while recording a CUDA graph") {}
 };
 
 // n bytes of device memory ordered on `stream` (cudaMallocAsync from the device's pool, which

@@ -94,7 +94,6 @@ void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count
                float* out);
 
 // --- loss_and_search.cu ---
-void log_softmax(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols);
 void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* targets, int64_t rows,
                       int64_t cols, float* out);
 void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t* targets,

@@ -104,23 +104,6 @@ __device__ float block_log_sum_exp(const float* row, int64_t cols) {
   return whole.largest + logf(whole.sum);
 }
 
-// y = x − log Σ exp(x) per row: one read for the maximum and the sum together, one to write.
-__global__ void log_softmax_kernel(const float* x, float* y, int64_t cols) {
-  const float* in = x + int64_t(blockIdx.x) * cols;
-  float* out = y + int64_t(blockIdx.x) * cols;
-  const float log_sum = block_log_sum_exp(in, cols);
-  if (reads_as_float4(in, cols) && reads_as_float4(out, cols)) {
-    const float4* in4 = reinterpret_cast<const float4*>(in);
-    float4* out4 = reinterpret_cast<float4*>(out);
-    for (int64_t i = threadIdx.x; i < cols / 4; i += blockDim.x) {
-      const float4 x = in4[i];
-      out4[i] = make_float4(x.x - log_sum, x.y - log_sum, x.z - log_sum, x.w - log_sum);
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = in[c] - log_sum;
-  }
-}
-
 // out = the target's logit − log Σ exp(row), one read of the row.
 __global__ void log_softmax_pick_kernel(const float* logits, const int32_t* targets, int64_t cols,
                                         float* out) {
@@ -212,7 +195,7 @@ __global__ void cross_entropy_kernel(float* logits, const int32_t* targets, int6
   }
 }
 
-// best_tokens' normaliser of a row of logits: block_log_sum_exp, as log_softmax_kernel
+// best_tokens' normaliser of a row of logits: block_log_sum_exp, as log_softmax_pick_kernel
 // subtracts it (the ranking's read then finds the row in L2), stored into log_sums[blockIdx.x]
 // by thread 0; 0 where log_sums is null (the scores are log-probabilities already). Every
 // thread of the block must call it.
@@ -370,12 +353,6 @@ __global__ void best_tokens_warp_kernel(const float* scores, int64_t vocab, int6
 }
 
 }  // namespace
-
-void log_softmax(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t cols) {
-  if (rows == 0) return;
-  log_softmax_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(x, y, cols);
-  check_launch("log_softmax");
-}
 
 void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* targets, int64_t rows,
                       int64_t cols, float* out) {

@@ -1,0 +1,94 @@
+// CUDA graphs for Backend::run_and_record / replay (operation_recording.h).
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "backend/cuda/operation_profile.h"
+#include "backend/cuda/operation_recording.h"
+
+namespace tfm {
+namespace cuda {
+
+namespace {
+
+// An instantiated graph and the Context::memory_changes it was captured under.
+class CudaGraph final : public RecordedOperations {
+ public:
+  CudaGraph(const Context& context, cudaGraphExec_t exec, uint64_t memory_changes)
+      : context_(context), exec_(exec), memory_changes_(memory_changes) {}
+  ~CudaGraph() override {
+    // Never throws (destructors); the stream is drained first, so no launch of the graph is
+    // still queued when it goes.
+    if (cudaSetDevice(context_.device) != cudaSuccess) return;
+    cudaStreamSynchronize(context_.stream);
+    cudaGraphExecDestroy(exec_);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  const Context& context() const { return context_; }
+  cudaGraphExec_t exec() const { return exec_; }
+  uint64_t memory_changes() const { return memory_changes_; }
+
+ private:
+  const Context& context_;
+  cudaGraphExec_t exec_;
+  uint64_t memory_changes_;
+};
+
+}  // namespace
+
+bool records_operations() {
+  static const bool enabled = [] {
+    const char* setting = std::getenv("TFM_CUDA_GRAPHS");
+    return !(setting && std::strcmp(setting, "0") == 0);
+  }();
+  return enabled && !profiling();
+}
+
+std::shared_ptr<const RecordedOperations> run_and_record(const Context& c,
+                                                         const std::function<void()>& operations) {
+  c.activate();
+  std::unique_lock<std::mutex> recording(c.recording_mutex);
+  const uint64_t memory_changes = c.memory_changes.load(std::memory_order_acquire);
+  cudaGraph_t graph = nullptr;
+  bool captured = false;
+  if (cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    c.recording_thread.store(std::this_thread::get_id(), std::memory_order_release);
+    bool completed = true;
+    try {
+      operations();
+    } catch (...) {  // RecordingRefused, or a call capturing does not allow: run them uncaptured
+      completed = false;
+    }
+    c.recording_thread.store(std::thread::id(), std::memory_order_release);
+    const cudaError_t ended = cudaStreamEndCapture(c.stream, &graph);
+    captured = completed && ended == cudaSuccess && graph != nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  if (captured && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) exec = nullptr;
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // a failed capture's error is not the next operation's
+  recording.unlock();
+  if (!exec) {
+    operations();  // what failed for a reason of its own fails again here, and says so
+    return nullptr;
+  }
+  auto recorded = std::make_shared<const CudaGraph>(c, exec, memory_changes);
+  TFM_CUDA(cudaGraphLaunch(exec, c.stream));
+  return recorded;
+}
+
+bool replay(const Context& c, const RecordedOperations& recording) {
+  const auto* graph = dynamic_cast<const CudaGraph*>(&recording);
+  if (!graph || &graph->context() != &c ||
+      graph->memory_changes() != c.memory_changes.load(std::memory_order_acquire))
+    return false;
+  TFM_CUDA_OPERATION(c, "replay (CUDA graph)");
+  TFM_CUDA(cudaGraphLaunch(graph->exec(), c.stream));
+  return true;
+}
+
+}  // namespace cuda
+}  // namespace tfm
