@@ -8,6 +8,7 @@
 // then replays stale and the translations differ from the CPU's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -338,9 +339,19 @@ TEST_P(StepRecording, ReplayedStepsTranslateAsTheCpuDoes) {
   const Model on_cpu = load_model(base + ".safetensors", cpu_backend());
   const Model recorded = load_model(base + ".safetensors", recording);
   const TensorMap io = read_safetensors(base + ".io.safetensors").tensors;
-  const auto sources = testing_support::fixture_rows(io.at("src_tokens"));
+  const auto fixture_sources = testing_support::fixture_rows(io.at("src_tokens"));
+  // Also 13 sentences of several lengths, which end at different steps (their length limits
+  // differ), so the live set shrinks step by step: the recorded steps then compute a few rows
+  // past the live ones (IncrementalDecoder::step_rows), which must change nothing.
+  std::vector<std::vector<int32_t>> varied;
+  for (size_t i = 0; i < 13; ++i) {
+    std::vector<int32_t> sentence = fixture_sources[i % fixture_sources.size()];
+    sentence.resize(size_t(std::max<int64_t>(1, int64_t(sentence.size()) - int64_t(i % 4))));
+    varied.push_back(sentence);
+  }
   // A self-attention window needs the position in its mask: such a model's steps run unrecorded.
   const bool records = on_cpu.config().self_attention_window < 0;
+  const std::vector<std::vector<int32_t>>* source_sets[] = {&fixture_sources, &varied};
   int64_t searches = 0;
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
     if (!cpu_backend().supports(precision)) {
@@ -350,36 +361,40 @@ TEST_P(StepRecording, ReplayedStepsTranslateAsTheCpuDoes) {
     for (CacheFormat cache : {CacheFormat::kFloat32, CacheFormat::kBFloat16}) {
       for (int64_t beam : {1, 4}) {
         for (bool attention : {false, true}) {
-          SearchOptions o;
-          o.beam = beam;
-          o.max_length_b = 10;
-          o.min_length = 6;  // steps enough to replay, whatever the fixture's model prefers
-          o.precision = precision;
-          o.cache = cache;
-          o.attention = attention;
-          o.attention_per_head = beam > 1;
-          o.nbest = beam > 1 ? 2 : 1;
-          const std::string where = std::string(precision_name(precision)) + " products, " +
-                                    (cache == CacheFormat::kFloat32 ? "float32" : "bfloat16") +
-                                    " cache, beam " + std::to_string(beam) +
-                                    (attention ? ", attention" : "");
-          const int64_t replays = recording.replays();
-          const auto expected = search(on_cpu, sources, {}, o);
-          const auto found = search(recorded, sources, {}, o);
-          if (records)
-            EXPECT_GT(recording.replays(), replays) << where;
-          else
-            EXPECT_EQ(recording.replays(), replays) << where;
-          ASSERT_EQ(found.size(), expected.size()) << where;
-          for (size_t s = 0; s < found.size(); ++s) {
-            ASSERT_EQ(found[s].size(), expected[s].size()) << where << ", sentence " << s;
-            for (size_t h = 0; h < found[s].size(); ++h) {
-              EXPECT_EQ(found[s][h].tokens, expected[s][h].tokens) << where << ", sentence " << s;
-              EXPECT_EQ(found[s][h].logprob, expected[s][h].logprob) << where;
-              EXPECT_EQ(found[s][h].attention, expected[s][h].attention) << where;
+          for (const std::vector<std::vector<int32_t>>* sources : source_sets) {
+            SearchOptions o;
+            o.beam = beam;
+            o.max_length_a = 1;
+            o.max_length_b = 7;
+            o.min_length = 6;  // steps enough to replay, whatever the fixture's model prefers
+            o.precision = precision;
+            o.cache = cache;
+            o.attention = attention;
+            o.attention_per_head = beam > 1;
+            o.nbest = beam > 1 ? 2 : 1;
+            const std::string where = std::string(precision_name(precision)) + " products, " +
+                                      (cache == CacheFormat::kFloat32 ? "float32" : "bfloat16") +
+                                      " cache, beam " + std::to_string(beam) +
+                                      (attention ? ", attention" : "") +
+                                      (sources == &varied ? ", 13 sentences" : "");
+            const int64_t replays = recording.replays();
+            const auto expected = search(on_cpu, *sources, {}, o);
+            const auto found = search(recorded, *sources, {}, o);
+            if (records)
+              EXPECT_GT(recording.replays(), replays) << where;
+            else
+              EXPECT_EQ(recording.replays(), replays) << where;
+            ASSERT_EQ(found.size(), expected.size()) << where;
+            for (size_t s = 0; s < found.size(); ++s) {
+              ASSERT_EQ(found[s].size(), expected[s].size()) << where << ", sentence " << s;
+              for (size_t h = 0; h < found[s].size(); ++h) {
+                EXPECT_EQ(found[s][h].tokens, expected[s][h].tokens) << where << ", sentence " << s;
+                EXPECT_EQ(found[s][h].logprob, expected[s][h].logprob) << where;
+                EXPECT_EQ(found[s][h].attention, expected[s][h].attention) << where;
+              }
             }
+            ++searches;
           }
-          ++searches;
         }
       }
     }

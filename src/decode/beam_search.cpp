@@ -145,9 +145,11 @@ class BeamSearch {
     for (int64_t i = 0; i < n; ++i)
       inputs_[size_t(i)] =
           live_[size_t(i)].tokens.empty() ? int32_t(c_.bos_id) : live_[size_t(i)].tokens.back();
-    float* logits = ensure_size(model_.backend(), logits_, n * c_.tgt_vocab_size);
-    float* attention =
-        o_.attention ? ensure_size(model_.backend(), attention_, n * attention_width()) : nullptr;
+    const int64_t rows = decoder.step_rows();  // n, or a few more where steps are recorded
+    float* logits = ensure_size(model_.backend(), logits_, rows * c_.tgt_vocab_size);
+    float* attention = o_.attention
+                           ? ensure_size(model_.backend(), attention_, rows * attention_width())
+                           : nullptr;
     decoder.step(inputs_.data(), logits, attention, o_.attention_layer, o_.attention_per_head);
     if (attention) {
       host_attention_.resize(size_t(n * attention_width()));
@@ -323,9 +325,10 @@ class BeamSearch {
   std::vector<int32_t> live_sentence_, next_sentence_;  // the sentence of each
   std::vector<int32_t> parents_;                   // [next live] the live hypothesis each extends
   std::vector<std::vector<Hypothesis>> finished_;  // [sentences]
-  std::vector<int32_t> inputs_;        // [live] the token each hypothesis feeds the decoder
-  DeviceBuffer<float> logits_;         // [live, V] in the backend's memory
-  DeviceBuffer<float> attention_;      // [live, heads or 1, S] in the backend's memory
+  std::vector<int32_t> inputs_;  // [live] the token each hypothesis feeds the decoder
+  // In the backend's memory, for the decoder's step_rows() (the live hypotheses, or a few more):
+  DeviceBuffer<float> logits_;         // [rows, V]
+  DeviceBuffer<float> attention_;      // [rows, heads or 1, S]
   std::vector<float> host_attention_;  // [live, heads or 1, S] its host copy
   std::vector<Candidate> candidates_;  // one sentence's, best first
   int64_t keep_ = 1;                   // continuations ranked per hypothesis

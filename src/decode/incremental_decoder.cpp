@@ -98,12 +98,12 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logits, float* cross
                               int64_t attention_layer, bool per_head) {
   const ModelConfig& c = model_.config();
   const Backend& backend = model_.backend();
-  const int64_t n = hypotheses(), d = c.d_model, t = position_;
+  const int64_t live = hypotheses(), n = step_rows(), d = c.d_model, t = position_;
   if (t >= max_steps_)
     throw std::invalid_argument("IncrementalDecoder: more steps than max_steps (" +
                                 std::to_string(max_steps_) + ")");
   // The step's index arrays in one upload (step_inputs_): [N] append rows, [N] parents (int64),
-  // then [N] tokens, [N] sentences and [N] key counts (int32).
+  // then [N] tokens, [N] sentences and [N] key counts (int32), for N = step_rows() rows.
   const int64_t words = step_input_words(n);
   step_inputs_.resize(size_t(words));
   int64_t* append_rows_host = step_inputs_.data();                                 // [N]
@@ -111,12 +111,12 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logits, float* cross
   int32_t* tokens_host = reinterpret_cast<int32_t*>(step_inputs_.data() + 2 * n);  // [N]
   int32_t* sentence_host = tokens_host + n;                                        // [N]
   int32_t* key_counts_host = sentence_host + n;                                    // [N]
-  std::copy_n(tokens, n, tokens_host);
-  std::copy_n(hypothesis_sentence_.data(), n, sentence_host);
   const bool gathers = !pending_parents_.empty();
   for (int64_t i = 0; i < n; ++i) {
     append_rows_host[i] = i * max_steps_ + t;
-    parents_host[i] = gathers ? pending_parents_[size_t(i)] : i;
+    parents_host[i] = gathers && i < live ? pending_parents_[size_t(i)] : i;
+    tokens_host[i] = i < live ? tokens[i] : 0;
+    sentence_host[i] = i < live ? hypothesis_sentence_[size_t(i)] : 0;
     key_counts_host[i] = int32_t(t + 1);
   }
   const int64_t* append_rows = upload(backend, step_inputs_.data(), words, device_step_inputs_);
@@ -158,12 +158,19 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logits, float* cross
   ++position_;
 }
 
+int64_t IncrementalDecoder::step_rows() const {
+  const int64_t n = hypotheses();
+  if (!records_steps_ || n == 0) return n;
+  const int64_t granule = std::max<int64_t>(1, (max_hypotheses_ + 7) / 8);
+  return std::min(max_hypotheses_, (n + granule - 1) / granule * granule);
+}
+
 IncrementalDecoder::StepRecording& IncrementalDecoder::recording_for(int64_t n, const float* logits,
                                                                      const float* cross_attention,
                                                                      int64_t attention_layer,
                                                                      bool per_head) {
   for (StepRecording& r : recordings_)
-    if (r.hypotheses == n && r.logits == logits && r.cross_attention == cross_attention &&
+    if (r.rows == n && r.logits == logits && r.cross_attention == cross_attention &&
         r.attention_layer == attention_layer && r.per_head == per_head)
       return r;
   // A search's live set shrinks one size at a time: the oldest shapes are the ones done with.

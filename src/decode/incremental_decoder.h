@@ -39,24 +39,31 @@ class IncrementalDecoder {
   // log-probabilities in the same pass, log_softmax all of them).
   // With cross_attention non-null, it receives the cross-attention weights of decoder layer
   // attention_layer (-1: the last): averaged over heads, [N, src_len], or with per_head
-  // [N, heads, src_len]. Both outputs are in the model's backend memory.
+  // [N, heads, src_len]. Both outputs are in the model's backend memory and must have room for
+  // step_rows() rows: the rows past N are written with values that mean nothing.
   void step(const int32_t* tokens, float* logits, float* cross_attention,
             int64_t attention_layer = -1, bool per_head = false);
+
+  // The rows a step computes: N, or where steps are recorded, N rounded up to a multiple of an
+  // eighth of max_hypotheses, so that a search whose hypotheses finish one by one records a
+  // handful of step shapes rather than one per count (the extra rows repeat a real step's work
+  // on slots no hypothesis reads).
+  int64_t step_rows() const;
 
   // Keeps hypotheses parents[0..M) (indices into the current set, repeats allowed) as the new
   // set, in that order. Costs M × position index copies, made by the backend at the next step:
   // the cached rows stay where they are. Nothing where parents[i] is i throughout.
   void reorder(const std::vector<int32_t>& parents);
 
-  int64_t hypotheses() const { return int64_t(hypothesis_sentence_.size()); }
+  int64_t hypotheses() const { return int64_t(hypothesis_sentence_.size()); }  // N
   int64_t position() const { return position_; }
 
  private:
   // The operations of a step after its embedding (the layers and the output head) as the backend
-  // recorded them, for steps of one shape: the same hypotheses count and outputs. Recorded at the
+  // recorded them, for steps of one shape: the same step_rows() and outputs. Recorded at the
   // second step of a shape (the first allocates what it lacks).
   struct StepRecording {
-    int64_t hypotheses;
+    int64_t rows;
     const float* logits;
     const float* cross_attention;
     int64_t attention_layer;
@@ -104,9 +111,10 @@ class IncrementalDecoder {
   bool history_moved_ = false;                        // reordered since reset_history()
   std::vector<int64_t> pending_parents_;  // [N] the reorder the next step applies, or empty
   // What a step's operations read, packed for one upload (a GPU's driver call and staging copy
-  // each), at offsets that depend on N only: [N] the cache rows this position appends and [N]
-  // pending_parents_ (int64), then as int32 [N] the input tokens, [N] hypothesis_sentence_ and
-  // [N] each hypothesis' key count, position + 1.
+  // each), at offsets that depend on R = step_rows() only: [R] the cache rows this position
+  // appends and [R] pending_parents_ (int64), then as int32 [R] the input tokens, [R]
+  // hypothesis_sentence_ and [R] each row's key count, position + 1 (rows past N: slot i's own
+  // rows, sentence 0, token 0).
   std::vector<int64_t> step_inputs_;
   DeviceBuffer<int64_t> device_step_inputs_;   // step_inputs_ in the backend's memory
   DeviceBuffer<int32_t> device_src_lengths_;   // [sentences]
