@@ -148,19 +148,21 @@ decode_without_graphs() {  # decode_without_graphs BATCH BEAM
       --vocab 37000 >/dev/null 2>&1 || return 1
   local run=(build/bench/decode_bench --work-dir $dir --device cuda --compute-type bfloat16
     --cache bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 3)
-  local graphs eager
-  graphs=$("${run[@]}" | tail -1) || return 1
-  eager=$(TFM_CUDA_GRAPHS=0 "${run[@]}" | tail -1) || return 1
-  python3 - "$graphs" "$eager" "$1" "$2" <<'PY' | tee -a "$logs/decode_compare.txt"
+  local graphs eager line
+  graphs=$("${run[@]}") || { echo "error: decode_bench failed"; return 1; }
+  eager=$(TFM_CUDA_GRAPHS=0 "${run[@]}") || { echo "error: decode_bench failed"; return 1; }
+  line=$(python3 - "$(tail -1 <<<"$graphs")" "$(tail -1 <<<"$eager")" "$1" "$2" <<'PY'
 import json, sys
 graphs, eager = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 if graphs["outputs"] != eager["outputs"] or graphs["logprobs"] != eager["logprobs"]:
-    sys.exit("recorded and unrecorded steps found different translations")
+    sys.exit("error: recorded and unrecorded steps found different translations")
 print("decoding bfloat16 batch %s beam %s: recorded steps %.0f tokens/s, launched one by one %.0f: "
       "ratio %.3f, the same tokens" % (sys.argv[3], sys.argv[4], graphs["tokens_per_s"],
                                       eager["tokens_per_s"],
                                       graphs["tokens_per_s"] / eager["tokens_per_s"]))
 PY
+  ) || return 1
+  echo "$line" | tee -a "$logs/decode_compare.txt"
 }
 export -f decode_without_graphs
 step graphs_64_greedy 40 decode_without_graphs 64 1

@@ -1957,8 +1957,6 @@ TEST_P(BackendOps, CopyFillGatherAndScatterRows) {
   }
 }
 
-// The mean of each group of consecutive rows (decoding's cross-attention averaged over heads):
-// against float64 for groups of 1 (a copy), 3 and 16 rows, widths 1, 7 and 65.
 // Backend::run_and_record and replay (CUDA graphs on a GPU): the recorded operations run at
 // once; a replay queues them again with the arguments they were recorded with, on what the
 // memory they name holds by then; an allocation since refuses the replay. A backend that records
@@ -2002,6 +2000,8 @@ TEST_P(BackendOps, RecordedOperationsReplayOnTheMemoryTheyName) {
   EXPECT_EQ(out, replayed);
 }
 
+// The mean of each group of consecutive rows (decoding's cross-attention averaged over heads):
+// against float64 for groups of 1 (a copy), 3 and 16 rows, widths 1, 7 and 65.
 TEST_P(BackendOps, MeanOfRowGroupsMatchesFloat64) {
   uint64_t seed = 700;
   for (int64_t group_size : {1, 3, 16})

@@ -18,8 +18,8 @@ int64_t step_input_words(int64_t n) {
   return 2 * n + (3 * n + 1) / 2;
 }
 
-// How many recordings memory allocated since may make useless before a decoder stops recording
-// (something allocates between its steps: replays would keep failing).
+// How many recordings in a row memory allocated since may make useless before a decoder stops
+// recording (something allocates between its steps: replays would keep failing).
 constexpr int64_t kMaxDiscardedRecordings = 4;
 
 }  // namespace
@@ -117,7 +117,7 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logits, float* cross
     parents_host[i] = gathers && i < live ? pending_parents_[size_t(i)] : i;
     tokens_host[i] = i < live ? tokens[i] : 0;
     sentence_host[i] = i < live ? hypothesis_sentence_[size_t(i)] : 0;
-    key_counts_host[i] = int32_t(t + 1);
+    key_counts_host[i] = i < live ? int32_t(t + 1) : 0;  // a padded row reads no cached key
   }
   const int64_t* append_rows = upload(backend, step_inputs_.data(), words, device_step_inputs_);
   if (gathers) {  // the kept hypotheses' histories, columns 0..t-1, then back in place
@@ -139,7 +139,7 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logits, float* cross
         recording_for(n, logits, cross_attention, cross_attention ? attention_layer : 0, per_head);
     const auto run = [&] { run_layers(x, n, logits, cross_attention, attention_layer, per_head); };
     if (recording.operations && backend.replay(*recording.operations)) {
-      // queued as recorded
+      discarded_recordings_ = 0;  // memory that moves now and then costs a recording each time
     } else {
       if (recording.operations) {  // memory moved since: run this one, record the next
         recording.operations.reset();

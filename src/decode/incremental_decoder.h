@@ -36,7 +36,7 @@ class IncrementalDecoder {
 
   // Feeds tokens[N] (host) at the current position; logits[N, V] receive the output head's
   // logits for the next token (unnormalised: Backend::best_tokens gives the best ones their
-  // log-probabilities in the same pass, log_softmax all of them).
+  // log-probabilities in the same pass).
   // With cross_attention non-null, it receives the cross-attention weights of decoder layer
   // attention_layer (-1: the last): averaged over heads, [N, src_len], or with per_head
   // [N, heads, src_len]. Both outputs are in the model's backend memory and must have room for
@@ -51,8 +51,9 @@ class IncrementalDecoder {
   int64_t step_rows() const;
 
   // Keeps hypotheses parents[0..M) (indices into the current set, repeats allowed) as the new
-  // set, in that order. Costs M × position index copies, made by the backend at the next step:
-  // the cached rows stay where they are. Nothing where parents[i] is i throughout.
+  // set, in that order. Costs a gather of M × position indices and a copy of M × max_steps, made
+  // by the backend at the next step: the cached rows stay where they are. Nothing where
+  // parents[i] is i throughout.
   void reorder(const std::vector<int32_t>& parents);
 
   int64_t hypotheses() const { return int64_t(hypothesis_sentence_.size()); }  // N
@@ -114,7 +115,7 @@ class IncrementalDecoder {
   // each), at offsets that depend on R = step_rows() only: [R] the cache rows this position
   // appends and [R] pending_parents_ (int64), then as int32 [R] the input tokens, [R]
   // hypothesis_sentence_ and [R] each row's key count, position + 1 (rows past N: slot i's own
-  // rows, sentence 0, token 0).
+  // rows, sentence 0, token 0, no keys: they read no cached row).
   std::vector<int64_t> step_inputs_;
   DeviceBuffer<int64_t> device_step_inputs_;   // step_inputs_ in the backend's memory
   DeviceBuffer<int32_t> device_src_lengths_;   // [sentences]

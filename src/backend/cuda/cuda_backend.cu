@@ -53,9 +53,12 @@ void Context::activate() const {
   });
 }
 
+bool Context::recording_here() const {
+  return recording_thread.load(std::memory_order_acquire) == std::this_thread::get_id();
+}
+
 void Context::change_memory() const {
-  if (recording_thread.load(std::memory_order_acquire) == std::this_thread::get_id())
-    throw RecordingRefused();
+  if (recording_here()) throw RecordingRefused();
   memory_changes.fetch_add(1, std::memory_order_acq_rel);
 }
 
@@ -301,6 +304,10 @@ class CudaBackend final : public Backend {
     // Never throws (it runs in destructors, some at exit, when the runtime may be unloading);
     // a failure here is the device's, and the next operation reports it.
     if (!memory || cudaSetDevice(c_.device) != cudaSuccess) return;
+    if (c_.recording_here()) {  // freed when the capture ends, which then keeps nothing
+      c_.frees_after_recording.push_back(memory);
+      return;
+    }
     c_.memory_changes.fetch_add(1, std::memory_order_acq_rel);
     const ProfiledOperation profiled_operation(c_, "deallocate");
     cudaFreeAsync(memory, c_.stream);

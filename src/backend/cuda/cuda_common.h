@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace tfm {
 namespace cuda {
@@ -47,18 +48,26 @@ struct Context {
   mutable int64_t staging_bytes = 0;
   mutable std::once_flag created;
   // Recording (operation_recording.h): the thread capturing `stream` into a CUDA graph, or no
-  // thread; it holds recording_mutex meanwhile, which other threads' operations wait for.
+  // thread; it holds recording_mutex meanwhile, which other threads' operations wait for when
+  // they begin. A backend whose steps are recorded is used by one thread at a time (the
+  // decoder's callers: a search, serve's one decoding thread): an operation another thread
+  // began before a capture would be captured with it.
   mutable std::mutex recording_mutex;
   mutable std::atomic<std::thread::id> recording_thread{};
   // Allocations and frees of memory that outlives an operation (Backend::allocate, the staging
   // memory): a graph that names such memory is replayed only while this count is unchanged.
   mutable std::atomic<uint64_t> memory_changes{0};
+  // Frees asked for by the recording thread while it records: done when the capture ends, which
+  // then keeps nothing (the graph could not run without that memory).
+  mutable std::vector<void*> frees_after_recording;
   // Makes this context's device current on the calling thread (creating the stream and handle
   // the first time); waits while another thread records.
   void activate() const;
   // Counts an allocation or free (memory_changes); throws RecordingRefused where the calling
   // thread is recording: memory a graph allocates is the graph's, not the caller's to keep.
   void change_memory() const;
+  // Whether the calling thread is capturing this context's stream.
+  bool recording_here() const;
 };
 
 // Thrown by an allocation attempted while recording: the recording is dropped and its

@@ -170,6 +170,9 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
       c.blas_lt, plan->desc, &alpha, w, plan->w_layout, x, plan->x_layout, &beta, y, plan->y_layout,
       y, plan->y_layout, &plan->algo, c.lt_workspace, kWorkspaceBytes, c.stream);
   if (status == CUBLAS_STATUS_SUCCESS) return true;
+  // Refused while capturing a graph: the capture fails and the step runs again uncaptured, when
+  // the call answers for itself.
+  if (c.recording_here()) throw RecordingRefused();
   // Refused at the call (nothing enqueued): this shape goes the other way from now on.
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
     plan->usable = false;

@@ -64,8 +64,14 @@ std::shared_ptr<const RecordedOperations> run_and_record(const Context& c,
     }
     c.recording_thread.store(std::thread::id(), std::memory_order_release);
     const cudaError_t ended = cudaStreamEndCapture(c.stream, &graph);
-    captured = completed && ended == cudaSuccess && graph != nullptr;
+    captured =
+        completed && ended == cudaSuccess && graph != nullptr && c.frees_after_recording.empty();
   }
+  for (void* memory : c.frees_after_recording) {
+    c.memory_changes.fetch_add(1, std::memory_order_acq_rel);
+    cudaFreeAsync(memory, c.stream);
+  }
+  c.frees_after_recording.clear();
   cudaGraphExec_t exec = nullptr;
   if (captured && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) exec = nullptr;
   if (graph) cudaGraphDestroy(graph);
@@ -82,10 +88,9 @@ std::shared_ptr<const RecordedOperations> run_and_record(const Context& c,
 
 bool replay(const Context& c, const RecordedOperations& recording) {
   const auto* graph = dynamic_cast<const CudaGraph*>(&recording);
-  if (!graph || &graph->context() != &c ||
-      graph->memory_changes() != c.memory_changes.load(std::memory_order_acquire))
-    return false;
+  if (!graph || &graph->context() != &c) return false;
   TFM_CUDA_OPERATION(c, "replay (CUDA graph)");
+  if (graph->memory_changes() != c.memory_changes.load(std::memory_order_acquire)) return false;
   TFM_CUDA(cudaGraphLaunch(graph->exec(), c.stream));
   return true;
 }
