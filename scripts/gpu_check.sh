@@ -48,7 +48,8 @@ step() {  # step NAME SECONDS COMMAND...
   [ $rc -eq 0 ] || verdict="FAIL (exit $rc)"
   [ $rc -eq 124 ] && verdict="TIMEOUT (${limit} s)"
   results+=("$(printf '%-22s %-18s %5d s' "$name" "$verdict" $((SECONDS - start)))")
-  grep -E "^\[  (FAILED|SKIPPED) |Failure|error:|Error|ERROR SUMMARY|tokens/s|ratio" "$logs/$name.log" | head -40
+  grep -E "^\[  (FAILED|SKIPPED) |Failure|error:|Error|ERROR SUMMARY|tokens/s|ratio|warning: CUDA graphs" \
+    "$logs/$name.log" | awk '!seen[$0]++' | head -40
 }
 
 tests=build/tests/transformer_tests

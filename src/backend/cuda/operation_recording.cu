@@ -1,7 +1,10 @@
 // CUDA graphs for Backend::run_and_record / replay (operation_recording.h).
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "backend/cuda/operation_profile.h"
@@ -37,6 +40,18 @@ class CudaGraph final : public RecordedOperations {
   uint64_t memory_changes_;
 };
 
+// The first capture that fails for a reason of its own, on stderr: the steps then run launched
+// one by one, slower but the same, and only this line says why.
+void warn_once(const std::string& failure) {
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    std::fprintf(stderr,
+                 "warning: CUDA graphs: %s; decoding steps are launched one operation at a time "
+                 "(TFM_CUDA_GRAPHS=0 turns the recording off)\n",
+                 failure.c_str());
+  });
+}
+
 }  // namespace
 
 bool records_operations() {
@@ -54,16 +69,26 @@ std::shared_ptr<const RecordedOperations> run_and_record(const Context& c,
   const uint64_t memory_changes = c.memory_changes.load(std::memory_order_acquire);
   cudaGraph_t graph = nullptr;
   bool captured = false;
-  if (cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+  std::string failure;  // why capturing failed, where it was not an allocation it refused
+  const cudaError_t began = cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal);
+  if (began != cudaSuccess)
+    failure = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(began);
+  if (began == cudaSuccess) {
     c.recording_thread.store(std::this_thread::get_id(), std::memory_order_release);
-    bool completed = true;
+    bool completed = false;
     try {
       operations();
-    } catch (...) {  // RecordingRefused, or a call capturing does not allow: run them uncaptured
-      completed = false;
+      completed = true;
+    } catch (const RecordingRefused&) {  // the operations run uncaptured below
+    } catch (const std::exception& e) {  // a call capturing does not allow, most likely
+      failure = e.what();
+    } catch (...) {
+      failure = "an exception";
     }
     c.recording_thread.store(std::thread::id(), std::memory_order_release);
     const cudaError_t ended = cudaStreamEndCapture(c.stream, &graph);
+    if (completed && ended != cudaSuccess)
+      failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
     captured =
         completed && ended == cudaSuccess && graph != nullptr && c.frees_after_recording.empty();
   }
@@ -73,11 +98,18 @@ std::shared_ptr<const RecordedOperations> run_and_record(const Context& c,
   }
   c.frees_after_recording.clear();
   cudaGraphExec_t exec = nullptr;
-  if (captured && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) exec = nullptr;
+  if (captured) {
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    if (instantiated != cudaSuccess) {
+      exec = nullptr;
+      failure = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(instantiated);
+    }
+  }
   if (graph) cudaGraphDestroy(graph);
   cudaGetLastError();  // a failed capture's error is not the next operation's
   recording.unlock();
   if (!exec) {
+    if (!failure.empty()) warn_once(failure);
     operations();  // what failed for a reason of its own fails again here, and says so
     return nullptr;
   }

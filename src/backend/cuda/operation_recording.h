@@ -19,7 +19,8 @@ bool records_operations();
 
 // Runs `operations` captured into a graph and launches it; or, where capturing fails (an
 // operation that cannot be captured, an allocation: RecordingRefused), runs them as they come
-// and returns null.
+// and returns null. The first failure other than a refused allocation is one "warning: CUDA
+// graphs: ..." line on stderr.
 std::shared_ptr<const RecordedOperations> run_and_record(const Context& c,
                                                          const std::function<void()>& operations);
 
