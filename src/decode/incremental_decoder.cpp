@@ -146,10 +146,11 @@ void IncrementalDecoder::step(const int32_t* tokens, float* logits, float* cross
         recording.runs = 0;
         ++discarded_recordings_;
       }
-      if (recording.runs++ > 0 && discarded_recordings_ < kMaxDiscardedRecordings) {
+      if (recording.runs++ > 0 && !recording_failed_ &&
+          discarded_recordings_ < kMaxDiscardedRecordings) {
         recording.operations = backend.run_and_record(run);
         // Where the backend kept nothing, a step it could not record: nor will it the next.
-        if (!recording.operations) discarded_recordings_ = kMaxDiscardedRecordings;
+        recording_failed_ = !recording.operations;
       } else {
         run();
       }

@@ -90,7 +90,8 @@ class IncrementalDecoder {
   // self-attention has no window.
   bool records_steps_ = false;
   std::vector<StepRecording> recordings_;
-  int64_t discarded_recordings_ = 0;  // recordings that memory allocated since made useless
+  int64_t discarded_recordings_ = 0;  // in a row, made useless by memory allocated since
+  bool recording_failed_ = false;     // the backend kept nothing of a step: records no more
   // The host keeps the bookkeeping below and uploads what a step's operations read into the
   // device_ buffers.
   std::vector<int32_t> hypothesis_sentence_;  // [N]

@@ -35,11 +35,15 @@ void check_launch(const char* kernel) {
   check(cudaGetLastError(), kernel);
 }
 
-void Context::activate() const {
+void Context::wait_for_other_recording() const {
   const std::thread::id recorder = recording_thread.load(std::memory_order_acquire);
   if (recorder != std::thread::id() && recorder != std::this_thread::get_id()) {
-    const std::lock_guard<std::mutex> wait_for_the_recording(recording_mutex);
+    const std::lock_guard<std::mutex> until_it_ends(recording_mutex);
   }
+}
+
+void Context::activate() const {
+  wait_for_other_recording();
   TFM_CUDA(cudaSetDevice(device));
   std::call_once(created, [this] {
     TFM_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -303,7 +307,9 @@ class CudaBackend final : public Backend {
   void deallocate(void* memory) const override {
     // Never throws (it runs in destructors, some at exit, when the runtime may be unloading);
     // a failure here is the device's, and the next operation reports it.
-    if (!memory || cudaSetDevice(c_.device) != cudaSuccess) return;
+    if (!memory) return;
+    c_.wait_for_other_recording();
+    if (cudaSetDevice(c_.device) != cudaSuccess) return;
     if (c_.recording_here()) {  // freed when the capture ends, which then keeps nothing
       c_.frees_after_recording.push_back(memory);
       return;

@@ -68,6 +68,8 @@ struct Context {
   void change_memory() const;
   // Whether the calling thread is capturing this context's stream.
   bool recording_here() const;
+  // Returns once no other thread is capturing this context's stream (never throws).
+  void wait_for_other_recording() const;
 };
 
 // Thrown by an allocation attempted while recording: the recording is dropped and its

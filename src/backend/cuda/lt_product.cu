@@ -4,10 +4,12 @@
 // has one element per row of D: one per column of y, as a linear layer's bias has.
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include "backend/cuda/blas_library.h"
 #include "backend/cuda/lt_product.h"
+#include "tensor/error.h"
 
 namespace tfm {
 namespace cuda {
@@ -143,10 +145,10 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
                 int64_t ldy, const float* bias, bool relu) {
   const BlasLtLibrary& lt = blas_lt_library();
   std::lock_guard<std::mutex> context_lock(c.blas_mutex);
-  if (!c.blas_lt) {
-    TFM_CUDA(lt.create(&c.blas_lt));
+  if (!c.lt_workspace) {  // the workspace first: a handle is made only where it exists
     TFM_CUDA(cudaMalloc(&c.lt_workspace, kWorkspaceBytes));  // kept for the context's life
   }
+  if (!c.blas_lt) TFM_CUDA(lt.create(&c.blas_lt));
   const PlanKey key{c.device,
                     m,
                     n,
@@ -170,9 +172,11 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
       c.blas_lt, plan->desc, &alpha, w, plan->w_layout, x, plan->x_layout, &beta, y, plan->y_layout,
       y, plan->y_layout, &plan->algo, c.lt_workspace, kWorkspaceBytes, c.stream);
   if (status == CUBLAS_STATUS_SUCCESS) return true;
-  // Refused while capturing a graph: the capture fails and the step runs again uncaptured, when
-  // the call answers for itself.
-  if (c.recording_here()) throw RecordingRefused();
+  // Refused while capturing a graph: the capture fails (and says why) and the step runs again
+  // uncaptured, when the call answers for itself.
+  if (c.recording_here())
+    throw Error(std::string("cuBLASLt refused a product while capturing: ") +
+                blas_library().status_string(status));
   // Refused at the call (nothing enqueued): this shape goes the other way from now on.
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
     plan->usable = false;
