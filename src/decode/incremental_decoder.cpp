@@ -79,8 +79,9 @@ IncrementalDecoder::IncrementalDecoder(const Model& model, const float* memory, 
 void IncrementalDecoder::reset_history() {
   std::vector<int32_t> own_rows(size_t(max_hypotheses_ * max_steps_));
   for (size_t r = 0; r < own_rows.size(); ++r) own_rows[r] = int32_t(r);
-  for (DeviceBuffer<int32_t>* history : {&history_, &gathered_history_})
-    upload(model_.backend(), own_rows.data(), int64_t(own_rows.size()), *history);
+  const int64_t bytes = int64_t(own_rows.size() * sizeof(int32_t));
+  model_.backend().copy_from_host(own_rows.data(), bytes, history_.data());
+  model_.backend().copy_bytes(history_.data(), bytes, gathered_history_.data());
   history_moved_ = false;
   pending_parents_.clear();
 }

@@ -272,15 +272,16 @@ void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
                      AttentionInputs in = self_attention_inputs(
                          config, x, batch, tgt_len, tgt_lengths, true, dropout.attention_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 1)));
-                     if (step && step->key_counts) {  // keys 0..t, as counted in memory
-                       in.key_len = step->key_capacity;
-                       in.mask.key_lengths = step->key_counts;
-                       in.mask.causal = false;  // the counts end at the query's own key
+                     if (step) {  // keys 0..t from the cache, this position's appended
                        in.cached = &step->self;
-                     } else if (step) {  // keys 0..t from the cache, this position's appended
-                       in.key_len = step->position + 1;
-                       in.mask.query_offset = step->position;
-                       in.cached = &step->self;
+                       if (step->key_counts) {  // counted in memory, the capacity spanned
+                         in.key_len = step->key_capacity;
+                         in.mask.key_lengths = step->key_counts;
+                         in.mask.causal = false;  // the counts end at the query's own key
+                       } else {
+                         in.key_len = step->position + 1;
+                         in.mask.query_offset = step->position;
+                       }
                      }
                      multi_head_attention_forward(backend, w.self_attn, config.heads, in,
                                                   cache.self_attn, out);

@@ -71,9 +71,9 @@ std::shared_ptr<const RecordedOperations> run_and_record(const Context& c,
   bool captured = false;
   std::string failure;  // why capturing failed, where it was not an allocation it refused
   const cudaError_t began = cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal);
-  if (began != cudaSuccess)
+  if (began != cudaSuccess) {
     failure = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(began);
-  if (began == cudaSuccess) {
+  } else {
     c.recording_thread.store(std::this_thread::get_id(), std::memory_order_release);
     bool completed = false;
     try {
