@@ -114,14 +114,19 @@ step profile_bf16 40 profile_step bfloat16
 # bfloat16, 32 new tokens, batches 64 and 512, greedy and beam 4): bench/decode_bench on a random
 # base model in bfloat16 (products and cache) against bench/decode_peer_hf.py of the same shape;
 # then float16 on both sides.
+decode_dir=/tmp/gpu_check_decode
+prepare_decode() {  # prepare_decode BATCH: the random base model and BATCH sources of 32 tokens
+  [ -f $decode_dir/model.safetensors ] && [ "$(wc -l <$decode_dir/source.ids)" = "$1" ] ||
+    build/bench/decode_bench --work-dir $decode_dir --prepare-only --batch "$1" --src-len 32 \
+      --vocab 37000 >/dev/null 2>&1 || { echo "error: decode_bench --prepare-only failed"; return 1; }
+}
+export -f prepare_decode
+export decode_dir
 decode_compare() {  # decode_compare BATCH BEAM [TYPE: bfloat16 (default) or float16]
   local type=${3:-bfloat16}
-  local dir=/tmp/gpu_check_decode
-  [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = "$1" ] ||
-    build/bench/decode_bench --work-dir $dir --prepare-only --batch "$1" --src-len 32 \
-      --vocab 37000 >/dev/null 2>&1 || return 1
+  prepare_decode "$1" || return 1
   local ours peer
-  ours=$(build/bench/decode_bench --work-dir $dir --device cuda --compute-type "$type" \
+  ours=$(build/bench/decode_bench --work-dir $decode_dir --device cuda --compute-type "$type" \
     --cache "$type" --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
   peer=$(python3 bench/decode_peer_hf.py --batch "$1" --beam "$2" --src-len 32 --out-len 32 \
     --vocab 37000 --device cuda --dtype "$type" | tail -1) || return 1
@@ -143,11 +148,8 @@ step decode_512_greedy_f16 60 decode_compare 512 1 float16
 # The same searches with every step launched operation by operation (TFM_CUDA_GRAPHS=0): what
 # the recorded steps (CUDA graphs) gain, and the same tokens either way.
 decode_without_graphs() {  # decode_without_graphs BATCH BEAM
-  local dir=/tmp/gpu_check_decode
-  [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = "$1" ] ||
-    build/bench/decode_bench --work-dir $dir --prepare-only --batch "$1" --src-len 32 \
-      --vocab 37000 >/dev/null 2>&1 || return 1
-  local run=(build/bench/decode_bench --work-dir $dir --device cuda --compute-type bfloat16
+  prepare_decode "$1" || return 1
+  local run=(build/bench/decode_bench --work-dir $decode_dir --device cuda --compute-type bfloat16
     --cache bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 3)
   local graphs eager line
   graphs=$("${run[@]}") || { echo "error: decode_bench failed"; return 1; }
@@ -168,15 +170,54 @@ PY
 export -f decode_without_graphs
 step graphs_64_greedy 40 decode_without_graphs 64 1
 step graphs_64_beam4 40 decode_without_graphs 64 4
+# Against CTranslate2 on this card, where the bundle has it (scripts/gpu_bundle.sh with
+# CT2_CUDA_PREFIX): the same model exported by `transformer export-ctranslate2`, the same sources
+# and search, both in bfloat16 (CTranslate2 converts the float32 export when loading), every output
+# 32 tokens; the ratio of target tokens/s and how many outputs are the same token sequences.
+decode_vs_ctranslate2() {  # decode_vs_ctranslate2 BATCH BEAM
+  prepare_decode "$1" || return 1
+  local model=$decode_dir/model_dir ct2=$decode_dir/ct2
+  if [ ! -f $ct2/model.bin ]; then
+    mkdir -p $model && ln -sf ../model.safetensors $model/model.safetensors
+    python3 - $model <<'PY'
+import sys
+tokens = ["<blank>", "<s>", "</s>", "<unk>"] + ["t%d" % i for i in range(4, 37000)]
+for side in ("source", "target"):
+    open("%s/%s_vocabulary.txt" % (sys.argv[1], side), "w").write("\n".join(tokens) + "\n")
+PY
+    build/transformer export-ctranslate2 --model $model -o $ct2 --force >/dev/null || return 1
+  fi
+  local ours peer
+  ours=$(build/bench/decode_bench --work-dir $decode_dir --device cuda --compute-type bfloat16 \
+    --cache bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
+  peer=$(build/ct2/bin/ct2_decode_peer --model $ct2 --source $decode_dir/source.ids --device cuda \
+    --compute-type bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
+  python3 - "$ours" "$peer" "$1" "$2" <<'PY' | tee -a "$logs/decode_compare.txt"
+import json, sys
+ours, peer = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+same = sum(a == b for a, b in zip(ours["outputs"], peer["outputs"]))
+print("decoding bfloat16 batch %s beam %s: ours %.0f tokens/s, %s %.0f: ratio %.3f; %d of %d "
+      "outputs the same tokens" % (sys.argv[3], sys.argv[4], ours["tokens_per_s"], peer["impl"],
+                                   peer["tokens_per_s"], ours["tokens_per_s"] / peer["tokens_per_s"],
+                                   same, len(ours["outputs"])))
+PY
+}
+export -f decode_vs_ctranslate2
+for shape in "64 1" "64 4" "512 1" "512 4"; do
+  set -- $shape
+  name=ct2_$1_$([ "$2" = 1 ] && echo greedy || echo beam$2)
+  if [ -x build/ct2/bin/ct2_decode_peer ]; then
+    step "$name" 60 decode_vs_ctranslate2 "$1" "$2"
+  else
+    results+=("$(printf '%-22s %-18s' "$name" "skipped (no CTranslate2 in the bundle)")")
+  fi
+done
 # Where decoding spends its GPU time: a beam-4 search of 512 sentences (the lowest ratio above),
 # and greedy search of 64 (the most launches per token). Timing each operation turns the
 # recording of steps off: these run launched one by one.
 profile_decode() {  # profile_decode BATCH BEAM
-  local dir=/tmp/gpu_check_decode
-  [ -f $dir/model.safetensors ] && [ "$(wc -l <$dir/source.ids)" = "$1" ] ||
-    build/bench/decode_bench --work-dir $dir --prepare-only --batch "$1" --src-len 32 \
-      --vocab 37000 >/dev/null 2>&1 || return 1
-  TFM_CUDA_PROFILE=shapes build/bench/decode_bench --work-dir $dir --device cuda \
+  prepare_decode "$1" || return 1
+  TFM_CUDA_PROFILE=shapes build/bench/decode_bench --work-dir $decode_dir --device cuda \
     --compute-type bfloat16 --cache bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 2 \
     2>&1 >/dev/null
 }
