@@ -23,10 +23,12 @@ backward / optimizer) are timed around each call of every timed step.
 On a GPU (--device cuda) the step is timed to its end (torch.cuda.synchronize) and
 --autocast bfloat16 runs forward and loss under torch.autocast in bfloat16, the way PyTorch
 users train in mixed precision (float32 weights and Adam): the peer of train_bench's
---compute-type bfloat16.
+--compute-type bfloat16. --compile runs the model's forward through torch.compile (its default
+mode; the backward is compiled with it), compiled during the warm-up steps, which then take
+far longer than the timed ones.
 
 Run: /usr/bin/python3 bench/train_peer.py [--steps 5] [--warmup 2] [--device cuda]
-     [--autocast bfloat16]
+     [--autocast bfloat16] [--compile]
 """
 import argparse
 import json
@@ -108,6 +110,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--autocast", choices=["none", "bfloat16"], default="none",
                     help="forward and loss under torch.autocast in this type")
+    ap.add_argument("--compile", action="store_true",
+                    help="the model through torch.compile (default mode)")
     args = ap.parse_args()
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"
@@ -119,6 +123,7 @@ def main():
     setup_start = time.perf_counter()
     model = Seq2Seq(args.vocab, 0.1, args.stock_dropout).to(device)
     model.train()
+    step_model = torch.compile(model) if args.compile else model
     warmup_steps = 4000
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     schedule = torch.optim.lr_scheduler.LambdaLR(  # the paper's rate; LambdaLR counts from 0
@@ -144,7 +149,7 @@ def main():
         t1 = time.perf_counter()
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
                             enabled=args.autocast == "bfloat16"):
-            logits = model(src, tgt_in, causal)  # [B, T, V]
+            logits = step_model(src, tgt_in, causal)  # [B, T, V]
             loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt_out.reshape(-1),
                                    label_smoothing=0.1)
         losses.append(loss.item())
@@ -169,7 +174,8 @@ def main():
     peak = float("nan") if on_gpu else bench_util.square_gemm_peak(args.gemm_size)
     achieved = flops / median_s / 1e9
     print(json.dumps({
-        "impl": f"pytorch-{torch.__version__}", "threads": torch.get_num_threads(),
+        "impl": f"pytorch-{torch.__version__}" + (" torch.compile" if args.compile else ""),
+        "threads": torch.get_num_threads(), "compiled": args.compile,
         "parameters": sum(p.numel() for p in model.parameters()),
         "batch": b, "src_len": src.shape[1], "tgt_len": tgt_in.shape[1],
         "source_tokens": src.numel(), "target_tokens": target_tokens,

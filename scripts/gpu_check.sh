@@ -9,16 +9,18 @@
 #      fixture tests on the GPU (PyTorch's gradients, the CTranslate2-converted models),
 #   3. training against PyTorch in the same run (bench/train_bench against bench/train_peer.py,
 #      float32 and bfloat16), a per-operation profile of a bfloat16 step, decoding against
-#      MarianMTModel.generate() (bench/decode_bench against bench/decode_peer_hf.py; bfloat16,
-#      and float16 at batch 512), then the
-#      train and translate commands themselves on the base model,
+#      MarianMTModel.generate() (bench/decode_bench against bench/decode_peer_hf.py, bfloat16),
+#      recorded steps against unrecorded ones, decoding against CTranslate2 (where the bundle
+#      has it), then the train and translate commands themselves on the base model,
 #   4. compute-sanitizer memcheck over the backend-ops test, and racecheck over the kernels that
 #      share memory within a block,
 # and prints a table last. Logs go to /tmp/gpu_check, and as one gpu_check_logs.tar.gz into $OUT
 # when it is set (the device tool brings back a few files only).
 #   bash scripts/gpu_check.sh [BUNDLE]   (default .gpu/bundle.tar.xz)
 # GPU_CHECK_STEPS="backend_ops train_vs_torch_bf16 ..." runs only the steps named (a short
-# rerun after a change); the table lists the others as skipped.
+# rerun after a change); the table lists the others as skipped. train_vs_compile_bf16 (against
+# torch.compile, which compiles for a minute or more) and the float16 decoding comparisons
+# (decode_512_*_f16) run only when named.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-.gpu/bundle.tar.xz}
@@ -52,6 +54,15 @@ step() {  # step NAME SECONDS COMMAND...
     "$logs/$name.log" | awk '!seen[$0]++' | head -40
 }
 
+# The steps that take long for what they add run only when GPU_CHECK_STEPS names them.
+named_step() {  # named_step NAME SECONDS COMMAND...: step, where GPU_CHECK_STEPS names it
+  if [[ " ${GPU_CHECK_STEPS:-} " != *" $1 "* ]]; then
+    results+=("$(printf '%-22s %-18s' "$1" "skipped (run by name)")")
+    return 0
+  fi
+  step "$@"
+}
+
 tests=build/tests/transformer_tests
 # Each test in a process of its own: an illegal memory access poisons the process's CUDA context,
 # so in one process a single faulty kernel fails every test after it (as on 589d8dd).
@@ -79,13 +90,13 @@ step gpu_fixtures 120 $tests --gtest_filter='*GradientParity*cuda*:*ConvertedMod
 # Training against PyTorch on this card, same run, same shape (the base model, 400 pairs of 63 +
 # eos / bos tokens, vocabulary 37,000, dropout 0.1, label smoothing 0.1, Adam): float32 against
 # PyTorch's float32, our bfloat16 products against its bfloat16 autocast.
-train_compare() {
+train_compare() {  # train_compare TYPE [--compile: the peer through torch.compile]
   local shape="--batch 400 --src-len 63 --tgt-len 63 --vocab 37000 --steps 5 --warmup 2"
   local ours peer
   ours=$(build/bench/train_bench $shape --device cuda --compute-type "$1" | tail -1) || return 1
   if [ "$1" = bfloat16 ]; then autocast=bfloat16; else autocast=none; fi
-  peer=$(cd bench && python3 train_peer.py $shape --device cuda --autocast $autocast | tail -1) ||
-    return 1
+  peer=$(cd bench && python3 train_peer.py $shape --device cuda --autocast $autocast ${2:-} |
+    tail -1) || return 1
   echo "$ours" >>"$logs/train_compare.jsonl"
   echo "$peer" >>"$logs/train_compare.jsonl"
   python3 - "$ours" "$peer" "$1" <<'PY'
@@ -101,6 +112,32 @@ export -f train_compare
 export logs
 step train_vs_torch_fp32 60 train_compare float32
 step train_vs_torch_bf16 60 train_compare bfloat16
+# Against torch.compile, the faster of PyTorch's two (the issue's goal is 1.5x its tokens/s):
+# its compilation takes a minute or more of the check's eight, so it runs only when named.
+named_step train_vs_compile_bf16 240 train_compare bfloat16 --compile
+# Training's attention on bfloat16 tensor cores (attention_tensor_cores.cu) against the float32
+# block kernel and TF32 whole-matrix backward it replaces (TFM_CUDA_TENSOR_CORE_ATTENTION=0): the
+# speed ratio of whole bfloat16 steps, and the first losses within 1% of each other.
+attention_tensor_cores() {
+  local run=(build/bench/train_bench --batch 400 --src-len 63 --tgt-len 63 --vocab 37000
+    --steps 5 --warmup 2 --device cuda --compute-type bfloat16)
+  local cores plain
+  cores=$("${run[@]}" | tail -1) || return 1
+  plain=$(TFM_CUDA_TENSOR_CORE_ATTENTION=0 "${run[@]}" | tail -1) || return 1
+  python3 - "$cores" "$plain" <<'PY'
+import json, sys
+cores, plain = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print("training bfloat16: attention on tensor cores %.0f target tokens/s (%.1f ms/step), without "
+      "%.0f (%.1f ms/step): ratio %.3f; losses %.5f -> %.5f against %.5f -> %.5f" % (
+          cores["tokens_per_s"], 1e3 * cores["median_s"], plain["tokens_per_s"],
+          1e3 * plain["median_s"], cores["tokens_per_s"] / plain["tokens_per_s"],
+          cores["loss_first"], cores["loss_last"], plain["loss_first"], plain["loss_last"]))
+if abs(cores["loss_first"] - plain["loss_first"]) > 0.01 * abs(plain["loss_first"]):
+    sys.exit("error: the first losses differ by more than 1%")
+PY
+}
+export -f attention_tensor_cores
+step attention_tc_train 60 attention_tensor_cores
 # Where a bfloat16 step's GPU time goes, per operation and shape (TFM_CUDA_PROFILE=shapes: events
 # around each).
 profile_step() {
@@ -113,7 +150,7 @@ step profile_bf16 40 profile_step bfloat16
 # Decoding against transformers' MarianMTModel.generate() in the same run (the issue's anchor:
 # bfloat16, 32 new tokens, batches 64 and 512, greedy and beam 4): bench/decode_bench on a random
 # base model in bfloat16 (products and cache) against bench/decode_peer_hf.py of the same shape;
-# then float16 on both sides.
+# then, when named, float16 on both sides.
 decode_dir=/tmp/gpu_check_decode
 prepare_decode() {  # prepare_decode BATCH: the random base model and BATCH sources of 32 tokens
   [ -f $decode_dir/model.safetensors ] && [ "$(wc -l <$decode_dir/source.ids)" = "$1" ] ||
@@ -143,8 +180,8 @@ step decode_64_greedy 60 decode_compare 64 1
 step decode_64_beam4 60 decode_compare 64 4
 step decode_512_greedy 60 decode_compare 512 1
 step decode_512_beam4 60 decode_compare 512 4
-step decode_512_beam4_f16 60 decode_compare 512 4 float16
-step decode_512_greedy_f16 60 decode_compare 512 1 float16
+named_step decode_512_beam4_f16 60 decode_compare 512 4 float16
+named_step decode_512_greedy_f16 60 decode_compare 512 1 float16
 # The same searches with every step launched operation by operation (TFM_CUDA_GRAPHS=0): what
 # the recorded steps (CUDA graphs) gain, and the same tokens either way.
 decode_without_graphs() {  # decode_without_graphs BATCH BEAM

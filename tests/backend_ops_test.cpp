@@ -810,6 +810,19 @@ TEST_P(BackendOps, AttentionMatchesReferenceWithEveryMask) {
         }
 }
 
+// batch × heads heads of head_dim, query_len queries over key_len keys, rows dense.
+AttentionShape dense_attention_shape(int64_t batch, int64_t heads, int64_t head_dim,
+                                     int64_t query_len, int64_t key_len) {
+  AttentionShape s;
+  s.batch = batch;
+  s.heads = heads;
+  s.head_dim = head_dim;
+  s.query_len = query_len;
+  s.key_len = key_len;
+  s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = heads * head_dim;
+  return s;
+}
+
 // Weights not kept (probs null): the streamed online-softmax path, at lengths that span several
 // query blocks (64) and key blocks (256), with the band restricted by causal and window masks.
 TEST_P(BackendOps, AttentionStreamedMatchesReferenceAcrossBlocks) {
@@ -824,14 +837,8 @@ TEST_P(BackendOps, AttentionStreamedMatchesReferenceAcrossBlocks) {
          {Case{300, 300, false, -1, 0}, Case{300, 300, true, -1, 0}, Case{300, 300, false, 5, 0},
           Case{300, 300, true, 40, 0}, Case{70, 600, false, -1, 0}, Case{1, 600, true, 3, 599},
           Case{65, 65, false, 0, 0}}) {
-      AttentionShape s;
+      AttentionShape s = dense_attention_shape(2, 2, 16, c.query_len, c.key_len);
       s.score = {scoring, additive_v.data()};
-      s.batch = 2;
-      s.heads = 2;
-      s.head_dim = 16;
-      s.query_len = c.query_len;
-      s.key_len = c.key_len;
-      s.q_row_stride = s.k_row_stride = s.v_row_stride = s.out_row_stride = s.heads * s.head_dim;
       std::vector<int32_t> lengths = {int32_t(c.key_len), int32_t(c.key_len * 2 / 3)};
       AttentionMask mask;
       mask.key_lengths = lengths.data();
@@ -980,20 +987,20 @@ TEST_P(BackendOps, AttentionBandedForwardAndBackwardMatchFloat64) {
 // head up to 64 queries and keys, 65 its whole-matrix path): forward, weights and backward
 // against float64, with a key length of 0 among them, causal and not, queries and keys of
 // different lengths. The gradients' buffers start at 9: every element is written.
+// Three sequences of two heads of 64: training's short-sequence shapes.
+struct HeadsOf64Case {
+  int64_t query_len, key_len;
+  bool causal;
+};
+AttentionShape heads_of_64(const HeadsOf64Case& c) {
+  return dense_attention_shape(3, 2, 64, c.query_len, c.key_len);
+}
+
 TEST_P(BackendOps, AttentionOverShortSequencesMatchesFloat64) {
-  struct Case {
-    int64_t query_len, key_len;
-    bool causal;
-  };
+  using Case = HeadsOf64Case;
   for (const Case& c : {Case{1, 1, false}, Case{7, 9, false}, Case{37, 37, true},
                         Case{64, 64, true}, Case{64, 50, false}, Case{65, 65, true}}) {
-    AttentionShape s;
-    s.batch = 3;
-    s.heads = 2;
-    s.head_dim = 64;
-    s.query_len = c.query_len;
-    s.key_len = c.key_len;
-    s.q_row_stride = s.out_row_stride = s.heads * s.head_dim;
+    AttentionShape s = heads_of_64(c);
     s.k_row_stride = s.v_row_stride = 2 * s.heads * s.head_dim;  // keys and values interleaved
     std::vector<int32_t> lengths = {int32_t(c.key_len),
                                     int32_t(std::max<int64_t>(c.key_len - 3, 1)), 0};
@@ -1055,6 +1062,109 @@ RoundedCopy rounded_copy(const std::vector<float>& x, Precision format) {
     r.widened.push_back(float16 ? half_to_float(r.bits.back()) : bfloat16_to_float(r.bits.back()));
   }
   return r;
+}
+
+// max |got − want| / max |want|: an output's error relative to its largest value (infinite
+// where got holds a NaN or an infinity).
+template <typename Want>
+double relative_to_largest(const std::vector<float>& got, const std::vector<Want>& want) {
+  double error = 0, largest = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    error = std::max(error, std::abs(double(got[i]) - double(want[i])));
+    largest = std::max(largest, std::abs(double(want[i])));
+  }
+  return error / std::max(largest, 1e-30);
+}
+
+// Training in bfloat16 lets the attention's own products round their operands to bfloat16
+// (AttentionShape::products): CUDA's bfloat16 tensor cores for these heads of 64, TF32 in its
+// whole-matrix backward (65 × 65), the CPU's float32. Each output (out, dQ, dK, dV) within 2^-6
+// of its largest value of float64's, either on the operands as given (float32, TF32) or rounded
+// to bfloat16 (the tensor cores', where the weights P and dS round too: 2^-9 each); a wrong
+// operand, transpose or mask moves them by ~100%. On CUDA up to 64 × 64 the output is nearer
+// the rounded operands' (the bfloat16 path ran). Keys and values interleaved in their rows,
+// padding (a sequence of no keys among them), causal and window masks; the rounded copy of the
+// output is the output's, rounded.
+TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
+  struct Case {
+    int64_t query_len, key_len;
+    bool causal;
+    int64_t window;
+  };
+  for (const Case& c : {Case{64, 64, true, -1}, Case{37, 50, false, -1}, Case{7, 9, false, 2},
+                        Case{64, 64, true, 5}, Case{65, 65, true, -1}}) {
+    AttentionShape s = heads_of_64({c.query_len, c.key_len, c.causal});
+    s.products = Precision::kBFloat16;
+    s.k_row_stride = s.v_row_stride = 2 * s.heads * s.head_dim;  // keys and values interleaved
+    const int64_t width = s.heads * s.head_dim;
+    std::vector<int32_t> lengths = {int32_t(c.key_len), int32_t(c.key_len - 5), 0};
+    AttentionMask mask;
+    mask.key_lengths = lengths.data();
+    mask.causal = c.causal;
+    mask.window = c.window;
+    const auto q = random_vector(s.batch * c.query_len * width, 81);
+    const auto kv = random_vector(s.batch * c.key_len * s.k_row_stride, 82);
+    const auto d_out = random_vector(s.batch * c.query_len * width, 84);
+    std::vector<float> probs(size_t(s.batch * s.heads * c.query_len * c.key_len), 7.f);
+    std::vector<float> out(q.size(), 9.f);
+    std::vector<uint16_t> rounded_out(q.size(), 9);
+    s.rounded_out = rounded_out.data();
+    be().attention_forward(s, mask, q.data(), kv.data(), kv.data() + width, probs.data(),
+                           out.data(), {});
+    for (size_t i = 0; i < out.size(); ++i)
+      ASSERT_EQ(rounded_out[i], float_to_bfloat16(out[i])) << "rounded out " << i;
+    std::vector<float> dq(q.size(), 9.f), dkv(kv.size(), 9.f);
+    std::vector<float> d_additive_v(size_t(width), 0.f);  // unused: dot scores
+    be().attention_backward(s, mask, q.data(), kv.data(), kv.data() + width, probs.data(), {},
+                            d_out.data(), dq.data(), dkv.data(), dkv.data() + width,
+                            d_additive_v.data());
+    // The reference's dense keys and values, and the gradients' halves as such.
+    AttentionShape dense = s;
+    dense.k_row_stride = dense.v_row_stride = width;
+    auto halves = [&](const std::vector<float>& rows, std::vector<float>& keys,
+                      std::vector<float>& values) {
+      for (size_t i = 0; i < rows.size(); ++i)
+        (int64_t(i % size_t(s.k_row_stride)) < width ? keys : values).push_back(rows[i]);
+    };
+    std::vector<float> k, v, dk, dv;
+    halves(kv, k, v);
+    halves(dkv, dk, dv);
+    struct Reference {
+      std::vector<float> out;
+      std::vector<double> dq, dk, dv;
+    };
+    auto reference = [&](const std::vector<float>& rq, const std::vector<float>& rk,
+                         const std::vector<float>& rv, const std::vector<float>& r_d_out) {
+      Reference r;
+      r.out = reference_attention(dense, mask, rq, rk, rv);
+      std::vector<double> unused;
+      reference_attention_backward(dense, mask, rq, rk, rv, r_d_out, r.dq, r.dk, r.dv, unused);
+      return r;
+    };
+    auto bfloat16 = [](const std::vector<float>& x) {
+      return rounded_copy(x, Precision::kBFloat16).widened;
+    };
+    const Reference given = reference(q, k, v, d_out);
+    const Reference rounded = reference(bfloat16(q), bfloat16(k), bfloat16(v), bfloat16(d_out));
+    auto check = [&](const char* name, const std::vector<float>& got, const auto& want_given,
+                     const auto& want_rounded) {
+      const double on_given = relative_to_largest(got, want_given);
+      const double on_rounded = relative_to_largest(got, want_rounded);
+      EXPECT_LE(std::min(on_given, on_rounded), 1.0 / 64)
+          << name << " Tq " << c.query_len << " Tk " << c.key_len << ": " << on_given
+          << " of the float64 result on the operands as given, " << on_rounded
+          << " on them rounded to bfloat16";
+      return on_rounded < on_given;
+    };
+    const bool rounded_nearer = check("out", out, given.out, rounded.out);
+    check("dq", dq, given.dq, rounded.dq);
+    check("dk", dk, given.dk, rounded.dk);
+    check("dv", dv, given.dv, rounded.dv);
+    if (be().name().rfind("cuda", 0) == 0 && c.query_len <= 64 && c.key_len <= 64) {
+      EXPECT_TRUE(rounded_nearer) << "Tq " << c.query_len << ": the bfloat16 path did not run";
+    }
+  }
 }
 
 // Incremental decoding's single query over cached rows (key_rows) and the hypotheses of one

@@ -133,6 +133,13 @@ struct AttentionShape {
   // ties to even), dense [batch · query_len, heads · head_dim], for W_o's bfloat16 product;
   // null: nowhere. out is written either way.
   uint16_t* rounded_out = nullptr;
+  // The precision the attention's products may multiply in: kFloat32, or kBFloat16 (training in
+  // bfloat16, whose projections round to bfloat16 anyway): operands rounded to bfloat16 (nearest
+  // even; the weights P too) or to more bits, sums in float32. CUDA then takes tensor cores:
+  // bfloat16 ones for up to 64 queries and keys with heads of 64, TF32 ones (10 bits) in the
+  // whole-matrix backward; the CPU multiplies in float32 either way. Inference leaves it
+  // kFloat32, so that a GPU finds the CPU's translations.
+  Precision products = Precision::kFloat32;
 };
 
 // Which keys a query sees. Query t of sequence b has absolute position t + query_offset;

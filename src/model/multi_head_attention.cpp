@@ -18,6 +18,8 @@ AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs&
   shape.key_len = in.key_len;
   shape.head_dim = d / heads;
   shape.q_row_stride = shape.k_row_stride = shape.v_row_stride = shape.out_row_stride = d;
+  // Training in bfloat16 lets the attention's own products round their operands too.
+  if (rounds_to_bfloat16(w.q)) shape.products = Precision::kBFloat16;
   return shape;
 }
 

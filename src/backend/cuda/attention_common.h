@@ -1,10 +1,12 @@
-// What the CUDA backend's two attention paths share (attention.cu's per-query kernels and
-// attention_dense.cu's whole-matrix products): which keys a query sees, and where a sequence's
-// keys start. Device code; included by those two files only.
+// What the CUDA backend's attention paths share (attention.cu's per-query kernels,
+// attention_dense.cu's whole-matrix products, the block-per-head kernels of attention_short.cu
+// and attention_tensor_cores.cu): which keys a query sees, where a sequence's keys start, and
+// where a (sequence, head) block's rows are. Device code; included by those files only.
 #pragma once
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_common.h"
 #include "backend/operation_types.h"
 
 namespace tfm {
@@ -32,6 +34,71 @@ __device__ __forceinline__ void visible_keys(const AttentionMask& mask, int64_t 
 __host__ __device__ __forceinline__ int64_t sequence_stride(int64_t given, int64_t key_len,
                                                             int64_t row_stride) {
   return given ? given : key_len * row_stride;
+}
+
+// Where the rows of block (b, h) = (blockIdx.x / heads, blockIdx.x % heads) are, for the
+// kernels with a block per (sequence, head).
+struct HeadRows {
+  int64_t b, h;
+  __device__ HeadRows(const AttentionShape& s) : b(blockIdx.x / s.heads), h(blockIdx.x % s.heads) {}
+  // Its first query's row of q (or of dq: the same strides).
+  template <typename T>
+  __device__ T* query(const AttentionShape& s, T* q) const {
+    return q + b * s.query_len * s.q_row_stride + h * s.head_dim;
+  }
+  template <typename T>
+  __device__ T* key(const AttentionShape& s, T* k) const {
+    return k + b * sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride) + h * s.head_dim;
+  }
+  template <typename T>
+  __device__ T* value(const AttentionShape& s, T* v) const {
+    return v + b * sequence_stride(s.v_batch_stride, s.key_len, s.v_row_stride) + h * s.head_dim;
+  }
+  // Its first query's row of out (or of d_out).
+  template <typename T>
+  __device__ T* output(const AttentionShape& s, T* out) const {
+    return out + b * s.query_len * s.out_row_stride + h * s.head_dim;
+  }
+  // ... of the dense rounded copy (AttentionShape::rounded_out, rows heads · head_dim), or null.
+  __device__ uint16_t* rounded_output(const AttentionShape& s) const {
+    const int64_t row = s.heads * s.head_dim;
+    return s.rounded_out ? s.rounded_out + b * s.query_len * row + h * s.head_dim : nullptr;
+  }
+  // Row t of the weights [B, H, Tq, Tk].
+  __device__ int64_t weights_row(const AttentionShape& s, int64_t t) const {
+    return ((b * s.heads + h) * s.query_len + t) * s.key_len;
+  }
+};
+
+// The weights of a block-per-head kernel's 64 score rows (scores[t · pitch + j], Q·Kᵀ of
+// sequence b), a warp a row: row t < query_len gets the masked softmax of its scores · scale
+// over its visible keys (masked_softmax_kernel's formula), a row past query_len zero weights.
+// store(t, j, w) for every t, j < 64 (w = 0 outside the visible keys), once the row is read.
+template <typename Store>
+__device__ __forceinline__ void softmax_rows_of_64(const AttentionShape& s,
+                                                   const AttentionMask& mask, int64_t b,
+                                                   const float* scores, int pitch, float scale,
+                                                   Store store) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int64_t key_count = s.key_len;
+  if (mask.key_lengths && mask.key_lengths[b] < key_count) key_count = mask.key_lengths[b];
+  for (int t = warp; t < 64; t += blockDim.x / 32) {
+    const float* row = scores + t * pitch;
+    int64_t begin = 0, end = 0;  // no query: no key
+    if (t < s.query_len) visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
+    float largest = -INFINITY;
+    for (int j = lane; j < 64; j += 32)
+      if (j >= begin && j < end) largest = fmaxf(largest, row[j]);
+    largest = warp_max(largest);
+    const float shift = largest * scale;
+    float total = 0.f;
+    for (int j = lane; j < 64; j += 32)
+      if (j >= begin && j < end) total += expf(row[j] * scale - shift);
+    total = warp_sum(total);
+    const float inverse = total > 0.f ? 1.f / total : 0.f;
+    for (int j = lane; j < 64; j += 32)
+      store(t, j, j >= begin && j < end ? expf(row[j] * scale - shift) * inverse : 0.f);
+  }
 }
 
 }  // namespace cuda

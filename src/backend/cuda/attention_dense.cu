@@ -3,7 +3,8 @@
 // (dV = P'ᵀ·dO, dP = dO·Vᵀ, the softmax's backward, dQ = dS·K, dK = dSᵀ·Q). This is
 // what training (which keeps the weights for the backward anyway) and the encoder's full
 // passes use; additive scores, cached rows and shared key batches (decoding) stay with the
-// per-query kernels of attention.cu. Products in float32, as the CPU backend's.
+// per-query kernels of attention.cu. Products in float32, as the CPU backend's; the backward's
+// on TF32 tensor cores where the shape allows it (AttentionShape::products).
 #include <cmath>
 
 #include "backend/cuda/attention_common.h"
@@ -95,10 +96,11 @@ __global__ void head_pointers_kernel(HeadMatrices a, HeadMatrices b, HeadMatrice
 
 // Row-major C = op(A)·op(B) for every (sequence, head) of a batch in one cuBLAS call (a per-head
 // loop of strided-batched products made 8 launches of 1/8 of the work at 8 heads), column-major
-// as matmul.cu: Cᵀ = op(B)ᵀ·op(A)ᵀ.
+// as matmul.cu: Cᵀ = op(B)ᵀ·op(A)ᵀ. products: kFloat32, or kBFloat16 (AttentionShape::
+// products), which takes TF32 tensor cores where cuBLAS has them for the shape.
 void head_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                   HeadMatrices a, HeadMatrices b, HeadMatrices out, int64_t sequences,
-                  int64_t heads) {
+                  int64_t heads, Precision products = Precision::kFloat32) {
   const int64_t count = sequences * heads;
   if (count == 0) return;
   Scratch pointers(c, 3 * count * int64_t(sizeof(float*)));  // [3, count]
@@ -112,6 +114,18 @@ void head_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64
   std::lock_guard<std::mutex> lock(c.blas_mutex);
   const BlasLibrary& blas = blas_library();
   TFM_CUDA(blas.set_stream(c.blas, c.stream));
+  if (products == Precision::kBFloat16) {
+    const cublasStatus_t status = blas.gemm_batched_ex(
+        c.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n),
+        int(m), int(k), &alpha, reinterpret_cast<const void* const*>(b_pointers), CUDA_R_32F,
+        int(b.ld), reinterpret_cast<const void* const*>(a_pointers), CUDA_R_32F, int(a.ld), &beta,
+        reinterpret_cast<void* const*>(c_pointers), CUDA_R_32F, int(out.ld), int(count),
+        CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) {
+      TFM_CUDA(status);
+      return;
+    }  // else in float32, as below
+  }
   TFM_CUDA(blas.sgemm_batched(c.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                               trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha,
                               b_pointers, int(b.ld), a_pointers, int(a.ld), &beta, c_pointers,
@@ -192,10 +206,10 @@ void dense_attention_backward(const Context& c, const AttentionShape& s, const A
   const HeadMatrices d_scores_by_head{d_scores, s.key_len, s.heads * pair_size, pair_size};
   // dV[Tk, d] = P'ᵀ·dO; rows of keys no query sees get 0 (their weights are 0).
   head_product(c, true, false, s.key_len, d, s.query_len, weights_by_head, d_out_by_head,
-               {dv, s.v_row_stride, v_stride, d}, s.batch, s.heads);
+               {dv, s.v_row_stride, v_stride, d}, s.batch, s.heads, s.products);
   // dP[Tq, Tk] = dO·Vᵀ
   head_product(c, false, true, s.query_len, s.key_len, d, d_out_by_head,
-               {v, s.v_row_stride, v_stride, d}, d_scores_by_head, s.batch, s.heads);
+               {v, s.v_row_stride, v_stride, d}, d_scores_by_head, s.batch, s.heads, s.products);
   softmax_backward_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream>>>(
       rows, s.key_len, probs, d_scores, attention_score_scale(s.score.kind, s.head_dim),
       dropping ? dropout.mask : nullptr, keep_scale);
@@ -203,10 +217,10 @@ void dense_attention_backward(const Context& c, const AttentionShape& s, const A
   // dQ[Tq, d] = dS·K, dK[Tk, d] = dSᵀ·Q.
   head_product(c, false, false, s.query_len, d, s.key_len, d_scores_by_head,
                {k, s.k_row_stride, k_stride, d}, {dq, s.q_row_stride, q_stride, d}, s.batch,
-               s.heads);
+               s.heads, s.products);
   head_product(c, true, false, s.key_len, d, s.query_len, d_scores_by_head,
                {q, s.q_row_stride, q_stride, d}, {dk, s.k_row_stride, k_stride, d}, s.batch,
-               s.heads);
+               s.heads, s.products);
   (void)mask;  // the weights are 0 wherever the mask hides a key: dS is 0 there too
 }
 

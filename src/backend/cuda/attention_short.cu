@@ -63,25 +63,6 @@ __device__ __forceinline__ void store_tile(const float (&acc)[4][4], Store store
     for (int b = 0; b < 4; ++b) store(ty + 16 * a, tx + 16 * b, acc[a][b]);
 }
 
-// Where block (b, h)'s rows are.
-struct HeadRows {
-  int64_t b, h;
-  __device__ HeadRows(const AttentionShape& s) : b(blockIdx.x / s.heads), h(blockIdx.x % s.heads) {}
-  __device__ const float* query(const AttentionShape& s, const float* q) const {
-    return q + b * s.query_len * s.q_row_stride + h * kShortHead;
-  }
-  __device__ const float* key(const AttentionShape& s, const float* k) const {
-    return k + b * sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride) + h * kShortHead;
-  }
-  __device__ const float* value(const AttentionShape& s, const float* v) const {
-    return v + b * sequence_stride(s.v_batch_stride, s.key_len, s.v_row_stride) + h * kShortHead;
-  }
-  // Row t of the weights [B, H, Tq, Tk].
-  __device__ int64_t weights_row(const AttentionShape& s, int64_t t) const {
-    return ((b * s.heads + h) * s.query_len + t) * s.key_len;
-  }
-};
-
 // Block (b, h): S = Q·Kᵀ, P = the masked softmax of S · scale (masked_softmax_kernel's formula),
 // stored into probs when given, O = P·V.
 __global__ void short_attention_forward_kernel(AttentionShape s, AttentionMask mask, const float* q,
@@ -104,41 +85,16 @@ __global__ void short_attention_forward_kernel(AttentionShape s, AttentionMask m
       [&](int c, int j) { return ks[j * kPitch + c]; }, acc);
   store_tile(acc, [&](int i, int j, float x) { ps[i * kPitch + j] = x; });
   __syncthreads();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int64_t key_count = s.key_len;
-  if (mask.key_lengths && mask.key_lengths[at.b] < key_count) key_count = mask.key_lengths[at.b];
-  for (int t = warp; t < kShortLen; t += kShortThreads / 32) {
-    float* p = ps + t * kPitch;
-    if (t >= tq) {  // no query: zero weights (its output row is not stored)
-      p[lane] = p[lane + 32] = 0.f;
-      continue;
-    }
-    int64_t begin, end;
-    visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
-    float largest = -INFINITY;
-    for (int j = lane; j < kShortLen; j += 32)
-      if (j >= begin && j < end) largest = fmaxf(largest, p[j]);
-    largest = warp_max(largest);
-    const float shift = largest * scale;
-    float total = 0.f;
-    for (int j = lane; j < kShortLen; j += 32)
-      if (j >= begin && j < end) total += expf(p[j] * scale - shift);
-    total = warp_sum(total);
-    const float inverse = total > 0.f ? 1.f / total : 0.f;
-    for (int j = lane; j < kShortLen; j += 32) {
-      const float w = j >= begin && j < end ? expf(p[j] * scale - shift) * inverse : 0.f;
-      p[j] = w;
-      if (probs && j < tk) probs[at.weights_row(s, t) + j] = w;
-    }
-  }
+  softmax_rows_of_64(s, mask, at.b, ps, kPitch, scale, [&](int t, int j, float w) {
+    ps[t * kPitch + j] = w;
+    if (probs && t < tq && j < tk) probs[at.weights_row(s, t) + j] = w;
+  });
   __syncthreads();
   tile_product(
       tk, [&](int i, int j) { return ps[i * kPitch + j]; },
       [&](int j, int c) { return vs[j * kPitch + c]; }, acc);
-  float* out_rows = out + at.b * s.query_len * s.out_row_stride + at.h * kShortHead;
-  uint16_t* rounded_rows =  // the dense rounded copy's rows, or null
-      s.rounded_out ? s.rounded_out + at.b * s.query_len * s.heads * kShortHead + at.h * kShortHead
-                    : nullptr;
+  float* out_rows = at.output(s, out);
+  uint16_t* rounded_rows = at.rounded_output(s);  // the dense rounded copy's rows, or null
   store_tile(acc, [&](int i, int c, float x) {
     if (i >= tq) return;
     out_rows[i * s.out_row_stride + c] = x;

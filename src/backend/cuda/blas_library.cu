@@ -45,6 +45,7 @@ BlasLibrary load() {
   look_up(handle, "cublasSgemm_v2", library.sgemm);
   look_up(handle, "cublasGemmEx", library.gemm_ex);
   look_up(handle, "cublasSgemmBatched", library.sgemm_batched);
+  look_up(handle, "cublasGemmBatchedEx", library.gemm_batched_ex);
   look_up(handle, "cublasGetStatusString", library.status_string);
   return library;
 }

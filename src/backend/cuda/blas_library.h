@@ -22,6 +22,12 @@ struct BlasLibrary {
                             int, const void*, void*, cudaDataType, int, cublasComputeType_t,
                             cublasGemmAlgo_t);
   decltype(&cublasSgemmBatched) sgemm_batched;
+  // cublasGemmBatchedEx as exported (the same inline overload as cublasGemmEx's beside it).
+  cublasStatus_t (*gemm_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                    int, const void*, const void* const[], cudaDataType, int,
+                                    const void* const[], cudaDataType, int, const void*,
+                                    void* const[], cudaDataType, int, int, cublasComputeType_t,
+                                    cublasGemmAlgo_t);
   decltype(&cublasGetStatusString) status_string;
 };
 

@@ -124,6 +124,19 @@ void short_attention_forward(const Context& c, const AttentionShape& s, const At
                              const float* q, const float* k, const float* v, float* probs,
                              float* out);
 
+// --- attention_tensor_cores.cu: the same blocks on bfloat16 tensor cores, for training ---
+// Whether it serves this call: AttentionShape::products kBFloat16 where short_attention_applies,
+// unless TFM_CUDA_TENSOR_CORE_ATTENTION=0.
+bool tensor_core_attention_applies(const AttentionShape& s, const AttentionMask& mask,
+                                   const AttentionDropout& dropout);
+// attention_forward (probs may be null) and attention_backward (from the stored probs) there.
+void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
+                                   const AttentionMask& mask, const float* q, const float* k,
+                                   const float* v, float* probs, float* out);
+void tensor_core_attention_backward(const Context& c, const AttentionShape& s, const float* q,
+                                    const float* k, const float* v, const float* probs,
+                                    const float* d_out, float* dq, float* dk, float* dv);
+
 // --- attention_dense.cu: the whole-matrix path attention.cu hands these calls to ---
 // Whether it serves this call: dot-product scores without cached rows or shared key batches
 // (and, without stored weights, score matrices of at most 1 GiB).
