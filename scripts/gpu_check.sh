@@ -19,8 +19,8 @@
 #   bash scripts/gpu_check.sh [BUNDLE]   (default .gpu/bundle.tar.xz)
 # GPU_CHECK_STEPS="backend_ops train_vs_torch_bf16 ..." runs only the steps named (a short
 # rerun after a change); the table lists the others as skipped. train_vs_compile_bf16 (against
-# torch.compile, which compiles for a minute or more) and the float16 decoding comparisons
-# (decode_512_*_f16) run only when named.
+# torch.compile, which compiles for a minute or more), the float16 decoding comparisons
+# (decode_512_*_f16) and the int8 ones against CTranslate2 (ct2_64_*_int8) run only when named.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-.gpu/bundle.tar.xz}
@@ -210,8 +210,10 @@ step graphs_64_beam4 40 decode_without_graphs 64 4
 # Against CTranslate2 on this card, where the bundle has it (scripts/gpu_bundle.sh with
 # CT2_CUDA_PREFIX): the same model exported by `transformer export-ctranslate2`, the same sources
 # and search, both in bfloat16 (CTranslate2 converts the float32 export when loading), every output
-# 32 tokens; the ratio of target tokens/s and how many outputs are the same token sequences.
-decode_vs_ctranslate2() {  # decode_vs_ctranslate2 BATCH BEAM
+# 32 tokens; the ratio of target tokens/s and how many outputs are the same token sequences. When
+# named, int8 on both sides as well (int8 products, the rest in float32; each quantises the
+# float32 weights itself when loading).
+decode_vs_ctranslate2() {  # decode_vs_ctranslate2 BATCH BEAM [TYPE: bfloat16 (default) or int8]
   prepare_decode "$1" || return 1
   local model=$decode_dir/model_dir ct2=$decode_dir/ct2
   if [ ! -f $ct2/model.bin ]; then
@@ -224,29 +226,33 @@ for side in ("source", "target"):
 PY
     build/transformer export-ctranslate2 --model $model -o $ct2 --force >/dev/null || return 1
   fi
-  local ours peer
-  ours=$(build/bench/decode_bench --work-dir $decode_dir --device cuda --compute-type bfloat16 \
-    --cache bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
+  local type=${3:-bfloat16} cache=bfloat16 ours peer
+  [ "$type" = int8 ] && cache=float32
+  ours=$(build/bench/decode_bench --work-dir $decode_dir --device cuda --compute-type $type \
+    --cache $cache --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
   peer=$(build/ct2/bin/ct2_decode_peer --model $ct2 --source $decode_dir/source.ids --device cuda \
-    --compute-type bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
-  python3 - "$ours" "$peer" "$1" "$2" <<'PY' | tee -a "$logs/decode_compare.txt"
+    --compute-type $type --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
+  python3 - "$ours" "$peer" "$1" "$2" "$type" <<'PY' | tee -a "$logs/decode_compare.txt"
 import json, sys
 ours, peer = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 same = sum(a == b for a, b in zip(ours["outputs"], peer["outputs"]))
-print("decoding bfloat16 batch %s beam %s: ours %.0f tokens/s, %s %.0f: ratio %.3f; %d of %d "
-      "outputs the same tokens" % (sys.argv[3], sys.argv[4], ours["tokens_per_s"], peer["impl"],
-                                   peer["tokens_per_s"], ours["tokens_per_s"] / peer["tokens_per_s"],
-                                   same, len(ours["outputs"])))
+print("decoding %s batch %s beam %s: ours %.0f tokens/s, %s %.0f: ratio %.3f; %d of %d "
+      "outputs the same tokens" % (sys.argv[5], sys.argv[3], sys.argv[4], ours["tokens_per_s"],
+                                   peer["impl"], peer["tokens_per_s"],
+                                   ours["tokens_per_s"] / peer["tokens_per_s"], same,
+                                   len(ours["outputs"])))
 PY
 }
 export -f decode_vs_ctranslate2
-for shape in "64 1" "64 4" "512 1" "512 4"; do
+for shape in "64 1" "64 4" "512 1" "512 4" "64 1 int8" "64 4 int8"; do
   set -- $shape
-  name=ct2_$1_$([ "$2" = 1 ] && echo greedy || echo beam$2)
-  if [ -x build/ct2/bin/ct2_decode_peer ]; then
-    step "$name" 60 decode_vs_ctranslate2 "$1" "$2"
-  else
+  name=ct2_$1_$([ "$2" = 1 ] && echo greedy || echo beam$2)${3:+_$3}
+  if [ ! -x build/ct2/bin/ct2_decode_peer ]; then
     results+=("$(printf '%-22s %-18s' "$name" "skipped (no CTranslate2 in the bundle)")")
+  elif [ -n "${3:-}" ]; then
+    named_step "$name" 60 decode_vs_ctranslate2 "$@"
+  else
+    step "$name" 60 decode_vs_ctranslate2 "$@"
   fi
 done
 # Where decoding spends its GPU time: a beam-4 search of 512 sentences (the lowest ratio above),
