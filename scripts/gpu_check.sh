@@ -87,6 +87,27 @@ step backend_ops 180 each_test_alone '*BackendOps*cuda*:Backends.*'
 step gpu_cli 240 $tests --gtest_filter='*Gpu*'
 # PyTorch's gradients and CTranslate2's scores and translations, on the GPU.
 step gpu_fixtures 120 $tests --gtest_filter='*GradientParity*cuda*:*ConvertedModelOnDevice*cuda*'
+# Where a step of tests failed: its failed tests again with each of the newer paths turned off
+# in turn (recorded steps, cuBLASLt's products, training's tensor-core attention), to tell which
+# one the failure belongs to, if any, in the same call.
+diagnose() {  # diagnose STEP
+  [ -f "$logs/$1.log" ] || return 0
+  local failed switch
+  failed=$(grep -oE '^\[  FAILED  \] [^ ,]+' "$logs/$1.log" | awk '{print $4}' | grep '\.' |
+    sort -u | paste -sd: -)
+  [ -n "$failed" ] || return 0
+  echo "== $1 failed: $failed; again with each newer path off"
+  for switch in TFM_CUDA_GRAPHS=0 TFM_CUDA_LT=0 TFM_CUDA_TENSOR_CORE_ATTENTION=0; do
+    if env "$switch" timeout 120 $tests --gtest_filter="$failed" \
+      >"$logs/diagnose_$1_${switch%%=*}.log" 2>&1; then
+      echo "   with $switch: pass (the failure is that path's)"
+    else
+      echo "   with $switch: still fails"
+    fi
+  done
+}
+diagnose gpu_cli
+diagnose gpu_fixtures
 # Training against PyTorch on this card, same run, same shape (the base model, 400 pairs of 63 +
 # eos / bos tokens, vocabulary 37,000, dropout 0.1, label smoothing 0.1, Adam): float32 against
 # PyTorch's float32, our bfloat16 products against its bfloat16 autocast.

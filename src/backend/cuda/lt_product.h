@@ -16,8 +16,8 @@ namespace cuda {
 // (float32, on every row; null: none) and max(·, 0) where relu. x and W are both `type`:
 // CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F, accumulated in float32; y is `output_type`: CUDA_R_32F,
 // or CUDA_R_16BF from bfloat16 operands (rounded to nearest). Returns false, having enqueued
-// nothing, where cuBLASLt has no algorithm for the product; the caller then multiplies another
-// way.
+// nothing, where cuBLASLt has no algorithm for the product (or TFM_CUDA_LT=0 is set, to compare
+// or rule it out); the caller then multiplies another way.
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
                 const void* w, cudaDataType_t type, void* y, cudaDataType_t output_type,
                 int64_t ldy, const float* bias, bool relu);
