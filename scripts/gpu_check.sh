@@ -44,7 +44,8 @@ step() {  # step NAME SECONDS COMMAND...
     return 0
   fi
   local start=$SECONDS
-  timeout "$limit" bash -c '"$@"' step "$@" >"$logs/$name.log" 2>&1
+  # pipefail: a failed command fails its pipeline (a bench that crashed before `| tail -1`).
+  timeout "$limit" bash -o pipefail -c '"$@"' step "$@" >"$logs/$name.log" 2>&1
   local rc=$?
   local verdict=pass
   [ $rc -eq 0 ] || verdict="FAIL (exit $rc)"
