@@ -51,7 +51,7 @@ step() {  # step NAME SECONDS COMMAND...
   [ $rc -eq 0 ] || verdict="FAIL (exit $rc)"
   [ $rc -eq 124 ] && verdict="TIMEOUT (${limit} s)"
   results+=("$(printf '%-22s %-18s %5d s' "$name" "$verdict" $((SECONDS - start)))")
-  grep -E "^\[  (FAILED|SKIPPED) |Failure|error:|Error|ERROR SUMMARY|tokens/s|ratio|warning: CUDA graphs" \
+  grep -E "^\[  (FAILED|SKIPPED) |Failure|error:|Error|ERROR SUMMARY|tokens/s|ratio|warning: CUDA graphs|base schedule" \
     "$logs/$name.log" | awk '!seen[$0]++' | head -40
 }
 
@@ -128,6 +128,10 @@ print("training %s: ours %.0f target tokens/s (%.1f ms/step), PyTorch %s %.0f (%
       " ratio %.3f" % (sys.argv[3], ours["tokens_per_s"], 1e3 * ours["median_s"], peer["impl"],
                        peer["tokens_per_s"], 1e3 * peer["median_s"],
                        ours["tokens_per_s"] / peer["tokens_per_s"]))
+# The paper's base schedule at these rates: 100,000 steps of ~25,000 target tokens.
+print("the base schedule (100,000 steps of 25,000 target tokens) at these rates: ours %.2f h, "
+      "PyTorch's %.2f h" % (1e5 * 25000 / ours["tokens_per_s"] / 3600,
+                            1e5 * 25000 / peer["tokens_per_s"] / 3600))
 PY
 }
 export -f train_compare
