@@ -1084,8 +1084,8 @@ double relative_to_largest(const std::vector<float>& got, const std::vector<Want
 // to bfloat16 (the tensor cores', where the weights P and dS round too: 2^-9 each); a wrong
 // operand, transpose or mask moves them by ~100%. On CUDA up to 64 × 64 the output is nearer
 // the rounded operands' (the bfloat16 path ran). Keys and values interleaved in their rows,
-// padding (a sequence of no keys among them), causal and window masks; the rounded copy of the
-// output is the output's, rounded.
+// padding (a sequence of no keys among them), causal and window masks; the rounded copies of the
+// output and of dQ, dK, dV are theirs, rounded.
 TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
   struct Case {
     int64_t query_len, key_len;
@@ -1116,6 +1116,13 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
       ASSERT_EQ(rounded_out[i], float_to_bfloat16(out[i])) << "rounded out " << i;
     std::vector<float> dq(q.size(), 9.f), dkv(kv.size(), 9.f);
     std::vector<float> d_additive_v(size_t(width), 0.f);  // unused: dot scores
+    const size_t key_values = size_t(s.batch * c.key_len * width);
+    std::vector<uint16_t> rounded_dq(q.size(), 9), rounded_dk(key_values, 9),
+        rounded_dv(key_values, 9);
+    s.rounded_out = nullptr;
+    s.rounded_dq = rounded_dq.data();
+    s.rounded_dk = rounded_dk.data();
+    s.rounded_dv = rounded_dv.data();
     be().attention_backward(s, mask, q.data(), kv.data(), kv.data() + width, probs.data(), {},
                             d_out.data(), dq.data(), dkv.data(), dkv.data() + width,
                             d_additive_v.data());
@@ -1130,6 +1137,12 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
     std::vector<float> k, v, dk, dv;
     halves(kv, k, v);
     halves(dkv, dk, dv);
+    for (size_t i = 0; i < dq.size(); ++i)
+      ASSERT_EQ(rounded_dq[i], float_to_bfloat16(dq[i])) << "rounded dq " << i;
+    for (size_t i = 0; i < dk.size(); ++i) {
+      ASSERT_EQ(rounded_dk[i], float_to_bfloat16(dk[i])) << "rounded dk " << i;
+      ASSERT_EQ(rounded_dv[i], float_to_bfloat16(dv[i])) << "rounded dv " << i;
+    }
     struct Reference {
       std::vector<float> out;
       std::vector<double> dq, dk, dv;

@@ -451,6 +451,9 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   const auto hdk = st.write(dk, extent_of(dk_rows), dk_rows);
   const auto hdv = st.write(dv, extent_of(dv_rows), dv_rows);
   const auto hd_additive = st.read_write(d_additive_v, width);
+  const auto hrounded_dq = st.write(shape.rounded_dq, query_rows * width);
+  const auto hrounded_dk = st.write(shape.rounded_dk, sequences * shape.key_len * width);
+  const auto hrounded_dv = st.write(shape.rounded_dv, sequences * shape.key_len * width);
   const auto hrows = st.read(shape.key_rows, key_rows_extent(shape));
   const auto hlengths = st.read(mask.key_lengths, sequences);
   const auto hbatch = st.read(mask.key_batch, shape.batch);
@@ -459,6 +462,9 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   AttentionShape s = shape;
   s.key_rows = st[hrows];
   s.rounded_out = nullptr;  // the forward's output: the backward neither reads nor writes it
+  s.rounded_dq = st[hrounded_dq];
+  s.rounded_dk = st[hrounded_dk];
+  s.rounded_dv = st[hrounded_dv];
   s.score.additive_v = st[hadditive];
   AttentionMask m = mask;
   m.key_lengths = st[hlengths];

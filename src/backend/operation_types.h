@@ -133,6 +133,12 @@ struct AttentionShape {
   // ties to even), dense [batch · query_len, heads · head_dim], for W_o's bfloat16 product;
   // null: nowhere. out is written either way.
   uint16_t* rounded_out = nullptr;
+  // Where the backward writes dq, dk and dv rounded to bfloat16 as well (nearest, ties to even),
+  // dense [batch · query_len, heads · head_dim] and [batch · key_len, heads · head_dim], for the
+  // projections' bfloat16 backward products; null: nowhere. dq, dk, dv are written either way.
+  uint16_t* rounded_dq = nullptr;
+  uint16_t* rounded_dk = nullptr;
+  uint16_t* rounded_dv = nullptr;
   // The precision the attention's products may multiply in: kFloat32, or kBFloat16 (training in
   // bfloat16, whose projections round to bfloat16 anyway): operands rounded to bfloat16 (nearest
   // even; the weights P too) or to more bits, sums in float32. CUDA then takes tensor cores:

@@ -63,15 +63,20 @@ void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch&
 
 // Scratch of the backward passes, shared by all layers.
 struct BackwardScratch {
-  DeviceBuffer<float> d_context;   // [B, Tq, D]
-  DeviceBuffer<float> dq;          // [B, Tq, D]
-  DeviceBuffer<float> dk;          // [B, Tk, D]
-  DeviceBuffer<float> dv;          // [B, Tk, D]
-  DeviceBuffer<float> d_hidden;    // [rows, d_ff]
-  DeviceBuffer<float> d_sublayer;  // [rows, D] gradient entering a sublayer's function
-  DeviceBuffer<float> d_normed;    // [rows, D] gradient of a pre-norm sublayer's function input
-  DeviceBuffer<float> d_stream;    // [rows, D] gradient of the residual stream
-  DeviceBuffer<float> d_memory;    // [B, S, D] gradient of the encoder output (cross-attention)
+  DeviceBuffer<float> d_context;  // [B, Tq, D]
+  DeviceBuffer<float> dq;         // [B, Tq, D]
+  DeviceBuffer<float> dk;         // [B, Tk, D]
+  DeviceBuffer<float> dv;         // [B, Tk, D]
+  // Training in bfloat16: dq, dk, dv rounded by the attention's backward for the projections'
+  // backward products (AttentionShape::rounded_dq, ...).
+  DeviceBuffer<uint16_t> rounded_dq;  // [B, Tq, D]
+  DeviceBuffer<uint16_t> rounded_dk;  // [B, Tk, D]
+  DeviceBuffer<uint16_t> rounded_dv;  // [B, Tk, D]
+  DeviceBuffer<float> d_hidden;       // [rows, d_ff]
+  DeviceBuffer<float> d_sublayer;     // [rows, D] gradient entering a sublayer's function
+  DeviceBuffer<float> d_normed;       // [rows, D] gradient of a pre-norm sublayer's function input
+  DeviceBuffer<float> d_stream;       // [rows, D] gradient of the residual stream
+  DeviceBuffer<float> d_memory;       // [B, S, D] gradient of the encoder output (cross-attention)
   // [rows, out] a linear's output gradient rounded to bfloat16 (training in bfloat16), read by
   // both of its backward products: rounded by linear_backward, or written there by the kernel
   // that makes the gradient (a post-norm sublayer's norm backward, the ReLU's backward)

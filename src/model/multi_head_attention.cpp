@@ -74,6 +74,13 @@ void backward_buffers(const AttentionWeights& w, int64_t batch, int64_t query_le
   sizer.need(scratch.dq, batch * query_len * d);         // [B, Tq, D]
   sizer.need(scratch.dk, batch * key_len * d);           // [B, Tk, D]
   sizer.need(scratch.dv, batch * key_len * d);           // [B, Tk, D]
+  if (rounds_to_bfloat16(w.q) && batch * query_len > 0) {
+    sizer.need(scratch.rounded_dq, batch * query_len * d);  // [B, Tq, D]
+    if (key_len > 0) {
+      sizer.need(scratch.rounded_dk, batch * key_len * d);  // [B, Tk, D]
+      sizer.need(scratch.rounded_dv, batch * key_len * d);  // [B, Tk, D]
+    }
+  }
 }
 
 // Q, K, V of one attention call and their row strides.
@@ -244,17 +251,26 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
     dropout.p = in.dropout;
     dropout.mask = cache.dropout_mask.data();
   }
-  backend.attention_backward(attention_shape(w, in, heads, d), in.mask, cache.q.data(),
-                             cache.k.data(), cache.v.data(), cache.probs.data(), dropout, d_context,
-                             dq, dk, dv, g.additive_v);
+  // Training in bfloat16: the gradients' bfloat16 copies, which the projections' backward
+  // products read, written by the attention's backward (sized by backward_buffers).
+  const bool rounded = rounds_to_bfloat16(w.q);
+  AttentionShape shape = attention_shape(w, in, heads, d);
+  if (rounded && query_rows > 0) {
+    shape.rounded_dq = scratch.rounded_dq.data();  // [B, Tq, D]
+    if (key_rows > 0) {
+      shape.rounded_dk = scratch.rounded_dk.data();  // [B, Tk, D]
+      shape.rounded_dv = scratch.rounded_dv.data();  // [B, Tk, D]
+    }
+  }
+  backend.attention_backward(shape, in.mask, cache.q.data(), cache.k.data(), cache.v.data(),
+                             cache.probs.data(), dropout, d_context, dq, dk, dv, g.additive_v);
   // The inputs' bfloat16 copies this cache's forward read (training in bfloat16: the same
   // weights' precision and batch as this backward's, which the caller guarantees), else null.
   // Its own, or its producers' (AttentionCache::rounded_query), which a training pass keeps.
-  const bool rounded = rounds_to_bfloat16(w.q);
   const uint16_t* rounded_query = rounded ? cache.rounded_query : nullptr;
   const uint16_t* rounded_memory = rounded ? cache.rounded_memory : nullptr;
   linear_backward(backend, w.q, g.q, in.query_input, dq, query_rows, d_query_input, accumulate,
-                  scratch, rounded_query);
+                  scratch, rounded_query, shape.rounded_dq);
   // With dot-product scores the key bias adds q·b_k to every logit of a query's row, which
   // softmax ignores: its gradient is exactly zero. Computing it would give float rounding noise,
   // which Adam's m/√v scales up to steps of ~lr (and which differs between data-parallel
@@ -262,9 +278,9 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   Linear<float> key_grads = g.k;
   if (w.scoring != AttentionScoring::kAdditive) key_grads.bias = nullptr;
   linear_backward(backend, w.k, key_grads, in.memory_input, dk, key_rows, d_memory_input, true,
-                  scratch, rounded_memory);
+                  scratch, rounded_memory, shape.rounded_dk);
   linear_backward(backend, w.v, g.v, in.memory_input, dv, key_rows, d_memory_input, true, scratch,
-                  rounded_memory);
+                  rounded_memory, shape.rounded_dv);
 }
 
 }  // namespace tfm

@@ -472,6 +472,27 @@ void write_rounded_output(const AttentionShape& s, const float* out) {
                       s.rounded_out);
 }
 
+// dq, dk, dv rounded into s.rounded_dq / _dk / _dv where the caller asks for them: keys and
+// values a sequence at a time where their sequences lie apart (a batch stride), else at once.
+void write_rounded_gradients(const AttentionShape& s, const float* dq, const float* dk,
+                             const float* dv) {
+  const int64_t width = s.heads * s.head_dim;
+  if (s.rounded_dq)
+    round_to_bfloat16(dq, s.batch * s.query_len, width, s.q_row_stride, s.rounded_dq);
+  auto round_keys = [&](const float* x, int64_t batch_stride, int64_t row_stride, uint16_t* out) {
+    if (!out) return;
+    if (batch_stride == s.key_len * row_stride) {
+      round_to_bfloat16(x, s.batch * s.key_len, width, row_stride, out);
+      return;
+    }
+    for (int64_t b = 0; b < s.batch; ++b)
+      round_to_bfloat16(x + b * batch_stride, s.key_len, width, row_stride,
+                        out + b * s.key_len * width);
+  };
+  round_keys(dk, key_batch_stride(s), s.k_row_stride, s.rounded_dk);
+  round_keys(dv, value_batch_stride(s), s.v_row_stride, s.rounded_dv);
+}
+
 }  // namespace
 
 TFM_CPU_KERNEL void attention_forward(const AttentionShape& s, const AttentionMask& mask,
@@ -683,6 +704,7 @@ TFM_CPU_KERNEL void attention_backward(const AttentionShape& s, const AttentionM
     for (int64_t b = 0; b < s.batch; ++b)
       for (int64_t i = 0; i < s.heads * s.head_dim; ++i)
         d_additive_v[i] += pair_dv[size_t(b * s.heads * s.head_dim + i)];
+  write_rounded_gradients(s, dq, dk, dv);
 }
 
 }  // namespace tfm

@@ -550,18 +550,39 @@ void attention_forward_16_bit_cache(const Context& c, const AttentionShape& s,
                                 AttentionDropout{});
 }
 
-void attention_backward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
-                        const float* q, const float* k, const float* v, const float* probs,
-                        const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
-                        float* dv, float* d_additive_v) {
-  const bool additive = s.score.kind == AttentionScoring::kAdditive;
-  if (additive && (!s.score.additive_v || !d_additive_v))
-    throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
+namespace {
+
+// The gradients' rounded copies (AttentionShape::rounded_dq, _dk, _dv) for the backward paths
+// whose kernels do not write them: a pass each (keys and values a sequence at a time where
+// their sequences lie apart, a batch stride).
+void round_gradients(const Context& c, const AttentionShape& s, const float* dq, const float* dk,
+                     const float* dv) {
+  const int64_t width = s.heads * s.head_dim;
+  if (s.rounded_dq)
+    round_to_16_bits(c.stream, dq, s.batch * s.query_len, width, s.q_row_stride,
+                     Precision::kBFloat16, s.rounded_dq);
+  auto round_keys = [&](const float* x, int64_t given_stride, int64_t row_stride, uint16_t* out) {
+    if (!out) return;
+    const int64_t batch_stride = sequence_stride(given_stride, s.key_len, row_stride);
+    if (batch_stride == s.key_len * row_stride) {
+      round_to_16_bits(c.stream, x, s.batch * s.key_len, width, row_stride, Precision::kBFloat16,
+                       out);
+      return;
+    }
+    for (int64_t b = 0; b < s.batch; ++b)
+      round_to_16_bits(c.stream, x + b * batch_stride, s.key_len, width, row_stride,
+                       Precision::kBFloat16, out + b * s.key_len * width);
+  };
+  round_keys(dk, s.k_batch_stride, s.k_row_stride, s.rounded_dk);
+  round_keys(dv, s.v_batch_stride, s.v_row_stride, s.rounded_dv);
+}
+
+// attention_backward's paths but the tensor cores'.
+void backward_in_float32(const Context& c, const AttentionShape& s, const AttentionMask& mask,
+                         const float* q, const float* k, const float* v, const float* probs,
+                         const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
+                         float* dv, float* d_additive_v) {
   const int64_t blocks = s.batch * s.heads * s.query_len;
-  if (blocks > 0 && probs && tensor_core_attention_applies(s, mask, dropout)) {
-    tensor_core_attention_backward(c, s, q, k, v, probs, d_out, dq, dk, dv);
-    return;
-  }
   if (blocks > 0 && dense_attention_applies(s, mask, true)) {
     dense_attention_backward(c, s, mask, q, k, v, probs, dropout, d_out, dq, dk, dv);
     return;
@@ -580,6 +601,24 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
       s, mask, q, k, v, probs, dropout, d_out, in_shared ? nullptr : scratch.as<float>(), dq, dk,
       dv, d_additive_v, attention_score_scale(s.score.kind, s.head_dim));
   check_launch("attention_backward");
+}
+
+}  // namespace
+
+void attention_backward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
+                        const float* q, const float* k, const float* v, const float* probs,
+                        const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
+                        float* dv, float* d_additive_v) {
+  const bool additive = s.score.kind == AttentionScoring::kAdditive;
+  if (additive && (!s.score.additive_v || !d_additive_v))
+    throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
+  if (s.batch * s.heads * s.query_len > 0 && probs &&
+      tensor_core_attention_applies(s, mask, dropout)) {
+    tensor_core_attention_backward(c, s, q, k, v, probs, d_out, dq, dk, dv);  // and the copies
+    return;
+  }
+  backward_in_float32(c, s, mask, q, k, v, probs, dropout, d_out, dq, dk, dv, d_additive_v);
+  round_gradients(c, s, dq, dk, dv);
 }
 
 }  // namespace cuda

@@ -59,10 +59,10 @@ struct HeadRows {
   __device__ T* output(const AttentionShape& s, T* out) const {
     return out + b * s.query_len * s.out_row_stride + h * s.head_dim;
   }
-  // ... of the dense rounded copy (AttentionShape::rounded_out, rows heads · head_dim), or null.
-  __device__ uint16_t* rounded_output(const AttentionShape& s) const {
-    const int64_t row = s.heads * s.head_dim;
-    return s.rounded_out ? s.rounded_out + b * s.query_len * row + h * s.head_dim : nullptr;
+  // Its first row of a dense [batch · len, heads · head_dim] copy at base (rounded_out and
+  // rounded_dq: len = query_len; rounded_dk and rounded_dv: key_len), or null without one.
+  __device__ uint16_t* dense_row(const AttentionShape& s, uint16_t* base, int64_t len) const {
+    return base ? base + (b * len * s.heads + h) * s.head_dim : nullptr;
   }
   // Row t of the weights [B, H, Tq, Tk].
   __device__ int64_t weights_row(const AttentionShape& s, int64_t t) const {

@@ -94,7 +94,7 @@ __global__ void short_attention_forward_kernel(AttentionShape s, AttentionMask m
       tk, [&](int i, int j) { return ps[i * kPitch + j]; },
       [&](int j, int c) { return vs[j * kPitch + c]; }, acc);
   float* out_rows = at.output(s, out);
-  uint16_t* rounded_rows = at.rounded_output(s);  // the dense rounded copy's rows, or null
+  uint16_t* rounded_rows = at.dense_row(s, s.rounded_out, s.query_len);  // or null
   store_tile(acc, [&](int i, int c, float x) {
     if (i >= tq) return;
     out_rows[i * s.out_row_stride + c] = x;

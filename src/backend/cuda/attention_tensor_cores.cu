@@ -74,12 +74,16 @@ __device__ __forceinline__ void product(const uint16_t* a, const uint16_t* b, fl
   }
 }
 
-// The first `rows` rows of C (shared [64][kPitch32]) to rows of `first` row_stride apart.
+// The first `rows` rows of C (shared [64][kPitch32]) to rows of `first` row_stride apart, and,
+// where `rounded` is given, rounded to bfloat16 to its rows rounded_stride apart.
 __device__ __forceinline__ void store_rows(const float* c, int rows, float* first,
-                                           int64_t row_stride) {
+                                           int64_t row_stride, uint16_t* rounded,
+                                           int64_t rounded_stride) {
   for (int i = threadIdx.x; i < rows * kLen; i += kBlockThreads) {
     const int r = i / kLen, col = i % kLen;
-    first[r * row_stride + col] = c[r * kPitch32 + col];
+    const float x = c[r * kPitch32 + col];
+    first[r * row_stride + col] = x;
+    if (rounded) rounded[r * rounded_stride + col] = to_bfloat16(x);
   }
 }
 
@@ -107,17 +111,14 @@ __global__ void __launch_bounds__(kBlockThreads)
   __syncthreads();
   product<wmma::row_major, wmma::row_major>(queries, values, result);  // O = P·V
   __syncthreads();
-  store_rows(result, tq, at.output(s, out), s.out_row_stride);
-  if (uint16_t* rounded = at.rounded_output(s))
-    for (int i = threadIdx.x; i < tq * kLen; i += kBlockThreads) {
-      const int r = i / kLen, c = i % kLen;
-      rounded[r * s.heads * kLen + c] = to_bfloat16(result[r * kPitch32 + c]);
-    }
+  store_rows(result, tq, at.output(s, out), s.out_row_stride,
+             at.dense_row(s, s.rounded_out, s.query_len), s.heads * kLen);
 }
 
 // Block (b, h) of the backward, from the weights P the forward stored: dV = Pᵀ·dO, dP = dO·Vᵀ,
 // dS = P ⊙ (dP − Σ dP·P) · scale (softmax_backward_kernel's formula, in float32), dQ = dS·K,
-// dK = dSᵀ·Q; each written (not added) to its first Tq or Tk rows.
+// dK = dSᵀ·Q; each written (not added) to its first Tq or Tk rows, and rounded to its copy
+// where AttentionShape asks for one.
 __global__ void __launch_bounds__(kBlockThreads)
     tensor_core_backward_kernel(AttentionShape s, const float* q, const float* k, const float* v,
                                 const float* probs, const float* d_out, float* dq, float* dk,
@@ -135,7 +136,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   __syncthreads();
   product<wmma::col_major, wmma::row_major>(first, second, result);  // dV = Pᵀ·dO
   __syncthreads();
-  store_rows(result, tk, at.value(s, dv), s.v_row_stride);
+  const int64_t dense = s.heads * kLen;  // the rounded copies' row stride
+  store_rows(result, tk, at.value(s, dv), s.v_row_stride, at.dense_row(s, s.rounded_dv, tk), dense);
   __syncthreads();
   product<wmma::row_major, wmma::col_major>(second, third, result);  // dP = dO·Vᵀ
   __syncthreads();
@@ -160,11 +162,11 @@ __global__ void __launch_bounds__(kBlockThreads)
   __syncthreads();
   product<wmma::row_major, wmma::row_major>(third, first, result);  // dQ = dS·K
   __syncthreads();
-  store_rows(result, tq, at.query(s, dq), s.q_row_stride);
+  store_rows(result, tq, at.query(s, dq), s.q_row_stride, at.dense_row(s, s.rounded_dq, tq), dense);
   __syncthreads();
   product<wmma::col_major, wmma::row_major>(third, second, result);  // dK = dSᵀ·Q
   __syncthreads();
-  store_rows(result, tk, at.key(s, dk), s.k_row_stride);
+  store_rows(result, tk, at.key(s, dk), s.k_row_stride, at.dense_row(s, s.rounded_dk, tk), dense);
 }
 
 }  // namespace
