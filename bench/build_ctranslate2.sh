@@ -7,7 +7,7 @@
 #     reproduce the results before 2026-11-28, which ran a CTranslate2 built so. Needs SRC's
 #     third_party/spdlog, cpu_features and cxxopts submodules.
 #
-#   bash bench/build_ctranslate2.sh --cuda SRC PREFIX   (CUDA; about 45 minutes on 2 cores)
+#   bash bench/build_ctranslate2.sh --cuda SRC PREFIX   (CUDA; about 10 minutes on 2 cores)
 #     CTranslate2's side of the GPU decoding benchmark (scripts/gpu_check.sh). Its wheels load
 #     CUDA 12's cuBLAS, which a CUDA 13 machine lacks, so its sources are built here with nvcc 13
 #     for CT2_CUDA_ARCH (default 9.0: H100 / H200), without cuDNN (translation models need none)
