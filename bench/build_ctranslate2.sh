@@ -49,6 +49,10 @@ if [ $cuda = 1 ]; then
     sed -i 's|cub::FpLimits<T>::Lowest()|::cuda::std::numeric_limits<T>::lowest()|' "$src/src/ops/topk_gpu.cu"
     grep -q '<cuda/std/limits>' "$src/src/ops/topk_gpu.cu" ||
       sed -i '1a #include <cuda/std/limits>' "$src/src/ops/topk_gpu.cu"
+    # lowest() of a type numeric_limits does not know is T(): 0, and top-k would find nothing.
+    grep -q 'is_specialized' "$src/src/ops/topk_gpu.cu" ||
+      sed -i 's|^  struct TopK {$|  struct TopK {\n    static_assert(::cuda::std::numeric_limits<T>::is_specialized, "lowest() of T");|' \
+        "$src/src/ops/topk_gpu.cu"
     cccl=$(dirname "$(realpath "$nvcc")")/../include/cccl
     [ -d "$cccl" ] && export CPLUS_INCLUDE_PATH="$(realpath "$cccl")${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
   fi

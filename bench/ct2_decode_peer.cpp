@@ -4,9 +4,9 @@
 //
 // Why C++ and not the PyPI wheel as on CPUs (bench/ct2_translate_peer.py): CTranslate2's wheels
 // load CUDA 12's cuBLAS at run time, and a CUDA 13 machine (the GPU machine here) has CUDA 13's
-// only; its CUDA 13 support is an open request upstream. So bench/build_ctranslate2_cuda.sh builds
-// CTranslate2 from its own sources with this machine's nvcc 13 and compiles this file against
-// it; nothing of CTranslate2 is part of this repository, and the toolkit never links it.
+// only; its CUDA 13 support is an open request upstream. So `bench/build_ctranslate2.sh --cuda`
+// builds CTranslate2 from its own sources with this machine's nvcc 13 and compiles this file
+// against it; nothing of CTranslate2 is part of this repository, and the toolkit never links it.
 //
 //   ct2_decode_peer --model CT2_DIR --source source.ids --compute-type bfloat16 --beam 4
 //                   --out-len 32 [--device cuda] [--warmup 1] [--repeats 3]
@@ -27,7 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
-// The version and how it was built, from bench/build_ctranslate2_cuda.sh.
+// The version and how it was built, from `bench/build_ctranslate2.sh --cuda`.
 #ifndef CTRANSLATE2_VERSION
 #define CTRANSLATE2_VERSION "(version unknown)"
 #endif

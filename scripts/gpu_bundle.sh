@@ -13,6 +13,7 @@
 #   cmake -S . -B build -DTRANSFORMER_NATIVE=OFF \
 #     -DCMAKE_CXX_FLAGS="-march=x86-64-v4 -mavx512bf16 -mavx512vnni"
 set -euo pipefail
+[ -z "${CT2_CUDA_PREFIX:-}" ] || CT2_CUDA_PREFIX=$(realpath "$CT2_CUDA_PREFIX")
 cd "$(dirname "$0")/.."
 out=${1:-.gpu/bundle.tar.xz}
 mkdir -p "$(dirname "$out")"

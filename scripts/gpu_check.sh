@@ -25,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-.gpu/bundle.tar.xz}
 logs=/tmp/gpu_check
-rm -rf "$logs"
+rm -rf "$logs" /tmp/gpu_check_decode  # nothing from an earlier run on a reused machine
 mkdir -p "$logs"
 tar -xJf "$bundle" || { echo "error: cannot unpack $bundle"; exit 1; }
 export LD_LIBRARY_PATH="$PWD/build/gpu-lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -90,21 +90,32 @@ step gpu_cli 240 $tests --gtest_filter='*Gpu*'
 step gpu_fixtures 120 $tests --gtest_filter='*GradientParity*cuda*:*ConvertedModelOnDevice*cuda*'
 # Where a step of tests failed: its failed tests again with each of the newer paths turned off
 # in turn (recorded steps, cuBLASLt's products, training's tensor-core attention), to tell which
-# one the failure belongs to, if any, in the same call.
+# one the failure belongs to, if any, in the same call: a minute each at most, none once the
+# check has run five minutes; the verdicts go into the table too.
 diagnose() {  # diagnose STEP
   [ -f "$logs/$1.log" ] || return 0
-  local failed switch
+  local failed switch rc verdict
   failed=$(grep -oE '^\[  FAILED  \] [^ ,]+' "$logs/$1.log" | awk '{print $4}' | grep '\.' |
     sort -u | paste -sd: -)
-  [ -n "$failed" ] || return 0
+  if [ -z "$failed" ]; then
+    grep -q '^\[  PASSED  \]' "$logs/$1.log" ||
+      results+=("$(printf '%-22s %s' "  $1" "ended without a test verdict (a crash?)")")
+    return 0
+  fi
   echo "== $1 failed: $failed; again with each newer path off"
   for switch in TFM_CUDA_GRAPHS=0 TFM_CUDA_LT=0 TFM_CUDA_TENSOR_CORE_ATTENTION=0; do
-    if env "$switch" timeout 120 $tests --gtest_filter="$failed" \
-      >"$logs/diagnose_$1_${switch%%=*}.log" 2>&1; then
-      echo "   with $switch: pass (the failure is that path's)"
+    if [ $SECONDS -gt 300 ]; then
+      verdict="not tried (time)"
     else
-      echo "   with $switch: still fails"
+      env "$switch" timeout 60 $tests --gtest_filter="$failed" \
+        >"$logs/diagnose_$1_${switch%%=*}.log" 2>&1
+      rc=$?
+      verdict="still fails"
+      [ $rc -eq 0 ] && verdict="passes: the failure is that path's"
+      [ $rc -eq 124 ] && verdict="timed out (60 s)"
     fi
+    echo "   with $switch: $verdict"
+    results+=("$(printf '%-22s %s' "  $1" "with $switch: $verdict")")
   done
 }
 diagnose gpu_cli
