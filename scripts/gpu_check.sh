@@ -153,7 +153,7 @@ step train_vs_torch_bf16 60 train_compare bfloat16
 # its compilation takes a minute or more of the check's eight, so it runs only when named.
 named_step train_vs_compile_bf16 240 train_compare bfloat16 --compile
 # Training's attention on bfloat16 tensor cores (attention_tensor_cores.cu) against the float32
-# block kernel and TF32 whole-matrix backward it replaces (TFM_CUDA_TENSOR_CORE_ATTENTION=0): the
+# block kernel and whole-matrix backward it replaces (TFM_CUDA_TENSOR_CORE_ATTENTION=0): the
 # speed ratio of whole bfloat16 steps, and the first losses within 1% of each other.
 attention_tensor_cores() {
   local run=(build/bench/train_bench --batch 400 --src-len 63 --tgt-len 63 --vocab 37000

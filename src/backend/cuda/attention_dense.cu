@@ -114,7 +114,7 @@ void head_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64
   std::lock_guard<std::mutex> lock(c.blas_mutex);
   const BlasLibrary& blas = blas_library();
   TFM_CUDA(blas.set_stream(c.blas, c.stream));
-  if (products == Precision::kBFloat16) {
+  if (products == Precision::kBFloat16 && attention_tensor_cores_enabled()) {
     const cublasStatus_t status = blas.gemm_batched_ex(
         c.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n),
         int(m), int(k), &alpha, reinterpret_cast<const void* const*>(b_pointers), CUDA_R_32F,

@@ -6,8 +6,8 @@
 // even) as they are loaded, as PyTorch's autocast rounds them; the softmax and its backward stay
 // in float32, and the backward reads the weights as the forward stored them (float32). It serves
 // the calls whose AttentionShape::products is kBFloat16 (training in bfloat16) where
-// attention_short.cu's conditions hold; TFM_CUDA_TENSOR_CORE_ATTENTION=0 turns it off, to
-// compare the two.
+// attention_short.cu's conditions hold; TFM_CUDA_TENSOR_CORE_ATTENTION=0 turns it off (and the
+// whole-matrix backward's TF32 products), to compare or to rule them out.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -171,13 +171,18 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 }  // namespace
 
-bool tensor_core_attention_applies(const AttentionShape& s, const AttentionMask& mask,
-                                   const AttentionDropout& dropout) {
+bool attention_tensor_cores_enabled() {
   static const bool enabled = [] {
     const char* setting = std::getenv("TFM_CUDA_TENSOR_CORE_ATTENTION");
     return !(setting && std::strcmp(setting, "0") == 0);
   }();
-  return enabled && s.products == Precision::kBFloat16 && short_attention_applies(s, mask, dropout);
+  return enabled;
+}
+
+bool tensor_core_attention_applies(const AttentionShape& s, const AttentionMask& mask,
+                                   const AttentionDropout& dropout) {
+  return attention_tensor_cores_enabled() && s.products == Precision::kBFloat16 &&
+         short_attention_applies(s, mask, dropout);
 }
 
 void tensor_core_attention_forward(const Context& c, const AttentionShape& s,

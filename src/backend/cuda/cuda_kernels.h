@@ -125,8 +125,12 @@ void short_attention_forward(const Context& c, const AttentionShape& s, const At
                              float* out);
 
 // --- attention_tensor_cores.cu: the same blocks on bfloat16 tensor cores, for training ---
+// Whether training's attention may take tensor cores at all (AttentionShape::products:
+// these blocks, and TF32 in attention_dense.cu's backward): not where
+// TFM_CUDA_TENSOR_CORE_ATTENTION=0.
+bool attention_tensor_cores_enabled();
 // Whether it serves this call: AttentionShape::products kBFloat16 where short_attention_applies,
-// unless TFM_CUDA_TENSOR_CORE_ATTENTION=0.
+// and tensor cores are enabled.
 bool tensor_core_attention_applies(const AttentionShape& s, const AttentionMask& mask,
                                    const AttentionDropout& dropout);
 // attention_forward (probs may be null) and attention_backward (from the stored probs) there.
