@@ -194,14 +194,19 @@ prepare_decode() {  # prepare_decode BATCH: the random base model and BATCH sour
     build/bench/decode_bench --work-dir $decode_dir --prepare-only --batch "$1" --src-len 32 \
       --vocab 37000 >/dev/null 2>&1 || { echo "error: decode_bench --prepare-only failed"; return 1; }
 }
-export -f prepare_decode
+# Our side of the decoding comparisons: decode_bench on the prepared model and sources, 32 new
+# tokens, a warm-up and the median of 3 searches; its JSON line.
+decode_ours() {  # decode_ours TYPE CACHE BEAM
+  build/bench/decode_bench --work-dir $decode_dir --device cuda --compute-type "$1" --cache "$2" \
+    --beam "$3" --out-len 32 --warmup 1 --repeats 3 | tail -1
+}
+export -f prepare_decode decode_ours
 export decode_dir
 decode_compare() {  # decode_compare BATCH BEAM [TYPE: bfloat16 (default) or float16]
   local type=${3:-bfloat16}
   prepare_decode "$1" || return 1
   local ours peer
-  ours=$(build/bench/decode_bench --work-dir $decode_dir --device cuda --compute-type "$type" \
-    --cache "$type" --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
+  ours=$(decode_ours "$type" "$type" "$2") || return 1
   peer=$(python3 bench/decode_peer_hf.py --batch "$1" --beam "$2" --src-len 32 --out-len 32 \
     --vocab 37000 --device cuda --dtype "$type" | tail -1) || return 1
   python3 - "$ours" "$peer" "$1" "$2" "$type" <<'PY' | tee -a "$logs/decode_compare.txt"
@@ -223,12 +228,11 @@ named_step decode_512_greedy_f16 60 decode_compare 512 1 float16
 # the recorded steps (CUDA graphs) gain, and the same tokens either way.
 decode_without_graphs() {  # decode_without_graphs BATCH BEAM
   prepare_decode "$1" || return 1
-  local run=(build/bench/decode_bench --work-dir $decode_dir --device cuda --compute-type bfloat16
-    --cache bfloat16 --beam "$2" --out-len 32 --warmup 1 --repeats 3)
   local graphs eager line
-  graphs=$("${run[@]}") || { echo "error: decode_bench failed"; return 1; }
-  eager=$(TFM_CUDA_GRAPHS=0 "${run[@]}") || { echo "error: decode_bench failed"; return 1; }
-  line=$(python3 - "$(tail -1 <<<"$graphs")" "$(tail -1 <<<"$eager")" "$1" "$2" <<'PY'
+  graphs=$(decode_ours bfloat16 bfloat16 "$2") || { echo "error: decode_bench failed"; return 1; }
+  eager=$(TFM_CUDA_GRAPHS=0 decode_ours bfloat16 bfloat16 "$2") ||
+    { echo "error: decode_bench failed"; return 1; }
+  line=$(python3 - "$graphs" "$eager" "$1" "$2" <<'PY'
 import json, sys
 graphs, eager = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 if graphs["outputs"] != eager["outputs"] or graphs["logprobs"] != eager["logprobs"]:
@@ -265,8 +269,7 @@ PY
   fi
   local type=${3:-bfloat16} cache=bfloat16 ours peer
   [ "$type" = int8 ] && cache=float32
-  ours=$(build/bench/decode_bench --work-dir $decode_dir --device cuda --compute-type $type \
-    --cache $cache --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
+  ours=$(decode_ours $type $cache "$2") || return 1
   peer=$(build/ct2/bin/ct2_decode_peer --model $ct2 --source $decode_dir/source.ids --device cuda \
     --compute-type $type --beam "$2" --out-len 32 --warmup 1 --repeats 3 | tail -1) || return 1
   python3 - "$ours" "$peer" "$1" "$2" "$type" <<'PY' | tee -a "$logs/decode_compare.txt"

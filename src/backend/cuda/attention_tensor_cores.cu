@@ -11,8 +11,6 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/attention_common.h"
@@ -172,10 +170,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 }  // namespace
 
 bool attention_tensor_cores_enabled() {
-  static const bool enabled = [] {
-    const char* setting = std::getenv("TFM_CUDA_TENSOR_CORE_ATTENTION");
-    return !(setting && std::strcmp(setting, "0") == 0);
-  }();
+  static const bool enabled = !turned_off("TFM_CUDA_TENSOR_CORE_ATTENTION");
   return enabled;
 }
 

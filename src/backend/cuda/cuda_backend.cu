@@ -3,6 +3,8 @@
 // waits only where a result must reach it (copies to the host, the loss totals, Σ x²).
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -33,6 +35,10 @@ void check(cublasStatus_t status, const char* call) {
 }
 void check_launch(const char* kernel) {
   check(cudaGetLastError(), kernel);
+}
+bool turned_off(const char* variable) {
+  const char* setting = std::getenv(variable);
+  return setting && std::strcmp(setting, "0") == 0;
 }
 
 void Context::wait_for_other_recording() const {

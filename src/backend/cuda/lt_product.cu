@@ -2,8 +2,6 @@
 // with the same stride: y[m, n] = x · Wᵀ is D[n, m] = op(A)·B with A = W read as [k, n] (ld k)
 // and transposed, B = x read as [k, m] (ld ldx), D = y read as [n, m] (ld ldy). cuBLASLt's bias
 // has one element per row of D: one per column of y, as a linear layer's bias has.
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -145,10 +143,7 @@ std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const float
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
                 const void* w, cudaDataType_t type, void* y, cudaDataType_t output_type,
                 int64_t ldy, const float* bias, bool relu) {
-  static const bool enabled = [] {  // TFM_CUDA_LT=0: cuBLAS and a pass instead, to compare
-    const char* setting = std::getenv("TFM_CUDA_LT");
-    return !(setting && std::strcmp(setting, "0") == 0);
-  }();
+  static const bool enabled = !turned_off("TFM_CUDA_LT");  // else cuBLAS and a pass, to compare
   if (!enabled) return false;
   const BlasLtLibrary& lt = blas_lt_library();
   std::lock_guard<std::mutex> context_lock(c.blas_mutex);

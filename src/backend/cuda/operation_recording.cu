@@ -1,7 +1,5 @@
 // CUDA graphs for Backend::run_and_record / replay (operation_recording.h).
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -55,10 +53,7 @@ void warn_once(const std::string& failure) {
 }  // namespace
 
 bool records_operations() {
-  static const bool enabled = [] {
-    const char* setting = std::getenv("TFM_CUDA_GRAPHS");
-    return !(setting && std::strcmp(setting, "0") == 0);
-  }();
+  static const bool enabled = !turned_off("TFM_CUDA_GRAPHS");
   return enabled && !profiling();
 }
 
