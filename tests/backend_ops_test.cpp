@@ -988,20 +988,14 @@ TEST_P(BackendOps, AttentionBandedForwardAndBackwardMatchFloat64) {
 // head up to 64 queries and keys, 65 its whole-matrix path): forward, weights and backward
 // against float64, with a key length of 0 among them, causal and not, queries and keys of
 // different lengths. The gradients' buffers start at 9: every element is written.
-// Three sequences of two heads of 64: training's short-sequence shapes.
-struct HeadsOf64Case {
-  int64_t query_len, key_len;
-  bool causal;
-};
-AttentionShape heads_of_64(const HeadsOf64Case& c) {
-  return dense_attention_shape(3, 2, 64, c.query_len, c.key_len);
-}
-
 TEST_P(BackendOps, AttentionOverShortSequencesMatchesFloat64) {
-  using Case = HeadsOf64Case;
+  struct Case {
+    int64_t query_len, key_len;
+    bool causal;
+  };
   for (const Case& c : {Case{1, 1, false}, Case{7, 9, false}, Case{37, 37, true},
                         Case{64, 64, true}, Case{64, 50, false}, Case{65, 65, true}}) {
-    AttentionShape s = heads_of_64(c);
+    AttentionShape s = dense_attention_shape(3, 2, 64, c.query_len, c.key_len);
     s.k_row_stride = s.v_row_stride = 2 * s.heads * s.head_dim;  // keys and values interleaved
     std::vector<int32_t> lengths = {int32_t(c.key_len),
                                     int32_t(std::max<int64_t>(c.key_len - 3, 1)), 0};
@@ -1095,7 +1089,7 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
   };
   for (const Case& c : {Case{64, 64, true, -1}, Case{37, 50, false, -1}, Case{7, 9, false, 2},
                         Case{64, 64, true, 5}, Case{65, 65, true, -1}}) {
-    AttentionShape s = heads_of_64({c.query_len, c.key_len, c.causal});
+    AttentionShape s = dense_attention_shape(3, 2, 64, c.query_len, c.key_len);
     s.products = Precision::kBFloat16;
     s.k_row_stride = s.v_row_stride = 2 * s.heads * s.head_dim;  // keys and values interleaved
     const int64_t width = s.heads * s.head_dim;
