@@ -185,20 +185,22 @@ class MemoryCheckingBackend : public Backend {
   void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                     const float* rstd, const float* gamma, float* dgamma,
                                     float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                    uint16_t* rounded_d_f, int64_t rows,
+                                    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
                                     int64_t cols) const override {
-    const Access access = check("residual_layer_norm_backward", {{"dy", dy},
-                                                                 {"sum", sum},
-                                                                 {"mean", mean},
-                                                                 {"rstd", rstd},
-                                                                 {"gamma", gamma},
-                                                                 {"dgamma", dgamma},
-                                                                 {"dbeta", dbeta},
-                                                                 {"mask", mask},
-                                                                 {"d_f", d_f},
-                                                                 {"rounded_d_f", rounded_d_f}});
+    const Access access =
+        check("residual_layer_norm_backward", {{"dy", dy},
+                                               {"sum", sum},
+                                               {"mean", mean},
+                                               {"rstd", rstd},
+                                               {"gamma", gamma},
+                                               {"dgamma", dgamma},
+                                               {"dbeta", dbeta},
+                                               {"mask", mask},
+                                               {"d_f", d_f},
+                                               {"rounded_d_f", rounded_d_f},
+                                               {"d_f_column_sums", d_f_column_sums}});
     cpu().residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
-                                       rounded_d_f, rows, cols);
+                                       rounded_d_f, d_f_column_sums, rows, cols);
   }
   void add(float* y, const float* x, int64_t n) const override {
     const Access access = check("add", {{"y", y}, {"x", x}});
@@ -224,11 +226,14 @@ class MemoryCheckingBackend : public Backend {
         check("activation_backward", {{"d", d}, {"pre_activation", pre_activation}});
     cpu().activation_backward(d, pre_activation, n, act);
   }
-  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
-                              uint16_t* rounded_d) const override {
-    const Access access = check("relu_backward_bfloat16",
-                                {{"d", d}, {"relu_output", relu_output}, {"rounded_d", rounded_d}});
-    cpu().relu_backward_bfloat16(d, relu_output, n, rounded_d);
+  void relu_backward_bfloat16(const float* d, const uint16_t* relu_output, int64_t rows,
+                              int64_t cols, uint16_t* rounded_d,
+                              float* column_sums) const override {
+    const Access access = check("relu_backward_bfloat16", {{"d", d},
+                                                           {"relu_output", relu_output},
+                                                           {"rounded_d", rounded_d},
+                                                           {"column_sums", column_sums}});
+    cpu().relu_backward_bfloat16(d, relu_output, rows, cols, rounded_d, column_sums);
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     const Access access = check("bias_backward", {{"dy", dy}, {"dbias", dbias}});

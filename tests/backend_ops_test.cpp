@@ -420,10 +420,15 @@ TEST_P(BackendOps, MatmulRefusesABFloat16OutputItCannotWrite) {
 }
 
 // relu_backward_bfloat16 is activation_backward's ReLU on the bfloat16 output widened: gradients
-// pass where the output is positive and stop at zeros (both signs), negatives and NaN; the
-// rounded copy it may write is their bfloat16 rounding.
+// pass where the output is positive and stop at zeros (both signs), negatives and NaN; it writes
+// their bfloat16 rounding, and adds their column sums (the bias gradient) to what the sums held,
+// within float32 rounding of float64's. Shapes: a GPU's four columns a thread (2048) and one
+// (7, 129, 512), the CPU's rows split over threads (300 × 512).
 TEST_P(BackendOps, ReluBackwardFromABFloat16Output) {
-  for (int64_t n : {int64_t(7), int64_t(100000)}) {
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{1, 7}, {37, 129}, {300, 512}, {50, 2048}}) {
+    SCOPED_TRACE(testing::Message() << rows << " x " << cols);
+    const int64_t n = rows * cols;
     auto output = random_vector(n, 77);
     std::vector<uint16_t> output16(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) output16[size_t(i)] = float_to_bfloat16(output[size_t(i)]);
@@ -433,22 +438,36 @@ TEST_P(BackendOps, ReluBackwardFromABFloat16Output) {
     output16[3] = 0x0001;  // the smallest positive (subnormal) bfloat16
     std::vector<float> widened(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) widened[size_t(i)] = bfloat16_to_float(output16[size_t(i)]);
-    const auto d0 = random_vector(n, 78);
-    auto expected = d0, got = d0;
+    const auto d = random_vector(n, 78);
+    auto expected = d;
     be().activation_backward(expected.data(), widened.data(), n, Activation::kRelu);
-    be().relu_backward_bfloat16(got.data(), output16.data(), n, nullptr);
-    ASSERT_EQ(got, expected);
-    EXPECT_EQ(got[0], 0.f);
-    EXPECT_EQ(got[2], 0.f);
-    EXPECT_EQ(got[3], d0[3]);
-    // With the rounded copy asked for: the same values, and each one's bfloat16 rounding.
-    auto got_again = d0;
-    std::vector<uint16_t> rounded(static_cast<size_t>(n), 0xABCD);
-    be().relu_backward_bfloat16(got_again.data(), output16.data(), n, rounded.data());
-    ASSERT_EQ(got_again, expected);
-    for (int64_t i = 0; i < n; ++i)
-      ASSERT_EQ(rounded[size_t(i)], float_to_bfloat16(expected[size_t(i)])) << i;
+    EXPECT_EQ(expected[0], 0.f);
+    EXPECT_EQ(expected[2], 0.f);
+    EXPECT_EQ(expected[3], d[3]);
+    for (bool sums : {false, true}) {
+      SCOPED_TRACE(sums ? "with the column sums" : "without");
+      std::vector<uint16_t> rounded(static_cast<size_t>(n), 0xABCD);
+      std::vector<float> column_sums(size_t(cols), 0.5f);
+      be().relu_backward_bfloat16(d.data(), output16.data(), rows, cols, rounded.data(),
+                                  sums ? column_sums.data() : nullptr);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(rounded[size_t(i)], float_to_bfloat16(expected[size_t(i)])) << i;
+      for (int64_t c = 0; c < cols; ++c) {
+        double want = 0.5, magnitude = 0.5;
+        for (int64_t r = 0; r < rows; ++r) {
+          want += expected[size_t(r * cols + c)];
+          magnitude += std::abs(expected[size_t(r * cols + c)]);
+        }
+        if (!sums) want = 0.5;
+        ASSERT_NEAR(column_sums[size_t(c)], want, 1e-5 * magnitude) << c;
+      }
+    }
   }
+  // Nowhere to write the gradient is refused.
+  std::vector<float> d(4, 1.f);
+  std::vector<uint16_t> output16(4, 0x3f80);
+  EXPECT_THROW(be().relu_backward_bfloat16(d.data(), output16.data(), 2, 2, nullptr, nullptr),
+               std::invalid_argument);
 }
 
 TEST_P(BackendOps, MatmulWithNoInnerDimensionLeavesBetaTimesC) {
@@ -1516,7 +1535,10 @@ TEST_P(BackendOps, LayerNormForwardAndBackwardMatchFloat64) {
 // The post-norm sublayer's end fused into one operation each way gives what its parts give on
 // the same backend (those are checked against float64 above and below): the same mask; the sum
 // (a multiply-add may be fused), the norm and its gradients within float32 rounding; the dropped
-// gradient, and bfloat16 copies that are exactly the rounding of the values written.
+// gradient, and bfloat16 copies that are exactly the rounding of the values written; the dropped
+// gradient's column sums within float32 rounding of float64's, and, where only its bfloat16
+// copy is written, everything else as when both are. Shapes: rows a warp holds on a GPU, in
+// words of four (96, 512) or not (1, 7, 65), and longer ones (1500).
 TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
   const float eps = 1e-5f;
   const uint64_t key = 777;
@@ -1576,14 +1598,15 @@ TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
         be().layer_norm_backward(dy0.data(), sum.data(), mean.data(), rstd.data(), gamma.data(),
                                  dx_parts.data(), dgamma_parts.data(), dbeta_parts.data(), rows,
                                  cols, false);
-        // The fused backward, in place over dy.
+        // The fused backward, in place over dy, with d_f's column sums (bias_backward's).
         auto dy = dy0;
-        std::vector<float> d_f(size_t(n), 9.f), dgamma(size_t(cols), 0.5f), dbeta(dgamma);
+        std::vector<float> d_f(size_t(n), 9.f), dgamma(size_t(cols), 0.5f), dbeta(dgamma),
+            d_f_sums(size_t(cols), 0.25f);
         std::vector<uint16_t> rounded_d_f(size_t(n), 0xABCD);
-        be().residual_layer_norm_backward(dy.data(), sum.data(), mean.data(), rstd.data(),
-                                          gamma.data(), dgamma.data(), dbeta.data(),
-                                          p > 0.f ? mask.data() : nullptr, p, d_f.data(),
-                                          rounded ? rounded_d_f.data() : nullptr, rows, cols);
+        be().residual_layer_norm_backward(
+            dy.data(), sum.data(), mean.data(), rstd.data(), gamma.data(), dgamma.data(),
+            dbeta.data(), p > 0.f ? mask.data() : nullptr, p, d_f.data(),
+            rounded ? rounded_d_f.data() : nullptr, d_f_sums.data(), rows, cols);
         for (int64_t c = 0; c < cols; ++c) {
           ASSERT_TRUE(near(dgamma[size_t(c)], dgamma_parts[size_t(c)])) << c;
           ASSERT_TRUE(near(dbeta[size_t(c)], dbeta_parts[size_t(c)])) << c;
@@ -1597,6 +1620,29 @@ TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
           ASSERT_EQ(d_f[size_t(i)], dropped) << i;
           ASSERT_EQ(rounded_d_f[size_t(i)], rounded ? float_to_bfloat16(dropped) : 0xABCD) << i;
         }
+        for (int64_t c = 0; c < cols; ++c) {
+          double want = 0.25, magnitude = 0.25;
+          for (int64_t r = 0; r < rows; ++r) {
+            want += d_f[size_t(r * cols + c)];
+            magnitude += std::abs(d_f[size_t(r * cols + c)]);
+          }
+          ASSERT_NEAR(d_f_sums[size_t(c)], want, 1e-5 * magnitude) << c;
+        }
+        // Only in bfloat16 (d_f null): the same gradients, copy and sums, bit for bit.
+        if (!rounded) continue;
+        auto dy_again = dy0;
+        std::vector<float> dgamma_again(size_t(cols), 0.5f), dbeta_again(dgamma_again),
+            d_f_sums_again(size_t(cols), 0.25f);
+        std::vector<uint16_t> rounded_again(size_t(n), 0xABCD);
+        be().residual_layer_norm_backward(dy_again.data(), sum.data(), mean.data(), rstd.data(),
+                                          gamma.data(), dgamma_again.data(), dbeta_again.data(),
+                                          p > 0.f ? mask.data() : nullptr, p, nullptr,
+                                          rounded_again.data(), d_f_sums_again.data(), rows, cols);
+        EXPECT_EQ(dy_again, dy);
+        EXPECT_EQ(dgamma_again, dgamma);
+        EXPECT_EQ(dbeta_again, dbeta);
+        EXPECT_EQ(rounded_again, rounded_d_f);
+        EXPECT_EQ(d_f_sums_again, d_f_sums);
       }
   // Dropout without its mask is refused, not skipped.
   std::vector<float> f(8, 1.f), x(8, 1.f), y(8), gamma(4, 1.f), beta(4, 0.f), stats(2);
@@ -1606,7 +1652,12 @@ TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
       std::invalid_argument);
   EXPECT_THROW(be().residual_layer_norm_backward(f.data(), x.data(), stats.data(), stats.data(),
                                                  gamma.data(), gamma.data(), beta.data(), nullptr,
-                                                 0.1f, y.data(), nullptr, 2, 4),
+                                                 0.1f, y.data(), nullptr, nullptr, 2, 4),
+               std::invalid_argument);
+  // So is a gradient with nowhere to go.
+  EXPECT_THROW(be().residual_layer_norm_backward(f.data(), x.data(), stats.data(), stats.data(),
+                                                 gamma.data(), gamma.data(), beta.data(), nullptr,
+                                                 0.f, nullptr, nullptr, nullptr, 2, 4),
                std::invalid_argument);
 }
 

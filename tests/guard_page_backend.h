@@ -63,7 +63,7 @@ class GuardPageBackend final : public Backend {
   void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                     const float* rstd, const float* gamma, float* dgamma,
                                     float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                    uint16_t* rounded_d_f, int64_t rows,
+                                    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
                                     int64_t cols) const override;
   void add(float* y, const float* x, int64_t n) const override;
   void scale(float* x, float s, int64_t n) const override;
@@ -73,8 +73,8 @@ class GuardPageBackend final : public Backend {
                            Activation act) const override;
   void activation_backward(float* d, const float* pre_activation, int64_t n,
                            Activation act) const override;
-  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
-                              uint16_t* rounded_d) const override;
+  void relu_backward_bfloat16(const float* d, const uint16_t* relu_output, int64_t rows,
+                              int64_t cols, uint16_t* rounded_d, float* column_sums) const override;
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override;
 
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override;

@@ -538,8 +538,8 @@ void HostStagedBackend::residual_layer_norm_backward(float* dy, const float* sum
                                                      const float* rstd, const float* gamma,
                                                      float* dgamma, float* dbeta,
                                                      const uint8_t* mask, float p, float* d_f,
-                                                     uint16_t* rounded_d_f, int64_t rows,
-                                                     int64_t cols) const {
+                                                     uint16_t* rounded_d_f, float* d_f_column_sums,
+                                                     int64_t rows, int64_t cols) const {
   Staging st(device_);
   const int64_t n = rows * cols;
   const auto hdy = st.read_write(dy, n);
@@ -552,10 +552,11 @@ void HostStagedBackend::residual_layer_norm_backward(float* dy, const float* sum
   const auto hmask = st.read(p > 0.f ? mask : nullptr, n);
   const auto hd_f = st.write(d_f, n);
   const auto hrounded = st.write(rounded_d_f, n);
+  const auto hsums = st.read_write(d_f_column_sums, cols);
   st.upload();
   device_.residual_layer_norm_backward(st[hdy], st[hsum], st[hmean], st[hrstd], st[hgamma],
                                        st[hdgamma], st[hdbeta], st[hmask], p, st[hd_f],
-                                       st[hrounded], rows, cols);
+                                       st[hrounded], st[hsums], rows, cols);
   st.download();
 }
 
@@ -608,14 +609,17 @@ void HostStagedBackend::activation_backward(float* d, const float* pre_activatio
   st.download();
 }
 
-void HostStagedBackend::relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
-                                               uint16_t* rounded_d) const {
+void HostStagedBackend::relu_backward_bfloat16(const float* d, const uint16_t* relu_output,
+                                               int64_t rows, int64_t cols, uint16_t* rounded_d,
+                                               float* column_sums) const {
   Staging st(device_);
-  const auto hd = st.read_write(d, n);
+  const int64_t n = rows * cols;
+  const auto hd = st.read(d, n);
   const auto houtput = st.read(relu_output, n);
   const auto hrounded = st.write(rounded_d, n);
+  const auto hsums = st.read_write(column_sums, cols);
   st.upload();
-  device_.relu_backward_bfloat16(st[hd], st[houtput], n, st[hrounded]);
+  device_.relu_backward_bfloat16(st[hd], st[houtput], rows, cols, st[hrounded], st[hsums]);
   st.download();
 }
 

@@ -139,11 +139,11 @@ class RecordingCpuBackend final : public Backend {
   void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                     const float* rstd, const float* gamma, float* dgamma,
                                     float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                    uint16_t* rounded_d_f, int64_t rows,
+                                    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
                                     int64_t cols) const override {
     queue([=] {
       cpu().residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
-                                         rounded_d_f, rows, cols);
+                                         rounded_d_f, d_f_column_sums, rows, cols);
     });
   }
   void add(float* y, const float* x, int64_t n) const override {
@@ -163,9 +163,11 @@ class RecordingCpuBackend final : public Backend {
                            Activation act) const override {
     queue([=] { cpu().activation_backward(d, pre_activation, n, act); });
   }
-  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
-                              uint16_t* rounded_d) const override {
-    queue([=] { cpu().relu_backward_bfloat16(d, relu_output, n, rounded_d); });
+  void relu_backward_bfloat16(const float* d, const uint16_t* relu_output, int64_t rows,
+                              int64_t cols, uint16_t* rounded_d,
+                              float* column_sums) const override {
+    queue(
+        [=] { cpu().relu_backward_bfloat16(d, relu_output, rows, cols, rounded_d, column_sums); });
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     queue([=] { cpu().bias_backward(dy, rows, cols, dbias); });

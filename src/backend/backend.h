@@ -156,13 +156,16 @@ class Backend {
   // over the saved sum, in place), with dgamma / dbeta += as layer_norm_backward adds them;
   // d_f [rows, cols] receives it after the dropout (apply_dropout with mask and p; a copy when
   // p = 0): the gradient of F's output. rounded_d_f [rows, cols] (null: none) receives d_f
-  // rounded to bfloat16, for F's last product in a bfloat16 step. d_f aliases neither dy nor
-  // sum. Both operations throw std::invalid_argument for p > 0 without a mask.
+  // rounded to bfloat16, for F's last product in a bfloat16 step; d_f may then be null (only
+  // the rounded form written). d_f_column_sums [cols] (null: none) += Σ_rows d_f, in float32:
+  // the bias gradient of F's last product (bias_backward's), in the same pass over the rows.
+  // d_f aliases neither dy nor sum. Both operations throw std::invalid_argument for p > 0
+  // without a mask, and this one for neither d_f nor rounded_d_f.
   virtual void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                             const float* rstd, const float* gamma, float* dgamma,
                                             float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                            uint16_t* rounded_d_f, int64_t rows,
-                                            int64_t cols) const = 0;
+                                            uint16_t* rounded_d_f, float* d_f_column_sums,
+                                            int64_t rows, int64_t cols) const = 0;
   // y[n] += x[n] (the residual add; also gradient accumulation).
   virtual void add(float* y, const float* x, int64_t n) const = 0;
   // x[n] *= s
@@ -179,12 +182,15 @@ class Backend {
   // exactly where the pre-activation is.
   virtual void activation_backward(float* d, const float* pre_activation, int64_t n,
                                    Activation act) const = 0;
-  // d[n] *= relu'(·) read off the ReLU's output kept in bfloat16 (MatmulEpilogue::rounded_output):
-  // d where that output is positive, else 0 (activation_backward's kRelu on the rounded output).
-  // rounded_d [n] (null: none) receives the result rounded to bfloat16 as well, for the
-  // products of the backward that read it.
-  virtual void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
-                                      uint16_t* rounded_d) const = 0;
+  // The ReLU's backward in a bfloat16 step, where its output is kept in bfloat16 only
+  // (MatmulEpilogue::rounded_output): g = d where that output is positive, else 0
+  // (activation_backward's kRelu on the rounded output), for d [rows, cols]; rounded_d
+  // [rows, cols] receives g rounded to bfloat16, for the products of the backward that read it,
+  // and column_sums [cols] (null: none) += Σ_rows g in float32: the bias gradient of the product
+  // that made the ReLU's input (bias_backward's), in the same pass. g itself is not kept.
+  virtual void relu_backward_bfloat16(const float* d, const uint16_t* relu_output, int64_t rows,
+                                      int64_t cols, uint16_t* rounded_d,
+                                      float* column_sums) const = 0;
   // dbias[cols] += Σ_rows dy[rows, cols]
   virtual void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const = 0;
 

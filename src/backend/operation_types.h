@@ -167,6 +167,13 @@ inline void check_dropout_mask(float p, const void* mask) {
   if (p > 0.f && !mask)
     throw std::invalid_argument("residual_layer_norm: dropout p > 0 without a mask");
 }
+// Backend::residual_layer_norm_backward writes F's output gradient in float32, in bfloat16, or
+// both, and Backend::relu_backward_bfloat16 in bfloat16: every backend refuses a call that
+// would write it nowhere alike.
+inline void check_gradient_written(const char* operation, const void* values, const void* rounded) {
+  if (!values && !rounded)
+    throw std::invalid_argument(std::string(operation) + ": the gradient has no destination");
+}
 
 // Dropout on the attention weights (training only). mask: [batch, heads, query_len, key_len],
 // written by the forward pass (from key) and read by the backward pass.

@@ -114,12 +114,16 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
     const uint16_t* rounded_hidden = cache.rounded_hidden.data();  // [rows, d_ff]
     linear_backward(backend, w.fc2, g.fc2, nullptr, d_out, rows, d_hidden, false, scratch,
                     rounded_hidden, rounded_d_out);
-    // fc1's products read d_hidden in bfloat16, written here beside it (fc2 is done with
-    // rounded_d_out, which may be the same scratch).
+    // fc1's products read the ReLU's gradient in bfloat16 only, written by its backward (fc2 is
+    // done with rounded_d_out, which may be the same scratch), which sums fc1's bias gradient in
+    // the same pass.
     uint16_t* rounded_d_hidden =
         ensure_size(backend, scratch.rounded_d_out, hidden_size);  // [rows, d_ff]
-    backend.relu_backward_bfloat16(d_hidden, rounded_hidden, hidden_size, rounded_d_hidden);
-    linear_backward(backend, w.fc1, g.fc1, x, d_hidden, rows, dx, accumulate, scratch,
+    backend.relu_backward_bfloat16(d_hidden, rounded_hidden, rows, w.fc1.out, rounded_d_hidden,
+                                   g.fc1.bias);
+    Linear<float> fc1_grads = g.fc1;
+    fc1_grads.bias = nullptr;
+    linear_backward(backend, w.fc1, fc1_grads, x, nullptr, rows, dx, accumulate, scratch,
                     cache.rounded_x, rounded_d_hidden);
     return;
   }

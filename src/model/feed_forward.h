@@ -45,7 +45,8 @@ void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int6
                                WorkspacePlan& plan);
 void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
                                 WorkspacePlan& plan);
-// dx (= or += when accumulate) and parameter gradients, given d_out [rows, D].
+// dx (= or += when accumulate) and parameter gradients, given d_out [rows, D] (and
+// rounded_d_out, as multi_head_attention_backward takes them, with g.fc2.bias for g.o.bias).
 void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            const FeedForward<float>& g, Activation act, const float* x,
                            int64_t rows, float dropout, FeedForwardCache& cache, const float* d_out,

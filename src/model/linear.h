@@ -49,10 +49,10 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
                     float* y, const uint16_t* rounded_x = nullptr, bool relu = false,
                     uint16_t* rounded_y = nullptr);
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
-// db += Σ_rows dy. Both products in w.precision; in bfloat16 dy is rounded once for both (into
-// scratch.rounded_d_out) unless rounded_dy holds it already (the loss writes its gradient so;
-// dy is then read for the bias gradient only), and x / W are read from rounded_x / w.rounded
-// where given.
+// db += Σ_rows dy (where g.bias is given). Both products in w.precision; in bfloat16 dy is
+// rounded once for both (into scratch.rounded_d_out) unless rounded_dy holds it already (the
+// loss writes its gradient so; dy is then read for the bias gradient only, and may be null
+// without one), and x / W are read from rounded_x / w.rounded where given.
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
                      BackwardScratch& scratch, const uint16_t* rounded_x = nullptr,

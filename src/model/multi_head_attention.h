@@ -92,8 +92,9 @@ void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch
                                         int64_t key_len, BackwardScratch& scratch,
                                         WorkspacePlan& plan);
 // Given d_out [B, Tq, D] (and rounded_d_out, the same in bfloat16 where its producer wrote it,
-// else null: rounded here if W_o's products round): d_query_input (= or += when accumulate),
-// d_memory_input += (the same pointer for self-attention), and the parameter gradients.
+// else null: rounded here if W_o's products round; d_out may then be null where g.o.bias is):
+// d_query_input (= or += when accumulate), d_memory_input += (the same pointer for self-attention),
+// and the parameter gradients.
 void multi_head_attention_backward(const Backend& backend, const AttentionWeights& w,
                                    const Attention<float>& g, int64_t heads,
                                    const AttentionInputs& in, AttentionCache& cache,

@@ -381,11 +381,13 @@ void feed_forward_sublayer_backward(const Backend& backend, const ModelConfig& c
                                     const float* input, int64_t rows, const DropoutOptions& dropout,
                                     SublayerCache& sublayer, FeedForwardCache& cache,
                                     float* d_stream, BackwardScratch& scratch) {
-  sublayer_backward(backend, config, norm, norm_grad, w.fc2, input, rows, dropout.dropout, sublayer,
-                    d_stream, scratch,
+  sublayer_backward(backend, config, norm, norm_grad, w.fc2, g.fc2.bias, input, rows,
+                    dropout.dropout, sublayer, d_stream, scratch,
                     [&](const float* d_out, const uint16_t* rounded_d_out, const float* x,
-                        float* dx, bool accumulate) {
-                      feed_forward_backward(backend, w, g, config.activation, x, rows,
+                        float* dx, bool accumulate, bool last_bias_summed) {
+                      FeedForward<float> grads = g;
+                      if (last_bias_summed) grads.fc2.bias = nullptr;
+                      feed_forward_backward(backend, w, grads, config.activation, x, rows,
                                             dropout.relu_dropout, cache, d_out, rounded_d_out,
                                             scratch, dx, accumulate);
                     });
@@ -399,16 +401,18 @@ void self_attention_sublayer_backward(
     const DropoutOptions& dropout, SublayerCache& sublayer, AttentionCache& cache, float* d_stream,
     BackwardScratch& scratch) {
   const int64_t rows = batch * len;
-  sublayer_backward(backend, config, norm, norm_grad, w.o, input, rows, dropout.dropout, sublayer,
-                    d_stream, scratch,
+  sublayer_backward(backend, config, norm, norm_grad, w.o, g.o.bias, input, rows, dropout.dropout,
+                    sublayer, d_stream, scratch,
                     [&](const float* d_out, const uint16_t* rounded_d_out, const float* x,
-                        float* dx, bool accumulate) {
+                        float* dx, bool accumulate, bool last_bias_summed) {
                       const AttentionInputs in = self_attention_inputs(
                           config, x, batch, len, lengths, causal, dropout.attention_dropout, 0);
+                      Attention<float> grads = g;
+                      if (last_bias_summed) grads.o.bias = nullptr;
                       // Self-attention: the query and memory inputs are the same tensor.
                       if (!accumulate) backend.fill(dx, rows * config.d_model, 0.f);
-                      multi_head_attention_backward(backend, w, g, config.heads, in, cache, d_out,
-                                                    rounded_d_out, scratch, dx, true, dx);
+                      multi_head_attention_backward(backend, w, grads, config.heads, in, cache,
+                                                    d_out, rounded_d_out, scratch, dx, true, dx);
                     });
 }
 
@@ -438,17 +442,20 @@ void decoder_layer_backward(const Backend& backend, const ModelConfig& config,
   feed_forward_sublayer_backward(backend, config, w.norm3, g.norm3, w.ffn, g.ffn,
                                  cache.cross_sublayer.output.data(), rows, dropout,
                                  cache.ffn_sublayer, cache.ffn, d_stream, scratch);
-  sublayer_backward(
-      backend, config, w.norm2, g.norm2, w.cross_attn.o, cache.self_sublayer.output.data(), rows,
-      dropout.dropout, cache.cross_sublayer, d_stream, scratch,
-      [&](const float* d_out, const uint16_t* rounded_d_out, const float* x, float* dx,
-          bool accumulate) {
-        const AttentionInputs in = cross_attention_inputs(
-            x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout, 0);
-        multi_head_attention_backward(backend, w.cross_attn, g.cross_attn, config.heads, in,
-                                      cache.cross_attn, d_out, rounded_d_out, scratch, dx,
-                                      accumulate, d_memory);
-      });
+  sublayer_backward(backend, config, w.norm2, g.norm2, w.cross_attn.o, g.cross_attn.o.bias,
+                    cache.self_sublayer.output.data(), rows, dropout.dropout, cache.cross_sublayer,
+                    d_stream, scratch,
+                    [&](const float* d_out, const uint16_t* rounded_d_out, const float* x,
+                        float* dx, bool accumulate, bool last_bias_summed) {
+                      const AttentionInputs in =
+                          cross_attention_inputs(x, memory, batch, tgt_len, src_len, src_lengths,
+                                                 dropout.attention_dropout, 0);
+                      Attention<float> grads = g.cross_attn;
+                      if (last_bias_summed) grads.o.bias = nullptr;
+                      multi_head_attention_backward(backend, w.cross_attn, grads, config.heads, in,
+                                                    cache.cross_attn, d_out, rounded_d_out, scratch,
+                                                    dx, accumulate, d_memory);
+                    });
   self_attention_sublayer_backward(backend, config, w.norm1, g.norm1, w.self_attn, g.self_attn,
                                    input, batch, tgt_len, tgt_lengths, true, dropout,
                                    cache.self_sublayer, cache.self_attn, d_stream, scratch);

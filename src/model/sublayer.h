@@ -83,46 +83,54 @@ template <typename Sizer>
 void sublayer_backward_buffers(const ModelConfig& config, const LinearWeights& last, int64_t rows,
                                BackwardScratch& scratch, Sizer& sizer) {
   const int64_t n = rows * config.d_model;
-  sizer.need(scratch.d_sublayer, n);                                       // [rows, D]
+  // [rows, D] F's output gradient in bfloat16: F's last product's (linear_backward's own buffer)
+  const bool rounded = rows > 0 && sublayer_rounds_for(config, last);
+  if (rounded) sizer.need(scratch.rounded_d_out, n);
+  // [rows, D] the same in float32, where F's backward reads it: not where the norm's backward
+  // writes the bfloat16 copy and sums the last product's bias gradient (sublayer_backward)
+  if (!rounded) sizer.need(scratch.d_sublayer, n);
   if (config.norm == NormPosition::kPre) sizer.need(scratch.d_normed, n);  // [rows, D]
-  // [rows, D] d_sublayer in bfloat16: F's last product's (linear_backward's own buffer)
-  if (rows > 0 && sublayer_rounds_for(config, last)) sizer.need(scratch.rounded_d_out, n);
 }
 
 // The backward of sublayer_forward (cache from its training call): d_stream [rows, D] holds the
 // gradient of the sublayer's output and is replaced, in place, by that of its input.
-// function_backward(d_out, rounded_d_out, function_input, d_function_input, accumulate) runs the
-// function's backward (d_function_input: = or += when accumulate); rounded_d_out is d_out in
-// bfloat16 where sublayer_rounds_for(config, last) (else null), for F's last product
-// `last`.
+// function_backward(d_out, rounded_d_out, function_input, d_function_input, accumulate,
+// last_bias_summed) runs the function's backward (d_function_input: = or += when accumulate);
+// rounded_d_out is d_out in bfloat16 where sublayer_rounds_for(config, last) (else null), for F's
+// last product `last`, and d_out is then null (F's products read the bfloat16 copy only);
+// last_bias_summed: the gradient of that product's bias, last_bias_grad (null: it has none), is
+// summed here already (post-norm: in the norm's backward pass), so F's backward leaves it alone.
 template <typename FunctionBackward>
 void sublayer_backward(const Backend& backend, const ModelConfig& config,
                        const LayerNormWeights& norm, const LayerNormParams<float>& norm_grad,
-                       const LinearWeights& last, const float* input, int64_t rows, float dropout,
-                       SublayerCache& cache, float* d_stream, BackwardScratch& scratch,
-                       FunctionBackward&& function_backward) {
+                       const LinearWeights& last, float* last_bias_grad, const float* input,
+                       int64_t rows, float dropout, SublayerCache& cache, float* d_stream,
+                       BackwardScratch& scratch, FunctionBackward&& function_backward) {
   const int64_t d = config.d_model, n = rows * d;
   Allocate sizer{backend};
   sublayer_backward_buffers(config, last, rows, scratch, sizer);
-  float* d_function_out = scratch.d_sublayer.data();  // [rows, D]
   const float* mean = cache.norm.mean.data();
   const float* rstd = cache.norm.rstd.data();
   if (config.norm == NormPosition::kPost) {
     // d residual = LN backward (row by row, so in place); it flows to the input directly and
-    // through the dropout to F.
+    // through the dropout to F, in float32 or only in bfloat16 (sublayer_backward_buffers), with
+    // the column sums that are F's last bias gradient taken in the same pass.
     uint16_t* rounded_d_function_out =  // [rows, D]
         rows > 0 && sublayer_rounds_for(config, last) ? scratch.rounded_d_out.data() : nullptr;
-    backend.residual_layer_norm_backward(d_stream, cache.residual.data(), mean, rstd, norm.weight,
-                                         norm_grad.weight, norm_grad.bias,
-                                         dropout > 0.f ? cache.dropout_mask.data() : nullptr,
-                                         dropout, d_function_out, rounded_d_function_out, rows, d);
-    function_backward(d_function_out, rounded_d_function_out, input, d_stream, true);
+    float* d_function_out =  // [rows, D]
+        rounded_d_function_out ? nullptr : scratch.d_sublayer.data();
+    backend.residual_layer_norm_backward(
+        d_stream, cache.residual.data(), mean, rstd, norm.weight, norm_grad.weight, norm_grad.bias,
+        dropout > 0.f ? cache.dropout_mask.data() : nullptr, dropout, d_function_out,
+        rounded_d_function_out, last_bias_grad, rows, d);
+    function_backward(d_function_out, rounded_d_function_out, input, d_stream, true, true);
   } else {
     // The residual path passes d_stream through unchanged; F's path adds to it.
+    float* d_function_out = scratch.d_sublayer.data();  // [rows, D]
     backend.copy(d_stream, n, d_function_out);
     if (dropout > 0.f) backend.apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
     float* d_normed = scratch.d_normed.data();  // [rows, D]
-    function_backward(d_function_out, nullptr, cache.normed.data(), d_normed, false);
+    function_backward(d_function_out, nullptr, cache.normed.data(), d_normed, false, false);
     backend.layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_stream,
                                 norm_grad.weight, norm_grad.bias, rows, d, true);
   }

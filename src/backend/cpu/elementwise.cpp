@@ -3,6 +3,7 @@
 #include "backend/cpu/elementwise.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "backend/cpu/cpu_dispatch.h"
@@ -83,23 +84,31 @@ __attribute__((always_inline)) inline void layer_norm_backward_row(const float* 
   }
 }
 
-// Rows are split into a fixed number of contiguous blocks whose partial dgamma / dbeta sums are
-// added in block order, so results do not depend on thread scheduling (resumed training must
-// reproduce an uninterrupted run bit for bit). partial [kLayerNormBlocks, 2, cols], zeroed.
-constexpr int64_t kLayerNormBlocks = 8;
-inline float* layer_norm_block_partials(int64_t cols) {
+// Rows are split into a fixed number of contiguous blocks whose partial column sums (dgamma,
+// dbeta, a bias gradient) are added in block order, so results do not depend on thread
+// scheduling (resumed training must reproduce an uninterrupted run bit for bit).
+constexpr int64_t kRowBlocks = 8;
+// The rows of `block` of kRowBlocks.
+inline int64_t row_block_begin(int64_t rows, int64_t block) {
+  return rows * block / kRowBlocks;
+}
+// partial [kRowBlocks, sums, cols], zeroed.
+inline float* row_block_partials(int64_t sums, int64_t cols) {
   thread_local std::vector<float> partials;
-  partials.assign(size_t(2 * kLayerNormBlocks * cols), 0.f);
+  partials.assign(size_t(kRowBlocks * sums * cols), 0.f);
   return partials.data();
 }
-inline void add_layer_norm_block_partials(const float* partial, int64_t cols, float* dgamma,
-                                          float* dbeta) {
-  for (int64_t block = 0; block < kLayerNormBlocks; ++block) {
-    const float* lg = partial + block * 2 * cols;
-    const float* lb = lg + cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      dgamma[c] += lg[c];
-      dbeta[c] += lb[c];
+// totals[s][cols] += Σ_blocks partial[block, s] in block order, for each s whose total is
+// given (null: that sum is not wanted).
+inline void add_row_block_partials(const float* partial, int64_t cols,
+                                   std::initializer_list<float*> totals) {
+  const int64_t sums = int64_t(totals.size());
+  for (int64_t block = 0; block < kRowBlocks; ++block) {
+    int64_t s = 0;
+    for (float* total : totals) {
+      const float* part = partial + (block * sums + s++) * cols;
+      if (total)
+        for (int64_t c = 0; c < cols; ++c) total[c] += part[c];
     }
   }
 }
@@ -191,37 +200,42 @@ TFM_CPU_KERNEL void layer_norm_backward(const float* dy, const float* x, const f
                                         const float* rstd, const float* gamma, float* dx,
                                         float* dgamma, float* dbeta, int64_t rows, int64_t cols,
                                         bool accumulate) {
-  float* partial = layer_norm_block_partials(cols);
+  float* partial = row_block_partials(2, cols);
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
-  for (int64_t block = 0; block < kLayerNormBlocks; ++block) {
+  for (int64_t block = 0; block < kRowBlocks; ++block) {
     float* lg = partial + block * 2 * cols;
-    const int64_t begin = rows * block / kLayerNormBlocks;
-    const int64_t end = rows * (block + 1) / kLayerNormBlocks;
-    for (int64_t r = begin; r < end; ++r)
+    const int64_t end = row_block_begin(rows, block + 1);
+    for (int64_t r = row_block_begin(rows, block); r < end; ++r)
       layer_norm_backward_row(dy + r * cols, x + r * cols, mean[r], rstd[r], gamma, dx + r * cols,
                               lg, lg + cols, cols, accumulate);
   }
-  add_layer_norm_block_partials(partial, cols, dgamma, dbeta);
+  add_row_block_partials(partial, cols, {dgamma, dbeta});
 }
 
 TFM_CPU_KERNEL void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                                  const float* rstd, const float* gamma,
                                                  float* dgamma, float* dbeta, const uint8_t* mask,
                                                  float p, float* d_f, uint16_t* rounded_d_f,
-                                                 int64_t rows, int64_t cols) {
+                                                 float* d_f_column_sums, int64_t rows,
+                                                 int64_t cols) {
   const float keep_scale = 1.f / (1.f - p);
-  float* partial = layer_norm_block_partials(cols);
-  // layer_norm_backward's blocks, each row then dropped into d_f (and rounded) while in cache.
+  // [kRowBlocks, 3, cols]: dgamma's, dbeta's and d_f's column sums
+  float* partial = row_block_partials(3, cols);
+  // layer_norm_backward's blocks, each row then dropped into d_f (and rounded, and summed) while
+  // in cache.
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
-  for (int64_t block = 0; block < kLayerNormBlocks; ++block) {
-    float* lg = partial + block * 2 * cols;
-    const int64_t begin = rows * block / kLayerNormBlocks;
-    const int64_t end = rows * (block + 1) / kLayerNormBlocks;
-    for (int64_t r = begin; r < end; ++r) {
+  for (int64_t block = 0; block < kRowBlocks; ++block) {
+    float* lg = partial + block * 3 * cols;
+    float* lf = lg + 2 * cols;
+    // Without d_f, each row's gradient is dropped into a row of this thread's own.
+    thread_local std::vector<float> dropped_row;
+    if (!d_f) dropped_row.resize(size_t(cols));
+    const int64_t end = row_block_begin(rows, block + 1);
+    for (int64_t r = row_block_begin(rows, block); r < end; ++r) {
       float* d_sum = dy + r * cols;
       layer_norm_backward_row(d_sum, sum + r * cols, mean[r], rstd[r], gamma, d_sum, lg, lg + cols,
                               cols, false);
-      float* out = d_f + r * cols;
+      float* out = d_f ? d_f + r * cols : dropped_row.data();  // [cols]
       if (p > 0.f) {
         const uint8_t* keep = mask + r * cols;
 #pragma omp simd
@@ -235,9 +249,13 @@ TFM_CPU_KERNEL void residual_layer_norm_backward(float* dy, const float* sum, co
 #pragma omp simd
         for (int64_t c = 0; c < cols; ++c) rounded[c] = float_to_bfloat16(out[c]);
       }
+      if (d_f_column_sums) {
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) lf[c] += out[c];
+      }
     }
   }
-  add_layer_norm_block_partials(partial, cols, dgamma, dbeta);
+  add_row_block_partials(partial, cols, {dgamma, dbeta, d_f_column_sums});
 }
 
 TFM_CPU_KERNEL void activation_backward(float* d, const float* pre_activation, int64_t n,
@@ -257,18 +275,34 @@ TFM_CPU_KERNEL void activation_backward(float* d, const float* pre_activation, i
   }
 }
 
-TFM_CPU_KERNEL void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
-                                           uint16_t* rounded_d) {
-  if (rounded_d) {
+TFM_CPU_KERNEL void relu_backward_bfloat16(const float* d, const uint16_t* relu_output,
+                                           int64_t rows, int64_t cols, uint16_t* rounded_d,
+                                           float* column_sums) {
+  if (!column_sums) {
+    const int64_t n = rows * cols;
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-    for (int64_t i = 0; i < n; ++i) {
-      d[i] = bfloat16_to_float(relu_output[i]) > 0.f ? d[i] : 0.f;
-      rounded_d[i] = float_to_bfloat16(d[i]);
-    }
+    for (int64_t i = 0; i < n; ++i)
+      rounded_d[i] = float_to_bfloat16(bfloat16_to_float(relu_output[i]) > 0.f ? d[i] : 0.f);
     return;
   }
-#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-  for (int64_t i = 0; i < n; ++i) d[i] = bfloat16_to_float(relu_output[i]) > 0.f ? d[i] : 0.f;
+  float* partial = row_block_partials(1, cols);  // [kRowBlocks, cols]
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelElements)
+  for (int64_t block = 0; block < kRowBlocks; ++block) {
+    float* sums = partial + block * cols;
+    const int64_t end = row_block_begin(rows, block + 1);
+    for (int64_t r = row_block_begin(rows, block); r < end; ++r) {
+      const float* in = d + r * cols;
+      const uint16_t* out = relu_output + r * cols;
+      uint16_t* rounded = rounded_d + r * cols;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) {
+        const float g = bfloat16_to_float(out[c]) > 0.f ? in[c] : 0.f;
+        rounded[c] = float_to_bfloat16(g);
+        sums[c] += g;
+      }
+    }
+  }
+  add_row_block_partials(partial, cols, {column_sums});
 }
 
 TFM_CPU_KERNEL void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) {

@@ -35,9 +35,10 @@ void activation_backward(float* d, const float* pre_activation, int64_t n, Activ
 // dbias[cols] += Σ_rows dy[rows, cols]
 void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias);
 
-// d[n] = relu_output[n] > 0 ? d[n] : 0, the ReLU's output held in bfloat16.
-// rounded_d (null: none) receives the result in bfloat16 too.
-void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n, uint16_t* rounded_d);
+// rounded_d[rows, cols] = bfloat16(relu_output > 0 ? d : 0), the ReLU's output held in
+// bfloat16; column_sums[cols] (null: none) += Σ_rows of the same in float32.
+void relu_backward_bfloat16(const float* d, const uint16_t* relu_output, int64_t rows, int64_t cols,
+                            uint16_t* rounded_d, float* column_sums);
 
 // Backend::residual_layer_norm and its backward: the post-norm sublayer's dropout, residual add
 // and layer norm, row by row in one pass.
@@ -47,7 +48,7 @@ void residual_layer_norm(float* f, const float* x, int64_t rows, int64_t cols, f
 void residual_layer_norm_backward(float* dy, const float* sum, const float* mean, const float* rstd,
                                   const float* gamma, float* dgamma, float* dbeta,
                                   const uint8_t* mask, float p, float* d_f, uint16_t* rounded_d_f,
-                                  int64_t rows, int64_t cols);
+                                  float* d_f_column_sums, int64_t rows, int64_t cols);
 // Inverted dropout with a counter-based generator: element i is kept iff
 // hash(key, i) >= p, so masks depend only on (key, i) — reproducible, parallel, and
 // needing no generator state to resume. mask[n] receives 1 (kept) or 0.

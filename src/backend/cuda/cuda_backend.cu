@@ -180,12 +180,13 @@ class CudaBackend final : public Backend {
   void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                     const float* rstd, const float* gamma, float* dgamma,
                                     float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                    uint16_t* rounded_d_f, int64_t rows,
+                                    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
                                     int64_t cols) const override {
     check_dropout_mask(p, mask);
+    check_gradient_written("residual_layer_norm_backward", d_f, rounded_d_f);
     TFM_CUDA_OPERATION_SHAPED(c_, "residual_layer_norm_backward", rows, cols);
     cuda::residual_layer_norm_backward(c_, dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
-                                       rounded_d_f, rows, cols);
+                                       rounded_d_f, d_f_column_sums, rows, cols);
   }
   void add(float* y, const float* x, int64_t n) const override {
     TFM_CUDA_OPERATION(c_, "add");
@@ -210,10 +211,12 @@ class CudaBackend final : public Backend {
     TFM_CUDA_OPERATION(c_, "activation_backward");
     cuda::activation_backward(c_.stream, d, pre_activation, n, act);
   }
-  void relu_backward_bfloat16(float* d, const uint16_t* relu_output, int64_t n,
-                              uint16_t* rounded_d) const override {
-    TFM_CUDA_OPERATION_SHAPED(c_, "relu_backward_bfloat16", n);
-    cuda::relu_backward_bfloat16(c_.stream, d, relu_output, n, rounded_d);
+  void relu_backward_bfloat16(const float* d, const uint16_t* relu_output, int64_t rows,
+                              int64_t cols, uint16_t* rounded_d,
+                              float* column_sums) const override {
+    check_gradient_written("relu_backward_bfloat16", nullptr, rounded_d);
+    TFM_CUDA_OPERATION_SHAPED(c_, "relu_backward_bfloat16", rows, cols);
+    cuda::relu_backward_bfloat16(c_, d, relu_output, rows, cols, rounded_d, column_sums);
   }
   void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
     TFM_CUDA_OPERATION_SHAPED(c_, "bias_backward", rows, cols);

@@ -33,8 +33,8 @@ void bias_relu_epilogue(cudaStream_t s, float* y, int64_t ldy, const float* bias
 void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* out, int64_t rows,
                          int64_t cols, bool apply_activation, Activation act);
 void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, Activation act);
-void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_output, int64_t n,
-                            uint16_t* rounded_d);
+void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* relu_output,
+                            int64_t rows, int64_t cols, uint16_t* rounded_d, float* column_sums);
 void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols, float* dbias);
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key);
 void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p);
@@ -51,7 +51,8 @@ void residual_layer_norm(cudaStream_t s, float* f, const float* x, int64_t rows,
 void residual_layer_norm_backward(const Context& c, float* dy, const float* sum, const float* mean,
                                   const float* rstd, const float* gamma, float* dgamma,
                                   float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                  uint16_t* rounded_d_f, int64_t rows, int64_t cols);
+                                  uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
+                                  int64_t cols);
 // out[rows, d] = table rows (float32, or int8 values × scales when int8.values) × scale +
 // positions; `table_ld` is the float table's row stride.
 void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int8Rows int8,

@@ -202,20 +202,26 @@ __global__ void activation_backward_kernel(float* d, const float* pre, int64_t n
   }
 }
 
-// d = d where the ReLU's bfloat16 output is positive, else 0 (rounded into rounded_d where
-// given), kWidth elements a thread.
+// kWidth elements of the ReLU's backward from its bfloat16 output at element i: d where that
+// output is positive, else 0, into g, and rounded into rounded_d.
 template <int kWidth>
-__global__ void relu_backward_bfloat16_kernel(float* d, const uint16_t* relu_output, int64_t n,
-                                              uint16_t* rounded_d) {
-  TFM_FOR_EACH(w, n / kWidth) {
-    const int64_t i = w * kWidth;
-    float g[kWidth], out[kWidth];
-    RowWord<kWidth>::load(d + i, g);
-    RowWord<kWidth>::load_bfloat16(relu_output + i, out);
+__device__ __forceinline__ void relu_backward_word(const float* d, const uint16_t* relu_output,
+                                                   int64_t i, uint16_t* rounded_d, float* g) {
+  float out[kWidth];
+  RowWord<kWidth>::load(d + i, g);
+  RowWord<kWidth>::load_bfloat16(relu_output + i, out);
 #pragma unroll
-    for (int e = 0; e < kWidth; ++e) g[e] = out[e] > 0.f ? g[e] : 0.f;
-    RowWord<kWidth>::store(d + i, g);
-    if (rounded_d) RowWord<kWidth>::store_16(rounded_d + i, g, ToBFloat16{});
+  for (int e = 0; e < kWidth; ++e) g[e] = out[e] > 0.f ? g[e] : 0.f;
+  RowWord<kWidth>::store_16(rounded_d + i, g, ToBFloat16{});
+}
+
+// relu_backward_bfloat16 without column sums, kWidth elements a thread.
+template <int kWidth>
+__global__ void relu_backward_bfloat16_kernel(const float* d, const uint16_t* relu_output,
+                                              int64_t n, uint16_t* rounded_d) {
+  TFM_FOR_EACH(w, n / kWidth) {
+    float g[kWidth];
+    relu_backward_word<kWidth>(d, relu_output, w * kWidth, rounded_d, g);
   }
 }
 
@@ -257,18 +263,39 @@ __global__ void bias_partial_kernel(const float* dy, RowsPerChunk split, int64_t
   RowWord<kWidth>::store(partial + int64_t(blockIdx.y) * cols + c, sum);
 }
 
-// out[c] += Σ_chunks partial[chunk, c]: a block of kSumColumns columns × kSumLanes threads per
-// column, thread y summing chunks y, y + kSumLanes, ..., then the kSumLanes sums added in order
-// (deterministic). One thread per column walking every chunk left the GPU nearly idle: a few
-// hundred threads, each with a few hundred loads one after another.
+// relu_backward_bfloat16 with its column sums: the ReLU's backward of each element in
+// bias_partial_kernel's order, partial[chunk, c] = Σ of them over the chunk's rows.
+template <int kWidth>
+__global__ void relu_backward_partial_kernel(const float* d, const uint16_t* relu_output,
+                                             RowsPerChunk split, int64_t cols, uint16_t* rounded_d,
+                                             float* partial) {
+  const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth;
+  if (c >= cols) return;
+  const int64_t begin = int64_t(blockIdx.y) * split.chunk_rows;
+  const int64_t end = begin + split.chunk_rows < split.rows ? begin + split.chunk_rows : split.rows;
+  float sum[kWidth] = {};
+  for (int64_t r = begin; r < end; ++r) {
+    float g[kWidth];
+    relu_backward_word<kWidth>(d, relu_output, r * cols + c, rounded_d, g);
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) sum[e] += g[e];
+  }
+  RowWord<kWidth>::store(partial + int64_t(blockIdx.y) * cols + c, sum);
+}
+
+// out[c] += Σ_chunks partial[chunk, c] (chunk rows ld apart): a block of kSumColumns columns ×
+// kSumLanes threads per column, thread y summing chunks y, y + kSumLanes, ..., then the kSumLanes
+// sums added in order (deterministic). One thread per column walking every chunk left the GPU
+// nearly idle: a few hundred threads, each with a few hundred loads one after another.
 constexpr int kSumColumns = 32, kSumLanes = 8;
-__global__ void sum_chunks_kernel(const float* partial, int64_t chunks, int64_t cols, float* out) {
+__global__ void sum_chunks_kernel(const float* partial, int64_t chunks, int64_t cols, int64_t ld,
+                                  float* out) {
   __shared__ float sums[kSumLanes][kSumColumns + 1];
   const int64_t c = int64_t(blockIdx.x) * kSumColumns + threadIdx.x;
   float sum = 0.f;
   if (c < cols)
     for (int64_t chunk = threadIdx.y; chunk < chunks; chunk += kSumLanes)
-      sum += partial[chunk * cols + c];
+      sum += partial[chunk * ld + c];
   sums[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y != 0 || c >= cols) return;
@@ -277,9 +304,9 @@ __global__ void sum_chunks_kernel(const float* partial, int64_t chunks, int64_t 
   out[c] += total;
 }
 void launch_sum_chunks(cudaStream_t s, const float* partial, int64_t chunks, int64_t cols,
-                       float* out) {
+                       float* out, int64_t ld) {
   sum_chunks_kernel<<<unsigned((cols + kSumColumns - 1) / kSumColumns),
-                      dim3(kSumColumns, kSumLanes), 0, s>>>(partial, chunks, cols, out);
+                      dim3(kSumColumns, kSumLanes), 0, s>>>(partial, chunks, cols, ld, out);
 }
 
 // Dropout's keep decision for element i: the CPU's counter-based hash of (key, i) against p in
@@ -445,61 +472,113 @@ __global__ void layer_norm_warp_kernel(float* f, const float* x, int64_t rows, i
   }
 }
 
-// layer_norm_dx_kernel's row per warp. dy may alias dx: the warp holds its row before writing.
-template <int kWidth, int kPerLane>
-__global__ void layer_norm_dx_warp_kernel(const float* dy, const float* x, const float* mean,
-                                          const float* rstd, const float* gamma, float* dx,
-                                          int64_t rows, int64_t cols, bool accumulate,
-                                          const uint8_t* mask, float keep_scale, float* d_f,
-                                          uint16_t* rounded_d_f) {
-  using Word = RowWord<kWidth>;
-  const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  const float m_r = mean[r], s = rstd[r];
-  float gy[kPerLane][kWidth], x_hat[kPerLane][kWidth];
-  float sum_gy = 0.f, sum_gy_xhat = 0.f;
+// The block's sums of its warps' column values, added in warp order: mine[m][e] is lane's value
+// of column (lane + 32·m)·kWidth + e (a warp kernel's columns), stage a block's scratch of
+// kWarpRows rows of kColumns; out[cols] = the sums. Every thread of the block calls it.
+template <int kWidth, int kPerLane, int kColumns = 32 * kPerLane* kWidth>
+__device__ void store_block_column_sums(const float (&mine)[kPerLane][kWidth],
+                                        float (&stage)[kWarpRows][kColumns], int64_t cols,
+                                        float* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // the stage's last use is over
 #pragma unroll
-  for (int m = 0; m < kPerLane; ++m) {
-    const int64_t c = int64_t(lane + 32 * m) * kWidth, i = r * cols + c;
-#pragma unroll
-    for (int e = 0; e < kWidth; ++e) gy[m][e] = x_hat[m][e] = 0.f;
-    if (c >= cols) continue;
-    float g[kWidth], in[kWidth], gam[kWidth];
-    Word::load(dy + i, g);
-    Word::load(x + i, in);
-    Word::load(gamma + c, gam);
+  for (int m = 0; m < kPerLane; ++m)
 #pragma unroll
     for (int e = 0; e < kWidth; ++e) {
-      gy[m][e] = g[e] * gam[e];
-      x_hat[m][e] = (in[e] - m_r) * s;
-      sum_gy += gy[m][e];
-      sum_gy_xhat += gy[m][e] * x_hat[m][e];
+      const int64_t c = int64_t(lane + 32 * m) * kWidth + e;
+      if (c < cols) stage[warp][c] = mine[m][e];
     }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarpRows; ++w) total += stage[w][c];
+    out[c] = total;
   }
-  const float mean_gy = warp_sum(sum_gy) / float(cols);
-  const float mean_gy_xhat = warp_sum(sum_gy_xhat) / float(cols);
+}
+
+// layer_norm_backward in one pass over the rows, for rows a warp holds (launch_warp_rows):
+// block b takes the rows of chunk b of split, its warps a row each in turn (warp w: rows
+// begin + w, begin + w + kWarpRows, ...). Each row's dx (= or += when accumulate; dy may alias
+// dx: the warp holds its row before writing) and, for the residual sublayer's backward, the
+// gradient dropped by mask and keep_scale (mask null: as it is) into d_f and rounded_d_f where
+// given; meanwhile each lane adds its columns' terms of dgamma (dy·x̂), dbeta (dy) and, where
+// sum_d_f, the dropped gradient, in registers; the block's warps then add theirs in warp order
+// into partial[b, 3, cols] (deterministic: the chunks depend on the rows alone), whose chunks
+// sum_chunks adds up: the rows are read once (a pass for the column sums and another for dx
+// read them twice, and the bias gradient's own pass read d_f again). Rows up to 512 columns fit
+// two blocks an SM in registers (116 on sm_90a), longer ones one (to 1024: 204 registers;
+// two blocks' 128 spilled).
+template <int kWidth, int kPerLane>
+__global__ void __launch_bounds__(kThreads, 32 * kPerLane * kWidth <= 512 ? 2 : 1)
+    layer_norm_backward_chunk_kernel(const float* dy, const float* x, const float* mean,
+                                     const float* rstd, const float* gamma, float* dx,
+                                     RowsPerChunk split, int64_t cols, bool accumulate,
+                                     const uint8_t* mask, float keep_scale, float* d_f,
+                                     uint16_t* rounded_d_f, bool sum_d_f, float* partial) {
+  using Word = RowWord<kWidth>;
+  __shared__ float stage[kWarpRows][32 * kPerLane * kWidth];
+  const int lane = threadIdx.x & 31;
+  const int64_t begin = int64_t(blockIdx.x) * split.chunk_rows;
+  const int64_t end = begin + split.chunk_rows < split.rows ? begin + split.chunk_rows : split.rows;
+  const bool dropped_out = d_f || rounded_d_f;  // the residual sublayer's backward
+  float sum_gamma[kPerLane][kWidth] = {}, sum_beta[kPerLane][kWidth] = {},
+        sum_f[kPerLane][kWidth] = {};
+  for (int64_t r = begin + (threadIdx.x >> 5); r < end; r += kWarpRows) {
+    const float m_r = mean[r], s = rstd[r];
+    float g[kPerLane][kWidth], in[kPerLane][kWidth];
+    float sum_gy = 0.f, sum_gy_xhat = 0.f;
 #pragma unroll
-  for (int m = 0; m < kPerLane; ++m) {
-    const int64_t c = int64_t(lane + 32 * m) * kWidth, i = r * cols + c;
-    if (c >= cols) continue;
-    float d[kWidth];
-    if (accumulate) Word::load(dx + i, d);
+    for (int m = 0; m < kPerLane; ++m) {
+      const int64_t c = int64_t(lane + 32 * m) * kWidth, i = r * cols + c;
 #pragma unroll
-    for (int e = 0; e < kWidth; ++e) {
-      const float v = s * (gy[m][e] - mean_gy - x_hat[m][e] * mean_gy_xhat);
-      d[e] = accumulate ? d[e] + v : v;
+      for (int e = 0; e < kWidth; ++e) g[m][e] = in[m][e] = 0.f;
+      if (c >= cols) continue;
+      float gam[kWidth];
+      Word::load(dy + i, g[m]);
+      Word::load(x + i, in[m]);
+      Word::load(gamma + c, gam);
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) {
+        const float x_hat = (in[m][e] - m_r) * s, gy = g[m][e] * gam[e];
+        sum_gy += gy;
+        sum_gy_xhat += gy * x_hat;
+        sum_gamma[m][e] += g[m][e] * x_hat;
+        sum_beta[m][e] += g[m][e];
+      }
     }
-    Word::store(dx + i, d);
-    if (d_f) {
+    const float mean_gy = warp_sum(sum_gy) / float(cols);
+    const float mean_gy_xhat = warp_sum(sum_gy_xhat) / float(cols);
+#pragma unroll
+    for (int m = 0; m < kPerLane; ++m) {
+      const int64_t c = int64_t(lane + 32 * m) * kWidth, i = r * cols + c;
+      if (c >= cols) continue;
+      float gam[kWidth], d[kWidth];
+      Word::load(gamma + c, gam);
+      if (accumulate) Word::load(dx + i, d);
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) {
+        const float x_hat = (in[m][e] - m_r) * s;
+        const float v = s * (g[m][e] * gam[e] - mean_gy - x_hat * mean_gy_xhat);
+        d[e] = accumulate ? d[e] + v : v;
+      }
+      Word::store(dx + i, d);
+      if (!dropped_out) continue;
       bool keep[kWidth];
       if (mask) Word::load_mask(mask + i, keep);
 #pragma unroll
-      for (int e = 0; e < kWidth; ++e) d[e] = !mask ? d[e] : keep[e] ? d[e] * keep_scale : 0.f;
-      Word::store(d_f + i, d);
+      for (int e = 0; e < kWidth; ++e) {
+        d[e] = !mask ? d[e] : keep[e] ? d[e] * keep_scale : 0.f;
+        sum_f[m][e] += d[e];
+      }
+      if (d_f) Word::store(d_f + i, d);
       if (rounded_d_f) Word::store_16(rounded_d_f + i, d, ToBFloat16{});
     }
   }
+  float* block_partial = partial + int64_t(blockIdx.x) * 3 * cols;  // [3, cols]
+  store_block_column_sums(sum_gamma, stage, cols, block_partial);
+  store_block_column_sums(sum_beta, stage, cols, block_partial + cols);
+  if (sum_d_f) store_block_column_sums(sum_f, stage, cols, block_partial + 2 * cols);
 }
 
 // Calls launch(width, per_lane) (std::integral_constant tags of the warp kernels' kWidth and
@@ -898,9 +977,26 @@ void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, 
   check_launch("activation_backward");
 }
 
-void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_output, int64_t n,
-                            uint16_t* rounded_d) {
+void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* relu_output,
+                            int64_t rows, int64_t cols, uint16_t* rounded_d, float* column_sums) {
+  const int64_t n = rows * cols;
   if (n == 0) return;
+  if (column_sums) {  // bias_backward's two passes, the first one this operation's own
+    const RowsPerChunk split = column_chunks(rows);
+    Scratch partial(c, split.chunks * cols * int64_t(sizeof(float)));  // [chunks, cols]
+    const bool four = four_columns_per_thread(cols) && aligned(d, 16) && aligned(relu_output, 8) &&
+                      aligned(rounded_d, 8);
+    launch_by_width(four, [&](auto width) {
+      constexpr int kWidth = decltype(width)::value;
+      const dim3 grid(unsigned((cols / kWidth + 127) / 128), unsigned(split.chunks));
+      relu_backward_partial_kernel<kWidth>
+          <<<grid, 128, 0, c.stream>>>(d, relu_output, split, cols, rounded_d, partial.as<float>());
+    });
+    check_launch("relu_backward_bfloat16");
+    launch_sum_chunks(c.stream, partial.as<float>(), split.chunks, cols, column_sums, cols);
+    check_launch("relu_backward_bfloat16 (chunks)");
+    return;
+  }
   // Four elements a thread where every pointer allows: a 16-byte and an 8-byte load in flight
   // per step where one element a thread has 6 bytes, which leaves the memory idle between loads.
   const bool four =
@@ -908,7 +1004,7 @@ void relu_backward_bfloat16(cudaStream_t s, float* d, const uint16_t* relu_outpu
   launch_by_width(four, [&](auto width) {
     constexpr int kWidth = decltype(width)::value;
     relu_backward_bfloat16_kernel<kWidth>
-        <<<blocks_for(n / kWidth), kThreads, 0, s>>>(d, relu_output, n, rounded_d);
+        <<<blocks_for(n / kWidth), kThreads, 0, c.stream>>>(d, relu_output, n, rounded_d);
   });
   check_launch("relu_backward_bfloat16");
 }
@@ -925,7 +1021,7 @@ void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols
     bias_partial_kernel<1><<<grid, 128, 0, c.stream>>>(dy, split, cols, partial.as<float>());
   }
   check_launch("bias_backward");
-  launch_sum_chunks(c.stream, partial.as<float>(), split.chunks, cols, dbias);
+  launch_sum_chunks(c.stream, partial.as<float>(), split.chunks, cols, dbias, cols);
   check_launch("bias_backward (chunks)");
 }
 
@@ -980,16 +1076,43 @@ void residual_layer_norm(cudaStream_t s, float* f, const float* x, int64_t rows,
 
 namespace {
 
-// layer_norm_backward's kernels, the dx kernel finishing the residual sublayer's backward where
-// d_f is given (residual_layer_norm_backward).
+// layer_norm_backward's kernels, finishing the residual sublayer's backward where d_f or
+// rounded_d_f is given (residual_layer_norm_backward), with d_f's column sums into
+// d_f_column_sums where that is given.
 void layer_norm_backward_launches(const Context& c, const float* dy, const float* x,
                                   const float* mean, const float* rstd, const float* gamma,
                                   float* dx, float* dgamma, float* dbeta, int64_t rows,
                                   int64_t cols, bool accumulate, const uint8_t* mask, float p,
-                                  float* d_f, uint16_t* rounded_d_f) {
+                                  float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums) {
   if (rows == 0 || cols == 0) return;
   const cudaStream_t s = c.stream;
   const RowsPerChunk split = column_chunks(rows);
+  const uint8_t* drop_mask = p > 0.f ? mask : nullptr;
+  const float keep_scale = 1.f / (1.f - p);
+  const bool words_of_four = cols % 4 == 0 && aligned(dy, 16) && aligned(x, 16) &&
+                             aligned(gamma, 16) && aligned(dx, 16) && aligned(drop_mask, 4) &&
+                             aligned(d_f, 16) && aligned(rounded_d_f, 8);
+  {
+    Scratch partial(c, 3 * split.chunks * cols * int64_t(sizeof(float)));  // [chunks, 3, cols]
+    const bool one_pass = launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {
+      layer_norm_backward_chunk_kernel<decltype(width)::value, decltype(per_lane)::value>
+          <<<unsigned(split.chunks), kThreads, 0, s>>>(
+              dy, x, mean, rstd, gamma, dx, split, cols, accumulate, drop_mask, keep_scale, d_f,
+              rounded_d_f, d_f_column_sums != nullptr, partial.as<float>());
+    });
+    if (one_pass) {
+      check_launch("layer_norm_backward");
+      // The chunks' sums: [chunks, 3, cols] read as [chunks, cols] rows 3 apart.
+      const float* sums = partial.as<float>();
+      for (float* total : {dgamma, dbeta, d_f_column_sums}) {
+        if (total) launch_sum_chunks(s, sums, split.chunks, cols, total, 3 * cols);
+        sums += cols;
+      }
+      check_launch("layer_norm_backward (chunks)");
+      return;
+    }
+  }
+  // Rows longer than a warp holds: the column sums' pass, then a block per row for dx.
   Scratch partial(c, 2 * split.chunks * cols * int64_t(sizeof(float)));  // 2 × [chunks, cols]
   float* partial_gamma = partial.as<float>();
   float* partial_beta = partial_gamma + split.chunks * cols;
@@ -1003,24 +1126,17 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
         <<<grid, 128, 0, s>>>(dy, x, mean, rstd, split, cols, partial_gamma, partial_beta);
   }
   check_launch("layer_norm_backward (parameters)");
-  launch_sum_chunks(s, partial_gamma, split.chunks, cols, dgamma);
-  launch_sum_chunks(s, partial_beta, split.chunks, cols, dbeta);
+  launch_sum_chunks(s, partial_gamma, split.chunks, cols, dgamma, cols);
+  launch_sum_chunks(s, partial_beta, split.chunks, cols, dbeta, cols);
   check_launch("layer_norm_backward (chunks)");
-  const uint8_t* drop_mask = p > 0.f ? mask : nullptr;
-  const float keep_scale = 1.f / (1.f - p);
-  const bool words_of_four = cols % 4 == 0 && aligned(dy, 16) && aligned(x, 16) &&
-                             aligned(gamma, 16) && aligned(dx, 16) && aligned(drop_mask, 4) &&
-                             aligned(d_f, 16) && aligned(rounded_d_f, 8);
-  const bool by_warp = launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {
-    layer_norm_dx_warp_kernel<decltype(width)::value, decltype(per_lane)::value>
-        <<<warp_row_blocks(rows), kThreads, 0, s>>>(dy, x, mean, rstd, gamma, dx, rows, cols,
-                                                    accumulate, drop_mask, keep_scale, d_f,
-                                                    rounded_d_f);
-  });
-  if (!by_warp)
-    layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(
-        dy, x, mean, rstd, gamma, dx, cols, accumulate, drop_mask, keep_scale, d_f, rounded_d_f);
+  // d_f's column sums are a column sum of d_f itself, kept here where it is not asked for.
+  const bool keeps = !d_f && (rounded_d_f || d_f_column_sums);
+  Scratch kept_d_f(c, keeps ? rows * cols * int64_t(sizeof(float)) : 0);
+  float* dropped = keeps ? kept_d_f.as<float>() : d_f;  // [rows, cols] or null
+  layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(
+      dy, x, mean, rstd, gamma, dx, cols, accumulate, drop_mask, keep_scale, dropped, rounded_d_f);
   check_launch("layer_norm_backward");
+  if (d_f_column_sums) bias_backward(c, dropped, rows, cols, d_f_column_sums);
 }
 
 }  // namespace
@@ -1029,15 +1145,16 @@ void layer_norm_backward(const Context& c, const float* dy, const float* x, cons
                          const float* rstd, const float* gamma, float* dx, float* dgamma,
                          float* dbeta, int64_t rows, int64_t cols, bool accumulate) {
   layer_norm_backward_launches(c, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols,
-                               accumulate, nullptr, 0.f, nullptr, nullptr);
+                               accumulate, nullptr, 0.f, nullptr, nullptr, nullptr);
 }
 
 void residual_layer_norm_backward(const Context& c, float* dy, const float* sum, const float* mean,
                                   const float* rstd, const float* gamma, float* dgamma,
                                   float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                  uint16_t* rounded_d_f, int64_t rows, int64_t cols) {
+                                  uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
+                                  int64_t cols) {
   layer_norm_backward_launches(c, dy, sum, mean, rstd, gamma, dy, dgamma, dbeta, rows, cols, false,
-                               mask, p, d_f, rounded_d_f);
+                               mask, p, d_f, rounded_d_f, d_f_column_sums);
 }
 
 void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int8Rows int8,
