@@ -107,6 +107,7 @@ void sublayer_backward(const Backend& backend, const ModelConfig& config,
                        int64_t rows, float dropout, SublayerCache& cache, float* d_stream,
                        BackwardScratch& scratch, FunctionBackward&& function_backward) {
   const int64_t d = config.d_model, n = rows * d;
+  if (rows == 0) return;  // no gradient flows (and an empty buffer may be null)
   Allocate sizer{backend};
   sublayer_backward_buffers(config, last, rows, scratch, sizer);
   const float* mean = cache.norm.mean.data();

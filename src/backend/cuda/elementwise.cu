@@ -2,6 +2,7 @@
 // activations, dropout, layer normalisation, embeddings, the optimizer, row movement and int8
 // quantisation. Each computes what the CPU kernel of the same name does (backend/cpu/), with the
 // same rounding where results must agree bit for bit (bfloat16, the dropout hash, int8).
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -399,6 +400,8 @@ __global__ void residual_layer_norm_kernel(float* f, const float* x, int64_t col
 // has kPerLane loads in flight, of 16 bytes each where the row is float4 words (kWidth 4). A
 // block of 256 threads for 256 / 32 rows; the block kernels above serve longer rows.
 constexpr int kWarpRows = kThreads / 32;
+// The longest rows the warp-per-row kernels hold (launch_warp_rows).
+constexpr int64_t kWarpRowColumns = 1024;
 
 // Backend::layer_norm (f null) or residual_layer_norm (f: the branch, dropped by the mask drawn
 // here and added to x, the sum kept in f) of row blockIdx.x · kWarpRows + warp.
@@ -497,10 +500,18 @@ __device__ void store_block_column_sums(const float (&mine)[kPerLane][kWidth],
   }
 }
 
+// The chunks of layer_norm_backward_chunk_kernel: about 256 (two blocks an SM of an H100 or
+// H200), of at least a row a warp. column_chunks' 64-row minimum would leave 4,096 rows 64
+// blocks.
+RowsPerChunk warp_row_chunks(int64_t rows) {
+  const int64_t chunk_rows = std::max<int64_t>(kWarpRows, (rows + 255) / 256);
+  return {rows, chunk_rows, (rows + chunk_rows - 1) / chunk_rows};
+}
+
 // layer_norm_backward in one pass over the rows, for rows a warp holds (launch_warp_rows):
-// block b takes the rows of chunk b of split, its warps a row each in turn (warp w: rows
-// begin + w, begin + w + kWarpRows, ...). Each row's dx (= or += when accumulate; dy may alias
-// dx: the warp holds its row before writing) and, for the residual sublayer's backward, the
+// block b takes the rows of chunk b of split (warp_row_chunks), its warps a row each in turn (warp
+// w: rows begin + w, begin + w + kWarpRows, ...). Each row's dx (= or += when accumulate; dy may
+// alias dx: the warp holds its row before writing) and, for the residual sublayer's backward, the
 // gradient dropped by mask and keep_scale (mask null: as it is) into d_f and rounded_d_f where
 // given; meanwhile each lane adds its columns' terms of dgamma (dy·x̂), dbeta (dy) and, where
 // sum_d_f, the dropped gradient, in registers; the block's warps then add theirs in warp order
@@ -588,7 +599,7 @@ template <typename Launch>
 bool launch_warp_rows(int64_t cols, bool words_of_four, Launch launch) {
   using One = std::integral_constant<int, 1>;
   using Four = std::integral_constant<int, 4>;
-  if (cols > 1024) return false;
+  if (cols > kWarpRowColumns) return false;
   if (words_of_four) {
     if (cols <= 128)
       launch(Four{}, std::integral_constant<int, 1>{});
@@ -1086,33 +1097,32 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
                                   float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums) {
   if (rows == 0 || cols == 0) return;
   const cudaStream_t s = c.stream;
-  const RowsPerChunk split = column_chunks(rows);
   const uint8_t* drop_mask = p > 0.f ? mask : nullptr;
   const float keep_scale = 1.f / (1.f - p);
   const bool words_of_four = cols % 4 == 0 && aligned(dy, 16) && aligned(x, 16) &&
                              aligned(gamma, 16) && aligned(dx, 16) && aligned(drop_mask, 4) &&
                              aligned(d_f, 16) && aligned(rounded_d_f, 8);
-  {
-    Scratch partial(c, 3 * split.chunks * cols * int64_t(sizeof(float)));  // [chunks, 3, cols]
-    const bool one_pass = launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {
+  if (cols <= kWarpRowColumns) {
+    const RowsPerChunk split = warp_row_chunks(rows);
+    Scratch partial(c, 3 * split.chunks * cols * int64_t(sizeof(float)));   // [chunks, 3, cols]
+    launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {  // cols fits
       layer_norm_backward_chunk_kernel<decltype(width)::value, decltype(per_lane)::value>
           <<<unsigned(split.chunks), kThreads, 0, s>>>(
               dy, x, mean, rstd, gamma, dx, split, cols, accumulate, drop_mask, keep_scale, d_f,
               rounded_d_f, d_f_column_sums != nullptr, partial.as<float>());
     });
-    if (one_pass) {
-      check_launch("layer_norm_backward");
-      // The chunks' sums: [chunks, 3, cols] read as [chunks, cols] rows 3 apart.
-      const float* sums = partial.as<float>();
-      for (float* total : {dgamma, dbeta, d_f_column_sums}) {
-        if (total) launch_sum_chunks(s, sums, split.chunks, cols, total, 3 * cols);
-        sums += cols;
-      }
-      check_launch("layer_norm_backward (chunks)");
-      return;
+    check_launch("layer_norm_backward");
+    // The chunks' sums: [chunks, 3, cols] read as [chunks, cols] rows 3 apart.
+    const float* sums = partial.as<float>();
+    for (float* total : {dgamma, dbeta, d_f_column_sums}) {
+      if (total) launch_sum_chunks(s, sums, split.chunks, cols, total, 3 * cols);
+      sums += cols;
     }
+    check_launch("layer_norm_backward (chunks)");
+    return;
   }
   // Rows longer than a warp holds: the column sums' pass, then a block per row for dx.
+  const RowsPerChunk split = column_chunks(rows);
   Scratch partial(c, 2 * split.chunks * cols * int64_t(sizeof(float)));  // 2 × [chunks, cols]
   float* partial_gamma = partial.as<float>();
   float* partial_beta = partial_gamma + split.chunks * cols;
