@@ -1102,7 +1102,9 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
   const bool words_of_four = cols % 4 == 0 && aligned(dy, 16) && aligned(x, 16) &&
                              aligned(gamma, 16) && aligned(dx, 16) && aligned(drop_mask, 4) &&
                              aligned(d_f, 16) && aligned(rounded_d_f, 8);
-  if (cols <= kWarpRowColumns) {
+  // TFM_CUDA_ONE_PASS_NORM=0 takes the longer rows' path below for every row, to compare.
+  static const bool one_pass = !turned_off("TFM_CUDA_ONE_PASS_NORM");
+  if (one_pass && cols <= kWarpRowColumns) {
     const RowsPerChunk split = warp_row_chunks(rows);
     Scratch partial(c, 3 * split.chunks * cols * int64_t(sizeof(float)));   // [chunks, 3, cols]
     launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {  // cols fits
