@@ -1965,7 +1965,9 @@ TEST_P(BackendOps, BestTokensRankEachRowLikeAStableSort) {
 // per row, and its gradient grad_scale · (softmax − ((1-ε)·onehot + ε/V)), in place of the
 // logits.
 TEST_P(BackendOps, LabelSmoothedCrossEntropyAndItsGradientMatchFloat64) {
-  for (int64_t vocab : {2, 7, 65, 1000, 1003})  // 1000: a GPU reads four at a time
+  // 1000, 37,000 and 50,000: a GPU reads four at a time; 50,000 and 50,001: more than the
+  // 40,960 a GPU keeps in shared memory between its two passes.
+  for (int64_t vocab : {2, 7, 65, 1000, 1003, 37000, 50000, 50001})
     for (float smoothing : {0.f, 0.1f}) {
       const int64_t rows = 5;
       auto logits = random_vector(rows * vocab, 51, 3.f);
