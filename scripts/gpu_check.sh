@@ -36,6 +36,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 echo "built from commit $(cat build/BUNDLE_COMMIT 2>/dev/null || echo unknown)" | tee -a "$logs/device.txt"
 
 results=()
+# The whole check ends within GPU_CHECK_BUDGET seconds (default 470, inside the device tool's
+# eight minutes), so that its table always prints: a step's limit is cut to what is left, and the
+# steps after that are listed as skipped.
+budget=${GPU_CHECK_BUDGET:-470}
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
@@ -43,6 +47,12 @@ step() {  # step NAME SECONDS COMMAND...
     results+=("$(printf '%-22s %-18s' "$name" "skipped (not named)")")
     return 0
   fi
+  local left=$((budget - SECONDS))
+  if [ $left -lt 15 ]; then
+    results+=("$(printf '%-22s %-18s' "$name" "skipped (time)")")
+    return 0
+  fi
+  [ "$limit" -le $left ] || limit=$left
   local start=$SECONDS
   # pipefail: a failed command fails its pipeline (a bench that crashed before `| tail -1`).
   timeout "$limit" bash -o pipefail -c '"$@"' step "$@" >"$logs/$name.log" 2>&1
