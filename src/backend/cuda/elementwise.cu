@@ -246,10 +246,30 @@ bool four_columns_per_thread(int64_t cols) {
   return cols % 4 == 0 && cols >= 2048;
 }
 
-// partial[chunk, c] = Σ dy[r, c] over the chunk's rows, kWidth columns a thread (RowWord).
-template <int kWidth>
-__global__ void bias_partial_kernel(const float* dy, RowsPerChunk split, int64_t cols,
-                                    float* partial) {
+// The terms a column sum adds, a word of kWidth at element i of the matrix: the values of dy
+// themselves (bias_backward), or the ReLU's backward of d, rounded into rounded_d on the way
+// (relu_backward_bfloat16).
+struct ValueTerms {
+  const float* dy;
+  template <int kWidth>
+  __device__ void word(int64_t i, float* v) const {
+    RowWord<kWidth>::load(dy + i, v);
+  }
+};
+struct ReluBackwardTerms {
+  const float* d;
+  const uint16_t* relu_output;
+  uint16_t* rounded_d;
+  template <int kWidth>
+  __device__ void word(int64_t i, float* v) const {
+    relu_backward_word<kWidth>(d, relu_output, i, rounded_d, v);
+  }
+};
+
+// partial[chunk, c] = Σ of terms at [r, c] over the chunk's rows, kWidth columns a thread.
+template <int kWidth, typename Terms>
+__global__ void column_partial_kernel(Terms terms, RowsPerChunk split, int64_t cols,
+                                      float* partial) {
   const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth;
   if (c >= cols) return;
   const int64_t begin = int64_t(blockIdx.y) * split.chunk_rows;
@@ -257,29 +277,9 @@ __global__ void bias_partial_kernel(const float* dy, RowsPerChunk split, int64_t
   float sum[kWidth] = {};
   for (int64_t r = begin; r < end; ++r) {
     float v[kWidth];
-    RowWord<kWidth>::load(dy + r * cols + c, v);
+    terms.template word<kWidth>(r * cols + c, v);
 #pragma unroll
     for (int e = 0; e < kWidth; ++e) sum[e] += v[e];
-  }
-  RowWord<kWidth>::store(partial + int64_t(blockIdx.y) * cols + c, sum);
-}
-
-// relu_backward_bfloat16 with its column sums: the ReLU's backward of each element in
-// bias_partial_kernel's order, partial[chunk, c] = Σ of them over the chunk's rows.
-template <int kWidth>
-__global__ void relu_backward_partial_kernel(const float* d, const uint16_t* relu_output,
-                                             RowsPerChunk split, int64_t cols, uint16_t* rounded_d,
-                                             float* partial) {
-  const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth;
-  if (c >= cols) return;
-  const int64_t begin = int64_t(blockIdx.y) * split.chunk_rows;
-  const int64_t end = begin + split.chunk_rows < split.rows ? begin + split.chunk_rows : split.rows;
-  float sum[kWidth] = {};
-  for (int64_t r = begin; r < end; ++r) {
-    float g[kWidth];
-    relu_backward_word<kWidth>(d, relu_output, r * cols + c, rounded_d, g);
-#pragma unroll
-    for (int e = 0; e < kWidth; ++e) sum[e] += g[e];
   }
   RowWord<kWidth>::store(partial + int64_t(blockIdx.y) * cols + c, sum);
 }
@@ -308,6 +308,25 @@ void launch_sum_chunks(cudaStream_t s, const float* partial, int64_t chunks, int
                        float* out, int64_t ld) {
   sum_chunks_kernel<<<unsigned((cols + kSumColumns - 1) / kSumColumns),
                       dim3(kSumColumns, kSumLanes), 0, s>>>(partial, chunks, cols, ld, out);
+}
+
+// out[cols] += the column sums of `terms` over rows × cols in those two passes, four columns a
+// thread where four_columns_per_thread(cols) and the terms' pointers allow words of four
+// (words_of_four); `name` names the launches in errors.
+template <typename Terms>
+void sum_columns(const Context& c, Terms terms, int64_t rows, int64_t cols, bool words_of_four,
+                 float* out, const char* name) {
+  const RowsPerChunk split = column_chunks(rows);
+  Scratch partial(c, split.chunks * cols * int64_t(sizeof(float)));  // [chunks, cols]
+  launch_by_width(four_columns_per_thread(cols) && words_of_four, [&](auto width) {
+    constexpr int kWidth = decltype(width)::value;
+    const dim3 grid(unsigned((cols / kWidth + 127) / 128), unsigned(split.chunks));
+    column_partial_kernel<kWidth>
+        <<<grid, 128, 0, c.stream>>>(terms, split, cols, partial.as<float>());
+  });
+  check_launch(name);
+  launch_sum_chunks(c.stream, partial.as<float>(), split.chunks, cols, out, cols);
+  check_launch((std::string(name) + " (chunks)").c_str());
 }
 
 // Dropout's keep decision for element i: the CPU's counter-based hash of (key, i) against p in
@@ -661,7 +680,7 @@ __global__ void layer_norm_dx_kernel(const float* dy, const float* x, const floa
 }
 
 // dgamma, dbeta partials: [chunk, cols] of Σ dy·x̂ and then [chunk, cols] of Σ dy, for the
-// chunk's rows (the two-pass column sum of bias_partial_kernel). Runs before the dx kernel,
+// chunk's rows (the two-pass column sum of column_partial_kernel). Runs before the dx kernel,
 // which may overwrite dy.
 template <int kWidth>
 __global__ void layer_norm_partial_kernel(const float* dy, const float* x, const float* mean,
@@ -992,20 +1011,10 @@ void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* re
                             int64_t rows, int64_t cols, uint16_t* rounded_d, float* column_sums) {
   const int64_t n = rows * cols;
   if (n == 0) return;
-  if (column_sums) {  // bias_backward's two passes, the first one this operation's own
-    const RowsPerChunk split = column_chunks(rows);
-    Scratch partial(c, split.chunks * cols * int64_t(sizeof(float)));  // [chunks, cols]
-    const bool four = four_columns_per_thread(cols) && aligned(d, 16) && aligned(relu_output, 8) &&
-                      aligned(rounded_d, 8);
-    launch_by_width(four, [&](auto width) {
-      constexpr int kWidth = decltype(width)::value;
-      const dim3 grid(unsigned((cols / kWidth + 127) / 128), unsigned(split.chunks));
-      relu_backward_partial_kernel<kWidth>
-          <<<grid, 128, 0, c.stream>>>(d, relu_output, split, cols, rounded_d, partial.as<float>());
-    });
-    check_launch("relu_backward_bfloat16");
-    launch_sum_chunks(c.stream, partial.as<float>(), split.chunks, cols, column_sums, cols);
-    check_launch("relu_backward_bfloat16 (chunks)");
+  if (column_sums) {  // bias_backward's two passes, their terms this operation's own
+    sum_columns(c, ReluBackwardTerms{d, relu_output, rounded_d}, rows, cols,
+                aligned(d, 16) && aligned(relu_output, 8) && aligned(rounded_d, 8), column_sums,
+                "relu_backward_bfloat16");
     return;
   }
   // Four elements a thread where every pointer allows: a 16-byte and an 8-byte load in flight
@@ -1022,18 +1031,7 @@ void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* re
 
 void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols, float* dbias) {
   if (cols == 0 || rows == 0) return;
-  const RowsPerChunk split = column_chunks(rows);
-  Scratch partial(c, split.chunks * cols * int64_t(sizeof(float)));  // [chunks, cols]
-  if (four_columns_per_thread(cols) && aligned(dy, 16)) {
-    const dim3 grid(unsigned((cols / 4 + 127) / 128), unsigned(split.chunks));
-    bias_partial_kernel<4><<<grid, 128, 0, c.stream>>>(dy, split, cols, partial.as<float>());
-  } else {
-    const dim3 grid(unsigned((cols + 127) / 128), unsigned(split.chunks));
-    bias_partial_kernel<1><<<grid, 128, 0, c.stream>>>(dy, split, cols, partial.as<float>());
-  }
-  check_launch("bias_backward");
-  launch_sum_chunks(c.stream, partial.as<float>(), split.chunks, cols, dbias, cols);
-  check_launch("bias_backward (chunks)");
+  sum_columns(c, ValueTerms{dy}, rows, cols, aligned(dy, 16), dbias, "bias_backward");
 }
 
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key) {
