@@ -262,7 +262,7 @@ int run(const Options& o) {
     // the weights rounded once, as the step's pass rounds them before its stacks run).
     const tfm::TransformerWeights w = tfm::with_rounded_weights(
         model.backend(), tfm::with_product_precision(model.weights(), o.precision),
-        ws.rounded_weights);
+        ws.rounded_weights, ws.stacked_biases);
     const double encoder = time_median(
         1, r, [&] { tfm::encoder_forward(model, w, batch, dropout, ws.cache); }, nullptr);
     const double decoder = time_median(

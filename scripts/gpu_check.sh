@@ -114,7 +114,7 @@ diagnose() {  # diagnose STEP
   fi
   echo "== $1 failed: $failed; again with each newer path off"
   for switch in TFM_CUDA_GRAPHS=0 TFM_CUDA_LT=0 TFM_CUDA_TENSOR_CORE_ATTENTION=0 \
-    TFM_CUDA_ONE_PASS_NORM=0; do
+    TFM_CUDA_ONE_PASS_NORM=0 TFM_STACKED_PROJECTIONS=0; do
     if [ $SECONDS -gt 300 ]; then
       verdict="not tried (time)"
     else
@@ -168,7 +168,8 @@ named_step train_vs_compile_bf16 240 train_compare bfloat16 --compile
 # other. The attention on bfloat16 tensor cores (attention_tensor_cores.cu) against the float32
 # block kernel and whole-matrix backward (TFM_CUDA_TENSOR_CORE_ATTENTION); the layer norm's
 # backward in one pass with the bias gradients (elementwise.cu) against its column-sum, row and
-# bias-gradient passes (TFM_CUDA_ONE_PASS_NORM).
+# bias-gradient passes (TFM_CUDA_ONE_PASS_NORM); the stacked Q|K|V and K|V projections
+# (model/weights.cpp) against their separate products (TFM_STACKED_PROJECTIONS).
 path_against_switch() {  # path_against_switch SWITCH WHAT
   local run=(build/bench/train_bench --batch 400 --src-len 63 --tgt-len 63 --vocab 37000
     --steps 5 --warmup 2 --device cuda --compute-type bfloat16)
@@ -192,6 +193,8 @@ step attention_tc_train 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
   "attention on tensor cores"
 step one_pass_norm_train 60 path_against_switch TFM_CUDA_ONE_PASS_NORM \
   "layer norm backward in one pass"
+step stacked_projections_train 60 path_against_switch TFM_STACKED_PROJECTIONS \
+  "stacked Q|K|V products"
 # Where a bfloat16 step's GPU time goes, per operation and shape (TFM_CUDA_PROFILE=shapes: events
 # around each).
 profile_step() {

@@ -235,9 +235,10 @@ class MemoryCheckingBackend : public Backend {
                                                            {"column_sums", column_sums}});
     cpu().relu_backward_bfloat16(d, relu_output, rows, cols, rounded_d, column_sums);
   }
-  void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
+  void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
+                     float* dbias) const override {
     const Access access = check("bias_backward", {{"dy", dy}, {"dbias", dbias}});
-    cpu().bias_backward(dy, rows, cols, dbias);
+    cpu().bias_backward(dy, rows, cols, ld, dbias);
   }
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
     const Access access = check("dropout_mask", {{"mask", mask}});

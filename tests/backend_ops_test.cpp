@@ -284,6 +284,29 @@ TEST_P(BackendOps, MatmulReadsTheRoundedCopyOfAnOperand) {
                     swapped.data(), n, Precision::kBFloat16);
         EXPECT_EQ(swapped, of_other);
         EXPECT_NE(swapped, expected);
+        // The copies as column blocks of wider matrices (MatmulOperand::rounded_ld: the stacked
+        // Q|K|V gradients), their padding NaN, and no values: the same product, within 1e-5 of
+        // Σ|a·b| (a backend may pick another algorithm for another stride).
+        const int64_t a16_ld = a_cols + 5, b16_ld = b_cols + 2;
+        std::vector<uint16_t> a16_wide(size_t(a_rows * a16_ld), 0x7fc0),
+            b16_wide(size_t(b_rows * b16_ld), 0x7fc0);
+        for (int64_t r = 0; r < a_rows; ++r)
+          std::copy_n(a16.begin() + r * a_cols, a_cols, a16_wide.begin() + r * a16_ld + 3);
+        for (int64_t r = 0; r < b_rows; ++r)
+          std::copy_n(b16.begin() + r * b_cols, b_cols, b16_wide.begin() + r * b16_ld + 1);
+        auto strided = c0;
+        be().matmul(ta, tb, m, n, k, 1.f, {nullptr, a16_wide.data() + 3, a16_ld}, lda,
+                    {nullptr, b16_wide.data() + 1, b16_ld}, ldb, beta, strided.data(), n,
+                    Precision::kBFloat16);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double magnitude = std::abs(double(c0[size_t(i * n + j)]));
+            for (int64_t p = 0; p < k; ++p)
+              magnitude += std::abs(double(a[size_t(ta ? p * lda + i : i * lda + p)]) *
+                                    b[size_t(tb ? j * ldb + p : p * ldb + j)]);
+            ASSERT_NEAR(strided[size_t(i * n + j)], expected[size_t(i * n + j)], 1e-5 * magnitude)
+                << "strided copies, row " << i << " col " << j;
+          }
       }
     }
 }
@@ -1099,7 +1122,7 @@ double relative_to_largest(const std::vector<float>& got, const std::vector<Want
 // operand, transpose or mask moves them by ~100%. On CUDA up to 64 × 64 the output is nearer
 // the rounded operands' (the bfloat16 path ran). Keys and values interleaved in their rows,
 // padding (a sequence of no keys among them), causal and window masks; the rounded copies of the
-// output and of dQ, dK, dV are theirs, rounded.
+// output and of dQ, dK, dV are theirs, rounded (dK's and dV's interleaved as dK and dV are).
 TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
   struct Case {
     int64_t query_len, key_len;
@@ -1130,13 +1153,11 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
       ASSERT_EQ(rounded_out[i], float_to_bfloat16(out[i])) << "rounded out " << i;
     std::vector<float> dq(q.size(), 9.f), dkv(kv.size(), 9.f);
     std::vector<float> d_additive_v(size_t(width), 0.f);  // unused: dot scores
-    const size_t key_values = size_t(s.batch * c.key_len * width);
-    std::vector<uint16_t> rounded_dq(q.size(), 9), rounded_dk(key_values, 9),
-        rounded_dv(key_values, 9);
+    std::vector<uint16_t> rounded_dq(q.size(), 9), rounded_dkv(kv.size(), 9);
     s.rounded_out = nullptr;
     s.rounded_dq = rounded_dq.data();
-    s.rounded_dk = rounded_dk.data();
-    s.rounded_dv = rounded_dv.data();
+    s.rounded_dk = rounded_dkv.data();
+    s.rounded_dv = rounded_dkv.data() + width;
     be().attention_backward(s, mask, q.data(), kv.data(), kv.data() + width, probs.data(), {},
                             d_out.data(), dq.data(), dkv.data(), dkv.data() + width,
                             d_additive_v.data());
@@ -1153,10 +1174,8 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
     halves(dkv, dk, dv);
     for (size_t i = 0; i < dq.size(); ++i)
       ASSERT_EQ(rounded_dq[i], float_to_bfloat16(dq[i])) << "rounded dq " << i;
-    for (size_t i = 0; i < dk.size(); ++i) {
-      ASSERT_EQ(rounded_dk[i], float_to_bfloat16(dk[i])) << "rounded dk " << i;
-      ASSERT_EQ(rounded_dv[i], float_to_bfloat16(dv[i])) << "rounded dv " << i;
-    }
+    for (size_t i = 0; i < dkv.size(); ++i)
+      ASSERT_EQ(rounded_dkv[i], float_to_bfloat16(dkv[i])) << "rounded dk | dv " << i;
     struct Reference {
       std::vector<float> out;
       std::vector<double> dq, dk, dv;
@@ -1700,7 +1719,15 @@ TEST_P(BackendOps, AddScaleAndBias) {
     auto with_bias = y;
     be().add_bias(with_bias.data(), bias.data(), rows, cols);
     std::vector<float> dbias(size_t(cols), 1.f);
-    be().bias_backward(y.data(), rows, cols, dbias.data());
+    be().bias_backward(y.data(), rows, cols, cols, dbias.data());
+    // The same columns as a block of a matrix three times as wide (rows 3 · cols apart, at column
+    // cols: the stacked Q|K|V gradients' middle block): the same sums, bit for bit.
+    std::vector<float> wide(size_t(rows * 3 * cols), 1e30f);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(y.begin() + r * cols, cols, wide.begin() + r * 3 * cols + cols);
+    std::vector<float> dbias_of_block(size_t(cols), 1.f);
+    be().bias_backward(wide.data() + cols, rows, cols, 3 * cols, dbias_of_block.data());
+    ASSERT_EQ(dbias_of_block, dbias) << cols << " columns";
     for (int64_t c = 0; c < cols; ++c) {
       double column = 1;
       float in_row_order = 1.f;

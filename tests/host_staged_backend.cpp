@@ -310,7 +310,8 @@ class StagedPreparedMatrix final : public PreparedMatrix {
                 const MatmulEpilogue& epilogue) const override {
     Staging st(device_);
     const auto hx = st.read(x.values, matrix_extent(m, cols(), ldx));
-    const auto hx16 = st.read(x.rounded, m * cols());
+    const int64_t ld16 = x.rounded_stride(cols());
+    const auto hx16 = st.read(x.rounded, matrix_extent(m, cols(), ld16));
     const auto hbias = st.read(epilogue.bias, rows());
     const auto hy = st.write(y, matrix_extent(m, rows(), ldy), matrix_rows(m, rows(), ldy));
     const auto hrounded = st.write(epilogue.rounded_output, matrix_extent(m, rows(), ldy),
@@ -319,7 +320,7 @@ class StagedPreparedMatrix final : public PreparedMatrix {
     MatmulEpilogue e = epilogue;
     e.bias = st[hbias];
     e.rounded_output = st[hrounded];
-    matrix_->multiply({st[hx], st[hx16]}, m, ldx, st[hy], ldy, e);
+    matrix_->multiply({st[hx], st[hx16], x.rounded_ld}, m, ldx, st[hy], ldy, e);
     st.download();
   }
   void read_rows(const int32_t* ids, int64_t count, float* out) const override {
@@ -349,9 +350,9 @@ void HostStagedBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
   const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   const auto ha = st.read(a.values, matrix_extent(a_rows, a_cols, lda));
-  const auto ha16 = st.read(a.rounded, matrix_extent(a_rows, a_cols, a_cols));
+  const auto ha16 = st.read(a.rounded, matrix_extent(a_rows, a_cols, a.rounded_stride(a_cols)));
   const auto hb = st.read(b.values, matrix_extent(b_rows, b_cols, ldb));
-  const auto hb16 = st.read(b.rounded, matrix_extent(b_rows, b_cols, b_cols));
+  const auto hb16 = st.read(b.rounded, matrix_extent(b_rows, b_cols, b.rounded_stride(b_cols)));
   const auto hbias = st.read(epilogue.bias, n);
   const int64_t c_extent = matrix_extent(m, n, ldc);
   // C is only written with beta 0 (and not touched at all with a bfloat16 output).
@@ -363,8 +364,8 @@ void HostStagedBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
   MatmulEpilogue e = epilogue;
   e.bias = st[hbias];
   e.rounded_output = st[hrounded];
-  device_.matmul(trans_a, trans_b, m, n, k, alpha, {st[ha], st[ha16]}, lda, {st[hb], st[hb16]}, ldb,
-                 beta, st[hc], ldc, precision, e);
+  device_.matmul(trans_a, trans_b, m, n, k, alpha, {st[ha], st[ha16], a.rounded_ld}, lda,
+                 {st[hb], st[hb16], b.rounded_ld}, ldb, beta, st[hc], ldc, precision, e);
   st.download();
 }
 
@@ -451,9 +452,12 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   const auto hdk = st.write(dk, extent_of(dk_rows), dk_rows);
   const auto hdv = st.write(dv, extent_of(dv_rows), dv_rows);
   const auto hd_additive = st.read_write(d_additive_v, width);
-  const auto hrounded_dq = st.write(shape.rounded_dq, query_rows * width);
-  const auto hrounded_dk = st.write(shape.rounded_dk, sequences * shape.key_len * width);
-  const auto hrounded_dv = st.write(shape.rounded_dv, sequences * shape.key_len * width);
+  // The rounded copies in the gradients' layouts (AttentionShape::rounded_dq, ...).
+  const auto hrounded_dq =
+      st.write(shape.rounded_dq, matrix_extent(query_rows, width, shape.q_row_stride),
+               matrix_rows(query_rows, width, shape.q_row_stride));
+  const auto hrounded_dk = st.write(shape.rounded_dk, extent_of(dk_rows), dk_rows);
+  const auto hrounded_dv = st.write(shape.rounded_dv, extent_of(dv_rows), dv_rows);
   const auto hrows = st.read(shape.key_rows, key_rows_extent(shape));
   const auto hlengths = st.read(mask.key_lengths, sequences);
   const auto hbatch = st.read(mask.key_batch, shape.batch);
@@ -623,13 +627,13 @@ void HostStagedBackend::relu_backward_bfloat16(const float* d, const uint16_t* r
   st.download();
 }
 
-void HostStagedBackend::bias_backward(const float* dy, int64_t rows, int64_t cols,
+void HostStagedBackend::bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
                                       float* dbias) const {
   Staging st(device_);
-  const auto hdy = st.read(dy, rows * cols);
+  const auto hdy = st.read(dy, rows > 0 ? (rows - 1) * ld + cols : 0);
   const auto hdbias = st.read_write(dbias, cols);
   st.upload();
-  device_.bias_backward(st[hdy], rows, cols, st[hdbias]);
+  device_.bias_backward(st[hdy], rows, cols, ld, st[hdbias]);
   st.download();
 }
 

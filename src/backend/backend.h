@@ -35,7 +35,7 @@ class PreparedMatrix {
   // y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ, then the epilogue's bias (on
   // every row) and ReLU applied to the finished product, in the product's own pass where the
   // backend can (a linear layer's y = x·Wᵀ + b in one step). A bfloat16 matrix reads x.rounded
-  // (dense [m, k]: x rounded to bfloat16, as round_to_16_bits makes it) where it is given,
+  // ([m, k]: x rounded to bfloat16, row stride x.rounded_stride(k)) where it is given,
   // instead of rounding x.values itself, and writes its result in bfloat16 only where
   // epilogue.rounded_output is given ([m, ldy], nearest, ties to even; a result below the
   // smallest normal float may be flushed to zero; y is then not touched and may be null).
@@ -191,8 +191,10 @@ class Backend {
   virtual void relu_backward_bfloat16(const float* d, const uint16_t* relu_output, int64_t rows,
                                       int64_t cols, uint16_t* rounded_d,
                                       float* column_sums) const = 0;
-  // dbias[cols] += Σ_rows dy[rows, cols]
-  virtual void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const = 0;
+  // dbias[cols] += Σ_rows dy[rows, cols] (rows ld apart: a column block of a wider matrix, the
+  // stacked Q|K|V projections' gradients, is summed in place)
+  virtual void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
+                             float* dbias) const = 0;
 
   // --- Dropout (§5.4) ------------------------------------------------------------------------
   // mask[n] = 1 iff hash(key, i) >= p (counter-based: reproducible, no generator state).

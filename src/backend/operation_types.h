@@ -57,16 +57,22 @@ bool parse_compute_type(const std::string& name, Precision& precision, CacheForm
 std::string compute_type_name(Precision precision, CacheFormat cache);
 
 // One operand of a matrix product (Backend::matmul): float32 values, and for a bfloat16 product
-// optionally the same values already rounded to bfloat16 (Backend::round_to_16_bits: dense,
-// [rows, cols] as stored, row stride cols), which the product then reads instead of rounding
-// `values` again. Training in bfloat16 rounds each weight once per pass and each output gradient
-// once for its two backward products this way. Converts implicitly from a float pointer. With a
-// rounded copy, values may be null (a bfloat16 product then has only the copy to read: the
+// optionally the same values already rounded to bfloat16 ([rows, cols] as stored, row stride
+// rounded_ld, or cols where rounded_ld is 0: dense, as Backend::round_to_16_bits writes it),
+// which the product then reads instead of rounding `values` again. Training in bfloat16 rounds
+// each weight once per pass and each output gradient once for its two backward products this
+// way; a column block of a wider rounded matrix (the stacked Q|K|V projections' gradients) is
+// read in place through rounded_ld. Converts implicitly from a float pointer. With a rounded
+// copy, values may be null (a bfloat16 product then has only the copy to read: the
 // feed-forward's hidden layer in bfloat16 training, MatmulEpilogue::rounded_output).
 struct MatmulOperand {
-  MatmulOperand(const float* v = nullptr, const uint16_t* r = nullptr) : values(v), rounded(r) {}
+  MatmulOperand(const float* v = nullptr, const uint16_t* r = nullptr, int64_t r_ld = 0)
+      : values(v), rounded(r), rounded_ld(r_ld) {}
   const float* values;
   const uint16_t* rounded;  // kBFloat16 only (ignored by float32 products); null: not rounded
+  int64_t rounded_ld;       // the rounded copy's row stride; 0: its cols (dense)
+  // The rounded copy's row stride for an operand stored with `cols` columns.
+  int64_t rounded_stride(int64_t cols) const { return rounded_ld > 0 ? rounded_ld : cols; }
 };
 
 // The function between a feed-forward sublayer's two linear transformations (§3.3: ReLU).
@@ -134,7 +140,7 @@ struct AttentionShape {
   // null: nowhere. out is written either way.
   uint16_t* rounded_out = nullptr;
   // Where the backward writes dq, dk and dv rounded to bfloat16 as well (nearest, ties to even),
-  // dense [batch · query_len, heads · head_dim] and [batch · key_len, heads · head_dim], for the
+  // in their layouts (those of q, k and v: row and batch strides in elements), for the
   // projections' bfloat16 backward products; null: nowhere. dq, dk, dv are written either way.
   uint16_t* rounded_dq = nullptr;
   uint16_t* rounded_dk = nullptr;

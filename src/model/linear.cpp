@@ -25,7 +25,7 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
     throw std::logic_error("linear_forward: a bfloat16 output from a product that does not round");
   if (w.prepared) {  // bias and ReLU (and the rounding) in the product's own pass here too
     w.prepared->multiply({x, rounded_x}, rows, w.in, y, w.out, {w.bias, relu, rounded_y});
-  } else if (!w.weight) {
+  } else if (!w.weight && !(w.rounded && rounds_to_bfloat16(w))) {
     throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
   } else {  // bias and ReLU in the product's own pass (MatmulEpilogue)
     backend.matmul(false, true, rows, w.out, w.in, 1.f, {x, rounded_x}, w.in, {w.weight, w.rounded},
@@ -39,12 +39,24 @@ void linear_backward(const Backend& backend, const LinearWeights& w, const Linea
                      const uint16_t* rounded_dy) {
   if (!rounded_dy)
     rounded_dy = rounded_copy(backend, w, dy, rows, w.out, scratch.rounded_d_out);  // [rows, out]
-  if (dx)
-    backend.matmul(false, false, rows, w.in, w.out, 1.f, {dy, rounded_dy}, w.out,
-                   {w.weight, w.rounded}, w.in, accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);
-  backend.matmul(true, false, w.out, w.in, rows, 1.f, {dy, rounded_dy}, w.out, {x, rounded_x}, w.in,
-                 1.f, g.weight, w.in, w.precision);
-  if (g.bias) backend.bias_backward(dy, rows, w.out, g.bias);
+  if (dx) linear_input_backward(backend, w, dy, rounded_dy, rows, dx, accumulate_dx);
+  linear_parameter_backward(backend, w, g, x, rounded_x, dy, rounded_dy, w.out, rows);
+}
+
+void linear_input_backward(const Backend& backend, const LinearWeights& w, const float* dy,
+                           const uint16_t* rounded_dy, int64_t rows, float* dx,
+                           bool accumulate_dx) {
+  backend.matmul(false, false, rows, w.in, w.out, 1.f, {dy, rounded_dy}, w.out,
+                 {w.weight, w.rounded}, w.in, accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);
+}
+
+void linear_parameter_backward(const Backend& backend, const LinearWeights& w,
+                               const Linear<float>& g, const float* x, const uint16_t* rounded_x,
+                               const float* dy, const uint16_t* rounded_dy, int64_t ldy,
+                               int64_t rows) {
+  backend.matmul(true, false, w.out, w.in, rows, 1.f, {dy, rounded_dy, ldy}, ldy, {x, rounded_x},
+                 w.in, 1.f, g.weight, w.in, w.precision);
+  if (g.bias) backend.bias_backward(dy, rows, w.out, ldy, g.bias);
 }
 
 void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,

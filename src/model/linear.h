@@ -57,6 +57,17 @@ void linear_backward(const Backend& backend, const LinearWeights& w, const Linea
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
                      BackwardScratch& scratch, const uint16_t* rounded_x = nullptr,
                      const uint16_t* rounded_dy = nullptr);
+// Its two halves, for gradients that are already rounded where w rounds (rounded_dy given):
+// dx[rows, in] (= or += when accumulate_dx) = dy · W, dy and rounded_dy dense [rows, out] (a
+// stacked view's input gradient: one product over the stacked Q|K|V gradients);
+void linear_input_backward(const Backend& backend, const LinearWeights& w, const float* dy,
+                           const uint16_t* rounded_dy, int64_t rows, float* dx, bool accumulate_dx);
+// dW += dyᵀ · x and db += Σ_rows dy (where g.bias is given), dy and rounded_dy [rows, out] with
+// row stride ldy (a column block of the stacked gradients).
+void linear_parameter_backward(const Backend& backend, const LinearWeights& w,
+                               const Linear<float>& g, const float* x, const uint16_t* rounded_x,
+                               const float* dy, const uint16_t* rounded_dy, int64_t ldy,
+                               int64_t rows);
 // What linear_backward asks of the scratch for `rows` rows.
 void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,
                           WorkspacePlan& plan);

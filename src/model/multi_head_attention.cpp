@@ -32,6 +32,12 @@ namespace {
 // rows (self-attention) or from another sequence (cross-attention).
 enum class Projected { kQuery, kSelf, kCross };
 
+// Whether a stacked view (Attention::qkv, kv) is one product for its parts: prepared for
+// inference, or training in bfloat16 (with_product_precision); else each part is its own.
+bool stacks(const LinearWeights& view) {
+  return view.out > 0;
+}
+
 // The buffers multi_head_attention_forward uses: its one size table. memory_rows: the rows its
 // keys and values are projected from; query_rounded / memory_rounded: whether those inputs come
 // with bfloat16 copies (AttentionInputs), which spare rounding them here.
@@ -46,39 +52,48 @@ void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, in
     sizer.need(cache.rounded_context, query_rows * d);                           // [B, Tq, D]
   if (cache.keep_weights || dropout > 0.f) sizer.need(cache.probs, prob_count);  // [B, H, Tq, Tk]
   if (dropout > 0.f) sizer.need(cache.dropout_mask, prob_count);
-  if (w.qkv.prepared && projected == Projected::kSelf) {
+  const bool rounds = rounds_to_bfloat16(w.q);
+  if (rounds && !query_rounded && query_rows > 0)
+    sizer.need(cache.rounded_query_input, query_rows * d);  // [B, Tq, D]
+  if (stacks(w.qkv) && projected == Projected::kSelf) {
     sizer.need(cache.q, query_rows * 3 * d);  // [B, T, 3D] rows q | k | v
     return;
   }
   sizer.need(cache.q, query_rows * d);  // [B, Tq, D]
-  const bool rounds = rounds_to_bfloat16(w.q);
-  if (rounds && !query_rounded && query_rows > 0)
-    sizer.need(cache.rounded_query_input, query_rows * d);  // [B, Tq, D]
   if (projected == Projected::kQuery) return;
-  if (w.kv.prepared) {
+  if (stacks(w.kv)) {
     sizer.need(cache.k, memory_rows * 2 * d);  // [B, Tk, 2D] rows k | v
-    return;
+  } else {
+    sizer.need(cache.k, memory_rows * d);  // [B, Tk, D]
+    sizer.need(cache.v, memory_rows * d);  // [B, Tk, D]
   }
-  sizer.need(cache.k, memory_rows * d);  // [B, Tk, D]
-  sizer.need(cache.v, memory_rows * d);  // [B, Tk, D]
   if (rounds && !memory_rounded && projected == Projected::kCross && memory_rows > 0)
     sizer.need(cache.rounded_memory_input, memory_rows * d);  // [B, Tk, D]
 }
 
-// The scratch multi_head_attention_backward uses (its products' own aside).
+// The scratch multi_head_attention_backward uses (its products' own aside). The gradients of
+// stacked projections lie side by side as the projections do: dq | dk | dv in dq's rows for
+// self-attention, dk | dv in dk's for cross-attention; so do their rounded copies.
 template <typename Sizer>
 void backward_buffers(const AttentionWeights& w, int64_t batch, int64_t query_len, int64_t key_len,
                       BackwardScratch& scratch, Sizer& sizer) {
-  const int64_t d = w.q.out;
-  sizer.need(scratch.d_context, batch * query_len * d);  // [B, Tq, D]
-  sizer.need(scratch.dq, batch * query_len * d);         // [B, Tq, D]
-  sizer.need(scratch.dk, batch * key_len * d);           // [B, Tk, D]
-  sizer.need(scratch.dv, batch * key_len * d);           // [B, Tk, D]
-  if (rounds_to_bfloat16(w.q) && batch * query_len > 0) {
-    sizer.need(scratch.rounded_dq, batch * query_len * d);  // [B, Tq, D]
+  const int64_t d = w.q.out, query_rows = batch * query_len, key_rows = batch * key_len;
+  const bool rounds = rounds_to_bfloat16(w.q) && query_rows > 0;
+  sizer.need(scratch.d_context, query_rows * d);  // [B, Tq, D]
+  if (stacks(w.qkv)) {
+    sizer.need(scratch.dq, query_rows * 3 * d);                      // [B, T, 3D]
+    if (rounds) sizer.need(scratch.rounded_dq, query_rows * 3 * d);  // [B, T, 3D]
+    return;
+  }
+  const int64_t key_width = stacks(w.kv) ? 2 * d : d;       // dk's columns (with dv's: stacked)
+  sizer.need(scratch.dq, query_rows * d);                   // [B, Tq, D]
+  sizer.need(scratch.dk, key_rows * key_width);             // [B, Tk, D] or [B, Tk, 2D]
+  if (!stacks(w.kv)) sizer.need(scratch.dv, key_rows * d);  // [B, Tk, D]
+  if (rounds) {
+    sizer.need(scratch.rounded_dq, query_rows * d);  // [B, Tq, D]
     if (key_len > 0) {
-      sizer.need(scratch.rounded_dk, batch * key_len * d);  // [B, Tk, D]
-      sizer.need(scratch.rounded_dv, batch * key_len * d);  // [B, Tk, D]
+      sizer.need(scratch.rounded_dk, key_rows * key_width);             // as dk
+      if (!stacks(w.kv)) sizer.need(scratch.rounded_dv, key_rows * d);  // [B, Tk, D]
     }
   }
 }
@@ -89,44 +104,57 @@ struct Projections {
   int64_t q_stride = 0, k_stride = 0, v_stride = 0;
 };
 
-// Q from query_input, and K, V from memory_input unless it is null, into the cache (sized by
-// forward_buffers): one stacked product where the weights are prepared for it, else one
-// product each (what backward reads). In bfloat16 the inputs' rounded copies are the given
-// ones (null: rounded here), kept in cache.rounded_query / rounded_memory for the backward.
-Projections project(const Backend& backend, const AttentionWeights& w, const float* query_input,
-                    const float* memory_input, const uint16_t* given_rounded_query,
-                    const uint16_t* given_rounded_memory, int64_t query_rows, int64_t key_rows,
-                    AttentionCache& cache) {
+// Where project() leaves Q, K and V in the cache (sized by forward_buffers), which the backward
+// reads: side by side in one product's rows where the projections are stacked.
+Projections saved_projections(const AttentionWeights& w, Projected projected,
+                              AttentionCache& cache) {
   const int64_t d = w.q.out;
-  if (w.qkv.prepared && query_input == memory_input) {
-    float* qkv = cache.q.data();  // [B, T, 3D] rows q | k | v
-    linear_forward(backend, w.qkv, query_input, query_rows, qkv, given_rounded_query);
+  if (stacks(w.qkv) && projected == Projected::kSelf) {
+    const float* qkv = cache.q.data();  // [B, T, 3D] rows q | k | v
     return {qkv, qkv + d, qkv + 2 * d, 3 * d, 3 * d, 3 * d};
   }
-  float* q = cache.q.data();  // [B, Tq, D]
+  if (projected == Projected::kQuery) return {cache.q.data(), nullptr, nullptr, d, 0, 0};
+  if (stacks(w.kv)) {
+    const float* kv = cache.k.data();  // [B, Tk, 2D] rows k | v
+    return {cache.q.data(), kv, kv + d, d, 2 * d, 2 * d};
+  }
+  return {cache.q.data(), cache.k.data(), cache.v.data(), d, d, d};
+}
+
+// Q from query_input, and K, V from memory_input unless it is null, into the cache: one stacked
+// product where the weights are stacked, else one product each. In bfloat16 the inputs' rounded
+// copies are the given ones (null: rounded here), kept in cache.rounded_query / rounded_memory
+// for the backward.
+Projections project(const Backend& backend, const AttentionWeights& w, Projected projected,
+                    const float* query_input, const float* memory_input,
+                    const uint16_t* given_rounded_query, const uint16_t* given_rounded_memory,
+                    int64_t query_rows, int64_t key_rows, AttentionCache& cache) {
+  const int64_t d = w.q.out;
   const uint16_t* rounded_query =
       given_rounded_query
           ? given_rounded_query
           : rounded_copy(backend, w.q, query_input, query_rows, d, cache.rounded_query_input);
   cache.rounded_query = rounded_query;
-  linear_forward(backend, w.q, query_input, query_rows, q, rounded_query);
-  if (!memory_input) return {q, nullptr, nullptr, d, 0, 0};
-  if (w.kv.prepared) {
-    float* kv = cache.k.data();  // [B, Tk, 2D] rows k | v
-    linear_forward(backend, w.kv, memory_input, key_rows, kv, given_rounded_memory);
-    return {q, kv, kv + d, d, 2 * d, 2 * d};
+  if (stacks(w.qkv) && projected == Projected::kSelf) {
+    cache.rounded_memory = rounded_query;
+    linear_forward(backend, w.qkv, query_input, query_rows, cache.q.data(), rounded_query);
+    return saved_projections(w, projected, cache);
   }
-  float* k = cache.k.data();  // [B, Tk, D]
-  float* v = cache.v.data();  // [B, Tk, D]
+  linear_forward(backend, w.q, query_input, query_rows, cache.q.data(), rounded_query);
+  if (projected == Projected::kQuery) return saved_projections(w, projected, cache);
   const uint16_t* rounded_memory =
-      memory_input == query_input ? rounded_query
+      projected == Projected::kSelf ? rounded_query
       : given_rounded_memory
           ? given_rounded_memory
-          : rounded_copy(backend, w.k, memory_input, key_rows, d, cache.rounded_memory_input);
+          : rounded_copy(backend, w.q, memory_input, key_rows, d, cache.rounded_memory_input);
   cache.rounded_memory = rounded_memory;
-  linear_forward(backend, w.k, memory_input, key_rows, k, rounded_memory);
-  linear_forward(backend, w.v, memory_input, key_rows, v, rounded_memory);
-  return {q, k, v, d, d, d};
+  if (stacks(w.kv)) {
+    linear_forward(backend, w.kv, memory_input, key_rows, cache.k.data(), rounded_memory);
+  } else {
+    linear_forward(backend, w.k, memory_input, key_rows, cache.k.data(), rounded_memory);
+    linear_forward(backend, w.v, memory_input, key_rows, cache.v.data(), rounded_memory);
+  }
+  return saved_projections(w, projected, cache);
 }
 
 }  // namespace
@@ -145,7 +173,7 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
                                                                : Projected::kCross;
   // The given bfloat16 copies, where this call's projections read them.
   const bool reads =
-      reads_bfloat16_input(projected == Projected::kSelf && w.qkv.prepared ? w.qkv : w.q);
+      reads_bfloat16_input(projected == Projected::kSelf && stacks(w.qkv) ? w.qkv : w.q);
   const uint16_t* rounded_query = reads ? in.rounded_query_input : nullptr;
   const uint16_t* rounded_memory =
       reads && projected == Projected::kCross ? in.rounded_memory_input : nullptr;
@@ -156,8 +184,8 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
   float* probs = keep ? cache.probs.data() : nullptr;        // [B, H, Tq, Tk]
   AttentionShape shape = attention_shape(w, in, heads, d);
-  Projections p = project(backend, w, in.query_input, memory_input, rounded_query, rounded_memory,
-                          query_rows, memory_rows, cache);
+  Projections p = project(backend, w, projected, in.query_input, memory_input, rounded_query,
+                          rounded_memory, query_rows, memory_rows, cache);
   const CachedKeysValues* kv = in.cached;
   const bool cache_16_bits = kv && kv->keys_16_bits;
   // Keys and values side by side both in the projection's rows (the stacked Q|K|V product) and
@@ -237,12 +265,16 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
                                    float* d_memory_input) {
   const int64_t d = w.q.out;
   const int64_t query_rows = in.batch * in.query_len, key_rows = in.batch * in.key_len;
+  const Projected projected =
+      in.memory_input == in.query_input ? Projected::kSelf : Projected::kCross;
+  const bool self_stacked = stacks(w.qkv) && projected == Projected::kSelf;
+  if (stacks(w.qkv) && (!self_stacked || d_memory_input != d_query_input))
+    throw std::logic_error(
+        "multi_head_attention_backward: stacked Q|K|V projections read one input and give one "
+        "gradient");
   Allocate sizer{backend};
   backward_buffers(w, in.batch, in.query_len, in.key_len, scratch, sizer);
   float* d_context = scratch.d_context.data();  // [B, Tq, D]
-  float* dq = scratch.dq.data();                // [B, Tq, D]
-  float* dk = scratch.dk.data();                // [B, Tk, D]
-  float* dv = scratch.dv.data();                // [B, Tk, D]
   linear_backward(backend, w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false,
                   scratch, rounds_to_bfloat16(w.o) ? cache.rounded_context.data() : nullptr,
                   rounded_d_out);
@@ -251,32 +283,67 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
     dropout.p = in.dropout;
     dropout.mask = cache.dropout_mask.data();
   }
-  // Training in bfloat16: the gradients' bfloat16 copies, which the projections' backward
-  // products read, written by the attention's backward (sized by backward_buffers).
-  const bool rounded = rounds_to_bfloat16(w.q);
+  // Q, K, V where the forward left them, and their gradients in the same layout
+  // (backward_buffers): dq | dk | dv side by side for stacked Q|K|V, dk | dv for stacked K|V.
+  const Projections p = saved_projections(w, projected, cache);
   AttentionShape shape = attention_shape(w, in, heads, d);
+  shape.q_row_stride = p.q_stride;
+  shape.k_row_stride = p.k_stride;
+  shape.v_row_stride = p.v_stride;
+  const bool kv_stacked = !self_stacked && stacks(w.kv);
+  float* dq = scratch.dq.data();
+  float* dk = self_stacked ? dq + d : scratch.dk.data();
+  float* dv = self_stacked ? dq + 2 * d : kv_stacked ? dk + d : scratch.dv.data();
+  // Training in bfloat16: the gradients' bfloat16 copies, which the projections' backward
+  // products read, written by the attention's backward.
+  const bool rounded = rounds_to_bfloat16(w.q);
   if (rounded && query_rows > 0) {
-    shape.rounded_dq = scratch.rounded_dq.data();  // [B, Tq, D]
+    shape.rounded_dq = scratch.rounded_dq.data();
     if (key_rows > 0) {
-      shape.rounded_dk = scratch.rounded_dk.data();  // [B, Tk, D]
-      shape.rounded_dv = scratch.rounded_dv.data();  // [B, Tk, D]
+      shape.rounded_dk = self_stacked ? shape.rounded_dq + d : scratch.rounded_dk.data();
+      shape.rounded_dv = self_stacked ? shape.rounded_dq + 2 * d
+                         : kv_stacked ? shape.rounded_dk + d
+                                      : scratch.rounded_dv.data();
     }
   }
-  backend.attention_backward(shape, in.mask, cache.q.data(), cache.k.data(), cache.v.data(),
-                             cache.probs.data(), dropout, d_context, dq, dk, dv, g.additive_v);
+  backend.attention_backward(shape, in.mask, p.q, p.k, p.v, cache.probs.data(), dropout, d_context,
+                             dq, dk, dv, g.additive_v);
   // The inputs' bfloat16 copies this cache's forward read (training in bfloat16: the same
   // weights' precision and batch as this backward's, which the caller guarantees), else null.
   // Its own, or its producers' (AttentionCache::rounded_query), which a training pass keeps.
   const uint16_t* rounded_query = rounded ? cache.rounded_query : nullptr;
   const uint16_t* rounded_memory = rounded ? cache.rounded_memory : nullptr;
-  linear_backward(backend, w.q, g.q, in.query_input, dq, query_rows, d_query_input, accumulate,
-                  scratch, rounded_query, shape.rounded_dq);
   // With dot-product scores the key bias adds q·b_k to every logit of a query's row, which
   // softmax ignores: its gradient is exactly zero. Computing it would give float rounding noise,
   // which Adam's m/√v scales up to steps of ~lr (and which differs between data-parallel
   // replicas), so it stays zero. Inside additive scores' tanh(q + k) the bias does matter.
   Linear<float> key_grads = g.k;
   if (w.scoring != AttentionScoring::kAdditive) key_grads.bias = nullptr;
+  if (self_stacked) {
+    // dx = [dQ dK dV] · [W_q; W_k; W_v]: one product over the stacked gradients.
+    if (d_query_input)
+      linear_input_backward(backend, w.qkv, dq, shape.rounded_dq, query_rows, d_query_input,
+                            accumulate);
+    linear_parameter_backward(backend, w.q, g.q, in.query_input, rounded_query, dq,
+                              shape.rounded_dq, 3 * d, query_rows);
+    linear_parameter_backward(backend, w.k, key_grads, in.memory_input, rounded_memory, dk,
+                              shape.rounded_dk, 3 * d, key_rows);
+    linear_parameter_backward(backend, w.v, g.v, in.memory_input, rounded_memory, dv,
+                              shape.rounded_dv, 3 * d, key_rows);
+    return;
+  }
+  linear_backward(backend, w.q, g.q, in.query_input, dq, query_rows, d_query_input, accumulate,
+                  scratch, rounded_query, shape.rounded_dq);
+  if (kv_stacked) {
+    // d_memory += [dK dV] · [W_k; W_v]: one product over the stacked gradients.
+    if (d_memory_input)
+      linear_input_backward(backend, w.kv, dk, shape.rounded_dk, key_rows, d_memory_input, true);
+    linear_parameter_backward(backend, w.k, key_grads, in.memory_input, rounded_memory, dk,
+                              shape.rounded_dk, 2 * d, key_rows);
+    linear_parameter_backward(backend, w.v, g.v, in.memory_input, rounded_memory, dv,
+                              shape.rounded_dv, 2 * d, key_rows);
+    return;
+  }
   linear_backward(backend, w.k, key_grads, in.memory_input, dk, key_rows, d_memory_input, true,
                   scratch, rounded_memory, shape.rounded_dk);
   linear_backward(backend, w.v, g.v, in.memory_input, dv, key_rows, d_memory_input, true, scratch,

@@ -53,8 +53,10 @@ struct AttentionInputs {
 };
 
 struct AttentionCache {
-  DeviceBuffer<float> q;        // [B, Tq, D]; prepared self-attention: [B, T, 3D] rows q | k | v
-  DeviceBuffer<float> k;        // [B, Tk, D]; prepared cross-attention: [B, Tk, 2D] rows k | v
+  // Where the projections are stacked (Attention::qkv, kv: prepared for inference, or training
+  // in bfloat16) their one product's rows hold them side by side.
+  DeviceBuffer<float> q;        // [B, Tq, D]; stacked self-attention: [B, T, 3D] rows q | k | v
+  DeviceBuffer<float> k;        // [B, Tk, D]; stacked cross-attention: [B, Tk, 2D] rows k | v
   DeviceBuffer<float> v;        // [B, Tk, D]
   DeviceBuffer<float> context;  // [B, Tq, D] heads concatenated (input of W_o)
   DeviceBuffer<float> probs;    // [B, H, Tq, Tk] softmax before dropout

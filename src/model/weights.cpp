@@ -1,6 +1,11 @@
 // Parameter binding (a walk of the parameter tree, model/parameter_tree.h) and checking.
 #include "model/weights.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <stdexcept>
+
 #include "model/parameter_tree.h"
 #include "tensor/error.h"
 
@@ -150,11 +155,64 @@ bool has_rounded_weight(const LinearWeights& l) {
   return l.precision == Precision::kBFloat16 && !l.prepared && l.weight && l.out > 0;
 }
 
+// f(stacked view, its parts) for the views a bfloat16 training pass multiplies through: each
+// self-attention's Q|K|V and each cross-attention's K|V.
+template <typename Weights, typename F>
+void for_each_training_stack(Weights& weights, F f) {
+  for (auto& layer : weights.encoder_layers) {
+    auto& a = layer.self_attn;
+    f(a.qkv, {&a.q, &a.k, &a.v});
+  }
+  for (auto& layer : weights.decoder_layers) {
+    auto& self = layer.self_attn;
+    f(self.qkv, {&self.q, &self.k, &self.v});
+    auto& cross = layer.cross_attn;
+    f(cross.kv, {&cross.k, &cross.v});
+  }
+}
+
+// Whether training stacks its projections: TFM_STACKED_PROJECTIONS=0 keeps the separate
+// products, to compare the two or to rule the stacking out.
+bool stacking_enabled() {
+  static const bool enabled = [] {
+    const char* setting = std::getenv("TFM_STACKED_PROJECTIONS");
+    return !(setting && std::strcmp(setting, "0") == 0);
+  }();
+  return enabled;
+}
+
+// Whether `parts` stack into one view: every part rounded from its float weight, all reading
+// the same inputs, with biases all or none.
+bool stackable(std::initializer_list<const LinearWeights*> parts) {
+  const LinearWeights& first = **parts.begin();
+  for (const LinearWeights* p : parts)
+    if (!has_rounded_weight(*p) || p->in != first.in || (p->bias == nullptr) != (!first.bias))
+      return false;
+  return true;
+}
+
 }  // namespace
 
 TransformerWeights with_product_precision(TransformerWeights weights, Precision precision) {
   for_each_linear(weights, [precision](LinearWeights& l) { l.precision = precision; });
+  for_each_training_stack(
+      weights, [](LinearWeights& stacked, std::initializer_list<const LinearWeights*> parts) {
+        if (stacked.prepared || !stacking_enabled() || !stackable(parts)) return;
+        stacked = LinearWeights{};
+        stacked.in = (*parts.begin())->in;
+        for (const LinearWeights* p : parts) stacked.out += p->out;
+        stacked.precision = Precision::kBFloat16;
+      });
   return weights;
+}
+
+int64_t stacked_bias_elements(const TransformerWeights& weights) {
+  int64_t n = 0;
+  for_each_training_stack(weights, [&n](const LinearWeights& stacked,
+                                        std::initializer_list<const LinearWeights*> parts) {
+    if (stacked.out > 0 && !stacked.prepared && (*parts.begin())->bias) n += stacked.out;
+  });
+  return n;
 }
 
 int64_t rounded_weights_elements(const TransformerWeights& weights) {
@@ -166,7 +224,8 @@ int64_t rounded_weights_elements(const TransformerWeights& weights) {
 }
 
 TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeights weights,
-                                        DeviceBuffer<uint16_t>& storage) {
+                                        DeviceBuffer<uint16_t>& storage,
+                                        DeviceBuffer<float>& stacked_biases) {
   uint16_t* next = ensure_size(backend, storage, rounded_weights_elements(weights));
   for_each_linear(weights, [&](LinearWeights& l) {
     if (!has_rounded_weight(l)) return;
@@ -174,6 +233,25 @@ TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeigh
     l.rounded = next;
     next += l.out * l.in;
   });
+  float* next_bias = ensure_size(backend, stacked_biases, stacked_bias_elements(weights));
+  for_each_training_stack(
+      weights, [&](LinearWeights& stacked, std::initializer_list<const LinearWeights*> parts) {
+        if (stacked.out == 0 || stacked.prepared) return;
+        // The parts' rounded copies lie one after another (for_each_linear's order): the view's.
+        const uint16_t* expected = (*parts.begin())->rounded;
+        for (const LinearWeights* p : parts) {
+          if (p->rounded != expected)
+            throw std::logic_error("with_rounded_weights: a stacked view's parts lie apart");
+          expected += p->out * p->in;
+        }
+        stacked.rounded = (*parts.begin())->rounded;
+        if (!(*parts.begin())->bias) return;
+        stacked.bias = next_bias;  // [out]
+        for (const LinearWeights* p : parts) {
+          backend.copy(p->bias, p->out, next_bias);
+          next_bias += p->out;
+        }
+      });
   return weights;
 }
 

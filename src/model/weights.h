@@ -48,9 +48,11 @@ struct Attention {
   Linear<F> q, k, v, o;
   AttentionScoring scoring = AttentionScoring::kScaledDot;  // config "attention"
   F* additive_v = nullptr;  // [heads, d_k] when scoring is additive, else null
-  // Prepared weights only: the projections that read one input stacked into one product,
-  // W_q|W_k|W_v [3D, D] for self-attention and W_k|W_v [2D, D] for cross-attention (weight null,
-  // bias stacked or null, prepared set). Unprepared (out 0): three / two products.
+  // The projections that read one input stacked into one product, W_q|W_k|W_v [3D, D] for
+  // self-attention and W_k|W_v [2D, D] for cross-attention (weight null, bias stacked or null):
+  // prepared weights (prepared set), or training in bfloat16 (with_product_precision describes
+  // them, with_rounded_weights points `rounded` at the parts' adjacent rounded copies and `bias`
+  // at a copy of theirs). out 0: three / two products.
   Linear<F> qkv, kv;
 
   // What the attention kernels need to score queries against keys.
@@ -139,17 +141,26 @@ TransformerWeights bind_weights(const ModelConfig& config, const DeviceTensors& 
 // The same over gradient buffers (the parameters' names and shapes, in a backend's memory).
 TransformerGradients bind_gradients(const ModelConfig& config, DeviceTensors& gradients);
 
-// `weights` with every Linear's product precision set to `precision` (training in bfloat16).
+// `weights` with every Linear's product precision set to `precision` (training in bfloat16),
+// and in bfloat16 the stacked views of the attentions' projections described (Attention::qkv
+// for self-attention, kv for cross-attention: shapes and precision, with_rounded_weights fills
+// their pointers), where every part is multiplied in bfloat16 from its float weight (unless
+// TFM_STACKED_PROJECTIONS=0).
 TransformerWeights with_product_precision(TransformerWeights weights, Precision precision);
 
 // Elements of bfloat16 storage that with_rounded_weights needs for `weights`: Σ out · in of
 // every linear multiplied in bfloat16 from its float weight (0 where none is).
 int64_t rounded_weights_elements(const TransformerWeights& weights);
+// Elements of float storage for the stacked views' biases: Σ out of those with biases.
+int64_t stacked_bias_elements(const TransformerWeights& weights);
 // `weights` with each such linear's weight rounded to bfloat16 into `storage` (grown to
 // rounded_weights_elements) and its `rounded` pointing there: training in bfloat16 rounds each
-// weight once per pass instead of at each of its forward and backward products.
+// weight once per pass instead of at each of its forward and backward products. The parts of a
+// stacked view are rounded one after another, so the view's [out, in] weight is theirs in
+// place; its bias is copied into `stacked_biases` (grown to stacked_bias_elements).
 TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeights weights,
-                                        DeviceBuffer<uint16_t>& storage);
+                                        DeviceBuffer<uint16_t>& storage,
+                                        DeviceBuffer<float>& stacked_biases);
 
 // Single-layer binders used by tests and tools: prefix like "encoder.layers.0".
 // The layer's attentions score with `scoring` (additive: their .additive_v tensors are bound).

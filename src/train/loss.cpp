@@ -26,8 +26,9 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
                               Precision precision) {
   const ModelConfig& config = model.config();
   const Backend& backend = model.backend();
-  const TransformerWeights w = with_rounded_weights(
-      backend, with_product_precision(model.weights(), precision), ws.rounded_weights);
+  const TransformerWeights w =
+      with_rounded_weights(backend, with_product_precision(model.weights(), precision),
+                           ws.rounded_weights, ws.stacked_biases);
   const int64_t d = config.d_model, vocab = config.tgt_vocab_size;
   const bool backward = grad_scale != 0.f;
   ws.cache.training = backward;
@@ -90,6 +91,8 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
   plan_output_head_forward(model.backend(), w.output, count, ws.head, ws.plan);
   const int64_t rounded = rounded_weights_elements(w);
   if (rounded > 0) ws.plan.need(ws.rounded_weights, rounded);  // [Σ out · in]
+  const int64_t biases = stacked_bias_elements(w);
+  if (biases > 0) ws.plan.need(ws.stacked_biases, biases);  // [Σ out]
   if (!backward) return;
   plan_linear_backward(w.output, std::min(output_chunk_rows(model.backend(), vocab), count),
                        ws.scratch, ws.plan);

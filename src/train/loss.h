@@ -41,6 +41,7 @@ struct TrainingWorkspace {
   DeviceBuffer<double> row_totals;    // [tokens, 3] each token's loss terms (cross-entropy's)
   // Training in bfloat16: every linear weight rounded once per pass (with_rounded_weights).
   DeviceBuffer<uint16_t> rounded_weights;  // [Σ out · in]
+  DeviceBuffer<float> stacked_biases;      // [Σ out] the stacked Q|K|V and K|V views' biases
   std::vector<int32_t> labels;             // [tokens]
   std::vector<int64_t> rows;               // [tokens] flat b * T + t of each real position
   std::vector<double> host_row_totals;     // [tokens, 3] row_totals copied back once per batch

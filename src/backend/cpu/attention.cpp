@@ -469,25 +469,27 @@ void single_query_attention_batch(const AttentionShape& s, const AttentionMask& 
 void write_rounded_output(const AttentionShape& s, const float* out) {
   if (s.rounded_out)
     round_to_bfloat16(out, s.batch * s.query_len, s.heads * s.head_dim, s.out_row_stride,
-                      s.rounded_out);
+                      s.rounded_out, s.heads * s.head_dim);
 }
 
-// dq, dk, dv rounded into s.rounded_dq / _dk / _dv where the caller asks for them: keys and
-// values a sequence at a time where their sequences lie apart (a batch stride), else at once.
+// dq, dk, dv rounded into s.rounded_dq / _dk / _dv (in their layouts) where the caller asks for
+// them: keys and values a sequence at a time where their sequences lie apart (a batch stride),
+// else at once.
 void write_rounded_gradients(const AttentionShape& s, const float* dq, const float* dk,
                              const float* dv) {
   const int64_t width = s.heads * s.head_dim;
   if (s.rounded_dq)
-    round_to_bfloat16(dq, s.batch * s.query_len, width, s.q_row_stride, s.rounded_dq);
+    round_to_bfloat16(dq, s.batch * s.query_len, width, s.q_row_stride, s.rounded_dq,
+                      s.q_row_stride);
   auto round_keys = [&](const float* x, int64_t batch_stride, int64_t row_stride, uint16_t* out) {
     if (!out) return;
     if (batch_stride == s.key_len * row_stride) {
-      round_to_bfloat16(x, s.batch * s.key_len, width, row_stride, out);
+      round_to_bfloat16(x, s.batch * s.key_len, width, row_stride, out, row_stride);
       return;
     }
     for (int64_t b = 0; b < s.batch; ++b)
-      round_to_bfloat16(x + b * batch_stride, s.key_len, width, row_stride,
-                        out + b * s.key_len * width);
+      round_to_bfloat16(x + b * batch_stride, s.key_len, width, row_stride, out + b * batch_stride,
+                        row_stride);
   };
   round_keys(dk, key_batch_stride(s), s.k_row_stride, s.rounded_dk);
   round_keys(dv, value_batch_stride(s), s.v_row_stride, s.rounded_dv);

@@ -75,8 +75,7 @@ class CpuBackend final : public Backend {
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision, MatmulEpilogue epilogue) const override {
     if (precision == Precision::kBFloat16)
-      gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a.values, a.rounded, lda, b.values, b.rounded,
-                    ldb, beta, c, ldc, epilogue);
+      gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, epilogue);
     else
       gemm(trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, c, ldc, precision,
            epilogue);
@@ -160,8 +159,9 @@ class CpuBackend final : public Backend {
     check_gradient_written("relu_backward_bfloat16", nullptr, rounded_d);
     tfm::relu_backward_bfloat16(d, relu_output, rows, cols, rounded_d, column_sums);
   }
-  void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
-    tfm::bias_backward(dy, rows, cols, dbias);
+  void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
+                     float* dbias) const override {
+    tfm::bias_backward(dy, rows, cols, ld, dbias);
   }
 
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
@@ -292,7 +292,7 @@ class CpuBackend final : public Backend {
   static void round_rows(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
                          uint16_t* out) {
     if (format == Precision::kBFloat16)
-      round_to_bfloat16(x, rows, cols, ldx, out);
+      round_to_bfloat16(x, rows, cols, ldx, out, cols);
     else if (format == Precision::kFloat16)
       round_to_float16(x, rows, cols, ldx, out);
     else

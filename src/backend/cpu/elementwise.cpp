@@ -305,9 +305,10 @@ TFM_CPU_KERNEL void relu_backward_bfloat16(const float* d, const uint16_t* relu_
   add_row_block_partials(partial, cols, {column_sums});
 }
 
-TFM_CPU_KERNEL void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) {
+TFM_CPU_KERNEL void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
+                                  float* dbias) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* g = dy + r * cols;
+    const float* g = dy + r * ld;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) dbias[c] += g[c];
   }

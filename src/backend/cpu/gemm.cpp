@@ -326,11 +326,11 @@ bool run_in_pieces(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
 }  // namespace
 
 TFM_CPU_KERNEL void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx,
-                                      uint16_t* out) {
+                                      uint16_t* out, int64_t ldo) {
 #pragma omp parallel for schedule(static) if (m * k >= kParallelElements && omp_get_level() == 0)
   for (int64_t r = 0; r < m; ++r) {
     const float* row = x + r * ldx;
-    uint16_t* o = out + r * k;
+    uint16_t* o = out + r * ldo;
 #pragma omp simd
     for (int64_t c = 0; c < k; ++c) o[c] = float_to_bfloat16(row[c]);
   }
@@ -678,13 +678,18 @@ void PackedMatrix::multiply(MatmulOperand operand, int64_t m, int64_t ldx, float
       break;
     case Precision::kBFloat16: {
       void* out = bfloat16_output ? static_cast<void*>(epilogue.rounded_output) : y;
-      if (given_rounded) {
+      thread_local std::vector<uint16_t> rounded_buffer;
+      const int64_t given_ld = operand.rounded_stride(p.k);
+      if (given_rounded && given_ld == p.k) {
         execute(*mm, const_cast<uint16_t*>(given_rounded), p.packed, out, epilogue.bias);
         break;
       }
-      thread_local std::vector<uint16_t> rounded_buffer;
       uint16_t* rounded = thread_scratch(rounded_buffer, m * p.k);  // [m, k] x in bfloat16
-      round_to_bfloat16(x, m, p.k, ldx, rounded);
+      if (given_rounded)  // rows given apart: the primitive reads them dense
+        for (int64_t r = 0; r < m; ++r)
+          std::copy_n(given_rounded + r * given_ld, p.k, rounded + r * p.k);
+      else
+        round_to_bfloat16(x, m, p.k, ldx, rounded, p.k);
       execute(*mm, rounded, p.packed, out, epilogue.bias);
       break;
     }
@@ -713,15 +718,13 @@ namespace {
 // ties to even; results below the smallest normal float flush to zero), so that every path
 // writes the same bits.
 void bfloat16_output_via_float(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                               float alpha, const float* a, const uint16_t* a_rounded, int64_t lda,
-                               const float* b, const uint16_t* b_rounded, int64_t ldb, int64_t ldc,
-                               const MatmulEpilogue& epilogue) {
+                               float alpha, MatmulOperand a, int64_t lda, MatmulOperand b,
+                               int64_t ldb, int64_t ldc, const MatmulEpilogue& epilogue) {
   thread_local std::vector<float> result_buffer;
   float* result = thread_scratch(result_buffer, m * n);  // [m, n]
   MatmulEpilogue in_float = epilogue;
   in_float.rounded_output = nullptr;
-  gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, a_rounded, lda, b, b_rounded, ldb, 0.f, result,
-                n, in_float);
+  gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.f, result, n, in_float);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       const float v = result[i * n + j];
@@ -740,9 +743,8 @@ void bfloat16_output_via_float(bool trans_a, bool trans_b, int64_t m, int64_t n,
 // or 1) the same rounded values widened back and multiplied by sgemm, so that every path
 // computes the same products of bfloat16 inputs.
 void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                   const float* a, const uint16_t* a_rounded, int64_t lda, const float* b,
-                   const uint16_t* b_rounded, int64_t ldb, float beta, float* c, int64_t ldc,
-                   MatmulEpilogue epilogue) {
+                   MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
+                   int64_t ldc, MatmulEpilogue epilogue) {
   if (!bfloat16_supported())
     throw std::invalid_argument("bfloat16 products need a CPU with AVX512-BF16");
   if (epilogue.rounded_output && beta != 0.f)
@@ -750,44 +752,49 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   if (m <= 0 || n <= 0) return;
   if (epilogue.rounded_output &&
       (k <= 0 || alpha != 1.f || omp_get_level() > 0 || splits_depth(k))) {
-    bfloat16_output_via_float(trans_a, trans_b, m, n, k, alpha, a, a_rounded, lda, b, b_rounded,
-                              ldb, ldc, epilogue);
+    bfloat16_output_via_float(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, ldc, epilogue);
     return;
   }
   if (k <= 0) {
-    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, Precision::kFloat32,
-         epilogue);  // the epilogue of beta · C
+    gemm(trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, c, ldc,
+         Precision::kFloat32, epilogue);  // the epilogue of beta · C
     return;
   }
   thread_local std::vector<uint16_t> a_buffer, b_buffer;
   const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;  // A as stored
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;  // B as stored
-  const uint16_t* a16 = a_rounded;                                   // [a_rows, a_cols] bfloat16
-  const uint16_t* b16 = b_rounded;                                   // [b_rows, b_cols] bfloat16
+  const uint16_t* a16 = a.rounded;  // [a_rows, a_cols] bfloat16, row stride a16_ld
+  const uint16_t* b16 = b.rounded;  // [b_rows, b_cols] bfloat16, row stride b16_ld
+  int64_t a16_ld = a.rounded_stride(a_cols), b16_ld = b.rounded_stride(b_cols);
   if (!a16) {
     uint16_t* scratch = thread_scratch(a_buffer, a_rows * a_cols);
-    round_to_bfloat16(a, a_rows, a_cols, lda, scratch);
+    round_to_bfloat16(a.values, a_rows, a_cols, lda, scratch, a_cols);
     a16 = scratch;
+    a16_ld = a_cols;
   }
   if (!b16) {
     uint16_t* scratch = thread_scratch(b_buffer, b_rows * b_cols);
-    round_to_bfloat16(b, b_rows, b_cols, ldb, scratch);
+    round_to_bfloat16(b.values, b_rows, b_cols, ldb, scratch, b_cols);
     b16 = scratch;
+    b16_ld = b_cols;
   }
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
   if (plain_product && omp_get_level() == 0 &&
-      run_in_pieces(trans_a, trans_b, m, n, k, a16, a_cols, b16, b_cols, beta, c, ldc, epilogue))
+      run_in_pieces(trans_a, trans_b, m, n, k, a16, a16_ld, b16, b16_ld, beta, c, ldc, epilogue))
     return;
   if (epilogue.rounded_output) {
-    bfloat16_output_via_float(trans_a, trans_b, m, n, k, alpha, a, a_rounded, lda, b, b_rounded,
-                              ldb, ldc, epilogue);
+    bfloat16_output_via_float(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, ldc, epilogue);
     return;
   }
   thread_local std::vector<float> a_wide_buffer, b_wide_buffer;
   float* a_wide = thread_scratch(a_wide_buffer, a_rows * a_cols);  // [a_rows, a_cols]
   float* b_wide = thread_scratch(b_wide_buffer, b_rows * b_cols);  // [b_rows, b_cols]
-  for (int64_t i = 0; i < a_rows * a_cols; ++i) a_wide[i] = bfloat16_to_float(a16[i]);
-  for (int64_t i = 0; i < b_rows * b_cols; ++i) b_wide[i] = bfloat16_to_float(b16[i]);
+  for (int64_t r = 0; r < a_rows; ++r)
+    for (int64_t i = 0; i < a_cols; ++i)
+      a_wide[r * a_cols + i] = bfloat16_to_float(a16[r * a16_ld + i]);
+  for (int64_t r = 0; r < b_rows; ++r)
+    for (int64_t i = 0; i < b_cols; ++i)
+      b_wide[r * b_cols + i] = bfloat16_to_float(b16[r * b16_ld + i]);
   run_sgemm(trans_a, trans_b, m, n, k, alpha, a_wide, a_cols, b_wide, b_cols, beta, c, ldc);
   apply_epilogue(c, ldc, epilogue, m, n);
 }
@@ -799,8 +806,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     throw std::invalid_argument("gemm: int8 products need weights prepared in int8");
   if (precision == Precision::kFloat16) throw std::invalid_argument(float16_refusal());
   if (precision == Precision::kBFloat16) {
-    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, nullptr, lda, b, nullptr, ldb, beta, c, ldc,
-                  epilogue);
+    gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, epilogue);
     return;
   }
   if (epilogue.rounded_output)

@@ -21,17 +21,18 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
           Precision precision = Precision::kFloat32, MatmulEpilogue epilogue = {});
 
-// gemm() in bfloat16 where A and B may come already rounded: a_rounded / b_rounded dense
-// [rows, cols] as stored (round_to_bfloat16 of a / b), or null (rounded here, as gemm() does).
+// gemm() in bfloat16 where A and B may come already rounded: a.rounded / b.rounded [rows, cols]
+// as stored (round_to_bfloat16 of the values; row stride MatmulOperand::rounded_stride), or
+// null (the values rounded here, as gemm() does; lda / ldb are the values' row strides).
 void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                   const float* a, const uint16_t* a_rounded, int64_t lda, const float* b,
-                   const uint16_t* b_rounded, int64_t ldb, float beta, float* c, int64_t ldc,
-                   MatmulEpilogue epilogue = {});
+                   MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
+                   int64_t ldc, MatmulEpilogue epilogue = {});
 
-// x[m, k] (row stride ldx) rounded to bfloat16 (nearest, ties to even; NaN stays NaN) into the
-// dense out[m, k]; rows spread over the threads when the matrix is large and no parallel region
-// is running.
-void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* out);
+// x[m, k] (row stride ldx) rounded to bfloat16 (nearest, ties to even; NaN stays NaN) into
+// out[m, k] (row stride ldo); rows spread over the threads when the matrix is large and no
+// parallel region is running.
+void round_to_bfloat16(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* out,
+                       int64_t ldo);
 
 // The same in IEEE float16 (nearest, ties to even; past 65504 ±Inf; NaN stays NaN): rows of a
 // float16 key/value cache. Products in float16 are the GPU's only.

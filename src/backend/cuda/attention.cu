@@ -455,7 +455,7 @@ bool scores_fit_shared(const AttentionShape& s, int64_t vectors) {
 void round_output(const Context& c, const AttentionShape& s, const float* out) {
   if (s.rounded_out)
     round_to_16_bits(c.stream, out, s.batch * s.query_len, s.heads * s.head_dim, s.out_row_stride,
-                     Precision::kBFloat16, s.rounded_out);
+                     Precision::kBFloat16, s.rounded_out, s.heads * s.head_dim);
 }
 
 template <typename Element>
@@ -552,26 +552,26 @@ void attention_forward_16_bit_cache(const Context& c, const AttentionShape& s,
 
 namespace {
 
-// The gradients' rounded copies (AttentionShape::rounded_dq, _dk, _dv) for the backward paths
-// whose kernels do not write them: a pass each (keys and values a sequence at a time where
-// their sequences lie apart, a batch stride).
+// The gradients' rounded copies (AttentionShape::rounded_dq, _dk, _dv, in the layouts of dq,
+// dk, dv) for the backward paths whose kernels do not write them: a pass each (keys and values a
+// sequence at a time where their sequences lie apart, a batch stride).
 void round_gradients(const Context& c, const AttentionShape& s, const float* dq, const float* dk,
                      const float* dv) {
   const int64_t width = s.heads * s.head_dim;
   if (s.rounded_dq)
     round_to_16_bits(c.stream, dq, s.batch * s.query_len, width, s.q_row_stride,
-                     Precision::kBFloat16, s.rounded_dq);
+                     Precision::kBFloat16, s.rounded_dq, s.q_row_stride);
   auto round_keys = [&](const float* x, int64_t given_stride, int64_t row_stride, uint16_t* out) {
     if (!out) return;
     const int64_t batch_stride = sequence_stride(given_stride, s.key_len, row_stride);
     if (batch_stride == s.key_len * row_stride) {
       round_to_16_bits(c.stream, x, s.batch * s.key_len, width, row_stride, Precision::kBFloat16,
-                       out);
+                       out, row_stride);
       return;
     }
     for (int64_t b = 0; b < s.batch; ++b)
       round_to_16_bits(c.stream, x + b * batch_stride, s.key_len, width, row_stride,
-                       Precision::kBFloat16, out + b * s.key_len * width);
+                       Precision::kBFloat16, out + b * batch_stride, row_stride);
   };
   round_keys(dk, s.k_batch_stride, s.k_row_stride, s.rounded_dk);
   round_keys(dv, s.v_batch_stride, s.v_row_stride, s.rounded_dv);

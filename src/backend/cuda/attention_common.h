@@ -59,8 +59,8 @@ struct HeadRows {
   __device__ T* output(const AttentionShape& s, T* out) const {
     return out + b * s.query_len * s.out_row_stride + h * s.head_dim;
   }
-  // Its first row of a dense [batch · len, heads · head_dim] copy at base (rounded_out and
-  // rounded_dq: len = query_len; rounded_dk and rounded_dv: key_len), or null without one.
+  // Its first row of a dense [batch · len, heads · head_dim] copy at base (rounded_out: len =
+  // query_len), or null without one.
   __device__ uint16_t* dense_row(const AttentionShape& s, uint16_t* base, int64_t len) const {
     return base ? base + (b * len * s.heads + h) * s.head_dim : nullptr;
   }

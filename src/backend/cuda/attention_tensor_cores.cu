@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // Block (b, h) of the backward, from the weights P the forward stored: dV = Pᵀ·dO, dP = dO·Vᵀ,
 // dS = P ⊙ (dP − Σ dP·P) · scale (softmax_backward_kernel's formula, in float32), dQ = dS·K,
-// dK = dSᵀ·Q; each written (not added) to its first Tq or Tk rows, and rounded to its copy
-// where AttentionShape asks for one.
+// dK = dSᵀ·Q; each written (not added) to its first Tq or Tk rows, and rounded to its copy in
+// the same layout where AttentionShape asks for one.
 __global__ void __launch_bounds__(kBlockThreads)
     tensor_core_backward_kernel(AttentionShape s, const float* q, const float* k, const float* v,
                                 const float* probs, const float* d_out, float* dq, float* dk,
@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   __syncthreads();
   product<wmma::col_major, wmma::row_major>(first, second, result);  // dV = Pᵀ·dO
   __syncthreads();
-  const int64_t dense = s.heads * kLen;  // the rounded copies' row stride
-  store_rows(result, tk, at.value(s, dv), s.v_row_stride, at.dense_row(s, s.rounded_dv, tk), dense);
+  store_rows(result, tk, at.value(s, dv), s.v_row_stride,
+             s.rounded_dv ? at.value(s, s.rounded_dv) : nullptr, s.v_row_stride);
   __syncthreads();
   product<wmma::row_major, wmma::col_major>(second, third, result);  // dP = dO·Vᵀ
   __syncthreads();
@@ -160,11 +160,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   __syncthreads();
   product<wmma::row_major, wmma::row_major>(third, first, result);  // dQ = dS·K
   __syncthreads();
-  store_rows(result, tq, at.query(s, dq), s.q_row_stride, at.dense_row(s, s.rounded_dq, tq), dense);
+  store_rows(result, tq, at.query(s, dq), s.q_row_stride,
+             s.rounded_dq ? at.query(s, s.rounded_dq) : nullptr, s.q_row_stride);
   __syncthreads();
   product<wmma::col_major, wmma::row_major>(third, second, result);  // dK = dSᵀ·Q
   __syncthreads();
-  store_rows(result, tk, at.key(s, dk), s.k_row_stride, at.dense_row(s, s.rounded_dk, tk), dense);
+  store_rows(result, tk, at.key(s, dk), s.k_row_stride,
+             s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
 }
 
 }  // namespace

@@ -119,7 +119,7 @@ class CudaBackend final : public Backend {
                         uint16_t* out) const override {
     TFM_CUDA_OPERATION_SHAPED(
         c_, format == Precision::kFloat16 ? "round_to_float16" : "round_to_bfloat16", rows, cols);
-    cuda::round_to_16_bits(c_.stream, x, rows, cols, ldx, format, out);
+    cuda::round_to_16_bits(c_.stream, x, rows, cols, ldx, format, out, cols);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,
@@ -218,9 +218,10 @@ class CudaBackend final : public Backend {
     TFM_CUDA_OPERATION_SHAPED(c_, "relu_backward_bfloat16", rows, cols);
     cuda::relu_backward_bfloat16(c_, d, relu_output, rows, cols, rounded_d, column_sums);
   }
-  void bias_backward(const float* dy, int64_t rows, int64_t cols, float* dbias) const override {
+  void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
+                     float* dbias) const override {
     TFM_CUDA_OPERATION_SHAPED(c_, "bias_backward", rows, cols);
-    cuda::bias_backward(c_, dy, rows, cols, dbias);
+    cuda::bias_backward(c_, dy, rows, cols, ld, dbias);
   }
 
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
@@ -272,8 +273,8 @@ class CudaBackend final : public Backend {
                                       double* row_totals,
                                       uint16_t* rounded_gradient) const override {
     TFM_CUDA_OPERATION_SHAPED(c_, "cross_entropy_forward_backward", rows, vocab);
-    cuda::cross_entropy_forward_backward(c_, logits, targets, rows, vocab, smoothing,
-                                         grad_scale, row_totals, rounded_gradient);
+    cuda::cross_entropy_forward_backward(c_, logits, targets, rows, vocab, smoothing, grad_scale,
+                                         row_totals, rounded_gradient);
   }
   // 512 MiB: a base model's 25,000-token batch in 8 chunks of ~3,600 rows, each product and
   // softmax large enough to fill the device, where 16 MB chunks (the CPU's) made ~230 launches

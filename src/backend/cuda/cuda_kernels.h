@@ -14,9 +14,10 @@ namespace tfm {
 namespace cuda {
 
 // --- elementwise.cu ---
-// format: kBFloat16 or kFloat16 (std::invalid_argument otherwise).
+// out[rows, cols] (row stride ldo) = x (row stride ldx) rounded to `format`: kBFloat16 or
+// kFloat16 (std::invalid_argument otherwise).
 void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                      Precision format, uint16_t* out);
+                      Precision format, uint16_t* out, int64_t ldo);
 // out[rows, cols] (row stride ldo) in bfloat16, subnormal results flushed to zero (the
 // product epilogue's rounded_output), from the float result[rows, cols] (row stride ldr) plus
 // bias[cols] (null: none), then ReLU where relu: the epilogue and the rounding in one pass.
@@ -35,7 +36,8 @@ void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* o
 void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, Activation act);
 void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* relu_output,
                             int64_t rows, int64_t cols, uint16_t* rounded_d, float* column_sums);
-void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols, float* dbias);
+void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols, int64_t ld,
+                   float* dbias);
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key);
 void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p);
 void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y,

@@ -98,14 +98,14 @@ void launch_by_width(bool words_of_four, Launch launch) {
     launch(std::integral_constant<int, 1>{});
 }
 
-// out[rows, cols] = x rounded to 16 bits, kWidth columns a thread.
+// out[rows, cols] (row stride ldo) = x rounded to 16 bits, kWidth columns a thread.
 template <int kWidth, bool kFloat16>
-__global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                             uint16_t* out) {
+__global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint16_t* out,
+                             int64_t ldo) {
   TFM_FOR_EACH_ELEMENT(r, w, rows, cols / kWidth) {
     float v[kWidth];
     RowWord<kWidth>::load(x + r * ldx + w * kWidth, v);
-    RowWord<kWidth>::store_16(out + r * cols + w * kWidth, v, To16Bits<kFloat16>{});
+    RowWord<kWidth>::store_16(out + r * ldo + w * kWidth, v, To16Bits<kFloat16>{});
   }
 }
 
@@ -246,23 +246,25 @@ bool four_columns_per_thread(int64_t cols) {
   return cols % 4 == 0 && cols >= 2048;
 }
 
-// The terms a column sum adds, a word of kWidth at element i of the matrix: the values of dy
-// themselves (bias_backward), or the ReLU's backward of d, rounded into rounded_d on the way
-// (relu_backward_bfloat16).
+// The terms a column sum adds, a word of kWidth at row r, column c of the matrix: the values of
+// dy themselves (bias_backward; rows ld apart), or the ReLU's backward of d, rounded into
+// rounded_d on the way (relu_backward_bfloat16; dense).
 struct ValueTerms {
   const float* dy;
+  int64_t ld;
   template <int kWidth>
-  __device__ void word(int64_t i, float* v) const {
-    RowWord<kWidth>::load(dy + i, v);
+  __device__ void word(int64_t r, int64_t c, float* v) const {
+    RowWord<kWidth>::load(dy + r * ld + c, v);
   }
 };
 struct ReluBackwardTerms {
   const float* d;
   const uint16_t* relu_output;
   uint16_t* rounded_d;
+  int64_t cols;
   template <int kWidth>
-  __device__ void word(int64_t i, float* v) const {
-    relu_backward_word<kWidth>(d, relu_output, i, rounded_d, v);
+  __device__ void word(int64_t r, int64_t c, float* v) const {
+    relu_backward_word<kWidth>(d, relu_output, r * cols + c, rounded_d, v);
   }
 };
 
@@ -277,7 +279,7 @@ __global__ void column_partial_kernel(Terms terms, RowsPerChunk split, int64_t c
   float sum[kWidth] = {};
   for (int64_t r = begin; r < end; ++r) {
     float v[kWidth];
-    terms.template word<kWidth>(r * cols + c, v);
+    terms.template word<kWidth>(r, c, v);
 #pragma unroll
     for (int e = 0; e < kWidth; ++e) sum[e] += v[e];
   }
@@ -922,17 +924,18 @@ __global__ void read_rows_kernel(const float* w, const int32_t* ids, int64_t cou
 }  // namespace
 
 void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
-                      Precision format, uint16_t* out) {
+                      Precision format, uint16_t* out, int64_t ldo) {
   const bool float16 = is_float16(format, "round_to_16_bits");
   if (rows * cols == 0) return;
-  const bool four = four_columns_at_a_time(cols, ldx) && aligned(x, 16) && aligned(out, 8);
+  const bool four =
+      four_columns_at_a_time(cols, ldx) && ldo % 4 == 0 && aligned(x, 16) && aligned(out, 8);
   launch_by_width(four, [&](auto width) {
     constexpr int kWidth = decltype(width)::value;
     const dim3 grid = matrix_blocks(rows, cols / kWidth), threads = matrix_threads(cols / kWidth);
     if (float16)
-      round_kernel<kWidth, true><<<grid, threads, 0, s>>>(x, rows, cols, ldx, out);
+      round_kernel<kWidth, true><<<grid, threads, 0, s>>>(x, rows, cols, ldx, out, ldo);
     else
-      round_kernel<kWidth, false><<<grid, threads, 0, s>>>(x, rows, cols, ldx, out);
+      round_kernel<kWidth, false><<<grid, threads, 0, s>>>(x, rows, cols, ldx, out, ldo);
   });
   check_launch("round_to_16_bits");
 }
@@ -1012,7 +1015,7 @@ void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* re
   const int64_t n = rows * cols;
   if (n == 0) return;
   if (column_sums) {  // bias_backward's two passes, their terms this operation's own
-    sum_columns(c, ReluBackwardTerms{d, relu_output, rounded_d}, rows, cols,
+    sum_columns(c, ReluBackwardTerms{d, relu_output, rounded_d, cols}, rows, cols,
                 aligned(d, 16) && aligned(relu_output, 8) && aligned(rounded_d, 8), column_sums,
                 "relu_backward_bfloat16");
     return;
@@ -1029,9 +1032,11 @@ void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* re
   check_launch("relu_backward_bfloat16");
 }
 
-void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols, float* dbias) {
+void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols, int64_t ld,
+                   float* dbias) {
   if (cols == 0 || rows == 0) return;
-  sum_columns(c, ValueTerms{dy}, rows, cols, aligned(dy, 16), dbias, "bias_backward");
+  sum_columns(c, ValueTerms{dy, ld}, rows, cols, ld % 4 == 0 && aligned(dy, 16), dbias,
+              "bias_backward");
 }
 
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key) {
@@ -1146,7 +1151,7 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
   layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(
       dy, x, mean, rstd, gamma, dx, cols, accumulate, drop_mask, keep_scale, dropped, rounded_d_f);
   check_launch("layer_norm_backward");
-  if (d_f_column_sums) bias_backward(c, dropped, rows, cols, d_f_column_sums);
+  if (d_f_column_sums) bias_backward(c, dropped, rows, cols, cols, d_f_column_sums);
 }
 
 }  // namespace

@@ -144,9 +144,14 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
                 const void* w, cudaDataType_t type, void* y, cudaDataType_t output_type,
                 int64_t ldy, const float* bias, bool relu) {
   static const bool enabled = !turned_off("TFM_CUDA_LT");  // else cuBLAS and a pass, to compare
-  if (!enabled) return false;
+  // A bias epilogue reads its vector in wide words: a bias off 16 bytes (a stacked bias of an
+  // odd width) takes cuBLAS and a pass instead of risking a misaligned read.
+  if (!enabled || (bias && !aligned(bias, 16))) return false;
   const BlasLtLibrary& lt = blas_lt_library();
   std::lock_guard<std::mutex> context_lock(c.blas_mutex);
+  // The workspace and handle are made on first use, which a capture cannot hold (an allocation):
+  // the step then runs uncaptured once, and makes them.
+  if ((!c.lt_workspace || !c.blas_lt) && c.recording_here()) throw RecordingRefused();
   if (!c.lt_workspace) {  // the workspace first: a handle is made only where it exists
     TFM_CUDA(cudaMalloc(&c.lt_workspace, kWorkspaceBytes));  // kept for the context's life
   }

@@ -126,13 +126,14 @@ class CudaPreparedMatrix final : public PreparedMatrix {
       case Precision::kBFloat16:
       case Precision::kFloat16: {
         if (given_rounded) {
-          if (!product_16_bits(given_rounded, m, y, ldy, epilogue))
+          if (!product_16_bits(given_rounded, operand.rounded_stride(cols_), m, y, ldy, epilogue))
             profiled_operation.rename(prepared_product_name(precision_, bfloat16_output, false));
           return;
         }
         StagedOperand rounded(context_, m * cols_ * int64_t(sizeof(uint16_t)));  // [m, k]
-        round_to_16_bits(context_.stream, x, m, cols_, ldx, precision_, rounded.as<uint16_t>());
-        if (!product_16_bits(rounded.as<uint16_t>(), m, y, ldy, epilogue))
+        round_to_16_bits(context_.stream, x, m, cols_, ldx, precision_, rounded.as<uint16_t>(),
+                         cols_);
+        if (!product_16_bits(rounded.as<uint16_t>(), cols_, m, y, ldy, epilogue))
           profiled_operation.rename(prepared_product_name(precision_, bfloat16_output, false));
         return;
       }
@@ -147,21 +148,21 @@ class CudaPreparedMatrix final : public PreparedMatrix {
       }
     }
   }
-  // y = x16[m, k] (dense, in this matrix's 16-bit format) · Wᵀ, then the epilogue; in bfloat16
-  // only where it asks (cuBLASLt rounds in its epilogue, else a float result in scratch is
+  // y = x16[m, k] (row stride ld16, in this matrix's 16-bit format) · Wᵀ, then the epilogue; in
+  // bfloat16 only where it asks (cuBLASLt rounds in its epilogue, else a float result in scratch is
   // rounded as Backend::matmul's is, flushing results below the smallest normal float). Returns
   // whether cuBLASLt ran it.
-  bool product_16_bits(const uint16_t* x16, int64_t m, float* y, int64_t ldy,
+  bool product_16_bits(const uint16_t* x16, int64_t ld16, int64_t m, float* y, int64_t ldy,
                        const MatmulEpilogue& epilogue) const {
     const bool bfloat16_output = epilogue.rounded_output != nullptr;
-    if (lt_product(context_, m, rows_, cols_, x16, cols_, weights_16_bits_.data(),
+    if (lt_product(context_, m, rows_, cols_, x16, ld16, weights_16_bits_.data(),
                    blas_type(precision_),
                    bfloat16_output ? static_cast<void*>(epilogue.rounded_output) : y,
                    bfloat16_output ? CUDA_R_16BF : CUDA_R_32F, ldy, epilogue.bias, epilogue.relu))
       return true;
     Scratch result(context_, bfloat16_output ? m * ldy * int64_t(sizeof(float)) : 0);  // [m, ldy]
     float* target = bfloat16_output ? result.as<float>() : y;
-    blas_product(context_, false, true, m, rows_, cols_, 1.f, x16, cols_, weights_16_bits_.data(),
+    blas_product(context_, false, true, m, rows_, cols_, 1.f, x16, ld16, weights_16_bits_.data(),
                  cols_, 0.f, target, ldy, blas_type(precision_));
     finish_epilogue(context_, target, ldy, epilogue, m, rows_);
     return false;
@@ -211,12 +212,13 @@ void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
                  ld_target, CUDA_R_32F);
   } else {
     // Each operand rounded into a dense copy unless it came rounded (bfloat16 copies only):
-    // stored [rows, cols] with row stride cols.
+    // stored [rows, cols] with row stride cols, or the given copy's (rounded_stride).
     const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
     const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
     const bool bfloat16 = precision == Precision::kBFloat16;
     const uint16_t* a16 = bfloat16 ? a.rounded : nullptr;
     const uint16_t* b16 = bfloat16 ? b.rounded : nullptr;
+    int64_t a16_ld = a.rounded_stride(a_cols), b16_ld = b.rounded_stride(b_cols);
     if ((!a16 && !a.values) || (!b16 && !b.values))
       throw std::invalid_argument(
           "matmul: an operand without values (a float16 product rounds "
@@ -224,14 +226,18 @@ void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
     Scratch a_copy(c, a16 ? 0 : a_rows * a_cols * int64_t(sizeof(uint16_t)));
     Scratch b_copy(c, b16 ? 0 : b_rows * b_cols * int64_t(sizeof(uint16_t)));
     if (!a16) {
-      round_to_16_bits(c.stream, a.values, a_rows, a_cols, lda, precision, a_copy.as<uint16_t>());
+      round_to_16_bits(c.stream, a.values, a_rows, a_cols, lda, precision, a_copy.as<uint16_t>(),
+                       a_cols);
       a16 = a_copy.as<uint16_t>();
+      a16_ld = a_cols;
     }
     if (!b16) {
-      round_to_16_bits(c.stream, b.values, b_rows, b_cols, ldb, precision, b_copy.as<uint16_t>());
+      round_to_16_bits(c.stream, b.values, b_rows, b_cols, ldb, precision, b_copy.as<uint16_t>(),
+                       b_cols);
       b16 = b_copy.as<uint16_t>();
+      b16_ld = b_cols;
     }
-    blas_product(c, trans_a, trans_b, m, n, k, alpha, a16, a_cols, b16, b_cols, beta, target,
+    blas_product(c, trans_a, trans_b, m, n, k, alpha, a16, a16_ld, b16, b16_ld, beta, target,
                  ld_target, blas_type(precision));
   }
   finish_epilogue(c, target, ld_target, epilogue, m, n);  // bias, ReLU, rounding: one pass
@@ -259,7 +265,7 @@ std::unique_ptr<PreparedMatrix> prepare_matrix(const Backend& backend, const Con
       case Precision::kBFloat16:
       case Precision::kFloat16:
         round_to_16_bits(c.stream, parts[i], n, k, k, precision,
-                         prepared->weights_16_bits_.data() + row * k);
+                         prepared->weights_16_bits_.data() + row * k, k);
         break;
       case Precision::kInt8:
         quantize_weight_rows(c.stream, parts[i], n, k, prepared->weights_int8_.data() + row * k,
