@@ -26,7 +26,10 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
   if (w.prepared) {  // bias and ReLU (and the rounding) in the product's own pass here too
     w.prepared->multiply({x, rounded_x}, rows, w.in, y, w.out, {w.bias, relu, rounded_y});
   } else if (!w.weight && !(w.rounded && rounds_to_bfloat16(w))) {
-    throw std::logic_error("linear_forward: a weight held in int8 is read only once prepared");
+    throw std::logic_error(w.int8.values
+                               ? "linear_forward: a weight held in int8 is read only once prepared"
+                               : "linear_forward: a stacked view is multiplied once "
+                                 "with_rounded_weights or prepare_weights filled it");
   } else {  // bias and ReLU in the product's own pass (MatmulEpilogue)
     backend.matmul(false, true, rows, w.out, w.in, 1.f, {x, rounded_x}, w.in, {w.weight, w.rounded},
                    w.in, 0.f, y, w.out, w.precision, {w.bias, relu, rounded_y});

@@ -72,17 +72,19 @@ void linear_parameter_backward(const Backend& backend, const LinearWeights& w,
 void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,
                           WorkspacePlan& plan);
 
-// Scratch of the backward passes, shared by all layers.
+// Scratch of the backward passes, shared by all layers. Where an attention's projections are
+// stacked (Attention::qkv, kv) their gradients lie side by side as the projections do: dq | dk |
+// dv in dq's rows, or dk | dv in dk's (dv then unused), and so do the rounded copies.
 struct BackwardScratch {
   DeviceBuffer<float> d_context;  // [B, Tq, D]
-  DeviceBuffer<float> dq;         // [B, Tq, D]
-  DeviceBuffer<float> dk;         // [B, Tk, D]
+  DeviceBuffer<float> dq;         // [B, Tq, D]; stacked Q|K|V: [B, T, 3D]
+  DeviceBuffer<float> dk;         // [B, Tk, D]; stacked K|V: [B, Tk, 2D]
   DeviceBuffer<float> dv;         // [B, Tk, D]
   // Training in bfloat16: dq, dk, dv rounded by the attention's backward for the projections'
-  // backward products (AttentionShape::rounded_dq, ...).
-  DeviceBuffer<uint16_t> rounded_dq;  // [B, Tq, D]
-  DeviceBuffer<uint16_t> rounded_dk;  // [B, Tk, D]
-  DeviceBuffer<uint16_t> rounded_dv;  // [B, Tk, D]
+  // backward products (AttentionShape::rounded_dq, ...), in their layouts.
+  DeviceBuffer<uint16_t> rounded_dq;  // as dq
+  DeviceBuffer<uint16_t> rounded_dk;  // as dk
+  DeviceBuffer<uint16_t> rounded_dv;  // as dv
   DeviceBuffer<float> d_hidden;       // [rows, d_ff]
   DeviceBuffer<float> d_sublayer;     // [rows, D] gradient entering a sublayer's function
   DeviceBuffer<float> d_normed;       // [rows, D] gradient of a pre-norm sublayer's function input
