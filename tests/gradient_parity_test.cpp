@@ -161,9 +161,12 @@ TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
 // Training in bfloat16 multiplies each self-attention's Q, K, V and each cross-attention's K, V
 // as one stacked product (Attention::qkv, kv: one product forward and one for the input's
 // gradient, over gradients laid side by side): the same outputs and gradients as the separate
-// products, within float rounding (1e-5 of each tensor's largest value), for the first decoder
-// layer's two attentions of every fixture variant (post- and pre-norm, additive and unscaled
-// scores, windows, no biases), on every backend. A wrong stride or block moves them by ~100%.
+// products, for the first decoder layer's two attentions of every fixture variant (post- and
+// pre-norm, additive and unscaled scores, windows, no biases), on every backend. Within float
+// rounding on the CPU (1e-5 of each tensor's largest value); a GPU's attention rounds its
+// operands to bfloat16 on tensor cores, where a projection's last bit, which another product
+// shape may change, can move a rounding by 2^-8: 2e-3 there. A wrong stride, block or bias
+// moves them by ~100%.
 TEST_P(GradientParity, StackedProjectionsAreTheSeparateProducts) {
   const Backend& backend = find_backend(GetParam().device);
   if (!backend.supports(Precision::kBFloat16))
@@ -236,6 +239,7 @@ TEST_P(GradientParity, StackedProjectionsAreTheSeparateProducts) {
     result["d_memory_input"].data = download(d_memory.data(), B * S * d);
     return result;
   };
+  const double tolerance = &backend == &cpu_backend() ? 1e-5 : 2e-3;
   for (bool self : {true, false}) {
     SCOPED_TRACE(self ? "self-attention" : "cross-attention");
     const TensorMap separate = run(self, false), stacked = run(self, true);
@@ -246,7 +250,8 @@ TEST_P(GradientParity, StackedProjectionsAreTheSeparateProducts) {
       double scale = 0;
       for (float e : expected.data) scale = std::max(scale, double(std::abs(e)));
       for (size_t i = 0; i < got.size(); ++i)
-        ASSERT_NEAR(got[i], expected.data[i], 1e-5 * scale + 1e-12) << name << " [" << i << "]";
+        ASSERT_NEAR(got[i], expected.data[i], tolerance * scale + 1e-12)
+            << name << " [" << i << "]";
       if (name.find(".q.weight") != std::string::npos ||
           name.find(".v.weight") != std::string::npos)
         largest_weight_gradient = std::max(largest_weight_gradient, scale);

@@ -1280,10 +1280,15 @@ void int8_product(cudaStream_t s, const int8_t* qx, const float* x_scales, const
                   const float* w_scales, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy,
                   const float* bias, bool relu) {
   if (m * n == 0) return;
-  const dim3 grid(unsigned((n + kTile - 1) / kTile), unsigned((m + kTile - 1) / kTile));
-  int8_product_kernel<<<grid, kTile * 8, 0, s>>>(qx, x_scales, qw, w_scales, m, n, k, y, ldy, bias,
-                                                 relu);
-  check_launch("int8_product");
+  // Rows in launches of at most 65,535 row tiles (the grid's y limit).
+  constexpr int64_t kRowsPerLaunch = int64_t(65535) * kTile;
+  for (int64_t first = 0; first < m; first += kRowsPerLaunch) {
+    const int64_t rows = m - first < kRowsPerLaunch ? m - first : kRowsPerLaunch;
+    const dim3 grid(unsigned((n + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile));
+    int8_product_kernel<<<grid, kTile * 8, 0, s>>>(qx + first * k, x_scales + first, qw, w_scales,
+                                                   rows, n, k, y + first * ldy, ldy, bias, relu);
+    check_launch("int8_product");
+  }
 }
 
 void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count, int64_t d,
