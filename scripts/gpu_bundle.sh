@@ -3,7 +3,8 @@
 # SentencePiece, ICU, Open MPI, ...): build/transformer, build/tests/transformer_tests,
 # build/bench/train_bench and build/bench/decode_bench at
 # their build-tree paths, plus every shared library `ldd` lists except glibc's and CUDA's own
-# (the GPU machine has cudart / cuBLAS 13), under build/gpu-lib; one xz-compressed tar.
+# (the GPU machine has cudart / cuBLAS 13), under build/gpu-lib, and Open MPI's runtime under
+# build/openmpi (scripts/pack_openmpi.sh); one xz-compressed tar.
 # scripts/gpu_check.sh unpacks it into the repository root there and runs the GPU checks.
 #   bash scripts/gpu_bundle.sh [OUT]    (default .gpu/bundle.tar.xz; .gpu/ is git-ignored)
 # With CT2_CUDA_PREFIX naming a CTranslate2 built by `bench/build_ctranslate2.sh --cuda`, its
@@ -41,6 +42,14 @@ for binary in $binaries; do
     grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so|/libcu(da|dart|blas|blasLt)\.so|/libctranslate2\.so' |
     while read -r library; do cp -Ln "$library" "$stage/build/gpu-lib/" 2>/dev/null || true; done
 done
+# Open MPI's runtime (mpirun and what it loads), for the data-parallel test on the GPU
+# (MpiTrain.TwoRanksOnGpusMatchOneGpuProcess): the GPU machine has no MPI of its own. A build
+# with MPI needs it, or that test would only skip there.
+if ldd build/transformer | grep -q libmpi; then
+  command -v orterun >/dev/null ||
+    { echo "error: this build has MPI but orterun is missing (apt-get install openmpi-bin)" >&2; exit 1; }
+  bash scripts/pack_openmpi.sh "$stage/build/openmpi" >/dev/null
+fi
 strip --strip-unneeded "$stage"/build/transformer "$stage"/build/tests/transformer_tests \
   "$stage"/build/bench/train_bench "$stage"/build/bench/decode_bench \
   "$stage"/build/gpu-lib/* "$stage"/build/ct2/bin/* "$stage"/build/ct2/lib/* 2>/dev/null || true

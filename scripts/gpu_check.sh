@@ -5,7 +5,8 @@
 #      in a process of its own,
 #   2. the command-line GPU tests (CTranslate2's model translated and scored on the GPU as on
 #      the CPU; the reversal task trained and translated on the GPU in float32 and bfloat16; a
-#      GPU checkpoint resumed on the CPU; the first losses of both devices compared), and the
+#      GPU checkpoint resumed on the CPU; the first losses of both devices compared; two ranks
+#      under the bundle's mpirun training as one process does), and the
 #      fixture tests on the GPU (PyTorch's gradients, the CTranslate2-converted models),
 #   3. training against PyTorch in the same run (bench/train_bench against bench/train_peer.py,
 #      float32 and bfloat16), a per-operation profile of a bfloat16 step, decoding against
@@ -29,6 +30,9 @@ rm -rf "$logs" /tmp/gpu_check_decode  # nothing from an earlier run on a reused 
 mkdir -p "$logs"
 tar -xJf "$bundle" || { echo "error: cannot unpack $bundle"; exit 1; }
 export LD_LIBRARY_PATH="$PWD/build/gpu-lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# The bundle's mpirun (scripts/pack_openmpi.sh), for the data-parallel test in gpu_cli.
+# shellcheck source=/dev/null
+[ ! -f build/openmpi/env.sh ] || source build/openmpi/env.sh
 # The test binary names the CLI and the fixtures by the development machine's paths.
 if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader |

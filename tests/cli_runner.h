@@ -71,9 +71,15 @@ class CliWorkDir {
   // `stdin_path`; launcher is e.g. "mpirun -np 2 " or empty.
   CliResult run_cli(const std::string& args, const std::string& stdin_path = "/dev/null",
                     const std::string& launcher = "") const {
+    return run_program(TFM_CLI_PATH, args, stdin_path, launcher);
+  }
+  // The same for another program of the build (a test's helper).
+  CliResult run_program(const std::string& program, const std::string& args,
+                        const std::string& stdin_path = "/dev/null",
+                        const std::string& launcher = "") const {
     const std::string err_file = path("stderr.txt");
     const std::string command =
-        launcher + std::string(TFM_CLI_PATH) + " " + args + " 2>" + err_file + " <" + stdin_path;
+        launcher + program + " " + args + " 2>" + err_file + " <" + stdin_path;
     FILE* pipe = ::popen(command.c_str(), "r");
     if (!pipe) return {-1, "", "popen failed: " + command};
     std::string out;
@@ -137,8 +143,6 @@ struct KillGroupOnExit {
   }
 };
 
-// The reversal task on token ids: work/prefix.src holds random sequences of ids 4..31 (lengths
-// min_len..max_len), work/prefix.tgt their reversals, one pair per line.
 // The --device name of this binary's first backend whose memory is not the host's (a GPU), or
 // "" with the reason in `why`: what the GPU tests run on, or skip with.
 inline std::string first_gpu_backend(std::string& why) {
@@ -148,6 +152,8 @@ inline std::string first_gpu_backend(std::string& why) {
   return "";
 }
 
+// The reversal task on token ids: work/prefix.src holds random sequences of ids 4..31 (lengths
+// min_len..max_len), work/prefix.tgt their reversals, one pair per line.
 inline void write_reversal_data(const CliWorkDir& work, const std::string& prefix, int pairs,
                                 int min_len, int max_len, unsigned seed) {
   std::mt19937 random(seed);

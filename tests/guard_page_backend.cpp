@@ -225,10 +225,14 @@ void GuardPageBackend::copy_bytes(const void* from, int64_t bytes, void* to) con
   if (bytes > 0) std::memmove(to, from, size_t(bytes));
 }
 void GuardPageBackend::copy_from_host(const void* host, int64_t bytes, void* device) const {
-  if (bytes > 0) std::memcpy(device, host, size_t(bytes));
+  if (bytes <= 0) return;
+  std::memcpy(device, host, size_t(bytes));
+  bytes_copied_with_host_ += bytes;
 }
 void GuardPageBackend::copy_to_host(const void* device, int64_t bytes, void* host) const {
-  if (bytes > 0) std::memcpy(host, device, size_t(bytes));
+  if (bytes <= 0) return;
+  std::memcpy(host, device, size_t(bytes));
+  bytes_copied_with_host_ += bytes;
 }
 
 void GuardPageBackend::copy(const float* x, int64_t n, float* y) const {

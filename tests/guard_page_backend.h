@@ -12,6 +12,7 @@
 // promises; tests only.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -132,10 +133,14 @@ class GuardPageBackend final : public Backend {
 
   // Blocks allocated and not yet freed (a test can check that nothing leaked).
   int64_t live_blocks() const;
+  // Bytes moved by copy_from_host and copy_to_host so far (a test can check that host code
+  // went through copies instead of reading this memory in place).
+  int64_t bytes_copied_with_host() const { return bytes_copied_with_host_; }
 
  private:
   mutable std::mutex mutex_;
   mutable std::map<void*, std::pair<void*, size_t>> mappings_;  // block -> (mapping, length)
+  mutable std::atomic<int64_t> bytes_copied_with_host_{0};
 };
 
 }  // namespace tfm

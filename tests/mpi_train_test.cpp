@@ -213,6 +213,44 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
   EXPECT_LT(max_relative_difference(switched, one, where), 1e-5) << where;
 }
 
+// A GPU's gradients and parameters are not in host memory, where MPI reduces: Replicas sums and
+// broadcasts them through host copies (tests/replicas_staging_probe.cpp, on a stand-in backend
+// whose memory the host reaches only through copies, each block ending at a guard page).
+TEST_F(MpiTrain, ReplicasOnAnotherBackendsMemoryGoThroughHostCopies) {
+#ifdef TFM_REPLICAS_STAGING_PROBE
+  const CliResult r = work.run_program(TFM_REPLICAS_STAGING_PROBE, "", "/dev/null", kLauncher);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("rank 0: ok"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("rank 1: ok"), std::string::npos) << r.out << r.err;
+#else
+  GTEST_SKIP() << "built without MPI";
+#endif
+}
+
+// Data parallel on GPUs: `--device cuda` gives each rank of a machine a GPU of its own (here
+// both share the one there may be), whose gradients are summed through host memory; the job
+// ends where one process on the GPU ends. Float32, so that only the summation order differs.
+TEST_F(MpiTrain, TwoRanksOnGpusMatchOneGpuProcess) {
+  std::string why;
+  const std::string gpu = tfm::testing_support::first_gpu_backend(why);
+  if (gpu.empty()) GTEST_SKIP() << why;
+  CliResult r = work.run_cli(train_flags("gpu_one", 20) + " --device " + gpu);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = work.run_cli(train_flags("gpu_two", 20) + " --device " + gpu, "/dev/null", kLauncher);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("data parallel: 2 ranks"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 0 on " + gpu), std::string::npos) << r.err;
+  const tfm::Model one =
+      tfm::load_model(work.path("gpu_one/model.safetensors"), tfm::cpu_backend());
+  const tfm::Model two =
+      tfm::load_model(work.path("gpu_two/model.safetensors"), tfm::cpu_backend());
+  std::string where;
+  EXPECT_LT(max_relative_difference(two, one, where), 1e-4) << where;
+  const tfm::Model start = tfm::load_model(
+      work.path("gpu_one/checkpoints/step-000000010.safetensors"), tfm::cpu_backend());
+  EXPECT_GT(max_relative_difference(start, one, where), 1e-3);
+}
+
 TEST_F(MpiTrain, KillingOneRankEndsTheJobAndKeepsTheLastCheckpoint) {
   const std::string dir = work.path("killed");
   const std::string err = work.path("killed.err");

@@ -59,4 +59,12 @@ const Backend& find_backend(const std::string& device) {
               why + ")");
 }
 
+const Backend& find_backend(const std::string& device, int local_rank) {
+  const auto& backends = available_backends();
+  const size_t accelerators = backends.size() - 1;  // every backend after the CPU
+  if (accelerators > 0 && local_rank > 0 && (device == "auto" || device == backends[1]->name()))
+    return *backends[1 + size_t(local_rank) % accelerators];
+  return find_backend(device);
+}
+
 }  // namespace tfm

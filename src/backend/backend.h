@@ -357,5 +357,10 @@ std::vector<std::string> built_backend_kinds();
 
 // The backend --device names; an unknown name throws Error listing the available ones.
 const Backend& find_backend(const std::string& device);
+// The same for the process of local rank `local_rank` among several on one machine
+// (data-parallel training under mpirun): the first accelerator's plain name ("cuda") and
+// "auto" give it the accelerator local_rank mod their count, so that `mpirun -np <GPUs>` puts
+// each process on a GPU of its own; a name with a number ("cuda:1") is that device for all.
+const Backend& find_backend(const std::string& device, int local_rank);
 
 }  // namespace tfm

@@ -156,10 +156,14 @@ CommandRunner add_train_command(CLI::App& app) {
       "    --valid-src dev.src --valid-tgt dev.tgt --model-dir rev --max-steps 2000 --warmup 400 "
       "--lr-factor 2\n"
       "Data parallel (P processes, each --batch-tokens / P of every global batch; rank 0 writes):\n"
-      "  mpirun -np 2 -x OMP_NUM_THREADS=1 --bind-to none transformer train ...");
+      "  mpirun -np 2 -x OMP_NUM_THREADS=1 --bind-to none transformer train ...\n"
+      "  (with --device cuda the r-th rank on a machine takes its GPU r, mod the GPUs there)");
   return [o] {
     TrainOptions train = o->train;
-    train.device = o->device.resolve().name();
+    o->device.resolve();  // an unknown or absent device fails here, before anything is read
+    // The name as given: under mpirun "cuda" and "auto" give each rank a GPU of its own, where
+    // "cuda:0" keeps every rank on that one (find_backend with the local rank).
+    train.device = o->device.name;
     if (!o->compute_type.empty()) train.precision = training_precision(o->compute_type);
     if (!o->sentencepiece_alphas.empty())
       train.sentencepiece_alphas = {o->sentencepiece_alphas.front(),

@@ -41,13 +41,6 @@ Replicas& Replicas::world() {
   return *replicas;
 }
 
-int Replicas::local_size() const {
-  if (!distributed()) return 1;
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
-    if (const char* value = std::getenv(name)) return std::max(1, std::atoi(value));
-  return 1;
-}
-
 std::string Replicas::prefix() const {
   if (!distributed()) return "";
   return "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": ";
@@ -113,6 +106,15 @@ void Replicas::join_mpi() {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  // The ranks that share this machine's memory, from MPI itself (whatever the launcher: mpirun,
+  // srun, a PMIx server), numbered by their global rank.
+  MPI_Comm machine;
+  check_mpi(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &machine),
+      "split by machine");
+  MPI_Comm_rank(machine, &local_rank_);
+  MPI_Comm_size(machine, &local_size_);
+  MPI_Comm_free(&machine);
   std::atexit([] {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -157,39 +159,55 @@ void Replicas::sum(double* values, int64_t count) {
   wait(&request, "all-reduce of step totals");
 }
 
+namespace {
+
+// Runs `collective` over `n` floats at `data` in `backend`'s memory where MPI can reach them: in
+// place in host memory, else on a host copy in `staging` (a GPU's memory: MPI is handed host
+// pointers only), which is filled first where `download` and copied back after.
+template <typename Collective>
+void on_host_copy(const Backend& backend, float* data, int64_t n, bool download,
+                  std::vector<float>& staging, Collective&& collective) {
+  if (backend.memory_is_host() || n == 0) return collective(data);
+  staging.resize(size_t(n));
+  if (download) backend.copy_to_host(data, n * int64_t(sizeof(float)), staging.data());
+  collective(staging.data());
+  backend.copy_from_host(staging.data(), n * int64_t(sizeof(float)), data);
+}
+
+}  // namespace
+
 double Replicas::sum_tensors(DeviceTensors& tensors) {
   if (!distributed()) return 0;
-  if (!tensors.backend().memory_is_host())
-    throw Error("data-parallel training on --device " + tensors.backend().name() +
-                " is not supported: its gradients are not in host memory");
-  float* flat = tensors.flat();  // [numel]
   const int64_t total = tensors.numel();
   const auto start = std::chrono::steady_clock::now();
-  std::vector<MPI_Request> requests;
-  for (int64_t begin = 0; begin < total; begin += kBucketFloats) {
-    const int64_t count = std::min(kBucketFloats, total - begin);
-    requests.emplace_back();
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, flat + begin, int(count), MPI_FLOAT, MPI_SUM,
-                             MPI_COMM_WORLD, &requests.back()),
-              "gradient all-reduce");
-  }
-  for (MPI_Request& request : requests) wait(&request, "gradient all-reduce");
+  on_host_copy(tensors.backend(), tensors.flat(), total, true, staging_, [&](float* flat) {
+    std::vector<MPI_Request> requests;
+    for (int64_t begin = 0; begin < total; begin += kBucketFloats) {
+      const int64_t count = std::min(kBucketFloats, total - begin);
+      requests.emplace_back();
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, flat + begin, int(count), MPI_FLOAT, MPI_SUM,
+                               MPI_COMM_WORLD, &requests.back()),
+                "gradient all-reduce");
+    }
+    for (MPI_Request& request : requests) wait(&request, "gradient all-reduce");
+  });
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void Replicas::broadcast_tensors(DeviceTensors& tensors) {
   if (!distributed()) return;
-  if (!tensors.backend().memory_is_host())
-    throw Error("data-parallel training on --device " + tensors.backend().name() +
-                " is not supported: its parameters are not in host memory");
   for (auto& [name, entry] : tensors)
-    for (int64_t begin = 0; begin < entry.numel(); begin += kBucketFloats) {
-      MPI_Request request;
-      check_mpi(MPI_Ibcast(entry.ptr() + begin, int(std::min(kBucketFloats, entry.numel() - begin)),
+    on_host_copy(
+        tensors.backend(), entry.ptr(), entry.numel(), primary(), staging_, [&](float* values) {
+          for (int64_t begin = 0; begin < entry.numel(); begin += kBucketFloats) {
+            MPI_Request request;
+            check_mpi(
+                MPI_Ibcast(values + begin, int(std::min(kBucketFloats, entry.numel() - begin)),
                            MPI_FLOAT, 0, MPI_COMM_WORLD, &request),
                 "broadcast");
-      wait(&request, "parameter broadcast");
-    }
+            wait(&request, "parameter broadcast");
+          }
+        });
 }
 
 bool Replicas::all_equal(uint64_t value) {

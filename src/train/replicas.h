@@ -26,8 +26,10 @@ class Replicas {
   int size() const { return size_; }
   bool distributed() const { return size_ > 1; }
   bool primary() const { return rank_ == 0; }
-  // Ranks on this machine (they share its memory): from the launcher's environment, else 1.
-  int local_size() const;
+  // Ranks on this machine (they share its memory), and this rank's number among them (0 to
+  // local_size() − 1, in the order of their global ranks: which GPU it takes).
+  int local_size() const { return local_size_; }
+  int local_rank() const { return local_rank_; }
   // "rank 1 of 4: " in a distributed job, "" otherwise (for messages).
   std::string prefix() const;
 
@@ -40,12 +42,11 @@ class Replicas {
   // In place: every rank ends with the element-wise sum over ranks. No-ops with one replica.
   void sum(double* values, int64_t count);
   // Sums all tensors of `tensors` (same names and shapes on every rank) in place, their one
-  // block reduced in buckets; returns the seconds spent waiting for the reduction. MPI reads
-  // the block where it is, so the backend's memory must be the host's (Backend::memory_is_host;
-  // throws Error otherwise: a backend with memory of its own would stage it through the host
-  // here, or hand MPI device pointers it understands).
+  // block reduced in buckets; returns the seconds spent on it. MPI reads the block where it is
+  // in host memory (Backend::memory_is_host), and a copy of it in host memory otherwise (a
+  // GPU's gradients: copied to the host, summed there, copied back).
   double sum_tensors(DeviceTensors& tensors);
-  // Copies rank 0's tensors to every rank (in host memory, as sum_tensors).
+  // Copies rank 0's tensors to every rank (through host memory, as sum_tensors).
   void broadcast_tensors(DeviceTensors& tensors);
   // True when `value` is the same on every rank.
   bool all_equal(uint64_t value);
@@ -59,6 +60,10 @@ class Replicas {
   void wait(void* request, const char* what);
 
   int rank_ = 0, size_ = 1;
+  int local_rank_ = 0, local_size_ = 1;
+  // [the largest numel handed over]: the host copy of device memory that sum_tensors and
+  // broadcast_tensors give MPI.
+  std::vector<float> staging_;
   double timeout_seconds_ = 300;
   const std::atomic<int>* stop_signal_ = nullptr;
 };

@@ -293,13 +293,22 @@ class TrainingRun {
     return parameter_count(model_->config()) * int64_t(sizeof(float)) * copies;
   }
 
+  // The host memory all ranks on this machine take for `device_bytes` of training state in
+  // the backend's memory: all of it, for every rank, where that memory is the host's; else
+  // (a GPU each) the host copy of the gradients that a distributed run sums (Replicas).
+  int64_t host_bytes_on_this_machine(int64_t device_bytes) const {
+    if (backend_.memory_is_host()) return device_bytes * replicas_.local_size();
+    if (!replicas_.distributed()) return 0;
+    return parameter_count(model_->config()) * int64_t(sizeof(float)) * replicas_.local_size();
+  }
+
   // The training and validation data, encoded with the run's vocabularies; the vocabularies
   // go into the model directory.
   void read_data() {
     const ModelConfig& config = model_->config();
-    // Weights + gradients (+ Adam's two moments; the all-reduce sums the gradients where they
-    // are), for every rank on this machine, before any of them is allocated.
-    check_memory(state_bytes() * replicas_.local_size(),
+    // Weights + gradients (+ Adam's two moments), for every rank on this machine, before any
+    // of them is allocated.
+    check_memory(host_bytes_on_this_machine(state_bytes()),
                  "training this model (weights, gradients, optimizer state)");
     replicas_.broadcast_tensors(model_->mutable_parameters());  // every rank starts from rank 0's
 
@@ -352,8 +361,9 @@ class TrainingRun {
     if (replicas_.distributed() && primary_)
       std::fprintf(stderr,
                    "data parallel: %d ranks, each takes every %d-th sentence of a global batch of "
-                   "%lld tokens\n",
-                   replicas_.size(), replicas_.size(), (long long)o_.batch_tokens);
+                   "%lld tokens; rank 0 on %s\n",
+                   replicas_.size(), replicas_.size(), (long long)o_.batch_tokens,
+                   backend_.name().c_str());
     optimizer_.emplace(o_.optimizer, model_->parameters());
     if (resumed_) {
       optimizer_->load_state(std::move(resumed_->optimizer_state), checkpoint_path(o_.model_dir));
@@ -502,7 +512,7 @@ class TrainingRun {
       plan_loss_and_gradients(*model_, shape_of(valid_batches_[i]), {}, false, ws_, precision_);
     const int64_t bytes = ws_.plan.block_bytes();
     if (bytes <= ws_.memory.bytes()) return;
-    check_memory((state_bytes() + bytes) * replicas_.local_size(),
+    check_memory(host_bytes_on_this_machine(state_bytes() + bytes),
                  "training this model on these batches (weights, gradients, optimizer state and " +
                      std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB of activations)");
     ws_.memory.allocate(model_->backend(), ws_.plan);
@@ -792,7 +802,7 @@ TrainResult train(const TrainOptions& o) {
   Replicas& replicas = Replicas::world();
   replicas.set_timeout(o.replica_timeout);
   replicas.watch_stop_signal(&stop_signal());
-  const Backend& backend = find_backend(o.device);
+  const Backend& backend = find_backend(o.device, replicas.local_rank());
   // A compute type this backend cannot train in fails before anything is loaded.
   if (o.precision) check_compute_type(backend, *o.precision);
   TrainingRun run(o, replicas, backend);

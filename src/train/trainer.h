@@ -27,7 +27,9 @@ struct TrainOptions {
   ModelConfig config;
   std::string init_path;
   bool resume = false;
-  std::string device = "cpu";  // the backend that trains (find_backend)
+  // The backend that trains (find_backend with the rank's local rank: under mpirun, "cuda" and
+  // "auto" give each rank on a machine a GPU of its own).
+  std::string device = "cpu";
   // The number format of every linear product, forward and backward: float32, or bfloat16
   // (float32 master weights, gradients, Adam moments and checkpoints). Unset: the resumed run's
   // (recorded in its checkpoint), else float32.
