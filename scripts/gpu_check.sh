@@ -21,7 +21,8 @@
 # GPU_CHECK_STEPS="backend_ops train_vs_torch_bf16 ..." runs only the steps named (a short
 # rerun after a change); the table lists the others as skipped. train_vs_compile_bf16 (against
 # torch.compile, which compiles for a minute or more), the float16 decoding comparisons
-# (decode_512_*_f16) and the int8 ones against CTranslate2 (ct2_64_*_int8) run only when named.
+# (decode_512_*_f16), the int8 ones against CTranslate2 (ct2_64_*_int8) and the tensor-core
+# attention on sentences of 127 tokens (attention_tc_train_128) run only when named.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-.gpu/bundle.tar.xz}
@@ -174,9 +175,9 @@ named_step train_vs_compile_bf16 240 train_compare bfloat16 --compile
 # backward in one pass with the bias gradients (elementwise.cu) against its column-sum, row and
 # bias-gradient passes (TFM_CUDA_ONE_PASS_NORM); the stacked Q|K|V and K|V projections
 # (model/weights.cpp) against their separate products (TFM_STACKED_PROJECTIONS).
-path_against_switch() {  # path_against_switch SWITCH WHAT
-  local run=(build/bench/train_bench --batch 400 --src-len 63 --tgt-len 63 --vocab 37000
-    --steps 5 --warmup 2 --device cuda --compute-type bfloat16)
+path_against_switch() {  # path_against_switch SWITCH WHAT [BATCH LENGTH]: 400 pairs of 63 tokens
+  local run=(build/bench/train_bench --batch "${3:-400}" --src-len "${4:-63}" --tgt-len "${4:-63}"
+    --vocab 37000 --steps 5 --warmup 2 --device cuda --compute-type bfloat16)
   local with without
   with=$("${run[@]}" | tail -1) || return 1
   without=$(env "$1=0" "${run[@]}" | tail -1) || return 1
@@ -195,6 +196,9 @@ PY
 export -f path_against_switch
 step attention_tc_train 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
   "attention on tensor cores"
+# The same tokens a batch in sentences of 127 tokens and an end mark: the 128-row blocks.
+named_step attention_tc_train_128 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
+  "attention on tensor cores, 128 tokens" 200 127
 step one_pass_norm_train 60 path_against_switch TFM_CUDA_ONE_PASS_NORM \
   "layer norm backward in one pass"
 step stacked_projections_train 60 path_against_switch TFM_STACKED_PROJECTIONS \

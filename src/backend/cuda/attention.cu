@@ -473,7 +473,7 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
   if (dropout.p > 0.f)
     dropout_mask(c.stream, dropout.mask, blocks * s.key_len, dropout.p, dropout.key);
   if constexpr (std::is_same_v<Element, float>) {
-    if (tensor_core_attention_applies(s, mask, dropout)) {
+    if (tensor_core_attention_applies(c, s, mask, dropout)) {
       tensor_core_attention_forward(c, s, mask, q, k, v, probs, out);
       return;
     }
@@ -613,7 +613,7 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
   if (additive && (!s.score.additive_v || !d_additive_v))
     throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
   if (s.batch * s.heads * s.query_len > 0 && probs &&
-      tensor_core_attention_applies(s, mask, dropout)) {
+      tensor_core_attention_applies(c, s, mask, dropout)) {
     tensor_core_attention_backward(c, s, q, k, v, probs, d_out, dq, dk, dv);  // and the copies
     return;
   }

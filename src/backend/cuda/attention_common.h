@@ -70,33 +70,34 @@ struct HeadRows {
   }
 };
 
-// The weights of a block-per-head kernel's 64 score rows (scores[t · pitch + j], Q·Kᵀ of
-// sequence b), a warp a row: row t < query_len gets the masked softmax of its scores · scale
-// over its visible keys (masked_softmax_kernel's formula), a row past query_len zero weights.
-// store(t, j, w) for every t, j < 64 (w = 0 outside the visible keys), once the row is read.
-template <typename Store>
-__device__ __forceinline__ void softmax_rows_of_64(const AttentionShape& s,
+// The weights of a block-per-head kernel's kLen score rows (scores[t · pitch + j], Q·Kᵀ of
+// sequence b; kLen a multiple of 32), a warp a row: row t < query_len gets the masked softmax of
+// its scores · scale over its visible keys (masked_softmax_kernel's formula), a row past
+// query_len zero weights. store(t, j, w) for every t, j < kLen (w = 0 outside the visible keys),
+// once the row is read.
+template <int kLen, typename Store>
+__device__ __forceinline__ void softmax_block_rows(const AttentionShape& s,
                                                    const AttentionMask& mask, int64_t b,
                                                    const float* scores, int pitch, float scale,
                                                    Store store) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int64_t key_count = s.key_len;
   if (mask.key_lengths && mask.key_lengths[b] < key_count) key_count = mask.key_lengths[b];
-  for (int t = warp; t < 64; t += blockDim.x / 32) {
+  for (int t = warp; t < kLen; t += blockDim.x / 32) {
     const float* row = scores + t * pitch;
     int64_t begin = 0, end = 0;  // no query: no key
     if (t < s.query_len) visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
     float largest = -INFINITY;
-    for (int j = lane; j < 64; j += 32)
+    for (int j = lane; j < kLen; j += 32)
       if (j >= begin && j < end) largest = fmaxf(largest, row[j]);
     largest = warp_max(largest);
     const float shift = largest * scale;
     float total = 0.f;
-    for (int j = lane; j < 64; j += 32)
+    for (int j = lane; j < kLen; j += 32)
       if (j >= begin && j < end) total += expf(row[j] * scale - shift);
     total = warp_sum(total);
     const float inverse = total > 0.f ? 1.f / total : 0.f;
-    for (int j = lane; j < 64; j += 32)
+    for (int j = lane; j < kLen; j += 32)
       store(t, j, j >= begin && j < end ? expf(row[j] * scale - shift) * inverse : 0.f);
   }
 }

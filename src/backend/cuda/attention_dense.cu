@@ -3,8 +3,9 @@
 // (dV = P'ᵀ·dO, dP = dO·Vᵀ, the softmax's backward, dQ = dS·K, dK = dSᵀ·Q). This is
 // what training (which keeps the weights for the backward anyway) and the encoder's full
 // passes use; additive scores, cached rows and shared key batches (decoding) stay with the
-// per-query kernels of attention.cu. Products in float32, as the CPU backend's; the backward's
-// on TF32 tensor cores where the shape allows it (AttentionShape::products).
+// per-query kernels of attention.cu. Products in float32, as the CPU backend's, or on TF32 tensor
+// cores where AttentionShape::products asks for reduced precision (training in bfloat16, whose
+// sequences longer than attention_tensor_cores.cu takes come here: forward and backward).
 #include <cmath>
 
 #include "backend/cuda/attention_common.h"
@@ -163,7 +164,7 @@ void dense_attention_forward(const Context& c, const AttentionShape& s, const At
   head_product(c, false, true, s.query_len, s.key_len, d,
                {q, s.q_row_stride, s.query_len * s.q_row_stride, d},
                {k, s.k_row_stride, k_stride, d},
-               {scores, s.key_len, s.heads * pair_size, pair_size}, s.batch, s.heads);
+               {scores, s.key_len, s.heads * pair_size, pair_size}, s.batch, s.heads, s.products);
   masked_softmax_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream>>>(
       s, mask, scores, attention_score_scale(s.score.kind, s.head_dim),
       dropout.p > 0.f ? dropout.mask : nullptr, dropout.p > 0.f ? 1.f / (1.f - dropout.p) : 1.f,
@@ -171,10 +172,10 @@ void dense_attention_forward(const Context& c, const AttentionShape& s, const At
   check_launch("attention_forward (softmax)");
   const float* weights = dropout.p > 0.f ? dropped.as<float>() : scores;
   // O[Tq, d] = P'·V per sequence and head
-  head_product(c, false, false, s.query_len, d, s.key_len,
-               {weights, s.key_len, s.heads * pair_size, pair_size},
-               {v, s.v_row_stride, v_stride, d},
-               {out, s.out_row_stride, s.query_len * s.out_row_stride, d}, s.batch, s.heads);
+  head_product(
+      c, false, false, s.query_len, d, s.key_len,
+      {weights, s.key_len, s.heads * pair_size, pair_size}, {v, s.v_row_stride, v_stride, d},
+      {out, s.out_row_stride, s.query_len * s.out_row_stride, d}, s.batch, s.heads, s.products);
 }
 
 void dense_attention_backward(const Context& c, const AttentionShape& s, const AttentionMask& mask,

@@ -85,7 +85,7 @@ __global__ void short_attention_forward_kernel(AttentionShape s, AttentionMask m
       [&](int c, int j) { return ks[j * kPitch + c]; }, acc);
   store_tile(acc, [&](int i, int j, float x) { ps[i * kPitch + j] = x; });
   __syncthreads();
-  softmax_rows_of_64(s, mask, at.b, ps, kPitch, scale, [&](int t, int j, float w) {
+  softmax_block_rows<kShortLen>(s, mask, at.b, ps, kPitch, scale, [&](int t, int j, float w) {
     ps[t * kPitch + j] = w;
     if (probs && t < tq && j < tk) probs[at.weights_row(s, t) + j] = w;
   });
@@ -106,12 +106,17 @@ constexpr size_t kForwardShared = 4 * kMatrix * sizeof(float);
 
 }  // namespace
 
-bool short_attention_applies(const AttentionShape& s, const AttentionMask& mask,
-                             const AttentionDropout& dropout) {
+bool block_per_head_applies(const AttentionShape& s, const AttentionMask& mask,
+                            const AttentionDropout& dropout, int64_t most_rows) {
   return s.score.kind != AttentionScoring::kAdditive && !s.key_rows && !mask.key_batch &&
          dropout.p == 0.f && s.head_dim == kShortHead && s.query_len >= 1 &&
-         s.query_len <= kShortLen && s.key_len >= 1 && s.key_len <= kShortLen &&
+         s.query_len <= most_rows && s.key_len >= 1 && s.key_len <= most_rows &&
          s.batch * s.heads >= 1 && s.batch * s.heads < int64_t(1) << 31;
+}
+
+bool short_attention_applies(const AttentionShape& s, const AttentionMask& mask,
+                             const AttentionDropout& dropout) {
+  return block_per_head_applies(s, mask, dropout, kShortLen);
 }
 
 void short_attention_forward(const Context& c, const AttentionShape& s, const AttentionMask& mask,

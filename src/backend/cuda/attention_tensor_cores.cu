@@ -1,16 +1,19 @@
-// Training's attention in bfloat16 on tensor cores, for at most 64 queries and keys with heads
-// of 64 (the base and big models' training batches): a block per (sequence, head), as
-// attention_short.cu's float32 forward, whose every product (S = Q·Kᵀ and O = P·V; in the
-// backward dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K and dK = dSᵀ·Q) is 16 WMMA tiles of bfloat16
-// operands summed in float32, two tiles a warp. The operands are rounded to bfloat16 (nearest
-// even) as they are loaded, as PyTorch's autocast rounds them; the softmax and its backward stay
-// in float32, and the backward reads the weights as the forward stored them (float32). It serves
-// the calls whose AttentionShape::products is kBFloat16 (training in bfloat16) where
-// attention_short.cu's conditions hold; TFM_CUDA_TENSOR_CORE_ATTENTION=0 turns it off (and the
-// whole-matrix backward's TF32 products), to compare or to rule them out.
+// Training's attention in bfloat16 on tensor cores, for at most 128 queries and keys with heads
+// of 64 (the base and big models' training batches, and the longer sentences of real corpora): a
+// block per (sequence, head), as attention_short.cu's float32 forward, whose every product (S =
+// Q·Kᵀ and O = P·V; in the backward dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K and dK = dSᵀ·Q) is 16 × 16
+// WMMA tiles of bfloat16 operands summed in float32, the block's 8 warps taking the tiles in
+// turn. Blocks come in two sizes, for up to 64 rows (45 KB of shared memory) and up to 128
+// (136 KB forward, 152 KB backward: where the device lends a block that much). The operands are
+// rounded to bfloat16 (nearest even) as they are loaded, as PyTorch's autocast rounds them; the
+// softmax and its backward stay in float32, and the backward reads the weights as the forward
+// stored them (float32). It serves the calls whose AttentionShape::products is kBFloat16
+// (training in bfloat16) where block_per_head_applies; TFM_CUDA_TENSOR_CORE_ATTENTION=0 turns it
+// off (and the whole-matrix path's TF32 products), to compare or to rule them out.
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "backend/cuda/attention_common.h"
@@ -23,63 +26,83 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int kLen = 64;                    // the most queries or keys, and the head size
-constexpr int kBlockThreads = 256;          // 8 warps, 2 of a product's 16 output tiles each
-constexpr int kPitch16 = kLen + 8;          // bfloat16 rows padded by 16 bytes (WMMA: 8 elements)
-constexpr int kPitch32 = kLen + 4;          // float rows padded by 16 bytes
-constexpr int kMatrix16 = kLen * kPitch16;  // elements of a shared bfloat16 matrix
-constexpr int kMatrix32 = kLen * kPitch32;  // ... of a shared float one
+constexpr int kHead = 64;           // the head size
+constexpr int kBlockThreads = 256;  // 8 warps
+constexpr int kWarps = kBlockThreads / 32;
 
-// rows × cols floats (rows row_stride apart) rounded to bfloat16 into shared [64][kPitch16]; the
-// rest of the 64 × 64 zero.
+// The shared matrices of a block that takes up to kLen queries and keys (64 or 128), rows padded
+// by 16 bytes (WMMA's row strides are multiples of 8 bfloat16 or 4 floats; the padding also
+// spreads a column's reads over the banks): bfloat16 matrices of a head's width (Q, K, V, dO)
+// and of the keys' (P, dS), and the float matrix a product writes (S, dP, then O, dV, dQ, dK).
+template <int kLen>
+struct Tiles {
+  static constexpr int kPitchHead = kHead + 8;
+  static constexpr int kPitchLen = kLen + 8;
+  static constexpr int kPitchResult = kLen + 4;
+  static constexpr int kHeadMatrix = kLen * kPitchHead;  // elements
+  static constexpr int kLenMatrix = kLen * kPitchLen;
+  static constexpr int kResultMatrix = kLen * kPitchResult;
+  // Bytes: the forward holds Q (then P), K, V and the result; the backward P (then K), dO (then
+  // Q), V (then dS) and the result. Every part a multiple of 32 bytes, as WMMA's pointers must be.
+  static constexpr size_t kForwardBytes =
+      sizeof(uint16_t) * (kLenMatrix + 2 * kHeadMatrix) + sizeof(float) * kResultMatrix;
+  static constexpr size_t kBackwardBytes =
+      sizeof(uint16_t) * (2 * kLenMatrix + kHeadMatrix) + sizeof(float) * kResultMatrix;
+  static_assert(kLen % 32 == 0 && kHeadMatrix * sizeof(uint16_t) % 32 == 0 &&
+                    kLenMatrix * sizeof(uint16_t) % 32 == 0,
+                "WMMA pointers must stay 32-byte aligned");
+};
+
+// rows × cols floats (rows row_stride apart) rounded to bfloat16 into a shared kRows × kCols
+// matrix with rows `pitch` apart; the rest of it zero.
+template <int kRows, int kCols>
 __device__ __forceinline__ void load_rounded(const float* first, int64_t row_stride, int rows,
-                                             int cols, uint16_t* shared) {
-  for (int i = threadIdx.x; i < kLen * kLen; i += kBlockThreads) {
-    const int r = i / kLen, c = i % kLen;
-    shared[r * kPitch16 + c] = r < rows && c < cols ? to_bfloat16(first[r * row_stride + c]) : 0;
+                                             int cols, uint16_t* shared, int pitch) {
+  for (int i = threadIdx.x; i < kRows * kCols; i += kBlockThreads) {
+    const int r = i / kCols, c = i % kCols;
+    shared[r * pitch + c] = r < rows && c < cols ? to_bfloat16(first[r * row_stride + c]) : 0;
   }
 }
 
-// C[64][kPitch32] (float, shared) = A·B over an inner 64, A and B 64 × 64 bfloat16 in shared
-// memory, each as its layout says: wmma::row_major, element (i, k) at i · kPitch16 + k;
-// wmma::col_major, at k · kPitch16 + i (a transposed operand read in place). Warp w makes the
-// tiles of tile row w / 2, tile columns 2 · (w % 2) and the next.
-template <typename ALayout, typename BLayout>
-__device__ __forceinline__ void product(const uint16_t* a, const uint16_t* b, float* c) {
+// C (float, shared, rows ldc apart) = A·B, an kM × kN result over an inner kK (multiples of 16),
+// A and B bfloat16 in shared memory with rows lda and ldb elements apart, each read as its
+// layout says: wmma::row_major, element (i, k) at i · lda + k; wmma::col_major, at k · lda + i
+// (a transposed operand read in place). The warps take the 16 × 16 output tiles in turn.
+template <int kM, int kN, int kK, typename ALayout, typename BLayout>
+__device__ __forceinline__ void product(const uint16_t* a, int lda, const uint16_t* b, int ldb,
+                                        float* c, int ldc) {
   constexpr bool a_by_rows = std::is_same_v<ALayout, wmma::row_major>;
   constexpr bool b_by_rows = std::is_same_v<BLayout, wmma::row_major>;
+  constexpr int kTileColumns = kN / 16, kTiles = (kM / 16) * kTileColumns;
   const auto* a16 = reinterpret_cast<const __nv_bfloat16*>(a);
   const auto* b16 = reinterpret_cast<const __nv_bfloat16*>(b);
-  const int warp = threadIdx.x / 32, row = warp / 2;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int col = 2 * (warp % 2) + half;
+  for (int tile = threadIdx.x / 32; tile < kTiles; tile += kWarps) {
+    const int row = tile / kTileColumns, col = tile % kTileColumns;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> sum;
     wmma::fill_fragment(sum, 0.f);
 #pragma unroll
-    for (int k = 0; k < kLen / 16; ++k) {
+    for (int k = 0; k < kK / 16; ++k) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, ALayout> left;
       wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, BLayout> right;
       wmma::load_matrix_sync(
-          left, a16 + (a_by_rows ? row * 16 * kPitch16 + k * 16 : k * 16 * kPitch16 + row * 16),
-          kPitch16);
+          left, a16 + (a_by_rows ? row * 16 * lda + k * 16 : k * 16 * lda + row * 16), lda);
       wmma::load_matrix_sync(
-          right, b16 + (b_by_rows ? k * 16 * kPitch16 + col * 16 : col * 16 * kPitch16 + k * 16),
-          kPitch16);
+          right, b16 + (b_by_rows ? k * 16 * ldb + col * 16 : col * 16 * ldb + k * 16), ldb);
       wmma::mma_sync(sum, left, right, sum);
     }
-    wmma::store_matrix_sync(c + row * 16 * kPitch32 + col * 16, sum, kPitch32, wmma::mem_row_major);
+    wmma::store_matrix_sync(c + row * 16 * ldc + col * 16, sum, ldc, wmma::mem_row_major);
   }
 }
 
-// The first `rows` rows of C (shared [64][kPitch32]) to rows of `first` row_stride apart, and,
-// where `rounded` is given, rounded to bfloat16 to its rows rounded_stride apart.
-__device__ __forceinline__ void store_rows(const float* c, int rows, float* first,
+// The first `rows` rows of a head's width of C (shared, rows `pitch` apart) to rows of `first`
+// row_stride apart, and, where `rounded` is given, rounded to bfloat16 to its rows
+// rounded_stride apart.
+__device__ __forceinline__ void store_rows(const float* c, int pitch, int rows, float* first,
                                            int64_t row_stride, uint16_t* rounded,
                                            int64_t rounded_stride) {
-  for (int i = threadIdx.x; i < rows * kLen; i += kBlockThreads) {
-    const int r = i / kLen, col = i % kLen;
-    const float x = c[r * kPitch32 + col];
+  for (int i = threadIdx.x; i < rows * kHead; i += kBlockThreads) {
+    const int r = i / kHead, col = i % kHead;
+    const float x = c[r * pitch + col];
     first[r * row_stride + col] = x;
     if (rounded) rounded[r * rounded_stride + col] = to_bfloat16(x);
   }
@@ -87,86 +110,114 @@ __device__ __forceinline__ void store_rows(const float* c, int rows, float* firs
 
 // Block (b, h): S = Q·Kᵀ, P = the masked softmax of S · scale (masked_softmax_kernel's formula),
 // stored into probs when given, O = P·V into out (and its rounded copy where asked).
+template <int kLen>
 __global__ void __launch_bounds__(kBlockThreads)
     tensor_core_forward_kernel(AttentionShape s, AttentionMask mask, const float* q, const float* k,
                                const float* v, float* probs, float* out, float scale) {
-  __shared__ __align__(32) uint16_t queries[kMatrix16];  // Q, then the weights P
-  __shared__ __align__(32) uint16_t keys[kMatrix16];     // K
-  __shared__ __align__(32) uint16_t values[kMatrix16];   // V
-  __shared__ __align__(32) float result[kMatrix32];      // S, then O
+  using T = Tiles<kLen>;
+  extern __shared__ __align__(32) unsigned char shared_bytes[];
+  uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);      // Q, then the weights P
+  uint16_t* keys = queries + T::kLenMatrix;                           // K
+  uint16_t* values = keys + T::kHeadMatrix;                           // V
+  float* result = reinterpret_cast<float*>(values + T::kHeadMatrix);  // S, then O
   const HeadRows at(s);
   const int tq = int(s.query_len), tk = int(s.key_len);
-  load_rounded(at.query(s, q), s.q_row_stride, tq, kLen, queries);
-  load_rounded(at.key(s, k), s.k_row_stride, tk, kLen, keys);
-  load_rounded(at.value(s, v), s.v_row_stride, tk, kLen, values);
+  load_rounded<kLen, kHead>(at.query(s, q), s.q_row_stride, tq, kHead, queries, T::kPitchHead);
+  load_rounded<kLen, kHead>(at.key(s, k), s.k_row_stride, tk, kHead, keys, T::kPitchHead);
+  load_rounded<kLen, kHead>(at.value(s, v), s.v_row_stride, tk, kHead, values, T::kPitchHead);
   __syncthreads();
-  product<wmma::row_major, wmma::col_major>(queries, keys, result);  // S = Q·Kᵀ
+  product<kLen, kLen, kHead, wmma::row_major, wmma::col_major>(
+      queries, T::kPitchHead, keys, T::kPitchHead, result, T::kPitchResult);  // S = Q·Kᵀ
   __syncthreads();
-  softmax_rows_of_64(s, mask, at.b, result, kPitch32, scale, [&](int t, int j, float w) {
-    queries[t * kPitch16 + j] = to_bfloat16(w);  // P over Q
-    if (probs && t < tq && j < tk) probs[at.weights_row(s, t) + j] = w;
-  });
+  softmax_block_rows<kLen>(s, mask, at.b, result, T::kPitchResult, scale,
+                           [&](int t, int j, float w) {
+                             queries[t * T::kPitchLen + j] = to_bfloat16(w);  // P over Q
+                             if (probs && t < tq && j < tk) probs[at.weights_row(s, t) + j] = w;
+                           });
   __syncthreads();
-  product<wmma::row_major, wmma::row_major>(queries, values, result);  // O = P·V
+  product<kLen, kHead, kLen, wmma::row_major, wmma::row_major>(
+      queries, T::kPitchLen, values, T::kPitchHead, result, T::kPitchResult);  // O = P·V
   __syncthreads();
-  store_rows(result, tq, at.output(s, out), s.out_row_stride,
-             at.dense_row(s, s.rounded_out, s.query_len), s.heads * kLen);
+  store_rows(result, T::kPitchResult, tq, at.output(s, out), s.out_row_stride,
+             at.dense_row(s, s.rounded_out, s.query_len), s.heads * kHead);
 }
 
 // Block (b, h) of the backward, from the weights P the forward stored: dV = Pᵀ·dO, dP = dO·Vᵀ,
 // dS = P ⊙ (dP − Σ dP·P) · scale (softmax_backward_kernel's formula, in float32), dQ = dS·K,
 // dK = dSᵀ·Q; each written (not added) to its first Tq or Tk rows, and rounded to its copy in
 // the same layout where AttentionShape asks for one.
+template <int kLen>
 __global__ void __launch_bounds__(kBlockThreads)
     tensor_core_backward_kernel(AttentionShape s, const float* q, const float* k, const float* v,
                                 const float* probs, const float* d_out, float* dq, float* dk,
                                 float* dv, float scale) {
-  __shared__ __align__(32) uint16_t first[kMatrix16];   // P, then K
-  __shared__ __align__(32) uint16_t second[kMatrix16];  // dO, then Q
-  __shared__ __align__(32) uint16_t third[kMatrix16];   // V, then dS
-  __shared__ __align__(32) float result[kMatrix32];     // dV, dP, dQ, dK in turn
+  using T = Tiles<kLen>;
+  extern __shared__ __align__(32) unsigned char shared_bytes[];
+  uint16_t* first = reinterpret_cast<uint16_t*>(shared_bytes);      // P, then K
+  uint16_t* second = first + T::kLenMatrix;                         // dO, then Q
+  uint16_t* third = second + T::kHeadMatrix;                        // V, then dS
+  float* result = reinterpret_cast<float*>(third + T::kLenMatrix);  // dV, dP, dQ, dK in turn
   const HeadRows at(s);
   const int tq = int(s.query_len), tk = int(s.key_len);
   const float* weights = probs + at.weights_row(s, 0);  // [Tq, Tk]
-  load_rounded(weights, s.key_len, tq, tk, first);
-  load_rounded(at.output(s, d_out), s.out_row_stride, tq, kLen, second);
-  load_rounded(at.value(s, v), s.v_row_stride, tk, kLen, third);
+  load_rounded<kLen, kLen>(weights, s.key_len, tq, tk, first, T::kPitchLen);
+  load_rounded<kLen, kHead>(at.output(s, d_out), s.out_row_stride, tq, kHead, second,
+                            T::kPitchHead);
+  load_rounded<kLen, kHead>(at.value(s, v), s.v_row_stride, tk, kHead, third, T::kPitchHead);
   __syncthreads();
-  product<wmma::col_major, wmma::row_major>(first, second, result);  // dV = Pᵀ·dO
+  product<kLen, kHead, kLen, wmma::col_major, wmma::row_major>(
+      first, T::kPitchLen, second, T::kPitchHead, result, T::kPitchResult);  // dV = Pᵀ·dO
   __syncthreads();
-  store_rows(result, tk, at.value(s, dv), s.v_row_stride,
+  store_rows(result, T::kPitchResult, tk, at.value(s, dv), s.v_row_stride,
              s.rounded_dv ? at.value(s, s.rounded_dv) : nullptr, s.v_row_stride);
   __syncthreads();
-  product<wmma::row_major, wmma::col_major>(second, third, result);  // dP = dO·Vᵀ
+  product<kLen, kLen, kHead, wmma::row_major, wmma::col_major>(
+      second, T::kPitchHead, third, T::kPitchHead, result, T::kPitchResult);  // dP = dO·Vᵀ
   __syncthreads();
   // dS over V's memory, from the float weights; K and Q over P's and dO's.
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int t = warp; t < kLen; t += kBlockThreads / 32) {
-    uint16_t* ds = third + t * kPitch16;
+  for (int t = warp; t < kLen; t += kWarps) {
+    uint16_t* ds = third + t * T::kPitchLen;
     if (t >= tq) {
-      ds[lane] = ds[lane + 32] = 0;
+      for (int j = lane; j < kLen; j += 32) ds[j] = 0;
       continue;
     }
     const float* p = weights + t * s.key_len;
-    const float* dp = result + t * kPitch32;
+    const float* dp = result + t * T::kPitchResult;
     float dot = 0.f;
     for (int j = lane; j < tk; j += 32) dot += dp[j] * p[j];
     dot = warp_sum(dot);
     for (int j = lane; j < kLen; j += 32)
       ds[j] = j < tk ? to_bfloat16(p[j] * (dp[j] - dot) * scale) : 0;
   }
-  load_rounded(at.key(s, k), s.k_row_stride, tk, kLen, first);
-  load_rounded(at.query(s, q), s.q_row_stride, tq, kLen, second);
+  load_rounded<kLen, kHead>(at.key(s, k), s.k_row_stride, tk, kHead, first, T::kPitchHead);
+  load_rounded<kLen, kHead>(at.query(s, q), s.q_row_stride, tq, kHead, second, T::kPitchHead);
   __syncthreads();
-  product<wmma::row_major, wmma::row_major>(third, first, result);  // dQ = dS·K
+  product<kLen, kHead, kLen, wmma::row_major, wmma::row_major>(
+      third, T::kPitchLen, first, T::kPitchHead, result, T::kPitchResult);  // dQ = dS·K
   __syncthreads();
-  store_rows(result, tq, at.query(s, dq), s.q_row_stride,
+  store_rows(result, T::kPitchResult, tq, at.query(s, dq), s.q_row_stride,
              s.rounded_dq ? at.query(s, s.rounded_dq) : nullptr, s.q_row_stride);
   __syncthreads();
-  product<wmma::col_major, wmma::row_major>(third, second, result);  // dK = dSᵀ·Q
+  product<kLen, kHead, kLen, wmma::col_major, wmma::row_major>(
+      third, T::kPitchLen, second, T::kPitchHead, result, T::kPitchResult);  // dK = dSᵀ·Q
   __syncthreads();
-  store_rows(result, tk, at.key(s, dk), s.k_row_stride,
+  store_rows(result, T::kPitchResult, tk, at.key(s, dk), s.k_row_stride,
              s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
+}
+
+// The block size a call takes: 64 rows where its queries and keys fit, else 128.
+bool fits_small_blocks(const AttentionShape& s) {
+  return std::max(s.query_len, s.key_len) <= 64;
+}
+
+// Launches `kernel` with `bytes` of dynamic shared memory (beyond the default 48 KB, as the
+// device allows it once asked).
+template <typename Kernel, typename... Arguments>
+void launch_blocks(const Context& c, const AttentionShape& s, Kernel kernel, size_t bytes,
+                   Arguments... arguments) {
+  TFM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  kernel<<<unsigned(s.batch * s.heads), kBlockThreads, bytes, c.stream>>>(arguments...);
 }
 
 }  // namespace
@@ -176,25 +227,40 @@ bool attention_tensor_cores_enabled() {
   return enabled;
 }
 
-bool tensor_core_attention_applies(const AttentionShape& s, const AttentionMask& mask,
-                                   const AttentionDropout& dropout) {
-  return attention_tensor_cores_enabled() && s.products == Precision::kBFloat16 &&
-         short_attention_applies(s, mask, dropout);
+bool tensor_core_attention_applies(const Context& c, const AttentionShape& s,
+                                   const AttentionMask& mask, const AttentionDropout& dropout) {
+  if (!attention_tensor_cores_enabled() || s.products != Precision::kBFloat16 ||
+      !block_per_head_applies(s, mask, dropout, 128))
+    return false;
+  if (fits_small_blocks(s)) return true;
+  int lendable = 0;  // bytes of shared memory the device lends a block (H100: 227 KB, A100: 163)
+  TFM_CUDA(cudaDeviceGetAttribute(&lendable, cudaDevAttrMaxSharedMemoryPerBlockOptin, c.device));
+  return size_t(lendable) >= std::max(Tiles<128>::kForwardBytes, Tiles<128>::kBackwardBytes);
 }
 
 void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
                                    const AttentionMask& mask, const float* q, const float* k,
                                    const float* v, float* probs, float* out) {
-  tensor_core_forward_kernel<<<unsigned(s.batch * s.heads), kBlockThreads, 0, c.stream>>>(
-      s, mask, q, k, v, probs, out, attention_score_scale(s.score.kind, s.head_dim));
+  const float scale = attention_score_scale(s.score.kind, s.head_dim);
+  if (fits_small_blocks(s))
+    launch_blocks(c, s, tensor_core_forward_kernel<64>, Tiles<64>::kForwardBytes, s, mask, q, k, v,
+                  probs, out, scale);
+  else
+    launch_blocks(c, s, tensor_core_forward_kernel<128>, Tiles<128>::kForwardBytes, s, mask, q, k,
+                  v, probs, out, scale);
   check_launch("attention_forward (tensor cores)");
 }
 
 void tensor_core_attention_backward(const Context& c, const AttentionShape& s, const float* q,
                                     const float* k, const float* v, const float* probs,
                                     const float* d_out, float* dq, float* dk, float* dv) {
-  tensor_core_backward_kernel<<<unsigned(s.batch * s.heads), kBlockThreads, 0, c.stream>>>(
-      s, q, k, v, probs, d_out, dq, dk, dv, attention_score_scale(s.score.kind, s.head_dim));
+  const float scale = attention_score_scale(s.score.kind, s.head_dim);
+  if (fits_small_blocks(s))
+    launch_blocks(c, s, tensor_core_backward_kernel<64>, Tiles<64>::kBackwardBytes, s, q, k, v,
+                  probs, d_out, dq, dk, dv, scale);
+  else
+    launch_blocks(c, s, tensor_core_backward_kernel<128>, Tiles<128>::kBackwardBytes, s, q, k, v,
+                  probs, d_out, dq, dk, dv, scale);
   check_launch("attention_backward (tensor cores)");
 }
 

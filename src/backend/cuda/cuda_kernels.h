@@ -118,8 +118,11 @@ void attention_backward(const Context& c, const AttentionShape& shape, const Att
                         float* dv, float* d_additive_v);
 
 // --- attention_short.cu: a block per (sequence, head) for at most 64 queries and keys ---
-// Whether it serves this forward: dot-product scores, heads of 64, no attention dropout, no
-// cached rows or shared key batches.
+// Whether a block per (sequence, head) can take this call: dot-product scores, heads of 64, no
+// attention dropout, no cached rows or shared key batches, at most most_rows queries and keys.
+bool block_per_head_applies(const AttentionShape& s, const AttentionMask& mask,
+                            const AttentionDropout& dropout, int64_t most_rows);
+// Whether attention_short.cu serves this forward: the above for at most 64 queries and keys.
 bool short_attention_applies(const AttentionShape& s, const AttentionMask& mask,
                              const AttentionDropout& dropout);
 // attention_forward (probs may be null) where it applies.
@@ -132,10 +135,11 @@ void short_attention_forward(const Context& c, const AttentionShape& s, const At
 // these blocks, and TF32 in attention_dense.cu's backward): not where
 // TFM_CUDA_TENSOR_CORE_ATTENTION=0.
 bool attention_tensor_cores_enabled();
-// Whether it serves this call: AttentionShape::products kBFloat16 where short_attention_applies,
+// Whether it serves this call: AttentionShape::products kBFloat16 where block_per_head_applies
+// for up to 128 queries and keys (beyond 64, where the device lends a block the shared memory),
 // and tensor cores are enabled.
-bool tensor_core_attention_applies(const AttentionShape& s, const AttentionMask& mask,
-                                   const AttentionDropout& dropout);
+bool tensor_core_attention_applies(const Context& c, const AttentionShape& s,
+                                   const AttentionMask& mask, const AttentionDropout& dropout);
 // attention_forward (probs may be null) and attention_backward (from the stored probs) there.
 void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
                                    const AttentionMask& mask, const float* q, const float* k,
