@@ -1180,6 +1180,20 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
       ASSERT_EQ(rounded_dq[i], float_to_bfloat16(dq[i])) << "rounded dq " << i;
     for (size_t i = 0; i < dkv.size(); ++i)
       ASSERT_EQ(rounded_dkv[i], float_to_bfloat16(dkv[i])) << "rounded dk | dv " << i;
+    {  // Asked for the rounded copies only (the float gradients become scratch): the same copies.
+      AttentionShape only = s;
+      only.rounded_gradients_only = true;
+      std::vector<uint16_t> only_dq(q.size(), 9), only_dkv(kv.size(), 9);
+      only.rounded_dq = only_dq.data();
+      only.rounded_dk = only_dkv.data();
+      only.rounded_dv = only_dkv.data() + width;
+      std::vector<float> scratch_dq(q.size()), scratch_dkv(kv.size());
+      be().attention_backward(only, mask, q.data(), kv.data(), kv.data() + width, probs.data(), {},
+                              d_out.data(), scratch_dq.data(), scratch_dkv.data(),
+                              scratch_dkv.data() + width, d_additive_v.data());
+      ASSERT_EQ(only_dq, rounded_dq) << "Tq " << c.query_len;
+      ASSERT_EQ(only_dkv, rounded_dkv) << "Tq " << c.query_len;
+    }
     struct Reference {
       std::vector<float> out;
       std::vector<double> dq, dk, dv;
@@ -1723,15 +1737,37 @@ TEST_P(BackendOps, AddScaleAndBias) {
     auto with_bias = y;
     be().add_bias(with_bias.data(), bias.data(), rows, cols);
     std::vector<float> dbias(size_t(cols), 1.f);
-    be().bias_backward(y.data(), rows, cols, cols, dbias.data());
+    be().bias_backward(y.data(), nullptr, rows, cols, cols, dbias.data());
     // The same columns as a block of a matrix three times as wide (rows 3 · cols apart, at column
     // cols: the stacked Q|K|V gradients' middle block): the same sums, bit for bit.
     std::vector<float> wide(size_t(rows * 3 * cols), 1e30f);
     for (int64_t r = 0; r < rows; ++r)
       std::copy_n(y.begin() + r * cols, cols, wide.begin() + r * 3 * cols + cols);
     std::vector<float> dbias_of_block(size_t(cols), 1.f);
-    be().bias_backward(wide.data() + cols, rows, cols, 3 * cols, dbias_of_block.data());
+    be().bias_backward(wide.data() + cols, nullptr, rows, cols, 3 * cols, dbias_of_block.data());
     ASSERT_EQ(dbias_of_block, dbias) << cols << " columns";
+    // From a bfloat16 copy (a bfloat16 step's gradient), the same middle block of one three
+    // times as wide, NaN around it; the float values given beside it are NaN too, so only the
+    // copy can give the sums: each column of the widened copy, summed in float.
+    std::vector<uint16_t> wide_rounded(size_t(rows * 3 * cols), 0x7FC0);  // NaN
+    for (int64_t i = 0; i < rows * cols; ++i)
+      wide_rounded[size_t(i / cols * 3 * cols + cols + i % cols)] = float_to_bfloat16(y[size_t(i)]);
+    const std::vector<float> not_read(size_t(rows * 3 * cols), NAN);
+    std::vector<float> dbias_rounded(size_t(cols), 1.f);
+    be().bias_backward(not_read.data() + cols, wide_rounded.data() + cols, rows, cols, 3 * cols,
+                       dbias_rounded.data());
+    for (int64_t c = 0; c < cols; ++c) {
+      double column = 1;
+      float in_row_order = 1.f;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float widened = bfloat16_to_float(float_to_bfloat16(y[size_t(r * cols + c)]));
+        column += widened;
+        in_row_order += widened;
+      }
+      ASSERT_NEAR(dbias_rounded[size_t(c)], column, 1e-5 * std::max(1.0, double(rows) / 5))
+          << cols << " columns, rounded";
+      if (&be() == &cpu_backend()) ASSERT_EQ(dbias_rounded[size_t(c)], in_row_order);
+    }
     for (int64_t c = 0; c < cols; ++c) {
       double column = 1;
       float in_row_order = 1.f;

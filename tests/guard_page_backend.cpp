@@ -117,9 +117,9 @@ void GuardPageBackend::relu_backward_bfloat16(const float* d, const uint16_t* re
                                               float* column_sums) const {
   cpu().relu_backward_bfloat16(d, relu_output, rows, cols, rounded_d, column_sums);
 }
-void GuardPageBackend::bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
-                                     float* dbias) const {
-  cpu().bias_backward(dy, rows, cols, ld, dbias);
+void GuardPageBackend::bias_backward(const float* dy, const uint16_t* rounded_dy, int64_t rows,
+                                     int64_t cols, int64_t ld, float* dbias) const {
+  cpu().bias_backward(dy, rounded_dy, rows, cols, ld, dbias);
 }
 
 void GuardPageBackend::dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const {

@@ -627,13 +627,15 @@ void HostStagedBackend::relu_backward_bfloat16(const float* d, const uint16_t* r
   st.download();
 }
 
-void HostStagedBackend::bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
-                                      float* dbias) const {
+void HostStagedBackend::bias_backward(const float* dy, const uint16_t* rounded_dy, int64_t rows,
+                                      int64_t cols, int64_t ld, float* dbias) const {
   Staging st(device_);
-  const auto hdy = st.read(dy, rows > 0 ? (rows - 1) * ld + cols : 0);
+  const int64_t elements = rows > 0 ? (rows - 1) * ld + cols : 0;
+  const auto hdy = st.read(rounded_dy ? nullptr : dy, elements);  // the one that is read
+  const auto hrounded = st.read(rounded_dy, elements);
   const auto hdbias = st.read_write(dbias, cols);
   st.upload();
-  device_.bias_backward(st[hdy], rows, cols, ld, st[hdbias]);
+  device_.bias_backward(st[hdy], st[hrounded], rows, cols, ld, st[hdbias]);
   st.download();
 }
 

@@ -78,8 +78,8 @@ class HostStagedBackend final : public Backend {
                            Activation act) const override;
   void relu_backward_bfloat16(const float* d, const uint16_t* relu_output, int64_t rows,
                               int64_t cols, uint16_t* rounded_d, float* column_sums) const override;
-  void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
-                     float* dbias) const override;
+  void bias_backward(const float* dy, const uint16_t* rounded_dy, int64_t rows, int64_t cols,
+                     int64_t ld, float* dbias) const override;
 
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override;
   void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override;

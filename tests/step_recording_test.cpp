@@ -169,9 +169,9 @@ class RecordingCpuBackend final : public Backend {
     queue(
         [=] { cpu().relu_backward_bfloat16(d, relu_output, rows, cols, rounded_d, column_sums); });
   }
-  void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
-                     float* dbias) const override {
-    queue([=] { cpu().bias_backward(dy, rows, cols, ld, dbias); });
+  void bias_backward(const float* dy, const uint16_t* rounded_dy, int64_t rows, int64_t cols,
+                     int64_t ld, float* dbias) const override {
+    queue([=] { cpu().bias_backward(dy, rounded_dy, rows, cols, ld, dbias); });
   }
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
     queue([=] { cpu().dropout_mask(mask, n, p, key); });

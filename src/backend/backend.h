@@ -191,10 +191,13 @@ class Backend {
   virtual void relu_backward_bfloat16(const float* d, const uint16_t* relu_output, int64_t rows,
                                       int64_t cols, uint16_t* rounded_d,
                                       float* column_sums) const = 0;
-  // dbias[cols] += Σ_rows dy[rows, cols] (rows ld apart: a column block of a wider matrix, the
-  // stacked Q|K|V projections' gradients, is summed in place)
-  virtual void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
-                             float* dbias) const = 0;
+  // dbias[cols] += Σ_rows dy[rows, cols] in float32 (rows ld apart: a column block of a wider
+  // matrix, the stacked Q|K|V projections' gradients, is summed in place), read from
+  // rounded_dy, dy rounded to bfloat16 in the same layout, where it is given (a bfloat16 step's
+  // gradients, whose bias gradients PyTorch's autocast sums from them too; dy may then be null),
+  // else from dy.
+  virtual void bias_backward(const float* dy, const uint16_t* rounded_dy, int64_t rows,
+                             int64_t cols, int64_t ld, float* dbias) const = 0;
 
   // --- Dropout (§5.4) ------------------------------------------------------------------------
   // mask[n] = 1 iff hash(key, i) >= p (counter-based: reproducible, no generator state).

@@ -141,15 +141,19 @@ struct AttentionShape {
   uint16_t* rounded_out = nullptr;
   // Where the backward writes dq, dk and dv rounded to bfloat16 as well (nearest, ties to even),
   // in their layouts (those of q, k and v: row and batch strides in elements), for the
-  // projections' bfloat16 backward products; null: nowhere. dq, dk, dv are written either way.
+  // projections' bfloat16 backward products; null: nowhere. dq, dk, dv are written either way,
+  // unless rounded_gradients_only: then the caller reads only the rounded copies (a bfloat16
+  // step's products and bias gradients), and dq, dk, dv are scratch whose contents are then
+  // unspecified (CUDA's tensor-core backward stores the rounded copies alone).
   uint16_t* rounded_dq = nullptr;
   uint16_t* rounded_dk = nullptr;
   uint16_t* rounded_dv = nullptr;
+  bool rounded_gradients_only = false;
   // The precision the attention's products may multiply in: kFloat32, or kBFloat16 (training in
   // bfloat16, whose projections round to bfloat16 anyway): operands rounded to bfloat16 (nearest
   // even; the weights P too) or to more bits, sums in float32. CUDA then takes tensor cores:
-  // bfloat16 ones for up to 64 queries and keys with heads of 64, TF32 ones (10 bits) in the
-  // whole-matrix backward; the CPU multiplies in float32 either way. Inference leaves it
+  // bfloat16 ones for up to 128 queries and keys with heads of 64, TF32 ones (10 bits) in the
+  // whole-matrix products beyond; the CPU multiplies in float32 either way. Inference leaves it
   // kFloat32, so that a GPU finds the CPU's translations.
   Precision products = Precision::kFloat32;
 };

@@ -50,9 +50,10 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
                     uint16_t* rounded_y = nullptr);
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
 // db += Σ_rows dy (where g.bias is given). Both products in w.precision; in bfloat16 dy is
-// rounded once for both (into scratch.rounded_d_out) unless rounded_dy holds it already (the
-// loss writes its gradient so; dy is then read for the bias gradient only, and may be null
-// without one), and x / W are read from rounded_x / w.rounded where given.
+// rounded once for both and for db (into scratch.rounded_d_out; db then sums the rounded dy,
+// as PyTorch's autocast does) unless rounded_dy holds it already (the loss and the attention
+// write their gradients so; dy is then not read, and may be null), and x / W are read from
+// rounded_x / w.rounded where given.
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
                      BackwardScratch& scratch, const uint16_t* rounded_x = nullptr,
@@ -62,8 +63,8 @@ void linear_backward(const Backend& backend, const LinearWeights& w, const Linea
 // stacked view's input gradient: one product over the stacked Q|K|V gradients);
 void linear_input_backward(const Backend& backend, const LinearWeights& w, const float* dy,
                            const uint16_t* rounded_dy, int64_t rows, float* dx, bool accumulate_dx);
-// dW += dyᵀ · x and db += Σ_rows dy (where g.bias is given), dy and rounded_dy [rows, out] with
-// row stride ldy (a column block of the stacked gradients).
+// dW += dyᵀ · x and db += Σ_rows dy (where g.bias is given; of rounded_dy where given), dy and
+// rounded_dy [rows, out] with row stride ldy (a column block of the stacked gradients).
 void linear_parameter_backward(const Backend& backend, const LinearWeights& w,
                                const Linear<float>& g, const float* x, const uint16_t* rounded_x,
                                const float* dy, const uint16_t* rounded_dy, int64_t ldy,

@@ -298,6 +298,8 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   // products read, written by the attention's backward.
   const bool rounded = rounds_to_bfloat16(w.q);
   if (rounded && query_rows > 0) {
+    // The products read the copies, and so do the bias gradients (bias_backward's rounded_dy).
+    shape.rounded_gradients_only = true;
     shape.rounded_dq = scratch.rounded_dq.data();
     if (key_rows > 0) {
       shape.rounded_dk = self_stacked ? shape.rounded_dq + d : scratch.rounded_dk.data();

@@ -159,9 +159,9 @@ class CpuBackend final : public Backend {
     check_gradient_written("relu_backward_bfloat16", nullptr, rounded_d);
     tfm::relu_backward_bfloat16(d, relu_output, rows, cols, rounded_d, column_sums);
   }
-  void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
-                     float* dbias) const override {
-    tfm::bias_backward(dy, rows, cols, ld, dbias);
+  void bias_backward(const float* dy, const uint16_t* rounded_dy, int64_t rows, int64_t cols,
+                     int64_t ld, float* dbias) const override {
+    tfm::bias_backward(dy, rounded_dy, rows, cols, ld, dbias);
   }
 
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {

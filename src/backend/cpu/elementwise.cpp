@@ -305,12 +305,18 @@ TFM_CPU_KERNEL void relu_backward_bfloat16(const float* d, const uint16_t* relu_
   add_row_block_partials(partial, cols, {column_sums});
 }
 
-TFM_CPU_KERNEL void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
-                                  float* dbias) {
+TFM_CPU_KERNEL void bias_backward(const float* dy, const uint16_t* rounded_dy, int64_t rows,
+                                  int64_t cols, int64_t ld, float* dbias) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* g = dy + r * ld;
+    if (rounded_dy) {
+      const uint16_t* g = rounded_dy + r * ld;
 #pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) dbias[c] += g[c];
+      for (int64_t c = 0; c < cols; ++c) dbias[c] += bfloat16_to_float(g[c]);
+    } else {
+      const float* g = dy + r * ld;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) dbias[c] += g[c];
+    }
   }
 }
 

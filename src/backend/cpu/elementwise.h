@@ -33,7 +33,8 @@ void layer_norm_backward(const float* dy, const float* x, const float* mean, con
 void activation_backward(float* d, const float* pre_activation, int64_t n, Activation act);
 
 // dbias[cols] += Σ_rows dy[rows, cols] (rows ld apart)
-void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld, float* dbias);
+void bias_backward(const float* dy, const uint16_t* rounded_dy, int64_t rows, int64_t cols,
+                   int64_t ld, float* dbias);
 
 // rounded_d[rows, cols] = bfloat16(relu_output > 0 ? d : 0), the ReLU's output held in
 // bfloat16; column_sums[cols] (null: none) += Σ_rows of the same in float32.

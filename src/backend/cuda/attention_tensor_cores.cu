@@ -95,15 +95,15 @@ __device__ __forceinline__ void product(const uint16_t* a, int lda, const uint16
 }
 
 // The first `rows` rows of a head's width of C (shared, rows `pitch` apart) to rows of `first`
-// row_stride apart, and, where `rounded` is given, rounded to bfloat16 to its rows
-// rounded_stride apart.
+// row_stride apart (null: not there), and, where `rounded` is given, rounded to bfloat16 to its
+// rows rounded_stride apart.
 __device__ __forceinline__ void store_rows(const float* c, int pitch, int rows, float* first,
                                            int64_t row_stride, uint16_t* rounded,
                                            int64_t rounded_stride) {
   for (int i = threadIdx.x; i < rows * kHead; i += kBlockThreads) {
     const int r = i / kHead, col = i % kHead;
     const float x = c[r * pitch + col];
-    first[r * row_stride + col] = x;
+    if (first) first[r * row_stride + col] = x;
     if (rounded) rounded[r * rounded_stride + col] = to_bfloat16(x);
   }
 }
@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // Block (b, h) of the backward, from the weights P the forward stored: dV = Pᵀ·dO, dP = dO·Vᵀ,
 // dS = P ⊙ (dP − Σ dP·P) · scale (softmax_backward_kernel's formula, in float32), dQ = dS·K,
-// dK = dSᵀ·Q; each written (not added) to its first Tq or Tk rows, and rounded to its copy in
-// the same layout where AttentionShape asks for one.
+// dK = dSᵀ·Q; each written (not added) to its first Tq or Tk rows (unless null), and rounded to
+// its copy in the same layout where AttentionShape asks for one.
 template <int kLen>
 __global__ void __launch_bounds__(kBlockThreads)
     tensor_core_backward_kernel(AttentionShape s, const float* q, const float* k, const float* v,
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   product<kLen, kHead, kLen, wmma::col_major, wmma::row_major>(
       first, T::kPitchLen, second, T::kPitchHead, result, T::kPitchResult);  // dV = Pᵀ·dO
   __syncthreads();
-  store_rows(result, T::kPitchResult, tk, at.value(s, dv), s.v_row_stride,
+  store_rows(result, T::kPitchResult, tk, dv ? at.value(s, dv) : nullptr, s.v_row_stride,
              s.rounded_dv ? at.value(s, s.rounded_dv) : nullptr, s.v_row_stride);
   __syncthreads();
   product<kLen, kLen, kHead, wmma::row_major, wmma::col_major>(
@@ -196,13 +196,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   product<kLen, kHead, kLen, wmma::row_major, wmma::row_major>(
       third, T::kPitchLen, first, T::kPitchHead, result, T::kPitchResult);  // dQ = dS·K
   __syncthreads();
-  store_rows(result, T::kPitchResult, tq, at.query(s, dq), s.q_row_stride,
+  store_rows(result, T::kPitchResult, tq, dq ? at.query(s, dq) : nullptr, s.q_row_stride,
              s.rounded_dq ? at.query(s, s.rounded_dq) : nullptr, s.q_row_stride);
   __syncthreads();
   product<kLen, kHead, kLen, wmma::col_major, wmma::row_major>(
       third, T::kPitchLen, second, T::kPitchHead, result, T::kPitchResult);  // dK = dSᵀ·Q
   __syncthreads();
-  store_rows(result, T::kPitchResult, tk, at.key(s, dk), s.k_row_stride,
+  store_rows(result, T::kPitchResult, tk, dk ? at.key(s, dk) : nullptr, s.k_row_stride,
              s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
 }
 
@@ -255,6 +255,8 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s, c
                                     const float* k, const float* v, const float* probs,
                                     const float* d_out, float* dq, float* dk, float* dv) {
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
+  if (s.rounded_gradients_only && s.rounded_dq && s.rounded_dk && s.rounded_dv)
+    dq = dk = dv = nullptr;  // the rounded copies alone: the caller reads nothing else
   if (fits_small_blocks(s))
     launch_blocks(c, s, tensor_core_backward_kernel<64>, Tiles<64>::kBackwardBytes, s, q, k, v,
                   probs, d_out, dq, dk, dv, scale);

@@ -218,10 +218,10 @@ class CudaBackend final : public Backend {
     TFM_CUDA_OPERATION_SHAPED(c_, "relu_backward_bfloat16", rows, cols);
     cuda::relu_backward_bfloat16(c_, d, relu_output, rows, cols, rounded_d, column_sums);
   }
-  void bias_backward(const float* dy, int64_t rows, int64_t cols, int64_t ld,
-                     float* dbias) const override {
+  void bias_backward(const float* dy, const uint16_t* rounded_dy, int64_t rows, int64_t cols,
+                     int64_t ld, float* dbias) const override {
     TFM_CUDA_OPERATION_SHAPED(c_, "bias_backward", rows, cols);
-    cuda::bias_backward(c_, dy, rows, cols, ld, dbias);
+    cuda::bias_backward(c_, dy, rounded_dy, rows, cols, ld, dbias);
   }
 
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {

@@ -36,8 +36,8 @@ void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* o
 void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, Activation act);
 void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* relu_output,
                             int64_t rows, int64_t cols, uint16_t* rounded_d, float* column_sums);
-void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols, int64_t ld,
-                   float* dbias);
+void bias_backward(const Context& c, const float* dy, const uint16_t* rounded_dy, int64_t rows,
+                   int64_t cols, int64_t ld, float* dbias);
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key);
 void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p);
 void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y,

@@ -247,14 +247,32 @@ bool four_columns_per_thread(int64_t cols) {
 }
 
 // The terms a column sum adds, a word of kWidth at row r, column c of the matrix: the values of
-// dy themselves (bias_backward; rows ld apart), or the ReLU's backward of d, rounded into
-// rounded_d on the way (relu_backward_bfloat16; dense).
+// dy themselves (bias_backward; rows ld apart), or of its bfloat16 copy, or the ReLU's backward
+// of d, rounded into rounded_d on the way (relu_backward_bfloat16; dense).
 struct ValueTerms {
   const float* dy;
   int64_t ld;
   template <int kWidth>
   __device__ void word(int64_t r, int64_t c, float* v) const {
     RowWord<kWidth>::load(dy + r * ld + c, v);
+  }
+};
+struct RoundedValueTerms {  // the same from dy's bfloat16 copy
+  const uint16_t* dy;
+  int64_t ld;
+  template <int kWidth>
+  __device__ void word(int64_t r, int64_t c, float* v) const {
+    const uint16_t* at = dy + r * ld + c;
+    if constexpr (kWidth == 4) {  // one 8-byte load
+      const uint2 bits = *reinterpret_cast<const uint2*>(at);
+      v[0] = from_bfloat16(uint16_t(bits.x & 0xFFFF));
+      v[1] = from_bfloat16(uint16_t(bits.x >> 16));
+      v[2] = from_bfloat16(uint16_t(bits.y & 0xFFFF));
+      v[3] = from_bfloat16(uint16_t(bits.y >> 16));
+    } else {
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) v[e] = from_bfloat16(at[e]);
+    }
   }
 };
 struct ReluBackwardTerms {
@@ -1032,11 +1050,15 @@ void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* re
   check_launch("relu_backward_bfloat16");
 }
 
-void bias_backward(const Context& c, const float* dy, int64_t rows, int64_t cols, int64_t ld,
-                   float* dbias) {
+void bias_backward(const Context& c, const float* dy, const uint16_t* rounded_dy, int64_t rows,
+                   int64_t cols, int64_t ld, float* dbias) {
   if (cols == 0 || rows == 0) return;
-  sum_columns(c, ValueTerms{dy, ld}, rows, cols, ld % 4 == 0 && aligned(dy, 16), dbias,
-              "bias_backward");
+  if (rounded_dy)
+    sum_columns(c, RoundedValueTerms{rounded_dy, ld}, rows, cols,
+                ld % 4 == 0 && aligned(rounded_dy, 8), dbias, "bias_backward");
+  else
+    sum_columns(c, ValueTerms{dy, ld}, rows, cols, ld % 4 == 0 && aligned(dy, 16), dbias,
+                "bias_backward");
 }
 
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key) {
@@ -1151,7 +1173,7 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
   layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(
       dy, x, mean, rstd, gamma, dx, cols, accumulate, drop_mask, keep_scale, dropped, rounded_d_f);
   check_launch("layer_norm_backward");
-  if (d_f_column_sums) bias_backward(c, dropped, rows, cols, cols, d_f_column_sums);
+  if (d_f_column_sums) bias_backward(c, dropped, nullptr, rows, cols, cols, d_f_column_sums);
 }
 
 }  // namespace
