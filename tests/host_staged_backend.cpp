@@ -428,7 +428,8 @@ void HostStagedBackend::attention_forward_16_bit_cache(const AttentionShape& sha
 }
 
 // The backward pass has one key sequence per query sequence (no key_batch sharing in training):
-// dK and dV are written in the layouts of K and V, every row of every sequence.
+// dK and dV are written in the layouts of K and V, every row of every sequence (where
+// rounded_gradients_only leaves dQ, dK, dV unwritten, they come back as the 0xFF bytes staged).
 void HostStagedBackend::attention_backward(const AttentionShape& shape, const AttentionMask& mask,
                                            const float* q, const float* k, const float* v,
                                            const float* probs, const AttentionDropout& dropout,

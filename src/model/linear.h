@@ -51,9 +51,11 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
 // db += Σ_rows dy (where g.bias is given). Both products in w.precision; in bfloat16 dy is
 // rounded once for both and for db (into scratch.rounded_d_out; db then sums the rounded dy,
-// as PyTorch's autocast does) unless rounded_dy holds it already (the loss and the attention
-// write their gradients so; dy is then not read, and may be null), and x / W are read from
-// rounded_x / w.rounded where given.
+// as PyTorch's autocast sums a bfloat16 gradient) unless rounded_dy holds it already (the loss
+// and the attention write their gradients so; dy is then not read, and may be null), and x / W
+// are read from rounded_x / w.rounded where given. (The post-norm sublayer's last bias and
+// fc1's before a ReLU are summed instead by the passes that make their gradients, from the
+// float values they hold: residual_layer_norm_backward, relu_backward_bfloat16.)
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
                      BackwardScratch& scratch, const uint16_t* rounded_x = nullptr,

@@ -43,10 +43,10 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
 
   double* row_totals = ws.row_totals.data();  // [tokens, 3]
 
-  // A bfloat16 backward without an output bias reads the loss's gradient in bfloat16 only: the
-  // cross-entropy writes it so (into the scratch linear_backward would round it into), and the
-  // backend may skip the float32 form.
-  const bool rounded_gradient = backward && rounds_to_bfloat16(w.output) && !w.output.bias;
+  // A bfloat16 backward reads the loss's gradient in bfloat16 only (its products, and an output
+  // bias's gradient: bias_backward sums the rounded copy): the cross-entropy writes it so (into
+  // the scratch linear_backward would round it into), and the backend may skip the float32 form.
+  const bool rounded_gradient = backward && rounds_to_bfloat16(w.output);
   output_head_forward(backend, w.output, states, count, ws.head, [&](const OutputChunk& c) {
     uint16_t* rounded = rounded_gradient ? ensure_size(backend, ws.scratch.rounded_d_out,
                                                        c.rows * vocab)  // [rows, V]

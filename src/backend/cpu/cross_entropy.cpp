@@ -61,7 +61,7 @@ TFM_CPU_KERNEL void cross_entropy_forward_backward(float* logits, const int32_t*
     // the rest of the row, as one std::find over the whole row would have gone on.
     if (first == block_end) first = std::find(block_end, row + vocab, max_value);
     const int64_t argmax = first - row;  // the first maximum (vocab: none)
-    const double sum_logits = sum_in_blocks(row, vocab, [](float& logit) { return logit; });
+    const double sum_logits = sum_in_blocks(row, vocab, [](float logit) { return logit; });
     const float target_logit = row[y];
     // Σ exp(logit − max) in blocks too (one float sum of 50,000 terms, unvectorised, put the
     // gradient 5e-5 off float64's), each logit replaced by its exponential.
