@@ -379,9 +379,9 @@ grep -h "tokens/s\|\"event\"" "$logs"/train_base_*.log "$logs"/decode_*.log 2>/d
 rm -rf "$work"
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  step memcheck 60 "$sanitizer" --tool memcheck --error-exitcode 1 $tests \
+  step memcheck 120 "$sanitizer" --tool memcheck --error-exitcode 1 $tests \
     --gtest_filter='*BackendOps*cuda*:-*Dropout*:*Banded*'
-  step racecheck 120 "$sanitizer" --tool racecheck --error-exitcode 1 $tests \
+  step racecheck 200 "$sanitizer" --tool racecheck --error-exitcode 1 $tests \
     --gtest_filter='*BackendOps*Attention*cuda*:*BackendOps*LayerNorm*cuda*:*BackendOps*BestTokens*cuda*:*BackendOps*CrossEntropy*cuda*:-*Banded*:*Streamed*'
 fi
 

@@ -90,6 +90,16 @@ class Staging {
   Handle<T> read(const T* host, int64_t count) {
     return add<T>(host, count, Access::kRead, {});
   }
+  // The same for a product's operand: its device block has kLibrarySlack bytes more, never
+  // uploaded. cuBLAS's kernels read in vectors and may read past a strided matrix's last element
+  // (compute-sanitizer caught a bfloat16 GEMM reading 2 bytes past an odd-length copy); a
+  // real operand lies inside a larger block, where such a read is harmless.
+  template <typename T>
+  Handle<T> read_operand(const T* host, int64_t count) {
+    Handle<T> handle = read(host, count);
+    arguments_.back().slack = kLibrarySlack;
+    return handle;
+  }
   // Written elements: `written` (default all count) are filled with 0xFF before the call.
   template <typename T>
   Handle<T> write(T* host, int64_t count) {
@@ -139,12 +149,14 @@ class Staging {
   }
 
  private:
+  static constexpr int64_t kLibrarySlack = 64;
   struct Argument {
     const uint8_t* host;
     int64_t bytes;
     Access access;
     std::vector<Span> written;  // in bytes
     uint8_t* device = nullptr;
+    int64_t slack = 0;  // device bytes allocated past the end (read_operand)
   };
 
   template <typename T>
@@ -164,8 +176,10 @@ class Staging {
   void upload_group(const std::vector<size_t>& order, size_t first, size_t last,
                     const uint8_t* begin, const uint8_t* end) {
     const int64_t bytes = end - begin;
+    int64_t slack = 0;
+    for (size_t i = first; i < last; ++i) slack = std::max(slack, arguments_[order[i]].slack);
     memory_.push_back(nullptr);
-    auto* device = static_cast<uint8_t*>(device_.allocate(bytes, false));
+    auto* device = static_cast<uint8_t*>(device_.allocate(bytes + slack, false));
     memory_.back() = device;
     bool read = false;
     for (size_t i = first; i < last; ++i) {
@@ -309,9 +323,9 @@ class StagedPreparedMatrix final : public PreparedMatrix {
   void multiply(MatmulOperand x, int64_t m, int64_t ldx, float* y, int64_t ldy,
                 const MatmulEpilogue& epilogue) const override {
     Staging st(device_);
-    const auto hx = st.read(x.values, matrix_extent(m, cols(), ldx));
+    const auto hx = st.read_operand(x.values, matrix_extent(m, cols(), ldx));
     const int64_t ld16 = x.rounded_stride(cols());
-    const auto hx16 = st.read(x.rounded, matrix_extent(m, cols(), ld16));
+    const auto hx16 = st.read_operand(x.rounded, matrix_extent(m, cols(), ld16));
     const auto hbias = st.read(epilogue.bias, rows());
     const auto hy = st.write(y, matrix_extent(m, rows(), ldy), matrix_rows(m, rows(), ldy));
     const auto hrounded = st.write(epilogue.rounded_output, matrix_extent(m, rows(), ldy),
@@ -349,10 +363,12 @@ void HostStagedBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
   // A and B as stored: op(A) = A [m, k] or Aᵀ with A [k, m]; op(B) = B [k, n] or Bᵀ, B [n, k].
   const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-  const auto ha = st.read(a.values, matrix_extent(a_rows, a_cols, lda));
-  const auto ha16 = st.read(a.rounded, matrix_extent(a_rows, a_cols, a.rounded_stride(a_cols)));
-  const auto hb = st.read(b.values, matrix_extent(b_rows, b_cols, ldb));
-  const auto hb16 = st.read(b.rounded, matrix_extent(b_rows, b_cols, b.rounded_stride(b_cols)));
+  const auto ha = st.read_operand(a.values, matrix_extent(a_rows, a_cols, lda));
+  const auto ha16 =
+      st.read_operand(a.rounded, matrix_extent(a_rows, a_cols, a.rounded_stride(a_cols)));
+  const auto hb = st.read_operand(b.values, matrix_extent(b_rows, b_cols, ldb));
+  const auto hb16 =
+      st.read_operand(b.rounded, matrix_extent(b_rows, b_cols, b.rounded_stride(b_cols)));
   const auto hbias = st.read(epilogue.bias, n);
   const int64_t c_extent = matrix_extent(m, n, ldc);
   // C is only written with beta 0 (and not touched at all with a bfloat16 output).
