@@ -54,13 +54,29 @@ struct Tiles {
 };
 
 // rows × cols floats (rows row_stride apart) rounded to bfloat16 into a shared kRows × kCols
-// matrix with rows `pitch` apart; the rest of it zero.
+// matrix with rows `pitch` apart; the rest of it zero. Each thread issues up to 8 loads before
+// it stores any: one load at a time kept too few bytes in flight to cover the memory's latency
+// (the 64-row forward took 0.22 ms for 3,200 heads on an H200, about 4 times its bytes' time).
 template <int kRows, int kCols>
 __device__ __forceinline__ void load_rounded(const float* first, int64_t row_stride, int rows,
                                              int cols, uint16_t* shared, int pitch) {
-  for (int i = threadIdx.x; i < kRows * kCols; i += kBlockThreads) {
-    const int r = i / kCols, c = i % kCols;
-    shared[r * pitch + c] = r < rows && c < cols ? to_bfloat16(first[r * row_stride + c]) : 0;
+  constexpr int kPerThread = kRows * kCols / kBlockThreads;
+  constexpr int kInFlight = kPerThread < 8 ? kPerThread : 8;
+  static_assert(kRows * kCols % kBlockThreads == 0 && kPerThread % kInFlight == 0,
+                "every thread loads the same number of elements");
+  for (int done = 0; done < kPerThread; done += kInFlight) {
+    float x[kInFlight];
+#pragma unroll
+    for (int n = 0; n < kInFlight; ++n) {
+      const int i = threadIdx.x + (done + n) * kBlockThreads;
+      const int r = i / kCols, c = i % kCols;
+      x[n] = r < rows && c < cols ? first[r * row_stride + c] : 0.f;
+    }
+#pragma unroll
+    for (int n = 0; n < kInFlight; ++n) {
+      const int i = threadIdx.x + (done + n) * kBlockThreads;
+      shared[i / kCols * pitch + i % kCols] = to_bfloat16(x[n]);
+    }
   }
 }
 
