@@ -21,23 +21,34 @@ __device__ __forceinline__ bool reads_as_float4(const void* row, int64_t cols) {
 }
 
 // visit(x, c) for this thread's columns of a row, in increasing order: four at a time from one
-// 16-byte load where the row allows (several loads in flight per thread, which a row of one
-// float per thread per step lacks to keep the memory busy), else one at a time. The first
-// `cached` values (a multiple of 4, or all) are also stored into `cache` (shared memory), in
-// the words they were read in.
+// 16-byte load where the row allows, four such loads issued before the first is visited (one
+// load in flight per thread kept too few bytes in flight to cover the memory's latency: the
+// cross-entropy took 0.73 ms for 3,627 × 37,000 on an H200, about 4 times its bytes' time),
+// else one at a time. The first `cached` values (a multiple of 4, or all) are also stored into
+// `cache` (shared memory), in the words they were read in.
 template <typename Visit>
 __device__ __forceinline__ void for_each_in_row(const float* row, int64_t cols, Visit visit,
                                                 float4* cache = nullptr, int64_t cached = 0) {
   if (reads_as_float4(row, cols)) {
     const float4* row4 = reinterpret_cast<const float4*>(row);
-    for (int64_t i = threadIdx.x; i < cols / 4; i += blockDim.x) {
-      const float4 x = row4[i];
+    const int64_t words = cols / 4, step = blockDim.x;
+    const auto visit_word = [&](const float4& x, int64_t i) {
       if (4 * i < cached) cache[i] = x;
       visit(x.x, 4 * i);
       visit(x.y, 4 * i + 1);
       visit(x.z, 4 * i + 2);
       visit(x.w, 4 * i + 3);
+    };
+    constexpr int kInFlight = 4;
+    int64_t i = threadIdx.x;
+    for (; i + (kInFlight - 1) * step < words; i += kInFlight * step) {
+      float4 x[kInFlight];
+#pragma unroll
+      for (int n = 0; n < kInFlight; ++n) x[n] = row4[i + n * step];
+#pragma unroll
+      for (int n = 0; n < kInFlight; ++n) visit_word(x[n], i + n * step);
     }
+    for (; i < words; i += step) visit_word(row4[i], i);
   } else {
     float* cache_floats = reinterpret_cast<float*>(cache);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
