@@ -1180,6 +1180,11 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
       ASSERT_EQ(rounded_dq[i], float_to_bfloat16(dq[i])) << "rounded dq " << i;
     for (size_t i = 0; i < dkv.size(); ++i)
       ASSERT_EQ(rounded_dkv[i], float_to_bfloat16(dkv[i])) << "rounded dk | dv " << i;
+    // Where CUDA's bfloat16 tensor-core blocks take this case (unless
+    // TFM_CUDA_TENSOR_CORE_ATTENTION is "0").
+    const char* cores = std::getenv("TFM_CUDA_TENSOR_CORE_ATTENTION");
+    const bool tensor_core_blocks = be().name().rfind("cuda", 0) == 0 && c.query_len <= 128 &&
+                                    c.key_len <= 128 && !(cores && std::string(cores) == "0");
     {  // Asked for the rounded copies only (the float gradients become scratch): the same copies.
       AttentionShape only = s;
       only.rounded_gradients_only = true;
@@ -1195,9 +1200,7 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
       ASSERT_EQ(only_dkv, rounded_dkv) << "Tq " << c.query_len;
       // CUDA's tensor-core blocks store the copies alone: the float dq comes back as staged
       // (0xFF bytes, NaN), which shows the flag was heeded.
-      const char* cores = std::getenv("TFM_CUDA_TENSOR_CORE_ATTENTION");
-      if (be().name().rfind("cuda", 0) == 0 && c.query_len <= 128 && c.key_len <= 128 &&
-          !(cores && std::string(cores) == "0"))
+      if (tensor_core_blocks)
         EXPECT_TRUE(std::all_of(scratch_dq.begin(), scratch_dq.end(),
                                 [](float x) { return std::isnan(x); }))
             << "Tq " << c.query_len << ": the float dq was stored as well";
@@ -1233,11 +1236,8 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
     check("dq", dq, given.dq, rounded.dq);
     check("dk", dk, given.dk, rounded.dk);
     check("dv", dv, given.dv, rounded.dv);
-    const char* cores = std::getenv("TFM_CUDA_TENSOR_CORE_ATTENTION");  // "0": turned off
-    if (be().name().rfind("cuda", 0) == 0 && c.query_len <= 128 && c.key_len <= 128 &&
-        !(cores && std::string(cores) == "0")) {
+    if (tensor_core_blocks)
       EXPECT_TRUE(rounded_nearer) << "Tq " << c.query_len << ": the bfloat16 path did not run";
-    }
   }
 }
 

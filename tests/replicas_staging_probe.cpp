@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/device_buffer.h"
 #include "backend/device_tensors.h"
 #include "guard_page_backend.h"
 #include "train/replicas.h"
@@ -21,12 +22,6 @@ using tfm::DeviceTensors;
 // What rank `rank` puts at element i: small multiples of 1/4, so every sum is exact in float.
 float rank_value(int rank, int64_t i) {
   return float((rank + 1) * (i % 97)) + 0.25f * float(rank);
-}
-
-std::vector<float> read(const tfm::Backend& device, const float* data, int64_t n) {
-  std::vector<float> host(static_cast<size_t>(n));
-  device.copy_to_host(data, n * int64_t(sizeof(float)), host.data());
-  return host;
 }
 
 void check(bool ok, const std::string& what) {
@@ -51,7 +46,8 @@ void run(tfm::Replicas& replicas) {
   // Down and up once each: MPI was handed a host copy, not the device's memory.
   check(device.bytes_copied_with_host() - copied_before_sum == 2 * total * int64_t(sizeof(float)),
         "sum_tensors did not copy the gradients to the host and back");
-  const std::vector<float> summed = read(device, gradients.flat(), total);
+  std::vector<float> staged;
+  const float* summed = tfm::host_readable(device, gradients.flat(), total, staged);
   for (int64_t i = 0; i < total; ++i) {
     const float expected = rank_value(0, i) + rank_value(1, i);
     if (summed[size_t(i)] != expected)
@@ -75,7 +71,7 @@ void run(tfm::Replicas& replicas) {
             (replicas.primary() ? 2 : 1) * total * int64_t(sizeof(float)),
         "broadcast_tensors did not go through host copies");
   for (auto& [name, entry] : parameters) {
-    const std::vector<float> values = read(device, entry.ptr(), entry.numel());
+    const float* values = tfm::host_readable(device, entry.ptr(), entry.numel(), staged);
     for (int64_t i = 0; i < entry.numel(); ++i)
       check(values[size_t(i)] == rank_value(0, i + int64_t(name.size())),
             "broadcast_tensors: " + name + "[" + std::to_string(i) + "] is not rank 0's");

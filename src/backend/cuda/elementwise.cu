@@ -262,17 +262,7 @@ struct RoundedValueTerms {  // the same from dy's bfloat16 copy
   int64_t ld;
   template <int kWidth>
   __device__ void word(int64_t r, int64_t c, float* v) const {
-    const uint16_t* at = dy + r * ld + c;
-    if constexpr (kWidth == 4) {  // one 8-byte load
-      const uint2 bits = *reinterpret_cast<const uint2*>(at);
-      v[0] = from_bfloat16(uint16_t(bits.x & 0xFFFF));
-      v[1] = from_bfloat16(uint16_t(bits.x >> 16));
-      v[2] = from_bfloat16(uint16_t(bits.y & 0xFFFF));
-      v[3] = from_bfloat16(uint16_t(bits.y >> 16));
-    } else {
-#pragma unroll
-      for (int e = 0; e < kWidth; ++e) v[e] = from_bfloat16(at[e]);
-    }
+    RowWord<kWidth>::load_bfloat16(dy + r * ld + c, v);
   }
 };
 struct ReluBackwardTerms {
