@@ -22,8 +22,9 @@
 # rerun after a change); the table lists the others as skipped. train_vs_compile_bf16 (against
 # torch.compile, which compiles for a minute or more), the float16 decoding comparisons
 # (decode_512_*_f16), the int8 ones against CTranslate2 (ct2_64_*_int8) and the tensor-core
-# attention on sentences of 127 tokens (attention_tc_train_128) and racecheck over best_tokens'
-# test (racecheck_best_tokens) run only when named.
+# attention on sentences of 127 tokens (attention_tc_train_128), int8 decoding with and without
+# its tensor-core products (int8_tensor_cores_64_*) and racecheck over best_tokens' test
+# (racecheck_best_tokens) run only when named.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-.gpu/bundle.tar.xz}
@@ -253,30 +254,35 @@ step decode_512_greedy 60 decode_compare 512 1
 step decode_512_beam4 60 decode_compare 512 4
 named_step decode_512_beam4_f16 60 decode_compare 512 4 float16
 named_step decode_512_greedy_f16 60 decode_compare 512 1 float16
-# The same searches with every step launched operation by operation (TFM_CUDA_GRAPHS=0): what
-# the recorded steps (CUDA graphs) gain, and the same tokens either way.
-decode_without_graphs() {  # decode_without_graphs BATCH BEAM
-  prepare_decode "$1" || return 1
-  local graphs eager line
-  graphs=$(decode_ours bfloat16 bfloat16 "$2") || { echo "error: decode_bench failed"; return 1; }
-  eager=$(TFM_CUDA_GRAPHS=0 decode_ours bfloat16 bfloat16 "$2") ||
+# A search with a path and with its switch set to 0 (TFM_CUDA_GRAPHS: the steps recorded as CUDA
+# graphs against launched operation by operation; TFM_CUDA_INT8_TENSOR_CORES: int8 products on
+# cuBLAS's int8 tensor cores against the kernel of our own): the speed ratio, and the same tokens
+# and scores either way.
+decode_against_switch() {  # decode_against_switch SWITCH "WHAT" "AGAINST" TYPE CACHE BATCH BEAM
+  local switch=$1 what=$2 against=$3 type=$4 cache=$5 batch=$6 beam=$7 with without line
+  prepare_decode "$batch" || return 1
+  with=$(decode_ours "$type" "$cache" "$beam") || { echo "error: decode_bench failed"; return 1; }
+  without=$(env "$switch=0" bash -c 'decode_ours "$@"' _ "$type" "$cache" "$beam") ||
     { echo "error: decode_bench failed"; return 1; }
-  line=$(python3 - "$graphs" "$eager" "$1" "$2" <<'PY'
+  line=$(python3 - "$with" "$without" "$type" "$batch" "$beam" "$what" "$against" <<'PY'
 import json, sys
-graphs, eager = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-if graphs["outputs"] != eager["outputs"] or graphs["logprobs"] != eager["logprobs"]:
-    sys.exit("error: recorded and unrecorded steps found different translations")
-print("decoding bfloat16 batch %s beam %s: recorded steps %.0f tokens/s, launched one by one %.0f: "
-      "ratio %.3f, the same tokens" % (sys.argv[3], sys.argv[4], graphs["tokens_per_s"],
-                                      eager["tokens_per_s"],
-                                      graphs["tokens_per_s"] / eager["tokens_per_s"]))
+with_, without = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+if with_["outputs"] != without["outputs"] or with_["logprobs"] != without["logprobs"]:
+    sys.exit("error: %s and %s found different translations" % (sys.argv[6], sys.argv[7]))
+print("decoding %s batch %s beam %s: %s %.0f tokens/s, %s %.0f: ratio %.3f, the same tokens" % (
+    sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], with_["tokens_per_s"], sys.argv[7],
+    without["tokens_per_s"], with_["tokens_per_s"] / without["tokens_per_s"]))
 PY
   ) || return 1
   echo "$line" | tee -a "$logs/decode_compare.txt"
 }
-export -f decode_without_graphs
-step graphs_64_greedy 40 decode_without_graphs 64 1
-step graphs_64_beam4 40 decode_without_graphs 64 4
+export -f decode_against_switch
+graphs=(TFM_CUDA_GRAPHS "recorded steps" "launched one by one" bfloat16 bfloat16)
+step graphs_64_greedy 40 decode_against_switch "${graphs[@]}" 64 1
+step graphs_64_beam4 40 decode_against_switch "${graphs[@]}" 64 4
+int8=(TFM_CUDA_INT8_TENSOR_CORES "int8 tensor cores" "own int8 kernel" int8 float32)
+named_step int8_tensor_cores_64_greedy 40 decode_against_switch "${int8[@]}" 64 1
+named_step int8_tensor_cores_64_beam4 40 decode_against_switch "${int8[@]}" 64 4
 # Against CTranslate2 on this card, where the bundle has it (scripts/gpu_bundle.sh with
 # CT2_CUDA_PREFIX): the same model exported by `transformer export-ctranslate2`, the same sources
 # and search, both in bfloat16 (CTranslate2 converts the float32 export when loading), every output

@@ -745,6 +745,40 @@ TEST_P(BackendOps, Int8HeldWeightsMultiplyAsTheirFloatOriginalsInInt8) {
   }
 }
 
+// A backend's int8 products are the CPU's to the bit: both sum the quantised rows exactly in
+// int32 and scale the sums back with the same float operations (the bias added after, never
+// fused). On CUDA, shapes whose rows are multiples of 4 bytes run on cuBLAS's int8 tensor-core
+// product and the others on a kernel of the backend's own; both are covered here (k 64 and 512
+// with ldy 516 and 40, against k 45 and ldy 21).
+TEST_P(BackendOps, Int8ProductsAreTheCpusToTheBit) {
+  if (&be() == &cpu_backend()) return;  // the reference itself (the staged CPU still runs it)
+  for (const Backend* backend : {&be(), &cpu_backend()})
+    if (!backend->supports(Precision::kInt8))
+      return testing_support::skip_precision(*backend, Precision::kInt8);
+  uint64_t seed = 900;
+  for (auto [n, k, ldy] : {std::tuple<int64_t, int64_t, int64_t>{512, 512, 516},
+                           {37, 64, 40},
+                           {21, 45, 21},
+                           {8, 4, 8}}) {
+    const auto w = random_vector(n * k, seed++);
+    const auto bias = random_vector(n, seed++, 2.f);
+    const auto ours = be().prepare_matrix({w.data()}, {n}, k, Precision::kInt8);
+    const auto cpu = cpu_backend().prepare_matrix({w.data()}, {n}, k, Precision::kInt8);
+    for (int64_t m : {1, 5, 64}) {
+      const int64_t ldx = k + 3;
+      auto x = random_vector(m * ldx, seed++, 3.f);
+      if (m == 5) std::fill_n(x.begin() + ldx, k, 0.f);  // an all-zero row: scale 1, sums 0
+      for (int form = 0; form < 4; ++form) {             // plain, bias, ReLU, both
+        const MatmulEpilogue epilogue{form & 1 ? bias.data() : nullptr, (form & 2) != 0};
+        std::vector<float> got(size_t(m * ldy), 7.f), want(size_t(m * ldy), 7.f);
+        ours->multiply(x.data(), m, ldx, got.data(), ldy, epilogue);
+        cpu->multiply(x.data(), m, ldx, want.data(), ldy, epilogue);
+        ASSERT_EQ(got, want) << "n " << n << " k " << k << " m " << m << " form " << form;
+      }
+    }
+  }
+}
+
 // --- Attention --------------------------------------------------------------------------------
 
 // Whether key j (of `valid` keys) is visible to the query at `position`, by AttentionMask's rule.

@@ -92,6 +92,12 @@ void quantize_weight_rows(cudaStream_t s, const float* w, int64_t n, int64_t k, 
 void int8_product(cudaStream_t s, const int8_t* qx, const float* x_scales, const int8_t* qw,
                   const float* w_scales, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy,
                   const float* bias, bool relu);
+// The same result from int32 sums already in y: y[m, n] (row stride ldy) holds q_x · q_wᵀ as
+// int32 (cuBLAS's int8 product, written there), and becomes float in place, by int8_product's
+// arithmetic.
+void dequantize_int8_sums(cudaStream_t s, float* y, int64_t m, int64_t n, int64_t ldy,
+                          const float* x_scales, const float* w_scales, const float* bias,
+                          bool relu);
 // out[count, d] = rows ids of the float32 matrix w[., d].
 void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count, int64_t d,
                float* out);

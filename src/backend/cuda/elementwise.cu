@@ -888,6 +888,16 @@ __global__ void quantize_rows_kernel(const float* x, int64_t k, int64_t ldx, int
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
 }
 
+// An int8 product's element from its exact int32 sum, as the CPU's int8 products give it
+// (backend/cpu/int8_quantization.cpp's dequantize_products, then the bias and the ReLU): rounded
+// multiplications and addition, never contracted into one fused multiply-add.
+__device__ __forceinline__ float dequantized(int32_t sum, float x_scale, float w_scale,
+                                             const float* bias, int64_t c, bool relu) {
+  float v = __fmul_rn(float(sum), __fmul_rn(x_scale, w_scale));
+  if (bias) v = __fadd_rn(v, bias[c]);
+  return relu && !(v > 0.f) ? 0.f : v;
+}
+
 // A 32 × 32 tile of y per block, 8 k-values at a time through shared memory; exact int32 sums.
 constexpr int kTile = 32;
 __global__ void int8_product_kernel(const int8_t* qx, const float* x_scales, const int8_t* qw,
@@ -913,14 +923,19 @@ __global__ void int8_product_kernel(const int8_t* qx, const float* x_scales, con
   }
   const int64_t c = col0 + tx;
   if (c >= n) return;
-  const float column_bias = bias ? bias[c] : 0.f;
   for (int j = 0; j < 4; ++j) {
     const int64_t r = row0 + ty + 8 * j;
-    if (r >= m) continue;
-    float v = float(acc[j]) * (x_scales[r] * w_scales[c]);
-    if (bias) v += column_bias;
-    if (relu) v = v > 0.f ? v : 0.f;
-    y[r * ldy + c] = v;
+    if (r < m) y[r * ldy + c] = dequantized(acc[j], x_scales[r], w_scales[c], bias, c, relu);
+  }
+}
+
+// dequantize_int8_sums: each element's int32 bits read and its float written back in place.
+__global__ void dequantize_int8_sums_kernel(float* y, int64_t m, int64_t n, int64_t ldy,
+                                            const float* x_scales, const float* w_scales,
+                                            const float* bias, bool relu) {
+  TFM_FOR_EACH_ELEMENT(r, c, m, n) {
+    float* at = y + r * ldy + c;
+    *at = dequantized(__float_as_int(*at), x_scales[r], w_scales[c], bias, c, relu);
   }
 }
 
@@ -1301,6 +1316,15 @@ void int8_product(cudaStream_t s, const int8_t* qx, const float* x_scales, const
                                                    rows, n, k, y + first * ldy, ldy, bias, relu);
     check_launch("int8_product");
   }
+}
+
+void dequantize_int8_sums(cudaStream_t s, float* y, int64_t m, int64_t n, int64_t ldy,
+                          const float* x_scales, const float* w_scales, const float* bias,
+                          bool relu) {
+  if (m * n == 0) return;
+  dequantize_int8_sums_kernel<<<matrix_blocks(m, n), matrix_threads(n), 0, s>>>(
+      y, m, n, ldy, x_scales, w_scales, bias, relu);
+  check_launch("dequantize_int8_sums");
 }
 
 void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count, int64_t d,

@@ -68,7 +68,7 @@ const char* prepared_product_name(Precision precision, bool bfloat16_output, boo
     case Precision::kFloat16:
       return on_lt ? "prepared float16 (cuBLASLt)" : "prepared float16 (cuBLAS + pass)";
     case Precision::kInt8:
-      return "prepared int8";
+      return "prepared int8 (cuBLAS int8 + pass)";
   }
   return "prepared";
 }
@@ -138,12 +138,19 @@ class CudaPreparedMatrix final : public PreparedMatrix {
         return;
       }
       case Precision::kInt8: {
-        StagedOperand quantised(context_, m * cols_ + m * int64_t(sizeof(float)) + 16);
-        float* x_scales = quantised.as<float>();               // [m]
-        int8_t* qx = reinterpret_cast<int8_t*>(x_scales + m);  // [m, k]
+        const int64_t scales_bytes = (m * int64_t(sizeof(float)) + 15) / 16 * 16;
+        StagedOperand quantised(context_, scales_bytes + m * cols_ + 16);
+        float* x_scales = quantised.as<float>();                                      // [m]
+        int8_t* qx = reinterpret_cast<int8_t*>(quantised.as<char>() + scales_bytes);  // [m, k]
         quantize_activation_rows(context_.stream, x, m, cols_, ldx, qx, x_scales);
-        int8_product(context_.stream, qx, x_scales, weights_int8_.data(), scales_.data(), m, rows_,
-                     cols_, y, ldy, epilogue.bias, epilogue.relu);
+        if (int8_sums_on_tensor_cores(qx, m, y, ldy)) {
+          dequantize_int8_sums(context_.stream, y, m, rows_, ldy, x_scales, scales_.data(),
+                               epilogue.bias, epilogue.relu);
+        } else {
+          profiled_operation.rename("prepared int8 (own kernel)");
+          int8_product(context_.stream, qx, x_scales, weights_int8_.data(), scales_.data(), m,
+                       rows_, cols_, y, ldy, epilogue.bias, epilogue.relu);
+        }
         return;
       }
     }
@@ -166,6 +173,26 @@ class CudaPreparedMatrix final : public PreparedMatrix {
                  cols_, 0.f, target, ldy, blas_type(precision_));
     finish_epilogue(context_, target, ldy, epilogue, m, rows_);
     return false;
+  }
+  // y[m, rows] (row stride ldy) = qx[m, k] · W_int8ᵀ as exact int32 sums (in y's memory, for
+  // dequantize_int8_sums), on cuBLAS's int8 tensor-core product as CTranslate2 runs it. Returns
+  // false, having written nothing, where that product does not take the shape (its leading
+  // dimensions must be multiples of 4) or TFM_CUDA_INT8_TENSOR_CORES=0 keeps int8_product, to
+  // compare; both give the same sums, which are exact.
+  bool int8_sums_on_tensor_cores(const int8_t* qx, int64_t m, float* y, int64_t ldy) const {
+    static const bool enabled = !turned_off("TFM_CUDA_INT8_TENSOR_CORES");
+    if (!enabled || cols_ % 4 != 0 || ldy % 4 != 0) return false;
+    std::lock_guard<std::mutex> lock(context_.blas_mutex);
+    const BlasLibrary& blas = blas_library();
+    TFM_CUDA(blas.set_stream(context_.blas, context_.stream));
+    const int32_t one = 1, zero = 0;  // CUBLAS_COMPUTE_32I's scalars are int32
+    const cublasStatus_t status =
+        blas.gemm_ex(context_.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(rows_), int(m), int(cols_), &one,
+                     weights_int8_.data(), CUDA_R_8I, int(cols_), qx, CUDA_R_8I, int(cols_), &zero,
+                     y, CUDA_R_32I, int(ldy), CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+    TFM_CUDA(status);
+    return true;
   }
   void read_rows(const int32_t* ids, int64_t count, float* out) const override {
     if (precision_ != Precision::kFloat32)
