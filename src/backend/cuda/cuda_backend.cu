@@ -273,8 +273,8 @@ class CudaBackend final : public Backend {
                                       double* row_totals,
                                       uint16_t* rounded_gradient) const override {
     TFM_CUDA_OPERATION_SHAPED(c_, "cross_entropy_forward_backward", rows, vocab);
-    cuda::cross_entropy_forward_backward(c_, logits, targets, rows, vocab, smoothing, grad_scale,
-                                         row_totals, rounded_gradient);
+    cuda::cross_entropy_forward_backward(c_.stream, logits, targets, rows, vocab, smoothing,
+                                         grad_scale, row_totals, rounded_gradient);
   }
   // 512 MiB: a base model's 25,000-token batch in 8 chunks of ~3,600 rows, each product and
   // softmax large enough to fill the device, where 16 MB chunks (the CPU's) made ~230 launches

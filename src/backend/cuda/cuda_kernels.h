@@ -105,7 +105,7 @@ void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count
 // --- loss_and_search.cu ---
 void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* targets, int64_t rows,
                       int64_t cols, float* out);
-void cross_entropy_forward_backward(const Context& c, float* logits, const int32_t* targets,
+void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t* targets,
                                     int64_t rows, int64_t vocab, float smoothing, float grad_scale,
                                     double* row_totals, uint16_t* rounded_gradient);
 void best_tokens(cudaStream_t s, const float* scores, int64_t rows, int64_t vocab, int64_t keep,

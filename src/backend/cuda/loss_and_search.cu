@@ -20,42 +20,39 @@ __device__ __forceinline__ bool reads_as_float4(const void* row, int64_t cols) {
   return (cols & 3) == 0 && aligned(row, 16);
 }
 
-// visit(x, c) for this thread's columns of a row, in increasing order: four at a time from one
-// 16-byte load where the row allows, four such loads issued before the first is visited (one
-// load in flight per thread kept too few bytes in flight to cover the memory's latency: the
-// cross-entropy took 0.73 ms for 3,627 × 37,000 on an H200, about 4 times its bytes' time),
-// else one at a time. The first `cached` values (a multiple of 4, or all) are also stored into
-// `cache` (shared memory), in the words they were read in.
+// visit_word(x, i) for this thread's 16-byte words of a row that reads_as_float4 (word i holds
+// columns 4i to 4i + 3), in increasing order, four loads issued before the first is visited:
+// one load in flight per thread kept too few bytes in flight to cover the memory's latency.
+template <typename VisitWord>
+__device__ __forceinline__ void for_each_word_in_row(const float* row, int64_t cols,
+                                                     VisitWord visit_word) {
+  const float4* row4 = reinterpret_cast<const float4*>(row);
+  const int64_t words = cols / 4, step = blockDim.x;
+  constexpr int kInFlight = 4;
+  int64_t i = threadIdx.x;
+  for (; i + (kInFlight - 1) * step < words; i += kInFlight * step) {
+    float4 x[kInFlight];
+#pragma unroll
+    for (int n = 0; n < kInFlight; ++n) x[n] = row4[i + n * step];
+#pragma unroll
+    for (int n = 0; n < kInFlight; ++n) visit_word(x[n], i + n * step);
+  }
+  for (; i < words; i += step) visit_word(row4[i], i);
+}
+
+// visit(x, c) for this thread's columns of a row, in increasing order: four at a time from
+// for_each_word_in_row where the row allows, else one at a time.
 template <typename Visit>
-__device__ __forceinline__ void for_each_in_row(const float* row, int64_t cols, Visit visit,
-                                                float4* cache = nullptr, int64_t cached = 0) {
+__device__ __forceinline__ void for_each_in_row(const float* row, int64_t cols, Visit visit) {
   if (reads_as_float4(row, cols)) {
-    const float4* row4 = reinterpret_cast<const float4*>(row);
-    const int64_t words = cols / 4, step = blockDim.x;
-    const auto visit_word = [&](const float4& x, int64_t i) {
-      if (4 * i < cached) cache[i] = x;
+    for_each_word_in_row(row, cols, [&](const float4& x, int64_t i) {
       visit(x.x, 4 * i);
       visit(x.y, 4 * i + 1);
       visit(x.z, 4 * i + 2);
       visit(x.w, 4 * i + 3);
-    };
-    constexpr int kInFlight = 4;
-    int64_t i = threadIdx.x;
-    for (; i + (kInFlight - 1) * step < words; i += kInFlight * step) {
-      float4 x[kInFlight];
-#pragma unroll
-      for (int n = 0; n < kInFlight; ++n) x[n] = row4[i + n * step];
-#pragma unroll
-      for (int n = 0; n < kInFlight; ++n) visit_word(x[n], i + n * step);
-    }
-    for (; i < words; i += step) visit_word(row4[i], i);
+    });
   } else {
-    float* cache_floats = reinterpret_cast<float*>(cache);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float x = row[c];
-      if (c < cached) cache_floats[c] = x;
-      visit(x, c);
-    }
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) visit(row[c], c);
   }
 }
 
@@ -133,47 +130,34 @@ __global__ void log_softmax_pick_kernel(const float* logits, const int32_t* targ
   if (threadIdx.x == 0) out[blockIdx.x] = in[targets[blockIdx.x]] - log_sum;
 }
 
-// The most logits of a row the cross-entropy keeps in shared memory between its two passes:
-// 160 KB, the base model's 37,000 and any vocabulary to 40,960 whole, where the device lends a
-// block that much (cross_entropy_forward_backward). Its second pass then reads them there, and
-// the one block an SM that so much shared memory leaves keeps the rest of a longer row in L2.
-// Reading both passes from memory, four blocks of 512 an SM (78 MB of rows in flight, more than
-// the L2 holds), a chunk of 3,627 × 37,000 took 0.47 ms on an H200, 1.7 times its bytes.
-constexpr int64_t kCachedLogits = 40960;
-constexpr int kCrossEntropyThreads = 1024;
-
 // Per row, in one read of the logits: the loss terms in double and whether the first maximum is
 // the target; then a second pass makes the row grad_scale · (softmax − smoothed one-hot), in
-// float32 in place, or only in bfloat16 into rounded_gradient where that is given. The first
-// `cached` logits of the row (a multiple of 4, or the whole row) are kept in shared memory
-// (dynamic, cached floats) for the second pass.
-__global__ void __launch_bounds__(kCrossEntropyThreads)
+// float32 in place, or only in bfloat16 into rounded_gradient where that is given. The second
+// pass reads the row again, from L2 where it is still there: keeping the row in shared memory
+// between the passes (8c89ef0: 160 KB, one block of 1,024 threads an SM) took 0.73 ms for a chunk
+// of 3,627 × 37,000 on an H200, where reading it twice with several blocks an SM, each loading
+// while another reduces, took 0.47.
+__global__ void __launch_bounds__(kRowThreads, 3)
     cross_entropy_kernel(float* logits, const int32_t* targets, int64_t vocab, float smoothing,
-                         float grad_scale, double* row_totals, uint16_t* rounded_gradient,
-                         int64_t cached) {
+                         float grad_scale, double* row_totals, uint16_t* rounded_gradient) {
   __shared__ SoftmaxPart shared_parts[32];
   __shared__ double shared_double[32];
-  extern __shared__ float4 cache4[];  // [cached / 4 words] (16 bytes, as the float4 reads)
-  const float* cache = reinterpret_cast<const float*>(cache4);
   float* row = logits + int64_t(blockIdx.x) * vocab;
   const int32_t y = targets[blockIdx.x];
   const float target_logit = row[y];
   SoftmaxPart part{-INFINITY, vocab, 0.f};
   double sum_logits = 0;
-  for_each_in_row(
-      row, vocab,
-      [&](float x, int64_t c) {
-        sum_logits += double(x);
-        if (x > part.largest) {  // online softmax: the sum so far rescaled to the new maximum
-          part.sum = part.sum * scaled_exp(part.largest, x) + 1.f;
-          part.largest = x;
-          part.first = c;
-        } else {
-          if (x == part.largest && part.first == vocab) part.first = c;  // −∞ everywhere so far
-          part.sum += scaled_exp(x, part.largest);
-        }
-      },
-      cache4, cached);
+  for_each_in_row(row, vocab, [&](float x, int64_t c) {
+    sum_logits += double(x);
+    if (x > part.largest) {  // online softmax: the sum so far rescaled to the new maximum
+      part.sum = part.sum * scaled_exp(part.largest, x) + 1.f;
+      part.largest = x;
+      part.first = c;
+    } else {
+      if (x == part.largest && part.first == vocab) part.first = c;  // −∞ everywhere so far
+      part.sum += scaled_exp(x, part.largest);
+    }
+  });
   sum_logits = block_sum(sum_logits, shared_double);
   const SoftmaxPart whole = block_combine(part, shared_parts);
   const float largest = whole.largest, sum = whole.sum;
@@ -192,8 +176,7 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
   const float target_term = grad_scale * (1.f - smoothing);
   if (reads_as_float4(row, vocab) && aligned(rounded, 8)) {
     float4* row4 = reinterpret_cast<float4*>(row);
-    for (int64_t i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
-      const float4 x = 4 * i < cached ? cache4[i] : row4[i];
+    for_each_word_in_row(row, vocab, [&](const float4& x, int64_t i) {
       float4 g =
           make_float4(expf(x.x - largest) * scale - uniform, expf(x.y - largest) * scale - uniform,
                       expf(x.z - largest) * scale - uniform, expf(x.w - largest) * scale - uniform);
@@ -220,11 +203,11 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
       } else {
         row4[i] = g;
       }
-    }
+    });
     return;
   }
   for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
-    float g = expf((c < cached ? cache[c] : row[c]) - largest) * scale - uniform;
+    float g = expf(row[c] - largest) * scale - uniform;
     if (c == y) g -= target_term;
     if (rounded)
       rounded[c] = to_bfloat16(g);
@@ -399,22 +382,12 @@ void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* target
   check_launch("log_softmax_pick");
 }
 
-void cross_entropy_forward_backward(const Context& c, float* logits, const int32_t* targets,
+void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t* targets,
                                     int64_t rows, int64_t vocab, float smoothing, float grad_scale,
                                     double* row_totals, uint16_t* rounded_gradient) {
   if (rows == 0) return;
-  // As much of kCachedLogits as the device lends a block beside the kernel's own 1 KB of shared
-  // memory (2 KB kept) (an H100 or H200 227 KB, an A100 163 KB), in words of four unless the row
-  // fits.
-  int lendable = 0;
-  TFM_CUDA(cudaDeviceGetAttribute(&lendable, cudaDevAttrMaxSharedMemoryPerBlockOptin, c.device));
-  const int64_t most = std::min<int64_t>(kCachedLogits, (lendable - 2048) / 4) / 4 * 4;
-  const int64_t cached = std::max<int64_t>(0, vocab <= most ? vocab : most);
-  const size_t bytes = size_t(cached) * sizeof(float);
-  TFM_CUDA(cudaFuncSetAttribute(cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                int(bytes)));
-  cross_entropy_kernel<<<unsigned(rows), kCrossEntropyThreads, bytes, c.stream>>>(
-      logits, targets, vocab, smoothing, grad_scale, row_totals, rounded_gradient, cached);
+  cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(
+      logits, targets, vocab, smoothing, grad_scale, row_totals, rounded_gradient);
   check_launch("cross_entropy_forward_backward");
 }
 
