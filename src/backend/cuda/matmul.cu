@@ -176,12 +176,13 @@ class CudaPreparedMatrix final : public PreparedMatrix {
   }
   // y[m, rows] (row stride ldy) = qx[m, k] · W_int8ᵀ as exact int32 sums (in y's memory, for
   // dequantize_int8_sums), on cuBLAS's int8 tensor-core product as CTranslate2 runs it. Returns
-  // false, having written nothing, where that product does not take the shape (its leading
-  // dimensions must be multiples of 4) or TFM_CUDA_INT8_TENSOR_CORES=0 keeps int8_product, to
-  // compare; both give the same sums, which are exact.
+  // false, having written nothing, where cuBLAS does not take the shape (its int8 operands'
+  // rows must be multiples of 4 bytes, and 4-byte aligned, which qx and the weights are; a
+  // shape it refuses all the same is left to int8_product too) or TFM_CUDA_INT8_TENSOR_CORES=0
+  // keeps int8_product, to compare; both give the same sums, which are exact.
   bool int8_sums_on_tensor_cores(const int8_t* qx, int64_t m, float* y, int64_t ldy) const {
     static const bool enabled = !turned_off("TFM_CUDA_INT8_TENSOR_CORES");
-    if (!enabled || cols_ % 4 != 0 || ldy % 4 != 0) return false;
+    if (!enabled || cols_ % 4 != 0) return false;
     std::lock_guard<std::mutex> lock(context_.blas_mutex);
     const BlasLibrary& blas = blas_library();
     TFM_CUDA(blas.set_stream(context_.blas, context_.stream));
@@ -190,7 +191,8 @@ class CudaPreparedMatrix final : public PreparedMatrix {
         blas.gemm_ex(context_.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(rows_), int(m), int(cols_), &one,
                      weights_int8_.data(), CUDA_R_8I, int(cols_), qx, CUDA_R_8I, int(cols_), &zero,
                      y, CUDA_R_32I, int(ldy), CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT);
-    if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)
+      return false;
     TFM_CUDA(status);
     return true;
   }
