@@ -134,10 +134,12 @@ __global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, c
 }
 
 // The warp-per-query kernels below: queries a block, the most columns a lane holds (heads of
-// at most 32 · kMaxLaneColumns), and the keys whose loads a lane issues together.
+// at most 32 · kMaxLaneColumns), and the keys whose loads a lane issues together (a decoding
+// step's cache attention, 0.092 ms for 16,384 queries of 33 keys in bfloat16 on an H200, 3
+// times its bytes' time, spent most of it waiting on the values' loads four keys at a time).
 constexpr int kQueryWarps = 4;
 constexpr int kMaxLaneColumns = 4;
-constexpr int kKeysAtOnce = 4;
+constexpr int kKeysAtOnce = 8;
 
 // The warp-per-query kernels' softmax: scores [Tk] hold the logits of keys [begin, end) (written
 // by any lane of the warp) and become the weights, exp(score · scale − largest · scale)
