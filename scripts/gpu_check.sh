@@ -262,7 +262,7 @@ decode_against_switch() {  # decode_against_switch SWITCH "WHAT" "AGAINST" TYPE 
   local switch=$1 what=$2 against=$3 type=$4 cache=$5 batch=$6 beam=$7 with without line
   prepare_decode "$batch" || return 1
   with=$(decode_ours "$type" "$cache" "$beam") || { echo "error: decode_bench failed"; return 1; }
-  without=$(env "$switch=0" bash -c 'decode_ours "$@"' _ "$type" "$cache" "$beam") ||
+  without=$(export "$switch=0" && decode_ours "$type" "$cache" "$beam") ||
     { echo "error: decode_bench failed"; return 1; }
   line=$(python3 - "$with" "$without" "$type" "$batch" "$beam" "$what" "$against" <<'PY'
 import json, sys
