@@ -87,7 +87,10 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const floa
   set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue));
   if (key.bias) {
     set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
-    // float32 whatever the output (by default a bias has the output's type)
+    // float32 (by default a bias has the output's type). cublasLt.h allows that for a float32
+    // output only: with a bfloat16 one the heuristic finds no algorithm, and such a product (the
+    // feed-forward's first in bfloat16 decoding) takes cuBLAS and a pass, as the H200's profiles
+    // show ("prepared bfloat16 out (cuBLAS + pass)"); a bfloat16 bias would round it.
     set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_32F));
   }
   const auto output_type = cudaDataType_t(key.output_type);
