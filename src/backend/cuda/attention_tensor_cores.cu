@@ -2,7 +2,7 @@
 // of 64 (the base and big models' training batches, and the longer sentences of real corpora): a
 // block per (sequence, head), as attention_short.cu's float32 forward, whose every product (S =
 // Q·Kᵀ and O = P·V; in the backward dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K and dK = dSᵀ·Q) is 16 × 16
-// WMMA tiles of bfloat16 operands summed in float32, the block's 8 warps taking the tiles in
+// WMMA tiles of bfloat16 operands summed in float32, the block's warps taking the tiles in
 // turn. Blocks come in two sizes, for up to 64 rows (45 KB of shared memory) and up to 128
 // (136 KB forward, 152 KB backward: where the device lends a block that much). The operands are
 // rounded to bfloat16 (nearest even) as they are loaded, as PyTorch's autocast rounds them; the
@@ -26,9 +26,14 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int kHead = 64;           // the head size
-constexpr int kBlockThreads = 256;  // 8 warps
-constexpr int kWarps = kBlockThreads / 32;
+constexpr int kHead = 64;  // the head size
+
+// The threads of a block of kLen rows: 8 warps for 64 rows (four blocks an SM), 16 for 128,
+// whose shared memory leaves one block an SM (with 8 warps the 128-row blocks were no faster
+// than the float32 kernels with TF32 products on an H200: 0.984 at 127 tokens). The warps take
+// the same tiles and rows in turn either way, so the results do not depend on it.
+template <int kLen>
+constexpr int kBlockThreads = kLen == 128 ? 512 : 256;
 
 // The shared matrices of a block that takes up to kLen queries and keys (64 or 128), rows padded
 // by 16 bytes (WMMA's row strides are multiples of 8 bfloat16 or 4 floats; the padding also
@@ -54,27 +59,28 @@ struct Tiles {
 };
 
 // rows × cols floats (rows row_stride apart) rounded to bfloat16 into a shared kRows × kCols
-// matrix with rows `pitch` apart; the rest of it zero. Each thread issues up to 8 loads before
-// it stores any: one load at a time kept too few bytes in flight to cover the memory's latency
-// (the 64-row forward took 0.22 ms for 3,200 heads on an H200, about 4 times its bytes' time).
-template <int kRows, int kCols>
+// matrix with rows `pitch` apart, by a block of kThreads; the rest of it zero. Each thread
+// issues up to 8 loads before it stores any: one load at a time kept too few bytes in flight to
+// cover the memory's latency (the 64-row forward took 0.22 ms for 3,200 heads on an H200, about
+// 4 times its bytes' time; 0.165 with 8).
+template <int kRows, int kCols, int kThreads>
 __device__ __forceinline__ void load_rounded(const float* first, int64_t row_stride, int rows,
                                              int cols, uint16_t* shared, int pitch) {
-  constexpr int kPerThread = kRows * kCols / kBlockThreads;
+  constexpr int kPerThread = kRows * kCols / kThreads;
   constexpr int kInFlight = kPerThread < 8 ? kPerThread : 8;
-  static_assert(kRows * kCols % kBlockThreads == 0 && kPerThread % kInFlight == 0,
+  static_assert(kRows * kCols % kThreads == 0 && kPerThread % kInFlight == 0,
                 "every thread loads the same number of elements");
   for (int done = 0; done < kPerThread; done += kInFlight) {
     float x[kInFlight];
 #pragma unroll
     for (int n = 0; n < kInFlight; ++n) {
-      const int i = threadIdx.x + (done + n) * kBlockThreads;
+      const int i = threadIdx.x + (done + n) * kThreads;
       const int r = i / kCols, c = i % kCols;
       x[n] = r < rows && c < cols ? first[r * row_stride + c] : 0.f;
     }
 #pragma unroll
     for (int n = 0; n < kInFlight; ++n) {
-      const int i = threadIdx.x + (done + n) * kBlockThreads;
+      const int i = threadIdx.x + (done + n) * kThreads;
       shared[i / kCols * pitch + i % kCols] = to_bfloat16(x[n]);
     }
   }
@@ -84,7 +90,7 @@ __device__ __forceinline__ void load_rounded(const float* first, int64_t row_str
 // A and B bfloat16 in shared memory with rows lda and ldb elements apart, each read as its
 // layout says: wmma::row_major, element (i, k) at i · lda + k; wmma::col_major, at k · lda + i
 // (a transposed operand read in place). The warps take the 16 × 16 output tiles in turn.
-template <int kM, int kN, int kK, typename ALayout, typename BLayout>
+template <int kM, int kN, int kK, typename ALayout, typename BLayout, int kThreads>
 __device__ __forceinline__ void product(const uint16_t* a, int lda, const uint16_t* b, int ldb,
                                         float* c, int ldc) {
   constexpr bool a_by_rows = std::is_same_v<ALayout, wmma::row_major>;
@@ -92,7 +98,7 @@ __device__ __forceinline__ void product(const uint16_t* a, int lda, const uint16
   constexpr int kTileColumns = kN / 16, kTiles = (kM / 16) * kTileColumns;
   const auto* a16 = reinterpret_cast<const __nv_bfloat16*>(a);
   const auto* b16 = reinterpret_cast<const __nv_bfloat16*>(b);
-  for (int tile = threadIdx.x / 32; tile < kTiles; tile += kWarps) {
+  for (int tile = threadIdx.x / 32; tile < kTiles; tile += kThreads / 32) {
     const int row = tile / kTileColumns, col = tile % kTileColumns;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> sum;
     wmma::fill_fragment(sum, 0.f);
@@ -113,10 +119,11 @@ __device__ __forceinline__ void product(const uint16_t* a, int lda, const uint16
 // The first `rows` rows of a head's width of C (shared, rows `pitch` apart) to rows of `first`
 // row_stride apart (null: not there), and, where `rounded` is given, rounded to bfloat16 to its
 // rows rounded_stride apart.
+template <int kThreads>
 __device__ __forceinline__ void store_rows(const float* c, int pitch, int rows, float* first,
                                            int64_t row_stride, uint16_t* rounded,
                                            int64_t rounded_stride) {
-  for (int i = threadIdx.x; i < rows * kHead; i += kBlockThreads) {
+  for (int i = threadIdx.x; i < rows * kHead; i += kThreads) {
     const int r = i / kHead, col = i % kHead;
     const float x = c[r * pitch + col];
     if (first) first[r * row_stride + col] = x;
@@ -127,10 +134,11 @@ __device__ __forceinline__ void store_rows(const float* c, int pitch, int rows, 
 // Block (b, h): S = Q·Kᵀ, P = the masked softmax of S · scale (masked_softmax_kernel's formula),
 // stored into probs when given, O = P·V into out (and its rounded copy where asked).
 template <int kLen>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads<kLen>)
     tensor_core_forward_kernel(AttentionShape s, AttentionMask mask, const float* q, const float* k,
                                const float* v, float* probs, float* out, float scale) {
   using T = Tiles<kLen>;
+  constexpr int kThreads = kBlockThreads<kLen>;
   extern __shared__ __align__(32) unsigned char shared_bytes[];
   uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);      // Q, then the weights P
   uint16_t* keys = queries + T::kLenMatrix;                           // K
@@ -138,11 +146,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   float* result = reinterpret_cast<float*>(values + T::kHeadMatrix);  // S, then O
   const HeadRows at(s);
   const int tq = int(s.query_len), tk = int(s.key_len);
-  load_rounded<kLen, kHead>(at.query(s, q), s.q_row_stride, tq, kHead, queries, T::kPitchHead);
-  load_rounded<kLen, kHead>(at.key(s, k), s.k_row_stride, tk, kHead, keys, T::kPitchHead);
-  load_rounded<kLen, kHead>(at.value(s, v), s.v_row_stride, tk, kHead, values, T::kPitchHead);
+  load_rounded<kLen, kHead, kThreads>(at.query(s, q), s.q_row_stride, tq, kHead, queries,
+                                      T::kPitchHead);
+  load_rounded<kLen, kHead, kThreads>(at.key(s, k), s.k_row_stride, tk, kHead, keys, T::kPitchHead);
+  load_rounded<kLen, kHead, kThreads>(at.value(s, v), s.v_row_stride, tk, kHead, values,
+                                      T::kPitchHead);
   __syncthreads();
-  product<kLen, kLen, kHead, wmma::row_major, wmma::col_major>(
+  product<kLen, kLen, kHead, wmma::row_major, wmma::col_major, kThreads>(
       queries, T::kPitchHead, keys, T::kPitchHead, result, T::kPitchResult);  // S = Q·Kᵀ
   __syncthreads();
   softmax_block_rows<kLen>(s, mask, at.b, result, T::kPitchResult, scale,
@@ -151,11 +161,11 @@ __global__ void __launch_bounds__(kBlockThreads)
                              if (probs && t < tq && j < tk) probs[at.weights_row(s, t) + j] = w;
                            });
   __syncthreads();
-  product<kLen, kHead, kLen, wmma::row_major, wmma::row_major>(
+  product<kLen, kHead, kLen, wmma::row_major, wmma::row_major, kThreads>(
       queries, T::kPitchLen, values, T::kPitchHead, result, T::kPitchResult);  // O = P·V
   __syncthreads();
-  store_rows(result, T::kPitchResult, tq, at.output(s, out), s.out_row_stride,
-             at.dense_row(s, s.rounded_out, s.query_len), s.heads * kHead);
+  store_rows<kThreads>(result, T::kPitchResult, tq, at.output(s, out), s.out_row_stride,
+                       at.dense_row(s, s.rounded_out, s.query_len), s.heads * kHead);
 }
 
 // Block (b, h) of the backward, from the weights P the forward stored: dV = Pᵀ·dO, dP = dO·Vᵀ,
@@ -163,11 +173,12 @@ __global__ void __launch_bounds__(kBlockThreads)
 // dK = dSᵀ·Q; each written (not added) to its first Tq or Tk rows (unless null), and rounded to
 // its copy in the same layout where AttentionShape asks for one.
 template <int kLen>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads<kLen>)
     tensor_core_backward_kernel(AttentionShape s, const float* q, const float* k, const float* v,
                                 const float* probs, const float* d_out, float* dq, float* dk,
                                 float* dv, float scale) {
   using T = Tiles<kLen>;
+  constexpr int kThreads = kBlockThreads<kLen>;
   extern __shared__ __align__(32) unsigned char shared_bytes[];
   uint16_t* first = reinterpret_cast<uint16_t*>(shared_bytes);      // P, then K
   uint16_t* second = first + T::kLenMatrix;                         // dO, then Q
@@ -176,23 +187,24 @@ __global__ void __launch_bounds__(kBlockThreads)
   const HeadRows at(s);
   const int tq = int(s.query_len), tk = int(s.key_len);
   const float* weights = probs + at.weights_row(s, 0);  // [Tq, Tk]
-  load_rounded<kLen, kLen>(weights, s.key_len, tq, tk, first, T::kPitchLen);
-  load_rounded<kLen, kHead>(at.output(s, d_out), s.out_row_stride, tq, kHead, second,
-                            T::kPitchHead);
-  load_rounded<kLen, kHead>(at.value(s, v), s.v_row_stride, tk, kHead, third, T::kPitchHead);
+  load_rounded<kLen, kLen, kThreads>(weights, s.key_len, tq, tk, first, T::kPitchLen);
+  load_rounded<kLen, kHead, kThreads>(at.output(s, d_out), s.out_row_stride, tq, kHead, second,
+                                      T::kPitchHead);
+  load_rounded<kLen, kHead, kThreads>(at.value(s, v), s.v_row_stride, tk, kHead, third,
+                                      T::kPitchHead);
   __syncthreads();
-  product<kLen, kHead, kLen, wmma::col_major, wmma::row_major>(
+  product<kLen, kHead, kLen, wmma::col_major, wmma::row_major, kThreads>(
       first, T::kPitchLen, second, T::kPitchHead, result, T::kPitchResult);  // dV = Pᵀ·dO
   __syncthreads();
-  store_rows(result, T::kPitchResult, tk, dv ? at.value(s, dv) : nullptr, s.v_row_stride,
-             s.rounded_dv ? at.value(s, s.rounded_dv) : nullptr, s.v_row_stride);
+  store_rows<kThreads>(result, T::kPitchResult, tk, dv ? at.value(s, dv) : nullptr, s.v_row_stride,
+                       s.rounded_dv ? at.value(s, s.rounded_dv) : nullptr, s.v_row_stride);
   __syncthreads();
-  product<kLen, kLen, kHead, wmma::row_major, wmma::col_major>(
+  product<kLen, kLen, kHead, wmma::row_major, wmma::col_major, kThreads>(
       second, T::kPitchHead, third, T::kPitchHead, result, T::kPitchResult);  // dP = dO·Vᵀ
   __syncthreads();
   // dS over V's memory, from the float weights; K and Q over P's and dO's.
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int t = warp; t < kLen; t += kWarps) {
+  for (int t = warp; t < kLen; t += kThreads / 32) {
     uint16_t* ds = third + t * T::kPitchLen;
     if (t >= tq) {
       for (int j = lane; j < kLen; j += 32) ds[j] = 0;
@@ -206,20 +218,22 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int j = lane; j < kLen; j += 32)
       ds[j] = j < tk ? to_bfloat16(p[j] * (dp[j] - dot) * scale) : 0;
   }
-  load_rounded<kLen, kHead>(at.key(s, k), s.k_row_stride, tk, kHead, first, T::kPitchHead);
-  load_rounded<kLen, kHead>(at.query(s, q), s.q_row_stride, tq, kHead, second, T::kPitchHead);
+  load_rounded<kLen, kHead, kThreads>(at.key(s, k), s.k_row_stride, tk, kHead, first,
+                                      T::kPitchHead);
+  load_rounded<kLen, kHead, kThreads>(at.query(s, q), s.q_row_stride, tq, kHead, second,
+                                      T::kPitchHead);
   __syncthreads();
-  product<kLen, kHead, kLen, wmma::row_major, wmma::row_major>(
+  product<kLen, kHead, kLen, wmma::row_major, wmma::row_major, kThreads>(
       third, T::kPitchLen, first, T::kPitchHead, result, T::kPitchResult);  // dQ = dS·K
   __syncthreads();
-  store_rows(result, T::kPitchResult, tq, dq ? at.query(s, dq) : nullptr, s.q_row_stride,
-             s.rounded_dq ? at.query(s, s.rounded_dq) : nullptr, s.q_row_stride);
+  store_rows<kThreads>(result, T::kPitchResult, tq, dq ? at.query(s, dq) : nullptr, s.q_row_stride,
+                       s.rounded_dq ? at.query(s, s.rounded_dq) : nullptr, s.q_row_stride);
   __syncthreads();
-  product<kLen, kHead, kLen, wmma::col_major, wmma::row_major>(
+  product<kLen, kHead, kLen, wmma::col_major, wmma::row_major, kThreads>(
       third, T::kPitchLen, second, T::kPitchHead, result, T::kPitchResult);  // dK = dSᵀ·Q
   __syncthreads();
-  store_rows(result, T::kPitchResult, tk, dk ? at.key(s, dk) : nullptr, s.k_row_stride,
-             s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
+  store_rows<kThreads>(result, T::kPitchResult, tk, dk ? at.key(s, dk) : nullptr, s.k_row_stride,
+                       s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
 }
 
 // The block size a call takes: 64 rows where its queries and keys fit, else 128.
@@ -227,13 +241,13 @@ bool fits_small_blocks(const AttentionShape& s) {
   return std::max(s.query_len, s.key_len) <= 64;
 }
 
-// Launches `kernel` with `bytes` of dynamic shared memory (beyond the default 48 KB, as the
-// device allows it once asked).
+// Launches `kernel` in blocks of `threads` with `bytes` of dynamic shared memory (beyond the
+// default 48 KB, as the device allows it once asked).
 template <typename Kernel, typename... Arguments>
-void launch_blocks(const Context& c, const AttentionShape& s, Kernel kernel, size_t bytes,
-                   Arguments... arguments) {
+void launch_blocks(const Context& c, const AttentionShape& s, Kernel kernel, int threads,
+                   size_t bytes, Arguments... arguments) {
   TFM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  kernel<<<unsigned(s.batch * s.heads), kBlockThreads, bytes, c.stream>>>(arguments...);
+  kernel<<<unsigned(s.batch * s.heads), threads, bytes, c.stream>>>(arguments...);
 }
 
 }  // namespace
@@ -259,11 +273,11 @@ void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
                                    const float* v, float* probs, float* out) {
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   if (fits_small_blocks(s))
-    launch_blocks(c, s, tensor_core_forward_kernel<64>, Tiles<64>::kForwardBytes, s, mask, q, k, v,
-                  probs, out, scale);
+    launch_blocks(c, s, tensor_core_forward_kernel<64>, kBlockThreads<64>, Tiles<64>::kForwardBytes,
+                  s, mask, q, k, v, probs, out, scale);
   else
-    launch_blocks(c, s, tensor_core_forward_kernel<128>, Tiles<128>::kForwardBytes, s, mask, q, k,
-                  v, probs, out, scale);
+    launch_blocks(c, s, tensor_core_forward_kernel<128>, kBlockThreads<128>,
+                  Tiles<128>::kForwardBytes, s, mask, q, k, v, probs, out, scale);
   check_launch("attention_forward (tensor cores)");
 }
 
@@ -274,11 +288,11 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s, c
   if (s.rounded_gradients_only && s.rounded_dq && s.rounded_dk && s.rounded_dv)
     dq = dk = dv = nullptr;  // the rounded copies alone: the caller reads nothing else
   if (fits_small_blocks(s))
-    launch_blocks(c, s, tensor_core_backward_kernel<64>, Tiles<64>::kBackwardBytes, s, q, k, v,
-                  probs, d_out, dq, dk, dv, scale);
+    launch_blocks(c, s, tensor_core_backward_kernel<64>, kBlockThreads<64>,
+                  Tiles<64>::kBackwardBytes, s, q, k, v, probs, d_out, dq, dk, dv, scale);
   else
-    launch_blocks(c, s, tensor_core_backward_kernel<128>, Tiles<128>::kBackwardBytes, s, q, k, v,
-                  probs, d_out, dq, dk, dv, scale);
+    launch_blocks(c, s, tensor_core_backward_kernel<128>, kBlockThreads<128>,
+                  Tiles<128>::kBackwardBytes, s, q, k, v, probs, d_out, dq, dk, dv, scale);
   check_launch("attention_backward (tensor cores)");
 }
 
