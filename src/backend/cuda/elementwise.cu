@@ -504,36 +504,102 @@ __global__ void layer_norm_warp_kernel(float* f, const float* x, int64_t rows, i
   }
 }
 
-// The block's sums of its warps' column values, added in warp order: mine[m][e] is lane's value
-// of column (lane + 32·m)·kWidth + e (a warp kernel's columns), stage a block's scratch of
-// kWarpRows rows of kColumns; out[cols] = the sums. Every thread of the block calls it.
-template <int kWidth, int kPerLane, int kColumns = 32 * kPerLane* kWidth>
-__device__ void store_block_column_sums(const float (&mine)[kPerLane][kWidth],
-                                        float (&stage)[kWarpRows][kColumns], int64_t cols,
-                                        float* out) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // the stage's last use is over
-#pragma unroll
-  for (int m = 0; m < kPerLane; ++m)
-#pragma unroll
-    for (int e = 0; e < kWidth; ++e) {
-      const int64_t c = int64_t(lane + 32 * m) * kWidth + e;
-      if (c < cols) stage[warp][c] = mine[m][e];
-    }
-  __syncthreads();
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarpRows; ++w) total += stage[w][c];
-    out[c] = total;
-  }
-}
+// The columns a warp kernel's lane holds: (lane + 32·m)·kWidth + e, m < kPerLane, e < kWidth.
+template <int kWidth, int kPerLane>
+constexpr int kWarpColumns = 32 * kPerLane* kWidth;
 
-// The chunks of layer_norm_backward_chunk_kernel: about 256 (two blocks an SM of an H100 or
-// H200), of at least a row a warp. column_chunks' 64-row minimum would leave 4,096 rows 64
-// blocks.
+// A warp's running sums of its lanes' columns over the rows it takes, in the block's shared
+// memory where the kernel lends it (kShared: a row of kWarpColumns per warp, so that the
+// registers hold the rows being read rather than the sums), else in registers; total() adds the
+// block's warps in warp order into out[cols]. The same additions in the same order either way.
+// Every thread of the block calls total().
+template <int kWidth, int kPerLane, bool kShared>
+struct WarpColumnSums;
+
+template <int kWidth, int kPerLane>
+struct WarpColumnSums<kWidth, kPerLane, true> {
+  using Rows = float[kWarpRows][kWarpColumns<kWidth, kPerLane>];
+  Rows& rows;
+  float* mine;  // this lane's first column of its warp's row
+
+  __device__ explicit WarpColumnSums(Rows& block_rows)
+      : rows(block_rows), mine(&block_rows[threadIdx.x >> 5][(threadIdx.x & 31) * kWidth]) {
+    const float zero[kWidth] = {};
+#pragma unroll
+    for (int m = 0; m < kPerLane; ++m) RowWord<kWidth>::store(mine + 32 * m * kWidth, zero);
+  }
+  // Column block m += a · b (elementwise), or += a.
+  __device__ void add(int m, const float (&a)[kWidth], const float (&b)[kWidth]) {
+    float v[kWidth];
+    RowWord<kWidth>::load(mine + 32 * m * kWidth, v);
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) v[e] += a[e] * b[e];
+    RowWord<kWidth>::store(mine + 32 * m * kWidth, v);
+  }
+  __device__ void add(int m, const float (&a)[kWidth]) {
+    float v[kWidth];
+    RowWord<kWidth>::load(mine + 32 * m * kWidth, v);
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) v[e] += a[e];
+    RowWord<kWidth>::store(mine + 32 * m * kWidth, v);
+  }
+  __device__ void total(int64_t cols, float* out) {
+    __syncthreads();  // every warp's row complete
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarpRows; ++w) sum += rows[w][c];
+      out[c] = sum;
+    }
+  }
+};
+
+template <int kWidth, int kPerLane>
+struct WarpColumnSums<kWidth, kPerLane, false> {
+  using Rows = float[kWarpRows][kWarpColumns<kWidth, kPerLane>];
+  Rows& stage;  // the block's scratch for total()
+  float v[kPerLane][kWidth] = {};
+
+  __device__ explicit WarpColumnSums(Rows& block_stage) : stage(block_stage) {}
+  __device__ void add(int m, const float (&a)[kWidth], const float (&b)[kWidth]) {
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) v[m][e] += a[e] * b[e];
+  }
+  __device__ void add(int m, const float (&a)[kWidth]) {
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) v[m][e] += a[e];
+  }
+  __device__ void total(int64_t cols, float* out) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // the stage's last use is over
+#pragma unroll
+    for (int m = 0; m < kPerLane; ++m)
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) {
+        const int64_t c = int64_t(lane + 32 * m) * kWidth + e;
+        if (c < cols) stage[warp][c] = v[m][e];
+      }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarpRows; ++w) sum += stage[w][c];
+      out[c] = sum;
+    }
+  }
+};
+
+// Whether layer_norm_backward_chunk_kernel keeps its three column sums in shared memory: rows
+// up to 512 columns (3 × 8 × 512 floats, the 48 KB a block holds without asking). Longer rows
+// (to 1024) keep them in registers, one block an SM.
+template <int kWidth, int kPerLane>
+constexpr bool kNormSumsShared = kWarpColumns<kWidth, kPerLane> <= 512;
+
+// The chunks of layer_norm_backward_chunk_kernel: about 400 (three blocks an SM of an H100 or
+// H200 where the sums are in shared memory), of at least a row a warp. column_chunks' 64-row
+// minimum would leave 4,096 rows 64 blocks.
 RowsPerChunk warp_row_chunks(int64_t rows) {
-  const int64_t chunk_rows = std::max<int64_t>(kWarpRows, (rows + 255) / 256);
+  const int64_t chunk_rows = std::max<int64_t>(kWarpRows, (rows + 399) / 400);
   return {rows, chunk_rows, (rows + chunk_rows - 1) / chunk_rows};
 }
 
@@ -543,27 +609,31 @@ RowsPerChunk warp_row_chunks(int64_t rows) {
 // alias dx: the warp holds its row before writing) and, for the residual sublayer's backward, the
 // gradient dropped by mask and keep_scale (mask null: as it is) into d_f and rounded_d_f where
 // given; meanwhile each lane adds its columns' terms of dgamma (dy·x̂), dbeta (dy) and, where
-// sum_d_f, the dropped gradient, in registers; the block's warps then add theirs in warp order
+// sum_d_f, the dropped gradient (WarpColumnSums); the block's warps then add theirs in warp order
 // into partial[b, 3, cols] (deterministic: the chunks depend on the rows alone), whose chunks
 // sum_chunks adds up: the rows are read once (a pass for the column sums and another for dx
-// read them twice, and the bias gradient's own pass read d_f again). Rows up to 512 columns fit
-// two blocks an SM in registers (116 on sm_90a), longer ones one (to 1024: 204 registers;
-// two blocks' 128 spilled).
+// read them twice, and the bias gradient's own pass read d_f again). With the sums in registers
+// rows of 512 columns took 116 registers, two blocks an SM, and 0.1 ms for 25,600 rows on an
+// H200 (twice their bytes' time); in shared memory, three blocks. Rows to 1024 columns: 204
+// registers, one block (two blocks' 128 spilled).
 template <int kWidth, int kPerLane>
-__global__ void __launch_bounds__(kThreads, 32 * kPerLane * kWidth <= 512 ? 2 : 1)
+__global__ void __launch_bounds__(kThreads, kNormSumsShared<kWidth, kPerLane> ? 3 : 1)
     layer_norm_backward_chunk_kernel(const float* dy, const float* x, const float* mean,
                                      const float* rstd, const float* gamma, float* dx,
                                      RowsPerChunk split, int64_t cols, bool accumulate,
                                      const uint8_t* mask, float keep_scale, float* d_f,
                                      uint16_t* rounded_d_f, bool sum_d_f, float* partial) {
   using Word = RowWord<kWidth>;
-  __shared__ float stage[kWarpRows][32 * kPerLane * kWidth];
+  constexpr bool kShared = kNormSumsShared<kWidth, kPerLane>;
+  using Sums = WarpColumnSums<kWidth, kPerLane, kShared>;
+  // Shared: the three sums' rows; registers: one stage for total().
+  __shared__ float block_rows[kShared ? 3 : 1][kWarpRows][kWarpColumns<kWidth, kPerLane>];
+  Sums sum_gamma(block_rows[0]), sum_beta(block_rows[kShared ? 1 : 0]),
+      sum_f(block_rows[kShared ? 2 : 0]);
   const int lane = threadIdx.x & 31;
   const int64_t begin = int64_t(blockIdx.x) * split.chunk_rows;
   const int64_t end = begin + split.chunk_rows < split.rows ? begin + split.chunk_rows : split.rows;
   const bool dropped_out = d_f || rounded_d_f;  // the residual sublayer's backward
-  float sum_gamma[kPerLane][kWidth] = {}, sum_beta[kPerLane][kWidth] = {},
-        sum_f[kPerLane][kWidth] = {};
   for (int64_t r = begin + (threadIdx.x >> 5); r < end; r += kWarpRows) {
     const float m_r = mean[r], s = rstd[r];
     float g[kPerLane][kWidth], in[kPerLane][kWidth];
@@ -574,18 +644,19 @@ __global__ void __launch_bounds__(kThreads, 32 * kPerLane * kWidth <= 512 ? 2 : 
 #pragma unroll
       for (int e = 0; e < kWidth; ++e) g[m][e] = in[m][e] = 0.f;
       if (c >= cols) continue;
-      float gam[kWidth];
+      float gam[kWidth], x_hat[kWidth];
       Word::load(dy + i, g[m]);
       Word::load(x + i, in[m]);
       Word::load(gamma + c, gam);
 #pragma unroll
       for (int e = 0; e < kWidth; ++e) {
-        const float x_hat = (in[m][e] - m_r) * s, gy = g[m][e] * gam[e];
+        x_hat[e] = (in[m][e] - m_r) * s;
+        const float gy = g[m][e] * gam[e];
         sum_gy += gy;
-        sum_gy_xhat += gy * x_hat;
-        sum_gamma[m][e] += g[m][e] * x_hat;
-        sum_beta[m][e] += g[m][e];
+        sum_gy_xhat += gy * x_hat[e];
       }
+      sum_gamma.add(m, g[m], x_hat);
+      sum_beta.add(m, g[m]);
     }
     const float mean_gy = warp_sum(sum_gy) / float(cols);
     const float mean_gy_xhat = warp_sum(sum_gy_xhat) / float(cols);
@@ -607,18 +678,16 @@ __global__ void __launch_bounds__(kThreads, 32 * kPerLane * kWidth <= 512 ? 2 : 
       bool keep[kWidth];
       if (mask) Word::load_mask(mask + i, keep);
 #pragma unroll
-      for (int e = 0; e < kWidth; ++e) {
-        d[e] = !mask ? d[e] : keep[e] ? d[e] * keep_scale : 0.f;
-        sum_f[m][e] += d[e];
-      }
+      for (int e = 0; e < kWidth; ++e) d[e] = !mask ? d[e] : keep[e] ? d[e] * keep_scale : 0.f;
+      if (sum_d_f) sum_f.add(m, d);
       if (d_f) Word::store(d_f + i, d);
       if (rounded_d_f) Word::store_16(rounded_d_f + i, d, ToBFloat16{});
     }
   }
   float* block_partial = partial + int64_t(blockIdx.x) * 3 * cols;  // [3, cols]
-  store_block_column_sums(sum_gamma, stage, cols, block_partial);
-  store_block_column_sums(sum_beta, stage, cols, block_partial + cols);
-  if (sum_d_f) store_block_column_sums(sum_f, stage, cols, block_partial + 2 * cols);
+  sum_gamma.total(cols, block_partial);
+  sum_beta.total(cols, block_partial + cols);
+  if (sum_d_f) sum_f.total(cols, block_partial + 2 * cols);
 }
 
 // Calls launch(width, per_lane) (std::integral_constant tags of the warp kernels' kWidth and
