@@ -595,11 +595,15 @@ struct WarpColumnSums<kWidth, kPerLane, false> {
 template <int kWidth, int kPerLane>
 constexpr bool kNormSumsShared = kWarpColumns<kWidth, kPerLane> <= 512;
 
-// The chunks of layer_norm_backward_chunk_kernel: about 400 (three blocks an SM of an H100 or
-// H200 where the sums are in shared memory), of at least a row a warp. column_chunks' 64-row
-// minimum would leave 4,096 rows 64 blocks.
-RowsPerChunk warp_row_chunks(int64_t rows) {
-  const int64_t chunk_rows = std::max<int64_t>(kWarpRows, (rows + 399) / 400);
+// The chunks of layer_norm_backward_chunk_kernel: one for each of the three blocks an SM of
+// `device` holds where the sums are in shared memory (a whole number of waves: 400 chunks on an
+// H200's 132 SMs would leave 4 blocks a wave of their own), each of at least a row a warp.
+// column_chunks' 64-row minimum would leave 4,096 rows 64 blocks.
+RowsPerChunk warp_row_chunks(int device, int64_t rows) {
+  int processors = 0;
+  TFM_CUDA(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device));
+  const int64_t blocks = 3 * int64_t(std::max(processors, 1));
+  const int64_t chunk_rows = std::max<int64_t>(kWarpRows, (rows + blocks - 1) / blocks);
   return {rows, chunk_rows, (rows + chunk_rows - 1) / chunk_rows};
 }
 
@@ -610,11 +614,11 @@ RowsPerChunk warp_row_chunks(int64_t rows) {
 // gradient dropped by mask and keep_scale (mask null: as it is) into d_f and rounded_d_f where
 // given; meanwhile each lane adds its columns' terms of dgamma (dy·x̂), dbeta (dy) and, where
 // sum_d_f, the dropped gradient (WarpColumnSums); the block's warps then add theirs in warp order
-// into partial[b, 3, cols] (deterministic: the chunks depend on the rows alone), whose chunks
-// sum_chunks adds up: the rows are read once (a pass for the column sums and another for dx
-// read them twice, and the bias gradient's own pass read d_f again). With the sums in registers
-// rows of 512 columns took 116 registers, two blocks an SM, and 0.1 ms for 25,600 rows on an
-// H200 (twice their bytes' time); in shared memory, three blocks. Rows to 1024 columns: 204
+// into partial[b, 3, cols] (deterministic: the chunks depend on the rows and the device alone),
+// whose chunks sum_chunks adds up: the rows are read once (a pass for the column sums and another
+// for dx read them twice, and the bias gradient's own pass read d_f again). With the sums in
+// registers rows of 512 columns took 116 registers, two blocks an SM, and 0.1 ms for 25,600 rows on
+// an H200 (twice their bytes' time); in shared memory, three blocks. Rows to 1024 columns: 204
 // registers, one block (two blocks' 128 spilled).
 template <int kWidth, int kPerLane>
 __global__ void __launch_bounds__(kThreads, kNormSumsShared<kWidth, kPerLane> ? 3 : 1)
@@ -627,7 +631,8 @@ __global__ void __launch_bounds__(kThreads, kNormSumsShared<kWidth, kPerLane> ? 
   constexpr bool kShared = kNormSumsShared<kWidth, kPerLane>;
   using Sums = WarpColumnSums<kWidth, kPerLane, kShared>;
   // Shared: the three sums' rows; registers: one stage for total().
-  __shared__ float block_rows[kShared ? 3 : 1][kWarpRows][kWarpColumns<kWidth, kPerLane>];
+  __shared__ __align__(
+      16) float block_rows[kShared ? 3 : 1][kWarpRows][kWarpColumns<kWidth, kPerLane>];
   Sums sum_gamma(block_rows[0]), sum_beta(block_rows[kShared ? 1 : 0]),
       sum_f(block_rows[kShared ? 2 : 0]);
   const int lane = threadIdx.x & 31;
@@ -1204,7 +1209,7 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
   // TFM_CUDA_ONE_PASS_NORM=0 takes the longer rows' path below for every row, to compare.
   static const bool one_pass = !turned_off("TFM_CUDA_ONE_PASS_NORM");
   if (one_pass && cols <= kWarpRowColumns) {
-    const RowsPerChunk split = warp_row_chunks(rows);
+    const RowsPerChunk split = warp_row_chunks(c.device, rows);
     Scratch partial(c, 3 * split.chunks * cols * int64_t(sizeof(float)));   // [chunks, 3, cols]
     launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {  // cols fits
       layer_norm_backward_chunk_kernel<decltype(width)::value, decltype(per_lane)::value>
