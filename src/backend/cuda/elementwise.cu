@@ -508,6 +508,18 @@ __global__ void layer_norm_warp_kernel(float* f, const float* x, int64_t rows, i
 template <int kWidth, int kPerLane>
 constexpr int kWarpColumns = 32 * kPerLane* kWidth;
 
+// out[c] = Σ rows[w][c] over the block's warps in warp order (deterministic), for c < cols; the
+// rows complete (after a barrier).
+template <int kColumns>
+__device__ void sum_warp_rows(const float (&rows)[kWarpRows][kColumns], int64_t cols, float* out) {
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarpRows; ++w) sum += rows[w][c];
+    out[c] = sum;
+  }
+}
+
 // A warp's running sums of its lanes' columns over the rows it takes, in the block's shared
 // memory where the kernel lends it (kShared: a row of kWarpColumns per warp, so that the
 // registers hold the rows being read rather than the sums), else in registers; total() adds the
@@ -545,12 +557,7 @@ struct WarpColumnSums<kWidth, kPerLane, true> {
   }
   __device__ void total(int64_t cols, float* out) {
     __syncthreads();  // every warp's row complete
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarpRows; ++w) sum += rows[w][c];
-      out[c] = sum;
-    }
+    sum_warp_rows(rows, cols, out);
   }
 };
 
@@ -580,12 +587,7 @@ struct WarpColumnSums<kWidth, kPerLane, false> {
         if (c < cols) stage[warp][c] = v[m][e];
       }
     __syncthreads();
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarpRows; ++w) sum += stage[w][c];
-      out[c] = sum;
-    }
+    sum_warp_rows(stage, cols, out);
   }
 };
 

@@ -2,7 +2,6 @@
 // log-probability, the label-smoothed cross-entropy fused with its gradient, and the k best
 // tokens of each row for beam search. One block per row; the loss's per-row totals stay in device
 // memory until the caller copies a whole batch's back (no wait per call).
-#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_kernels.h"

@@ -56,7 +56,9 @@ void finish_epilogue(const Context& c, float* result, int64_t ld, const MatmulEp
 }
 
 // What the profile calls a prepared product (TFM_CUDA_PROFILE), by its precision, whether it
-// writes bfloat16, and whether cuBLASLt ran it with its epilogue or cuBLAS and a pass of our own.
+// writes bfloat16, and whether the library's own path ran it (on_lt: cuBLASLt with its epilogue,
+// for int8 cuBLAS's int8 product) or the other way (cuBLAS and a pass of our own; for int8 our
+// own kernel).
 const char* prepared_product_name(Precision precision, bool bfloat16_output, bool on_lt) {
   switch (precision) {
     case Precision::kFloat32:
@@ -68,7 +70,7 @@ const char* prepared_product_name(Precision precision, bool bfloat16_output, boo
     case Precision::kFloat16:
       return on_lt ? "prepared float16 (cuBLASLt)" : "prepared float16 (cuBLAS + pass)";
     case Precision::kInt8:
-      return "prepared int8 (cuBLAS int8 + pass)";
+      return on_lt ? "prepared int8 (cuBLAS int8 + pass)" : "prepared int8 (own kernel)";
   }
   return "prepared";
 }
@@ -147,7 +149,7 @@ class CudaPreparedMatrix final : public PreparedMatrix {
           dequantize_int8_sums(context_.stream, y, m, rows_, ldy, x_scales, scales_.data(),
                                epilogue.bias, epilogue.relu);
         } else {
-          profiled_operation.rename("prepared int8 (own kernel)");
+          profiled_operation.rename(prepared_product_name(precision_, false, false));
           int8_product(context_.stream, qx, x_scales, weights_int8_.data(), scales_.data(), m,
                        rows_, cols_, y, ldy, epilogue.bias, epilogue.relu);
         }
