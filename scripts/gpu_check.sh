@@ -173,7 +173,8 @@ step train_vs_compile_bf16 120 train_compare bfloat16 --compile
 # block kernel and whole-matrix backward (TFM_CUDA_TENSOR_CORE_ATTENTION); the layer norm's
 # backward in one pass with the bias gradients (elementwise.cu) against its column-sum, row and
 # bias-gradient passes (TFM_CUDA_ONE_PASS_NORM); the stacked Q|K|V and K|V projections
-# (model/weights.cpp) against their separate products (TFM_STACKED_PROJECTIONS).
+# (model/weights.cpp) against their separate products (TFM_STACKED_PROJECTIONS); the products'
+# bias (and ReLU) inside cuBLASLt's product against cuBLAS and a pass (TFM_CUDA_LT).
 path_against_switch() {  # path_against_switch SWITCH WHAT [BATCH LENGTH]: 400 pairs of 63 tokens
   local run=(build/bench/train_bench --batch "${3:-400}" --src-len "${4:-63}" --tgt-len "${4:-63}"
     --vocab 37000 --steps 5 --warmup 2 --device cuda --compute-type bfloat16)
@@ -202,6 +203,7 @@ step one_pass_norm_train 60 path_against_switch TFM_CUDA_ONE_PASS_NORM \
   "layer norm backward in one pass"
 step stacked_projections_train 60 path_against_switch TFM_STACKED_PROJECTIONS \
   "stacked Q|K|V products"
+step lt_epilogue_train 60 path_against_switch TFM_CUDA_LT "bias inside cuBLASLt's products"
 # Where a bfloat16 step's GPU time goes, per operation and shape (TFM_CUDA_PROFILE=shapes: events
 # around each).
 profile_step() {
@@ -386,9 +388,10 @@ if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-s
   step racecheck 150 "$sanitizer" --tool racecheck --error-exitcode 1 $tests \
     --gtest_filter='*BackendOps*Attention*cuda*:*BackendOps*LayerNorm*cuda*:*BackendOps*CrossEntropy*cuda*:-*Banded*:*Streamed*'
   # best_tokens' test ranks whole rows (keep = vocabulary = 1,003: 1,003 rounds of a block's
-  # shared reduction), which racecheck did not finish in 170 s on the H200: run by name.
-  named_step racecheck_best_tokens 400 "$sanitizer" --tool racecheck --error-exitcode 1 $tests \
-    --gtest_filter='*BackendOps*BestTokens*cuda*'
+  # shared reduction), which racecheck did not finish in 170 s on the H200: here it ranks whole
+  # rows of up to 64 entries only (TFM_TEST_SHORT_RANKINGS), the same kernels.
+  step racecheck_best_tokens 90 env TFM_TEST_SHORT_RANKINGS=1 "$sanitizer" --tool racecheck \
+    --error-exitcode 1 $tests --gtest_filter='*BackendOps*BestTokens*cuda*'
 fi
 
 

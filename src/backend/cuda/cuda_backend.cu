@@ -106,14 +106,13 @@ class CudaBackend final : public Backend {
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision, MatmulEpilogue epilogue) const override {
-    TFM_CUDA_OPERATION_SHAPED(
-        c_,
-        precision == Precision::kBFloat16
-            ? (epilogue.rounded_output ? "matmul bfloat16 (bfloat16 out)" : "matmul bfloat16")
-            : "matmul float32",
-        m, n, k);
-    cuda::matmul(c_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
-                 epilogue);
+    c_.activate();
+    const bool bfloat16_output = epilogue.rounded_output != nullptr;
+    cuda::ProfiledOperation profiled_operation(
+        c_, cuda::training_product_name(precision, bfloat16_output, false), m, n, k);
+    if (cuda::matmul(c_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
+                     epilogue))
+      profiled_operation.rename(cuda::training_product_name(precision, bfloat16_output, true));
   }
   void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
                         uint16_t* out) const override {

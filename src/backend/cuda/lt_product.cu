@@ -1,7 +1,7 @@
 // See lt_product.h. cuBLASLt is column-major, and reads each row-major matrix as its transpose
-// with the same stride: y[m, n] = x · Wᵀ is D[n, m] = op(A)·B with A = W read as [k, n] (ld k)
-// and transposed, B = x read as [k, m] (ld ldx), D = y read as [n, m] (ld ldy). cuBLASLt's bias
-// has one element per row of D: one per column of y, as a linear layer's bias has.
+// with the same stride: y[m, n] = x · Wᵀ is D[n, m] = op(A)·B with A = W read as [k, n]
+// (ld ldw) and transposed, B = x read as [k, m] (ld ldx), D = y read as [n, m] (ld ldy). cuBLASLt's
+// bias has one element per row of D: one per column of y, as a linear layer's bias has.
 #include <map>
 #include <memory>
 #include <string>
@@ -30,15 +30,15 @@ uint32_t alignment_of(const void* pointer) {
 
 struct PlanKey {
   int device;
-  int64_t m, n, k, ldx, ldy;
+  int64_t m, n, k, ldx, ldw, ldy;
   int type, output_type;
   bool bias, relu;
   uint32_t align_x, align_w, align_y, align_bias;
   bool operator<(const PlanKey& o) const {
-    return std::tie(device, m, n, k, ldx, ldy, type, output_type, bias, relu, align_x, align_w,
-                    align_y, align_bias) < std::tie(o.device, o.m, o.n, o.k, o.ldx, o.ldy, o.type,
-                                                    o.output_type, o.bias, o.relu, o.align_x,
-                                                    o.align_w, o.align_y, o.align_bias);
+    return std::tie(device, m, n, k, ldx, ldw, ldy, type, output_type, bias, relu, align_x, align_w,
+                    align_y, align_bias) < std::tie(o.device, o.m, o.n, o.k, o.ldx, o.ldw, o.ldy,
+                                                    o.type, o.output_type, o.bias, o.relu,
+                                                    o.align_x, o.align_w, o.align_y, o.align_bias);
   }
 };
 
@@ -94,7 +94,7 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const floa
     set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_32F));
   }
   const auto output_type = cudaDataType_t(key.output_type);
-  TFM_CUDA(lt.layout_create(&plan->w_layout, type, uint64_t(key.k), uint64_t(key.n), key.k));
+  TFM_CUDA(lt.layout_create(&plan->w_layout, type, uint64_t(key.k), uint64_t(key.n), key.ldw));
   TFM_CUDA(lt.layout_create(&plan->x_layout, type, uint64_t(key.k), uint64_t(key.m), key.ldx));
   TFM_CUDA(
       lt.layout_create(&plan->y_layout, output_type, uint64_t(key.n), uint64_t(key.m), key.ldy));
@@ -144,8 +144,8 @@ std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const float
 }  // namespace
 
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
-                const void* w, cudaDataType_t type, void* y, cudaDataType_t output_type,
-                int64_t ldy, const float* bias, bool relu) {
+                const void* w, int64_t ldw, cudaDataType_t type, void* y,
+                cudaDataType_t output_type, int64_t ldy, const float* bias, bool relu) {
   static const bool enabled = !turned_off("TFM_CUDA_LT");  // else cuBLAS and a pass, to compare
   // A bias epilogue reads its vector in wide words: a bias off 16 bytes (a stacked bias of an
   // odd width) takes cuBLAS and a pass instead of risking a misaligned read.
@@ -164,6 +164,7 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
                     n,
                     k,
                     ldx,
+                    ldw,
                     ldy,
                     int(type),
                     int(output_type),

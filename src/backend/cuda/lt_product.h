@@ -1,8 +1,9 @@
 // A weight product whose epilogue (the bias on every row, the ReLU) runs inside the product's own
 // kernel, on cuBLASLt: a linear layer's y = x·Wᵀ + b as one launch instead of a product and a pass
 // over y. Incremental decoding is bound by launches (a base model's step makes some 37 products,
-// 31 of them with a bias), so each pass saved is a launch saved. cuBLASLt's heuristic picks the
-// algorithm for each shape and alignment once; the choice is kept.
+// 31 of them with a bias), so each pass saved is a launch saved; training's products with a bias
+// and a float output (the attention's projections) save the pass's read and write of y. cuBLASLt's
+// heuristic picks the algorithm for each shape and alignment once; the choice is kept.
 #pragma once
 
 #include <cstdint>
@@ -12,15 +13,15 @@
 namespace tfm {
 namespace cuda {
 
-// y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ with W [n, k] dense, then + bias
-// (float32, on every row; null: none) and max(·, 0) where relu. x and W are both `type`:
+// y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ with W [n, k] (row stride ldw), then +
+// bias (float32, on every row; null: none) and max(·, 0) where relu. x and W are both `type`:
 // CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F, accumulated in float32; y is `output_type`: CUDA_R_32F,
 // or CUDA_R_16BF from bfloat16 operands (rounded to nearest). Returns false, having enqueued
 // nothing, where cuBLASLt has no algorithm for the product (or TFM_CUDA_LT=0 is set, to compare
 // or rule it out); the caller then multiplies another way.
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
-                const void* w, cudaDataType_t type, void* y, cudaDataType_t output_type,
-                int64_t ldy, const float* bias, bool relu);
+                const void* w, int64_t ldw, cudaDataType_t type, void* y,
+                cudaDataType_t output_type, int64_t ldy, const float* bias, bool relu);
 
 }  // namespace cuda
 }  // namespace tfm

@@ -117,8 +117,8 @@ class CudaPreparedMatrix final : public PreparedMatrix {
         context_, prepared_product_name(precision_, bfloat16_output, true), m, rows_, cols_);
     switch (precision_) {
       case Precision::kFloat32:
-        if (!lt_product(context_, m, rows_, cols_, x, ldx, weights_float_.data(), CUDA_R_32F, y,
-                        CUDA_R_32F, ldy, epilogue.bias, epilogue.relu)) {
+        if (!lt_product(context_, m, rows_, cols_, x, ldx, weights_float_.data(), cols_, CUDA_R_32F,
+                        y, CUDA_R_32F, ldy, epilogue.bias, epilogue.relu)) {
           profiled_operation.rename(prepared_product_name(precision_, false, false));
           blas_product(context_, false, true, m, rows_, cols_, 1.f, x, ldx, weights_float_.data(),
                        cols_, 0.f, y, ldy, CUDA_R_32F);
@@ -164,7 +164,7 @@ class CudaPreparedMatrix final : public PreparedMatrix {
   bool product_16_bits(const uint16_t* x16, int64_t ld16, int64_t m, float* y, int64_t ldy,
                        const MatmulEpilogue& epilogue) const {
     const bool bfloat16_output = epilogue.rounded_output != nullptr;
-    if (lt_product(context_, m, rows_, cols_, x16, ld16, weights_16_bits_.data(),
+    if (lt_product(context_, m, rows_, cols_, x16, ld16, weights_16_bits_.data(), cols_,
                    blas_type(precision_),
                    bfloat16_output ? static_cast<void*>(epilogue.rounded_output) : y,
                    bfloat16_output ? CUDA_R_16BF : CUDA_R_32F, ldy, epilogue.bias, epilogue.relu))
@@ -222,15 +222,35 @@ int64_t total_rows(const std::vector<int64_t>& part_rows) {
 
 }  // namespace
 
-void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+const char* training_product_name(Precision precision, bool bfloat16_output, bool on_lt) {
+  switch (precision) {
+    case Precision::kFloat32:
+      return on_lt ? "matmul float32 (cuBLASLt epilogue)" : "matmul float32";
+    case Precision::kBFloat16:
+      if (bfloat16_output) return "matmul bfloat16 (bfloat16 out)";
+      return on_lt ? "matmul bfloat16 (cuBLASLt epilogue)" : "matmul bfloat16";
+    case Precision::kFloat16:
+      return on_lt ? "matmul float16 (cuBLASLt epilogue)" : "matmul float16";
+    case Precision::kInt8:
+      break;
+  }
+  return "matmul";
+}
+
+bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
             float alpha, MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
             float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue) {
   if (precision == Precision::kInt8)
     throw std::invalid_argument("matmul: int8 is for prepared weights only");
   if (epilogue.rounded_output && (precision != Precision::kBFloat16 || beta != 0.f))
     throw std::invalid_argument("matmul: a bfloat16 output needs a bfloat16 product with beta 0");
-  if (m == 0 || n == 0) return;
+  if (m == 0 || n == 0) return false;
   c.activate();
+  // A linear layer's y = x·Wᵀ + b (and its ReLU) with a float output: the epilogue inside
+  // cuBLASLt's product where it has an algorithm for it, instead of a pass over y after it (the
+  // stacked Q|K|V product's bias pass read and wrote 157 MB of a base model's training step).
+  const bool epilogue_in_lt = !trans_a && trans_b && alpha == 1.f && beta == 0.f && k > 0 &&
+                              (epilogue.bias || epilogue.relu) && !epilogue.rounded_output;
   // With a bfloat16 output the product goes to a float block first, with C's row stride: cuBLAS
   // may pick another algorithm for another stride, and the bits must be the float path's.
   Scratch result(c, epilogue.rounded_output ? m * ldc * int64_t(sizeof(float)) : 0);  // [m, ldc]
@@ -239,6 +259,9 @@ void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
   if (k == 0) {
     scale_matrix(c.stream, target, ld_target, m, n, epilogue.rounded_output ? 0.f : beta);
   } else if (precision == Precision::kFloat32) {
+    if (epilogue_in_lt && lt_product(c, m, n, k, a.values, lda, b.values, ldb, CUDA_R_32F, out,
+                                     CUDA_R_32F, ldc, epilogue.bias, epilogue.relu))
+      return true;
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, target,
                  ld_target, CUDA_R_32F);
   } else {
@@ -268,10 +291,14 @@ void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
       b16 = b_copy.as<uint16_t>();
       b16_ld = b_cols;
     }
+    if (epilogue_in_lt && lt_product(c, m, n, k, a16, a16_ld, b16, b16_ld, blas_type(precision),
+                                     out, CUDA_R_32F, ldc, epilogue.bias, epilogue.relu))
+      return true;
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a16, a16_ld, b16, b16_ld, beta, target,
                  ld_target, blas_type(precision));
   }
   finish_epilogue(c, target, ld_target, epilogue, m, n);  // bias, ReLU, rounding: one pass
+  return false;
 }
 
 std::unique_ptr<PreparedMatrix> prepare_matrix(const Backend& backend, const Context& c,

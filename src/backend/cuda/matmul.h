@@ -12,9 +12,14 @@
 namespace tfm {
 namespace cuda {
 
-void matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+// Backend::matmul. Returns whether the epilogue ran inside cuBLASLt's product (a linear layer's
+// bias and ReLU with a float output: lt_product.h) rather than in a pass after cuBLAS's.
+bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
             float alpha, MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
             float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue);
+// What the profile (TFM_CUDA_PROFILE) calls such a product, by its precision, whether it writes
+// bfloat16, and whether its epilogue ran inside cuBLASLt's product.
+const char* training_product_name(Precision precision, bool bfloat16_output, bool on_lt);
 
 // parts[i] [part_rows[i], k] in `backend`'s (this GPU's) memory, stacked in order.
 std::unique_ptr<PreparedMatrix> prepare_matrix(const Backend& backend, const Context& c,
