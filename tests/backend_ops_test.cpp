@@ -170,6 +170,54 @@ TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
                std::invalid_argument);
 }
 
+// round_each_to_16_bits (training's weights, all rounded at once) rounds every job's floats as
+// round_to_16_bits does: element for element float_to_bfloat16 / float_to_half (NaN kept), for
+// more jobs than a GPU's launch takes (64), of sizes around its words of four and its blocks of
+// 4,096 floats, empty ones, and jobs off 16-byte alignment; nothing between the jobs' outputs is
+// written.
+TEST_P(BackendOps, RoundEachTo16BitsRoundsEveryJobAsRoundTo16Bits) {
+  const int64_t sizes[] = {0, 1, 3, 4, 28, 4095, 4096, 4097, 9000, 12288};
+  for (Precision format : {Precision::kBFloat16, Precision::kFloat16}) {
+    const bool float16 = format == Precision::kFloat16;
+    std::vector<int64_t> x_at, out_at, counts;  // each job's place in x and out
+    int64_t x_size = 0, out_size = 0;
+    for (int64_t j = 0; j < 70; ++j) {
+      counts.push_back(sizes[j % 10]);
+      x_at.push_back(x_size + j % 3);  // 0, 1 or 2 floats past the last job's end
+      out_at.push_back(out_size + (j + 1) % 3);
+      x_size = x_at.back() + counts.back();
+      out_size = out_at.back() + counts.back();
+    }
+    auto x = random_vector(x_size, 13, float16 ? 1.f : 100.f);
+    x[5] = std::numeric_limits<float>::quiet_NaN();
+    x[size_t(x_size - 2)] = std::numeric_limits<float>::infinity();
+    std::vector<uint16_t> out(size_t(out_size), 0xdead);
+    std::vector<RoundingJob> jobs;
+    for (size_t j = 0; j < counts.size(); ++j)
+      jobs.push_back({x.data() + x_at[j], counts[j], out.data() + out_at[j]});
+    be().round_each_to_16_bits(jobs, format);
+    std::vector<bool> written(out.size(), false);
+    for (size_t j = 0; j < counts.size(); ++j)
+      for (int64_t i = 0; i < counts[j]; ++i) {
+        const float v = x[size_t(x_at[j] + i)];
+        const uint16_t got = out[size_t(out_at[j] + i)];
+        written[size_t(out_at[j] + i)] = true;
+        if (std::isnan(v))
+          EXPECT_TRUE(std::isnan(float16 ? half_to_float(got) : bfloat16_to_float(got)));
+        else
+          ASSERT_EQ(got, float16 ? float_to_half(v) : float_to_bfloat16(v))
+              << precision_name(format) << " job " << j << " element " << i;
+      }
+    for (size_t i = 0; i < out.size(); ++i)
+      if (!written[i]) ASSERT_EQ(out[i], 0xdead) << "between the jobs, element " << i;
+  }
+  std::vector<float> one = {1.f};
+  std::vector<uint16_t> bits(1);
+  for (Precision other : {Precision::kFloat32, Precision::kInt8})
+    EXPECT_THROW(be().round_each_to_16_bits({{one.data(), 1, bits.data()}}, other),
+                 std::invalid_argument);
+}
+
 // round_to_16_bits is the rounding bfloat16 products and 16-bit caches apply (nearest, ties to
 // even, NaN kept): element for element float_to_bfloat16 / float_to_half, from a strided matrix
 // into a dense one, including exact ties, values that round up into the next exponent or past

@@ -395,6 +395,27 @@ void HostStagedBackend::round_to_16_bits(const float* x, int64_t rows, int64_t c
   st.download();
 }
 
+void HostStagedBackend::round_each_to_16_bits(const std::vector<RoundingJob>& jobs,
+                                              Precision format) const {
+  Staging st(device_);
+  std::vector<std::pair<Handle<float>, Handle<uint16_t>>> handles;  // of the jobs with elements
+  for (const RoundingJob& job : jobs)
+    if (job.count > 0)
+      handles.emplace_back(st.read(job.x, job.count), st.write(job.out, job.count));
+  st.upload();
+  std::vector<RoundingJob> staged = jobs;  // an empty job keeps its count, with no pointers
+  for (size_t i = 0, next = 0; i < jobs.size(); ++i) {
+    staged[i].x = nullptr;
+    staged[i].out = nullptr;
+    if (jobs[i].count <= 0) continue;
+    staged[i].x = st[handles[next].first];
+    staged[i].out = st[handles[next].second];
+    ++next;
+  }
+  device_.round_each_to_16_bits(staged, format);
+  st.download();
+}
+
 // The parts are freed once the device has prepared its matrix: a prepared matrix must not need
 // its sources afterwards.
 std::unique_ptr<PreparedMatrix> HostStagedBackend::prepare_matrix(

@@ -36,6 +36,7 @@ class HostStagedBackend final : public Backend {
               int64_t ldc, Precision precision, MatmulEpilogue epilogue = {}) const override;
   void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
                         uint16_t* out) const override;
+  void round_each_to_16_bits(const std::vector<RoundingJob>& jobs, Precision format) const override;
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,
                                                  Precision precision) const override;

@@ -1,6 +1,8 @@
 // The registry of the backends built into this binary, and --device's lookup.
 #include "backend/backend.h"
 
+#include <stdexcept>
+
 #include "tensor/error.h"
 
 #ifdef TRANSFORMER_WITH_CUDA
@@ -23,6 +25,21 @@ const std::vector<const Backend*>& available_backends() {
 
 std::string Backend::unsupported_reason(Precision) const {
   return "is not supported by device " + name();
+}
+
+void Backend::round_each_to_16_bits(const std::vector<RoundingJob>& jobs, Precision format) const {
+  if (!is_16_bit_float(format))
+    throw std::invalid_argument("round_each_to_16_bits: the format is bfloat16 or float16");
+  // A job as rows of kRow floats and one shorter row: a backend that shares rows among its
+  // threads (the CPU's) keeps them all busy on one long job.
+  constexpr int64_t kRow = 1024;
+  for (const RoundingJob& job : jobs) {
+    if (job.count <= 0) continue;
+    const int64_t rows = job.count / kRow, done = rows * kRow;
+    if (rows > 0) round_to_16_bits(job.x, rows, kRow, kRow, format, job.out);
+    if (job.count > done)
+      round_to_16_bits(job.x + done, 1, job.count - done, job.count - done, format, job.out + done);
+  }
 }
 
 std::vector<std::string> built_backend_kinds() {

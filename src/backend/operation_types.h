@@ -75,6 +75,13 @@ struct MatmulOperand {
   int64_t rounded_stride(int64_t cols) const { return rounded_ld > 0 ? rounded_ld : cols; }
 };
 
+// One matrix of Backend::round_each_to_16_bits: `count` floats at x (dense) rounded into out.
+struct RoundingJob {
+  const float* x = nullptr;  // [count]
+  int64_t count = 0;
+  uint16_t* out = nullptr;  // [count]
+};
+
 // The function between a feed-forward sublayer's two linear transformations (§3.3: ReLU).
 enum class Activation { kRelu, kGelu };
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <stdexcept>
+#include <vector>
 
 #include "model/parameter_tree.h"
 #include "tensor/error.h"
@@ -227,12 +228,14 @@ TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeigh
                                         DeviceBuffer<uint16_t>& storage,
                                         DeviceBuffer<float>& stacked_biases) {
   uint16_t* next = ensure_size(backend, storage, rounded_weights_elements(weights));
+  std::vector<RoundingJob> jobs;  // every weight [out, in] at once: one launch on a GPU
   for_each_linear(weights, [&](LinearWeights& l) {
     if (!has_rounded_weight(l)) return;
-    backend.round_to_16_bits(l.weight, l.out, l.in, l.in, Precision::kBFloat16, next);  // [out, in]
+    jobs.push_back({l.weight, l.out * l.in, next});
     l.rounded = next;
     next += l.out * l.in;
   });
+  backend.round_each_to_16_bits(jobs, Precision::kBFloat16);
   float* next_bias = ensure_size(backend, stacked_biases, stacked_bias_elements(weights));
   for_each_training_stack(
       weights, [&](LinearWeights& stacked, std::initializer_list<const LinearWeights*> parts) {

@@ -1,6 +1,7 @@
 // The CUDA backend: Backend's operations as launches of this folder's kernels and cuBLAS
 // products on one stream per GPU, its memory from the device's stream-ordered pool. The host
 // waits only where a result must reach it (copies to the host, the loss totals, Σ x²).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -119,6 +120,15 @@ class CudaBackend final : public Backend {
     TFM_CUDA_OPERATION_SHAPED(
         c_, format == Precision::kFloat16 ? "round_to_float16" : "round_to_bfloat16", rows, cols);
     cuda::round_to_16_bits(c_.stream, x, rows, cols, ldx, format, out, cols);
+  }
+  void round_each_to_16_bits(const std::vector<RoundingJob>& jobs,
+                             Precision format) const override {
+    int64_t total = 0;
+    for (const RoundingJob& job : jobs) total += std::max<int64_t>(job.count, 0);
+    TFM_CUDA_OPERATION_SHAPED(
+        c_, format == Precision::kFloat16 ? "round_each_to_float16" : "round_each_to_bfloat16",
+        int64_t(jobs.size()), total);
+    cuda::round_each_to_16_bits(c_.stream, jobs, format);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,

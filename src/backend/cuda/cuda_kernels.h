@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/operation_types.h"
@@ -18,6 +19,9 @@ namespace cuda {
 // kFloat16 (std::invalid_argument otherwise).
 void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols, int64_t ldx,
                       Precision format, uint16_t* out, int64_t ldo);
+// Backend::round_each_to_16_bits: every job as round_to_16_bits rounds it, up to 64 jobs a
+// launch.
+void round_each_to_16_bits(cudaStream_t s, const std::vector<RoundingJob>& jobs, Precision format);
 // out[rows, cols] (row stride ldo) in bfloat16, subnormal results flushed to zero (the
 // product epilogue's rounded_output), from the float result[rows, cols] (row stride ldr) plus
 // bias[cols] (null: none), then ReLU where relu: the epilogue and the rounding in one pass.

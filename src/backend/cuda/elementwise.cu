@@ -109,6 +109,57 @@ __global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t
   }
 }
 
+// round_each_to_16_bits' jobs of one launch, passed by value as the kernel's parameter (2 KB of
+// the 4 KB a parameter may take: nothing to copy to the device first, which a CUDA graph could
+// record too). Job j takes blocks first_block[j] to first_block[j + 1] − 1, each rounding
+// kRoundChunk of its floats: kRoundWordsPerThread words a thread, all loaded before any is
+// stored, of four floats where the job's count and pointers allow (words_of_four) and of one
+// otherwise.
+constexpr int kRoundJobsPerLaunch = 64;
+constexpr int kRoundWordsPerThread = 4;
+constexpr int64_t kRoundChunk = int64_t(kThreads) * kRoundWordsPerThread * 4;  // floats a block
+struct RoundingTable {
+  const float* x[kRoundJobsPerLaunch];
+  uint16_t* out[kRoundJobsPerLaunch];
+  int64_t count[kRoundJobsPerLaunch];
+  int64_t first_block[kRoundJobsPerLaunch + 1];
+  bool words_of_four[kRoundJobsPerLaunch];
+  int jobs;
+};
+
+// The chunk [begin, end) of one job in words of kWidth floats (end − begin a multiple of kWidth
+// where kWidth is 4: the job's count is).
+template <int kWidth, bool kFloat16>
+__device__ __forceinline__ void round_chunk(const float* x, uint16_t* out, int64_t begin,
+                                            int64_t end) {
+  constexpr int kWordsPerChunk = int(kRoundChunk / kWidth);
+  for (int done = 0; done < kWordsPerChunk; done += kThreads * kRoundWordsPerThread) {
+    float v[kRoundWordsPerThread][kWidth];
+#pragma unroll
+    for (int n = 0; n < kRoundWordsPerThread; ++n) {
+      const int64_t i = begin + int64_t(done + threadIdx.x + n * kThreads) * kWidth;
+      if (i < end) RowWord<kWidth>::load(x + i, v[n]);
+    }
+#pragma unroll
+    for (int n = 0; n < kRoundWordsPerThread; ++n) {
+      const int64_t i = begin + int64_t(done + threadIdx.x + n * kThreads) * kWidth;
+      if (i < end) RowWord<kWidth>::store_16(out + i, v[n], To16Bits<kFloat16>{});
+    }
+  }
+}
+
+template <bool kFloat16>
+__global__ void round_each_kernel(const RoundingTable table) {
+  int j = 0;  // the block's job: the last whose first block is at or before it (block-uniform)
+  while (j + 1 < table.jobs && table.first_block[j + 1] <= int64_t(blockIdx.x)) ++j;
+  const int64_t begin = (int64_t(blockIdx.x) - table.first_block[j]) * kRoundChunk;
+  const int64_t end = begin + kRoundChunk < table.count[j] ? begin + kRoundChunk : table.count[j];
+  if (table.words_of_four[j])
+    round_chunk<4, kFloat16>(table.x[j], table.out[j], begin, end);
+  else
+    round_chunk<1, kFloat16>(table.x[j], table.out[j], begin, end);
+}
+
 // A word of a product's result with the bias (null: none) added and ReLU applied where asked:
 // the product epilogues' step.
 template <int kWidth>
@@ -1037,6 +1088,32 @@ void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols
       round_kernel<kWidth, false><<<grid, threads, 0, s>>>(x, rows, cols, ldx, out, ldo);
   });
   check_launch("round_to_16_bits");
+}
+
+void round_each_to_16_bits(cudaStream_t s, const std::vector<RoundingJob>& jobs, Precision format) {
+  const bool float16 = is_float16(format, "round_each_to_16_bits");
+  RoundingTable table{};
+  const auto launch = [&] {
+    if (table.jobs == 0) return;
+    const auto blocks = unsigned(table.first_block[table.jobs]);
+    if (float16)
+      round_each_kernel<true><<<blocks, kThreads, 0, s>>>(table);
+    else
+      round_each_kernel<false><<<blocks, kThreads, 0, s>>>(table);
+    check_launch("round_each_to_16_bits");
+    table = RoundingTable{};
+  };
+  for (const RoundingJob& job : jobs) {
+    if (job.count <= 0) continue;
+    if (table.jobs == kRoundJobsPerLaunch) launch();
+    const int j = table.jobs++;
+    table.x[j] = job.x;
+    table.out[j] = job.out;
+    table.count[j] = job.count;
+    table.words_of_four[j] = job.count % 4 == 0 && aligned(job.x, 16) && aligned(job.out, 8);
+    table.first_block[j + 1] = table.first_block[j] + (job.count + kRoundChunk - 1) / kRoundChunk;
+  }
+  launch();
 }
 
 void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, const float* bias,
