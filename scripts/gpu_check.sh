@@ -20,8 +20,7 @@
 #   bash scripts/gpu_check.sh [BUNDLE]   (default .gpu/bundle.tar.xz)
 # GPU_CHECK_STEPS="backend_ops train_vs_torch_bf16 ..." runs only the steps named (a short
 # rerun after a change); the table lists the others as skipped. The float16 decoding
-# comparisons (decode_512_*_f16) and racecheck over best_tokens' test (racecheck_best_tokens,
-# minutes under racecheck) run only when named.
+# comparisons (decode_512_*_f16) run only when named.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-.gpu/bundle.tar.xz}

@@ -7,6 +7,7 @@
 #include "host_staged_backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -397,19 +398,35 @@ void HostStagedBackend::round_to_16_bits(const float* x, int64_t rows, int64_t c
 
 void HostStagedBackend::round_each_to_16_bits(const std::vector<RoundingJob>& jobs,
                                               Precision format) const {
+  // Each job staged from the 16-byte word its x begins in and the 8-byte word its out begins in
+  // (the elements before them read, not written), so that on the device each keeps its
+  // alignment to the words the backend may read and write them in; only the job's own elements
+  // are written (filled with 0xFF before the call: a write beside them would come back).
   Staging st(device_);
-  std::vector<std::pair<Handle<float>, Handle<uint16_t>>> handles;  // of the jobs with elements
-  for (const RoundingJob& job : jobs)
-    if (job.count > 0)
-      handles.emplace_back(st.read(job.x, job.count), st.write(job.out, job.count));
+  struct Staged {
+    Handle<float> x;
+    Handle<uint16_t> out;
+    int64_t x_lead, out_lead;  // elements before the job's first
+  };
+  std::vector<Staged> handles;  // of the jobs with elements
+  for (const RoundingJob& job : jobs) {
+    if (job.count <= 0) continue;
+    const auto x_lead = int64_t(reinterpret_cast<uintptr_t>(job.x) % 16 / sizeof(float));
+    const auto out_lead = int64_t(reinterpret_cast<uintptr_t>(job.out) % 8 / sizeof(uint16_t));
+    std::vector<Span> written;
+    add_span(written, out_lead, job.count);
+    handles.push_back({st.read(job.x - x_lead, x_lead + job.count),
+                       st.write(job.out - out_lead, out_lead + job.count, written), x_lead,
+                       out_lead});
+  }
   st.upload();
   std::vector<RoundingJob> staged = jobs;  // an empty job keeps its count, with no pointers
   for (size_t i = 0, next = 0; i < jobs.size(); ++i) {
     staged[i].x = nullptr;
     staged[i].out = nullptr;
     if (jobs[i].count <= 0) continue;
-    staged[i].x = st[handles[next].first];
-    staged[i].out = st[handles[next].second];
+    staged[i].x = st[handles[next].x] + handles[next].x_lead;
+    staged[i].out = st[handles[next].out] + handles[next].out_lead;
     ++next;
   }
   device_.round_each_to_16_bits(staged, format);

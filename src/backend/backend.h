@@ -93,8 +93,9 @@ class Backend {
                                 Precision format, uint16_t* out) const = 0;
   // Each job's floats rounded into its out as round_to_16_bits rounds them: training in
   // bfloat16 rounds every weight matrix once a pass (model/weights.h: with_rounded_weights), a
-  // hundred matrices for the base model. A GPU does them in one launch; by default, one
-  // round_to_16_bits a job. std::invalid_argument for a format other than the two.
+  // hundred matrices for the base model. A GPU does them in one launch; by default, each job is
+  // round_to_16_bits over rows of 1,024 and one over the rest. std::invalid_argument for a format
+  // other than the two.
   virtual void round_each_to_16_bits(const std::vector<RoundingJob>& jobs, Precision format) const;
   // parts[i] is [part_rows[i], k]; the prepared matrix stacks them in order. Throws
   // std::invalid_argument for a precision supports() refuses.

@@ -109,9 +109,9 @@ __global__ void round_kernel(const float* x, int64_t rows, int64_t cols, int64_t
   }
 }
 
-// round_each_to_16_bits' jobs of one launch, passed by value as the kernel's parameter (2 KB of
-// the 4 KB a parameter may take: nothing to copy to the device first, which a CUDA graph could
-// record too). Job j takes blocks first_block[j] to first_block[j + 1] − 1, each rounding
+// round_each_to_16_bits' jobs of one launch, passed by value as the kernel's parameter (2,128
+// bytes of the 4 KB a parameter may take: nothing to copy to the device first, which a CUDA graph
+// could record too). Job j takes blocks first_block[j] to first_block[j + 1] − 1, each rounding
 // kRoundChunk of its floats: kRoundWordsPerThread words a thread, all loaded before any is
 // stored, of four floats where the job's count and pointers allow (words_of_four) and of one
 // otherwise.
