@@ -29,6 +29,10 @@ rm -rf "$logs" /tmp/gpu_check_decode  # nothing from an earlier run on a reused 
 mkdir -p "$logs"
 tar -xJf "$bundle" || { echo "error: cannot unpack $bundle"; exit 1; }
 export LD_LIBRARY_PATH="$PWD/build/gpu-lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# NCCL (218 MB, not bundled) where PyTorch's wheel has it, for the data-parallel collectives
+# (DeviceCollectives' test in gpu_cli); without it they fall back to host memory and say so.
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null) &&
+  [ -e "$nccl_lib/libnccl.so.2" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_lib"
 # The bundle's mpirun (scripts/pack_openmpi.sh), for the data-parallel test in gpu_cli.
 # shellcheck source=/dev/null
 [ ! -f build/openmpi/env.sh ] || source build/openmpi/env.sh

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/device_buffer.h"
 #include "cli_runner.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
@@ -159,6 +160,11 @@ TEST_F(MpiTrain, TwoRanksMatchOneProcessAndResumeWithAnotherRankCount) {
   r = work.run_cli(train_flags("two", 20), "/dev/null", kLauncher);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("data parallel: 2 ranks"), std::string::npos) << r.err;
+  // The CPU's memory is the host's: MPI sums it where it is, once every rank has said so.
+  EXPECT_NE(r.err.find("data parallel: gradients summed with MPI in host memory (device cpu has "
+                       "no collectives of its own)"),
+            std::string::npos)
+      << r.err;
   // Rank 0 alone reports and writes.
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   const tfm::Model one = tfm::load_model(work.path("one/model.safetensors"), tfm::cpu_backend());
@@ -240,6 +246,11 @@ TEST_F(MpiTrain, TwoRanksOnGpusMatchOneGpuProcess) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("data parallel: 2 ranks"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank 0 on " + gpu), std::string::npos) << r.err;
+  // How the gradients were summed: NCCL refuses two ranks on one GPU, so through host memory
+  // here, with NCCL's reason or the reason it was not there.
+  const size_t how = r.err.find("data parallel: gradients summed");
+  ASSERT_NE(how, std::string::npos) << r.err;
+  std::printf("%s\n", r.err.substr(how, r.err.find('\n', how) - how).c_str());
   const tfm::Model one =
       tfm::load_model(work.path("gpu_one/model.safetensors"), tfm::cpu_backend());
   const tfm::Model two =
@@ -424,3 +435,45 @@ TEST_F(MpiTrain, AStoppedRankEndsTheJobAfterTheReplicaTimeout) {
 }
 
 }  // namespace
+
+// Backend::join_collectives on each GPU as a job of one rank, through the calls a job's ranks
+// make (NCCL loaded at run time, a communicator joined, a sum and a broadcast in place on the
+// backend's stream, waited for against a deadline): over one rank both leave the values as they
+// are, bit for bit. NCCL refuses two ranks on one GPU, so a machine of one GPU can check no more
+// (MpiTrain.TwoRanksOnGpusMatchOneGpuProcess falls back to host memory there).
+TEST(DeviceCollectives, OneRankOnEachGpuSumsAndBroadcastsInPlace) {
+  std::string why;
+  if (tfm::testing_support::first_gpu_backend(why).empty()) GTEST_SKIP() << why;
+  for (const tfm::Backend* backend : tfm::available_backends()) {
+    if (backend->memory_is_host()) continue;
+    SCOPED_TRACE(backend->name());
+    int agreements = 0, shares = 0;
+    tfm::CollectiveBootstrap alone;
+    alone.all_agree = [&](bool ok) {
+      ++agreements;
+      return ok;
+    };
+    alone.share = [&](std::vector<char>&) { ++shares; };
+    std::string why_not;
+    const tfm::CollectiveWait wait{60, nullptr};
+    auto collectives = backend->join_collectives(0, 1, alone, wait, &why_not);
+    if (!collectives) {
+      EXPECT_EQ(agreements, 1) << "a rank without collectives answers the first agreement only";
+      GTEST_SKIP() << why_not;  // NCCL not installed: the job sums through host memory
+    }
+    EXPECT_EQ(agreements, 2);  // that NCCL is there, that every rank joined
+    EXPECT_EQ(shares, 1);      // rank 0's unique id
+    std::printf("%s: %s\n", backend->name().c_str(), collectives->description().c_str());
+    std::vector<float> values(100003);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(float(i)) * 1e3f;
+    tfm::DeviceBuffer<float> device;
+    float* data = tfm::ensure_size(*backend, device, int64_t(values.size()));
+    const int64_t bytes = int64_t(values.size() * sizeof(float));
+    backend->copy_from_host(values.data(), bytes, data);
+    collectives->sum(data, int64_t(values.size()), wait);
+    collectives->broadcast(data, int64_t(values.size()), wait);
+    std::vector<float> back(values.size());
+    backend->copy_to_host(data, bytes, back.data());
+    EXPECT_EQ(back, values);
+  }
+}

@@ -27,6 +27,17 @@ std::string Backend::unsupported_reason(Precision) const {
   return "is not supported by device " + name();
 }
 
+std::unique_ptr<DeviceCollectives> Backend::join_collectives(int, int,
+                                                             const CollectiveBootstrap& bootstrap,
+                                                             const CollectiveWait&,
+                                                             std::string* why_not) const {
+  // Every rank answers the agreement the GPU backends ask for, so a job whose ranks run on
+  // backends of different kinds falls back on every rank alike.
+  bootstrap.all_agree(false);
+  if (why_not) *why_not = "device " + name() + " has no collectives of its own";
+  return nullptr;
+}
+
 void Backend::round_each_to_16_bits(const std::vector<RoundingJob>& jobs, Precision format) const {
   if (!is_16_bit_float(format))
     throw std::invalid_argument("round_each_to_16_bits: the format is bfloat16 or float16");

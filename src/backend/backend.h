@@ -11,6 +11,7 @@
 // element counts; matrices are row-major with the row strides given.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -54,6 +55,37 @@ class PreparedMatrix {
 class RecordedOperations {
  public:
   virtual ~RecordedOperations() = default;
+};
+
+// How a collective of DeviceCollectives waits for the other ranks: at most timeout_seconds, and
+// no longer once *stop is non-zero (a signal to the trainer; null: never).
+struct CollectiveWait {
+  double timeout_seconds = 300;
+  const std::atomic<int>* stop = nullptr;
+};
+
+// The collectives of a data-parallel job (train/replicas.h) among the ranks' memory of one
+// backend each, where the backend has a library for them (NCCL between GPUs) instead of MPI over
+// host copies. Each waits until it is done on this rank; a rank that does not answer within the
+// wait, an error of the library, or the stop flag ends it with Error, the communicator then
+// aborted (every later call throws too).
+class DeviceCollectives {
+ public:
+  virtual ~DeviceCollectives() = default;
+  // data[n] (float32, the backend's memory) becomes the element-wise sum over the ranks.
+  virtual void sum(float* data, int64_t n, const CollectiveWait& wait) = 0;
+  // data[n] becomes rank 0's.
+  virtual void broadcast(float* data, int64_t n, const CollectiveWait& wait) = 0;
+  // The library and version, for the log ("NCCL 2.28.3").
+  virtual std::string description() const = 0;
+};
+
+// What join_collectives needs from the job's other channel (MPI), called by every rank in the
+// same order: share(bytes) makes every rank's bytes rank 0's (a broadcast); all_agree(ok) is
+// whether ok holds on every rank.
+struct CollectiveBootstrap {
+  std::function<void(std::vector<char>& bytes)> share;
+  std::function<bool(bool ok)> all_agree;
 };
 
 class Backend {
@@ -307,6 +339,15 @@ class Backend {
   virtual void copy_bytes(const void* from, int64_t bytes, void* to) const = 0;
   virtual void copy_from_host(const void* host, int64_t bytes, void* device) const = 0;
   virtual void copy_to_host(const void* device, int64_t bytes, void* host) const = 0;
+  // This rank (of `size`) joined to the other ranks' backends of the same kind for collectives
+  // in their memory, or null with the reason in *why_not: where the backend has none (the CPU
+  // backend: MPI reads its memory as it is), the library is missing, or it refuses these ranks
+  // (two ranks on one GPU). Every rank of the job calls it, and gets null on every rank or
+  // on none (the bootstrap's all_agree), whatever happened where.
+  virtual std::unique_ptr<DeviceCollectives> join_collectives(int rank, int size,
+                                                              const CollectiveBootstrap& bootstrap,
+                                                              const CollectiveWait& wait,
+                                                              std::string* why_not) const;
 
   // --- Copies, fills and row movement ---------------------------------------------------------
   virtual void copy(const float* x, int64_t n, float* y) const = 0;  // y[n] = x[n]

@@ -176,10 +176,51 @@ void on_host_copy(const Backend& backend, float* data, int64_t n, bool download,
 
 }  // namespace
 
+DeviceCollectives* Replicas::device_collectives(const Backend& backend) {
+  // Every rank joins, whatever its backend (the CPU's answers no, and so do the others then),
+  // at the first sum or broadcast of a backend's tensors.
+  if (collectives_backend_ == &backend) return collectives_.get();
+  collectives_backend_ = &backend;
+  collectives_.reset();
+  CollectiveBootstrap bootstrap;
+  bootstrap.all_agree = [this](bool ok) { return all_equal(ok ? 1 : 0) && ok; };
+  bootstrap.share = [this](std::vector<char>& bytes) {
+    MPI_Request request;
+    check_mpi(MPI_Ibcast(bytes.data(), int(bytes.size()), MPI_BYTE, 0, MPI_COMM_WORLD, &request),
+              "broadcast");
+    wait(&request, "joining the GPUs' collectives");
+  };
+  std::string why_not;
+  const char* setting = std::getenv("TFM_DEVICE_COLLECTIVES");
+  if (setting && std::strcmp(setting, "0") == 0) {
+    bootstrap.all_agree(false);  // the one call a rank without collectives makes
+    why_not = "TFM_DEVICE_COLLECTIVES=0";
+  } else {
+    try {
+      collectives_ = backend.join_collectives(rank_, size_, bootstrap,
+                                              {timeout_seconds_, stop_signal_}, &why_not);
+    } catch (const Error& e) {
+      throw Error(prefix() + e.what());
+    }
+  }
+  const std::string how = collectives_ ? "on the devices with " + collectives_->description()
+                                       : "with MPI in host memory (" + why_not + ")";
+  if (primary()) std::fprintf(stderr, "data parallel: gradients summed %s\n", how.c_str());
+  return collectives_.get();
+}
+
 double Replicas::sum_tensors(DeviceTensors& tensors) {
   if (!distributed()) return 0;
   const int64_t total = tensors.numel();
   const auto start = std::chrono::steady_clock::now();
+  if (DeviceCollectives* collectives = device_collectives(tensors.backend())) {
+    try {  // in place in the devices' memory
+      collectives->sum(tensors.flat(), total, {timeout_seconds_, stop_signal_});
+    } catch (const Error& e) {
+      throw Error(prefix() + e.what());
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   on_host_copy(tensors.backend(), tensors.flat(), total, true, staging_, [&](float* flat) {
     std::vector<MPI_Request> requests;
     for (int64_t begin = 0; begin < total; begin += kBucketFloats) {
@@ -196,6 +237,17 @@ double Replicas::sum_tensors(DeviceTensors& tensors) {
 
 void Replicas::broadcast_tensors(DeviceTensors& tensors) {
   if (!distributed()) return;
+  if (DeviceCollectives* collectives = device_collectives(tensors.backend())) {
+    for (auto& [name, entry] : tensors) {
+      if (!entry.data || entry.numel() == 0) continue;
+      try {
+        collectives->broadcast(entry.ptr(), entry.numel(), {timeout_seconds_, stop_signal_});
+      } catch (const Error& e) {
+        throw Error(prefix() + e.what());
+      }
+    }
+    return;
+  }
   for (auto& [name, entry] : tensors)
     on_host_copy(
         tensors.backend(), entry.ptr(), entry.numel(), primary(), staging_, [&](float* values) {

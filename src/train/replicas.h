@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,12 @@ class Replicas {
   void sum(double* values, int64_t count);
   // Sums all tensors of `tensors` (same names and shapes on every rank) in place, their one
   // block reduced in buckets; returns the seconds spent on it. MPI reads the block where it is
-  // in host memory (Backend::memory_is_host), and a copy of it in host memory otherwise (a
-  // GPU's gradients: copied to the host, summed there, copied back).
+  // in host memory (Backend::memory_is_host). A GPU's gradients are summed by the backend's own
+  // collectives (NCCL: Backend::join_collectives, joined at the first call, which rank 0 logs),
+  // or where it has none, through a copy in host memory (copied to the host, summed there by
+  // MPI, copied back). TFM_DEVICE_COLLECTIVES=0 (on every rank) keeps the host copies.
   double sum_tensors(DeviceTensors& tensors);
-  // Copies rank 0's tensors to every rank (through host memory, as sum_tensors).
+  // Copies rank 0's tensors to every rank (the same way as sum_tensors).
   void broadcast_tensors(DeviceTensors& tensors);
   // True when `value` is the same on every rank.
   bool all_equal(uint64_t value);
@@ -58,12 +61,18 @@ class Replicas {
   Replicas() = default;
   void join_mpi();
   void wait(void* request, const char* what);
+  // The collectives of `backend`'s memory (joined on first use; every rank calls this at the
+  // same points), or null where it has none: MPI then reads host memory, the tensors' own or a
+  // copy (how, and why, logged once by rank 0).
+  DeviceCollectives* device_collectives(const Backend& backend);
 
   int rank_ = 0, size_ = 1;
   int local_rank_ = 0, local_size_ = 1;
   // [the largest numel handed over]: the host copy of device memory that sum_tensors and
   // broadcast_tensors give MPI.
   std::vector<float> staging_;
+  const Backend* collectives_backend_ = nullptr;    // whose collectives were tried, if any
+  std::unique_ptr<DeviceCollectives> collectives_;  // null: none (host copies)
   double timeout_seconds_ = 300;
   const std::atomic<int>* stop_signal_ = nullptr;
 };

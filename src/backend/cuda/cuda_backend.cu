@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/matmul.h"
+#include "backend/cuda/nccl_collectives.h"
 #include "backend/cuda/operation_profile.h"
 #include "backend/cuda/operation_recording.h"
 #include "tensor/error.h"
@@ -338,6 +339,12 @@ class CudaBackend final : public Backend {
     cudaFreeAsync(memory, c_.stream);
   }
   bool memory_is_host() const override { return false; }
+  std::unique_ptr<DeviceCollectives> join_collectives(int rank, int size,
+                                                      const CollectiveBootstrap& bootstrap,
+                                                      const CollectiveWait& wait,
+                                                      std::string* why_not) const override {
+    return cuda::join_nccl(c_, rank, size, bootstrap, wait, why_not);
+  }
   int64_t memory_in_use() const override {
     c_.activate();
     cudaMemPool_t pool;
