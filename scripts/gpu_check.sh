@@ -31,8 +31,12 @@ tar -xJf "$bundle" || { echo "error: cannot unpack $bundle"; exit 1; }
 export LD_LIBRARY_PATH="$PWD/build/gpu-lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 # NCCL (218 MB, not bundled) where PyTorch's wheel has it, for the data-parallel collectives
 # (DeviceCollectives' test in gpu_cli); without it they fall back to host memory and say so.
-nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null) &&
-  [ -e "$nccl_lib/libnccl.so.2" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_lib"
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+if [ -n "$nccl_lib" ] && [ -e "$nccl_lib/libnccl.so.2" ]; then
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_lib"
+else
+  nccl_lib=""
+fi
 # The bundle's mpirun (scripts/pack_openmpi.sh), for the data-parallel test in gpu_cli.
 # shellcheck source=/dev/null
 [ ! -f build/openmpi/env.sh ] || source build/openmpi/env.sh
@@ -41,6 +45,7 @@ if [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader |
   tee "$logs/device.txt"
 echo "built from commit $(cat build/BUNDLE_COMMIT 2>/dev/null || echo unknown)" | tee -a "$logs/device.txt"
+echo "NCCL for the collectives: ${nccl_lib:-none found}" | tee -a "$logs/device.txt"
 
 results=()
 # The whole check ends within GPU_CHECK_BUDGET seconds (default 470, inside the device tool's
@@ -103,6 +108,8 @@ export -f each_test_alone
 export tests logs
 step backend_ops 180 each_test_alone '*BackendOps*cuda*:Backends.*'
 step gpu_cli 240 $tests --gtest_filter='*Gpu*'
+# NCCL's join aborted at its deadline (2 s) when the other rank never comes: a limit of its own.
+step nccl_lonely_join 40 $tests --gtest_filter='DeviceCollectives.JoiningWithoutTheOtherRank*'
 # PyTorch's gradients and CTranslate2's scores and translations, on the GPU.
 step gpu_fixtures 120 $tests --gtest_filter='*GradientParity*cuda*:*ConvertedModelOnDevice*cuda*'
 # Where a step of tests failed: its failed tests again with each of the newer paths turned off

@@ -438,9 +438,10 @@ TEST_F(MpiTrain, AStoppedRankEndsTheJobAfterTheReplicaTimeout) {
 
 // Backend::join_collectives on each GPU as a job of one rank, through the calls a job's ranks
 // make (NCCL loaded at run time, a communicator joined, a sum and a broadcast in place on the
-// backend's stream, waited for against a deadline): over one rank both leave the values as they
-// are, bit for bit. NCCL refuses two ranks on one GPU, so a machine of one GPU can check no more
-// (MpiTrain.TwoRanksOnGpusMatchOneGpuProcess falls back to host memory there).
+// backend's stream, waited for against a deadline; over one rank NCCL moves nothing, so the
+// values stay as they were: this checks the calls, not NCCL's sums). NCCL refuses two ranks on
+// one GPU, so a machine of one GPU can check no more (MpiTrain.TwoRanksOnGpusMatchOneGpuProcess
+// falls back to host memory there and prints why).
 TEST(DeviceCollectives, OneRankOnEachGpuSumsAndBroadcastsInPlace) {
   std::string why;
   if (tfm::testing_support::first_gpu_backend(why).empty()) GTEST_SKIP() << why;
@@ -457,10 +458,11 @@ TEST(DeviceCollectives, OneRankOnEachGpuSumsAndBroadcastsInPlace) {
     std::string why_not;
     const tfm::CollectiveWait wait{60, nullptr};
     auto collectives = backend->join_collectives(0, 1, alone, wait, &why_not);
-    if (!collectives) {
-      EXPECT_EQ(agreements, 1) << "a rank without collectives answers the first agreement only";
-      GTEST_SKIP() << why_not;  // NCCL not installed: the job sums through host memory
+    if (!collectives && why_not.rfind("NCCL could not be loaded", 0) == 0) {
+      EXPECT_EQ(agreements, 1) << "a rank without NCCL answers the first agreement only";
+      GTEST_SKIP() << why_not;  // NCCL not installed: a job sums through host memory
     }
+    ASSERT_TRUE(collectives) << why_not;
     EXPECT_EQ(agreements, 2);  // that NCCL is there, that every rank joined
     EXPECT_EQ(shares, 1);      // rank 0's unique id
     std::printf("%s: %s\n", backend->name().c_str(), collectives->description().c_str());
@@ -475,5 +477,35 @@ TEST(DeviceCollectives, OneRankOnEachGpuSumsAndBroadcastsInPlace) {
     std::vector<float> back(values.size());
     backend->copy_to_host(data, bytes, back.data());
     EXPECT_EQ(back, values);
+  }
+}
+
+// As rank 0 of two whose rank 1 never comes: joining ends at the wait's deadline with the
+// reason, the communicator aborted mid-way, and answers the second agreement (every rank then
+// sums through host memory). Its own step of scripts/gpu_check.sh, with a time limit of its own:
+// an abort that waited on NCCL's bootstrap would hang here.
+TEST(DeviceCollectives, JoiningWithoutTheOtherRankEndsAtTheDeadline) {
+  std::string why;
+  if (tfm::testing_support::first_gpu_backend(why).empty()) GTEST_SKIP() << why;
+  for (const tfm::Backend* backend : tfm::available_backends()) {
+    if (backend->memory_is_host()) continue;
+    SCOPED_TRACE(backend->name());
+    int agreements = 0;
+    tfm::CollectiveBootstrap alone;
+    alone.all_agree = [&](bool ok) {
+      ++agreements;
+      return ok;
+    };
+    alone.share = [](std::vector<char>&) {};
+    std::string why_not;
+    const auto start = std::chrono::steady_clock::now();
+    auto lonely = backend->join_collectives(0, 2, alone, {2, nullptr}, &why_not);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!lonely && why_not.rfind("NCCL could not be loaded", 0) == 0) GTEST_SKIP() << why_not;
+    EXPECT_FALSE(lonely);
+    EXPECT_NE(why_not.find("no answer from the other GPUs for 2 s"), std::string::npos) << why_not;
+    EXPECT_EQ(agreements, 2);
+    EXPECT_LT(seconds, 30.0) << "joining did not end at its deadline";
   }
 }

@@ -183,7 +183,20 @@ DeviceCollectives* Replicas::device_collectives(const Backend& backend) {
   collectives_backend_ = &backend;
   collectives_.reset();
   CollectiveBootstrap bootstrap;
-  bootstrap.all_agree = [this](bool ok) { return all_equal(ok ? 1 : 0) && ok; };
+  // An agreement waits a minute longer than the collectives' own waits: a rank whose joining
+  // failed at once waits there for the others, which give up on it only when their wait ends.
+  bootstrap.all_agree = [this](bool ok) {
+    const double timeout = timeout_seconds_;
+    timeout_seconds_ = timeout + 60;
+    try {
+      const bool agreed = all_equal(ok ? 1 : 0, "joining the devices' collectives") && ok;
+      timeout_seconds_ = timeout;
+      return agreed;
+    } catch (...) {
+      timeout_seconds_ = timeout;
+      throw;
+    }
+  };
   bootstrap.share = [this](std::vector<char>& bytes) {
     MPI_Request request;
     check_mpi(MPI_Ibcast(bytes.data(), int(bytes.size()), MPI_BYTE, 0, MPI_COMM_WORLD, &request),
@@ -196,12 +209,10 @@ DeviceCollectives* Replicas::device_collectives(const Backend& backend) {
     bootstrap.all_agree(false);  // the one call a rank without collectives makes
     why_not = "TFM_DEVICE_COLLECTIVES=0";
   } else {
-    try {
-      collectives_ = backend.join_collectives(rank_, size_, bootstrap,
-                                              {timeout_seconds_, stop_signal_}, &why_not);
-    } catch (const Error& e) {
-      throw Error(prefix() + e.what());
-    }
+    // What escapes is MPI's (Replicas::wait's errors, which name the rank): the backend's own
+    // failures come back as why_not, agreed on.
+    collectives_ = backend.join_collectives(rank_, size_, bootstrap,
+                                            {timeout_seconds_, stop_signal_}, &why_not);
   }
   const std::string how = collectives_ ? "on the devices with " + collectives_->description()
                                        : "with MPI in host memory (" + why_not + ")";
@@ -262,7 +273,7 @@ void Replicas::broadcast_tensors(DeviceTensors& tensors) {
         });
 }
 
-bool Replicas::all_equal(uint64_t value) {
+bool Replicas::all_equal(uint64_t value, const char* what) {
   if (!distributed()) return true;
   uint64_t low = value, high = value;
   MPI_Request requests[2];
@@ -272,8 +283,8 @@ bool Replicas::all_equal(uint64_t value) {
   check_mpi(
       MPI_Iallreduce(MPI_IN_PLACE, &high, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD, &requests[1]),
       "all-reduce");
-  wait(&requests[0], "replica check");
-  wait(&requests[1], "replica check");
+  wait(&requests[0], what);
+  wait(&requests[1], what);
   return low == high;
 }
 
@@ -304,7 +315,7 @@ double Replicas::sum_tensors(DeviceTensors&) {
   return 0;
 }
 void Replicas::broadcast_tensors(DeviceTensors&) {}
-bool Replicas::all_equal(uint64_t) {
+bool Replicas::all_equal(uint64_t, const char*) {
   return true;
 }
 void abort_replicas(int) {}

@@ -51,8 +51,8 @@ class Replicas {
   double sum_tensors(DeviceTensors& tensors);
   // Copies rank 0's tensors to every rank (the same way as sum_tensors).
   void broadcast_tensors(DeviceTensors& tensors);
-  // True when `value` is the same on every rank.
-  bool all_equal(uint64_t value);
+  // True when `value` is the same on every rank (`what`: the wait's name in an error).
+  bool all_equal(uint64_t value, const char* what = "replica check");
 
   Replicas(const Replicas&) = delete;
   Replicas& operator=(const Replicas&) = delete;

@@ -164,7 +164,7 @@ class NcclCollectives final : public DeviceCollectives {
       poll(comm_, wait, what, [&] {
         const cudaError_t status = cudaStreamQuery(context_.stream);
         if (status == cudaErrorNotReady) return false;
-        TFM_CUDA(status);
+        check(status, "cudaStreamQuery (the collective's stream)");
         return true;
       });
     } catch (...) {
@@ -188,7 +188,10 @@ std::unique_ptr<DeviceCollectives> join_nccl(const Context& c, int rank, int siz
   // Every rank's answer first: a rank without NCCL would leave the others waiting in its
   // initialisation.
   if (!bootstrap.all_agree(loaded)) {
-    if (why_not) *why_not = loaded ? "another rank has no NCCL" : library.missing;
+    if (why_not)
+      *why_not = loaded ? "another rank has no NCCL, or no collectives (not a GPU, or "
+                          "TFM_DEVICE_COLLECTIVES=0)"
+                        : library.missing;
     return nullptr;
   }
   // Rank 0's unique id, and a last byte saying whether it made one (else every rank gives up).
@@ -200,19 +203,21 @@ std::unique_ptr<DeviceCollectives> join_nccl(const Context& c, int rank, int siz
     if (made == ncclSuccess) {
       std::memcpy(id.data(), &unique, sizeof unique);
       id.back() = 1;
+    } else {
+      failure = nccl_error(made) + " (rank 0's unique id)";
     }
   }
   bootstrap.share(id);
-  if (id.back() != 1) failure = "NCCL could not make a unique id on rank 0";
+  if (id.back() != 1 && failure.empty()) failure = "NCCL could not make a unique id on rank 0";
   ncclComm_t comm = nullptr;
   if (failure.empty()) {
-    c.activate();  // NCCL takes the current device
-    ncclUniqueId unique;
-    std::memcpy(&unique, id.data(), sizeof unique);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    const ncclResult_t started = library.init_rank_config(&comm, size, unique, rank, &config);
     try {
+      c.activate();  // NCCL takes the current device
+      ncclUniqueId unique;
+      std::memcpy(&unique, id.data(), sizeof unique);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t started = library.init_rank_config(&comm, size, unique, rank, &config);
       if (started != ncclSuccess && started != ncclInProgress)
         throw Error(nccl_error(started, comm) + " (joining the other GPUs)");
       poll(comm, wait, "joining the other GPUs", [] { return true; });
@@ -224,7 +229,9 @@ std::unique_ptr<DeviceCollectives> join_nccl(const Context& c, int rank, int siz
   }
   if (!bootstrap.all_agree(failure.empty())) {
     if (comm) library.abort(comm);
-    if (why_not) *why_not = failure.empty() ? "NCCL failed on another rank" : failure;
+    if (why_not)
+      *why_not =
+          failure.empty() ? "NCCL failed to join on another rank" : failure;
     return nullptr;
   }
   return std::make_unique<NcclCollectives>(c, comm);
