@@ -1237,7 +1237,8 @@ double relative_to_largest(const std::vector<float>& got, const std::vector<Want
 // bfloat16 path ran; the 128-row blocks need a device that lends a block 152 KB of shared
 // memory, as A100, H100 and H200 do). Keys and values interleaved in their rows,
 // padding (a sequence of no keys among them), causal and window masks; the rounded copies of the
-// output and of dQ, dK, dV are theirs, rounded (dK's and dV's interleaved as dK and dV are).
+// output and of dQ, dK, dV are theirs, rounded (dK's and dV's interleaved as dK and dV are), and
+// the same where they are asked for alone (rounded_out_only, rounded_gradients_only).
 TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
   struct Case {
     int64_t query_len, key_len;
@@ -1268,6 +1269,28 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
                            out.data(), {});
     for (size_t i = 0; i < out.size(); ++i)
       ASSERT_EQ(rounded_out[i], float_to_bfloat16(out[i])) << "rounded out " << i;
+    // Where CUDA's bfloat16 tensor-core blocks take this case (unless
+    // TFM_CUDA_TENSOR_CORE_ATTENTION is "0").
+    const char* cores = std::getenv("TFM_CUDA_TENSOR_CORE_ATTENTION");
+    const bool tensor_core_blocks = be().name().rfind("cuda", 0) == 0 && c.query_len <= 128 &&
+                                    c.key_len <= 128 && !(cores && std::string(cores) == "0");
+    {  // Asked for the rounded output only (out becomes scratch): the same copy and weights.
+      AttentionShape only = s;
+      only.rounded_out_only = true;
+      std::vector<uint16_t> only_out(q.size(), 9);
+      only.rounded_out = only_out.data();
+      std::vector<float> scratch_out(q.size()), only_probs(probs.size(), 7.f);
+      be().attention_forward(only, mask, q.data(), kv.data(), kv.data() + width, only_probs.data(),
+                             scratch_out.data(), {});
+      ASSERT_EQ(only_out, rounded_out) << "Tq " << c.query_len;
+      ASSERT_EQ(only_probs, probs) << "Tq " << c.query_len;
+      // CUDA's tensor-core blocks store the copy alone: the float out comes back as staged
+      // (0xFF bytes, NaN), which shows the flag was heeded.
+      if (tensor_core_blocks)
+        EXPECT_TRUE(std::all_of(scratch_out.begin(), scratch_out.end(),
+                                [](float x) { return std::isnan(x); }))
+            << "Tq " << c.query_len << ": the float out was stored as well";
+    }
     std::vector<float> dq(q.size(), 9.f), dkv(kv.size(), 9.f);
     std::vector<float> d_additive_v(size_t(width), 0.f);  // unused: dot scores
     std::vector<uint16_t> rounded_dq(q.size(), 9), rounded_dkv(kv.size(), 9);
@@ -1293,11 +1316,6 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
       ASSERT_EQ(rounded_dq[i], float_to_bfloat16(dq[i])) << "rounded dq " << i;
     for (size_t i = 0; i < dkv.size(); ++i)
       ASSERT_EQ(rounded_dkv[i], float_to_bfloat16(dkv[i])) << "rounded dk | dv " << i;
-    // Where CUDA's bfloat16 tensor-core blocks take this case (unless
-    // TFM_CUDA_TENSOR_CORE_ATTENTION is "0").
-    const char* cores = std::getenv("TFM_CUDA_TENSOR_CORE_ATTENTION");
-    const bool tensor_core_blocks = be().name().rfind("cuda", 0) == 0 && c.query_len <= 128 &&
-                                    c.key_len <= 128 && !(cores && std::string(cores) == "0");
     {  // Asked for the rounded copies only (the float gradients become scratch): the same copies.
       AttentionShape only = s;
       only.rounded_gradients_only = true;

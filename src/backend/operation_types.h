@@ -144,8 +144,12 @@ struct AttentionShape {
   AttentionScore score;  // how queries and keys make logits
   // Where the forward writes its output rounded to bfloat16 as well (round_to_16_bits: nearest,
   // ties to even), dense [batch · query_len, heads · head_dim], for W_o's bfloat16 product;
-  // null: nowhere. out is written either way.
+  // null: nowhere. out is written either way, unless rounded_out_only: then the caller reads
+  // only the rounded copy (a bfloat16 training step's W_o, forward and backward), and out is
+  // scratch whose contents are then unspecified (CUDA's tensor-core forward stores the copy
+  // alone).
   uint16_t* rounded_out = nullptr;
+  bool rounded_out_only = false;
   // Where the backward writes dq, dk and dv rounded to bfloat16 as well (nearest, ties to even),
   // in their layouts (those of q, k and v: row and batch strides in elements), for the
   // projections' bfloat16 backward products; null: nowhere. dq, dk, dv are written either way,

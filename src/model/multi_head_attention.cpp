@@ -219,6 +219,8 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
                                   ? cache.rounded_context.data()  // [B, Tq, D]
                                   : nullptr;
   shape.rounded_out = rounded_context;
+  // Training in bfloat16: W_o's products (forward and backward) read the copy alone.
+  shape.rounded_out_only = rounded_context && rounds_to_bfloat16(w.o);
   shape.q_row_stride = p.q_stride;
   shape.k_row_stride = p.k_stride;
   shape.v_row_stride = p.v_stride;

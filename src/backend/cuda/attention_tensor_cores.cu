@@ -159,7 +159,8 @@ __device__ __forceinline__ void store_rows(const float* c, int pitch, int rows, 
 }
 
 // Block (b, h): S = Q·Kᵀ, P = the masked softmax of S · scale (masked_softmax_kernel's formula),
-// stored into probs when given, O = P·V into out (and its rounded copy where asked).
+// stored into probs when given, O = P·V into out (unless null: its rounded copy alone) and its
+// rounded copy where asked.
 template <int kLen>
 __global__ void __launch_bounds__(kBlockThreads<kLen>)
     tensor_core_forward_kernel(AttentionShape s, AttentionMask mask, const float* q, const float* k,
@@ -191,8 +192,9 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>)
   product<kLen, kHead, kLen, wmma::row_major, wmma::row_major, kThreads>(
       queries, T::kPitchLen, values, T::kPitchHead, result, T::kPitchResult);  // O = P·V
   __syncthreads();
-  store_rows<kThreads>(result, T::kPitchResult, tq, at.output(s, out), s.out_row_stride,
-                       at.dense_row(s, s.rounded_out, s.query_len), s.heads * kHead);
+  store_rows<kThreads>(result, T::kPitchResult, tq, out ? at.output(s, out) : nullptr,
+                       s.out_row_stride, at.dense_row(s, s.rounded_out, s.query_len),
+                       s.heads * kHead);
 }
 
 // Block (b, h) of the backward, from the weights P the forward stored: dV = Pᵀ·dO, dP = dO·Vᵀ,
@@ -299,6 +301,7 @@ void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
                                    const AttentionMask& mask, const float* q, const float* k,
                                    const float* v, float* probs, float* out) {
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
+  if (s.rounded_out_only && s.rounded_out) out = nullptr;  // the copy alone: nothing reads out
   if (fits_small_blocks(s))
     launch_blocks(c, s, tensor_core_forward_kernel<64>, kBlockThreads<64>, Tiles<64>::kForwardBytes,
                   s, mask, q, k, v, probs, out, scale);
