@@ -436,6 +436,19 @@ TEST_F(MpiTrain, AStoppedRankEndsTheJobAfterTheReplicaTimeout) {
 
 }  // namespace
 
+// The other side of join_collectives' bootstrap for a rank alone: every agreement is what this
+// rank says and the shared bytes stay its own; both counted.
+struct LoneRank {
+  int agreements = 0, shares = 0;
+  tfm::CollectiveBootstrap bootstrap() {
+    return {[this](std::vector<char>&) { ++shares; },
+            [this](bool ok) {
+              ++agreements;
+              return ok;
+            }};
+  }
+};
+
 // Backend::join_collectives on each GPU as a job of one rank, through the calls a job's ranks
 // make (NCCL loaded at run time, a communicator joined, a sum and a broadcast in place on the
 // backend's stream, waited for against a deadline; over one rank NCCL moves nothing, so the
@@ -448,23 +461,17 @@ TEST(DeviceCollectives, OneRankOnEachGpuSumsAndBroadcastsInPlace) {
   for (const tfm::Backend* backend : tfm::available_backends()) {
     if (backend->memory_is_host()) continue;
     SCOPED_TRACE(backend->name());
-    int agreements = 0, shares = 0;
-    tfm::CollectiveBootstrap alone;
-    alone.all_agree = [&](bool ok) {
-      ++agreements;
-      return ok;
-    };
-    alone.share = [&](std::vector<char>&) { ++shares; };
+    LoneRank alone;
     std::string why_not;
     const tfm::CollectiveWait wait{60, nullptr};
-    auto collectives = backend->join_collectives(0, 1, alone, wait, &why_not);
+    auto collectives = backend->join_collectives(0, 1, alone.bootstrap(), wait, &why_not);
     if (!collectives && why_not.rfind("NCCL could not be loaded", 0) == 0) {
-      EXPECT_EQ(agreements, 1) << "a rank without NCCL answers the first agreement only";
+      EXPECT_EQ(alone.agreements, 1) << "a rank without NCCL answers the first agreement only";
       GTEST_SKIP() << why_not;  // NCCL not installed: a job sums through host memory
     }
     ASSERT_TRUE(collectives) << why_not;
-    EXPECT_EQ(agreements, 2);  // that NCCL is there, that every rank joined
-    EXPECT_EQ(shares, 1);      // rank 0's unique id
+    EXPECT_EQ(alone.agreements, 2);  // that NCCL is there, that every rank joined
+    EXPECT_EQ(alone.shares, 1);      // rank 0's unique id
     std::printf("%s: %s\n", backend->name().c_str(), collectives->description().c_str());
     std::vector<float> values(100003);
     for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(float(i)) * 1e3f;
@@ -490,22 +497,16 @@ TEST(DeviceCollectives, JoiningWithoutTheOtherRankEndsAtTheDeadline) {
   for (const tfm::Backend* backend : tfm::available_backends()) {
     if (backend->memory_is_host()) continue;
     SCOPED_TRACE(backend->name());
-    int agreements = 0;
-    tfm::CollectiveBootstrap alone;
-    alone.all_agree = [&](bool ok) {
-      ++agreements;
-      return ok;
-    };
-    alone.share = [](std::vector<char>&) {};
+    LoneRank alone;
     std::string why_not;
     const auto start = std::chrono::steady_clock::now();
-    auto lonely = backend->join_collectives(0, 2, alone, {2, nullptr}, &why_not);
+    auto lonely = backend->join_collectives(0, 2, alone.bootstrap(), {2, nullptr}, &why_not);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!lonely && why_not.rfind("NCCL could not be loaded", 0) == 0) GTEST_SKIP() << why_not;
     EXPECT_FALSE(lonely);
     EXPECT_NE(why_not.find("no answer from the other GPUs for 2 s"), std::string::npos) << why_not;
-    EXPECT_EQ(agreements, 2);
+    EXPECT_EQ(alone.agreements, 2);
     EXPECT_LT(seconds, 30.0) << "joining did not end at its deadline";
   }
 }

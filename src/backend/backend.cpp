@@ -1,7 +1,9 @@
 // The registry of the backends built into this binary, and --device's lookup.
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 #include "tensor/error.h"
 
@@ -25,6 +27,28 @@ const std::vector<const Backend*>& available_backends() {
 
 std::string Backend::unsupported_reason(Precision) const {
   return "is not supported by device " + name();
+}
+
+CollectiveDeadline::CollectiveDeadline(const CollectiveWait& wait, std::string prefix,
+                                       const char* peers)
+    : wait_(wait),
+      prefix_(std::move(prefix)),
+      peers_(peers),
+      start_(std::chrono::steady_clock::now()) {}
+
+void CollectiveDeadline::check(const char* what) {
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now();
+  if (wait_.stop && *wait_.stop && signalled_ == Clock::time_point{}) signalled_ = now;
+  const double grace_seconds = std::min(wait_.timeout_seconds, 60.0);
+  if (signalled_ != Clock::time_point{} &&
+      std::chrono::duration<double>(now - signalled_).count() > grace_seconds)
+    throw Error(prefix_ + "stopped by a signal while waiting for the other " + peers_ + " (" +
+                what + "); a rank has probably failed. The last checkpoint is intact");
+  if (std::chrono::duration<double>(now - start_).count() > wait_.timeout_seconds)
+    throw Error(prefix_ + "no answer from the other " + peers_ + " for " +
+                std::to_string(int64_t(wait_.timeout_seconds)) + " s (" + what +
+                "); a rank has failed or hangs (--replica-timeout sets the limit)");
 }
 
 std::unique_ptr<DeviceCollectives> Backend::join_collectives(int, int,

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -62,6 +63,23 @@ class RecordedOperations {
 struct CollectiveWait {
   double timeout_seconds = 300;
   const std::atomic<int>* stop = nullptr;
+};
+
+// One wait's deadline under a CollectiveWait, for the loops that poll a collective (Replicas'
+// MPI requests, the CUDA backend's NCCL): check() throws Error, naming `what`, once the wait's
+// time is up, or once its stop flag has been set for a grace period (min(timeout, 60 s): mpirun
+// signals every rank when one dies, and the live ones finish the collective meanwhile). The
+// messages begin with `prefix` ("rank 1 of 4: ") and speak of the other `peers` ("ranks").
+class CollectiveDeadline {
+ public:
+  CollectiveDeadline(const CollectiveWait& wait, std::string prefix, const char* peers);
+  void check(const char* what);
+
+ private:
+  CollectiveWait wait_;
+  std::string prefix_;
+  const char* peers_;
+  std::chrono::steady_clock::time_point start_, signalled_{};
 };
 
 // The collectives of a data-parallel job (train/replicas.h) among the ranks' memory of one

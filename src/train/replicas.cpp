@@ -122,31 +122,18 @@ void Replicas::join_mpi() {
   });
 }
 
-void Replicas::wait(void* request_ptr, const char* what) {
-  using Clock = std::chrono::steady_clock;
+void Replicas::wait(void* request_ptr, const char* what, double extra_seconds) {
   auto* request = static_cast<MPI_Request*>(request_ptr);
-  const auto start = Clock::now();
-  Clock::time_point signalled{};
+  // mpirun sends SIGTERM to every rank when one dies; live ranks finish this collective (rank 0
+  // may be saving a checkpoint meanwhile) within the deadline's grace period and then stop
+  // together at the end of the step.
+  CollectiveDeadline deadline({timeout_seconds_ + extra_seconds, stop_signal_}, prefix(), "ranks");
   for (int64_t polls = 0;; ++polls) {
     int done = 0;
     check_mpi(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
     if (done) return;
     sched_yield();  // lets OpenMP / other processes on this core run; MPI_Test drives progress
-    if (polls % 256 != 0) continue;
-    const auto now = Clock::now();
-    if (stop_signal_ && *stop_signal_ && signalled == Clock::time_point{}) signalled = now;
-    // mpirun sends SIGTERM to every rank when one dies; live ranks finish this collective
-    // (rank 0 may be saving a checkpoint meanwhile) within the grace period and then stop
-    // together at the end of the step.
-    const double grace_seconds = std::min(timeout_seconds_, 60.0);
-    if (signalled != Clock::time_point{} &&
-        std::chrono::duration<double>(now - signalled).count() > grace_seconds)
-      throw Error(prefix() + "stopped by a signal while waiting for the other ranks (" + what +
-                  "); a rank has probably failed. The last checkpoint is intact");
-    if (std::chrono::duration<double>(now - start).count() > timeout_seconds_)
-      throw Error(prefix() + "no answer from the other ranks for " +
-                  std::to_string(int64_t(timeout_seconds_)) + " s (" + what +
-                  "); a rank has failed or hangs (--replica-timeout sets the limit)");
+    if (polls % 256 == 0) deadline.check(what);
   }
 }
 
@@ -176,6 +163,15 @@ void on_host_copy(const Backend& backend, float* data, int64_t n, bool download,
 
 }  // namespace
 
+template <typename Collective>
+void Replicas::on_device(Collective&& collective) {
+  try {
+    collective(CollectiveWait{timeout_seconds_, stop_signal_});
+  } catch (const Error& e) {
+    throw Error(prefix() + e.what());
+  }
+}
+
 DeviceCollectives* Replicas::device_collectives(const Backend& backend) {
   // Every rank joins, whatever its backend (the CPU's answers no, and so do the others then),
   // at the first sum or broadcast of a backend's tensors.
@@ -183,25 +179,21 @@ DeviceCollectives* Replicas::device_collectives(const Backend& backend) {
   collectives_backend_ = &backend;
   collectives_.reset();
   CollectiveBootstrap bootstrap;
-  // An agreement waits a minute longer than the collectives' own waits: a rank whose joining
-  // failed at once waits there for the others, which give up on it only when their wait ends.
   bootstrap.all_agree = [this](bool ok) {
-    const double timeout = timeout_seconds_;
-    timeout_seconds_ = timeout + 60;
-    try {
-      const bool agreed = all_equal(ok ? 1 : 0, "joining the devices' collectives") && ok;
-      timeout_seconds_ = timeout;
-      return agreed;
-    } catch (...) {
-      timeout_seconds_ = timeout;
-      throw;
-    }
+    int all_ok = ok ? 1 : 0;
+    MPI_Request request;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD, &request),
+              "all-reduce");
+    // A minute longer than the collectives' own waits: a rank whose joining failed at once waits
+    // here for the others, which give up on it only when their wait ends.
+    wait(&request, "joining the devices' collectives", 60);
+    return all_ok != 0;
   };
   bootstrap.share = [this](std::vector<char>& bytes) {
     MPI_Request request;
     check_mpi(MPI_Ibcast(bytes.data(), int(bytes.size()), MPI_BYTE, 0, MPI_COMM_WORLD, &request),
               "broadcast");
-    wait(&request, "joining the GPUs' collectives");
+    wait(&request, "joining the devices' collectives");
   };
   std::string why_not;
   const char* setting = std::getenv("TFM_DEVICE_COLLECTIVES");
@@ -225,11 +217,9 @@ double Replicas::sum_tensors(DeviceTensors& tensors) {
   const int64_t total = tensors.numel();
   const auto start = std::chrono::steady_clock::now();
   if (DeviceCollectives* collectives = device_collectives(tensors.backend())) {
-    try {  // in place in the devices' memory
-      collectives->sum(tensors.flat(), total, {timeout_seconds_, stop_signal_});
-    } catch (const Error& e) {
-      throw Error(prefix() + e.what());
-    }
+    on_device([&](const CollectiveWait& wait) {  // in place in the devices' memory
+      collectives->sum(tensors.flat(), total, wait);
+    });
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   on_host_copy(tensors.backend(), tensors.flat(), total, true, staging_, [&](float* flat) {
@@ -251,11 +241,9 @@ void Replicas::broadcast_tensors(DeviceTensors& tensors) {
   if (DeviceCollectives* collectives = device_collectives(tensors.backend())) {
     for (auto& [name, entry] : tensors) {
       if (!entry.data || entry.numel() == 0) continue;
-      try {
-        collectives->broadcast(entry.ptr(), entry.numel(), {timeout_seconds_, stop_signal_});
-      } catch (const Error& e) {
-        throw Error(prefix() + e.what());
-      }
+      on_device([&](const CollectiveWait& wait) {
+        collectives->broadcast(entry.ptr(), entry.numel(), wait);
+      });
     }
     return;
   }
@@ -273,7 +261,7 @@ void Replicas::broadcast_tensors(DeviceTensors& tensors) {
         });
 }
 
-bool Replicas::all_equal(uint64_t value, const char* what) {
+bool Replicas::all_equal(uint64_t value) {
   if (!distributed()) return true;
   uint64_t low = value, high = value;
   MPI_Request requests[2];
@@ -283,8 +271,8 @@ bool Replicas::all_equal(uint64_t value, const char* what) {
   check_mpi(
       MPI_Iallreduce(MPI_IN_PLACE, &high, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD, &requests[1]),
       "all-reduce");
-  wait(&requests[0], what);
-  wait(&requests[1], what);
+  wait(&requests[0], "replica check");
+  wait(&requests[1], "replica check");
   return low == high;
 }
 
@@ -309,13 +297,13 @@ void Replicas::join_mpi() {
       "libopenmpi-dev and rebuild)");
 }
 
-void Replicas::wait(void*, const char*) {}
+void Replicas::wait(void*, const char*, double) {}
 void Replicas::sum(double*, int64_t) {}
 double Replicas::sum_tensors(DeviceTensors&) {
   return 0;
 }
 void Replicas::broadcast_tensors(DeviceTensors&) {}
-bool Replicas::all_equal(uint64_t, const char*) {
+bool Replicas::all_equal(uint64_t) {
   return true;
 }
 void abort_replicas(int) {}

@@ -47,12 +47,12 @@ class Replicas {
   // in host memory (Backend::memory_is_host). A GPU's gradients are summed by the backend's own
   // collectives (NCCL: Backend::join_collectives, joined at the first call, which rank 0 logs),
   // or where it has none, through a copy in host memory (copied to the host, summed there by
-  // MPI, copied back). TFM_DEVICE_COLLECTIVES=0 (on every rank) keeps the host copies.
+  // MPI, copied back). TFM_DEVICE_COLLECTIVES=0 (on any rank) keeps the host copies.
   double sum_tensors(DeviceTensors& tensors);
   // Copies rank 0's tensors to every rank (the same way as sum_tensors).
   void broadcast_tensors(DeviceTensors& tensors);
-  // True when `value` is the same on every rank (`what`: the wait's name in an error).
-  bool all_equal(uint64_t value, const char* what = "replica check");
+  // True when `value` is the same on every rank.
+  bool all_equal(uint64_t value);
 
   Replicas(const Replicas&) = delete;
   Replicas& operator=(const Replicas&) = delete;
@@ -60,7 +60,13 @@ class Replicas {
  private:
   Replicas() = default;
   void join_mpi();
-  void wait(void* request, const char* what);
+  // Polls `request` (an MPI_Request) until done, at most the timeout and extra_seconds
+  // (CollectiveDeadline: its errors name this rank and `what`).
+  void wait(void* request, const char* what, double extra_seconds = 0);
+  // A device collective (DeviceCollectives' sum or broadcast) given this job's wait, its errors
+  // prefixed with this rank.
+  template <typename Collective>
+  void on_device(Collective&& collective);
   // The collectives of `backend`'s memory (joined on first use; every rank calls this at the
   // same points), or null where it has none: MPI then reads host memory, the tensors' own or a
   // copy (how, and why, logged once by rank 0).

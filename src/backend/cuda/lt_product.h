@@ -1,8 +1,8 @@
 // A weight product whose epilogue (the bias on every row, the ReLU) runs inside the product's own
 // kernel, on cuBLASLt: a linear layer's y = x·Wᵀ + b as one launch instead of a product and a pass
 // over y. Incremental decoding is bound by launches (a base model's step makes some 37 products,
-// 31 of them with a bias), so each pass saved is a launch saved; training's products with a bias
-// and a float output (the attention's projections) save the pass's read and write of y. cuBLASLt's
+// 31 of them with a bias), so each pass saved is a launch saved; training's linears with a bias
+// and a float output (matmul.cu) save the pass's read and write of y. cuBLASLt's
 // heuristic picks the algorithm for each shape and alignment once; the choice is kept.
 #pragma once
 

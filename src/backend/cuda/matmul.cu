@@ -256,14 +256,21 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
   Scratch result(c, epilogue.rounded_output ? m * ldc * int64_t(sizeof(float)) : 0);  // [m, ldc]
   float* target = epilogue.rounded_output ? result.as<float>() : out;
   const int64_t ld_target = ldc;
+  // The product of the operands as they are to be read (`type`, their strides): inside
+  // cuBLASLt with the epilogue where that applies (returns true), else cuBLAS into target.
+  const auto multiply = [&](const void* a_read, int64_t a_ld, const void* b_read, int64_t b_ld,
+                            cudaDataType_t type) {
+    if (epilogue_in_lt && lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type, out, CUDA_R_32F,
+                                     ldc, epilogue.bias, epilogue.relu))
+      return true;
+    blas_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta, target,
+                 ld_target, type);
+    return false;
+  };
   if (k == 0) {
     scale_matrix(c.stream, target, ld_target, m, n, epilogue.rounded_output ? 0.f : beta);
   } else if (precision == Precision::kFloat32) {
-    if (epilogue_in_lt && lt_product(c, m, n, k, a.values, lda, b.values, ldb, CUDA_R_32F, out,
-                                     CUDA_R_32F, ldc, epilogue.bias, epilogue.relu))
-      return true;
-    blas_product(c, trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, target,
-                 ld_target, CUDA_R_32F);
+    if (multiply(a.values, lda, b.values, ldb, CUDA_R_32F)) return true;
   } else {
     // Each operand rounded into a dense copy unless it came rounded (bfloat16 copies only):
     // stored [rows, cols] with row stride cols, or the given copy's (rounded_stride).
@@ -291,11 +298,7 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
       b16 = b_copy.as<uint16_t>();
       b16_ld = b_cols;
     }
-    if (epilogue_in_lt && lt_product(c, m, n, k, a16, a16_ld, b16, b16_ld, blas_type(precision),
-                                     out, CUDA_R_32F, ldc, epilogue.bias, epilogue.relu))
-      return true;
-    blas_product(c, trans_a, trans_b, m, n, k, alpha, a16, a16_ld, b16, b16_ld, beta, target,
-                 ld_target, blas_type(precision));
+    if (multiply(a16, a16_ld, b16, b16_ld, blas_type(precision))) return true;
   }
   finish_epilogue(c, target, ld_target, epilogue, m, n);  // bias, ReLU, rounding: one pass
   return false;

@@ -6,7 +6,6 @@
 #include <dlfcn.h>
 #include <sched.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -89,13 +88,10 @@ std::string nccl_error(ncclResult_t result, ncclComm_t comm = nullptr) {
 }
 
 // Polls until ready() says so, checking the communicator's state: Error where it reports an
-// error, where the wait's time is up, or where its stop flag has been set for a grace period
-// (min(timeout, 60 s), as Replicas' MPI waits). `what` names the wait in the message.
+// error, or where the wait ends (CollectiveDeadline). `what` names the wait in the message.
 template <typename Ready>
 void poll(ncclComm_t comm, const CollectiveWait& wait, const char* what, Ready&& ready) {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  Clock::time_point signalled{};
+  CollectiveDeadline deadline(wait, "", "GPUs");
   for (int64_t polls = 0;; ++polls) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t queried = nccl().async_error(comm, &state);
@@ -108,17 +104,7 @@ void poll(ncclComm_t comm, const CollectiveWait& wait, const char* what, Ready&&
       continue;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
-    const auto now = Clock::now();
-    if (wait.stop && *wait.stop && signalled == Clock::time_point{}) signalled = now;
-    const double grace_seconds = std::min(wait.timeout_seconds, 60.0);
-    if (signalled != Clock::time_point{} &&
-        std::chrono::duration<double>(now - signalled).count() > grace_seconds)
-      throw Error(std::string("stopped by a signal while waiting for the other GPUs (") + what +
-                  "); a rank has probably failed. The last checkpoint is intact");
-    if (std::chrono::duration<double>(now - start).count() > wait.timeout_seconds)
-      throw Error("no answer from the other GPUs for " +
-                  std::to_string(int64_t(wait.timeout_seconds)) + " s (" + what +
-                  "); a rank has failed or hangs (--replica-timeout sets the limit)");
+    deadline.check(what);
   }
 }
 
@@ -229,9 +215,7 @@ std::unique_ptr<DeviceCollectives> join_nccl(const Context& c, int rank, int siz
   }
   if (!bootstrap.all_agree(failure.empty())) {
     if (comm) library.abort(comm);
-    if (why_not)
-      *why_not =
-          failure.empty() ? "NCCL failed to join on another rank" : failure;
+    if (why_not) *why_not = failure.empty() ? "NCCL failed to join on another rank" : failure;
     return nullptr;
   }
   return std::make_unique<NcclCollectives>(c, comm);
