@@ -34,6 +34,12 @@ constexpr int kHead = 64;  // the head size
 // the same tiles and rows in turn either way, so the results do not depend on it.
 template <int kLen>
 constexpr int kBlockThreads = kLen == 128 ? 512 : 256;
+// The forward's 64-row blocks an SM the registers must leave room for: four (64 registers a
+// thread; its shared memory allows five); the compiler's own choice for Q, K and V in flight at
+// once was 70 registers, three blocks. The backward's (80 registers: three blocks) spilled when
+// held to four; the 128-row blocks are one an SM either way (shared memory).
+template <int kLen>
+constexpr int kForwardBlocksAnSm = kLen == 64 ? 4 : 1;
 
 // The shared matrices of a block that takes up to kLen queries and keys (64 or 128), rows padded
 // by 16 bytes (WMMA's row strides are multiples of 8 bfloat16 or 4 floats; the padding also
@@ -58,59 +64,60 @@ struct Tiles {
                 "WMMA pointers must stay 32-byte aligned");
 };
 
-// rows × cols floats (rows row_stride apart) rounded to bfloat16 into a shared kRows × kCols
-// matrix with rows `pitch` apart, by a block of kThreads; the rest of it zero. Each thread
-// issues all its loads, up to 8, before it stores any: one load at a time kept too few bytes in
-// flight to cover the memory's latency (the 64-row forward took 0.22 ms for 3,200 heads on an
-// H200, about 4 times its bytes' time; 0.165 with 8 floats in flight). Where the rows allow it
-// (cols and row_stride multiples of 4, first 16-byte aligned: the heads' rows, and weights
-// rows of a multiple of 4 keys) the loads are 16-byte words, four times the bytes in flight;
-// the shared matrix holds the same values either way.
+// rows × cols floats (rows row_stride apart), held by a block of kThreads in registers between
+// fetching them and storing them rounded to bfloat16 into a shared kRows × kCols matrix (rows
+// `pitch` apart; zero outside rows × cols). Thread t holds the words w = t + n · kThreads
+// (n < kWords): four floats of row 4w / kCols from column 4w % kCols, so the threads of a row are
+// kCols / 4 consecutive lanes of one warp. A kernel fetches all the matrices it needs next before
+// it stores any, so each thread has every load in flight at once: one memory latency where
+// fetching a matrix at a time waited three (the 64-row forward took 0.165 ms for 3,200 heads on
+// an H200 with 8 floats in flight a thread, about three times its bytes' time). Where the rows
+// allow it (cols and row_stride multiples of 4, first 16-byte aligned: the heads' rows, and
+// weights rows of a multiple of 4 keys) a word is one 16-byte load, else four of one float; the
+// shared matrix holds the same values either way.
 template <int kRows, int kCols, int kThreads>
-__device__ __forceinline__ void load_rounded(const float* first, int64_t row_stride, int rows,
-                                             int cols, uint16_t* shared, int pitch) {
-  if (cols % 4 == 0 && row_stride % 4 == 0 && aligned(first, 16)) {
-    constexpr int kWordsPerThread = kRows * kCols / 4 / kThreads;
-    constexpr int kInFlight = kWordsPerThread < 8 ? kWordsPerThread : 8;
-    static_assert(
-        kCols % 4 == 0 && kRows * kCols / 4 % kThreads == 0 && kWordsPerThread % kInFlight == 0,
-        "every thread loads the same number of words");
-    for (int done = 0; done < kWordsPerThread; done += kInFlight) {
-      float4 x[kInFlight];
+struct HeldRows {
+  static constexpr int kWords = kRows * kCols / 4 / kThreads;
+  static_assert(kCols % 4 == 0 && kRows * kCols / 4 % kThreads == 0 && kThreads % (kCols / 4) == 0,
+                "every thread holds the same number of words, a row's in one warp");
+  float4 x[kWords];
+
+  __device__ static int row(int n) { return 4 * (int(threadIdx.x) + n * kThreads) / kCols; }
+  __device__ static int column(int n) { return 4 * (int(threadIdx.x) + n * kThreads) % kCols; }
+
+  __device__ __forceinline__ void fetch(const float* first, int64_t row_stride, int rows,
+                                        int cols) {
+    const bool by_words = cols % 4 == 0 && row_stride % 4 == 0 && aligned(first, 16);
 #pragma unroll
-      for (int n = 0; n < kInFlight; ++n) {
-        const int i = 4 * (threadIdx.x + (done + n) * kThreads);
-        const int r = i / kCols, c = i % kCols;  // c < cols: all four are (cols % 4 == 0)
-        x[n] = r < rows && c < cols ? *reinterpret_cast<const float4*>(first + r * row_stride + c)
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int n = 0; n < kInFlight; ++n) {
-        const int i = 4 * (threadIdx.x + (done + n) * kThreads);
-        *reinterpret_cast<uint2*>(shared + i / kCols * pitch + i % kCols) = pack_16_bits(
-            to_bfloat16(x[n].x), to_bfloat16(x[n].y), to_bfloat16(x[n].z), to_bfloat16(x[n].w));
-      }
-    }
-    return;
-  }
-  constexpr int kPerThread = kRows * kCols / kThreads;
-  constexpr int kInFlight = kPerThread < 8 ? kPerThread : 8;
-  static_assert(kRows * kCols % kThreads == 0 && kPerThread % kInFlight == 0,
-                "every thread loads the same number of elements");
-  for (int done = 0; done < kPerThread; done += kInFlight) {
-    float x[kInFlight];
-#pragma unroll
-    for (int n = 0; n < kInFlight; ++n) {
-      const int i = threadIdx.x + (done + n) * kThreads;
-      const int r = i / kCols, c = i % kCols;
-      x[n] = r < rows && c < cols ? first[r * row_stride + c] : 0.f;
-    }
-#pragma unroll
-    for (int n = 0; n < kInFlight; ++n) {
-      const int i = threadIdx.x + (done + n) * kThreads;
-      shared[i / kCols * pitch + i % kCols] = to_bfloat16(x[n]);
+    for (int n = 0; n < kWords; ++n) {
+      const int r = row(n), c = column(n);
+      const float* at = first + r * row_stride + c;
+      if (r >= rows || c >= cols)
+        x[n] = make_float4(0.f, 0.f, 0.f, 0.f);
+      else if (by_words)
+        x[n] = *reinterpret_cast<const float4*>(at);
+      else
+        x[n] = make_float4(at[0], c + 1 < cols ? at[1] : 0.f, c + 2 < cols ? at[2] : 0.f,
+                           c + 3 < cols ? at[3] : 0.f);
     }
   }
+
+  __device__ __forceinline__ void store(uint16_t* shared, int pitch) const {
+#pragma unroll
+    for (int n = 0; n < kWords; ++n)
+      *reinterpret_cast<uint2*>(shared + row(n) * pitch + column(n)) = pack_16_bits(
+          to_bfloat16(x[n].x), to_bfloat16(x[n].y), to_bfloat16(x[n].z), to_bfloat16(x[n].w));
+  }
+};
+
+// The sum of `value` over the kLanes consecutive lanes (a power of two up to 32, aligned within
+// the warp) that hold one row of a HeldRows matrix, in each of them.
+template <int kLanes>
+__device__ __forceinline__ float row_sum(float value) {
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
 }
 
 // C (float, shared, rows ldc apart) = A·B, an kM × kN result over an inner kK (multiples of 16),
@@ -162,7 +169,7 @@ __device__ __forceinline__ void store_rows(const float* c, int pitch, int rows, 
 // stored into probs when given, O = P·V into out (unless null: its rounded copy alone) and its
 // rounded copy where asked.
 template <int kLen>
-__global__ void __launch_bounds__(kBlockThreads<kLen>)
+__global__ void __launch_bounds__(kBlockThreads<kLen>, kForwardBlocksAnSm<kLen>)
     tensor_core_forward_kernel(AttentionShape s, AttentionMask mask, const float* q, const float* k,
                                const float* v, float* probs, float* out, float scale) {
   using T = Tiles<kLen>;
@@ -174,11 +181,15 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>)
   float* result = reinterpret_cast<float*>(values + T::kHeadMatrix);  // S, then O
   const HeadRows at(s);
   const int tq = int(s.query_len), tk = int(s.key_len);
-  load_rounded<kLen, kHead, kThreads>(at.query(s, q), s.q_row_stride, tq, kHead, queries,
-                                      T::kPitchHead);
-  load_rounded<kLen, kHead, kThreads>(at.key(s, k), s.k_row_stride, tk, kHead, keys, T::kPitchHead);
-  load_rounded<kLen, kHead, kThreads>(at.value(s, v), s.v_row_stride, tk, kHead, values,
-                                      T::kPitchHead);
+  {
+    HeldRows<kLen, kHead, kThreads> held_q, held_k, held_v;  // Q, K, V: every load, then stores
+    held_q.fetch(at.query(s, q), s.q_row_stride, tq, kHead);
+    held_k.fetch(at.key(s, k), s.k_row_stride, tk, kHead);
+    held_v.fetch(at.value(s, v), s.v_row_stride, tk, kHead);
+    held_q.store(queries, T::kPitchHead);
+    held_k.store(keys, T::kPitchHead);
+    held_v.store(values, T::kPitchHead);
+  }
   __syncthreads();
   product<kLen, kLen, kHead, wmma::row_major, wmma::col_major, kThreads>(
       queries, T::kPitchHead, keys, T::kPitchHead, result, T::kPitchResult);  // S = Q·Kᵀ
@@ -216,11 +227,16 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>)
   const HeadRows at(s);
   const int tq = int(s.query_len), tk = int(s.key_len);
   const float* weights = probs + at.weights_row(s, 0);  // [Tq, Tk]
-  load_rounded<kLen, kLen, kThreads>(weights, s.key_len, tq, tk, first, T::kPitchLen);
-  load_rounded<kLen, kHead, kThreads>(at.output(s, d_out), s.out_row_stride, tq, kHead, second,
-                                      T::kPitchHead);
-  load_rounded<kLen, kHead, kThreads>(at.value(s, v), s.v_row_stride, tk, kHead, third,
-                                      T::kPitchHead);
+  {
+    HeldRows<kLen, kLen, kThreads> held_p;  // P, dO, V: every load, then stores
+    HeldRows<kLen, kHead, kThreads> held_d_out, held_v;
+    held_p.fetch(weights, s.key_len, tq, tk);
+    held_d_out.fetch(at.output(s, d_out), s.out_row_stride, tq, kHead);
+    held_v.fetch(at.value(s, v), s.v_row_stride, tk, kHead);
+    held_p.store(first, T::kPitchLen);
+    held_d_out.store(second, T::kPitchHead);
+    held_v.store(third, T::kPitchHead);
+  }
   __syncthreads();
   product<kLen, kHead, kLen, wmma::col_major, wmma::row_major, kThreads>(
       first, T::kPitchLen, second, T::kPitchHead, result, T::kPitchResult);  // dV = Pᵀ·dO
@@ -231,26 +247,30 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>)
   product<kLen, kLen, kHead, wmma::row_major, wmma::col_major, kThreads>(
       second, T::kPitchHead, third, T::kPitchHead, result, T::kPitchResult);  // dP = dO·Vᵀ
   __syncthreads();
-  // dS over V's memory, from the float weights; K and Q over P's and dO's.
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int t = warp; t < kLen; t += kThreads / 32) {
-    uint16_t* ds = third + t * T::kPitchLen;
-    if (t >= tq) {
-      for (int j = lane; j < kLen; j += 32) ds[j] = 0;
-      continue;
+  // dS over V's memory, from the float weights (read again, with K and Q: one latency for the
+  // three); K and Q over P's and dO's. Each thread takes the weights it holds, four of a row, and
+  // the row's sum Σ dP·P over the row's lanes.
+  {
+    HeldRows<kLen, kLen, kThreads> held_p;
+    HeldRows<kLen, kHead, kThreads> held_k, held_q;
+    held_p.fetch(weights, s.key_len, tq, tk);
+    held_k.fetch(at.key(s, k), s.k_row_stride, tk, kHead);
+    held_q.fetch(at.query(s, q), s.q_row_stride, tq, kHead);
+#pragma unroll
+    for (int n = 0; n < held_p.kWords; ++n) {
+      const int t = held_p.row(n), j = held_p.column(n);
+      const float4 p = held_p.x[n];
+      const float4 dp = *reinterpret_cast<const float4*>(result + t * T::kPitchResult + j);
+      const float dot = row_sum<kLen / 4>(dp.x * p.x + dp.y * p.y + dp.z * p.z + dp.w * p.w);
+      const auto ds = [&](float p_j, float dp_j, int at_j) -> uint16_t {
+        return t < tq && at_j < tk ? to_bfloat16(p_j * (dp_j - dot) * scale) : 0;
+      };
+      *reinterpret_cast<uint2*>(third + t * T::kPitchLen + j) = pack_16_bits(
+          ds(p.x, dp.x, j), ds(p.y, dp.y, j + 1), ds(p.z, dp.z, j + 2), ds(p.w, dp.w, j + 3));
     }
-    const float* p = weights + t * s.key_len;
-    const float* dp = result + t * T::kPitchResult;
-    float dot = 0.f;
-    for (int j = lane; j < tk; j += 32) dot += dp[j] * p[j];
-    dot = warp_sum(dot);
-    for (int j = lane; j < kLen; j += 32)
-      ds[j] = j < tk ? to_bfloat16(p[j] * (dp[j] - dot) * scale) : 0;
+    held_k.store(first, T::kPitchHead);
+    held_q.store(second, T::kPitchHead);
   }
-  load_rounded<kLen, kHead, kThreads>(at.key(s, k), s.k_row_stride, tk, kHead, first,
-                                      T::kPitchHead);
-  load_rounded<kLen, kHead, kThreads>(at.query(s, q), s.q_row_stride, tq, kHead, second,
-                                      T::kPitchHead);
   __syncthreads();
   product<kLen, kHead, kLen, wmma::row_major, wmma::row_major, kThreads>(
       third, T::kPitchLen, first, T::kPitchHead, result, T::kPitchResult);  // dQ = dS·K
