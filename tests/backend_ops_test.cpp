@@ -210,7 +210,9 @@ TEST_P(BackendOps, RoundEachTo16BitsRoundsEveryJobAsRoundTo16Bits) {
               << precision_name(format) << " job " << j << " element " << i;
       }
     for (size_t i = 0; i < out.size(); ++i)
-      if (!written[i]) ASSERT_EQ(out[i], 0xdead) << "between the jobs, element " << i;
+      if (!written[i]) {
+        ASSERT_EQ(out[i], 0xdead) << "between the jobs, element " << i;
+      }
   }
   std::vector<float> one = {1.f};
   std::vector<uint16_t> bits(1);
@@ -1238,7 +1240,9 @@ double relative_to_largest(const std::vector<float>& got, const std::vector<Want
 // memory, as A100, H100 and H200 do). Keys and values interleaved in their rows,
 // padding (a sequence of no keys among them), causal and window masks; the rounded copies of the
 // output and of dQ, dK, dV are theirs, rounded (dK's and dV's interleaved as dK and dV are), and
-// the same where they are asked for alone (rounded_out_only, rounded_gradients_only).
+// the same where they are asked for alone (rounded_out_only, rounded_gradients_only); with the
+// weights kept for the backward alone (weights_for_backward_only: CUDA's tensor-core blocks
+// rebuild them from Q·Kᵀ) every output and gradient is the same to the bit.
 TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
   struct Case {
     int64_t query_len, key_len;
@@ -1290,9 +1294,10 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
       ASSERT_EQ(only_probs, probs) << "Tq " << c.query_len;
       // CUDA's tensor-core blocks store the copy alone: the float out comes back as staged
       // (0xFF bytes, NaN), which shows the flag was heeded.
-      if (tensor_core_blocks)
+      if (tensor_core_blocks) {
         EXPECT_TRUE(left_as_staged(scratch_out))
             << "Tq " << c.query_len << ": the float out was stored as well";
+      }
     }
     std::vector<float> dq(q.size(), 9.f), dkv(kv.size(), 9.f);
     std::vector<float> d_additive_v(size_t(width), 0.f);  // unused: dot scores
@@ -1334,9 +1339,41 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
       ASSERT_EQ(only_dkv, rounded_dkv) << "Tq " << c.query_len;
       // CUDA's tensor-core blocks store the copies alone: the float dq comes back as staged
       // (0xFF bytes, NaN), which shows the flag was heeded.
-      if (tensor_core_blocks)
+      if (tensor_core_blocks) {
         EXPECT_TRUE(left_as_staged(scratch_dq))
             << "Tq " << c.query_len << ": the float dq was stored as well";
+      }
+    }
+    {  // The weights kept for the backward alone (weights_for_backward_only, in both calls): the
+       // same output, gradients and copies, to the bit.
+      AttentionShape only = s;
+      only.weights_for_backward_only = true;
+      std::vector<float> only_probs(probs.size(), 7.f), only_out(q.size(), 9.f);
+      be().attention_forward(only, mask, q.data(), kv.data(), kv.data() + width, only_probs.data(),
+                             only_out.data(), {});
+      ASSERT_EQ(only_out, out) << "Tq " << c.query_len;
+      std::vector<float> only_dq(q.size(), 9.f), only_dkv(kv.size(), 9.f);
+      std::vector<uint16_t> only_rounded_dq(q.size(), 9), only_rounded_dkv(kv.size(), 9);
+      only.rounded_dq = only_rounded_dq.data();
+      only.rounded_dk = only_rounded_dkv.data();
+      only.rounded_dv = only_rounded_dkv.data() + width;
+      be().attention_backward(only, mask, q.data(), kv.data(), kv.data() + width, only_probs.data(),
+                              {}, d_out.data(), only_dq.data(), only_dkv.data(),
+                              only_dkv.data() + width, d_additive_v.data());
+      ASSERT_EQ(only_dq, dq) << "Tq " << c.query_len;
+      ASSERT_EQ(only_dkv, dkv) << "Tq " << c.query_len;
+      ASSERT_EQ(only_rounded_dq, rounded_dq) << "Tq " << c.query_len;
+      ASSERT_EQ(only_rounded_dkv, rounded_dkv) << "Tq " << c.query_len;
+      // CUDA's tensor-core blocks keep each row's shift and inverse sum instead of the weights:
+      // past a (sequence, head)'s first 2 · Tq floats its weights come back as staged.
+      if (tensor_core_blocks) {
+        std::vector<float> past_statistics;
+        const size_t head_weights = size_t(c.query_len * c.key_len);
+        for (size_t i = 0; i < only_probs.size(); ++i)
+          if (i % head_weights >= size_t(2 * c.query_len)) past_statistics.push_back(only_probs[i]);
+        EXPECT_TRUE(left_as_staged(past_statistics))
+            << "Tq " << c.query_len << ": the weights were stored as well";
+      }
     }
     struct Reference {
       std::vector<float> out;
@@ -1369,8 +1406,9 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
     check("dq", dq, given.dq, rounded.dq);
     check("dk", dk, given.dk, rounded.dk);
     check("dv", dv, given.dv, rounded.dv);
-    if (tensor_core_blocks)
+    if (tensor_core_blocks) {
       EXPECT_TRUE(rounded_nearer) << "Tq " << c.query_len << ": the bfloat16 path did not run";
+    }
   }
 }
 
@@ -1907,7 +1945,9 @@ TEST_P(BackendOps, AddScaleAndBias) {
       }
       ASSERT_NEAR(dbias_rounded[size_t(c)], column, 1e-5 * std::max(1.0, double(rows) / 5))
           << cols << " columns, rounded";
-      if (&be() == &cpu_backend()) ASSERT_EQ(dbias_rounded[size_t(c)], in_row_order);
+      if (&be() == &cpu_backend()) {
+        ASSERT_EQ(dbias_rounded[size_t(c)], in_row_order);
+      }
     }
     for (int64_t c = 0; c < cols; ++c) {
       double column = 1;

@@ -160,6 +160,14 @@ struct AttentionShape {
   uint16_t* rounded_dk = nullptr;
   uint16_t* rounded_dv = nullptr;
   bool rounded_gradients_only = false;
+  // The forward's weights (its probs, where given) are read by nothing but attention_backward
+  // with this same shape (the flag included), mask and inputs (a training step without
+  // attention dropout): the forward may store there instead whatever its backward rebuilds the
+  // weights from, and the buffer's contents are then unspecified otherwise. CUDA's tensor-core
+  // blocks store each query row's softmax shift and inverse sum (two floats a row, at the start
+  // of its (sequence, head)'s weights, where there are at least two keys) and rebuild the
+  // weights from Q·Kᵀ in the backward, to the bit.
+  bool weights_for_backward_only = false;
   // The precision the attention's products may multiply in: kFloat32, or kBFloat16 (training in
   // bfloat16, whose projections round to bfloat16 anyway): operands rounded to bfloat16 (nearest
   // even; the weights P too) or to more bits, sums in float32. CUDA then takes tensor cores:

@@ -18,8 +18,15 @@ AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs&
   shape.key_len = in.key_len;
   shape.head_dim = d / heads;
   shape.q_row_stride = shape.k_row_stride = shape.v_row_stride = shape.out_row_stride = d;
-  // Training in bfloat16 lets the attention's own products round their operands too.
-  if (rounds_to_bfloat16(w.q)) shape.products = Precision::kBFloat16;
+  // Training in bfloat16 lets the attention's own products round their operands too; its
+  // weights (cache.probs) are read by this backward alone (only train/loss.cpp makes such
+  // weights, and nothing there reads an attention's probs), so the backend may keep there what
+  // its backward rebuilds them from. Forward and backward take their shapes from here, as the
+  // flag requires.
+  if (rounds_to_bfloat16(w.q)) {
+    shape.products = Precision::kBFloat16;
+    shape.weights_for_backward_only = true;
+  }
   return shape;
 }
 

@@ -616,7 +616,7 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
     throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
   if (s.batch * s.heads * s.query_len > 0 && probs &&
       tensor_core_attention_applies(c, s, mask, dropout)) {
-    tensor_core_attention_backward(c, s, q, k, v, probs, d_out, dq, dk, dv);  // and the copies
+    tensor_core_attention_backward(c, s, mask, q, k, v, probs, d_out, dq, dk, dv);  // and copies
     return;
   }
   backward_in_float32(c, s, mask, q, k, v, probs, dropout, d_out, dq, dk, dv, d_additive_v);

@@ -70,16 +70,25 @@ struct HeadRows {
   }
 };
 
+// A softmax weight from its score and its row's shift (the largest visible score · scale) and
+// inverse (1 / the row's Σ exp): one expression for the forward that stores the weight and for
+// the tensor-core backward that rebuilds it from the two, so that both round alike.
+__device__ __forceinline__ float softmax_weight(float score, float scale, float shift,
+                                                float inverse) {
+  return expf(fmaf(score, scale, -shift)) * inverse;
+}
+
 // The weights of a block-per-head kernel's kLen score rows (scores[t · pitch + j], Q·Kᵀ of
 // sequence b; kLen a multiple of 32), a warp a row: row t < query_len gets the masked softmax of
 // its scores · scale over its visible keys (masked_softmax_kernel's formula), a row past
 // query_len zero weights. store(t, j, w) for every t, j < kLen (w = 0 outside the visible keys),
-// once the row is read.
-template <int kLen, typename Store>
+// once the row is read; statistics(t, shift, inverse) once for each row t < query_len (its lane
+// 0), which softmax_weight makes its visible weights from.
+template <int kLen, typename Store, typename Statistics>
 __device__ __forceinline__ void softmax_block_rows(const AttentionShape& s,
                                                    const AttentionMask& mask, int64_t b,
                                                    const float* scores, int pitch, float scale,
-                                                   Store store) {
+                                                   Store store, Statistics statistics) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int64_t key_count = s.key_len;
   if (mask.key_lengths && mask.key_lengths[b] < key_count) key_count = mask.key_lengths[b];
@@ -94,11 +103,12 @@ __device__ __forceinline__ void softmax_block_rows(const AttentionShape& s,
     const float shift = largest * scale;
     float total = 0.f;
     for (int j = lane; j < kLen; j += 32)
-      if (j >= begin && j < end) total += expf(row[j] * scale - shift);
+      if (j >= begin && j < end) total += softmax_weight(row[j], scale, shift, 1.f);
     total = warp_sum(total);
     const float inverse = total > 0.f ? 1.f / total : 0.f;
     for (int j = lane; j < kLen; j += 32)
-      store(t, j, j >= begin && j < end ? expf(row[j] * scale - shift) * inverse : 0.f);
+      store(t, j, j >= begin && j < end ? softmax_weight(row[j], scale, shift, inverse) : 0.f);
+    if (lane == 0 && t < s.query_len) statistics(t, shift, inverse);
   }
 }
 

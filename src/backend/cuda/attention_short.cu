@@ -85,10 +85,13 @@ __global__ void short_attention_forward_kernel(AttentionShape s, AttentionMask m
       [&](int c, int j) { return ks[j * kPitch + c]; }, acc);
   store_tile(acc, [&](int i, int j, float x) { ps[i * kPitch + j] = x; });
   __syncthreads();
-  softmax_block_rows<kShortLen>(s, mask, at.b, ps, kPitch, scale, [&](int t, int j, float w) {
-    ps[t * kPitch + j] = w;
-    if (probs && t < tq && j < tk) probs[at.weights_row(s, t) + j] = w;
-  });
+  softmax_block_rows<kShortLen>(
+      s, mask, at.b, ps, kPitch, scale,
+      [&](int t, int j, float w) {
+        ps[t * kPitch + j] = w;
+        if (probs && t < tq && j < tk) probs[at.weights_row(s, t) + j] = w;
+      },
+      [](int, float, float) {});
   __syncthreads();
   tile_product(
       tk, [&](int i, int j) { return ps[i * kPitch + j]; },

@@ -7,7 +7,10 @@
 // (136 KB forward, 152 KB backward: where the device lends a block that much). The operands are
 // rounded to bfloat16 (nearest even) as they are loaded, as PyTorch's autocast rounds them; the
 // softmax and its backward stay in float32, and the backward reads the weights as the forward
-// stored them (float32). It serves the calls whose AttentionShape::products is kBFloat16
+// stored them (float32), or, where they are kept for it alone (AttentionShape::
+// weights_for_backward_only: a training step), rebuilds them to the bit from Q·Kᵀ and each row's
+// shift and inverse sum, which is all the forward then stores: 52 MB less written and read twice
+// a call for a base-model batch. It serves the calls whose AttentionShape::products is kBFloat16
 // (training in bfloat16) where block_per_head_applies; TFM_CUDA_TENSOR_CORE_ATTENTION=0 turns it
 // off (and the whole-matrix path's TF32 products), to compare or to rule them out.
 #include <cuda_bf16.h>
@@ -59,6 +62,9 @@ struct Tiles {
       sizeof(uint16_t) * (kLenMatrix + 2 * kHeadMatrix) + sizeof(float) * kResultMatrix;
   static constexpr size_t kBackwardBytes =
       sizeof(uint16_t) * (2 * kLenMatrix + kHeadMatrix) + sizeof(float) * kResultMatrix;
+  // The backward that rebuilds the weights (AttentionShape::weights_for_backward_only) holds
+  // the same matrices (Q, K over dO's, V's places first) and each row's shift and inverse sum.
+  static constexpr size_t kRebuildingBackwardBytes = kBackwardBytes + sizeof(float) * 2 * kLen;
   static_assert(kLen % 32 == 0 && kHeadMatrix * sizeof(uint16_t) % 32 == 0 &&
                     kLenMatrix * sizeof(uint16_t) % 32 == 0,
                 "WMMA pointers must stay 32-byte aligned");
@@ -166,12 +172,14 @@ __device__ __forceinline__ void store_rows(const float* c, int pitch, int rows, 
 }
 
 // Block (b, h): S = Q·Kᵀ, P = the masked softmax of S · scale (masked_softmax_kernel's formula),
-// stored into probs when given, O = P·V into out (unless null: its rounded copy alone) and its
+// stored into probs when given (statistics_only: each row's shift and inverse sum instead, from
+// which the backward rebuilds P), O = P·V into out (unless null: its rounded copy alone) and its
 // rounded copy where asked.
 template <int kLen>
 __global__ void __launch_bounds__(kBlockThreads<kLen>, kForwardBlocksAnSm<kLen>)
     tensor_core_forward_kernel(AttentionShape s, AttentionMask mask, const float* q, const float* k,
-                               const float* v, float* probs, float* out, float scale) {
+                               const float* v, float* probs, float* out, float scale,
+                               bool statistics_only) {
   using T = Tiles<kLen>;
   constexpr int kThreads = kBlockThreads<kLen>;
   extern __shared__ __align__(32) unsigned char shared_bytes[];
@@ -194,11 +202,21 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kForwardBlocksAnSm<kLen>)
   product<kLen, kLen, kHead, wmma::row_major, wmma::col_major, kThreads>(
       queries, T::kPitchHead, keys, T::kPitchHead, result, T::kPitchResult);  // S = Q·Kᵀ
   __syncthreads();
-  softmax_block_rows<kLen>(s, mask, at.b, result, T::kPitchResult, scale,
-                           [&](int t, int j, float w) {
-                             queries[t * T::kPitchLen + j] = to_bfloat16(w);  // P over Q
-                             if (probs && t < tq && j < tk) probs[at.weights_row(s, t) + j] = w;
-                           });
+  // The weights into probs, or (statistics_only) each row's shift and inverse sum: [Tq, 2].
+  float* weights = probs && !statistics_only ? probs : nullptr;
+  float* statistics = probs && statistics_only ? probs + at.weights_row(s, 0) : nullptr;
+  softmax_block_rows<kLen>(
+      s, mask, at.b, result, T::kPitchResult, scale,
+      [&](int t, int j, float w) {
+        queries[t * T::kPitchLen + j] = to_bfloat16(w);  // P over Q
+        if (weights && t < tq && j < tk) weights[at.weights_row(s, t) + j] = w;
+      },
+      [&](int t, float shift, float inverse) {
+        if (statistics) {
+          statistics[2 * t] = shift;
+          statistics[2 * t + 1] = inverse;
+        }
+      });
   __syncthreads();
   product<kLen, kHead, kLen, wmma::row_major, wmma::row_major, kThreads>(
       queries, T::kPitchLen, values, T::kPitchHead, result, T::kPitchResult);  // O = P·V
@@ -208,35 +226,108 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kForwardBlocksAnSm<kLen>)
                        s.heads * kHead);
 }
 
-// Block (b, h) of the backward, from the weights P the forward stored: dV = Pᵀ·dO, dP = dO·Vᵀ,
-// dS = P ⊙ (dP − Σ dP·P) · scale (softmax_backward_kernel's formula, in float32), dQ = dS·K,
+// dS = P ⊙ (dP − Σ dP·P) · scale (softmax_backward_kernel's formula, in float32) into ds (shared,
+// rows ds_pitch apart), rounded to bfloat16, zero past Tq rows and Tk keys: from the float weights
+// P a thread holds, four of a row, and dP (shared, rows dp_pitch apart), the row's sum over the
+// lanes that hold it.
+template <int kLen, int kThreads>
+__device__ __forceinline__ void softmax_gradient(const HeldRows<kLen, kLen, kThreads>& held_p,
+                                                 const float* dp, int dp_pitch, int tq, int tk,
+                                                 float scale, uint16_t* ds, int ds_pitch) {
+#pragma unroll
+  for (int n = 0; n < held_p.kWords; ++n) {
+    const int t = held_p.row(n), j = held_p.column(n);
+    const float4 p = held_p.x[n];
+    const float4 g = *reinterpret_cast<const float4*>(dp + t * dp_pitch + j);
+    const float dot = row_sum<kLen / 4>(g.x * p.x + g.y * p.y + g.z * p.z + g.w * p.w);
+    const auto one = [&](float p_j, float g_j, int at_j) -> uint16_t {
+      return t < tq && at_j < tk ? to_bfloat16(p_j * (g_j - dot) * scale) : 0;
+    };
+    *reinterpret_cast<uint2*>(ds + t * ds_pitch + j) = pack_16_bits(
+        one(p.x, g.x, j), one(p.y, g.y, j + 1), one(p.z, g.z, j + 2), one(p.w, g.w, j + 3));
+  }
+}
+
+// The weights P of the thread's words of a kLen × kLen matrix rebuilt from the scores S (shared,
+// rows `pitch` apart, Q·Kᵀ as the forward's product made them) and each row's shift and inverse
+// sum (shared, [kLen, 2]) as the forward's softmax_block_rows: the same bits, zero outside a row's
+// visible keys and past Tq rows.
+template <int kLen, int kThreads>
+__device__ __forceinline__ void rebuild_weights(const AttentionShape& s, const AttentionMask& mask,
+                                                int64_t b, const float* scores, int pitch,
+                                                const float* row_statistics, float scale,
+                                                HeldRows<kLen, kLen, kThreads>& held_p) {
+  int64_t key_count = s.key_len;
+  if (mask.key_lengths && mask.key_lengths[b] < key_count) key_count = mask.key_lengths[b];
+#pragma unroll
+  for (int n = 0; n < held_p.kWords; ++n) {
+    const int t = held_p.row(n), j = held_p.column(n);
+    int64_t begin = 0, end = 0;  // no query: no key
+    if (t < s.query_len) visible_keys(mask, key_count, t + mask.query_offset, &begin, &end);
+    const float shift = row_statistics[2 * t], inverse = row_statistics[2 * t + 1];
+    const float4 score = *reinterpret_cast<const float4*>(scores + t * pitch + j);
+    const auto one = [&](float score_j, int at_j) {
+      return at_j >= begin && at_j < end ? softmax_weight(score_j, scale, shift, inverse) : 0.f;
+    };
+    held_p.x[n] =
+        make_float4(one(score.x, j), one(score.y, j + 1), one(score.z, j + 2), one(score.w, j + 3));
+  }
+}
+
+// Block (b, h) of the backward: dV = Pᵀ·dO, dP = dO·Vᵀ, dS (softmax_gradient), dQ = dS·K,
 // dK = dSᵀ·Q; each written (not added) to its first Tq or Tk rows (unless null), and rounded to
-// its copy in the same layout where AttentionShape asks for one.
-template <int kLen>
-__global__ void __launch_bounds__(kBlockThreads<kLen>)
-    tensor_core_backward_kernel(AttentionShape s, const float* q, const float* k, const float* v,
-                                const float* probs, const float* d_out, float* dq, float* dk,
-                                float* dv, float scale) {
+// its copy in the same layout where AttentionShape asks for one. The weights P come from probs as
+// the forward stored them, or (kRebuild) are rebuilt from S = Q·Kᵀ and the rows' shift and inverse
+// sum the forward stored there instead (rebuild_weights): Q and K are then read twice (the second
+// time mostly from the L2 cache) and the weights not at all.
+template <int kLen, bool kRebuild>
+__global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
+    tensor_core_backward_kernel(AttentionShape s, AttentionMask mask, const float* q,
+                                const float* k, const float* v, const float* probs,
+                                const float* d_out, float* dq, float* dk, float* dv, float scale) {
   using T = Tiles<kLen>;
   constexpr int kThreads = kBlockThreads<kLen>;
   extern __shared__ __align__(32) unsigned char shared_bytes[];
-  uint16_t* first = reinterpret_cast<uint16_t*>(shared_bytes);      // P, then K
-  uint16_t* second = first + T::kLenMatrix;                         // dO, then Q
-  uint16_t* third = second + T::kHeadMatrix;                        // V, then dS
-  float* result = reinterpret_cast<float*>(third + T::kLenMatrix);  // dV, dP, dQ, dK in turn
+  // kRebuild: P then dS; Q, then dO, then Q; K, then V, then K. Else: P then K; dO then Q; V then
+  // dS.
+  uint16_t* first = reinterpret_cast<uint16_t*>(shared_bytes);
+  uint16_t* second = first + T::kLenMatrix;
+  uint16_t* third = second + T::kHeadMatrix;
+  float* result = reinterpret_cast<float*>(third + T::kLenMatrix);  // (S,) dV, dP, dQ, dK in turn
+  uint16_t* ds = kRebuild ? first : third;
+  uint16_t* keys = kRebuild ? third : first;
+  uint16_t* queries = second;
   const HeadRows at(s);
   const int tq = int(s.query_len), tk = int(s.key_len);
-  const float* weights = probs + at.weights_row(s, 0);  // [Tq, Tk]
-  {
-    HeldRows<kLen, kLen, kThreads> held_p;  // P, dO, V: every load, then stores
-    HeldRows<kLen, kHead, kThreads> held_d_out, held_v;
-    held_p.fetch(weights, s.key_len, tq, tk);
+  const float* weights = probs + at.weights_row(s, 0);  // [Tq, Tk]; kRebuild: [Tq, 2]
+  HeldRows<kLen, kLen, kThreads> held_p;                // the float weights, for dS
+  HeldRows<kLen, kHead, kThreads> held_d_out, held_v;
+  if constexpr (kRebuild) {
+    float* row_statistics = result + T::kResultMatrix;  // [kLen, 2]
+    {
+      HeldRows<kLen, kHead, kThreads> held_q, held_k;  // Q, K, the statistics: every load first
+      held_q.fetch(at.query(s, q), s.q_row_stride, tq, kHead);
+      held_k.fetch(at.key(s, k), s.k_row_stride, tk, kHead);
+      for (int i = threadIdx.x; i < 2 * kLen; i += kThreads)
+        row_statistics[i] = i < 2 * tq ? weights[i] : 0.f;
+      held_q.store(queries, T::kPitchHead);
+      held_k.store(keys, T::kPitchHead);
+    }
+    __syncthreads();
+    product<kLen, kLen, kHead, wmma::row_major, wmma::col_major, kThreads>(
+        queries, T::kPitchHead, keys, T::kPitchHead, result, T::kPitchResult);  // S = Q·Kᵀ
+    __syncthreads();
+    held_d_out.fetch(at.output(s, d_out), s.out_row_stride, tq, kHead);  // in flight meanwhile
+    held_v.fetch(at.value(s, v), s.v_row_stride, tk, kHead);
+    rebuild_weights(s, mask, at.b, result, T::kPitchResult, row_statistics, scale, held_p);
+  } else {
+    held_p.fetch(weights, s.key_len, tq, tk);  // P, dO, V: every load, then stores
     held_d_out.fetch(at.output(s, d_out), s.out_row_stride, tq, kHead);
     held_v.fetch(at.value(s, v), s.v_row_stride, tk, kHead);
-    held_p.store(first, T::kPitchLen);
-    held_d_out.store(second, T::kPitchHead);
-    held_v.store(third, T::kPitchHead);
   }
+  held_p.store(first, T::kPitchLen);
+  held_d_out.store(second, T::kPitchHead);
+  held_v.store(third, T::kPitchHead);
   __syncthreads();
   product<kLen, kHead, kLen, wmma::col_major, wmma::row_major, kThreads>(
       first, T::kPitchLen, second, T::kPitchHead, result, T::kPitchResult);  // dV = Pᵀ·dO
@@ -247,42 +338,38 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>)
   product<kLen, kLen, kHead, wmma::row_major, wmma::col_major, kThreads>(
       second, T::kPitchHead, third, T::kPitchHead, result, T::kPitchResult);  // dP = dO·Vᵀ
   __syncthreads();
-  // dS over V's memory, from the float weights (read again, with K and Q: one latency for the
-  // three); K and Q over P's and dO's. Each thread takes the weights it holds, four of a row, and
-  // the row's sum Σ dP·P over the row's lanes.
+  // dS over P's memory (kRebuild, from the weights still held) or V's (from the weights read
+  // again with K and Q: one latency for the three); K and Q over the matrices dP read.
   {
-    HeldRows<kLen, kLen, kThreads> held_p;
     HeldRows<kLen, kHead, kThreads> held_k, held_q;
-    held_p.fetch(weights, s.key_len, tq, tk);
+    if constexpr (!kRebuild) held_p.fetch(weights, s.key_len, tq, tk);
     held_k.fetch(at.key(s, k), s.k_row_stride, tk, kHead);
     held_q.fetch(at.query(s, q), s.q_row_stride, tq, kHead);
-#pragma unroll
-    for (int n = 0; n < held_p.kWords; ++n) {
-      const int t = held_p.row(n), j = held_p.column(n);
-      const float4 p = held_p.x[n];
-      const float4 dp = *reinterpret_cast<const float4*>(result + t * T::kPitchResult + j);
-      const float dot = row_sum<kLen / 4>(dp.x * p.x + dp.y * p.y + dp.z * p.z + dp.w * p.w);
-      const auto ds = [&](float p_j, float dp_j, int at_j) -> uint16_t {
-        return t < tq && at_j < tk ? to_bfloat16(p_j * (dp_j - dot) * scale) : 0;
-      };
-      *reinterpret_cast<uint2*>(third + t * T::kPitchLen + j) = pack_16_bits(
-          ds(p.x, dp.x, j), ds(p.y, dp.y, j + 1), ds(p.z, dp.z, j + 2), ds(p.w, dp.w, j + 3));
-    }
-    held_k.store(first, T::kPitchHead);
-    held_q.store(second, T::kPitchHead);
+    softmax_gradient(held_p, result, T::kPitchResult, tq, tk, scale, ds, T::kPitchLen);
+    held_k.store(keys, T::kPitchHead);
+    held_q.store(queries, T::kPitchHead);
   }
   __syncthreads();
   product<kLen, kHead, kLen, wmma::row_major, wmma::row_major, kThreads>(
-      third, T::kPitchLen, first, T::kPitchHead, result, T::kPitchResult);  // dQ = dS·K
+      ds, T::kPitchLen, keys, T::kPitchHead, result, T::kPitchResult);  // dQ = dS·K
   __syncthreads();
   store_rows<kThreads>(result, T::kPitchResult, tq, dq ? at.query(s, dq) : nullptr, s.q_row_stride,
                        s.rounded_dq ? at.query(s, s.rounded_dq) : nullptr, s.q_row_stride);
   __syncthreads();
   product<kLen, kHead, kLen, wmma::col_major, wmma::row_major, kThreads>(
-      third, T::kPitchLen, second, T::kPitchHead, result, T::kPitchResult);  // dK = dSᵀ·Q
+      ds, T::kPitchLen, queries, T::kPitchHead, result, T::kPitchResult);  // dK = dSᵀ·Q
   __syncthreads();
   store_rows<kThreads>(result, T::kPitchResult, tk, dk ? at.key(s, dk) : nullptr, s.k_row_stride,
                        s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
+}
+
+// Whether a call's forward stores the rows' statistics instead of its weights, and its backward
+// rebuilds them (AttentionShape::weights_for_backward_only; two keys at least, so that a
+// (sequence, head)'s Tq × Tk weights hold its Tq × 2 statistics). TFM_CUDA_REBUILT_WEIGHTS=0
+// stores and reads the weights instead, to compare.
+bool rebuilds_weights(const AttentionShape& s) {
+  static const bool enabled = !turned_off("TFM_CUDA_REBUILT_WEIGHTS");
+  return enabled && s.weights_for_backward_only && s.key_len >= 2;
 }
 
 // The block size a call takes: 64 rows where its queries and keys fit, else 128.
@@ -314,7 +401,8 @@ bool tensor_core_attention_applies(const Context& c, const AttentionShape& s,
   if (fits_small_blocks(s)) return true;
   int lendable = 0;  // bytes of shared memory the device lends a block (H100: 227 KB, A100: 163)
   TFM_CUDA(cudaDeviceGetAttribute(&lendable, cudaDevAttrMaxSharedMemoryPerBlockOptin, c.device));
-  return size_t(lendable) >= std::max(Tiles<128>::kForwardBytes, Tiles<128>::kBackwardBytes);
+  return size_t(lendable) >=
+         std::max(Tiles<128>::kForwardBytes, Tiles<128>::kRebuildingBackwardBytes);
 }
 
 void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
@@ -322,27 +410,37 @@ void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
                                    const float* v, float* probs, float* out) {
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   if (s.rounded_out_only && s.rounded_out) out = nullptr;  // the copy alone: nothing reads out
+  const bool statistics_only = rebuilds_weights(s);
   if (fits_small_blocks(s))
     launch_blocks(c, s, tensor_core_forward_kernel<64>, kBlockThreads<64>, Tiles<64>::kForwardBytes,
-                  s, mask, q, k, v, probs, out, scale);
+                  s, mask, q, k, v, probs, out, scale, statistics_only);
   else
     launch_blocks(c, s, tensor_core_forward_kernel<128>, kBlockThreads<128>,
-                  Tiles<128>::kForwardBytes, s, mask, q, k, v, probs, out, scale);
+                  Tiles<128>::kForwardBytes, s, mask, q, k, v, probs, out, scale, statistics_only);
   check_launch("attention_forward (tensor cores)");
 }
 
-void tensor_core_attention_backward(const Context& c, const AttentionShape& s, const float* q,
-                                    const float* k, const float* v, const float* probs,
-                                    const float* d_out, float* dq, float* dk, float* dv) {
+void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
+                                    const AttentionMask& mask, const float* q, const float* k,
+                                    const float* v, const float* probs, const float* d_out,
+                                    float* dq, float* dk, float* dv) {
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   if (s.rounded_gradients_only && s.rounded_dq && s.rounded_dk && s.rounded_dv)
     dq = dk = dv = nullptr;  // the rounded copies alone: the caller reads nothing else
-  if (fits_small_blocks(s))
-    launch_blocks(c, s, tensor_core_backward_kernel<64>, kBlockThreads<64>,
-                  Tiles<64>::kBackwardBytes, s, q, k, v, probs, d_out, dq, dk, dv, scale);
+  const auto launch = [&](auto kernel, int threads, size_t bytes) {
+    launch_blocks(c, s, kernel, threads, bytes, s, mask, q, k, v, probs, d_out, dq, dk, dv, scale);
+  };
+  const bool small = fits_small_blocks(s);
+  if (rebuilds_weights(s) && small)
+    launch(tensor_core_backward_kernel<64, true>, kBlockThreads<64>,
+           Tiles<64>::kRebuildingBackwardBytes);
+  else if (rebuilds_weights(s))
+    launch(tensor_core_backward_kernel<128, true>, kBlockThreads<128>,
+           Tiles<128>::kRebuildingBackwardBytes);
+  else if (small)
+    launch(tensor_core_backward_kernel<64, false>, kBlockThreads<64>, Tiles<64>::kBackwardBytes);
   else
-    launch_blocks(c, s, tensor_core_backward_kernel<128>, kBlockThreads<128>,
-                  Tiles<128>::kBackwardBytes, s, q, k, v, probs, d_out, dq, dk, dv, scale);
+    launch(tensor_core_backward_kernel<128, false>, kBlockThreads<128>, Tiles<128>::kBackwardBytes);
   check_launch("attention_backward (tensor cores)");
 }
 

@@ -150,13 +150,15 @@ bool attention_tensor_cores_enabled();
 // and tensor cores are enabled.
 bool tensor_core_attention_applies(const Context& c, const AttentionShape& s,
                                    const AttentionMask& mask, const AttentionDropout& dropout);
-// attention_forward (probs may be null) and attention_backward (from the stored probs) there.
+// attention_forward (probs may be null) and attention_backward (from the stored probs, or what
+// the forward stored there instead: AttentionShape::weights_for_backward_only) there.
 void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
                                    const AttentionMask& mask, const float* q, const float* k,
                                    const float* v, float* probs, float* out);
-void tensor_core_attention_backward(const Context& c, const AttentionShape& s, const float* q,
-                                    const float* k, const float* v, const float* probs,
-                                    const float* d_out, float* dq, float* dk, float* dv);
+void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
+                                    const AttentionMask& mask, const float* q, const float* k,
+                                    const float* v, const float* probs, const float* d_out,
+                                    float* dq, float* dk, float* dv);
 
 // --- attention_dense.cu: the whole-matrix path attention.cu hands these calls to ---
 // Whether it serves this call: dot-product scores without cached rows or shared key batches
