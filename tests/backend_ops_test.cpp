@@ -475,6 +475,61 @@ TEST_P(BackendOps, MatmulAppliesItsEpilogueToTheFinishedProduct) {
   }
 }
 
+// A bfloat16 output the product may round itself (MatmulEpilogue::rounded_by_the_product: a
+// GPU's library writing it directly, the logits of training in bfloat16): each element within
+// an ulp of the float32 product's value rounded, or of its sums' rounding error
+// (1e-5 · Σ|a·b|) — the bits of another algorithm's float sums rounded to nearest; the padding
+// between rows untouched. Asked for with a bias or a ReLU, or without x·Wᵀ's layout, it is the
+// float32 product's rounding to the bit.
+TEST_P(BackendOps, BFloat16OutputRoundedByTheProductStaysWithinAnUlp) {
+  if (!be().supports(Precision::kBFloat16))
+    GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
+  uint64_t seed = 900;
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{3, 5, 7},
+                         {300, 129, 65},
+                         {64, 512, 512},
+                         {37, 1000, 64}})
+    for (int tb = 0; tb < 2; ++tb)
+      for (int with_bias = 0; with_bias < 2; ++with_bias) {
+        SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                     " k=" + std::to_string(k) + " tb=" + std::to_string(tb) +
+                     " bias=" + std::to_string(with_bias));
+        const int64_t lda = k + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;
+        const auto a = random_vector(m * lda, seed++);
+        const auto b = random_vector((tb ? n : k) * ldb, seed++);
+        const auto bias = random_vector(n, seed++, 10.f);
+        MatmulEpilogue plain;
+        plain.bias = with_bias ? bias.data() : nullptr;
+        std::vector<float> expected(size_t(m * ldc), 0.f);
+        be().matmul(false, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, expected.data(),
+                    ldc, Precision::kBFloat16, plain);
+        std::vector<uint16_t> rounded(size_t(m * ldc), 0xdead);
+        MatmulEpilogue itself = plain;
+        itself.rounded_output = rounded.data();
+        itself.rounded_by_the_product = true;
+        be().matmul(false, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, nullptr, ldc,
+                    Precision::kBFloat16, itself);
+        const bool may_differ = tb && !with_bias;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {
+            const uint16_t got = rounded[size_t(i * ldc + j)];
+            if (j >= n) {
+              ASSERT_EQ(got, 0xdead) << "padding " << i << "," << j;
+              continue;
+            }
+            const float want = expected[size_t(i * ldc + j)];
+            if (got == float_to_bfloat16(want)) continue;
+            ASSERT_TRUE(may_differ) << "not the float32 product's rounding: " << i << "," << j;
+            double magnitude = 0;
+            for (int64_t p = 0; p < k; ++p)
+              magnitude += std::abs(double(a[size_t(i * lda + p)]) *
+                                    b[size_t(tb ? j * ldb + p : p * ldb + j)]);
+            const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(want), 1e-30f)) - 7);
+            ASSERT_NEAR(bfloat16_to_float(got), want, ulp + 1e-5 * magnitude) << i << "," << j;
+          }
+      }
+}
+
 // A bfloat16 output flushes results below the smallest normal float to zero, as AVX512-BF16's
 // conversion does, on every path (the primitive's, and the float fallback inside a parallel
 // region); normal results stay.
@@ -2216,7 +2271,8 @@ TEST_P(BackendOps, BestTokensRankEachRowLikeAStableSort) {
 
 // The loss exactly as torch.nn.CrossEntropyLoss(label_smoothing=ε, reduction='none') gives it
 // per row, and its gradient grad_scale · (softmax − ((1-ε)·onehot + ε/V)), in place of the
-// logits.
+// logits; and of logits given in bfloat16 (as autocast's linear gives them to that loss), the
+// gradient over them in bfloat16.
 TEST_P(BackendOps, LabelSmoothedCrossEntropyAndItsGradientMatchFloat64) {
   // 1000, 37,000 and 50,000: a GPU reads four at a time; 50,000 and 50,001: more than the
   // 40,960 a GPU keeps in shared memory between its two passes.
@@ -2242,6 +2298,41 @@ TEST_P(BackendOps, LabelSmoothedCrossEntropyAndItsGradientMatchFloat64) {
         ASSERT_EQ(rounded[size_t(i)], float_to_bfloat16(grad[size_t(i)]))
             << "vocab " << vocab << " element " << i;
       EXPECT_EQ(rounded_totals, row_totals) << "vocab " << vocab;
+      // The logits in bfloat16 (null logits: in rounded_gradient, the gradient over them): the
+      // loss of their values widened, within the float path's tolerance of float64's on those
+      // values, and the gradient to within a bfloat16 rounding of it. Forward only (a zero scale):
+      // the same totals.
+      const RoundedCopy logits16 = rounded_copy(logits, Precision::kBFloat16);
+      for (float scale : {grad_scale, 0.f}) {
+        std::vector<uint16_t> in_place = logits16.bits;
+        std::vector<double> totals16(size_t(rows * 3), -1.0);  // [rows, 3]
+        be().cross_entropy_forward_backward(nullptr, targets.data(), rows, vocab, smoothing, scale,
+                                            totals16.data(), in_place.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* z = logits16.widened.data() + r * vocab;
+          double max = -INFINITY, sum = 0, mean_nll = 0;
+          int64_t argmax = 0;
+          for (int64_t c = 0; c < vocab; ++c)
+            if (z[c] > max) max = z[c], argmax = c;
+          for (int64_t c = 0; c < vocab; ++c) sum += std::exp(z[c] - max);
+          const double log_z = max + std::log(sum);
+          for (int64_t c = 0; c < vocab; ++c) mean_nll += (log_z - z[c]) / double(vocab);
+          const double target_nll = log_z - z[targets[size_t(r)]];
+          const double loss = (1 - smoothing) * target_nll + smoothing * mean_nll;
+          const double* got = totals16.data() + 3 * r;
+          EXPECT_NEAR(got[0], loss, 1e-5 * (1 + loss)) << "bfloat16, vocab " << vocab;
+          EXPECT_NEAR(got[1], target_nll, 1e-5 * (1 + target_nll)) << "bfloat16, vocab " << vocab;
+          EXPECT_EQ(got[2], argmax == targets[size_t(r)] ? 1.0 : 0.0) << "bfloat16, " << vocab;
+          for (int64_t c = 0; c < vocab; ++c) {
+            const double want =
+                scale * (std::exp(z[c] - log_z) - ((c == targets[size_t(r)] ? 1 - smoothing : 0.0) +
+                                                   smoothing / double(vocab)));
+            ASSERT_NEAR(bfloat16_to_float(in_place[size_t(r * vocab + c)]), want,
+                        std::abs(want) / 256 + 1e-6)
+                << "bfloat16, vocab " << vocab << " row " << r << " column " << c;
+          }
+        }
+      }
       for (int64_t r = 0; r < rows; ++r) {
         const float* z = logits.data() + r * vocab;
         double max = -INFINITY, sum = 0, mean_nll = 0;

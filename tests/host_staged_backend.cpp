@@ -802,7 +802,9 @@ void HostStagedBackend::cross_entropy_forward_backward(float* logits, const int3
   const auto hlogits = st.read_write(logits, rows * vocab);
   const auto htargets = st.read(targets, rows);
   const auto htotals = st.write(row_totals, rows * 3);
-  const auto hrounded = st.write(rounded_gradient, rounded_gradient ? rows * vocab : 0);
+  // Without float logits the bfloat16 ones come in rounded_gradient, which the gradient replaces.
+  const auto hrounded = logits ? st.write(rounded_gradient, rounded_gradient ? rows * vocab : 0)
+                               : st.read_write(rounded_gradient, rows * vocab);
   st.upload();
   device_.cross_entropy_forward_backward(st[hlogits], st[htargets], rows, vocab, smoothing,
                                          grad_scale, st[htotals], st[hrounded]);

@@ -294,7 +294,10 @@ class Backend {
   // rows back once per batch (sum_cross_entropy_rows). rounded_gradient [rows, vocab] (null:
   // none): the gradient also written there rounded to bfloat16 (as round_to_16_bits would),
   // for the products of a bfloat16 backward; the logits' contents are then unspecified (a
-  // backend may write the rounded form only).
+  // backend may write the rounded form only). logits null: the logits come in bfloat16 in
+  // rounded_gradient itself (the output head's product of bfloat16 training writes them so, as
+  // PyTorch's autocast does: the loss is that of their values widened to float), and each row's
+  // gradient replaces them there.
   virtual void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
                                               int64_t vocab, float smoothing, float grad_scale,
                                               double* row_totals,

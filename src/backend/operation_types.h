@@ -99,6 +99,13 @@ struct MatmulEpilogue {
   const float* bias = nullptr;  // [n] or null
   bool relu = false;
   uint16_t* rounded_output = nullptr;  // [m, ldc] or null
+  // With rounded_output, and neither bias nor ReLU: the product may round its float32 sums to
+  // bfloat16 itself (a GPU library writing the 16-bit output directly: half the bytes of a float
+  // result and a pass), its bits then its own algorithm's (an ulp from the float32 product's
+  // rounded, where their sums differ; results below the smallest normal float may stay). For an
+  // output nothing compares with a float32 product's: the logits of training in bfloat16. Else
+  // (and on the CPU) the rounding is the float32 product's.
+  bool rounded_by_the_product = false;
 };
 
 // How query q_i and key k_j of one head (both d_k = head_dim wide) make a logit:

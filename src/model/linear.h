@@ -44,7 +44,8 @@ const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, con
 // read the same rows or a norm wrote it, read where reads_bfloat16_input(w), or null (x may be
 // null where it is read). W is read from w.rounded where set.
 // rounded_y (where reads_bfloat16_input(w)): y is written there in bfloat16 instead
-// (MatmulEpilogue::rounded_output), and y may be null.
+// (MatmulEpilogue::rounded_output), and y may be null; with y null (the bfloat16 output alone)
+// the product may round its own sums (MatmulEpilogue::rounded_by_the_product).
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
                     float* y, const uint16_t* rounded_x = nullptr, bool relu = false,
                     uint16_t* rounded_y = nullptr);

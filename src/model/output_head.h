@@ -26,6 +26,7 @@ int64_t output_logits_elements(const Backend& backend, int64_t vocab, int64_t po
 struct OutputHeadBuffers {
   DeviceBuffer<float> logits;             // [chunk, V] one chunk's logits
   DeviceBuffer<uint16_t> rounded_states;  // [chunk, D] its states in bfloat16 (bfloat16 training)
+  DeviceBuffer<uint16_t> rounded_logits;  // [chunk, V] bfloat16 training's logits, instead
 };
 
 // One chunk of the projection, as output_head_forward hands it over.
@@ -35,16 +36,22 @@ struct OutputChunk {
   const float* states = nullptr;             // [rows, D]
   const uint16_t* rounded_states = nullptr;  // [rows, D] in bfloat16, or null (linear_backward's)
   float* logits = nullptr;                   // [rows, V], the caller's to overwrite
+  // [rows, V] in bfloat16 instead (logits null) where the product rounds to bfloat16 (training
+  // in bfloat16: its output rounded as PyTorch's autocast rounds it), the caller's to overwrite.
+  uint16_t* rounded_logits = nullptr;
 };
 
 // logits = states[count, D] · outputᵀ + b, chunk by chunk in buffers, each passed to
-// use(const OutputChunk&).
+// use(const OutputChunk&): in float32, or in bfloat16 alone where the product rounds to it.
 template <typename Use>
 void output_head_forward(const Backend& backend, const LinearWeights& output, const float* states,
                          int64_t count, OutputHeadBuffers& buffers, Use&& use) {
   const int64_t d = output.in, vocab = output.out, chunk = output_chunk_rows(backend, vocab);
-  float* logits = ensure_size(backend, buffers.logits,
-                              output_logits_elements(backend, vocab, count));  // [chunk, V]
+  const int64_t elements = output_logits_elements(backend, vocab, count);
+  const bool rounds = rounds_to_bfloat16(output);
+  float* logits = rounds ? nullptr : ensure_size(backend, buffers.logits, elements);  // [chunk, V]
+  uint16_t* rounded_logits =
+      rounds ? ensure_size(backend, buffers.rounded_logits, elements) : nullptr;  // [chunk, V]
   for (int64_t begin = 0; begin < count; begin += chunk) {
     OutputChunk c;
     c.begin = begin;
@@ -52,7 +59,9 @@ void output_head_forward(const Backend& backend, const LinearWeights& output, co
     c.states = states + begin * d;
     c.rounded_states = rounded_copy(backend, output, c.states, c.rows, d, buffers.rounded_states);
     c.logits = logits;
-    linear_forward(backend, output, c.states, c.rows, c.logits, c.rounded_states);
+    c.rounded_logits = rounded_logits;
+    linear_forward(backend, output, c.states, c.rows, c.logits, c.rounded_states, false,
+                   c.rounded_logits);
     use(c);
   }
 }

@@ -43,21 +43,18 @@ LossTotals loss_and_gradients(const Model& model, const TransformerGradients& g,
 
   double* row_totals = ws.row_totals.data();  // [tokens, 3]
 
-  // A bfloat16 backward reads the loss's gradient in bfloat16 only (its products, and an output
-  // bias's gradient: bias_backward sums the rounded copy): the cross-entropy writes it so (into
-  // the scratch linear_backward would round it into), and the backend may skip the float32 form.
-  const bool rounded_gradient = backward && rounds_to_bfloat16(w.output);
+  // Training in bfloat16 the output head's product writes the logits in bfloat16 alone (as
+  // PyTorch's autocast does), and the cross-entropy reads them and writes its gradient over them
+  // in bfloat16, all the backward reads (its products, and an output bias's gradient:
+  // bias_backward sums the rounded copy). Else the float32 logits become the float32 gradient.
   output_head_forward(backend, w.output, states, count, ws.head, [&](const OutputChunk& c) {
-    uint16_t* rounded = rounded_gradient ? ensure_size(backend, ws.scratch.rounded_d_out,
-                                                       c.rows * vocab)  // [rows, V]
-                                         : nullptr;
     backend.cross_entropy_forward_backward(c.logits, labels + c.begin, c.rows, vocab,
                                            label_smoothing, grad_scale, row_totals + 3 * c.begin,
-                                           rounded);
+                                           c.rounded_logits);
     if (!backward) return;
-    // The chunk's logits now hold d loss / d logits [rows, V] (or `rounded` does).
+    // The chunk's logits now hold d loss / d logits [rows, V] (or its rounded_logits do).
     linear_backward(backend, w.output, g.output, c.states, c.logits, c.rows, d_states + c.begin * d,
-                    false, ws.scratch, c.rounded_states, rounded);
+                    false, ws.scratch, c.rounded_states, c.rounded_logits);
   });
   if (backward) {
     const int64_t out_size = batch.batch * batch.tgt_len * d;
@@ -84,7 +81,7 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
                              Precision precision) {
   const ModelConfig& config = model.config();
   const TransformerWeights w = with_product_precision(model.weights(), precision);
-  const int64_t d = config.d_model, vocab = config.tgt_vocab_size, count = shape.target_tokens;
+  const int64_t d = config.d_model, count = shape.target_tokens;
   ws.cache.training = backward;
   plan_target_states(model, w, shape, dropout, ws.cache, ws.states, ws.plan);
   loss_buffers(d, count, shape.batch, shape.tgt_len, backward, ws, ws.plan);
@@ -94,8 +91,8 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
   const int64_t biases = stacked_bias_elements(w);
   if (biases > 0) ws.plan.need(ws.stacked_biases, biases);  // [Σ out]
   if (!backward) return;
-  plan_linear_backward(w.output, std::min(output_chunk_rows(model.backend(), vocab), count),
-                       ws.scratch, ws.plan);
+  // The output head's backward needs no scratch: its gradient comes in float32 in the logits'
+  // place, or in bfloat16 in the rounded logits' (output_head_forward).
   plan_stacks_backward(model, w, shape, ws.scratch, ws.plan);
 }
 

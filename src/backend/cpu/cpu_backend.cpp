@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 
 #include "backend/backend.h"
 #include "backend/cpu/attention.h"
@@ -202,6 +203,8 @@ class CpuBackend final : public Backend {
                                       int64_t vocab, float smoothing, float grad_scale,
                                       double* row_totals,
                                       uint16_t* rounded_gradient) const override {
+    if (!logits && !rounded_gradient && rows > 0)
+      throw std::invalid_argument("cross_entropy_forward_backward: no logits");
     tfm::cross_entropy_forward_backward(logits, targets, rows, vocab, smoothing, grad_scale,
                                         row_totals, rounded_gradient);
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/cpu_dispatch.h"
 #include "backend/cpu/fast_exp.h"
@@ -39,7 +40,17 @@ TFM_CPU_KERNEL void cross_entropy_forward_backward(float* logits, const int32_t*
                                                    uint16_t* rounded_gradient) {
 #pragma omp parallel for schedule(static) if (rows * vocab > 32768)
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = logits + r * vocab;  // [vocab] logits, then exp(logit − max), then the gradient
+    // [vocab] logits, then exp(logit − max), then the gradient: the row itself, or a float copy
+    // of the row's bfloat16 logits (logits null), which rounded_gradient's row then receives.
+    float* row = logits ? logits + r * vocab : nullptr;
+    if (!row) {
+      thread_local std::vector<float> widened;
+      widened.resize(size_t(vocab));
+      const uint16_t* given = rounded_gradient + r * vocab;  // [vocab]
+#pragma omp simd
+      for (int64_t c = 0; c < vocab; ++c) widened[size_t(c)] = bfloat16_to_float(given[c]);
+      row = widened.data();
+    }
     const int32_t y = targets[r];
     // The maximum in blocks of kMaxBlock (vector loops), remembering the first block that holds
     // it, so that finding the first maximum scans one block rather than half the row.

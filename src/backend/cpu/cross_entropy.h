@@ -12,7 +12,8 @@ namespace tfm {
 // logits[rows, vocab] becomes grad_scale · (softmax − ((1-ε)·onehot(y) + ε/vocab)).
 // row_totals[rows, 3]: each row's smoothed loss, −log p_y, and 1 where its first argmax is y
 // (Backend::cross_entropy_forward_backward). targets[rows] must be valid ids. rounded_gradient
-// (or null) [rows, vocab]: each row's gradient also in bfloat16, written while the row is warm.
+// (or null) [rows, vocab]: each row's gradient also in bfloat16, written while the row is warm;
+// with logits null, it holds the logits in bfloat16 first (their values widened to float).
 void cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t rows,
                                     int64_t vocab, float smoothing, float grad_scale,
                                     double* row_totals, uint16_t* rounded_gradient);

@@ -282,7 +282,11 @@ class CudaBackend final : public Backend {
                                       int64_t vocab, float smoothing, float grad_scale,
                                       double* row_totals,
                                       uint16_t* rounded_gradient) const override {
-    TFM_CUDA_OPERATION_SHAPED(c_, "cross_entropy_forward_backward", rows, vocab);
+    if (!logits && !rounded_gradient && rows > 0)
+      throw std::invalid_argument("cross_entropy_forward_backward: no logits");
+    TFM_CUDA_OPERATION_SHAPED(c_, logits ? "cross_entropy_forward_backward"
+                                         : "cross_entropy_forward_backward (bfloat16 logits)",
+                              rows, vocab);
     cuda::cross_entropy_forward_backward(c_.stream, logits, targets, rows, vocab, smoothing,
                                          grad_scale, row_totals, rounded_gradient);
   }

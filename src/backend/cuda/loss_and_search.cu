@@ -3,6 +3,7 @@
 // tokens of each row for beam search. One block per row; the loss's per-row totals stay in device
 // memory until the caller copies a whole batch's back (no wait per call).
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/cuda_kernels.h"
 
@@ -52,6 +53,55 @@ __device__ __forceinline__ void for_each_in_row(const float* row, int64_t cols, 
     });
   } else {
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) visit(row[c], c);
+  }
+}
+
+// The same over a row of bfloat16 values (widened to float), eight to a 16-byte word where the
+// row allows (its length a multiple of 8, its start 16-byte aligned), else one at a time;
+// visit_word(x[8], i) for word i (columns 8i to 8i + 7), four loads in flight.
+__device__ __forceinline__ bool reads_as_words_of_eight(const uint16_t* row, int64_t cols) {
+  return (cols & 7) == 0 && aligned(row, 16);
+}
+__device__ __forceinline__ void widen_eight(const uint4& word, float* x) {
+  const uint32_t halves[4] = {word.x, word.y, word.z, word.w};
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    x[2 * n] = __uint_as_float(halves[n] << 16);
+    x[2 * n + 1] = __uint_as_float(halves[n] & 0xffff0000u);
+  }
+}
+template <typename VisitWord>
+__device__ __forceinline__ void for_each_word_of_eight(const uint16_t* row, int64_t cols,
+                                                       VisitWord visit_word) {
+  const uint4* row8 = reinterpret_cast<const uint4*>(row);
+  const int64_t words = cols / 8, step = blockDim.x;
+  constexpr int kInFlight = 4;
+  int64_t i = threadIdx.x;
+  float x[8];
+  for (; i + (kInFlight - 1) * step < words; i += kInFlight * step) {
+    uint4 w[kInFlight];
+#pragma unroll
+    for (int n = 0; n < kInFlight; ++n) w[n] = row8[i + n * step];
+#pragma unroll
+    for (int n = 0; n < kInFlight; ++n) {
+      widen_eight(w[n], x);
+      visit_word(x, i + n * step);
+    }
+  }
+  for (; i < words; i += step) {
+    widen_eight(row8[i], x);
+    visit_word(x, i);
+  }
+}
+template <typename Visit>
+__device__ __forceinline__ void for_each_in_row(const uint16_t* row, int64_t cols, Visit visit) {
+  if (reads_as_words_of_eight(row, cols)) {
+    for_each_word_of_eight(row, cols, [&](const float* x, int64_t i) {
+#pragma unroll
+      for (int n = 0; n < 8; ++n) visit(x[n], 8 * i + n);
+    });
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) visit(from_bfloat16(row[c]), c);
   }
 }
 
@@ -135,15 +185,23 @@ __global__ void log_softmax_pick_kernel(const float* logits, const int32_t* targ
 // pass reads the row again, from L2 where it is still there: keeping the row in shared memory
 // between the passes (8c89ef0: 160 KB, one block of 1,024 threads an SM) took 0.73 ms for a chunk
 // of 3,627 × 37,000 on an H200, where reading it twice with several blocks an SM, each loading
-// while another reduces, took 0.47.
+// while another reduces, took 0.47. Logit is float, or uint16_t: the logits in bfloat16 in
+// rounded_gradient itself (Backend::cross_entropy_forward_backward's null logits), half the
+// bytes each pass, each thread writing its words' gradient over the words it read.
+template <typename Logit>
 __global__ void __launch_bounds__(kRowThreads, 3)
-    cross_entropy_kernel(float* logits, const int32_t* targets, int64_t vocab, float smoothing,
+    cross_entropy_kernel(Logit* logits, const int32_t* targets, int64_t vocab, float smoothing,
                          float grad_scale, double* row_totals, uint16_t* rounded_gradient) {
+  constexpr bool kBFloat16 = std::is_same_v<Logit, uint16_t>;
   __shared__ SoftmaxPart shared_parts[32];
   __shared__ double shared_double[32];
-  float* row = logits + int64_t(blockIdx.x) * vocab;
+  Logit* row = logits + int64_t(blockIdx.x) * vocab;
   const int32_t y = targets[blockIdx.x];
-  const float target_logit = row[y];
+  float target_logit;
+  if constexpr (kBFloat16)
+    target_logit = from_bfloat16(row[y]);
+  else
+    target_logit = row[y];
   SoftmaxPart part{-INFINITY, vocab, 0.f};
   double sum_logits = 0;
   for_each_in_row(row, vocab, [&](float x, int64_t c) {
@@ -173,45 +231,49 @@ __global__ void __launch_bounds__(kRowThreads, 3)
   const float uniform = grad_scale * smoothing / float(vocab);
   uint16_t* rounded = rounded_gradient ? rounded_gradient + int64_t(blockIdx.x) * vocab : nullptr;
   const float target_term = grad_scale * (1.f - smoothing);
-  if (reads_as_float4(row, vocab) && aligned(rounded, 8)) {
-    float4* row4 = reinterpret_cast<float4*>(row);
-    for_each_word_in_row(row, vocab, [&](const float4& x, int64_t i) {
-      float4 g =
-          make_float4(expf(x.x - largest) * scale - uniform, expf(x.y - largest) * scale - uniform,
-                      expf(x.z - largest) * scale - uniform, expf(x.w - largest) * scale - uniform);
-      switch (y - 4 * i) {  // the target among these four, if it is
-        case 0:
-          g.x -= target_term;
-          break;
-        case 1:
-          g.y -= target_term;
-          break;
-        case 2:
-          g.z -= target_term;
-          break;
-        case 3:
-          g.w -= target_term;
-          break;
-        default:
-          break;
-      }
-      if (rounded) {
-        const uint2 packed =
-            pack_16_bits(to_bfloat16(g.x), to_bfloat16(g.y), to_bfloat16(g.z), to_bfloat16(g.w));
-        reinterpret_cast<uint2*>(rounded)[i] = packed;
-      } else {
-        row4[i] = g;
-      }
-    });
+  const auto gradient = [&](float x, int64_t c) {
+    const float g = expf(x - largest) * scale - uniform;
+    return c == y ? g - target_term : g;
+  };
+  if constexpr (kBFloat16) {
+    if (reads_as_words_of_eight(row, vocab)) {
+      uint4* row8 = reinterpret_cast<uint4*>(row);
+      for_each_word_of_eight(row, vocab, [&](const float* x, int64_t i) {
+        uint16_t g[8];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) g[n] = to_bfloat16(gradient(x[n], 8 * i + n));
+        const uint2 low = pack_16_bits(g[0], g[1], g[2], g[3]);
+        const uint2 high = pack_16_bits(g[4], g[5], g[6], g[7]);
+        row8[i] = make_uint4(low.x, low.y, high.x, high.y);
+      });
+      return;
+    }
+    for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x)
+      row[c] = to_bfloat16(gradient(from_bfloat16(row[c]), c));
     return;
-  }
-  for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
-    float g = expf(row[c] - largest) * scale - uniform;
-    if (c == y) g -= target_term;
-    if (rounded)
-      rounded[c] = to_bfloat16(g);
-    else
-      row[c] = g;
+  } else {
+    if (reads_as_float4(row, vocab) && aligned(rounded, 8)) {
+      float4* row4 = reinterpret_cast<float4*>(row);
+      for_each_word_in_row(row, vocab, [&](const float4& x, int64_t i) {
+        const float4 g = make_float4(gradient(x.x, 4 * i), gradient(x.y, 4 * i + 1),
+                                     gradient(x.z, 4 * i + 2), gradient(x.w, 4 * i + 3));
+        if (rounded) {
+          const uint2 packed =
+              pack_16_bits(to_bfloat16(g.x), to_bfloat16(g.y), to_bfloat16(g.z), to_bfloat16(g.w));
+          reinterpret_cast<uint2*>(rounded)[i] = packed;
+        } else {
+          row4[i] = g;
+        }
+      });
+      return;
+    }
+    for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
+      const float g = gradient(row[c], c);
+      if (rounded)
+        rounded[c] = to_bfloat16(g);
+      else
+        row[c] = g;
+    }
   }
 }
 
@@ -405,8 +467,12 @@ void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t
                                     int64_t rows, int64_t vocab, float smoothing, float grad_scale,
                                     double* row_totals, uint16_t* rounded_gradient) {
   if (rows == 0) return;
-  cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(
-      logits, targets, vocab, smoothing, grad_scale, row_totals, rounded_gradient);
+  if (logits)
+    cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(
+        logits, targets, vocab, smoothing, grad_scale, row_totals, rounded_gradient);
+  else  // the logits in bfloat16 in rounded_gradient, the gradient over them
+    cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(
+        rounded_gradient, targets, vocab, smoothing, grad_scale, row_totals, rounded_gradient);
   check_launch("cross_entropy_forward_backward");
 }
 

@@ -1,6 +1,7 @@
 // Row-major products on cuBLAS, which is column-major: C[m, n] = op(A) · op(B) is computed as
 // Cᵀ[n, m] = op(B)ᵀ · op(A)ᵀ, so each row-major matrix is read as its column-major transpose
 // with the same stride and no copy. See matmul.h.
+#include <optional>
 #include <stdexcept>
 
 #include "backend/cuda/blas_library.h"
@@ -227,7 +228,9 @@ const char* training_product_name(Precision precision, bool bfloat16_output, boo
     case Precision::kFloat32:
       return on_lt ? "matmul float32 (cuBLASLt epilogue)" : "matmul float32";
     case Precision::kBFloat16:
-      if (bfloat16_output) return "matmul bfloat16 (bfloat16 out)";
+      if (bfloat16_output)
+        return on_lt ? "matmul bfloat16 (bfloat16 out, cuBLASLt)"
+                     : "matmul bfloat16 (bfloat16 out)";
       return on_lt ? "matmul bfloat16 (cuBLASLt epilogue)" : "matmul bfloat16";
     case Precision::kFloat16:
       return on_lt ? "matmul float16 (cuBLASLt epilogue)" : "matmul float16";
@@ -251,24 +254,42 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
   // stacked Q|K|V product's bias pass read and wrote 157 MB of a base model's training step).
   const bool epilogue_in_lt = !trans_a && trans_b && alpha == 1.f && beta == 0.f && k > 0 &&
                               (epilogue.bias || epilogue.relu) && !epilogue.rounded_output;
-  // With a bfloat16 output the product goes to a float block first, with C's row stride: cuBLAS
-  // may pick another algorithm for another stride, and the bits must be the float path's.
-  Scratch result(c, epilogue.rounded_output ? m * ldc * int64_t(sizeof(float)) : 0);  // [m, ldc]
-  float* target = epilogue.rounded_output ? result.as<float>() : out;
+  // A bfloat16 output the product may round itself (MatmulEpilogue::rounded_by_the_product):
+  // cuBLASLt writes it directly where it has an algorithm, instead of a float block and a pass
+  // (a bfloat16 training step's logits: 537 MB of float written and read back a chunk).
+  const bool lt_rounds = !trans_a && trans_b && alpha == 1.f && k > 0 &&
+                         epilogue.rounded_by_the_product && epilogue.rounded_output &&
+                         !epilogue.bias && !epilogue.relu;
+  // Else a bfloat16 output goes to a float block first, with C's row stride: cuBLAS may pick
+  // another algorithm for another stride, and the bits must be the float path's. The block is
+  // taken when cuBLAS is about to write it.
+  std::optional<Scratch> result;  // [m, ldc]
+  float* target = out;
   const int64_t ld_target = ldc;
+  const auto float_target = [&] {
+    if (epilogue.rounded_output && !result) {
+      result.emplace(c, m * ldc * int64_t(sizeof(float)));
+      target = result->as<float>();
+    }
+    return target;
+  };
   // The product of the operands as they are to be read (`type`, their strides): inside
-  // cuBLASLt with the epilogue where that applies (returns true), else cuBLAS into target.
+  // cuBLASLt with the epilogue, or rounding its output, where that applies (returns true), else
+  // cuBLAS into the float target.
   const auto multiply = [&](const void* a_read, int64_t a_ld, const void* b_read, int64_t b_ld,
                             cudaDataType_t type) {
     if (epilogue_in_lt && lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type, out, CUDA_R_32F,
                                      ldc, epilogue.bias, epilogue.relu))
       return true;
-    blas_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta, target,
-                 ld_target, type);
+    if (lt_rounds && lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type,
+                                epilogue.rounded_output, CUDA_R_16BF, ldc, nullptr, false))
+      return true;
+    blas_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta,
+                 float_target(), ld_target, type);
     return false;
   };
   if (k == 0) {
-    scale_matrix(c.stream, target, ld_target, m, n, epilogue.rounded_output ? 0.f : beta);
+    scale_matrix(c.stream, float_target(), ld_target, m, n, epilogue.rounded_output ? 0.f : beta);
   } else if (precision == Precision::kFloat32) {
     if (multiply(a.values, lda, b.values, ldb, CUDA_R_32F)) return true;
   } else {
