@@ -77,6 +77,7 @@ class MemoryCheckingBackend : public Backend {
                                            {"b rounded", b.rounded},
                                            {"c", c},
                                            {"bias", epilogue.bias},
+                                           {"rounded bias", epilogue.rounded_bias},
                                            {"rounded output", epilogue.rounded_output}});
     if (a.rounded || b.rounded) ++rounded_operands_;
     if (ignore_rounded_copies_) {  // each product rounds again, where the float values exist
@@ -425,6 +426,7 @@ class MemoryCheckingBackend : public Backend {
                                                       {"x rounded", x.rounded},
                                                       {"y", y},
                                                       {"bias", epilogue.bias},
+                                                      {"rounded bias", epilogue.rounded_bias},
                                                       {"rounded output", epilogue.rounded_output}});
       if (x.rounded) ++backend_.rounded_operands_;
       if (backend_.ignore_rounded_copies_ && x.values) x.rounded = nullptr;

@@ -475,12 +475,30 @@ TEST_P(BackendOps, MatmulAppliesItsEpilogueToTheFinishedProduct) {
   }
 }
 
+// x rounded to bfloat16 (nearest even), and the same values widened back to float: what a
+// bfloat16 key/value cache holds, and the float copy a float32 reference reads instead.
+struct RoundedCopy {
+  std::vector<uint16_t> bits;
+  std::vector<float> widened;
+};
+// x rounded to `format` (kBFloat16 or kFloat16): the bits, and their values widened back.
+RoundedCopy rounded_copy(const std::vector<float>& x, Precision format) {
+  RoundedCopy r;
+  for (float v : x) {
+    const bool float16 = format == Precision::kFloat16;
+    r.bits.push_back(float16 ? float_to_half(v) : float_to_bfloat16(v));
+    r.widened.push_back(float16 ? half_to_float(r.bits.back()) : bfloat16_to_float(r.bits.back()));
+  }
+  return r;
+}
+
 // A bfloat16 output the product may round itself (MatmulEpilogue::rounded_by_the_product: a
-// GPU's library writing it directly, the logits of training in bfloat16): each element within
-// an ulp of the float32 product's value rounded, or of its sums' rounding error
-// (1e-5 · Σ|a·b|) — the bits of another algorithm's float sums rounded to nearest; the padding
-// between rows untouched. Asked for with a bias or a ReLU, or without x·Wᵀ's layout, it is the
-// float32 product's rounding to the bit.
+// GPU's library writing it directly, the logits and fc1's hidden layer of training in bfloat16):
+// each element within an ulp of the float32 product's value rounded, plus its sums' rounding
+// error (1e-5 · Σ|a·b|) and, with the bias given in bfloat16 too (rounded_bias), that bias's
+// rounding — another algorithm's float sums rounded to nearest; a ReLU's output never negative;
+// the padding between rows untouched. With a float bias alone, or without x·Wᵀ's layout, it is
+// the float32 product's rounding to the bit.
 TEST_P(BackendOps, BFloat16OutputRoundedByTheProductStaysWithinAnUlp) {
   if (!be().supports(Precision::kBFloat16))
     GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
@@ -490,16 +508,19 @@ TEST_P(BackendOps, BFloat16OutputRoundedByTheProductStaysWithinAnUlp) {
                          {64, 512, 512},
                          {37, 1000, 64}})
     for (int tb = 0; tb < 2; ++tb)
-      for (int with_bias = 0; with_bias < 2; ++with_bias) {
+      for (int form = 0; form < 4; ++form) {  // none; float bias; bfloat16 bias; and a ReLU
+        const bool with_bias = form > 0, rounded_bias = form > 1, relu = form == 3;
         SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) +
                      " k=" + std::to_string(k) + " tb=" + std::to_string(tb) +
-                     " bias=" + std::to_string(with_bias));
+                     " form=" + std::to_string(form));
         const int64_t lda = k + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;
         const auto a = random_vector(m * lda, seed++);
         const auto b = random_vector((tb ? n : k) * ldb, seed++);
         const auto bias = random_vector(n, seed++, 10.f);
+        const RoundedCopy bias16 = rounded_copy(bias, Precision::kBFloat16);
         MatmulEpilogue plain;
         plain.bias = with_bias ? bias.data() : nullptr;
+        plain.relu = relu;
         std::vector<float> expected(size_t(m * ldc), 0.f);
         be().matmul(false, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, expected.data(),
                     ldc, Precision::kBFloat16, plain);
@@ -507,9 +528,10 @@ TEST_P(BackendOps, BFloat16OutputRoundedByTheProductStaysWithinAnUlp) {
         MatmulEpilogue itself = plain;
         itself.rounded_output = rounded.data();
         itself.rounded_by_the_product = true;
+        itself.rounded_bias = rounded_bias ? bias16.bits.data() : nullptr;
         be().matmul(false, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, nullptr, ldc,
                     Precision::kBFloat16, itself);
-        const bool may_differ = tb && !with_bias;
+        const bool may_differ = tb && (!with_bias || rounded_bias);
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < ldc; ++j) {
             const uint16_t got = rounded[size_t(i * ldc + j)];
@@ -525,7 +547,14 @@ TEST_P(BackendOps, BFloat16OutputRoundedByTheProductStaysWithinAnUlp) {
               magnitude += std::abs(double(a[size_t(i * lda + p)]) *
                                     b[size_t(tb ? j * ldb + p : p * ldb + j)]);
             const double ulp = std::ldexp(1.0, std::ilogb(std::max(std::abs(want), 1e-30f)) - 7);
-            ASSERT_NEAR(bfloat16_to_float(got), want, ulp + 1e-5 * magnitude) << i << "," << j;
+            const double bias_error =
+                rounded_bias ? std::abs(double(bias[size_t(j)]) - bias16.widened[size_t(j)]) : 0.0;
+            const double bound = ulp + 1e-5 * magnitude + bias_error;
+            const float value = bfloat16_to_float(got);
+            if (relu) {
+              ASSERT_GE(value, 0.f) << i << "," << j;
+            }
+            ASSERT_NEAR(value, want, bound) << i << "," << j;
           }
       }
 }
@@ -1252,23 +1281,6 @@ TEST_P(BackendOps, AttentionOverShortSequencesMatchesFloat64) {
       ASSERT_NEAR(dkv[i], want, 1e-4) << (value_half ? "dv " : "dk ") << i << " Tq " << c.query_len;
     }
   }
-}
-
-// x rounded to bfloat16 (nearest even), and the same values widened back to float: what a
-// bfloat16 key/value cache holds, and the float copy a float32 reference reads instead.
-struct RoundedCopy {
-  std::vector<uint16_t> bits;
-  std::vector<float> widened;
-};
-// x rounded to `format` (kBFloat16 or kFloat16): the bits, and their values widened back.
-RoundedCopy rounded_copy(const std::vector<float>& x, Precision format) {
-  RoundedCopy r;
-  for (float v : x) {
-    const bool float16 = format == Precision::kFloat16;
-    r.bits.push_back(float16 ? float_to_half(v) : float_to_bfloat16(v));
-    r.widened.push_back(float16 ? half_to_float(r.bits.back()) : bfloat16_to_float(r.bits.back()));
-  }
-  return r;
 }
 
 // max |got − want| / max |want|: an output's error relative to its largest value (infinite

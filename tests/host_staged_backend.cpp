@@ -328,12 +328,14 @@ class StagedPreparedMatrix final : public PreparedMatrix {
     const int64_t ld16 = x.rounded_stride(cols());
     const auto hx16 = st.read_operand(x.rounded, matrix_extent(m, cols(), ld16));
     const auto hbias = st.read(epilogue.bias, rows());
+    const auto hbias16 = st.read(epilogue.rounded_bias, rows());
     const auto hy = st.write(y, matrix_extent(m, rows(), ldy), matrix_rows(m, rows(), ldy));
     const auto hrounded = st.write(epilogue.rounded_output, matrix_extent(m, rows(), ldy),
                                    matrix_rows(m, rows(), ldy));
     st.upload();
     MatmulEpilogue e = epilogue;
     e.bias = st[hbias];
+    e.rounded_bias = st[hbias16];
     e.rounded_output = st[hrounded];
     matrix_->multiply({st[hx], st[hx16], x.rounded_ld}, m, ldx, st[hy], ldy, e);
     st.download();
@@ -371,6 +373,7 @@ void HostStagedBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
   const auto hb16 =
       st.read_operand(b.rounded, matrix_extent(b_rows, b_cols, b.rounded_stride(b_cols)));
   const auto hbias = st.read(epilogue.bias, n);
+  const auto hbias16 = st.read(epilogue.rounded_bias, n);
   const int64_t c_extent = matrix_extent(m, n, ldc);
   // C is only written with beta 0 (and not touched at all with a bfloat16 output).
   const auto hc = beta == 0.f && !epilogue.rounded_output
@@ -380,6 +383,7 @@ void HostStagedBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
   st.upload();
   MatmulEpilogue e = epilogue;
   e.bias = st[hbias];
+  e.rounded_bias = st[hbias16];
   e.rounded_output = st[hrounded];
   device_.matmul(trans_a, trans_b, m, n, k, alpha, {st[ha], st[ha16], a.rounded_ld}, lda,
                  {st[hb], st[hb16], b.rounded_ld}, ldb, beta, st[hc], ldc, precision, e);

@@ -99,13 +99,16 @@ struct MatmulEpilogue {
   const float* bias = nullptr;  // [n] or null
   bool relu = false;
   uint16_t* rounded_output = nullptr;  // [m, ldc] or null
-  // With rounded_output, and neither bias nor ReLU: the product may round its float32 sums to
-  // bfloat16 itself (a GPU library writing the 16-bit output directly: half the bytes of a float
-  // result and a pass), its bits then its own algorithm's (an ulp from the float32 product's
-  // rounded, where their sums differ; results below the smallest normal float may stay). For an
-  // output nothing compares with a float32 product's: the logits of training in bfloat16. Else
-  // (and on the CPU) the rounding is the float32 product's.
+  // With rounded_output: the product may round its float32 sums to bfloat16 itself (a GPU
+  // library writing the 16-bit output directly: half the bytes of a float result and a pass),
+  // its bits then its own algorithm's (an ulp from the float32 product's rounded, where their
+  // sums differ; results below the smallest normal float may stay), and with a bias only where
+  // rounded_bias is given too, which it then adds instead (bias rounded to bfloat16, as
+  // PyTorch's autocast rounds a linear layer's bias). For outputs nothing compares with a float32
+  // product's: the logits and the feed-forward's hidden layer of training in bfloat16. Else (and
+  // on the CPU) the rounding is the float32 product's, with the float32 bias.
   bool rounded_by_the_product = false;
+  const uint16_t* rounded_bias = nullptr;  // [n] bias in bfloat16, or null
 };
 
 // How query q_i and key k_j of one head (both d_k = head_dim wide) make a logit:

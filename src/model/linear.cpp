@@ -31,10 +31,12 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
                                : "linear_forward: a stacked view is multiplied once "
                                  "with_rounded_weights or prepare_weights filled it");
   } else {  // bias and ReLU in the product's own pass (MatmulEpilogue)
-    // Asked for the bfloat16 output alone, the product may round it itself: nothing compares it
-    // with the float32 product's rounding.
+    // Asked for the bfloat16 output alone, the product may round it itself, with the bias
+    // rounded too where with_rounded_weights rounded it: nothing compares it with the float32
+    // product's rounding.
     MatmulEpilogue epilogue{w.bias, relu, rounded_y};
     epilogue.rounded_by_the_product = rounded_y && !y;
+    if (epilogue.rounded_by_the_product) epilogue.rounded_bias = w.rounded_bias;
     backend.matmul(false, true, rows, w.out, w.in, 1.f, {x, rounded_x}, w.in, {w.weight, w.rounded},
                    w.in, 0.f, y, w.out, w.precision, epilogue);
   }

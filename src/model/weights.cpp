@@ -216,10 +216,16 @@ int64_t stacked_bias_elements(const TransformerWeights& weights) {
   return n;
 }
 
+// Elements a linear's rounded bias takes in with_rounded_weights' storage: whole words of 16
+// bytes, so that every bias starts where a GPU library reads it in such words.
+int64_t rounded_bias_span(const LinearWeights& l) {
+  return has_rounded_weight(l) && l.bias ? (l.out + 7) / 8 * 8 : 0;
+}
+
 int64_t rounded_weights_elements(const TransformerWeights& weights) {
   int64_t n = 0;
   for_each_linear(weights, [&n](const LinearWeights& l) {
-    if (has_rounded_weight(l)) n += l.out * l.in;
+    if (has_rounded_weight(l)) n += l.out * l.in + rounded_bias_span(l);
   });
   return n;
 }
@@ -228,12 +234,19 @@ TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeigh
                                         DeviceBuffer<uint16_t>& storage,
                                         DeviceBuffer<float>& stacked_biases) {
   uint16_t* next = ensure_size(backend, storage, rounded_weights_elements(weights));
-  std::vector<RoundingJob> jobs;  // every weight [out, in] at once: one launch on a GPU
+  std::vector<RoundingJob> jobs;  // every weight [out, in] and bias at once: one launch on a GPU
   for_each_linear(weights, [&](LinearWeights& l) {
     if (!has_rounded_weight(l)) return;
     jobs.push_back({l.weight, l.out * l.in, next});
     l.rounded = next;
     next += l.out * l.in;
+  });
+  // The biases after every weight (a stacked view's parts' weights lie side by side).
+  for_each_linear(weights, [&](LinearWeights& l) {
+    if (rounded_bias_span(l) == 0) return;
+    jobs.push_back({l.bias, l.out, next});
+    l.rounded_bias = next;
+    next += rounded_bias_span(l);
   });
   backend.round_each_to_16_bits(jobs, Precision::kBFloat16);
   float* next_bias = ensure_size(backend, stacked_biases, stacked_bias_elements(weights));

@@ -35,6 +35,10 @@ struct Linear {
   // Training in bfloat16: the weight rounded to bfloat16 once per pass (with_rounded_weights),
   // which the products read instead of rounding `weight` at each one. Null: not rounded yet.
   const uint16_t* rounded = nullptr;  // [out, in]
+  // The bias rounded so too (with_rounded_weights), which a product writing its output in
+  // bfloat16 alone adds instead (MatmulEpilogue::rounded_bias: a GPU library rounds a bias it
+  // adds to a bfloat16 output, as PyTorch's autocast does). Null: none.
+  const uint16_t* rounded_bias = nullptr;  // [out]
 };
 
 template <typename F>
@@ -149,12 +153,14 @@ TransformerGradients bind_gradients(const ModelConfig& config, DeviceTensors& gr
 TransformerWeights with_product_precision(TransformerWeights weights, Precision precision);
 
 // Elements of bfloat16 storage that with_rounded_weights needs for `weights`: Σ out · in of
-// every linear multiplied in bfloat16 from its float weight (0 where none is).
+// every linear multiplied in bfloat16 from its float weight (0 where none is), and its bias's
+// out (in whole words of eight).
 int64_t rounded_weights_elements(const TransformerWeights& weights);
 // Elements of float storage for the stacked views' biases: Σ out of those with biases.
 int64_t stacked_bias_elements(const TransformerWeights& weights);
-// `weights` with each such linear's weight rounded to bfloat16 into `storage` (grown to
-// rounded_weights_elements) and its `rounded` pointing there: training in bfloat16 rounds each
+// `weights` with each such linear's weight (and bias: rounded_bias) rounded to bfloat16 into
+// `storage` (grown to rounded_weights_elements) and its `rounded` pointing there: training in
+// bfloat16 rounds each
 // weight once per pass instead of at each of its forward and backward products. The parts of a
 // stacked view are rounded one after another, so the view's [out, in] weight is theirs in
 // place; its bias is copied into `stacked_biases` (grown to stacked_bias_elements).

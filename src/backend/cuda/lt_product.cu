@@ -32,13 +32,13 @@ struct PlanKey {
   int device;
   int64_t m, n, k, ldx, ldw, ldy;
   int type, output_type;
-  bool bias, relu;
+  bool bias, bias_in_bfloat16, relu;
   uint32_t align_x, align_w, align_y, align_bias;
   bool operator<(const PlanKey& o) const {
-    return std::tie(device, m, n, k, ldx, ldw, ldy, type, output_type, bias, relu, align_x, align_w,
-                    align_y, align_bias) < std::tie(o.device, o.m, o.n, o.k, o.ldx, o.ldw, o.ldy,
-                                                    o.type, o.output_type, o.bias, o.relu,
-                                                    o.align_x, o.align_w, o.align_y, o.align_bias);
+    return std::tie(device, m, n, k, ldx, ldw, ldy, type, output_type, bias, bias_in_bfloat16, relu,
+                    align_x, align_w, align_y, align_bias) <
+           std::tie(o.device, o.m, o.n, o.k, o.ldx, o.ldw, o.ldy, o.type, o.output_type, o.bias,
+                    o.bias_in_bfloat16, o.relu, o.align_x, o.align_w, o.align_y, o.align_bias);
   }
 };
 
@@ -74,7 +74,7 @@ void set(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttribut
 
 // The descriptors for `key` and cuBLASLt's first choice of algorithm for them (usable false where
 // it has none). The bias pointer given is the one the heuristic judges alignment by.
-std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const float* bias) {
+std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void* bias) {
   const BlasLtLibrary& lt = blas_lt_library();
   auto plan = std::make_unique<Plan>();
   const auto type = cudaDataType_t(key.type);
@@ -86,12 +86,14 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const floa
                : (key.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
   set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue));
   if (key.bias) {
-    set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
-    // float32 (by default a bias has the output's type). cublasLt.h allows that for a float32
-    // output only: with a bfloat16 one the heuristic finds no algorithm, and such a product (the
-    // feed-forward's first in bfloat16 decoding) takes cuBLAS and a pass, as the H200's profiles
-    // show ("prepared bfloat16 out (cuBLAS + pass)"); a bfloat16 bias would round it.
-    set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_32F));
+    set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    // float32, or bfloat16 where given so (by default a bias has the output's type). cublasLt.h
+    // allows a float32 bias for a float32 output only: with a bfloat16 one the heuristic finds no
+    // algorithm, and such a product (the feed-forward's first in bfloat16 decoding) takes cuBLAS
+    // and a pass, as the H200's profiles show ("prepared bfloat16 out (cuBLAS + pass)"), unless
+    // its bias comes rounded (training's, MatmulEpilogue::rounded_bias).
+    set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+        int32_t(key.bias_in_bfloat16 ? CUDA_R_16BF : CUDA_R_32F));
   }
   const auto output_type = cudaDataType_t(key.output_type);
   TFM_CUDA(lt.layout_create(&plan->w_layout, type, uint64_t(key.k), uint64_t(key.n), key.ldw));
@@ -124,7 +126,7 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const floa
 
 // The plan for `key`, made on first use. Decoding meets one shape per live-hypothesis count and
 // weight; past kMaxPlans the cache starts again (shared pointers: a plan in use stays alive).
-std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const float* bias) {
+std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const void* bias) {
   constexpr size_t kMaxPlans = 4096;
   // Never destroyed: a plan's destructor calls into the library, which static destruction at
   // exit may already have torn down.
@@ -145,8 +147,10 @@ std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const float
 
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
                 const void* w, int64_t ldw, cudaDataType_t type, void* y,
-                cudaDataType_t output_type, int64_t ldy, const float* bias, bool relu) {
+                cudaDataType_t output_type, int64_t ldy, const float* float_bias,
+                const uint16_t* rounded_bias, bool relu) {
   static const bool enabled = !turned_off("TFM_CUDA_LT");  // else cuBLAS and a pass, to compare
+  const void* bias = float_bias ? static_cast<const void*>(float_bias) : rounded_bias;
   // A bias epilogue reads its vector in wide words: a bias off 16 bytes (a stacked bias of an
   // odd width) takes cuBLAS and a pass instead of risking a misaligned read.
   if (!enabled || (bias && !aligned(bias, 16))) return false;
@@ -169,6 +173,7 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
                     int(type),
                     int(output_type),
                     bias != nullptr,
+                    !float_bias && rounded_bias,
                     relu,
                     alignment_of(x),
                     alignment_of(w),
@@ -177,7 +182,7 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
   const std::shared_ptr<Plan> plan = plan_for(c, key, bias);
   std::lock_guard<std::mutex> plan_lock(plan->mutex);
   if (!plan->usable) return false;
-  if (bias) set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
+  if (bias) set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.f, beta = 0.f;
   const cublasStatus_t status = lt.matmul(
       c.blas_lt, plan->desc, &alpha, w, plan->w_layout, x, plan->x_layout, &beta, y, plan->y_layout,

@@ -14,14 +14,16 @@ namespace tfm {
 namespace cuda {
 
 // y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ with W [n, k] (row stride ldw), then +
-// bias (float32, on every row; null: none) and max(·, 0) where relu. x and W are both `type`:
+// bias (float32, on every row; null: none; or rounded_bias, bfloat16, for a bfloat16 output only)
+// and max(·, 0) where relu. x and W are both `type`:
 // CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F, accumulated in float32; y is `output_type`: CUDA_R_32F,
 // or CUDA_R_16BF from bfloat16 operands (rounded to nearest). Returns false, having enqueued
 // nothing, where cuBLASLt has no algorithm for the product (or TFM_CUDA_LT=0 is set, to compare
 // or rule it out); the caller then multiplies another way.
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
                 const void* w, int64_t ldw, cudaDataType_t type, void* y,
-                cudaDataType_t output_type, int64_t ldy, const float* bias, bool relu);
+                cudaDataType_t output_type, int64_t ldy, const float* bias,
+                const uint16_t* rounded_bias, bool relu);
 
 }  // namespace cuda
 }  // namespace tfm

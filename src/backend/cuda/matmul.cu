@@ -119,7 +119,7 @@ class CudaPreparedMatrix final : public PreparedMatrix {
     switch (precision_) {
       case Precision::kFloat32:
         if (!lt_product(context_, m, rows_, cols_, x, ldx, weights_float_.data(), cols_, CUDA_R_32F,
-                        y, CUDA_R_32F, ldy, epilogue.bias, epilogue.relu)) {
+                        y, CUDA_R_32F, ldy, epilogue.bias, nullptr, epilogue.relu)) {
           profiled_operation.rename(prepared_product_name(precision_, false, false));
           blas_product(context_, false, true, m, rows_, cols_, 1.f, x, ldx, weights_float_.data(),
                        cols_, 0.f, y, ldy, CUDA_R_32F);
@@ -168,7 +168,8 @@ class CudaPreparedMatrix final : public PreparedMatrix {
     if (lt_product(context_, m, rows_, cols_, x16, ld16, weights_16_bits_.data(), cols_,
                    blas_type(precision_),
                    bfloat16_output ? static_cast<void*>(epilogue.rounded_output) : y,
-                   bfloat16_output ? CUDA_R_16BF : CUDA_R_32F, ldy, epilogue.bias, epilogue.relu))
+                   bfloat16_output ? CUDA_R_16BF : CUDA_R_32F, ldy, epilogue.bias, nullptr,
+                   epilogue.relu))
       return true;
     Scratch result(context_, bfloat16_output ? m * ldy * int64_t(sizeof(float)) : 0);  // [m, ldy]
     float* target = bfloat16_output ? result.as<float>() : y;
@@ -256,10 +257,11 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
                               (epilogue.bias || epilogue.relu) && !epilogue.rounded_output;
   // A bfloat16 output the product may round itself (MatmulEpilogue::rounded_by_the_product):
   // cuBLASLt writes it directly where it has an algorithm, instead of a float block and a pass
-  // (a bfloat16 training step's logits: 537 MB of float written and read back a chunk).
+  // (a bfloat16 training step's logits: 537 MB of float written and read back a chunk; fc1's
+  // hidden layer, with its bias in bfloat16 and the ReLU inside the product).
   const bool lt_rounds = !trans_a && trans_b && alpha == 1.f && k > 0 &&
                          epilogue.rounded_by_the_product && epilogue.rounded_output &&
-                         !epilogue.bias && !epilogue.relu;
+                         (!epilogue.bias || epilogue.rounded_bias);
   // Else a bfloat16 output goes to a float block first, with C's row stride: cuBLAS may pick
   // another algorithm for another stride, and the bits must be the float path's. The block is
   // taken when cuBLAS is about to write it.
@@ -279,10 +281,11 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
   const auto multiply = [&](const void* a_read, int64_t a_ld, const void* b_read, int64_t b_ld,
                             cudaDataType_t type) {
     if (epilogue_in_lt && lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type, out, CUDA_R_32F,
-                                     ldc, epilogue.bias, epilogue.relu))
+                                     ldc, epilogue.bias, nullptr, epilogue.relu))
       return true;
     if (lt_rounds && lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type,
-                                epilogue.rounded_output, CUDA_R_16BF, ldc, nullptr, false))
+                                epilogue.rounded_output, CUDA_R_16BF, ldc, nullptr,
+                                epilogue.bias ? epilogue.rounded_bias : nullptr, epilogue.relu))
       return true;
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta,
                  float_target(), ld_target, type);
