@@ -216,24 +216,40 @@ int64_t stacked_bias_elements(const TransformerWeights& weights) {
   return n;
 }
 
-// Elements a linear's rounded bias takes in with_rounded_weights' storage: whole words of 16
-// bytes, so that every bias starts where a GPU library reads it in such words.
-int64_t rounded_bias_span(const LinearWeights& l) {
-  return has_rounded_weight(l) && l.bias ? (l.out + 7) / 8 * 8 : 0;
+namespace {
+
+// n rounded up to whole words of 16 bytes of bfloat16 (8 elements): where with_rounded_weights
+// starts the biases, and each bias's span, so that every bias starts where a GPU library reads
+// it in such words.
+int64_t whole_words(int64_t n) {
+  return (n + 7) / 8 * 8;
 }
 
-int64_t rounded_weights_elements(const TransformerWeights& weights) {
+// Elements of the rounded weights alone, then the biases' spans.
+int64_t rounded_weight_elements_alone(const TransformerWeights& weights) {
   int64_t n = 0;
   for_each_linear(weights, [&n](const LinearWeights& l) {
-    if (has_rounded_weight(l)) n += l.out * l.in + rounded_bias_span(l);
+    if (has_rounded_weight(l)) n += l.out * l.in;
   });
+  return n;
+}
+int64_t rounded_bias_span(const LinearWeights& l) {
+  return has_rounded_weight(l) && l.bias ? whole_words(l.out) : 0;
+}
+
+}  // namespace
+
+int64_t rounded_weights_elements(const TransformerWeights& weights) {
+  int64_t n = whole_words(rounded_weight_elements_alone(weights));
+  for_each_linear(weights, [&n](const LinearWeights& l) { n += rounded_bias_span(l); });
   return n;
 }
 
 TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeights weights,
                                         DeviceBuffer<uint16_t>& storage,
                                         DeviceBuffer<float>& stacked_biases) {
-  uint16_t* next = ensure_size(backend, storage, rounded_weights_elements(weights));
+  uint16_t* const first = ensure_size(backend, storage, rounded_weights_elements(weights));
+  uint16_t* next = first;
   std::vector<RoundingJob> jobs;  // every weight [out, in] and bias at once: one launch on a GPU
   for_each_linear(weights, [&](LinearWeights& l) {
     if (!has_rounded_weight(l)) return;
@@ -242,6 +258,7 @@ TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeigh
     next += l.out * l.in;
   });
   // The biases after every weight (a stacked view's parts' weights lie side by side).
+  next = first + whole_words(next - first);
   for_each_linear(weights, [&](LinearWeights& l) {
     if (rounded_bias_span(l) == 0) return;
     jobs.push_back({l.bias, l.out, next});
