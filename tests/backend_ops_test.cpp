@@ -2323,39 +2323,11 @@ TEST_P(BackendOps, LabelSmoothedCrossEntropyAndItsGradientMatchFloat64) {
       // loss of their values widened, within the float path's tolerance of float64's on those
       // values, and the gradient to within a bfloat16 rounding of it. Forward only (a zero scale):
       // the same totals.
-      const RoundedCopy logits16 = rounded_copy(logits, Precision::kBFloat16);
-      for (float scale : {grad_scale, 0.f}) {
-        std::vector<uint16_t> in_place = logits16.bits;
-        std::vector<double> totals16(size_t(rows * 3), -1.0);  // [rows, 3]
-        be().cross_entropy_forward_backward(nullptr, targets.data(), rows, vocab, smoothing, scale,
-                                            totals16.data(), in_place.data());
-        for (int64_t r = 0; r < rows; ++r) {
-          const float* z = logits16.widened.data() + r * vocab;
-          double max = -INFINITY, sum = 0, mean_nll = 0;
-          int64_t argmax = 0;
-          for (int64_t c = 0; c < vocab; ++c)
-            if (z[c] > max) max = z[c], argmax = c;
-          for (int64_t c = 0; c < vocab; ++c) sum += std::exp(z[c] - max);
-          const double log_z = max + std::log(sum);
-          for (int64_t c = 0; c < vocab; ++c) mean_nll += (log_z - z[c]) / double(vocab);
-          const double target_nll = log_z - z[targets[size_t(r)]];
-          const double loss = (1 - smoothing) * target_nll + smoothing * mean_nll;
-          const double* got = totals16.data() + 3 * r;
-          EXPECT_NEAR(got[0], loss, 1e-5 * (1 + loss)) << "bfloat16, vocab " << vocab;
-          EXPECT_NEAR(got[1], target_nll, 1e-5 * (1 + target_nll)) << "bfloat16, vocab " << vocab;
-          EXPECT_EQ(got[2], argmax == targets[size_t(r)] ? 1.0 : 0.0) << "bfloat16, " << vocab;
-          for (int64_t c = 0; c < vocab; ++c) {
-            const double want =
-                scale * (std::exp(z[c] - log_z) - ((c == targets[size_t(r)] ? 1 - smoothing : 0.0) +
-                                                   smoothing / double(vocab)));
-            ASSERT_NEAR(bfloat16_to_float(in_place[size_t(r * vocab + c)]), want,
-                        std::abs(want) / 256 + 1e-6)
-                << "bfloat16, vocab " << vocab << " row " << r << " column " << c;
-          }
-        }
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* z = logits.data() + r * vocab;
+      // float64's loss terms of row r of z [rows, vocab] against got [3] (what names the case),
+      // and its gradient grad_scale · (softmax − smoothed one-hot) at each column.
+      const auto check_row = [&](const float* z_rows, int64_t r, const double* got, float scale,
+                                 const std::string& what) {
+        const float* z = z_rows + r * vocab;
         double max = -INFINITY, sum = 0, mean_nll = 0;
         int64_t argmax = 0;
         for (int64_t c = 0; c < vocab; ++c)
@@ -2365,17 +2337,37 @@ TEST_P(BackendOps, LabelSmoothedCrossEntropyAndItsGradientMatchFloat64) {
         for (int64_t c = 0; c < vocab; ++c) mean_nll += (log_z - z[c]) / double(vocab);
         const double target_nll = log_z - z[targets[size_t(r)]];
         const double loss = (1 - smoothing) * target_nll + smoothing * mean_nll;
-        const double* got = row_totals.data() + 3 * r;
-        EXPECT_NEAR(got[0], loss, 1e-5 * (1 + loss)) << "vocab " << vocab << " row " << r;
-        EXPECT_NEAR(got[1], target_nll, 1e-5 * (1 + target_nll)) << "vocab " << vocab;
-        EXPECT_EQ(got[2], argmax == targets[size_t(r)] ? 1.0 : 0.0) << "vocab " << vocab;
-        for (int64_t c = 0; c < vocab; ++c) {
-          const double want =
-              grad_scale *
-              (std::exp(z[c] - log_z) -
-               ((c == targets[size_t(r)] ? 1 - smoothing : 0.0) + smoothing / double(vocab)));
-          ASSERT_NEAR(grad[size_t(r * vocab + c)], want, 1e-6) << "vocab " << vocab;
+        EXPECT_NEAR(got[0], loss, 1e-5 * (1 + loss)) << what << " row " << r;
+        EXPECT_NEAR(got[1], target_nll, 1e-5 * (1 + target_nll)) << what << " row " << r;
+        EXPECT_EQ(got[2], argmax == targets[size_t(r)] ? 1.0 : 0.0) << what << " row " << r;
+        std::vector<double> gradient(static_cast<size_t>(vocab));
+        for (int64_t c = 0; c < vocab; ++c)
+          gradient[size_t(c)] =
+              scale * (std::exp(z[c] - log_z) - ((c == targets[size_t(r)] ? 1 - smoothing : 0.0) +
+                                                 smoothing / double(vocab)));
+        return gradient;
+      };
+      const RoundedCopy logits16 = rounded_copy(logits, Precision::kBFloat16);
+      for (float scale : {grad_scale, 0.f}) {
+        std::vector<uint16_t> in_place = logits16.bits;
+        std::vector<double> totals16(size_t(rows * 3), -1.0);  // [rows, 3]
+        be().cross_entropy_forward_backward(nullptr, targets.data(), rows, vocab, smoothing, scale,
+                                            totals16.data(), in_place.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          const std::vector<double> want =
+              check_row(logits16.widened.data(), r, totals16.data() + 3 * r, scale,
+                        "bfloat16, vocab " + std::to_string(vocab));
+          for (int64_t c = 0; c < vocab; ++c)
+            ASSERT_NEAR(bfloat16_to_float(in_place[size_t(r * vocab + c)]), want[size_t(c)],
+                        std::abs(want[size_t(c)]) / 256 + 1e-6)
+                << "bfloat16, vocab " << vocab << " row " << r << " column " << c;
         }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<double> want = check_row(logits.data(), r, row_totals.data() + 3 * r,
+                                                   grad_scale, "vocab " + std::to_string(vocab));
+        for (int64_t c = 0; c < vocab; ++c)
+          ASSERT_NEAR(grad[size_t(r * vocab + c)], want[size_t(c)], 1e-6) << "vocab " << vocab;
       }
     }
 }

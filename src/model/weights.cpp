@@ -156,6 +156,26 @@ bool has_rounded_weight(const LinearWeights& l) {
   return l.precision == Precision::kBFloat16 && !l.prepared && l.weight && l.out > 0;
 }
 
+// n rounded up to whole words of 16 bytes of bfloat16 (8 elements): where with_rounded_weights
+// starts the biases, and each bias's span, so that every bias starts where a GPU library reads
+// it in such words.
+int64_t whole_words(int64_t n) {
+  return (n + 7) / 8 * 8;
+}
+
+// Elements of the rounded weights alone (the biases come after them).
+int64_t rounded_weight_elements_alone(const TransformerWeights& weights) {
+  int64_t n = 0;
+  for_each_linear(weights, [&n](const LinearWeights& l) {
+    if (has_rounded_weight(l)) n += l.out * l.in;
+  });
+  return n;
+}
+// Elements a linear's rounded bias takes after them (0: it has none).
+int64_t rounded_bias_span(const LinearWeights& l) {
+  return has_rounded_weight(l) && l.bias ? whole_words(l.out) : 0;
+}
+
 // f(stacked view, its parts) for the views a bfloat16 training pass multiplies through: each
 // self-attention's Q|K|V and each cross-attention's K|V.
 template <typename Weights, typename F>
@@ -215,29 +235,6 @@ int64_t stacked_bias_elements(const TransformerWeights& weights) {
   });
   return n;
 }
-
-namespace {
-
-// n rounded up to whole words of 16 bytes of bfloat16 (8 elements): where with_rounded_weights
-// starts the biases, and each bias's span, so that every bias starts where a GPU library reads
-// it in such words.
-int64_t whole_words(int64_t n) {
-  return (n + 7) / 8 * 8;
-}
-
-// Elements of the rounded weights alone, then the biases' spans.
-int64_t rounded_weight_elements_alone(const TransformerWeights& weights) {
-  int64_t n = 0;
-  for_each_linear(weights, [&n](const LinearWeights& l) {
-    if (has_rounded_weight(l)) n += l.out * l.in;
-  });
-  return n;
-}
-int64_t rounded_bias_span(const LinearWeights& l) {
-  return has_rounded_weight(l) && l.bias ? whole_words(l.out) : 0;
-}
-
-}  // namespace
 
 int64_t rounded_weights_elements(const TransformerWeights& weights) {
   int64_t n = whole_words(rounded_weight_elements_alone(weights));

@@ -156,6 +156,17 @@ __device__ __forceinline__ void product(const uint16_t* a, int lda, const uint16
   }
 }
 
+// S = Q·Kᵀ (float, shared, Tiles<kLen>'s result pitch) from Q and K (bfloat16, shared, its head
+// pitch): the one product of the forward's scores and of the backward that rebuilds the weights
+// from them, so that both sum alike, to the bit.
+template <int kLen, int kThreads>
+__device__ __forceinline__ void scores(const uint16_t* queries, const uint16_t* keys,
+                                       float* result) {
+  using T = Tiles<kLen>;
+  product<kLen, kLen, kHead, wmma::row_major, wmma::col_major, kThreads>(
+      queries, T::kPitchHead, keys, T::kPitchHead, result, T::kPitchResult);
+}
+
 // The first `rows` rows of a head's width of C (shared, rows `pitch` apart) to rows of `first`
 // row_stride apart (null: not there), and, where `rounded` is given, rounded to bfloat16 to its
 // rows rounded_stride apart.
@@ -199,8 +210,7 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kForwardBlocksAnSm<kLen>)
     held_v.store(values, T::kPitchHead);
   }
   __syncthreads();
-  product<kLen, kLen, kHead, wmma::row_major, wmma::col_major, kThreads>(
-      queries, T::kPitchHead, keys, T::kPitchHead, result, T::kPitchResult);  // S = Q·Kᵀ
+  scores<kLen, kThreads>(queries, keys, result);
   __syncthreads();
   // The weights into probs, or (statistics_only) each row's shift and inverse sum: [Tq, 2].
   float* weights = probs && !statistics_only ? probs : nullptr;
@@ -314,8 +324,7 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
       held_k.store(keys, T::kPitchHead);
     }
     __syncthreads();
-    product<kLen, kLen, kHead, wmma::row_major, wmma::col_major, kThreads>(
-        queries, T::kPitchHead, keys, T::kPitchHead, result, T::kPitchResult);  // S = Q·Kᵀ
+    scores<kLen, kThreads>(queries, keys, result);
     __syncthreads();
     held_d_out.fetch(at.output(s, d_out), s.out_row_stride, tq, kHead);  // in flight meanwhile
     held_v.fetch(at.value(s, v), s.v_row_stride, tk, kHead);

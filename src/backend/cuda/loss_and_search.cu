@@ -20,24 +20,32 @@ __device__ __forceinline__ bool reads_as_float4(const void* row, int64_t cols) {
   return (cols & 3) == 0 && aligned(row, 16);
 }
 
-// visit_word(x, i) for this thread's 16-byte words of a row that reads_as_float4 (word i holds
-// columns 4i to 4i + 3), in increasing order, four loads issued before the first is visited:
-// one load in flight per thread kept too few bytes in flight to cover the memory's latency.
-template <typename VisitWord>
-__device__ __forceinline__ void for_each_word_in_row(const float* row, int64_t cols,
-                                                     VisitWord visit_word) {
-  const float4* row4 = reinterpret_cast<const float4*>(row);
-  const int64_t words = cols / 4, step = blockDim.x;
+// visit_word(word, i) for this thread's 16-byte words (Word: float4 or uint4) of a row of
+// `words` such words, in increasing order, four loads issued before the first is visited: one
+// load in flight per thread kept too few bytes in flight to cover the memory's latency.
+template <typename Word, typename VisitWord>
+__device__ __forceinline__ void for_each_word(const void* row, int64_t words,
+                                              VisitWord visit_word) {
+  const Word* row_words = static_cast<const Word*>(row);
+  const int64_t step = blockDim.x;
   constexpr int kInFlight = 4;
   int64_t i = threadIdx.x;
   for (; i + (kInFlight - 1) * step < words; i += kInFlight * step) {
-    float4 x[kInFlight];
+    Word x[kInFlight];
 #pragma unroll
-    for (int n = 0; n < kInFlight; ++n) x[n] = row4[i + n * step];
+    for (int n = 0; n < kInFlight; ++n) x[n] = row_words[i + n * step];
 #pragma unroll
     for (int n = 0; n < kInFlight; ++n) visit_word(x[n], i + n * step);
   }
-  for (; i < words; i += step) visit_word(row4[i], i);
+  for (; i < words; i += step) visit_word(row_words[i], i);
+}
+
+// visit_word(x, i) for this thread's float4 words of a row that reads_as_float4 (word i holds
+// columns 4i to 4i + 3), as for_each_word visits them.
+template <typename VisitWord>
+__device__ __forceinline__ void for_each_word_in_row(const float* row, int64_t cols,
+                                                     VisitWord visit_word) {
+  for_each_word<float4>(row, cols / 4, visit_word);
 }
 
 // visit(x, c) for this thread's columns of a row, in increasing order: four at a time from
@@ -73,25 +81,11 @@ __device__ __forceinline__ void widen_eight(const uint4& word, float* x) {
 template <typename VisitWord>
 __device__ __forceinline__ void for_each_word_of_eight(const uint16_t* row, int64_t cols,
                                                        VisitWord visit_word) {
-  const uint4* row8 = reinterpret_cast<const uint4*>(row);
-  const int64_t words = cols / 8, step = blockDim.x;
-  constexpr int kInFlight = 4;
-  int64_t i = threadIdx.x;
-  float x[8];
-  for (; i + (kInFlight - 1) * step < words; i += kInFlight * step) {
-    uint4 w[kInFlight];
-#pragma unroll
-    for (int n = 0; n < kInFlight; ++n) w[n] = row8[i + n * step];
-#pragma unroll
-    for (int n = 0; n < kInFlight; ++n) {
-      widen_eight(w[n], x);
-      visit_word(x, i + n * step);
-    }
-  }
-  for (; i < words; i += step) {
-    widen_eight(row8[i], x);
+  for_each_word<uint4>(row, cols / 8, [&](const uint4& word, int64_t i) {
+    float x[8];
+    widen_eight(word, x);
     visit_word(x, i);
-  }
+  });
 }
 template <typename Visit>
 __device__ __forceinline__ void for_each_in_row(const uint16_t* row, int64_t cols, Visit visit) {
