@@ -128,7 +128,8 @@ diagnose() {  # diagnose STEP
   fi
   echo "== $1 failed: $failed; again with each newer path off"
   for switch in TFM_CUDA_GRAPHS=0 TFM_CUDA_LT=0 TFM_CUDA_TENSOR_CORE_ATTENTION=0 \
-    TFM_CUDA_REBUILT_WEIGHTS=0 TFM_CUDA_ONE_PASS_NORM=0 TFM_STACKED_PROJECTIONS=0; do
+    TFM_CUDA_REBUILT_WEIGHTS=0 TFM_CUDA_BFLOAT16_QKV=0 TFM_CUDA_ONE_PASS_NORM=0 \
+    TFM_STACKED_PROJECTIONS=0; do
     if [ $SECONDS -gt 300 ]; then
       verdict="not tried (time)"
     else
@@ -186,7 +187,8 @@ step train_vs_compile_bf16 120 train_compare bfloat16 --compile
 # (model/weights.cpp) against their separate products (TFM_STACKED_PROJECTIONS); the products'
 # bias (and ReLU) inside cuBLASLt's product against cuBLAS and a pass (TFM_CUDA_LT); the
 # tensor-core backward rebuilding the attention weights from Q·Kᵀ against the forward storing them
-# (TFM_CUDA_REBUILT_WEIGHTS).
+# (TFM_CUDA_REBUILT_WEIGHTS); the projections writing Q, K and V in bfloat16 alone for those
+# blocks against float32 (TFM_CUDA_BFLOAT16_QKV).
 path_against_switch() {  # path_against_switch SWITCH WHAT [BATCH LENGTH]: 400 pairs of 63 tokens
   local run=(build/bench/train_bench --batch "${3:-400}" --src-len "${4:-63}" --tgt-len "${4:-63}"
     --vocab 37000 --steps 5 --warmup 2 --device cuda --compute-type bfloat16)
@@ -218,6 +220,8 @@ step stacked_projections_train 60 path_against_switch TFM_STACKED_PROJECTIONS \
 step lt_epilogue_train 60 path_against_switch TFM_CUDA_LT "bias inside cuBLASLt's products"
 step rebuilt_weights_train 60 path_against_switch TFM_CUDA_REBUILT_WEIGHTS \
   "attention weights rebuilt in the backward"
+step bfloat16_qkv_train 60 path_against_switch TFM_CUDA_BFLOAT16_QKV \
+  "Q, K and V written in bfloat16 alone"
 # Where a bfloat16 step's GPU time goes, per operation and shape (TFM_CUDA_PROFILE=shapes: events
 # around each).
 profile_step() {

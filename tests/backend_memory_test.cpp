@@ -35,6 +35,7 @@
 #include "model/transformer.h"
 #include "skip_report.h"
 #include "tensor/file_util.h"
+#include "tensor/float16.h"
 #include "tensor/random.h"
 #include "train/checkpoint.h"
 #include "train/loss.h"
@@ -61,6 +62,17 @@ class MemoryCheckingBackend : public Backend {
     return calls_;
   }
   void set_ignore_rounded_copies(bool ignore) { ignore_rounded_copies_ = ignore; }
+
+  // What attention makes of Q, K and V in a bfloat16 training step's calls (AttentionShape::
+  // products kBFloat16): kAsGiven, the CPU's float32; kRoundedAtLoad, rounded to bfloat16 first,
+  // as CUDA's tensor-core blocks round them as they load them; kRoundedAlone, the same, and the
+  // backend says it reads them in bfloat16 alone where there is no attention dropout
+  // (attention_reads_rounded_inputs, as CUDA's says for the calls those blocks take), so the
+  // model writes them so; their copies are widened for the CPU.
+  enum class BFloat16Attention { kAsGiven, kRoundedAtLoad, kRoundedAlone };
+  void set_bfloat16_attention(BFloat16Attention mode) { bfloat16_attention_ = mode; }
+  // Attention calls handed Q, K and V in bfloat16 alone so far.
+  int64_t rounded_attention_calls() const { return rounded_attention_calls_; }
 
   std::string name() const override { return "memory-checking cpu"; }
   bool supports(Precision precision) const override { return cpu().supports(precision); }
@@ -113,13 +125,22 @@ class MemoryCheckingBackend : public Backend {
     return std::make_unique<CheckedMatrix>(*this, cpu().prepare_int8_matrix(parts, part_rows, k));
   }
 
+  bool attention_reads_rounded_inputs(const AttentionShape& shape, const AttentionMask& mask,
+                                      const AttentionDropout& dropout) const override {
+    return bfloat16_attention_ == BFloat16Attention::kRoundedAlone &&
+           shape.products == Precision::kBFloat16 && dropout.p == 0.f && !shape.key_rows &&
+           !mask.key_batch;
+  }
   void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                          const float* k, const float* v, float* probs, float* out,
                          const AttentionDropout& dropout) const override {
     const Access access =
         check("attention_forward", {{"q", q}, {"k", k}, {"v", v}, {"probs", probs}, {"out", out}});
     const Access attention_access = check_attention("attention_forward", shape, mask, dropout);
-    cpu().attention_forward(shape, mask, q, k, v, probs, out, dropout);
+    check_rounded_attention_inputs("attention_forward", shape,
+                                   attention_reads_rounded_inputs(shape, mask, dropout));
+    const InputsForCpu in = inputs_for_cpu(shape, q, k, v);
+    cpu().attention_forward(in.shape, mask, in.q, in.k, in.v, probs, out, dropout);
   }
   void attention_forward_16_bit_cache(const AttentionShape& shape, const AttentionMask& mask,
                                       const float* q, Precision format, const uint16_t* k,
@@ -144,7 +165,11 @@ class MemoryCheckingBackend : public Backend {
                                                        {"dv", dv},
                                                        {"d_additive_v", d_additive_v}});
     const Access attention_access = check_attention("attention_backward", shape, mask, dropout);
-    cpu().attention_backward(shape, mask, q, k, v, probs, dropout, d_out, dq, dk, dv, d_additive_v);
+    check_rounded_attention_inputs("attention_backward", shape,
+                                   probs && attention_reads_rounded_inputs(shape, mask, dropout));
+    const InputsForCpu in = inputs_for_cpu(shape, q, k, v);
+    cpu().attention_backward(in.shape, mask, in.q, in.k, in.v, probs, dropout, d_out, dq, dk, dv,
+                             d_additive_v);
   }
 
   void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
@@ -506,10 +531,45 @@ class MemoryCheckingBackend : public Backend {
   Access check(const char* operation, std::initializer_list<Argument> arguments) const {
     return check<std::initializer_list<Argument>>(operation, arguments);
   }
+  // Q, K and V as the CPU is to read them (set_bfloat16_attention): as given, or in bfloat16 (the
+  // copies widened, or the floats rounded) in host arrays of the same layouts (dense batches).
+  struct InputsForCpu {
+    AttentionShape shape;
+    const float *q, *k, *v;
+    std::vector<float> q_host, k_host, v_host;
+  };
+  InputsForCpu inputs_for_cpu(const AttentionShape& s, const float* q, const float* k,
+                              const float* v) const {
+    InputsForCpu in{s, q, k, v, {}, {}, {}};
+    in.shape.rounded_q = in.shape.rounded_k = in.shape.rounded_v = nullptr;
+    if (s.rounded_q) ++rounded_attention_calls_;
+    if (bfloat16_attention_ == BFloat16Attention::kAsGiven || s.products != Precision::kBFloat16)
+      return in;
+    if (s.k_batch_stride || s.v_batch_stride || s.key_rows)
+      throw std::logic_error("memory-checking backend: bfloat16 attention over dense batches only");
+    const int64_t width = s.heads * s.head_dim;
+    const auto widen = [&](const float* x, const uint16_t* rounded, int64_t rows, int64_t stride,
+                           std::vector<float>& host) {
+      host.assign(size_t(rows > 0 ? (rows - 1) * stride + width : 0), 0.f);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < width; ++c) {
+          const int64_t at = r * stride + c;
+          host[size_t(at)] = bfloat16_to_float(rounded ? rounded[at] : float_to_bfloat16(x[at]));
+        }
+      return host.data();
+    };
+    in.q = widen(q, s.rounded_q, s.batch * s.query_len, s.q_row_stride, in.q_host);
+    in.k = widen(k, s.rounded_k, s.batch * s.key_len, s.k_row_stride, in.k_host);
+    in.v = widen(v, s.rounded_v, s.batch * s.key_len, s.v_row_stride, in.v_host);
+    return in;
+  }
   Access check_attention(const char* operation, const AttentionShape& shape,
                          const AttentionMask& mask, const AttentionDropout& dropout) const {
     return admit(operation,
                  std::initializer_list<Argument>{{"shape.key_rows", shape.key_rows},
+                                                 {"shape.rounded_q", shape.rounded_q},
+                                                 {"shape.rounded_k", shape.rounded_k},
+                                                 {"shape.rounded_v", shape.rounded_v},
                                                  {"shape.rounded_out", shape.rounded_out},
                                                  {"shape.rounded_dq", shape.rounded_dq},
                                                  {"shape.rounded_dk", shape.rounded_dk},
@@ -541,6 +601,8 @@ class MemoryCheckingBackend : public Backend {
   mutable std::atomic<int64_t> rounded_operands_{0};
   mutable std::map<std::string, int64_t> calls_;  // by operation
   bool ignore_rounded_copies_ = false;
+  BFloat16Attention bfloat16_attention_ = BFloat16Attention::kAsGiven;
+  mutable std::atomic<int64_t> rounded_attention_calls_{0};
 };
 
 // While a test runs on a checking backend: a fault on its memory (host code reading or writing
@@ -807,13 +869,56 @@ void expect_planned_block_fits_exactly(const MemoryCheckingBackend& backend, Pla
   EXPECT_EQ(planned_results, grown_results);
 }
 
+// The trainer's passes over `batches` in `precision`: for each batch, a training pass with
+// `dropout` and a validation pass (no dropout, no gradient). plan(ws) plans them; run(ws) runs them
+// as a run interleaves them and returns their results: every pass' totals and the gradients'
+// checksum.
+class TrainingPasses {
+ public:
+  TrainingPasses(const Model& model, std::vector<TokenBatch> batches, const DropoutOptions& dropout,
+                 Precision precision)
+      : model_(model),
+        batches_(std::move(batches)),
+        dropout_(dropout),
+        precision_(precision),
+        gradients_(DeviceTensors::zeros_like(model.parameters())),
+        bound_(bind_gradients(model.config(), gradients_)) {}
+  void plan(TrainingWorkspace& ws) const {
+    for (const TokenBatch& batch : batches_) {
+      plan_loss_and_gradients(model_, shape_of(batch), dropout_, true, ws, precision_);
+      plan_loss_and_gradients(model_, shape_of(batch), {}, false, ws, precision_);
+    }
+  }
+  std::vector<double> run(TrainingWorkspace& ws) {
+    gradients_.set_zero();
+    std::vector<double> results;
+    for (const TokenBatch& batch : batches_)
+      for (float grad_scale : {1e-2f, 0.f}) {
+        const LossTotals totals = loss_and_gradients(
+            model_, bound_, batch, grad_scale != 0.f ? dropout_ : DropoutOptions{}, 0.1f,
+            grad_scale, ws, precision_);
+        results.insert(results.end(), {totals.loss, totals.nll, double(totals.correct)});
+      }
+    const uint64_t checksum = checksum_tensors(gradients_);
+    results.insert(results.end(), {double(checksum >> 32), double(checksum & 0xffffffffu)});
+    return results;
+  }
+
+ private:
+  const Model& model_;
+  std::vector<TokenBatch> batches_;
+  DropoutOptions dropout_;
+  Precision precision_;
+  DeviceTensors gradients_;
+  TransformerGradients bound_;
+};
+
 // Training and validation passes (the trainer's TrainingWorkspace), in each precision, with and
 // without dropout inside the feed-forward layer (without it, bfloat16 training holds the hidden
 // layer in bfloat16 only: model/feed_forward.cpp).
 TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExactly) {
   const Model& model = *model_;
-  const ModelConfig& config = model.config();
-  const std::vector<TokenBatch> batches = batches_of_several_shapes(config, batch_);
+  const std::vector<TokenBatch> batches = batches_of_several_shapes(model.config(), batch_);
   for (float relu_dropout : {0.1f, 0.f})
     for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
       if (!backend_.supports(precision)) {
@@ -826,44 +931,63 @@ TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExact
       dropout.dropout = dropout.attention_dropout = 0.1f;
       dropout.relu_dropout = relu_dropout;
       dropout.seed = 5;
-      auto plan = [&](TrainingWorkspace& ws) {
-        for (const TokenBatch& batch : batches) {
-          plan_loss_and_gradients(model, shape_of(batch), dropout, true, ws, precision);
-          plan_loss_and_gradients(model, shape_of(batch), {}, false, ws, precision);
-        }
-      };
-      // As a run interleaves them; the results: every pass' totals and the gradients' checksum.
-      DeviceTensors gradients = DeviceTensors::zeros_like(model.parameters());
-      const TransformerGradients g = bind_gradients(config, gradients);
-      auto run = [&](TrainingWorkspace& ws) {
-        gradients.set_zero();
-        std::vector<double> results;
-        for (const TokenBatch& batch : batches)
-          for (float grad_scale : {1e-2f, 0.f}) {
-            const LossTotals totals =
-                loss_and_gradients(model, g, batch, grad_scale != 0.f ? dropout : DropoutOptions{},
-                                   0.1f, grad_scale, ws, precision);
-            results.insert(results.end(), {totals.loss, totals.nll, double(totals.correct)});
-          }
-        const uint64_t checksum = checksum_tensors(gradients);
-        results.insert(results.end(), {double(checksum >> 32), double(checksum & 0xffffffffu)});
-        return results;
-      };
-      expect_planned_block_fits_exactly<TrainingWorkspace>(backend_, plan, run);
+      TrainingPasses passes(model, batches, dropout, precision);
+      expect_planned_block_fits_exactly<TrainingWorkspace>(
+          backend_, [&](TrainingWorkspace& ws) { passes.plan(ws); },
+          [&](TrainingWorkspace& ws) { return passes.run(ws); });
       if (precision == Precision::kBFloat16) {
         // Each operand rounded once (the weights per pass, the attention inputs, the output
         // gradients: the copies handed to matmul) gives bit for bit what rounding it again at
         // every product gives.
         TrainingWorkspace once, at_each_product;
         const int64_t before = backend_.rounded_operands();
-        const std::vector<double> rounded_once = run(once);
+        const std::vector<double> rounded_once = passes.run(once);
         EXPECT_GT(backend_.rounded_operands(), before) << "no product was handed a rounded copy";
         backend_.set_ignore_rounded_copies(true);
-        const std::vector<double> rounded_again = run(at_each_product);
+        const std::vector<double> rounded_again = passes.run(at_each_product);
         backend_.set_ignore_rounded_copies(false);
         EXPECT_EQ(rounded_once, rounded_again);
       }
     }
+  EXPECT_TRUE(backend_.violations().empty())
+      << "host memory handed to operations:" << listed(backend_.violations());
+}
+
+// Training in bfloat16 on a backend whose attention reads Q, K and V in bfloat16 alone (CUDA's
+// tensor-core blocks, for calls without attention dropout): the projections write them so, in
+// buffers the plan sized (without attention dropout, and with it, where they stay float32), and
+// every pass gives bit for bit what rounding float32 Q, K and V as the attention loads them gives
+// (the products round their own sums as the float32 ones are rounded).
+TEST_P(BackendMemory, BFloat16ProjectionsAreWrittenAloneWhereTheAttentionReadsNothingElse) {
+  using Mode = MemoryCheckingBackend::BFloat16Attention;
+  if (!backend_.supports(Precision::kBFloat16)) {
+    testing_support::skip_precision(backend_, Precision::kBFloat16, "bfloat16 projections");
+    return;
+  }
+  const Model& model = *model_;
+  const std::vector<TokenBatch> batches = batches_of_several_shapes(model.config(), batch_);
+  for (float attention_dropout : {0.f, 0.1f}) {
+    SCOPED_TRACE("attention dropout " + std::to_string(attention_dropout));
+    DropoutOptions dropout;
+    dropout.dropout = dropout.relu_dropout = 0.1f;
+    dropout.attention_dropout = attention_dropout;
+    dropout.seed = 3;
+    TrainingPasses passes(model, batches, dropout, Precision::kBFloat16);
+    TrainingWorkspace at_load;
+    backend_.set_bfloat16_attention(Mode::kRoundedAtLoad);
+    const std::vector<double> rounded_at_load = passes.run(at_load);
+    backend_.set_bfloat16_attention(Mode::kRoundedAlone);
+    const int64_t before = backend_.rounded_attention_calls();
+    TrainingWorkspace alone;
+    const std::vector<double> rounded_alone = passes.run(alone);
+    EXPECT_GT(backend_.rounded_attention_calls(), before)
+        << "no attention call was handed Q, K and V in bfloat16 alone";
+    EXPECT_EQ(rounded_alone, rounded_at_load);
+    expect_planned_block_fits_exactly<TrainingWorkspace>(
+        backend_, [&](TrainingWorkspace& ws) { passes.plan(ws); },
+        [&](TrainingWorkspace& ws) { return passes.run(ws); });
+    backend_.set_bfloat16_attention(Mode::kAsGiven);
+  }
   EXPECT_TRUE(backend_.violations().empty())
       << "host memory handed to operations:" << listed(backend_.violations());
 }

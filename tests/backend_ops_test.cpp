@@ -1451,6 +1451,44 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
             << "Tq " << c.query_len << ": the weights were stored as well";
       }
     }
+    {  // Q, K and V in bfloat16 alone (AttentionShape::rounded_q, _k, _v; q, k, v null), as a
+       // training step gives them, its weights kept for the backward alone: where the backend reads
+       // them so (CUDA's tensor-core blocks), the same output and gradients as from the float ones
+       // it rounds as it loads them, to the bit; elsewhere the call is refused.
+      AttentionShape alone = s;
+      alone.weights_for_backward_only = true;
+      const std::vector<uint16_t> q16 = rounded_copy(q, Precision::kBFloat16).bits;
+      const std::vector<uint16_t> kv16 = rounded_copy(kv, Precision::kBFloat16).bits;
+      alone.rounded_q = q16.data();
+      alone.rounded_k = kv16.data();
+      alone.rounded_v = kv16.data() + width;
+      const bool reads = be().attention_reads_rounded_inputs(alone, mask, {});
+      const char* switched = std::getenv("TFM_CUDA_BFLOAT16_QKV");
+      EXPECT_EQ(reads, tensor_core_blocks && !(switched && std::string(switched) == "0"))
+          << "Tq " << c.query_len;
+      std::vector<float> alone_probs(probs.size(), 7.f), alone_out(q.size(), 9.f);
+      if (!reads) {
+        EXPECT_THROW(be().attention_forward(alone, mask, nullptr, nullptr, nullptr,
+                                            alone_probs.data(), alone_out.data(), {}),
+                     std::invalid_argument);
+      } else {
+        be().attention_forward(alone, mask, nullptr, nullptr, nullptr, alone_probs.data(),
+                               alone_out.data(), {});
+        ASSERT_EQ(alone_out, out) << "Tq " << c.query_len;
+        std::vector<float> alone_dq(q.size(), 9.f), alone_dkv(kv.size(), 9.f);
+        std::vector<uint16_t> alone_rounded_dq(q.size(), 9), alone_rounded_dkv(kv.size(), 9);
+        alone.rounded_dq = alone_rounded_dq.data();
+        alone.rounded_dk = alone_rounded_dkv.data();
+        alone.rounded_dv = alone_rounded_dkv.data() + width;
+        be().attention_backward(alone, mask, nullptr, nullptr, nullptr, alone_probs.data(), {},
+                                d_out.data(), alone_dq.data(), alone_dkv.data(),
+                                alone_dkv.data() + width, d_additive_v.data());
+        ASSERT_EQ(alone_dq, dq) << "Tq " << c.query_len;
+        ASSERT_EQ(alone_dkv, dkv) << "Tq " << c.query_len;
+        ASSERT_EQ(alone_rounded_dq, rounded_dq) << "Tq " << c.query_len;
+        ASSERT_EQ(alone_rounded_dkv, rounded_dkv) << "Tq " << c.query_len;
+      }
+    }
     struct Reference {
       std::vector<float> out;
       std::vector<double> dq, dk, dv;

@@ -262,6 +262,23 @@ int64_t attention_weights(const AttentionShape& s) {
   return s.batch * s.heads * s.query_len * s.key_len;
 }
 
+// Q, K and V as an attention call reads them, over `sequences` key sequences: the float ones
+// (or 16-bit cached keys and values), or their bfloat16 copies (AttentionShape::rounded_q).
+template <typename Query, typename Key>
+struct StagedAttentionInputs {
+  Handle<Query> q;
+  Handle<Key> k, v;
+};
+template <typename Query, typename Key>
+StagedAttentionInputs<Query, Key> read_attention_inputs(Staging& st, const AttentionShape& s,
+                                                        int64_t sequences, const Query* q,
+                                                        const Key* k, const Key* v) {
+  const int64_t query_rows = s.batch * s.query_len;
+  return {st.read(q, matrix_extent(query_rows, attention_width(s), s.q_row_stride)),
+          st.read(k, key_extent(s, sequences, s.k_row_stride, s.k_batch_stride)),
+          st.read(v, key_extent(s, sequences, s.v_row_stride, s.v_batch_stride))};
+}
+
 // The forward passes, float keys and values, or 16-bit ones in `format`.
 template <typename Element>
 void staged_attention_forward(const Backend& device, const AttentionShape& shape,
@@ -272,11 +289,9 @@ void staged_attention_forward(const Backend& device, const AttentionShape& shape
   Staging st(device);
   const int64_t width = attention_width(shape), query_rows = shape.batch * shape.query_len;
   const int64_t sequences = forward_key_sequences(shape, mask);
-  const auto hq = st.read(q, matrix_extent(query_rows, width, shape.q_row_stride));
-  const auto hk =
-      st.read(k, key_extent(shape, sequences, shape.k_row_stride, shape.k_batch_stride));
-  const auto hv =
-      st.read(v, key_extent(shape, sequences, shape.v_row_stride, shape.v_batch_stride));
+  const auto in = read_attention_inputs(st, shape, sequences, q, k, v);
+  const auto rounded = read_attention_inputs(st, shape, sequences, shape.rounded_q, shape.rounded_k,
+                                             shape.rounded_v);
   const auto hprobs = st.write(probs, attention_weights(shape));
   const auto hout = st.write(out, matrix_extent(query_rows, width, shape.out_row_stride),
                              matrix_rows(query_rows, width, shape.out_row_stride));
@@ -294,6 +309,9 @@ void staged_attention_forward(const Backend& device, const AttentionShape& shape
   AttentionShape s = shape;
   s.key_rows = st[hrows];
   s.rounded_out = st[hrounded];
+  s.rounded_q = st[rounded.q];
+  s.rounded_k = st[rounded.k];
+  s.rounded_v = st[rounded.v];
   s.score.additive_v = st[hadditive];
   AttentionMask m = mask;
   m.key_lengths = st[hlengths];
@@ -301,9 +319,9 @@ void staged_attention_forward(const Backend& device, const AttentionShape& shape
   if constexpr (std::is_same_v<Element, float>) {
     AttentionDropout d = *dropout;
     d.mask = st[hmask];
-    device.attention_forward(s, m, st[hq], st[hk], st[hv], st[hprobs], st[hout], d);
+    device.attention_forward(s, m, st[in.q], st[in.k], st[in.v], st[hprobs], st[hout], d);
   } else {
-    device.attention_forward_16_bit_cache(s, m, st[hq], format, st[hk], st[hv], st[hprobs],
+    device.attention_forward_16_bit_cache(s, m, st[in.q], format, st[in.k], st[in.v], st[hprobs],
                                           st[hout]);
   }
   st.download();
@@ -496,11 +514,9 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   Staging st(device_);
   const int64_t width = attention_width(shape), query_rows = shape.batch * shape.query_len;
   const int64_t sequences = shape.batch;
-  const auto hq = st.read(q, matrix_extent(query_rows, width, shape.q_row_stride));
-  const auto hk =
-      st.read(k, key_extent(shape, sequences, shape.k_row_stride, shape.k_batch_stride));
-  const auto hv =
-      st.read(v, key_extent(shape, sequences, shape.v_row_stride, shape.v_batch_stride));
+  const auto in = read_attention_inputs(st, shape, sequences, q, k, v);
+  const auto rounded = read_attention_inputs(st, shape, sequences, shape.rounded_q, shape.rounded_k,
+                                             shape.rounded_v);
   const auto hprobs = st.read(probs, attention_weights(shape));
   const auto hmask = st.read(dropout.mask, attention_weights(shape));
   const auto hd_out = st.read(d_out, matrix_extent(query_rows, width, shape.out_row_stride));
@@ -525,6 +541,9 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   AttentionShape s = shape;
   s.key_rows = st[hrows];
   s.rounded_out = nullptr;  // the forward's output: the backward neither reads nor writes it
+  s.rounded_q = st[rounded.q];
+  s.rounded_k = st[rounded.k];
+  s.rounded_v = st[rounded.v];
   s.rounded_dq = st[hrounded_dq];
   s.rounded_dk = st[hrounded_dk];
   s.rounded_dv = st[hrounded_dv];
@@ -534,7 +553,7 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   m.key_batch = st[hbatch];
   AttentionDropout d = dropout;
   d.mask = st[hmask];
-  device_.attention_backward(s, m, st[hq], st[hk], st[hv], st[hprobs], d, st[hd_out], st[hdq],
+  device_.attention_backward(s, m, st[in.q], st[in.k], st[in.v], st[hprobs], d, st[hd_out], st[hdq],
                              st[hdk], st[hdv], st[hd_additive]);
   st.download();
 }

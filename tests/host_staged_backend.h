@@ -54,6 +54,10 @@ class HostStagedBackend final : public Backend {
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
                           float* dv, float* d_additive_v) const override;
+  bool attention_reads_rounded_inputs(const AttentionShape& shape, const AttentionMask& mask,
+                                      const AttentionDropout& dropout) const override {
+    return device_.attention_reads_rounded_inputs(shape, mask, dropout);
+  }
 
   void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
                   int64_t cols, float eps, float* mean, float* rstd) const override;

@@ -29,6 +29,11 @@ std::string Backend::unsupported_reason(Precision) const {
   return "is not supported by device " + name();
 }
 
+bool Backend::attention_reads_rounded_inputs(const AttentionShape&, const AttentionMask&,
+                                             const AttentionDropout&) const {
+  return false;
+}
+
 CollectiveDeadline::CollectiveDeadline(const CollectiveWait& wait, std::string prefix,
                                        const char* peers)
     : wait_(wait),

@@ -183,6 +183,15 @@ class Backend {
                                   const float* probs, const AttentionDropout& dropout,
                                   const float* d_out, float* dq, float* dk, float* dv,
                                   float* d_additive_v) const = 0;
+  // Whether attention_forward, and attention_backward given the forward's probs, read Q, K and V
+  // of such a call in bfloat16 alone where AttentionShape::rounded_q, _k, _v give them (CUDA's
+  // bfloat16 tensor-core blocks, which round them as they load them anyway), so that a bfloat16
+  // training step's projections may write them so. The answer depends on the shape (not its
+  // pointers or strides), mask.key_batch and dropout.p alone. By default false: every path reads
+  // float32 Q, K and V.
+  virtual bool attention_reads_rounded_inputs(const AttentionShape& shape,
+                                              const AttentionMask& mask,
+                                              const AttentionDropout& dropout) const;
 
   // --- Layer normalisation and the residual connection (§3.1) --------------------------------
   // y[rows, cols] = (x - mean) / sqrt(var + eps) · gamma + beta per row (biased variance); y may

@@ -160,6 +160,14 @@ struct AttentionShape {
   // alone).
   uint16_t* rounded_out = nullptr;
   bool rounded_out_only = false;
+  // Q, K and V in bfloat16 alone (all three, in the layouts of q, k and v: the same row and
+  // batch strides, in elements), where a bfloat16 training step's projections wrote them so
+  // because this call's path reads nothing else (Backend::attention_reads_rounded_inputs, which
+  // a backend refuses such a call without: std::invalid_argument); q, k and v are then not read
+  // (null), in the forward and in the backward. Null: q, k and v hold them, in float32.
+  const uint16_t* rounded_q = nullptr;
+  const uint16_t* rounded_k = nullptr;
+  const uint16_t* rounded_v = nullptr;
   // Where the backward writes dq, dk and dv rounded to bfloat16 as well (nearest, ties to even),
   // in their layouts (those of q, k and v: row and batch strides in elements), for the
   // projections' bfloat16 backward products; null: nowhere. dq, dk, dv are written either way,
@@ -199,6 +207,21 @@ struct AttentionMask {
   int64_t window = -1;
   int64_t query_offset = 0;
 };
+
+// attention_forward / attention_backward with Q, K and V in bfloat16 alone (AttentionShape::
+// rounded_q, _k, _v) where the call's path does not read them (`reads`: Backend::
+// attention_reads_rounded_inputs): every backend refuses it alike.
+inline void check_rounded_attention_inputs(const char* operation, const AttentionShape& s,
+                                           bool reads) {
+  if (!s.rounded_q && !s.rounded_k && !s.rounded_v) return;
+  if (!s.rounded_q || !s.rounded_k || !s.rounded_v)
+    throw std::invalid_argument(std::string(operation) +
+                                ": Q, K and V in bfloat16 need all three copies");
+  if (!reads)
+    throw std::invalid_argument(std::string(operation) +
+                                ": Q, K and V in bfloat16 alone, which this call's path does not "
+                                "read (Backend::attention_reads_rounded_inputs)");
+}
 
 // Backend::residual_layer_norm and its backward draw or read a dropout mask where p > 0: every
 // backend refuses one without it alike.

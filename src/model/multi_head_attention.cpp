@@ -30,9 +30,18 @@ AttentionShape attention_shape(const AttentionWeights& w, const AttentionInputs&
   return shape;
 }
 
-}  // namespace
-
-namespace {
+// Whether a call's projections write Q, K and V in bfloat16 alone: training in bfloat16 where the
+// backend's attention reads nothing else for this call, forward and backward
+// (Backend::attention_reads_rounded_inputs). The one answer the plan and the forward take; the
+// backward takes the forward's (AttentionCache::projected_in_bfloat16).
+bool projects_in_bfloat16(const Backend& backend, const AttentionWeights& w,
+                          const AttentionShape& shape, const AttentionMask& mask, float dropout) {
+  if (!rounds_to_bfloat16(w.q) || shape.batch * shape.query_len == 0 || shape.key_len == 0)
+    return false;
+  AttentionDropout attention_dropout;
+  attention_dropout.p = dropout;
+  return backend.attention_reads_rounded_inputs(shape, mask, attention_dropout);
+}
 
 // What one attention call projects (project() below): its queries only (cross-attention in
 // incremental decoding: the keys are cached already), or keys and values too, from the same
@@ -45,13 +54,37 @@ bool stacks(const LinearWeights& view) {
   return view.out > 0;
 }
 
+// Q, K and V's buffers (float q, k, v, or their bfloat16 rounded_q, rounded_k, rounded_v) for
+// `query_rows` queries and `memory_rows` keys: one product's rows where the projections are
+// stacked.
+template <typename Sizer, typename T>
+void projection_buffers(const AttentionWeights& w, Projected projected, int64_t query_rows,
+                        int64_t memory_rows, DeviceBuffer<T>& q, DeviceBuffer<T>& k,
+                        DeviceBuffer<T>& v, Sizer& sizer) {
+  const int64_t d = w.q.out;
+  if (stacks(w.qkv) && projected == Projected::kSelf) {
+    sizer.need(q, query_rows * 3 * d);  // [B, T, 3D] rows q | k | v
+    return;
+  }
+  sizer.need(q, query_rows * d);  // [B, Tq, D]
+  if (projected == Projected::kQuery) return;
+  if (stacks(w.kv)) {
+    sizer.need(k, memory_rows * 2 * d);  // [B, Tk, 2D] rows k | v
+  } else {
+    sizer.need(k, memory_rows * d);  // [B, Tk, D]
+    sizer.need(v, memory_rows * d);  // [B, Tk, D]
+  }
+}
+
 // The buffers multi_head_attention_forward uses: its one size table. memory_rows: the rows its
 // keys and values are projected from; query_rounded / memory_rounded: whether those inputs come
-// with bfloat16 copies (AttentionInputs), which spare rounding them here.
+// with bfloat16 copies (AttentionInputs), which spare rounding them here; in_bfloat16: Q, K and V
+// are written in bfloat16 alone (projects_in_bfloat16).
 template <typename Sizer>
 void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, int64_t query_len,
                      int64_t key_len, float dropout, Projected projected, int64_t memory_rows,
-                     bool query_rounded, bool memory_rounded, AttentionCache& cache, Sizer& sizer) {
+                     bool query_rounded, bool memory_rounded, bool in_bfloat16,
+                     AttentionCache& cache, Sizer& sizer) {
   const int64_t d = w.q.out, query_rows = batch * query_len;
   const int64_t prob_count = batch * heads * query_len * key_len;
   sizer.need(cache.context, query_rows * d);  // [B, Tq, D]
@@ -62,18 +95,11 @@ void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, in
   const bool rounds = rounds_to_bfloat16(w.q);
   if (rounds && !query_rounded && query_rows > 0)
     sizer.need(cache.rounded_query_input, query_rows * d);  // [B, Tq, D]
-  if (stacks(w.qkv) && projected == Projected::kSelf) {
-    sizer.need(cache.q, query_rows * 3 * d);  // [B, T, 3D] rows q | k | v
-    return;
-  }
-  sizer.need(cache.q, query_rows * d);  // [B, Tq, D]
-  if (projected == Projected::kQuery) return;
-  if (stacks(w.kv)) {
-    sizer.need(cache.k, memory_rows * 2 * d);  // [B, Tk, 2D] rows k | v
-  } else {
-    sizer.need(cache.k, memory_rows * d);  // [B, Tk, D]
-    sizer.need(cache.v, memory_rows * d);  // [B, Tk, D]
-  }
+  if (in_bfloat16)
+    projection_buffers(w, projected, query_rows, memory_rows, cache.rounded_q, cache.rounded_k,
+                       cache.rounded_v, sizer);
+  else
+    projection_buffers(w, projected, query_rows, memory_rows, cache.q, cache.k, cache.v, sizer);
   if (rounds && !memory_rounded && projected == Projected::kCross && memory_rows > 0)
     sizer.need(cache.rounded_memory_input, memory_rows * d);  // [B, Tk, D]
 }
@@ -105,9 +131,11 @@ void backward_buffers(const AttentionWeights& w, int64_t batch, int64_t query_le
   }
 }
 
-// Q, K, V of one attention call and their row strides.
+// Q, K, V of one attention call and their row strides: in float32, or in bfloat16 alone
+// (AttentionCache::projected_in_bfloat16; the float pointers then null).
 struct Projections {
   const float *q = nullptr, *k = nullptr, *v = nullptr;
+  const uint16_t *rounded_q = nullptr, *rounded_k = nullptr, *rounded_v = nullptr;
   int64_t q_stride = 0, k_stride = 0, v_stride = 0;
 };
 
@@ -116,27 +144,59 @@ struct Projections {
 Projections saved_projections(const AttentionWeights& w, Projected projected,
                               AttentionCache& cache) {
   const int64_t d = w.q.out;
-  if (stacks(w.qkv) && projected == Projected::kSelf) {
-    const float* qkv = cache.q.data();  // [B, T, 3D] rows q | k | v
-    return {qkv, qkv + d, qkv + 2 * d, 3 * d, 3 * d, 3 * d};
-  }
-  if (projected == Projected::kQuery) return {cache.q.data(), nullptr, nullptr, d, 0, 0};
-  if (stacks(w.kv)) {
-    const float* kv = cache.k.data();  // [B, Tk, 2D] rows k | v
-    return {cache.q.data(), kv, kv + d, d, 2 * d, 2 * d};
-  }
-  return {cache.q.data(), cache.k.data(), cache.v.data(), d, d, d};
+  const bool self_stacked = stacks(w.qkv) && projected == Projected::kSelf;
+  const bool kv_stacked = !self_stacked && projected == Projected::kCross && stacks(w.kv);
+  Projections p;
+  // [B, T, 3D] rows q | k | v; [B, Tk, 2D] rows k | v; else a buffer each.
+  p.q_stride = self_stacked ? 3 * d : d;
+  p.k_stride = p.v_stride = projected == Projected::kQuery ? 0
+                            : self_stacked                 ? 3 * d
+                            : kv_stacked                   ? 2 * d
+                                                           : d;
+  const auto place = [&](const auto* q, const auto* k, const auto* v, auto& at_q, auto& at_k,
+                         auto& at_v) {
+    at_q = q;
+    if (projected == Projected::kQuery) return;
+    at_k = self_stacked ? q + d : k;
+    at_v = self_stacked ? q + 2 * d : kv_stacked ? k + d : v;
+  };
+  if (cache.projected_in_bfloat16)
+    place(cache.rounded_q.data(), cache.rounded_k.data(), cache.rounded_v.data(), p.rounded_q,
+          p.rounded_k, p.rounded_v);
+  else
+    place(cache.q.data(), cache.k.data(), cache.v.data(), p.q, p.k, p.v);
+  return p;
+}
+
+// Q, K and V of an attention call for its AttentionShape: their strides, and where they are in
+// bfloat16 alone, the copies.
+void read_projections(const Projections& p, AttentionShape& shape) {
+  shape.q_row_stride = p.q_stride;
+  shape.k_row_stride = p.k_stride;
+  shape.v_row_stride = p.v_stride;
+  shape.rounded_q = p.rounded_q;
+  shape.rounded_k = p.rounded_k;
+  shape.rounded_v = p.rounded_v;
 }
 
 // Q from query_input, and K, V from memory_input unless it is null, into the cache: one stacked
-// product where the weights are stacked, else one product each. In bfloat16 the inputs' rounded
-// copies are the given ones (null: rounded here), kept in cache.rounded_query / rounded_memory
-// for the backward.
+// product where the weights are stacked, else one product each; in float32, or in bfloat16 alone
+// where cache.projected_in_bfloat16. In bfloat16 the inputs' rounded copies are the given ones
+// (null: rounded here), kept in cache.rounded_query / rounded_memory for the backward.
 Projections project(const Backend& backend, const AttentionWeights& w, Projected projected,
                     const float* query_input, const float* memory_input,
                     const uint16_t* given_rounded_query, const uint16_t* given_rounded_memory,
                     int64_t query_rows, int64_t key_rows, AttentionCache& cache) {
   const int64_t d = w.q.out;
+  // y = x·Wᵀ + b of one view into its float buffer, or its bfloat16 one alone.
+  const auto multiply = [&](const LinearWeights& l, const float* x, const uint16_t* rounded_x,
+                            int64_t rows, DeviceBuffer<float>& y,
+                            DeviceBuffer<uint16_t>& rounded_y) {
+    if (cache.projected_in_bfloat16)
+      linear_forward(backend, l, x, rows, nullptr, rounded_x, false, rounded_y.data());
+    else
+      linear_forward(backend, l, x, rows, y.data(), rounded_x);
+  };
   const uint16_t* rounded_query =
       given_rounded_query
           ? given_rounded_query
@@ -144,10 +204,10 @@ Projections project(const Backend& backend, const AttentionWeights& w, Projected
   cache.rounded_query = rounded_query;
   if (stacks(w.qkv) && projected == Projected::kSelf) {
     cache.rounded_memory = rounded_query;
-    linear_forward(backend, w.qkv, query_input, query_rows, cache.q.data(), rounded_query);
+    multiply(w.qkv, query_input, rounded_query, query_rows, cache.q, cache.rounded_q);
     return saved_projections(w, projected, cache);
   }
-  linear_forward(backend, w.q, query_input, query_rows, cache.q.data(), rounded_query);
+  multiply(w.q, query_input, rounded_query, query_rows, cache.q, cache.rounded_q);
   if (projected == Projected::kQuery) return saved_projections(w, projected, cache);
   const uint16_t* rounded_memory =
       projected == Projected::kSelf ? rounded_query
@@ -156,10 +216,10 @@ Projections project(const Backend& backend, const AttentionWeights& w, Projected
           : rounded_copy(backend, w.q, memory_input, key_rows, d, cache.rounded_memory_input);
   cache.rounded_memory = rounded_memory;
   if (stacks(w.kv)) {
-    linear_forward(backend, w.kv, memory_input, key_rows, cache.k.data(), rounded_memory);
+    multiply(w.kv, memory_input, rounded_memory, key_rows, cache.k, cache.rounded_k);
   } else {
-    linear_forward(backend, w.k, memory_input, key_rows, cache.k.data(), rounded_memory);
-    linear_forward(backend, w.v, memory_input, key_rows, cache.v.data(), rounded_memory);
+    multiply(w.k, memory_input, rounded_memory, key_rows, cache.k, cache.rounded_k);
+    multiply(w.v, memory_input, rounded_memory, key_rows, cache.v, cache.rounded_v);
   }
   return saved_projections(w, projected, cache);
 }
@@ -184,13 +244,16 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   const uint16_t* rounded_query = reads ? in.rounded_query_input : nullptr;
   const uint16_t* rounded_memory =
       reads && projected == Projected::kCross ? in.rounded_memory_input : nullptr;
+  AttentionShape shape = attention_shape(w, in, heads, d);
+  cache.projected_in_bfloat16 =
+      !in.cached && projects_in_bfloat16(backend, w, shape, in.mask, in.dropout);
   Allocate sizer{backend};
   forward_buffers(w, heads, in.batch, in.query_len, in.key_len, in.dropout, projected, memory_rows,
-                  rounded_query != nullptr, rounded_memory != nullptr, cache, sizer);
+                  rounded_query != nullptr, rounded_memory != nullptr, cache.projected_in_bfloat16,
+                  cache, sizer);
   float* context = cache.context.data();                     // [B, Tq, D]
   const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
   float* probs = keep ? cache.probs.data() : nullptr;        // [B, H, Tq, Tk]
-  AttentionShape shape = attention_shape(w, in, heads, d);
   Projections p = project(backend, w, projected, in.query_input, memory_input, rounded_query,
                           rounded_memory, query_rows, memory_rows, cache);
   const CachedKeysValues* kv = in.cached;
@@ -228,9 +291,7 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   shape.rounded_out = rounded_context;
   // Training in bfloat16: W_o's products (forward and backward) read the copy alone.
   shape.rounded_out_only = rounded_context && rounds_to_bfloat16(w.o);
-  shape.q_row_stride = p.q_stride;
-  shape.k_row_stride = p.k_stride;
-  shape.v_row_stride = p.v_stride;
+  read_projections(p, shape);
   AttentionDropout dropout;
   if (in.dropout > 0.f) {
     dropout.p = in.dropout;
@@ -245,15 +306,22 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   linear_forward(backend, w.o, context, query_rows, out, rounded_context);
 }
 
-void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads, int64_t batch,
-                                       int64_t query_len, int64_t key_len, float dropout,
-                                       bool self_attention, bool query_rounded, bool memory_rounded,
+void plan_multi_head_attention_forward(const Backend& backend, const AttentionWeights& w,
+                                       int64_t heads, int64_t batch, int64_t query_len,
+                                       int64_t key_len, float dropout, bool self_attention,
+                                       bool query_rounded, bool memory_rounded,
                                        AttentionCache& cache, WorkspacePlan& plan) {
   const bool rounds = rounds_to_bfloat16(w.q);
+  AttentionInputs whole;  // the shape the forward's call will have (its mask's key_batch null)
+  whole.batch = batch;
+  whole.query_len = query_len;
+  whole.key_len = key_len;
+  const bool in_bfloat16 =
+      projects_in_bfloat16(backend, w, attention_shape(w, whole, heads, w.q.out), {}, dropout);
   forward_buffers(w, heads, batch, query_len, key_len, dropout,
                   self_attention ? Projected::kSelf : Projected::kCross, batch * key_len,
-                  rounds && query_rounded, rounds && !self_attention && memory_rounded, cache,
-                  plan);
+                  rounds && query_rounded, rounds && !self_attention && memory_rounded, in_bfloat16,
+                  cache, plan);
 }
 
 void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch, int64_t query_len,
@@ -296,9 +364,7 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   // (backward_buffers): dq | dk | dv side by side for stacked Q|K|V, dk | dv for stacked K|V.
   const Projections p = saved_projections(w, projected, cache);
   AttentionShape shape = attention_shape(w, in, heads, d);
-  shape.q_row_stride = p.q_stride;
-  shape.k_row_stride = p.k_stride;
-  shape.v_row_stride = p.v_stride;
+  read_projections(p, shape);
   const bool kv_stacked = !self_stacked && stacks(w.kv);
   float* dq = scratch.dq.data();
   float* dk = self_stacked ? dq + d : scratch.dk.data();

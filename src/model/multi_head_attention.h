@@ -55,9 +55,17 @@ struct AttentionInputs {
 struct AttentionCache {
   // Where the projections are stacked (Attention::qkv, kv: prepared for inference, or training
   // in bfloat16) their one product's rows hold them side by side.
-  DeviceBuffer<float> q;        // [B, Tq, D]; stacked self-attention: [B, T, 3D] rows q | k | v
-  DeviceBuffer<float> k;        // [B, Tk, D]; stacked cross-attention: [B, Tk, 2D] rows k | v
-  DeviceBuffer<float> v;        // [B, Tk, D]
+  DeviceBuffer<float> q;  // [B, Tq, D]; stacked self-attention: [B, T, 3D] rows q | k | v
+  DeviceBuffer<float> k;  // [B, Tk, D]; stacked cross-attention: [B, Tk, 2D] rows k | v
+  DeviceBuffer<float> v;  // [B, Tk, D]
+  // Training in bfloat16 where the backend's attention reads Q, K and V in bfloat16 alone
+  // (Backend::attention_reads_rounded_inputs): the projections write them here instead of q, k,
+  // v, in the same layouts, and projected_in_bfloat16 says so (the last forward's answer, which
+  // its backward takes).
+  DeviceBuffer<uint16_t> rounded_q;  // as q
+  DeviceBuffer<uint16_t> rounded_k;  // as k
+  DeviceBuffer<uint16_t> rounded_v;  // as v
+  bool projected_in_bfloat16 = false;
   DeviceBuffer<float> context;  // [B, Tq, D] heads concatenated (input of W_o)
   DeviceBuffer<float> probs;    // [B, H, Tq, Tk] softmax before dropout
   // Inference sets this to false: the weights are then never stored (attention streams over
@@ -83,12 +91,13 @@ struct AttentionCache {
 void multi_head_attention_forward(const Backend& backend, const AttentionWeights& w, int64_t heads,
                                   const AttentionInputs& in, AttentionCache& cache, float* out);
 // What the forward above asks of its cache for whole sequences (not incremental decoding) of
-// `batch` × query_len queries over key_len keys; self_attention: keys and values come from the
-// queries' own input; query_rounded / memory_rounded: the inputs come with their bfloat16 copies
-// (AttentionInputs). The backward's scratch likewise.
-void plan_multi_head_attention_forward(const AttentionWeights& w, int64_t heads, int64_t batch,
-                                       int64_t query_len, int64_t key_len, float dropout,
-                                       bool self_attention, bool query_rounded, bool memory_rounded,
+// `batch` × query_len queries over key_len keys on `backend`; self_attention: keys and values come
+// from the queries' own input; query_rounded / memory_rounded: the inputs come with their bfloat16
+// copies (AttentionInputs). The backward's scratch likewise.
+void plan_multi_head_attention_forward(const Backend& backend, const AttentionWeights& w,
+                                       int64_t heads, int64_t batch, int64_t query_len,
+                                       int64_t key_len, float dropout, bool self_attention,
+                                       bool query_rounded, bool memory_rounded,
                                        AttentionCache& cache, WorkspacePlan& plan);
 void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch, int64_t query_len,
                                         int64_t key_len, BackwardScratch& scratch,

@@ -166,7 +166,7 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
     const bool input_rounded =
         i > 0 && sublayer_rounds_for(config, w.encoder_layers[size_t(i - 1)].ffn.fc1);
     plan_sublayer_forward(config, B * S, dropout.dropout, rounds, layer.attention_sublayer, plan);
-    plan_multi_head_attention_forward(lw.self_attn, config.heads, B, S, S,
+    plan_multi_head_attention_forward(model.backend(), lw.self_attn, config.heads, B, S, S,
                                       dropout.attention_dropout, true, input_rounded, false,
                                       layer.self_attn, plan);
     plan_sublayer_forward(config, B * S, dropout.dropout, rounds, layer.ffn_sublayer, plan);
@@ -196,11 +196,11 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
     const bool memory_rounded =
         !w.encoder_layers.empty() && sublayer_rounds_for(config, w.encoder_layers.back().ffn.fc1);
     plan_sublayer_forward(config, B * T, dropout.dropout, rounds, layer.self_sublayer, plan);
-    plan_multi_head_attention_forward(lw.self_attn, config.heads, B, T, T,
+    plan_multi_head_attention_forward(model.backend(), lw.self_attn, config.heads, B, T, T,
                                       dropout.attention_dropout, true, input_rounded, false,
                                       layer.self_attn, plan);
     plan_sublayer_forward(config, B * T, dropout.dropout, rounds, layer.cross_sublayer, plan);
-    plan_multi_head_attention_forward(lw.cross_attn, config.heads, B, T, S,
+    plan_multi_head_attention_forward(model.backend(), lw.cross_attn, config.heads, B, T, S,
                                       dropout.attention_dropout, false, rounds, memory_rounded,
                                       layer.cross_attn, plan);
     plan_sublayer_forward(config, B * T, dropout.dropout, rounds && i + 1 < layers,

@@ -276,6 +276,18 @@ TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeigh
         }
         stacked.rounded = (*parts.begin())->rounded;
         if (!(*parts.begin())->bias) return;
+        // The parts' rounded biases are the view's where they lie one after another (every part
+        // but the last a whole number of 16-byte words wide): for its products that round their
+        // own bfloat16 output (a training step's Q, K and V written in bfloat16 alone).
+        const uint16_t* adjacent = (*parts.begin())->rounded_bias;
+        for (const LinearWeights* p : parts) {
+          if (!adjacent || p->rounded_bias != adjacent) {
+            adjacent = nullptr;
+            break;
+          }
+          adjacent += p->out;
+        }
+        if (adjacent) stacked.rounded_bias = (*parts.begin())->rounded_bias;
         stacked.bias = next_bias;  // [out]
         for (const LinearWeights* p : parts) {
           backend.copy(p->bias, p->out, next_bias);

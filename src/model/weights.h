@@ -163,7 +163,8 @@ int64_t stacked_bias_elements(const TransformerWeights& weights);
 // bfloat16 rounds each
 // weight once per pass instead of at each of its forward and backward products. The parts of a
 // stacked view are rounded one after another, so the view's [out, in] weight is theirs in
-// place; its bias is copied into `stacked_biases` (grown to stacked_bias_elements).
+// place; its bias is copied into `stacked_biases` (grown to stacked_bias_elements), and its
+// rounded bias is its parts' in place where they lie one after another.
 TransformerWeights with_rounded_weights(const Backend& backend, TransformerWeights weights,
                                         DeviceBuffer<uint16_t>& storage,
                                         DeviceBuffer<float>& stacked_biases);

@@ -99,17 +99,21 @@ class CpuBackend final : public Backend {
   void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                          const float* k, const float* v, float* probs, float* out,
                          const AttentionDropout& dropout) const override {
+    check_rounded_attention_inputs("attention_forward", shape, false);  // float32 Q, K, V only
     tfm::attention_forward(shape, mask, q, k, v, probs, out, dropout);
   }
   void attention_forward_16_bit_cache(const AttentionShape& shape, const AttentionMask& mask,
                                       const float* q, Precision format, const uint16_t* k,
                                       const uint16_t* v, float* probs, float* out) const override {
+    check_rounded_attention_inputs("attention_forward_16_bit_cache", shape,
+                                   false);  // float32 Q, K, V only
     tfm::attention_forward_16_bit_cache(shape, mask, q, format, k, v, probs, out);
   }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
                           float* dv, float* d_additive_v) const override {
+    check_rounded_attention_inputs("attention_backward", shape, false);  // float32 Q, K, V only
     tfm::attention_backward(shape, mask, q, k, v, probs, dropout, d_out, dq, dk, dv, d_additive_v);
   }
 

@@ -533,6 +533,9 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
 void attention_forward(const Context& c, const AttentionShape& s, const AttentionMask& mask,
                        const float* q, const float* k, const float* v, float* probs, float* out,
                        const AttentionDropout& dropout) {
+  // Q, K, V in bfloat16 alone: the tensor-core blocks' (launch_forward's first path) only.
+  check_rounded_attention_inputs("attention_forward", s,
+                                 attention_reads_rounded_inputs(c, s, mask, dropout));
   launch_forward<float>(c, s, mask, q, k, v, probs, out, dropout);
 }
 
@@ -542,6 +545,7 @@ void attention_forward_16_bit_cache(const Context& c, const AttentionShape& s,
                                     float* out) {
   if (!is_16_bit_float(format))
     throw std::invalid_argument("attention_forward_16_bit_cache: the cache is bfloat16 or float16");
+  check_rounded_attention_inputs("attention_forward_16_bit_cache", s, false);
   if (s.query_len != 1)
     throw std::invalid_argument("attention_forward_16_bit_cache: one query per sequence only");
   if (format == Precision::kBFloat16)
@@ -614,6 +618,9 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
   const bool additive = s.score.kind == AttentionScoring::kAdditive;
   if (additive && (!s.score.additive_v || !d_additive_v))
     throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
+  // Q, K, V in bfloat16 alone: the tensor-core blocks' (below) only.
+  check_rounded_attention_inputs("attention_backward", s,
+                                 probs && attention_reads_rounded_inputs(c, s, mask, dropout));
   if (s.batch * s.heads * s.query_len > 0 && probs &&
       tensor_core_attention_applies(c, s, mask, dropout)) {
     tensor_core_attention_backward(c, s, mask, q, k, v, probs, d_out, dq, dk, dv);  // and copies

@@ -5,9 +5,11 @@
 // WMMA tiles of bfloat16 operands summed in float32, the block's warps taking the tiles in
 // turn. Blocks come in two sizes, for up to 64 rows (45 KB of shared memory) and up to 128
 // (136 KB forward, 152 KB backward: where the device lends a block that much). The operands are
-// rounded to bfloat16 (nearest even) as they are loaded, as PyTorch's autocast rounds them; the
-// softmax and its backward stay in float32, and the backward reads the weights as the forward
-// stored them (float32), or, where they are kept for it alone (AttentionShape::
+// rounded to bfloat16 (nearest even) as they are loaded, as PyTorch's autocast rounds them; Q, K
+// and V may come in bfloat16 instead (AttentionShape::rounded_q: a training step's projections
+// then write them so alone, half the bytes of a base-model batch's 157 MB of float Q|K|V to write
+// and to read). The softmax and its backward stay in float32, and the backward reads the weights
+// as the forward stored them (float32), or, where they are kept for it alone (AttentionShape::
 // weights_for_backward_only: a training step), rebuilds them to the bit from Q·Kᵀ and each row's
 // shift and inverse sum, which is all the forward then stores: 52 MB less written and read twice
 // a call for a base-model batch. It serves the calls whose AttentionShape::products is kBFloat16
@@ -70,49 +72,68 @@ struct Tiles {
                 "WMMA pointers must stay 32-byte aligned");
 };
 
-// rows × cols floats (rows row_stride apart), held by a block of kThreads in registers between
-// fetching them and storing them rounded to bfloat16 into a shared kRows × kCols matrix (rows
-// `pitch` apart; zero outside rows × cols). Thread t holds the words w = t + n · kThreads
-// (n < kWords): four floats of row 4w / kCols from column 4w % kCols, so the threads of a row are
-// kCols / 4 consecutive lanes of one warp. A kernel fetches all the matrices it needs next before
+// rows × cols floats (Source float) or bfloat16 values (Source uint16_t: Q, K and V where a
+// training step's projections wrote them so, AttentionShape::rounded_q) with rows row_stride
+// apart, held by a block of kThreads in registers between fetching them and storing them in
+// bfloat16 (floats rounded) into a shared kRows × kCols matrix (rows `pitch` apart; zero outside
+// rows × cols). Thread t holds the words w = t + n · kThreads (n < kWords): four values of row
+// 4w / kCols from column 4w % kCols, so the threads of a row are kCols / 4 consecutive lanes of
+// one warp. A kernel fetches all the matrices it needs next before
 // it stores any, so each thread has every load in flight at once: one memory latency where
 // fetching a matrix at a time waited three (the 64-row forward took 0.165 ms for 3,200 heads on
 // an H200 with 8 floats in flight a thread, about three times its bytes' time). Where the rows
-// allow it (cols and row_stride multiples of 4, first 16-byte aligned: the heads' rows, and
-// weights rows of a multiple of 4 keys) a word is one 16-byte load, else four of one float; the
-// shared matrix holds the same values either way.
-template <int kRows, int kCols, int kThreads>
+// allow it (cols and row_stride multiples of 4, first aligned to a word: the heads' rows, and
+// weights rows of a multiple of 4 keys) a word is one load (16 bytes of floats, 8 of bfloat16),
+// else four of one value; the shared matrix holds the same values either way.
+template <int kRows, int kCols, int kThreads, typename Source = float>
 struct HeldRows {
+  static_assert(std::is_same_v<Source, float> || std::is_same_v<Source, uint16_t>,
+                "floats, or bfloat16 bits");
+  static constexpr bool kRounds = std::is_same_v<Source, float>;
+  using Word = std::conditional_t<kRounds, float4, uint2>;  // four values
   static constexpr int kWords = kRows * kCols / 4 / kThreads;
   static_assert(kCols % 4 == 0 && kRows * kCols / 4 % kThreads == 0 && kThreads % (kCols / 4) == 0,
                 "every thread holds the same number of words, a row's in one warp");
-  float4 x[kWords];
+  Word x[kWords];
 
   __device__ static int row(int n) { return 4 * (int(threadIdx.x) + n * kThreads) / kCols; }
   __device__ static int column(int n) { return 4 * (int(threadIdx.x) + n * kThreads) % kCols; }
 
-  __device__ __forceinline__ void fetch(const float* first, int64_t row_stride, int rows,
+  // Four values from `at` (columns c.. of a row), zero past `cols`.
+  __device__ static Word four(const Source* at, int c, int cols) {
+    const auto value = [&](int i) { return c + i < cols ? at[i] : Source(0); };
+    if constexpr (kRounds)
+      return make_float4(value(0), value(1), value(2), value(3));
+    else
+      return pack_16_bits(value(0), value(1), value(2), value(3));
+  }
+
+  __device__ __forceinline__ void fetch(const Source* first, int64_t row_stride, int rows,
                                         int cols) {
-    const bool by_words = cols % 4 == 0 && row_stride % 4 == 0 && aligned(first, 16);
+    const bool by_words = cols % 4 == 0 && row_stride % 4 == 0 && aligned(first, sizeof(Word));
 #pragma unroll
     for (int n = 0; n < kWords; ++n) {
       const int r = row(n), c = column(n);
-      const float* at = first + r * row_stride + c;
+      const Source* at = first + r * row_stride + c;
       if (r >= rows || c >= cols)
-        x[n] = make_float4(0.f, 0.f, 0.f, 0.f);
+        x[n] = Word{};  // zero: 0.f, or bfloat16 +0
       else if (by_words)
-        x[n] = *reinterpret_cast<const float4*>(at);
+        x[n] = *reinterpret_cast<const Word*>(at);
       else
-        x[n] = make_float4(at[0], c + 1 < cols ? at[1] : 0.f, c + 2 < cols ? at[2] : 0.f,
-                           c + 3 < cols ? at[3] : 0.f);
+        x[n] = four(at, c, cols);
     }
   }
 
   __device__ __forceinline__ void store(uint16_t* shared, int pitch) const {
 #pragma unroll
-    for (int n = 0; n < kWords; ++n)
-      *reinterpret_cast<uint2*>(shared + row(n) * pitch + column(n)) = pack_16_bits(
-          to_bfloat16(x[n].x), to_bfloat16(x[n].y), to_bfloat16(x[n].z), to_bfloat16(x[n].w));
+    for (int n = 0; n < kWords; ++n) {
+      uint2* to = reinterpret_cast<uint2*>(shared + row(n) * pitch + column(n));
+      if constexpr (kRounds)
+        *to = pack_16_bits(to_bfloat16(x[n].x), to_bfloat16(x[n].y), to_bfloat16(x[n].z),
+                           to_bfloat16(x[n].w));
+      else
+        *to = x[n];
+    }
   }
 };
 
@@ -185,11 +206,12 @@ __device__ __forceinline__ void store_rows(const float* c, int pitch, int rows, 
 // Block (b, h): S = Q·Kᵀ, P = the masked softmax of S · scale (masked_softmax_kernel's formula),
 // stored into probs when given (statistics_only: each row's shift and inverse sum instead, from
 // which the backward rebuilds P), O = P·V into out (unless null: its rounded copy alone) and its
-// rounded copy where asked.
-template <int kLen>
+// rounded copy where asked. Q, K and V in float (Input float), rounded as they are loaded, or in
+// bfloat16 already (Input uint16_t): the same shared matrices either way.
+template <int kLen, typename Input>
 __global__ void __launch_bounds__(kBlockThreads<kLen>, kForwardBlocksAnSm<kLen>)
-    tensor_core_forward_kernel(AttentionShape s, AttentionMask mask, const float* q, const float* k,
-                               const float* v, float* probs, float* out, float scale,
+    tensor_core_forward_kernel(AttentionShape s, AttentionMask mask, const Input* q, const Input* k,
+                               const Input* v, float* probs, float* out, float scale,
                                bool statistics_only) {
   using T = Tiles<kLen>;
   constexpr int kThreads = kBlockThreads<kLen>;
@@ -201,7 +223,7 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kForwardBlocksAnSm<kLen>)
   const HeadRows at(s);
   const int tq = int(s.query_len), tk = int(s.key_len);
   {
-    HeldRows<kLen, kHead, kThreads> held_q, held_k, held_v;  // Q, K, V: every load, then stores
+    HeldRows<kLen, kHead, kThreads, Input> held_q, held_k, held_v;  // every load, then stores
     held_q.fetch(at.query(s, q), s.q_row_stride, tq, kHead);
     held_k.fetch(at.key(s, k), s.k_row_stride, tk, kHead);
     held_v.fetch(at.value(s, v), s.v_row_stride, tk, kHead);
@@ -289,11 +311,11 @@ __device__ __forceinline__ void rebuild_weights(const AttentionShape& s, const A
 // its copy in the same layout where AttentionShape asks for one. The weights P come from probs as
 // the forward stored them, or (kRebuild) are rebuilt from S = Q·Kᵀ and the rows' shift and inverse
 // sum the forward stored there instead (rebuild_weights): Q and K are then read twice (the second
-// time mostly from the L2 cache) and the weights not at all.
-template <int kLen, bool kRebuild>
+// time mostly from the L2 cache) and the weights not at all. Q, K and V as the forward's Input.
+template <int kLen, bool kRebuild, typename Input>
 __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
-    tensor_core_backward_kernel(AttentionShape s, AttentionMask mask, const float* q,
-                                const float* k, const float* v, const float* probs,
+    tensor_core_backward_kernel(AttentionShape s, AttentionMask mask, const Input* q,
+                                const Input* k, const Input* v, const float* probs,
                                 const float* d_out, float* dq, float* dk, float* dv, float scale) {
   using T = Tiles<kLen>;
   constexpr int kThreads = kBlockThreads<kLen>;
@@ -311,11 +333,12 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
   const int tq = int(s.query_len), tk = int(s.key_len);
   const float* weights = probs + at.weights_row(s, 0);  // [Tq, Tk]; kRebuild: [Tq, 2]
   HeldRows<kLen, kLen, kThreads> held_p;                // the float weights, for dS
-  HeldRows<kLen, kHead, kThreads> held_d_out, held_v;
+  HeldRows<kLen, kHead, kThreads> held_d_out;
+  HeldRows<kLen, kHead, kThreads, Input> held_v;
   if constexpr (kRebuild) {
     float* row_statistics = result + T::kResultMatrix;  // [kLen, 2]
     {
-      HeldRows<kLen, kHead, kThreads> held_q, held_k;  // Q, K, the statistics: every load first
+      HeldRows<kLen, kHead, kThreads, Input> held_q, held_k;  // Q, K, the statistics first
       held_q.fetch(at.query(s, q), s.q_row_stride, tq, kHead);
       held_k.fetch(at.key(s, k), s.k_row_stride, tk, kHead);
       for (int i = threadIdx.x; i < 2 * kLen; i += kThreads)
@@ -350,7 +373,7 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
   // dS over P's memory (kRebuild, from the weights still held) or V's (from the weights read
   // again with K and Q: one latency for the three); K and Q over the matrices dP read.
   {
-    HeldRows<kLen, kHead, kThreads> held_k, held_q;
+    HeldRows<kLen, kHead, kThreads, Input> held_k, held_q;
     if constexpr (!kRebuild) held_p.fetch(weights, s.key_len, tq, tk);
     held_k.fetch(at.key(s, k), s.k_row_stride, tk, kHead);
     held_q.fetch(at.query(s, q), s.q_row_stride, tq, kHead);
@@ -414,18 +437,33 @@ bool tensor_core_attention_applies(const Context& c, const AttentionShape& s,
          std::max(Tiles<128>::kForwardBytes, Tiles<128>::kRebuildingBackwardBytes);
 }
 
+bool attention_reads_rounded_inputs(const Context& c, const AttentionShape& s,
+                                    const AttentionMask& mask, const AttentionDropout& dropout) {
+  static const bool enabled = !turned_off("TFM_CUDA_BFLOAT16_QKV");
+  return enabled && tensor_core_attention_applies(c, s, mask, dropout);
+}
+
 void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
                                    const AttentionMask& mask, const float* q, const float* k,
                                    const float* v, float* probs, float* out) {
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   if (s.rounded_out_only && s.rounded_out) out = nullptr;  // the copy alone: nothing reads out
   const bool statistics_only = rebuilds_weights(s);
-  if (fits_small_blocks(s))
-    launch_blocks(c, s, tensor_core_forward_kernel<64>, kBlockThreads<64>, Tiles<64>::kForwardBytes,
-                  s, mask, q, k, v, probs, out, scale, statistics_only);
+  const auto launch = [&](auto input, const auto* q_in, const auto* k_in, const auto* v_in) {
+    using Input = decltype(input);
+    if (fits_small_blocks(s))
+      launch_blocks(c, s, tensor_core_forward_kernel<64, Input>, kBlockThreads<64>,
+                    Tiles<64>::kForwardBytes, s, mask, q_in, k_in, v_in, probs, out, scale,
+                    statistics_only);
+    else
+      launch_blocks(c, s, tensor_core_forward_kernel<128, Input>, kBlockThreads<128>,
+                    Tiles<128>::kForwardBytes, s, mask, q_in, k_in, v_in, probs, out, scale,
+                    statistics_only);
+  };
+  if (s.rounded_q)
+    launch(uint16_t{}, s.rounded_q, s.rounded_k, s.rounded_v);
   else
-    launch_blocks(c, s, tensor_core_forward_kernel<128>, kBlockThreads<128>,
-                  Tiles<128>::kForwardBytes, s, mask, q, k, v, probs, out, scale, statistics_only);
+    launch(float{}, q, k, v);
   check_launch("attention_forward (tensor cores)");
 }
 
@@ -436,20 +474,31 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   if (s.rounded_gradients_only && s.rounded_dq && s.rounded_dk && s.rounded_dv)
     dq = dk = dv = nullptr;  // the rounded copies alone: the caller reads nothing else
-  const auto launch = [&](auto kernel, int threads, size_t bytes) {
-    launch_blocks(c, s, kernel, threads, bytes, s, mask, q, k, v, probs, d_out, dq, dk, dv, scale);
+  // Q, K and V of the Input type, from the given pointers.
+  const auto launch_with = [&](auto input, const auto* q_in, const auto* k_in, const auto* v_in) {
+    using Input = decltype(input);
+    const auto launch = [&](auto kernel, int threads, size_t bytes) {
+      launch_blocks(c, s, kernel, threads, bytes, s, mask, q_in, k_in, v_in, probs, d_out, dq, dk,
+                    dv, scale);
+    };
+    const bool small = fits_small_blocks(s);
+    if (rebuilds_weights(s) && small)
+      launch(tensor_core_backward_kernel<64, true, Input>, kBlockThreads<64>,
+             Tiles<64>::kRebuildingBackwardBytes);
+    else if (rebuilds_weights(s))
+      launch(tensor_core_backward_kernel<128, true, Input>, kBlockThreads<128>,
+             Tiles<128>::kRebuildingBackwardBytes);
+    else if (small)
+      launch(tensor_core_backward_kernel<64, false, Input>, kBlockThreads<64>,
+             Tiles<64>::kBackwardBytes);
+    else
+      launch(tensor_core_backward_kernel<128, false, Input>, kBlockThreads<128>,
+             Tiles<128>::kBackwardBytes);
   };
-  const bool small = fits_small_blocks(s);
-  if (rebuilds_weights(s) && small)
-    launch(tensor_core_backward_kernel<64, true>, kBlockThreads<64>,
-           Tiles<64>::kRebuildingBackwardBytes);
-  else if (rebuilds_weights(s))
-    launch(tensor_core_backward_kernel<128, true>, kBlockThreads<128>,
-           Tiles<128>::kRebuildingBackwardBytes);
-  else if (small)
-    launch(tensor_core_backward_kernel<64, false>, kBlockThreads<64>, Tiles<64>::kBackwardBytes);
+  if (s.rounded_q)
+    launch_with(uint16_t{}, s.rounded_q, s.rounded_k, s.rounded_v);
   else
-    launch(tensor_core_backward_kernel<128, false>, kBlockThreads<128>, Tiles<128>::kBackwardBytes);
+    launch_with(float{}, q, k, v);
   check_launch("attention_backward (tensor cores)");
 }
 

@@ -156,6 +156,10 @@ class CudaBackend final : public Backend {
                               shape.query_len, shape.key_len);
     cuda::attention_forward_16_bit_cache(c_, shape, mask, q, format, k, v, probs, out);
   }
+  bool attention_reads_rounded_inputs(const AttentionShape& shape, const AttentionMask& mask,
+                                      const AttentionDropout& dropout) const override {
+    return cuda::attention_reads_rounded_inputs(c_, shape, mask, dropout);
+  }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
@@ -284,8 +288,9 @@ class CudaBackend final : public Backend {
                                       uint16_t* rounded_gradient) const override {
     if (!logits && !rounded_gradient && rows > 0)
       throw std::invalid_argument("cross_entropy_forward_backward: no logits");
-    TFM_CUDA_OPERATION_SHAPED(c_, logits ? "cross_entropy_forward_backward"
-                                         : "cross_entropy_forward_backward (bfloat16 logits)",
+    TFM_CUDA_OPERATION_SHAPED(c_,
+                              logits ? "cross_entropy_forward_backward"
+                                     : "cross_entropy_forward_backward (bfloat16 logits)",
                               rows, vocab);
     cuda::cross_entropy_forward_backward(c_.stream, logits, targets, rows, vocab, smoothing,
                                          grad_scale, row_totals, rounded_gradient);

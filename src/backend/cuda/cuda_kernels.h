@@ -150,6 +150,11 @@ bool attention_tensor_cores_enabled();
 // and tensor cores are enabled.
 bool tensor_core_attention_applies(const Context& c, const AttentionShape& s,
                                    const AttentionMask& mask, const AttentionDropout& dropout);
+// Backend::attention_reads_rounded_inputs: where the tensor-core blocks serve the call, which read
+// Q, K and V in bfloat16 where AttentionShape::rounded_q, _k, _v give them; not where
+// TFM_CUDA_BFLOAT16_QKV=0 (training's projections then write float32 Q, K, V, as before).
+bool attention_reads_rounded_inputs(const Context& c, const AttentionShape& s,
+                                    const AttentionMask& mask, const AttentionDropout& dropout);
 // attention_forward (probs may be null) and attention_backward (from the stored probs, or what
 // the forward stored there instead: AttentionShape::weights_for_backward_only) there.
 void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
