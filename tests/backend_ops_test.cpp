@@ -497,8 +497,8 @@ RoundedCopy rounded_copy(const std::vector<float>& x, Precision format) {
 // each element within an ulp of the float32 product's value rounded, plus its sums' rounding
 // error (1e-5 · Σ|a·b|) and, with the bias given in bfloat16 too (rounded_bias), that bias's
 // rounding — another algorithm's float sums rounded to nearest; a ReLU's output never negative;
-// the padding between rows untouched. With a float bias alone, or without x·Wᵀ's layout, it is
-// the float32 product's rounding to the bit.
+// the padding between rows untouched, in both layouts (x·Wᵀ, and dy·W: the feed-forward's hidden
+// gradient). With a float bias alone it is the float32 product's rounding to the bit.
 TEST_P(BackendOps, BFloat16OutputRoundedByTheProductStaysWithinAnUlp) {
   if (!be().supports(Precision::kBFloat16))
     GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
@@ -539,7 +539,7 @@ TEST_P(BackendOps, BFloat16OutputRoundedByTheProductStaysWithinAnUlp) {
         itself.rounded_bias = rounded_bias ? bias16.bits.data() : nullptr;
         be().matmul(false, tb, m, n, k, 1.f, a.data(), lda, b.data(), ldb, 0.f, nullptr, ldc,
                     Precision::kBFloat16, itself);
-        const bool may_differ = tb && (!with_bias || rounded_bias);
+        const bool may_differ = !with_bias || rounded_bias;
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < ldc; ++j) {
             const uint16_t got = rounded[size_t(i * ldc + j)];
@@ -619,7 +619,8 @@ TEST_P(BackendOps, MatmulRefusesABFloat16OutputItCannotWrite) {
 // relu_backward_bfloat16 is activation_backward's ReLU on the bfloat16 output widened: gradients
 // pass where the output is positive and stop at zeros (both signs), negatives and NaN; it writes
 // their bfloat16 rounding, and adds their column sums (the bias gradient) to what the sums held,
-// within float32 rounding of float64's. Shapes: a GPU's four columns a thread (2048) and one
+// within float32 rounding of float64's; with d null, the same from the bfloat16 gradient it
+// finds in the output, which it overwrites. Shapes: a GPU's four columns a thread (2048) and one
 // (7, 129, 512), the CPU's rows split over threads (300 × 512).
 TEST_P(BackendOps, ReluBackwardFromABFloat16Output) {
   for (const auto& [rows, cols] :
@@ -641,24 +642,31 @@ TEST_P(BackendOps, ReluBackwardFromABFloat16Output) {
     EXPECT_EQ(expected[0], 0.f);
     EXPECT_EQ(expected[2], 0.f);
     EXPECT_EQ(expected[3], d[3]);
-    for (bool sums : {false, true}) {
-      SCOPED_TRACE(sums ? "with the column sums" : "without");
-      std::vector<uint16_t> rounded(static_cast<size_t>(n), 0xABCD);
-      std::vector<float> column_sums(size_t(cols), 0.5f);
-      be().relu_backward_bfloat16(d.data(), output16.data(), rows, cols, rounded.data(),
-                                  sums ? column_sums.data() : nullptr);
-      for (int64_t i = 0; i < n; ++i)
-        ASSERT_EQ(rounded[size_t(i)], float_to_bfloat16(expected[size_t(i)])) << i;
-      for (int64_t c = 0; c < cols; ++c) {
-        double want = 0.5, magnitude = 0.5;
-        for (int64_t r = 0; r < rows; ++r) {
-          want += expected[size_t(r * cols + c)];
-          magnitude += std::abs(expected[size_t(r * cols + c)]);
+    const RoundedCopy d16 = rounded_copy(d, Precision::kBFloat16);
+    auto expected_from_rounded = d16.widened;
+    be().activation_backward(expected_from_rounded.data(), widened.data(), n, Activation::kRelu);
+    for (bool in_place : {false, true})
+      for (bool sums : {false, true}) {
+        SCOPED_TRACE(std::string(in_place ? "from the bfloat16 gradient" : "from d") +
+                     (sums ? ", with the column sums" : ", without"));
+        const std::vector<float>& gradient = in_place ? expected_from_rounded : expected;
+        std::vector<uint16_t> rounded =
+            in_place ? d16.bits : std::vector<uint16_t>(static_cast<size_t>(n), 0xABCD);
+        std::vector<float> column_sums(size_t(cols), 0.5f);
+        be().relu_backward_bfloat16(in_place ? nullptr : d.data(), output16.data(), rows, cols,
+                                    rounded.data(), sums ? column_sums.data() : nullptr);
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(rounded[size_t(i)], float_to_bfloat16(gradient[size_t(i)])) << i;
+        for (int64_t c = 0; c < cols; ++c) {
+          double want = 0.5, magnitude = 0.5;
+          for (int64_t r = 0; r < rows; ++r) {
+            want += gradient[size_t(r * cols + c)];
+            magnitude += std::abs(gradient[size_t(r * cols + c)]);
+          }
+          if (!sums) want = 0.5;
+          ASSERT_NEAR(column_sums[size_t(c)], want, 1e-5 * magnitude) << c;
         }
-        if (!sums) want = 0.5;
-        ASSERT_NEAR(column_sums[size_t(c)], want, 1e-5 * magnitude) << c;
       }
-    }
   }
   // Nowhere to write the gradient is refused.
   std::vector<float> d(4, 1.f);

@@ -698,7 +698,8 @@ void HostStagedBackend::relu_backward_bfloat16(const float* d, const uint16_t* r
   const int64_t n = rows * cols;
   const auto hd = st.read(d, n);
   const auto houtput = st.read(relu_output, n);
-  const auto hrounded = st.write(rounded_d, n);
+  // d null: the gradient comes in rounded_d, which the result replaces.
+  const auto hrounded = d ? st.write(rounded_d, n) : st.read_write(rounded_d, n);
   const auto hsums = st.read_write(column_sums, cols);
   st.upload();
   device_.relu_backward_bfloat16(st[hd], st[houtput], rows, cols, st[hrounded], st[hsums]);

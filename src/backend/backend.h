@@ -252,7 +252,9 @@ class Backend {
   // (activation_backward's kRelu on the rounded output), for d [rows, cols]; rounded_d
   // [rows, cols] receives g rounded to bfloat16, for the products of the backward that read it,
   // and column_sums [cols] (null: none) += Σ_rows g in float32: the bias gradient of the product
-  // that made the ReLU's input (bias_backward's), in the same pass. g itself is not kept.
+  // that made the ReLU's input (bias_backward's), in the same pass. g itself is not kept. d null:
+  // the gradient comes in bfloat16 in rounded_d (a product that wrote it so alone), and g is
+  // written over it.
   virtual void relu_backward_bfloat16(const float* d, const uint16_t* relu_output, int64_t rows,
                                       int64_t cols, uint16_t* rounded_d,
                                       float* column_sums) const = 0;

@@ -105,7 +105,8 @@ struct MatmulEpilogue {
   // sums differ; results below the smallest normal float may stay), and with a bias only where
   // rounded_bias is given too, which it then adds instead (bias rounded to bfloat16, as
   // PyTorch's autocast rounds a linear layer's bias). For outputs nothing compares with a float32
-  // product's: the logits and the feed-forward's hidden layer of training in bfloat16. Else (and
+  // product's: the logits, the feed-forward's hidden layer and its gradient, and Q, K and V of
+  // training in bfloat16. Else (and
   // on the CPU) the rounding is the float32 product's, with the float32 bias.
   bool rounded_by_the_product = false;
   const uint16_t* rounded_bias = nullptr;  // [n] bias in bfloat16, or null

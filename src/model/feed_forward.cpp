@@ -7,13 +7,14 @@ namespace {
 
 // Training in bfloat16 with ReLU and no dropout inside keeps the hidden layer in bfloat16 only:
 // fc1's product writes it rounded (MatmulEpilogue::rounded_output), fc2's products read it, and
-// ReLU's backward reads its sign. Inference with weights prepared in bfloat16 does the same
-// (fc2 would round the float hidden layer itself). That spares writing it in float32 (memory-bound:
-// 16 MB a layer for the base model's 4,096-token batch) and rounding it again. The products are the
-// same (fc2's read the same bfloat16 values); only a hidden value below the smallest normal float
-// (under 1.2e-38, flushed to zero) would stop its gradient where the float copy passed it. With
-// dropout the float values are kept: dropping and scaling them first, then rounding, is not the
-// same as scaling rounded values.
+// ReLU's backward reads its sign; its gradient likewise (fc2's input-gradient product writes it
+// rounded, the ReLU's backward gates it in place, fc1's products read it). Inference with weights
+// prepared in bfloat16 does the same (fc2 would round the float hidden layer itself). That spares
+// writing it in float32 (memory-bound: 16 MB a layer for the base model's 4,096-token batch) and
+// rounding it again. The products are the same (fc2's read the same bfloat16 values); only a hidden
+// value below the smallest normal float (under 1.2e-38, flushed to zero) would stop its gradient
+// where the float copy passed it. With dropout the float values are kept: dropping and scaling them
+// first, then rounding, is not the same as scaling rounded values.
 bool hidden_only_in_bfloat16(const FeedForwardWeights& w, Activation act, float dropout) {
   return act == Activation::kRelu && dropout == 0.f && reads_bfloat16_input(w.fc1) &&
          reads_bfloat16_input(w.fc2);
@@ -40,9 +41,12 @@ void forward_buffers(const FeedForwardWeights& w, Activation act, int64_t rows, 
 
 // The scratch feed_forward_backward uses (its products' own aside).
 template <typename Sizer>
-void backward_buffers(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
-                      Sizer& sizer) {
-  sizer.need(scratch.d_hidden, rows * w.fc1.out);  // [rows, d_ff]
+void backward_buffers(const FeedForwardWeights& w, Activation act, int64_t rows, float dropout,
+                      BackwardScratch& scratch, Sizer& sizer) {
+  if (hidden_only_in_bfloat16(w, act, dropout))
+    sizer.need(scratch.rounded_d_hidden, rows * w.fc1.out);  // [rows, d_ff]
+  else
+    sizer.need(scratch.d_hidden, rows * w.fc1.out);  // [rows, d_ff]
 }
 
 }  // namespace
@@ -93,11 +97,12 @@ void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int6
   forward_buffers(w, act, rows, dropout, input_rounded && rounds_to_bfloat16(w.fc1), cache, plan);
 }
 
-void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
-                                WorkspacePlan& plan) {
-  backward_buffers(w, rows, scratch, plan);
+void plan_feed_forward_backward(const FeedForwardWeights& w, Activation act, int64_t rows,
+                                float dropout, BackwardScratch& scratch, WorkspacePlan& plan) {
+  backward_buffers(w, act, rows, dropout, scratch, plan);
   plan_linear_backward(w.fc2, rows, scratch, plan);
-  plan_linear_backward(w.fc1, rows, scratch, plan);
+  // fc1's products read the ReLU's backward's bfloat16 gradient where it writes one.
+  if (!hidden_only_in_bfloat16(w, act, dropout)) plan_linear_backward(w.fc1, rows, scratch, plan);
 }
 
 void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
@@ -107,19 +112,21 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                            bool accumulate) {
   const int64_t hidden_size = rows * w.fc1.out;
   Allocate sizer{backend};
-  backward_buffers(w, rows, scratch, sizer);
-  float* d_hidden = scratch.d_hidden.data();  // [rows, d_ff]
+  backward_buffers(w, act, rows, dropout, scratch, sizer);
   if (hidden_only_in_bfloat16(w, act, dropout)) {
     if (rows <= 0) return;
     const uint16_t* rounded_hidden = cache.rounded_hidden.data();  // [rows, d_ff]
-    linear_backward(backend, w.fc2, g.fc2, nullptr, d_out, rows, d_hidden, false, scratch,
-                    rounded_hidden, rounded_d_out);
-    // fc1's products read the ReLU's gradient in bfloat16 only, written by its backward (fc2 is
-    // done with rounded_d_out, which may be the same scratch), which sums fc1's bias gradient in
-    // the same pass.
-    uint16_t* rounded_d_hidden =
-        ensure_size(backend, scratch.rounded_d_out, hidden_size);  // [rows, d_ff]
-    backend.relu_backward_bfloat16(d_hidden, rounded_hidden, rows, w.fc1.out, rounded_d_hidden,
+    if (!rounded_d_out)
+      rounded_d_out = rounded_copy(backend, w.fc2, d_out, rows, w.fc2.out, scratch.rounded_d_out);
+    // The hidden layer's gradient in bfloat16 alone (the product may round its own sums), which
+    // the ReLU's backward gates in place, summing fc1's bias gradient on the way, for fc1's
+    // products.
+    uint16_t* rounded_d_hidden = scratch.rounded_d_hidden.data();  // [rows, d_ff]
+    linear_input_backward(backend, w.fc2, d_out, rounded_d_out, rows, nullptr, false,
+                          rounded_d_hidden);
+    linear_parameter_backward(backend, w.fc2, g.fc2, nullptr, rounded_hidden, d_out, rounded_d_out,
+                              w.fc2.out, rows);
+    backend.relu_backward_bfloat16(nullptr, rounded_hidden, rows, w.fc1.out, rounded_d_hidden,
                                    g.fc1.bias);
     Linear<float> fc1_grads = g.fc1;
     fc1_grads.bias = nullptr;
@@ -127,6 +134,7 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
                     cache.rounded_x, rounded_d_hidden);
     return;
   }
+  float* d_hidden = scratch.d_hidden.data();  // [rows, d_ff]
   linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false, scratch,
                   rounds_to_bfloat16(w.fc2) ? cache.rounded_hidden.data() : nullptr, rounded_d_out);
   if (dropout > 0.f)

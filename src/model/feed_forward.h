@@ -43,8 +43,8 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
 void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int64_t rows,
                                float dropout, bool input_rounded, FeedForwardCache& cache,
                                WorkspacePlan& plan);
-void plan_feed_forward_backward(const FeedForwardWeights& w, int64_t rows, BackwardScratch& scratch,
-                                WorkspacePlan& plan);
+void plan_feed_forward_backward(const FeedForwardWeights& w, Activation act, int64_t rows,
+                                float dropout, BackwardScratch& scratch, WorkspacePlan& plan);
 // dx (= or += when accumulate) and parameter gradients, given d_out [rows, D] (and
 // rounded_d_out, as multi_head_attention_backward takes them, with g.fc2.bias for g.o.bias).
 void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,

@@ -53,10 +53,20 @@ void linear_backward(const Backend& backend, const LinearWeights& w, const Linea
 }
 
 void linear_input_backward(const Backend& backend, const LinearWeights& w, const float* dy,
-                           const uint16_t* rounded_dy, int64_t rows, float* dx,
-                           bool accumulate_dx) {
+                           const uint16_t* rounded_dy, int64_t rows, float* dx, bool accumulate_dx,
+                           uint16_t* rounded_dx) {
+  MatmulEpilogue epilogue;
+  if (rounded_dx) {
+    if (dx || accumulate_dx || !rounds_to_bfloat16(w))
+      throw std::logic_error(
+          "linear_input_backward: a bfloat16 gradient alone is written (not added) by a product "
+          "that rounds");
+    epilogue.rounded_output = rounded_dx;
+    epilogue.rounded_by_the_product = true;
+  }
   backend.matmul(false, false, rows, w.in, w.out, 1.f, {dy, rounded_dy}, w.out,
-                 {w.weight, w.rounded}, w.in, accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision);
+                 {w.weight, w.rounded}, w.in, accumulate_dx ? 1.f : 0.f, dx, w.in, w.precision,
+                 epilogue);
 }
 
 void linear_parameter_backward(const Backend& backend, const LinearWeights& w,

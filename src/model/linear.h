@@ -63,9 +63,13 @@ void linear_backward(const Backend& backend, const LinearWeights& w, const Linea
                      const uint16_t* rounded_dy = nullptr);
 // Its two halves, for gradients that are already rounded where w rounds (rounded_dy given):
 // dx[rows, in] (= or += when accumulate_dx) = dy · W, dy and rounded_dy dense [rows, out] (a
-// stacked view's input gradient: one product over the stacked Q|K|V gradients);
+// stacked view's input gradient: one product over the stacked Q|K|V gradients), or, where w
+// rounds and rounded_dx is given (dx null, not accumulated), dx in bfloat16 alone there, which the
+// product may round itself (MatmulEpilogue::rounded_by_the_product: the feed-forward's hidden
+// gradient, which only its ReLU's backward and fc1's products read);
 void linear_input_backward(const Backend& backend, const LinearWeights& w, const float* dy,
-                           const uint16_t* rounded_dy, int64_t rows, float* dx, bool accumulate_dx);
+                           const uint16_t* rounded_dy, int64_t rows, float* dx, bool accumulate_dx,
+                           uint16_t* rounded_dx = nullptr);
 // dW += dyᵀ · x and db += Σ_rows dy (where g.bias is given; of rounded_dy where given), dy and
 // rounded_dy [rows, out] with row stride ldy (a column block of the stacked gradients).
 void linear_parameter_backward(const Backend& backend, const LinearWeights& w,
@@ -90,10 +94,13 @@ struct BackwardScratch {
   DeviceBuffer<uint16_t> rounded_dk;  // as dk
   DeviceBuffer<uint16_t> rounded_dv;  // as dv
   DeviceBuffer<float> d_hidden;       // [rows, d_ff]
-  DeviceBuffer<float> d_sublayer;     // [rows, D] gradient entering a sublayer's function
-  DeviceBuffer<float> d_normed;       // [rows, D] gradient of a pre-norm sublayer's function input
-  DeviceBuffer<float> d_stream;       // [rows, D] gradient of the residual stream
-  DeviceBuffer<float> d_memory;       // [B, S, D] gradient of the encoder output (cross-attention)
+  // [rows, d_ff] the same in bfloat16 alone (training in bfloat16 with ReLU and no dropout inside
+  // the feed-forward: model/feed_forward.cpp)
+  DeviceBuffer<uint16_t> rounded_d_hidden;
+  DeviceBuffer<float> d_sublayer;  // [rows, D] gradient entering a sublayer's function
+  DeviceBuffer<float> d_normed;    // [rows, D] gradient of a pre-norm sublayer's function input
+  DeviceBuffer<float> d_stream;    // [rows, D] gradient of the residual stream
+  DeviceBuffer<float> d_memory;    // [B, S, D] gradient of the encoder output (cross-attention)
   // [rows, out] a linear's output gradient rounded to bfloat16 (training in bfloat16), read by
   // both of its backward products: rounded by linear_backward, or written there by the kernel
   // that makes the gradient (a post-norm sublayer's norm backward, the ReLU's backward)

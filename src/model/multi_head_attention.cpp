@@ -145,7 +145,7 @@ Projections saved_projections(const AttentionWeights& w, Projected projected,
                               AttentionCache& cache) {
   const int64_t d = w.q.out;
   const bool self_stacked = stacks(w.qkv) && projected == Projected::kSelf;
-  const bool kv_stacked = !self_stacked && projected == Projected::kCross && stacks(w.kv);
+  const bool kv_stacked = !self_stacked && stacks(w.kv);  // as project() writes them
   Projections p;
   // [B, T, 3D] rows q | k | v; [B, Tk, 2D] rows k | v; else a buffer each.
   p.q_stride = self_stacked ? 3 * d : d;

@@ -212,7 +212,8 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
 }
 
 void plan_stacks_backward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
-                          BackwardScratch& scratch, WorkspacePlan& plan) {
+                          const DropoutOptions& dropout, BackwardScratch& scratch,
+                          WorkspacePlan& plan) {
   const ModelConfig& config = model.config();
   const int64_t B = shape.batch, S = shape.src_len, T = shape.tgt_len;
   stacks_backward_buffers(config, B, S, T, scratch, plan);
@@ -220,14 +221,16 @@ void plan_stacks_backward(const Model& model, const TransformerWeights& w, const
     plan_sublayer_backward(config, lw.ffn.fc2, B * T, scratch, plan);
     plan_sublayer_backward(config, lw.cross_attn.o, B * T, scratch, plan);
     plan_sublayer_backward(config, lw.self_attn.o, B * T, scratch, plan);
-    plan_feed_forward_backward(lw.ffn, B * T, scratch, plan);
+    plan_feed_forward_backward(lw.ffn, config.activation, B * T, dropout.relu_dropout, scratch,
+                               plan);
     plan_multi_head_attention_backward(lw.cross_attn, B, T, S, scratch, plan);
     plan_multi_head_attention_backward(lw.self_attn, B, T, T, scratch, plan);
   }
   for (const EncoderLayerWeights& lw : w.encoder_layers) {
     plan_sublayer_backward(config, lw.ffn.fc2, B * S, scratch, plan);
     plan_sublayer_backward(config, lw.self_attn.o, B * S, scratch, plan);
-    plan_feed_forward_backward(lw.ffn, B * S, scratch, plan);
+    plan_feed_forward_backward(lw.ffn, config.activation, B * S, dropout.relu_dropout, scratch,
+                               plan);
     plan_multi_head_attention_backward(lw.self_attn, B, S, S, scratch, plan);
   }
 }

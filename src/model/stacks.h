@@ -162,7 +162,8 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
 void plan_decoder_forward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
                           const DropoutOptions& dropout, StackCache& cache, WorkspacePlan& plan);
 void plan_stacks_backward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
-                          BackwardScratch& scratch, WorkspacePlan& plan);
+                          const DropoutOptions& dropout, BackwardScratch& scratch,
+                          WorkspacePlan& plan);
 
 // Backward through both stacks (cache from a training forward with the weights `w`) given
 // d_decoder_out [B, T, D]; accumulates every parameter gradient, embeddings included.

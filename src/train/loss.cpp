@@ -93,7 +93,7 @@ void plan_loss_and_gradients(const Model& model, const BatchShape& shape,
   if (!backward) return;
   // The output head's backward needs no scratch: its gradient comes in float32 in the logits'
   // place, or in bfloat16 in the rounded logits' (output_head_forward).
-  plan_stacks_backward(model, w, shape, ws.scratch, ws.plan);
+  plan_stacks_backward(model, w, shape, dropout, ws.scratch, ws.plan);
 }
 
 }  // namespace tfm

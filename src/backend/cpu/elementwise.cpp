@@ -278,11 +278,15 @@ TFM_CPU_KERNEL void activation_backward(float* d, const float* pre_activation, i
 TFM_CPU_KERNEL void relu_backward_bfloat16(const float* d, const uint16_t* relu_output,
                                            int64_t rows, int64_t cols, uint16_t* rounded_d,
                                            float* column_sums) {
+  // The gradient at element i: d's, or (d null) the bfloat16 one in rounded_d, which g replaces.
+  const auto gradient = [d, rounded_d](int64_t i) {
+    return d ? d[i] : bfloat16_to_float(rounded_d[i]);
+  };
   if (!column_sums) {
     const int64_t n = rows * cols;
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
     for (int64_t i = 0; i < n; ++i)
-      rounded_d[i] = float_to_bfloat16(bfloat16_to_float(relu_output[i]) > 0.f ? d[i] : 0.f);
+      rounded_d[i] = float_to_bfloat16(bfloat16_to_float(relu_output[i]) > 0.f ? gradient(i) : 0.f);
     return;
   }
   float* partial = row_block_partials(1, cols);  // [kRowBlocks, cols]
@@ -291,12 +295,11 @@ TFM_CPU_KERNEL void relu_backward_bfloat16(const float* d, const uint16_t* relu_
     float* sums = partial + block * cols;
     const int64_t end = row_block_begin(rows, block + 1);
     for (int64_t r = row_block_begin(rows, block); r < end; ++r) {
-      const float* in = d + r * cols;
       const uint16_t* out = relu_output + r * cols;
       uint16_t* rounded = rounded_d + r * cols;
 #pragma omp simd
       for (int64_t c = 0; c < cols; ++c) {
-        const float g = bfloat16_to_float(out[c]) > 0.f ? in[c] : 0.f;
+        const float g = bfloat16_to_float(out[c]) > 0.f ? gradient(r * cols + c) : 0.f;
         rounded[c] = float_to_bfloat16(g);
         sums[c] += g;
       }

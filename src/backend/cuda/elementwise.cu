@@ -255,12 +255,16 @@ __global__ void activation_backward_kernel(float* d, const float* pre, int64_t n
 }
 
 // kWidth elements of the ReLU's backward from its bfloat16 output at element i: d where that
-// output is positive, else 0, into g, and rounded into rounded_d.
+// output is positive, else 0, into g, and rounded into rounded_d (d null: the gradient comes in
+// bfloat16 in rounded_d, and g is written over it).
 template <int kWidth>
 __device__ __forceinline__ void relu_backward_word(const float* d, const uint16_t* relu_output,
                                                    int64_t i, uint16_t* rounded_d, float* g) {
   float out[kWidth];
-  RowWord<kWidth>::load(d + i, g);
+  if (d)
+    RowWord<kWidth>::load(d + i, g);
+  else
+    RowWord<kWidth>::load_bfloat16(rounded_d + i, g);
   RowWord<kWidth>::load_bfloat16(relu_output + i, out);
 #pragma unroll
   for (int e = 0; e < kWidth; ++e) g[e] = out[e] > 0.f ? g[e] : 0.f;

@@ -1,7 +1,8 @@
 // See lt_product.h. cuBLASLt is column-major, and reads each row-major matrix as its transpose
 // with the same stride: y[m, n] = x · Wᵀ is D[n, m] = op(A)·B with A = W read as [k, n]
-// (ld ldw) and transposed, B = x read as [k, m] (ld ldx), D = y read as [n, m] (ld ldy). cuBLASLt's
-// bias has one element per row of D: one per column of y, as a linear layer's bias has.
+// (ld ldw) and transposed, B = x read as [k, m] (ld ldx), D = y read as [n, m] (ld ldy); y = x·W
+// the same with A = W read as [n, k] (ld ldw), not transposed. cuBLASLt's bias has one element per
+// row of D: one per column of y, as a linear layer's bias has.
 #include <map>
 #include <memory>
 #include <string>
@@ -31,14 +32,15 @@ uint32_t alignment_of(const void* pointer) {
 struct PlanKey {
   int device;
   int64_t m, n, k, ldx, ldw, ldy;
-  int type, output_type;
+  int type, output_type, layout;
   bool bias, bias_in_bfloat16, relu;
   uint32_t align_x, align_w, align_y, align_bias;
   bool operator<(const PlanKey& o) const {
-    return std::tie(device, m, n, k, ldx, ldw, ldy, type, output_type, bias, bias_in_bfloat16, relu,
-                    align_x, align_w, align_y, align_bias) <
-           std::tie(o.device, o.m, o.n, o.k, o.ldx, o.ldw, o.ldy, o.type, o.output_type, o.bias,
-                    o.bias_in_bfloat16, o.relu, o.align_x, o.align_w, o.align_y, o.align_bias);
+    return std::tie(device, m, n, k, ldx, ldw, ldy, type, output_type, layout, bias,
+                    bias_in_bfloat16, relu, align_x, align_w, align_y,
+                    align_bias) < std::tie(o.device, o.m, o.n, o.k, o.ldx, o.ldw, o.ldy, o.type,
+                                           o.output_type, o.layout, o.bias, o.bias_in_bfloat16,
+                                           o.relu, o.align_x, o.align_w, o.align_y, o.align_bias);
   }
 };
 
@@ -79,7 +81,8 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void
   auto plan = std::make_unique<Plan>();
   const auto type = cudaDataType_t(key.type);
   TFM_CUDA(lt.desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(CUBLAS_OP_T));
+  const bool transposed_w = WeightLayout(key.layout) == WeightLayout::kOutputsByInputs;
+  set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(transposed_w ? CUBLAS_OP_T : CUBLAS_OP_N));
   set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
   const cublasLtEpilogue_t epilogue =
       key.bias ? (key.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
@@ -96,7 +99,8 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void
         int32_t(key.bias_in_bfloat16 ? CUDA_R_16BF : CUDA_R_32F));
   }
   const auto output_type = cudaDataType_t(key.output_type);
-  TFM_CUDA(lt.layout_create(&plan->w_layout, type, uint64_t(key.k), uint64_t(key.n), key.ldw));
+  TFM_CUDA(lt.layout_create(&plan->w_layout, type, uint64_t(transposed_w ? key.k : key.n),
+                            uint64_t(transposed_w ? key.n : key.k), key.ldw));
   TFM_CUDA(lt.layout_create(&plan->x_layout, type, uint64_t(key.k), uint64_t(key.m), key.ldx));
   TFM_CUDA(
       lt.layout_create(&plan->y_layout, output_type, uint64_t(key.n), uint64_t(key.m), key.ldy));
@@ -148,7 +152,7 @@ std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const void*
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
                 const void* w, int64_t ldw, cudaDataType_t type, void* y,
                 cudaDataType_t output_type, int64_t ldy, const float* float_bias,
-                const uint16_t* rounded_bias, bool relu) {
+                const uint16_t* rounded_bias, bool relu, WeightLayout layout) {
   static const bool enabled = !turned_off("TFM_CUDA_LT");  // else cuBLAS and a pass, to compare
   const void* bias = float_bias ? static_cast<const void*>(float_bias) : rounded_bias;
   // A bias epilogue reads its vector in wide words: a bias off 16 bytes (a stacked bias of an
@@ -172,6 +176,7 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
                     ldy,
                     int(type),
                     int(output_type),
+                    int(layout),
                     bias != nullptr,
                     !float_bias && rounded_bias,
                     relu,

@@ -13,7 +13,12 @@
 namespace tfm {
 namespace cuda {
 
-// y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ with W [n, k] (row stride ldw), then +
+// How W of a product lies: [n, k], y = x·Wᵀ (a linear layer's forward), or [k, n], y = x·W (its
+// input gradient, dy·W).
+enum class WeightLayout { kOutputsByInputs, kInputsByOutputs };
+
+// y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ with W [n, k] (row stride ldw; or x·W
+// with W [k, n], where `layout` says so), then +
 // bias (float32, on every row; null: none; or rounded_bias, bfloat16, for a bfloat16 output only)
 // and max(·, 0) where relu. x and W are both `type`:
 // CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F, accumulated in float32; y is `output_type`: CUDA_R_32F,
@@ -23,7 +28,8 @@ namespace cuda {
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
                 const void* w, int64_t ldw, cudaDataType_t type, void* y,
                 cudaDataType_t output_type, int64_t ldy, const float* bias,
-                const uint16_t* rounded_bias, bool relu);
+                const uint16_t* rounded_bias, bool relu,
+                WeightLayout layout = WeightLayout::kOutputsByInputs);
 
 }  // namespace cuda
 }  // namespace tfm

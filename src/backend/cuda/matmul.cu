@@ -258,10 +258,10 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
   // A bfloat16 output the product may round itself (MatmulEpilogue::rounded_by_the_product):
   // cuBLASLt writes it directly where it has an algorithm, instead of a float block and a pass
   // (a bfloat16 training step's logits: 537 MB of float written and read back a chunk; fc1's
-  // hidden layer, with its bias in bfloat16 and the ReLU inside the product).
-  const bool lt_rounds = !trans_a && trans_b && alpha == 1.f && k > 0 &&
-                         epilogue.rounded_by_the_product && epilogue.rounded_output &&
-                         (!epilogue.bias || epilogue.rounded_bias);
+  // hidden layer, with its bias in bfloat16 and the ReLU inside the product; the feed-forward's
+  // hidden gradient, dy·W, whose 210 MB of float a base-model layer took twice that to read back).
+  const bool lt_rounds = !trans_a && alpha == 1.f && k > 0 && epilogue.rounded_by_the_product &&
+                         epilogue.rounded_output && (!epilogue.bias || epilogue.rounded_bias);
   // Else a bfloat16 output goes to a float block first, with C's row stride: cuBLAS may pick
   // another algorithm for another stride, and the bits must be the float path's. The block is
   // taken when cuBLAS is about to write it.
@@ -283,9 +283,11 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
     if (epilogue_in_lt && lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type, out, CUDA_R_32F,
                                      ldc, epilogue.bias, nullptr, epilogue.relu))
       return true;
-    if (lt_rounds && lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type,
-                                epilogue.rounded_output, CUDA_R_16BF, ldc, nullptr,
-                                epilogue.bias ? epilogue.rounded_bias : nullptr, epilogue.relu))
+    if (lt_rounds &&
+        lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type, epilogue.rounded_output,
+                   CUDA_R_16BF, ldc, nullptr, epilogue.bias ? epilogue.rounded_bias : nullptr,
+                   epilogue.relu,
+                   trans_b ? WeightLayout::kOutputsByInputs : WeightLayout::kInputsByOutputs))
       return true;
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta,
                  float_target(), ld_target, type);
