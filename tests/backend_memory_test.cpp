@@ -139,7 +139,7 @@ class MemoryCheckingBackend : public Backend {
     const Access attention_access = check_attention("attention_forward", shape, mask, dropout);
     check_rounded_attention_inputs("attention_forward", shape,
                                    attention_reads_rounded_inputs(shape, mask, dropout));
-    const InputsForCpu in = inputs_for_cpu(shape, q, k, v);
+    const InputsForCpu in = inputs_for_cpu(shape, q, k, v, nullptr);
     cpu().attention_forward(in.shape, mask, in.q, in.k, in.v, probs, out, dropout);
   }
   void attention_forward_16_bit_cache(const AttentionShape& shape, const AttentionMask& mask,
@@ -166,9 +166,10 @@ class MemoryCheckingBackend : public Backend {
                                                        {"d_additive_v", d_additive_v}});
     const Access attention_access = check_attention("attention_backward", shape, mask, dropout);
     check_rounded_attention_inputs("attention_backward", shape,
-                                   probs && attention_reads_rounded_inputs(shape, mask, dropout));
-    const InputsForCpu in = inputs_for_cpu(shape, q, k, v);
-    cpu().attention_backward(in.shape, mask, in.q, in.k, in.v, probs, dropout, d_out, dq, dk, dv,
+                                   probs && attention_reads_rounded_inputs(shape, mask, dropout),
+                                   true);
+    const InputsForCpu in = inputs_for_cpu(shape, q, k, v, d_out);
+    cpu().attention_backward(in.shape, mask, in.q, in.k, in.v, probs, dropout, in.d_out, dq, dk, dv,
                              d_additive_v);
   }
 
@@ -531,17 +532,19 @@ class MemoryCheckingBackend : public Backend {
   Access check(const char* operation, std::initializer_list<Argument> arguments) const {
     return check<std::initializer_list<Argument>>(operation, arguments);
   }
-  // Q, K and V as the CPU is to read them (set_bfloat16_attention): as given, or in bfloat16 (the
-  // copies widened, or the floats rounded) in host arrays of the same layouts (dense batches).
+  // Q, K and V (and the backward's d_out) as the CPU is to read them (set_bfloat16_attention): as
+  // given, or in bfloat16 (the copies widened, or the floats rounded) in host arrays of the same
+  // layouts (dense batches). The forward's d_out null.
   struct InputsForCpu {
     AttentionShape shape;
-    const float *q, *k, *v;
-    std::vector<float> q_host, k_host, v_host;
+    const float *q, *k, *v, *d_out;
+    std::vector<float> q_host, k_host, v_host, d_out_host;
   };
   InputsForCpu inputs_for_cpu(const AttentionShape& s, const float* q, const float* k,
-                              const float* v) const {
-    InputsForCpu in{s, q, k, v, {}, {}, {}};
+                              const float* v, const float* d_out) const {
+    InputsForCpu in{s, q, k, v, d_out, {}, {}, {}, {}};
     in.shape.rounded_q = in.shape.rounded_k = in.shape.rounded_v = nullptr;
+    in.shape.rounded_d_out = nullptr;
     if (s.rounded_q) ++rounded_attention_calls_;
     if (bfloat16_attention_ == BFloat16Attention::kAsGiven || s.products != Precision::kBFloat16)
       return in;
@@ -561,6 +564,9 @@ class MemoryCheckingBackend : public Backend {
     in.q = widen(q, s.rounded_q, s.batch * s.query_len, s.q_row_stride, in.q_host);
     in.k = widen(k, s.rounded_k, s.batch * s.key_len, s.k_row_stride, in.k_host);
     in.v = widen(v, s.rounded_v, s.batch * s.key_len, s.v_row_stride, in.v_host);
+    if (d_out || s.rounded_d_out)
+      in.d_out =
+          widen(d_out, s.rounded_d_out, s.batch * s.query_len, s.out_row_stride, in.d_out_host);
     return in;
   }
   Access check_attention(const char* operation, const AttentionShape& shape,
@@ -570,6 +576,7 @@ class MemoryCheckingBackend : public Backend {
                                                  {"shape.rounded_q", shape.rounded_q},
                                                  {"shape.rounded_k", shape.rounded_k},
                                                  {"shape.rounded_v", shape.rounded_v},
+                                                 {"shape.rounded_d_out", shape.rounded_d_out},
                                                  {"shape.rounded_out", shape.rounded_out},
                                                  {"shape.rounded_dq", shape.rounded_dq},
                                                  {"shape.rounded_dk", shape.rounded_dk},

@@ -1459,14 +1459,17 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
             << "Tq " << c.query_len << ": the weights were stored as well";
       }
     }
-    {  // Q, K and V in bfloat16 alone (AttentionShape::rounded_q, _k, _v; q, k, v null), as a
-       // training step gives them, its weights kept for the backward alone: where the backend reads
-       // them so (CUDA's tensor-core blocks), the same output and gradients as from the float ones
-       // it rounds as it loads them, to the bit; elsewhere the call is refused.
+    {  // Q, K and V in bfloat16 alone (AttentionShape::rounded_q, _k, _v; q, k, v null), and the
+       // backward's d_out (rounded_d_out), as a training step gives them, its weights kept for
+       // the backward alone: where the backend reads them so (CUDA's tensor-core blocks), the
+       // same output and gradients as from the float ones it rounds as it loads them, to the
+       // bit; elsewhere the call is refused, and so is a backward given the one without the
+       // other.
       AttentionShape alone = s;
       alone.weights_for_backward_only = true;
       const std::vector<uint16_t> q16 = rounded_copy(q, Precision::kBFloat16).bits;
       const std::vector<uint16_t> kv16 = rounded_copy(kv, Precision::kBFloat16).bits;
+      const std::vector<uint16_t> d_out16 = rounded_copy(d_out, Precision::kBFloat16).bits;
       alone.rounded_q = q16.data();
       alone.rounded_k = kv16.data();
       alone.rounded_v = kv16.data() + width;
@@ -1479,6 +1482,14 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
         EXPECT_THROW(be().attention_forward(alone, mask, nullptr, nullptr, nullptr,
                                             alone_probs.data(), alone_out.data(), {}),
                      std::invalid_argument);
+        AttentionShape backward = alone;
+        backward.rounded_d_out = d_out16.data();
+        std::vector<float> unused_dq(q.size()), unused_dkv(kv.size());
+        EXPECT_THROW(
+            be().attention_backward(backward, mask, nullptr, nullptr, nullptr, alone_probs.data(),
+                                    {}, nullptr, unused_dq.data(), unused_dkv.data(),
+                                    unused_dkv.data() + width, d_additive_v.data()),
+            std::invalid_argument);
       } else {
         be().attention_forward(alone, mask, nullptr, nullptr, nullptr, alone_probs.data(),
                                alone_out.data(), {});
@@ -1488,8 +1499,14 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
         alone.rounded_dq = alone_rounded_dq.data();
         alone.rounded_dk = alone_rounded_dkv.data();
         alone.rounded_dv = alone_rounded_dkv.data() + width;
+        EXPECT_THROW(
+            be().attention_backward(alone, mask, nullptr, nullptr, nullptr, alone_probs.data(), {},
+                                    d_out.data(), alone_dq.data(), alone_dkv.data(),
+                                    alone_dkv.data() + width, d_additive_v.data()),
+            std::invalid_argument);
+        alone.rounded_d_out = d_out16.data();
         be().attention_backward(alone, mask, nullptr, nullptr, nullptr, alone_probs.data(), {},
-                                d_out.data(), alone_dq.data(), alone_dkv.data(),
+                                nullptr, alone_dq.data(), alone_dkv.data(),
                                 alone_dkv.data() + width, d_additive_v.data());
         ASSERT_EQ(alone_dq, dq) << "Tq " << c.query_len;
         ASSERT_EQ(alone_dkv, dkv) << "Tq " << c.query_len;

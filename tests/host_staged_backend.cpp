@@ -520,6 +520,8 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   const auto hprobs = st.read(probs, attention_weights(shape));
   const auto hmask = st.read(dropout.mask, attention_weights(shape));
   const auto hd_out = st.read(d_out, matrix_extent(query_rows, width, shape.out_row_stride));
+  const auto hrounded_d_out =
+      st.read(shape.rounded_d_out, matrix_extent(query_rows, width, shape.out_row_stride));
   const auto hdq = st.write(dq, matrix_extent(query_rows, width, shape.q_row_stride),
                             matrix_rows(query_rows, width, shape.q_row_stride));
   const auto dk_rows = key_rows_written(shape, sequences, shape.k_row_stride, shape.k_batch_stride);
@@ -547,6 +549,7 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   s.rounded_dq = st[hrounded_dq];
   s.rounded_dk = st[hrounded_dk];
   s.rounded_dv = st[hrounded_dv];
+  s.rounded_d_out = st[hrounded_d_out];
   s.score.additive_v = st[hadditive];
   AttentionMask m = mask;
   m.key_lengths = st[hlengths];

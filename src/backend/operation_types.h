@@ -169,6 +169,10 @@ struct AttentionShape {
   const uint16_t* rounded_q = nullptr;
   const uint16_t* rounded_k = nullptr;
   const uint16_t* rounded_v = nullptr;
+  // The backward's d_out in bfloat16 alone (its layout: out_row_stride), which comes with those
+  // (both or neither, in the backward): W_o's input-gradient product then writes it so. d_out is
+  // then not read (null).
+  const uint16_t* rounded_d_out = nullptr;
   // Where the backward writes dq, dk and dv rounded to bfloat16 as well (nearest, ties to even),
   // in their layouts (those of q, k and v: row and batch strides in elements), for the
   // projections' bfloat16 backward products; null: nowhere. dq, dk, dv are written either way,
@@ -213,11 +217,14 @@ struct AttentionMask {
 // rounded_q, _k, _v) where the call's path does not read them (`reads`: Backend::
 // attention_reads_rounded_inputs): every backend refuses it alike.
 inline void check_rounded_attention_inputs(const char* operation, const AttentionShape& s,
-                                           bool reads) {
-  if (!s.rounded_q && !s.rounded_k && !s.rounded_v) return;
+                                           bool reads, bool backward = false) {
+  if (!s.rounded_q && !s.rounded_k && !s.rounded_v && !s.rounded_d_out) return;
   if (!s.rounded_q || !s.rounded_k || !s.rounded_v)
     throw std::invalid_argument(std::string(operation) +
                                 ": Q, K and V in bfloat16 need all three copies");
+  if (backward && !s.rounded_d_out)
+    throw std::invalid_argument(std::string(operation) +
+                                ": Q, K and V in bfloat16 alone come with d_out so");
   if (!reads)
     throw std::invalid_argument(std::string(operation) +
                                 ": Q, K and V in bfloat16 alone, which this call's path does not "

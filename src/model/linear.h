@@ -85,9 +85,12 @@ void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch&
 // dv in dq's rows, or dk | dv in dk's (dv then unused), and so do the rounded copies.
 struct BackwardScratch {
   DeviceBuffer<float> d_context;  // [B, Tq, D]
-  DeviceBuffer<float> dq;         // [B, Tq, D]; stacked Q|K|V: [B, T, 3D]
-  DeviceBuffer<float> dk;         // [B, Tk, D]; stacked K|V: [B, Tk, 2D]
-  DeviceBuffer<float> dv;         // [B, Tk, D]
+  // [B, Tq, D] the same in bfloat16 alone, where the attention's backward reads it so
+  // (model/multi_head_attention.cpp: projects_in_bfloat16)
+  DeviceBuffer<uint16_t> rounded_d_context;
+  DeviceBuffer<float> dq;  // [B, Tq, D]; stacked Q|K|V: [B, T, 3D]
+  DeviceBuffer<float> dk;  // [B, Tk, D]; stacked K|V: [B, Tk, 2D]
+  DeviceBuffer<float> dv;  // [B, Tk, D]
   // Training in bfloat16: dq, dk, dv rounded by the attention's backward for the projections'
   // backward products (AttentionShape::rounded_dq, ...), in their layouts.
   DeviceBuffer<uint16_t> rounded_dq;  // as dq

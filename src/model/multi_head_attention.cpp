@@ -106,13 +106,18 @@ void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, in
 
 // The scratch multi_head_attention_backward uses (its products' own aside). The gradients of
 // stacked projections lie side by side as the projections do: dq | dk | dv in dq's rows for
-// self-attention, dk | dv in dk's for cross-attention; so do their rounded copies.
+// self-attention, dk | dv in dk's for cross-attention; so do their rounded copies. in_bfloat16:
+// the forward projected in bfloat16 alone (projects_in_bfloat16), and W_o's input gradient, which
+// the attention's backward reads, is written so too.
 template <typename Sizer>
 void backward_buffers(const AttentionWeights& w, int64_t batch, int64_t query_len, int64_t key_len,
-                      BackwardScratch& scratch, Sizer& sizer) {
+                      bool in_bfloat16, BackwardScratch& scratch, Sizer& sizer) {
   const int64_t d = w.q.out, query_rows = batch * query_len, key_rows = batch * key_len;
   const bool rounds = rounds_to_bfloat16(w.q) && query_rows > 0;
-  sizer.need(scratch.d_context, query_rows * d);  // [B, Tq, D]
+  if (in_bfloat16)
+    sizer.need(scratch.rounded_d_context, query_rows * d);  // [B, Tq, D]
+  else
+    sizer.need(scratch.d_context, query_rows * d);  // [B, Tq, D]
   if (stacks(w.qkv)) {
     sizer.need(scratch.dq, query_rows * 3 * d);                      // [B, T, 3D]
     if (rounds) sizer.need(scratch.rounded_dq, query_rows * 3 * d);  // [B, T, 3D]
@@ -306,28 +311,42 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   linear_forward(backend, w.o, context, query_rows, out, rounded_context);
 }
 
+namespace {
+
+// projects_in_bfloat16 for a plan: the shape the forward's call will have, its mask's key_batch
+// null.
+bool planned_in_bfloat16(const Backend& backend, const AttentionWeights& w, int64_t heads,
+                         int64_t batch, int64_t query_len, int64_t key_len, float dropout) {
+  AttentionInputs whole;
+  whole.batch = batch;
+  whole.query_len = query_len;
+  whole.key_len = key_len;
+  return projects_in_bfloat16(backend, w, attention_shape(w, whole, heads, w.q.out), {}, dropout);
+}
+
+}  // namespace
+
 void plan_multi_head_attention_forward(const Backend& backend, const AttentionWeights& w,
                                        int64_t heads, int64_t batch, int64_t query_len,
                                        int64_t key_len, float dropout, bool self_attention,
                                        bool query_rounded, bool memory_rounded,
                                        AttentionCache& cache, WorkspacePlan& plan) {
   const bool rounds = rounds_to_bfloat16(w.q);
-  AttentionInputs whole;  // the shape the forward's call will have (its mask's key_batch null)
-  whole.batch = batch;
-  whole.query_len = query_len;
-  whole.key_len = key_len;
   const bool in_bfloat16 =
-      projects_in_bfloat16(backend, w, attention_shape(w, whole, heads, w.q.out), {}, dropout);
+      planned_in_bfloat16(backend, w, heads, batch, query_len, key_len, dropout);
   forward_buffers(w, heads, batch, query_len, key_len, dropout,
                   self_attention ? Projected::kSelf : Projected::kCross, batch * key_len,
                   rounds && query_rounded, rounds && !self_attention && memory_rounded, in_bfloat16,
                   cache, plan);
 }
 
-void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch, int64_t query_len,
-                                        int64_t key_len, BackwardScratch& scratch,
+void plan_multi_head_attention_backward(const Backend& backend, const AttentionWeights& w,
+                                        int64_t heads, int64_t batch, int64_t query_len,
+                                        int64_t key_len, float dropout, BackwardScratch& scratch,
                                         WorkspacePlan& plan) {
-  backward_buffers(w, batch, query_len, key_len, scratch, plan);
+  backward_buffers(w, batch, query_len, key_len,
+                   planned_in_bfloat16(backend, w, heads, batch, query_len, key_len, dropout),
+                   scratch, plan);
   for (const LinearWeights* l : {&w.o, &w.q})
     plan_linear_backward(*l, batch * query_len, scratch, plan);
   for (const LinearWeights* l : {&w.k, &w.v})
@@ -349,12 +368,28 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
     throw std::logic_error(
         "multi_head_attention_backward: stacked Q|K|V projections read one input and give one "
         "gradient");
+  const bool in_bfloat16 = cache.projected_in_bfloat16;
   Allocate sizer{backend};
-  backward_buffers(w, in.batch, in.query_len, in.key_len, scratch, sizer);
-  float* d_context = scratch.d_context.data();  // [B, Tq, D]
-  linear_backward(backend, w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false,
-                  scratch, rounds_to_bfloat16(w.o) ? cache.rounded_context.data() : nullptr,
-                  rounded_d_out);
+  backward_buffers(w, in.batch, in.query_len, in.key_len, in_bfloat16, scratch, sizer);
+  const uint16_t* rounded_context =
+      rounds_to_bfloat16(w.o) ? cache.rounded_context.data() : nullptr;
+  // W_o's input gradient, the attention's d_out: in float32, or in bfloat16 alone where the
+  // attention reads Q, K and V so (it reads d_out so too).
+  float* d_context = nullptr;             // [B, Tq, D]
+  uint16_t* rounded_d_context = nullptr;  // [B, Tq, D]
+  if (in_bfloat16) {
+    rounded_d_context = scratch.rounded_d_context.data();
+    if (!rounded_d_out)
+      rounded_d_out = rounded_copy(backend, w.o, d_out, query_rows, w.o.out, scratch.rounded_d_out);
+    linear_input_backward(backend, w.o, d_out, rounded_d_out, query_rows, nullptr, false,
+                          rounded_d_context);
+    linear_parameter_backward(backend, w.o, g.o, cache.context.data(), rounded_context, d_out,
+                              rounded_d_out, w.o.out, query_rows);
+  } else {
+    d_context = scratch.d_context.data();
+    linear_backward(backend, w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false,
+                    scratch, rounded_context, rounded_d_out);
+  }
   AttentionDropout dropout;
   if (in.dropout > 0.f) {
     dropout.p = in.dropout;
@@ -365,6 +400,7 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   const Projections p = saved_projections(w, projected, cache);
   AttentionShape shape = attention_shape(w, in, heads, d);
   read_projections(p, shape);
+  shape.rounded_d_out = rounded_d_context;
   const bool kv_stacked = !self_stacked && stacks(w.kv);
   float* dq = scratch.dq.data();
   float* dk = self_stacked ? dq + d : scratch.dk.data();

@@ -99,8 +99,9 @@ void plan_multi_head_attention_forward(const Backend& backend, const AttentionWe
                                        int64_t key_len, float dropout, bool self_attention,
                                        bool query_rounded, bool memory_rounded,
                                        AttentionCache& cache, WorkspacePlan& plan);
-void plan_multi_head_attention_backward(const AttentionWeights& w, int64_t batch, int64_t query_len,
-                                        int64_t key_len, BackwardScratch& scratch,
+void plan_multi_head_attention_backward(const Backend& backend, const AttentionWeights& w,
+                                        int64_t heads, int64_t batch, int64_t query_len,
+                                        int64_t key_len, float dropout, BackwardScratch& scratch,
                                         WorkspacePlan& plan);
 // Given d_out [B, Tq, D] (and rounded_d_out, the same in bfloat16 where its producer wrote it,
 // else null: rounded here if W_o's products round; d_out may then be null where g.o.bias is):

@@ -223,15 +223,18 @@ void plan_stacks_backward(const Model& model, const TransformerWeights& w, const
     plan_sublayer_backward(config, lw.self_attn.o, B * T, scratch, plan);
     plan_feed_forward_backward(lw.ffn, config.activation, B * T, dropout.relu_dropout, scratch,
                                plan);
-    plan_multi_head_attention_backward(lw.cross_attn, B, T, S, scratch, plan);
-    plan_multi_head_attention_backward(lw.self_attn, B, T, T, scratch, plan);
+    plan_multi_head_attention_backward(model.backend(), lw.cross_attn, config.heads, B, T, S,
+                                       dropout.attention_dropout, scratch, plan);
+    plan_multi_head_attention_backward(model.backend(), lw.self_attn, config.heads, B, T, T,
+                                       dropout.attention_dropout, scratch, plan);
   }
   for (const EncoderLayerWeights& lw : w.encoder_layers) {
     plan_sublayer_backward(config, lw.ffn.fc2, B * S, scratch, plan);
     plan_sublayer_backward(config, lw.self_attn.o, B * S, scratch, plan);
     plan_feed_forward_backward(lw.ffn, config.activation, B * S, dropout.relu_dropout, scratch,
                                plan);
-    plan_multi_head_attention_backward(lw.self_attn, B, S, S, scratch, plan);
+    plan_multi_head_attention_backward(model.backend(), lw.self_attn, config.heads, B, S, S,
+                                       dropout.attention_dropout, scratch, plan);
   }
 }
 

@@ -113,7 +113,8 @@ class CpuBackend final : public Backend {
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
                           float* dv, float* d_additive_v) const override {
-    check_rounded_attention_inputs("attention_backward", shape, false);  // float32 Q, K, V only
+    check_rounded_attention_inputs("attention_backward", shape, false,
+                                   true);  // float32 Q, K, V only
     tfm::attention_backward(shape, mask, q, k, v, probs, dropout, d_out, dq, dk, dv, d_additive_v);
   }
 

@@ -619,8 +619,8 @@ void attention_backward(const Context& c, const AttentionShape& s, const Attenti
   if (additive && (!s.score.additive_v || !d_additive_v))
     throw std::invalid_argument("attention_backward: additive scores need v and its gradient");
   // Q, K, V in bfloat16 alone: the tensor-core blocks' (below) only.
-  check_rounded_attention_inputs("attention_backward", s,
-                                 probs && attention_reads_rounded_inputs(c, s, mask, dropout));
+  check_rounded_attention_inputs(
+      "attention_backward", s, probs && attention_reads_rounded_inputs(c, s, mask, dropout), true);
   if (s.batch * s.heads * s.query_len > 0 && probs &&
       tensor_core_attention_applies(c, s, mask, dropout)) {
     tensor_core_attention_backward(c, s, mask, q, k, v, probs, d_out, dq, dk, dv);  // and copies

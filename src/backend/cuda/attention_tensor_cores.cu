@@ -8,8 +8,9 @@
 // rounded to bfloat16 (nearest even) as they are loaded, as PyTorch's autocast rounds them; Q, K
 // and V may come in bfloat16 instead (AttentionShape::rounded_q: a training step's projections
 // then write them so alone, half the bytes of a base-model batch's 157 MB of float Q|K|V to write
-// and to read). The softmax and its backward stay in float32, and the backward reads the weights
-// as the forward stored them (float32), or, where they are kept for it alone (AttentionShape::
+// and to read), and the backward's dO with them (W_o's input-gradient product writes it so). The
+// softmax and its backward stay in float32, and the backward reads the weights as the forward
+// stored them (float32), or, where they are kept for it alone (AttentionShape::
 // weights_for_backward_only: a training step), rebuilds them to the bit from Q·Kᵀ and each row's
 // shift and inverse sum, which is all the forward then stores: 52 MB less written and read twice
 // a call for a base-model batch. It serves the calls whose AttentionShape::products is kBFloat16
@@ -311,12 +312,13 @@ __device__ __forceinline__ void rebuild_weights(const AttentionShape& s, const A
 // its copy in the same layout where AttentionShape asks for one. The weights P come from probs as
 // the forward stored them, or (kRebuild) are rebuilt from S = Q·Kᵀ and the rows' shift and inverse
 // sum the forward stored there instead (rebuild_weights): Q and K are then read twice (the second
-// time mostly from the L2 cache) and the weights not at all. Q, K and V as the forward's Input.
+// time mostly from the L2 cache) and the weights not at all. Q, K, V and dO as the forward's
+// Input (in bfloat16: AttentionShape::rounded_q and rounded_d_out).
 template <int kLen, bool kRebuild, typename Input>
 __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
     tensor_core_backward_kernel(AttentionShape s, AttentionMask mask, const Input* q,
                                 const Input* k, const Input* v, const float* probs,
-                                const float* d_out, float* dq, float* dk, float* dv, float scale) {
+                                const Input* d_out, float* dq, float* dk, float* dv, float scale) {
   using T = Tiles<kLen>;
   constexpr int kThreads = kBlockThreads<kLen>;
   extern __shared__ __align__(32) unsigned char shared_bytes[];
@@ -333,8 +335,7 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
   const int tq = int(s.query_len), tk = int(s.key_len);
   const float* weights = probs + at.weights_row(s, 0);  // [Tq, Tk]; kRebuild: [Tq, 2]
   HeldRows<kLen, kLen, kThreads> held_p;                // the float weights, for dS
-  HeldRows<kLen, kHead, kThreads> held_d_out;
-  HeldRows<kLen, kHead, kThreads, Input> held_v;
+  HeldRows<kLen, kHead, kThreads, Input> held_d_out, held_v;
   if constexpr (kRebuild) {
     float* row_statistics = result + T::kResultMatrix;  // [kLen, 2]
     {
@@ -474,12 +475,13 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   if (s.rounded_gradients_only && s.rounded_dq && s.rounded_dk && s.rounded_dv)
     dq = dk = dv = nullptr;  // the rounded copies alone: the caller reads nothing else
-  // Q, K and V of the Input type, from the given pointers.
-  const auto launch_with = [&](auto input, const auto* q_in, const auto* k_in, const auto* v_in) {
+  // Q, K, V and dO of the Input type, from the given pointers.
+  const auto launch_with = [&](auto input, const auto* q_in, const auto* k_in, const auto* v_in,
+                               const auto* d_out_in) {
     using Input = decltype(input);
     const auto launch = [&](auto kernel, int threads, size_t bytes) {
-      launch_blocks(c, s, kernel, threads, bytes, s, mask, q_in, k_in, v_in, probs, d_out, dq, dk,
-                    dv, scale);
+      launch_blocks(c, s, kernel, threads, bytes, s, mask, q_in, k_in, v_in, probs, d_out_in, dq,
+                    dk, dv, scale);
     };
     const bool small = fits_small_blocks(s);
     if (rebuilds_weights(s) && small)
@@ -496,9 +498,9 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
              Tiles<128>::kBackwardBytes);
   };
   if (s.rounded_q)
-    launch_with(uint16_t{}, s.rounded_q, s.rounded_k, s.rounded_v);
+    launch_with(uint16_t{}, s.rounded_q, s.rounded_k, s.rounded_v, s.rounded_d_out);
   else
-    launch_with(float{}, q, k, v);
+    launch_with(float{}, q, k, v, d_out);
   check_launch("attention_backward (tensor cores)");
 }
 
