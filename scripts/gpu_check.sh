@@ -128,7 +128,7 @@ diagnose() {  # diagnose STEP
   fi
   echo "== $1 failed: $failed; again with each newer path off"
   for switch in TFM_CUDA_GRAPHS=0 TFM_CUDA_LT=0 TFM_CUDA_TENSOR_CORE_ATTENTION=0 \
-    TFM_CUDA_REBUILT_WEIGHTS=0 TFM_CUDA_BFLOAT16_QKV=0 TFM_CUDA_ONE_PASS_NORM=0 \
+    TFM_CUDA_REBUILT_WEIGHTS=0 TFM_CUDA_BFLOAT16_QKV=0 TFM_CUDA_RELU_MASK=0 TFM_CUDA_ONE_PASS_NORM=0 \
     TFM_STACKED_PROJECTIONS=0; do
     if [ $SECONDS -gt 300 ]; then
       verdict="not tried (time)"
@@ -188,7 +188,9 @@ step train_vs_compile_bf16 120 train_compare bfloat16 --compile
 # bias (and ReLU) inside cuBLASLt's product against cuBLAS and a pass (TFM_CUDA_LT); the
 # tensor-core backward rebuilding the attention weights from Q·Kᵀ against the forward storing them
 # (TFM_CUDA_REBUILT_WEIGHTS); the projections writing Q, K and V in bfloat16 alone for those
-# blocks against float32 (TFM_CUDA_BFLOAT16_QKV).
+# blocks against float32 (TFM_CUDA_BFLOAT16_QKV); the ReLU's gradient and fc1's bias gradient inside
+# fc2's input-gradient product, from cuBLASLt's mask of fc1's ReLU, against a pass of their own
+# (TFM_CUDA_RELU_MASK).
 path_against_switch() {  # path_against_switch SWITCH WHAT [BATCH LENGTH]: 400 pairs of 63 tokens
   local run=(build/bench/train_bench --batch "${3:-400}" --src-len "${4:-63}" --tgt-len "${4:-63}"
     --vocab 37000 --steps 5 --warmup 2 --device cuda --compute-type bfloat16)
@@ -222,6 +224,8 @@ step rebuilt_weights_train 60 path_against_switch TFM_CUDA_REBUILT_WEIGHTS \
   "attention weights rebuilt in the backward"
 step bfloat16_qkv_train 60 path_against_switch TFM_CUDA_BFLOAT16_QKV \
   "Q, K and V written in bfloat16 alone"
+step relu_mask_train 60 path_against_switch TFM_CUDA_RELU_MASK \
+  "the ReLU's gradient inside fc2's product"
 # Where a bfloat16 step's GPU time goes, per operation and shape (TFM_CUDA_PROFILE=shapes: events
 # around each).
 profile_step() {

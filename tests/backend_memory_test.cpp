@@ -73,6 +73,11 @@ class MemoryCheckingBackend : public Backend {
   void set_bfloat16_attention(BFloat16Attention mode) { bfloat16_attention_ = mode; }
   // Attention calls handed Q, K and V in bfloat16 alone so far.
   int64_t rounded_attention_calls() const { return rounded_attention_calls_; }
+  // Products handed a ReLU mask so far. As a GPU's would, this backend asks for one (of a GPU
+  // library's size, which the CPU's products ignore), so that the model's masks are planned and
+  // handed over as that memory.
+  int64_t relu_masks() const { return relu_masks_; }
+  int64_t relu_mask_bytes(int64_t m, int64_t n) const override { return (n + 127) / 128 * 16 * m; }
 
   std::string name() const override { return "memory-checking cpu"; }
   bool supports(Precision precision) const override { return cpu().supports(precision); }
@@ -90,8 +95,12 @@ class MemoryCheckingBackend : public Backend {
                                            {"c", c},
                                            {"bias", epilogue.bias},
                                            {"rounded bias", epilogue.rounded_bias},
-                                           {"rounded output", epilogue.rounded_output}});
+                                           {"rounded output", epilogue.rounded_output},
+                                           {"relu mask", epilogue.relu_mask},
+                                           {"relu output", epilogue.relu_output},
+                                           {"bias gradient", epilogue.bias_gradient}});
     if (a.rounded || b.rounded) ++rounded_operands_;
+    if (epilogue.relu_mask) ++relu_masks_;
     if (ignore_rounded_copies_) {  // each product rounds again, where the float values exist
       if (a.values) a.rounded = nullptr;
       if (b.values) b.rounded = nullptr;
@@ -610,6 +619,7 @@ class MemoryCheckingBackend : public Backend {
   bool ignore_rounded_copies_ = false;
   BFloat16Attention bfloat16_attention_ = BFloat16Attention::kAsGiven;
   mutable std::atomic<int64_t> rounded_attention_calls_{0};
+  mutable std::atomic<int64_t> relu_masks_{0};
 };
 
 // While a test runs on a checking backend: a fault on its memory (host code reading or writing
@@ -947,9 +957,13 @@ TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExact
         // gradients: the copies handed to matmul) gives bit for bit what rounding it again at
         // every product gives.
         TrainingWorkspace once, at_each_product;
-        const int64_t before = backend_.rounded_operands();
+        const int64_t before = backend_.rounded_operands(), masks = backend_.relu_masks();
         const std::vector<double> rounded_once = passes.run(once);
         EXPECT_GT(backend_.rounded_operands(), before) << "no product was handed a rounded copy";
+        // With ReLU and no dropout inside, fc1's record of its ReLU goes to fc2's backward.
+        if (model.config().activation == Activation::kRelu && relu_dropout == 0.f) {
+          EXPECT_GT(backend_.relu_masks(), masks) << "no product was handed a ReLU mask";
+        }
         backend_.set_ignore_rounded_copies(true);
         const std::vector<double> rounded_again = passes.run(at_each_product);
         backend_.set_ignore_rounded_copies(false);

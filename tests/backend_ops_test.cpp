@@ -568,6 +568,96 @@ TEST_P(BackendOps, BFloat16OutputRoundedByTheProductStaysWithinAnUlp) {
       }
 }
 
+// Training's feed-forward in bfloat16 through a ReLU: fc1's product with its bias and ReLU keeps
+// its record of the ReLU where the backend has one (relu_mask), and fc2's input-gradient product
+// dy·W gated by it (relu_output, and the record) gives the ReLU's backward of its own product: each
+// element 0 where the forward's output is not positive, else within an ulp of the float32
+// product's (plus its sums' rounding error, as a product rounding its own sums), and fc1's bias
+// gradient added to what it held within the sums' error and a bfloat16 rounding of the sum (a GPU
+// library's epilogue sums it so). Gates without a dense bfloat16 output alone are refused.
+TEST_P(BackendOps, MatmulThroughAReluGivesTheGatedGradient) {
+  if (!be().supports(Precision::kBFloat16))
+    GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
+  uint64_t seed = 1300;
+  for (auto [m, n, k] :
+       {std::tuple<int64_t, int64_t, int64_t>{37, 300, 64}, {64, 2048, 512}, {5, 16, 8}}) {
+    SCOPED_TRACE(testing::Message() << m << " x " << n << " x " << k);
+    const int64_t d = k;  // fc1: [m, d] · [n, d]ᵀ; fc2's gradient: [m, k] · [k, n]
+    const auto x = random_vector(m * d, seed++), w1 = random_vector(n * d, seed++, 0.2f);
+    const auto b1 = random_vector(n, seed++, 0.5f);
+    const RoundedCopy b1_16 = rounded_copy(b1, Precision::kBFloat16);
+    std::vector<uint16_t> hidden(size_t(m * n), 0xdead);
+    std::vector<uint8_t> mask(size_t(std::max<int64_t>(be().relu_mask_bytes(m, n), 1)), 0);
+    MatmulEpilogue forward;
+    forward.bias = b1.data();
+    forward.relu = true;
+    forward.rounded_output = hidden.data();
+    forward.rounded_by_the_product = true;
+    forward.rounded_bias = b1_16.bits.data();
+    forward.relu_mask = be().relu_mask_bytes(m, n) > 0 ? mask.data() : nullptr;
+    be().matmul(false, true, m, n, d, 1.f, x.data(), d, w1.data(), d, 0.f, nullptr, n,
+                Precision::kBFloat16, forward);
+    const auto dy = random_vector(m * k, seed++), w2 = random_vector(k * n, seed++);
+    std::vector<float> product(size_t(m * n));  // the float32 product dy·W, ungated
+    be().matmul(false, false, m, n, k, 1.f, dy.data(), k, w2.data(), n, 0.f, product.data(), n,
+                Precision::kBFloat16, {});
+    std::vector<uint16_t> gradient(size_t(m * n), 0xdead);
+    std::vector<float> bias_gradient(size_t(n), 0.25f);
+    MatmulEpilogue backward;
+    backward.rounded_output = gradient.data();
+    backward.rounded_by_the_product = true;
+    backward.relu_output = hidden.data();
+    backward.relu_mask = forward.relu_mask;
+    backward.bias_gradient = bias_gradient.data();
+    be().matmul(false, false, m, n, k, 1.f, dy.data(), k, w2.data(), n, 0.f, nullptr, n,
+                Precision::kBFloat16, backward);
+    for (int64_t j = 0; j < n; ++j) {
+      // The column's sum, Σ |terms| (each term's rounding: a library may sum the float32 terms),
+      // and the products' error.
+      double sum = 0.25, absolute = 0.25, error = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        const size_t at = size_t(i * n + j);
+        const float got = bfloat16_to_float(gradient[at]);
+        if (!(bfloat16_to_float(hidden[at]) > 0.f)) {
+          ASSERT_EQ(gradient[at], 0) << i << "," << j << ": not stopped by the ReLU";
+          continue;
+        }
+        double terms = 0;
+        for (int64_t p = 0; p < k; ++p)
+          terms += std::abs(double(dy[size_t(i * k + p)]) * w2[size_t(p * n + j)]);
+        const float want = product[at];
+        const float larger = std::max({std::abs(want), std::abs(got), 1e-30f});
+        ASSERT_NEAR(got, want, std::ldexp(1.0, std::ilogb(larger) - 7) + 1e-5 * terms)
+            << i << "," << j;
+        sum += got;
+        absolute += std::abs(got);
+        error += 1e-5 * terms;
+      }
+      ASSERT_NEAR(bias_gradient[size_t(j)], sum,
+                  std::ldexp(std::abs(sum) + absolute, -8) + error + 1e-6 * absolute)
+          << "bias gradient " << j;
+    }
+  }
+  // A gate takes a dense bfloat16 output alone.
+  std::vector<float> one(4, 1.f), c(4);
+  std::vector<uint16_t> out16(4), relu16(4, 0x3f80);
+  MatmulEpilogue gate;
+  gate.rounded_output = out16.data();
+  gate.relu_output = relu16.data();
+  EXPECT_THROW(be().matmul(false, false, 2, 2, 2, 1.f, one.data(), 2, one.data(), 2, 0.f, nullptr,
+                           3, Precision::kBFloat16, gate),
+               std::invalid_argument);  // ldc ≠ n
+  gate.relu = true;
+  EXPECT_THROW(be().matmul(false, false, 2, 2, 2, 1.f, one.data(), 2, one.data(), 2, 0.f, nullptr,
+                           2, Precision::kBFloat16, gate),
+               std::invalid_argument);
+  MatmulEpilogue sums_alone;
+  sums_alone.bias_gradient = c.data();
+  EXPECT_THROW(be().matmul(false, false, 2, 2, 2, 1.f, one.data(), 2, one.data(), 2, 0.f, c.data(),
+                           2, Precision::kBFloat16, sums_alone),
+               std::invalid_argument);
+}
+
 // A bfloat16 output flushes results below the smallest normal float to zero, as AVX512-BF16's
 // conversion does, on every path (the primitive's, and the float fallback inside a parallel
 // region); normal results stay.

@@ -397,12 +397,23 @@ void HostStagedBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
   const auto hc = beta == 0.f && !epilogue.rounded_output
                       ? st.write(c, c_extent, matrix_rows(m, n, ldc))
                       : st.read_write(c, c_extent);
-  const auto hrounded = st.write(epilogue.rounded_output, c_extent, matrix_rows(m, n, ldc));
+  // With a ReLU gate the output is gated in place (read, where the device does it in a pass).
+  const auto hrounded = epilogue.relu_output
+                            ? st.read_write(epilogue.rounded_output, c_extent)
+                            : st.write(epilogue.rounded_output, c_extent, matrix_rows(m, n, ldc));
+  const auto hrelu_output = st.read(epilogue.relu_output, m * n);
+  const auto hbias_gradient = st.read_write(epilogue.bias_gradient, n);
+  // The device's ReLU record, kept as it left it (the forward may leave it unwritten).
+  const auto hmask = st.read_write(static_cast<uint8_t*>(epilogue.relu_mask),
+                                   epilogue.relu_mask ? device_.relu_mask_bytes(m, n) : 0);
   st.upload();
   MatmulEpilogue e = epilogue;
   e.bias = st[hbias];
   e.rounded_bias = st[hbias16];
   e.rounded_output = st[hrounded];
+  e.relu_output = st[hrelu_output];
+  e.bias_gradient = st[hbias_gradient];
+  e.relu_mask = st[hmask];
   device_.matmul(trans_a, trans_b, m, n, k, alpha, {st[ha], st[ha16], a.rounded_ld}, lda,
                  {st[hb], st[hb16], b.rounded_ld}, ldb, beta, st[hc], ldc, precision, e);
   st.download();

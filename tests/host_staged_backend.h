@@ -58,6 +58,9 @@ class HostStagedBackend final : public Backend {
                                       const AttentionDropout& dropout) const override {
     return device_.attention_reads_rounded_inputs(shape, mask, dropout);
   }
+  int64_t relu_mask_bytes(int64_t m, int64_t n) const override {
+    return device_.relu_mask_bytes(m, n);
+  }
 
   void layer_norm(const float* x, const float* gamma, const float* beta, float* y, int64_t rows,
                   int64_t cols, float eps, float* mean, float* rstd) const override;

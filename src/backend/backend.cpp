@@ -29,6 +29,10 @@ std::string Backend::unsupported_reason(Precision) const {
   return "is not supported by device " + name();
 }
 
+int64_t Backend::relu_mask_bytes(int64_t, int64_t) const {
+  return 0;
+}
+
 bool Backend::attention_reads_rounded_inputs(const AttentionShape&, const AttentionMask&,
                                              const AttentionDropout&) const {
   return false;

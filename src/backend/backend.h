@@ -128,8 +128,9 @@ class Backend {
   // B rounded to float16, always from their values. The epilogue (bias, ReLU: MatmulEpilogue) then
   // applies to the finished C, which epilogue.rounded_output may ask for in bfloat16 instead
   // (kBFloat16 with beta 0 only; c is then not touched). Throws std::invalid_argument for a
-  // precision supports() refuses, for kInt8 (weights only: prepare_matrix), and for a
-  // rounded_output elsewhere than kBFloat16 with beta 0.
+  // precision supports() refuses, for kInt8 (weights only: prepare_matrix), for a
+  // rounded_output elsewhere than kBFloat16 with beta 0, and for a ReLU gate (relu_output) with
+  // more than a dense bfloat16 output (check_relu_gate).
   virtual void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                       MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
                       float* c, int64_t ldc, Precision precision,
@@ -317,6 +318,10 @@ class Backend {
   // caches on the CPU, where each chunk is consumed while it is warm; large enough on a GPU that
   // each chunk's products and softmax fill the device.
   virtual int64_t logits_chunk_bytes() const { return int64_t(16) << 20; }
+  // Bytes of the record a ReLU's forward product keeps for its backward product
+  // (MatmulEpilogue::relu_mask) of an [m, n] output; 0: this backend keeps none (it gates by the
+  // bfloat16 output itself), as by default.
+  virtual int64_t relu_mask_bytes(int64_t m, int64_t n) const;
 
   // --- Search ------------------------------------------------------------------------------
   // Per row r of scores[rows, vocab]: its keep largest entries, largest first, into

@@ -110,7 +110,31 @@ struct MatmulEpilogue {
   // on the CPU) the rounding is the float32 product's, with the float32 bias.
   bool rounded_by_the_product = false;
   const uint16_t* rounded_bias = nullptr;  // [n] bias in bfloat16, or null
+  // Training's feed-forward in bfloat16 (fc1 with its ReLU, the hidden layer in bfloat16 alone).
+  // Forward, with relu: where the backend keeps one (Backend::relu_mask_bytes(m, n) > 0), the
+  // product may record there which outputs the ReLU passed, in its own layout, for the backward
+  // product below. Backward (relu_output given): read, where the forward product of the same m and
+  // n recorded it.
+  void* relu_mask = nullptr;
+  // The input-gradient product through that ReLU (fc2's dy·W; rounded_output alone, beta 0, no
+  // bias or relu, ldc = n): each result kept where relu_output [m, n] (the forward's bfloat16
+  // output, dense) is positive, else 0 (relu_backward_bfloat16's gate; a backend may read the
+  // forward's record instead), and with bias_gradient [n], Σ over the rows of the kept results
+  // added to it (fc1's bias gradient: in float32, or rounded to bfloat16 first, as a GPU
+  // library's epilogue gives it).
+  const uint16_t* relu_output = nullptr;
+  float* bias_gradient = nullptr;
 };
+
+// A matmul's ReLU gate (MatmulEpilogue::relu_output) where its epilogue cannot have one: every
+// backend refuses it alike.
+inline void check_relu_gate(const MatmulEpilogue& e, float beta, int64_t ldc, int64_t n) {
+  if (e.bias_gradient && !e.relu_output)
+    throw std::invalid_argument("matmul: a bias gradient comes with a ReLU gate");
+  if (e.relu_output && (!e.rounded_output || beta != 0.f || ldc != n || e.bias || e.relu))
+    throw std::invalid_argument(
+        "matmul: a ReLU gate takes a dense bfloat16 output alone, without bias or ReLU");
+}
 
 // How query q_i and key k_j of one head (both d_k = head_dim wide) make a logit:
 //   kScaledDot  q_i·k_j / sqrt(d_k)        (§3.2.1, the default)

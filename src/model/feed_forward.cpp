@@ -20,16 +20,28 @@ bool hidden_only_in_bfloat16(const FeedForwardWeights& w, Activation act, float 
          reads_bfloat16_input(w.fc2);
 }
 
+// The bytes of fc1's ReLU record for fc2's input-gradient product (FeedForwardCache::relu_mask):
+// training in bfloat16 with the hidden layer in bfloat16 alone, where the backend keeps one.
+int64_t relu_mask_bytes(const Backend& backend, const FeedForwardWeights& w, Activation act,
+                        int64_t rows, float dropout) {
+  return hidden_only_in_bfloat16(w, act, dropout) && rounds_to_bfloat16(w.fc1)
+             ? backend.relu_mask_bytes(rows, w.fc1.out)
+             : 0;
+}
+
 // The buffers feed_forward_forward uses for `rows` rows: its one size table.
 template <typename Sizer>
-void forward_buffers(const FeedForwardWeights& w, Activation act, int64_t rows, float dropout,
-                     bool input_rounded, FeedForwardCache& cache, Sizer& sizer) {
+void forward_buffers(const Backend& backend, const FeedForwardWeights& w, Activation act,
+                     int64_t rows, float dropout, bool input_rounded, FeedForwardCache& cache,
+                     Sizer& sizer) {
   if (rows <= 0) return;
   const int64_t n = rows * w.fc1.out;
   if (rounds_to_bfloat16(w.fc1) && !input_rounded)
     sizer.need(cache.rounded_input, rows * w.fc1.in);  // [rows, D]
   if (hidden_only_in_bfloat16(w, act, dropout)) {
     sizer.need(cache.rounded_hidden, n);  // [rows, d_ff]
+    const int64_t mask_bytes = relu_mask_bytes(backend, w, act, rows, dropout);
+    if (mask_bytes > 0) sizer.need(cache.relu_mask, mask_bytes);  // the backend's layout
     return;
   }
   sizer.need(cache.hidden, n);  // [rows, d_ff]
@@ -58,7 +70,7 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
   if (rows <= 0) return;
   Allocate sizer{backend};
   const bool input_rounded = input.rounded && reads_bfloat16_input(w.fc1);
-  forward_buffers(w, act, rows, dropout, input_rounded, cache, sizer);
+  forward_buffers(backend, w, act, rows, dropout, input_rounded, cache, sizer);
   const float* x = input.values;  // [rows, D]
   const uint16_t* rounded_x =     // [rows, D]
       input_rounded ? input.rounded
@@ -66,7 +78,9 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
   cache.rounded_x = rounded_x;
   if (hidden_only_in_bfloat16(w, act, dropout)) {
     uint16_t* rounded_hidden = cache.rounded_hidden.data();  // [rows, d_ff]
-    linear_forward(backend, w.fc1, x, rows, nullptr, rounded_x, true, rounded_hidden);
+    void* relu_mask =
+        relu_mask_bytes(backend, w, act, rows, dropout) > 0 ? cache.relu_mask.data() : nullptr;
+    linear_forward(backend, w.fc1, x, rows, nullptr, rounded_x, true, rounded_hidden, relu_mask);
     linear_forward(backend, w.fc2, nullptr, rows, out, rounded_hidden);
     return;
   }
@@ -91,10 +105,11 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
   linear_forward(backend, w.fc2, hidden, rows, out, rounded_hidden);
 }
 
-void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int64_t rows,
-                               float dropout, bool input_rounded, FeedForwardCache& cache,
-                               WorkspacePlan& plan) {
-  forward_buffers(w, act, rows, dropout, input_rounded && rounds_to_bfloat16(w.fc1), cache, plan);
+void plan_feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
+                               int64_t rows, float dropout, bool input_rounded,
+                               FeedForwardCache& cache, WorkspacePlan& plan) {
+  forward_buffers(backend, w, act, rows, dropout, input_rounded && rounds_to_bfloat16(w.fc1), cache,
+                  plan);
 }
 
 void plan_feed_forward_backward(const FeedForwardWeights& w, Activation act, int64_t rows,
@@ -118,16 +133,16 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
     const uint16_t* rounded_hidden = cache.rounded_hidden.data();  // [rows, d_ff]
     if (!rounded_d_out)
       rounded_d_out = rounded_copy(backend, w.fc2, d_out, rows, w.fc2.out, scratch.rounded_d_out);
-    // The hidden layer's gradient in bfloat16 alone (the product may round its own sums), which
-    // the ReLU's backward gates in place, summing fc1's bias gradient on the way, for fc1's
-    // products.
+    // The hidden layer's gradient in bfloat16 alone (the product may round its own sums) through
+    // the ReLU's gate, with fc1's bias gradient summed on the way (the product's epilogue, from
+    // fc1's record of its ReLU where the backend keeps one), for fc1's products.
     uint16_t* rounded_d_hidden = scratch.rounded_d_hidden.data();  // [rows, d_ff]
+    void* relu_mask =
+        relu_mask_bytes(backend, w, act, rows, dropout) > 0 ? cache.relu_mask.data() : nullptr;
     linear_input_backward(backend, w.fc2, d_out, rounded_d_out, rows, nullptr, false,
-                          rounded_d_hidden);
+                          rounded_d_hidden, {rounded_hidden, relu_mask, g.fc1.bias});
     linear_parameter_backward(backend, w.fc2, g.fc2, nullptr, rounded_hidden, d_out, rounded_d_out,
                               w.fc2.out, rows);
-    backend.relu_backward_bfloat16(nullptr, rounded_hidden, rows, w.fc1.out, rounded_d_hidden,
-                                   g.fc1.bias);
     Linear<float> fc1_grads = g.fc1;
     fc1_grads.bias = nullptr;
     linear_backward(backend, w.fc1, fc1_grads, x, nullptr, rows, dx, accumulate, scratch,

@@ -22,6 +22,10 @@ struct FeedForwardCache {
   // the hidden layer only in rounded_hidden (ReLU, no dropout inside: feed_forward.cpp).
   DeviceBuffer<float> hidden;
   DeviceBuffer<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0
+  // Training in bfloat16 with ReLU and no dropout inside, where the backend keeps one
+  // (Backend::relu_mask_bytes): fc1's product's record of its ReLU, which fc2's input-gradient
+  // product reads (MatmulEpilogue::relu_mask).
+  DeviceBuffer<uint8_t> relu_mask;  // [relu_mask_bytes(rows, d_ff)]
   // Training in bfloat16: fc1's and fc2's inputs rounded once, read by the forward product and
   // by the weight gradient's. With ReLU and no dropout inside, rounded_hidden is the only copy of
   // the hidden layer: written by fc1's product (subnormal values flushed to zero), read by fc2's
@@ -40,9 +44,9 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
                           FeedForwardCache& cache, float* out);
 // What the forward above asks of its cache (input_rounded: whether x comes with x.rounded), and
 // the backward below of the scratch.
-void plan_feed_forward_forward(const FeedForwardWeights& w, Activation act, int64_t rows,
-                               float dropout, bool input_rounded, FeedForwardCache& cache,
-                               WorkspacePlan& plan);
+void plan_feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, Activation act,
+                               int64_t rows, float dropout, bool input_rounded,
+                               FeedForwardCache& cache, WorkspacePlan& plan);
 void plan_feed_forward_backward(const FeedForwardWeights& w, Activation act, int64_t rows,
                                 float dropout, BackwardScratch& scratch, WorkspacePlan& plan);
 // dx (= or += when accumulate) and parameter gradients, given d_out [rows, D] (and

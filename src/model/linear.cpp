@@ -20,7 +20,8 @@ const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, con
 }
 
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
-                    float* y, const uint16_t* rounded_x, bool relu, uint16_t* rounded_y) {
+                    float* y, const uint16_t* rounded_x, bool relu, uint16_t* rounded_y,
+                    void* relu_mask) {
   if (rounded_y && !reads_bfloat16_input(w))
     throw std::logic_error("linear_forward: a bfloat16 output from a product that does not round");
   if (w.prepared) {  // bias and ReLU (and the rounding) in the product's own pass here too
@@ -37,6 +38,7 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
     MatmulEpilogue epilogue{w.bias, relu, rounded_y};
     epilogue.rounded_by_the_product = rounded_y && !y;
     if (epilogue.rounded_by_the_product) epilogue.rounded_bias = w.rounded_bias;
+    epilogue.relu_mask = relu ? relu_mask : nullptr;
     backend.matmul(false, true, rows, w.out, w.in, 1.f, {x, rounded_x}, w.in, {w.weight, w.rounded},
                    w.in, 0.f, y, w.out, w.precision, epilogue);
   }
@@ -54,8 +56,11 @@ void linear_backward(const Backend& backend, const LinearWeights& w, const Linea
 
 void linear_input_backward(const Backend& backend, const LinearWeights& w, const float* dy,
                            const uint16_t* rounded_dy, int64_t rows, float* dx, bool accumulate_dx,
-                           uint16_t* rounded_dx) {
+                           uint16_t* rounded_dx, const ReluGate& gate) {
   MatmulEpilogue epilogue;
+  epilogue.relu_output = gate.relu_output;
+  epilogue.relu_mask = gate.relu_output ? gate.relu_mask : nullptr;
+  epilogue.bias_gradient = gate.relu_output ? gate.bias_gradient : nullptr;
   if (rounded_dx) {
     if (dx || accumulate_dx || !rounds_to_bfloat16(w))
       throw std::logic_error(

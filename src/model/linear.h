@@ -45,10 +45,19 @@ const uint16_t* rounded_copy(const Backend& backend, const LinearWeights& w, con
 // null where it is read). W is read from w.rounded where set.
 // rounded_y (where reads_bfloat16_input(w)): y is written there in bfloat16 instead
 // (MatmulEpilogue::rounded_output), and y may be null; with y null (the bfloat16 output alone)
-// the product may round its own sums (MatmulEpilogue::rounded_by_the_product).
+// the product may round its own sums (MatmulEpilogue::rounded_by_the_product). relu_mask: where
+// the product may keep its record of the ReLU (MatmulEpilogue::relu_mask), or null.
 void linear_forward(const Backend& backend, const LinearWeights& w, const float* x, int64_t rows,
                     float* y, const uint16_t* rounded_x = nullptr, bool relu = false,
-                    uint16_t* rounded_y = nullptr);
+                    uint16_t* rounded_y = nullptr, void* relu_mask = nullptr);
+
+// The ReLU an input gradient passes back through on its way out of a product (MatmulEpilogue::
+// relu_output, relu_mask, bias_gradient): the feed-forward's hidden gradient in bfloat16.
+struct ReluGate {
+  const uint16_t* relu_output = nullptr;  // [rows, in] the ReLU's bfloat16 output; null: none
+  void* relu_mask = nullptr;              // its forward product's record (relu_mask), or null
+  float* bias_gradient = nullptr;         // [in] += Σ_rows of the gated gradient, or null
+};
 // dx[rows, in] (= or += when accumulate_dx; skipped when null) = dy · W; dW += dyᵀ · x;
 // db += Σ_rows dy (where g.bias is given). Both products in w.precision; in bfloat16 dy is
 // rounded once for both and for db (into scratch.rounded_d_out; db then sums the rounded dy,
@@ -66,10 +75,10 @@ void linear_backward(const Backend& backend, const LinearWeights& w, const Linea
 // stacked view's input gradient: one product over the stacked Q|K|V gradients), or, where w
 // rounds and rounded_dx is given (dx null, not accumulated), dx in bfloat16 alone there, which the
 // product may round itself (MatmulEpilogue::rounded_by_the_product: the feed-forward's hidden
-// gradient, which only its ReLU's backward and fc1's products read);
+// gradient, which only fc1's products read), through `gate` where it has a relu_output;
 void linear_input_backward(const Backend& backend, const LinearWeights& w, const float* dy,
                            const uint16_t* rounded_dy, int64_t rows, float* dx, bool accumulate_dx,
-                           uint16_t* rounded_dx = nullptr);
+                           uint16_t* rounded_dx = nullptr, const ReluGate& gate = {});
 // dW += dyᵀ · x and db += Σ_rows dy (where g.bias is given; of rounded_dy where given), dy and
 // rounded_dy [rows, out] with row stride ldy (a column block of the stacked gradients).
 void linear_parameter_backward(const Backend& backend, const LinearWeights& w,

@@ -170,8 +170,8 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
                                       dropout.attention_dropout, true, input_rounded, false,
                                       layer.self_attn, plan);
     plan_sublayer_forward(config, B * S, dropout.dropout, rounds, layer.ffn_sublayer, plan);
-    plan_feed_forward_forward(lw.ffn, config.activation, B * S, dropout.relu_dropout, rounds,
-                              layer.ffn, plan);
+    plan_feed_forward_forward(model.backend(), lw.ffn, config.activation, B * S,
+                              dropout.relu_dropout, rounds, layer.ffn, plan);
   }
   final_norm_buffers(config, B * S, cache.encoder_norm, cache.memory, plan);
 }
@@ -205,8 +205,8 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
                                       layer.cross_attn, plan);
     plan_sublayer_forward(config, B * T, dropout.dropout, rounds && i + 1 < layers,
                           layer.ffn_sublayer, plan);
-    plan_feed_forward_forward(lw.ffn, config.activation, B * T, dropout.relu_dropout, rounds,
-                              layer.ffn, plan);
+    plan_feed_forward_forward(model.backend(), lw.ffn, config.activation, B * T,
+                              dropout.relu_dropout, rounds, layer.ffn, plan);
   }
   final_norm_buffers(config, B * T, cache.decoder_norm, cache.decoder_out, plan);
 }

@@ -14,6 +14,7 @@
 #include "backend/cuda/blas_library.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/lt_product.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/nccl_collectives.h"
 #include "backend/cuda/operation_profile.h"
@@ -299,6 +300,13 @@ class CudaBackend final : public Backend {
   // softmax large enough to fill the device, where 16 MB chunks (the CPU's) made ~230 launches
   // of each per step.
   int64_t logits_chunk_bytes() const override { return int64_t(512) << 20; }
+  // cuBLASLt's bit-mask of the feed-forward's ReLU (lt_product.h), which fc2's input-gradient
+  // product reads to apply the ReLU's gradient and sum fc1's bias gradient inside itself;
+  // TFM_CUDA_RELU_MASK=0 keeps none (the ReLU's backward is then a pass of its own), to compare.
+  int64_t relu_mask_bytes(int64_t m, int64_t n) const override {
+    static const bool enabled = !cuda::turned_off("TFM_CUDA_RELU_MASK");
+    return enabled ? cuda::lt_relu_mask_bytes(m, n) : 0;
+  }
 
   void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens, float* log_sums) const override {

@@ -11,10 +11,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace tfm {
@@ -64,6 +66,10 @@ struct Context {
   // Frees asked for by the recording thread while it records: done when the capture ends, which
   // then keeps nothing (the graph could not run without that memory).
   mutable std::vector<void*> frees_after_recording;
+  // The ReLU masks cuBLASLt's forward products wrote (MatmulEpilogue::relu_mask, by address),
+  // with the [m, n] of their outputs: matmul.cu's record, which the backward products consult.
+  mutable std::mutex relu_masks_mutex;
+  mutable std::map<const void*, std::pair<int64_t, int64_t>> relu_masks;
   // Makes this context's device current on the calling thread (creating the stream and handle
   // the first time); waits while another thread records.
   void activate() const;

@@ -28,6 +28,8 @@ void round_each_to_16_bits(cudaStream_t s, const std::vector<RoundingJob>& jobs,
 void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr, const float* bias,
                                 bool relu, int64_t rows, int64_t cols, uint16_t* out, int64_t ldo);
 void add(cudaStream_t s, float* y, const float* x, int64_t n);
+// y[n] += x[n] widened from bfloat16 (a bias gradient cuBLASLt's epilogue summed in bfloat16).
+void add_bfloat16(cudaStream_t s, float* y, const uint16_t* x, int64_t n);
 void scale(cudaStream_t s, float* x, float factor, int64_t n);
 void fill(cudaStream_t s, float* y, int64_t n, float value);
 // c[rows, cols] (row stride ldc) *= beta (beta 0: set to 0, whatever c held).

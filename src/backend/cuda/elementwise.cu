@@ -191,6 +191,9 @@ __global__ void round_flushing_kernel(const float* result, int64_t ldr, const fl
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   TFM_FOR_EACH(i, n) y[i] += x[i];
 }
+__global__ void add_bfloat16_kernel(float* y, const uint16_t* x, int64_t n) {
+  TFM_FOR_EACH(i, n) y[i] += from_bfloat16(x[i]);
+}
 __global__ void scale_kernel(float* x, float s, int64_t n) {
   TFM_FOR_EACH(i, n) x[i] *= s;
 }
@@ -1138,6 +1141,11 @@ void add(cudaStream_t s, float* y, const float* x, int64_t n) {
   if (n == 0) return;
   add_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n);
   check_launch("add");
+}
+void add_bfloat16(cudaStream_t s, float* y, const uint16_t* x, int64_t n) {
+  if (n == 0) return;
+  add_bfloat16_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n);
+  check_launch("add (bfloat16)");
 }
 void scale(cudaStream_t s, float* x, float factor, int64_t n) {
   if (n == 0) return;

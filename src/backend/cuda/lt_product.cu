@@ -29,19 +29,28 @@ uint32_t alignment_of(const void* pointer) {
   return alignment;
 }
 
+// What a product does with a ReLU mask (LtReluMask): nothing, writes it (with its ReLU), or reads
+// it (the ReLU's gradient), and then also sums the bias gradient.
+enum class ReluMaskUse { kNone, kWrite, kRead, kReadWithBiasGradient };
+
+// The mask's leading dimension in bits: a column of n rounded up to 128, as cuBLASLt asks.
+int64_t mask_ld(int64_t n) {
+  return (n + 127) / 128 * 128;
+}
+
 struct PlanKey {
   int device;
   int64_t m, n, k, ldx, ldw, ldy;
   int type, output_type, layout;
   bool bias, bias_in_bfloat16, relu;
-  uint32_t align_x, align_w, align_y, align_bias;
-  bool operator<(const PlanKey& o) const {
+  int mask;  // ReluMaskUse
+  uint32_t align_x, align_w, align_y, align_bias, align_mask;
+  auto tied() const {
     return std::tie(device, m, n, k, ldx, ldw, ldy, type, output_type, layout, bias,
-                    bias_in_bfloat16, relu, align_x, align_w, align_y,
-                    align_bias) < std::tie(o.device, o.m, o.n, o.k, o.ldx, o.ldw, o.ldy, o.type,
-                                           o.output_type, o.layout, o.bias, o.bias_in_bfloat16,
-                                           o.relu, o.align_x, o.align_w, o.align_y, o.align_bias);
+                    bias_in_bfloat16, relu, mask, align_x, align_w, align_y, align_bias,
+                    align_mask);
   }
+  bool operator<(const PlanKey& o) const { return tied() < o.tied(); }
 };
 
 // One product's descriptors and the algorithm chosen for them. The bias pointer is an attribute
@@ -74,9 +83,27 @@ void set(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttribut
   TFM_CUDA(blas_lt_library().preference_set(preference, attribute, &value, sizeof value));
 }
 
+// The epilogue of a product: its bias and ReLU, or its ReLU mask's.
+cublasLtEpilogue_t epilogue_of(const PlanKey& key) {
+  switch (ReluMaskUse(key.mask)) {
+    case ReluMaskUse::kWrite:
+      return key.bias ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_AUX;
+    case ReluMaskUse::kRead:
+      return CUBLASLT_EPILOGUE_DRELU;
+    case ReluMaskUse::kReadWithBiasGradient:
+      return CUBLASLT_EPILOGUE_DRELU_BGRAD;
+    case ReluMaskUse::kNone:
+      break;
+  }
+  return key.bias ? (key.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                  : (key.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+}
+
 // The descriptors for `key` and cuBLASLt's first choice of algorithm for them (usable false where
-// it has none). The bias pointer given is the one the heuristic judges alignment by.
-std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void* bias) {
+// it has none). The bias (or bias gradient) and mask pointers given are the ones the heuristic
+// judges alignment by.
+std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void* bias,
+                                const void* mask) {
   const BlasLtLibrary& lt = blas_lt_library();
   auto plan = std::make_unique<Plan>();
   const auto type = cudaDataType_t(key.type);
@@ -84,11 +111,14 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void
   const bool transposed_w = WeightLayout(key.layout) == WeightLayout::kOutputsByInputs;
   set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(transposed_w ? CUBLAS_OP_T : CUBLAS_OP_N));
   set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
-  const cublasLtEpilogue_t epilogue =
-      key.bias ? (key.relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-               : (key.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
-  set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue));
-  if (key.bias) {
+  set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue_of(key)));
+  if (ReluMaskUse(key.mask) != ReluMaskUse::kNone) {
+    set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, mask);
+    set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, mask_ld(key.n));
+  }
+  if (ReluMaskUse(key.mask) == ReluMaskUse::kReadWithBiasGradient) {
+    set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);  // the gradient, the output's type
+  } else if (key.bias) {
     set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
     // float32, or bfloat16 where given so (by default a bias has the output's type). cublasLt.h
     // allows a float32 bias for a float32 output only: with a bfloat16 one the heuristic finds no
@@ -130,7 +160,8 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void
 
 // The plan for `key`, made on first use. Decoding meets one shape per live-hypothesis count and
 // weight; past kMaxPlans the cache starts again (shared pointers: a plan in use stays alive).
-std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const void* bias) {
+std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const void* bias,
+                               const void* mask) {
   constexpr size_t kMaxPlans = 4096;
   // Never destroyed: a plan's destructor calls into the library, which static destruction at
   // exit may already have torn down.
@@ -141,7 +172,7 @@ std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const void*
     auto found = plans->find(key);
     if (found != plans->end()) return found->second;
   }
-  std::shared_ptr<Plan> plan = make_plan(c, key, bias);
+  std::shared_ptr<Plan> plan = make_plan(c, key, bias, mask);
   std::lock_guard<std::mutex> lock(*mutex);
   if (plans->size() >= kMaxPlans) plans->clear();
   return plans->emplace(key, std::move(plan)).first->second;
@@ -149,12 +180,26 @@ std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const void*
 
 }  // namespace
 
+int64_t lt_relu_mask_bytes(int64_t m, int64_t n) {
+  return mask_ld(n) / 8 * m;
+}
+
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
                 const void* w, int64_t ldw, cudaDataType_t type, void* y,
                 cudaDataType_t output_type, int64_t ldy, const float* float_bias,
-                const uint16_t* rounded_bias, bool relu, WeightLayout layout) {
+                const uint16_t* rounded_bias, bool relu, WeightLayout layout,
+                const LtReluMask& relu_mask) {
   static const bool enabled = !turned_off("TFM_CUDA_LT");  // else cuBLAS and a pass, to compare
-  const void* bias = float_bias ? static_cast<const void*>(float_bias) : rounded_bias;
+  const ReluMaskUse mask_use = !relu_mask.mask           ? ReluMaskUse::kNone
+                               : relu_mask.written       ? ReluMaskUse::kWrite
+                               : relu_mask.bias_gradient ? ReluMaskUse::kReadWithBiasGradient
+                                                         : ReluMaskUse::kRead;
+  if (mask_use == ReluMaskUse::kWrite && !relu)
+    throw std::logic_error("lt_product: a ReLU mask is written by a product with its ReLU");
+  // The bias vector, or the bias gradient the backward's mask epilogue writes in its place.
+  const void* bias = mask_use == ReluMaskUse::kReadWithBiasGradient ? relu_mask.bias_gradient
+                     : float_bias ? static_cast<const void*>(float_bias)
+                                  : rounded_bias;
   // A bias epilogue reads its vector in wide words: a bias off 16 bytes (a stacked bias of an
   // odd width) takes cuBLAS and a pass instead of risking a misaligned read.
   if (!enabled || (bias && !aligned(bias, 16))) return false;
@@ -177,17 +222,22 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
                     int(type),
                     int(output_type),
                     int(layout),
-                    bias != nullptr,
+                    bias != nullptr && mask_use != ReluMaskUse::kReadWithBiasGradient,
                     !float_bias && rounded_bias,
                     relu,
+                    int(mask_use),
                     alignment_of(x),
                     alignment_of(w),
                     alignment_of(y),
-                    alignment_of(bias)};
-  const std::shared_ptr<Plan> plan = plan_for(c, key, bias);
+                    alignment_of(bias),
+                    alignment_of(relu_mask.mask)};
+  const std::shared_ptr<Plan> plan = plan_for(c, key, bias, relu_mask.mask);
   std::lock_guard<std::mutex> plan_lock(plan->mutex);
   if (!plan->usable) return false;
   if (bias) set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (relu_mask.mask)
+    set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+        static_cast<const void*>(relu_mask.mask));
   const float alpha = 1.f, beta = 0.f;
   const cublasStatus_t status = lt.matmul(
       c.blas_lt, plan->desc, &alpha, w, plan->w_layout, x, plan->x_layout, &beta, y, plan->y_layout,

@@ -17,6 +17,19 @@ namespace cuda {
 // input gradient, dy·W).
 enum class WeightLayout { kOutputsByInputs, kInputsByOutputs };
 
+// The ReLU's bit-mask of training's feed-forward in bfloat16, in cuBLASLt's own layout (a bit per
+// element of the [n, m] column-major output, n rounded up to 128 bits a column:
+// lt_relu_mask_bytes), which NVIDIA documents as opaque: written by the forward product (fc1 with
+// its ReLU: written set), read by the backward one (fc2's dy·W), which then keeps only the
+// elements the ReLU passed and, where bias_gradient is given, sums them over the rows into it
+// ([n], in the output's type).
+struct LtReluMask {
+  void* mask = nullptr;
+  bool written = false;
+  void* bias_gradient = nullptr;
+};
+int64_t lt_relu_mask_bytes(int64_t m, int64_t n);
+
 // y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ with W [n, k] (row stride ldw; or x·W
 // with W [k, n], where `layout` says so), then +
 // bias (float32, on every row; null: none; or rounded_bias, bfloat16, for a bfloat16 output only)
@@ -29,7 +42,8 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
                 const void* w, int64_t ldw, cudaDataType_t type, void* y,
                 cudaDataType_t output_type, int64_t ldy, const float* bias,
                 const uint16_t* rounded_bias, bool relu,
-                WeightLayout layout = WeightLayout::kOutputsByInputs);
+                WeightLayout layout = WeightLayout::kOutputsByInputs,
+                const LtReluMask& relu_mask = {});
 
 }  // namespace cuda
 }  // namespace tfm

@@ -241,9 +241,33 @@ const char* training_product_name(Precision precision, bool bfloat16_output, boo
   return "matmul";
 }
 
-bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-            float alpha, MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
-            float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue) {
+namespace {
+
+// Notes whether cuBLASLt's forward product wrote the ReLU mask at `mask` for an [m, n] output
+// (Context::relu_masks): a forward that took another path leaves it unwritten, and cuBLASLt's
+// layout is its own, so the backward product reads a mask only where the forward of its shape
+// wrote it.
+void note_relu_mask(const Context& c, const void* mask, int64_t m, int64_t n, bool written) {
+  std::lock_guard<std::mutex> lock(c.relu_masks_mutex);
+  if (written)
+    c.relu_masks[mask] = {m, n};
+  else
+    c.relu_masks.erase(mask);
+}
+bool relu_mask_written(const Context& c, const void* mask, int64_t m, int64_t n) {
+  std::lock_guard<std::mutex> lock(c.relu_masks_mutex);
+  const auto found = c.relu_masks.find(mask);
+  return found != c.relu_masks.end() && found->second == std::make_pair(m, n);
+}
+
+// matmul's product and epilogue, the ReLU mask aside: `relu_mask` (LtReluMask) is written or read
+// where cuBLASLt's product rounding its own output takes it (*mask_used then true); else the
+// product goes as it would without it.
+bool product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+             float alpha, MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
+             float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue,
+             const LtReluMask& relu_mask, bool* mask_used) {
+  *mask_used = false;
   if (precision == Precision::kInt8)
     throw std::invalid_argument("matmul: int8 is for prepared weights only");
   if (epilogue.rounded_output && (precision != Precision::kBFloat16 || beta != 0.f))
@@ -283,12 +307,17 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
     if (epilogue_in_lt && lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type, out, CUDA_R_32F,
                                      ldc, epilogue.bias, nullptr, epilogue.relu))
       return true;
-    if (lt_rounds &&
-        lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type, epilogue.rounded_output,
-                   CUDA_R_16BF, ldc, nullptr, epilogue.bias ? epilogue.rounded_bias : nullptr,
-                   epilogue.relu,
-                   trans_b ? WeightLayout::kOutputsByInputs : WeightLayout::kInputsByOutputs))
+    const auto lt_rounded = [&](const LtReluMask& mask) {
+      return lt_product(
+          c, m, n, k, a_read, a_ld, b_read, b_ld, type, epilogue.rounded_output, CUDA_R_16BF, ldc,
+          nullptr, epilogue.bias ? epilogue.rounded_bias : nullptr, epilogue.relu,
+          trans_b ? WeightLayout::kOutputsByInputs : WeightLayout::kInputsByOutputs, mask);
+    };
+    if (lt_rounds && relu_mask.mask && lt_rounded(relu_mask)) {
+      *mask_used = true;
       return true;
+    }
+    if (lt_rounds && lt_rounded({})) return true;
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta,
                  float_target(), ld_target, type);
     return false;
@@ -328,6 +357,43 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
   }
   finish_epilogue(c, target, ld_target, epilogue, m, n);  // bias, ReLU, rounding: one pass
   return false;
+}
+
+}  // namespace
+
+bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+            float alpha, MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
+            float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue) {
+  check_relu_gate(epilogue, beta, ldc, n);
+  MatmulEpilogue plain = epilogue;  // the product's own epilogue
+  plain.relu_mask = nullptr;
+  plain.relu_output = nullptr;
+  plain.bias_gradient = nullptr;
+  bool mask_used = false;
+  if (!epilogue.relu_output) {
+    // fc1's product with its ReLU: the mask written inside cuBLASLt's product, where it takes it.
+    const LtReluMask record{epilogue.relu ? epilogue.relu_mask : nullptr, true, nullptr};
+    const bool on_lt = product(c, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, ldc,
+                               precision, plain, record, &mask_used);
+    if (record.mask) note_relu_mask(c, record.mask, m, n, mask_used);
+    return on_lt;
+  }
+  // The ReLU's gradient (fc2's dy·W): inside cuBLASLt's product where the forward's wrote the
+  // mask, with the bias gradient summed there in bfloat16 and added here; else the product, then
+  // the ReLU's backward over its output in place.
+  const bool written = epilogue.relu_mask && relu_mask_written(c, epilogue.relu_mask, m, n);
+  std::optional<Scratch> bias_gradient;  // [n] bfloat16
+  if (written && epilogue.bias_gradient) bias_gradient.emplace(c, n * int64_t(sizeof(uint16_t)));
+  const LtReluMask gate{written ? epilogue.relu_mask : nullptr, false,
+                        bias_gradient ? bias_gradient->as<uint16_t>() : nullptr};
+  const bool on_lt = product(c, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, ldc,
+                             precision, plain, gate, &mask_used);
+  if (!mask_used)
+    relu_backward_bfloat16(c, nullptr, epilogue.relu_output, m, n, epilogue.rounded_output,
+                           epilogue.bias_gradient);
+  else if (bias_gradient)
+    add_bfloat16(c.stream, epilogue.bias_gradient, bias_gradient->as<uint16_t>(), n);
+  return on_lt;
 }
 
 std::unique_ptr<PreparedMatrix> prepare_matrix(const Backend& backend, const Context& c,
