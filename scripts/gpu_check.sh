@@ -179,8 +179,8 @@ step train_vs_torch_bf16 60 train_compare bfloat16
 # its compilation took 20 to 60 s on the H200.
 step train_vs_compile_bf16 120 train_compare bfloat16 --compile
 # A newer training path against the one it replaced, whose switch (SWITCH=0) turns it off: the
-# speed ratio of whole bfloat16 steps of the base model, and the first losses within 1% of each
-# other. The attention on bfloat16 tensor cores (attention_tensor_cores.cu) against the float32
+# speed ratio of whole bfloat16 steps of the base model, the first losses within 1% of each
+# other, and the last within a tenth of how far the losses moved (the backward's part). The attention on bfloat16 tensor cores (attention_tensor_cores.cu) against the float32
 # block kernel and whole-matrix backward (TFM_CUDA_TENSOR_CORE_ATTENTION); the layer norm's
 # backward in one pass with the bias gradients (elementwise.cu) against its column-sum, row and
 # bias-gradient passes (TFM_CUDA_ONE_PASS_NORM); the stacked Q|K|V and K|V projections
@@ -207,6 +207,10 @@ print("training bfloat16: %s %.0f target tokens/s (%.1f ms/step), without %.0f (
           new["loss_first"], new["loss_last"], old["loss_first"], old["loss_last"]))
 if abs(new["loss_first"] - old["loss_first"]) > 0.01 * abs(old["loss_first"]):
     sys.exit("error: the first losses differ by more than 1%")
+# The backward's part: after the steps, the losses within a tenth of how far they moved.
+moved = abs(old["loss_first"] - old["loss_last"])
+if abs(new["loss_last"] - old["loss_last"]) > 0.1 * moved + 1e-4:
+    sys.exit("error: the last losses differ by more than a tenth of the losses' change")
 PY
 }
 export -f path_against_switch
