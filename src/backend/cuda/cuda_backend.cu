@@ -113,8 +113,17 @@ class CudaBackend final : public Backend {
     const bool bfloat16_output = epilogue.rounded_output != nullptr;
     cuda::ProfiledOperation profiled_operation(
         c_, cuda::training_product_name(precision, bfloat16_output, false), m, n, k);
-    if (cuda::matmul(c_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
-                     epilogue))
+    bool relu_mask_used = false;
+    const bool on_lt = cuda::matmul(c_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                                    ldc, precision, epilogue, &relu_mask_used);
+    // fc1's product writing the ReLU's mask, and fc2's dy·W reading it or gating in a pass.
+    if (epilogue.relu_output)
+      profiled_operation.rename(relu_mask_used ? "matmul bfloat16 (ReLU gradient inside, cuBLASLt)"
+                                : on_lt ? "matmul bfloat16 (bfloat16 out, cuBLASLt) + ReLU gradient"
+                                        : "matmul bfloat16 (bfloat16 out) + ReLU gradient");
+    else if (relu_mask_used)
+      profiled_operation.rename("matmul bfloat16 (bfloat16 out, ReLU mask, cuBLASLt)");
+    else if (on_lt)
       profiled_operation.rename(cuda::training_product_name(precision, bfloat16_output, true));
   }
   void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,

@@ -363,13 +363,15 @@ bool product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n,
 
 bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
             float alpha, MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
-            float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue) {
+            float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue,
+            bool* relu_mask_used) {
   check_relu_gate(epilogue, beta, ldc, n);
+  bool unused = false;
+  bool& mask_used = relu_mask_used ? *relu_mask_used : unused;
   MatmulEpilogue plain = epilogue;  // the product's own epilogue
   plain.relu_mask = nullptr;
   plain.relu_output = nullptr;
   plain.bias_gradient = nullptr;
-  bool mask_used = false;
   if (!epilogue.relu_output) {
     // fc1's product with its ReLU: the mask written inside cuBLASLt's product, where it takes it.
     const LtReluMask record{epilogue.relu ? epilogue.relu_mask : nullptr, true, nullptr};

@@ -13,10 +13,13 @@ namespace tfm {
 namespace cuda {
 
 // Backend::matmul. Returns whether the epilogue ran inside cuBLASLt's product (a linear layer's
-// bias and ReLU with a float output: lt_product.h) rather than in a pass after cuBLAS's.
+// bias and ReLU with a float output: lt_product.h) rather than in a pass after cuBLAS's;
+// *relu_mask_used (where given): whether that product wrote or read the ReLU's mask
+// (MatmulEpilogue::relu_mask), for the profile's names.
 bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
             float alpha, MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
-            float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue);
+            float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue,
+            bool* relu_mask_used = nullptr);
 // What the profile (TFM_CUDA_PROFILE) calls such a product, by its precision, whether it writes
 // bfloat16, and whether its epilogue ran inside cuBLASLt's product.
 const char* training_product_name(Precision precision, bool bfloat16_output, bool on_lt);
