@@ -63,9 +63,9 @@ struct ReluGate {
 // rounded once for both and for db (into scratch.rounded_d_out; db then sums the rounded dy,
 // as PyTorch's autocast sums a bfloat16 gradient) unless rounded_dy holds it already (the loss
 // and the attention write their gradients so; dy is then not read, and may be null), and x / W
-// are read from rounded_x / w.rounded where given. (The post-norm sublayer's last bias and
-// fc1's before a ReLU are summed instead by the passes that make their gradients, from the
-// float values they hold: residual_layer_norm_backward, relu_backward_bfloat16.)
+// are read from rounded_x / w.rounded where given. (The post-norm sublayer's last bias is summed
+// instead by the pass that makes its gradient, residual_layer_norm_backward, and fc1's before a
+// ReLU in bfloat16 by fc2's input-gradient product through the ReLU: ReluGate.)
 void linear_backward(const Backend& backend, const LinearWeights& w, const Linear<float>& g,
                      const float* x, const float* dy, int64_t rows, float* dx, bool accumulate_dx,
                      BackwardScratch& scratch, const uint16_t* rounded_x = nullptr,
@@ -115,7 +115,7 @@ struct BackwardScratch {
   DeviceBuffer<float> d_memory;    // [B, S, D] gradient of the encoder output (cross-attention)
   // [rows, out] a linear's output gradient rounded to bfloat16 (training in bfloat16), read by
   // both of its backward products: rounded by linear_backward, or written there by the kernel
-  // that makes the gradient (a post-norm sublayer's norm backward, the ReLU's backward)
+  // that makes the gradient (a post-norm sublayer's norm backward)
   DeviceBuffer<uint16_t> rounded_d_out;
 };
 
