@@ -675,7 +675,7 @@ TEST_P(BackendOps, MatmulThroughAReluGivesTheGatedGradient) {
               << "\n";
   // A gate takes a dense bfloat16 output alone.
   std::vector<float> one(4, 1.f), c(4);
-  std::vector<uint16_t> out16(4), relu16(4, 0x3f80);
+  std::vector<uint16_t> out16(8), relu16(4, 0x3f80);  // out16: room for ldc 3
   MatmulEpilogue gate;
   gate.rounded_output = out16.data();
   gate.relu_output = relu16.data();
