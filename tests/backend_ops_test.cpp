@@ -1553,6 +1553,23 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
             << "Tq " << c.query_len << ": the float dq was stored as well";
       }
     }
+    // The backward with `shape` (its rounded copies of dq, dk, dv given here) gives the gradients
+    // and copies above, to the bit.
+    const auto expect_the_same_gradients = [&](AttentionShape shape, const float* q_in,
+                                               const float* k_in, const float* v_in,
+                                               const float* probs_in, const float* d_out_in) {
+      std::vector<float> same_dq(q.size(), 9.f), same_dkv(kv.size(), 9.f);
+      std::vector<uint16_t> same_rounded_dq(q.size(), 9), same_rounded_dkv(kv.size(), 9);
+      shape.rounded_dq = same_rounded_dq.data();
+      shape.rounded_dk = same_rounded_dkv.data();
+      shape.rounded_dv = same_rounded_dkv.data() + width;
+      be().attention_backward(shape, mask, q_in, k_in, v_in, probs_in, {}, d_out_in, same_dq.data(),
+                              same_dkv.data(), same_dkv.data() + width, d_additive_v.data());
+      ASSERT_EQ(same_dq, dq) << "Tq " << c.query_len;
+      ASSERT_EQ(same_dkv, dkv) << "Tq " << c.query_len;
+      ASSERT_EQ(same_rounded_dq, rounded_dq) << "Tq " << c.query_len;
+      ASSERT_EQ(same_rounded_dkv, rounded_dkv) << "Tq " << c.query_len;
+    };
     {  // The weights kept for the backward alone (weights_for_backward_only, in both calls): the
        // same output, gradients and copies, to the bit.
       AttentionShape only = s;
@@ -1561,18 +1578,8 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
       be().attention_forward(only, mask, q.data(), kv.data(), kv.data() + width, only_probs.data(),
                              only_out.data(), {});
       ASSERT_EQ(only_out, out) << "Tq " << c.query_len;
-      std::vector<float> only_dq(q.size(), 9.f), only_dkv(kv.size(), 9.f);
-      std::vector<uint16_t> only_rounded_dq(q.size(), 9), only_rounded_dkv(kv.size(), 9);
-      only.rounded_dq = only_rounded_dq.data();
-      only.rounded_dk = only_rounded_dkv.data();
-      only.rounded_dv = only_rounded_dkv.data() + width;
-      be().attention_backward(only, mask, q.data(), kv.data(), kv.data() + width, only_probs.data(),
-                              {}, d_out.data(), only_dq.data(), only_dkv.data(),
-                              only_dkv.data() + width, d_additive_v.data());
-      ASSERT_EQ(only_dq, dq) << "Tq " << c.query_len;
-      ASSERT_EQ(only_dkv, dkv) << "Tq " << c.query_len;
-      ASSERT_EQ(only_rounded_dq, rounded_dq) << "Tq " << c.query_len;
-      ASSERT_EQ(only_rounded_dkv, rounded_dkv) << "Tq " << c.query_len;
+      ASSERT_NO_FATAL_FAILURE(expect_the_same_gradients(
+          only, q.data(), kv.data(), kv.data() + width, only_probs.data(), d_out.data()));
       // CUDA's tensor-core blocks keep each row's shift and inverse sum instead of the weights:
       // past a (sequence, head)'s first 2 · Tq floats its weights come back as staged.
       if (tensor_core_blocks) {
@@ -1603,40 +1610,29 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
       EXPECT_EQ(reads, tensor_core_blocks && !(switched && std::string(switched) == "0"))
           << "Tq " << c.query_len;
       std::vector<float> alone_probs(probs.size(), 7.f), alone_out(q.size(), 9.f);
+      std::vector<float> unused_dq(q.size()), unused_dkv(kv.size());  // a refused call's outputs
+      const auto refused_backward = [&](const AttentionShape& shape) {
+        EXPECT_THROW(be().attention_backward(
+                         shape, mask, nullptr, nullptr, nullptr, alone_probs.data(), {},
+                         shape.rounded_d_out ? nullptr : d_out.data(), unused_dq.data(),
+                         unused_dkv.data(), unused_dkv.data() + width, d_additive_v.data()),
+                     std::invalid_argument);
+      };
       if (!reads) {
         EXPECT_THROW(be().attention_forward(alone, mask, nullptr, nullptr, nullptr,
                                             alone_probs.data(), alone_out.data(), {}),
                      std::invalid_argument);
         AttentionShape backward = alone;
         backward.rounded_d_out = d_out16.data();
-        std::vector<float> unused_dq(q.size()), unused_dkv(kv.size());
-        EXPECT_THROW(
-            be().attention_backward(backward, mask, nullptr, nullptr, nullptr, alone_probs.data(),
-                                    {}, nullptr, unused_dq.data(), unused_dkv.data(),
-                                    unused_dkv.data() + width, d_additive_v.data()),
-            std::invalid_argument);
+        refused_backward(backward);
       } else {
         be().attention_forward(alone, mask, nullptr, nullptr, nullptr, alone_probs.data(),
                                alone_out.data(), {});
         ASSERT_EQ(alone_out, out) << "Tq " << c.query_len;
-        std::vector<float> alone_dq(q.size(), 9.f), alone_dkv(kv.size(), 9.f);
-        std::vector<uint16_t> alone_rounded_dq(q.size(), 9), alone_rounded_dkv(kv.size(), 9);
-        alone.rounded_dq = alone_rounded_dq.data();
-        alone.rounded_dk = alone_rounded_dkv.data();
-        alone.rounded_dv = alone_rounded_dkv.data() + width;
-        EXPECT_THROW(
-            be().attention_backward(alone, mask, nullptr, nullptr, nullptr, alone_probs.data(), {},
-                                    d_out.data(), alone_dq.data(), alone_dkv.data(),
-                                    alone_dkv.data() + width, d_additive_v.data()),
-            std::invalid_argument);
+        refused_backward(alone);  // Q, K, V in bfloat16 without dO so
         alone.rounded_d_out = d_out16.data();
-        be().attention_backward(alone, mask, nullptr, nullptr, nullptr, alone_probs.data(), {},
-                                nullptr, alone_dq.data(), alone_dkv.data(),
-                                alone_dkv.data() + width, d_additive_v.data());
-        ASSERT_EQ(alone_dq, dq) << "Tq " << c.query_len;
-        ASSERT_EQ(alone_dkv, dkv) << "Tq " << c.query_len;
-        ASSERT_EQ(alone_rounded_dq, rounded_dq) << "Tq " << c.query_len;
-        ASSERT_EQ(alone_rounded_dkv, rounded_dkv) << "Tq " << c.query_len;
+        ASSERT_NO_FATAL_FAILURE(expect_the_same_gradients(alone, nullptr, nullptr, nullptr,
+                                                          alone_probs.data(), nullptr));
       }
     }
     struct Reference {

@@ -126,6 +126,15 @@ struct MatmulEpilogue {
   float* bias_gradient = nullptr;
 };
 
+// The epilogue of a product itself, without the ReLU's record or gate (relu_mask, relu_output,
+// bias_gradient), which a backend applies around it.
+inline MatmulEpilogue product_epilogue(MatmulEpilogue e) {
+  e.relu_mask = nullptr;
+  e.relu_output = nullptr;
+  e.bias_gradient = nullptr;
+  return e;
+}
+
 // A matmul's ReLU gate (MatmulEpilogue::relu_output) where its epilogue cannot have one: every
 // backend refuses it alike.
 inline void check_relu_gate(const MatmulEpilogue& e, float beta, int64_t ldc, int64_t n) {

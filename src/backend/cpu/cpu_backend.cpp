@@ -78,19 +78,15 @@ class CpuBackend final : public Backend {
     check_relu_gate(epilogue, beta, ldc, n);
     // A ReLU gate: the product, then the ReLU's backward over its output in place (the CPU keeps
     // no record of the forward's ReLU: relu_mask_bytes 0).
-    const uint16_t* relu_output = epilogue.relu_output;
-    float* bias_gradient = epilogue.bias_gradient;
-    epilogue.relu_mask = nullptr;
-    epilogue.relu_output = nullptr;
-    epilogue.bias_gradient = nullptr;
+    const MatmulEpilogue product = product_epilogue(epilogue);
     if (precision == Precision::kBFloat16)
-      gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, epilogue);
+      gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, product);
     else
       gemm(trans_a, trans_b, m, n, k, alpha, a.values, lda, b.values, ldb, beta, c, ldc, precision,
-           epilogue);
-    if (relu_output)
-      tfm::relu_backward_bfloat16(nullptr, relu_output, m, n, epilogue.rounded_output,
-                                  bias_gradient);
+           product);
+    if (epilogue.relu_output)
+      tfm::relu_backward_bfloat16(nullptr, epilogue.relu_output, m, n, epilogue.rounded_output,
+                                  epilogue.bias_gradient);
   }
   void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
                         uint16_t* out) const override {

@@ -368,10 +368,7 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
   check_relu_gate(epilogue, beta, ldc, n);
   bool unused = false;
   bool& mask_used = relu_mask_used ? *relu_mask_used : unused;
-  MatmulEpilogue plain = epilogue;  // the product's own epilogue
-  plain.relu_mask = nullptr;
-  plain.relu_output = nullptr;
-  plain.bias_gradient = nullptr;
+  const MatmulEpilogue plain = product_epilogue(epilogue);
   if (!epilogue.relu_output) {
     // fc1's product with its ReLU: the mask written inside cuBLASLt's product, where it takes it.
     const LtReluMask record{epilogue.relu ? epilogue.relu_mask : nullptr, true, nullptr};
