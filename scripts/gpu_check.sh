@@ -128,7 +128,7 @@ diagnose() {  # diagnose STEP
   fi
   echo "== $1 failed: $failed; again with each newer path off"
   for switch in TFM_CUDA_GRAPHS=0 TFM_CUDA_LT=0 TFM_CUDA_TENSOR_CORE_ATTENTION=0 \
-    TFM_CUDA_REBUILT_WEIGHTS=0 TFM_CUDA_BFLOAT16_QKV=0 TFM_CUDA_RELU_MASK=0 TFM_CUDA_ONE_PASS_NORM=0 \
+    TFM_CUDA_ATTENTION_IN_REGISTERS=0 TFM_CUDA_REBUILT_WEIGHTS=0 TFM_CUDA_BFLOAT16_QKV=0 TFM_CUDA_RELU_MASK=0 TFM_CUDA_ONE_PASS_NORM=0 \
     TFM_STACKED_PROJECTIONS=0; do
     if [ $SECONDS -gt 300 ]; then
       verdict="not tried (time)"
@@ -219,6 +219,12 @@ step attention_tc_train 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
 # The same tokens a batch in sentences of 127 tokens and an end mark: the 128-row blocks.
 step attention_tc_train_128 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
   "attention on tensor cores, 128 tokens" 200 127
+# The attention's scores and weights in registers (mma.sync) against the WMMA blocks through
+# shared memory, at 64 tokens and at 127 (the 128-row blocks).
+step attention_in_registers_train 60 path_against_switch TFM_CUDA_ATTENTION_IN_REGISTERS \
+  "attention in registers"
+step attention_in_registers_train_128 60 path_against_switch TFM_CUDA_ATTENTION_IN_REGISTERS \
+  "attention in registers, 128 tokens" 200 127
 step one_pass_norm_train 60 path_against_switch TFM_CUDA_ONE_PASS_NORM \
   "layer norm backward in one pass"
 step stacked_projections_train 60 path_against_switch TFM_STACKED_PROJECTIONS \

@@ -15,7 +15,9 @@
 // shift and inverse sum, which is all the forward then stores: 52 MB less written and read twice
 // a call for a base-model batch. It serves the calls whose AttentionShape::products is kBFloat16
 // (training in bfloat16) where block_per_head_applies; TFM_CUDA_TENSOR_CORE_ATTENTION=0 turns it
-// off (and the whole-matrix path's TF32 products), to compare or to rule them out.
+// off (and the whole-matrix path's TF32 products), to compare or to rule them out. Its calls go to
+// attention_in_registers.cu's kernels (the same blocks with each product's result kept in the
+// registers of the warp that computed it) unless TFM_CUDA_ATTENTION_IN_REGISTERS=0.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -72,81 +74,6 @@ struct Tiles {
                     kLenMatrix * sizeof(uint16_t) % 32 == 0,
                 "WMMA pointers must stay 32-byte aligned");
 };
-
-// rows × cols floats (Source float) or bfloat16 values (Source uint16_t: Q, K and V where a
-// training step's projections wrote them so, AttentionShape::rounded_q) with rows row_stride
-// apart, held by a block of kThreads in registers between fetching them and storing them in
-// bfloat16 (floats rounded) into a shared kRows × kCols matrix (rows `pitch` apart; zero outside
-// rows × cols). Thread t holds the words w = t + n · kThreads (n < kWords): four values of row
-// 4w / kCols from column 4w % kCols, so the threads of a row are kCols / 4 consecutive lanes of
-// one warp. A kernel fetches all the matrices it needs next before
-// it stores any, so each thread has every load in flight at once: one memory latency where
-// fetching a matrix at a time waited three (the 64-row forward took 0.165 ms for 3,200 heads on
-// an H200 with 8 floats in flight a thread, about three times its bytes' time). Where the rows
-// allow it (cols and row_stride multiples of 4, first aligned to a word: the heads' rows, and
-// weights rows of a multiple of 4 keys) a word is one load (16 bytes of floats, 8 of bfloat16),
-// else four of one value; the shared matrix holds the same values either way.
-template <int kRows, int kCols, int kThreads, typename Source = float>
-struct HeldRows {
-  static_assert(std::is_same_v<Source, float> || std::is_same_v<Source, uint16_t>,
-                "floats, or bfloat16 bits");
-  static constexpr bool kRounds = std::is_same_v<Source, float>;
-  using Word = std::conditional_t<kRounds, float4, uint2>;  // four values
-  static constexpr int kWords = kRows * kCols / 4 / kThreads;
-  static_assert(kCols % 4 == 0 && kRows * kCols / 4 % kThreads == 0 && kThreads % (kCols / 4) == 0,
-                "every thread holds the same number of words, a row's in one warp");
-  Word x[kWords];
-
-  __device__ static int row(int n) { return 4 * (int(threadIdx.x) + n * kThreads) / kCols; }
-  __device__ static int column(int n) { return 4 * (int(threadIdx.x) + n * kThreads) % kCols; }
-
-  // Four values from `at` (columns c.. of a row), zero past `cols`.
-  __device__ static Word four(const Source* at, int c, int cols) {
-    const auto value = [&](int i) { return c + i < cols ? at[i] : Source(0); };
-    if constexpr (kRounds)
-      return make_float4(value(0), value(1), value(2), value(3));
-    else
-      return pack_16_bits(value(0), value(1), value(2), value(3));
-  }
-
-  __device__ __forceinline__ void fetch(const Source* first, int64_t row_stride, int rows,
-                                        int cols) {
-    const bool by_words = cols % 4 == 0 && row_stride % 4 == 0 && aligned(first, sizeof(Word));
-#pragma unroll
-    for (int n = 0; n < kWords; ++n) {
-      const int r = row(n), c = column(n);
-      const Source* at = first + r * row_stride + c;
-      if (r >= rows || c >= cols)
-        x[n] = Word{};  // zero: 0.f, or bfloat16 +0
-      else if (by_words)
-        x[n] = *reinterpret_cast<const Word*>(at);
-      else
-        x[n] = four(at, c, cols);
-    }
-  }
-
-  __device__ __forceinline__ void store(uint16_t* shared, int pitch) const {
-#pragma unroll
-    for (int n = 0; n < kWords; ++n) {
-      uint2* to = reinterpret_cast<uint2*>(shared + row(n) * pitch + column(n));
-      if constexpr (kRounds)
-        *to = pack_16_bits(to_bfloat16(x[n].x), to_bfloat16(x[n].y), to_bfloat16(x[n].z),
-                           to_bfloat16(x[n].w));
-      else
-        *to = x[n];
-    }
-  }
-};
-
-// The sum of `value` over the kLanes consecutive lanes (a power of two up to 32, aligned within
-// the warp) that hold one row of a HeldRows matrix, in each of them.
-template <int kLanes>
-__device__ __forceinline__ float row_sum(float value) {
-#pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2)
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
 
 // C (float, shared, rows ldc apart) = A·B, an kM × kN result over an inner kK (multiples of 16),
 // A and B bfloat16 in shared memory with rows lda and ldb elements apart, each read as its
@@ -290,8 +217,7 @@ __device__ __forceinline__ void rebuild_weights(const AttentionShape& s, const A
                                                 int64_t b, const float* scores, int pitch,
                                                 const float* row_statistics, float scale,
                                                 HeldRows<kLen, kLen, kThreads>& held_p) {
-  int64_t key_count = s.key_len;
-  if (mask.key_lengths && mask.key_lengths[b] < key_count) key_count = mask.key_lengths[b];
+  const int64_t key_count = sequence_key_count(s, mask, b);
 #pragma unroll
   for (int n = 0; n < held_p.kWords; ++n) {
     const int t = held_p.row(n), j = held_p.column(n);
@@ -450,6 +376,10 @@ void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   if (s.rounded_out_only && s.rounded_out) out = nullptr;  // the copy alone: nothing reads out
   const bool statistics_only = rebuilds_weights(s);
+  if (attention_in_registers_enabled()) {
+    attention_in_registers_forward(c, s, mask, q, k, v, probs, out, scale, statistics_only);
+    return;
+  }
   const auto launch = [&](auto input, const auto* q_in, const auto* k_in, const auto* v_in) {
     using Input = decltype(input);
     if (fits_small_blocks(s))
@@ -475,6 +405,11 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
   const float scale = attention_score_scale(s.score.kind, s.head_dim);
   if (s.rounded_gradients_only && s.rounded_dq && s.rounded_dk && s.rounded_dv)
     dq = dk = dv = nullptr;  // the rounded copies alone: the caller reads nothing else
+  if (attention_in_registers_enabled()) {
+    attention_in_registers_backward(c, s, mask, q, k, v, probs, d_out, dq, dk, dv, scale,
+                                    rebuilds_weights(s));
+    return;
+  }
   // Q, K, V and dO of the Input type, from the given pointers.
   const auto launch_with = [&](auto input, const auto* q_in, const auto* k_in, const auto* v_in,
                                const auto* d_out_in) {

@@ -167,6 +167,26 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
                                     const float* v, const float* probs, const float* d_out,
                                     float* dq, float* dk, float* dv);
 
+// --- attention_in_registers.cu: the same calls with scores and weights in registers ---
+// Whether tensor_core_attention_forward and _backward hand their calls to the kernels below:
+// not where TFM_CUDA_ATTENTION_IN_REGISTERS=0 (the WMMA blocks then serve them).
+bool attention_in_registers_enabled();
+// attention_forward where tensor_core_attention_applies: Q, K and V from q, k, v or (where
+// AttentionShape::rounded_q is given) its bfloat16 copies; out null where only s.rounded_out is
+// asked for; probs null, or the weights ([B, H, Tq, Tk]), or (statistics_only) each row's shift
+// and inverse sum ([B, H, Tq, 2] at the start of each head's weights).
+void attention_in_registers_forward(const Context& c, const AttentionShape& s,
+                                    const AttentionMask& mask, const float* q, const float* k,
+                                    const float* v, float* probs, float* out, float scale,
+                                    bool statistics_only);
+// attention_backward there, from what the forward stored (rebuild_weights: the statistics); dq,
+// dk, dv null where only their rounded copies are asked for.
+void attention_in_registers_backward(const Context& c, const AttentionShape& s,
+                                     const AttentionMask& mask, const float* q, const float* k,
+                                     const float* v, const float* probs, const float* d_out,
+                                     float* dq, float* dk, float* dv, float scale,
+                                     bool rebuild_weights);
+
 // --- attention_dense.cu: the whole-matrix path attention.cu hands these calls to ---
 // Whether it serves this call: dot-product scores without cached rows or shared key batches
 // (and, without stored weights, score matrices of at most 1 GiB).

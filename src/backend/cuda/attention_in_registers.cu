@@ -1,0 +1,530 @@
+// Training's attention in bfloat16 with its scores, weights and products in the registers of the
+// warps that compute them: a block per (sequence, head) for up to kRows = 64 or 128 queries and
+// keys with heads of 64, as attention_tensor_cores.cu's WMMA blocks, which go through shared
+// memory at every step (S and dP stored as floats and read back for the softmax, P and dS stored
+// again for the next product): 0.165 ms forward and 0.250 ms backward for 3,200 heads of 64 × 64
+// on an H200, several times what their bytes and products need. Here each warp holds 16 query
+// rows: mma.sync's m16n8k16 bfloat16 products (summed in float32) leave S = Q·Kᵀ in its
+// registers, the masked softmax runs on them (a row's sums over the four lanes that hold it), and
+// the weights go into O = P·V as the product's left operand without leaving the registers (two
+// accumulator tiles make one left operand). The backward holds a strip's weights (rebuilt from
+// Q·Kᵀ and each row's shift and inverse sum, or read as the forward stored them), dP = dO·Vᵀ, dS
+// and dQ = dS·K the same way, then stores P and dS in bfloat16 once, so that each warp can take
+// 16 keys for dV = Pᵀ·dO and dK = dSᵀ·Q. Operands come from shared memory through ldmatrix
+// (transposed where a product reads a matrix by columns).
+//
+// The same formulas as the WMMA blocks (softmax_weight; masked_softmax_kernel's softmax and
+// softmax_backward_kernel's gradient in float32; operands rounded to bfloat16, nearest even), in
+// other orders of summation. The forward and the backward that rebuilds the weights share one
+// product for S, so that stored and rebuilt weights are the same bits.
+// TFM_CUDA_ATTENTION_IN_REGISTERS=0 takes the WMMA blocks instead, to compare or to rule these out.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/attention_common.h"
+#ifndef TFM_EMULATED_WARPS  // tests/attention_in_registers_emulated.cpp brings its own
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/warp_matrix.h"
+#endif
+
+namespace tfm {
+namespace cuda {
+
+namespace {
+
+constexpr int kHead = 64;               // the head size
+constexpr int kHeadSteps = kHead / 16;  // the k16 steps of a product over a head's width
+constexpr int kHeadTiles = kHead / 8;   // the n8 tiles of a head's width
+// Shared matrices' rows are padded by 16 bytes (a head's width: 144 bytes; kRows keys: 16 · 2 ·
+// kRows + 16), so that ldmatrix's eight row addresses fall on distinct banks.
+constexpr int kHeadPitch = kHead + 8;  // bfloat16 values from a row to the next
+template <int kRows>
+constexpr int kKeyPitch = kRows + 8;
+template <int kRows>
+constexpr int kThreads = 2 * kRows;  // a warp for each 16 query rows (or keys)
+
+template <int kRows>
+struct Layout {
+  static constexpr int kKeyTiles = kRows / 8;             // n8 tiles of a row of scores
+  static constexpr int kKeySteps = kRows / 16;            // k16 steps over the keys (or queries)
+  static constexpr int kHeadMatrix = kRows * kHeadPitch;  // elements: Q, K, V, dO
+  static constexpr int kKeyMatrix = kRows * kKeyPitch<kRows>;  // P, dS
+  // Bytes of shared memory: the forward's Q, K, V; the backward's Q, dO, then K and V, whose
+  // place P and dS take once the products that read K and V are done.
+  static constexpr size_t kForwardBytes = sizeof(uint16_t) * 3 * kHeadMatrix;
+  static constexpr size_t kBackwardBytes =
+      sizeof(uint16_t) * (2 * kHeadMatrix + std::max(2 * kHeadMatrix, 2 * kKeyMatrix));
+  static_assert(kHeadMatrix * sizeof(uint16_t) % 16 == 0 && kKeyMatrix * sizeof(uint16_t) % 16 == 0,
+                "ldmatrix reads rows of 16-byte words");
+};
+
+// Two floats rounded to bfloat16 (to_bfloat16: nearest even), the first in the low half.
+__device__ __forceinline__ uint32_t pack_bfloat16(float low, float high) {
+  return uint32_t(to_bfloat16(low)) | uint32_t(to_bfloat16(high)) << 16;
+}
+
+// A lane's float sums of a warp's 16 rows × 8 kTiles columns: tile j's d[0..3] (multiply_add's
+// layout): row g + 8 h, column 8 j + 2 q + e in sums[j][2 h + e].
+template <int kTiles>
+struct Sums {
+  float d[kTiles][4];
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
+  }
+};
+
+// A warp's 16 rows × 16 kSteps columns as bfloat16 left operands, one a k16 step.
+template <int kSteps>
+struct LeftOperands {
+  uint32_t a[kSteps][4];
+  // From sums of the same rows (kTiles = 2 kSteps), rounded: tiles 2i and 2i + 1 make step i.
+  __device__ __forceinline__ void round(const Sums<2 * kSteps>& s) {
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      a[i][0] = pack_bfloat16(s.d[2 * i][0], s.d[2 * i][1]);
+      a[i][1] = pack_bfloat16(s.d[2 * i][2], s.d[2 * i][3]);
+      a[i][2] = pack_bfloat16(s.d[2 * i + 1][0], s.d[2 * i + 1][1]);
+      a[i][3] = pack_bfloat16(s.d[2 * i + 1][2], s.d[2 * i + 1][3]);
+    }
+  }
+  // Into shared rows (the warp's first at `rows`, `pitch` apart), as they lie.
+  __device__ __forceinline__ void store(uint16_t* rows, int pitch) const {
+    const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      uint16_t* at = rows + g * pitch + 16 * i + 2 * q;
+      *reinterpret_cast<uint32_t*>(at) = a[i][0];
+      *reinterpret_cast<uint32_t*>(at + 8 * pitch) = a[i][1];
+      *reinterpret_cast<uint32_t*>(at + 8) = a[i][2];
+      *reinterpret_cast<uint32_t*>(at + 8 * pitch + 8) = a[i][3];
+    }
+  }
+};
+
+// The left operand of k step `step` of a warp's product from shared memory, `pitch` apart.
+// kByRows: the 16 rows stored as rows (element (i, k) at m[i · pitch + k], m at the warp's first
+// row): matrices rows 0-7 and 8-15 of columns 0-7, then of columns 8-15. Else the operand's
+// transpose stored (element (i, k) at m[k · pitch + i], m at the warp's first column: Pᵀ and dSᵀ
+// read in place): k 0-7 of columns i 0-7 and 8-15, then k 8-15 of each.
+template <bool kByRows>
+__device__ __forceinline__ void load_left(uint32_t (&a)[4], const uint16_t* m, int pitch,
+                                          int step) {
+  const int lane = threadIdx.x % 32;
+  if constexpr (kByRows)
+    load_matrices(a, m + (lane % 16) * pitch + 16 * step + 8 * (lane / 16));
+  else
+    load_matrices_transposed(
+        a, m + (16 * step + lane % 8 + 8 * (lane / 16)) * pitch + 8 * (lane / 8 % 2));
+}
+
+// sums += a · B[16 step.., all kTiles · 8 columns] for k step `step`, B in shared memory, `pitch`
+// apart. kByRows: B stored as rows (element (k, n) at b[k · pitch + n]: V, K, dO, Q), read
+// transposed; else stored by columns (element (k, n) at b[n · pitch + k]: Kᵀ, Vᵀ). Two tiles a
+// load: matrices (k 0-7, k 8-15) of columns n..n + 7, then of n + 8..n + 15.
+template <int kTiles, bool kByRows>
+__device__ __forceinline__ void multiply_add_right(Sums<kTiles>& sums, const uint32_t (&a)[4],
+                                                   const uint16_t* b, int pitch, int step) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kTiles; j += 2) {
+    uint32_t r[4];
+    if constexpr (kByRows)
+      load_matrices_transposed(
+          r, b + (16 * step + lane % 8 + 8 * (lane / 8 % 2)) * pitch + 8 * j + 8 * (lane / 16));
+    else
+      load_matrices(
+          r, b + (8 * j + lane % 8 + 8 * (lane / 16)) * pitch + 16 * step + 8 * (lane / 8 % 2));
+    multiply_add(sums.d[j], a, r[0], r[1]);
+    multiply_add(sums.d[j + 1], a, r[2], r[3]);
+  }
+}
+
+// S = Q·Kᵀ for a warp's 16 query rows (`strip`: its first row of Q) over a block's kRows keys:
+// the one product of the forward's scores and of the backward that rebuilds the weights from
+// them, so that both sum alike, to the bit.
+template <int kRows>
+__device__ __forceinline__ void strip_scores(const uint16_t* strip, const uint16_t* keys,
+                                             Sums<Layout<kRows>::kKeyTiles>& scores) {
+  scores.zero();
+#pragma unroll
+  for (int step = 0; step < kHeadSteps; ++step) {
+    uint32_t a[4];
+    load_left<true>(a, strip, kHeadPitch, step);
+    multiply_add_right<Layout<kRows>::kKeyTiles, false>(scores, a, keys, kHeadPitch, step);
+  }
+}
+
+// Σ (or the largest) of a row's values over the four lanes that hold it.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// The keys query row `row` of sequence b sees, [begin, end): none past the queries.
+struct VisibleKeys {
+  int64_t begin = 0, end = 0;
+  __device__ VisibleKeys(const AttentionShape& s, const AttentionMask& mask, int64_t key_count,
+                         int row) {
+    if (row < s.query_len) visible_keys(mask, key_count, row + mask.query_offset, &begin, &end);
+  }
+  __device__ bool operator()(int key) const { return key >= begin && key < end; }
+};
+
+// The weights of half h of a strip's rows from its scores, in place: softmax_weight of the
+// visible keys, zero elsewhere.
+template <int kTiles>
+__device__ __forceinline__ void weights_from_scores(Sums<kTiles>& p, int h,
+                                                    const VisibleKeys& visible, float scale,
+                                                    float shift, float inverse) {
+  const int q = threadIdx.x % 4;
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& x = p.d[j][2 * h + e];
+      x = visible(8 * j + 2 * q + e) ? softmax_weight(x, scale, shift, inverse) : 0.f;
+    }
+}
+
+// A strip's 16 rows × a head's width of sums to rows `first_row`.. of `first` (floats, null: not
+// there) and of `rounded` (bfloat16, null: not there), row_stride and rounded_stride apart; rows
+// from `rows` on are not stored. Pairs of values in one store where the rows allow.
+__device__ __forceinline__ void store_strip(const Sums<kHeadTiles>& sums, int first_row, int rows,
+                                            float* first, int64_t row_stride, uint16_t* rounded,
+                                            int64_t rounded_stride) {
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const bool float_pairs = aligned(first, 8) && row_stride % 2 == 0;
+  const bool rounded_pairs = aligned(rounded, 4) && rounded_stride % 2 == 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = first_row + g + 8 * h;
+    if (row >= rows) continue;
+#pragma unroll
+    for (int j = 0; j < kHeadTiles; ++j) {
+      const int col = 8 * j + 2 * q;
+      const float x = sums.d[j][2 * h], y = sums.d[j][2 * h + 1];
+      if (first) {
+        float* at = first + row * row_stride + col;
+        if (float_pairs) {
+          *reinterpret_cast<float2*>(at) = make_float2(x, y);
+        } else {
+          at[0] = x;
+          at[1] = y;
+        }
+      }
+      if (rounded) {
+        uint16_t* at = rounded + row * rounded_stride + col;
+        if (rounded_pairs) {
+          *reinterpret_cast<uint32_t*>(at) = pack_bfloat16(x, y);
+        } else {
+          at[0] = to_bfloat16(x);
+          at[1] = to_bfloat16(y);
+        }
+      }
+    }
+  }
+}
+
+// A head's rows from device memory into shared matrices of bfloat16 (rounded as they come where
+// they are floats), kRows rows kHeadPitch apart, zero past `rows`.
+template <typename Input>
+struct HeadSource {
+  const Input* first;
+  int64_t row_stride;
+  int rows;
+  uint16_t* shared;
+};
+// Every load of `together` matrices is issued before their stores: four of bfloat16 (16
+// registers each), two of floats (32 each).
+template <int kRows, typename Input, int kCount>
+__device__ __forceinline__ void load_heads(const HeadSource<Input> (&sources)[kCount]) {
+  constexpr int kTogether = std::is_same_v<Input, float> ? 2 : 4;
+#pragma unroll
+  for (int first = 0; first < kCount; first += kTogether) {
+    HeldRows<kRows, kHead, kThreads<kRows>, Input> held[kTogether];
+#pragma unroll
+    for (int i = 0; i < kTogether && first + i < kCount; ++i) {
+      const HeadSource<Input>& from = sources[first + i];
+      held[i].fetch(from.first, from.row_stride, from.rows, kHead);
+    }
+#pragma unroll
+    for (int i = 0; i < kTogether && first + i < kCount; ++i)
+      held[i].store(sources[first + i].shared, kHeadPitch);
+  }
+}
+
+// Block (b, h): S = Q·Kᵀ, P = the masked softmax of S · scale, stored into probs where given
+// (statistics_only: each row's shift and inverse sum instead, [Tq, 2], from which the backward
+// rebuilds P), O = P·V into out (unless null) and into s.rounded_out where given.
+template <int kRows, typename Input>
+__global__ void __launch_bounds__(kThreads<kRows>)
+    forward_in_registers_kernel(AttentionShape s, AttentionMask mask, const Input* q,
+                                const Input* k, const Input* v, float* probs, float* out,
+                                float scale, bool statistics_only) {
+  using L = Layout<kRows>;
+  TFM_DYNAMIC_SHARED_BYTES(shared_bytes);
+  uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);
+  uint16_t* keys = queries + L::kHeadMatrix;
+  uint16_t* values = keys + L::kHeadMatrix;
+  const HeadRows at(s);
+  const int tq = int(s.query_len), tk = int(s.key_len);
+  load_heads<kRows>({HeadSource<Input>{at.query(s, q), s.q_row_stride, tq, queries},
+                     HeadSource<Input>{at.key(s, k), s.k_row_stride, tk, keys},
+                     HeadSource<Input>{at.value(s, v), s.v_row_stride, tk, values}});
+  __syncthreads();
+  const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
+  const int first_row = 16 * (int(threadIdx.x) / 32);
+  Sums<L::kKeyTiles> p;
+  strip_scores<kRows>(queries + first_row * kHeadPitch, keys, p);
+  const int64_t key_count = sequence_key_count(s, mask, at.b);
+  float* statistics = probs && statistics_only ? probs + at.weights_row(s, 0) : nullptr;
+  float* weights = probs && !statistics_only ? probs : nullptr;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = first_row + g + 8 * h;
+    const VisibleKeys visible(s, mask, key_count, row);
+    float largest = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < L::kKeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (visible(8 * j + 2 * quad + e)) largest = fmaxf(largest, p.d[j][2 * h + e]);
+    const float shift = quad_max(largest) * scale;
+    float total = 0.f;
+#pragma unroll
+    for (int j = 0; j < L::kKeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (visible(8 * j + 2 * quad + e))
+          total += softmax_weight(p.d[j][2 * h + e], scale, shift, 1.f);
+    total = row_sum<4>(total);
+    const float inverse = total > 0.f ? 1.f / total : 0.f;
+    weights_from_scores(p, h, visible, scale, shift, inverse);
+    if (row < tq) {
+      if (statistics && quad == 0) {
+        statistics[2 * row] = shift;
+        statistics[2 * row + 1] = inverse;
+      }
+      if (weights) {
+        float* weights_row = weights + at.weights_row(s, row);
+#pragma unroll
+        for (int j = 0; j < L::kKeyTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (8 * j + 2 * quad + e < tk) weights_row[8 * j + 2 * quad + e] = p.d[j][2 * h + e];
+      }
+    }
+  }
+  LeftOperands<L::kKeySteps> rounded_weights;
+  rounded_weights.round(p);
+  Sums<kHeadTiles> o;  // O = P·V
+  o.zero();
+#pragma unroll
+  for (int step = 0; step < L::kKeySteps; ++step)
+    multiply_add_right<kHeadTiles, true>(o, rounded_weights.a[step], values, kHeadPitch, step);
+  store_strip(o, first_row, tq, out ? at.output(s, out) : nullptr, s.out_row_stride,
+              at.dense_row(s, s.rounded_out, s.query_len), s.heads * kHead);
+}
+
+// Block (b, h) of the backward: dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ⊙ (dP − Σ dP·P) · scale,
+// dQ = dS·K, dK = dSᵀ·Q; each written (not added) to its first Tq or Tk rows (unless null) and
+// rounded to its copy in the same layout where AttentionShape asks for one. The weights P are
+// read as the forward stored them, or (kRebuild) rebuilt from Q·Kᵀ and the rows' shift and
+// inverse sum the forward stored there instead.
+template <int kRows, bool kRebuild, typename Input>
+__global__ void __launch_bounds__(kThreads<kRows>)
+    backward_in_registers_kernel(AttentionShape s, AttentionMask mask, const Input* q,
+                                 const Input* k, const Input* v, const float* probs,
+                                 const Input* d_out, float* dq, float* dk, float* dv, float scale) {
+  using L = Layout<kRows>;
+  TFM_DYNAMIC_SHARED_BYTES(shared_bytes);
+  uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);
+  uint16_t* d_outs = queries + L::kHeadMatrix;
+  uint16_t* keys = d_outs + L::kHeadMatrix;
+  uint16_t* values = keys + L::kHeadMatrix;
+  uint16_t* rounded_weights_by_rows = keys;  // P, then dS, over K and V once they are read
+  uint16_t* gradients_by_rows = keys + L::kKeyMatrix;
+  const HeadRows at(s);
+  const int tq = int(s.query_len), tk = int(s.key_len);
+  const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
+  const int warp = int(threadIdx.x) / 32, first_row = 16 * warp;
+  const float* stored = probs + at.weights_row(s, 0);  // [Tq, Tk]; kRebuild: [Tq, 2]
+  float shift[2] = {}, inverse[2] = {};  // kRebuild: the strip's two rows', read with Q, K, V, dO
+  if constexpr (kRebuild)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = first_row + g + 8 * h;
+      if (row < tq) {
+        shift[h] = stored[2 * row];
+        inverse[h] = stored[2 * row + 1];
+      }
+    }
+  load_heads<kRows>({HeadSource<Input>{at.query(s, q), s.q_row_stride, tq, queries},
+                     HeadSource<Input>{at.key(s, k), s.k_row_stride, tk, keys},
+                     HeadSource<Input>{at.value(s, v), s.v_row_stride, tk, values},
+                     HeadSource<Input>{at.output(s, d_out), s.out_row_stride, tq, d_outs}});
+  __syncthreads();
+  Sums<L::kKeyTiles> p;
+  if constexpr (kRebuild) {
+    strip_scores<kRows>(queries + first_row * kHeadPitch, keys, p);
+    const int64_t key_count = sequence_key_count(s, mask, at.b);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      weights_from_scores(p, h, VisibleKeys(s, mask, key_count, first_row + g + 8 * h), scale,
+                          shift[h], inverse[h]);
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = first_row + g + 8 * h;
+#pragma unroll
+      for (int j = 0; j < L::kKeyTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = 8 * j + 2 * quad + e;
+          p.d[j][2 * h + e] = row < tq && key < tk ? stored[int64_t(row) * tk + key] : 0.f;
+        }
+    }
+  }
+  Sums<L::kKeyTiles> dp;  // dP = dO·Vᵀ, then dS over it
+  dp.zero();
+#pragma unroll
+  for (int step = 0; step < kHeadSteps; ++step) {
+    uint32_t a[4];
+    load_left<true>(a, d_outs + first_row * kHeadPitch, kHeadPitch, step);
+    multiply_add_right<L::kKeyTiles, false>(dp, a, values, kHeadPitch, step);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = first_row + g + 8 * h;
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < L::kKeyTiles; ++j)
+      dot += dp.d[j][2 * h] * p.d[j][2 * h] + dp.d[j][2 * h + 1] * p.d[j][2 * h + 1];
+    dot = row_sum<4>(dot);
+#pragma unroll
+    for (int j = 0; j < L::kKeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = dp.d[j][2 * h + e];
+        x = row < tq && 8 * j + 2 * quad + e < tk ? p.d[j][2 * h + e] * (x - dot) * scale : 0.f;
+      }
+  }
+  LeftOperands<L::kKeySteps> gradients, rounded_weights;  // dS, P in bfloat16
+  gradients.round(dp);
+  rounded_weights.round(p);
+  Sums<kHeadTiles> d;  // dQ = dS·K
+  d.zero();
+#pragma unroll
+  for (int step = 0; step < L::kKeySteps; ++step)
+    multiply_add_right<kHeadTiles, true>(d, gradients.a[step], keys, kHeadPitch, step);
+  store_strip(d, first_row, tq, dq ? at.query(s, dq) : nullptr, s.q_row_stride,
+              s.rounded_dq ? at.query(s, s.rounded_dq) : nullptr, s.q_row_stride);
+  __syncthreads();  // every warp's reads of K and V done: P and dS take their place
+  rounded_weights.store(rounded_weights_by_rows + first_row * kKeyPitch<kRows>, kKeyPitch<kRows>);
+  gradients.store(gradients_by_rows + first_row * kKeyPitch<kRows>, kKeyPitch<kRows>);
+  __syncthreads();
+  const int first_key = 16 * warp;  // the warp's keys from here on
+  d.zero();                         // dV = Pᵀ·dO
+#pragma unroll
+  for (int step = 0; step < L::kKeySteps; ++step) {
+    uint32_t a[4];
+    load_left<false>(a, rounded_weights_by_rows + first_key, kKeyPitch<kRows>, step);
+    multiply_add_right<kHeadTiles, true>(d, a, d_outs, kHeadPitch, step);
+  }
+  store_strip(d, first_key, tk, dv ? at.value(s, dv) : nullptr, s.v_row_stride,
+              s.rounded_dv ? at.value(s, s.rounded_dv) : nullptr, s.v_row_stride);
+  d.zero();  // dK = dSᵀ·Q
+#pragma unroll
+  for (int step = 0; step < L::kKeySteps; ++step) {
+    uint32_t a[4];
+    load_left<false>(a, gradients_by_rows + first_key, kKeyPitch<kRows>, step);
+    multiply_add_right<kHeadTiles, true>(d, a, queries, kHeadPitch, step);
+  }
+  store_strip(d, first_key, tk, dk ? at.key(s, dk) : nullptr, s.k_row_stride,
+              s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
+}
+
+}  // namespace
+
+#ifndef TFM_EMULATED_WARPS  // the launches: CUDA only
+namespace {
+
+// Launches `kernel` in a block per (sequence, head) of kThreads<kRows> with `bytes` of dynamic
+// shared memory (beyond the default 48 KB, as the device allows it once asked).
+template <int kRows, typename Kernel, typename... Arguments>
+void launch_heads(const Context& c, const AttentionShape& s, Kernel kernel, size_t bytes,
+                  Arguments... arguments) {
+  TFM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  kernel<<<unsigned(s.batch * s.heads), kThreads<kRows>, bytes, c.stream>>>(arguments...);
+}
+
+// 64 rows where the call's queries and keys fit, else 128.
+bool fits_64_rows(const AttentionShape& s) {
+  return std::max(s.query_len, s.key_len) <= 64;
+}
+
+}  // namespace
+
+bool attention_in_registers_enabled() {
+  static const bool enabled = !turned_off("TFM_CUDA_ATTENTION_IN_REGISTERS");
+  return enabled;
+}
+
+void attention_in_registers_forward(const Context& c, const AttentionShape& s,
+                                    const AttentionMask& mask, const float* q, const float* k,
+                                    const float* v, float* probs, float* out, float scale,
+                                    bool statistics_only) {
+  const auto launch = [&](const auto* q_in, const auto* k_in, const auto* v_in) {
+    using Input = std::remove_cv_t<std::remove_pointer_t<decltype(q_in)>>;
+    if (fits_64_rows(s))
+      launch_heads<64>(c, s, forward_in_registers_kernel<64, Input>, Layout<64>::kForwardBytes, s,
+                       mask, q_in, k_in, v_in, probs, out, scale, statistics_only);
+    else
+      launch_heads<128>(c, s, forward_in_registers_kernel<128, Input>, Layout<128>::kForwardBytes,
+                        s, mask, q_in, k_in, v_in, probs, out, scale, statistics_only);
+  };
+  if (s.rounded_q)
+    launch(s.rounded_q, s.rounded_k, s.rounded_v);
+  else
+    launch(q, k, v);
+  check_launch("attention_forward (in registers)");
+}
+
+void attention_in_registers_backward(const Context& c, const AttentionShape& s,
+                                     const AttentionMask& mask, const float* q, const float* k,
+                                     const float* v, const float* probs, const float* d_out,
+                                     float* dq, float* dk, float* dv, float scale,
+                                     bool rebuild_weights) {
+  const auto launch = [&](const auto* q_in, const auto* k_in, const auto* v_in,
+                          const auto* d_out_in) {
+    using Input = std::remove_cv_t<std::remove_pointer_t<decltype(q_in)>>;
+    const auto with = [&](auto kernel, auto rows) {
+      constexpr int kRows = decltype(rows)::value;
+      launch_heads<kRows>(c, s, kernel, Layout<kRows>::kBackwardBytes, s, mask, q_in, k_in, v_in,
+                          probs, d_out_in, dq, dk, dv, scale);
+    };
+    using Rows64 = std::integral_constant<int, 64>;
+    using Rows128 = std::integral_constant<int, 128>;
+    const bool small = fits_64_rows(s);
+    if (rebuild_weights && small)
+      with(backward_in_registers_kernel<64, true, Input>, Rows64{});
+    else if (rebuild_weights)
+      with(backward_in_registers_kernel<128, true, Input>, Rows128{});
+    else if (small)
+      with(backward_in_registers_kernel<64, false, Input>, Rows64{});
+    else
+      with(backward_in_registers_kernel<128, false, Input>, Rows128{});
+  };
+  if (s.rounded_q)
+    launch(s.rounded_q, s.rounded_k, s.rounded_v, s.rounded_d_out);
+  else
+    launch(q, k, v, d_out);
+  check_launch("attention_backward (in registers)");
+}
+
+#endif  // TFM_EMULATED_WARPS
+
+}  // namespace cuda
+}  // namespace tfm
