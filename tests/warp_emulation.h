@@ -25,6 +25,7 @@ namespace warp_emulation {
 struct Block {
   Block(int threads, size_t shared_bytes)
       : threads(threads),
+        shared_bytes(shared_bytes),
         slots(3, std::vector<uint64_t>(size_t(threads))),
         shared(shared_bytes + 16, 0xAB),
         fibers(size_t(threads)),
@@ -37,6 +38,7 @@ struct Block {
                                             ~uintptr_t(15));
   }
   int threads;
+  size_t shared_bytes;                       // what the launch gave, from base on
   std::vector<std::vector<uint64_t>> slots;  // [3][threads]: what each lane hands its warp
   std::vector<unsigned char> shared;
   unsigned char* base = nullptr;
@@ -165,12 +167,15 @@ namespace cuda {
 
 // ldmatrix .m8n8.x4 (.trans): lane l addresses row l % 8 of matrix l / 8; lane l receives, of
 // matrix i, row l / 4's elements 2 (l % 4) and 2 (l % 4) + 1 (transposed: column l / 4's), the
-// first in the low half. A row address off a 16-byte boundary aborts, as it faults on a GPU.
+// first in the low half. A row address off a 16-byte boundary, or past the block's shared
+// memory, aborts, as it faults on a GPU.
 inline void emulated_load_matrices(uint32_t (&r)[4], const uint16_t* row, bool transposed) {
   using namespace warp_emulation;
   const int lane = thread_index % 32;
   const auto* bytes = reinterpret_cast<const unsigned char*>(row);
-  if (bytes < current->base || (bytes - current->base) % 16 != 0) std::abort();
+  if (bytes < current->base || (bytes - current->base) % 16 != 0 ||
+      size_t(bytes - current->base) + 16 > current->shared_bytes)
+    std::abort();
   slot(0, lane) = uint64_t(bytes - current->base);
   warp_wait();
   for (int i = 0; i < 4; ++i) {
