@@ -2,10 +2,11 @@
 // the warp instructions they are written for (warp_emulation.h: the PTX ISA's operand layouts of
 // ldmatrix and mma.sync), so that their index arithmetic (which lane holds which score, which
 // rows an operand is read from, where each result is stored) is checked where no GPU is: the
-// output and the gradients against a float64 attention on the same bfloat16-rounded operands,
-// the rounded copies against the floats, and the weights rebuilt in the backward against the
-// weights stored, to the bit. On a GPU, backend_ops' AttentionInBFloat16ProductsStaysNearFloat64
-// checks the same kernels with the hardware's own instructions.
+// output, the stored weights (or each row's shift and inverse sum) and the gradients against a
+// float64 attention on the same bfloat16-rounded operands, the rounded copies against the
+// floats, and the weights rebuilt in the backward against the weights stored, to the bit. On a GPU,
+// backend_ops' AttentionInBFloat16ProductsStaysNearFloat64 checks the same kernels with the
+// hardware's own instructions.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -183,14 +184,32 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
           largest = std::max(largest, p[size_t(j)]);
         }
         for (int64_t j = lo; j < hi; ++j) total += p[size_t(j)] = std::exp(p[size_t(j)] - largest);
+        // What the forward stored: the weights, or the row's shift (largest score · scale) and
+        // inverse sum (the float Σ of exp(score · scale − shift)).
+        const size_t weights_row = size_t(((b * kHeads + h) * c.query_len + t) * c.key_len);
+        const size_t statistics = size_t((b * kHeads + h) * c.query_len * c.key_len + 2 * t);
+        if (c.statistics_only && hi > lo) {
+          EXPECT_NEAR(got.probs[statistics], largest, 1e-4 * std::max(1.0, std::fabs(largest)));
+          EXPECT_NEAR(got.probs[statistics + 1], 1 / total, 1e-4 / total);
+        } else if (c.statistics_only) {  // no key: no weight
+          EXPECT_EQ(got.probs[statistics + 1], 0.f);
+        }
         for (int64_t j = lo; j < hi; ++j) {
           p[size_t(j)] /= total;
+          if (!c.statistics_only) {
+            EXPECT_NEAR(got.probs[weights_row + size_t(j)], p[size_t(j)], 1e-5) << t << ", " << j;
+          }
           for (int d = 0; d < kHeadDim; ++d) {
             out[at_q(d)] += p[size_t(j)] * rounded(kv[at_k(j, d) + kWidth]);
             dp[size_t(j)] += rounded(d_out[at_q(d)]) * rounded(kv[at_k(j, d) + kWidth]);
           }
           dot += dp[size_t(j)] * p[size_t(j)];
         }
+        if (!c.statistics_only)  // zero outside the visible keys
+          for (int64_t j = 0; j < c.key_len; ++j)
+            if (j < lo || j >= hi) {
+              EXPECT_EQ(got.probs[weights_row + size_t(j)], 0.f);
+            }
         for (int64_t j = lo; j < hi; ++j) {
           const double ds = p[size_t(j)] * (dp[size_t(j)] - dot) * scale;
           for (int d = 0; d < kHeadDim; ++d) {

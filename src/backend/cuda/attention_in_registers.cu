@@ -44,6 +44,12 @@ constexpr int kKeyPitch = kRows + 8;
 template <int kRows>
 constexpr int kThreads = 2 * kRows;  // a warp for each 16 query rows (or keys)
 
+// The forward's blocks an SM the registers must leave room for: two of 128 rows (128 registers a
+// thread, where the compiler's own choice, 138, left one: half the SM's warps idle while a
+// block loads), four of 64 (its choice, 90 to 120, allows that anyway).
+template <int kRows>
+constexpr int kForwardBlocksAnSm = kRows == 128 ? 2 : 4;
+
 template <int kRows>
 struct Layout {
   static constexpr int kKeyTiles = kRows / 8;             // n8 tiles of a row of scores
@@ -259,7 +265,7 @@ __device__ __forceinline__ void load_heads(const HeadSource<Input> (&sources)[kC
 // (statistics_only: each row's shift and inverse sum instead, [Tq, 2], from which the backward
 // rebuilds P), O = P·V into out (unless null) and into s.rounded_out where given.
 template <int kRows, typename Input>
-__global__ void __launch_bounds__(kThreads<kRows>)
+__global__ void __launch_bounds__(kThreads<kRows>, kForwardBlocksAnSm<kRows>)
     forward_in_registers_kernel(AttentionShape s, AttentionMask mask, const Input* q,
                                 const Input* k, const Input* v, float* probs, float* out,
                                 float scale, bool statistics_only) {

@@ -38,9 +38,12 @@ __device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], const
 // (a[0]: row g, columns 2q and 2q + 1; a[1]: row g + 8; a[2]: row g, columns + 8; a[3]: both),
 // a 16 × 8 right one (b0: rows 2q and 2q + 1 of column g; b1: those rows + 8) and 16 × 8 float
 // sums (d[0], d[1]: row g, columns 2q and 2q + 1; d[2], d[3]: row g + 8).
+// volatile: .sync.aligned needs every lane of the warp to execute it together, so the compiler
+// must not move it into a branch some lanes skip.
 __device__ __forceinline__ void multiply_add(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
