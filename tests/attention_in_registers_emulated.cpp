@@ -33,6 +33,7 @@ struct Case {
   bool causal;
   int window, query_offset;
   bool bfloat16_inputs, statistics_only;
+  bool wide_q_rows = false;  // Q's rows (and dQ's) 3 heads' widths apart, as a stacked Q|K|V's
 };
 
 // The keys query `position` sees among `count` (backend/cpu's rule, written out again).
@@ -69,7 +70,9 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
   s.head_dim = kHeadDim;
   s.query_len = c.query_len;
   s.key_len = c.key_len;
-  s.q_row_stride = s.out_row_stride = kWidth;
+  const int q_stride = c.wide_q_rows ? 3 * kWidth : kWidth;
+  s.q_row_stride = q_stride;
+  s.out_row_stride = kWidth;
   s.k_row_stride = s.v_row_stride = 2 * kWidth;  // keys and values interleaved in their rows
   s.products = Precision::kBFloat16;
   // A full sequence, a shorter one, one of no keys.
@@ -81,8 +84,8 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
   mask.query_offset = c.query_offset;
   std::mt19937 random(uint32_t(c.query_len * 131 + c.key_len));
   std::uniform_real_distribution<float> uniform(-2.f, 2.f);
-  std::vector<float> q(size_t(kBatch * c.query_len * kWidth)),
-      kv(size_t(kBatch * c.key_len * 2 * kWidth)), d_out(q.size());
+  std::vector<float> q(size_t(kBatch * c.query_len * q_stride)),
+      kv(size_t(kBatch * c.key_len * 2 * kWidth)), d_out(size_t(kBatch * c.query_len * kWidth));
   for (std::vector<float>* x : {&q, &kv, &d_out})
     for (float& value : *x) value = uniform(random);
   const auto bits = [](const std::vector<float>& x) {
@@ -109,10 +112,10 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
     const auto* di = reinterpret_cast<const Input*>(c.bfloat16_inputs ? (void*)d_out16.data()
                                                                       : (void*)d_out.data());
     Results r{std::vector<float>(size_t(kBatch * kHeads * c.query_len * c.key_len), 7.f),
-              std::vector<float>(q.size(), 9.f),
+              std::vector<float>(d_out.size(), 9.f),
               std::vector<float>(q.size(), 9.f),
               std::vector<float>(kv.size(), 9.f),
-              std::vector<uint16_t>(q.size(), 9),
+              std::vector<uint16_t>(d_out.size(), 9),
               std::vector<uint16_t>(q.size(), 9),
               std::vector<uint16_t>(kv.size(), 9)};
     AttentionShape forward = s;
@@ -158,14 +161,17 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
   const Results got = run_with(c.statistics_only);
 
   // float64 on the rounded operands.
-  std::vector<double> out(q.size()), dq(q.size()), dk(size_t(kBatch * c.key_len * kWidth)),
+  std::vector<double> out(d_out.size()), dq(d_out.size()), dk(size_t(kBatch * c.key_len * kWidth)),
       dv(dk.size());
   for (int b = 0; b < kBatch; ++b)
     for (int h = 0; h < kHeads; ++h)
       for (int t = 0; t < c.query_len; ++t) {
         int64_t lo, hi;
         visible_range(c, std::min(c.key_len, lengths[size_t(b)]), t + c.query_offset, &lo, &hi);
-        const auto at_q = [&](int d) {
+        const auto at_q = [&](int d) {  // of q and dq
+          return size_t((b * c.query_len + t) * q_stride + h * kHeadDim + d);
+        };
+        const auto at_out = [&](int d) {  // of out and d_out
           return size_t((b * c.query_len + t) * kWidth + h * kHeadDim + d);
         };
         const auto at_k = [&](int64_t j, int d) {
@@ -200,8 +206,8 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
             EXPECT_NEAR(got.probs[weights_row + size_t(j)], p[size_t(j)], 1e-5) << t << ", " << j;
           }
           for (int d = 0; d < kHeadDim; ++d) {
-            out[at_q(d)] += p[size_t(j)] * rounded(kv[at_k(j, d) + kWidth]);
-            dp[size_t(j)] += rounded(d_out[at_q(d)]) * rounded(kv[at_k(j, d) + kWidth]);
+            out[at_out(d)] += p[size_t(j)] * rounded(kv[at_k(j, d) + kWidth]);
+            dp[size_t(j)] += rounded(d_out[at_out(d)]) * rounded(kv[at_k(j, d) + kWidth]);
           }
           dot += dp[size_t(j)] * p[size_t(j)];
         }
@@ -213,9 +219,9 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
         for (int64_t j = lo; j < hi; ++j) {
           const double ds = p[size_t(j)] * (dp[size_t(j)] - dot) * scale;
           for (int d = 0; d < kHeadDim; ++d) {
-            dq[at_q(d)] += ds * rounded(kv[at_k(j, d)]);
+            dq[at_out(d)] += ds * rounded(kv[at_k(j, d)]);
             dk[at_dk(j, d)] += ds * rounded(q[at_q(d)]);
-            dv[at_dk(j, d)] += p[size_t(j)] * rounded(d_out[at_q(d)]);
+            dv[at_dk(j, d)] += p[size_t(j)] * rounded(d_out[at_out(d)]);
           }
         }
       }
@@ -224,13 +230,18 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
     (int(i % size_t(2 * kWidth)) < kWidth ? got_dk : got_dv).push_back(got.dkv[i]);
   // The weights and dS round to bfloat16 (2^-9 each) where float64 does not.
   EXPECT_LE(relative_to_largest(got.out, out), 1.0 / 128);
-  EXPECT_LE(relative_to_largest(got.dq, dq), 1.0 / 128);
+  std::vector<float> got_dq;  // dQ's columns of q's rows (the others are not dQ's)
+  for (size_t i = 0; i < got.dq.size(); ++i)
+    if (int(i % size_t(q_stride)) < kWidth) got_dq.push_back(got.dq[i]);
+  EXPECT_LE(relative_to_largest(got_dq, dq), 1.0 / 128);
   EXPECT_LE(relative_to_largest(got_dk, dk), 1.0 / 128);
   EXPECT_LE(relative_to_largest(got_dv, dv), 1.0 / 128);
   for (size_t i = 0; i < got.out.size(); ++i)
     ASSERT_EQ(got.rounded_out[i], to_bfloat16(got.out[i])) << "rounded out " << i;
   for (size_t i = 0; i < got.dq.size(); ++i)
-    ASSERT_EQ(got.rounded_dq[i], to_bfloat16(got.dq[i])) << "rounded dq " << i;
+    if (int(i % size_t(q_stride)) < kWidth) {
+      ASSERT_EQ(got.rounded_dq[i], to_bfloat16(got.dq[i])) << "rounded dq " << i;
+    }
   for (size_t i = 0; i < got.dkv.size(); ++i)
     ASSERT_EQ(got.rounded_dkv[i], to_bfloat16(got.dkv[i])) << "rounded dk | dv " << i;
   if (c.statistics_only) {  // the weights stored and read instead: the same bits
@@ -243,13 +254,13 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
 
 // Blocks of 64 and of 128 rows; Q, K, V and dO as floats rounded at load and in bfloat16; the
 // weights stored, or the rows' statistics the backward rebuilds them from; causal, window and
-// offset masks, queries and keys of lengths that fill no tile.
+// offset masks, queries and keys of lengths that fill no tile; Q in the rows of a stacked Q|K|V.
 INSTANTIATE_TEST_SUITE_P(
     Cases, AttentionInRegistersEmulated,
-    ::testing::Values(Case{64, 64, true, -1, 0, true, true},
+    ::testing::Values(Case{64, 64, true, -1, 0, true, true, true},
                       Case{37, 50, false, -1, 0, false, false},
                       Case{7, 9, false, 2, 0, false, true}, Case{20, 30, true, -1, 5, true, false},
-                      Case{100, 77, false, -1, 0, true, true},
+                      Case{100, 77, false, -1, 0, true, true, true},
                       Case{50, 120, false, 9, 0, false, true}),
     [](const ::testing::TestParamInfo<Case>& info) {
       const Case& c = info.param;
@@ -258,7 +269,7 @@ INSTANTIATE_TEST_SUITE_P(
              (c.window >= 0 ? "Window" + std::to_string(c.window) : std::string()) +
              (c.query_offset ? "Offset" + std::to_string(c.query_offset) : std::string()) +
              (c.bfloat16_inputs ? "BFloat16Inputs" : "FloatInputs") +
-             (c.statistics_only ? "Rebuilt" : "Stored");
+             (c.statistics_only ? "Rebuilt" : "Stored") + (c.wide_q_rows ? "WideQRows" : "");
     });
 
 }  // namespace
