@@ -364,6 +364,13 @@ bool tensor_core_attention_applies(const Context& c, const AttentionShape& s,
          std::max(Tiles<128>::kForwardBytes, Tiles<128>::kRebuildingBackwardBytes);
 }
 
+const char* tensor_core_attention_name(bool forward) {
+  if (attention_in_registers_enabled())
+    return forward ? "attention_forward (bfloat16, in registers)"
+                   : "attention_backward (bfloat16, in registers)";
+  return forward ? "attention_forward (bfloat16, WMMA)" : "attention_backward (bfloat16, WMMA)";
+}
+
 bool attention_reads_rounded_inputs(const Context& c, const AttentionShape& s,
                                     const AttentionMask& mask, const AttentionDropout& dropout) {
   static const bool enabled = !turned_off("TFM_CUDA_BFLOAT16_QKV");

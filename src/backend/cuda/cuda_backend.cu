@@ -155,8 +155,11 @@ class CudaBackend final : public Backend {
   void attention_forward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                          const float* k, const float* v, float* probs, float* out,
                          const AttentionDropout& dropout) const override {
-    TFM_CUDA_OPERATION_SHAPED(c_, "attention_forward", shape.batch * shape.heads, shape.query_len,
-                              shape.key_len);
+    c_.activate();
+    cuda::ProfiledOperation profiled_operation(c_, "attention_forward", shape.batch * shape.heads,
+                                               shape.query_len, shape.key_len);
+    if (cuda::profiling() && cuda::tensor_core_attention_applies(c_, shape, mask, dropout))
+      profiled_operation.rename(cuda::tensor_core_attention_name(true));
     cuda::attention_forward(c_, shape, mask, q, k, v, probs, out, dropout);
   }
   void attention_forward_16_bit_cache(const AttentionShape& shape, const AttentionMask& mask,
@@ -174,8 +177,11 @@ class CudaBackend final : public Backend {
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,
                           float* dv, float* d_additive_v) const override {
-    TFM_CUDA_OPERATION_SHAPED(c_, "attention_backward", shape.batch * shape.heads, shape.query_len,
-                              shape.key_len);
+    c_.activate();
+    cuda::ProfiledOperation profiled_operation(c_, "attention_backward", shape.batch * shape.heads,
+                                               shape.query_len, shape.key_len);
+    if (cuda::profiling() && probs && cuda::tensor_core_attention_applies(c_, shape, mask, dropout))
+      profiled_operation.rename(cuda::tensor_core_attention_name(false));
     cuda::attention_backward(c_, shape, mask, q, k, v, probs, dropout, d_out, dq, dk, dv,
                              d_additive_v);
   }

@@ -157,6 +157,9 @@ bool tensor_core_attention_applies(const Context& c, const AttentionShape& s,
 // TFM_CUDA_BFLOAT16_QKV=0 (training's projections then write float32 Q, K, V, as before).
 bool attention_reads_rounded_inputs(const Context& c, const AttentionShape& s,
                                     const AttentionMask& mask, const AttentionDropout& dropout);
+// The profile's name for a forward (or backward) these blocks serve: which kernels take it
+// (attention_in_registers.cu's, or the WMMA ones).
+const char* tensor_core_attention_name(bool forward);
 // attention_forward (probs may be null) and attention_backward (from the stored probs, or what
 // the forward stored there instead: AttentionShape::weights_for_backward_only) there.
 void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
