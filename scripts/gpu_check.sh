@@ -220,11 +220,15 @@ step attention_tc_train 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
 step attention_tc_train_128 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
   "attention on tensor cores, 128 tokens" 200 127
 # The attention's scores and weights in registers (mma.sync) against the WMMA blocks through
-# shared memory, at 64 tokens and at 127 (the 128-row blocks).
+# shared memory, at 64 tokens and at 127 (the 128-row blocks); at 199, its tiles against the
+# whole-matrix TF32 products the switch leaves there.
 step attention_in_registers_train 60 path_against_switch TFM_CUDA_ATTENTION_IN_REGISTERS \
   "attention in registers"
 step attention_in_registers_train_128 60 path_against_switch TFM_CUDA_ATTENTION_IN_REGISTERS \
   "attention in registers, 128 tokens" 200 127
+# Sentences of 199 tokens and an end mark: the tiles of 64 against TF32 whole-matrix products.
+step attention_tiles_train_200 60 path_against_switch TFM_CUDA_ATTENTION_IN_REGISTERS \
+  "attention in tiles of 64, 200 tokens" 128 199
 step one_pass_norm_train 60 path_against_switch TFM_CUDA_ONE_PASS_NORM \
   "layer norm backward in one pass"
 step stacked_projections_train 60 path_against_switch TFM_STACKED_PROJECTIONS \

@@ -94,7 +94,8 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
     return rounded;
   };
   const std::vector<uint16_t> q16 = bits(q), kv16 = bits(kv), d_out16 = bits(d_out);
-  const int rows = std::max(c.query_len, c.key_len) <= 64 ? 64 : 128;
+  const int longest = std::max(c.query_len, c.key_len);
+  const int rows = longest <= 64 ? 64 : longest <= 128 ? 128 : 0;  // 0: tiles
   const float scale = 1.f / 8.f;
 
   // One forward and backward through the kernels, as attention_in_registers_forward and
@@ -149,10 +150,28 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
           args(backward_in_registers_kernel<kRows, false, Input>);
       });
     };
-    if (rows == 64)
+    if (rows == 64) {
       both(std::integral_constant<int, 64>{});
-    else
+    } else if (rows == 128) {
       both(std::integral_constant<int, 128>{});
+    } else {  // as attention_in_registers_forward and _backward launch the tiles
+      const int query_tiles = (c.query_len + kTile - 1) / kTile;
+      warp_emulation::launch(
+          kBatch * kHeads * query_tiles, kTileThreads, TileLayout::kForwardBytes, [&] {
+            forward_tiled_kernel<Input>(forward, mask, qi, ki, ki + kWidth, r.probs.data(),
+                                        r.out.data(), scale, statistics_only, query_tiles);
+          });
+      warp_emulation::launch(kBatch * kHeads, kTileThreads, tiled_backward_bytes(c.query_len), [&] {
+        const auto args = [&](auto kernel) {
+          kernel(backward, mask, qi, ki, ki + kWidth, r.probs.data(), di, r.dq.data(), r.dkv.data(),
+                 r.dkv.data() + kWidth, scale);
+        };
+        if (statistics_only)
+          args(backward_tiled_kernel<true, Input>);
+        else
+          args(backward_tiled_kernel<false, Input>);
+      });
+    }
     return r;
   };
   const auto run_with = [&](bool statistics_only) {
@@ -252,16 +271,17 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
   }
 }
 
-// Blocks of 64 and of 128 rows; Q, K, V and dO as floats rounded at load and in bfloat16; the
-// weights stored, or the rows' statistics the backward rebuilds them from; causal, window and
-// offset masks, queries and keys of lengths that fill no tile; Q in the rows of a stacked Q|K|V.
+// Blocks of 64 and of 128 rows, and tiles of 64 beyond; Q, K, V and dO as floats rounded at load
+// and in bfloat16; the weights stored, or the rows' statistics the backward rebuilds them from;
+// causal, window and offset masks, queries and keys of lengths that fill no tile; Q in the rows of
+// a stacked Q|K|V.
 INSTANTIATE_TEST_SUITE_P(
     Cases, AttentionInRegistersEmulated,
-    ::testing::Values(Case{64, 64, true, -1, 0, true, true, true},
-                      Case{37, 50, false, -1, 0, false, false},
-                      Case{7, 9, false, 2, 0, false, true}, Case{20, 30, true, -1, 5, true, false},
-                      Case{100, 77, false, -1, 0, true, true, true},
-                      Case{50, 120, false, 9, 0, false, true}),
+    ::testing::Values(
+        Case{64, 64, true, -1, 0, true, true, true}, Case{37, 50, false, -1, 0, false, false},
+        Case{7, 9, false, 2, 0, false, true}, Case{20, 30, true, -1, 5, true, false},
+        Case{100, 77, false, -1, 0, true, true, true}, Case{50, 120, false, 9, 0, false, true},
+        Case{150, 200, true, -1, 40, true, true, true}, Case{129, 70, false, 30, 0, false, false}),
     [](const ::testing::TestParamInfo<Case>& info) {
       const Case& c = info.param;
       return "Tq" + std::to_string(c.query_len) + "Tk" + std::to_string(c.key_len) +

@@ -1440,18 +1440,18 @@ double relative_to_largest(const std::vector<float>& got, const std::vector<Want
 
 // Training in bfloat16 lets the attention's own products round their operands to bfloat16
 // (AttentionShape::products): CUDA's bfloat16 tensor cores for these heads of 64 (blocks of up
-// to 64 and of up to 128 queries and keys), TF32 in its whole-matrix path beyond (129 × 129),
-// the CPU's float32. Each output (out, dQ, dK, dV) within 2^-6 of its largest value of
-// float64's, either on the operands as given (float32, TF32) or rounded to bfloat16 (the tensor
-// cores', where the weights P and dS round too: 2^-9 each); a wrong operand, transpose or mask
-// moves them by ~100%. On CUDA up to 128 × 128 the output is nearer the rounded operands' (the
-// bfloat16 path ran; the 128-row blocks need a device that lends a block 152 KB of shared
-// memory, as A100, H100 and H200 do). Keys and values interleaved in their rows,
-// padding (a sequence of no keys among them), causal and window masks; the rounded copies of the
-// output and of dQ, dK, dV are theirs, rounded (dK's and dV's interleaved as dK and dV are), and
-// the same where they are asked for alone (rounded_out_only, rounded_gradients_only); with the
-// weights kept for the backward alone (weights_for_backward_only: CUDA's tensor-core blocks
-// rebuild them from Q·Kᵀ) every output and gradient is the same to the bit.
+// to 64 and of up to 128 queries and keys, tiles of 64 beyond: 129 × 129; with
+// TFM_CUDA_ATTENTION_IN_REGISTERS=0, TF32 in its whole-matrix path there), the CPU's float32. Each
+// output (out, dQ, dK, dV) within 2^-6 of its largest value of float64's, either on the operands as
+// given (float32, TF32) or rounded to bfloat16 (the tensor cores', where the weights P and dS round
+// too: 2^-9 each); a wrong operand, transpose or mask moves them by ~100%. On CUDA the output is
+// nearer the rounded operands' where the bfloat16 path runs (the 128-row blocks need a device that
+// lends a block 152 KB of shared memory, as A100, H100 and H200 do). Keys and values interleaved in
+// their rows, padding (a sequence of no keys among them), causal and window masks; the rounded
+// copies of the output and of dQ, dK, dV are theirs, rounded (dK's and dV's interleaved as dK and
+// dV are), and the same where they are asked for alone (rounded_out_only, rounded_gradients_only);
+// with the weights kept for the backward alone (weights_for_backward_only: CUDA's tensor-core
+// blocks rebuild them from Q·Kᵀ) every output and gradient is the same to the bit.
 TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
   struct Case {
     int64_t query_len, key_len;
@@ -1483,10 +1483,14 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
     for (size_t i = 0; i < out.size(); ++i)
       ASSERT_EQ(rounded_out[i], float_to_bfloat16(out[i])) << "rounded out " << i;
     // Where CUDA's bfloat16 tensor-core blocks take this case (unless
-    // TFM_CUDA_TENSOR_CORE_ATTENTION is "0").
+    // TFM_CUDA_TENSOR_CORE_ATTENTION is "0"): up to 128 queries and keys, and beyond in tiles
+    // (unless TFM_CUDA_ATTENTION_IN_REGISTERS is "0").
     const char* cores = std::getenv("TFM_CUDA_TENSOR_CORE_ATTENTION");
-    const bool tensor_core_blocks = be().name().rfind("cuda", 0) == 0 && c.query_len <= 128 &&
-                                    c.key_len <= 128 && !(cores && std::string(cores) == "0");
+    const char* registers = std::getenv("TFM_CUDA_ATTENTION_IN_REGISTERS");
+    const bool whole_heads = c.query_len <= 128 && c.key_len <= 128;
+    const bool tiles = !(registers && std::string(registers) == "0");
+    const bool tensor_core_blocks = be().name().rfind("cuda", 0) == 0 &&
+                                    !(cores && std::string(cores) == "0") && (whole_heads || tiles);
     // Whether a float output comes back as staged (0xFF bytes, NaN): the kernel left it alone.
     const auto left_as_staged = [](const std::vector<float>& values) {
       return std::all_of(values.begin(), values.end(), [](float x) { return std::isnan(x); });

@@ -178,19 +178,19 @@ struct VisibleKeys {
   __device__ bool operator()(int key) const { return key >= begin && key < end; }
 };
 
-// The weights of half h of a strip's rows from its scores, in place: softmax_weight of the
-// visible keys, zero elsewhere.
+// The weights of half h of a strip's rows from its scores of keys first_key.., in place:
+// softmax_weight of the visible keys, zero elsewhere.
 template <int kTiles>
 __device__ __forceinline__ void weights_from_scores(Sums<kTiles>& p, int h,
                                                     const VisibleKeys& visible, float scale,
-                                                    float shift, float inverse) {
+                                                    float shift, float inverse, int first_key = 0) {
   const int q = threadIdx.x % 4;
 #pragma unroll
   for (int j = 0; j < kTiles; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float& x = p.d[j][2 * h + e];
-      x = visible(8 * j + 2 * q + e) ? softmax_weight(x, scale, shift, inverse) : 0.f;
+      x = visible(first_key + 8 * j + 2 * q + e) ? softmax_weight(x, scale, shift, inverse) : 0.f;
     }
 }
 
@@ -452,26 +452,406 @@ __global__ void __launch_bounds__(kThreads<kRows>)
               s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
 }
 
+// --- Longer sequences: tiles of 64 queries and 64 keys ---
+// Beyond 128 queries or keys a block cannot hold a head; the same warps' products then run over
+// tiles of 64 keys in turn (FlashAttention's scheme): the forward takes a block per 64 queries of
+// a (sequence, head), the backward a block per (sequence, head), and neither stores more than the
+// rows' statistics (or the weights where asked for them). Shared memory: tiles of 64 rows.
+constexpr int kTile = 64;
+using TileLayout = Layout<kTile>;
+constexpr int kTileThreads = kThreads<kTile>;
+
+// The key tiles [*first, *last) that query rows [first_row, end_row) of sequence b see: the union
+// of their visible ranges, which the masks (causal, window, lengths) make monotone in the row, so
+// that the first row's start and the last row's end bound it. None where the rows see no key.
+__device__ __forceinline__ void key_tiles_seen(const AttentionMask& mask, int64_t key_count,
+                                               int first_row, int end_row, int* first, int* last) {
+  int64_t begin = 0, end = 0, unused = 0;
+  visible_keys(mask, key_count, first_row + mask.query_offset, &begin, &unused);
+  visible_keys(mask, key_count, end_row - 1 + mask.query_offset, &unused, &end);
+  *first = int(begin / kTile);
+  *last = end > begin ? int((end + kTile - 1) / kTile) : *first;
+}
+
+// The rows of a tile from `first` on among `count`: 64, or fewer in the last tile.
+__device__ __forceinline__ int rows_of_tile(int count, int first) {
+  return count - first < kTile ? count - first : kTile;
+}
+
+// Block (b, h, query tile t): rows 64 t.. of attention_forward, as forward_in_registers_kernel's
+// rows, over the keys' tiles in two passes: the first finds each row's largest score and the sum
+// of its exponentials (rescaled as the largest grows), the second makes the weights from those
+// (the ones the backward rebuilds) and sums O = P·V. The weights, where stored, for every key.
+template <typename Input>
+__global__ void __launch_bounds__(kTileThreads)
+    forward_tiled_kernel(AttentionShape s, AttentionMask mask, const Input* q, const Input* k,
+                         const Input* v, float* probs, float* out, float scale,
+                         bool statistics_only, int query_tiles) {
+  TFM_DYNAMIC_SHARED_BYTES(shared_bytes);
+  uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);
+  uint16_t* keys = queries + TileLayout::kHeadMatrix;
+  uint16_t* values = keys + TileLayout::kHeadMatrix;
+  const int64_t head = blockIdx.x / query_tiles, b = head / s.heads, h = head % s.heads;
+  const int tq = int(s.query_len), tk = int(s.key_len);
+  const int first_query = kTile * int(blockIdx.x % query_tiles);
+  const int queries_here = rows_of_tile(tq, first_query);
+  const int64_t key_stride = sequence_stride(s.k_batch_stride, s.key_len, s.k_row_stride);
+  const int64_t value_stride = sequence_stride(s.v_batch_stride, s.key_len, s.v_row_stride);
+  const Input* q_tile = q + (b * s.query_len + first_query) * s.q_row_stride + h * kHead;
+  const Input* k_first = k + b * key_stride + h * kHead;
+  const Input* v_first = v + b * value_stride + h * kHead;
+  const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
+  const int first_row = 16 * (int(threadIdx.x) / 32);  // of the tile
+  const int64_t key_count = sequence_key_count(s, mask, b);
+  float* weights = probs && !statistics_only ? probs : nullptr;
+  float* statistics = probs && statistics_only ? probs + head * s.query_len * s.key_len : nullptr;
+  int first_tile = 0, last_tile = (tk + kTile - 1) / kTile;  // every key where weights are stored
+  if (!weights)
+    key_tiles_seen(mask, key_count, first_query, first_query + queries_here, &first_tile,
+                   &last_tile);
+  const VisibleKeys visible[2] = {VisibleKeys(s, mask, key_count, first_query + first_row + g),
+                                  VisibleKeys(s, mask, key_count, first_query + first_row + g + 8)};
+  load_heads<kTile>({HeadSource<Input>{q_tile, s.q_row_stride, queries_here, queries}});
+  float shift[2] = {-INFINITY, -INFINITY}, total[2] = {0.f, 0.f};
+  for (int tile = first_tile; tile < last_tile; ++tile) {  // the largest score, Σ exp
+    const int first_key = kTile * tile, keys_here = rows_of_tile(tk, first_key);
+    __syncthreads();  // the previous tile's products are done with its keys
+    load_heads<kTile>(
+        {HeadSource<Input>{k_first + first_key * s.k_row_stride, s.k_row_stride, keys_here, keys}});
+    __syncthreads();
+    Sums<TileLayout::kKeyTiles> p;
+    strip_scores<kTile>(queries + first_row * kHeadPitch, keys, p);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float largest = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < TileLayout::kKeyTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (visible[half](first_key + 8 * j + 2 * quad + e))
+            largest = fmaxf(largest, p.d[j][2 * half + e]);
+      const float grown = fmaxf(shift[half], quad_max(largest) * scale);
+      float sum = 0.f;  // nothing visible yet where grown is -inf
+#pragma unroll
+      for (int j = 0; j < TileLayout::kKeyTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (visible[half](first_key + 8 * j + 2 * quad + e))
+            sum += softmax_weight(p.d[j][2 * half + e], scale, grown, 1.f);
+      sum = row_sum<4>(sum);
+      if (grown != -INFINITY) {
+        total[half] = total[half] * expf(shift[half] - grown) + sum;
+        shift[half] = grown;
+      }
+    }
+  }
+  const float inverse[2] = {total[0] > 0.f ? 1.f / total[0] : 0.f,
+                            total[1] > 0.f ? 1.f / total[1] : 0.f};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = first_query + first_row + g + 8 * half;
+    if (statistics && quad == 0 && row < tq) {
+      statistics[2 * row] = shift[half];
+      statistics[2 * row + 1] = inverse[half];
+    }
+  }
+  Sums<kHeadTiles> o;  // O = P·V, tile by tile
+  o.zero();
+  for (int tile = first_tile; tile < last_tile; ++tile) {
+    const int first_key = kTile * tile, keys_here = rows_of_tile(tk, first_key);
+    __syncthreads();
+    load_heads<kTile>(
+        {HeadSource<Input>{k_first + first_key * s.k_row_stride, s.k_row_stride, keys_here, keys},
+         HeadSource<Input>{v_first + first_key * s.v_row_stride, s.v_row_stride, keys_here,
+                           values}});
+    __syncthreads();
+    Sums<TileLayout::kKeyTiles> p;
+    strip_scores<kTile>(queries + first_row * kHeadPitch, keys, p);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      weights_from_scores(p, half, visible[half], scale, shift[half], inverse[half], first_key);
+      const int row = first_query + first_row + g + 8 * half;
+      if (weights && row < tq) {
+        float* weights_row = weights + (head * s.query_len + row) * s.key_len;
+#pragma unroll
+        for (int j = 0; j < TileLayout::kKeyTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = first_key + 8 * j + 2 * quad + e;
+            if (key < tk) weights_row[key] = p.d[j][2 * half + e];
+          }
+      }
+    }
+    LeftOperands<TileLayout::kKeySteps> rounded_weights;
+    rounded_weights.round(p);
+#pragma unroll
+    for (int step = 0; step < TileLayout::kKeySteps; ++step)
+      multiply_add_right<kHeadTiles, true>(o, rounded_weights.a[step], values, kHeadPitch, step);
+  }
+  store_strip(o, first_row, queries_here,
+              out ? out + (b * s.query_len + first_query) * s.out_row_stride + h * kHead : nullptr,
+              s.out_row_stride,
+              s.rounded_out
+                  ? s.rounded_out + ((b * s.query_len + first_query) * s.heads + h) * kHead
+                  : nullptr,
+              s.heads * kHead);
+}
+
+// What the tiled backward's block holds in shared memory: tiles of Q, dO, K, V, P and dS, and each
+// query row's Σ dP·P ([Tq] floats).
+constexpr size_t kTiledBackwardTileBytes = sizeof(uint16_t) * 6 * TileLayout::kHeadMatrix;
+size_t tiled_backward_bytes(int64_t query_len) {
+  return kTiledBackwardTileBytes + sizeof(float) * size_t(query_len);
+}
+
+// A strip's weights of keys first_key.. (a tile): rebuilt from Q·Kᵀ (queries, keys: the tiles in
+// shared memory) and its rows' shift and inverse sum, or read as the forward stored them.
+template <bool kRebuild>
+__device__ __forceinline__ void tile_weights(const AttentionShape& s, const float* stored,
+                                             const uint16_t* strip, const uint16_t* keys,
+                                             const VisibleKeys (&visible)[2], const int (&row)[2],
+                                             float scale, int first_key,
+                                             Sums<TileLayout::kKeyTiles>& p) {
+  const int quad = threadIdx.x % 4;
+  const int tq = int(s.query_len), tk = int(s.key_len);
+  if constexpr (kRebuild) {
+    strip_scores<kTile>(strip, keys, p);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const bool there = row[half] < tq;
+      weights_from_scores(p, half, visible[half], scale, there ? stored[2 * row[half]] : 0.f,
+                          there ? stored[2 * row[half] + 1] : 0.f, first_key);
+    }
+  } else {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < TileLayout::kKeyTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = first_key + 8 * j + 2 * quad + e;
+          p.d[j][2 * half + e] =
+              row[half] < tq && key < tk ? stored[int64_t(row[half]) * tk + key] : 0.f;
+        }
+  }
+}
+
+// dP = dO·Vᵀ for a strip over a tile of keys.
+__device__ __forceinline__ void tile_weight_gradients(const uint16_t* d_out_strip,
+                                                      const uint16_t* values,
+                                                      Sums<TileLayout::kKeyTiles>& dp) {
+  dp.zero();
+#pragma unroll
+  for (int step = 0; step < kHeadSteps; ++step) {
+    uint32_t a[4];
+    load_left<true>(a, d_out_strip, kHeadPitch, step);
+    multiply_add_right<TileLayout::kKeyTiles, false>(dp, a, values, kHeadPitch, step);
+  }
+}
+
+// dS = P ⊙ (dP − dot) · scale over dp, in place: zero past Tq rows and Tk keys.
+__device__ __forceinline__ void score_gradients(const Sums<TileLayout::kKeyTiles>& p,
+                                                const float (&dot)[2], const int (&row)[2],
+                                                int first_key, int tq, int tk, float scale,
+                                                Sums<TileLayout::kKeyTiles>& dp) {
+  const int quad = threadIdx.x % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+#pragma unroll
+    for (int j = 0; j < TileLayout::kKeyTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = dp.d[j][2 * half + e];
+        x = row[half] < tq && first_key + 8 * j + 2 * quad + e < tk
+                ? p.d[j][2 * half + e] * (x - dot[half]) * scale
+                : 0.f;
+      }
+}
+
+// Block (b, h) of attention_backward over tiles: for each tile of queries, each row's Σ dP·P over
+// the key tiles it sees, then dQ = dS·K over them again; then for each tile of keys, dV = Pᵀ·dO
+// and dK = dSᵀ·Q summed over the query tiles that see it, P and dS of each stored in bfloat16 in
+// shared memory so that each warp can take 16 keys (as backward_in_registers_kernel's second
+// half). P rebuilt (kRebuild) or read, as there.
+template <bool kRebuild, typename Input>
+__global__ void __launch_bounds__(kTileThreads)
+    backward_tiled_kernel(AttentionShape s, AttentionMask mask, const Input* q, const Input* k,
+                          const Input* v, const float* probs, const Input* d_out, float* dq,
+                          float* dk, float* dv, float scale) {
+  TFM_DYNAMIC_SHARED_BYTES(shared_bytes);
+  uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);
+  uint16_t* d_outs = queries + TileLayout::kHeadMatrix;
+  uint16_t* keys = d_outs + TileLayout::kHeadMatrix;
+  uint16_t* values = keys + TileLayout::kHeadMatrix;
+  uint16_t* rounded_weights_by_rows = values + TileLayout::kHeadMatrix;  // P, [64 q, 64 keys]
+  uint16_t* gradients_by_rows = rounded_weights_by_rows + TileLayout::kHeadMatrix;      // dS
+  float* dots = reinterpret_cast<float*>(gradients_by_rows + TileLayout::kHeadMatrix);  // [Tq]
+  const HeadRows at(s);
+  const int tq = int(s.query_len), tk = int(s.key_len);
+  const int query_tiles = (tq + kTile - 1) / kTile, key_tiles = (tk + kTile - 1) / kTile;
+  const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
+  const int warp = int(threadIdx.x) / 32, first_row = 16 * warp;
+  const float* stored = probs + at.weights_row(s, 0);  // [Tq, Tk]; kRebuild: [Tq, 2]
+  const int64_t key_count = sequence_key_count(s, mask, at.b);
+  const Input* q_first = at.query(s, q);
+  const Input* k_first = at.key(s, k);
+  const Input* v_first = at.value(s, v);
+  const Input* d_out_first = at.output(s, d_out);
+  const auto load_queries = [&](int first_query, int queries_here) {
+    load_heads<kTile>({HeadSource<Input>{q_first + first_query * s.q_row_stride, s.q_row_stride,
+                                         queries_here, queries},
+                       HeadSource<Input>{d_out_first + first_query * s.out_row_stride,
+                                         s.out_row_stride, queries_here, d_outs}});
+  };
+  const auto load_keys = [&](int first_key, int keys_here) {
+    load_heads<kTile>(
+        {HeadSource<Input>{k_first + first_key * s.k_row_stride, s.k_row_stride, keys_here, keys},
+         HeadSource<Input>{v_first + first_key * s.v_row_stride, s.v_row_stride, keys_here,
+                           values}});
+  };
+  // dQ: a query tile at a time.
+  for (int query_tile = 0; query_tile < query_tiles; ++query_tile) {
+    const int first_query = kTile * query_tile, queries_here = rows_of_tile(tq, first_query);
+    const int row[2] = {first_query + first_row + g, first_query + first_row + g + 8};
+    const VisibleKeys visible[2] = {VisibleKeys(s, mask, key_count, row[0]),
+                                    VisibleKeys(s, mask, key_count, row[1])};
+    int first_tile, last_tile;
+    key_tiles_seen(mask, key_count, first_query, first_query + queries_here, &first_tile,
+                   &last_tile);
+    __syncthreads();  // the last tile's products are done with Q and dO
+    load_queries(first_query, queries_here);
+    float dot[2] = {0.f, 0.f};
+    for (int tile = first_tile; tile < last_tile; ++tile) {  // Σ dP·P
+      const int first_key = kTile * tile;
+      __syncthreads();
+      load_keys(first_key, rows_of_tile(tk, first_key));
+      __syncthreads();
+      Sums<TileLayout::kKeyTiles> p, dp;
+      tile_weights<kRebuild>(s, stored, queries + first_row * kHeadPitch, keys, visible, row, scale,
+                             first_key, p);
+      tile_weight_gradients(d_outs + first_row * kHeadPitch, values, dp);
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int j = 0; j < TileLayout::kKeyTiles; ++j)
+          dot[half] +=
+              dp.d[j][2 * half] * p.d[j][2 * half] + dp.d[j][2 * half + 1] * p.d[j][2 * half + 1];
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      dot[half] = row_sum<4>(dot[half]);
+      if (quad == 0 && row[half] < tq) dots[row[half]] = dot[half];
+    }
+    Sums<kHeadTiles> d;  // dQ = dS·K
+    d.zero();
+    for (int tile = first_tile; tile < last_tile; ++tile) {
+      const int first_key = kTile * tile;
+      __syncthreads();
+      load_keys(first_key, rows_of_tile(tk, first_key));
+      __syncthreads();
+      Sums<TileLayout::kKeyTiles> p, dp;
+      tile_weights<kRebuild>(s, stored, queries + first_row * kHeadPitch, keys, visible, row, scale,
+                             first_key, p);
+      tile_weight_gradients(d_outs + first_row * kHeadPitch, values, dp);
+      score_gradients(p, dot, row, first_key, tq, tk, scale, dp);
+      LeftOperands<TileLayout::kKeySteps> gradients;
+      gradients.round(dp);
+#pragma unroll
+      for (int step = 0; step < TileLayout::kKeySteps; ++step)
+        multiply_add_right<kHeadTiles, true>(d, gradients.a[step], keys, kHeadPitch, step);
+    }
+    store_strip(d, first_row, queries_here,
+                dq ? at.query(s, dq) + first_query * s.q_row_stride : nullptr, s.q_row_stride,
+                s.rounded_dq ? at.query(s, s.rounded_dq) + first_query * s.q_row_stride : nullptr,
+                s.q_row_stride);
+  }
+  // dK and dV: a key tile at a time, over the query tiles that see it.
+  for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
+    const int first_key = kTile * key_tile, keys_here = rows_of_tile(tk, first_key);
+    __syncthreads();  // the last products are done with K and V (and the dots are written)
+    load_keys(first_key, keys_here);
+    Sums<kHeadTiles> d_values, d_keys;
+    d_values.zero();
+    d_keys.zero();
+    for (int query_tile = 0; query_tile < query_tiles; ++query_tile) {
+      const int first_query = kTile * query_tile, queries_here = rows_of_tile(tq, first_query);
+      int first_tile, last_tile;
+      key_tiles_seen(mask, key_count, first_query, first_query + queries_here, &first_tile,
+                     &last_tile);
+      if (key_tile < first_tile || key_tile >= last_tile) continue;  // the whole block alike
+      const int row[2] = {first_query + first_row + g, first_query + first_row + g + 8};
+      const VisibleKeys visible[2] = {VisibleKeys(s, mask, key_count, row[0]),
+                                      VisibleKeys(s, mask, key_count, row[1])};
+      __syncthreads();  // the last query tile's products are done with Q, dO, P and dS
+      load_queries(first_query, queries_here);
+      __syncthreads();
+      Sums<TileLayout::kKeyTiles> p, dp;
+      tile_weights<kRebuild>(s, stored, queries + first_row * kHeadPitch, keys, visible, row, scale,
+                             first_key, p);
+      tile_weight_gradients(d_outs + first_row * kHeadPitch, values, dp);
+      const float dot[2] = {row[0] < tq ? dots[row[0]] : 0.f, row[1] < tq ? dots[row[1]] : 0.f};
+      score_gradients(p, dot, row, first_key, tq, tk, scale, dp);
+      LeftOperands<TileLayout::kKeySteps> rounded_weights, gradients;
+      rounded_weights.round(p);
+      gradients.round(dp);
+      rounded_weights.store(rounded_weights_by_rows + first_row * kHeadPitch, kHeadPitch);
+      gradients.store(gradients_by_rows + first_row * kHeadPitch, kHeadPitch);
+      __syncthreads();
+      const int first_key_of_warp = 16 * warp;  // of the tile
+#pragma unroll
+      for (int step = 0; step < TileLayout::kKeySteps; ++step) {
+        uint32_t a[4];
+        load_left<false>(a, rounded_weights_by_rows + first_key_of_warp, kHeadPitch, step);
+        multiply_add_right<kHeadTiles, true>(d_values, a, d_outs, kHeadPitch, step);
+        load_left<false>(a, gradients_by_rows + first_key_of_warp, kHeadPitch, step);
+        multiply_add_right<kHeadTiles, true>(d_keys, a, queries, kHeadPitch, step);
+      }
+    }
+    const int first_key_of_warp = 16 * warp;
+    store_strip(d_values, first_key_of_warp, keys_here,
+                dv ? at.value(s, dv) + first_key * s.v_row_stride : nullptr, s.v_row_stride,
+                s.rounded_dv ? at.value(s, s.rounded_dv) + first_key * s.v_row_stride : nullptr,
+                s.v_row_stride);
+    store_strip(d_keys, first_key_of_warp, keys_here,
+                dk ? at.key(s, dk) + first_key * s.k_row_stride : nullptr, s.k_row_stride,
+                s.rounded_dk ? at.key(s, s.rounded_dk) + first_key * s.k_row_stride : nullptr,
+                s.k_row_stride);
+  }
+}
+
 }  // namespace
 
 #ifndef TFM_EMULATED_WARPS  // the launches: CUDA only
 namespace {
 
-// Launches `kernel` in a block per (sequence, head) of kThreads<kRows> with `bytes` of dynamic
-// shared memory (beyond the default 48 KB, as the device allows it once asked).
+// Launches `kernel` in `blocks` blocks of `threads` with `bytes` of dynamic shared memory (beyond
+// the default 48 KB, as the device allows it once asked).
+template <typename Kernel, typename... Arguments>
+void launch_blocks(const Context& c, int64_t blocks, int threads, Kernel kernel, size_t bytes,
+                   Arguments... arguments) {
+  TFM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  kernel<<<unsigned(blocks), threads, bytes, c.stream>>>(arguments...);
+}
+// The same in a block per (sequence, head) of kThreads<kRows>.
 template <int kRows, typename Kernel, typename... Arguments>
 void launch_heads(const Context& c, const AttentionShape& s, Kernel kernel, size_t bytes,
                   Arguments... arguments) {
-  TFM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  kernel<<<unsigned(s.batch * s.heads), kThreads<kRows>, bytes, c.stream>>>(arguments...);
+  launch_blocks(c, s.batch * s.heads, kThreads<kRows>, kernel, bytes, arguments...);
 }
 
-// 64 rows where the call's queries and keys fit, else 128.
+// The blocks a call takes: 64 rows where its queries and keys fit, else 128, else tiles.
 bool fits_64_rows(const AttentionShape& s) {
   return std::max(s.query_len, s.key_len) <= 64;
 }
+bool fits_128_rows(const AttentionShape& s) {
+  return std::max(s.query_len, s.key_len) <= 128;
+}
 
 }  // namespace
+
+size_t attention_in_registers_tile_bytes(int64_t query_len) {
+  return std::max(TileLayout::kForwardBytes, tiled_backward_bytes(query_len));
+}
 
 bool attention_in_registers_enabled() {
   static const bool enabled = !turned_off("TFM_CUDA_ATTENTION_IN_REGISTERS");
@@ -484,12 +864,18 @@ void attention_in_registers_forward(const Context& c, const AttentionShape& s,
                                     bool statistics_only) {
   const auto launch = [&](const auto* q_in, const auto* k_in, const auto* v_in) {
     using Input = std::remove_cv_t<std::remove_pointer_t<decltype(q_in)>>;
-    if (fits_64_rows(s))
+    if (fits_64_rows(s)) {
       launch_heads<64>(c, s, forward_in_registers_kernel<64, Input>, Layout<64>::kForwardBytes, s,
                        mask, q_in, k_in, v_in, probs, out, scale, statistics_only);
-    else
+    } else if (fits_128_rows(s)) {
       launch_heads<128>(c, s, forward_in_registers_kernel<128, Input>, Layout<128>::kForwardBytes,
                         s, mask, q_in, k_in, v_in, probs, out, scale, statistics_only);
+    } else {
+      const int query_tiles = int((s.query_len + kTile - 1) / kTile);
+      launch_blocks(c, s.batch * s.heads * query_tiles, kTileThreads, forward_tiled_kernel<Input>,
+                    TileLayout::kForwardBytes, s, mask, q_in, k_in, v_in, probs, out, scale,
+                    statistics_only, query_tiles);
+    }
   };
   if (s.rounded_q)
     launch(s.rounded_q, s.rounded_k, s.rounded_v);
@@ -511,6 +897,17 @@ void attention_in_registers_backward(const Context& c, const AttentionShape& s,
       launch_heads<kRows>(c, s, kernel, Layout<kRows>::kBackwardBytes, s, mask, q_in, k_in, v_in,
                           probs, d_out_in, dq, dk, dv, scale);
     };
+    if (!fits_128_rows(s)) {  // tiles
+      const auto tiled = [&](auto kernel) {
+        launch_blocks(c, s.batch * s.heads, kTileThreads, kernel, tiled_backward_bytes(s.query_len),
+                      s, mask, q_in, k_in, v_in, probs, d_out_in, dq, dk, dv, scale);
+      };
+      if (rebuild_weights)
+        tiled(backward_tiled_kernel<true, Input>);
+      else
+        tiled(backward_tiled_kernel<false, Input>);
+      return;
+    }
     using Rows64 = std::integral_constant<int, 64>;
     using Rows128 = std::integral_constant<int, 128>;
     const bool small = fits_64_rows(s);

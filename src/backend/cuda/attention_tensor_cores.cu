@@ -331,6 +331,9 @@ bool rebuilds_weights(const AttentionShape& s) {
   return enabled && s.weights_for_backward_only && s.key_len >= 2;
 }
 
+// The most queries or keys the tiled kernels take (their shared memory holds a float a query).
+constexpr int64_t kLongestTiled = int64_t(1) << 16;
+
 // The block size a call takes: 64 rows where its queries and keys fit, else 128.
 bool fits_small_blocks(const AttentionShape& s) {
   return std::max(s.query_len, s.key_len) <= 64;
@@ -354,14 +357,19 @@ bool attention_tensor_cores_enabled() {
 
 bool tensor_core_attention_applies(const Context& c, const AttentionShape& s,
                                    const AttentionMask& mask, const AttentionDropout& dropout) {
-  if (!attention_tensor_cores_enabled() || s.products != Precision::kBFloat16 ||
-      !block_per_head_applies(s, mask, dropout, 128))
-    return false;
-  if (fits_small_blocks(s)) return true;
+  if (!attention_tensor_cores_enabled() || s.products != Precision::kBFloat16) return false;
+  const bool whole_heads = block_per_head_applies(s, mask, dropout, 128);
+  if (whole_heads && fits_small_blocks(s)) return true;
+  // Longer sequences: attention_in_registers.cu's tiles of 64 (where the launch's grid allows).
+  const bool tiles = !whole_heads && attention_in_registers_enabled() &&
+                     block_per_head_applies(s, mask, dropout, kLongestTiled) &&
+                     s.batch * s.heads * ((s.query_len + 63) / 64) < int64_t(1) << 31;
+  if (!whole_heads && !tiles) return false;
   int lendable = 0;  // bytes of shared memory the device lends a block (H100: 227 KB, A100: 163)
   TFM_CUDA(cudaDeviceGetAttribute(&lendable, cudaDevAttrMaxSharedMemoryPerBlockOptin, c.device));
   return size_t(lendable) >=
-         std::max(Tiles<128>::kForwardBytes, Tiles<128>::kRebuildingBackwardBytes);
+         (tiles ? attention_in_registers_tile_bytes(s.query_len)
+                : std::max(Tiles<128>::kForwardBytes, Tiles<128>::kRebuildingBackwardBytes));
 }
 
 const char* tensor_core_attention_name(bool forward) {

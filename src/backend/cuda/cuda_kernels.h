@@ -149,7 +149,7 @@ void short_attention_forward(const Context& c, const AttentionShape& s, const At
 bool attention_tensor_cores_enabled();
 // Whether it serves this call: AttentionShape::products kBFloat16 where block_per_head_applies
 // for up to 128 queries and keys (beyond 64, where the device lends a block the shared memory),
-// and tensor cores are enabled.
+// and beyond 128 where attention_in_registers.cu's tiles take it, and tensor cores are enabled.
 bool tensor_core_attention_applies(const Context& c, const AttentionShape& s,
                                    const AttentionMask& mask, const AttentionDropout& dropout);
 // Backend::attention_reads_rounded_inputs: where the tensor-core blocks serve the call, which read
@@ -174,6 +174,9 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
 // Whether tensor_core_attention_forward and _backward hand their calls to the kernels below:
 // not where TFM_CUDA_ATTENTION_IN_REGISTERS=0 (the WMMA blocks then serve them).
 bool attention_in_registers_enabled();
+// The shared memory a block of its tiled kernels (beyond 128 queries or keys) needs for a call of
+// query_len queries.
+size_t attention_in_registers_tile_bytes(int64_t query_len);
 // attention_forward where tensor_core_attention_applies: Q, K and V from q, k, v or (where
 // AttentionShape::rounded_q is given) its bfloat16 copies; out null where only s.rounded_out is
 // asked for; probs null, or the weights ([B, H, Tq, Tk]), or (statistics_only) each row's shift
