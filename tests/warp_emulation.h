@@ -31,6 +31,8 @@ struct Block {
         fibers(size_t(threads)),
         stacks(size_t(threads)),
         finished(size_t(threads), false),
+        waiting_group(size_t(threads), -1),
+        waiting_generation(size_t(threads), 0),
         arrived(size_t(1 + threads / 32), 0),
         generation(size_t(1 + threads / 32), 0) {
     // 16-byte aligned, as the kernels' dynamic shared memory is.
@@ -46,8 +48,17 @@ struct Block {
   std::vector<ucontext_t> fibers;
   std::vector<std::vector<char>> stacks;
   std::vector<bool> finished;
+  // Per thread: the barrier group it waits at (-1: none) and that group's generation then.
+  std::vector<int> waiting_group;
+  std::vector<uint64_t> waiting_generation;
   std::vector<int> arrived;  // per barrier group: 0 the block, 1 + w warp w
   std::vector<uint64_t> generation;
+  // Whether thread t can go on: not finished, and not held at a barrier.
+  bool runnable(int t) const {
+    const int group = waiting_group[size_t(t)];
+    return !finished[size_t(t)] &&
+           (group < 0 || generation[size_t(group)] != waiting_generation[size_t(t)]);
+  }
 };
 
 inline Block* current = nullptr;
@@ -64,8 +75,11 @@ inline void wait(int group, int count) {
     return;
   }
   const int self = thread_index;
+  block.waiting_group[size_t(self)] = group;
+  block.waiting_generation[size_t(self)] = generation;
   while (block.generation[size_t(group)] == generation)
     swapcontext(&block.fibers[size_t(self)], &block.scheduler);
+  block.waiting_group[size_t(self)] = -1;
 }
 inline void warp_wait() {
   wait(1 + thread_index / 32, 32);
@@ -137,17 +151,36 @@ inline void warp_emulation::run_block(int b, int threads, size_t shared_bytes) {
         },
         0);
   }
-  for (bool running = true; running;) {
-    running = false;
-    for (int t = 0; t < threads; ++t) {
-      if (block.finished[size_t(t)]) continue;
-      running = true;
-      threadIdx = make_uint3(unsigned(t), 0, 0);
-      blockIdx = make_uint3(unsigned(b), 0, 0);
-      blockDim = dim3(unsigned(threads));
-      thread_index = t;
-      swapcontext(&block.scheduler, &block.fibers[size_t(t)]);
+  // Each warp in turn runs as far as it can (to a __syncthreads the others have not reached, or
+  // its end) before the next starts: warps far apart, as a GPU may run them, so that a barrier
+  // missing between one warp's reads and another's next stores of shared memory shows. Even
+  // blocks take the warps in order, odd ones in reverse (a missing barrier between stores and
+  // another warp's reads shows in one of the two). A round in which no thread can go on is a
+  // barrier some threads never reach: abort, as a GPU would hang.
+  const int warps = threads / 32;
+  const auto run = [&](int t) {
+    threadIdx = make_uint3(unsigned(t), 0, 0);
+    blockIdx = make_uint3(unsigned(b), 0, 0);
+    blockDim = dim3(unsigned(threads));
+    thread_index = t;
+    swapcontext(&block.scheduler, &block.fibers[size_t(t)]);
+  };
+  for (int unfinished = threads; unfinished > 0;) {
+    bool any_ran = false;
+    for (int turn = 0; turn < warps; ++turn) {
+      const int warp = b % 2 == 0 ? turn : warps - 1 - turn;
+      for (bool ran = true; ran;) {
+        ran = false;
+        for (int t = 32 * warp; t < 32 * warp + 32; ++t)
+          if (block.runnable(t)) {
+            run(t);
+            ran = any_ran = true;
+          }
+      }
     }
+    if (!any_ran) std::abort();
+    unfinished = 0;
+    for (int t = 0; t < threads; ++t) unfinished += block.finished[size_t(t)] ? 0 : 1;
   }
   current = nullptr;
 }

@@ -604,24 +604,36 @@ size_t tiled_backward_bytes(int64_t query_len) {
   return kTiledBackwardTileBytes + sizeof(float) * size_t(query_len);
 }
 
+// A thread's two rows' shift and inverse sum as the forward stored them ([Tq, 2] at `stored`),
+// zero for rows past Tq.
+struct RowStatistics {
+  float shift[2] = {0.f, 0.f}, inverse[2] = {0.f, 0.f};
+  __device__ RowStatistics(const float* stored, const int (&row)[2], int tq) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      if (row[half] < tq) {
+        shift[half] = stored[2 * row[half]];
+        inverse[half] = stored[2 * row[half] + 1];
+      }
+  }
+};
+
 // A strip's weights of keys first_key.. (a tile): rebuilt from Q·Kᵀ (queries, keys: the tiles in
-// shared memory) and its rows' shift and inverse sum, or read as the forward stored them.
+// shared memory) and its rows' statistics, or read as the forward stored them.
 template <bool kRebuild>
 __device__ __forceinline__ void tile_weights(const AttentionShape& s, const float* stored,
-                                             const uint16_t* strip, const uint16_t* keys,
-                                             const VisibleKeys (&visible)[2], const int (&row)[2],
-                                             float scale, int first_key,
+                                             const RowStatistics& statistics, const uint16_t* strip,
+                                             const uint16_t* keys, const VisibleKeys (&visible)[2],
+                                             const int (&row)[2], float scale, int first_key,
                                              Sums<TileLayout::kKeyTiles>& p) {
   const int quad = threadIdx.x % 4;
   const int tq = int(s.query_len), tk = int(s.key_len);
   if constexpr (kRebuild) {
     strip_scores<kTile>(strip, keys, p);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const bool there = row[half] < tq;
-      weights_from_scores(p, half, visible[half], scale, there ? stored[2 * row[half]] : 0.f,
-                          there ? stored[2 * row[half] + 1] : 0.f, first_key);
-    }
+    for (int half = 0; half < 2; ++half)
+      weights_from_scores(p, half, visible[half], scale, statistics.shift[half],
+                          statistics.inverse[half], first_key);
   } else {
 #pragma unroll
     for (int half = 0; half < 2; ++half)
@@ -715,6 +727,7 @@ __global__ void __launch_bounds__(kTileThreads)
     const int row[2] = {first_query + first_row + g, first_query + first_row + g + 8};
     const VisibleKeys visible[2] = {VisibleKeys(s, mask, key_count, row[0]),
                                     VisibleKeys(s, mask, key_count, row[1])};
+    const RowStatistics statistics(kRebuild ? stored : nullptr, row, kRebuild ? tq : 0);
     int first_tile, last_tile;
     key_tiles_seen(mask, key_count, first_query, first_query + queries_here, &first_tile,
                    &last_tile);
@@ -727,8 +740,8 @@ __global__ void __launch_bounds__(kTileThreads)
       load_keys(first_key, rows_of_tile(tk, first_key));
       __syncthreads();
       Sums<TileLayout::kKeyTiles> p, dp;
-      tile_weights<kRebuild>(s, stored, queries + first_row * kHeadPitch, keys, visible, row, scale,
-                             first_key, p);
+      tile_weights<kRebuild>(s, stored, statistics, queries + first_row * kHeadPitch, keys, visible,
+                             row, scale, first_key, p);
       tile_weight_gradients(d_outs + first_row * kHeadPitch, values, dp);
 #pragma unroll
       for (int half = 0; half < 2; ++half)
@@ -750,8 +763,8 @@ __global__ void __launch_bounds__(kTileThreads)
       load_keys(first_key, rows_of_tile(tk, first_key));
       __syncthreads();
       Sums<TileLayout::kKeyTiles> p, dp;
-      tile_weights<kRebuild>(s, stored, queries + first_row * kHeadPitch, keys, visible, row, scale,
-                             first_key, p);
+      tile_weights<kRebuild>(s, stored, statistics, queries + first_row * kHeadPitch, keys, visible,
+                             row, scale, first_key, p);
       tile_weight_gradients(d_outs + first_row * kHeadPitch, values, dp);
       score_gradients(p, dot, row, first_key, tq, tk, scale, dp);
       LeftOperands<TileLayout::kKeySteps> gradients;
@@ -782,12 +795,13 @@ __global__ void __launch_bounds__(kTileThreads)
       const int row[2] = {first_query + first_row + g, first_query + first_row + g + 8};
       const VisibleKeys visible[2] = {VisibleKeys(s, mask, key_count, row[0]),
                                       VisibleKeys(s, mask, key_count, row[1])};
+      const RowStatistics statistics(kRebuild ? stored : nullptr, row, kRebuild ? tq : 0);
       __syncthreads();  // the last query tile's products are done with Q, dO, P and dS
       load_queries(first_query, queries_here);
       __syncthreads();
       Sums<TileLayout::kKeyTiles> p, dp;
-      tile_weights<kRebuild>(s, stored, queries + first_row * kHeadPitch, keys, visible, row, scale,
-                             first_key, p);
+      tile_weights<kRebuild>(s, stored, statistics, queries + first_row * kHeadPitch, keys, visible,
+                             row, scale, first_key, p);
       tile_weight_gradients(d_outs + first_row * kHeadPitch, values, dp);
       const float dot[2] = {row[0] < tq ? dots[row[0]] : 0.f, row[1] < tq ? dots[row[1]] : 0.f};
       score_gradients(p, dot, row, first_key, tq, tk, scale, dp);

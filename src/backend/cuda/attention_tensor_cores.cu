@@ -331,7 +331,9 @@ bool rebuilds_weights(const AttentionShape& s) {
   return enabled && s.weights_for_backward_only && s.key_len >= 2;
 }
 
-// The most queries or keys the tiled kernels take (their shared memory holds a float a query).
+// The most queries or keys the tiled kernels take. Their backward's shared memory also holds a
+// float a query: beyond what the device lends a block (~44,000 queries on an H200, ~28,000 on an
+// A100) the whole-matrix path takes the call.
 constexpr int64_t kLongestTiled = int64_t(1) << 16;
 
 // The block size a call takes: 64 rows where its queries and keys fit, else 128.
