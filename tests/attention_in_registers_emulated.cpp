@@ -210,9 +210,9 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
         }
         for (int64_t j = lo; j < hi; ++j) total += p[size_t(j)] = std::exp(p[size_t(j)] - largest);
         // What the forward stored: the weights, or the row's shift (largest score · scale) and
-        // inverse sum (the float Σ of exp(score · scale − shift)).
+        // inverse sum (the float Σ of exp(score · scale − shift)), [B, H, Tq, 2].
         const size_t weights_row = size_t(((b * kHeads + h) * c.query_len + t) * c.key_len);
-        const size_t statistics = size_t((b * kHeads + h) * c.query_len * c.key_len + 2 * t);
+        const size_t statistics = size_t(((b * kHeads + h) * c.query_len + t) * 2);
         if (c.statistics_only && hi > lo) {
           EXPECT_NEAR(got.probs[statistics], largest, 1e-4 * std::max(1.0, std::fabs(largest)));
           EXPECT_NEAR(got.probs[statistics + 1], 1 / total, 1e-4 / total);
@@ -263,6 +263,11 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
     }
   for (size_t i = 0; i < got.dkv.size(); ++i)
     ASSERT_EQ(got.rounded_dkv[i], to_bfloat16(got.dkv[i])) << "rounded dk | dv " << i;
+  if (c.statistics_only) {  // nothing past the statistics, [B, H, Tq, 2]
+    const size_t kept = size_t(kBatch * kHeads * c.query_len * 2);
+    EXPECT_TRUE(
+        std::all_of(got.probs.begin() + kept, got.probs.end(), [](float x) { return x == 7.f; }));
+  }
   if (c.statistics_only) {  // the weights stored and read instead: the same bits
     const Results stored = run_with(false);
     EXPECT_EQ(stored.out, got.out);

@@ -58,6 +58,10 @@ class HostStagedBackend final : public Backend {
                                       const AttentionDropout& dropout) const override {
     return device_.attention_reads_rounded_inputs(shape, mask, dropout);
   }
+  int64_t attention_weights_floats(const AttentionShape& shape, const AttentionMask& mask,
+                                   const AttentionDropout& dropout) const override {
+    return device_.attention_weights_floats(shape, mask, dropout);
+  }
   int64_t relu_mask_bytes(int64_t m, int64_t n) const override {
     return device_.relu_mask_bytes(m, n);
   }

@@ -38,6 +38,11 @@ bool Backend::attention_reads_rounded_inputs(const AttentionShape&, const Attent
   return false;
 }
 
+int64_t Backend::attention_weights_floats(const AttentionShape& shape, const AttentionMask&,
+                                          const AttentionDropout&) const {
+  return shape.batch * shape.heads * shape.query_len * shape.key_len;
+}
+
 CollectiveDeadline::CollectiveDeadline(const CollectiveWait& wait, std::string prefix,
                                        const char* peers)
     : wait_(wait),

@@ -193,6 +193,13 @@ class Backend {
   virtual bool attention_reads_rounded_inputs(const AttentionShape& shape,
                                               const AttentionMask& mask,
                                               const AttentionDropout& dropout) const;
+  // The floats attention_forward writes into probs for such a call, and its backward reads: by
+  // default the weights, [B, H, Tq, Tk]; a backend whose forward keeps less for its backward
+  // where AttentionShape::weights_for_backward_only lets it (CUDA's tensor-core blocks: each
+  // query row's softmax shift and inverse sum, [B, H, Tq, 2]) says so, and a caller may then
+  // allocate that much alone. The same dependence as attention_reads_rounded_inputs'.
+  virtual int64_t attention_weights_floats(const AttentionShape& shape, const AttentionMask& mask,
+                                           const AttentionDropout& dropout) const;
 
   // --- Layer normalisation and the residual connection (§3.1) --------------------------------
   // y[rows, cols] = (x - mean) / sqrt(var + eps) · gamma + beta per row (biased variance); y may

@@ -220,9 +220,10 @@ struct AttentionShape {
   // with this same shape (the flag included), mask and inputs (a training step without
   // attention dropout): the forward may store there instead whatever its backward rebuilds the
   // weights from, and the buffer's contents are then unspecified otherwise. CUDA's tensor-core
-  // blocks store each query row's softmax shift and inverse sum (two floats a row, at the start
-  // of its (sequence, head)'s weights, where there are at least two keys) and rebuild the
-  // weights from Q·Kᵀ in the backward, to the bit.
+  // blocks store each query row's softmax shift and inverse sum ([B, H, Tq, 2] from the start of
+  // probs, where there are at least two keys: Backend::attention_weights_floats says how much
+  // that is, which the model allocates) and rebuild the weights from Q·Kᵀ in the backward, to
+  // the bit.
   bool weights_for_backward_only = false;
   // The precision the attention's products may multiply in: kFloat32, or kBFloat16 (training in
   // bfloat16, whose projections round to bfloat16 anyway): operands rounded to bfloat16 (nearest

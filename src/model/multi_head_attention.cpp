@@ -43,6 +43,16 @@ bool projects_in_bfloat16(const Backend& backend, const AttentionWeights& w,
   return backend.attention_reads_rounded_inputs(shape, mask, attention_dropout);
 }
 
+// The floats a call's forward keeps for its backward in cache.probs (Backend::
+// attention_weights_floats: the weights [B, H, Tq, Tk], or less). The one answer the plan and
+// the forward take.
+int64_t weight_floats(const Backend& backend, const AttentionShape& shape,
+                      const AttentionMask& mask, float dropout) {
+  AttentionDropout attention_dropout;
+  attention_dropout.p = dropout;
+  return backend.attention_weights_floats(shape, mask, attention_dropout);
+}
+
 // What one attention call projects (project() below): its queries only (cross-attention in
 // incremental decoding: the keys are cached already), or keys and values too, from the same
 // rows (self-attention) or from another sequence (cross-attention).
@@ -84,13 +94,14 @@ template <typename Sizer>
 void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, int64_t query_len,
                      int64_t key_len, float dropout, Projected projected, int64_t memory_rows,
                      bool query_rounded, bool memory_rounded, bool in_bfloat16,
-                     AttentionCache& cache, Sizer& sizer) {
+                     int64_t weight_floats, AttentionCache& cache, Sizer& sizer) {
   const int64_t d = w.q.out, query_rows = batch * query_len;
   const int64_t prob_count = batch * heads * query_len * key_len;
   sizer.need(cache.context, query_rows * d);  // [B, Tq, D]
   if (reads_bfloat16_input(w.o) && query_rows > 0)
-    sizer.need(cache.rounded_context, query_rows * d);                           // [B, Tq, D]
-  if (cache.keep_weights || dropout > 0.f) sizer.need(cache.probs, prob_count);  // [B, H, Tq, Tk]
+    sizer.need(cache.rounded_context, query_rows * d);  // [B, Tq, D]
+  // [B, H, Tq, Tk], or less where the backend keeps less for its backward (weight_floats).
+  if (cache.keep_weights || dropout > 0.f) sizer.need(cache.probs, weight_floats);
   if (dropout > 0.f) sizer.need(cache.dropout_mask, prob_count);
   const bool rounds = rounds_to_bfloat16(w.q);
   if (rounds && !query_rounded && query_rows > 0)
@@ -255,10 +266,10 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   Allocate sizer{backend};
   forward_buffers(w, heads, in.batch, in.query_len, in.key_len, in.dropout, projected, memory_rows,
                   rounded_query != nullptr, rounded_memory != nullptr, cache.projected_in_bfloat16,
-                  cache, sizer);
+                  weight_floats(backend, shape, in.mask, in.dropout), cache, sizer);
   float* context = cache.context.data();                     // [B, Tq, D]
   const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
-  float* probs = keep ? cache.probs.data() : nullptr;        // [B, H, Tq, Tk]
+  float* probs = keep ? cache.probs.data() : nullptr;        // weight_floats
   Projections p = project(backend, w, projected, in.query_input, memory_input, rounded_query,
                           rounded_memory, query_rows, memory_rows, cache);
   const CachedKeysValues* kv = in.cached;
@@ -334,9 +345,14 @@ void plan_multi_head_attention_forward(const Backend& backend, const AttentionWe
   const bool rounds = rounds_to_bfloat16(w.q);
   const bool in_bfloat16 =
       planned_in_bfloat16(backend, w, heads, batch, query_len, key_len, dropout);
+  AttentionInputs whole;
+  whole.batch = batch;
+  whole.query_len = query_len;
+  whole.key_len = key_len;
   forward_buffers(w, heads, batch, query_len, key_len, dropout,
                   self_attention ? Projected::kSelf : Projected::kCross, batch * key_len,
                   rounds && query_rounded, rounds && !self_attention && memory_rounded, in_bfloat16,
+                  weight_floats(backend, attention_shape(w, whole, heads, w.q.out), {}, dropout),
                   cache, plan);
 }
 

@@ -67,7 +67,9 @@ struct AttentionCache {
   DeviceBuffer<uint16_t> rounded_v;  // as v
   bool projected_in_bfloat16 = false;
   DeviceBuffer<float> context;  // [B, Tq, D] heads concatenated (input of W_o)
-  DeviceBuffer<float> probs;    // [B, H, Tq, Tk] softmax before dropout
+  // [B, H, Tq, Tk] softmax before dropout, or what the backend keeps for the backward instead
+  // (Backend::attention_weights_floats, where AttentionShape::weights_for_backward_only).
+  DeviceBuffer<float> probs;
   // Inference sets this to false: the weights are then never stored (attention streams over
   // the keys with an online softmax), and backward cannot run.
   bool keep_weights = true;

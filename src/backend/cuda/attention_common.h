@@ -76,6 +76,11 @@ struct HeadRows {
   __device__ int64_t weights_row(const AttentionShape& s, int64_t t) const {
     return ((b * s.heads + h) * s.query_len + t) * s.key_len;
   }
+  // Row t of the rows' softmax statistics (shift, inverse sum), [B, H, Tq, 2], which the
+  // tensor-core blocks keep instead of the weights where they rebuild them in the backward.
+  __device__ int64_t statistics_row(const AttentionShape& s, int64_t t) const {
+    return ((b * s.heads + h) * s.query_len + t) * 2;
+  }
 };
 
 // rows × cols floats (Source float) or bfloat16 values (Source uint16_t: Q, K and V where a

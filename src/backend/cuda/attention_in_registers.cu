@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads<kRows>, kForwardBlocksAnSm<kRows>)
   Sums<L::kKeyTiles> p;
   strip_scores<kRows>(queries + first_row * kHeadPitch, keys, p);
   const int64_t key_count = sequence_key_count(s, mask, at.b);
-  float* statistics = probs && statistics_only ? probs + at.weights_row(s, 0) : nullptr;
+  float* statistics = probs && statistics_only ? probs + at.statistics_row(s, 0) : nullptr;
   float* weights = probs && !statistics_only ? probs : nullptr;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -356,7 +356,8 @@ __global__ void __launch_bounds__(kThreads<kRows>)
   const int tq = int(s.query_len), tk = int(s.key_len);
   const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
   const int warp = int(threadIdx.x) / 32, first_row = 16 * warp;
-  const float* stored = probs + at.weights_row(s, 0);  // [Tq, Tk]; kRebuild: [Tq, 2]
+  // [Tq, Tk]; kRebuild: each row's statistics, [Tq, 2]
+  const float* stored = probs + (kRebuild ? at.statistics_row(s, 0) : at.weights_row(s, 0));
   float shift[2] = {}, inverse[2] = {};  // kRebuild: the strip's two rows', read with Q, K, V, dO
   if constexpr (kRebuild)
 #pragma unroll
@@ -504,7 +505,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int first_row = 16 * (int(threadIdx.x) / 32);  // of the tile
   const int64_t key_count = sequence_key_count(s, mask, b);
   float* weights = probs && !statistics_only ? probs : nullptr;
-  float* statistics = probs && statistics_only ? probs + head * s.query_len * s.key_len : nullptr;
+  float* statistics = probs && statistics_only ? probs + head * s.query_len * 2 : nullptr;
   int first_tile = 0, last_tile = (tk + kTile - 1) / kTile;  // every key where weights are stored
   if (!weights)
     key_tiles_seen(mask, key_count, first_query, first_query + queries_here, &first_tile,
@@ -703,7 +704,8 @@ __global__ void __launch_bounds__(kTileThreads)
   const int query_tiles = (tq + kTile - 1) / kTile, key_tiles = (tk + kTile - 1) / kTile;
   const int lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
   const int warp = int(threadIdx.x) / 32, first_row = 16 * warp;
-  const float* stored = probs + at.weights_row(s, 0);  // [Tq, Tk]; kRebuild: [Tq, 2]
+  // [Tq, Tk]; kRebuild: each row's statistics, [Tq, 2]
+  const float* stored = probs + (kRebuild ? at.statistics_row(s, 0) : at.weights_row(s, 0));
   const int64_t key_count = sequence_key_count(s, mask, at.b);
   const Input* q_first = at.query(s, q);
   const Input* k_first = at.key(s, k);

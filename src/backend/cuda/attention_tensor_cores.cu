@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kForwardBlocksAnSm<kLen>)
   __syncthreads();
   // The weights into probs, or (statistics_only) each row's shift and inverse sum: [Tq, 2].
   float* weights = probs && !statistics_only ? probs : nullptr;
-  float* statistics = probs && statistics_only ? probs + at.weights_row(s, 0) : nullptr;
+  float* statistics = probs && statistics_only ? probs + at.statistics_row(s, 0) : nullptr;
   softmax_block_rows<kLen>(
       s, mask, at.b, result, T::kPitchResult, scale,
       [&](int t, int j, float w) {
@@ -259,8 +259,9 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
   uint16_t* queries = second;
   const HeadRows at(s);
   const int tq = int(s.query_len), tk = int(s.key_len);
-  const float* weights = probs + at.weights_row(s, 0);  // [Tq, Tk]; kRebuild: [Tq, 2]
-  HeldRows<kLen, kLen, kThreads> held_p;                // the float weights, for dS
+  // [Tq, Tk]; kRebuild: each row's statistics, [Tq, 2]
+  const float* weights = probs + (kRebuild ? at.statistics_row(s, 0) : at.weights_row(s, 0));
+  HeldRows<kLen, kLen, kThreads> held_p;  // the float weights, for dS
   HeldRows<kLen, kHead, kThreads, Input> held_d_out, held_v;
   if constexpr (kRebuild) {
     float* row_statistics = result + T::kResultMatrix;  // [kLen, 2]
@@ -323,9 +324,9 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
 }
 
 // Whether a call's forward stores the rows' statistics instead of its weights, and its backward
-// rebuilds them (AttentionShape::weights_for_backward_only; two keys at least, so that a
-// (sequence, head)'s Tq × Tk weights hold its Tq × 2 statistics). TFM_CUDA_REBUILT_WEIGHTS=0
-// stores and reads the weights instead, to compare.
+// rebuilds them (AttentionShape::weights_for_backward_only; two keys at least, so that the
+// statistics, [B, H, Tq, 2] from the start of probs, take no more than the weights would).
+// TFM_CUDA_REBUILT_WEIGHTS=0 stores and reads the weights instead, to compare.
 bool rebuilds_weights(const AttentionShape& s) {
   static const bool enabled = !turned_off("TFM_CUDA_REBUILT_WEIGHTS");
   return enabled && s.weights_for_backward_only && s.key_len >= 2;
@@ -379,6 +380,14 @@ const char* tensor_core_attention_name(bool forward) {
     return forward ? "attention_forward (bfloat16, in registers)"
                    : "attention_backward (bfloat16, in registers)";
   return forward ? "attention_forward (bfloat16, WMMA)" : "attention_backward (bfloat16, WMMA)";
+}
+
+int64_t attention_weights_floats(const Context& c, const AttentionShape& s,
+                                 const AttentionMask& mask, const AttentionDropout& dropout) {
+  if (s.batch * s.heads * s.query_len > 0 && rebuilds_weights(s) &&
+      tensor_core_attention_applies(c, s, mask, dropout))
+    return s.batch * s.heads * s.query_len * 2;  // [B, H, Tq, 2]
+  return s.batch * s.heads * s.query_len * s.key_len;
 }
 
 bool attention_reads_rounded_inputs(const Context& c, const AttentionShape& s,

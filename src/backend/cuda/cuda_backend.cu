@@ -173,6 +173,10 @@ class CudaBackend final : public Backend {
                                       const AttentionDropout& dropout) const override {
     return cuda::attention_reads_rounded_inputs(c_, shape, mask, dropout);
   }
+  int64_t attention_weights_floats(const AttentionShape& shape, const AttentionMask& mask,
+                                   const AttentionDropout& dropout) const override {
+    return cuda::attention_weights_floats(c_, shape, mask, dropout);
+  }
   void attention_backward(const AttentionShape& shape, const AttentionMask& mask, const float* q,
                           const float* k, const float* v, const float* probs,
                           const AttentionDropout& dropout, const float* d_out, float* dq, float* dk,

@@ -160,6 +160,10 @@ bool attention_reads_rounded_inputs(const Context& c, const AttentionShape& s,
 // The profile's name for a forward (or backward) these blocks serve: which kernels take it
 // (attention_in_registers.cu's, or the WMMA ones).
 const char* tensor_core_attention_name(bool forward);
+// Backend::attention_weights_floats: [B, H, Tq, 2] where these blocks serve the call and keep
+// each row's statistics for the backward (rebuilds its weights), else the weights' count.
+int64_t attention_weights_floats(const Context& c, const AttentionShape& s,
+                                 const AttentionMask& mask, const AttentionDropout& dropout);
 // attention_forward (probs may be null) and attention_backward (from the stored probs, or what
 // the forward stored there instead: AttentionShape::weights_for_backward_only) there.
 void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
@@ -180,7 +184,7 @@ size_t attention_in_registers_tile_bytes(int64_t query_len);
 // attention_forward where tensor_core_attention_applies: Q, K and V from q, k, v or (where
 // AttentionShape::rounded_q is given) its bfloat16 copies; out null where only s.rounded_out is
 // asked for; probs null, or the weights ([B, H, Tq, Tk]), or (statistics_only) each row's shift
-// and inverse sum ([B, H, Tq, 2] at the start of each head's weights).
+// and inverse sum ([B, H, Tq, 2]: attention_weights_floats).
 void attention_in_registers_forward(const Context& c, const AttentionShape& s,
                                     const AttentionMask& mask, const float* q, const float* k,
                                     const float* v, float* probs, float* out, float scale,
