@@ -292,7 +292,11 @@ void staged_attention_forward(const Backend& device, const AttentionShape& shape
   const auto in = read_attention_inputs(st, shape, sequences, q, k, v);
   const auto rounded = read_attention_inputs(st, shape, sequences, shape.rounded_q, shape.rounded_k,
                                              shape.rounded_v);
-  const auto hprobs = st.write(probs, attention_weights(shape));
+  // What the device keeps there (Backend::attention_weights_floats), the weights on the 16-bit
+  // cache's path.
+  const auto hprobs =
+      st.write(probs, dropout ? device.attention_weights_floats(shape, mask, *dropout)
+                              : attention_weights(shape));
   const auto hout = st.write(out, matrix_extent(query_rows, width, shape.out_row_stride),
                              matrix_rows(query_rows, width, shape.out_row_stride));
   const auto hrounded = st.write(shape.rounded_out, query_rows * width);
@@ -528,7 +532,7 @@ void HostStagedBackend::attention_backward(const AttentionShape& shape, const At
   const auto in = read_attention_inputs(st, shape, sequences, q, k, v);
   const auto rounded = read_attention_inputs(st, shape, sequences, shape.rounded_q, shape.rounded_k,
                                              shape.rounded_v);
-  const auto hprobs = st.read(probs, attention_weights(shape));
+  const auto hprobs = st.read(probs, device_.attention_weights_floats(shape, mask, dropout));
   const auto hmask = st.read(dropout.mask, attention_weights(shape));
   const auto hd_out = st.read(d_out, matrix_extent(query_rows, width, shape.out_row_stride));
   const auto hrounded_d_out =

@@ -45,7 +45,7 @@ bool projects_in_bfloat16(const Backend& backend, const AttentionWeights& w,
 
 // The floats a call's forward keeps for its backward in cache.probs (Backend::
 // attention_weights_floats: the weights [B, H, Tq, Tk], or less). The one answer the plan and
-// the forward take.
+// the forward take (a forward over cached rows keeps the weights: no backward reads them).
 int64_t weight_floats(const Backend& backend, const AttentionShape& shape,
                       const AttentionMask& mask, float dropout) {
   AttentionDropout attention_dropout;
@@ -266,7 +266,9 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
   Allocate sizer{backend};
   forward_buffers(w, heads, in.batch, in.query_len, in.key_len, in.dropout, projected, memory_rows,
                   rounded_query != nullptr, rounded_memory != nullptr, cache.projected_in_bfloat16,
-                  weight_floats(backend, shape, in.mask, in.dropout), cache, sizer);
+                  in.cached ? in.batch * heads * in.query_len * in.key_len  // over cached rows
+                            : weight_floats(backend, shape, in.mask, in.dropout),
+                  cache, sizer);
   float* context = cache.context.data();                     // [B, Tq, D]
   const bool keep = cache.keep_weights || in.dropout > 0.f;  // dropout needs the weights
   float* probs = keep ? cache.probs.data() : nullptr;        // weight_floats
