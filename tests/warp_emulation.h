@@ -18,6 +18,8 @@
 #include <functional>
 #include <vector>
 
+#include "tensor/float16.h"
+
 namespace warp_emulation {
 
 // One block's threads (fibers), its barriers, the slots its warps exchange through and its
@@ -243,8 +245,9 @@ inline void multiply_add(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uin
   slot(2, lane) = uint64_t(b0) | uint64_t(b1) << 32;
   warp_wait();
   float left[16][16], right[16][8];
+  // The h-th bfloat16 value of a slot (four a slot, the first in the low bits).
   const auto half = [](uint64_t word, int h) {
-    return bits_float(uint32_t(word >> (16 * h)) << 16);
+    return tfm::bfloat16_to_float(uint16_t(word >> (16 * h)));
   };
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, q = l % 4;

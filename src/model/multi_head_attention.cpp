@@ -326,15 +326,21 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
 
 namespace {
 
-// projects_in_bfloat16 for a plan: the shape the forward's call will have, its mask's key_batch
-// null.
-bool planned_in_bfloat16(const Backend& backend, const AttentionWeights& w, int64_t heads,
-                         int64_t batch, int64_t query_len, int64_t key_len, float dropout) {
+// The shape a plan's forward call will have (its mask's key_batch null, as a plan's mask is).
+AttentionShape planned_shape(const AttentionWeights& w, int64_t heads, int64_t batch,
+                             int64_t query_len, int64_t key_len) {
   AttentionInputs whole;
   whole.batch = batch;
   whole.query_len = query_len;
   whole.key_len = key_len;
-  return projects_in_bfloat16(backend, w, attention_shape(w, whole, heads, w.q.out), {}, dropout);
+  return attention_shape(w, whole, heads, w.q.out);
+}
+
+// projects_in_bfloat16 for a plan.
+bool planned_in_bfloat16(const Backend& backend, const AttentionWeights& w, int64_t heads,
+                         int64_t batch, int64_t query_len, int64_t key_len, float dropout) {
+  return projects_in_bfloat16(backend, w, planned_shape(w, heads, batch, query_len, key_len), {},
+                              dropout);
 }
 
 }  // namespace
@@ -347,15 +353,12 @@ void plan_multi_head_attention_forward(const Backend& backend, const AttentionWe
   const bool rounds = rounds_to_bfloat16(w.q);
   const bool in_bfloat16 =
       planned_in_bfloat16(backend, w, heads, batch, query_len, key_len, dropout);
-  AttentionInputs whole;
-  whole.batch = batch;
-  whole.query_len = query_len;
-  whole.key_len = key_len;
-  forward_buffers(w, heads, batch, query_len, key_len, dropout,
-                  self_attention ? Projected::kSelf : Projected::kCross, batch * key_len,
-                  rounds && query_rounded, rounds && !self_attention && memory_rounded, in_bfloat16,
-                  weight_floats(backend, attention_shape(w, whole, heads, w.q.out), {}, dropout),
-                  cache, plan);
+  forward_buffers(
+      w, heads, batch, query_len, key_len, dropout,
+      self_attention ? Projected::kSelf : Projected::kCross, batch * key_len,
+      rounds && query_rounded, rounds && !self_attention && memory_rounded, in_bfloat16,
+      weight_floats(backend, planned_shape(w, heads, batch, query_len, key_len), {}, dropout),
+      cache, plan);
 }
 
 void plan_multi_head_attention_backward(const Backend& backend, const AttentionWeights& w,

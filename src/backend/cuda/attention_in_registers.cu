@@ -147,19 +147,51 @@ __device__ __forceinline__ void multiply_add_right(Sums<kTiles>& sums, const uin
   }
 }
 
+// sums = strip · Mᵀ over a head's width: a warp's 16 rows (`strip`: its first) by the 8 kTiles
+// rows of M (K or V), both in shared memory kHeadPitch apart. S = Q·Kᵀ, dP = dO·Vᵀ.
+template <int kTiles>
+__device__ __forceinline__ void strip_by_rows_of(const uint16_t* strip, const uint16_t* m,
+                                                 Sums<kTiles>& sums) {
+  sums.zero();
+#pragma unroll
+  for (int step = 0; step < kHeadSteps; ++step) {
+    uint32_t a[4];
+    load_left<true>(a, strip, kHeadPitch, step);
+    multiply_add_right<kTiles, false>(sums, a, m, kHeadPitch, step);
+  }
+}
+
+// sums += A·M: a warp's left operands A in registers (16 rows × 16 kSteps: P, dS) by the first
+// 16 kSteps rows of M (V, K: a head's width, kHeadPitch apart). O = P·V, dQ = dS·K.
+template <int kSteps>
+__device__ __forceinline__ void multiply_add_rows(const LeftOperands<kSteps>& left,
+                                                  const uint16_t* m, Sums<kHeadTiles>& sums) {
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step)
+    multiply_add_right<kHeadTiles, true>(sums, left.a[step], m, kHeadPitch, step);
+}
+
+// sums += Wᵀ·M for a warp's 16 columns of W (`columns`: its first; 16 kSteps rows `pitch` apart:
+// P or dS stored by query rows) and M's rows (dO, Q: a head's width, kHeadPitch apart), W read
+// in place, transposed. dV = Pᵀ·dO, dK = dSᵀ·Q.
+template <int kSteps>
+__device__ __forceinline__ void multiply_add_columns(const uint16_t* columns, int pitch,
+                                                     const uint16_t* m, Sums<kHeadTiles>& sums) {
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    uint32_t a[4];
+    load_left<false>(a, columns, pitch, step);
+    multiply_add_right<kHeadTiles, true>(sums, a, m, kHeadPitch, step);
+  }
+}
+
 // S = Q·Kᵀ for a warp's 16 query rows (`strip`: its first row of Q) over a block's kRows keys:
 // the one product of the forward's scores and of the backward that rebuilds the weights from
 // them, so that both sum alike, to the bit.
 template <int kRows>
 __device__ __forceinline__ void strip_scores(const uint16_t* strip, const uint16_t* keys,
                                              Sums<Layout<kRows>::kKeyTiles>& scores) {
-  scores.zero();
-#pragma unroll
-  for (int step = 0; step < kHeadSteps; ++step) {
-    uint32_t a[4];
-    load_left<true>(a, strip, kHeadPitch, step);
-    multiply_add_right<Layout<kRows>::kKeyTiles, false>(scores, a, keys, kHeadPitch, step);
-  }
+  strip_by_rows_of(strip, keys, scores);
 }
 
 // Σ (or the largest) of a row's values over the four lanes that hold it.
@@ -327,9 +359,7 @@ __global__ void __launch_bounds__(kThreads<kRows>, kForwardBlocksAnSm<kRows>)
   rounded_weights.round(p);
   Sums<kHeadTiles> o;  // O = P·V
   o.zero();
-#pragma unroll
-  for (int step = 0; step < L::kKeySteps; ++step)
-    multiply_add_right<kHeadTiles, true>(o, rounded_weights.a[step], values, kHeadPitch, step);
+  multiply_add_rows(rounded_weights, values, o);
   store_strip(o, first_row, tq, out ? at.output(s, out) : nullptr, s.out_row_stride,
               at.dense_row(s, s.rounded_out, s.query_len), s.heads * kHead);
 }
@@ -395,13 +425,7 @@ __global__ void __launch_bounds__(kThreads<kRows>)
     }
   }
   Sums<L::kKeyTiles> dp;  // dP = dO·Vᵀ, then dS over it
-  dp.zero();
-#pragma unroll
-  for (int step = 0; step < kHeadSteps; ++step) {
-    uint32_t a[4];
-    load_left<true>(a, d_outs + first_row * kHeadPitch, kHeadPitch, step);
-    multiply_add_right<L::kKeyTiles, false>(dp, a, values, kHeadPitch, step);
-  }
+  strip_by_rows_of(d_outs + first_row * kHeadPitch, values, dp);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = first_row + g + 8 * h;
@@ -423,9 +447,7 @@ __global__ void __launch_bounds__(kThreads<kRows>)
   rounded_weights.round(p);
   Sums<kHeadTiles> d;  // dQ = dS·K
   d.zero();
-#pragma unroll
-  for (int step = 0; step < L::kKeySteps; ++step)
-    multiply_add_right<kHeadTiles, true>(d, gradients.a[step], keys, kHeadPitch, step);
+  multiply_add_rows(gradients, keys, d);
   store_strip(d, first_row, tq, dq ? at.query(s, dq) : nullptr, s.q_row_stride,
               s.rounded_dq ? at.query(s, s.rounded_dq) : nullptr, s.q_row_stride);
   __syncthreads();  // every warp's reads of K and V done: P and dS take their place
@@ -434,21 +456,12 @@ __global__ void __launch_bounds__(kThreads<kRows>)
   __syncthreads();
   const int first_key = 16 * warp;  // the warp's keys from here on
   d.zero();                         // dV = Pᵀ·dO
-#pragma unroll
-  for (int step = 0; step < L::kKeySteps; ++step) {
-    uint32_t a[4];
-    load_left<false>(a, rounded_weights_by_rows + first_key, kKeyPitch<kRows>, step);
-    multiply_add_right<kHeadTiles, true>(d, a, d_outs, kHeadPitch, step);
-  }
+  multiply_add_columns<L::kKeySteps>(rounded_weights_by_rows + first_key, kKeyPitch<kRows>, d_outs,
+                                     d);
   store_strip(d, first_key, tk, dv ? at.value(s, dv) : nullptr, s.v_row_stride,
               s.rounded_dv ? at.value(s, s.rounded_dv) : nullptr, s.v_row_stride);
   d.zero();  // dK = dSᵀ·Q
-#pragma unroll
-  for (int step = 0; step < L::kKeySteps; ++step) {
-    uint32_t a[4];
-    load_left<false>(a, gradients_by_rows + first_key, kKeyPitch<kRows>, step);
-    multiply_add_right<kHeadTiles, true>(d, a, queries, kHeadPitch, step);
-  }
+  multiply_add_columns<L::kKeySteps>(gradients_by_rows + first_key, kKeyPitch<kRows>, queries, d);
   store_strip(d, first_key, tk, dk ? at.key(s, dk) : nullptr, s.k_row_stride,
               s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
 }
@@ -585,9 +598,7 @@ __global__ void __launch_bounds__(kTileThreads)
     }
     LeftOperands<TileLayout::kKeySteps> rounded_weights;
     rounded_weights.round(p);
-#pragma unroll
-    for (int step = 0; step < TileLayout::kKeySteps; ++step)
-      multiply_add_right<kHeadTiles, true>(o, rounded_weights.a[step], values, kHeadPitch, step);
+    multiply_add_rows(rounded_weights, values, o);
   }
   store_strip(o, first_row, queries_here,
               out ? out + (b * s.query_len + first_query) * s.out_row_stride + h * kHead : nullptr,
@@ -646,19 +657,6 @@ __device__ __forceinline__ void tile_weights(const AttentionShape& s, const floa
           p.d[j][2 * half + e] =
               row[half] < tq && key < tk ? stored[int64_t(row[half]) * tk + key] : 0.f;
         }
-  }
-}
-
-// dP = dO·Vᵀ for a strip over a tile of keys.
-__device__ __forceinline__ void tile_weight_gradients(const uint16_t* d_out_strip,
-                                                      const uint16_t* values,
-                                                      Sums<TileLayout::kKeyTiles>& dp) {
-  dp.zero();
-#pragma unroll
-  for (int step = 0; step < kHeadSteps; ++step) {
-    uint32_t a[4];
-    load_left<true>(a, d_out_strip, kHeadPitch, step);
-    multiply_add_right<TileLayout::kKeyTiles, false>(dp, a, values, kHeadPitch, step);
   }
 }
 
@@ -744,7 +742,7 @@ __global__ void __launch_bounds__(kTileThreads)
       Sums<TileLayout::kKeyTiles> p, dp;
       tile_weights<kRebuild>(s, stored, statistics, queries + first_row * kHeadPitch, keys, visible,
                              row, scale, first_key, p);
-      tile_weight_gradients(d_outs + first_row * kHeadPitch, values, dp);
+      strip_by_rows_of(d_outs + first_row * kHeadPitch, values, dp);
 #pragma unroll
       for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -767,13 +765,11 @@ __global__ void __launch_bounds__(kTileThreads)
       Sums<TileLayout::kKeyTiles> p, dp;
       tile_weights<kRebuild>(s, stored, statistics, queries + first_row * kHeadPitch, keys, visible,
                              row, scale, first_key, p);
-      tile_weight_gradients(d_outs + first_row * kHeadPitch, values, dp);
+      strip_by_rows_of(d_outs + first_row * kHeadPitch, values, dp);
       score_gradients(p, dot, row, first_key, tq, tk, scale, dp);
       LeftOperands<TileLayout::kKeySteps> gradients;
       gradients.round(dp);
-#pragma unroll
-      for (int step = 0; step < TileLayout::kKeySteps; ++step)
-        multiply_add_right<kHeadTiles, true>(d, gradients.a[step], keys, kHeadPitch, step);
+      multiply_add_rows(gradients, keys, d);
     }
     store_strip(d, first_row, queries_here,
                 dq ? at.query(s, dq) + first_query * s.q_row_stride : nullptr, s.q_row_stride,
@@ -781,6 +777,7 @@ __global__ void __launch_bounds__(kTileThreads)
                 s.q_row_stride);
   }
   // dK and dV: a key tile at a time, over the query tiles that see it.
+  const int first_key_of_warp = 16 * warp;  // of the tile
   for (int key_tile = 0; key_tile < key_tiles; ++key_tile) {
     const int first_key = kTile * key_tile, keys_here = rows_of_tile(tk, first_key);
     __syncthreads();  // the last products are done with K and V (and the dots are written)
@@ -804,7 +801,7 @@ __global__ void __launch_bounds__(kTileThreads)
       Sums<TileLayout::kKeyTiles> p, dp;
       tile_weights<kRebuild>(s, stored, statistics, queries + first_row * kHeadPitch, keys, visible,
                              row, scale, first_key, p);
-      tile_weight_gradients(d_outs + first_row * kHeadPitch, values, dp);
+      strip_by_rows_of(d_outs + first_row * kHeadPitch, values, dp);
       const float dot[2] = {row[0] < tq ? dots[row[0]] : 0.f, row[1] < tq ? dots[row[1]] : 0.f};
       score_gradients(p, dot, row, first_key, tq, tk, scale, dp);
       LeftOperands<TileLayout::kKeySteps> rounded_weights, gradients;
@@ -813,17 +810,11 @@ __global__ void __launch_bounds__(kTileThreads)
       rounded_weights.store(rounded_weights_by_rows + first_row * kHeadPitch, kHeadPitch);
       gradients.store(gradients_by_rows + first_row * kHeadPitch, kHeadPitch);
       __syncthreads();
-      const int first_key_of_warp = 16 * warp;  // of the tile
-#pragma unroll
-      for (int step = 0; step < TileLayout::kKeySteps; ++step) {
-        uint32_t a[4];
-        load_left<false>(a, rounded_weights_by_rows + first_key_of_warp, kHeadPitch, step);
-        multiply_add_right<kHeadTiles, true>(d_values, a, d_outs, kHeadPitch, step);
-        load_left<false>(a, gradients_by_rows + first_key_of_warp, kHeadPitch, step);
-        multiply_add_right<kHeadTiles, true>(d_keys, a, queries, kHeadPitch, step);
-      }
+      multiply_add_columns<TileLayout::kKeySteps>(rounded_weights_by_rows + first_key_of_warp,
+                                                  kHeadPitch, d_outs, d_values);
+      multiply_add_columns<TileLayout::kKeySteps>(gradients_by_rows + first_key_of_warp, kHeadPitch,
+                                                  queries, d_keys);
     }
-    const int first_key_of_warp = 16 * warp;
     store_strip(d_values, first_key_of_warp, keys_here,
                 dv ? at.value(s, dv) + first_key * s.v_row_stride : nullptr, s.v_row_stride,
                 s.rounded_dv ? at.value(s, s.rounded_dv) + first_key * s.v_row_stride : nullptr,
