@@ -16,8 +16,9 @@
 #include <vector>
 
 #define TFM_EMULATED_WARPS
+#define TFM_EMULATED_KERNELS_ONLY
 #include "warp_emulation.h"
-// The kernels themselves (their launches are CUDA's own: left out under TFM_EMULATED_WARPS).
+// The kernels themselves (their launches left out: TFM_EMULATED_KERNELS_ONLY).
 #include "backend/cuda/attention_in_registers.cu"
 
 namespace tfm {

@@ -23,6 +23,9 @@
 #include "backend/backend.h"
 #include "backend/device_buffer.h"
 #include "backend/device_tensors.h"
+#ifdef TFM_EMULATED_CUDA_TESTS
+#include "emulated_cuda_backend.h"
+#endif
 #include "guard_page_backend.h"
 #include "host_staged_backend.h"
 #include "skip_report.h"
@@ -57,6 +60,20 @@ class BackendOps : public ::testing::TestWithParam<const Backend*> {
   }
 };
 
+std::string backend_name(const ::testing::TestParamInfo<const Backend*>& info) {
+  return info.param->name();
+}
+
+#ifdef TFM_EMULATED_CUDA_TESTS
+// The emulated_cuda_tests binary: the CUDA backend's own kernels, run on the CPU
+// (emulated_cuda_backend.h), through every test below, staged as a GPU's are.
+const Backend* staged_emulated_cuda() {
+  static const HostStagedBackend staged(emulated_cuda_backend());
+  return &staged;
+}
+INSTANTIATE_TEST_SUITE_P(EmulatedCuda, BackendOps, ::testing::Values(staged_emulated_cuda()),
+                         backend_name);
+#else
 // The tests pass host pointers (std::vector data): a backend whose memory is the host's is
 // tested as it is, any other through a HostStagedBackend that copies each operation's arguments
 // into its memory and the results back (host_staged_backend.h).
@@ -69,10 +86,6 @@ const std::vector<const Backend*>& backends_under_test() {
     return list;
   }();
   return backends;
-}
-
-std::string backend_name(const ::testing::TestParamInfo<const Backend*>& info) {
-  return info.param->name();
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryBackend, BackendOps, ::testing::ValuesIn(backends_under_test()),
@@ -103,6 +116,7 @@ TEST(Backends, CpuIsRegisteredFirstAndUnknownDevicesAreRefused) {
     EXPECT_NE(std::string(e.what()).find("cpu"), std::string::npos);
   }
 }
+#endif  // TFM_EMULATED_CUDA_TESTS
 
 // --- Matrix products --------------------------------------------------------------------------
 
@@ -1482,14 +1496,14 @@ TEST_P(BackendOps, AttentionInBFloat16ProductsStaysNearFloat64) {
                            out.data(), {});
     for (size_t i = 0; i < out.size(); ++i)
       ASSERT_EQ(rounded_out[i], float_to_bfloat16(out[i])) << "rounded out " << i;
-    // Where CUDA's bfloat16 tensor-core blocks take this case (unless
+    // Where CUDA's bfloat16 tensor-core blocks (or their emulated copy's) take this case (unless
     // TFM_CUDA_TENSOR_CORE_ATTENTION is "0"): up to 128 queries and keys, and beyond in tiles
     // (unless TFM_CUDA_ATTENTION_IN_REGISTERS is "0").
     const char* cores = std::getenv("TFM_CUDA_TENSOR_CORE_ATTENTION");
     const char* registers = std::getenv("TFM_CUDA_ATTENTION_IN_REGISTERS");
     const bool whole_heads = c.query_len <= 128 && c.key_len <= 128;
     const bool tiles = !(registers && std::string(registers) == "0");
-    const bool tensor_core_blocks = be().name().rfind("cuda", 0) == 0 &&
+    const bool tensor_core_blocks = be().name().find("cuda") != std::string::npos &&
                                     !(cores && std::string(cores) == "0") && (whole_heads || tiles);
     // Whether a float output comes back as staged (0xFF bytes, NaN): the kernel left it alone.
     const auto left_as_staged = [](const std::vector<float>& values) {

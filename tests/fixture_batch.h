@@ -35,7 +35,21 @@ inline std::vector<std::string> fixture_names(const std::string& suffix = ".io.s
 struct FixtureOnDevice {
   std::string fixture;
   std::string device;  // Backend::name(): "cpu", "cuda", "cuda:1"
+  // A test's own backend, which find_backend does not know (tests/emulated_cuda_backend.h), or
+  // null: the registered backend named `device`.
+  const Backend* backend = nullptr;
 };
+// The backend a case runs on.
+inline const Backend& backend_of(const FixtureOnDevice& c) {
+  return c.backend ? *c.backend : find_backend(c.device);
+}
+// Every fixture on one backend of a test's own.
+inline std::vector<FixtureOnDevice> on_backend(const std::vector<std::string>& fixtures,
+                                               const Backend& backend) {
+  std::vector<FixtureOnDevice> cases;
+  for (const std::string& fixture : fixtures) cases.push_back({fixture, backend.name(), &backend});
+  return cases;
+}
 inline std::vector<FixtureOnDevice> on_every_device(const std::vector<std::string>& fixtures) {
   std::vector<FixtureOnDevice> cases;
   for (const Backend* backend : available_backends())

@@ -10,6 +10,9 @@
 #include <random>
 
 #include "backend/backend.h"
+#ifdef TFM_EMULATED_CUDA_TESTS
+#include "emulated_cuda_backend.h"
+#endif
 #include "fixture_batch.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
@@ -42,7 +45,7 @@ void expect_tensor_near(const Tensor& actual, const Tensor& expected, const std:
 // A fixture's model on one backend, its batch and PyTorch's loss and gradients on it.
 struct GradientFixture {
   explicit GradientFixture(const testing_support::FixtureOnDevice& c)
-      : GradientFixture(c.fixture, find_backend(c.device)) {}
+      : GradientFixture(c.fixture, testing_support::backend_of(c)) {}
   GradientFixture(const std::string& name, const Backend& backend)
       : model(load_model(std::string(TFM_FIXTURE_DIR) + "/" + name + ".safetensors", backend)),
         expected(read_safetensors(std::string(TFM_FIXTURE_DIR) + "/" + name + ".grads.safetensors")
@@ -112,7 +115,7 @@ const std::map<std::string, BFloat16GradientBound> kBFloat16GradientBounds = {
 };
 
 TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
-  const Backend& backend = find_backend(GetParam().device);
+  const Backend& backend = testing_support::backend_of(GetParam());
   if (!backend.supports(Precision::kBFloat16))
     GTEST_SKIP() << testing_support::cannot_compute(backend, Precision::kBFloat16);
   const auto measured = kBFloat16GradientBounds.find(GetParam().fixture);
@@ -168,7 +171,7 @@ TEST_P(GradientParity, BFloat16GradientsStayWithinItsRounding) {
 // shape may change, can move a rounding by 2^-8: 2e-3 there. A wrong stride, block or bias
 // moves them by ~100%.
 TEST_P(GradientParity, StackedProjectionsAreTheSeparateProducts) {
-  const Backend& backend = find_backend(GetParam().device);
+  const Backend& backend = testing_support::backend_of(GetParam());
   if (!backend.supports(Precision::kBFloat16))
     GTEST_SKIP() << testing_support::cannot_compute(backend, Precision::kBFloat16);
   const GradientFixture f(GetParam());
@@ -260,12 +263,22 @@ TEST_P(GradientParity, StackedProjectionsAreTheSeparateProducts) {
   }
 }
 
+#ifdef TFM_EMULATED_CUDA_TESTS
+// The emulated_cuda_tests binary: the CUDA backend's own kernels run on the CPU
+// (emulated_cuda_backend.h), products the CPU's.
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, GradientParity,
+    ::testing::ValuesIn(testing_support::on_backend(
+        testing_support::fixture_names(".grads.safetensors"), emulated_cuda_backend())),
+    [](const auto& info) { return testing_support::fixture_on_device_name(info.param); });
+#else
 INSTANTIATE_TEST_SUITE_P(Fixtures, GradientParity,
                          ::testing::ValuesIn(testing_support::on_every_device(
                              testing_support::fixture_names(".grads.safetensors"))),
                          [](const auto& info) {
                            return testing_support::fixture_on_device_name(info.param);
                          });
+#endif
 
 }  // namespace
 }  // namespace tfm

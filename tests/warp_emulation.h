@@ -1,60 +1,128 @@
-// A host emulation of what src/backend/cuda/warp_matrix.h gives a kernel (ldmatrix, mma.sync's
-// m16n8k16 bfloat16 product, the block's dynamic shared memory) and of the CUDA built-ins those
-// kernels use (threadIdx, blockIdx, __syncthreads, __shfl_xor_sync), so that a kernel written
-// for them runs on the CPU: each thread of a block is a fiber (ucontext) that one OS thread runs
-// in turn, and a warp's collective instructions exchange their lanes' operands through slots
-// between two barriers of its 32 threads. The operand layouts are the PTX ISA's (mma.m16n8k16
+// A host emulation of what the CUDA backend's kernels are written for, so that they run on the
+// CPU: the launch (launch_kernel, cuda_common.h's one way to start a kernel), the built-ins they
+// name (threadIdx, blockIdx, blockDim, gridDim, __syncthreads, the warp's shuffles, votes and
+// __syncwarp, atomicAdd, the bit casts), shared memory (static __shared__ arrays, and the dynamic
+// bytes of TFM_DYNAMIC_SHARED), and what warp_matrix.h gives attention_in_registers.cu (ldmatrix,
+// mma.sync's m16n8k16 bfloat16 product). Each thread of a block is a fiber (its own stack) that one
+// OS thread runs in turn; a warp's collective instructions exchange their lanes' operands through
+// slots between two barriers of its threads. The operand layouts are the PTX ISA's (mma.m16n8k16
 // with .bf16 operands; ldmatrix .m8n8.x4, plain and .trans), written here from its tables, not
-// from the kernels. Slow (two switches of fiber a lane and collective): small blocks, in tests.
+// from the kernels. Slow (two switches of fiber a lane and collective): small launches, in tests.
+//
+// Include it first, with TFM_EMULATED_WARPS defined (cuda_common.h then leaves launch_kernel and
+// TFM_DYNAMIC_SHARED to it), and then the kernels' source files.
 #pragma once
 
-#include <ucontext.h>
+#include <cuda_runtime.h>
 #include <vector_functions.h>
 #include <vector_types.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/float16.h"
 
 namespace warp_emulation {
 
+// A fiber's saved state is its stack pointer: switch_fiber(&from, to) saves the calling fiber's
+// callee-saved registers and floating-point control words on its stack, stores its stack pointer
+// in `from` and resumes the fiber whose stack pointer is `to`. Written for x86-64 (System V)
+// because swapcontext asks the kernel for the signal mask at every switch, which made the
+// emulation spend half its time in system calls. Weak: every test binary including this header
+// may define it.
+extern "C" void tfm_emulation_switch_fiber(void** from, void* to);
+asm(R"(
+  .text
+  .weak tfm_emulation_switch_fiber
+  .type tfm_emulation_switch_fiber, @function
+tfm_emulation_switch_fiber:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size tfm_emulation_switch_fiber, .-tfm_emulation_switch_fiber
+)");
+static_assert(sizeof(void*) == 8, "the fiber switch is x86-64's");
+
+// The stack pointer of a fiber that starts in `entry` (which must never return) on the stack
+// [stack, stack + bytes): the frame tfm_emulation_switch_fiber pops, its return address entry's.
+inline void* start_fiber(char* stack, size_t bytes, void (*entry)()) {
+  auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15);
+  auto* words = reinterpret_cast<uint64_t*>(top);
+  *--words = 0;                                  // entry's own return address: none
+  *--words = reinterpret_cast<uint64_t>(entry);  // where the switch's ret goes
+  for (int i = 0; i < 6; ++i) *--words = 0;      // rbp, rbx, r12-r15
+  *--words = uint64_t(0x037F) << 32 | 0x1F80;    // x87 control word, MXCSR: the defaults
+  return words;
+}
+
 // One block's threads (fibers), its barriers, the slots its warps exchange through and its
-// shared memory.
+// dynamic shared memory. Threads are numbered as CUDA numbers them (x fastest), warps as runs of
+// 32 of those numbers; the last warp may have fewer lanes.
 struct Block {
   Block(int threads, size_t shared_bytes)
       : threads(threads),
+        warps((threads + 31) / 32),
         shared_bytes(shared_bytes),
-        slots(3, std::vector<uint64_t>(size_t(threads))),
+        slots(3, std::vector<uint64_t>(size_t(32 * warps))),
         shared(shared_bytes + 16, 0xAB),
         fibers(size_t(threads)),
-        stacks(size_t(threads)),
         finished(size_t(threads), false),
         waiting_group(size_t(threads), -1),
         waiting_generation(size_t(threads), 0),
-        arrived(size_t(1 + threads / 32), 0),
-        generation(size_t(1 + threads / 32), 0) {
+        arrived(size_t(1 + warps), 0),
+        generation(size_t(1 + warps), 0) {
     // 16-byte aligned, as the kernels' dynamic shared memory is.
     base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(shared.data()) + 15) &
                                             ~uintptr_t(15));
   }
-  int threads;
+  int threads, warps;
   size_t shared_bytes;                       // what the launch gave, from base on
-  std::vector<std::vector<uint64_t>> slots;  // [3][threads]: what each lane hands its warp
+  std::vector<std::vector<uint64_t>> slots;  // [3][32 · warps]: what each lane hands its warp
   std::vector<unsigned char> shared;
   unsigned char* base = nullptr;
-  ucontext_t scheduler;
-  std::vector<ucontext_t> fibers;
-  std::vector<std::vector<char>> stacks;
+  void* scheduler = nullptr;  // the scheduler's stack pointer while a fiber runs
+  std::vector<void*> fibers;  // each suspended fiber's
   std::vector<bool> finished;
+  int finished_count = 0;
   // Per thread: the barrier group it waits at (-1: none) and that group's generation then.
   std::vector<int> waiting_group;
   std::vector<uint64_t> waiting_generation;
   std::vector<int> arrived;  // per barrier group: 0 the block, 1 + w warp w
   std::vector<uint64_t> generation;
+  int lanes_of(int warp) const { return threads - 32 * warp < 32 ? threads - 32 * warp : 32; }
+  // The threads a barrier of `group` waits for: the block's that have not returned (a thread that
+  // has returned no longer holds up __syncthreads), or every lane of a warp.
+  int expected(int group) const {
+    return group == 0 ? threads - finished_count : lanes_of(group - 1);
+  }
+  void release(int group) {
+    arrived[size_t(group)] = 0;
+    ++generation[size_t(group)];
+  }
   // Whether thread t can go on: not finished, and not held at a barrier.
   bool runnable(int t) const {
     const int group = waiting_group[size_t(t)];
@@ -67,28 +135,34 @@ inline Block* current = nullptr;
 inline int thread_index = 0;
 inline const std::function<void()>* current_kernel = nullptr;
 
-// Returns once all `count` threads of `group` have called it, the other fibers running meanwhile.
-inline void wait(int group, int count) {
+// Returns once all the threads `group` expects have called it, the other fibers running
+// meanwhile.
+inline void wait(int group) {
   Block& block = *current;
   const uint64_t generation = block.generation[size_t(group)];
-  if (++block.arrived[size_t(group)] == count) {
-    block.arrived[size_t(group)] = 0;
-    ++block.generation[size_t(group)];
+  if (++block.arrived[size_t(group)] == block.expected(group)) {
+    block.release(group);
     return;
   }
   const int self = thread_index;
   block.waiting_group[size_t(self)] = group;
   block.waiting_generation[size_t(self)] = generation;
   while (block.generation[size_t(group)] == generation)
-    swapcontext(&block.fibers[size_t(self)], &block.scheduler);
+    tfm_emulation_switch_fiber(&block.fibers[size_t(self)], block.scheduler);
   block.waiting_group[size_t(self)] = -1;
 }
 inline void warp_wait() {
-  wait(1 + thread_index / 32, 32);
+  wait(1 + thread_index / 32);
 }
 // Slot k of lane `lane` of the calling thread's warp.
 inline uint64_t& slot(int k, int lane) {
   return current->slots[size_t(k)][size_t((thread_index & ~31) + lane)];
+}
+inline int lane() {
+  return thread_index % 32;
+}
+inline int lanes() {
+  return current->lanes_of(thread_index / 32);
 }
 inline uint32_t float_bits(float f) {
   uint32_t u;
@@ -100,22 +174,57 @@ inline float bits_float(uint32_t u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// A value of up to 8 bytes through a slot, and back.
+template <typename T>
+uint64_t to_slot(T value) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
+  uint64_t word = 0;
+  std::memcpy(&word, &value, sizeof(T));
+  return word;
+}
+template <typename T>
+T from_slot(uint64_t word) {
+  T value;
+  std::memcpy(&value, &word, sizeof(T));
+  return value;
+}
+// Every lane of the warp hands in `value` and gets lane source(lane)'s (its own where source
+// gives a lane the warp does not have).
+template <typename T, typename Source>
+T exchange(T value, Source source) {
+  const int self = lane();
+  slot(0, self) = to_slot(value);
+  warp_wait();
+  const int from = source(self);
+  const T got = from >= 0 && from < lanes() ? from_slot<T>(slot(0, from)) : value;
+  warp_wait();
+  return got;
+}
 
-// Runs kernel() as `blocks` blocks of `threads` threads with `shared_bytes` of shared memory.
-void launch(int blocks, int threads, size_t shared_bytes, const std::function<void()>& kernel);
-void run_block(int b, int threads, size_t shared_bytes);
+// Runs kernel() over `grid` blocks of `block` threads with `shared_bytes` of dynamic shared memory.
+void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& kernel);
+void run_block(dim3 grid, dim3 block, unsigned b, size_t shared_bytes);
 
 }  // namespace warp_emulation
 
-// The CUDA built-ins, as the kernels name them.
+// The CUDA built-ins, as the kernels name them. __shared__ arrays are one per kernel (static),
+// which is a block's own because blocks run one after another.
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
+#undef __shared__
+#define __shared__ static
+#define TFM_DYNAMIC_SHARED(Type, name) \
+  Type* name = reinterpret_cast<Type*>(warp_emulation::current->base)
 inline uint3 threadIdx;
 inline uint3 blockIdx;
 inline dim3 blockDim;
+inline dim3 gridDim;
 inline void __syncthreads() {
-  warp_emulation::wait(0, warp_emulation::current->threads);
+  warp_emulation::wait(0);
+}
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  warp_emulation::warp_wait();
 }
 inline uint32_t __float_as_uint(float f) {
   return warp_emulation::float_bits(f);
@@ -123,57 +232,111 @@ inline uint32_t __float_as_uint(float f) {
 inline float __uint_as_float(uint32_t u) {
   return warp_emulation::bits_float(u);
 }
-inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
+inline int __float_as_int(float f) {
+  return int(warp_emulation::float_bits(f));
+}
+inline float __int_as_float(int i) {
+  return warp_emulation::bits_float(uint32_t(i));
+}
+inline float __fmul_rn(float a, float b) {
+  return a * b;
+}
+inline float __fadd_rn(float a, float b) {
+  return a + b;
+}
+inline float rsqrtf(float x) {
+  return 1.f / std::sqrt(x);
+}
+inline int __popc(unsigned x) {
+  return __builtin_popcount(x);
+}
+inline int __ffs(int x) {
+  return __builtin_ffs(x);
+}
+// One OS thread runs every fiber, switching only inside the built-ins above: each read-modify-write
+// is whole, as an atomic is.
+template <typename T>
+T atomicAdd(T* address, T value) {
+  const T old = *address;
+  *address = old + value;
+  return old;
+}
+template <typename T>
+T __shfl_xor_sync(unsigned, T value, int lane_mask, int width = 32) {
+  return warp_emulation::exchange(value, [&](int lane) {
+    const int from = lane ^ lane_mask;
+    return from / width == lane / width ? from : lane;
+  });
+}
+template <typename T>
+T __shfl_sync(unsigned, T value, int source_lane, int width = 32) {
+  return warp_emulation::exchange(
+      value, [&](int lane) { return lane / width * width + source_lane % width; });
+}
+template <typename T>
+T __shfl_up_sync(unsigned, T value, unsigned delta, int width = 32) {
+  return warp_emulation::exchange(
+      value, [&](int lane) { return lane % width >= int(delta) ? lane - int(delta) : lane; });
+}
+inline unsigned __ballot_sync(unsigned, int predicate) {
   using namespace warp_emulation;
-  const int lane = thread_index % 32;
-  slot(0, lane) = float_bits(value);
+  slot(0, lane()) = predicate ? 1 : 0;
   warp_wait();
-  const float other = bits_float(uint32_t(slot(0, lane ^ lane_mask)));
+  unsigned bits = 0;
+  for (int l = 0; l < lanes(); ++l) bits |= unsigned(slot(0, l)) << l;
   warp_wait();
-  return other;
+  return bits;
+}
+inline int __any_sync(unsigned mask, int predicate) {
+  return __ballot_sync(mask, predicate) != 0;
 }
 
-// Block b of a launch, its fibers run in turn until every one has returned.
-inline void warp_emulation::run_block(int b, int threads, size_t shared_bytes) {
+// Block b (numbered x fastest) of a launch, its fibers run in turn until every one has returned.
+inline void warp_emulation::run_block(dim3 grid, dim3 block_shape, unsigned b,
+                                      size_t shared_bytes) {
   constexpr size_t kStackBytes = 256 << 10;
+  // Stacks kept from launch to launch (not cleared: a fiber writes before it reads).
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  const int threads = int(block_shape.x * block_shape.y * block_shape.z);
+  while (stacks.size() < size_t(threads)) stacks.emplace_back(new char[kStackBytes]);
   Block block(threads, shared_bytes);
   current = &block;
-  for (int t = 0; t < threads; ++t) {
-    ucontext_t& fiber = block.fibers[size_t(t)];
-    block.stacks[size_t(t)].resize(kStackBytes);
-    getcontext(&fiber);
-    fiber.uc_stack.ss_sp = block.stacks[size_t(t)].data();
-    fiber.uc_stack.ss_size = kStackBytes;
-    fiber.uc_link = &block.scheduler;  // where a fiber goes when its kernel returns
-    makecontext(
-        &fiber,
-        +[] {
+  for (int t = 0; t < threads; ++t)
+    block.fibers[size_t(t)] = start_fiber(
+        stacks[size_t(t)].get(), kStackBytes, +[] {
           (*current_kernel)();
-          current->finished[size_t(thread_index)] = true;
-        },
-        0);
-  }
-  // Each warp in turn runs as far as it can (to a __syncthreads the others have not reached, or
-  // its end) before the next starts: warps far apart, as a GPU may run them, so that a barrier
+          Block& finishing = *current;
+          finishing.finished[size_t(thread_index)] = true;
+          ++finishing.finished_count;
+          // A __syncthreads the others wait at no longer waits for this thread.
+          if (finishing.arrived[0] > 0 && finishing.arrived[0] == finishing.expected(0))
+            finishing.release(0);
+          void* done;  // never resumed
+          tfm_emulation_switch_fiber(&done, finishing.scheduler);
+        });
+  // Each warp in turn runs as far as it can (to a barrier the others have not reached, or its
+  // end) before the next starts: warps far apart, as a GPU may run them, so that a barrier
   // missing between one warp's reads and another's next stores of shared memory shows. Even
   // blocks take the warps in order, odd ones in reverse (a missing barrier between stores and
   // another warp's reads shows in one of the two). A round in which no thread can go on is a
   // barrier some threads never reach: abort, as a GPU would hang.
-  const int warps = threads / 32;
+  const int warps = block.warps;
   const auto run = [&](int t) {
-    threadIdx = make_uint3(unsigned(t), 0, 0);
-    blockIdx = make_uint3(unsigned(b), 0, 0);
-    blockDim = dim3(unsigned(threads));
+    threadIdx = make_uint3(unsigned(t) % block_shape.x, unsigned(t) / block_shape.x % block_shape.y,
+                           unsigned(t) / (block_shape.x * block_shape.y));
+    blockIdx = make_uint3(b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y));
+    blockDim = block_shape;
+    gridDim = grid;
     thread_index = t;
-    swapcontext(&block.scheduler, &block.fibers[size_t(t)]);
+    tfm_emulation_switch_fiber(&block.scheduler, block.fibers[size_t(t)]);
   };
-  for (int unfinished = threads; unfinished > 0;) {
+  while (block.finished_count < threads) {
     bool any_ran = false;
     for (int turn = 0; turn < warps; ++turn) {
       const int warp = b % 2 == 0 ? turn : warps - 1 - turn;
       for (bool ran = true; ran;) {
         ran = false;
-        for (int t = 32 * warp; t < 32 * warp + 32; ++t)
+        for (int t = 32 * warp; t < 32 * warp + block.lanes_of(warp); ++t)
           if (block.runnable(t)) {
             run(t);
             ran = any_ran = true;
@@ -181,24 +344,31 @@ inline void warp_emulation::run_block(int b, int threads, size_t shared_bytes) {
       }
     }
     if (!any_ran) std::abort();
-    unfinished = 0;
-    for (int t = 0; t < threads; ++t) unfinished += block.finished[size_t(t)] ? 0 : 1;
   }
   current = nullptr;
 }
 
-inline void warp_emulation::launch(int blocks, int threads, size_t shared_bytes,
+inline void warp_emulation::launch(dim3 grid, dim3 block, size_t shared_bytes,
                                    const std::function<void()>& kernel) {
   current_kernel = &kernel;
-  for (int b = 0; b < blocks; ++b) run_block(b, threads, shared_bytes);
+  const unsigned blocks = grid.x * grid.y * grid.z;
+  for (unsigned b = 0; b < blocks; ++b) run_block(grid, block, b, shared_bytes);
   current_kernel = nullptr;  // the kernel lives no longer than the call
 }
 
-// warp_matrix.h's interface.
 namespace tfm {
-namespace cuda {
+// cuda_common.h's launch_kernel: the kernel over the grid, its parameters converted as a launch
+// converts them.
+template <typename... Parameters, typename... Arguments>
+void launch_kernel(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t, const Arguments&... arguments) {
+  warp_emulation::launch(grid, block, shared_bytes, [&] { kernel(Parameters(arguments)...); });
+}
+}  // namespace tfm
 
-#define TFM_DYNAMIC_SHARED_BYTES(name) unsigned char* name = warp_emulation::current->base
+// warp_matrix.h's interface (in tfm, where the kernels' namespace, tfm::cuda or its emulated
+// copy's, finds it).
+namespace tfm {
 
 // ldmatrix .m8n8.x4 (.trans): lane l addresses row l % 8 of matrix l / 8; lane l receives, of
 // matrix i, row l / 4's elements 2 (l % 4) and 2 (l % 4) + 1 (transposed: column l / 4's), the
@@ -206,7 +376,7 @@ namespace cuda {
 // memory, aborts, as it faults on a GPU.
 inline void emulated_load_matrices(uint32_t (&r)[4], const uint16_t* row, bool transposed) {
   using namespace warp_emulation;
-  const int lane = thread_index % 32;
+  const int lane = warp_emulation::lane();
   const auto* bytes = reinterpret_cast<const unsigned char*>(row);
   if (bytes < current->base || (bytes - current->base) % 16 != 0 ||
       size_t(bytes - current->base) + 16 > current->shared_bytes)
@@ -273,5 +443,4 @@ inline void multiply_add(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uin
   d[3] += dot(g + 8, 2 * q + 1);
 }
 
-}  // namespace cuda
 }  // namespace tfm

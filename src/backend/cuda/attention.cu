@@ -75,7 +75,7 @@ __global__ void attention_forward_kernel(AttentionShape s, AttentionMask mask, c
                                          const Element* k, const Element* v, float* probs,
                                          float* scratch, float* out, AttentionDropout dropout,
                                          float scale) {
-  extern __shared__ float shared_memory[];
+  TFM_DYNAMIC_SHARED(float, shared_memory);
   __shared__ float reduce[32];
   const int64_t index = blockIdx.x;
   const QueryAt at(s, mask, index);
@@ -212,7 +212,7 @@ template <typename Element>
 __global__ void attention_query_warp_kernel(AttentionShape s, AttentionMask mask, const float* q,
                                             const Element* k, const Element* v, float* probs,
                                             float* out, float scale) {
-  extern __shared__ float shared_memory[];
+  TFM_DYNAMIC_SHARED(float, shared_memory);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t index = int64_t(blockIdx.x) * kQueryWarps + warp;
   if (index >= s.batch * s.heads * s.query_len) return;  // no block barrier follows
@@ -304,7 +304,7 @@ template <typename Element, int kHead>
 __global__ void attention_query_lanes_kernel(AttentionShape s, AttentionMask mask, const float* q,
                                              const Element* k, const Element* v, float* probs,
                                              float* out, float scale) {
-  extern __shared__ float shared_memory[];
+  TFM_DYNAMIC_SHARED(float, shared_memory);
   constexpr int kWord = SixteenBytes<Element>::kCount;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t index = int64_t(blockIdx.x) * kQueryWarps + warp;
@@ -365,7 +365,7 @@ __global__ void attention_backward_kernel(AttentionShape s, AttentionMask mask, 
                                           AttentionDropout dropout, const float* d_out,
                                           float* scratch, float* dq, float* dk, float* dv,
                                           float* d_additive_v, float scale) {
-  extern __shared__ float shared_memory[];
+  TFM_DYNAMIC_SHARED(float, shared_memory);
   __shared__ float reduce[32];
   const int64_t index = blockIdx.x;
   const int64_t t = index % s.query_len, pair = index / s.query_len;
@@ -498,7 +498,8 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
     const unsigned grid = unsigned((blocks + kQueryWarps - 1) / kQueryWarps);
     const size_t bytes = shared_bytes_for(lanes_shared);
     const auto launch = [&](auto kernel) {
-      kernel<<<grid, 32 * kQueryWarps, bytes, c.stream>>>(s, mask, q, k, v, probs, out, scale);
+      launch_kernel(kernel, grid, 32 * kQueryWarps, bytes, c.stream, s, mask, q, k, v, probs, out,
+                    scale);
     };
     if (s.head_dim == 32)
       launch(attention_query_lanes_kernel<Element, 32>);
@@ -511,9 +512,9 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
   }
   if (dot_scores && s.head_dim <= 32 * kMaxLaneColumns &&
       int64_t(shared_bytes_for(warp_scores)) <= kSharedLimit) {
-    attention_query_warp_kernel<Element>
-        <<<unsigned((blocks + kQueryWarps - 1) / kQueryWarps), 32 * kQueryWarps,
-           shared_bytes_for(warp_scores), c.stream>>>(s, mask, q, k, v, probs, out, scale);
+    launch_kernel(attention_query_warp_kernel<Element>,
+                  unsigned((blocks + kQueryWarps - 1) / kQueryWarps), 32 * kQueryWarps,
+                  shared_bytes_for(warp_scores), c.stream, s, mask, q, k, v, probs, out, scale);
     check_launch("attention_forward (a query per warp)");
     return;
   }
@@ -521,9 +522,9 @@ void launch_forward(const Context& c, const AttentionShape& s, const AttentionMa
   Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
   const size_t shared_bytes =
       shared_bytes_for(s.head_dim + (probs || !in_shared ? 0 : round_up4(s.key_len)));
-  attention_forward_kernel<Element>
-      <<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
-          s, mask, q, k, v, probs, in_shared ? nullptr : scratch.as<float>(), out, dropout, scale);
+  launch_kernel(attention_forward_kernel<Element>, unsigned(blocks), kAttentionThreads,
+                shared_bytes, c.stream, s, mask, q, k, v, probs,
+                in_shared ? nullptr : scratch.as<float>(), out, dropout, scale);
   check_launch("attention_forward");
   round_output(c, s, out);
 }
@@ -594,8 +595,8 @@ void backward_in_float32(const Context& c, const AttentionShape& s, const Attent
     return;
   }
   if (s.batch * s.key_len * s.heads * s.head_dim > 0) {
-    zero_key_rows_kernel<<<blocks_for(s.batch * s.key_len * s.heads * s.head_dim), kThreads, 0,
-                           c.stream>>>(s, dk, dv);
+    launch_kernel(zero_key_rows_kernel, blocks_for(s.batch * s.key_len * s.heads * s.head_dim),
+                  kThreads, 0, c.stream, s, dk, dv);
     check_launch("attention_backward (zero dK, dV)");
   }
   if (blocks == 0) return;
@@ -603,9 +604,10 @@ void backward_in_float32(const Context& c, const AttentionShape& s, const Attent
   Scratch scratch(c, in_shared ? 0 : blocks * s.key_len * int64_t(sizeof(float)));
   const size_t shared_bytes =
       shared_bytes_for(2 * s.head_dim + (in_shared ? round_up4(s.key_len) : 0));
-  attention_backward_kernel<<<unsigned(blocks), kAttentionThreads, shared_bytes, c.stream>>>(
-      s, mask, q, k, v, probs, dropout, d_out, in_shared ? nullptr : scratch.as<float>(), dq, dk,
-      dv, d_additive_v, attention_score_scale(s.score.kind, s.head_dim));
+  launch_kernel(attention_backward_kernel, unsigned(blocks), kAttentionThreads, shared_bytes,
+                c.stream, s, mask, q, k, v, probs, dropout, d_out,
+                in_shared ? nullptr : scratch.as<float>(), dq, dk, dv, d_additive_v,
+                attention_score_scale(s.score.kind, s.head_dim));
   check_launch("attention_backward");
 }
 

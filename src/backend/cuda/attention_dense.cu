@@ -108,8 +108,8 @@ void head_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64
   const float** a_pointers = pointers.as<const float*>();
   const float** b_pointers = a_pointers + count;
   float** c_pointers = pointers.as<float*>() + 2 * count;
-  head_pointers_kernel<<<blocks_for(count), kThreads, 0, c.stream>>>(
-      a, b, out, heads, count, a_pointers, b_pointers, c_pointers);
+  launch_kernel(head_pointers_kernel, blocks_for(count), kThreads, 0, c.stream, a, b, out, heads,
+                count, a_pointers, b_pointers, c_pointers);
   check_launch("attention (head pointers)");
   const float alpha = 1.f, beta = 0.f;
   std::lock_guard<std::mutex> lock(c.blas_mutex);
@@ -165,10 +165,11 @@ void dense_attention_forward(const Context& c, const AttentionShape& s, const At
                {q, s.q_row_stride, s.query_len * s.q_row_stride, d},
                {k, s.k_row_stride, k_stride, d},
                {scores, s.key_len, s.heads * pair_size, pair_size}, s.batch, s.heads, s.products);
-  masked_softmax_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream>>>(
-      s, mask, scores, attention_score_scale(s.score.kind, s.head_dim),
-      dropout.p > 0.f ? dropout.mask : nullptr, dropout.p > 0.f ? 1.f / (1.f - dropout.p) : 1.f,
-      dropout.p > 0.f ? dropped.as<float>() : nullptr);
+  launch_kernel(masked_softmax_kernel, row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream, s, mask,
+                scores, attention_score_scale(s.score.kind, s.head_dim),
+                dropout.p > 0.f ? dropout.mask : nullptr,
+                dropout.p > 0.f ? 1.f / (1.f - dropout.p) : 1.f,
+                dropout.p > 0.f ? dropped.as<float>() : nullptr);
   check_launch("attention_forward (softmax)");
   const float* weights = dropout.p > 0.f ? dropped.as<float>() : scores;
   // O[Tq, d] = P'·V per sequence and head
@@ -211,9 +212,9 @@ void dense_attention_backward(const Context& c, const AttentionShape& s, const A
   // dP[Tq, Tk] = dO·Vᵀ
   head_product(c, false, true, s.query_len, s.key_len, d, d_out_by_head,
                {v, s.v_row_stride, v_stride, d}, d_scores_by_head, s.batch, s.heads, s.products);
-  softmax_backward_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream>>>(
-      rows, s.key_len, probs, d_scores, attention_score_scale(s.score.kind, s.head_dim),
-      dropping ? dropout.mask : nullptr, keep_scale);
+  launch_kernel(softmax_backward_kernel, row_blocks(rows), 32 * kRowsPerBlock, 0, c.stream, rows,
+                s.key_len, probs, d_scores, attention_score_scale(s.score.kind, s.head_dim),
+                dropping ? dropout.mask : nullptr, keep_scale);
   check_launch("attention_backward (softmax)");
   // dQ[Tq, d] = dS·K, dK[Tk, d] = dSᵀ·Q.
   head_product(c, false, false, s.query_len, d, s.key_len, d_scores_by_head,

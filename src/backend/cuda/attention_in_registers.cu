@@ -23,10 +23,10 @@
 #include <type_traits>
 
 #include "backend/cuda/attention_common.h"
-#ifndef TFM_EMULATED_WARPS  // tests/attention_in_registers_emulated.cpp brings its own
-#include "backend/cuda/cuda_kernels.h"
+#ifndef TFM_EMULATED_WARPS  // tests/warp_emulation.h brings its own
 #include "backend/cuda/warp_matrix.h"
 #endif
+#include "backend/cuda/cuda_kernels.h"
 
 namespace tfm {
 namespace cuda {
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kThreads<kRows>, kForwardBlocksAnSm<kRows>)
                                 const Input* k, const Input* v, float* probs, float* out,
                                 float scale, bool statistics_only) {
   using L = Layout<kRows>;
-  TFM_DYNAMIC_SHARED_BYTES(shared_bytes);
+  TFM_DYNAMIC_SHARED(unsigned char, shared_bytes);
   uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);
   uint16_t* keys = queries + L::kHeadMatrix;
   uint16_t* values = keys + L::kHeadMatrix;
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kThreads<kRows>)
                                  const Input* k, const Input* v, const float* probs,
                                  const Input* d_out, float* dq, float* dk, float* dv, float scale) {
   using L = Layout<kRows>;
-  TFM_DYNAMIC_SHARED_BYTES(shared_bytes);
+  TFM_DYNAMIC_SHARED(unsigned char, shared_bytes);
   uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);
   uint16_t* d_outs = queries + L::kHeadMatrix;
   uint16_t* keys = d_outs + L::kHeadMatrix;
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(kTileThreads)
     forward_tiled_kernel(AttentionShape s, AttentionMask mask, const Input* q, const Input* k,
                          const Input* v, float* probs, float* out, float scale,
                          bool statistics_only, int query_tiles) {
-  TFM_DYNAMIC_SHARED_BYTES(shared_bytes);
+  TFM_DYNAMIC_SHARED(unsigned char, shared_bytes);
   uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);
   uint16_t* keys = queries + TileLayout::kHeadMatrix;
   uint16_t* values = keys + TileLayout::kHeadMatrix;
@@ -689,7 +689,7 @@ __global__ void __launch_bounds__(kTileThreads)
     backward_tiled_kernel(AttentionShape s, AttentionMask mask, const Input* q, const Input* k,
                           const Input* v, const float* probs, const Input* d_out, float* dq,
                           float* dk, float* dv, float scale) {
-  TFM_DYNAMIC_SHARED_BYTES(shared_bytes);
+  TFM_DYNAMIC_SHARED(unsigned char, shared_bytes);
   uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);
   uint16_t* d_outs = queries + TileLayout::kHeadMatrix;
   uint16_t* keys = d_outs + TileLayout::kHeadMatrix;
@@ -828,7 +828,7 @@ __global__ void __launch_bounds__(kTileThreads)
 
 }  // namespace
 
-#ifndef TFM_EMULATED_WARPS  // the launches: CUDA only
+#ifndef TFM_EMULATED_KERNELS_ONLY  // tests/attention_in_registers_emulated.cpp: the kernels alone
 namespace {
 
 // Launches `kernel` in `blocks` blocks of `threads` with `bytes` of dynamic shared memory (beyond
@@ -837,7 +837,7 @@ template <typename Kernel, typename... Arguments>
 void launch_blocks(const Context& c, int64_t blocks, int threads, Kernel kernel, size_t bytes,
                    Arguments... arguments) {
   TFM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  kernel<<<unsigned(blocks), threads, bytes, c.stream>>>(arguments...);
+  launch_kernel(kernel, unsigned(blocks), threads, bytes, c.stream, arguments...);
 }
 // The same in a block per (sequence, head) of kThreads<kRows>.
 template <int kRows, typename Kernel, typename... Arguments>
@@ -934,7 +934,7 @@ void attention_in_registers_backward(const Context& c, const AttentionShape& s,
   check_launch("attention_backward (in registers)");
 }
 
-#endif  // TFM_EMULATED_WARPS
+#endif  // TFM_EMULATED_KERNELS_ONLY
 
 }  // namespace cuda
 }  // namespace tfm

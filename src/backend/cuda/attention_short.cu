@@ -68,7 +68,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[4][4], Store store
 __global__ void short_attention_forward_kernel(AttentionShape s, AttentionMask mask, const float* q,
                                                const float* k, const float* v, float* probs,
                                                float* out, float scale) {
-  extern __shared__ float shared[];
+  TFM_DYNAMIC_SHARED(float, shared);
   float* qs = shared;        // [64][kPitch] Q rows
   float* ks = qs + kMatrix;  // [64][kPitch] K rows
   float* vs = ks + kMatrix;  // [64][kPitch] V rows
@@ -127,9 +127,9 @@ void short_attention_forward(const Context& c, const AttentionShape& s, const At
                              float* out) {
   TFM_CUDA(cudaFuncSetAttribute(short_attention_forward_kernel,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(kForwardShared)));
-  short_attention_forward_kernel<<<unsigned(s.batch * s.heads), kShortThreads, kForwardShared,
-                                   c.stream>>>(s, mask, q, k, v, probs, out,
-                                               attention_score_scale(s.score.kind, s.head_dim));
+  launch_kernel(short_attention_forward_kernel, unsigned(s.batch * s.heads), kShortThreads,
+                kForwardShared, c.stream, s, mask, q, k, v, probs, out,
+                attention_score_scale(s.score.kind, s.head_dim));
   check_launch("attention_forward (short sequences)");
 }
 

@@ -19,7 +19,9 @@
 // attention_in_registers.cu's kernels (the same blocks with each product's result kept in the
 // registers of the warp that computed it) unless TFM_CUDA_ATTENTION_IN_REGISTERS=0.
 #include <cuda_bf16.h>
+#ifndef TFM_EMULATED_WARPS  // the WMMA blocks are not emulated (tests/warp_emulation.h)
 #include <mma.h>
+#endif
 
 #include <algorithm>
 #include <type_traits>
@@ -31,8 +33,6 @@ namespace tfm {
 namespace cuda {
 
 namespace {
-
-namespace wmma = nvcuda::wmma;
 
 constexpr int kHead = 64;  // the head size
 
@@ -74,6 +74,9 @@ struct Tiles {
                     kLenMatrix * sizeof(uint16_t) % 32 == 0,
                 "WMMA pointers must stay 32-byte aligned");
 };
+
+#ifndef TFM_EMULATED_WARPS  // the WMMA blocks: CUDA only
+namespace wmma = nvcuda::wmma;
 
 // C (float, shared, rows ldc apart) = A·B, an kM × kN result over an inner kK (multiples of 16),
 // A and B bfloat16 in shared memory with rows lda and ldb elements apart, each read as its
@@ -323,6 +326,8 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
                        s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
 }
 
+#endif  // TFM_EMULATED_WARPS
+
 // Whether a call's forward stores the rows' statistics instead of its weights, and its backward
 // rebuilds them (AttentionShape::weights_for_backward_only; two keys at least, so that the
 // statistics, [B, H, Tq, 2] from the start of probs, take no more than the weights would).
@@ -348,7 +353,7 @@ template <typename Kernel, typename... Arguments>
 void launch_blocks(const Context& c, const AttentionShape& s, Kernel kernel, int threads,
                    size_t bytes, Arguments... arguments) {
   TFM_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  kernel<<<unsigned(s.batch * s.heads), threads, bytes, c.stream>>>(arguments...);
+  launch_kernel(kernel, unsigned(s.batch * s.heads), threads, bytes, c.stream, arguments...);
 }
 
 }  // namespace
@@ -406,6 +411,9 @@ void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
     attention_in_registers_forward(c, s, mask, q, k, v, probs, out, scale, statistics_only);
     return;
   }
+#ifdef TFM_EMULATED_WARPS
+  throw std::logic_error("attention_forward: the WMMA blocks are not emulated");
+#else
   const auto launch = [&](auto input, const auto* q_in, const auto* k_in, const auto* v_in) {
     using Input = decltype(input);
     if (fits_small_blocks(s))
@@ -422,6 +430,7 @@ void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
   else
     launch(float{}, q, k, v);
   check_launch("attention_forward (tensor cores)");
+#endif
 }
 
 void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
@@ -436,6 +445,9 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
                                     rebuilds_weights(s));
     return;
   }
+#ifdef TFM_EMULATED_WARPS
+  throw std::logic_error("attention_backward: the WMMA blocks are not emulated");
+#else
   // Q, K, V and dO of the Input type, from the given pointers.
   const auto launch_with = [&](auto input, const auto* q_in, const auto* k_in, const auto* v_in,
                                const auto* d_out_in) {
@@ -463,6 +475,7 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
   else
     launch_with(float{}, q, k, v, d_out);
   check_launch("attention_backward (tensor cores)");
+#endif
 }
 
 }  // namespace cuda

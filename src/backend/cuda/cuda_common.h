@@ -124,6 +124,24 @@ class StagedOperand {
   void* memory_ = nullptr;
 };
 
+// Runs `kernel` over `grid` blocks of `block` threads with `shared_bytes` of dynamic shared
+// memory on stream `s`, its parameters from `arguments` as a launch converts them: every kernel
+// of the backend is launched here, so that tests/warp_emulation.h, which defines its own
+// launch_kernel (and TFM_EMULATED_WARPS), runs the same kernels and launch shapes on the CPU.
+#ifndef TFM_EMULATED_WARPS
+template <typename... Parameters, typename... Arguments>
+void launch_kernel(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t s, const Arguments&... arguments) {
+  kernel<<<grid, block, shared_bytes, s>>>(arguments...);
+}
+#endif
+
+// A kernel's dynamic shared memory (launch_kernel's shared_bytes) as an array `name` of `Type`,
+// 16-byte aligned.
+#ifndef TFM_EMULATED_WARPS
+#define TFM_DYNAMIC_SHARED(Type, name) extern __shared__ __align__(16) Type name[]
+#endif
+
 // Element-wise launches: 256 threads, enough blocks for n elements up to a grid that fills the
 // device several times over (kernels loop with a grid stride beyond that).
 constexpr int kThreads = 256;
@@ -181,7 +199,7 @@ __host__ __device__ __forceinline__ bool aligned(const void* p, uintptr_t bytes)
 // Element (r, c) of a [rows, cols] matrix per iteration: columns along the block's and the
 // grid's x, rows along their y, both grid-strided, so that no thread divides a flat index by
 // cols (a 64-bit division costs several times the load it addresses). Launch with
-// <<<matrix_blocks(rows, cols), matrix_threads(cols)>>>.
+// launch_kernel's grid matrix_blocks(rows, cols) and block matrix_threads(cols).
 #define TFM_FOR_EACH_ELEMENT(r, c, rows, cols)                                   \
   for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < (rows);   \
        r += int64_t(gridDim.y) * blockDim.y)                                     \

@@ -374,8 +374,8 @@ __global__ void sum_chunks_kernel(const float* partial, int64_t chunks, int64_t 
 }
 void launch_sum_chunks(cudaStream_t s, const float* partial, int64_t chunks, int64_t cols,
                        float* out, int64_t ld) {
-  sum_chunks_kernel<<<unsigned((cols + kSumColumns - 1) / kSumColumns),
-                      dim3(kSumColumns, kSumLanes), 0, s>>>(partial, chunks, cols, ld, out);
+  launch_kernel(sum_chunks_kernel, unsigned((cols + kSumColumns - 1) / kSumColumns),
+                dim3(kSumColumns, kSumLanes), 0, s, partial, chunks, cols, ld, out);
 }
 
 // out[cols] += the column sums of `terms` over rows × cols in those two passes, four columns a
@@ -389,8 +389,8 @@ void sum_columns(const Context& c, Terms terms, int64_t rows, int64_t cols, bool
   launch_by_width(four_columns_per_thread(cols) && words_of_four, [&](auto width) {
     constexpr int kWidth = decltype(width)::value;
     const dim3 grid(unsigned((cols / kWidth + 127) / 128), unsigned(split.chunks));
-    column_partial_kernel<kWidth>
-        <<<grid, 128, 0, c.stream>>>(terms, split, cols, partial.as<float>());
+    launch_kernel(column_partial_kernel<kWidth, Terms>, grid, 128, 0, c.stream, terms, split, cols,
+                  partial.as<float>());
   });
   check_launch(name);
   launch_sum_chunks(c.stream, partial.as<float>(), split.chunks, cols, out, cols);
@@ -1090,9 +1090,9 @@ void round_to_16_bits(cudaStream_t s, const float* x, int64_t rows, int64_t cols
     constexpr int kWidth = decltype(width)::value;
     const dim3 grid = matrix_blocks(rows, cols / kWidth), threads = matrix_threads(cols / kWidth);
     if (float16)
-      round_kernel<kWidth, true><<<grid, threads, 0, s>>>(x, rows, cols, ldx, out, ldo);
+      launch_kernel(round_kernel<kWidth, true>, grid, threads, 0, s, x, rows, cols, ldx, out, ldo);
     else
-      round_kernel<kWidth, false><<<grid, threads, 0, s>>>(x, rows, cols, ldx, out, ldo);
+      launch_kernel(round_kernel<kWidth, false>, grid, threads, 0, s, x, rows, cols, ldx, out, ldo);
   });
   check_launch("round_to_16_bits");
 }
@@ -1104,9 +1104,9 @@ void round_each_to_16_bits(cudaStream_t s, const std::vector<RoundingJob>& jobs,
     if (table.jobs == 0) return;
     const auto blocks = unsigned(table.first_block[table.jobs]);
     if (float16)
-      round_each_kernel<true><<<blocks, kThreads, 0, s>>>(table);
+      launch_kernel(round_each_kernel<true>, blocks, kThreads, 0, s, table);
     else
-      round_each_kernel<false><<<blocks, kThreads, 0, s>>>(table);
+      launch_kernel(round_each_kernel<false>, blocks, kThreads, 0, s, table);
     check_launch("round_each_to_16_bits");
     table = RoundingTable{};
   };
@@ -1130,38 +1130,38 @@ void round_to_bfloat16_flushing(cudaStream_t s, const float* result, int64_t ldr
                     aligned(bias, 16) && aligned(out, 8);
   launch_by_width(four, [&](auto width) {
     constexpr int kWidth = decltype(width)::value;
-    round_flushing_kernel<kWidth>
-        <<<matrix_blocks(rows, cols / kWidth), matrix_threads(cols / kWidth), 0, s>>>(
-            result, ldr, bias, relu, rows, cols, out, ldo);
+    launch_kernel(round_flushing_kernel<kWidth>, matrix_blocks(rows, cols / kWidth),
+                  matrix_threads(cols / kWidth), 0, s, result, ldr, bias, relu, rows, cols, out,
+                  ldo);
   });
   check_launch("round_to_bfloat16_flushing");
 }
 
 void add(cudaStream_t s, float* y, const float* x, int64_t n) {
   if (n == 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n);
+  launch_kernel(add_kernel, blocks_for(n), kThreads, 0, s, y, x, n);
   check_launch("add");
 }
 void add_bfloat16(cudaStream_t s, float* y, const uint16_t* x, int64_t n) {
   if (n == 0) return;
-  add_bfloat16_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n);
+  launch_kernel(add_bfloat16_kernel, blocks_for(n), kThreads, 0, s, y, x, n);
   check_launch("add (bfloat16)");
 }
 void scale(cudaStream_t s, float* x, float factor, int64_t n) {
   if (n == 0) return;
-  scale_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, factor, n);
+  launch_kernel(scale_kernel, blocks_for(n), kThreads, 0, s, x, factor, n);
   check_launch("scale");
 }
 void fill(cudaStream_t s, float* y, int64_t n, float value) {
   if (n == 0) return;
-  fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, n, value);
+  launch_kernel(fill_kernel, blocks_for(n), kThreads, 0, s, y, n, value);
   check_launch("fill");
 }
 
 void scale_matrix(cudaStream_t s, float* c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
   if (rows * cols == 0 || beta == 1.f) return;
-  scale_matrix_kernel<<<matrix_blocks(rows, cols), matrix_threads(cols), 0, s>>>(c, ldc, rows, cols,
-                                                                                 beta);
+  launch_kernel(scale_matrix_kernel, matrix_blocks(rows, cols), matrix_threads(cols), 0, s, c, ldc,
+                rows, cols, beta);
   check_launch("scale_matrix");
 }
 
@@ -1171,9 +1171,8 @@ void bias_relu_epilogue(cudaStream_t s, float* y, int64_t ldy, const float* bias
   const bool four = four_columns_at_a_time(cols, ldy) && aligned(y, 16) && aligned(bias, 16);
   launch_by_width(four, [&](auto width) {
     constexpr int kWidth = decltype(width)::value;
-    bias_relu_kernel<kWidth>
-        <<<matrix_blocks(rows, cols / kWidth), matrix_threads(cols / kWidth), 0, s>>>(
-            y, ldy, bias, relu, rows, cols);
+    launch_kernel(bias_relu_kernel<kWidth>, matrix_blocks(rows, cols / kWidth),
+                  matrix_threads(cols / kWidth), 0, s, y, ldy, bias, relu, rows, cols);
   });
   check_launch("bias_relu_epilogue");
 }
@@ -1185,16 +1184,16 @@ void add_bias_activation(cudaStream_t s, float* pre, const float* bias, float* o
                     aligned(out, 16);
   launch_by_width(four, [&](auto width) {
     constexpr int kWidth = decltype(width)::value;
-    bias_activation_kernel<kWidth>
-        <<<matrix_blocks(rows, cols / kWidth), matrix_threads(cols / kWidth), 0, s>>>(
-            pre, bias, out, rows, cols, apply_activation, act);
+    launch_kernel(bias_activation_kernel<kWidth>, matrix_blocks(rows, cols / kWidth),
+                  matrix_threads(cols / kWidth), 0, s, pre, bias, out, rows, cols, apply_activation,
+                  act);
   });
   check_launch("add_bias_activation");
 }
 
 void activation_backward(cudaStream_t s, float* d, const float* pre, int64_t n, Activation act) {
   if (n == 0) return;
-  activation_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(d, pre, n, act);
+  launch_kernel(activation_backward_kernel, blocks_for(n), kThreads, 0, s, d, pre, n, act);
   check_launch("activation_backward");
 }
 
@@ -1214,8 +1213,8 @@ void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* re
       n % 4 == 0 && aligned(d, 16) && aligned(relu_output, 8) && aligned(rounded_d, 8);
   launch_by_width(four, [&](auto width) {
     constexpr int kWidth = decltype(width)::value;
-    relu_backward_bfloat16_kernel<kWidth>
-        <<<blocks_for(n / kWidth), kThreads, 0, c.stream>>>(d, relu_output, n, rounded_d);
+    launch_kernel(relu_backward_bfloat16_kernel<kWidth>, blocks_for(n / kWidth), kThreads, 0,
+                  c.stream, d, relu_output, n, rounded_d);
   });
   check_launch("relu_backward_bfloat16");
 }
@@ -1233,13 +1232,14 @@ void bias_backward(const Context& c, const float* dy, const uint16_t* rounded_dy
 
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key) {
   if (n == 0) return;
-  dropout_mask_kernel<<<blocks_for(n), kThreads, 0, s>>>(mask, n, dropout_threshold(p), key);
+  launch_kernel(dropout_mask_kernel, blocks_for(n), kThreads, 0, s, mask, n, dropout_threshold(p),
+                key);
   check_launch("dropout_mask");
 }
 
 void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p) {
   if (n == 0) return;
-  apply_dropout_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, mask, n, 1.f / (1.f - p));
+  launch_kernel(apply_dropout_kernel, blocks_for(n), kThreads, 0, s, x, mask, n, 1.f / (1.f - p));
   check_launch("apply_dropout");
 }
 
@@ -1249,12 +1249,13 @@ void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float*
   const bool words_of_four =
       cols % 4 == 0 && aligned(x, 16) && aligned(gamma, 16) && aligned(beta, 16) && aligned(y, 16);
   const bool by_warp = launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {
-    layer_norm_warp_kernel<decltype(width)::value, decltype(per_lane)::value>
-        <<<warp_row_blocks(rows), kThreads, 0, s>>>(nullptr, x, rows, cols, 0u, 1.f, 0, nullptr,
-                                                    gamma, beta, eps, y, mean, rstd, nullptr);
+    launch_kernel(layer_norm_warp_kernel<decltype(width)::value, decltype(per_lane)::value>,
+                  warp_row_blocks(rows), kThreads, 0, s, nullptr, x, rows, cols, 0u, 1.f, 0,
+                  nullptr, gamma, beta, eps, y, mean, rstd, nullptr);
   });
   if (!by_warp)
-    layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(x, gamma, beta, y, cols, eps, mean, rstd);
+    launch_kernel(layer_norm_kernel, unsigned(rows), kThreads, 0, s, x, gamma, beta, y, cols, eps,
+                  mean, rstd);
   check_launch("layer_norm");
 }
 
@@ -1268,15 +1269,14 @@ void residual_layer_norm(cudaStream_t s, float* f, const float* x, int64_t rows,
                              aligned(drawn_mask, 4) && aligned(gamma, 16) && aligned(beta, 16) &&
                              aligned(y, 16) && aligned(rounded_y, 8);
   const bool by_warp = launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {
-    layer_norm_warp_kernel<decltype(width)::value, decltype(per_lane)::value>
-        <<<warp_row_blocks(rows), kThreads, 0, s>>>(f, x, rows, cols, dropout_threshold(p),
-                                                    1.f / (1.f - p), key, drawn_mask, gamma, beta,
-                                                    eps, y, mean, rstd, rounded_y);
+    launch_kernel(layer_norm_warp_kernel<decltype(width)::value, decltype(per_lane)::value>,
+                  warp_row_blocks(rows), kThreads, 0, s, f, x, rows, cols, dropout_threshold(p),
+                  1.f / (1.f - p), key, drawn_mask, gamma, beta, eps, y, mean, rstd, rounded_y);
   });
   if (!by_warp)
-    residual_layer_norm_kernel<<<unsigned(rows), kThreads, 0, s>>>(
-        f, x, cols, dropout_threshold(p), 1.f / (1.f - p), key, drawn_mask, gamma, beta, eps, y,
-        mean, rstd, rounded_y);
+    launch_kernel(residual_layer_norm_kernel, unsigned(rows), kThreads, 0, s, f, x, cols,
+                  dropout_threshold(p), 1.f / (1.f - p), key, drawn_mask, gamma, beta, eps, y, mean,
+                  rstd, rounded_y);
   check_launch("residual_layer_norm");
 }
 
@@ -1303,10 +1303,11 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
     const RowsPerChunk split = warp_row_chunks(c.device, rows);
     Scratch partial(c, 3 * split.chunks * cols * int64_t(sizeof(float)));   // [chunks, 3, cols]
     launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {  // cols fits
-      layer_norm_backward_chunk_kernel<decltype(width)::value, decltype(per_lane)::value>
-          <<<unsigned(split.chunks), kThreads, 0, s>>>(
-              dy, x, mean, rstd, gamma, dx, split, cols, accumulate, drop_mask, keep_scale, d_f,
-              rounded_d_f, d_f_column_sums != nullptr, partial.as<float>());
+      launch_kernel(
+          layer_norm_backward_chunk_kernel<decltype(width)::value, decltype(per_lane)::value>,
+          unsigned(split.chunks), kThreads, 0, s, dy, x, mean, rstd, gamma, dx, split, cols,
+          accumulate, drop_mask, keep_scale, d_f, rounded_d_f, d_f_column_sums != nullptr,
+          partial.as<float>());
     });
     check_launch("layer_norm_backward");
     // The chunks' sums: [chunks, 3, cols] read as [chunks, cols] rows 3 apart.
@@ -1325,12 +1326,12 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
   float* partial_beta = partial_gamma + split.chunks * cols;
   if (four_columns_per_thread(cols) && aligned(dy, 16) && aligned(x, 16)) {
     const dim3 grid(unsigned((cols / 4 + 127) / 128), unsigned(split.chunks));
-    layer_norm_partial_kernel<4>
-        <<<grid, 128, 0, s>>>(dy, x, mean, rstd, split, cols, partial_gamma, partial_beta);
+    launch_kernel(layer_norm_partial_kernel<4>, grid, 128, 0, s, dy, x, mean, rstd, split, cols,
+                  partial_gamma, partial_beta);
   } else {
     const dim3 grid(unsigned((cols + 127) / 128), unsigned(split.chunks));
-    layer_norm_partial_kernel<1>
-        <<<grid, 128, 0, s>>>(dy, x, mean, rstd, split, cols, partial_gamma, partial_beta);
+    launch_kernel(layer_norm_partial_kernel<1>, grid, 128, 0, s, dy, x, mean, rstd, split, cols,
+                  partial_gamma, partial_beta);
   }
   check_launch("layer_norm_backward (parameters)");
   launch_sum_chunks(s, partial_gamma, split.chunks, cols, dgamma, cols);
@@ -1340,8 +1341,8 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
   const bool keeps = !d_f && (rounded_d_f || d_f_column_sums);
   Scratch kept_d_f(c, keeps ? rows * cols * int64_t(sizeof(float)) : 0);
   float* dropped = keeps ? kept_d_f.as<float>() : d_f;  // [rows, cols] or null
-  layer_norm_dx_kernel<<<unsigned(rows), kThreads, 0, s>>>(
-      dy, x, mean, rstd, gamma, dx, cols, accumulate, drop_mask, keep_scale, dropped, rounded_d_f);
+  launch_kernel(layer_norm_dx_kernel, unsigned(rows), kThreads, 0, s, dy, x, mean, rstd, gamma, dx,
+                cols, accumulate, drop_mask, keep_scale, dropped, rounded_d_f);
   check_launch("layer_norm_backward");
   if (d_f_column_sums) bias_backward(c, dropped, nullptr, rows, cols, cols, d_f_column_sums);
 }
@@ -1368,16 +1369,16 @@ void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int
                        const float* positions, const int32_t* ids, int64_t rows, int64_t len,
                        int64_t d, float scale, int64_t first_position, float* out) {
   if (rows * d == 0) return;
-  embedding_forward_kernel<<<matrix_blocks(rows, d), matrix_threads(d), 0, s>>>(
-      table, table_ld, int8, positions, ids, rows, len, d, scale, first_position, out);
+  launch_kernel(embedding_forward_kernel, matrix_blocks(rows, d), matrix_threads(d), 0, s, table,
+                table_ld, int8, positions, ids, rows, len, d, scale, first_position, out);
   check_launch("embedding_forward");
 }
 
 void scale_and_add_positions(cudaStream_t s, const float* positions, int64_t rows, int64_t len,
                              int64_t d, float scale, int64_t first_position, float* out) {
   if (rows * d == 0) return;
-  scale_and_add_positions_kernel<<<matrix_blocks(rows, d), matrix_threads(d), 0, s>>>(
-      positions, rows, len, d, scale, first_position, out);
+  launch_kernel(scale_and_add_positions_kernel, matrix_blocks(rows, d), matrix_threads(d), 0, s,
+                positions, rows, len, d, scale, first_position, out);
   check_launch("scale_and_add_positions");
 }
 
@@ -1385,8 +1386,8 @@ void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, 
                         int64_t len, int64_t d, float scale, int64_t first_position, float* d_table,
                         float* d_positions) {
   if (rows * d == 0) return;
-  embedding_backward_kernel<<<matrix_blocks(rows, d), matrix_threads(d), 0, s>>>(
-      d_out, ids, rows, len, d, scale, first_position, d_table, d_positions);
+  launch_kernel(embedding_backward_kernel, matrix_blocks(rows, d), matrix_threads(d), 0, s, d_out,
+                ids, rows, len, d, scale, first_position, d_table, d_positions);
   check_launch("embedding_backward");
 }
 
@@ -1394,15 +1395,15 @@ void adam_update(cudaStream_t s, float* const* params, const int64_t* offsets, i
                  int64_t total, const float* grad, float* m, float* v, float b1, float b2,
                  float eps, float step_size, float inv_sqrt_bc2) {
   if (count == 0 || total == 0) return;
-  adam_kernel<<<blocks_for((total + 3) / 4), kThreads, 0, s>>>(
-      params, offsets, count, total, grad, m, v, b1, b2, eps, step_size, inv_sqrt_bc2,
-      aligned(grad, 16) && aligned(m, 16) && aligned(v, 16));
+  launch_kernel(adam_kernel, blocks_for((total + 3) / 4), kThreads, 0, s, params, offsets, count,
+                total, grad, m, v, b1, b2, eps, step_size, inv_sqrt_bc2,
+                aligned(grad, 16) && aligned(m, 16) && aligned(v, 16));
   check_launch("adam_update");
 }
 
 void sgd_update(cudaStream_t s, float* param, const float* grad, int64_t n, float lr) {
   if (n == 0) return;
-  sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(param, grad, n, lr);
+  launch_kernel(sgd_kernel, blocks_for(n), kThreads, 0, s, param, grad, n, lr);
   check_launch("sgd_update");
 }
 
@@ -1410,10 +1411,11 @@ double sum_of_squares(const Context& c, const float* x, int64_t n) {
   if (n == 0) return 0;
   const int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
   Scratch partial(c, (blocks + 1) * int64_t(sizeof(double)));
-  squares_kernel<<<unsigned(blocks), kThreads, 0, c.stream>>>(x, n, partial.as<double>());
+  launch_kernel(squares_kernel, unsigned(blocks), kThreads, 0, c.stream, x, n,
+                partial.as<double>());
   check_launch("sum_of_squares");
-  sum_partials_kernel<<<1, 1024, 0, c.stream>>>(partial.as<double>(), blocks,
-                                                partial.as<double>() + blocks);
+  launch_kernel(sum_partials_kernel, 1, 1024, 0, c.stream, partial.as<double>(), blocks,
+                partial.as<double>() + blocks);
   check_launch("sum_of_squares (total)");
   const ProfiledWait wait;  // the host waits for the result from here on
   double total = 0;
@@ -1426,45 +1428,43 @@ double sum_of_squares(const Context& c, const float* x, int64_t n) {
 void gather_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                  int64_t d, float* y, int64_t ldy) {
   if (count * d == 0) return;
-  gather_rows_kernel<<<matrix_blocks(count, d), matrix_threads(d), 0, s>>>(x, ldx, rows, count, d,
-                                                                           y, ldy);
+  launch_kernel(gather_rows_kernel, matrix_blocks(count, d), matrix_threads(d), 0, s, x, ldx, rows,
+                count, d, y, ldy);
   check_launch("gather_rows");
 }
 void scatter_rows(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows, int64_t count,
                   int64_t d, float* y, int64_t ldy) {
   if (count * d == 0) return;
-  scatter_rows_kernel<<<matrix_blocks(count, d), matrix_threads(d), 0, s>>>(x, ldx, rows, count, d,
-                                                                            y, ldy);
+  launch_kernel(scatter_rows_kernel, matrix_blocks(count, d), matrix_threads(d), 0, s, x, ldx, rows,
+                count, d, y, ldy);
   check_launch("scatter_rows");
 }
 void mean_of_row_groups(cudaStream_t s, const float* x, int64_t groups, int64_t group_size,
                         int64_t cols, float* y) {
   if (groups * cols == 0) return;
-  mean_of_row_groups_kernel<<<matrix_blocks(groups, cols), matrix_threads(cols), 0, s>>>(
-      x, groups, group_size, cols, 1.f / float(group_size), y);
+  launch_kernel(mean_of_row_groups_kernel, matrix_blocks(groups, cols), matrix_threads(cols), 0, s,
+                x, groups, group_size, cols, 1.f / float(group_size), y);
   check_launch("mean_of_row_groups");
 }
 void scatter_rows_to_16_bits(cudaStream_t s, const float* x, int64_t ldx, const int64_t* rows,
                              int64_t count, int64_t d, Precision format, uint16_t* y, int64_t ldy) {
   const bool float16 = is_float16(format, "scatter_rows_to_16_bits");
   if (count * d == 0) return;
-  (float16
-       ? scatter_rows_16_bit_kernel<true>
-       : scatter_rows_16_bit_kernel<false>)<<<matrix_blocks(count, d), matrix_threads(d), 0, s>>>(
-      x, ldx, rows, count, d, y, ldy);
+  launch_kernel((float16 ? scatter_rows_16_bit_kernel<true> : scatter_rows_16_bit_kernel<false>),
+                matrix_blocks(count, d), matrix_threads(d), 0, s, x, ldx, rows, count, d, y, ldy);
   check_launch("scatter_rows_to_16_bits");
 }
 
 void quantize_activation_rows(cudaStream_t s, const float* x, int64_t m, int64_t k, int64_t ldx,
                               int8_t* q, float* scales) {
   if (m == 0) return;
-  quantize_rows_kernel<<<unsigned(m), kThreads, 0, s>>>(x, k, ldx, q, scales, true);
+  launch_kernel(quantize_rows_kernel, unsigned(m), kThreads, 0, s, x, k, ldx, q, scales, true);
   check_launch("quantize_activation_rows");
 }
 void quantize_weight_rows(cudaStream_t s, const float* w, int64_t n, int64_t k, int8_t* values,
                           float* scales) {
   if (n == 0) return;
-  quantize_rows_kernel<<<unsigned(n), kThreads, 0, s>>>(w, k, k, values, scales, false);
+  launch_kernel(quantize_rows_kernel, unsigned(n), kThreads, 0, s, w, k, k, values, scales, false);
   check_launch("quantize_weight_rows");
 }
 
@@ -1477,8 +1477,8 @@ void int8_product(cudaStream_t s, const int8_t* qx, const float* x_scales, const
   for (int64_t first = 0; first < m; first += kRowsPerLaunch) {
     const int64_t rows = m - first < kRowsPerLaunch ? m - first : kRowsPerLaunch;
     const dim3 grid(unsigned((n + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile));
-    int8_product_kernel<<<grid, kTile * 8, 0, s>>>(qx + first * k, x_scales + first, qw, w_scales,
-                                                   rows, n, k, y + first * ldy, ldy, bias, relu);
+    launch_kernel(int8_product_kernel, grid, kTile * 8, 0, s, qx + first * k, x_scales + first, qw,
+                  w_scales, rows, n, k, y + first * ldy, ldy, bias, relu);
     check_launch("int8_product");
   }
 }
@@ -1487,15 +1487,16 @@ void dequantize_int8_sums(cudaStream_t s, float* y, int64_t m, int64_t n, int64_
                           const float* x_scales, const float* w_scales, const float* bias,
                           bool relu) {
   if (m * n == 0) return;
-  dequantize_int8_sums_kernel<<<matrix_blocks(m, n), matrix_threads(n), 0, s>>>(
-      y, m, n, ldy, x_scales, w_scales, bias, relu);
+  launch_kernel(dequantize_int8_sums_kernel, matrix_blocks(m, n), matrix_threads(n), 0, s, y, m, n,
+                ldy, x_scales, w_scales, bias, relu);
   check_launch("dequantize_int8_sums");
 }
 
 void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count, int64_t d,
                float* out) {
   if (count * d == 0) return;
-  read_rows_kernel<<<matrix_blocks(count, d), matrix_threads(d), 0, s>>>(w, ids, count, d, out);
+  launch_kernel(read_rows_kernel, matrix_blocks(count, d), matrix_threads(d), 0, s, w, ids, count,
+                d, out);
   check_launch("read_rows");
 }
 

@@ -453,7 +453,8 @@ __global__ void best_tokens_warp_kernel(const float* scores, int64_t vocab, int6
 void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* targets, int64_t rows,
                       int64_t cols, float* out) {
   if (rows == 0) return;
-  log_softmax_pick_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(logits, targets, cols, out);
+  launch_kernel(log_softmax_pick_kernel, unsigned(rows), kRowThreads, 0, s, logits, targets, cols,
+                out);
   check_launch("log_softmax_pick");
 }
 
@@ -462,11 +463,12 @@ void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t
                                     double* row_totals, uint16_t* rounded_gradient) {
   if (rows == 0) return;
   if (logits)
-    cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(
-        logits, targets, vocab, smoothing, grad_scale, row_totals, rounded_gradient);
+    launch_kernel(cross_entropy_kernel<float>, unsigned(rows), kRowThreads, 0, s, logits, targets,
+                  vocab, smoothing, grad_scale, row_totals, rounded_gradient);
   else  // the logits in bfloat16 in rounded_gradient, the gradient over them
-    cross_entropy_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(
-        rounded_gradient, targets, vocab, smoothing, grad_scale, row_totals, rounded_gradient);
+    launch_kernel(cross_entropy_kernel<uint16_t>, unsigned(rows), kRowThreads, 0, s,
+                  rounded_gradient, targets, vocab, smoothing, grad_scale, row_totals,
+                  rounded_gradient);
   check_launch("cross_entropy_forward_backward");
 }
 
@@ -474,11 +476,11 @@ void best_tokens(cudaStream_t s, const float* scores, int64_t rows, int64_t voca
                  int32_t banned, float* values, int32_t* tokens, float* log_sums) {
   if (rows == 0) return;
   if (keep <= kMaxWarpKeep)
-    best_tokens_warp_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(scores, vocab, keep, banned,
-                                                                   values, tokens, log_sums);
+    launch_kernel(best_tokens_warp_kernel, unsigned(rows), kRowThreads, 0, s, scores, vocab, keep,
+                  banned, values, tokens, log_sums);
   else  // a wide beam: one pass over the row per entry
-    best_tokens_kernel<<<unsigned(rows), kRowThreads, 0, s>>>(scores, vocab, keep, banned, values,
-                                                              tokens, log_sums);
+    launch_kernel(best_tokens_kernel, unsigned(rows), kRowThreads, 0, s, scores, vocab, keep,
+                  banned, values, tokens, log_sums);
   check_launch("best_tokens");
 }
 

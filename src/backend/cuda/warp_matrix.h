@@ -1,6 +1,6 @@
 // The warp-level matrix instructions of attention_in_registers.cu's kernels (ldmatrix and
 // mma.sync's m16n8k16 bfloat16 product, sm_80 and later), with the layouts of their operands
-// that the kernels rely on, and the kernels' dynamic shared memory: one place, which
+// that the kernels rely on: one place, which
 // tests/attention_in_registers_emulated.cpp replaces with a host emulation of the same
 // layouts, so that the kernels' index arithmetic runs and is checked without a GPU.
 #pragma once
@@ -9,9 +9,6 @@
 
 namespace tfm {
 namespace cuda {
-
-// A kernel's dynamic shared memory (launch's third argument) as bytes `name`, 16-byte aligned.
-#define TFM_DYNAMIC_SHARED_BYTES(name) extern __shared__ __align__(16) unsigned char name[]
 
 __device__ __forceinline__ uint32_t shared_address_of(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
