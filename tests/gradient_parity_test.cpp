@@ -105,6 +105,7 @@ const std::map<std::string, BFloat16GradientBound> kBFloat16GradientBounds = {
     {"additive", {0.012, 0.05}},                  // 0.46% (1.9%)
     {"additive_window", {0.25, 0.9}},             // 11.9% (58%)
     {"dot_unscaled", {0.07, 0.18}},               // 2.8% (7.0%)
+    {"head_of_64", {0.02, 0.04}},                 // 0.69% (1.4%)
     {"none_learned", {0.016, 0.045}},             // 0.61% (1.7%)
     {"paper_post", {0.023, 0.1}},                 // 0.89% (4.1%)
     {"pre_gelu_target", {0.01, 0.025}},           // 0.37% (1.0%)
