@@ -22,6 +22,9 @@
 #include <nlohmann/json.hpp>
 
 #include "decode/beam_search.h"
+#ifdef TFM_EMULATED_CUDA_TESTS
+#include "emulated_cuda_backend.h"
+#endif
 #include "fixture_batch.h"
 #include "io/ctranslate2.h"
 #include "model/transformer.h"
@@ -70,6 +73,7 @@ struct Converted {
   }
 };
 
+#ifndef TFM_EMULATED_CUDA_TESTS  // (the emulated_cuda_tests binary: the device tests alone)
 TEST(CTranslate2Converted, ImportsAsAPlainPreNormTransformer) {
   const Converted m;
   const ModelConfig& c = m.model.config();
@@ -149,13 +153,15 @@ TEST(CTranslate2Converted, ImportsFairseqsTransformer) {
   EXPECT_EQ(c.layer_norm_eps, 1e-5);
 }
 
+#endif  // TFM_EMULATED_CUDA_TESTS
+
 class ConvertedModel : public ::testing::TestWithParam<std::string> {};
 // The same models on every backend present (the CPU, and each GPU where there is one).
 class ConvertedModelOnDevice : public ::testing::TestWithParam<testing_support::FixtureOnDevice> {};
 
 // score_batch: per target token and </s>, CTranslate2's log-probabilities.
 TEST_P(ConvertedModelOnDevice, ScoresAreCTranslate2s) {
-  const Converted m(GetParam().fixture, find_backend(GetParam().device));
+  const Converted m(GetParam().fixture, testing_support::backend_of(GetParam()));
   const nlohmann::json cases = expected(GetParam().fixture)["score"];
   ASSERT_EQ(cases.size(), 2u);
   for (const auto& e : cases) {
@@ -188,7 +194,7 @@ std::vector<float> token_logprobs(const Converted& m, const std::vector<int32_t>
 // prefix included). CTranslate2's score leaves out the forced prefix, which our
 // Hypothesis::logprob counts; neither counts a </s> after a hypothesis stopped by the length cap.
 TEST_P(ConvertedModelOnDevice, TranslationsAreCTranslate2s) {
-  const Converted m(GetParam().fixture, find_backend(GetParam().device));
+  const Converted m(GetParam().fixture, testing_support::backend_of(GetParam()));
   const nlohmann::json cases = expected(GetParam().fixture)["translate"];
   ASSERT_EQ(cases.size(), 9u);
   int same = 0, capped = 0, ended = 0, better = 0;
@@ -278,6 +284,15 @@ TEST_P(ConvertedModel, ExportHasTheConvertersWeights) {
 }
 
 const std::vector<std::string> kConverted = {"m2m100", "opennmt_py", "fairseq"};
+#ifdef TFM_EMULATED_CUDA_TESTS
+// The emulated_cuda_tests binary: the CUDA backend's own kernels run on the CPU
+// (emulated_cuda_backend.h), products the CPU's; the export, no device's, is not its test.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(ConvertedModel);
+INSTANTIATE_TEST_SUITE_P(
+    Converters, ConvertedModelOnDevice,
+    ::testing::ValuesIn(testing_support::on_backend(kConverted, emulated_cuda_backend())),
+    [](const auto& info) { return testing_support::fixture_on_device_name(info.param); });
+#else
 INSTANTIATE_TEST_SUITE_P(Converters, ConvertedModel, ::testing::ValuesIn(kConverted));
 INSTANTIATE_TEST_SUITE_P(Converters, ConvertedModelOnDevice,
                          ::testing::ValuesIn(testing_support::on_every_device(kConverted)),
@@ -348,6 +363,7 @@ TEST(CTranslate2Converted, ExportIsWhatTheConverterWrote) {
             nlohmann::json::parse(read_file_bytes(kModel + "/shared_vocabulary.json")));
   fs::remove_all(dir);
 }
+#endif  // TFM_EMULATED_CUDA_TESTS
 
 }  // namespace
 }  // namespace tfm
