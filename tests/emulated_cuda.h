@@ -62,7 +62,11 @@ inline cudaError_t synchronize_stream(cudaStream_t) {
   return cudaSuccess;
 }
 template <typename Kernel>
-cudaError_t set_function_attribute(Kernel*, cudaFuncAttribute, int) {
+cudaError_t set_function_attribute(Kernel* kernel, cudaFuncAttribute attribute, int value) {
+  if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || value > kEmulatedSharedBytesPerBlock) return cudaErrorInvalidValue;
+    allowed_shared_bytes[reinterpret_cast<const void*>(kernel)] = size_t(value);
+  }
   return cudaSuccess;
 }
 

@@ -272,6 +272,7 @@ bool turned_off(const char* variable) {
 Scratch::Scratch(const Context& context, int64_t bytes) : context_(context) {
   memory_ = bytes > 0 ? std::malloc(size_t(bytes)) : nullptr;
   if (bytes > 0 && !memory_) throw std::bad_alloc();
+  if (bytes > 0) std::memset(memory_, 0xFF, size_t(bytes));  // NaN where a kernel reads unwritten
 }
 Scratch::~Scratch() {
   std::free(memory_);

@@ -22,11 +22,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "tensor/float16.h"
+
+// The bounds of the static __shared__ arrays' section (the linker's, where any kernel has one).
+extern "C" __attribute__((weak)) char __start_tfm_emulated_shared[];
+extern "C" __attribute__((weak)) char __stop_tfm_emulated_shared[];
 
 namespace warp_emulation {
 
@@ -134,6 +141,9 @@ struct Block {
 inline Block* current = nullptr;
 inline int thread_index = 0;
 inline const std::function<void()>* current_kernel = nullptr;
+// The dynamic shared memory each kernel was allowed beyond the default 48 KB
+// (cudaFuncSetAttribute's cudaFuncAttributeMaxDynamicSharedMemorySize), by the kernel's address.
+inline std::map<const void*, size_t> allowed_shared_bytes;
 
 // Returns once all the threads `group` expects have called it, the other fibers running
 // meanwhile.
@@ -208,12 +218,14 @@ void run_block(dim3 grid, dim3 block, unsigned b, size_t shared_bytes);
 }  // namespace warp_emulation
 
 // The CUDA built-ins, as the kernels name them. __shared__ arrays are one per kernel (static),
-// which is a block's own because blocks run one after another.
+// which is a block's own because blocks run one after another; they lie in a section of their
+// own, which each launch starts with as 0xFF bytes (NaN; later blocks find what the last one
+// left, as on a GPU): a kernel that reads before it writes shows.
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
 #endif
 #undef __shared__
-#define __shared__ static
+#define __shared__ static __attribute__((section("tfm_emulated_shared")))
 #define TFM_DYNAMIC_SHARED(Type, name) \
   Type* name = reinterpret_cast<Type*>(warp_emulation::current->base)
 inline uint3 threadIdx;
@@ -264,14 +276,14 @@ T atomicAdd(T* address, T value) {
 template <typename T>
 T __shfl_xor_sync(unsigned, T value, int lane_mask, int width = 32) {
   return warp_emulation::exchange(value, [&](int lane) {
-    const int from = lane ^ lane_mask;
-    return from / width == lane / width ? from : lane;
+    const int from = lane ^ lane_mask;  // a later group's lane: the caller's own value
+    return from / width <= lane / width ? from : lane;
   });
 }
 template <typename T>
 T __shfl_sync(unsigned, T value, int source_lane, int width = 32) {
   return warp_emulation::exchange(
-      value, [&](int lane) { return lane / width * width + source_lane % width; });
+      value, [&](int lane) { return lane / width * width + (source_lane & (width - 1)); });
 }
 template <typename T>
 T __shfl_up_sync(unsigned, T value, unsigned delta, int width = 32) {
@@ -351,6 +363,9 @@ inline void warp_emulation::run_block(dim3 grid, dim3 block_shape, unsigned b,
 inline void warp_emulation::launch(dim3 grid, dim3 block, size_t shared_bytes,
                                    const std::function<void()>& kernel) {
   current_kernel = &kernel;
+  if (__start_tfm_emulated_shared != __stop_tfm_emulated_shared)
+    std::memset(__start_tfm_emulated_shared, 0xFF,
+                size_t(__stop_tfm_emulated_shared - __start_tfm_emulated_shared));
   const unsigned blocks = grid.x * grid.y * grid.z;
   for (unsigned b = 0; b < blocks; ++b) run_block(grid, block, b, shared_bytes);
   current_kernel = nullptr;  // the kernel lives no longer than the call
@@ -359,10 +374,25 @@ inline void warp_emulation::launch(dim3 grid, dim3 block, size_t shared_bytes,
 namespace tfm {
 // cuda_common.h's launch_kernel: the kernel over the grid, its parameters converted as a launch
 // converts them.
+// A configuration a GPU would refuse (cudaErrorInvalidConfiguration, which check_launch turns into
+// an error) throws here: an empty grid or block, more than 1,024 threads, a grid's y or z past
+// 65,535, dynamic shared memory past 48 KB that cudaFuncSetAttribute did not allow or past an
+// H100's 227 KB.
 template <typename... Parameters, typename... Arguments>
 void launch_kernel(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes,
                    cudaStream_t, const Arguments&... arguments) {
-  warp_emulation::launch(grid, block, shared_bytes, [&] { kernel(Parameters(arguments)...); });
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  const auto allowed =
+      warp_emulation::allowed_shared_bytes.find(reinterpret_cast<const void*>(kernel));
+  const size_t shared_limit =
+      allowed == warp_emulation::allowed_shared_bytes.end() ? 48 * 1024 : allowed->second;
+  if (grid.x * grid.y * grid.z == 0 || threads == 0 || threads > 1024 || grid.y > 65535 ||
+      grid.z > 65535 || block.z > 64 || shared_bytes > shared_limit || shared_bytes > 227 * 1024)
+    throw std::logic_error("emulated launch: invalid configuration (grid " +
+                           std::to_string(grid.x) + "x" + std::to_string(grid.y) + "x" +
+                           std::to_string(grid.z) + ", " + std::to_string(threads) + " threads, " +
+                           std::to_string(shared_bytes) + " bytes of shared memory)");
+  warp_emulation::launch(grid, block, shared_bytes, [&] { kernel(arguments...); });
 }
 }  // namespace tfm
 
