@@ -14,6 +14,8 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <vector_functions.h>
 #include <vector_types.h>
 
@@ -45,7 +47,7 @@ namespace warp_emulation {
 // may define it.
 extern "C" void tfm_emulation_switch_fiber(void** from, void* to);
 asm(R"(
-  .text
+  .pushsection .text
   .weak tfm_emulation_switch_fiber
   .type tfm_emulation_switch_fiber, @function
 tfm_emulation_switch_fiber:
@@ -71,6 +73,7 @@ tfm_emulation_switch_fiber:
   popq %rbp
   ret
   .size tfm_emulation_switch_fiber, .-tfm_emulation_switch_fiber
+  .popsection
 )");
 static_assert(sizeof(void*) == 8, "the fiber switch is x86-64's");
 
@@ -307,15 +310,23 @@ inline int __any_sync(unsigned mask, int predicate) {
 inline void warp_emulation::run_block(dim3 grid, dim3 block_shape, unsigned b,
                                       size_t shared_bytes) {
   constexpr size_t kStackBytes = 256 << 10;
-  // Stacks kept from launch to launch (not cleared: a fiber writes before it reads).
-  static std::vector<std::unique_ptr<char[]>> stacks;
+  // Stacks kept from launch to launch (not cleared: a fiber writes before it reads), each above
+  // an inaccessible page, so that a fiber overflowing its stack faults instead of writing over
+  // another's.
+  static std::vector<char*> stacks;
   const int threads = int(block_shape.x * block_shape.y * block_shape.z);
-  while (stacks.size() < size_t(threads)) stacks.emplace_back(new char[kStackBytes]);
+  while (stacks.size() < size_t(threads)) {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    void* memory = mmap(nullptr, page + kStackBytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED || mprotect(memory, page, PROT_NONE) != 0) std::abort();
+    stacks.push_back(static_cast<char*>(memory) + page);
+  }
   Block block(threads, shared_bytes);
   current = &block;
   for (int t = 0; t < threads; ++t)
     block.fibers[size_t(t)] = start_fiber(
-        stacks[size_t(t)].get(), kStackBytes, +[] {
+        stacks[size_t(t)], kStackBytes, +[] {
           (*current_kernel)();
           Block& finishing = *current;
           finishing.finished[size_t(thread_index)] = true;
