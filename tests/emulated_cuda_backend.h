@@ -6,8 +6,8 @@
 // the host compiler over an emulation of the CUDA built-ins they use (warp_emulation.h: each
 // thread a fiber, warps' shuffles, votes and matrix instructions, barriers, shared memory), with
 // the launch shapes the backend gives them, for an emulated H100-sized device. The products
-// (cuBLAS and cuBLASLt on a GPU) are cpu_backend()'s; the WMMA attention blocks are not
-// emulated. Slow: small sizes only.
+// (cuBLAS and cuBLASLt on a GPU) are cpu_backend()'s; WMMA's tiles are emulated too
+// (TFM_CUDA_ATTENTION_IN_REGISTERS=0 takes those blocks). Slow: small sizes only.
 #pragma once
 
 #include "backend/backend.h"

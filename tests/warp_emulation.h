@@ -98,16 +98,17 @@ struct Block {
         warps((threads + 31) / 32),
         shared_bytes(shared_bytes),
         slots(3, std::vector<uint64_t>(size_t(32 * warps))),
-        shared(shared_bytes + 16, 0xAB),
+        shared(shared_bytes + 128, 0xAB),
         fibers(size_t(threads)),
         finished(size_t(threads), false),
         waiting_group(size_t(threads), -1),
         waiting_generation(size_t(threads), 0),
         arrived(size_t(1 + warps), 0),
         generation(size_t(1 + warps), 0) {
-    // 16-byte aligned, as the kernels' dynamic shared memory is.
-    base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(shared.data()) + 15) &
-                                            ~uintptr_t(15));
+    // 128-byte aligned: at least what any kernel declares its dynamic shared memory (16, or 32
+    // for WMMA's pointers).
+    base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(shared.data()) + 127) &
+                                            ~uintptr_t(127));
   }
   int threads, warps;
   size_t shared_bytes;                       // what the launch gave, from base on
@@ -231,6 +232,7 @@ void run_block(dim3 grid, dim3 block, unsigned b, size_t shared_bytes);
 #define __shared__ static __attribute__((section("tfm_emulated_shared")))
 #define TFM_DYNAMIC_SHARED(Type, name) \
   Type* name = reinterpret_cast<Type*>(warp_emulation::current->base)
+#define TFM_DYNAMIC_SHARED_ALIGNED(Type, name, bytes) TFM_DYNAMIC_SHARED(Type, name)
 inline uint3 threadIdx;
 inline uint3 blockIdx;
 inline dim3 blockDim;
@@ -485,3 +487,66 @@ inline void multiply_add(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uin
 }
 
 }  // namespace tfm
+
+// WMMA (mma.h) as attention_tensor_cores.cu uses it: 16 × 16 × 16 tiles, bfloat16 operands,
+// float sums. Every lane holds the whole tile (a fragment's layout across lanes is the
+// hardware's own, and the kernels never look inside one), each operation waits for the whole
+// warp first, as a .sync instruction does, and a product sums in double and rounds once.
+namespace nvcuda {
+namespace wmma {
+
+struct row_major {};
+struct col_major {};
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "emulated: 16 x 16 x 16 tiles");
+  float tile[16][16];  // [row][column] of the operand or the sums
+};
+
+// Element (i, j) of the operand tile at p (rows or columns ldm apart, as Layout says).
+template <typename Use, typename T, typename Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  warp_emulation::warp_wait();
+  constexpr bool by_rows = std::is_same_v<Layout, row_major>;
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      uint16_t bits;
+      std::memcpy(&bits, p + (by_rows ? i * ldm + j : j * ldm + i), 2);
+      f.tile[i][j] = tfm::bfloat16_to_float(bits);
+    }
+}
+inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float value) {
+  warp_emulation::warp_wait();
+  for (auto& row : f.tile)
+    for (float& x : row) x = value;
+}
+template <typename T, typename ALayout, typename BLayout>
+void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+              const fragment<matrix_a, 16, 16, 16, T, ALayout>& a,
+              const fragment<matrix_b, 16, 16, 16, T, BLayout>& b,
+              const fragment<accumulator, 16, 16, 16, float>& c) {
+  warp_emulation::warp_wait();
+  float result[16][16];
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) {
+      double sum = c.tile[i][j];
+      for (int k = 0; k < 16; ++k) sum += double(a.tile[i][k]) * b.tile[k][j];
+      result[i][j] = float(sum);
+    }
+  std::memcpy(d.tile, result, sizeof result);
+}
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+                              unsigned ldm, layout_t layout) {
+  warp_emulation::warp_wait();
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j)
+      p[layout == mem_row_major ? i * ldm + j : j * ldm + i] = f.tile[i][j];
+}
+
+}  // namespace wmma
+}  // namespace nvcuda

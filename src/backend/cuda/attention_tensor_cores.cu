@@ -19,9 +19,7 @@
 // attention_in_registers.cu's kernels (the same blocks with each product's result kept in the
 // registers of the warp that computed it) unless TFM_CUDA_ATTENTION_IN_REGISTERS=0.
 #include <cuda_bf16.h>
-#ifndef TFM_EMULATED_WARPS  // the WMMA blocks are not emulated (tests/warp_emulation.h)
-#include <mma.h>
-#endif
+#include <mma.h>  // (tests/warp_emulation.h brings its own nvcuda::wmma)
 
 #include <algorithm>
 #include <type_traits>
@@ -75,7 +73,6 @@ struct Tiles {
                 "WMMA pointers must stay 32-byte aligned");
 };
 
-#ifndef TFM_EMULATED_WARPS  // the WMMA blocks: CUDA only
 namespace wmma = nvcuda::wmma;
 
 // C (float, shared, rows ldc apart) = A·B, an kM × kN result over an inner kK (multiples of 16),
@@ -146,7 +143,7 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kForwardBlocksAnSm<kLen>)
                                bool statistics_only) {
   using T = Tiles<kLen>;
   constexpr int kThreads = kBlockThreads<kLen>;
-  extern __shared__ __align__(32) unsigned char shared_bytes[];
+  TFM_DYNAMIC_SHARED_ALIGNED(unsigned char, shared_bytes, 32);
   uint16_t* queries = reinterpret_cast<uint16_t*>(shared_bytes);      // Q, then the weights P
   uint16_t* keys = queries + T::kLenMatrix;                           // K
   uint16_t* values = keys + T::kHeadMatrix;                           // V
@@ -250,7 +247,7 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
                                 const Input* d_out, float* dq, float* dk, float* dv, float scale) {
   using T = Tiles<kLen>;
   constexpr int kThreads = kBlockThreads<kLen>;
-  extern __shared__ __align__(32) unsigned char shared_bytes[];
+  TFM_DYNAMIC_SHARED_ALIGNED(unsigned char, shared_bytes, 32);
   // kRebuild: P then dS; Q, then dO, then Q; K, then V, then K. Else: P then K; dO then Q; V then
   // dS.
   uint16_t* first = reinterpret_cast<uint16_t*>(shared_bytes);
@@ -325,8 +322,6 @@ __global__ void __launch_bounds__(kBlockThreads<kLen>, kLen == 64 ? 3 : 1)
   store_rows<kThreads>(result, T::kPitchResult, tk, dk ? at.key(s, dk) : nullptr, s.k_row_stride,
                        s.rounded_dk ? at.key(s, s.rounded_dk) : nullptr, s.k_row_stride);
 }
-
-#endif  // TFM_EMULATED_WARPS
 
 // Whether a call's forward stores the rows' statistics instead of its weights, and its backward
 // rebuilds them (AttentionShape::weights_for_backward_only; two keys at least, so that the
@@ -411,9 +406,6 @@ void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
     attention_in_registers_forward(c, s, mask, q, k, v, probs, out, scale, statistics_only);
     return;
   }
-#ifdef TFM_EMULATED_WARPS
-  throw std::logic_error("attention_forward: the WMMA blocks are not emulated");
-#else
   const auto launch = [&](auto input, const auto* q_in, const auto* k_in, const auto* v_in) {
     using Input = decltype(input);
     if (fits_small_blocks(s))
@@ -430,7 +422,6 @@ void tensor_core_attention_forward(const Context& c, const AttentionShape& s,
   else
     launch(float{}, q, k, v);
   check_launch("attention_forward (tensor cores)");
-#endif
 }
 
 void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
@@ -445,9 +436,6 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
                                     rebuilds_weights(s));
     return;
   }
-#ifdef TFM_EMULATED_WARPS
-  throw std::logic_error("attention_backward: the WMMA blocks are not emulated");
-#else
   // Q, K, V and dO of the Input type, from the given pointers.
   const auto launch_with = [&](auto input, const auto* q_in, const auto* k_in, const auto* v_in,
                                const auto* d_out_in) {
@@ -475,7 +463,6 @@ void tensor_core_attention_backward(const Context& c, const AttentionShape& s,
   else
     launch_with(float{}, q, k, v, d_out);
   check_launch("attention_backward (tensor cores)");
-#endif
 }
 
 }  // namespace cuda

@@ -137,9 +137,12 @@ void launch_kernel(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t 
 #endif
 
 // A kernel's dynamic shared memory (launch_kernel's shared_bytes) as an array `name` of `Type`,
-// 16-byte aligned.
+// 16-byte aligned, or `bytes`-aligned (WMMA's pointers: 32).
 #ifndef TFM_EMULATED_WARPS
 #define TFM_DYNAMIC_SHARED(Type, name) extern __shared__ __align__(16) Type name[]
+#define TFM_DYNAMIC_SHARED_ALIGNED(Type, name, bytes) \
+  extern __shared__ __align__(bytes)                  \
+  Type name[]
 #endif
 
 // Element-wise launches: 256 threads, enough blocks for n elements up to a grid that fills the
