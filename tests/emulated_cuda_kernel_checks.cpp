@@ -3,7 +3,8 @@
 // output's rounding pass; a prepared matrix's row reads), which emulated_cuda_backend.h's
 // products (the CPU's) never reach: called directly, emulated, against the CPU's int8 products to
 // the bit (both sum the quantised rows exactly and scale back with the same float operations, as
-// backend_ops' Int8ProductsAreTheCpusToTheBit holds a GPU to) and against host loops.
+// backend_ops' Int8ProductsAreTheCpusToTheBit holds a GPU to) and against host loops. (Not named
+// *_test.cpp: those go into transformer_tests, which has no emulated kernels.)
 #include <gtest/gtest.h>
 
 #include <cmath>
