@@ -152,10 +152,8 @@ class EmulatedCudaBackend final : public Backend {
   void embedding_forward_prepared(const PreparedMatrix& table, const float* positions,
                                   const int32_t* ids, int64_t rows, int64_t len, int64_t d,
                                   float scale, int64_t first_position, float* out) const override {
-    if (table.cols() != d) throw std::invalid_argument("embedding_forward_prepared: width");
-    table.read_rows(ids, rows, out);
-    emulated_cuda::scale_and_add_positions(context_.stream, positions, rows, len, d, scale,
-                                           first_position, out);
+    emulated_cuda::embedding_forward_prepared(context_.stream, table, positions, ids, rows, len, d,
+                                              scale, first_position, out);
   }
   void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
                           int64_t d, float scale, int64_t first_position, float* d_table,
@@ -171,8 +169,6 @@ class EmulatedCudaBackend final : public Backend {
                                       int64_t vocab, float smoothing, float grad_scale,
                                       double* row_totals,
                                       uint16_t* rounded_gradient) const override {
-    if (!logits && !rounded_gradient && rows > 0)
-      throw std::invalid_argument("cross_entropy_forward_backward: no logits");
     emulated_cuda::cross_entropy_forward_backward(context_.stream, logits, targets, rows, vocab,
                                                   smoothing, grad_scale, row_totals,
                                                   rounded_gradient);
@@ -185,11 +181,7 @@ class EmulatedCudaBackend final : public Backend {
   void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t total,
                    const float* grad, float* m, float* v, const AdamHyperparameters& h,
                    int64_t step) const override {
-    const double bias_correction1 = 1.0 - std::pow(double(h.beta1), double(step));
-    const double bias_correction2 = 1.0 - std::pow(double(h.beta2), double(step));
-    emulated_cuda::adam_update(context_.stream, params, offsets, count, total, grad, m, v, h.beta1,
-                               h.beta2, h.eps, float(double(h.lr) / bias_correction1),
-                               float(1.0 / std::sqrt(bias_correction2)));
+    emulated_cuda::adam_update(context_.stream, params, offsets, count, total, grad, m, v, h, step);
   }
   void sgd_update(float* param, const float* grad, int64_t n, float lr) const override {
     emulated_cuda::sgd_update(context_.stream, param, grad, n, lr);
@@ -264,10 +256,6 @@ void check(cublasStatus_t status, const char* call) {
     throw Error(std::string("cuBLAS: ") + call + ": emulated failure");
 }
 void check_launch(const char*) {}
-bool turned_off(const char* variable) {
-  const char* value = std::getenv(variable);
-  return value && std::string(value) == "0";
-}
 
 Scratch::Scratch(const Context& context, int64_t bytes) : context_(context) {
   memory_ = bytes > 0 ? std::malloc(size_t(bytes)) : nullptr;

@@ -25,7 +25,6 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>

@@ -39,10 +39,6 @@ void check(cublasStatus_t status, const char* call) {
 void check_launch(const char* kernel) {
   check(cudaGetLastError(), kernel);
 }
-bool turned_off(const char* variable) {
-  const char* setting = std::getenv(variable);
-  return setting && std::strcmp(setting, "0") == 0;
-}
 
 void Context::wait_for_other_recording() const {
   const std::thread::id recorder = recording_thread.load(std::memory_order_acquire);
@@ -284,10 +280,9 @@ class CudaBackend final : public Backend {
   void embedding_forward_prepared(const PreparedMatrix& table, const float* positions,
                                   const int32_t* ids, int64_t rows, int64_t len, int64_t d,
                                   float scale, int64_t first_position, float* out) const override {
-    if (table.cols() != d) throw std::invalid_argument("embedding_forward_prepared: width");
     TFM_CUDA_OPERATION(c_, "embedding_forward_prepared");
-    table.read_rows(ids, rows, out);
-    cuda::scale_and_add_positions(c_.stream, positions, rows, len, d, scale, first_position, out);
+    cuda::embedding_forward_prepared(c_.stream, table, positions, ids, rows, len, d, scale,
+                                     first_position, out);
   }
   void embedding_backward(const float* d_out, const int32_t* ids, int64_t rows, int64_t len,
                           int64_t d, float scale, int64_t first_position, float* d_table,
@@ -306,8 +301,6 @@ class CudaBackend final : public Backend {
                                       int64_t vocab, float smoothing, float grad_scale,
                                       double* row_totals,
                                       uint16_t* rounded_gradient) const override {
-    if (!logits && !rounded_gradient && rows > 0)
-      throw std::invalid_argument("cross_entropy_forward_backward: no logits");
     TFM_CUDA_OPERATION_SHAPED(c_,
                               logits ? "cross_entropy_forward_backward"
                                      : "cross_entropy_forward_backward (bfloat16 logits)",
@@ -337,12 +330,8 @@ class CudaBackend final : public Backend {
   void adam_update(float* const* params, const int64_t* offsets, int64_t count, int64_t total,
                    const float* grad, float* m, float* v, const AdamHyperparameters& h,
                    int64_t step) const override {
-    const double bias_correction1 = 1.0 - std::pow(double(h.beta1), double(step));
-    const double bias_correction2 = 1.0 - std::pow(double(h.beta2), double(step));
     TFM_CUDA_OPERATION(c_, "adam_update");
-    cuda::adam_update(c_.stream, params, offsets, count, total, grad, m, v, h.beta1, h.beta2, h.eps,
-                      float(double(h.lr) / bias_correction1),
-                      float(1.0 / std::sqrt(bias_correction2)));
+    cuda::adam_update(c_.stream, params, offsets, count, total, grad, m, v, h, step);
   }
   void sgd_update(float* param, const float* grad, int64_t n, float lr) const override {
     TFM_CUDA_OPERATION(c_, "sgd_update");

@@ -11,6 +11,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -30,7 +32,10 @@ void check_launch(const char* kernel);
 // Whether the environment sets `variable` to "0": how TFM_CUDA_GRAPHS, TFM_CUDA_LT,
 // TFM_CUDA_TENSOR_CORE_ATTENTION, TFM_CUDA_ATTENTION_IN_REGISTERS, TFM_CUDA_ONE_PASS_NORM and
 // TFM_CUDA_INT8_TENSOR_CORES turn a path off (each caller reads it once).
-bool turned_off(const char* variable);
+inline bool turned_off(const char* variable) {
+  const char* setting = std::getenv(variable);
+  return setting && std::strcmp(setting, "0") == 0;
+}
 
 #define TFM_CUDA(call) ::tfm::cuda::check((call), #call)
 

@@ -12,6 +12,9 @@
 #include "tensor/int8_weights.h"
 
 namespace tfm {
+
+class PreparedMatrix;
+
 namespace cuda {
 
 // --- elementwise.cu ---
@@ -69,12 +72,18 @@ void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int
 // out[rows, d] = out · scale + positions (a prepared table's rows, already read into out).
 void scale_and_add_positions(cudaStream_t s, const float* positions, int64_t rows, int64_t len,
                              int64_t d, float scale, int64_t first_position, float* out);
+// Backend::embedding_forward_prepared: the rows of a float32 prepared table (its read_rows),
+// then scale_and_add_positions.
+void embedding_forward_prepared(cudaStream_t s, const PreparedMatrix& table, const float* positions,
+                                const int32_t* ids, int64_t rows, int64_t len, int64_t d,
+                                float scale, int64_t first_position, float* out);
 void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, int64_t rows,
                         int64_t len, int64_t d, float scale, int64_t first_position, float* d_table,
                         float* d_positions);
+// Backend::adam_update's step `step` (from 1), its bias corrections folded into the step size.
 void adam_update(cudaStream_t s, float* const* params, const int64_t* offsets, int64_t count,
-                 int64_t total, const float* grad, float* m, float* v, float b1, float b2,
-                 float eps, float step_size, float inv_sqrt_bc2);
+                 int64_t total, const float* grad, float* m, float* v, const AdamHyperparameters& h,
+                 int64_t step);
 void sgd_update(cudaStream_t s, float* param, const float* grad, int64_t n, float lr);
 // Σ x² in double in a fixed order, waited for.
 double sum_of_squares(const Context& c, const float* x, int64_t n);
@@ -111,6 +120,7 @@ void read_rows(cudaStream_t s, const float* w, const int32_t* ids, int64_t count
 // --- loss_and_search.cu ---
 void log_softmax_pick(cudaStream_t s, const float* logits, const int32_t* targets, int64_t rows,
                       int64_t cols, float* out);
+// std::invalid_argument where rows > 0 and there are neither logits nor rounded_gradient.
 void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t* targets,
                                     int64_t rows, int64_t vocab, float smoothing, float grad_scale,
                                     double* row_totals, uint16_t* rounded_gradient);

@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/operation_profile.h"
 
@@ -1382,6 +1383,14 @@ void scale_and_add_positions(cudaStream_t s, const float* positions, int64_t row
   check_launch("scale_and_add_positions");
 }
 
+void embedding_forward_prepared(cudaStream_t s, const PreparedMatrix& table, const float* positions,
+                                const int32_t* ids, int64_t rows, int64_t len, int64_t d,
+                                float scale, int64_t first_position, float* out) {
+  if (table.cols() != d) throw std::invalid_argument("embedding_forward_prepared: width");
+  table.read_rows(ids, rows, out);
+  scale_and_add_positions(s, positions, rows, len, d, scale, first_position, out);
+}
+
 void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, int64_t rows,
                         int64_t len, int64_t d, float scale, int64_t first_position, float* d_table,
                         float* d_positions) {
@@ -1392,9 +1401,14 @@ void embedding_backward(cudaStream_t s, const float* d_out, const int32_t* ids, 
 }
 
 void adam_update(cudaStream_t s, float* const* params, const int64_t* offsets, int64_t count,
-                 int64_t total, const float* grad, float* m, float* v, float b1, float b2,
-                 float eps, float step_size, float inv_sqrt_bc2) {
+                 int64_t total, const float* grad, float* m, float* v, const AdamHyperparameters& h,
+                 int64_t step) {
   if (count == 0 || total == 0) return;
+  const double bias_correction1 = 1.0 - std::pow(double(h.beta1), double(step));
+  const double bias_correction2 = 1.0 - std::pow(double(h.beta2), double(step));
+  const float b1 = h.beta1, b2 = h.beta2, eps = h.eps;
+  const float step_size = float(double(h.lr) / bias_correction1);
+  const float inv_sqrt_bc2 = float(1.0 / std::sqrt(bias_correction2));
   launch_kernel(adam_kernel, blocks_for((total + 3) / 4), kThreads, 0, s, params, offsets, count,
                 total, grad, m, v, b1, b2, eps, step_size, inv_sqrt_bc2,
                 aligned(grad, 16) && aligned(m, 16) && aligned(v, 16));

@@ -3,6 +3,7 @@
 // tokens of each row for beam search. One block per row; the loss's per-row totals stay in device
 // memory until the caller copies a whole batch's back (no wait per call).
 #include <cmath>
+#include <stdexcept>
 #include <type_traits>
 
 #include "backend/cuda/cuda_kernels.h"
@@ -462,6 +463,8 @@ void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t
                                     int64_t rows, int64_t vocab, float smoothing, float grad_scale,
                                     double* row_totals, uint16_t* rounded_gradient) {
   if (rows == 0) return;
+  if (!logits && !rounded_gradient)
+    throw std::invalid_argument("cross_entropy_forward_backward: no logits");
   if (logits)
     launch_kernel(cross_entropy_kernel<float>, unsigned(rows), kRowThreads, 0, s, logits, targets,
                   vocab, smoothing, grad_scale, row_totals, rounded_gradient);
