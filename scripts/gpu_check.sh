@@ -110,8 +110,9 @@ step backend_ops 180 each_test_alone '*BackendOps*cuda*:Backends.*'
 step gpu_cli 240 $tests --gtest_filter='*Gpu*'
 # NCCL's join aborted at its deadline (2 s) when the other rank never comes: a limit of its own.
 step nccl_lonely_join 40 $tests --gtest_filter='DeviceCollectives.JoiningWithoutTheOtherRank*'
-# PyTorch's gradients and CTranslate2's scores and translations, on the GPU.
-step gpu_fixtures 120 $tests --gtest_filter='*GradientParity*cuda*:*ConvertedModelOnDevice*cuda*'
+# PyTorch's gradients and optimizer steps, CTranslate2's scores and translations, on the GPU.
+step gpu_fixtures 120 $tests \
+  --gtest_filter='*GradientParity*cuda*:*SgdStep*cuda*:*AdamSteps*cuda*:*ConvertedModelOnDevice*cuda*'
 # Where a step of tests failed: its failed tests again with each of the newer paths turned off
 # in turn (recorded steps, cuBLASLt's products, training's tensor-core attention), to tell which
 # one the failure belongs to, if any, in the same call: a minute each at most, none once the
