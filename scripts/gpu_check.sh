@@ -107,6 +107,10 @@ each_test_alone() {  # each_test_alone FILTER
 export -f each_test_alone
 export tests logs
 step backend_ops 180 each_test_alone '*BackendOps*cuda*:Backends.*'
+# Every product test and the fixtures' training on products whose cuBLASLt algorithm was timed
+# among several (TFM_CUDA_LT_TUNING=all: shapes of every size; by default only large ones are).
+step tuned_products 90 env TFM_CUDA_LT_TUNING=all $tests \
+  --gtest_filter='*BackendOps*Matmul*cuda*:*BackendOps*BFloat16Output*cuda*:*GradientParity*cuda*:*AdamSteps*cuda*'
 step gpu_cli 240 $tests --gtest_filter='*Gpu*'
 # NCCL's join aborted at its deadline (2 s) when the other rank never comes: a limit of its own.
 step nccl_lonely_join 40 $tests --gtest_filter='DeviceCollectives.JoiningWithoutTheOtherRank*'
@@ -128,7 +132,7 @@ diagnose() {  # diagnose STEP
     return 0
   fi
   echo "== $1 failed: $failed; again with each newer path off"
-  for switch in TFM_CUDA_GRAPHS=0 TFM_CUDA_LT=0 TFM_CUDA_TENSOR_CORE_ATTENTION=0 \
+  for switch in TFM_CUDA_GRAPHS=0 TFM_CUDA_LT=0 TFM_CUDA_LT_TUNING=0 TFM_CUDA_TENSOR_CORE_ATTENTION=0 \
     TFM_CUDA_ATTENTION_IN_REGISTERS=0 TFM_CUDA_REBUILT_WEIGHTS=0 TFM_CUDA_BFLOAT16_QKV=0 TFM_CUDA_RELU_MASK=0 TFM_CUDA_ONE_PASS_NORM=0 \
     TFM_STACKED_PROJECTIONS=0; do
     if [ $SECONDS -gt 300 ]; then
@@ -191,7 +195,8 @@ step train_vs_compile_bf16 120 train_compare bfloat16 --compile
 # (TFM_CUDA_REBUILT_WEIGHTS); the projections writing Q, K and V in bfloat16 alone for those
 # blocks against float32 (TFM_CUDA_BFLOAT16_QKV); the ReLU's gradient and fc1's bias gradient inside
 # fc2's input-gradient product, from cuBLASLt's mask of fc1's ReLU, against a pass of their own
-# (TFM_CUDA_RELU_MASK).
+# (TFM_CUDA_RELU_MASK); the products on the cuBLASLt algorithm timed fastest for their shape
+# against its heuristic's first choice and cuBLAS's (TFM_CUDA_LT_TUNING).
 path_against_switch() {  # path_against_switch SWITCH WHAT [BATCH LENGTH]: 400 pairs of 63 tokens
   local run=(build/bench/train_bench --batch "${3:-400}" --src-len "${4:-63}" --tgt-len "${4:-63}"
     --vocab 37000 --steps 5 --warmup 2 --device cuda --compute-type bfloat16)
@@ -241,6 +246,8 @@ step bfloat16_qkv_train 60 path_against_switch TFM_CUDA_BFLOAT16_QKV \
   "Q, K and V written in bfloat16 alone"
 step relu_mask_train 60 path_against_switch TFM_CUDA_RELU_MASK \
   "the ReLU's gradient inside fc2's product"
+step lt_tuning_train 60 path_against_switch TFM_CUDA_LT_TUNING \
+  "products on cuBLASLt's algorithms timed for their shapes"
 # Where a bfloat16 step's GPU time goes, per operation and shape (TFM_CUDA_PROFILE=shapes: events
 # around each).
 profile_step() {

@@ -63,6 +63,7 @@ BlasLtLibrary load_lt() {
   look_up(handle, "cublasLtMatmulPreferenceDestroy", library.preference_destroy);
   look_up(handle, "cublasLtMatmulPreferenceSetAttribute", library.preference_set);
   look_up(handle, "cublasLtMatmulAlgoGetHeuristic", library.heuristic);
+  look_up(handle, "cublasLtMatmulAlgoCheck", library.algo_check);
   look_up(handle, "cublasLtMatmul", library.matmul);
   return library;
 }

@@ -31,7 +31,8 @@ struct BlasLibrary {
   decltype(&cublasGetStatusString) status_string;
 };
 
-// cuBLASLt's: the products whose epilogue (bias, ReLU) runs in the product's own kernel.
+// cuBLASLt's: the products whose epilogue (bias, ReLU) runs in the product's own kernel, and
+// training's products on the algorithm found fastest for their shape (lt_product.h).
 struct BlasLtLibrary {
   decltype(&cublasLtCreate) create;
   decltype(&cublasLtMatmulDescCreate) desc_create;
@@ -43,6 +44,7 @@ struct BlasLtLibrary {
   decltype(&cublasLtMatmulPreferenceDestroy) preference_destroy;
   decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set;
   decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&cublasLtMatmulAlgoCheck) algo_check;
   decltype(&cublasLtMatmul) matmul;
 };
 

@@ -1,12 +1,15 @@
 // See lt_product.h. cuBLASLt is column-major, and reads each row-major matrix as its transpose
 // with the same stride: y[m, n] = x · Wᵀ is D[n, m] = op(A)·B with A = W read as [k, n]
 // (ld ldw) and transposed, B = x read as [k, m] (ld ldx), D = y read as [n, m] (ld ldy); y = x·W
-// the same with A = W read as [n, k] (ld ldw), not transposed. cuBLASLt's bias has one element per
+// the same with A = W read as [n, k] (ld ldw), not transposed; x read transposed (x [k, m], a
+// weight gradient's dyᵀ) is B read as [m, k] and transposed. cuBLASLt's bias has one element per
 // row of D: one per column of y, as a linear layer's bias has.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda/blas_library.h"
 #include "backend/cuda/lt_product.h"
@@ -42,11 +45,12 @@ struct PlanKey {
   int device;
   int64_t m, n, k, ldx, ldw, ldy;
   int type, output_type, layout;
+  bool transposed_x;  // x [k, m] read as its transpose (a weight gradient's dyᵀ)
   bool bias, bias_in_bfloat16, relu;
   int mask;  // ReluMaskUse
   uint32_t align_x, align_w, align_y, align_bias, align_mask;
   auto tied() const {
-    return std::tie(device, m, n, k, ldx, ldw, ldy, type, output_type, layout, bias,
+    return std::tie(device, m, n, k, ldx, ldw, ldy, type, output_type, layout, transposed_x, bias,
                     bias_in_bfloat16, relu, mask, align_x, align_w, align_y, align_bias,
                     align_mask);
   }
@@ -60,6 +64,7 @@ struct Plan {
   cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool usable = false;
+  bool tuned = false;  // algo is the one timing chose (tune), or its shape bucket's
   std::mutex mutex;
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -99,6 +104,38 @@ cublasLtEpilogue_t epilogue_of(const PlanKey& key) {
                   : (key.relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
 }
 
+// Up to `count` of cuBLASLt's algorithms for the plan's descriptors, its heuristic's best first,
+// each within the workspace (none where it has none).
+std::vector<cublasLtMatmulAlgo_t> candidates(const Context& c, const Plan& plan, const PlanKey& key,
+                                             int count) {
+  const BlasLtLibrary& lt = blas_lt_library();
+  cublasLtMatmulPreference_t preference = nullptr;
+  TFM_CUDA(lt.preference_create(&preference));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
+  int found = 0;
+  cublasStatus_t status = CUBLAS_STATUS_NOT_SUPPORTED;
+  try {
+    set(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
+    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w);
+    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x);
+    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y);
+    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
+    status = lt.heuristic(c.blas_lt, plan.desc, plan.w_layout, plan.x_layout, plan.y_layout,
+                          plan.y_layout, preference, count, results.data(), &found);
+  } catch (...) {
+    lt.preference_destroy(preference);
+    throw;
+  }
+  lt.preference_destroy(preference);
+  std::vector<cublasLtMatmulAlgo_t> algorithms;
+  if (status != CUBLAS_STATUS_SUCCESS) return algorithms;
+  for (int i = 0; i < std::min(found, count); ++i)
+    if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS &&
+        results[size_t(i)].workspaceSize <= kWorkspaceBytes)
+      algorithms.push_back(results[size_t(i)].algo);
+  return algorithms;
+}
+
 // The descriptors for `key` and cuBLASLt's first choice of algorithm for them (usable false where
 // it has none). The bias (or bias gradient) and mask pointers given are the ones the heuristic
 // judges alignment by.
@@ -110,7 +147,8 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void
   TFM_CUDA(lt.desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const bool transposed_w = WeightLayout(key.layout) == WeightLayout::kOutputsByInputs;
   set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(transposed_w ? CUBLAS_OP_T : CUBLAS_OP_N));
-  set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
+  set(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+      int32_t(key.transposed_x ? CUBLAS_OP_T : CUBLAS_OP_N));
   set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue_of(key)));
   if (ReluMaskUse(key.mask) != ReluMaskUse::kNone) {
     set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, mask);
@@ -131,30 +169,13 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void
   const auto output_type = cudaDataType_t(key.output_type);
   TFM_CUDA(lt.layout_create(&plan->w_layout, type, uint64_t(transposed_w ? key.k : key.n),
                             uint64_t(transposed_w ? key.n : key.k), key.ldw));
-  TFM_CUDA(lt.layout_create(&plan->x_layout, type, uint64_t(key.k), uint64_t(key.m), key.ldx));
+  TFM_CUDA(lt.layout_create(&plan->x_layout, type, uint64_t(key.transposed_x ? key.m : key.k),
+                            uint64_t(key.transposed_x ? key.k : key.m), key.ldx));
   TFM_CUDA(
       lt.layout_create(&plan->y_layout, output_type, uint64_t(key.n), uint64_t(key.m), key.ldy));
-  cublasLtMatmulPreference_t preference = nullptr;
-  TFM_CUDA(lt.preference_create(&preference));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  try {
-    set(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kWorkspaceBytes));
-    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w);
-    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x);
-    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y);
-    set(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
-    const cublasStatus_t status =
-        lt.heuristic(c.blas_lt, plan->desc, plan->w_layout, plan->x_layout, plan->y_layout,
-                     plan->y_layout, preference, 1, &result, &found);
-    plan->usable = status == CUBLAS_STATUS_SUCCESS && found > 0 &&
-                   result.state == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= kWorkspaceBytes;
-  } catch (...) {
-    lt.preference_destroy(preference);
-    throw;
-  }
-  lt.preference_destroy(preference);
-  if (plan->usable) plan->algo = result.algo;
+  const std::vector<cublasLtMatmulAlgo_t> first = candidates(c, *plan, key, 1);
+  plan->usable = !first.empty();
+  if (plan->usable) plan->algo = first[0];
   return plan;
 }
 
@@ -178,70 +199,154 @@ std::shared_ptr<Plan> plan_for(const Context& c, const PlanKey& key, const void*
   return plans->emplace(key, std::move(plan)).first->second;
 }
 
-}  // namespace
+// What one call multiplies: the operands, where it writes, and its scalars (y = alpha · product
+// + beta · y).
+struct Operands {
+  const void* x;
+  const void* w;
+  void* y;
+  const void* bias;  // or the bias gradient
+  const void* mask;
+  float alpha, beta;
+};
 
-int64_t lt_relu_mask_bytes(int64_t m, int64_t n) {
-  return mask_ld(n) / 8 * m;
+cublasStatus_t launch(const Context& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                      const Operands& o, void* y) {
+  return blas_lt_library().matmul(c.blas_lt, plan.desc, &o.alpha, o.w, plan.w_layout, o.x,
+                                  plan.x_layout, &o.beta, y, plan.y_layout, y, plan.y_layout, &algo,
+                                  c.lt_workspace, kWorkspaceBytes, c.stream);
 }
 
-bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
-                const void* w, int64_t ldw, cudaDataType_t type, void* y,
-                cudaDataType_t output_type, int64_t ldy, const float* float_bias,
-                const uint16_t* rounded_bias, bool relu, WeightLayout layout,
-                const LtReluMask& relu_mask) {
-  static const bool enabled = !turned_off("TFM_CUDA_LT");  // else cuBLAS and a pass, to compare
-  const ReluMaskUse mask_use = !relu_mask.mask           ? ReluMaskUse::kNone
-                               : relu_mask.written       ? ReluMaskUse::kWrite
-                               : relu_mask.bias_gradient ? ReluMaskUse::kReadWithBiasGradient
-                                                         : ReluMaskUse::kRead;
-  if (mask_use == ReluMaskUse::kWrite && !relu)
-    throw std::logic_error("lt_product: a ReLU mask is written by a product with its ReLU");
-  // The bias vector, or the bias gradient the backward's mask epilogue writes in its place.
-  const void* bias = mask_use == ReluMaskUse::kReadWithBiasGradient ? relu_mask.bias_gradient
-                     : float_bias ? static_cast<const void*>(float_bias)
-                                  : rounded_bias;
-  // A bias epilogue reads its vector in wide words: a bias off 16 bytes (a stacked bias of an
-  // odd width) takes cuBLAS and a pass instead of risking a misaligned read.
-  if (!enabled || (bias && !aligned(bias, 16))) return false;
-  const BlasLtLibrary& lt = blas_lt_library();
-  std::lock_guard<std::mutex> context_lock(c.blas_mutex);
-  // The workspace and handle are made on first use, which a capture cannot hold (an allocation):
-  // the step then runs uncaptured once, and makes them.
-  if ((!c.lt_workspace || !c.blas_lt) && c.recording_here()) throw RecordingRefused();
-  if (!c.lt_workspace) {  // the workspace first: a handle is made only where it exists
-    TFM_CUDA(cudaMalloc(&c.lt_workspace, kWorkspaceBytes));  // kept for the context's life
+// Tuning (TFM_CUDA_LT_TUNING): cuBLASLt's heuristic names an algorithm per shape without running
+// any, and on the H200 training's products of the same FLOPs ran at rates from 260 to 550
+// TFLOP/s a shape (2026-11-29's profile). A tunable product large enough (lt_tunes) tries the
+// heuristic's first kCandidates on its own operands once, timed on its stream, and keeps the
+// fastest for its shape bucket: m rounded down to two significant bits (training's batches vary
+// in their token count, m, from step to step; the other dimensions are the model's), alignments
+// aside. Another shape of the bucket takes that algorithm where cuBLASLt confirms it for the
+// shape (cublasLtMatmulAlgoCheck), else its heuristic's. Within a process a shape's algorithm
+// never changes, so its results are the same call to call; two processes may time differently.
+constexpr int kCandidates = 8;
+constexpr int kTimedRuns = 3;
+
+enum class Tuning { kOff, kLarge, kAll };
+Tuning tuning_setting() {
+  static const Tuning setting = [] {
+    const char* value = std::getenv("TFM_CUDA_LT_TUNING");
+    if (value && std::string(value) == "0") return Tuning::kOff;
+    if (value && std::string(value) == "all") return Tuning::kAll;
+    return Tuning::kLarge;
+  }();
+  return setting;
+}
+
+int64_t bucket_of(int64_t m) {
+  int64_t top = 1;
+  while (top * 2 <= m) top *= 2;
+  const int64_t step = std::max<int64_t>(top / 4, 1);
+  return m / step * step;
+}
+
+// The bucket's key: m rounded, no alignments.
+PlanKey bucket_key(PlanKey key) {
+  key.m = bucket_of(key.m);
+  key.align_x = key.align_w = key.align_y = key.align_bias = key.align_mask = 0;
+  return key;
+}
+
+// The algorithm each tuned bucket keeps (never destroyed, as plan_for's cache).
+std::mutex& buckets_mutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
+std::map<PlanKey, cublasLtMatmulAlgo_t>& tuned_buckets() {
+  static auto* buckets = new std::map<PlanKey, cublasLtMatmulAlgo_t>;
+  return *buckets;
+}
+
+// Two events on the context's device, destroyed with the object.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    TFM_CUDA(cudaEventCreate(&start));
+    TFM_CUDA(cudaEventCreate(&stop));
   }
-  if (!c.blas_lt) TFM_CUDA(lt.create(&c.blas_lt));
-  const PlanKey key{c.device,
-                    m,
-                    n,
-                    k,
-                    ldx,
-                    ldw,
-                    ldy,
-                    int(type),
-                    int(output_type),
-                    int(layout),
-                    bias != nullptr && mask_use != ReluMaskUse::kReadWithBiasGradient,
-                    !float_bias && rounded_bias,
-                    relu,
-                    int(mask_use),
-                    alignment_of(x),
-                    alignment_of(w),
-                    alignment_of(y),
-                    alignment_of(bias),
-                    alignment_of(relu_mask.mask)};
-  const std::shared_ptr<Plan> plan = plan_for(c, key, bias, relu_mask.mask);
+  ~EventPair() {
+    if (stop) cudaEventDestroy(stop);
+    if (start) cudaEventDestroy(start);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+
+// The milliseconds `algo` takes for kTimedRuns of the product after one to warm up, into `y`; a
+// negative value where cuBLASLt refuses it.
+float time_algorithm(const Context& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                     const Operands& o, void* y, EventPair& events) {
+  if (launch(c, plan, algo, o, y) != CUBLAS_STATUS_SUCCESS) return -1.f;
+  TFM_CUDA(cudaEventRecord(events.start, c.stream));
+  for (int run = 0; run < kTimedRuns; ++run)
+    if (launch(c, plan, algo, o, y) != CUBLAS_STATUS_SUCCESS) return -1.f;
+  TFM_CUDA(cudaEventRecord(events.stop, c.stream));
+  TFM_CUDA(cudaEventSynchronize(events.stop));
+  float milliseconds = 0.f;
+  TFM_CUDA(cudaEventElapsedTime(&milliseconds, events.start, events.stop));
+  return milliseconds;
+}
+
+// The plan's algorithm from its bucket, confirmed for its shape, or timed among the heuristic's
+// candidates (the first of a bucket). The runs write what the call is about to write anyway
+// (the output, a ReLU mask, a bias gradient), or, where the call adds to its output (beta ≠ 0),
+// a block of scratch in its place. Waits for the stream.
+void tune(const Context& c, Plan& plan, const PlanKey& key, const Operands& o) {
+  const BlasLtLibrary& lt = blas_lt_library();
+  const PlanKey bucket = bucket_key(key);
+  {
+    std::lock_guard<std::mutex> lock(buckets_mutex());
+    const auto found = tuned_buckets().find(bucket);
+    if (found != tuned_buckets().end()) {
+      cublasLtMatmulHeuristicResult_t check{};
+      if (lt.algo_check(c.blas_lt, plan.desc, plan.w_layout, plan.x_layout, plan.y_layout,
+                        plan.y_layout, &found->second, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= kWorkspaceBytes)
+        plan.algo = found->second;
+      plan.tuned = true;
+      return;
+    }
+  }
+  const std::vector<cublasLtMatmulAlgo_t> algorithms = candidates(c, plan, key, kCandidates);
+  if (algorithms.size() > 1) {
+    const int64_t output_bytes = key.output_type == CUDA_R_32F ? 4 : 2;
+    Scratch accumulated(c, o.beta != 0.f ? key.ldy * key.m * output_bytes : 0);  // [m, ldy]
+    void* y = o.beta != 0.f ? accumulated.as<void>() : o.y;
+    EventPair events;
+    float fastest = -1.f;
+    for (const cublasLtMatmulAlgo_t& algo : algorithms) {
+      const float milliseconds = time_algorithm(c, plan, algo, o, y, events);
+      if (milliseconds >= 0.f && (fastest < 0.f || milliseconds < fastest)) {
+        fastest = milliseconds;
+        plan.algo = algo;
+      }
+    }
+  }
+  plan.tuned = true;
+  std::lock_guard<std::mutex> lock(buckets_mutex());
+  tuned_buckets().emplace(bucket, plan.algo);
+}
+
+// The product of `key` on cuBLASLt (tuned first where `tunable` and lt_tunes say so); false,
+// nothing enqueued, where it has no algorithm for it.
+bool run_product(const Context& c, const PlanKey& key, const Operands& o, bool tunable) {
+  const std::shared_ptr<Plan> plan = plan_for(c, key, o.bias, o.mask);
   std::lock_guard<std::mutex> plan_lock(plan->mutex);
   if (!plan->usable) return false;
-  if (bias) set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  if (relu_mask.mask)
-    set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-        static_cast<const void*>(relu_mask.mask));
-  const float alpha = 1.f, beta = 0.f;
-  const cublasStatus_t status = lt.matmul(
-      c.blas_lt, plan->desc, &alpha, w, plan->w_layout, x, plan->x_layout, &beta, y, plan->y_layout,
-      y, plan->y_layout, &plan->algo, c.lt_workspace, kWorkspaceBytes, c.stream);
+  if (o.bias) set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, o.bias);
+  if (o.mask) set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, o.mask);
+  if (tunable && !plan->tuned && lt_tunes(key.m, key.n, key.k)) {
+    if (c.recording_here()) throw RecordingRefused();  // timing waits for the stream
+    tune(c, *plan, key, o);
+  }
+  const cublasStatus_t status = launch(c, *plan, plan->algo, o, o.y);
   if (status == CUBLAS_STATUS_SUCCESS) return true;
   // Refused while capturing a graph: the capture fails (and says why) and the step runs again
   // uncaptured, when the call answers for itself.
@@ -255,6 +360,113 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
   }
   TFM_CUDA(status);
   return false;
+}
+
+// The context's cuBLASLt handle and workspace, made on first use, which a capture cannot hold
+// (an allocation): the step then runs uncaptured once, and makes them. Under c.blas_mutex.
+void make_handle(const Context& c) {
+  if ((!c.lt_workspace || !c.blas_lt) && c.recording_here()) throw RecordingRefused();
+  if (!c.lt_workspace) {  // the workspace first: a handle is made only where it exists
+    TFM_CUDA(cudaMalloc(&c.lt_workspace, kWorkspaceBytes));  // kept for the context's life
+  }
+  if (!c.blas_lt) TFM_CUDA(blas_lt_library().create(&c.blas_lt));
+}
+
+bool lt_enabled() {
+  static const bool enabled = !turned_off("TFM_CUDA_LT");  // else cuBLAS and a pass, to compare
+  return enabled;
+}
+
+}  // namespace
+
+bool lt_tunes(int64_t m, int64_t n, int64_t k) {
+  switch (tuning_setting()) {
+    case Tuning::kOff:
+      return false;
+    case Tuning::kAll:
+      return true;
+    case Tuning::kLarge:
+      break;
+  }
+  return double(m) * double(n) * double(k) >= double(int64_t(1) << 31);
+}
+
+int64_t lt_relu_mask_bytes(int64_t m, int64_t n) {
+  return mask_ld(n) / 8 * m;
+}
+
+bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
+                const void* w, int64_t ldw, cudaDataType_t type, void* y,
+                cudaDataType_t output_type, int64_t ldy, const float* float_bias,
+                const uint16_t* rounded_bias, bool relu, WeightLayout layout,
+                const LtReluMask& relu_mask, bool tunable) {
+  const ReluMaskUse mask_use = !relu_mask.mask           ? ReluMaskUse::kNone
+                               : relu_mask.written       ? ReluMaskUse::kWrite
+                               : relu_mask.bias_gradient ? ReluMaskUse::kReadWithBiasGradient
+                                                         : ReluMaskUse::kRead;
+  if (mask_use == ReluMaskUse::kWrite && !relu)
+    throw std::logic_error("lt_product: a ReLU mask is written by a product with its ReLU");
+  // The bias vector, or the bias gradient the backward's mask epilogue writes in its place.
+  const void* bias = mask_use == ReluMaskUse::kReadWithBiasGradient ? relu_mask.bias_gradient
+                     : float_bias ? static_cast<const void*>(float_bias)
+                                  : rounded_bias;
+  // A bias epilogue reads its vector in wide words: a bias off 16 bytes (a stacked bias of an
+  // odd width) takes cuBLAS and a pass instead of risking a misaligned read.
+  if (!lt_enabled() || (bias && !aligned(bias, 16))) return false;
+  std::lock_guard<std::mutex> context_lock(c.blas_mutex);
+  make_handle(c);
+  const PlanKey key{c.device,
+                    m,
+                    n,
+                    k,
+                    ldx,
+                    ldw,
+                    ldy,
+                    int(type),
+                    int(output_type),
+                    int(layout),
+                    false,
+                    bias != nullptr && mask_use != ReluMaskUse::kReadWithBiasGradient,
+                    !float_bias && rounded_bias,
+                    relu,
+                    int(mask_use),
+                    alignment_of(x),
+                    alignment_of(w),
+                    alignment_of(y),
+                    alignment_of(bias),
+                    alignment_of(relu_mask.mask)};
+  return run_product(c, key, {x, w, y, bias, relu_mask.mask, 1.f, 0.f}, tunable);
+}
+
+bool lt_tuned_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                      float beta, float* out, int64_t ldc, cudaDataType_t type) {
+  if (!lt_enabled()) return false;
+  std::lock_guard<std::mutex> context_lock(c.blas_mutex);
+  make_handle(c);
+  const WeightLayout layout =
+      trans_b ? WeightLayout::kOutputsByInputs : WeightLayout::kInputsByOutputs;
+  const PlanKey key{c.device,
+                    m,
+                    n,
+                    k,
+                    lda,
+                    ldb,
+                    ldc,
+                    int(type),
+                    int(CUDA_R_32F),
+                    int(layout),
+                    trans_a,
+                    false,
+                    false,
+                    false,
+                    int(ReluMaskUse::kNone),
+                    alignment_of(a),
+                    alignment_of(b),
+                    alignment_of(out),
+                    alignment_of(nullptr),
+                    alignment_of(nullptr)};
+  return run_product(c, key, {a, b, out, nullptr, nullptr, alpha, beta}, true);
 }
 
 }  // namespace cuda

@@ -3,7 +3,9 @@
 // over y. Incremental decoding is bound by launches (a base model's step makes some 37 products,
 // 31 of them with a bias), so each pass saved is a launch saved; training's linears with a bias
 // and a float output (matmul.cu) save the pass's read and write of y. cuBLASLt's
-// heuristic picks the algorithm for each shape and alignment once; the choice is kept.
+// heuristic picks the algorithm for each shape and alignment once; the choice is kept. Training's
+// large products (matmul.cu's, with or without an epilogue) are tuned instead: the heuristic's
+// first few algorithms timed on the GPU, the fastest kept (lt_tunes).
 #pragma once
 
 #include <cstdint>
@@ -37,13 +39,30 @@ int64_t lt_relu_mask_bytes(int64_t m, int64_t n);
 // CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F, accumulated in float32; y is `output_type`: CUDA_R_32F,
 // or CUDA_R_16BF from bfloat16 operands (rounded to nearest). Returns false, having enqueued
 // nothing, where cuBLASLt has no algorithm for the product (or TFM_CUDA_LT=0 is set, to compare
-// or rule it out); the caller then multiplies another way.
+// or rule it out); the caller then multiplies another way. `tunable`: tuned where lt_tunes says
+// so (training's products; decoding's keep the heuristic's choice, the same in every process).
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
                 const void* w, int64_t ldw, cudaDataType_t type, void* y,
                 cudaDataType_t output_type, int64_t ldy, const float* bias,
                 const uint16_t* rounded_bias, bool relu,
                 WeightLayout layout = WeightLayout::kOutputsByInputs,
-                const LtReluMask& relu_mask = {});
+                const LtReluMask& relu_mask = {}, bool tunable = false);
+
+// Whether a tunable product of m·n·k multiply-adds is tuned: the first of its shape (m rounded to
+// two significant bits) runs each of cuBLASLt's first 8 algorithms for it on its own operands,
+// timed on the stream (a wait for the GPU), and the fastest is kept for the shape.
+// TFM_CUDA_LT_TUNING: unset, products of m·n·k ≥ 2^31 (a base model's training products; each
+// tuning costs some 30 runs of the product, once); "all", every product (the tests' setting, so
+// that small shapes take the path); "0", none (the heuristic's first choice, to compare).
+bool lt_tunes(int64_t m, int64_t n, int64_t k);
+
+// C[m, n] (row stride ldc, float32) = alpha · op(A) · op(B) + beta · C as cuBLAS's gemm computes
+// it for matmul.cu (A [m, k] or, transposed, [k, m] with row stride lda; B [k, n] or [n, k]; of
+// `type`, accumulated in float32), on cuBLASLt's algorithm tuned for the shape (lt_tunes). Returns
+// false, having enqueued nothing, where cuBLASLt has no algorithm for it or TFM_CUDA_LT=0 is set.
+bool lt_tuned_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                      float beta, float* out, int64_t ldc, cudaDataType_t type);
 
 }  // namespace cuda
 }  // namespace tfm
