@@ -7,14 +7,15 @@
 #      the CPU; the reversal task trained and translated on the GPU in float32 and bfloat16; a
 #      GPU checkpoint resumed on the CPU; the first losses of both devices compared; two ranks
 #      under the bundle's mpirun training as one process does), and the
-#      fixture tests on the GPU (PyTorch's gradients, the CTranslate2-converted models),
+#      fixture tests on the GPU (PyTorch's gradients and optimizer steps, the
+#      CTranslate2-converted models), the products and fixtures again with every product's
+#      cuBLASLt algorithm tuned, and compute-sanitizer memcheck over the backend-ops test,
 #   3. training against PyTorch in the same run (bench/train_bench against bench/train_peer.py,
 #      float32 and bfloat16), a per-operation profile of a bfloat16 step, decoding against
 #      MarianMTModel.generate() (bench/decode_bench against bench/decode_peer_hf.py, bfloat16),
 #      recorded steps against unrecorded ones, decoding against CTranslate2 (where the bundle
 #      has it), then the train and translate commands themselves on the base model,
-#   4. compute-sanitizer memcheck over the backend-ops test, and racecheck over the kernels that
-#      share memory within a block,
+#   4. compute-sanitizer racecheck over the kernels that share memory within a block,
 # and prints a table last. Logs go to /tmp/gpu_check, and as one gpu_check_logs.tar.gz into $OUT
 # when it is set (the device tool brings back a few files only).
 #   bash scripts/gpu_check.sh [BUNDLE]   (default .gpu/bundle.tar.xz)
@@ -151,6 +152,14 @@ diagnose() {  # diagnose STEP
 }
 diagnose gpu_cli
 diagnose gpu_fixtures
+# compute-sanitizer: memcheck here, early (10 s on the H200, and every kernel's first run on a GPU
+# may be in this check); racecheck, slower, last, in what time is left.
+sanitizer=
+if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  step memcheck 120 "$sanitizer" --tool memcheck --error-exitcode 1 $tests \
+    --gtest_filter='*BackendOps*cuda*:-*Dropout*:*Banded*'
+fi
 # Training against PyTorch on this card, same run, same shape (the base model, 400 pairs of 63 +
 # eos / bos tokens, vocabulary 37,000, dropout 0.1, label smoothing 0.1, Adam): float32 against
 # PyTorch's float32, our bfloat16 products against its bfloat16 autocast.
@@ -425,10 +434,7 @@ step decode_greedy 40 decode 1
 step decode_beam4 40 decode 4
 grep -h "tokens/s\|\"event\"" "$logs"/train_base_*.log "$logs"/decode_*.log 2>/dev/null | tail -8
 rm -rf "$work"
-if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  step memcheck 120 "$sanitizer" --tool memcheck --error-exitcode 1 $tests \
-    --gtest_filter='*BackendOps*cuda*:-*Dropout*:*Banded*'
+if [ -n "$sanitizer" ]; then
   step racecheck 150 "$sanitizer" --tool racecheck --error-exitcode 1 $tests \
     --gtest_filter='*BackendOps*Attention*cuda*:*BackendOps*LayerNorm*cuda*:*BackendOps*CrossEntropy*cuda*:-*Banded*:*Streamed*'
   # best_tokens' test ranks whole rows (keep = vocabulary = 1,003: 1,003 rounds of a block's
