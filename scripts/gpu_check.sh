@@ -419,6 +419,17 @@ train_base() {  # train_base TYPE
 export -f train_base
 export work cli
 step train_base_bf16 45 train_base bfloat16
+# The same run profiled (TFM_CUDA_PROFILE=1): at fe8bad6 the command trained at 81% of the
+# bench's rate; its gaps between operations and its waits for the GPU say where the rest went.
+profile_train() {
+  rm -rf "$work/run_profiled"
+  TFM_CUDA_PROFILE=1 $cli train --preset base --vocab 37000 --ids --train-src "$work/src" \
+    --train-tgt "$work/tgt" --model-dir "$work/run_profiled" --device cuda \
+    --compute-type bfloat16 --batch-tokens 25000 --max-steps 30 --log-every 10 --warmup 4000 \
+    2>&1 >/dev/null
+}
+export -f profile_train
+step profile_train 45 profile_train
 $cli init --preset base --vocab 37000 --seed 1 -o "$work/base.safetensors" >/dev/null 2>&1
 decode() {  # decode BEAM
   local start=$(date +%s.%N)
@@ -447,6 +458,9 @@ fi
 
 echo
 head -40 "$logs/profile_bf16.log" 2>/dev/null
+echo
+sed -n '/^cuda profile:/,$p' "$logs/profile_train.log" 2>/dev/null | head -26
+grep -E "^(unaccounted|host waits)" "$logs/profile_train.log" 2>/dev/null
 echo
 head -30 "$logs/profile_decode.log" 2>/dev/null
 echo
