@@ -60,17 +60,6 @@ class BackendOps : public ::testing::TestWithParam<const Backend*> {
   }
 };
 
-// The tests of matrix products begin with this: the emulated CUDA kernels' products are the
-// CPU's (cuBLAS's on a GPU), which the CPU's own run of these tests checks.
-#ifdef TFM_EMULATED_CUDA_TESTS
-#define TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE() \
-  GTEST_SKIP() << "emulated_cuda: its products are the CPU's (cuBLAS's on a GPU), tested there"
-#else
-#define TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE() \
-  do {                                       \
-  } while (false)
-#endif
-
 std::string backend_name(const ::testing::TestParamInfo<const Backend*>& info) {
   return info.param->name();
 }
@@ -134,9 +123,10 @@ TEST(Backends, CpuIsRegisteredFirstAndUnknownDevicesAreRefused) {
 // In float32 against float64 on the inputs as given; in bfloat16 (training's products) and
 // float16 (GPUs only) against float64 on the inputs rounded to that format (nearest, ties to
 // even), so the bound is float32 accumulation's in each: the rounding itself is checked exactly,
-// not within a tolerance.
+// not within a tolerance. Each product also as training's, which a backend may run on an
+// algorithm it timed for the shape (MatmulEpilogue::may_tune; the CUDA backend's under
+// TFM_CUDA_LT_TUNING=all, for every shape).
 TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   const int64_t sizes[] = {1, 7, 63, 65};
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16}) {
     SCOPED_TRACE(precision_name(precision));
@@ -180,13 +170,18 @@ TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
                         float(alpha * sum + beta * double(c[size_t(i * ldc + j)]));
                     rounded_differently += std::abs(sum - exact) > 1e-3;
                   }
-                be().matmul(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
-                            ldc, precision);
-                for (int64_t i = 0; i < m; ++i)
-                  for (int64_t j = 0; j < ldc; ++j)
-                    ASSERT_NEAR(c[size_t(i * ldc + j)], expected[size_t(i * ldc + j)], 1e-4)
-                        << "m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb
-                        << " alpha=" << alpha << " beta=" << beta;
+                for (bool tuned : {false, true}) {
+                  auto got = c;
+                  MatmulEpilogue training;
+                  training.may_tune = tuned;
+                  be().matmul(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta,
+                              got.data(), ldc, precision, training);
+                  for (int64_t i = 0; i < m; ++i)
+                    for (int64_t j = 0; j < ldc; ++j)
+                      ASSERT_NEAR(got[size_t(i * ldc + j)], expected[size_t(i * ldc + j)], 1e-4)
+                          << "m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb
+                          << " alpha=" << alpha << " beta=" << beta << " tuned=" << tuned;
+                }
               }
     // bfloat16's reference really differs from float32's (the test can tell them apart).
     if (bfloat16) {
@@ -324,7 +319,6 @@ TEST_P(BackendOps, RoundTo16BitsRoundsEachElementToNearestEven) {
 // the copy of the operand itself the result is bit for bit the product that rounds it, and with
 // a copy of other values it is those values' product (the copy, not `values`, is multiplied).
 TEST_P(BackendOps, MatmulReadsTheRoundedCopyOfAnOperand) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   if (!be().supports(Precision::kBFloat16))
     GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
   const int64_t m = 33, n = 70, k = 65;
@@ -403,7 +397,6 @@ TEST_P(BackendOps, MatmulReadsTheRoundedCopyOfAnOperand) {
 // Product allows. The result written in bfloat16 is the plain product's, epilogue applied,
 // rounded: bit for bit.
 TEST_P(BackendOps, MatmulAppliesItsEpilogueToTheFinishedProduct) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16}) {
     if (!be().supports(precision)) {
       testing_support::skip_precision(be(), precision);
@@ -530,7 +523,6 @@ RoundedCopy rounded_copy(const std::vector<float>& x, Precision format) {
 // the padding between rows untouched, in both layouts (x·Wᵀ, and dy·W: the feed-forward's hidden
 // gradient). With a float bias alone it is the float32 product's rounding to the bit.
 TEST_P(BackendOps, BFloat16OutputRoundedByTheProductStaysWithinAnUlp) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   if (!be().supports(Precision::kBFloat16))
     GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
   uint64_t seed = 900;
@@ -607,7 +599,6 @@ TEST_P(BackendOps, BFloat16OutputRoundedByTheProductStaysWithinAnUlp) {
 // gradient added to what it held within the sums' error and a bfloat16 rounding of the sum (a GPU
 // library's epilogue sums it so). Gates without a dense bfloat16 output alone are refused.
 TEST_P(BackendOps, MatmulThroughAReluGivesTheGatedGradient) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   if (!be().supports(Precision::kBFloat16))
     GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
   // On the device itself, unstaged: a GPU's record of the ReLU is read only at the address its
@@ -727,7 +718,6 @@ TEST_P(BackendOps, MatmulThroughAReluGivesTheGatedGradient) {
 // conversion does, on every path (the primitive's, and the float fallback inside a parallel
 // region); normal results stay.
 TEST_P(BackendOps, BFloat16OutputFlushesSubnormalResultsOnEveryPath) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   if (!be().supports(Precision::kBFloat16))
     GTEST_SKIP() << testing_support::cannot_compute(be(), Precision::kBFloat16);
   const int64_t m = 8, k = 4;
@@ -758,7 +748,6 @@ TEST_P(BackendOps, BFloat16OutputFlushesSubnormalResultsOnEveryPath) {
 
 // MatmulEpilogue::rounded_output is refused where it cannot apply: beta ≠ 0, float32 products.
 TEST_P(BackendOps, MatmulRefusesABFloat16OutputItCannotWrite) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   std::vector<float> one = {1.f};
   std::vector<uint16_t> out(1);
   MatmulEpilogue to_bfloat16;
@@ -833,7 +822,6 @@ TEST_P(BackendOps, ReluBackwardFromABFloat16Output) {
 }
 
 TEST_P(BackendOps, MatmulWithNoInnerDimensionLeavesBetaTimesC) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   std::vector<float> c = {1, 2, 3, 4};
   be().matmul(false, false, 2, 2, 0, 1.f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2,
               Precision::kFloat32);
@@ -853,7 +841,6 @@ TEST_P(BackendOps, MatmulWithNoInnerDimensionLeavesBetaTimesC) {
 //   round(x/a_r)·a_r with a_r = max|x_r|/127, so each element moves by at most half a step and
 //   the product by at most (s_j/2)·Σ|x| + (a_r/2)·Σ|w_j| + k·a_r·s_j/4 (plus float rounding).
 TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   ASSERT_TRUE(be().supports(Precision::kFloat32));
   for (Precision precision :
        {Precision::kFloat32, Precision::kBFloat16, Precision::kFloat16, Precision::kInt8}) {
@@ -935,7 +922,6 @@ TEST_P(BackendOps, PreparedMatrixMatchesFloat64InEverySupportedPrecision) {
 // reduced precision. A bfloat16 matrix may write the result in bfloat16 instead; the others
 // refuse to.
 TEST_P(BackendOps, PreparedMatrixAppliesItsEpilogueToTheFinishedProduct) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   for (Precision precision : prepared_precisions()) {
     SCOPED_TRACE(precision_name(precision));
     uint64_t seed = 700;
@@ -1015,7 +1001,6 @@ TEST_P(BackendOps, PreparedMatrixAppliesItsEpilogueToTheFinishedProduct) {
 // for another operand address), even with no values at all. The other precisions read the
 // values and ignore a copy (one of other values here), and refuse a copy alone.
 TEST_P(BackendOps, PreparedMatrixReadsAGivenBFloat16Copy) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   const int64_t n = 48, k = 80, m = 5, ldx = k + 3;
   const auto w = random_vector(n * k, 800);
   const auto x = random_vector(m * ldx, 801), other = random_vector(m * k, 802);
@@ -1055,7 +1040,6 @@ TEST_P(BackendOps, PreparedMatrixReadsAGivenBFloat16Copy) {
 // Weights held in int8 (tensor/int8_weights.h), stacked from parts, multiply exactly as the
 // same float weights prepared in int8: both quantise by the same rule.
 TEST_P(BackendOps, Int8HeldWeightsMultiplyAsTheirFloatOriginalsInInt8) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   const std::vector<int64_t> part_rows = {3, 1, 17};
   const int64_t k = 45;
   std::vector<Tensor> parts;
@@ -1095,7 +1079,6 @@ TEST_P(BackendOps, Int8HeldWeightsMultiplyAsTheirFloatOriginalsInInt8) {
 // product and the others on a kernel of the backend's own; both are covered here (k 512, 64
 // and 4, output strides 516, 41 and 8, against k 45).
 TEST_P(BackendOps, Int8ProductsAreTheCpusToTheBit) {
-  TFM_SKIP_PRODUCTS_TESTED_ELSEWHERE();
   if (&be() == &cpu_backend()) return;  // the reference itself (the staged CPU still runs it)
   for (const Backend* backend : {&be(), &cpu_backend()})
     if (!backend->supports(Precision::kInt8))

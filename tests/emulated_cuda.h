@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -70,8 +71,49 @@ cudaError_t set_function_attribute(Kernel* kernel, cudaFuncAttribute attribute, 
   return cudaSuccess;
 }
 
+// Device memory the backend keeps for a context's life (cuBLASLt's workspace), from the host.
+inline cudaError_t device_malloc(void** memory, size_t bytes) {
+  *memory = std::malloc(bytes > 0 ? bytes : 1);
+  return *memory ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+// The emulated device's clock, in milliseconds: the emulated cuBLASLt products advance it by a
+// cost of their shape and algorithm (tests/emulated_cuda_blas.cpp), so that timing them with
+// events (lt_product.cu's tuning) picks among algorithms as a GPU's clock would, the same way in
+// every run. An event holds the clock's reading when recorded.
+inline double emulated_clock_ms = 0;
+struct EmulatedEvent {
+  double recorded_ms = 0;
+};
+inline cudaError_t event_create(cudaEvent_t* event) {
+  *event = reinterpret_cast<cudaEvent_t>(new EmulatedEvent);
+  return cudaSuccess;
+}
+inline cudaError_t event_destroy(cudaEvent_t event) {
+  delete reinterpret_cast<EmulatedEvent*>(event);
+  return cudaSuccess;
+}
+inline cudaError_t event_record(cudaEvent_t event, cudaStream_t = nullptr) {
+  reinterpret_cast<EmulatedEvent*>(event)->recorded_ms = emulated_clock_ms;
+  return cudaSuccess;
+}
+inline cudaError_t event_synchronize(cudaEvent_t) {
+  return cudaSuccess;
+}
+inline cudaError_t event_elapsed_time(float* milliseconds, cudaEvent_t start, cudaEvent_t stop) {
+  *milliseconds = float(reinterpret_cast<EmulatedEvent*>(stop)->recorded_ms -
+                        reinterpret_cast<EmulatedEvent*>(start)->recorded_ms);
+  return cudaSuccess;
+}
+
 }  // namespace warp_emulation
 
+#define cudaMalloc warp_emulation::device_malloc
+#define cudaEventCreate warp_emulation::event_create
+#define cudaEventDestroy warp_emulation::event_destroy
+#define cudaEventRecord warp_emulation::event_record
+#define cudaEventSynchronize warp_emulation::event_synchronize
+#define cudaEventElapsedTime warp_emulation::event_elapsed_time
 #define cudaDeviceGetAttribute warp_emulation::device_attribute
 #define cudaMemcpyAsync warp_emulation::copy_async
 #define cudaMemsetAsync warp_emulation::set_async

@@ -1,17 +1,17 @@
-// EmulatedCudaBackend (emulated_cuda_backend.h): the CUDA backend's own kernels, compiled for the
-// CPU (emulated_cuda_kernels.cpp), behind the Backend interface. Each operation below calls the
-// host function of src/backend/cuda that CudaBackend (cuda_backend.cu) calls for it, with the
-// same arguments; the operations those files do not hold go to cpu_backend() (the products,
-// which cuBLAS computes on a GPU; memory, which is the host's here). What else the kernels' files
-// call from the backend's other files is defined at the end, for the emulated device.
+// EmulatedCudaBackend (emulated_cuda_backend.h): the CUDA backend's kernels and products,
+// compiled for the CPU (emulated_cuda_*.cpp), behind the Backend interface. Each operation below
+// calls the host function of src/backend/cuda that CudaBackend (cuda_backend.cu) calls for it,
+// with the same arguments; memory is the host's (guard-paged). What else those files call from
+// the backend's other files is defined at the end, for the emulated device.
 #include "emulated_cuda_backend.h"
 
 #include "guard_page_backend.h"
 // The emulation, after which `cuda` names tfm::emulated_cuda,
 #include "emulated_cuda.h"
 // so that these are the emulated copies' declarations.
-#include "backend/cuda/blas_library.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/lt_product.h"
+#include "backend/cuda/matmul.h"
 #include "backend/cuda/operation_profile.h"
 
 namespace tfm {
@@ -210,26 +210,27 @@ class EmulatedCudaBackend final : public Backend {
     emulated_cuda::scatter_rows_to_16_bits(context_.stream, x, ldx, rows, count, d, format, y, ldy);
   }
 
-  // cpu_backend()'s
-  bool supports(Precision precision) const override { return cpu_backend().supports(precision); }
-  std::string unsupported_reason(Precision precision) const override {
-    return cpu_backend().unsupported_reason(precision);
-  }
+  // The products of matmul.cu and lt_product.cu, on the emulated cuBLAS and cuBLASLt, in every
+  // precision, as CudaBackend's.
+  bool supports(Precision) const override { return true; }
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision, MatmulEpilogue epilogue) const override {
-    cpu_backend().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
-                         epilogue);
+    emulated_cuda::matmul(context_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                          precision, epilogue);
   }
   std::unique_ptr<PreparedMatrix> prepare_matrix(const std::vector<const float*>& parts,
                                                  const std::vector<int64_t>& part_rows, int64_t k,
                                                  Precision precision) const override {
-    return cpu_backend().prepare_matrix(parts, part_rows, k, precision);
+    return emulated_cuda::prepare_matrix(*this, context_, parts, part_rows, k, precision);
   }
   std::unique_ptr<PreparedMatrix> prepare_int8_matrix(const std::vector<Int8Rows>& parts,
                                                       const std::vector<int64_t>& part_rows,
                                                       int64_t k) const override {
-    return cpu_backend().prepare_int8_matrix(parts, part_rows, k);
+    return emulated_cuda::prepare_int8_matrix(*this, context_, parts, part_rows, k);
+  }
+  int64_t relu_mask_bytes(int64_t m, int64_t n) const override {
+    return emulated_cuda::kept_relu_mask_bytes(m, n);
   }
 
  private:
@@ -244,8 +245,9 @@ const Backend& emulated_cuda_backend() {
   return backend;
 }
 
-// The rest of the backend the kernels' files call (cuda_backend.cu, operation_profile.cu,
-// attention_tensor_cores.cu, attention_dense.cu), for the emulated device.
+// The rest of the backend the kernels' and products' files call (cuda_backend.cu,
+// operation_profile.cu), for the emulated device; cuBLAS and cuBLASLt are
+// tests/emulated_cuda_blas.cpp's.
 namespace cuda {
 
 void check(cudaError_t status, const char* call) {
@@ -269,66 +271,32 @@ Scratch::~Scratch() {
 ProfiledWait::ProfiledWait() {}
 ProfiledWait::~ProfiledWait() {}
 
-// cuBLAS's batched products, which attention_dense.cu's head_product calls: column-major
-// C = α·op(A)·op(B) + β·C for each of `count` matrices, summed in double (the TF32 product in
-// float32's precision: the tests allow TF32's rounding, which this does not do).
-namespace {
-
-cublasStatus_t set_stream(cublasHandle_t, cudaStream_t) {
-  return CUBLAS_STATUS_SUCCESS;
+// The context's calls, for a device whose launches run before they return: nothing to make
+// current, no stream to capture.
+void Context::activate() const {}
+bool Context::recording_here() const {
+  return false;
 }
-cublasStatus_t batched_product(cublasOperation_t trans_a, cublasOperation_t trans_b, int m, int n,
-                               int k, const float* alpha, const float* const a[], int lda,
-                               const float* const b[], int ldb, const float* beta, float* const c[],
-                               int ldc, int count) {
-  for (int i = 0; i < count; ++i)
-    for (int col = 0; col < n; ++col)
-      for (int row = 0; row < m; ++row) {
-        double sum = 0;
-        for (int l = 0; l < k; ++l) {
-          const float x =
-              trans_a == CUBLAS_OP_N ? a[i][row + int64_t(l) * lda] : a[i][l + int64_t(row) * lda];
-          const float y =
-              trans_b == CUBLAS_OP_N ? b[i][l + int64_t(col) * ldb] : b[i][col + int64_t(l) * ldb];
-          sum += double(x) * y;
-        }
-        float& out = c[i][row + int64_t(col) * ldc];
-        out = float(*alpha * sum + (*beta == 0.f ? 0.0 : double(*beta) * out));
-      }
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t sgemm_batched(cublasHandle_t, cublasOperation_t trans_a, cublasOperation_t trans_b,
-                             int m, int n, int k, const float* alpha, const float* const a[],
-                             int lda, const float* const b[], int ldb, const float* beta,
-                             float* const c[], int ldc, int count) {
-  return batched_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, count);
-}
-cublasStatus_t gemm_batched_ex(cublasHandle_t, cublasOperation_t trans_a, cublasOperation_t trans_b,
-                               int m, int n, int k, const void* alpha, const void* const a[],
-                               cudaDataType a_type, int lda, const void* const b[],
-                               cudaDataType b_type, int ldb, const void* beta, void* const c[],
-                               cudaDataType c_type, int ldc, int count, cublasComputeType_t,
-                               cublasGemmAlgo_t) {
-  if (a_type != CUDA_R_32F || b_type != CUDA_R_32F || c_type != CUDA_R_32F)
-    return CUBLAS_STATUS_NOT_SUPPORTED;
-  return batched_product(
-      trans_a, trans_b, m, n, k, static_cast<const float*>(alpha),
-      reinterpret_cast<const float* const*>(a), lda, reinterpret_cast<const float* const*>(b), ldb,
-      static_cast<const float*>(beta), reinterpret_cast<float* const*>(c), ldc, count);
+void Context::change_memory() const {
+  memory_changes.fetch_add(1, std::memory_order_acq_rel);
 }
 
-}  // namespace
-
-const BlasLibrary& blas_library() {
-  static const BlasLibrary library = [] {
-    BlasLibrary emulated{};
-    emulated.set_stream = set_stream;
-    emulated.sgemm_batched = sgemm_batched;
-    emulated.gemm_batched_ex = gemm_batched_ex;
-    return emulated;
-  }();
-  return library;
+// The staging memory as CudaBackend lends it: the context's, grown to the largest asked for,
+// NaN where a product would read what its conversion did not write.
+StagedOperand::StagedOperand(const Context& context, int64_t bytes) : lock_(context.staging_mutex) {
+  if (bytes > context.staging_bytes) {
+    context.change_memory();
+    std::free(context.staging);
+    context.staging = std::malloc(size_t(bytes));
+    if (!context.staging) throw std::bad_alloc();
+    context.staging_bytes = bytes;
+  }
+  if (bytes > 0) std::memset(context.staging, 0xFF, size_t(bytes));
+  memory_ = context.staging;
 }
+
+ProfiledOperation::ProfiledOperation(const Context&, const char*, int64_t, int64_t, int64_t) {}
+ProfiledOperation::~ProfiledOperation() {}
 
 }  // namespace cuda
 }  // namespace tfm

@@ -124,6 +124,10 @@ struct MatmulEpilogue {
   // library's epilogue gives it).
   const uint16_t* relu_output = nullptr;
   float* bias_gradient = nullptr;
+  // Training's products: the backend may run this one on the algorithm it timed fastest for the
+  // shape among several (a GPU library's), whose sums' last bits may then differ from another
+  // process's. False (inference's): the algorithm the library names, the same in every run.
+  bool may_tune = false;
 };
 
 // The epilogue of a product itself, without the ReLU's record or gate (relu_mask, relu_output,

@@ -39,6 +39,7 @@ void linear_forward(const Backend& backend, const LinearWeights& w, const float*
     epilogue.rounded_by_the_product = rounded_y && !y;
     if (epilogue.rounded_by_the_product) epilogue.rounded_bias = w.rounded_bias;
     epilogue.relu_mask = relu ? relu_mask : nullptr;
+    epilogue.may_tune = w.tuned_products;
     backend.matmul(false, true, rows, w.out, w.in, 1.f, {x, rounded_x}, w.in, {w.weight, w.rounded},
                    w.in, 0.f, y, w.out, w.precision, epilogue);
   }
@@ -61,6 +62,7 @@ void linear_input_backward(const Backend& backend, const LinearWeights& w, const
   epilogue.relu_output = gate.relu_output;
   epilogue.relu_mask = gate.relu_output ? gate.relu_mask : nullptr;
   epilogue.bias_gradient = gate.relu_output ? gate.bias_gradient : nullptr;
+  epilogue.may_tune = w.tuned_products;
   if (rounded_dx) {
     if (dx || accumulate_dx || !rounds_to_bfloat16(w))
       throw std::logic_error(
@@ -78,8 +80,10 @@ void linear_parameter_backward(const Backend& backend, const LinearWeights& w,
                                const Linear<float>& g, const float* x, const uint16_t* rounded_x,
                                const float* dy, const uint16_t* rounded_dy, int64_t ldy,
                                int64_t rows) {
+  MatmulEpilogue tunable;
+  tunable.may_tune = w.tuned_products;
   backend.matmul(true, false, w.out, w.in, rows, 1.f, {dy, rounded_dy, ldy}, ldy, {x, rounded_x},
-                 w.in, 1.f, g.weight, w.in, w.precision);
+                 w.in, 1.f, g.weight, w.in, w.precision, tunable);
   if (g.bias) backend.bias_backward(dy, rounded_dy, rows, w.out, ldy, g.bias);
 }
 

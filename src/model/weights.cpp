@@ -215,7 +215,10 @@ bool stackable(std::initializer_list<const LinearWeights*> parts) {
 }  // namespace
 
 TransformerWeights with_product_precision(TransformerWeights weights, Precision precision) {
-  for_each_linear(weights, [precision](LinearWeights& l) { l.precision = precision; });
+  for_each_linear(weights, [precision](LinearWeights& l) {
+    l.precision = precision;
+    l.tuned_products = true;
+  });
   for_each_training_stack(
       weights, [](LinearWeights& stacked, std::initializer_list<const LinearWeights*> parts) {
         if (stacked.prepared || !stacking_enabled() || !stackable(parts)) return;
@@ -223,6 +226,7 @@ TransformerWeights with_product_precision(TransformerWeights weights, Precision 
         stacked.in = (*parts.begin())->in;
         for (const LinearWeights* p : parts) stacked.out += p->out;
         stacked.precision = Precision::kBFloat16;
+        stacked.tuned_products = true;
       });
   return weights;
 }

@@ -39,6 +39,9 @@ struct Linear {
   // bfloat16 alone adds instead (MatmulEpilogue::rounded_bias: a GPU library rounds a bias it
   // adds to a bfloat16 output, as PyTorch's autocast does). Null: none.
   const uint16_t* rounded_bias = nullptr;  // [out]
+  // Training's views (with_product_precision): their products may run on the algorithm a
+  // backend timed fastest for their shape (MatmulEpilogue::may_tune).
+  bool tuned_products = false;
 };
 
 template <typename F>

@@ -313,13 +313,9 @@ class CudaBackend final : public Backend {
   // of each per step.
   int64_t logits_chunk_bytes() const override { return int64_t(512) << 20; }
   // cuBLASLt's bit-mask of the feed-forward's ReLU (lt_product.h), which fc2's input-gradient
-  // product reads to apply the ReLU's gradient and sum fc1's bias gradient inside itself;
-  // TFM_CUDA_RELU_MASK=0 keeps none (the ReLU's backward is then a pass of its own), to compare;
-  // nor does TFM_CUDA_LT=0, under which no product would write it.
+  // product reads to apply the ReLU's gradient and sum fc1's bias gradient inside itself.
   int64_t relu_mask_bytes(int64_t m, int64_t n) const override {
-    static const bool enabled =
-        !cuda::turned_off("TFM_CUDA_RELU_MASK") && !cuda::turned_off("TFM_CUDA_LT");
-    return enabled ? cuda::lt_relu_mask_bytes(m, n) : 0;
+    return cuda::kept_relu_mask_bytes(m, n);
   }
 
   void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,

@@ -5,6 +5,7 @@
 // weight gradient's dyᵀ) is B read as [m, k] and transposed. cuBLASLt's bias has one element per
 // row of D: one per column of y, as a linear layer's bias has.
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -63,6 +64,7 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t first{};  // the heuristic's first choice, which algo falls back to
   bool usable = false;
   bool tuned = false;  // algo is the one timing chose (tune), or its shape bucket's
   std::mutex mutex;
@@ -175,7 +177,7 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void
       lt.layout_create(&plan->y_layout, output_type, uint64_t(key.n), uint64_t(key.m), key.ldy));
   const std::vector<cublasLtMatmulAlgo_t> first = candidates(c, *plan, key, 1);
   plan->usable = !first.empty();
-  if (plan->usable) plan->algo = first[0];
+  if (plan->usable) plan->algo = plan->first = first[0];
   return plan;
 }
 
@@ -221,11 +223,13 @@ cublasStatus_t launch(const Context& c, const Plan& plan, const cublasLtMatmulAl
 // any, and on the H200 training's products of the same FLOPs ran at rates from 260 to 550
 // TFLOP/s a shape (2026-11-29's profile). A tunable product large enough (lt_tunes) tries the
 // heuristic's first kCandidates on its own operands once, timed on its stream, and keeps the
-// fastest for its shape bucket: m rounded down to two significant bits (training's batches vary
-// in their token count, m, from step to step; the other dimensions are the model's), alignments
-// aside. Another shape of the bucket takes that algorithm where cuBLASLt confirms it for the
-// shape (cublasLtMatmulAlgoCheck), else its heuristic's. Within a process a shape's algorithm
-// never changes, so its results are the same call to call; two processes may time differently.
+// fastest for its shape bucket: m, n and k each rounded down to two significant bits (training's
+// batches vary in their token count from step to step: m of a forward product or an input
+// gradient, k of a weight gradient), alignments aside. Another shape of the bucket takes that
+// algorithm where its operands are as aligned as the timed ones were and cuBLASLt confirms it for
+// the shape (cublasLtMatmulAlgoCheck), else its heuristic's. Within a process a shape's algorithm
+// never changes, so its results are the same call to call; two processes may time differently,
+// which is why only training's products are tuned (MatmulEpilogue::may_tune).
 constexpr int kCandidates = 8;
 constexpr int kTimedRuns = 3;
 
@@ -247,20 +251,34 @@ int64_t bucket_of(int64_t m) {
   return m / step * step;
 }
 
-// The bucket's key: m rounded, no alignments.
+// The bucket's key: the dimensions rounded, no alignments.
 PlanKey bucket_key(PlanKey key) {
   key.m = bucket_of(key.m);
+  key.n = bucket_of(key.n);
+  key.k = bucket_of(key.k);
   key.align_x = key.align_w = key.align_y = key.align_bias = key.align_mask = 0;
   return key;
 }
+
+// A bucket's algorithm and the alignments of the operands it was timed on (cuBLASLt's check
+// takes no pointers, and an algorithm for wider words refuses narrower ones at the launch).
+struct TunedAlgorithm {
+  cublasLtMatmulAlgo_t algo;
+  PlanKey timed;
+  bool fits(const PlanKey& key) const {
+    return key.align_x >= timed.align_x && key.align_w >= timed.align_w &&
+           key.align_y >= timed.align_y && key.align_bias >= timed.align_bias &&
+           key.align_mask >= timed.align_mask;
+  }
+};
 
 // The algorithm each tuned bucket keeps (never destroyed, as plan_for's cache).
 std::mutex& buckets_mutex() {
   static auto* mutex = new std::mutex;
   return *mutex;
 }
-std::map<PlanKey, cublasLtMatmulAlgo_t>& tuned_buckets() {
-  static auto* buckets = new std::map<PlanKey, cublasLtMatmulAlgo_t>;
+std::map<PlanKey, TunedAlgorithm>& tuned_buckets() {
+  static auto* buckets = new std::map<PlanKey, TunedAlgorithm>;
   return *buckets;
 }
 
@@ -294,26 +312,33 @@ float time_algorithm(const Context& c, const Plan& plan, const cublasLtMatmulAlg
   return milliseconds;
 }
 
-// The plan's algorithm from its bucket, confirmed for its shape, or timed among the heuristic's
-// candidates (the first of a bucket). The runs write what the call is about to write anyway
-// (the output, a ReLU mask, a bias gradient), or, where the call adds to its output (beta ≠ 0),
-// a block of scratch in its place. Waits for the stream.
+// The plan's algorithm from its bucket where the bucket has one: the bucket's where it fits the
+// plan's alignments and cuBLASLt confirms it for the plan's shape, else the heuristic's first
+// (plan.tuned either way). False where the bucket has none yet. Under buckets_mutex.
+bool adopt_bucket(const Context& c, Plan& plan, const PlanKey& key) {
+  const auto found = tuned_buckets().find(bucket_key(key));
+  if (found == tuned_buckets().end()) return false;
+  cublasLtMatmulHeuristicResult_t check{};
+  if (found->second.fits(key) &&
+      blas_lt_library().algo_check(c.blas_lt, plan.desc, plan.w_layout, plan.x_layout,
+                                   plan.y_layout, plan.y_layout, &found->second.algo,
+                                   &check) == CUBLAS_STATUS_SUCCESS &&
+      check.workspaceSize <= kWorkspaceBytes)
+    plan.algo = found->second.algo;
+  plan.tuned = true;
+  return true;
+}
+bool adopts_bucket(const Context& c, Plan& plan, const PlanKey& key) {
+  std::lock_guard<std::mutex> lock(buckets_mutex());
+  return adopt_bucket(c, plan, key);
+}
+
+// The first plan of a bucket: the heuristic's candidates timed on the call's own operands, the
+// fastest the plan's and the bucket's (or, where another thread's timing made the bucket's
+// meanwhile, that one, as adopt_bucket takes it). The runs write what the call is about to write
+// anyway (the output, a ReLU mask, a bias gradient), or, where the call adds to its output
+// (beta ≠ 0), a block of scratch in its place. Waits for the stream.
 void tune(const Context& c, Plan& plan, const PlanKey& key, const Operands& o) {
-  const BlasLtLibrary& lt = blas_lt_library();
-  const PlanKey bucket = bucket_key(key);
-  {
-    std::lock_guard<std::mutex> lock(buckets_mutex());
-    const auto found = tuned_buckets().find(bucket);
-    if (found != tuned_buckets().end()) {
-      cublasLtMatmulHeuristicResult_t check{};
-      if (lt.algo_check(c.blas_lt, plan.desc, plan.w_layout, plan.x_layout, plan.y_layout,
-                        plan.y_layout, &found->second, &check) == CUBLAS_STATUS_SUCCESS &&
-          check.workspaceSize <= kWorkspaceBytes)
-        plan.algo = found->second;
-      plan.tuned = true;
-      return;
-    }
-  }
   const std::vector<cublasLtMatmulAlgo_t> algorithms = candidates(c, plan, key, kCandidates);
   if (algorithms.size() > 1) {
     const int64_t output_bytes = key.output_type == CUDA_R_32F ? 4 : 2;
@@ -329,9 +354,14 @@ void tune(const Context& c, Plan& plan, const PlanKey& key, const Operands& o) {
       }
     }
   }
-  plan.tuned = true;
   std::lock_guard<std::mutex> lock(buckets_mutex());
-  tuned_buckets().emplace(bucket, plan.algo);
+  if (adopt_bucket(c, plan, key)) return;
+  tuned_buckets().emplace(bucket_key(key), TunedAlgorithm{plan.algo, key});
+  plan.tuned = true;
+}
+
+bool same_algorithm(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
 }
 
 // The product of `key` on cuBLASLt (tuned first where `tunable` and lt_tunes say so); false,
@@ -342,11 +372,16 @@ bool run_product(const Context& c, const PlanKey& key, const Operands& o, bool t
   if (!plan->usable) return false;
   if (o.bias) set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, o.bias);
   if (o.mask) set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, o.mask);
-  if (tunable && !plan->tuned && lt_tunes(key.m, key.n, key.k)) {
+  if (tunable && !plan->tuned && lt_tunes(key.m, key.n, key.k) && !adopts_bucket(c, *plan, key)) {
     if (c.recording_here()) throw RecordingRefused();  // timing waits for the stream
     tune(c, *plan, key, o);
   }
-  const cublasStatus_t status = launch(c, *plan, plan->algo, o, o.y);
+  cublasStatus_t status = launch(c, *plan, plan->algo, o, o.y);
+  // A tuned algorithm refused at the launch (nothing enqueued): the heuristic's, from now on.
+  if (status != CUBLAS_STATUS_SUCCESS && !same_algorithm(plan->algo, plan->first)) {
+    plan->algo = plan->first;
+    status = launch(c, *plan, plan->algo, o, o.y);
+  }
   if (status == CUBLAS_STATUS_SUCCESS) return true;
   // Refused while capturing a graph: the capture fails (and says why) and the step runs again
   // uncaptured, when the call answers for itself.
@@ -393,6 +428,11 @@ bool lt_tunes(int64_t m, int64_t n, int64_t k) {
 
 int64_t lt_relu_mask_bytes(int64_t m, int64_t n) {
   return mask_ld(n) / 8 * m;
+}
+
+int64_t kept_relu_mask_bytes(int64_t m, int64_t n) {
+  static const bool kept = !turned_off("TFM_CUDA_RELU_MASK") && lt_enabled();
+  return kept ? lt_relu_mask_bytes(m, n) : 0;
 }
 
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,

@@ -31,6 +31,10 @@ struct LtReluMask {
   void* bias_gradient = nullptr;
 };
 int64_t lt_relu_mask_bytes(int64_t m, int64_t n);
+// Backend::relu_mask_bytes: lt_relu_mask_bytes, or 0 where no mask is kept — with
+// TFM_CUDA_RELU_MASK=0 (the ReLU's backward then a pass of its own, to compare), and with
+// TFM_CUDA_LT=0, under which no product would write it.
+int64_t kept_relu_mask_bytes(int64_t m, int64_t n);
 
 // y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ with W [n, k] (row stride ldw; or x·W
 // with W [k, n], where `layout` says so), then +
@@ -39,8 +43,9 @@ int64_t lt_relu_mask_bytes(int64_t m, int64_t n);
 // CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F, accumulated in float32; y is `output_type`: CUDA_R_32F,
 // or CUDA_R_16BF from bfloat16 operands (rounded to nearest). Returns false, having enqueued
 // nothing, where cuBLASLt has no algorithm for the product (or TFM_CUDA_LT=0 is set, to compare
-// or rule it out); the caller then multiplies another way. `tunable`: tuned where lt_tunes says
-// so (training's products; decoding's keep the heuristic's choice, the same in every process).
+// or rule it out); the caller then multiplies another way. `tunable` (training's products,
+// MatmulEpilogue::may_tune): tuned where lt_tunes says so; inference's keep the heuristic's
+// choice, the same in every process.
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
                 const void* w, int64_t ldw, cudaDataType_t type, void* y,
                 cudaDataType_t output_type, int64_t ldy, const float* bias,
@@ -48,12 +53,12 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
                 WeightLayout layout = WeightLayout::kOutputsByInputs,
                 const LtReluMask& relu_mask = {}, bool tunable = false);
 
-// Whether a tunable product of m·n·k multiply-adds is tuned: the first of its shape (m rounded to
-// two significant bits) runs each of cuBLASLt's first 8 algorithms for it on its own operands,
-// timed on the stream (a wait for the GPU), and the fastest is kept for the shape.
-// TFM_CUDA_LT_TUNING: unset, products of m·n·k ≥ 2^31 (a base model's training products; each
-// tuning costs some 30 runs of the product, once); "all", every product (the tests' setting, so
-// that small shapes take the path); "0", none (the heuristic's first choice, to compare).
+// Whether a tunable product of m·n·k multiply-adds is tuned: the first of its shape (each
+// dimension rounded to two significant bits) runs each of cuBLASLt's first 8 algorithms for it on
+// its own operands, timed on the stream (a wait for the GPU), and the fastest is kept for the
+// shape. TFM_CUDA_LT_TUNING: unset, products of m·n·k ≥ 2^31 (a base model's training products;
+// each tuning costs some 30 runs of the product, once); "all", every product (the tests' setting,
+// so that small shapes take the path); "0", none (the heuristic's first choice, to compare).
 bool lt_tunes(int64_t m, int64_t n, int64_t k);
 
 // C[m, n] (row stride ldc, float32) = alpha · op(A) · op(B) + beta · C as cuBLAS's gemm computes

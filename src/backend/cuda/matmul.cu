@@ -304,15 +304,16 @@ bool product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n,
   // cuBLAS into the float target.
   const auto multiply = [&](const void* a_read, int64_t a_ld, const void* b_read, int64_t b_ld,
                             cudaDataType_t type) {
-    if (epilogue_in_lt &&
-        lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type, out, CUDA_R_32F, ldc,
-                   epilogue.bias, nullptr, epilogue.relu, WeightLayout::kOutputsByInputs, {}, true))
+    if (epilogue_in_lt && lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type, out, CUDA_R_32F,
+                                     ldc, epilogue.bias, nullptr, epilogue.relu,
+                                     WeightLayout::kOutputsByInputs, {}, epilogue.may_tune))
       return true;
     const auto lt_rounded = [&](const LtReluMask& mask) {
-      return lt_product(
-          c, m, n, k, a_read, a_ld, b_read, b_ld, type, epilogue.rounded_output, CUDA_R_16BF, ldc,
-          nullptr, epilogue.bias ? epilogue.rounded_bias : nullptr, epilogue.relu,
-          trans_b ? WeightLayout::kOutputsByInputs : WeightLayout::kInputsByOutputs, mask, true);
+      return lt_product(c, m, n, k, a_read, a_ld, b_read, b_ld, type, epilogue.rounded_output,
+                        CUDA_R_16BF, ldc, nullptr, epilogue.bias ? epilogue.rounded_bias : nullptr,
+                        epilogue.relu,
+                        trans_b ? WeightLayout::kOutputsByInputs : WeightLayout::kInputsByOutputs,
+                        mask, epilogue.may_tune);
     };
     if (lt_rounds && relu_mask.mask && lt_rounded(relu_mask)) {
       *mask_used = true;
@@ -320,9 +321,10 @@ bool product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n,
     }
     if (lt_rounds && lt_rounded({})) return true;
     // The product alone, its epilogue (if any) a pass after it: on cuBLASLt's tuned algorithm
-    // where the shape is tuned, else cuBLAS's choice.
-    if (lt_tunes(m, n, k) && lt_tuned_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld,
-                                              b_read, b_ld, beta, float_target(), ld_target, type))
+    // where training's shape is tuned, else cuBLAS's choice.
+    if (epilogue.may_tune && lt_tunes(m, n, k) &&
+        lt_tuned_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta,
+                         float_target(), ld_target, type))
       return false;
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta,
                  float_target(), ld_target, type);
