@@ -14,7 +14,8 @@
 // which would hide the wrong call from the tests.
 //
 // Sums run in float32 as tensor cores accumulate, in an order that depends on the algorithm
-// (three of them), so that two algorithms' results differ in their last bits as a GPU's do;
+// (three of them, one only for operands on 16-byte words), so that two algorithms' results
+// differ in their last bits as a GPU's do;
 // each product advances the emulated clock by a cost of its shape and algorithm, so that
 // lt_product.cu's tuning chooses between them, the same way in every run. The ReLU bit-mask,
 // which NVIDIA leaves opaque, is one bit per element of D, column-major with the given
@@ -317,31 +318,48 @@ cublasStatus_t layout_destroy(cublasLtMatrixLayout_t layout) {
   delete &layout_of(layout);
   return CUBLAS_STATUS_SUCCESS;
 }
+// The alignments (bytes) the caller promises its operands; 256 each unless told, as cublasLt.h
+// says the heuristic assumes.
+struct Preference {
+  uint64_t workspace = 0;
+  uint32_t alignment[4] = {256, 256, 256, 256};  // A, B, C, D
+};
+Preference& preference_of(cublasLtMatmulPreference_t preference) {
+  return *reinterpret_cast<Preference*>(preference);
+}
 cublasStatus_t preference_create(cublasLtMatmulPreference_t* preference) {
-  *preference = reinterpret_cast<cublasLtMatmulPreference_t>(new uint64_t(0));
+  *preference = reinterpret_cast<cublasLtMatmulPreference_t>(new Preference);
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t preference_destroy(cublasLtMatmulPreference_t preference) {
-  delete reinterpret_cast<uint64_t*>(preference);
+  delete &preference_of(preference);
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t preference_set(cublasLtMatmulPreference_t,
+cublasStatus_t preference_set(cublasLtMatmulPreference_t preference,
                               cublasLtMatmulPreferenceAttributes_t attribute, const void* buffer,
                               size_t size) {
-  uint64_t workspace;
-  uint32_t alignment;
+  Preference& p = preference_of(preference);
   switch (attribute) {
     case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
-      return read_attribute(buffer, size, workspace);
+      return read_attribute(buffer, size, p.workspace);
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+      return read_attribute(buffer, size, p.alignment[0]);
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+      return read_attribute(buffer, size, p.alignment[1]);
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+      return read_attribute(buffer, size, p.alignment[2]);
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
-      return read_attribute(buffer, size, alignment);
+      return read_attribute(buffer, size, p.alignment[3]);
     default:
       throw std::logic_error("emulated cuBLASLt: a preference it does not emulate");
   }
 }
+
+// The emulated algorithm that reads and writes in 16-byte words: offered where the preference
+// promises operands that aligned, refused at the launch where they are not (as cublasLt.h warns
+// an algorithm AlgoCheck accepted may be), so that the backend's handling of both shows.
+constexpr uint64_t kWideAlgorithm = 2;
+constexpr uint32_t kWideAlignment = 16;
 
 bool has_bias(uint32_t epilogue) {
   return epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
@@ -407,19 +425,27 @@ void check_valid(const MatmulDesc& d, const MatrixLayout& a, const MatrixLayout&
 
 cublasStatus_t heuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
                          cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
-                         cublasLtMatrixLayout_t out, cublasLtMatmulPreference_t, int requested,
-                         cublasLtMatmulHeuristicResult_t* results, int* found) {
+                         cublasLtMatrixLayout_t out, cublasLtMatmulPreference_t preference,
+                         int requested, cublasLtMatmulHeuristicResult_t* results, int* found) {
   *found = 0;
   if (requested < 1) throw std::logic_error("emulated cuBLASLt: no algorithm requested");
   if (!supported(desc_of(desc), layout_of(a), layout_of(b), layout_of(c), layout_of(out)))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   check_valid(desc_of(desc), layout_of(a), layout_of(b), layout_of(c), layout_of(out));
-  for (int i = 0; i < std::min(requested, kAlgorithms); ++i) {
-    results[i] = cublasLtMatmulHeuristicResult_t{};
-    results[i].algo.data[0] = uint64_t(i);
-    results[i].workspaceSize = 0;
-    results[i].state = CUBLAS_STATUS_SUCCESS;
-    results[i].wavesCount = 1.f;
+  // The wide algorithm first where the operands allow it, as a library ranks its fastest first.
+  const Preference& p = preference_of(preference);
+  const bool wide = std::all_of(std::begin(p.alignment), std::end(p.alignment),
+                                [](uint32_t a) { return a >= kWideAlignment; });
+  const std::vector<uint64_t> offered =
+      wide ? std::vector<uint64_t>{kWideAlgorithm, 0, 1} : std::vector<uint64_t>{0, 1};
+  for (uint64_t id : offered) {
+    if (*found == requested) break;
+    cublasLtMatmulHeuristicResult_t& r = results[*found];
+    r = cublasLtMatmulHeuristicResult_t{};
+    r.algo.data[0] = id;
+    r.workspaceSize = 0;
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.f;
     ++*found;
   }
   return CUBLAS_STATUS_SUCCESS;
@@ -455,6 +481,10 @@ cublasStatus_t lt_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void
   if (!supported(d, la, lb, lc, lout) || !algo || algo->data[0] >= uint64_t(kAlgorithms))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   check_valid(d, la, lb, lc, lout);
+  if (algo->data[0] == kWideAlgorithm &&
+      !(aligned(a, kWideAlignment) && aligned(b, kWideAlignment) && aligned(c, kWideAlignment) &&
+        aligned(out, kWideAlignment)))
+    return CUBLAS_STATUS_NOT_SUPPORTED;  // refused at the launch, nothing written
   const bool ta = d.trans_a != CUBLAS_OP_N, tb = d.trans_b != CUBLAS_OP_N;
   const Stored sa{a, la.type, la.rows, la.cols, la.ld, ta};
   const Stored sb{b, lb.type, lb.rows, lb.cols, lb.ld, tb};
