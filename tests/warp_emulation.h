@@ -375,9 +375,9 @@ inline void warp_emulation::run_block(dim3 grid, dim3 block_shape, unsigned b,
 inline void warp_emulation::launch(dim3 grid, dim3 block, size_t shared_bytes,
                                    const std::function<void()>& kernel) {
   current_kernel = &kernel;
-  if (__start_tfm_emulated_shared != __stop_tfm_emulated_shared)
-    std::memset(__start_tfm_emulated_shared, 0xFF,
-                size_t(__stop_tfm_emulated_shared - __start_tfm_emulated_shared));
+  char* const shared_begin = &__start_tfm_emulated_shared[0];
+  char* const shared_end = &__stop_tfm_emulated_shared[0];
+  if (shared_begin != shared_end) std::memset(shared_begin, 0xFF, size_t(shared_end - shared_begin));
   const unsigned blocks = grid.x * grid.y * grid.z;
   for (unsigned b = 0; b < blocks; ++b) run_block(grid, block, b, shared_bytes);
   current_kernel = nullptr;  // the kernel lives no longer than the call
