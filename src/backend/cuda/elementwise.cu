@@ -335,7 +335,11 @@ struct ReluBackwardTerms {
   }
 };
 
-// partial[chunk, c] = Σ of terms at [r, c] over the chunk's rows, kWidth columns a thread.
+// partial[chunk, c] = Σ of terms at [r, c] over the chunk's rows, kWidth columns a thread, the
+// rows added in order. Each thread reads kRowsInFlight rows' words before adding any: one row at
+// a time left one load in flight a thread (on the H200, 25,600 × 512 bfloat16 summed at
+// 1.5 TB/s, 0.017 ms), too few to cover the memory's latency.
+constexpr int kRowsInFlight = 4;
 template <int kWidth, typename Terms>
 __global__ void column_partial_kernel(Terms terms, RowsPerChunk split, int64_t cols,
                                       float* partial) {
@@ -344,7 +348,17 @@ __global__ void column_partial_kernel(Terms terms, RowsPerChunk split, int64_t c
   const int64_t begin = int64_t(blockIdx.y) * split.chunk_rows;
   const int64_t end = begin + split.chunk_rows < split.rows ? begin + split.chunk_rows : split.rows;
   float sum[kWidth] = {};
-  for (int64_t r = begin; r < end; ++r) {
+  int64_t r = begin;
+  for (; r + kRowsInFlight <= end; r += kRowsInFlight) {
+    float v[kRowsInFlight][kWidth];
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i) terms.template word<kWidth>(r + i, c, v[i]);
+#pragma unroll
+    for (int i = 0; i < kRowsInFlight; ++i)
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) sum[e] += v[i][e];
+  }
+  for (; r < end; ++r) {
     float v[kWidth];
     terms.template word<kWidth>(r, c, v);
 #pragma unroll
