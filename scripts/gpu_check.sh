@@ -8,8 +8,8 @@
 #      GPU checkpoint resumed on the CPU; the first losses of both devices compared; two ranks
 #      under the bundle's mpirun training as one process does), and the
 #      fixture tests on the GPU (PyTorch's gradients and optimizer steps, the
-#      CTranslate2-converted models), the products and fixtures again with every product's
-#      cuBLASLt algorithm tuned, and compute-sanitizer memcheck over the backend-ops test,
+#      CTranslate2-converted models), compute-sanitizer memcheck over the backend-ops test, and
+#      the products and fixtures again with every product's cuBLASLt algorithm tuned,
 #   3. training against PyTorch in the same run (bench/train_bench against bench/train_peer.py,
 #      float32 and bfloat16), a per-operation profile of a bfloat16 step, decoding against
 #      MarianMTModel.generate() (bench/decode_bench against bench/decode_peer_hf.py, bfloat16),
@@ -108,10 +108,6 @@ each_test_alone() {  # each_test_alone FILTER
 export -f each_test_alone
 export tests logs
 step backend_ops 180 each_test_alone '*BackendOps*cuda*:Backends.*'
-# Every product test and the fixtures' training on products whose cuBLASLt algorithm was timed
-# among several (TFM_CUDA_LT_TUNING=all: shapes of every size; by default only large ones are).
-step tuned_products 90 env TFM_CUDA_LT_TUNING=all $tests \
-  --gtest_filter='*BackendOps*Matmul*cuda*:*BackendOps*BFloat16Output*cuda*:*GradientParity*cuda*:*AdamSteps*cuda*'
 step gpu_cli 240 $tests --gtest_filter='*Gpu*'
 # NCCL's join aborted at its deadline (2 s) when the other rank never comes: a limit of its own.
 step nccl_lonely_join 40 $tests --gtest_filter='DeviceCollectives.JoiningWithoutTheOtherRank*'
@@ -160,6 +156,10 @@ if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-s
   step memcheck 120 "$sanitizer" --tool memcheck --error-exitcode 1 $tests \
     --gtest_filter='*BackendOps*cuda*:-*Dropout*:*Banded*'
 fi
+# Every product test and the fixtures' training on products whose cuBLASLt algorithm was timed
+# among several (TFM_CUDA_LT_TUNING=all: shapes of every size; by default only large ones are).
+step tuned_products 90 env TFM_CUDA_LT_TUNING=all $tests \
+  --gtest_filter='*BackendOps*Matmul*cuda*:*BackendOps*BFloat16Output*cuda*:*BackendOps*InferenceProductsKeep*cuda*:*GradientParity*cuda*:*AdamSteps*cuda*:*SgdStep*cuda*'
 # Training against PyTorch on this card, same run, same shape (the base model, 400 pairs of 63 +
 # eos / bos tokens, vocabulary 37,000, dropout 0.1, label smoothing 0.1, Adam): float32 against
 # PyTorch's float32, our bfloat16 products against its bfloat16 autocast.
@@ -459,8 +459,8 @@ fi
 echo
 head -40 "$logs/profile_bf16.log" 2>/dev/null
 echo
-sed -n '/^cuda profile:/,$p' "$logs/profile_train.log" 2>/dev/null | head -26
-grep -E "^(unaccounted|host waits)" "$logs/profile_train.log" 2>/dev/null
+sed -n '/^cuda profile:/,$p' "$logs/profile_train.log" 2>/dev/null |
+  awk 'NR <= 26 || /^(unaccounted|host waits)/' 
 echo
 head -30 "$logs/profile_decode.log" 2>/dev/null
 echo

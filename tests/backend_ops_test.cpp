@@ -194,6 +194,43 @@ TEST_P(BackendOps, MatmulMatchesFloat64ForAllTransposesAndOddSizes) {
                std::invalid_argument);
 }
 
+// Inference's products (may_tune false) give the same bits before and after training's products
+// of the same shapes (may_tune) had their algorithm timed: a backend may tune training's, never
+// inference's, whose results must not change within a run or from one run to the next. Plain
+// x·Wᵀ and with a bias (the shapes a GPU's library runs with its epilogue), bfloat16 and float32,
+// several shapes (an emulated library's timing picks another algorithm for some).
+TEST_P(BackendOps, InferenceProductsKeepTheirBitsAfterTrainingTunedTheShape) {
+  uint64_t seed = 4000;
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    if (!be().supports(precision)) {
+      testing_support::skip_precision(be(), precision);
+      continue;
+    }
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{9, 33, 65},
+                           {40, 24, 130},
+                           {70, 64, 31},
+                           {128, 48, 96}})
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(std::string(precision_name(precision)) + " m=" + std::to_string(m) + " n=" +
+                     std::to_string(n) + " k=" + std::to_string(k) + (with_bias ? " bias" : ""));
+        const auto x = random_vector(m * k, seed++), w = random_vector(n * k, seed++);
+        const auto bias = random_vector(n, seed++);
+        MatmulEpilogue inference;
+        inference.bias = with_bias ? bias.data() : nullptr;
+        MatmulEpilogue training = inference;
+        training.may_tune = true;
+        std::vector<float> before(size_t(m * n)), tuned(size_t(m * n)), after(size_t(m * n));
+        be().matmul(false, true, m, n, k, 1.f, x.data(), k, w.data(), k, 0.f, before.data(), n,
+                    precision, inference);
+        be().matmul(false, true, m, n, k, 1.f, x.data(), k, w.data(), k, 0.f, tuned.data(), n,
+                    precision, training);
+        be().matmul(false, true, m, n, k, 1.f, x.data(), k, w.data(), k, 0.f, after.data(), n,
+                    precision, inference);
+        EXPECT_EQ(after, before);
+      }
+  }
+}
+
 // round_each_to_16_bits (training's weights, all rounded at once) rounds every job's floats as
 // round_to_16_bits does: element for element float_to_bfloat16 / float_to_half (NaN kept), for
 // more jobs than a GPU's launch takes (64 with elements), of sizes around its words of four and its

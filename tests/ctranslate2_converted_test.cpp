@@ -285,8 +285,8 @@ TEST_P(ConvertedModel, ExportHasTheConvertersWeights) {
 
 const std::vector<std::string> kConverted = {"m2m100", "opennmt_py", "fairseq"};
 #ifdef TFM_EMULATED_CUDA_TESTS
-// The emulated_cuda_tests binary: the CUDA backend's own kernels run on the CPU
-// (emulated_cuda_backend.h), products the CPU's; the export, no device's, is not its test.
+// The emulated_cuda_tests binary: the CUDA backend's kernels and products run on the CPU
+// (emulated_cuda_backend.h); the export, no device's, is not its test.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(ConvertedModel);
 INSTANTIATE_TEST_SUITE_P(
     Converters, ConvertedModelOnDevice,

@@ -5,7 +5,7 @@
 // that a test binary holding the real backend (libtransformer) holds these copies beside it.
 // tests/emulated_cuda_*.cpp compile the kernels' files so (a translation unit each, as in the
 // backend's own build); tests/emulated_cuda_backend.cpp puts them behind the Backend interface
-// and emulates the rest they call (cuBLAS's batched products among it).
+// and emulates the rest they call, tests/emulated_cuda_blas.cpp cuBLAS and cuBLASLt.
 #pragma once
 
 #define TFM_EMULATED_WARPS

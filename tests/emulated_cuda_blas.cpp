@@ -365,6 +365,10 @@ bool has_bias(uint32_t epilogue) {
   return epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
          epilogue == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
 }
+// Whether the epilogue reads or writes the bias pointer's vector: the bias, or the bias gradient.
+bool uses_bias_vector(uint32_t epilogue) {
+  return has_bias(epilogue) || epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD;
+}
 bool writes_mask(uint32_t epilogue) {
   return epilogue == CUBLASLT_EPILOGUE_RELU_AUX || epilogue == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
 }
@@ -394,8 +398,8 @@ bool supported(const MatmulDesc& d, const MatrixLayout& a, const MatrixLayout& b
     default:
       return false;
   }
-  const bool bias = has_bias(d.epilogue) || d.epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD;
-  if (bias && d.bias_type != -1 && d.bias_type != int32_t(out.type)) return false;
+  if (uses_bias_vector(d.epilogue) && d.bias_type != -1 && d.bias_type != int32_t(out.type))
+    return false;
   return true;
 }
 
@@ -416,8 +420,7 @@ void check_valid(const MatmulDesc& d, const MatrixLayout& a, const MatrixLayout&
   for (const MatrixLayout* layout : {&a, &b, &c, &out})
     if (layout->ld < std::max<int64_t>(1, layout->rows))
       fail("a leading dimension below the stored rows");
-  if ((has_bias(d.epilogue) || d.epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD) && !d.bias)
-    fail("a bias epilogue without its vector");
+  if (uses_bias_vector(d.epilogue) && !d.bias) fail("a bias epilogue without its vector");
   if ((writes_mask(d.epilogue) || reads_mask(d.epilogue)) &&
       (!d.aux || d.aux_ld % 128 != 0 || d.aux_ld < m))
     fail("a ReLU mask without its buffer, or its leading dimension not as documented");

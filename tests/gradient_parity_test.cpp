@@ -265,8 +265,8 @@ TEST_P(GradientParity, StackedProjectionsAreTheSeparateProducts) {
 }
 
 #ifdef TFM_EMULATED_CUDA_TESTS
-// The emulated_cuda_tests binary: the CUDA backend's own kernels run on the CPU
-// (emulated_cuda_backend.h), products the CPU's.
+// The emulated_cuda_tests binary: the CUDA backend's kernels and products run on the CPU
+// (emulated_cuda_backend.h).
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, GradientParity,
     ::testing::ValuesIn(testing_support::on_backend(

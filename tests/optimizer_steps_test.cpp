@@ -115,9 +115,10 @@ TEST_P(AdamSteps, ThreeStepsMatchTorchOptimAdam) {
 // The same three steps with every product in bfloat16 (float32 master weights, which each step
 // rounds again): the losses within 0.3% of PyTorch's float64 ones, and the parameters' error
 // after the steps within 12% of how far torch moved them (L2 over all parameters). Measured
-// 2026-11-30 on the CPU (AVX512-BF16) and the emulated CUDA kernels (registers and WMMA
-// attention): losses within 0.04-0.12%, errors 3.6-5.2%. Weights rounded once and never again
-// would leave steps 2 and 3 computing on the first step's weights: losses off by 1-23%.
+// 2026-11-30 on the CPU (AVX512-BF16) and on the emulated CUDA backend (register and WMMA
+// attention, products tuned or not): losses within 0.005-0.11%, errors 3.5-5.2%. Weights rounded
+// once and never again would leave steps 2 and 3 computing on the first step's weights: losses off
+// by 1-23%.
 TEST_P(AdamSteps, ThreeStepsInBFloat16StayNearTorchOptimAdam) {
   const Backend& backend = testing_support::backend_of(GetParam());
   if (!backend.supports(Precision::kBFloat16))
@@ -146,8 +147,8 @@ TEST_P(AdamSteps, ThreeStepsInBFloat16StayNearTorchOptimAdam) {
 }
 
 #ifdef TFM_EMULATED_CUDA_TESTS
-// The emulated_cuda_tests binary: the CUDA backend's own kernels run on the CPU
-// (emulated_cuda_backend.h), products the CPU's.
+// The emulated_cuda_tests binary: the CUDA backend's kernels and products run on the CPU
+// (emulated_cuda_backend.h).
 std::vector<FixtureOnDevice> cases(const std::string& suffix) {
   return testing_support::on_backend(testing_support::fixture_names(suffix),
                                      emulated_cuda_backend());

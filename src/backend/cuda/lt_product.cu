@@ -63,10 +63,11 @@ struct PlanKey {
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t w_layout = nullptr, x_layout = nullptr, y_layout = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  cublasLtMatmulAlgo_t first{};  // the heuristic's first choice, which algo falls back to
+  cublasLtMatmulAlgo_t algo{};  // the heuristic's first choice: every call's but tuned ones
+  // Training's (tunable) calls': the one timing chose (tune) or the shape bucket's, once tuned.
+  cublasLtMatmulAlgo_t tuned_algo{};
   bool usable = false;
-  bool tuned = false;  // algo is the one timing chose (tune), or its shape bucket's
+  bool tuned = false;
   std::mutex mutex;
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -177,7 +178,7 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void
       lt.layout_create(&plan->y_layout, output_type, uint64_t(key.n), uint64_t(key.m), key.ldy));
   const std::vector<cublasLtMatmulAlgo_t> first = candidates(c, *plan, key, 1);
   plan->usable = !first.empty();
-  if (plan->usable) plan->algo = plan->first = first[0];
+  if (plan->usable) plan->algo = first[0];
   return plan;
 }
 
@@ -221,25 +222,26 @@ cublasStatus_t launch(const Context& c, const Plan& plan, const cublasLtMatmulAl
 
 // Tuning (TFM_CUDA_LT_TUNING): cuBLASLt's heuristic names an algorithm per shape without running
 // any, and on the H200 training's products of the same FLOPs ran at rates from 260 to 550
-// TFLOP/s a shape (2026-11-29's profile). A tunable product large enough (lt_tunes) tries the
-// heuristic's first kCandidates on its own operands once, timed on its stream, and keeps the
-// fastest for its shape bucket: m, n and k each rounded down to two significant bits (training's
-// batches vary in their token count from step to step: m of a forward product or an input
-// gradient, k of a weight gradient), alignments aside. Another shape of the bucket takes that
-// algorithm where its operands are as aligned as the timed ones were and cuBLASLt confirms it for
-// the shape (cublasLtMatmulAlgoCheck), else its heuristic's. Within a process a shape's algorithm
-// never changes, so its results are the same call to call; two processes may time differently,
-// which is why only training's products are tuned (MatmulEpilogue::may_tune).
+// TFLOP/s a shape (fe8bad6's profile, 2026-11-29). A tunable product large enough (lt_tunes) tries
+// the heuristic's first kCandidates on its own operands once, timed on its stream, and keeps the
+// fastest for its shape bucket: m, n and k each rounded down to a quarter of its octave (four
+// buckets between powers of two; training's batches vary in their token count from step to step:
+// m of a forward product or an input gradient, k of a weight gradient), alignments aside. Another
+// shape of the bucket takes that algorithm where its operands are as aligned as the timed ones
+// were and cuBLASLt confirms it for the shape (cublasLtMatmulAlgoCheck), else its heuristic's.
+// Within a process a shape's algorithm never changes, so its results are the same call to call;
+// two processes may time differently, which is why only training's calls are tuned
+// (MatmulEpilogue::may_tune) and every other call of the same shape keeps the heuristic's choice
+// (Plan::algo).
 constexpr int kCandidates = 8;
 constexpr int kTimedRuns = 3;
 
 enum class Tuning { kOff, kLarge, kAll };
 Tuning tuning_setting() {
   static const Tuning setting = [] {
+    if (turned_off("TFM_CUDA_LT_TUNING")) return Tuning::kOff;
     const char* value = std::getenv("TFM_CUDA_LT_TUNING");
-    if (value && std::string(value) == "0") return Tuning::kOff;
-    if (value && std::string(value) == "all") return Tuning::kAll;
-    return Tuning::kLarge;
+    return value && std::string(value) == "all" ? Tuning::kAll : Tuning::kLarge;
   }();
   return setting;
 }
@@ -287,24 +289,35 @@ struct EventPair {
   cudaEvent_t start = nullptr, stop = nullptr;
   EventPair() {
     TFM_CUDA(cudaEventCreate(&start));
-    TFM_CUDA(cudaEventCreate(&stop));
+    const cudaError_t made = cudaEventCreate(&stop);
+    if (made != cudaSuccess) {
+      cudaEventDestroy(start);
+      TFM_CUDA(made);
+    }
   }
   ~EventPair() {
-    if (stop) cudaEventDestroy(stop);
-    if (start) cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaEventDestroy(start);
   }
   EventPair(const EventPair&) = delete;
   EventPair& operator=(const EventPair&) = delete;
 };
 
+// Whether cuBLASLt refused a launch (nothing enqueued) rather than failed.
+bool refused(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE;
+}
+
 // The milliseconds `algo` takes for kTimedRuns of the product after one to warm up, into `y`; a
-// negative value where cuBLASLt refuses it.
+// negative value where cuBLASLt refuses it. Throws where a launch fails otherwise.
 float time_algorithm(const Context& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
                      const Operands& o, void* y, EventPair& events) {
-  if (launch(c, plan, algo, o, y) != CUBLAS_STATUS_SUCCESS) return -1.f;
-  TFM_CUDA(cudaEventRecord(events.start, c.stream));
-  for (int run = 0; run < kTimedRuns; ++run)
-    if (launch(c, plan, algo, o, y) != CUBLAS_STATUS_SUCCESS) return -1.f;
+  for (int run = 0; run <= kTimedRuns; ++run) {
+    if (run == 1) TFM_CUDA(cudaEventRecord(events.start, c.stream));
+    const cublasStatus_t status = launch(c, plan, algo, o, y);
+    if (refused(status)) return -1.f;
+    TFM_CUDA(status);
+  }
   TFM_CUDA(cudaEventRecord(events.stop, c.stream));
   TFM_CUDA(cudaEventSynchronize(events.stop));
   float milliseconds = 0.f;
@@ -312,19 +325,19 @@ float time_algorithm(const Context& c, const Plan& plan, const cublasLtMatmulAlg
   return milliseconds;
 }
 
-// The plan's algorithm from its bucket where the bucket has one: the bucket's where it fits the
-// plan's alignments and cuBLASLt confirms it for the plan's shape, else the heuristic's first
+// The plan's tuned algorithm from its bucket where the bucket has one: the bucket's where it fits
+// the plan's alignments and cuBLASLt confirms it for the plan's shape, else the heuristic's first
 // (plan.tuned either way). False where the bucket has none yet. Under buckets_mutex.
 bool adopt_bucket(const Context& c, Plan& plan, const PlanKey& key) {
   const auto found = tuned_buckets().find(bucket_key(key));
   if (found == tuned_buckets().end()) return false;
   cublasLtMatmulHeuristicResult_t check{};
-  if (found->second.fits(key) &&
-      blas_lt_library().algo_check(c.blas_lt, plan.desc, plan.w_layout, plan.x_layout,
-                                   plan.y_layout, plan.y_layout, &found->second.algo,
-                                   &check) == CUBLAS_STATUS_SUCCESS &&
-      check.workspaceSize <= kWorkspaceBytes)
-    plan.algo = found->second.algo;
+  const bool fits = found->second.fits(key) &&
+                    blas_lt_library().algo_check(c.blas_lt, plan.desc, plan.w_layout, plan.x_layout,
+                                                 plan.y_layout, plan.y_layout, &found->second.algo,
+                                                 &check) == CUBLAS_STATUS_SUCCESS &&
+                    check.workspaceSize <= kWorkspaceBytes;
+  plan.tuned_algo = fits ? found->second.algo : plan.algo;
   plan.tuned = true;
   return true;
 }
@@ -340,6 +353,7 @@ bool adopts_bucket(const Context& c, Plan& plan, const PlanKey& key) {
 // (beta ≠ 0), a block of scratch in its place. Waits for the stream.
 void tune(const Context& c, Plan& plan, const PlanKey& key, const Operands& o) {
   const std::vector<cublasLtMatmulAlgo_t> algorithms = candidates(c, plan, key, kCandidates);
+  cublasLtMatmulAlgo_t fastest_algo = plan.algo;
   if (algorithms.size() > 1) {
     const int64_t output_bytes = key.output_type == CUDA_R_32F ? 4 : 2;
     Scratch accumulated(c, o.beta != 0.f ? key.ldy * key.m * output_bytes : 0);  // [m, ldy]
@@ -350,13 +364,14 @@ void tune(const Context& c, Plan& plan, const PlanKey& key, const Operands& o) {
       const float milliseconds = time_algorithm(c, plan, algo, o, y, events);
       if (milliseconds >= 0.f && (fastest < 0.f || milliseconds < fastest)) {
         fastest = milliseconds;
-        plan.algo = algo;
+        fastest_algo = algo;
       }
     }
   }
   std::lock_guard<std::mutex> lock(buckets_mutex());
   if (adopt_bucket(c, plan, key)) return;
-  tuned_buckets().emplace(bucket_key(key), TunedAlgorithm{plan.algo, key});
+  tuned_buckets().emplace(bucket_key(key), TunedAlgorithm{fastest_algo, key});
+  plan.tuned_algo = fastest_algo;
   plan.tuned = true;
 }
 
@@ -364,22 +379,24 @@ bool same_algorithm(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
 
-// The product of `key` on cuBLASLt (tuned first where `tunable` and lt_tunes say so); false,
-// nothing enqueued, where it has no algorithm for it.
+// The product of `key` on cuBLASLt: on the plan's tuned algorithm where `tunable` and lt_tunes
+// say so (tuned first), else on the heuristic's; false, nothing enqueued, where it has no
+// algorithm for it.
 bool run_product(const Context& c, const PlanKey& key, const Operands& o, bool tunable) {
   const std::shared_ptr<Plan> plan = plan_for(c, key, o.bias, o.mask);
   std::lock_guard<std::mutex> plan_lock(plan->mutex);
   if (!plan->usable) return false;
   if (o.bias) set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, o.bias);
   if (o.mask) set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, o.mask);
-  if (tunable && !plan->tuned && lt_tunes(key.m, key.n, key.k) && !adopts_bucket(c, *plan, key)) {
+  const bool tuned = tunable && lt_tunes(key.m, key.n, key.k);
+  if (tuned && !plan->tuned && !adopts_bucket(c, *plan, key)) {
     if (c.recording_here()) throw RecordingRefused();  // timing waits for the stream
     tune(c, *plan, key, o);
   }
-  cublasStatus_t status = launch(c, *plan, plan->algo, o, o.y);
+  cublasStatus_t status = launch(c, *plan, tuned ? plan->tuned_algo : plan->algo, o, o.y);
   // A tuned algorithm refused at the launch (nothing enqueued): the heuristic's, from now on.
-  if (status != CUBLAS_STATUS_SUCCESS && !same_algorithm(plan->algo, plan->first)) {
-    plan->algo = plan->first;
+  if (tuned && refused(status) && !same_algorithm(plan->tuned_algo, plan->algo)) {
+    plan->tuned_algo = plan->algo;
     status = launch(c, *plan, plan->algo, o, o.y);
   }
   if (status == CUBLAS_STATUS_SUCCESS) return true;
@@ -389,7 +406,7 @@ bool run_product(const Context& c, const PlanKey& key, const Operands& o, bool t
     throw Error(std::string("cuBLASLt refused a product while capturing: ") +
                 blas_library().status_string(status));
   // Refused at the call (nothing enqueued): this shape goes the other way from now on.
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
+  if (refused(status)) {
     plan->usable = false;
     return false;
   }

@@ -54,8 +54,8 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
                 const LtReluMask& relu_mask = {}, bool tunable = false);
 
 // Whether a tunable product of m·n·k multiply-adds is tuned: the first of its shape (each
-// dimension rounded to two significant bits) runs each of cuBLASLt's first 8 algorithms for it on
-// its own operands, timed on the stream (a wait for the GPU), and the fastest is kept for the
+// dimension rounded down to a quarter of its octave) runs each of cuBLASLt's first 8 algorithms for
+// it on its own operands, timed on the stream (a wait for the GPU), and the fastest is kept for the
 // shape. TFM_CUDA_LT_TUNING: unset, products of m·n·k ≥ 2^31 (a base model's training products;
 // each tuning costs some 30 runs of the product, once); "all", every product (the tests' setting,
 // so that small shapes take the path); "0", none (the heuristic's first choice, to compare).
