@@ -42,14 +42,16 @@ int64_t mask_ld(int64_t n) {
   return (n + 127) / 128 * 128;
 }
 
+// What a product's descriptors and algorithm depend on: its shape and types, and its operands'
+// alignments (run_product fills those in from the call's pointers).
 struct PlanKey {
-  int device;
-  int64_t m, n, k, ldx, ldw, ldy;
-  int type, output_type, layout;
-  bool transposed_x;  // x [k, m] read as its transpose (a weight gradient's dyᵀ)
-  bool bias, bias_in_bfloat16, relu;
-  int mask;  // ReluMaskUse
-  uint32_t align_x, align_w, align_y, align_bias, align_mask;
+  int device = 0;
+  int64_t m = 0, n = 0, k = 0, ldx = 0, ldw = 0, ldy = 0;
+  int type = 0, output_type = 0, layout = 0;
+  bool transposed_x = false;  // x [k, m] read as its transpose (a weight gradient's dyᵀ)
+  bool bias = false, bias_in_bfloat16 = false, relu = false;
+  int mask = 0;  // ReluMaskUse
+  uint32_t align_x = 0, align_w = 0, align_y = 0, align_bias = 0, align_mask = 0;
   auto tied() const {
     return std::tie(device, m, n, k, ldx, ldw, ldy, type, output_type, layout, transposed_x, bias,
                     bias_in_bfloat16, relu, mask, align_x, align_w, align_y, align_bias,
@@ -379,10 +381,16 @@ bool same_algorithm(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
 
-// The product of `key` on cuBLASLt: on the plan's tuned algorithm where `tunable` and lt_tunes
-// say so (tuned first), else on the heuristic's; false, nothing enqueued, where it has no
-// algorithm for it.
-bool run_product(const Context& c, const PlanKey& key, const Operands& o, bool tunable) {
+// The product of `shape` (a key without alignments: those of o's pointers) on cuBLASLt: on the
+// plan's tuned algorithm where `tunable` and lt_tunes say so (tuned first), else on the
+// heuristic's; false, nothing enqueued, where it has no algorithm for it.
+bool run_product(const Context& c, const PlanKey& shape, const Operands& o, bool tunable) {
+  PlanKey key = shape;
+  key.align_x = alignment_of(o.x);
+  key.align_w = alignment_of(o.w);
+  key.align_y = alignment_of(o.y);
+  key.align_bias = alignment_of(o.bias);
+  key.align_mask = alignment_of(o.mask);
   const std::shared_ptr<Plan> plan = plan_for(c, key, o.bias, o.mask);
   std::lock_guard<std::mutex> plan_lock(plan->mutex);
   if (!plan->usable) return false;
@@ -472,27 +480,18 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
   if (!lt_enabled() || (bias && !aligned(bias, 16))) return false;
   std::lock_guard<std::mutex> context_lock(c.blas_mutex);
   make_handle(c);
-  const PlanKey key{c.device,
-                    m,
-                    n,
-                    k,
-                    ldx,
-                    ldw,
-                    ldy,
-                    int(type),
-                    int(output_type),
-                    int(layout),
-                    false,
-                    bias != nullptr && mask_use != ReluMaskUse::kReadWithBiasGradient,
-                    !float_bias && rounded_bias,
-                    relu,
-                    int(mask_use),
-                    alignment_of(x),
-                    alignment_of(w),
-                    alignment_of(y),
-                    alignment_of(bias),
-                    alignment_of(relu_mask.mask)};
-  return run_product(c, key, {x, w, y, bias, relu_mask.mask, 1.f, 0.f}, tunable);
+  PlanKey shape;
+  shape.device = c.device;
+  shape.m = m, shape.n = n, shape.k = k;
+  shape.ldx = ldx, shape.ldw = ldw, shape.ldy = ldy;
+  shape.type = int(type);
+  shape.output_type = int(output_type);
+  shape.layout = int(layout);
+  shape.bias = bias != nullptr && mask_use != ReluMaskUse::kReadWithBiasGradient;
+  shape.bias_in_bfloat16 = !float_bias && rounded_bias;
+  shape.relu = relu;
+  shape.mask = int(mask_use);
+  return run_product(c, shape, {x, w, y, bias, relu_mask.mask, 1.f, 0.f}, tunable);
 }
 
 bool lt_tuned_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
@@ -501,29 +500,16 @@ bool lt_tuned_product(const Context& c, bool trans_a, bool trans_b, int64_t m, i
   if (!lt_enabled()) return false;
   std::lock_guard<std::mutex> context_lock(c.blas_mutex);
   make_handle(c);
-  const WeightLayout layout =
-      trans_b ? WeightLayout::kOutputsByInputs : WeightLayout::kInputsByOutputs;
-  const PlanKey key{c.device,
-                    m,
-                    n,
-                    k,
-                    lda,
-                    ldb,
-                    ldc,
-                    int(type),
-                    int(CUDA_R_32F),
-                    int(layout),
-                    trans_a,
-                    false,
-                    false,
-                    false,
-                    int(ReluMaskUse::kNone),
-                    alignment_of(a),
-                    alignment_of(b),
-                    alignment_of(out),
-                    alignment_of(nullptr),
-                    alignment_of(nullptr)};
-  return run_product(c, key, {a, b, out, nullptr, nullptr, alpha, beta}, true);
+  PlanKey shape;  // a is x (transposed where trans_a), b is W
+  shape.device = c.device;
+  shape.m = m, shape.n = n, shape.k = k;
+  shape.ldx = lda, shape.ldw = ldb, shape.ldy = ldc;
+  shape.type = int(type);
+  shape.output_type = int(CUDA_R_32F);
+  shape.layout = int(trans_b ? WeightLayout::kOutputsByInputs : WeightLayout::kInputsByOutputs);
+  shape.transposed_x = trans_a;
+  shape.mask = int(ReluMaskUse::kNone);
+  return run_product(c, shape, {a, b, out, nullptr, nullptr, alpha, beta}, true);
 }
 
 }  // namespace cuda
