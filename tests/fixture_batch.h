@@ -1,7 +1,8 @@
 // The PyTorch fixtures (tests/fixtures): their names, and the token batch of one
 // (<name>.io.safetensors), whose src_tokens / tgt_tokens rows are padded with -1, which this
-// turns back into ragged sentences. Shared by the parity, decoding, backend-memory and
-// CTranslate2 interchange tests, which run the same models on the same inputs.
+// turns back into ragged sentences; and a fixture's model loaded on a backend with its batch.
+// Shared by the parity, gradient, optimizer, decoding, backend-memory and CTranslate2
+// interchange tests, which run the same models on the same inputs.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "io/model_file.h"
+#include "io/safetensors.h"
 #include "model/transformer.h"
 
 namespace tfm::testing_support {
@@ -77,5 +80,21 @@ inline std::vector<std::vector<int32_t>> fixture_rows(const Tensor& padded) {
 inline TokenBatch fixture_batch(const ModelConfig& config, const TensorMap& io) {
   return make_batch(config, fixture_rows(io.at("src_tokens")), fixture_rows(io.at("tgt_tokens")));
 }
+
+// tests/fixtures/<fixture><suffix>.
+inline std::string fixture_path(const std::string& fixture, const std::string& suffix) {
+  return std::string(TFM_FIXTURE_DIR) + "/" + fixture + suffix;
+}
+
+// A fixture's model (<fixture>.safetensors) on its case's backend, and its batch.
+struct FixtureModel {
+  explicit FixtureModel(const FixtureOnDevice& c)
+      : model(load_model(fixture_path(c.fixture, ".safetensors"), backend_of(c))),
+        batch(fixture_batch(model.config(),
+                            read_safetensors(fixture_path(c.fixture, ".io.safetensors")).tensors)) {
+  }
+  Model model;
+  TokenBatch batch;
+};
 
 }  // namespace tfm::testing_support

@@ -23,8 +23,6 @@
 namespace tfm {
 namespace {
 
-using testing_support::fixture_batch;
-
 DeviceTensors zero_gradients(const Model& model) {
   return DeviceTensors::zeros_like(model.parameters());
 }
@@ -43,19 +41,12 @@ void expect_tensor_near(const Tensor& actual, const Tensor& expected, const std:
 }
 
 // A fixture's model on one backend, its batch and PyTorch's loss and gradients on it.
-struct GradientFixture {
+struct GradientFixture : testing_support::FixtureModel {
   explicit GradientFixture(const testing_support::FixtureOnDevice& c)
-      : GradientFixture(c.fixture, testing_support::backend_of(c)) {}
-  GradientFixture(const std::string& name, const Backend& backend)
-      : model(load_model(std::string(TFM_FIXTURE_DIR) + "/" + name + ".safetensors", backend)),
-        expected(read_safetensors(std::string(TFM_FIXTURE_DIR) + "/" + name + ".grads.safetensors")
-                     .tensors),
-        batch(fixture_batch(model.config(), read_safetensors(std::string(TFM_FIXTURE_DIR) + "/" +
-                                                             name + ".io.safetensors")
-                                                .tensors)) {}
-  Model model;
+      : FixtureModel(c),
+        expected(read_safetensors(testing_support::fixture_path(c.fixture, ".grads.safetensors"))
+                     .tensors) {}
   TensorMap expected;
-  TokenBatch batch;
 };
 
 // Every fixture on every backend present (testing_support::on_every_device).

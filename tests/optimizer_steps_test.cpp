@@ -21,20 +21,9 @@
 namespace tfm {
 namespace {
 
+using testing_support::fixture_path;
+using testing_support::FixtureModel;
 using testing_support::FixtureOnDevice;
-
-// A fixture's model on one backend, and its batch.
-struct FixtureModel {
-  explicit FixtureModel(const FixtureOnDevice& c)
-      : model(load_model(path(c.fixture, ".safetensors"), testing_support::backend_of(c))),
-        batch(testing_support::fixture_batch(
-            model.config(), read_safetensors(path(c.fixture, ".io.safetensors")).tensors)) {}
-  static std::string path(const std::string& fixture, const std::string& suffix) {
-    return std::string(TFM_FIXTURE_DIR) + "/" + fixture + suffix;
-  }
-  Model model;
-  TokenBatch batch;
-};
 
 // Runs `steps` optimizer steps on the fixture's batch (label smoothing 0.1, no dropout, the
 // loss per target token), one workspace and one set of gradients throughout; returns the loss
@@ -90,8 +79,7 @@ TEST_P(SgdStep, MovesEveryParameterByMinusItsGradient) {
   Optimizer sgd(o, f.model.parameters());
   train_steps(f, sgd, 1);
   expect_parameters_near(
-      f.model,
-      read_safetensors(FixtureModel::path(GetParam().fixture, ".grads.safetensors")).tensors,
+      f.model, read_safetensors(fixture_path(GetParam().fixture, ".grads.safetensors")).tensors,
       "sgd.", 2e-5);
 }
 
@@ -105,7 +93,7 @@ TEST_P(AdamSteps, ThreeStepsMatchTorchOptimAdam) {
   Optimizer adam(adam_at_constant_rate(), f.model.parameters());
   const std::vector<double> losses = train_steps(f, adam, 3);
   const TensorMap expected =
-      read_safetensors(FixtureModel::path(GetParam().fixture, ".adam.safetensors")).tensors;
+      read_safetensors(fixture_path(GetParam().fixture, ".adam.safetensors")).tensors;
   for (int s = 0; s < 3; ++s)
     EXPECT_NEAR(losses[size_t(s)], expected.at("loss_step" + std::to_string(s + 1)).data[0], 1e-5)
         << "before step " << s + 1;
@@ -128,7 +116,7 @@ TEST_P(AdamSteps, ThreeStepsInBFloat16StayNearTorchOptimAdam) {
   Optimizer adam(adam_at_constant_rate(), f.model.parameters());
   const std::vector<double> losses = train_steps(f, adam, 3, Precision::kBFloat16);
   const TensorMap expected =
-      read_safetensors(FixtureModel::path(GetParam().fixture, ".adam.safetensors")).tensors;
+      read_safetensors(fixture_path(GetParam().fixture, ".adam.safetensors")).tensors;
   for (int s = 0; s < 3; ++s) {
     const double torch = expected.at("loss_step" + std::to_string(s + 1)).data[0];
     EXPECT_NEAR(losses[size_t(s)], torch, 3e-3 * torch) << "before step " << s + 1;
