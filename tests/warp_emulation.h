@@ -263,6 +263,13 @@ inline float __fadd_rn(float a, float b) {
 inline float rsqrtf(float x) {
   return 1.f / std::sqrt(x);
 }
+// The device's __expf: x · log2 e rounded to float, then ex2.approx.ftz of it (here the exact
+// power, rounded; the device's is within 2 units in the last place), a result below float's
+// smallest normal flushed to 0.
+inline float __expf(float x) {
+  const float power = float(std::exp2(double(x * 1.44269504088896341f)));
+  return std::fabs(power) < 1.17549435e-38f ? 0.f : power;
+}
 inline int __popc(unsigned x) {
   return __builtin_popcount(x);
 }
@@ -377,7 +384,8 @@ inline void warp_emulation::launch(dim3 grid, dim3 block, size_t shared_bytes,
   current_kernel = &kernel;
   char* const shared_begin = &__start_tfm_emulated_shared[0];
   char* const shared_end = &__stop_tfm_emulated_shared[0];
-  if (shared_begin != shared_end) std::memset(shared_begin, 0xFF, size_t(shared_end - shared_begin));
+  if (shared_begin != shared_end)
+    std::memset(shared_begin, 0xFF, size_t(shared_end - shared_begin));
   const unsigned blocks = grid.x * grid.y * grid.z;
   for (unsigned b = 0; b < blocks; ++b) run_block(grid, block, b, shared_bytes);
   current_kernel = nullptr;  // the kernel lives no longer than the call

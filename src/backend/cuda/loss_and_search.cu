@@ -14,6 +14,10 @@ namespace cuda {
 namespace {
 
 constexpr int kRowThreads = 512;
+// The cross-entropy's blocks: 256 threads, five an SM (48 registers: its four words in flight
+// and a word's eight values each, which spilled under three blocks of 512's 40).
+constexpr int kLossThreads = 256;
+constexpr int kLossBlocksPerProcessor = 5;
 
 // Whether a row can be read as float4: its length a multiple of 4 and its start 16-byte aligned
 // (every row of a matrix is, when the first is and the length is a multiple of 4).
@@ -41,37 +45,12 @@ __device__ __forceinline__ void for_each_word(const void* row, int64_t words,
   for (; i < words; i += step) visit_word(row_words[i], i);
 }
 
-// visit_word(x, i) for this thread's float4 words of a row that reads_as_float4 (word i holds
-// columns 4i to 4i + 3), as for_each_word visits them.
-template <typename VisitWord>
-__device__ __forceinline__ void for_each_word_in_row(const float* row, int64_t cols,
-                                                     VisitWord visit_word) {
-  for_each_word<float4>(row, cols / 4, visit_word);
-}
-
-// visit(x, c) for this thread's columns of a row, in increasing order: four at a time from
-// for_each_word_in_row where the row allows, else one at a time.
-template <typename Visit>
-__device__ __forceinline__ void for_each_in_row(const float* row, int64_t cols, Visit visit) {
-  if (reads_as_float4(row, cols)) {
-    for_each_word_in_row(row, cols, [&](const float4& x, int64_t i) {
-      visit(x.x, 4 * i);
-      visit(x.y, 4 * i + 1);
-      visit(x.z, 4 * i + 2);
-      visit(x.w, 4 * i + 3);
-    });
-  } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) visit(row[c], c);
-  }
-}
-
-// The same over a row of bfloat16 values (widened to float), eight to a 16-byte word where the
-// row allows (its length a multiple of 8, its start 16-byte aligned), else one at a time;
-// visit_word(x[8], i) for word i (columns 8i to 8i + 7), four loads in flight.
+// Whether a row of bfloat16 values reads as 16-byte words of eight: its length a multiple of 8 and
+// its start 16-byte aligned.
 __device__ __forceinline__ bool reads_as_words_of_eight(const uint16_t* row, int64_t cols) {
   return (cols & 7) == 0 && aligned(row, 16);
 }
-__device__ __forceinline__ void widen_eight(const uint4& word, float* x) {
+__device__ __forceinline__ void widen_eight(const uint4& word, float (&x)[8]) {
   const uint32_t halves[4] = {word.x, word.y, word.z, word.w};
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
@@ -79,25 +58,60 @@ __device__ __forceinline__ void widen_eight(const uint4& word, float* x) {
     x[2 * n + 1] = __uint_as_float(halves[n] & 0xffff0000u);
   }
 }
-template <typename VisitWord>
-__device__ __forceinline__ void for_each_word_of_eight(const uint16_t* row, int64_t cols,
-                                                       VisitWord visit_word) {
-  for_each_word<uint4>(row, cols / 8, [&](const uint4& word, int64_t i) {
-    float x[8];
-    widen_eight(word, x);
-    visit_word(x, i);
-  });
+
+// visit(x, column) for this thread's values of a row, a word at a time in increasing order: x is
+// a float[N] holding columns column to column + N − 1. N is 4 (float4 words) for a row of floats
+// that reads_as_float4, 8 (16-byte words, widened) for one of bfloat16 values that
+// reads_as_words_of_eight, else 1; words four loads in flight (for_each_word). Visiting a word
+// rather than a value lets the kernels below work on its N values independently.
+template <typename Visit>
+__device__ __forceinline__ void for_each_word_of(const float* row, int64_t cols, Visit visit) {
+  if (reads_as_float4(row, cols)) {
+    for_each_word<float4>(row, cols / 4, [&](const float4& word, int64_t i) {
+      const float x[4] = {word.x, word.y, word.z, word.w};
+      visit(x, 4 * i);
+    });
+    return;
+  }
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float x[1] = {row[c]};
+    visit(x, c);
+  }
 }
 template <typename Visit>
-__device__ __forceinline__ void for_each_in_row(const uint16_t* row, int64_t cols, Visit visit) {
+__device__ __forceinline__ void for_each_word_of(const uint16_t* row, int64_t cols, Visit visit) {
   if (reads_as_words_of_eight(row, cols)) {
-    for_each_word_of_eight(row, cols, [&](const float* x, int64_t i) {
-#pragma unroll
-      for (int n = 0; n < 8; ++n) visit(x[n], 8 * i + n);
+    for_each_word<uint4>(row, cols / 8, [&](const uint4& word, int64_t i) {
+      float x[8];
+      widen_eight(word, x);
+      visit(x, 8 * i);
     });
-  } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) visit(from_bfloat16(row[c]), c);
+    return;
   }
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float x[1] = {from_bfloat16(row[c])};
+    visit(x, c);
+  }
+}
+
+// The sum of a word's values, in pairs (N a power of two): log2 N dependent additions.
+template <int N>
+__device__ __forceinline__ float word_sum(const float (&x)[N]) {
+  if constexpr (N == 1) {
+    return x[0];
+  } else {
+    float pairs[N / 2];
+#pragma unroll
+    for (int n = 0; n < N / 2; ++n) pairs[n] = x[2 * n] + x[2 * n + 1];
+    return word_sum(pairs);
+  }
+}
+
+// e^x for a softmax's terms (x ≤ 0): __expf, x · log2 e and the multiprocessor's approximate
+// base-2 exponential, within 2 + 1.2 |x| units in the last place (CUDA's table), two
+// instructions where expf's accurate one takes about ten; these rows' passes issue one a value.
+__device__ __forceinline__ float softmax_exp(float x) {
+  return __expf(x);
 }
 
 // A part of one row as one pass leaves it: its largest value, the first index holding it (vocab:
@@ -138,23 +152,64 @@ __device__ SoftmaxPart block_combine(SoftmaxPart part, SoftmaxPart* shared) {
   __syncthreads();
   if (lane == 0) shared[warp] = part;
   __syncthreads();
-  part = shared[0];
-  for (int w = 1; w < warps; ++w) part = combine(part, shared[w]);
-  return part;
+  // The warps' parts as combine would chain them, but the maximum first and then the sums
+  // rescaled to it, independent terms (a chain of combines waited on two exponentials a warp).
+  SoftmaxPart whole{shared[0].largest, INT64_MAX, 0.f};
+  for (int w = 1; w < warps; ++w) whole.largest = fmaxf(whole.largest, shared[w].largest);
+  for (int w = 0; w < warps; ++w) {
+    const SoftmaxPart p = shared[w];
+    whole.sum += p.sum * scaled_exp(p.largest, whole.largest);
+    if (p.largest == whole.largest && p.first < whole.first) whole.first = p.first;
+  }
+  return whole;
 }
 
-// One thread's part of a row, read once (online softmax: the sum so far rescaled whenever the
-// maximum grows); the first index is not tracked.
+// Adds a word of N values (columns column to column + N − 1, visited in increasing order) to a
+// thread's part of a row: the word's maximum, one comparison with the part's (and the sum
+// rescaled only where it grows: rare past a row's first words), then the N terms
+// exp(x − largest), independent of each other, summed. A value at a time, each comparison
+// branched before its exponential could start. kFirst: part.first tracks the first column
+// holding the maximum (`none` until one does).
+template <bool kFirst, int N>
+__device__ __forceinline__ void add_word(SoftmaxPart& part, const float (&x)[N], int64_t column,
+                                         int64_t none) {
+  float word_largest = x[0];
+#pragma unroll
+  for (int n = 1; n < N; ++n) word_largest = fmaxf(word_largest, x[n]);
+  const bool grows = word_largest > part.largest;
+  if (grows) {
+    part.sum *= scaled_exp(part.largest, word_largest);
+    part.largest = word_largest;
+  }
+  // A word whose maximum equals the part's without growing it sets the first column only while
+  // none is set: every value so far −∞.
+  if (kFirst && (grows || (word_largest == part.largest && part.first == none))) {
+    int first = N - 1;
+#pragma unroll
+    for (int n = N - 2; n >= 0; --n)
+      if (x[n] == word_largest) first = n;
+    part.first = column + first;
+  }
+  float terms[N];
+  if (part.largest > -INFINITY && part.largest < INFINITY) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) terms[n] = softmax_exp(x[n] - part.largest);  // NaN stays NaN
+  } else {  // every value so far −∞ (each an empty term), or a +∞ (each +∞ a term of 1)
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+      terms[n] = x[n] == -INFINITY      ? 0.f
+                 : x[n] == part.largest ? 1.f
+                                        : softmax_exp(x[n] - part.largest);
+  }
+  part.sum += word_sum(terms);
+}
+
+// One thread's part of a row, read once (the sum so far rescaled whenever the maximum grows); the
+// first index is not tracked.
 __device__ __forceinline__ SoftmaxPart thread_softmax_part(const float* row, int64_t cols) {
   SoftmaxPart part{-INFINITY, 0, 0.f};
-  for_each_in_row(row, cols, [&](float x, int64_t) {
-    if (x > part.largest) {
-      part.sum = part.sum * scaled_exp(part.largest, x) + 1.f;
-      part.largest = x;
-    } else {
-      part.sum += scaled_exp(x, part.largest);
-    }
-  });
+  for_each_word_of(row, cols,
+                   [&](const auto& x, int64_t column) { add_word<false>(part, x, column, 0); });
   return part;
 }
 
@@ -174,6 +229,39 @@ __global__ void log_softmax_pick_kernel(const float* logits, const int32_t* targ
   if (threadIdx.x == 0) out[blockIdx.x] = in[targets[blockIdx.x]] - log_sum;
 }
 
+// Stores a word's gradient g[N] (columns column to column + N − 1 of a row): in bfloat16 over
+// the bfloat16 logits it came from (Logit uint16_t), else in bfloat16 into `rounded` where given
+// (a word of four as one 8-byte store where rounded_in_words), else over the float logits.
+template <typename Logit, int N>
+__device__ __forceinline__ void store_gradient(Logit* row, uint16_t* rounded, bool rounded_in_words,
+                                               const float (&g)[N], int64_t column) {
+  if constexpr (std::is_same_v<Logit, uint16_t>) {
+    if constexpr (N == 8) {
+      *reinterpret_cast<uint4*>(row + column) =
+          make_uint4(to_bfloat16_pair(g[0], g[1]), to_bfloat16_pair(g[2], g[3]),
+                     to_bfloat16_pair(g[4], g[5]), to_bfloat16_pair(g[6], g[7]));
+      return;
+    }
+    rounded = row;  // the one-value words: below
+  } else if (!rounded) {
+    if constexpr (N == 4) {
+      *reinterpret_cast<float4*>(row + column) = make_float4(g[0], g[1], g[2], g[3]);
+    } else {
+#pragma unroll
+      for (int n = 0; n < N; ++n) row[column + n] = g[n];
+    }
+    return;
+  } else if constexpr (N == 4) {
+    if (rounded_in_words) {
+      *reinterpret_cast<uint2*>(rounded + column) =
+          make_uint2(to_bfloat16_pair(g[0], g[1]), to_bfloat16_pair(g[2], g[3]));
+      return;
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) rounded[column + n] = to_bfloat16(g[n]);
+}
+
 // Per row, in one read of the logits: the loss terms in double and whether the first maximum is
 // the target; then a second pass makes the row grad_scale · (softmax − smoothed one-hot), in
 // float32 in place, or only in bfloat16 into rounded_gradient where that is given. The second
@@ -182,9 +270,13 @@ __global__ void log_softmax_pick_kernel(const float* logits, const int32_t* targ
 // of 3,627 × 37,000 on an H200, where reading it twice with several blocks an SM, each loading
 // while another reduces, took 0.47. Logit is float, or uint16_t: the logits in bfloat16 in
 // rounded_gradient itself (Backend::cross_entropy_forward_backward's null logits), half the
-// bytes each pass, each thread writing its words' gradient over the words it read.
+// bytes each pass, each thread writing its words' gradient over the words it read. At fe8bad6
+// that bfloat16 chunk still took 0.69 ms, with half the bytes of 0.47's: a value at a time, its
+// branches, accurate exponential, double addition and rounding (about 25 instructions a value
+// a pass) cost more than the bytes. Both passes now work a word at a time (add_word,
+// softmax_exp, to_bfloat16_pair, the target's column found once a word).
 template <typename Logit>
-__global__ void __launch_bounds__(kRowThreads, 3)
+__global__ void __launch_bounds__(kLossThreads, kLossBlocksPerProcessor)
     cross_entropy_kernel(Logit* logits, const int32_t* targets, int64_t vocab, float smoothing,
                          float grad_scale, double* row_totals, uint16_t* rounded_gradient) {
   constexpr bool kBFloat16 = std::is_same_v<Logit, uint16_t>;
@@ -198,17 +290,10 @@ __global__ void __launch_bounds__(kRowThreads, 3)
   else
     target_logit = row[y];
   SoftmaxPart part{-INFINITY, vocab, 0.f};
-  double sum_logits = 0;
-  for_each_in_row(row, vocab, [&](float x, int64_t c) {
-    sum_logits += double(x);
-    if (x > part.largest) {  // online softmax: the sum so far rescaled to the new maximum
-      part.sum = part.sum * scaled_exp(part.largest, x) + 1.f;
-      part.largest = x;
-      part.first = c;
-    } else {
-      if (x == part.largest && part.first == vocab) part.first = c;  // −∞ everywhere so far
-      part.sum += scaled_exp(x, part.largest);
-    }
+  double sum_logits = 0;  // a word's values summed in float, the words in double
+  for_each_word_of(row, vocab, [&](const auto& x, int64_t column) {
+    sum_logits += double(word_sum(x));
+    add_word<true>(part, x, column, vocab);
   });
   sum_logits = block_sum(sum_logits, shared_double);
   const SoftmaxPart whole = block_combine(part, shared_parts);
@@ -225,51 +310,21 @@ __global__ void __launch_bounds__(kRowThreads, 3)
   const float scale = grad_scale / sum;
   const float uniform = grad_scale * smoothing / float(vocab);
   uint16_t* rounded = rounded_gradient ? rounded_gradient + int64_t(blockIdx.x) * vocab : nullptr;
+  const bool rounded_in_words = aligned(rounded, 8);  // as a float4 word's four: 8 bytes
   const float target_term = grad_scale * (1.f - smoothing);
-  const auto gradient = [&](float x, int64_t c) {
-    const float g = expf(x - largest) * scale - uniform;
-    return c == y ? g - target_term : g;
-  };
-  if constexpr (kBFloat16) {
-    if (reads_as_words_of_eight(row, vocab)) {
-      uint4* row8 = reinterpret_cast<uint4*>(row);
-      for_each_word_of_eight(row, vocab, [&](const float* x, int64_t i) {
-        uint16_t g[8];
+  for_each_word_of(row, vocab, [&](const auto& x, int64_t column) {
+    constexpr int N = int(sizeof(x) / sizeof(x[0]));
+    float g[N];
 #pragma unroll
-        for (int n = 0; n < 8; ++n) g[n] = to_bfloat16(gradient(x[n], 8 * i + n));
-        const uint2 low = pack_16_bits(g[0], g[1], g[2], g[3]);
-        const uint2 high = pack_16_bits(g[4], g[5], g[6], g[7]);
-        row8[i] = make_uint4(low.x, low.y, high.x, high.y);
-      });
-      return;
+    for (int n = 0; n < N; ++n) g[n] = softmax_exp(x[n] - largest) * scale - uniform;
+    const int64_t target_at = int64_t(y) - column;
+    if (target_at >= 0 && target_at < N) {  // one word of the row
+#pragma unroll
+      for (int n = 0; n < N; ++n)
+        if (n == target_at) g[n] -= target_term;
     }
-    for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x)
-      row[c] = to_bfloat16(gradient(from_bfloat16(row[c]), c));
-    return;
-  } else {
-    if (reads_as_float4(row, vocab) && aligned(rounded, 8)) {
-      float4* row4 = reinterpret_cast<float4*>(row);
-      for_each_word_in_row(row, vocab, [&](const float4& x, int64_t i) {
-        const float4 g = make_float4(gradient(x.x, 4 * i), gradient(x.y, 4 * i + 1),
-                                     gradient(x.z, 4 * i + 2), gradient(x.w, 4 * i + 3));
-        if (rounded) {
-          const uint2 packed =
-              pack_16_bits(to_bfloat16(g.x), to_bfloat16(g.y), to_bfloat16(g.z), to_bfloat16(g.w));
-          reinterpret_cast<uint2*>(rounded)[i] = packed;
-        } else {
-          row4[i] = g;
-        }
-      });
-      return;
-    }
-    for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
-      const float g = gradient(row[c], c);
-      if (rounded)
-        rounded[c] = to_bfloat16(g);
-      else
-        row[c] = g;
-    }
-  }
+    store_gradient(row, rounded, rounded_in_words, g, column);
+  });
 }
 
 // best_tokens' normaliser of a row of logits: block_log_sum_exp, as log_softmax_pick_kernel
@@ -466,10 +521,10 @@ void cross_entropy_forward_backward(cudaStream_t s, float* logits, const int32_t
   if (!logits && !rounded_gradient)
     throw std::invalid_argument("cross_entropy_forward_backward: no logits");
   if (logits)
-    launch_kernel(cross_entropy_kernel<float>, unsigned(rows), kRowThreads, 0, s, logits, targets,
+    launch_kernel(cross_entropy_kernel<float>, unsigned(rows), kLossThreads, 0, s, logits, targets,
                   vocab, smoothing, grad_scale, row_totals, rounded_gradient);
   else  // the logits in bfloat16 in rounded_gradient, the gradient over them
-    launch_kernel(cross_entropy_kernel<uint16_t>, unsigned(rows), kRowThreads, 0, s,
+    launch_kernel(cross_entropy_kernel<uint16_t>, unsigned(rows), kLossThreads, 0, s,
                   rounded_gradient, targets, vocab, smoothing, grad_scale, row_totals,
                   rounded_gradient);
   check_launch("cross_entropy_forward_backward");
