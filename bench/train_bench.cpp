@@ -302,6 +302,13 @@ int run(const Options& o) {
       {"loss_first", losses.front()},
       {"loss_last", losses.back()},
   });
+  // A device's memory (its pool's peaks: what PyTorch's max_memory_allocated and
+  // max_memory_reserved say of its own), for a GPU run.
+  const tfm::DeviceMemory device_memory = backend.device_memory();
+  if (device_memory.peak_in_use >= 0) {
+    line["device_memory_peak_mib"] = double(device_memory.peak_in_use) / (1 << 20);
+    line["device_memory_reserved_peak_mib"] = double(device_memory.peak_reserved) / (1 << 20);
+  }
   if (o.precision == tfm::Precision::kBFloat16 && backend.memory_is_host()) {
     // What bfloat16 products can reach here at best, and so the shortest step those FLOPs allow.
     const double bf16_peak = bench::measure_square_gemm_peak_bfloat16(o.gemm_size, 5);

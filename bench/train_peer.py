@@ -197,6 +197,8 @@ def main():
         "loss_first": losses[0], "loss_last": losses[-1], "blas": loaded_blas(),
         "device": str(device), "autocast": args.autocast,
         "gpu_memory_peak_mib": torch.cuda.max_memory_allocated() / 2**20 if on_gpu else None,
+        "gpu_memory_reserved_peak_mib":
+            torch.cuda.max_memory_reserved() / 2**20 if on_gpu else None,
     }, sort_keys=True), flush=True)
     return 0 if math.isfinite(losses[-1]) else 1
 

@@ -237,11 +237,14 @@ TEST(Decode, GpuMemoryStaysFlatOverThousandsOfSteps) {
         const auto results = search(model, sentences, {}, o);
         ASSERT_EQ(results.size(), sentences.size());
         ASSERT_GE(results[0][0].tokens.size(), 20u);
-        if (i == 30 || i == 90 || i == 150) in_use.push_back(backend.memory_in_use());
+        if (i == 30 || i == 90 || i == 150) in_use.push_back(backend.device_memory().in_use);
       }
       ASSERT_GT(in_use[0], 0);
       EXPECT_LE(in_use[1], in_use[0] + (1 << 20)) << in_use[0] << " then " << in_use[1];
       EXPECT_LE(in_use[2], in_use[1] + (1 << 20)) << in_use[1] << " then " << in_use[2];
+      const DeviceMemory memory = backend.device_memory();  // the peaks hold what is held now
+      EXPECT_GE(memory.peak_in_use, memory.in_use);
+      EXPECT_GE(memory.peak_reserved, memory.peak_in_use);
     }
 }
 

@@ -106,6 +106,15 @@ struct CollectiveBootstrap {
   std::function<bool(bool ok)> all_agree;
 };
 
+// Bytes of a backend's own memory that its allocations hold: now, at most since the process
+// began, and at most reserved from the device for them (allocated or cached for reuse) — what
+// PyTorch's memory_allocated, max_memory_allocated and max_memory_reserved say of its own.
+struct DeviceMemory {
+  int64_t in_use = -1;
+  int64_t peak_in_use = -1;
+  int64_t peak_reserved = -1;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -372,9 +381,9 @@ class Backend {
   // write it through its pointers — checkpoints are written from it and MPI reduces it in
   // place — where another backend's is copied through the host first.
   virtual bool memory_is_host() const = 0;
-  // Bytes of this backend's own memory that its allocations hold now, or -1 where it does not
-  // say (the CPU: its memory is the process's, which the resident set size measures).
-  virtual int64_t memory_in_use() const { return -1; }
+  // This backend's own memory (DeviceMemory), all -1 where it does not say (the CPU: its memory
+  // is the process's, which the resident set size measures).
+  virtual DeviceMemory device_memory() const { return {}; }
   // Forget what the backend's operation profile (TFM_CUDA_PROFILE on CUDA) has recorded so far:
   // benchmarks call it after their warm-up, so the table shows steady steps only. Nothing where
   // a backend keeps no profile.

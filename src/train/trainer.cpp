@@ -690,7 +690,7 @@ class TrainingRun {
         entry["allreduce_bytes_per_step"] = gradients_.numel() * int64_t(sizeof(float));
       }
       // A device with memory of its own: what the run holds there (flat after the first steps).
-      const int64_t device_bytes = backend_.memory_in_use();
+      const int64_t device_bytes = backend_.device_memory().in_use;
       if (device_bytes >= 0) entry["device_memory_mb"] = double(device_bytes) / (1 << 20);
       write_log(entry);
     }

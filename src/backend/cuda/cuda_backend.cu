@@ -368,13 +368,21 @@ class CudaBackend final : public Backend {
                                                       std::string* why_not) const override {
     return cuda::join_nccl(c_, rank, size, bootstrap, wait, why_not);
   }
-  int64_t memory_in_use() const override {
+  // The device's default memory pool, which allocate's cudaMallocAsync draws from.
+  DeviceMemory device_memory() const override {
     c_.activate();
     cudaMemPool_t pool;
-    uint64_t used = 0;
     TFM_CUDA(cudaDeviceGetDefaultMemPool(&pool, c_.device));
-    TFM_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
-    return int64_t(used);
+    const auto attribute = [&](cudaMemPoolAttr which) {
+      uint64_t bytes = 0;
+      TFM_CUDA(cudaMemPoolGetAttribute(pool, which, &bytes));
+      return int64_t(bytes);
+    };
+    DeviceMemory memory;
+    memory.in_use = attribute(cudaMemPoolAttrUsedMemCurrent);
+    memory.peak_in_use = attribute(cudaMemPoolAttrUsedMemHigh);
+    memory.peak_reserved = attribute(cudaMemPoolAttrReservedMemHigh);
+    return memory;
   }
   void restart_profile() const override { cuda::restart_profile(); }
   bool records_operations() const override { return cuda::records_operations(); }
