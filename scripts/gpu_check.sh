@@ -163,8 +163,9 @@ step tuned_products 90 env TFM_CUDA_LT_TUNING=all $tests \
 # Training against PyTorch on this card, same run, same shape (the base model, 400 pairs of 63 +
 # eos / bos tokens, vocabulary 37,000, dropout 0.1, label smoothing 0.1, Adam): float32 against
 # PyTorch's float32, our bfloat16 products against its bfloat16 autocast.
+# TRAIN_SHAPE, where set, replaces the batch and lengths.
 train_compare() {  # train_compare TYPE [--compile: the peer through torch.compile]
-  local shape="--batch 400 --src-len 63 --tgt-len 63 --vocab 37000 --steps 5 --warmup 2"
+  local shape="${TRAIN_SHAPE:---batch 400 --src-len 63 --tgt-len 63} --vocab 37000 --steps 5 --warmup 2"
   local ours peer
   ours=$(build/bench/train_bench $shape --device cuda --compute-type "$1" | tail -1) || return 1
   if [ "$1" = bfloat16 ]; then autocast=bfloat16; else autocast=none; fi
@@ -196,6 +197,10 @@ export -f train_compare
 export logs
 step train_vs_torch_fp32 60 train_compare float32
 step train_vs_torch_bf16 60 train_compare bfloat16
+# The same tokens a batch in sentences of 31 tokens and an end mark, nearer real corpora's lengths
+# (the attention's 32-row blocks).
+step train_vs_torch_bf16_32 60 env TRAIN_SHAPE="--batch 800 --src-len 31 --tgt-len 31" \
+  bash -c 'train_compare bfloat16'
 # Against torch.compile, the faster of PyTorch's two (the goal is 1.5x its tokens/s):
 # its compilation took 20 to 60 s on the H200.
 step train_vs_compile_bf16 120 train_compare bfloat16 --compile
@@ -248,6 +253,10 @@ step attention_in_registers_train 60 path_against_switch TFM_CUDA_ATTENTION_IN_R
   "attention in registers"
 step attention_in_registers_train_128 60 path_against_switch TFM_CUDA_ATTENTION_IN_REGISTERS \
   "attention in registers, 128 tokens" 200 127
+# Sentences of 31 tokens and an end mark (800 of them: the same tokens a batch): blocks of 32 rows
+# against the 64-row blocks they took before (TFM_CUDA_ATTENTION_32_ROWS).
+step attention_32_rows 60 path_against_switch TFM_CUDA_ATTENTION_32_ROWS \
+  "attention in 32-row blocks, 32 tokens" 800 31
 # Sentences of 199 tokens and an end mark: the tiles of 64 against TF32 whole-matrix products.
 step attention_tiles_train_200 60 path_against_switch TFM_CUDA_ATTENTION_IN_REGISTERS \
   "attention in tiles of 64, 200 tokens" 128 199

@@ -95,8 +95,6 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
     return rounded;
   };
   const std::vector<uint16_t> q16 = bits(q), kv16 = bits(kv), d_out16 = bits(d_out);
-  const int longest = std::max(c.query_len, c.key_len);
-  const int rows = longest <= 64 ? 64 : longest <= 128 ? 128 : 0;  // 0: tiles
   const float scale = 1.f / 8.f;
 
   // One forward and backward through the kernels, as attention_in_registers_forward and
@@ -151,11 +149,7 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
           args(backward_in_registers_kernel<kRows, false, Input>);
       });
     };
-    if (rows == 64) {
-      both(std::integral_constant<int, 64>{});
-    } else if (rows == 128) {
-      both(std::integral_constant<int, 128>{});
-    } else {  // as attention_in_registers_forward and _backward launch the tiles
+    if (!with_block_rows(s, both)) {  // as attention_in_registers_forward and _backward: tiles
       const int query_tiles = (c.query_len + kTile - 1) / kTile;
       warp_emulation::launch(
           kBatch * kHeads * query_tiles, kTileThreads, TileLayout::kForwardBytes, [&] {
@@ -277,13 +271,15 @@ TEST_P(AttentionInRegistersEmulated, MatchesFloat64AndRebuildsTheStoredWeights) 
   }
 }
 
-// Blocks of 64 and of 128 rows, and tiles of 64 beyond; Q, K, V and dO as floats rounded at load
+// Blocks of 32, 64 and 128 rows (rows_of_blocks: 7 × 9, 20 × 30 and 32 × 32 take 32), and
+// tiles of 64 beyond; Q, K, V and dO as floats rounded at load
 // and in bfloat16; the weights stored, or the rows' statistics the backward rebuilds them from;
 // causal, window and offset masks, queries and keys of lengths that fill no tile; Q in the rows of
 // a stacked Q|K|V.
 INSTANTIATE_TEST_SUITE_P(
     Cases, AttentionInRegistersEmulated,
     ::testing::Values(
+        Case{32, 32, true, -1, 0, true, true, true}, Case{17, 25, false, 4, 0, false, false},
         Case{64, 64, true, -1, 0, true, true, true}, Case{37, 50, false, -1, 0, false, false},
         Case{7, 9, false, 2, 0, false, true}, Case{20, 30, true, -1, 5, true, false},
         Case{100, 77, false, -1, 0, true, true, true}, Case{50, 120, false, 9, 0, false, true},

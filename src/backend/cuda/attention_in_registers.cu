@@ -1,5 +1,5 @@
 // Training's attention in bfloat16 with its scores, weights and products in the registers of the
-// warps that compute them: a block per (sequence, head) for up to kRows = 64 or 128 queries and
+// warps that compute them: a block per (sequence, head) for up to kRows = 32, 64 or 128 queries and
 // keys with heads of 64, as attention_tensor_cores.cu's WMMA blocks, which go through shared
 // memory at every step (S and dP stored as floats and read back for the softmax, P and dS stored
 // again for the next product): 0.165 ms forward and 0.250 ms backward for 3,200 heads of 64 × 64
@@ -46,9 +46,44 @@ constexpr int kThreads = 2 * kRows;  // a warp for each 16 query rows (or keys)
 
 // The forward's blocks an SM the registers must leave room for: two of 128 rows (128 registers a
 // thread, where the compiler's own choice, 138, left one: half the SM's warps idle while a
-// block loads), four of 64 (its choice, 90 to 120, allows that anyway).
+// block loads), four of 64 (its choice, 90 to 120, allows that anyway), eight of 32.
 template <int kRows>
-constexpr int kForwardBlocksAnSm = kRows == 128 ? 2 : 4;
+constexpr int kForwardBlocksAnSm = kRows == 128  ? 2
+                                   : kRows == 64 ? 4
+                                                 : 8;
+
+// The rows of the blocks that hold a call's (sequence, head) whole: the fewest of 32, 64 and 128
+// that hold its queries and keys, since a block's products, softmax and warps grow with its rows
+// and not with the sequence's (a sentence of 25 tokens in a 64-row block paid for 64 × 64 scores
+// in four warps, where a 32-row one computes 32 × 32 in two); 0 beyond 128: tiles of 64.
+// TFM_CUDA_ATTENTION_32_ROWS=0 leaves sequences of up to 32 to the 64-row blocks (as before
+// 2026-11-30), to compare.
+inline int rows_of_blocks(int64_t query_len, int64_t key_len) {
+  static const bool rows_32 = !turned_off("TFM_CUDA_ATTENTION_32_ROWS");
+  const int64_t longest = std::max(query_len, key_len);
+  if (longest <= 32 && rows_32) return 32;
+  if (longest <= 64) return 64;
+  return longest <= 128 ? 128 : 0;
+}
+
+// launch(std::integral_constant<int, R>{}) for R = rows_of_blocks of shape s; false (nothing
+// called) where s takes tiles.
+template <typename Launch>
+bool with_block_rows(const AttentionShape& s, Launch launch) {
+  switch (rows_of_blocks(s.query_len, s.key_len)) {
+    case 32:
+      launch(std::integral_constant<int, 32>{});
+      return true;
+    case 64:
+      launch(std::integral_constant<int, 64>{});
+      return true;
+    case 128:
+      launch(std::integral_constant<int, 128>{});
+      return true;
+    default:
+      return false;
+  }
+}
 
 template <int kRows>
 struct Layout {
@@ -848,14 +883,6 @@ void launch_heads(const Context& c, const AttentionShape& s, Kernel kernel, size
   launch_blocks(c, s.batch * s.heads, kThreads<kRows>, kernel, bytes, arguments...);
 }
 
-// The blocks a call takes: 64 rows where its queries and keys fit, else 128, else tiles.
-bool fits_64_rows(const AttentionShape& s) {
-  return std::max(s.query_len, s.key_len) <= 64;
-}
-bool fits_128_rows(const AttentionShape& s) {
-  return std::max(s.query_len, s.key_len) <= 128;
-}
-
 }  // namespace
 
 size_t attention_in_registers_tile_bytes(int64_t query_len) {
@@ -873,13 +900,13 @@ void attention_in_registers_forward(const Context& c, const AttentionShape& s,
                                     bool statistics_only) {
   const auto launch = [&](const auto* q_in, const auto* k_in, const auto* v_in) {
     using Input = std::remove_cv_t<std::remove_pointer_t<decltype(q_in)>>;
-    if (fits_64_rows(s)) {
-      launch_heads<64>(c, s, forward_in_registers_kernel<64, Input>, Layout<64>::kForwardBytes, s,
-                       mask, q_in, k_in, v_in, probs, out, scale, statistics_only);
-    } else if (fits_128_rows(s)) {
-      launch_heads<128>(c, s, forward_in_registers_kernel<128, Input>, Layout<128>::kForwardBytes,
-                        s, mask, q_in, k_in, v_in, probs, out, scale, statistics_only);
-    } else {
+    const bool whole = with_block_rows(s, [&](auto rows) {
+      constexpr int kRows = decltype(rows)::value;
+      launch_heads<kRows>(c, s, forward_in_registers_kernel<kRows, Input>,
+                          Layout<kRows>::kForwardBytes, s, mask, q_in, k_in, v_in, probs, out,
+                          scale, statistics_only);
+    });
+    if (!whole) {
       const int query_tiles = int((s.query_len + kTile - 1) / kTile);
       launch_blocks(c, s.batch * s.heads * query_tiles, kTileThreads, forward_tiled_kernel<Input>,
                     TileLayout::kForwardBytes, s, mask, q_in, k_in, v_in, probs, out, scale,
@@ -901,33 +928,26 @@ void attention_in_registers_backward(const Context& c, const AttentionShape& s,
   const auto launch = [&](const auto* q_in, const auto* k_in, const auto* v_in,
                           const auto* d_out_in) {
     using Input = std::remove_cv_t<std::remove_pointer_t<decltype(q_in)>>;
-    const auto with = [&](auto kernel, auto rows) {
+    const bool whole = with_block_rows(s, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      launch_heads<kRows>(c, s, kernel, Layout<kRows>::kBackwardBytes, s, mask, q_in, k_in, v_in,
-                          probs, d_out_in, dq, dk, dv, scale);
-    };
-    if (!fits_128_rows(s)) {  // tiles
-      const auto tiled = [&](auto kernel) {
-        launch_blocks(c, s.batch * s.heads, kTileThreads, kernel, tiled_backward_bytes(s.query_len),
-                      s, mask, q_in, k_in, v_in, probs, d_out_in, dq, dk, dv, scale);
+      const auto with = [&](auto kernel) {
+        launch_heads<kRows>(c, s, kernel, Layout<kRows>::kBackwardBytes, s, mask, q_in, k_in, v_in,
+                            probs, d_out_in, dq, dk, dv, scale);
       };
       if (rebuild_weights)
-        tiled(backward_tiled_kernel<true, Input>);
+        with(backward_in_registers_kernel<kRows, true, Input>);
       else
-        tiled(backward_tiled_kernel<false, Input>);
-      return;
-    }
-    using Rows64 = std::integral_constant<int, 64>;
-    using Rows128 = std::integral_constant<int, 128>;
-    const bool small = fits_64_rows(s);
-    if (rebuild_weights && small)
-      with(backward_in_registers_kernel<64, true, Input>, Rows64{});
-    else if (rebuild_weights)
-      with(backward_in_registers_kernel<128, true, Input>, Rows128{});
-    else if (small)
-      with(backward_in_registers_kernel<64, false, Input>, Rows64{});
+        with(backward_in_registers_kernel<kRows, false, Input>);
+    });
+    if (whole) return;
+    const auto tiled = [&](auto kernel) {
+      launch_blocks(c, s.batch * s.heads, kTileThreads, kernel, tiled_backward_bytes(s.query_len),
+                    s, mask, q_in, k_in, v_in, probs, d_out_in, dq, dk, dv, scale);
+    };
+    if (rebuild_weights)
+      tiled(backward_tiled_kernel<true, Input>);
     else
-      with(backward_in_registers_kernel<128, false, Input>, Rows128{});
+      tiled(backward_tiled_kernel<false, Input>);
   };
   if (s.rounded_q)
     launch(s.rounded_q, s.rounded_k, s.rounded_v, s.rounded_d_out);
