@@ -253,10 +253,13 @@ step attention_in_registers_train 60 path_against_switch TFM_CUDA_ATTENTION_IN_R
   "attention in registers"
 step attention_in_registers_train_128 60 path_against_switch TFM_CUDA_ATTENTION_IN_REGISTERS \
   "attention in registers, 128 tokens" 200 127
-# Sentences of 31 tokens and an end mark (800 of them: the same tokens a batch): blocks of 32 rows
-# against the 64-row blocks they took before (TFM_CUDA_ATTENTION_32_ROWS).
-step attention_32_rows 60 path_against_switch TFM_CUDA_ATTENTION_32_ROWS \
+# Sentences of 31 tokens and an end mark (800 of them: the same tokens a batch), and of 79: blocks
+# of 32 and of 96 rows against the 64- and 128-row blocks they took before
+# (TFM_CUDA_ATTENTION_FITTED_ROWS).
+step attention_rows_32 60 path_against_switch TFM_CUDA_ATTENTION_FITTED_ROWS \
   "attention in 32-row blocks, 32 tokens" 800 31
+step attention_rows_96 60 path_against_switch TFM_CUDA_ATTENTION_FITTED_ROWS \
+  "attention in 96-row blocks, 80 tokens" 320 79
 # Sentences of 199 tokens and an end mark: the tiles of 64 against TF32 whole-matrix products.
 step attention_tiles_train_200 60 path_against_switch TFM_CUDA_ATTENTION_IN_REGISTERS \
   "attention in tiles of 64, 200 tokens" 128 199

@@ -1,9 +1,9 @@
 // Training's attention in bfloat16 with its scores, weights and products in the registers of the
-// warps that compute them: a block per (sequence, head) for up to kRows = 32, 64 or 128 queries and
-// keys with heads of 64, as attention_tensor_cores.cu's WMMA blocks, which go through shared
-// memory at every step (S and dP stored as floats and read back for the softmax, P and dS stored
-// again for the next product): 0.165 ms forward and 0.250 ms backward for 3,200 heads of 64 × 64
-// on an H200, several times what their bytes and products need. Here each warp holds 16 query
+// warps that compute them: a block per (sequence, head) for up to kRows = 32, 48, 64, 96 or 128
+// queries and keys with heads of 64, as attention_tensor_cores.cu's WMMA blocks, which go through
+// shared memory at every step (S and dP stored as floats and read back for the softmax, P and dS
+// stored again for the next product): 0.165 ms forward and 0.250 ms backward for 3,200 heads of 64
+// × 64 on an H200, several times what their bytes and products need. Here each warp holds 16 query
 // rows: mma.sync's m16n8k16 bfloat16 products (summed in float32) leave S = Q·Kᵀ in its
 // registers, the masked softmax runs on them (a row's sums over the four lanes that hold it), and
 // the weights go into O = P·V as the product's left operand without leaving the registers (two
@@ -46,24 +46,26 @@ constexpr int kThreads = 2 * kRows;  // a warp for each 16 query rows (or keys)
 
 // The forward's blocks an SM the registers must leave room for: two of 128 rows (128 registers a
 // thread, where the compiler's own choice, 138, left one: half the SM's warps idle while a
-// block loads), four of 64 (its choice, 90 to 120, allows that anyway), eight of 32.
+// block loads), four of 64 (its choice, 90 to 120, allows that anyway); of 96 rows two (120
+// registers; three spilled 108 bytes), of 48 five (125; six spilled), of 32 eight.
 template <int kRows>
 constexpr int kForwardBlocksAnSm = kRows == 128  ? 2
+                                   : kRows == 96 ? 2
                                    : kRows == 64 ? 4
+                                   : kRows == 48 ? 5
                                                  : 8;
 
-// The rows of the blocks that hold a call's (sequence, head) whole: the fewest of 32, 64 and 128
-// that hold its queries and keys, since a block's products, softmax and warps grow with its rows
-// and not with the sequence's (a sentence of 25 tokens in a 64-row block paid for 64 × 64 scores
-// in four warps, where a 32-row one computes 32 × 32 in two); 0 beyond 128: tiles of 64.
-// TFM_CUDA_ATTENTION_32_ROWS=0 leaves sequences of up to 32 to the 64-row blocks (as before
-// 2026-11-30), to compare.
+// The rows of the blocks that hold a call's (sequence, head) whole: the fewest of 32, 48, 64, 96
+// and 128 that hold its queries and keys, since a block's products, softmax and warps grow with
+// its rows and not with the sequence's (a sentence of 25 tokens in a 64-row block paid for 64 × 64
+// scores in four warps, where a 32-row one computes 32 × 32 in two); 0 beyond 128: tiles of 64.
+// TFM_CUDA_ATTENTION_FITTED_ROWS=0 keeps to 64 and 128 (as before 2026-11-30), to compare.
 inline int rows_of_blocks(int64_t query_len, int64_t key_len) {
-  static const bool rows_32 = !turned_off("TFM_CUDA_ATTENTION_32_ROWS");
+  static const bool fitted = !turned_off("TFM_CUDA_ATTENTION_FITTED_ROWS");
   const int64_t longest = std::max(query_len, key_len);
-  if (longest <= 32 && rows_32) return 32;
-  if (longest <= 64) return 64;
-  return longest <= 128 ? 128 : 0;
+  for (int rows : {32, 48, 64, 96, 128})
+    if (longest <= rows && (fitted || rows == 64 || rows == 128)) return rows;
+  return 0;
 }
 
 // launch(std::integral_constant<int, R>{}) for R = rows_of_blocks of shape s; false (nothing
@@ -74,8 +76,14 @@ bool with_block_rows(const AttentionShape& s, Launch launch) {
     case 32:
       launch(std::integral_constant<int, 32>{});
       return true;
+    case 48:
+      launch(std::integral_constant<int, 48>{});
+      return true;
     case 64:
       launch(std::integral_constant<int, 64>{});
+      return true;
+    case 96:
+      launch(std::integral_constant<int, 96>{});
       return true;
     case 128:
       launch(std::integral_constant<int, 128>{});
