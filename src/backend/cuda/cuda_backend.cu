@@ -368,7 +368,8 @@ class CudaBackend final : public Backend {
                                                       std::string* why_not) const override {
     return cuda::join_nccl(c_, rank, size, bootstrap, wait, why_not);
   }
-  // The device's default memory pool, which allocate's cudaMallocAsync draws from.
+  // The device's default memory pool, which allocate's cudaMallocAsync draws from, and the
+  // cuBLASLt workspace allocated beside it (cuBLAS's own, inside the library, is not seen).
   DeviceMemory device_memory() const override {
     c_.activate();
     cudaMemPool_t pool;
@@ -378,10 +379,11 @@ class CudaBackend final : public Backend {
       TFM_CUDA(cudaMemPoolGetAttribute(pool, which, &bytes));
       return int64_t(bytes);
     };
+    const int64_t workspace = cuda::lt_workspace_bytes(c_);
     DeviceMemory memory;
-    memory.in_use = attribute(cudaMemPoolAttrUsedMemCurrent);
-    memory.peak_in_use = attribute(cudaMemPoolAttrUsedMemHigh);
-    memory.peak_reserved = attribute(cudaMemPoolAttrReservedMemHigh);
+    memory.in_use = attribute(cudaMemPoolAttrUsedMemCurrent) + workspace;
+    memory.peak_in_use = attribute(cudaMemPoolAttrUsedMemHigh) + workspace;
+    memory.peak_reserved = attribute(cudaMemPoolAttrReservedMemHigh) + workspace;
     return memory;
   }
   void restart_profile() const override { cuda::restart_profile(); }

@@ -194,7 +194,8 @@ __device__ __forceinline__ void add_word(SoftmaxPart& part, const float (&x)[N],
   if (part.largest > -INFINITY && part.largest < INFINITY) {
 #pragma unroll
     for (int n = 0; n < N; ++n) terms[n] = softmax_exp(x[n] - part.largest);  // NaN stays NaN
-  } else {  // every value so far −∞ (each an empty term), or a +∞ (each +∞ a term of 1)
+  } else {  // every value so far −∞ (each an empty term), or a +∞ (each +∞ a term of 1; the
+            // combines' rescaling, +∞ − +∞, still makes such a row's sum NaN, as before)
 #pragma unroll
     for (int n = 0; n < N; ++n)
       terms[n] = x[n] == -INFINITY      ? 0.f
@@ -465,7 +466,7 @@ __global__ void best_tokens_warp_kernel(const float* scores, int64_t vocab, int6
   };
   if (reads_as_float4(row, vocab)) {
     const float4* row4 = reinterpret_cast<const float4*>(row);
-    // The warp's words first + lane, first + step + lane, ... as for_each_word_in_row visits a
+    // The warp's words first + lane, first + step + lane, ... as for_each_word visits a
     // thread's, four loads in flight (46 registers: two blocks an SM, which keep twice the bytes
     // in flight that four blocks of one load did), the whole warp iterating while any lane has
     // a word (offer_all is warp-collective).

@@ -460,6 +460,11 @@ int64_t kept_relu_mask_bytes(int64_t m, int64_t n) {
   return kept ? lt_relu_mask_bytes(m, n) : 0;
 }
 
+int64_t lt_workspace_bytes(const Context& c) {
+  std::lock_guard<std::mutex> lock(c.blas_mutex);
+  return c.lt_workspace ? int64_t(kWorkspaceBytes) : 0;
+}
+
 bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x, int64_t ldx,
                 const void* w, int64_t ldw, cudaDataType_t type, void* y,
                 cudaDataType_t output_type, int64_t ldy, const float* float_bias,

@@ -35,6 +35,9 @@ int64_t lt_relu_mask_bytes(int64_t m, int64_t n);
 // TFM_CUDA_RELU_MASK=0 (the ReLU's backward then a pass of its own, to compare), and with
 // TFM_CUDA_LT=0, under which no product would write it.
 int64_t kept_relu_mask_bytes(int64_t m, int64_t n);
+// The bytes of context c's cuBLASLt workspace (cudaMalloc'd outside the memory pool that
+// Backend::device_memory reads): 0 until its first product made it.
+int64_t lt_workspace_bytes(const Context& c);
 
 // y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ with W [n, k] (row stride ldw; or x·W
 // with W [k, n], where `layout` says so), then +
