@@ -219,6 +219,9 @@ step train_vs_compile_bf16 120 train_compare bfloat16 --compile
 # fc2's input-gradient product, from cuBLASLt's mask of fc1's ReLU, against a pass of their own
 # (TFM_CUDA_RELU_MASK); the products on the cuBLASLt algorithm timed fastest for their shape
 # against its heuristic's first choice and cuBLAS's (TFM_CUDA_LT_TUNING).
+# The paths measured on a GPU already (fe8bad6: the tensor-core attention at 64 and 127 tokens,
+# the one-pass layer norm, the stacked projections) run only by name, leaving the check's time to
+# the ones not yet measured.
 path_against_switch() {  # path_against_switch SWITCH WHAT [BATCH LENGTH]: 400 pairs of 63 tokens
   local run=(build/bench/train_bench --batch "${3:-400}" --src-len "${4:-63}" --tgt-len "${4:-63}"
     --vocab 37000 --steps 5 --warmup 2 --device cuda --compute-type bfloat16)
@@ -242,10 +245,10 @@ if abs(new["loss_last"] - old["loss_last"]) > 0.1 * moved + 1e-4:
 PY
 }
 export -f path_against_switch
-step attention_tc_train 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
+named_step attention_tc_train 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
   "attention on tensor cores"
 # The same tokens a batch in sentences of 127 tokens and an end mark: the 128-row blocks.
-step attention_tc_train_128 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
+named_step attention_tc_train_128 60 path_against_switch TFM_CUDA_TENSOR_CORE_ATTENTION \
   "attention on tensor cores, 128 tokens" 200 127
 # The attention's scores and weights in registers (mma.sync) against the WMMA blocks through
 # shared memory, at 64 tokens and at 127 (the 128-row blocks); at 199, its tiles against the
@@ -264,9 +267,9 @@ step attention_rows_96 60 path_against_switch TFM_CUDA_ATTENTION_FITTED_ROWS \
 # Sentences of 199 tokens and an end mark: the tiles of 64 against TF32 whole-matrix products.
 step attention_tiles_train_200 60 path_against_switch TFM_CUDA_ATTENTION_IN_REGISTERS \
   "attention in tiles of 64, 200 tokens" 128 199
-step one_pass_norm_train 60 path_against_switch TFM_CUDA_ONE_PASS_NORM \
+named_step one_pass_norm_train 60 path_against_switch TFM_CUDA_ONE_PASS_NORM \
   "layer norm backward in one pass"
-step stacked_projections_train 60 path_against_switch TFM_STACKED_PROJECTIONS \
+named_step stacked_projections_train 60 path_against_switch TFM_STACKED_PROJECTIONS \
   "stacked Q|K|V products"
 step lt_epilogue_train 60 path_against_switch TFM_CUDA_LT "bias inside cuBLASLt's products"
 step rebuilt_weights_train 60 path_against_switch TFM_CUDA_REBUILT_WEIGHTS \
