@@ -173,6 +173,7 @@ TEST(Train, GpuMemoryStaysFlatOverAThousandSteps) {
   const double later = train[5]["device_memory_mb"].get<double>();
   const double last = train[9]["device_memory_mb"].get<double>();
   EXPECT_GT(settled, 0.0);
+  EXPECT_GE(train[9]["device_memory_peak_mb"].get<double>(), last);
   EXPECT_LE(later, settled * 1.10);
   EXPECT_LE(last, later * 1.01) << "200: " << settled << " MB, 600: " << later << " MB";
 }

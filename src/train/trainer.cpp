@@ -689,9 +689,13 @@ class TrainingRun {
         entry["allreduce_seconds_per_step"] = interval_reduce_seconds_ / double(o_.log_every);
         entry["allreduce_bytes_per_step"] = gradients_.numel() * int64_t(sizeof(float));
       }
-      // A device with memory of its own: what the run holds there (flat after the first steps).
-      const int64_t device_bytes = backend_.device_memory().in_use;
-      if (device_bytes >= 0) entry["device_memory_mb"] = double(device_bytes) / (1 << 20);
+      // A device with memory of its own: what the run holds there (flat after the first steps),
+      // and the most it has held (what a larger --batch-tokens must fit beside).
+      const DeviceMemory device = backend_.device_memory();
+      if (device.in_use >= 0) {
+        entry["device_memory_mb"] = double(device.in_use) / (1 << 20);
+        entry["device_memory_peak_mb"] = double(device.peak_in_use) / (1 << 20);
+      }
       write_log(entry);
     }
     result_.last_loss = loss;
