@@ -179,8 +179,9 @@ __device__ __forceinline__ uint32_t to_bfloat16_pair(float low, float high) {
   uint32_t packed;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
   return packed;
-#else
-  return uint32_t(to_bfloat16(low)) | uint32_t(to_bfloat16(high)) << 16;
+#else  // the emulation (tests/warp_emulation.h): the instruction's result, its NaN included
+  const auto rounded = [](float f) -> uint32_t { return f != f ? 0x7fffu : to_bfloat16(f); };
+  return rounded(low) | rounded(high) << 16;
 #endif
 }
 __device__ __forceinline__ float from_bfloat16(uint16_t h) {
