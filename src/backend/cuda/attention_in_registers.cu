@@ -20,7 +20,9 @@
 // TFM_CUDA_ATTENTION_IN_REGISTERS=0 takes the WMMA blocks instead, to compare or to rule these out.
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cuda/attention_common.h"
 #ifndef TFM_EMULATED_WARPS  // tests/warp_emulation.h brings its own
@@ -55,42 +57,38 @@ constexpr int kForwardBlocksAnSm = kRows == 128  ? 2
                                    : kRows == 48 ? 5
                                                  : 8;
 
-// The rows of the blocks that hold a call's (sequence, head) whole: the fewest of 32, 48, 64, 96
-// and 128 that hold its queries and keys, since a block's products, softmax and warps grow with
-// its rows and not with the sequence's (a sentence of 25 tokens in a 64-row block paid for 64 × 64
-// scores in four warps, where a 32-row one computes 32 × 32 in two); 0 beyond 128: tiles of 64.
+// The rows a block that holds a call's (sequence, head) whole may have, fewest first: each an
+// instantiation of the kernels below.
+constexpr int kBlockRows[] = {32, 48, 64, 96, 128};
+
+// The rows of the blocks that hold a call's (sequence, head) whole: the fewest of kBlockRows
+// that hold its queries and keys, since a block's products, softmax and warps grow with its rows
+// and not with the sequence's (a sentence of 25 tokens in a 64-row block paid for 64 × 64 scores
+// in four warps, where a 32-row one computes 32 × 32 in two); 0 beyond 128: tiles of 64.
 // TFM_CUDA_ATTENTION_FITTED_ROWS=0 keeps to 64 and 128 (as before 2026-11-30), to compare.
 inline int rows_of_blocks(int64_t query_len, int64_t key_len) {
   static const bool fitted = !turned_off("TFM_CUDA_ATTENTION_FITTED_ROWS");
   const int64_t longest = std::max(query_len, key_len);
-  for (int rows : {32, 48, 64, 96, 128})
+  for (int rows : kBlockRows)
     if (longest <= rows && (fitted || rows == 64 || rows == 128)) return rows;
   return 0;
+}
+
+// launch(std::integral_constant<int, R>{}) for the R of kBlockRows that equals `rows`; false
+// (nothing called) where none does.
+template <typename Launch, size_t... kIndex>
+bool launch_with_rows(int rows, Launch& launch, std::index_sequence<kIndex...>) {
+  return ((rows == kBlockRows[kIndex] &&
+           (launch(std::integral_constant<int, kBlockRows[kIndex]>{}), true)) ||
+          ...);
 }
 
 // launch(std::integral_constant<int, R>{}) for R = rows_of_blocks of shape s; false (nothing
 // called) where s takes tiles.
 template <typename Launch>
 bool with_block_rows(const AttentionShape& s, Launch launch) {
-  switch (rows_of_blocks(s.query_len, s.key_len)) {
-    case 32:
-      launch(std::integral_constant<int, 32>{});
-      return true;
-    case 48:
-      launch(std::integral_constant<int, 48>{});
-      return true;
-    case 64:
-      launch(std::integral_constant<int, 64>{});
-      return true;
-    case 96:
-      launch(std::integral_constant<int, 96>{});
-      return true;
-    case 128:
-      launch(std::integral_constant<int, 128>{});
-      return true;
-    default:
-      return false;
-  }
+  return launch_with_rows(rows_of_blocks(s.query_len, s.key_len), launch,
+                          std::make_index_sequence<std::size(kBlockRows)>{});
 }
 
 template <int kRows>
