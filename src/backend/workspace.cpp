@@ -1,6 +1,9 @@
 // One planned block for a pass's buffers (backend/workspace.h).
 #include "backend/workspace.h"
 
+#include <algorithm>
+#include <stdexcept>
+
 #include "tensor/memory_budget.h"
 
 namespace tfm {
@@ -27,10 +30,35 @@ int64_t WorkspacePlan::needed_bytes() const {
   return total;
 }
 
+std::vector<int64_t> WorkspacePlan::slot_bytes() const {
+  std::vector<int64_t> largest;
+  for (const Part& part : parts_) {
+    if (part.slot < 0) continue;
+    if (size_t(part.slot) >= largest.size()) largest.resize(size_t(part.slot) + 1, -1);
+    largest[size_t(part.slot)] = std::max(largest[size_t(part.slot)], part.bytes);
+  }
+  return largest;  // -1: a slot no buffer named
+}
+
+int64_t WorkspacePlan::held_bytes() const {
+  int64_t total = 0;
+  for (const Part& part : parts_)
+    if (part.slot < 0) total += part.bytes;
+  for (int64_t bytes : slot_bytes()) total += std::max<int64_t>(bytes, 0);
+  return total;
+}
+
 int64_t WorkspacePlan::block_bytes() const {
   int64_t total = 0;
-  for (const Part& part : parts_) total += aligned(part.bytes) + kStagger;
+  for (const Part& part : parts_)
+    if (part.slot < 0) total += aligned(part.bytes) + kStagger;
+  for (int64_t bytes : slot_bytes())
+    if (bytes >= 0) total += aligned(bytes) + kStagger;
   return total;
+}
+
+void WorkspacePlan::different_slots() {
+  throw std::logic_error("a workspace buffer was planned in two shared slots (or in one and none)");
 }
 
 Workspace::~Workspace() {
@@ -57,10 +85,23 @@ void Workspace::allocate(const Backend& backend, const WorkspacePlan& plan) {
   block_ = backend.allocate(bytes, true);
   backend_ = &backend;
   bytes_ = bytes;
+  // Parts in the order first needed; a shared slot's where its first buffer was.
+  const std::vector<int64_t> slot_bytes = plan.slot_bytes();
+  std::vector<int64_t> slot_offset(slot_bytes.size(), -1);
   int64_t offset = 0;
   for (const WorkspacePlan::Part& part : plan.parts_) {
-    part.borrow(part.buffer, backend, static_cast<char*>(block_) + offset, part.bytes);
-    offset += aligned(part.bytes) + kStagger;
+    int64_t part_offset = offset, bytes = part.bytes;
+    if (part.slot >= 0) {
+      bytes = slot_bytes[size_t(part.slot)];
+      int64_t& at = slot_offset[size_t(part.slot)];
+      if (at >= 0) {
+        part.borrow(part.buffer, backend, static_cast<char*>(block_) + at, bytes);
+        continue;
+      }
+      at = part_offset;
+    }
+    part.borrow(part.buffer, backend, static_cast<char*>(block_) + part_offset, bytes);
+    offset += aligned(bytes) + kStagger;
   }
 }
 

@@ -19,6 +19,16 @@
 
 namespace tfm {
 
+// Buffers planned in one slot share one part of the block, the size of the slot's largest: each
+// holds values that are dead by the time the next buffer of the slot is written (a forward
+// pass's values read by the next operation alone, never by the backward). The caller names the
+// slots and owns that claim; a pass over planned buffers, bit for bit the same as over buffers
+// of their own (tests/backend_memory_test.cpp), is its check. A buffer keeps one slot, or
+// none, in every pass planned.
+struct SharedSlot {
+  int index = 0;  // >= 0
+};
+
 class WorkspacePlan {
  public:
   // It points at the buffers of the structure that holds it, so it stays where it is made.
@@ -30,23 +40,21 @@ class WorkspacePlan {
   // must stay where it is until Workspace::allocate has run.
   template <typename T>
   void need(DeviceBuffer<T>& buffer, int64_t elements) {
-    const int64_t bytes = elements * int64_t(sizeof(T));
-    auto [it, added] = index_.try_emplace(&buffer, parts_.size());
-    if (added) {
-      parts_.push_back({&buffer, bytes, [](void* b) { static_cast<DeviceBuffer<T>*>(b)->reset(); },
-                        [](void* b, const Backend& backend, void* memory, int64_t bytes) {
-                          static_cast<DeviceBuffer<T>*>(b)->borrow(backend, static_cast<T*>(memory),
-                                                                   bytes / int64_t(sizeof(T)));
-                        }});
-    } else if (bytes > parts_[it->second].bytes) {
-      parts_[it->second].bytes = bytes;
-    }
+    add(buffer, elements, -1);
+  }
+  // The same, `buffer` sharing its memory with the other buffers of `slot` (SharedSlot).
+  template <typename T>
+  void need(DeviceBuffer<T>& buffer, int64_t elements, SharedSlot slot) {
+    add(buffer, elements, slot.index);
   }
 
   // Σ of every buffer's need (what the passes ask for), and the block that holds them (each
-  // part starts on a 64-byte boundary, a few cache lines after the previous part).
+  // part starts on a 64-byte boundary, a few cache lines after the previous part; a shared
+  // slot's buffers are one part).
   int64_t needed_bytes() const;
   int64_t block_bytes() const;
+  // What the block holds: the unshared buffers' needs and each shared slot's largest.
+  int64_t held_bytes() const;
   int64_t buffers() const { return int64_t(parts_.size()); }
 
  private:
@@ -54,9 +62,30 @@ class WorkspacePlan {
   struct Part {
     void* buffer;   // a DeviceBuffer<T>
     int64_t bytes;  // its largest need
+    int slot;       // SharedSlot::index, or -1: a part of its own
     void (*reset)(void* buffer);
     void (*borrow)(void* buffer, const Backend& backend, void* memory, int64_t bytes);
   };
+  template <typename T>
+  void add(DeviceBuffer<T>& buffer, int64_t elements, int slot) {
+    const int64_t bytes = elements * int64_t(sizeof(T));
+    auto [it, added] = index_.try_emplace(&buffer, parts_.size());
+    if (added) {
+      parts_.push_back({&buffer, bytes, slot,
+                        [](void* b) { static_cast<DeviceBuffer<T>*>(b)->reset(); },
+                        [](void* b, const Backend& backend, void* memory, int64_t bytes) {
+                          static_cast<DeviceBuffer<T>*>(b)->borrow(backend, static_cast<T*>(memory),
+                                                                   bytes / int64_t(sizeof(T)));
+                        }});
+      return;
+    }
+    Part& part = parts_[it->second];
+    if (part.slot != slot) different_slots();
+    if (bytes > part.bytes) part.bytes = bytes;
+  }
+  [[noreturn]] static void different_slots();
+  // Each shared slot's largest need, by index.
+  std::vector<int64_t> slot_bytes() const;
   std::vector<Part> parts_;  // in the order first needed
   std::unordered_map<const void*, size_t> index_;
 };
@@ -70,6 +99,10 @@ struct Allocate {
   const Backend& backend;
   template <typename T>
   void need(DeviceBuffer<T>& buffer, int64_t elements) const {
+    ensure_size(backend, buffer, elements);
+  }
+  template <typename T>
+  void need(DeviceBuffer<T>& buffer, int64_t elements, SharedSlot) const {
     ensure_size(backend, buffer, elements);
   }
 };

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "model/workspace_slots.h"
+
 namespace tfm {
 
 namespace {
@@ -64,6 +66,13 @@ bool stacks(const LinearWeights& view) {
   return view.out > 0;
 }
 
+// Whether W_o's products (forward and backward) read the context's bfloat16 copy alone, as a
+// bfloat16 training step's do: the float32 context is then the attention's scratch
+// (AttentionShape::rounded_out_only), in the shared kAttentionContextSlot of a planned workspace.
+bool context_only_rounded(const AttentionWeights& w) {
+  return reads_bfloat16_input(w.o) && rounds_to_bfloat16(w.o);
+}
+
 // Q, K and V's buffers (float q, k, v, or their bfloat16 rounded_q, rounded_k, rounded_v) for
 // `query_rows` queries and `memory_rows` keys: one product's rows where the projections are
 // stacked.
@@ -97,7 +106,10 @@ void forward_buffers(const AttentionWeights& w, int64_t heads, int64_t batch, in
                      int64_t weight_floats, AttentionCache& cache, Sizer& sizer) {
   const int64_t d = w.q.out, query_rows = batch * query_len;
   const int64_t prob_count = batch * heads * query_len * key_len;
-  sizer.need(cache.context, query_rows * d);  // [B, Tq, D]
+  if (context_only_rounded(w))
+    sizer.need(cache.context, query_rows * d, kAttentionContextSlot);  // [B, Tq, D] scratch
+  else
+    sizer.need(cache.context, query_rows * d);  // [B, Tq, D]
   if (reads_bfloat16_input(w.o) && query_rows > 0)
     sizer.need(cache.rounded_context, query_rows * d);  // [B, Tq, D]
   // [B, H, Tq, Tk], or less where the backend keeps less for its backward (weight_floats).
@@ -307,8 +319,7 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
                                   ? cache.rounded_context.data()  // [B, Tq, D]
                                   : nullptr;
   shape.rounded_out = rounded_context;
-  // Training in bfloat16: W_o's products (forward and backward) read the copy alone.
-  shape.rounded_out_only = rounded_context && rounds_to_bfloat16(w.o);
+  shape.rounded_out_only = rounded_context && context_only_rounded(w);
   read_projections(p, shape);
   AttentionDropout dropout;
   if (in.dropout > 0.f) {

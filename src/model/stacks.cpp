@@ -165,11 +165,12 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
     const bool rounds = sublayer_rounds_for(config, lw.ffn.fc1);
     const bool input_rounded =
         i > 0 && sublayer_rounds_for(config, w.encoder_layers[size_t(i - 1)].ffn.fc1);
-    plan_sublayer_forward(config, B * S, dropout.dropout, rounds, layer.attention_sublayer, plan);
+    plan_sublayer_forward(config, B * S, dropout.dropout, rounds, rounds, layer.attention_sublayer,
+                          plan);
     plan_multi_head_attention_forward(model.backend(), lw.self_attn, config.heads, B, S, S,
                                       dropout.attention_dropout, true, input_rounded, false,
                                       layer.self_attn, plan);
-    plan_sublayer_forward(config, B * S, dropout.dropout, rounds, layer.ffn_sublayer, plan);
+    plan_sublayer_forward(config, B * S, dropout.dropout, rounds, rounds, layer.ffn_sublayer, plan);
     plan_feed_forward_forward(model.backend(), lw.ffn, config.activation, B * S,
                               dropout.relu_dropout, rounds, layer.ffn, plan);
   }
@@ -195,15 +196,17 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
         i > 0 && sublayer_rounds_for(config, w.decoder_layers[size_t(i - 1)].ffn.fc1);
     const bool memory_rounded =
         !w.encoder_layers.empty() && sublayer_rounds_for(config, w.encoder_layers.back().ffn.fc1);
-    plan_sublayer_forward(config, B * T, dropout.dropout, rounds, layer.self_sublayer, plan);
+    plan_sublayer_forward(config, B * T, dropout.dropout, rounds, rounds, layer.self_sublayer,
+                          plan);
     plan_multi_head_attention_forward(model.backend(), lw.self_attn, config.heads, B, T, T,
                                       dropout.attention_dropout, true, input_rounded, false,
                                       layer.self_attn, plan);
-    plan_sublayer_forward(config, B * T, dropout.dropout, rounds, layer.cross_sublayer, plan);
+    plan_sublayer_forward(config, B * T, dropout.dropout, rounds, rounds, layer.cross_sublayer,
+                          plan);
     plan_multi_head_attention_forward(model.backend(), lw.cross_attn, config.heads, B, T, S,
                                       dropout.attention_dropout, false, rounds, memory_rounded,
                                       layer.cross_attn, plan);
-    plan_sublayer_forward(config, B * T, dropout.dropout, rounds && i + 1 < layers,
+    plan_sublayer_forward(config, B * T, dropout.dropout, rounds && i + 1 < layers, rounds,
                           layer.ffn_sublayer, plan);
     plan_feed_forward_forward(model.backend(), lw.ffn, config.activation, B * T,
                               dropout.relu_dropout, rounds, layer.ffn, plan);
@@ -247,7 +250,7 @@ void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
   // The next layer's projections, or the decoder's of the encoder output, read the last output.
   const bool rounds = sublayer_rounds_for(config, w.ffn.fc1);
   sublayer_forward(backend, config, w.norm1, input, rows, dropout.dropout,
-                   dropout_key(dropout.seed, encoder_site(layer_index, 0)), rounds,
+                   dropout_key(dropout.seed, encoder_site(layer_index, 0)), rounds, rounds,
                    cache.attention_sublayer, [&](MatmulOperand x, float* out) {
                      AttentionInputs in = self_attention_inputs(
                          config, x, batch, src_len, src_lengths, false, dropout.attention_dropout,
@@ -257,7 +260,7 @@ void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
                    });
   sublayer_forward(backend, config, w.norm2, cache.attention_sublayer.output_operand(), rows,
                    dropout.dropout, dropout_key(dropout.seed, encoder_site(layer_index, 2)), rounds,
-                   cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
+                   rounds, cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
                      feed_forward_forward(
                          backend, w.ffn, config.activation, x, rows, dropout.relu_dropout,
                          dropout_key(dropout.seed, encoder_site(layer_index, 3)), cache.ffn, out);
@@ -273,7 +276,7 @@ void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
   const int64_t rows = batch * tgt_len;
   const bool rounds = sublayer_rounds_for(config, w.ffn.fc1);
   sublayer_forward(backend, config, w.norm1, input, rows, dropout.dropout,
-                   dropout_key(dropout.seed, decoder_site(layer_index, 0)), rounds,
+                   dropout_key(dropout.seed, decoder_site(layer_index, 0)), rounds, rounds,
                    cache.self_sublayer, [&](MatmulOperand x, float* out) {
                      AttentionInputs in = self_attention_inputs(
                          config, x, batch, tgt_len, tgt_lengths, true, dropout.attention_dropout,
@@ -294,7 +297,7 @@ void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
                    });
   sublayer_forward(backend, config, w.norm2, cache.self_sublayer.output_operand(), rows,
                    dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 2)), rounds,
-                   cache.cross_sublayer, [&](MatmulOperand x, float* out) {
+                   rounds, cache.cross_sublayer, [&](MatmulOperand x, float* out) {
                      AttentionInputs in = cross_attention_inputs(
                          x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 3)));
@@ -311,7 +314,7 @@ void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
   const bool rounds_output = last ? step && step->round_last_output : rounds;
   sublayer_forward(backend, config, w.norm3, cache.cross_sublayer.output_operand(), rows,
                    dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 4)),
-                   rounds_output, cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
+                   rounds_output, rounds, cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
                      feed_forward_forward(
                          backend, w.ffn, config.activation, x, rows, dropout.relu_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 5)), cache.ffn, out);

@@ -10,6 +10,7 @@
 #include "model/feed_forward.h"
 #include "model/linear.h"
 #include "model/multi_head_attention.h"
+#include "model/workspace_slots.h"
 
 namespace tfm {
 
@@ -24,11 +25,13 @@ struct LayerNormCache {
 
 // One residual sublayer around a function F (attention or feed-forward).
 struct SublayerCache {
+  explicit SublayerCache(SharedSlot slot) : output_slot(slot) {}
   DeviceBuffer<float> normed;    // [rows, D] pre-norm: LayerNorm(input), F's input
   DeviceBuffer<float> residual;  // [rows, D] post-norm: input + Dropout(F), the norm's input
   LayerNormCache norm;
   DeviceBuffer<uint8_t> dropout_mask;  // [rows, D] when dropout > 0
   DeviceBuffer<float> output;          // [rows, D]
+  SharedSlot output_slot;              // its place in the layer (model/workspace_slots.h)
   // [rows, D] output in bfloat16 where sublayer_rounds_for (model/sublayer.h): what the next
   // sublayer's first products read, and their weight gradients. output_rounded is its data where
   // the last pass wrote it, else null.
@@ -38,7 +41,7 @@ struct SublayerCache {
 };
 
 struct EncoderLayerCache {
-  SublayerCache attention_sublayer, ffn_sublayer;
+  SublayerCache attention_sublayer{kSelfAttentionOutputSlot}, ffn_sublayer{kFeedForwardOutputSlot};
   AttentionCache self_attn;
   FeedForwardCache ffn;
   const float* output() const { return ffn_sublayer.output.data(); }  // [B, S, D]
@@ -46,7 +49,8 @@ struct EncoderLayerCache {
 };
 
 struct DecoderLayerCache {
-  SublayerCache self_sublayer, cross_sublayer, ffn_sublayer;
+  SublayerCache self_sublayer{kSelfAttentionOutputSlot}, cross_sublayer{kCrossAttentionOutputSlot},
+      ffn_sublayer{kFeedForwardOutputSlot};
   AttentionCache self_attn, cross_attn;
   FeedForwardCache ffn;
   const float* output() const { return ffn_sublayer.output.data(); }  // [B, T, D]

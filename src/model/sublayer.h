@@ -20,11 +20,19 @@ inline bool sublayer_rounds_for(const ModelConfig& config, const LinearWeights& 
 }
 
 // The buffers sublayer_forward uses (F's own aside), for `rows` rows: its one size table.
+// output_shared: the stack's products read bfloat16 copies (sublayer_rounds_for its layers'
+// readers), so the float32 output is read only by the next sublayer's forward (its residual
+// sum) or the stack's final copy, never by a backward: in a planned workspace it lies in the
+// shared slot of its place in the layer (SublayerCache::output_slot).
 template <typename Sizer>
 void sublayer_forward_buffers(const ModelConfig& config, int64_t rows, float dropout,
-                              bool round_output, SublayerCache& cache, Sizer& sizer) {
+                              bool round_output, bool output_shared, SublayerCache& cache,
+                              Sizer& sizer) {
   const int64_t n = rows * config.d_model;
-  sizer.need(cache.output, n);  // [rows, D]
+  if (output_shared)
+    sizer.need(cache.output, n, cache.output_slot);  // [rows, D]
+  else
+    sizer.need(cache.output, n);  // [rows, D]
   sizer.need(cache.norm.mean, rows);
   sizer.need(cache.norm.rstd, rows);
   if (config.norm == NormPosition::kPost)
@@ -37,16 +45,17 @@ void sublayer_forward_buffers(const ModelConfig& config, int64_t rows, float dro
 
 // function(in [rows, D], out [rows, D]) is the sublayer's attention or feed-forward; `in` is a
 // MatmulOperand: the values, and their bfloat16 copy where one comes with them (else null).
-// round_output: sublayer_rounds_for the next product (the copy then in cache.rounded_output).
+// round_output: sublayer_rounds_for the next product (the copy then in cache.rounded_output);
+// output_shared: as sublayer_forward_buffers.
 template <typename Function>
 void sublayer_forward(const Backend& backend, const ModelConfig& config,
                       const LayerNormWeights& norm, MatmulOperand input, int64_t rows,
-                      float dropout, uint64_t key, bool round_output, SublayerCache& cache,
-                      Function&& function) {
+                      float dropout, uint64_t key, bool round_output, bool output_shared,
+                      SublayerCache& cache, Function&& function) {
   const int64_t d = config.d_model, n = rows * d;
   const float eps = float(config.layer_norm_eps);
   Allocate sizer{backend};
-  sublayer_forward_buffers(config, rows, dropout, round_output, cache, sizer);
+  sublayer_forward_buffers(config, rows, dropout, round_output, output_shared, cache, sizer);
   float* output = cache.output.data();  // [rows, D]
   float* mean = cache.norm.mean.data();
   float* rstd = cache.norm.rstd.data();
@@ -73,8 +82,9 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
 
 // What sublayer_forward asks of its cache (F's own buffers aside).
 inline void plan_sublayer_forward(const ModelConfig& config, int64_t rows, float dropout,
-                                  bool round_output, SublayerCache& cache, WorkspacePlan& plan) {
-  sublayer_forward_buffers(config, rows, dropout, round_output, cache, plan);
+                                  bool round_output, bool output_shared, SublayerCache& cache,
+                                  WorkspacePlan& plan) {
+  sublayer_forward_buffers(config, rows, dropout, round_output, output_shared, cache, plan);
 }
 
 // The scratch sublayer_backward uses (F's backward aside), for `rows` rows. F's last product is
