@@ -78,6 +78,10 @@ class MemoryCheckingBackend : public Backend {
   // handed over as that memory.
   int64_t relu_masks() const { return relu_masks_; }
   int64_t relu_mask_bytes(int64_t m, int64_t n) const override { return (n + 127) / 128 * 16 * m; }
+  // Whether this backend keeps dropout masks (the CPU's one byte an element), or, as a GPU,
+  // none: its dropouts then draw their decisions again from the key (Backend::dropout_mask_bytes).
+  void set_keeps_dropout_masks(bool keeps) { keeps_dropout_masks_ = keeps; }
+  int64_t dropout_mask_bytes(int64_t n) const override { return keeps_dropout_masks_ ? n : 0; }
 
   std::string name() const override { return "memory-checking cpu"; }
   bool supports(Precision precision) const override { return cpu().supports(precision); }
@@ -220,9 +224,9 @@ class MemoryCheckingBackend : public Backend {
   }
   void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                     const float* rstd, const float* gamma, float* dgamma,
-                                    float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
-                                    int64_t cols) const override {
+                                    float* dbeta, const uint8_t* mask, float p, uint64_t key,
+                                    float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums,
+                                    int64_t rows, int64_t cols) const override {
     const Access access =
         check("residual_layer_norm_backward", {{"dy", dy},
                                                {"sum", sum},
@@ -235,7 +239,7 @@ class MemoryCheckingBackend : public Backend {
                                                {"d_f", d_f},
                                                {"rounded_d_f", rounded_d_f},
                                                {"d_f_column_sums", d_f_column_sums}});
-    cpu().residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
+    cpu().residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, key, d_f,
                                        rounded_d_f, d_f_column_sums, rows, cols);
   }
   void add(float* y, const float* x, int64_t n) const override {
@@ -281,9 +285,10 @@ class MemoryCheckingBackend : public Backend {
     const Access access = check("dropout_mask", {{"mask", mask}});
     cpu().dropout_mask(mask, n, p, key);
   }
-  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
+  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p,
+                     uint64_t key) const override {
     const Access access = check("apply_dropout", {{"x", x}, {"mask", mask}});
-    cpu().apply_dropout(x, mask, n, p);
+    cpu().apply_dropout(x, mask, n, p, key);
   }
 
   void embedding_forward(const float* table, const float* positions, const int32_t* ids,
@@ -617,6 +622,7 @@ class MemoryCheckingBackend : public Backend {
   mutable std::atomic<int64_t> rounded_operands_{0};
   mutable std::map<std::string, int64_t> calls_;  // by operation
   bool ignore_rounded_copies_ = false;
+  bool keeps_dropout_masks_ = true;
   BFloat16Attention bfloat16_attention_ = BFloat16Attention::kAsGiven;
   mutable std::atomic<int64_t> rounded_attention_calls_{0};
   mutable std::atomic<int64_t> relu_masks_{0};
@@ -983,6 +989,43 @@ TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExact
         EXPECT_EQ(rounded_once, rounded_again);
       }
     }
+  EXPECT_TRUE(backend_.violations().empty())
+      << "host memory handed to operations:" << listed(backend_.violations());
+}
+
+// Training on a backend that keeps no dropout mask (a GPU's: Backend::dropout_mask_bytes 0), whose
+// dropouts' backwards draw the forward's decisions again from their keys: every pass gives bit
+// for bit what the kept masks give, in each precision, and the plan holds no mask (the
+// sublayers' and the embeddings' one byte an element gone; dropout everywhere here).
+TEST_P(BackendMemory, TrainingWithoutKeptMasksDrawsTheSameDecisionsAgain) {
+  const Model& model = *model_;
+  const std::vector<TokenBatch> batches = batches_of_several_shapes(model.config(), batch_);
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    if (!backend_.supports(precision)) {
+      testing_support::skip_precision(backend_, precision, "training without kept masks");
+      continue;
+    }
+    SCOPED_TRACE(precision_name(precision));
+    DropoutOptions dropout;
+    dropout.dropout = dropout.attention_dropout = dropout.relu_dropout = 0.1f;
+    dropout.seed = 9;
+    TrainingPasses passes(model, batches, dropout, precision);
+    TrainingWorkspace kept, with_masks_planned;
+    const std::vector<double> with_masks = passes.run(kept);
+    passes.plan(with_masks_planned);
+    backend_.set_keeps_dropout_masks(false);
+    TrainingWorkspace drawn, without_masks_planned;
+    EXPECT_EQ(passes.run(drawn), with_masks);
+    passes.plan(without_masks_planned);
+    const ModelConfig& c = model.config();
+    const int64_t sublayers = 2 * c.encoder_layers + 3 * c.decoder_layers + 2;  // + embeddings
+    EXPECT_GE(with_masks_planned.plan.needed_bytes() - without_masks_planned.plan.needed_bytes(),
+              sublayers * batch_.batch * std::min(batch_.src_len, batch_.tgt_len) * c.d_model);
+    expect_planned_block_fits_exactly<TrainingWorkspace>(
+        backend_, [&](TrainingWorkspace& ws) { passes.plan(ws); },
+        [&](TrainingWorkspace& ws) { return passes.run(ws); });
+    backend_.set_keeps_dropout_masks(true);
+  }
   EXPECT_TRUE(backend_.violations().empty())
       << "host memory handed to operations:" << listed(backend_.violations());
 }

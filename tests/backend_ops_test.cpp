@@ -2120,7 +2120,7 @@ TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
         auto sum_parts = f0;
         if (p > 0.f) {
           be().dropout_mask(mask_parts.data(), n, p, key);
-          be().apply_dropout(sum_parts.data(), mask_parts.data(), n, p);
+          be().apply_dropout(sum_parts.data(), mask_parts.data(), n, p, key);
         }
         be().add(sum_parts.data(), x.data(), n);
         std::vector<float> y_parts(static_cast<size_t>(n)), mean_parts(static_cast<size_t>(rows)),
@@ -2139,6 +2139,20 @@ TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
                                  rounded ? rounded_y.data() : nullptr);
         if (p > 0.f) {
           ASSERT_EQ(mask, mask_parts);
+          // The decisions not kept (a backend that keeps no mask: dropout_mask_bytes): the same
+          // values, bit for bit.
+          auto sum_drawn = f0;
+          std::vector<float> y_drawn(y.size()), mean_drawn(mean.size()), rstd_drawn(rstd.size());
+          std::vector<uint16_t> rounded_drawn(size_t(n), 0xABCD);
+          be().residual_layer_norm(sum_drawn.data(), x.data(), rows, cols, p, key, nullptr,
+                                   gamma.data(), beta.data(), eps, y_drawn.data(),
+                                   mean_drawn.data(), rstd_drawn.data(),
+                                   rounded ? rounded_drawn.data() : nullptr);
+          EXPECT_EQ(sum_drawn, sum);
+          EXPECT_EQ(y_drawn, y);
+          EXPECT_EQ(mean_drawn, mean);
+          EXPECT_EQ(rstd_drawn, rstd);
+          EXPECT_EQ(rounded_drawn, rounded_y);
         }
         for (int64_t i = 0; i < n; ++i)
           ASSERT_TRUE(near(sum[size_t(i)], sum_parts[size_t(i)])) << i;
@@ -2165,8 +2179,26 @@ TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
         std::vector<uint16_t> rounded_d_f(size_t(n), 0xABCD);
         be().residual_layer_norm_backward(
             dy.data(), sum.data(), mean.data(), rstd.data(), gamma.data(), dgamma.data(),
-            dbeta.data(), p > 0.f ? mask.data() : nullptr, p, d_f.data(),
+            dbeta.data(), p > 0.f ? mask.data() : nullptr, p, key, d_f.data(),
             rounded ? rounded_d_f.data() : nullptr, sums ? d_f_sums.data() : nullptr, rows, cols);
+        if (p > 0.f) {
+          // Without the mask the backward draws the forward's decisions again: the same values.
+          auto dy_drawn = dy0;
+          std::vector<float> d_f_drawn(size_t(n), 9.f), dgamma_drawn(size_t(cols), 0.5f),
+              dbeta_drawn(dgamma_drawn), d_f_sums_drawn(size_t(cols), 0.25f);
+          std::vector<uint16_t> rounded_d_f_drawn(size_t(n), 0xABCD);
+          be().residual_layer_norm_backward(dy_drawn.data(), sum.data(), mean.data(), rstd.data(),
+                                            gamma.data(), dgamma_drawn.data(), dbeta_drawn.data(),
+                                            nullptr, p, key, d_f_drawn.data(),
+                                            rounded ? rounded_d_f_drawn.data() : nullptr,
+                                            sums ? d_f_sums_drawn.data() : nullptr, rows, cols);
+          EXPECT_EQ(dy_drawn, dy);
+          EXPECT_EQ(d_f_drawn, d_f);
+          EXPECT_EQ(rounded_d_f_drawn, rounded_d_f);
+          EXPECT_EQ(dgamma_drawn, dgamma);
+          EXPECT_EQ(dbeta_drawn, dbeta);
+          EXPECT_EQ(d_f_sums_drawn, d_f_sums);
+        }
         for (int64_t c = 0; c < cols; ++c) {
           ASSERT_TRUE(near(dgamma[size_t(c)], dgamma_parts[size_t(c)])) << c;
           ASSERT_TRUE(near(dbeta[size_t(c)], dbeta_parts[size_t(c)])) << c;
@@ -2196,7 +2228,7 @@ TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
         std::vector<uint16_t> rounded_again(size_t(n), 0xABCD);
         be().residual_layer_norm_backward(dy_again.data(), sum.data(), mean.data(), rstd.data(),
                                           gamma.data(), dgamma_again.data(), dbeta_again.data(),
-                                          p > 0.f ? mask.data() : nullptr, p, nullptr,
+                                          p > 0.f ? mask.data() : nullptr, p, key, nullptr,
                                           rounded_again.data(), d_f_sums_again.data(), rows, cols);
         EXPECT_EQ(dy_again, dy);
         EXPECT_EQ(dgamma_again, dgamma);
@@ -2204,20 +2236,11 @@ TEST_P(BackendOps, ResidualLayerNormIsItsPartsInOnePass) {
         EXPECT_EQ(rounded_again, rounded_d_f);
         EXPECT_EQ(d_f_sums_again, d_f_sums);
       }
-  // Dropout without its mask is refused, not skipped.
-  std::vector<float> f(8, 1.f), x(8, 1.f), y(8), gamma(4, 1.f), beta(4, 0.f), stats(2);
-  EXPECT_THROW(
-      be().residual_layer_norm(f.data(), x.data(), 2, 4, 0.1f, 1, nullptr, gamma.data(),
-                               beta.data(), 1e-5f, y.data(), stats.data(), stats.data(), nullptr),
-      std::invalid_argument);
+  // A gradient with nowhere to go is refused, not skipped.
+  std::vector<float> f(8, 1.f), x(8, 1.f), gamma(4, 1.f), beta(4, 0.f), stats(2);
   EXPECT_THROW(be().residual_layer_norm_backward(f.data(), x.data(), stats.data(), stats.data(),
                                                  gamma.data(), gamma.data(), beta.data(), nullptr,
-                                                 0.1f, y.data(), nullptr, nullptr, 2, 4),
-               std::invalid_argument);
-  // So is a gradient with nowhere to go.
-  EXPECT_THROW(be().residual_layer_norm_backward(f.data(), x.data(), stats.data(), stats.data(),
-                                                 gamma.data(), gamma.data(), beta.data(), nullptr,
-                                                 0.f, nullptr, nullptr, nullptr, 2, 4),
+                                                 0.f, 0, nullptr, nullptr, nullptr, 2, 4),
                std::invalid_argument);
 }
 
@@ -2333,7 +2356,8 @@ TEST_P(BackendOps, BiasActivationForwardAndBackwardMatchFloat64) {
 // --- Dropout ----------------------------------------------------------------------------------
 
 // The mask is a function of (key, index) only: the same on every backend (bit-exact resume and
-// data-parallel replicas depend on it), reproducible, a fraction 1 - p kept.
+// data-parallel replicas depend on it), reproducible, a fraction 1 - p kept, and drawn again
+// where no mask is given.
 TEST_P(BackendOps, DropoutMaskIsReproducibleAndAgreesWithTheCpu) {
   const int64_t n = 100003;
   for (float p : {0.1f, 0.5f}) {
@@ -2353,10 +2377,15 @@ TEST_P(BackendOps, DropoutMaskIsReproducibleAndAgreesWithTheCpu) {
     EXPECT_NEAR(double(kept) / double(n), 1.0 - p, 0.01);
     auto x = random_vector(n, 24);
     auto dropped = x;
-    be().apply_dropout(dropped.data(), mask.data(), n, p);
+    be().apply_dropout(dropped.data(), mask.data(), n, p, 1234);
     for (int64_t i = 0; i < n; ++i)
       ASSERT_NEAR(dropped[size_t(i)], mask[size_t(i)] ? double(x[size_t(i)]) / (1.0 - p) : 0.0,
                   1e-6 * (1 + std::abs(x[size_t(i)])));
+    // Without the mask, the decisions drawn from the key: the same values, bit for bit (the
+    // backward of a backend that keeps no mask: Backend::dropout_mask_bytes).
+    auto drawn = x;
+    be().apply_dropout(drawn.data(), nullptr, n, p, 1234);
+    EXPECT_EQ(drawn, dropped);
   }
 }
 

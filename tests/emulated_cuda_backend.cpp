@@ -88,20 +88,18 @@ class EmulatedCudaBackend final : public Backend {
                            uint64_t key, uint8_t* mask, const float* gamma, const float* beta,
                            float eps, float* y, float* mean, float* rstd,
                            uint16_t* rounded_y) const override {
-    check_dropout_mask(p, mask);
     emulated_cuda::residual_layer_norm(context_.stream, f, x, rows, cols, p, key, mask, gamma, beta,
                                        eps, y, mean, rstd, rounded_y);
   }
   void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                     const float* rstd, const float* gamma, float* dgamma,
-                                    float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
-                                    int64_t cols) const override {
-    check_dropout_mask(p, mask);
+                                    float* dbeta, const uint8_t* mask, float p, uint64_t key,
+                                    float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums,
+                                    int64_t rows, int64_t cols) const override {
     check_gradient_written("residual_layer_norm_backward", d_f, rounded_d_f);
     emulated_cuda::residual_layer_norm_backward(context_, dy, sum, mean, rstd, gamma, dgamma, dbeta,
-                                                mask, p, d_f, rounded_d_f, d_f_column_sums, rows,
-                                                cols);
+                                                mask, p, key, d_f, rounded_d_f, d_f_column_sums,
+                                                rows, cols);
   }
   void add(float* y, const float* x, int64_t n) const override {
     emulated_cuda::add(context_.stream, y, x, n);
@@ -134,8 +132,9 @@ class EmulatedCudaBackend final : public Backend {
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
     emulated_cuda::dropout_mask(context_.stream, mask, n, p, key);
   }
-  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
-    emulated_cuda::apply_dropout(context_.stream, x, mask, n, p);
+  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p,
+                     uint64_t key) const override {
+    emulated_cuda::apply_dropout(context_.stream, x, mask, n, p, key);
   }
   void embedding_forward(const float* table, const float* positions, const int32_t* ids,
                          int64_t rows, int64_t len, int64_t d, float scale, int64_t first_position,
@@ -232,6 +231,7 @@ class EmulatedCudaBackend final : public Backend {
   int64_t relu_mask_bytes(int64_t m, int64_t n) const override {
     return emulated_cuda::kept_relu_mask_bytes(m, n);
   }
+  int64_t dropout_mask_bytes(int64_t) const override { return 0; }  // as the CUDA backend
 
  private:
   GuardPageBackend memory_;

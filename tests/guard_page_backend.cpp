@@ -85,13 +85,11 @@ void GuardPageBackend::residual_layer_norm(float* f, const float* x, int64_t row
   cpu().residual_layer_norm(f, x, rows, cols, p, key, mask, gamma, beta, eps, y, mean, rstd,
                             rounded_y);
 }
-void GuardPageBackend::residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
-                                                    const float* rstd, const float* gamma,
-                                                    float* dgamma, float* dbeta,
-                                                    const uint8_t* mask, float p, float* d_f,
-                                                    uint16_t* rounded_d_f, float* d_f_column_sums,
-                                                    int64_t rows, int64_t cols) const {
-  cpu().residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
+void GuardPageBackend::residual_layer_norm_backward(
+    float* dy, const float* sum, const float* mean, const float* rstd, const float* gamma,
+    float* dgamma, float* dbeta, const uint8_t* mask, float p, uint64_t key, float* d_f,
+    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows, int64_t cols) const {
+  cpu().residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, key, d_f,
                                      rounded_d_f, d_f_column_sums, rows, cols);
 }
 void GuardPageBackend::add(float* y, const float* x, int64_t n) const {
@@ -125,8 +123,9 @@ void GuardPageBackend::bias_backward(const float* dy, const uint16_t* rounded_dy
 void GuardPageBackend::dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const {
   cpu().dropout_mask(mask, n, p, key);
 }
-void GuardPageBackend::apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const {
-  cpu().apply_dropout(x, mask, n, p);
+void GuardPageBackend::apply_dropout(float* x, const uint8_t* mask, int64_t n, float p,
+                                     uint64_t key) const {
+  cpu().apply_dropout(x, mask, n, p, key);
 }
 
 void GuardPageBackend::embedding_forward(const float* table, const float* positions,

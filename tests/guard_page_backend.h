@@ -63,9 +63,9 @@ class GuardPageBackend final : public Backend {
                            uint16_t* rounded_y) const override;
   void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                     const float* rstd, const float* gamma, float* dgamma,
-                                    float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
-                                    int64_t cols) const override;
+                                    float* dbeta, const uint8_t* mask, float p, uint64_t key,
+                                    float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums,
+                                    int64_t rows, int64_t cols) const override;
   void add(float* y, const float* x, int64_t n) const override;
   void scale(float* x, float s, int64_t n) const override;
 
@@ -80,7 +80,8 @@ class GuardPageBackend final : public Backend {
                      int64_t ld, float* dbias) const override;
 
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override;
-  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override;
+  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p,
+                     uint64_t key) const override;
 
   void embedding_forward(const float* table, const float* positions, const int32_t* ids,
                          int64_t rows, int64_t len, int64_t d, float scale, int64_t first_position,

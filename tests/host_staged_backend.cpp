@@ -634,12 +634,10 @@ void HostStagedBackend::residual_layer_norm(float* f, const float* x, int64_t ro
   st.download();
 }
 
-void HostStagedBackend::residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
-                                                     const float* rstd, const float* gamma,
-                                                     float* dgamma, float* dbeta,
-                                                     const uint8_t* mask, float p, float* d_f,
-                                                     uint16_t* rounded_d_f, float* d_f_column_sums,
-                                                     int64_t rows, int64_t cols) const {
+void HostStagedBackend::residual_layer_norm_backward(
+    float* dy, const float* sum, const float* mean, const float* rstd, const float* gamma,
+    float* dgamma, float* dbeta, const uint8_t* mask, float p, uint64_t key, float* d_f,
+    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows, int64_t cols) const {
   Staging st(device_);
   const int64_t n = rows * cols;
   const auto hdy = st.read_write(dy, n);
@@ -655,7 +653,7 @@ void HostStagedBackend::residual_layer_norm_backward(float* dy, const float* sum
   const auto hsums = st.read_write(d_f_column_sums, cols);
   st.upload();
   device_.residual_layer_norm_backward(st[hdy], st[hsum], st[hmean], st[hrstd], st[hgamma],
-                                       st[hdgamma], st[hdbeta], st[hmask], p, st[hd_f],
+                                       st[hdgamma], st[hdbeta], st[hmask], p, key, st[hd_f],
                                        st[hrounded], st[hsums], rows, cols);
   st.download();
 }
@@ -746,12 +744,13 @@ void HostStagedBackend::dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t
   st.download();
 }
 
-void HostStagedBackend::apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const {
+void HostStagedBackend::apply_dropout(float* x, const uint8_t* mask, int64_t n, float p,
+                                      uint64_t key) const {
   Staging st(device_);
   const auto hx = st.read_write(x, n);
   const auto hmask = st.read(mask, n);
   st.upload();
-  device_.apply_dropout(st[hx], st[hmask], n, p);
+  device_.apply_dropout(st[hx], st[hmask], n, p, key);
   st.download();
 }
 

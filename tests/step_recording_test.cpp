@@ -138,12 +138,12 @@ class RecordingCpuBackend final : public Backend {
   }
   void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                     const float* rstd, const float* gamma, float* dgamma,
-                                    float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
-                                    int64_t cols) const override {
+                                    float* dbeta, const uint8_t* mask, float p, uint64_t key,
+                                    float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums,
+                                    int64_t rows, int64_t cols) const override {
     queue([=] {
-      cpu().residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
-                                         rounded_d_f, d_f_column_sums, rows, cols);
+      cpu().residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, key,
+                                         d_f, rounded_d_f, d_f_column_sums, rows, cols);
     });
   }
   void add(float* y, const float* x, int64_t n) const override {
@@ -176,8 +176,9 @@ class RecordingCpuBackend final : public Backend {
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
     queue([=] { cpu().dropout_mask(mask, n, p, key); });
   }
-  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
-    queue([=] { cpu().apply_dropout(x, mask, n, p); });
+  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p,
+                     uint64_t key) const override {
+    queue([=] { cpu().apply_dropout(x, mask, n, p, key); });
   }
 
   void embedding_forward(const float* table, const float* positions, const int32_t* ids,

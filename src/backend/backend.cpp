@@ -33,6 +33,10 @@ int64_t Backend::relu_mask_bytes(int64_t, int64_t) const {
   return 0;
 }
 
+int64_t Backend::dropout_mask_bytes(int64_t n) const {
+  return n;
+}
+
 bool Backend::attention_reads_rounded_inputs(const AttentionShape&, const AttentionMask&,
                                              const AttentionDropout&) const {
   return false;

@@ -223,9 +223,10 @@ class Backend {
                                    bool accumulate) const = 0;
   // The end of a post-norm residual sublayer, y = LayerNorm(x + Dropout(f)), in one pass (the
   // four operations it replaces, each a pass over the rows, give the same values to float32
-  // rounding: the dropout's product and the add may be one fused multiply-add). With p > 0,
-  // mask[rows · cols] is drawn as dropout_mask(mask, rows · cols, p, key) draws it and f dropped
-  // as apply_dropout drops it (p = 0: mask is not touched and may be null). f then becomes the
+  // rounding: the dropout's product and the add may be one fused multiply-add). With p > 0, f is
+  // dropped as apply_dropout drops it with the keep decisions dropout_mask(mask, rows · cols,
+  // p, key) draws, which mask[rows · cols] receives where it is given (null: the backward draws
+  // them again: dropout_mask_bytes; p = 0: mask is not touched and may be null). f then becomes the
   // sum x + f, the norm's input, which the backward reads; y = layer_norm(sum), with mean / rstd
   // [rows] (may be null) as layer_norm writes them. rounded_y [rows, cols] (null: none) receives
   // y rounded to bfloat16 (round_to_16_bits) for the products of a bfloat16 step that read it.
@@ -236,18 +237,19 @@ class Backend {
                                    uint16_t* rounded_y) const = 0;
   // Its backward. dy [rows, cols], the gradient of y, becomes that of x (layer_norm_backward
   // over the saved sum, in place), with dgamma / dbeta += as layer_norm_backward adds them;
-  // d_f [rows, cols] receives it after the dropout (apply_dropout with mask and p; a copy when
-  // p = 0): the gradient of F's output. rounded_d_f [rows, cols] (null: none) receives d_f
-  // rounded to bfloat16, for F's last product in a bfloat16 step; d_f may then be null (only
-  // the rounded form written). d_f_column_sums [cols] (null: none) += Σ_rows d_f, in float32:
-  // the bias gradient of F's last product (bias_backward's), in the same pass over the rows.
-  // d_f aliases neither dy nor sum. Both operations throw std::invalid_argument for p > 0
-  // without a mask, and this one for neither d_f nor rounded_d_f.
+  // d_f [rows, cols] receives it after the dropout (apply_dropout with mask, p and key: the
+  // forward's mask, or null to draw it again; a copy when p = 0): the gradient of F's output.
+  // rounded_d_f [rows, cols] (null: none) receives d_f rounded to bfloat16, for F's last product in
+  // a bfloat16 step; d_f may then be null (only the rounded form written). d_f_column_sums [cols]
+  // (null: none) += Σ_rows d_f, in float32: the bias gradient of F's last product
+  // (bias_backward's), in the same pass over the rows. d_f aliases neither dy nor sum. It throws
+  // std::invalid_argument for neither d_f nor rounded_d_f.
   virtual void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                             const float* rstd, const float* gamma, float* dgamma,
-                                            float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                            uint16_t* rounded_d_f, float* d_f_column_sums,
-                                            int64_t rows, int64_t cols) const = 0;
+                                            float* dbeta, const uint8_t* mask, float p,
+                                            uint64_t key, float* d_f, uint16_t* rounded_d_f,
+                                            float* d_f_column_sums, int64_t rows,
+                                            int64_t cols) const = 0;
   // y[n] += x[n] (the residual add; also gradient accumulation).
   virtual void add(float* y, const float* x, int64_t n) const = 0;
   // x[n] *= s
@@ -286,8 +288,15 @@ class Backend {
   // --- Dropout (§5.4) ------------------------------------------------------------------------
   // mask[n] = 1 iff hash(key, i) >= p (counter-based: reproducible, no generator state).
   virtual void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const = 0;
-  // x[n] = x · mask / (1 - p): forward, and backward on the gradient.
-  virtual void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const = 0;
+  // x[n] = x · keep / (1 - p): forward, and backward on the gradient. keep[i] is mask[i], or,
+  // mask null, drawn from (key, i) as dropout_mask draws it.
+  virtual void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p,
+                             uint64_t key) const = 0;
+  // The bytes of the mask that this backend keeps between a dropout's forward and its backward
+  // for n elements (dropout_mask's), or 0: it draws the keep decisions again from the key
+  // where the backward needs them (a GPU, whose hash costs less than the bytes' traffic), and
+  // the operations above take a null mask. By default n.
+  virtual int64_t dropout_mask_bytes(int64_t n) const;
 
   // --- Embeddings and positional encodings (§3.4, §3.5) --------------------------------------
   // out[rows, d] = table[ids[r]] · scale + positions[r % len + first_position] (positions

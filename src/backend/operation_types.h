@@ -269,12 +269,6 @@ inline void check_rounded_attention_inputs(const char* operation, const Attentio
                                 "read (Backend::attention_reads_rounded_inputs)");
 }
 
-// Backend::residual_layer_norm and its backward draw or read a dropout mask where p > 0: every
-// backend refuses one without it alike.
-inline void check_dropout_mask(float p, const void* mask) {
-  if (p > 0.f && !mask)
-    throw std::invalid_argument("residual_layer_norm: dropout p > 0 without a mask");
-}
 // Backend::residual_layer_norm_backward writes F's output gradient in float32, in bfloat16, or
 // both, and Backend::relu_backward_bfloat16 in bfloat16: every backend refuses a call that
 // would write it nowhere alike.

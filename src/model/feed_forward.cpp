@@ -46,9 +46,9 @@ void forward_buffers(const Backend& backend, const FeedForwardWeights& w, Activa
   }
   sizer.need(cache.hidden, n);  // [rows, d_ff]
   if (act != Activation::kRelu && cache.keep_pre_activation)
-    sizer.need(cache.pre_activation, n);                               // [rows, d_ff]
-  if (dropout > 0.f) sizer.need(cache.dropout_mask, n);                // [rows, d_ff]
-  if (rounds_to_bfloat16(w.fc2)) sizer.need(cache.rounded_hidden, n);  // [rows, d_ff]
+    sizer.need(cache.pre_activation, n);                                // [rows, d_ff]
+  dropout_mask_buffer(backend, dropout, n, cache.dropout_mask, sizer);  // [rows, d_ff]
+  if (rounds_to_bfloat16(w.fc2)) sizer.need(cache.rounded_hidden, n);   // [rows, d_ff]
 }
 
 // The scratch feed_forward_backward uses (its products' own aside).
@@ -95,11 +95,10 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
     linear_forward(backend, fc1, x, rows, pre, rounded_x);
     backend.add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
   }
-  if (dropout > 0.f) {
-    uint8_t* mask = cache.dropout_mask.data();
-    backend.dropout_mask(mask, rows * w.fc1.out, dropout, key);
-    backend.apply_dropout(hidden, mask, rows * w.fc1.out, dropout);
-  }
+  const int64_t hidden_size = rows * w.fc1.out;
+  dropout_forward(backend, hidden, hidden_size, dropout, key,
+                  dropout_mask_of(backend, dropout, hidden_size, cache.dropout_mask));
+  cache.dropout_key = key;
   const uint16_t* rounded_hidden =
       rounded_copy(backend, w.fc2, hidden, rows, w.fc1.out, cache.rounded_hidden);  // [rows, d_ff]
   linear_forward(backend, w.fc2, hidden, rows, out, rounded_hidden);
@@ -153,7 +152,9 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
   linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false, scratch,
                   rounds_to_bfloat16(w.fc2) ? cache.rounded_hidden.data() : nullptr, rounded_d_out);
   if (dropout > 0.f)
-    backend.apply_dropout(d_hidden, cache.dropout_mask.data(), hidden_size, dropout);
+    backend.apply_dropout(d_hidden,
+                          dropout_mask_of(backend, dropout, hidden_size, cache.dropout_mask),
+                          hidden_size, dropout, cache.dropout_key);
   // ReLU's derivative from its output (Backend::activation_backward), GELU's from the kept input.
   backend.activation_backward(
       d_hidden, act == Activation::kRelu ? cache.hidden.data() : cache.pre_activation.data(),

@@ -21,7 +21,8 @@ struct FeedForwardCache {
   // [rows, d_ff] activation (after dropout): fc2 input. Not kept where training in bfloat16 holds
   // the hidden layer only in rounded_hidden (ReLU, no dropout inside: feed_forward.cpp).
   DeviceBuffer<float> hidden;
-  DeviceBuffer<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0
+  DeviceBuffer<uint8_t> dropout_mask;  // [rows, d_ff] when relu dropout > 0 (dropout_mask_buffer)
+  uint64_t dropout_key = 0;  // the forward's, from which the backward draws its decisions again
   // Training in bfloat16 with ReLU and no dropout inside, where the backend keeps one
   // (Backend::relu_mask_bytes): fc1's product's record of its ReLU, which fc2's input-gradient
   // product reads (MatmulEpilogue::relu_mask).

@@ -16,6 +16,29 @@ namespace tfm {
 // Mixes a seed with a site number into an independent dropout key.
 uint64_t dropout_key(uint64_t seed, uint64_t site);
 
+// A dropout's mask between its forward and its backward, n elements dropped with probability p:
+// what the backend keeps (Backend::dropout_mask_bytes: a byte an element, or nothing where it
+// draws the decisions again from the key), sized here once for every dropout of the model.
+template <typename Sizer>
+void dropout_mask_buffer(const Backend& backend, float p, int64_t n, DeviceBuffer<uint8_t>& mask,
+                         Sizer& sizer) {
+  const int64_t bytes = p > 0.f ? backend.dropout_mask_bytes(n) : 0;
+  if (bytes > 0) sizer.need(mask, bytes);  // [n] or nothing
+}
+// That mask's memory after dropout_mask_buffer, or null where the backend keeps none (or p = 0).
+inline uint8_t* dropout_mask_of(const Backend& backend, float p, int64_t n,
+                                DeviceBuffer<uint8_t>& mask) {
+  return p > 0.f && backend.dropout_mask_bytes(n) > 0 ? mask.data() : nullptr;
+}
+// x[n] dropped with the decisions drawn from `key`, kept in mask where it is given; its backward
+// is the same apply_dropout on the gradient, with the same mask (or null) and key.
+inline void dropout_forward(const Backend& backend, float* x, int64_t n, float p, uint64_t key,
+                            uint8_t* mask) {
+  if (!(p > 0.f)) return;
+  if (mask) backend.dropout_mask(mask, n, p, key);
+  backend.apply_dropout(x, mask, n, p, key);
+}
+
 struct BackwardScratch;
 
 // Whether w's products round their operands to bfloat16 here: training in bfloat16 (the float

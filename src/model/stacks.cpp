@@ -79,11 +79,12 @@ LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t 
 
 // The buffers of embed_with_dropout: its one size table.
 template <typename Sizer>
-void embed_buffers(const ModelConfig& config, int64_t batch, int64_t len, float dropout,
-                   DeviceBuffer<float>& out, DeviceBuffer<uint8_t>& mask, Sizer& sizer) {
+void embed_buffers(const Backend& backend, const ModelConfig& config, int64_t batch, int64_t len,
+                   float dropout, DeviceBuffer<float>& out, DeviceBuffer<uint8_t>& mask,
+                   Sizer& sizer) {
   const int64_t n = batch * len * config.d_model;
   sizer.need(out, n);  // [B, len, D]
-  if (dropout > 0.f) sizer.need(mask, n);
+  dropout_mask_buffer(backend, dropout, n, mask, sizer);
 }
 
 // x [rows, D] = embeddings + positions, then dropout with its own mask.
@@ -92,14 +93,11 @@ void embed_with_dropout(const Backend& backend, const ModelConfig& config,
                         int64_t batch, int64_t len, float dropout, uint64_t key,
                         DeviceBuffer<float>& out, DeviceBuffer<uint8_t>& mask) {
   Allocate sizer{backend};
-  embed_buffers(config, batch, len, dropout, out, mask, sizer);
+  embed_buffers(backend, config, batch, len, dropout, out, mask, sizer);
   const int64_t n = batch * len * config.d_model;
   float* x = out.data();  // [B, len, D]
   embed_forward(backend, config, table, positions, ids, batch, len, 0, x);
-  if (dropout > 0.f) {
-    backend.dropout_mask(mask.data(), n, dropout, key);
-    backend.apply_dropout(x, mask.data(), n, dropout);
-  }
+  dropout_forward(backend, x, n, dropout, key, dropout_mask_of(backend, dropout, n, mask));
 }
 
 // The buffers of a stack's final norm: its output and the statistics its backward reads.
@@ -156,7 +154,8 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
   const int64_t layers = config.encoder_layers, B = shape.batch, S = shape.src_len;
   make_layer_caches(cache.encoder_layers, layers);
   token_buffers(B, S, cache.src_ids, cache.src_lengths, plan);
-  embed_buffers(config, B, S, dropout.dropout, cache.encoder_input, cache.encoder_input_mask, plan);
+  embed_buffers(model.backend(), config, B, S, dropout.dropout, cache.encoder_input,
+                cache.encoder_input_mask, plan);
   for (int64_t i = 0; i < layers; ++i) {
     EncoderLayerCache& layer = layer_cache(cache.encoder_layers, cache.training, layers, i);
     const EncoderLayerWeights& lw = w.encoder_layers[size_t(i)];
@@ -165,12 +164,13 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
     const bool rounds = sublayer_rounds_for(config, lw.ffn.fc1);
     const bool input_rounded =
         i > 0 && sublayer_rounds_for(config, w.encoder_layers[size_t(i - 1)].ffn.fc1);
-    plan_sublayer_forward(config, B * S, dropout.dropout, rounds, rounds, layer.attention_sublayer,
-                          plan);
+    plan_sublayer_forward(model.backend(), config, B * S, dropout.dropout, rounds, rounds,
+                          layer.attention_sublayer, plan);
     plan_multi_head_attention_forward(model.backend(), lw.self_attn, config.heads, B, S, S,
                                       dropout.attention_dropout, true, input_rounded, false,
                                       layer.self_attn, plan);
-    plan_sublayer_forward(config, B * S, dropout.dropout, rounds, rounds, layer.ffn_sublayer, plan);
+    plan_sublayer_forward(model.backend(), config, B * S, dropout.dropout, rounds, rounds,
+                          layer.ffn_sublayer, plan);
     plan_feed_forward_forward(model.backend(), lw.ffn, config.activation, B * S,
                               dropout.relu_dropout, rounds, layer.ffn, plan);
   }
@@ -184,7 +184,8 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
                 T = shape.tgt_len;
   make_layer_caches(cache.decoder_layers, layers);
   token_buffers(B, T, cache.tgt_in, cache.tgt_lengths, plan);
-  embed_buffers(config, B, T, dropout.dropout, cache.decoder_input, cache.decoder_input_mask, plan);
+  embed_buffers(model.backend(), config, B, T, dropout.dropout, cache.decoder_input,
+                cache.decoder_input_mask, plan);
   for (int64_t i = 0; i < layers; ++i) {
     DecoderLayerCache& layer = layer_cache(cache.decoder_layers, cache.training, layers, i);
     const DecoderLayerWeights& lw = w.decoder_layers[size_t(i)];
@@ -196,18 +197,18 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
         i > 0 && sublayer_rounds_for(config, w.decoder_layers[size_t(i - 1)].ffn.fc1);
     const bool memory_rounded =
         !w.encoder_layers.empty() && sublayer_rounds_for(config, w.encoder_layers.back().ffn.fc1);
-    plan_sublayer_forward(config, B * T, dropout.dropout, rounds, rounds, layer.self_sublayer,
-                          plan);
+    plan_sublayer_forward(model.backend(), config, B * T, dropout.dropout, rounds, rounds,
+                          layer.self_sublayer, plan);
     plan_multi_head_attention_forward(model.backend(), lw.self_attn, config.heads, B, T, T,
                                       dropout.attention_dropout, true, input_rounded, false,
                                       layer.self_attn, plan);
-    plan_sublayer_forward(config, B * T, dropout.dropout, rounds, rounds, layer.cross_sublayer,
-                          plan);
+    plan_sublayer_forward(model.backend(), config, B * T, dropout.dropout, rounds, rounds,
+                          layer.cross_sublayer, plan);
     plan_multi_head_attention_forward(model.backend(), lw.cross_attn, config.heads, B, T, S,
                                       dropout.attention_dropout, false, rounds, memory_rounded,
                                       layer.cross_attn, plan);
-    plan_sublayer_forward(config, B * T, dropout.dropout, rounds && i + 1 < layers, rounds,
-                          layer.ffn_sublayer, plan);
+    plan_sublayer_forward(model.backend(), config, B * T, dropout.dropout, rounds && i + 1 < layers,
+                          rounds, layer.ffn_sublayer, plan);
     plan_feed_forward_forward(model.backend(), lw.ffn, config.activation, B * T,
                               dropout.relu_dropout, rounds, layer.ffn, plan);
   }
@@ -510,7 +511,9 @@ void stacks_backward(const Model& model, const TransformerWeights& w, const Tran
                            cache.decoder_layers[size_t(i)], stream, d_memory, scratch);
   }
   if (dropout.dropout > 0.f)
-    backend.apply_dropout(stream, cache.decoder_input_mask.data(), tgt_rows * d, dropout.dropout);
+    backend.apply_dropout(
+        stream, dropout_mask_of(backend, dropout.dropout, tgt_rows * d, cache.decoder_input_mask),
+        tgt_rows * d, dropout.dropout, dropout_key(dropout.seed, kDecoderInputSite));
   embed_backward(backend, config, stream, cache.tgt_in.data(), B, T, g.tgt_embed,
                  g.decoder_pos_embed);
 
@@ -526,7 +529,9 @@ void stacks_backward(const Model& model, const TransformerWeights& w, const Tran
                            dropout, cache.encoder_layers[size_t(i)], stream, scratch);
   }
   if (dropout.dropout > 0.f)
-    backend.apply_dropout(stream, cache.encoder_input_mask.data(), src_rows * d, dropout.dropout);
+    backend.apply_dropout(
+        stream, dropout_mask_of(backend, dropout.dropout, src_rows * d, cache.encoder_input_mask),
+        src_rows * d, dropout.dropout, dropout_key(dropout.seed, kEncoderInputSite));
   embed_backward(backend, config, stream, cache.src_ids.data(), B, S, g.src_embed,
                  g.encoder_pos_embed);
 }

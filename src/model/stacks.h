@@ -29,9 +29,10 @@ struct SublayerCache {
   DeviceBuffer<float> normed;    // [rows, D] pre-norm: LayerNorm(input), F's input
   DeviceBuffer<float> residual;  // [rows, D] post-norm: input + Dropout(F), the norm's input
   LayerNormCache norm;
-  DeviceBuffer<uint8_t> dropout_mask;  // [rows, D] when dropout > 0
-  DeviceBuffer<float> output;          // [rows, D]
-  SharedSlot output_slot;              // its place in the layer (model/workspace_slots.h)
+  DeviceBuffer<uint8_t> dropout_mask;  // [rows, D] when dropout > 0 (dropout_mask_buffer)
+  uint64_t dropout_key = 0;    // the forward's, from which the backward draws its decisions again
+  DeviceBuffer<float> output;  // [rows, D]
+  SharedSlot output_slot;      // its place in the layer (model/workspace_slots.h)
   // [rows, D] output in bfloat16 where sublayer_rounds_for (model/sublayer.h): what the next
   // sublayer's first products read, and their weight gradients. output_rounded is its data where
   // the last pass wrote it, else null.

@@ -25,9 +25,9 @@ inline bool sublayer_rounds_for(const ModelConfig& config, const LinearWeights& 
 // sum) or the stack's final copy, never by a backward: in a planned workspace it lies in the
 // shared slot of its place in the layer (SublayerCache::output_slot).
 template <typename Sizer>
-void sublayer_forward_buffers(const ModelConfig& config, int64_t rows, float dropout,
-                              bool round_output, bool output_shared, SublayerCache& cache,
-                              Sizer& sizer) {
+void sublayer_forward_buffers(const Backend& backend, const ModelConfig& config, int64_t rows,
+                              float dropout, bool round_output, bool output_shared,
+                              SublayerCache& cache, Sizer& sizer) {
   const int64_t n = rows * config.d_model;
   if (output_shared)
     sizer.need(cache.output, n, cache.output_slot);  // [rows, D]
@@ -39,7 +39,7 @@ void sublayer_forward_buffers(const ModelConfig& config, int64_t rows, float dro
     sizer.need(cache.residual, n);  // [rows, D]
   else
     sizer.need(cache.normed, n);  // [rows, D]
-  if (dropout > 0.f) sizer.need(cache.dropout_mask, n);
+  dropout_mask_buffer(backend, dropout, n, cache.dropout_mask, sizer);
   if (round_output && rows > 0) sizer.need(cache.rounded_output, n);  // [rows, D]
 }
 
@@ -55,11 +55,13 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
   const int64_t d = config.d_model, n = rows * d;
   const float eps = float(config.layer_norm_eps);
   Allocate sizer{backend};
-  sublayer_forward_buffers(config, rows, dropout, round_output, output_shared, cache, sizer);
+  sublayer_forward_buffers(backend, config, rows, dropout, round_output, output_shared, cache,
+                           sizer);
   float* output = cache.output.data();  // [rows, D]
   float* mean = cache.norm.mean.data();
   float* rstd = cache.norm.rstd.data();
-  uint8_t* mask = dropout > 0.f ? cache.dropout_mask.data() : nullptr;  // [rows, D]
+  uint8_t* mask = dropout_mask_of(backend, dropout, n, cache.dropout_mask);  // [rows, D] or null
+  cache.dropout_key = key;
   if (config.norm == NormPosition::kPost) {
     float* residual = cache.residual.data();  // [rows, D] F's output, then the norm's input
     function(input, residual);
@@ -71,20 +73,18 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
     float* normed = cache.normed.data();  // [rows, D]
     backend.layer_norm(input.values, norm.weight, norm.bias, normed, rows, d, eps, mean, rstd);
     function(MatmulOperand{normed}, output);
-    if (mask) {
-      backend.dropout_mask(mask, n, dropout, key);
-      backend.apply_dropout(output, mask, n, dropout);
-    }
+    dropout_forward(backend, output, n, dropout, key, mask);
     backend.add(output, input.values, n);
     cache.output_rounded = nullptr;
   }
 }
 
 // What sublayer_forward asks of its cache (F's own buffers aside).
-inline void plan_sublayer_forward(const ModelConfig& config, int64_t rows, float dropout,
-                                  bool round_output, bool output_shared, SublayerCache& cache,
-                                  WorkspacePlan& plan) {
-  sublayer_forward_buffers(config, rows, dropout, round_output, output_shared, cache, plan);
+inline void plan_sublayer_forward(const Backend& backend, const ModelConfig& config, int64_t rows,
+                                  float dropout, bool round_output, bool output_shared,
+                                  SublayerCache& cache, WorkspacePlan& plan) {
+  sublayer_forward_buffers(backend, config, rows, dropout, round_output, output_shared, cache,
+                           plan);
 }
 
 // The scratch sublayer_backward uses (F's backward aside), for `rows` rows. F's last product is
@@ -132,14 +132,17 @@ void sublayer_backward(const Backend& backend, const ModelConfig& config,
         rounded_d_function_out ? nullptr : scratch.d_sublayer.data();
     backend.residual_layer_norm_backward(
         d_stream, cache.residual.data(), mean, rstd, norm.weight, norm_grad.weight, norm_grad.bias,
-        dropout > 0.f ? cache.dropout_mask.data() : nullptr, dropout, d_function_out,
-        rounded_d_function_out, last_bias_grad, rows, d);
+        dropout_mask_of(backend, dropout, n, cache.dropout_mask), dropout, cache.dropout_key,
+        d_function_out, rounded_d_function_out, last_bias_grad, rows, d);
     function_backward(d_function_out, rounded_d_function_out, input, d_stream, true, true);
   } else {
     // The residual path passes d_stream through unchanged; F's path adds to it.
     float* d_function_out = scratch.d_sublayer.data();  // [rows, D]
     backend.copy(d_stream, n, d_function_out);
-    if (dropout > 0.f) backend.apply_dropout(d_function_out, cache.dropout_mask.data(), n, dropout);
+    if (dropout > 0.f)
+      backend.apply_dropout(d_function_out,
+                            dropout_mask_of(backend, dropout, n, cache.dropout_mask), n, dropout,
+                            cache.dropout_key);
     float* d_normed = scratch.d_normed.data();  // [rows, D]
     function_backward(d_function_out, nullptr, cache.normed.data(), d_normed, false, false);
     backend.layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_stream,

@@ -138,18 +138,16 @@ class CpuBackend final : public Backend {
                            uint64_t key, uint8_t* mask, const float* gamma, const float* beta,
                            float eps, float* y, float* mean, float* rstd,
                            uint16_t* rounded_y) const override {
-    check_dropout_mask(p, mask);
     tfm::residual_layer_norm(f, x, rows, cols, p, key, mask, gamma, beta, eps, y, mean, rstd,
                              rounded_y);
   }
   void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                     const float* rstd, const float* gamma, float* dgamma,
-                                    float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
-                                    int64_t cols) const override {
-    check_dropout_mask(p, mask);
+                                    float* dbeta, const uint8_t* mask, float p, uint64_t key,
+                                    float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums,
+                                    int64_t rows, int64_t cols) const override {
     check_gradient_written("residual_layer_norm_backward", d_f, rounded_d_f);
-    tfm::residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
+    tfm::residual_layer_norm_backward(dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, key, d_f,
                                       rounded_d_f, d_f_column_sums, rows, cols);
   }
   void add(float* y, const float* x, int64_t n) const override { add_inplace(y, x, n); }
@@ -180,8 +178,9 @@ class CpuBackend final : public Backend {
   void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key) const override {
     tfm::dropout_mask(mask, n, p, key);
   }
-  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
-    tfm::apply_dropout(x, mask, n, p);
+  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p,
+                     uint64_t key) const override {
+    tfm::apply_dropout(x, mask, n, p, key);
   }
 
   void embedding_forward(const float* table, const float* positions, const int32_t* ids,

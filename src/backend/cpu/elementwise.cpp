@@ -92,6 +92,13 @@ constexpr int64_t kRowBlocks = 8;
 inline int64_t row_block_begin(int64_t rows, int64_t block) {
   return rows * block / kRowBlocks;
 }
+// A row of n elements of this thread's own, kept from call to call (contents unspecified).
+template <typename T>
+T* thread_row(int64_t n) {
+  thread_local std::vector<T> row;
+  if (row.size() < size_t(n)) row.resize(size_t(n));
+  return row.data();
+}
 // partial [kRowBlocks, sums, cols], zeroed.
 inline float* row_block_partials(int64_t sums, int64_t cols) {
   thread_local std::vector<float> partials;
@@ -176,7 +183,9 @@ TFM_CPU_KERNEL void residual_layer_norm(float* f, const float* x, int64_t rows, 
     float* sum = f + r * cols;
     const float* in = x + r * cols;
     if (p > 0.f) {
-      uint8_t* keep = mask + r * cols;
+      // The decisions into the mask, or, where none is kept, into a row of this thread's own:
+      // the same loop either way (the same fused multiply-adds, the same bits).
+      uint8_t* keep = mask ? mask + r * cols : thread_row<uint8_t>(cols);
 #pragma omp simd
       for (int64_t c = 0; c < cols; ++c) {
         keep[c] = dropout_keeps(key, uint64_t(r * cols + c), threshold) ? 1 : 0;
@@ -215,9 +224,10 @@ TFM_CPU_KERNEL void layer_norm_backward(const float* dy, const float* x, const f
 TFM_CPU_KERNEL void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                                  const float* rstd, const float* gamma,
                                                  float* dgamma, float* dbeta, const uint8_t* mask,
-                                                 float p, float* d_f, uint16_t* rounded_d_f,
-                                                 float* d_f_column_sums, int64_t rows,
-                                                 int64_t cols) {
+                                                 float p, uint64_t key, float* d_f,
+                                                 uint16_t* rounded_d_f, float* d_f_column_sums,
+                                                 int64_t rows, int64_t cols) {
+  const uint32_t threshold = dropout_threshold(p);
   const float keep_scale = 1.f / (1.f - p);
   // [kRowBlocks, 3, cols]: dgamma's, dbeta's and d_f's column sums
   float* partial = row_block_partials(3, cols);
@@ -237,7 +247,14 @@ TFM_CPU_KERNEL void residual_layer_norm_backward(float* dy, const float* sum, co
                               cols, false);
       float* out = d_f ? d_f + r * cols : dropped_row.data();  // [cols]
       if (p > 0.f) {
-        const uint8_t* keep = mask + r * cols;
+        // The forward's decisions: its mask, or drawn again where none was kept.
+        uint8_t* drawn = mask ? nullptr : thread_row<uint8_t>(cols);
+        if (drawn) {
+#pragma omp simd
+          for (int64_t c = 0; c < cols; ++c)
+            drawn[c] = dropout_keeps(key, uint64_t(r * cols + c), threshold) ? 1 : 0;
+        }
+        const uint8_t* keep = mask ? mask + r * cols : drawn;
 #pragma omp simd
         for (int64_t c = 0; c < cols; ++c) out[c] = keep[c] ? d_sum[c] * keep_scale : 0.f;
       } else {
@@ -345,10 +362,17 @@ TFM_CPU_KERNEL void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key
   for (int64_t i = 0; i < n; ++i) mask[i] = dropout_keeps(key, uint64_t(i), threshold) ? 1 : 0;
 }
 
-TFM_CPU_KERNEL void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) {
+TFM_CPU_KERNEL void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p, uint64_t key) {
   const float keep_scale = 1.f / (1.f - p);
+  if (mask) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-  for (int64_t i = 0; i < n; ++i) x[i] = mask[i] ? x[i] * keep_scale : 0.f;
+    for (int64_t i = 0; i < n; ++i) x[i] = mask[i] ? x[i] * keep_scale : 0.f;
+    return;
+  }
+  const uint32_t threshold = dropout_threshold(p);
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = dropout_keeps(key, uint64_t(i), threshold) ? x[i] * keep_scale : 0.f;
 }
 
 }  // namespace tfm

@@ -48,14 +48,16 @@ void residual_layer_norm(float* f, const float* x, int64_t rows, int64_t cols, f
                          float eps, float* y, float* mean, float* rstd, uint16_t* rounded_y);
 void residual_layer_norm_backward(float* dy, const float* sum, const float* mean, const float* rstd,
                                   const float* gamma, float* dgamma, float* dbeta,
-                                  const uint8_t* mask, float p, float* d_f, uint16_t* rounded_d_f,
-                                  float* d_f_column_sums, int64_t rows, int64_t cols);
+                                  const uint8_t* mask, float p, uint64_t key, float* d_f,
+                                  uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
+                                  int64_t cols);
 // Inverted dropout with a counter-based generator: element i is kept iff
 // hash(key, i) >= p, so masks depend only on (key, i) — reproducible, parallel, and
 // needing no generator state to resume. mask[n] receives 1 (kept) or 0.
 void dropout_mask(uint8_t* mask, int64_t n, float p, uint64_t key);
-// x[n] = x * mask / (1 - p): forward, and also backward on the gradient.
-void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p);
+// x[n] = x * keep / (1 - p): forward, and also backward on the gradient; keep is mask, or
+// (mask null) drawn from key as dropout_mask draws it.
+void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p, uint64_t key);
 
 // x[n] *= s
 void scale_inplace(float* x, float s, int64_t n);

@@ -200,7 +200,7 @@ void dense_attention_backward(const Context& c, const AttentionShape& s, const A
     // P' = P through the mask: the forward's dropped copy, rebuilt (apply_dropout's rule).
     TFM_CUDA(cudaMemcpyAsync(dropped, probs, size_t(rows * s.key_len) * sizeof(float),
                              cudaMemcpyDeviceToDevice, c.stream));
-    apply_dropout(c.stream, dropped, dropout.mask, rows * s.key_len, dropout.p);
+    apply_dropout(c.stream, dropped, dropout.mask, rows * s.key_len, dropout.p, dropout.key);
     weights = dropped;
   }
   const HeadMatrices weights_by_head{weights, s.key_len, s.heads * pair_size, pair_size};

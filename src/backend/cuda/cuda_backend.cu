@@ -202,21 +202,19 @@ class CudaBackend final : public Backend {
                            uint64_t key, uint8_t* mask, const float* gamma, const float* beta,
                            float eps, float* y, float* mean, float* rstd,
                            uint16_t* rounded_y) const override {
-    check_dropout_mask(p, mask);
     TFM_CUDA_OPERATION_SHAPED(c_, "residual_layer_norm", rows, cols);
     cuda::residual_layer_norm(c_.stream, f, x, rows, cols, p, key, mask, gamma, beta, eps, y, mean,
                               rstd, rounded_y);
   }
   void residual_layer_norm_backward(float* dy, const float* sum, const float* mean,
                                     const float* rstd, const float* gamma, float* dgamma,
-                                    float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                    uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
-                                    int64_t cols) const override {
-    check_dropout_mask(p, mask);
+                                    float* dbeta, const uint8_t* mask, float p, uint64_t key,
+                                    float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums,
+                                    int64_t rows, int64_t cols) const override {
     check_gradient_written("residual_layer_norm_backward", d_f, rounded_d_f);
     TFM_CUDA_OPERATION_SHAPED(c_, "residual_layer_norm_backward", rows, cols);
-    cuda::residual_layer_norm_backward(c_, dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, d_f,
-                                       rounded_d_f, d_f_column_sums, rows, cols);
+    cuda::residual_layer_norm_backward(c_, dy, sum, mean, rstd, gamma, dgamma, dbeta, mask, p, key,
+                                       d_f, rounded_d_f, d_f_column_sums, rows, cols);
   }
   void add(float* y, const float* x, int64_t n) const override {
     TFM_CUDA_OPERATION(c_, "add");
@@ -258,9 +256,10 @@ class CudaBackend final : public Backend {
     TFM_CUDA_OPERATION(c_, "dropout_mask");
     cuda::dropout_mask(c_.stream, mask, n, p, key);
   }
-  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p) const override {
+  void apply_dropout(float* x, const uint8_t* mask, int64_t n, float p,
+                     uint64_t key) const override {
     TFM_CUDA_OPERATION(c_, "apply_dropout");
-    cuda::apply_dropout(c_.stream, x, mask, n, p);
+    cuda::apply_dropout(c_.stream, x, mask, n, p, key);
   }
 
   void embedding_forward(const float* table, const float* positions, const int32_t* ids,
@@ -317,6 +316,10 @@ class CudaBackend final : public Backend {
   int64_t relu_mask_bytes(int64_t m, int64_t n) const override {
     return cuda::kept_relu_mask_bytes(m, n);
   }
+  // The kernels that drop draw their keep decisions from the key again where the backward needs
+  // them (dropout_keeps: a few integer operations an element, where a kept mask costs its bytes
+  // written and read back: 13 MB each way a sublayer of a base-model batch).
+  int64_t dropout_mask_bytes(int64_t) const override { return 0; }
 
   void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens, float* log_sums) const override {

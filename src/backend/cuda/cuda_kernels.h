@@ -48,7 +48,7 @@ void relu_backward_bfloat16(const Context& c, const float* d, const uint16_t* re
 void bias_backward(const Context& c, const float* dy, const uint16_t* rounded_dy, int64_t rows,
                    int64_t cols, int64_t ld, float* dbias);
 void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t key);
-void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p);
+void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p, uint64_t key);
 void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y,
                 int64_t rows, int64_t cols, float eps, float* mean, float* rstd);
 void layer_norm_backward(const Context& c, const float* dy, const float* x, const float* mean,
@@ -61,9 +61,9 @@ void residual_layer_norm(cudaStream_t s, float* f, const float* x, int64_t rows,
                          uint16_t* rounded_y);
 void residual_layer_norm_backward(const Context& c, float* dy, const float* sum, const float* mean,
                                   const float* rstd, const float* gamma, float* dgamma,
-                                  float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                  uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
-                                  int64_t cols);
+                                  float* dbeta, const uint8_t* mask, float p, uint64_t key,
+                                  float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums,
+                                  int64_t rows, int64_t cols);
 // out[rows, d] = table rows (float32, or int8 values × scales when int8.values) × scale +
 // positions; `table_ld` is the float table's row stride.
 void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int8Rows int8,

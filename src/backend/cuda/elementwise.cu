@@ -430,8 +430,41 @@ __global__ void dropout_mask_kernel(uint8_t* mask, int64_t n, uint32_t threshold
   TFM_FOR_EACH(i, n) mask[i] = dropout_keeps(key, uint64_t(i), threshold) ? 1 : 0;
 }
 
-__global__ void apply_dropout_kernel(float* x, const uint8_t* mask, int64_t n, float keep_scale) {
-  TFM_FOR_EACH(i, n) x[i] = mask[i] ? x[i] * keep_scale : 0.f;
+// A dropout as the kernels that apply it read it: `active` where p > 0, each element's keep
+// decision read from the forward's mask or, mask null, drawn again from (key, element) as the
+// forward drew it (Backend::dropout_mask_bytes: this backend keeps no mask).
+struct KeepDecisions {
+  bool active = false;
+  const uint8_t* mask = nullptr;  // [elements] or null
+  uint64_t key = 0;
+  uint32_t threshold = 0;
+  float keep_scale = 1.f;
+  // v[kWidth], the elements from i on, dropped.
+  template <int kWidth>
+  __device__ void apply(int64_t i, float* v) const {
+    if (!active) return;
+    bool keep[kWidth];
+    if (mask) {
+      RowWord<kWidth>::load_mask(mask + i, keep);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) keep[e] = dropout_keeps(key, uint64_t(i + e), threshold);
+    }
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) v[e] = keep[e] ? v[e] * keep_scale : 0.f;
+  }
+};
+KeepDecisions keep_decisions(const uint8_t* mask, float p, uint64_t key) {
+  if (!(p > 0.f)) return {};
+  return {true, mask, key, dropout_threshold(p), 1.f / (1.f - p)};
+}
+
+__global__ void apply_dropout_kernel(float* x, int64_t n, KeepDecisions drop) {
+  TFM_FOR_EACH(i, n) {
+    float v = x[i];
+    drop.apply<1>(i, &v);
+    x[i] = v;
+  }
 }
 
 // One row normalised by the block (the mean, then the variance about it: two passes, as the
@@ -467,10 +500,11 @@ __global__ void layer_norm_kernel(const float* x, const float* gamma, const floa
                 mean_out ? mean_out + r : nullptr, rstd_out ? rstd_out + r : nullptr, shared);
 }
 
-// Backend::residual_layer_norm, one block per row: f = x + dropout(f) (mask drawn here), then
-// the row normalised into y, and y rounded to bfloat16 where asked. Each thread reads back only
-// the sum elements it wrote itself before the first barrier.
-__global__ void residual_layer_norm_kernel(float* f, const float* x, int64_t cols,
+// Backend::residual_layer_norm, one block per row: f = x + dropout(f) (where `dropping`, the
+// decisions drawn here and kept in mask where it is given), then the row normalised into y, and
+// y rounded to bfloat16 where asked. Each thread reads back only the sum elements it wrote
+// itself before the first barrier.
+__global__ void residual_layer_norm_kernel(float* f, const float* x, int64_t cols, bool dropping,
                                            uint32_t threshold, float keep_scale, uint64_t key,
                                            uint8_t* mask, const float* gamma, const float* beta,
                                            float eps, float* y, float* mean_out, float* rstd_out,
@@ -481,9 +515,9 @@ __global__ void residual_layer_norm_kernel(float* f, const float* x, int64_t col
   const float* in = x + r * cols;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     float value = sum[c];
-    if (mask) {
+    if (dropping) {
       const bool keep = dropout_keeps(key, uint64_t(r * cols + c), threshold);
-      mask[r * cols + c] = keep ? 1 : 0;
+      if (mask) mask[r * cols + c] = keep ? 1 : 0;
       value = keep ? value * keep_scale : 0.f;
     }
     sum[c] = value + in[c];
@@ -505,14 +539,15 @@ constexpr int kWarpRows = kThreads / 32;
 // The longest rows the warp-per-row kernels hold (launch_warp_rows).
 constexpr int64_t kWarpRowColumns = 1024;
 
-// Backend::layer_norm (f null) or residual_layer_norm (f: the branch, dropped by the mask drawn
-// here and added to x, the sum kept in f) of row blockIdx.x · kWarpRows + warp.
+// Backend::layer_norm (f null) or residual_layer_norm (f: the branch, dropped where `dropping` by
+// the decisions drawn here, kept in mask where it is given, and added to x, the sum kept in f)
+// of row blockIdx.x · kWarpRows + warp.
 template <int kWidth, int kPerLane>
 __global__ void layer_norm_warp_kernel(float* f, const float* x, int64_t rows, int64_t cols,
-                                       uint32_t threshold, float keep_scale, uint64_t key,
-                                       uint8_t* mask, const float* gamma, const float* beta,
-                                       float eps, float* y, float* mean_out, float* rstd_out,
-                                       uint16_t* rounded_y) {
+                                       bool dropping, uint32_t threshold, float keep_scale,
+                                       uint64_t key, uint8_t* mask, const float* gamma,
+                                       const float* beta, float eps, float* y, float* mean_out,
+                                       float* rstd_out, uint16_t* rounded_y) {
   using Word = RowWord<kWidth>;
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
@@ -530,14 +565,14 @@ __global__ void layer_norm_warp_kernel(float* f, const float* x, int64_t rows, i
     if (f) {
       float branch[kWidth];
       Word::load(f + i, branch);
-      if (mask) {
+      if (dropping) {
         bool keep[kWidth];
 #pragma unroll
         for (int e = 0; e < kWidth; ++e) {
           keep[e] = dropout_keeps(key, uint64_t(i + e), threshold);
           branch[e] = keep[e] ? branch[e] * keep_scale : 0.f;
         }
-        Word::store_mask(mask + i, keep);
+        if (mask) Word::store_mask(mask + i, keep);
       }
 #pragma unroll
       for (int e = 0; e < kWidth; ++e) v[e] = branch[e] + v[e];
@@ -700,8 +735,8 @@ __global__ void __launch_bounds__(kThreads, kNormSumsShared<kWidth, kPerLane> ? 
     layer_norm_backward_chunk_kernel(const float* dy, const float* x, const float* mean,
                                      const float* rstd, const float* gamma, float* dx,
                                      RowsPerChunk split, int64_t cols, bool accumulate,
-                                     const uint8_t* mask, float keep_scale, float* d_f,
-                                     uint16_t* rounded_d_f, bool sum_d_f, float* partial) {
+                                     KeepDecisions drop, float* d_f, uint16_t* rounded_d_f,
+                                     bool sum_d_f, float* partial) {
   using Word = RowWord<kWidth>;
   constexpr bool kShared = kNormSumsShared<kWidth, kPerLane>;
   using Sums = WarpColumnSums<kWidth, kPerLane, kShared>;
@@ -755,10 +790,7 @@ __global__ void __launch_bounds__(kThreads, kNormSumsShared<kWidth, kPerLane> ? 
       }
       Word::store(dx + i, d);
       if (!dropped_out) continue;
-      bool keep[kWidth];
-      if (mask) Word::load_mask(mask + i, keep);
-#pragma unroll
-      for (int e = 0; e < kWidth; ++e) d[e] = !mask ? d[e] : keep[e] ? d[e] * keep_scale : 0.f;
+      drop.apply<kWidth>(i, d);
       if (sum_d_f) sum_f.add(m, d);
       if (d_f) Word::store(d_f + i, d);
       if (rounded_d_f) Word::store_16(rounded_d_f + i, d, ToBFloat16{});
@@ -805,12 +837,12 @@ unsigned warp_row_blocks(int64_t rows) {
 
 // dx of one row per block. dy may alias dx row by row: every thread's two sums are complete
 // (a barrier inside block_sum) before any element is written. With d_f (the residual sublayer's
-// backward), each dx element is also dropped into d_f (by mask and keep_scale; mask null: a copy)
+// backward), each dx element is also dropped into d_f (a copy where the dropout is not active)
 // and rounded into rounded_d_f where that is given.
 __global__ void layer_norm_dx_kernel(const float* dy, const float* x, const float* mean,
                                      const float* rstd, const float* gamma, float* dx, int64_t cols,
-                                     bool accumulate, const uint8_t* mask, float keep_scale,
-                                     float* d_f, uint16_t* rounded_d_f) {
+                                     bool accumulate, KeepDecisions drop, float* d_f,
+                                     uint16_t* rounded_d_f) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
   const float* g = dy + r * cols;
@@ -831,7 +863,8 @@ __global__ void layer_norm_dx_kernel(const float* dy, const float* x, const floa
     out[c] = d;
     if (d_f) {
       const int64_t i = r * cols + c;
-      const float dropped = !mask ? d : mask[i] ? d * keep_scale : 0.f;
+      float dropped = d;
+      drop.apply<1>(i, &dropped);
       d_f[i] = dropped;
       if (rounded_d_f) rounded_d_f[i] = to_bfloat16(dropped);
     }
@@ -1252,9 +1285,11 @@ void dropout_mask(cudaStream_t s, uint8_t* mask, int64_t n, float p, uint64_t ke
   check_launch("dropout_mask");
 }
 
-void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p) {
+void apply_dropout(cudaStream_t s, float* x, const uint8_t* mask, int64_t n, float p,
+                   uint64_t key) {
   if (n == 0) return;
-  launch_kernel(apply_dropout_kernel, blocks_for(n), kThreads, 0, s, x, mask, n, 1.f / (1.f - p));
+  launch_kernel(apply_dropout_kernel, blocks_for(n), kThreads, 0, s, x, n,
+                keep_decisions(mask, p, key));
   check_launch("apply_dropout");
 }
 
@@ -1265,7 +1300,7 @@ void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float*
       cols % 4 == 0 && aligned(x, 16) && aligned(gamma, 16) && aligned(beta, 16) && aligned(y, 16);
   const bool by_warp = launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {
     launch_kernel(layer_norm_warp_kernel<decltype(width)::value, decltype(per_lane)::value>,
-                  warp_row_blocks(rows), kThreads, 0, s, nullptr, x, rows, cols, 0u, 1.f, 0,
+                  warp_row_blocks(rows), kThreads, 0, s, nullptr, x, rows, cols, false, 0u, 1.f, 0,
                   nullptr, gamma, beta, eps, y, mean, rstd, nullptr);
   });
   if (!by_warp)
@@ -1279,17 +1314,19 @@ void residual_layer_norm(cudaStream_t s, float* f, const float* x, int64_t rows,
                          const float* beta, float eps, float* y, float* mean, float* rstd,
                          uint16_t* rounded_y) {
   if (rows == 0) return;
-  uint8_t* drawn_mask = p > 0.f ? mask : nullptr;
+  const bool dropping = p > 0.f;
+  uint8_t* drawn_mask = dropping ? mask : nullptr;  // null: the decisions not kept
   const bool words_of_four = cols % 4 == 0 && aligned(f, 16) && aligned(x, 16) &&
                              aligned(drawn_mask, 4) && aligned(gamma, 16) && aligned(beta, 16) &&
                              aligned(y, 16) && aligned(rounded_y, 8);
   const bool by_warp = launch_warp_rows(cols, words_of_four, [&](auto width, auto per_lane) {
     launch_kernel(layer_norm_warp_kernel<decltype(width)::value, decltype(per_lane)::value>,
-                  warp_row_blocks(rows), kThreads, 0, s, f, x, rows, cols, dropout_threshold(p),
-                  1.f / (1.f - p), key, drawn_mask, gamma, beta, eps, y, mean, rstd, rounded_y);
+                  warp_row_blocks(rows), kThreads, 0, s, f, x, rows, cols, dropping,
+                  dropout_threshold(p), 1.f / (1.f - p), key, drawn_mask, gamma, beta, eps, y, mean,
+                  rstd, rounded_y);
   });
   if (!by_warp)
-    launch_kernel(residual_layer_norm_kernel, unsigned(rows), kThreads, 0, s, f, x, cols,
+    launch_kernel(residual_layer_norm_kernel, unsigned(rows), kThreads, 0, s, f, x, cols, dropping,
                   dropout_threshold(p), 1.f / (1.f - p), key, drawn_mask, gamma, beta, eps, y, mean,
                   rstd, rounded_y);
   check_launch("residual_layer_norm");
@@ -1304,13 +1341,13 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
                                   const float* mean, const float* rstd, const float* gamma,
                                   float* dx, float* dgamma, float* dbeta, int64_t rows,
                                   int64_t cols, bool accumulate, const uint8_t* mask, float p,
-                                  float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums) {
+                                  uint64_t key, float* d_f, uint16_t* rounded_d_f,
+                                  float* d_f_column_sums) {
   if (rows == 0 || cols == 0) return;
   const cudaStream_t s = c.stream;
-  const uint8_t* drop_mask = p > 0.f ? mask : nullptr;
-  const float keep_scale = 1.f / (1.f - p);
+  const KeepDecisions drop = keep_decisions(mask, p, key);
   const bool words_of_four = cols % 4 == 0 && aligned(dy, 16) && aligned(x, 16) &&
-                             aligned(gamma, 16) && aligned(dx, 16) && aligned(drop_mask, 4) &&
+                             aligned(gamma, 16) && aligned(dx, 16) && aligned(drop.mask, 4) &&
                              aligned(d_f, 16) && aligned(rounded_d_f, 8);
   // TFM_CUDA_ONE_PASS_NORM=0 takes the longer rows' path below for every row, to compare.
   static const bool one_pass = !turned_off("TFM_CUDA_ONE_PASS_NORM");
@@ -1321,8 +1358,7 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
       launch_kernel(
           layer_norm_backward_chunk_kernel<decltype(width)::value, decltype(per_lane)::value>,
           unsigned(split.chunks), kThreads, 0, s, dy, x, mean, rstd, gamma, dx, split, cols,
-          accumulate, drop_mask, keep_scale, d_f, rounded_d_f, d_f_column_sums != nullptr,
-          partial.as<float>());
+          accumulate, drop, d_f, rounded_d_f, d_f_column_sums != nullptr, partial.as<float>());
     });
     check_launch("layer_norm_backward");
     // The chunks' sums: [chunks, 3, cols] read as [chunks, cols] rows 3 apart.
@@ -1357,7 +1393,7 @@ void layer_norm_backward_launches(const Context& c, const float* dy, const float
   Scratch kept_d_f(c, keeps ? rows * cols * int64_t(sizeof(float)) : 0);
   float* dropped = keeps ? kept_d_f.as<float>() : d_f;  // [rows, cols] or null
   launch_kernel(layer_norm_dx_kernel, unsigned(rows), kThreads, 0, s, dy, x, mean, rstd, gamma, dx,
-                cols, accumulate, drop_mask, keep_scale, dropped, rounded_d_f);
+                cols, accumulate, drop, dropped, rounded_d_f);
   check_launch("layer_norm_backward");
   if (d_f_column_sums) bias_backward(c, dropped, nullptr, rows, cols, cols, d_f_column_sums);
 }
@@ -1368,16 +1404,16 @@ void layer_norm_backward(const Context& c, const float* dy, const float* x, cons
                          const float* rstd, const float* gamma, float* dx, float* dgamma,
                          float* dbeta, int64_t rows, int64_t cols, bool accumulate) {
   layer_norm_backward_launches(c, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, rows, cols,
-                               accumulate, nullptr, 0.f, nullptr, nullptr, nullptr);
+                               accumulate, nullptr, 0.f, 0, nullptr, nullptr, nullptr);
 }
 
 void residual_layer_norm_backward(const Context& c, float* dy, const float* sum, const float* mean,
                                   const float* rstd, const float* gamma, float* dgamma,
-                                  float* dbeta, const uint8_t* mask, float p, float* d_f,
-                                  uint16_t* rounded_d_f, float* d_f_column_sums, int64_t rows,
-                                  int64_t cols) {
+                                  float* dbeta, const uint8_t* mask, float p, uint64_t key,
+                                  float* d_f, uint16_t* rounded_d_f, float* d_f_column_sums,
+                                  int64_t rows, int64_t cols) {
   layer_norm_backward_launches(c, dy, sum, mean, rstd, gamma, dy, dgamma, dbeta, rows, cols, false,
-                               mask, p, d_f, rounded_d_f, d_f_column_sums);
+                               mask, p, key, d_f, rounded_d_f, d_f_column_sums);
 }
 
 void embedding_forward(cudaStream_t s, const float* table, int64_t table_ld, Int8Rows int8,
