@@ -236,6 +236,9 @@ print("training bfloat16: %s %.0f target tokens/s (%.1f ms/step), without %.0f (
           what, new["tokens_per_s"], 1e3 * new["median_s"], old["tokens_per_s"],
           1e3 * old["median_s"], new["tokens_per_s"] / old["tokens_per_s"],
           new["loss_first"], new["loss_last"], old["loss_first"], old["loss_last"]))
+if new.get("device_memory_peak_mib") and old.get("device_memory_peak_mib"):
+    print("  device memory at peak: %.0f MiB, without %.0f MiB" % (
+        new["device_memory_peak_mib"], old["device_memory_peak_mib"]))
 if abs(new["loss_first"] - old["loss_first"]) > 0.01 * abs(old["loss_first"]):
     sys.exit("error: the first losses differ by more than 1%")
 # The backward's part: after the steps, the losses within a tenth of how far they moved.
@@ -280,6 +283,10 @@ step relu_mask_train 60 path_against_switch TFM_CUDA_RELU_MASK \
   "the ReLU's gradient inside fc2's product"
 step lt_tuning_train 60 path_against_switch TFM_CUDA_LT_TUNING \
   "products on cuBLASLt's algorithms timed for their shapes"
+# Dropout's keep decisions drawn again in the backward against masks kept from the forward (a
+# byte an element: 420 MB of a base-model step), speed and memory (TFM_CUDA_DRAWN_DROPOUT).
+step drawn_dropout_train 60 path_against_switch TFM_CUDA_DRAWN_DROPOUT \
+  "dropout decisions drawn again in the backward"
 # Where a bfloat16 step's GPU time goes, per operation and shape (TFM_CUDA_PROFILE=shapes: events
 # around each).
 profile_step() {

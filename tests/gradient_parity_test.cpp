@@ -1,7 +1,7 @@
 // Gradients of the label-smoothed loss (ε = 0.1, no dropout) for every parameter of every
 // fixture variant against float64 PyTorch autograd (tests/fixtures/*.grads.safetensors), on the
-// CPU and on every GPU present. The backward of each operation is checked against float64 in
-// backend_ops_test.cpp.
+// CPU and on every GPU present; with dropout, against the CPU's. The backward of each operation is
+// checked against float64 in backend_ops_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,6 +74,33 @@ TEST_P(GradientParity, EveryParameterGradientMatchesPyTorch) {
       loss_and_gradients(model, bind_gradients(model.config(), unused), batch, {}, 0.f, 0.f, ws);
   EXPECT_NEAR(plain.loss / double(tokens), expected.at("loss_eps0").data[0], 1e-5);
   EXPECT_NEAR(plain.nll, plain.loss, 1e-6 * std::abs(plain.loss));
+}
+
+// Dropout everywhere (sublayers, embeddings, attention weights, the feed-forward's hidden layer):
+// the gradients are the CPU's, whose backend keeps every mask, within the rule above. A GPU
+// keeps none but the attention's (Backend::dropout_mask_bytes): its backwards draw the forward's
+// decisions again from their keys, and a decision drawn differently moves a gradient far past
+// the rule.
+TEST_P(GradientParity, DropoutGradientsAreTheCpusWithItsKeptMasks) {
+  const GradientFixture f(GetParam());
+  const testing_support::FixtureModel on_cpu({GetParam().fixture, "cpu"});
+  DropoutOptions dropout;
+  dropout.dropout = dropout.attention_dropout = dropout.relu_dropout = 0.1f;
+  dropout.seed = 21;
+  int64_t tokens = 0;
+  for (int32_t n : f.batch.tgt_lengths) tokens += n;
+  auto gradients_on = [&](const Model& model, LossTotals& totals) {
+    DeviceTensors gradients = zero_gradients(model);
+    TrainingWorkspace ws;
+    totals = loss_and_gradients(model, bind_gradients(model.config(), gradients), f.batch, dropout,
+                                0.1f, 1.f / float(tokens), ws);
+    return gradients.to_host();
+  };
+  LossTotals totals, cpu_totals;
+  const TensorMap got = gradients_on(f.model, totals);
+  const TensorMap want = gradients_on(on_cpu.model, cpu_totals);
+  EXPECT_NEAR(totals.loss, cpu_totals.loss, 1e-5 * std::abs(cpu_totals.loss));
+  for (const auto& [name, grad] : got) expect_tensor_near(grad, want.at(name), name);
 }
 
 // train --compute-type bfloat16: every linear product (forward, and both products of each

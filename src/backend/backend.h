@@ -295,7 +295,7 @@ class Backend {
   // The bytes of the mask that this backend keeps between a dropout's forward and its backward
   // for n elements (dropout_mask's), or 0: it draws the keep decisions again from the key
   // where the backward needs them (a GPU, whose hash costs less than the bytes' traffic), and
-  // the operations above take a null mask. By default n.
+  // the operations above take a null mask. By default n; nothing else.
   virtual int64_t dropout_mask_bytes(int64_t n) const;
 
   // --- Embeddings and positional encodings (§3.4, §3.5) --------------------------------------

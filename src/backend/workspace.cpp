@@ -85,23 +85,25 @@ void Workspace::allocate(const Backend& backend, const WorkspacePlan& plan) {
   block_ = backend.allocate(bytes, true);
   backend_ = &backend;
   bytes_ = bytes;
-  // Parts in the order first needed; a shared slot's where its first buffer was.
+  // Parts in the order first needed; a shared slot's where its first buffer was, the size of
+  // its largest, each of its buffers lent its own need there (a pass that grows one past it
+  // grows it outside the block, as any other).
   const std::vector<int64_t> slot_bytes = plan.slot_bytes();
   std::vector<int64_t> slot_offset(slot_bytes.size(), -1);
   int64_t offset = 0;
   for (const WorkspacePlan::Part& part : plan.parts_) {
-    int64_t part_offset = offset, bytes = part.bytes;
+    int64_t at = offset;
     if (part.slot >= 0) {
-      bytes = slot_bytes[size_t(part.slot)];
-      int64_t& at = slot_offset[size_t(part.slot)];
-      if (at >= 0) {
-        part.borrow(part.buffer, backend, static_cast<char*>(block_) + at, bytes);
-        continue;
+      int64_t& slot_at = slot_offset[size_t(part.slot)];
+      if (slot_at < 0) {
+        slot_at = offset;
+        offset += aligned(slot_bytes[size_t(part.slot)]) + kStagger;
       }
-      at = part_offset;
+      at = slot_at;
+    } else {
+      offset += aligned(part.bytes) + kStagger;
     }
-    part.borrow(part.buffer, backend, static_cast<char*>(block_) + part_offset, bytes);
-    offset += aligned(bytes) + kStagger;
+    part.borrow(part.buffer, backend, static_cast<char*>(block_) + at, part.bytes);
   }
 }
 

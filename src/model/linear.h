@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 
 #include "backend/backend.h"
 #include "backend/device_buffer.h"
@@ -23,6 +24,8 @@ template <typename Sizer>
 void dropout_mask_buffer(const Backend& backend, float p, int64_t n, DeviceBuffer<uint8_t>& mask,
                          Sizer& sizer) {
   const int64_t bytes = p > 0.f ? backend.dropout_mask_bytes(n) : 0;
+  if (bytes != 0 && bytes != n)
+    throw std::logic_error("Backend::dropout_mask_bytes is a byte an element, or 0");
   if (bytes > 0) sizer.need(mask, bytes);  // [n] or nothing
 }
 // That mask's memory after dropout_mask_buffer, or null where the backend keeps none (or p = 0).

@@ -327,6 +327,7 @@ void multi_head_attention_forward(const Backend& backend, const AttentionWeights
     dropout.mask = cache.dropout_mask.data();
     dropout.key = in.dropout_key;
   }
+  cache.dropout_key = in.dropout_key;
   if (cache_16_bits)
     backend.attention_forward_16_bit_cache(shape, in.mask, p.q, kv->format, kv->keys_16_bits,
                                            kv->values_16_bits, probs, context);
@@ -426,6 +427,7 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
   if (in.dropout > 0.f) {
     dropout.p = in.dropout;
     dropout.mask = cache.dropout_mask.data();
+    dropout.key = cache.dropout_key;  // the forward's
   }
   // Q, K, V where the forward left them, and their gradients in the same layout
   // (backward_buffers): dq | dk | dv side by side for stacked Q|K|V, dk | dv for stacked K|V.

@@ -74,6 +74,7 @@ struct AttentionCache {
   // the keys with an online softmax), and backward cannot run.
   bool keep_weights = true;
   DeviceBuffer<uint8_t> dropout_mask;  // [B, H, Tq, Tk] when dropout > 0
+  uint64_t dropout_key = 0;            // the forward's, which the backward's call takes too
   // Training in bfloat16: the projections' inputs rounded once, read by the Q, K, V products and
   // by their weight gradients (a self-attention's one copy serves all three); the same for W_o.
   // The two input buffers are used where the inputs do not come rounded already

@@ -319,7 +319,11 @@ class CudaBackend final : public Backend {
   // The kernels that drop draw their keep decisions from the key again where the backward needs
   // them (dropout_keeps: a few integer operations an element, where a kept mask costs its bytes
   // written and read back: 13 MB each way a sublayer of a base-model batch).
-  int64_t dropout_mask_bytes(int64_t) const override { return 0; }
+  // TFM_CUDA_DRAWN_DROPOUT=0 keeps the masks (a byte an element), to compare.
+  int64_t dropout_mask_bytes(int64_t n) const override {
+    static const bool drawn = !turned_off("TFM_CUDA_DRAWN_DROPOUT");
+    return drawn ? 0 : n;
+  }
 
   void best_tokens(const float* scores, int64_t rows, int64_t vocab, int64_t keep, int32_t banned,
                    float* values, int32_t* tokens, float* log_sums) const override {

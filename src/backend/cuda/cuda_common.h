@@ -30,8 +30,9 @@ void check(cublasStatus_t status, const char* call);
 // After a kernel launch: the launch's own error (bad configuration), as check() reports it.
 void check_launch(const char* kernel);
 // Whether the environment sets `variable` to "0": how TFM_CUDA_GRAPHS, TFM_CUDA_LT,
-// TFM_CUDA_TENSOR_CORE_ATTENTION, TFM_CUDA_ATTENTION_IN_REGISTERS, TFM_CUDA_ONE_PASS_NORM and
-// TFM_CUDA_INT8_TENSOR_CORES turn a path off (each caller reads it once).
+// TFM_CUDA_TENSOR_CORE_ATTENTION, TFM_CUDA_ATTENTION_IN_REGISTERS, TFM_CUDA_ONE_PASS_NORM,
+// TFM_CUDA_INT8_TENSOR_CORES, TFM_CUDA_DRAWN_DROPOUT and the others docs/gpu.md lists turn a path
+// off (each caller reads it once).
 inline bool turned_off(const char* variable) {
   const char* setting = std::getenv(variable);
   return setting && std::strcmp(setting, "0") == 0;

@@ -721,7 +721,7 @@ RowsPerChunk warp_row_chunks(int device, int64_t rows) {
 // block b takes the rows of chunk b of split (warp_row_chunks), its warps a row each in turn (warp
 // w: rows begin + w, begin + w + kWarpRows, ...). Each row's dx (= or += when accumulate; dy may
 // alias dx: the warp holds its row before writing) and, for the residual sublayer's backward, the
-// gradient dropped by mask and keep_scale (mask null: as it is) into d_f and rounded_d_f where
+// gradient dropped as `drop` decides (KeepDecisions) into d_f and rounded_d_f where
 // given; meanwhile each lane adds its columns' terms of dgamma (dy·x̂), dbeta (dy) and, where
 // sum_d_f, the dropped gradient (WarpColumnSums); the block's warps then add theirs in warp order
 // into partial[b, 3, cols] (deterministic: the chunks depend on the rows and the device alone),
