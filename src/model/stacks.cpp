@@ -78,22 +78,34 @@ LayerCache& layer_cache(std::vector<LayerCache>& caches, bool training, int64_t 
 }
 
 // The buffers of embed_with_dropout: its one size table.
+// shared: the stack's sublayer outputs lie in shared slots (outputs_shared), and so does this
+// sum, which the first sublayer alone reads, as it would a feed-forward sublayer's output.
 template <typename Sizer>
 void embed_buffers(const Backend& backend, const ModelConfig& config, int64_t batch, int64_t len,
-                   float dropout, DeviceBuffer<float>& out, DeviceBuffer<uint8_t>& mask,
-                   Sizer& sizer) {
+                   float dropout, bool shared, DeviceBuffer<float>& out,
+                   DeviceBuffer<uint8_t>& mask, Sizer& sizer) {
   const int64_t n = batch * len * config.d_model;
-  sizer.need(out, n);  // [B, len, D]
+  if (shared)
+    sizer.need(out, n, kFeedForwardOutputSlot);  // [B, len, D]
+  else
+    sizer.need(out, n);  // [B, len, D]
   dropout_mask_buffer(backend, dropout, n, mask, sizer);
+}
+
+// Whether a stack's float32 sublayer outputs lie in shared slots (sublayer_forward_buffers'
+// output_shared): where its products read bfloat16 copies, the same for every layer of a model.
+template <typename Layers>
+bool outputs_shared(const ModelConfig& config, const Layers& layers) {
+  return !layers.empty() && sublayer_rounds_for(config, layers.front().ffn.fc1);
 }
 
 // x [rows, D] = embeddings + positions, then dropout with its own mask.
 void embed_with_dropout(const Backend& backend, const ModelConfig& config,
                         const EmbeddingTable& table, const float* positions, const int32_t* ids,
-                        int64_t batch, int64_t len, float dropout, uint64_t key,
+                        int64_t batch, int64_t len, float dropout, uint64_t key, bool shared,
                         DeviceBuffer<float>& out, DeviceBuffer<uint8_t>& mask) {
   Allocate sizer{backend};
-  embed_buffers(backend, config, batch, len, dropout, out, mask, sizer);
+  embed_buffers(backend, config, batch, len, dropout, shared, out, mask, sizer);
   const int64_t n = batch * len * config.d_model;
   float* x = out.data();  // [B, len, D]
   embed_forward(backend, config, table, positions, ids, batch, len, 0, x);
@@ -154,7 +166,8 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
   const int64_t layers = config.encoder_layers, B = shape.batch, S = shape.src_len;
   make_layer_caches(cache.encoder_layers, layers);
   token_buffers(B, S, cache.src_ids, cache.src_lengths, plan);
-  embed_buffers(model.backend(), config, B, S, dropout.dropout, cache.encoder_input,
+  embed_buffers(model.backend(), config, B, S, dropout.dropout,
+                outputs_shared(config, w.encoder_layers), cache.encoder_input,
                 cache.encoder_input_mask, plan);
   for (int64_t i = 0; i < layers; ++i) {
     EncoderLayerCache& layer = layer_cache(cache.encoder_layers, cache.training, layers, i);
@@ -184,7 +197,8 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
                 T = shape.tgt_len;
   make_layer_caches(cache.decoder_layers, layers);
   token_buffers(B, T, cache.tgt_in, cache.tgt_lengths, plan);
-  embed_buffers(model.backend(), config, B, T, dropout.dropout, cache.decoder_input,
+  embed_buffers(model.backend(), config, B, T, dropout.dropout,
+                outputs_shared(config, w.decoder_layers), cache.decoder_input,
                 cache.decoder_input_mask, plan);
   for (int64_t i = 0; i < layers; ++i) {
     DecoderLayerCache& layer = layer_cache(cache.decoder_layers, cache.training, layers, i);
@@ -333,10 +347,10 @@ void encoder_forward(const Model& model, const TransformerWeights& w, const Toke
                                   cache.src_ids);  // [B, S]
   const int32_t* src_lengths =
       upload(backend, batch.src_lengths.data(), batch.batch, cache.src_lengths);  // [B]
-  embed_with_dropout(backend, config, source_embedding(w), model.encoder_positions(), src_ids,
-                     batch.batch, batch.src_len, dropout.dropout,
-                     dropout_key(dropout.seed, kEncoderInputSite), cache.encoder_input,
-                     cache.encoder_input_mask);
+  embed_with_dropout(
+      backend, config, source_embedding(w), model.encoder_positions(), src_ids, batch.batch,
+      batch.src_len, dropout.dropout, dropout_key(dropout.seed, kEncoderInputSite),
+      outputs_shared(config, w.encoder_layers), cache.encoder_input, cache.encoder_input_mask);
   MatmulOperand x{cache.encoder_input.data()};  // [B, S, D]
   for (int64_t i = 0; i < layers; ++i) {
     EncoderLayerCache& layer = layer_cache(cache.encoder_layers, cache.training, layers, i);
@@ -363,10 +377,10 @@ void decoder_forward(const Model& model, const TransformerWeights& w, const Toke
                                  cache.tgt_in);  // [B, T]
   const int32_t* tgt_lengths =
       upload(backend, batch.tgt_lengths.data(), batch.batch, cache.tgt_lengths);  // [B]
-  embed_with_dropout(backend, config, target_embedding(w), model.decoder_positions(), tgt_in,
-                     batch.batch, batch.tgt_len, dropout.dropout,
-                     dropout_key(dropout.seed, kDecoderInputSite), cache.decoder_input,
-                     cache.decoder_input_mask);
+  embed_with_dropout(
+      backend, config, target_embedding(w), model.decoder_positions(), tgt_in, batch.batch,
+      batch.tgt_len, dropout.dropout, dropout_key(dropout.seed, kDecoderInputSite),
+      outputs_shared(config, w.decoder_layers), cache.decoder_input, cache.decoder_input_mask);
   MatmulOperand x{cache.decoder_input.data()};  // [B, T, D]
   for (int64_t i = 0; i < layers; ++i) {
     DecoderLayerCache& layer = layer_cache(cache.decoder_layers, cache.training, layers, i);

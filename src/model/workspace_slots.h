@@ -11,7 +11,8 @@ namespace tfm {
 // (sublayer_forward_buffers' output_shared): read by the next sublayer's residual sum alone. One
 // slot for each place in a layer, so that no sublayer writes the slot it reads: a
 // self-attention sublayer reads a feed-forward one's output (or the embeddings), a
-// cross-attention one a self-attention one's, a feed-forward one the sublayer before it.
+// cross-attention one a self-attention one's, a feed-forward one the sublayer before it. The
+// embeddings' sum, which the first sublayer reads, lies where a feed-forward output would.
 constexpr SharedSlot kSelfAttentionOutputSlot{0};
 constexpr SharedSlot kCrossAttentionOutputSlot{1};
 constexpr SharedSlot kFeedForwardOutputSlot{2};
