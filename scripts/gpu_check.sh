@@ -443,11 +443,13 @@ with open(d + "/decode", "w") as s:
         s.write(" ".join(str(random.randint(4, 36999)) for _ in range(random.randint(20, 30))) + "\n")
 PY
 cli=build/transformer
-train_base() {  # train_base TYPE
+train_base() {  # train_base TYPE: the activation block's size, errors, the last log lines
   $cli train --preset base --vocab 37000 --ids --train-src "$work/src" --train-tgt "$work/tgt" \
     --model-dir "$work/run_$1" --device cuda --compute-type "$1" --batch-tokens 50000 \
-    --max-steps 30 --log-every 10 --warmup 4000 &&
-    grep '"event":"train"' "$work/run_$1/train.log.jsonl" | tail -2
+    --max-steps 30 --log-every 10 --warmup 4000 >"$work/train_$1.out" 2>&1
+  local rc=$?
+  grep -E "activations:|error" "$work/train_$1.out"
+  [ $rc -eq 0 ] && grep '"event":"train"' "$work/run_$1/train.log.jsonl" | tail -2
 }
 export -f train_base
 export work cli
@@ -476,7 +478,8 @@ decode() {  # decode BEAM
 export -f decode
 step decode_greedy 40 decode 1
 step decode_beam4 40 decode 4
-grep -h "tokens/s\|\"event\"" "$logs"/train_base_*.log "$logs"/decode_*.log 2>/dev/null | tail -8
+grep -h "tokens/s\|\"event\"\|activations:" "$logs"/train_base_*.log "$logs"/decode_*.log \
+  2>/dev/null | tail -9
 rm -rf "$work"
 if [ -n "$sanitizer" ]; then
   step racecheck 150 "$sanitizer" --tool racecheck --error-exitcode 1 $tests \
