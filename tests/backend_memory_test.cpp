@@ -964,7 +964,9 @@ TEST_P(BackendMemory, PlannedTrainingActivationsAreOneBlockThatThePassesFitExact
       // Float32 training's backward reads every float32 activation; bfloat16 training's reads
       // the copies, and shares the float32 attention contexts (model/workspace_slots.h) and,
       // post-norm, the sublayer outputs.
-      if (precision == Precision::kFloat32) EXPECT_EQ(spared, 0);
+      if (precision == Precision::kFloat32) {
+        EXPECT_EQ(spared, 0);
+      }
       if (precision == Precision::kBFloat16) {
         const int64_t rows = batch_.batch * std::min(batch_.src_len, batch_.tgt_len);
         const int64_t layers = model.config().encoder_layers + model.config().decoder_layers;

@@ -48,13 +48,31 @@ int64_t WorkspacePlan::held_bytes() const {
   return total;
 }
 
+WorkspacePlan::Layout WorkspacePlan::layout() const {
+  // Parts in the order first needed; a shared slot's where its first buffer was, the size of
+  // its largest.
+  const std::vector<int64_t> largest = slot_bytes();
+  std::vector<int64_t> slot_offset(largest.size(), -1);
+  Layout layout;
+  layout.offsets.reserve(parts_.size());
+  for (const Part& part : parts_) {
+    if (part.slot < 0) {
+      layout.offsets.push_back(layout.bytes);
+      layout.bytes += aligned(part.bytes) + kStagger;
+      continue;
+    }
+    int64_t& slot_at = slot_offset[size_t(part.slot)];
+    if (slot_at < 0) {
+      slot_at = layout.bytes;
+      layout.bytes += aligned(largest[size_t(part.slot)]) + kStagger;
+    }
+    layout.offsets.push_back(slot_at);
+  }
+  return layout;
+}
+
 int64_t WorkspacePlan::block_bytes() const {
-  int64_t total = 0;
-  for (const Part& part : parts_)
-    if (part.slot < 0) total += aligned(part.bytes) + kStagger;
-  for (int64_t bytes : slot_bytes())
-    if (bytes >= 0) total += aligned(bytes) + kStagger;
-  return total;
+  return layout().bytes;
 }
 
 void WorkspacePlan::different_slots() {
@@ -81,29 +99,15 @@ void Workspace::allocate(const Backend& backend, const WorkspacePlan& plan) {
   for (const WorkspacePlan::Part& part : plan.parts_) part.reset(part.buffer);
   free_block();
   release_freed_memory();
-  const int64_t bytes = plan.block_bytes();
-  block_ = backend.allocate(bytes, true);
+  const WorkspacePlan::Layout layout = plan.layout();
+  block_ = backend.allocate(layout.bytes, true);
   backend_ = &backend;
-  bytes_ = bytes;
-  // Parts in the order first needed; a shared slot's where its first buffer was, the size of
-  // its largest, each of its buffers lent its own need there (a pass that grows one past it
-  // grows it outside the block, as any other).
-  const std::vector<int64_t> slot_bytes = plan.slot_bytes();
-  std::vector<int64_t> slot_offset(slot_bytes.size(), -1);
-  int64_t offset = 0;
-  for (const WorkspacePlan::Part& part : plan.parts_) {
-    int64_t at = offset;
-    if (part.slot >= 0) {
-      int64_t& slot_at = slot_offset[size_t(part.slot)];
-      if (slot_at < 0) {
-        slot_at = offset;
-        offset += aligned(slot_bytes[size_t(part.slot)]) + kStagger;
-      }
-      at = slot_at;
-    } else {
-      offset += aligned(part.bytes) + kStagger;
-    }
-    part.borrow(part.buffer, backend, static_cast<char*>(block_) + at, part.bytes);
+  bytes_ = layout.bytes;
+  // Each buffer is lent its own need at its part (one that a pass grows past it grows outside
+  // the block, as any other).
+  for (size_t i = 0; i < plan.parts_.size(); ++i) {
+    const WorkspacePlan::Part& part = plan.parts_[i];
+    part.borrow(part.buffer, backend, static_cast<char*>(block_) + layout.offsets[i], part.bytes);
   }
 }
 

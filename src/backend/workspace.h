@@ -86,6 +86,13 @@ class WorkspacePlan {
   [[noreturn]] static void different_slots();
   // Each shared slot's largest need, by index.
   std::vector<int64_t> slot_bytes() const;
+  // Where each part starts in the block (by parts_' index; a shared slot's buffers at its one
+  // part) and the block's size: what block_bytes reports and Workspace::allocate lays out.
+  struct Layout {
+    std::vector<int64_t> offsets;  // [parts_.size()]
+    int64_t bytes = 0;
+  };
+  Layout layout() const;
   std::vector<Part> parts_;  // in the order first needed
   std::unordered_map<const void*, size_t> index_;
 };

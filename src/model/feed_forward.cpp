@@ -96,8 +96,7 @@ void feed_forward_forward(const Backend& backend, const FeedForwardWeights& w, A
     backend.add_bias_activation(pre, w.fc1.bias, hidden, rows, w.fc1.out, act);
   }
   const int64_t hidden_size = rows * w.fc1.out;
-  dropout_forward(backend, hidden, hidden_size, dropout, key,
-                  dropout_mask_of(backend, dropout, hidden_size, cache.dropout_mask));
+  dropout_forward(backend, hidden, hidden_size, dropout, key, cache.dropout_mask);
   cache.dropout_key = key;
   const uint16_t* rounded_hidden =
       rounded_copy(backend, w.fc2, hidden, rows, w.fc1.out, cache.rounded_hidden);  // [rows, d_ff]
@@ -141,7 +140,7 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
     linear_input_backward(backend, w.fc2, d_out, rounded_d_out, rows, nullptr, false,
                           rounded_d_hidden, {rounded_hidden, relu_mask, g.fc1.bias});
     linear_parameter_backward(backend, w.fc2, g.fc2, nullptr, rounded_hidden, d_out, rounded_d_out,
-                              w.fc2.out, rows);
+                              rows);
     Linear<float> fc1_grads = g.fc1;
     fc1_grads.bias = nullptr;
     linear_backward(backend, w.fc1, fc1_grads, x, nullptr, rows, dx, accumulate, scratch,
@@ -151,10 +150,7 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
   float* d_hidden = scratch.d_hidden.data();  // [rows, d_ff]
   linear_backward(backend, w.fc2, g.fc2, cache.hidden.data(), d_out, rows, d_hidden, false, scratch,
                   rounds_to_bfloat16(w.fc2) ? cache.rounded_hidden.data() : nullptr, rounded_d_out);
-  if (dropout > 0.f)
-    backend.apply_dropout(d_hidden,
-                          dropout_mask_of(backend, dropout, hidden_size, cache.dropout_mask),
-                          hidden_size, dropout, cache.dropout_key);
+  dropout_backward(backend, d_hidden, hidden_size, dropout, cache.dropout_key, cache.dropout_mask);
   // ReLU's derivative from its output (Backend::activation_backward), GELU's from the kept input.
   backend.activation_backward(
       d_hidden, act == Activation::kRelu ? cache.hidden.data() : cache.pre_activation.data(),

@@ -109,7 +109,7 @@ void embed_with_dropout(const Backend& backend, const ModelConfig& config,
   const int64_t n = batch * len * config.d_model;
   float* x = out.data();  // [B, len, D]
   embed_forward(backend, config, table, positions, ids, batch, len, 0, x);
-  dropout_forward(backend, x, n, dropout, key, dropout_mask_of(backend, dropout, n, mask));
+  dropout_forward(backend, x, n, dropout, key, mask);
 }
 
 // The buffers of a stack's final norm: its output and the statistics its backward reads.
@@ -524,10 +524,8 @@ void stacks_backward(const Model& model, const TransformerWeights& w, const Tran
                            cache.memory.data(), S, cache.src_lengths.data(), dropout,
                            cache.decoder_layers[size_t(i)], stream, d_memory, scratch);
   }
-  if (dropout.dropout > 0.f)
-    backend.apply_dropout(
-        stream, dropout_mask_of(backend, dropout.dropout, tgt_rows * d, cache.decoder_input_mask),
-        tgt_rows * d, dropout.dropout, dropout_key(dropout.seed, kDecoderInputSite));
+  dropout_backward(backend, stream, tgt_rows * d, dropout.dropout,
+                   dropout_key(dropout.seed, kDecoderInputSite), cache.decoder_input_mask);
   embed_backward(backend, config, stream, cache.tgt_in.data(), B, T, g.tgt_embed,
                  g.decoder_pos_embed);
 
@@ -542,10 +540,8 @@ void stacks_backward(const Model& model, const TransformerWeights& w, const Tran
                            g.encoder_layers[size_t(i)], input, B, S, cache.src_lengths.data(),
                            dropout, cache.encoder_layers[size_t(i)], stream, scratch);
   }
-  if (dropout.dropout > 0.f)
-    backend.apply_dropout(
-        stream, dropout_mask_of(backend, dropout.dropout, src_rows * d, cache.encoder_input_mask),
-        src_rows * d, dropout.dropout, dropout_key(dropout.seed, kEncoderInputSite));
+  dropout_backward(backend, stream, src_rows * d, dropout.dropout,
+                   dropout_key(dropout.seed, kEncoderInputSite), cache.encoder_input_mask);
   embed_backward(backend, config, stream, cache.src_ids.data(), B, S, g.src_embed,
                  g.encoder_pos_embed);
 }

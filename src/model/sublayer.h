@@ -60,9 +60,9 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
   float* output = cache.output.data();  // [rows, D]
   float* mean = cache.norm.mean.data();
   float* rstd = cache.norm.rstd.data();
-  uint8_t* mask = dropout_mask_of(backend, dropout, n, cache.dropout_mask);  // [rows, D] or null
   cache.dropout_key = key;
   if (config.norm == NormPosition::kPost) {
+    uint8_t* mask = dropout_mask_of(backend, dropout, n, cache.dropout_mask);  // [rows, D] or null
     float* residual = cache.residual.data();  // [rows, D] F's output, then the norm's input
     function(input, residual);
     uint16_t* rounded_output = round_output && rows > 0 ? cache.rounded_output.data() : nullptr;
@@ -73,7 +73,7 @@ void sublayer_forward(const Backend& backend, const ModelConfig& config,
     float* normed = cache.normed.data();  // [rows, D]
     backend.layer_norm(input.values, norm.weight, norm.bias, normed, rows, d, eps, mean, rstd);
     function(MatmulOperand{normed}, output);
-    dropout_forward(backend, output, n, dropout, key, mask);
+    dropout_forward(backend, output, n, dropout, key, cache.dropout_mask);
     backend.add(output, input.values, n);
     cache.output_rounded = nullptr;
   }
@@ -139,10 +139,7 @@ void sublayer_backward(const Backend& backend, const ModelConfig& config,
     // The residual path passes d_stream through unchanged; F's path adds to it.
     float* d_function_out = scratch.d_sublayer.data();  // [rows, D]
     backend.copy(d_stream, n, d_function_out);
-    if (dropout > 0.f)
-      backend.apply_dropout(d_function_out,
-                            dropout_mask_of(backend, dropout, n, cache.dropout_mask), n, dropout,
-                            cache.dropout_key);
+    dropout_backward(backend, d_function_out, n, dropout, cache.dropout_key, cache.dropout_mask);
     float* d_normed = scratch.d_normed.data();  // [rows, D]
     function_backward(d_function_out, nullptr, cache.normed.data(), d_normed, false, false);
     backend.layer_norm_backward(d_normed, input, mean, rstd, norm.weight, d_stream,

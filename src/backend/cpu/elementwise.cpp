@@ -248,13 +248,14 @@ TFM_CPU_KERNEL void residual_layer_norm_backward(float* dy, const float* sum, co
       float* out = d_f ? d_f + r * cols : dropped_row.data();  // [cols]
       if (p > 0.f) {
         // The forward's decisions: its mask, or drawn again where none was kept.
-        uint8_t* drawn = mask ? nullptr : thread_row<uint8_t>(cols);
-        if (drawn) {
+        const uint8_t* keep = mask ? mask + r * cols : nullptr;  // [cols]
+        if (!keep) {
+          uint8_t* drawn = thread_row<uint8_t>(cols);
 #pragma omp simd
           for (int64_t c = 0; c < cols; ++c)
             drawn[c] = dropout_keeps(key, uint64_t(r * cols + c), threshold) ? 1 : 0;
+          keep = drawn;
         }
-        const uint8_t* keep = mask ? mask + r * cols : drawn;
 #pragma omp simd
         for (int64_t c = 0; c < cols; ++c) out[c] = keep[c] ? d_sum[c] * keep_scale : 0.f;
       } else {
