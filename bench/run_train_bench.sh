@@ -9,8 +9,14 @@
 # COMPUTE_TYPE=bfloat16 runs ours in bfloat16 (train --compute-type bfloat16) against PyTorch's
 # bfloat16 autocast (train_peer.py --autocast bfloat16) and writes bench/results/train_bfloat16.*.
 #
+# LENGTHS=MIN:MAX times batches of varied lengths instead of the fixed one, as training on a corpus
+# runs them: train_bench --batch-tokens BATCH_TOKENS (default 8000) --lengths MIN:MAX --batches
+# BATCHES (default 4) groups random pairs by length as `transformer train` does and writes its
+# batches, which train_peer.py --batches-file then runs padded and masked; a step is a pass over
+# them. Results go to bench/results/train_varied{,_bfloat16}.*.
+#
 # usage: bench/run_train_bench.sh        (from anywhere; installs packages and builds as needed)
-# env:   COMPUTE_TYPE (float32)  OMP_NUM_THREADS (default 2)  ROUNDS (3)  STEPS (5)  WARMUP (2)  PHASE_REPEATS (3)
+# env:   LENGTHS BATCH_TOKENS BATCHES  COMPUTE_TYPE (float32)  OMP_NUM_THREADS (default 2)  ROUNDS (3)  STEPS (5)  WARMUP (2)  PHASE_REPEATS (3)
 #        QUIET_WAIT (60: seconds to wait for other processes to go idle before each run)
 #        BUILD_DIR (build)  PEERS_VENV (bench/peers.sh)
 # Takes about 5 minutes on 2 cores when the machine is otherwise idle (PyTorch needs ~5 s a
@@ -42,6 +48,14 @@ bench_prepare train_bench
 work=$(mktemp -d /tmp/train_bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 common=(--steps "$steps" --warmup "$warmup")
+ours_shape=(--profile --phase-repeats "$phase_repeats")
+peer_shape=()
+if [ -n "${LENGTHS:-}" ]; then
+  name=${name/train/train_varied}
+  ours_shape=(--batch-tokens "${BATCH_TOKENS:-8000}" --lengths "$LENGTHS" --batches "${BATCHES:-4}"
+              --write-batches "$work/batches.jsonl")
+  peer_shape=(--batches-file "$work/batches.jsonl")
+fi
 
 # This machine is shared: around each run, record the whole machine's busy CPU time (/proc/stat,
 # in clock ticks) and the wall time, so that the summary can subtract the run's own CPU time
@@ -76,10 +90,10 @@ start=$(date +%s)
 for round in $(seq 1 "$rounds"); do
   wait_quiet
   measured "$work/ours.jsonl" "$work/ours.load" "$bench_bin" "${common[@]}" \
-    --compute-type "$compute_type" --profile --phase-repeats "$phase_repeats" ||
+    --compute-type "$compute_type" "${ours_shape[@]}" ||
     fail "train_bench failed in round $round"
   wait_quiet
-  measured "$work/peer.jsonl" "$work/peer.load" "$python" bench/train_peer.py "${common[@]}" "${peer_precision[@]}" ||
+  measured "$work/peer.jsonl" "$work/peer.load" "$python" bench/train_peer.py "${common[@]}" "${peer_precision[@]}" "${peer_shape[@]}" ||
     fail "train_peer.py failed in round $round"
   echo "round $round/$rounds done ($(( $(date +%s) - start )) s)" >&2
 done
@@ -151,6 +165,8 @@ report = {
     "batch": shape["batch"], "src_len_with_eos": shape["src_len"], "tgt_len_with_bos": shape["tgt_len"],
     "source_tokens": shape["source_tokens"], "target_tokens": shape["target_tokens"],
     "gflop_per_step": shape["gflop"],
+    **({key: shape[key] for key in ("batch_tokens", "lengths", "batches", "batch_shapes")}
+       if "batch_shapes" in shape else {}),
     "flop_formula": "3 x forward matmul FLOPs (2 per MAC): per layer q/k/v/o, cross-attention "
                     "q/o on target rows and k/v on source rows, QK^T and PV (full, causal not "
                     "subtracted), fc1/fc2, plus the tied vocabulary projection; element-wise work "
@@ -192,6 +208,21 @@ Our forward, split: encoder stack {op['encoder_forward_s']:.3f} s, decoder stack
 {op['decoder_forward_s']:.3f} s, vocabulary projection + loss {op['projection_loss_forward_s']:.3f} s.
 """
 
+if "batch_shapes" in shape:  # LENGTHS: a step is a pass over batches of varied lengths
+    batches = (f"Batches of varied lengths, as training on a corpus runs them: random pairs with "
+               f"target lengths uniform in [{shape['lengths'][0]}, {shape['lengths'][1]}] (sources 0.8 to "
+               f"1.25 times as long) grouped by length into batches of up to {shape['batch_tokens']} "
+               f"padded tokens (`train --batch-tokens`); a step here is a pass over the "
+               f"{shape['batches']} batches (pairs × source × target positions: "
+               + ", ".join("%d × %d × %d" % tuple(b) for b in shape["batch_shapes"])
+               + f"), an optimizer step each, {shape['source_tokens']} source and "
+               f"{shape['target_tokens']} target tokens without padding. PyTorch runs the same "
+               f"batches, padded and masked (key padding masks, ignore_index in the loss)")
+else:
+    batches = (f"One fixed batch: {shape['batch']} pairs × {shape['src_len']} source positions (with eos) "
+               f"and {shape['tgt_len']} target positions (with bos) = "
+               f"{shape['source_tokens'] + shape['target_tokens']} tokens, {shape['target_tokens']} "
+               f"target tokens incl. eos")
 precision = ("float32 on both sides" if compute_type == "float32" else
              "bfloat16: ours `--compute-type bfloat16` (bfloat16 products, float32 master weights and "
              "Adam), PyTorch's forward and loss under `torch.autocast(dtype=torch.bfloat16)` (its "
@@ -206,9 +237,7 @@ One training step of the base model (d_model 512, 6+6 layers, post-norm, relu, o
 8000-token embedding tied to the output projection; {o['parameters'] / 1e6:.1f} M parameters):
 zero gradients, forward with dropout 0.1 (embedding sums and sublayer outputs), label-smoothed
 (0.1) cross-entropy, backward, Adam (0.9, 0.98, 1e-9, the paper's schedule).
-One fixed batch: {shape['batch']} pairs × {shape['src_len']} source positions (with eos) and
-{shape['tgt_len']} target positions (with bos) = {shape['source_tokens'] + shape['target_tokens']} tokens,
-{shape['target_tokens']} target tokens incl. eos; {shape['gflop']:.0f} GFLOP of matrix products a step
+{batches}; {shape['gflop']:.0f} GFLOP of matrix products a step, padded positions included
 (3 × the forward's: each product has two of the same size in the backward).
 {len(ours_all)} rounds, each one run of ours then one of PyTorch; each run: {shape['warmup']} warm-up + {shape['steps']} timed steps.
 MFU is against the fp32 GEMM peak each side measured in the same process (square

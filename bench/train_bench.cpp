@@ -5,10 +5,15 @@
 // training loop of `transformer train` does exactly these three things per step; this program
 // isolates them from data loading, logging and checkpoints.
 //
-// It prints one JSON line: median seconds per step, target tokens/s, peak RSS, the model FLOPs
-// of a step, the fp32 GEMM peak measured in this process and the resulting MFU, the step split
-// into gradient zeroing / forward+backward / Adam, and with --profile the forward on its own
-// (hence the backward) and the encoder / decoder / projection parts of the forward.
+// With --batch-tokens it times a pass over several batches of varied lengths instead, grouped
+// as `transformer train` groups a corpus (text/batching.h), and can write them for the peer to
+// run the same batches (--write-batches).
+//
+// It prints one JSON line: median seconds per step (a pass, with --batch-tokens), target
+// tokens/s, peak RSS, the model FLOPs of a step, the fp32 GEMM peak measured in this process and
+// the resulting MFU, the step split into gradient zeroing / forward+backward / Adam, and with
+// --profile the forward on its own (hence the backward) and the encoder / decoder / projection
+// parts of the forward.
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -31,6 +36,7 @@
 #include "model/transformer.h"
 #include "model/weights.h"
 #include "tensor/random.h"
+#include "text/batching.h"
 #include "train/loss.h"
 #include "train/optimizer.h"
 
@@ -56,13 +62,21 @@ struct Options {
   std::string config_path;     // JSON config keys over the base model's; empty: the base model
   std::string device = "cpu";  // the backend (find_backend): cpu, cuda, cuda:N, auto
   bool profile = false;
+  // Batches of varied lengths (batch_tokens > 0): about `batches` of them, grouped from random
+  // pairs whose target lengths are uniform in [min_len, max_len] (source lengths 0.8 to 1.25
+  // times theirs), written as JSON lines to write_batches where given.
+  int64_t batch_tokens = 0;
+  int min_len = 0, max_len = 0;
+  int batches = 8;
+  std::string write_batches;
   tfm::Precision precision = tfm::Precision::kFloat32;  // of every linear product
 };
 
 const char* kUsage =
     "usage: train_bench [options]\n"
     "Times training steps (zero grads + tfm::loss_and_gradients + Adam) of the base model with a\n"
-    "shared vocabulary on one fixed random batch; prints one JSON line.\n"
+    "shared vocabulary on one fixed random batch (or a pass over batches of varied lengths:\n"
+    "--batch-tokens); prints one JSON line.\n"
     "  --steps N            timed steps after warm-up (default 5)\n"
     "  --warmup N           untimed steps first (default 2)\n"
     "  --batch N --src-len N --tgt-len N   pairs and raw lengths, before eos/bos (default 64, 31, "
@@ -78,6 +92,15 @@ const char* kUsage =
     "                       step is timed to its completion and no CPU GEMM peak is measured\n"
     "  --compute-type T     float32 (default) or bfloat16: every linear product, forward and\n"
     "                       backward, as train --compute-type does\n"
+    "  --batch-tokens N     batches of varied lengths instead of one fixed batch: random pairs\n"
+    "                       grouped by length as train --batch-tokens N groups a corpus (padded\n"
+    "                       source + target tokens a batch); a step is then a pass over them\n"
+    "  --lengths MIN:MAX    their target lengths, uniform (sources 0.8 to 1.25 times as long;\n"
+    "                       default 10:100)\n"
+    "  --batches K          about how many batches (default 8)\n"
+    "  --write-batches FILE the batches as JSON lines {\"src\": [[ids]], \"tgt\": [[ids]]}, raw\n"
+    "                       ids without eos / bos, in the order timed (train_peer.py\n"
+    "                       --batches-file runs the same)\n"
     "Threads: OMP_NUM_THREADS (default 2).\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -118,6 +141,27 @@ Options parse_options(int argc, char** argv) {
       o.device = argv[++i];
     } else if (a == "--profile") {
       o.profile = true;
+    } else if (a == "--batch-tokens") {
+      o.batch_tokens = int_value(i);
+    } else if (a == "--lengths") {
+      if (i + 1 >= argc) usage_error("--lengths needs MIN:MAX");
+      const std::string value = argv[++i];
+      const size_t colon = value.find(':');
+      try {
+        size_t used_min = 0, used_max = 0;
+        if (colon == std::string::npos) throw std::invalid_argument(value);
+        o.min_len = std::stoi(value.substr(0, colon), &used_min);
+        o.max_len = std::stoi(value.substr(colon + 1), &used_max);
+        if (used_min != colon || used_max != value.size() - colon - 1)
+          throw std::invalid_argument(value);
+      } catch (const std::exception&) {
+        usage_error("--lengths needs MIN:MAX, two whole numbers, not \"" + value + "\"");
+      }
+    } else if (a == "--batches") {
+      o.batches = int(int_value(i));
+    } else if (a == "--write-batches") {
+      if (i + 1 >= argc) usage_error("--write-batches needs a file");
+      o.write_batches = argv[++i];
     } else if (a == "--config") {
       if (i + 1 >= argc) usage_error("--config needs a file");
       o.config_path = argv[++i];
@@ -130,6 +174,16 @@ Options parse_options(int argc, char** argv) {
   if (o.vocab < 4) usage_error("--vocab must be at least 4");
   if (o.gemm_size < 1) usage_error("--gemm-size must be positive");
   if (o.profile && o.phase_repeats < 1) usage_error("--phase-repeats must be at least 1");
+  const bool varied = o.batch_tokens > 0;
+  if (!varied && (o.min_len > 0 || !o.write_batches.empty()))
+    usage_error("--lengths and --write-batches go with --batch-tokens");
+  if (varied) {
+    if (o.min_len == 0 && o.max_len == 0) o.min_len = 10, o.max_len = 100;
+    if (o.min_len < 1 || o.max_len < o.min_len) usage_error("--lengths needs 1 <= MIN <= MAX");
+    if (o.batches < 1 || o.batches > 1000) usage_error("--batches must be in [1, 1000]");
+    if (o.batch_tokens > 10'000'000) usage_error("--batch-tokens must be at most 10,000,000");
+    if (o.profile) usage_error("--profile times one fixed batch; leave out --batch-tokens");
+  }
   return o;
 }
 
@@ -162,6 +216,49 @@ double step_flops(const tfm::ModelConfig& c, double batch, double src_len, doubl
   return 3.0 * forward_flops(c, batch, src_len, tgt_len);
 }
 
+// About o.batches batches of varied lengths, as `transformer train --batch-tokens` groups a
+// corpus: random pairs (target lengths uniform in [min_len, max_len], each source 0.8 to 1.25
+// times its target), enough to fill that many batches, grouped by text/batching.h in its
+// shuffled order. Ids are uniform over the vocabulary's non-special ids.
+tfm::ParallelCorpus varied_corpus(tfm::Random& random, const Options& o) {
+  auto uniform = [&](int64_t low, int64_t high) {  // in [low, high]
+    return low + int64_t(random.next_u64() % uint64_t(high - low + 1));
+  };
+  // A pair's padded tokens, about: its source, target and their end marks.
+  const double pair_tokens = 2.25 * 0.5 * double(o.min_len + o.max_len) + 2;
+  const int64_t pairs =
+      std::max<int64_t>(1, int64_t(double(o.batches * o.batch_tokens) / pair_tokens));
+  tfm::ParallelCorpus corpus;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t target_len = uniform(o.min_len, o.max_len);
+    const int64_t source_len =
+        std::max<int64_t>(1, (target_len * uniform(80, 125) + 50) / 100);  // 0.8 to 1.25 times
+    std::vector<int32_t> source(static_cast<size_t>(source_len));
+    std::vector<int32_t> target(static_cast<size_t>(target_len));
+    for (auto& id : source) id = int32_t(uniform(3, o.vocab - 1));
+    for (auto& id : target) id = int32_t(uniform(3, o.vocab - 1));
+    corpus.sources.push_back(std::move(source));
+    corpus.targets.push_back(std::move(target));
+  }
+  corpus.lines = pairs;
+  return corpus;
+}
+
+// The batches as JSON lines, one a batch: {"src": [[ids]], "tgt": [[ids]]}, raw ids.
+void write_batches(const std::string& path, const tfm::ParallelCorpus& corpus,
+                   const tfm::BatchPlan& plan) {
+  std::ofstream file(path);
+  for (const auto& members : plan) {
+    nlohmann::json line = {{"src", nlohmann::json::array()}, {"tgt", nlohmann::json::array()}};
+    for (int64_t m : members) {
+      line["src"].push_back(corpus.sources[size_t(m)]);
+      line["tgt"].push_back(corpus.targets[size_t(m)]);
+    }
+    file << line.dump() << "\n";
+  }
+  if (!file.flush()) throw tfm::Error(path + ": write failed");
+}
+
 int run(const Options& o) {
   const double setup_start = now_seconds();
   tfm::ModelConfig config = tfm::preset_config("base");
@@ -183,14 +280,28 @@ int run(const Options& o) {
     backend.copy_to_host(model.parameters().begin()->second.ptr(), sizeof(float), &last);
   };
   tfm::Random random(o.seed + 1);
-  const Sentences sources = bench::random_sentences(random, o.batch, o.src_len, o.vocab);
-  const Sentences targets = bench::random_sentences(random, o.batch, o.tgt_len, o.vocab);
-  const tfm::TokenBatch batch = tfm::make_batch(config, sources, targets);
+  // What a timed step runs: one fixed batch, or a pass over batches of varied lengths.
+  std::vector<tfm::TokenBatch> batches;
+  if (o.batch_tokens > 0) {
+    const tfm::ParallelCorpus corpus = varied_corpus(random, o);
+    const tfm::BatchPlan plan =
+        tfm::plan_batches(corpus, o.batch_tokens, config.src_append_eos ? 1 : 0, o.seed, 0, true);
+    for (const auto& members : plan)
+      batches.push_back(tfm::make_batch(config, corpus.sources, corpus.targets, members));
+    if (!o.write_batches.empty()) write_batches(o.write_batches, corpus, plan);
+  } else {
+    const Sentences sources = bench::random_sentences(random, o.batch, o.src_len, o.vocab);
+    const Sentences targets = bench::random_sentences(random, o.batch, o.tgt_len, o.vocab);
+    batches.push_back(tfm::make_batch(config, sources, targets));
+  }
+  const tfm::TokenBatch& batch = batches.front();  // --profile's (one fixed batch)
 
-  int64_t target_tokens = 0;  // target + eos: what the loss is averaged over
-  for (int32_t n : batch.tgt_lengths) target_tokens += n;
+  int64_t target_tokens = 0;  // target + eos: what the loss is averaged over, every batch
   int64_t source_tokens = 0;  // source + eos
-  for (int32_t n : batch.src_lengths) source_tokens += n;
+  for (const tfm::TokenBatch& b : batches) {
+    for (int32_t n : b.tgt_lengths) target_tokens += n;
+    for (int32_t n : b.src_lengths) source_tokens += n;
+  }
 
   // Same names and shapes as the parameters, one block (as the trainer holds them).
   tfm::DeviceTensors gradients = tfm::DeviceTensors::zeros_like(model.parameters());
@@ -200,33 +311,42 @@ int run(const Options& o) {
   tfm::TrainingWorkspace ws;
   tfm::DropoutOptions dropout;
   dropout.dropout = o.dropout;
-  // The activations planned for the batch's shape and allocated as one block, as the trainer
+  // The activations planned for every batch's shape and allocated as one block, as the trainer
   // does before its first step.
-  tfm::plan_loss_and_gradients(model, tfm::shape_of(batch), dropout, true, ws, o.precision);
+  for (const tfm::TokenBatch& b : batches)
+    tfm::plan_loss_and_gradients(model, tfm::shape_of(b), dropout, true, ws, o.precision);
   ws.memory.allocate(model.backend(), ws.plan);
-  const float grad_scale = 1.f / float(target_tokens);
   const double setup_seconds = now_seconds() - setup_start;
 
-  // Each timed step is also split into its three calls (steady_clock around each; free).
+  // Each timed step (a pass over the batches) is also split into its three calls, summed over
+  // its batches (steady_clock around each; free).
   int64_t step = 0;
-  std::vector<double> losses;  // per-token smoothed loss of every step, warm-up included
-  std::vector<double> zero_times, loss_grad_times, adam_times;  // one entry per step
+  std::vector<double> losses;  // per-token smoothed loss of every batch's step, warm-up included
+  std::vector<double> zero_times, loss_grad_times, adam_times;  // one entry per timed step
   auto train_step = [&] {
-    ++step;
-    const double t0 = now_seconds();
-    gradients.set_zero();
-    const double t1 = now_seconds();
-    dropout.seed = o.seed * 0x9E3779B97F4A7C15ull + uint64_t(step);  // new masks every step
-    const tfm::LossTotals totals = tfm::loss_and_gradients(
-        model, grad_views, batch, dropout, o.label_smoothing, grad_scale, ws, o.precision);
-    const double t2 = now_seconds();
-    optimizer.apply(model.mutable_parameters(), gradients, config.d_model);
-    wait_for_device();
-    const double t3 = now_seconds();
-    zero_times.push_back(t1 - t0);
-    loss_grad_times.push_back(t2 - t1);
-    adam_times.push_back(t3 - t2);
-    losses.push_back(totals.loss / double(totals.tokens));
+    double zero_s = 0, loss_grad_s = 0, adam_s = 0;
+    for (const tfm::TokenBatch& b : batches) {
+      ++step;
+      const double t0 = now_seconds();
+      gradients.set_zero();
+      const double t1 = now_seconds();
+      dropout.seed = o.seed * 0x9E3779B97F4A7C15ull + uint64_t(step);  // new masks every step
+      int64_t tokens = 0;
+      for (int32_t n : b.tgt_lengths) tokens += n;
+      const tfm::LossTotals totals = tfm::loss_and_gradients(
+          model, grad_views, b, dropout, o.label_smoothing, 1.f / float(tokens), ws, o.precision);
+      const double t2 = now_seconds();
+      optimizer.apply(model.mutable_parameters(), gradients, config.d_model);
+      wait_for_device();
+      const double t3 = now_seconds();
+      zero_s += t1 - t0;
+      loss_grad_s += t2 - t1;
+      adam_s += t3 - t2;
+      losses.push_back(totals.loss / double(totals.tokens));
+    }
+    zero_times.push_back(zero_s);
+    loss_grad_times.push_back(loss_grad_s);
+    adam_times.push_back(adam_s);
   };
   std::vector<double> step_seconds;
   // TFM_CUDA_PROFILE's table covers the timed steps only: the warm-up's first uploads,
@@ -274,8 +394,9 @@ int run(const Options& o) {
     phases["backward_s"] = std::max(0.0, phases["forward_backward_s"].get<double>() - forward);
   }
 
-  const double flops =
-      step_flops(config, double(batch.batch), double(batch.src_len), double(batch.tgt_len));
+  double flops = 0;  // a timed step's: every batch's, padded positions included
+  for (const tfm::TokenBatch& b : batches)
+    flops += step_flops(config, double(b.batch), double(b.src_len), double(b.tgt_len));
   // The CPU's GEMM peak (no peak is measured for a GPU run: NaN, written as null).
   const double gemm_peak =
       backend.memory_is_host() ? bench::measure_square_gemm_peak(o.gemm_size, 5) : std::nan("");
@@ -302,6 +423,14 @@ int run(const Options& o) {
       {"loss_first", losses.front()},
       {"loss_last", losses.back()},
   });
+  if (o.batch_tokens > 0) {  // a step is a pass over these (B, S, T)
+    nlohmann::json shapes = nlohmann::json::array();
+    for (const tfm::TokenBatch& b : batches) shapes.push_back({b.batch, b.src_len, b.tgt_len});
+    line.update({{"batch_tokens", o.batch_tokens},
+                 {"lengths", {o.min_len, o.max_len}},
+                 {"batches", int64_t(batches.size())},
+                 {"batch_shapes", shapes}});
+  }
   // A device's memory (its pool's peaks: what PyTorch's max_memory_allocated and
   // max_memory_reserved say of its own), for a GPU run.
   const tfm::DeviceMemory device_memory = backend.device_memory();

@@ -30,8 +30,13 @@ torch.compile (its default mode; the backward is compiled with it), compiled dur
 warm-up steps, which then take far longer than the timed ones; without tgt_is_causal that
 comparison broke its graph in two (a host sync), and it ran no faster than eager.
 
+--batches-file runs the batches train_bench --batch-tokens ... --write-batches wrote (varied
+lengths), a step being a pass over them: each padded to its longest source and target, the
+padding masked as nn.Transformer takes it (src_key_padding_mask, tgt_key_padding_mask,
+memory_key_padding_mask) and left out of the loss (ignore_index), an optimizer step a batch.
+
 Run: /usr/bin/python3 bench/train_peer.py [--steps 5] [--warmup 2] [--device cuda]
-     [--autocast bfloat16] [--compile]
+     [--autocast bfloat16] [--compile] [--batches-file FILE]
 """
 import argparse
 import json
@@ -48,7 +53,7 @@ from torch import nn
 import bench_util
 from bench_util import loaded_blas, time_median
 
-D_MODEL, HEADS, D_FF, LAYERS, BOS, EOS = 512, 8, 2048, 6, 1, 2
+D_MODEL, HEADS, D_FF, LAYERS, PAD, BOS, EOS = 512, 8, 2048, 6, 0, 1, 2
 
 
 def sinusoids(length, d):
@@ -84,11 +89,14 @@ class Seq2Seq(nn.Module):
     def embed(self, ids):
         return self.dropout(self.embedding(ids) * self.scale + self.positions[: ids.shape[1]])  # [B, L, D]
 
-    def forward(self, src, tgt_in, causal):
+    def forward(self, src, tgt_in, causal, src_pad=None, tgt_pad=None):
         # tgt_is_causal says what the mask is: without it the decoder compares the mask with a causal
-        # one on every call (a host sync, and a graph break under torch.compile)
+        # one on every call (a host sync, and a graph break under torch.compile); src_pad, tgt_pad:
+        # [B, S], [B, T], True at padding (varied lengths), or None
         states = self.transformer(self.embed(src), self.embed(tgt_in), tgt_mask=causal,
-                                  tgt_is_causal=True)  # [B, T, D]
+                                  tgt_is_causal=True, src_key_padding_mask=src_pad,
+                                  tgt_key_padding_mask=tgt_pad,
+                                  memory_key_padding_mask=src_pad)  # [B, T, D]
         return F.linear(states, self.embedding.weight)  # [B, T, V], tied output projection
 
 
@@ -118,6 +126,8 @@ def main():
                     help="forward and loss under torch.autocast in this type")
     ap.add_argument("--compile", action="store_true",
                     help="the model through torch.compile (default mode)")
+    ap.add_argument("--batches-file",
+                    help="a pass over these batches a step (train_bench --write-batches)")
     args = ap.parse_args()
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"
@@ -137,39 +147,75 @@ def main():
     schedule = torch.optim.lr_scheduler.LambdaLR(  # the paper's rate; LambdaLR counts from 0
         optimizer, lambda i: D_MODEL ** -0.5 * min((i + 1) ** -0.5, (i + 1) * warmup_steps ** -1.5))
 
-    b = args.batch
-    source = torch.randint(3, args.vocab, (b, args.src_len))  # raw ids, 0..2 = pad, bos, eos
-    target = torch.randint(3, args.vocab, (b, args.tgt_len))
-    src = torch.cat([source, torch.full((b, 1), EOS)], dim=1)     # [B, S] source + eos
-    tgt_in = torch.cat([torch.full((b, 1), BOS), target], dim=1)   # [B, T] bos + target
-    tgt_out = torch.cat([target, torch.full((b, 1), EOS)], dim=1)  # [B, T] target + eos
-    causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1])  # [T, T]
-    src, tgt_in, tgt_out, causal = (x.to(device) for x in (src, tgt_in, tgt_out, causal))
-    target_tokens = tgt_out.numel()
+    def padded(rows, before, after):  # [B, longest + len(before) + len(after)], PAD after
+        rows = [before + r + after for r in rows]
+        longest = max(len(r) for r in rows)
+        return torch.tensor([r + [PAD] * (longest - len(r)) for r in rows])
+
+    # Each batch: (src, tgt_in, tgt_out, causal, src_pad, tgt_pad) on the device, the pads None
+    # where a batch has no padding (the fixed batch).
+    batches = []
+    if args.batches_file:
+        with open(args.batches_file) as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                pairs = json.loads(line)
+                src = padded(pairs["src"], [], [EOS])        # [B, S] source + eos
+                tgt_in = padded(pairs["tgt"], [BOS], [])     # [B, T] bos + target
+                tgt_out = padded(pairs["tgt"], [], [EOS])    # [B, T] target + eos
+                batches.append((src, tgt_in, tgt_out, src == PAD, tgt_out == PAD))
+        if not batches:
+            raise SystemExit(f"error: {args.batches_file} holds no batch")
+    else:
+        b = args.batch
+        source = torch.randint(3, args.vocab, (b, args.src_len))  # raw ids, 0..2 = pad, bos, eos
+        target = torch.randint(3, args.vocab, (b, args.tgt_len))
+        src = torch.cat([source, torch.full((b, 1), EOS)], dim=1)     # [B, S] source + eos
+        tgt_in = torch.cat([torch.full((b, 1), BOS), target], dim=1)   # [B, T] bos + target
+        tgt_out = torch.cat([target, torch.full((b, 1), EOS)], dim=1)  # [B, T] target + eos
+        batches.append((src, tgt_in, tgt_out, None, None))
+    def causal_mask(length, padded):  # [T, T]: float -inf above the diagonal, or True there
+        # beside boolean padding masks (one type for both, as nn.MultiheadAttention asks)
+        if padded:
+            return torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)
+        return nn.Transformer.generate_square_subsequent_mask(length)
+
+    batches = [(src.to(device), tgt_in.to(device), tgt_out.to(device),
+                causal_mask(tgt_in.shape[1], src_pad is not None).to(device),
+                None if src_pad is None else src_pad.to(device),
+                None if tgt_pad is None else tgt_pad.to(device))
+               for src, tgt_in, tgt_out, src_pad, tgt_pad in batches]
+    target_tokens = sum(int((tgt_out != PAD).sum()) for _, _, tgt_out, _, _, _ in batches)
+    source_tokens = sum(int((src != PAD).sum()) for src, _, _, _, _, _ in batches)
     setup_s = time.perf_counter() - setup_start
 
     losses = []
     parts = {"zero_grad_s": [], "forward_s": [], "backward_s": [], "optimizer_s": []}  # per step
 
-    def train_step():
-        t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        t1 = time.perf_counter()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
-                            enabled=args.autocast == "bfloat16"):
-            logits = step_model(src, tgt_in, causal)  # [B, T, V]
-            loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt_out.reshape(-1),
-                                   label_smoothing=0.1)
-        losses.append(loss.item())
-        t2 = time.perf_counter()
-        loss.backward()
-        t3 = time.perf_counter()
-        optimizer.step()
-        schedule.step()
-        if on_gpu:
-            torch.cuda.synchronize()
-        t4 = time.perf_counter()
-        for key, seconds in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+    def train_step():  # a pass over the batches, an optimizer step each
+        spent = [0.0] * 4
+        for src, tgt_in, tgt_out, causal, src_pad, tgt_pad in batches:
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            t1 = time.perf_counter()
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                                enabled=args.autocast == "bfloat16"):
+                logits = step_model(src, tgt_in, causal, src_pad, tgt_pad)  # [B, T, V]
+                loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt_out.reshape(-1),
+                                       ignore_index=PAD, label_smoothing=0.1)
+            losses.append(loss.item())
+            t2 = time.perf_counter()
+            loss.backward()
+            t3 = time.perf_counter()
+            optimizer.step()
+            schedule.step()
+            if on_gpu:
+                torch.cuda.synchronize()
+            t4 = time.perf_counter()
+            for n, seconds in enumerate((t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                spent[n] += seconds
+        for key, seconds in zip(parts, spent):
             parts[key].append(seconds)
 
     median_s, seconds = time_median(args.warmup, args.steps, train_step)
@@ -178,15 +224,20 @@ def main():
     # calls, so unlike ours no extra forward-only run is needed.
     phases = {key: statistics.median(v[args.warmup:]) for key, v in parts.items()}
 
-    flops = 3.0 * forward_flops(b, src.shape[1], tgt_in.shape[1], args.vocab)
+    flops = sum(3.0 * forward_flops(src.shape[0], src.shape[1], tgt_in.shape[1], args.vocab)
+                for src, tgt_in, _, _, _, _ in batches)  # padded positions included, as ours
+    first_src, first_tgt_in = batches[0][0], batches[0][1]
     peak = float("nan") if on_gpu else bench_util.square_gemm_peak(args.gemm_size)
     achieved = flops / median_s / 1e9
     print(json.dumps({
         "impl": f"pytorch-{torch.__version__}" + (" torch.compile" if args.compile else ""),
         "threads": torch.get_num_threads(), "compiled": args.compile,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "batch": b, "src_len": src.shape[1], "tgt_len": tgt_in.shape[1],
-        "source_tokens": src.numel(), "target_tokens": target_tokens,
+        "batch": first_src.shape[0], "src_len": first_src.shape[1], "tgt_len": first_tgt_in.shape[1],
+        "source_tokens": source_tokens, "target_tokens": target_tokens,
+        "batches": len(batches),
+        "batch_shapes": [[src.shape[0], src.shape[1], tgt_in.shape[1]]
+                         for src, tgt_in, _, _, _, _ in batches],
         "warmup": args.warmup, "steps": args.steps,
         "median_s": median_s, "min_s": min(seconds), "step_s": seconds,
         "tokens_per_s": target_tokens / median_s, "peak_rss_mib": rss, "setup_s": setup_s,

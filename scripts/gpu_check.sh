@@ -205,6 +205,42 @@ step train_vs_torch_bf16_32 60 env TRAIN_SHAPE="--batch 800 --src-len 31 --tgt-l
 # Against torch.compile, the faster of PyTorch's two (the issue's goal is 1.5x its tokens/s):
 # its compilation took 20 to 60 s on the H200.
 step train_vs_compile_bf16 120 train_compare bfloat16 --compile
+# Batches of varied lengths as training on a corpus runs them (target lengths 10 to 100, grouped
+# by length into batches of 50,000 padded tokens, about 25,000 target tokens each, as the train
+# command's --batch-tokens 50000): ours writes the batches it timed and PyTorch (eager autocast)
+# runs the same ones padded and masked; a step is a pass over the 8 batches.
+train_varied() {
+  local shape="--vocab 37000 --steps 3 --warmup 1" ours peer
+  ours=$(build/bench/train_bench $shape --batch-tokens 50000 --lengths 10:100 --batches 8 \
+    --write-batches "$logs/varied_batches.jsonl" --device cuda --compute-type bfloat16 |
+    tail -1) || return 1
+  peer=$(cd bench && python3 train_peer.py $shape --device cuda --autocast bfloat16 \
+    --batches-file "$logs/varied_batches.jsonl" | tail -1) || return 1
+  echo "$ours" >>"$logs/train_compare.jsonl"
+  echo "$peer" >>"$logs/train_compare.jsonl"
+  python3 - "$ours" "$peer" <<'PY'
+import json, sys
+ours, peer = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+batches = ours["batches"]
+print("training bfloat16, %d batches of varied lengths (%s): ours %.0f target tokens/s "
+      "(%.1f ms a batch), PyTorch %s %.0f (%.1f ms): ratio %.3f" % (
+          batches, " ".join("%dx%dx%d" % tuple(b) for b in ours["batch_shapes"]),
+          ours["tokens_per_s"], 1e3 * ours["median_s"] / batches, peer["impl"],
+          peer["tokens_per_s"], 1e3 * peer["median_s"] / batches,
+          ours["tokens_per_s"] / peer["tokens_per_s"]))
+print("the base schedule (100,000 steps of 25,000 target tokens) at these rates, varied lengths: "
+      "ours %.2f h, PyTorch's %.2f h" % (1e5 * 25000 / ours["tokens_per_s"] / 3600,
+                                         1e5 * 25000 / peer["tokens_per_s"] / 3600))
+if ours.get("device_memory_peak_mib") and peer.get("gpu_memory_peak_mib"):
+    print("training bfloat16, varied lengths, device memory: ours %.0f MiB at peak, PyTorch %.0f "
+          "MiB: ratio %.3f" % (ours["device_memory_peak_mib"], peer["gpu_memory_peak_mib"],
+                               ours["device_memory_peak_mib"] / peer["gpu_memory_peak_mib"]))
+if ours["batch_shapes"] != peer["batch_shapes"]:
+    sys.exit("error: the two sides ran different batches")
+PY
+}
+export -f train_varied
+step train_varied_bf16 90 train_varied
 # A newer training path against the one it replaced, whose switch (SWITCH=0) turns it off: the
 # speed ratio of whole bfloat16 steps of the base model, the first losses within 1% of each
 # other, and the last within a tenth of how far the losses moved (the backward's part). The attention on bfloat16 tensor cores (attention_tensor_cores.cu) against the float32
