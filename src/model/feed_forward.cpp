@@ -140,7 +140,7 @@ void feed_forward_backward(const Backend& backend, const FeedForwardWeights& w,
     linear_input_backward(backend, w.fc2, d_out, rounded_d_out, rows, nullptr, false,
                           rounded_d_hidden, {rounded_hidden, relu_mask, g.fc1.bias});
     linear_parameter_backward(backend, w.fc2, g.fc2, nullptr, rounded_hidden, d_out, rounded_d_out,
-                              rows);
+                              w.fc2.out, rows);
     Linear<float> fc1_grads = g.fc1;
     fc1_grads.bias = nullptr;
     linear_backward(backend, w.fc1, fc1_grads, x, nullptr, rows, dx, accumulate, scratch,

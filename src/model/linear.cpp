@@ -52,7 +52,7 @@ void linear_backward(const Backend& backend, const LinearWeights& w, const Linea
   if (!rounded_dy)
     rounded_dy = rounded_copy(backend, w, dy, rows, w.out, scratch.rounded_d_out);  // [rows, out]
   if (dx) linear_input_backward(backend, w, dy, rounded_dy, rows, dx, accumulate_dx);
-  linear_parameter_backward(backend, w, g, x, rounded_x, dy, rounded_dy, rows);
+  linear_parameter_backward(backend, w, g, x, rounded_x, dy, rounded_dy, w.out, rows);
 }
 
 void linear_input_backward(const Backend& backend, const LinearWeights& w, const float* dy,
@@ -78,34 +78,13 @@ void linear_input_backward(const Backend& backend, const LinearWeights& w, const
 
 void linear_parameter_backward(const Backend& backend, const LinearWeights& w,
                                const Linear<float>& g, const float* x, const uint16_t* rounded_x,
-                               const float* dy, const uint16_t* rounded_dy, int64_t rows) {
+                               const float* dy, const uint16_t* rounded_dy, int64_t ldy,
+                               int64_t rows) {
   MatmulEpilogue tunable;
   tunable.may_tune = w.tuned_products;
-  backend.matmul(true, false, w.out, w.in, rows, 1.f, {dy, rounded_dy}, w.out, {x, rounded_x}, w.in,
-                 1.f, g.weight, w.in, w.precision, tunable);
-  if (g.bias) backend.bias_backward(dy, rounded_dy, rows, w.out, w.out, g.bias);
-}
-
-void stacked_parameter_backward(const Backend& backend, const LinearWeights& stacked,
-                                const std::vector<Linear<float>>& parts, const float* x,
-                                const uint16_t* rounded_x, const float* dy,
-                                const uint16_t* rounded_dy, int64_t rows, float* stacked_dw) {
-  const int64_t count = int64_t(parts.size()), in = stacked.in;
-  if (count == 0 || stacked.out % count != 0)
-    throw std::logic_error("stacked_parameter_backward: the parts do not divide the stacked view");
-  const int64_t out = stacked.out / count;  // each part's rows
-  MatmulEpilogue tunable;
-  tunable.may_tune = stacked.tuned_products;
-  backend.matmul(true, false, stacked.out, in, rows, 1.f, {dy, rounded_dy}, stacked.out,
-                 {x, rounded_x}, in, 0.f, stacked_dw, in, stacked.precision, tunable);
-  for (int64_t i = 0; i < count; ++i) {
-    const Linear<float>& g = parts[size_t(i)];
-    backend.add(g.weight, stacked_dw + i * out * in, out * in);
-    if (g.bias)
-      backend.bias_backward(dy ? dy + i * out : nullptr,
-                            rounded_dy ? rounded_dy + i * out : nullptr, rows, out, stacked.out,
-                            g.bias);
-  }
+  backend.matmul(true, false, w.out, w.in, rows, 1.f, {dy, rounded_dy, ldy}, ldy, {x, rounded_x},
+                 w.in, 1.f, g.weight, w.in, w.precision, tunable);
+  if (g.bias) backend.bias_backward(dy, rounded_dy, rows, w.out, ldy, g.bias);
 }
 
 void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,

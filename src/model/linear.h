@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <stdexcept>
-#include <vector>
 
 #include "backend/backend.h"
 #include "backend/device_buffer.h"
@@ -114,20 +113,11 @@ void linear_input_backward(const Backend& backend, const LinearWeights& w, const
                            const uint16_t* rounded_dy, int64_t rows, float* dx, bool accumulate_dx,
                            uint16_t* rounded_dx = nullptr, const ReluGate& gate = {});
 // dW += dyᵀ · x and db += Σ_rows dy (where g.bias is given; of rounded_dy where given), dy and
-// rounded_dy [rows, out].
+// rounded_dy [rows, out] with row stride ldy (a column block of the stacked gradients).
 void linear_parameter_backward(const Backend& backend, const LinearWeights& w,
                                const Linear<float>& g, const float* x, const uint16_t* rounded_x,
-                               const float* dy, const uint16_t* rounded_dy, int64_t rows);
-// The same for the parts of a stacked view (Attention::qkv: q, k, v; kv: k, v) that read one
-// input x, from their gradients side by side (dy, rounded_dy: [rows, stacked.out]): one product
-// dyᵀ · x into stacked_dw [stacked.out, in], each part's block then added to parts[i].weight,
-// and each part's bias gradient from its columns. One dense product, where a product each read a
-// column block of dy: cheaper, and on CPUs with AMX such a block's sums came out in another
-// order than a dense copy's (the same bfloat16 gradient, other bits).
-void stacked_parameter_backward(const Backend& backend, const LinearWeights& stacked,
-                                const std::vector<Linear<float>>& parts, const float* x,
-                                const uint16_t* rounded_x, const float* dy,
-                                const uint16_t* rounded_dy, int64_t rows, float* stacked_dw);
+                               const float* dy, const uint16_t* rounded_dy, int64_t ldy,
+                               int64_t rows);
 // What linear_backward asks of the scratch for `rows` rows.
 void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,
                           WorkspacePlan& plan);
@@ -148,10 +138,7 @@ struct BackwardScratch {
   DeviceBuffer<uint16_t> rounded_dq;  // as dq
   DeviceBuffer<uint16_t> rounded_dk;  // as dk
   DeviceBuffer<uint16_t> rounded_dv;  // as dv
-  // [3D, D] stacked Q|K|V's (or [2D, D] K|V's) weight gradient of one pass, before it is added
-  // to each part's (stacked_parameter_backward)
-  DeviceBuffer<float> stacked_dw;
-  DeviceBuffer<float> d_hidden;  // [rows, d_ff]
+  DeviceBuffer<float> d_hidden;       // [rows, d_ff]
   // [rows, d_ff] the same in bfloat16 alone (training in bfloat16 with ReLU and no dropout inside
   // the feed-forward: model/feed_forward.cpp)
   DeviceBuffer<uint16_t> rounded_d_hidden;

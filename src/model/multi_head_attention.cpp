@@ -144,14 +144,12 @@ void backward_buffers(const AttentionWeights& w, int64_t batch, int64_t query_le
   if (stacks(w.qkv)) {
     sizer.need(scratch.dq, query_rows * 3 * d);                      // [B, T, 3D]
     if (rounds) sizer.need(scratch.rounded_dq, query_rows * 3 * d);  // [B, T, 3D]
-    sizer.need(scratch.stacked_dw, 3 * d * w.q.in);                  // [3D, D]
     return;
   }
   const int64_t key_width = stacks(w.kv) ? 2 * d : d;       // dk's columns (with dv's: stacked)
   sizer.need(scratch.dq, query_rows * d);                   // [B, Tq, D]
   sizer.need(scratch.dk, key_rows * key_width);             // [B, Tk, D] or [B, Tk, 2D]
   if (!stacks(w.kv)) sizer.need(scratch.dv, key_rows * d);  // [B, Tk, D]
-  if (stacks(w.kv)) sizer.need(scratch.stacked_dw, 2 * d * w.k.in);  // [2D, D]
   if (rounds) {
     sizer.need(scratch.rounded_dq, query_rows * d);  // [B, Tq, D]
     if (key_len > 0) {
@@ -419,7 +417,7 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
     linear_input_backward(backend, w.o, d_out, rounded_d_out, query_rows, nullptr, false,
                           rounded_d_context);
     linear_parameter_backward(backend, w.o, g.o, cache.context.data(), rounded_context, d_out,
-                              rounded_d_out, query_rows);
+                              rounded_d_out, w.o.out, query_rows);
   } else {
     d_context = scratch.d_context.data();
     linear_backward(backend, w.o, g.o, cache.context.data(), d_out, query_rows, d_context, false,
@@ -473,8 +471,12 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
     if (d_query_input)
       linear_input_backward(backend, w.qkv, dq, shape.rounded_dq, query_rows, d_query_input,
                             accumulate);
-    stacked_parameter_backward(backend, w.qkv, {g.q, key_grads, g.v}, in.query_input, rounded_query,
-                               dq, shape.rounded_dq, query_rows, scratch.stacked_dw.data());
+    linear_parameter_backward(backend, w.q, g.q, in.query_input, rounded_query, dq,
+                              shape.rounded_dq, 3 * d, query_rows);
+    linear_parameter_backward(backend, w.k, key_grads, in.memory_input, rounded_memory, dk,
+                              shape.rounded_dk, 3 * d, key_rows);
+    linear_parameter_backward(backend, w.v, g.v, in.memory_input, rounded_memory, dv,
+                              shape.rounded_dv, 3 * d, key_rows);
     return;
   }
   linear_backward(backend, w.q, g.q, in.query_input, dq, query_rows, d_query_input, accumulate,
@@ -483,8 +485,10 @@ void multi_head_attention_backward(const Backend& backend, const AttentionWeight
     // d_memory += [dK dV] · [W_k; W_v]: one product over the stacked gradients.
     if (d_memory_input)
       linear_input_backward(backend, w.kv, dk, shape.rounded_dk, key_rows, d_memory_input, true);
-    stacked_parameter_backward(backend, w.kv, {key_grads, g.v}, in.memory_input, rounded_memory, dk,
-                               shape.rounded_dk, key_rows, scratch.stacked_dw.data());
+    linear_parameter_backward(backend, w.k, key_grads, in.memory_input, rounded_memory, dk,
+                              shape.rounded_dk, 2 * d, key_rows);
+    linear_parameter_backward(backend, w.v, g.v, in.memory_input, rounded_memory, dv,
+                              shape.rounded_dv, 2 * d, key_rows);
     return;
   }
   linear_backward(backend, w.k, key_grads, in.memory_input, dk, key_rows, d_memory_input, true,

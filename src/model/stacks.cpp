@@ -92,11 +92,18 @@ void embed_buffers(const Backend& backend, const ModelConfig& config, int64_t ba
   dropout_mask_buffer(backend, dropout, n, mask, sizer);
 }
 
-// Whether a stack's float32 sublayer outputs lie in shared slots (sublayer_forward_buffers'
-// output_shared): where its products read bfloat16 copies, the same for every layer of a model.
+// Whether a layer's float32 sublayer outputs lie in shared slots (sublayer_forward_buffers'
+// output_shared): where its products read bfloat16 copies (sublayer_rounds_for), so that only
+// the next sublayer's residual sum, or the stack's final copy, reads a float32 output.
+template <typename LayerWeights>
+bool layer_outputs_shared(const ModelConfig& config, const LayerWeights& w) {
+  return sublayer_rounds_for(config, w.ffn.fc1);
+}
+// The same for a stack's embeddings' sum, which its first layer alone reads: that layer's
+// decision (every layer of a model takes the same).
 template <typename Layers>
 bool outputs_shared(const ModelConfig& config, const Layers& layers) {
-  return !layers.empty() && sublayer_rounds_for(config, layers.front().ffn.fc1);
+  return !layers.empty() && layer_outputs_shared(config, layers.front());
 }
 
 // x [rows, D] = embeddings + positions, then dropout with its own mask.
@@ -175,14 +182,15 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
     // As encoder_layer_forward and encoder_forward pass them: every sublayer's output rounded,
     // the first layer's input (the embeddings) not.
     const bool rounds = sublayer_rounds_for(config, lw.ffn.fc1);
+    const bool shared = layer_outputs_shared(config, lw);
     const bool input_rounded =
         i > 0 && sublayer_rounds_for(config, w.encoder_layers[size_t(i - 1)].ffn.fc1);
-    plan_sublayer_forward(model.backend(), config, B * S, dropout.dropout, rounds, rounds,
+    plan_sublayer_forward(model.backend(), config, B * S, dropout.dropout, rounds, shared,
                           layer.attention_sublayer, plan);
     plan_multi_head_attention_forward(model.backend(), lw.self_attn, config.heads, B, S, S,
                                       dropout.attention_dropout, true, input_rounded, false,
                                       layer.self_attn, plan);
-    plan_sublayer_forward(model.backend(), config, B * S, dropout.dropout, rounds, rounds,
+    plan_sublayer_forward(model.backend(), config, B * S, dropout.dropout, rounds, shared,
                           layer.ffn_sublayer, plan);
     plan_feed_forward_forward(model.backend(), lw.ffn, config.activation, B * S,
                               dropout.relu_dropout, rounds, layer.ffn, plan);
@@ -207,22 +215,23 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
     // but the last layer's (the output head's input), the first layer's input not, the memory
     // where the encoder's last layer rounded it.
     const bool rounds = sublayer_rounds_for(config, lw.ffn.fc1);
+    const bool shared = layer_outputs_shared(config, lw);
     const bool input_rounded =
         i > 0 && sublayer_rounds_for(config, w.decoder_layers[size_t(i - 1)].ffn.fc1);
     const bool memory_rounded =
         !w.encoder_layers.empty() && sublayer_rounds_for(config, w.encoder_layers.back().ffn.fc1);
-    plan_sublayer_forward(model.backend(), config, B * T, dropout.dropout, rounds, rounds,
+    plan_sublayer_forward(model.backend(), config, B * T, dropout.dropout, rounds, shared,
                           layer.self_sublayer, plan);
     plan_multi_head_attention_forward(model.backend(), lw.self_attn, config.heads, B, T, T,
                                       dropout.attention_dropout, true, input_rounded, false,
                                       layer.self_attn, plan);
-    plan_sublayer_forward(model.backend(), config, B * T, dropout.dropout, rounds, rounds,
+    plan_sublayer_forward(model.backend(), config, B * T, dropout.dropout, rounds, shared,
                           layer.cross_sublayer, plan);
     plan_multi_head_attention_forward(model.backend(), lw.cross_attn, config.heads, B, T, S,
                                       dropout.attention_dropout, false, rounds, memory_rounded,
                                       layer.cross_attn, plan);
     plan_sublayer_forward(model.backend(), config, B * T, dropout.dropout, rounds && i + 1 < layers,
-                          rounds, layer.ffn_sublayer, plan);
+                          shared, layer.ffn_sublayer, plan);
     plan_feed_forward_forward(model.backend(), lw.ffn, config.activation, B * T,
                               dropout.relu_dropout, rounds, layer.ffn, plan);
   }
@@ -264,8 +273,9 @@ void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
   const int64_t rows = batch * src_len;
   // The next layer's projections, or the decoder's of the encoder output, read the last output.
   const bool rounds = sublayer_rounds_for(config, w.ffn.fc1);
+  const bool shared = layer_outputs_shared(config, w);
   sublayer_forward(backend, config, w.norm1, input, rows, dropout.dropout,
-                   dropout_key(dropout.seed, encoder_site(layer_index, 0)), rounds, rounds,
+                   dropout_key(dropout.seed, encoder_site(layer_index, 0)), rounds, shared,
                    cache.attention_sublayer, [&](MatmulOperand x, float* out) {
                      AttentionInputs in = self_attention_inputs(
                          config, x, batch, src_len, src_lengths, false, dropout.attention_dropout,
@@ -275,7 +285,7 @@ void encoder_layer_forward(const Backend& backend, const ModelConfig& config,
                    });
   sublayer_forward(backend, config, w.norm2, cache.attention_sublayer.output_operand(), rows,
                    dropout.dropout, dropout_key(dropout.seed, encoder_site(layer_index, 2)), rounds,
-                   rounds, cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
+                   shared, cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
                      feed_forward_forward(
                          backend, w.ffn, config.activation, x, rows, dropout.relu_dropout,
                          dropout_key(dropout.seed, encoder_site(layer_index, 3)), cache.ffn, out);
@@ -290,8 +300,9 @@ void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
                            DecoderLayerCache& cache, const DecoderStep* step) {
   const int64_t rows = batch * tgt_len;
   const bool rounds = sublayer_rounds_for(config, w.ffn.fc1);
+  const bool shared = layer_outputs_shared(config, w);
   sublayer_forward(backend, config, w.norm1, input, rows, dropout.dropout,
-                   dropout_key(dropout.seed, decoder_site(layer_index, 0)), rounds, rounds,
+                   dropout_key(dropout.seed, decoder_site(layer_index, 0)), rounds, shared,
                    cache.self_sublayer, [&](MatmulOperand x, float* out) {
                      AttentionInputs in = self_attention_inputs(
                          config, x, batch, tgt_len, tgt_lengths, true, dropout.attention_dropout,
@@ -312,7 +323,7 @@ void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
                    });
   sublayer_forward(backend, config, w.norm2, cache.self_sublayer.output_operand(), rows,
                    dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 2)), rounds,
-                   rounds, cache.cross_sublayer, [&](MatmulOperand x, float* out) {
+                   shared, cache.cross_sublayer, [&](MatmulOperand x, float* out) {
                      AttentionInputs in = cross_attention_inputs(
                          x, memory, batch, tgt_len, src_len, src_lengths, dropout.attention_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 3)));
@@ -329,7 +340,7 @@ void decoder_layer_forward(const Backend& backend, const ModelConfig& config,
   const bool rounds_output = last ? step && step->round_last_output : rounds;
   sublayer_forward(backend, config, w.norm3, cache.cross_sublayer.output_operand(), rows,
                    dropout.dropout, dropout_key(dropout.seed, decoder_site(layer_index, 4)),
-                   rounds_output, rounds, cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
+                   rounds_output, shared, cache.ffn_sublayer, [&](MatmulOperand x, float* out) {
                      feed_forward_forward(
                          backend, w.ffn, config.activation, x, rows, dropout.relu_dropout,
                          dropout_key(dropout.seed, decoder_site(layer_index, 5)), cache.ffn, out);

@@ -736,7 +736,7 @@ void bfloat16_output_via_float(bool trans_a, bool trans_b, int64_t m, int64_t n,
 
 }  // namespace
 
-// A and B rounded into dense bfloat16 copies (this thread's scratch) unless given so, then
+// A and B rounded into bfloat16 copies (this thread's scratch) unless given so, then
 // the cached bfloat16 primitives (run_in_pieces), which also apply the epilogue where beta is 0
 // and write a bfloat16 output where one is asked for (through a float result where the depth
 // runs in two pieces); where none applies (inside a parallel region, alpha ≠ 1 or beta not 0
@@ -763,25 +763,26 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   thread_local std::vector<uint16_t> a_buffer, b_buffer;
   const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;  // A as stored
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;  // B as stored
-  // Each operand as a dense bfloat16 matrix: the given copy, or the values rounded here into
-  // this thread's scratch. A given copy whose rows lie apart (a column block of a wider matrix)
-  // is copied dense first: oneDNN's AMX kernels sum such a block in another order than a dense
-  // matrix, and a given copy must give the bits that rounding here gives.
-  auto dense = [](MatmulOperand x, int64_t rows, int64_t cols, int64_t ld,
-                  std::vector<uint16_t>& buffer) -> const uint16_t* {
-    if (x.rounded && x.rounded_stride(cols) == cols) return x.rounded;
-    uint16_t* out = thread_scratch(buffer, rows * cols);  // [rows, cols]
+  // Each operand in bfloat16: the given copy where it lies, or the values rounded here into this
+  // thread's scratch in their own layout (row stride lda, the columns the product reads). Rows
+  // that lie apart (a column block of a wider matrix) are summed by oneDNN's AMX kernels in
+  // another order than dense ones, so rounding into a dense copy gave other bits than the given
+  // copy of the same block (the stacked Q|K|V gradients'); in the values' layout it gives the
+  // same. The scratch is at most half the bytes of the float matrix the values lie in.
+  auto in_bfloat16 = [](MatmulOperand x, int64_t rows, int64_t cols, int64_t ld,
+                        std::vector<uint16_t>& buffer, int64_t& ld16) -> const uint16_t* {
     if (x.rounded) {
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy_n(x.rounded + r * x.rounded_stride(cols), cols, out + r * cols);
-    } else {
-      round_to_bfloat16(x.values, rows, cols, ld, out, cols);
+      ld16 = x.rounded_stride(cols);
+      return x.rounded;
     }
+    uint16_t* out = thread_scratch(buffer, (rows - 1) * ld + cols);  // [rows, cols], stride ld
+    round_to_bfloat16(x.values, rows, cols, ld, out, ld);
+    ld16 = ld;
     return out;
   };
-  const uint16_t* a16 = dense(a, a_rows, a_cols, lda, a_buffer);  // [a_rows, a_cols]
-  const uint16_t* b16 = dense(b, b_rows, b_cols, ldb, b_buffer);  // [b_rows, b_cols]
-  const int64_t a16_ld = a_cols, b16_ld = b_cols;
+  int64_t a16_ld = 0, b16_ld = 0;
+  const uint16_t* a16 = in_bfloat16(a, a_rows, a_cols, lda, a_buffer, a16_ld);  // [a_rows, a_cols]
+  const uint16_t* b16 = in_bfloat16(b, b_rows, b_cols, ldb, b_buffer, b16_ld);  // [b_rows, b_cols]
   const bool plain_product = alpha == 1.f && (beta == 0.f || beta == 1.f);
   if (plain_product && omp_get_level() == 0 &&
       run_in_pieces(trans_a, trans_b, m, n, k, a16, a16_ld, b16, b16_ld, beta, c, ldc, epilogue))
