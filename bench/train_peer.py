@@ -156,15 +156,22 @@ def main():
     # where a batch has no padding (the fixed batch).
     batches = []
     if args.batches_file:
-        with open(args.batches_file) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                pairs = json.loads(line)
-                src = padded(pairs["src"], [], [EOS])        # [B, S] source + eos
-                tgt_in = padded(pairs["tgt"], [BOS], [])     # [B, T] bos + target
-                tgt_out = padded(pairs["tgt"], [], [EOS])    # [B, T] target + eos
-                batches.append((src, tgt_in, tgt_out, src == PAD, tgt_out == PAD))
+        try:
+            with open(args.batches_file) as f:
+                for number, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    pairs = json.loads(line)
+                    if (not pairs.get("src") or len(pairs["src"]) != len(pairs.get("tgt", [])) or
+                            any(not ids or min(ids) < 3 or max(ids) >= args.vocab
+                                for ids in pairs["src"] + pairs["tgt"])):
+                        raise ValueError(f"line {number}: not a batch of pairs of ids in [3, {args.vocab})")
+                    src = padded(pairs["src"], [], [EOS])        # [B, S] source + eos
+                    tgt_in = padded(pairs["tgt"], [BOS], [])     # [B, T] bos + target
+                    tgt_out = padded(pairs["tgt"], [], [EOS])    # [B, T] target + eos
+                    batches.append((src, tgt_in, tgt_out, src == PAD, tgt_out == PAD))
+        except (OSError, ValueError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
+            raise SystemExit(f"error: --batches-file {args.batches_file}: {e}")
         if not batches:
             raise SystemExit(f"error: {args.batches_file} holds no batch")
     else:
