@@ -66,8 +66,9 @@ struct Options {
   // pairs whose target lengths are uniform in [min_len, max_len] (source lengths 0.8 to 1.25
   // times theirs), written as JSON lines to write_batches where given.
   int64_t batch_tokens = 0;
-  int min_len = 0, max_len = 0;
+  int min_len = 10, max_len = 100;
   int batches = 8;
+  bool lengths_given = false, batches_given = false;  // either needs --batch-tokens
   std::string write_batches;
   tfm::Precision precision = tfm::Precision::kFloat32;  // of every linear product
 };
@@ -154,11 +155,13 @@ Options parse_options(int argc, char** argv) {
         o.max_len = std::stoi(value.substr(colon + 1), &used_max);
         if (used_min != colon || used_max != value.size() - colon - 1)
           throw std::invalid_argument(value);
+        o.lengths_given = true;
       } catch (const std::exception&) {
         usage_error("--lengths needs MIN:MAX, two whole numbers, not \"" + value + "\"");
       }
     } else if (a == "--batches") {
-      o.batches = int(int_value(i));
+      o.batches = int(std::min<long long>(int_value(i), 1'000'000));
+      o.batches_given = true;
     } else if (a == "--write-batches") {
       if (i + 1 >= argc) usage_error("--write-batches needs a file");
       o.write_batches = argv[++i];
@@ -175,10 +178,9 @@ Options parse_options(int argc, char** argv) {
   if (o.gemm_size < 1) usage_error("--gemm-size must be positive");
   if (o.profile && o.phase_repeats < 1) usage_error("--phase-repeats must be at least 1");
   const bool varied = o.batch_tokens > 0;
-  if (!varied && (o.min_len > 0 || !o.write_batches.empty()))
-    usage_error("--lengths and --write-batches go with --batch-tokens");
+  if (!varied && (o.lengths_given || o.batches_given || !o.write_batches.empty()))
+    usage_error("--lengths, --batches and --write-batches go with --batch-tokens");
   if (varied) {
-    if (o.min_len == 0 && o.max_len == 0) o.min_len = 10, o.max_len = 100;
     if (o.min_len < 1 || o.max_len < o.min_len) usage_error("--lengths needs 1 <= MIN <= MAX");
     if (o.batches < 1 || o.batches > 1000) usage_error("--batches must be in [1, 1000]");
     if (o.batch_tokens > 10'000'000) usage_error("--batch-tokens must be at most 10,000,000");
@@ -283,6 +285,11 @@ int run(const Options& o) {
   // What a timed step runs: one fixed batch, or a pass over batches of varied lengths.
   std::vector<tfm::TokenBatch> batches;
   if (o.batch_tokens > 0) {
+    if (!o.write_batches.empty() &&
+        (!config.src_append_eos || config.pad_id != 0 || config.bos_id != 1 || config.eos_id != 2))
+      throw tfm::Error(
+          "--write-batches: train_peer.py builds its batches as the base model does (an eos after "
+          "each source; pad 0, bos 1, eos 2), and this config differs");
     const tfm::ParallelCorpus corpus = varied_corpus(random, o);
     const tfm::BatchPlan plan =
         tfm::plan_batches(corpus, o.batch_tokens, config.src_append_eos ? 1 : 0, o.seed, 0, true);

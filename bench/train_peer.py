@@ -161,9 +161,15 @@ def main():
                 for number, line in enumerate(f, 1):
                     if not line.strip():
                         continue
-                    pairs = json.loads(line)
-                    if (not pairs.get("src") or len(pairs["src"]) != len(pairs.get("tgt", [])) or
-                            any(not ids or min(ids) < 3 or max(ids) >= args.vocab
+                    try:
+                        pairs = json.loads(line)
+                    except ValueError as e:
+                        raise ValueError(f"line {number}: {e}")
+                    if (not isinstance(pairs, dict) or not isinstance(pairs.get("src"), list) or
+                            not pairs["src"] or not isinstance(pairs.get("tgt"), list) or
+                            len(pairs["src"]) != len(pairs["tgt"]) or
+                            any(not isinstance(ids, list) or not ids or
+                                any(type(i) is not int or not 3 <= i < args.vocab for i in ids)
                                 for ids in pairs["src"] + pairs["tgt"])):
                         raise ValueError(f"line {number}: not a batch of pairs of ids in [3, {args.vocab})")
                     src = padded(pairs["src"], [], [EOS])        # [B, S] source + eos

@@ -20,8 +20,9 @@
 # when it is set (the device tool brings back a few files only).
 #   bash scripts/gpu_check.sh [BUNDLE]   (default .gpu/bundle.tar.xz)
 # GPU_CHECK_STEPS="backend_ops train_vs_torch_bf16 ..." runs only the steps named (a short
-# rerun after a change); the table lists the others as skipped. The float16 decoding
-# comparisons (decode_512_*_f16) run only when named.
+# rerun after a change); the table lists the others as skipped. Some steps run only when named
+# (named_step: decoding at batch 512 against generate(), in bfloat16 and float16, and the
+# training paths measured on a GPU already).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-.gpu/bundle.tar.xz}
