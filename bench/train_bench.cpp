@@ -306,7 +306,7 @@ int run(const Options& o) {
   int64_t target_tokens = 0;  // target + eos: what the loss is averaged over, every batch
   int64_t source_tokens = 0;  // source + eos
   for (const tfm::TokenBatch& b : batches) {
-    for (int32_t n : b.tgt_lengths) target_tokens += n;
+    target_tokens += tfm::shape_of(b).target_tokens;
     for (int32_t n : b.src_lengths) source_tokens += n;
   }
 
@@ -338,10 +338,9 @@ int run(const Options& o) {
       gradients.set_zero();
       const double t1 = now_seconds();
       dropout.seed = o.seed * 0x9E3779B97F4A7C15ull + uint64_t(step);  // new masks every step
-      int64_t tokens = 0;
-      for (int32_t n : b.tgt_lengths) tokens += n;
+      const float grad_scale = 1.f / float(tfm::shape_of(b).target_tokens);
       const tfm::LossTotals totals = tfm::loss_and_gradients(
-          model, grad_views, b, dropout, o.label_smoothing, 1.f / float(tokens), ws, o.precision);
+          model, grad_views, b, dropout, o.label_smoothing, grad_scale, ws, o.precision);
       const double t2 = now_seconds();
       optimizer.apply(model.mutable_parameters(), gradients, config.d_model);
       wait_for_device();

@@ -164,26 +164,34 @@ step tuned_products 90 env TFM_CUDA_LT_TUNING=all $tests \
 # Training against PyTorch on this card, same run, same shape (the base model, 400 pairs of 63 +
 # eos / bos tokens, vocabulary 37,000, dropout 0.1, label smoothing 0.1, Adam): float32 against
 # PyTorch's float32, our bfloat16 products against its bfloat16 autocast.
-# TRAIN_SHAPE, where set, replaces the batch and lengths.
+# TRAIN_SHAPE, where set, replaces the batch and lengths; OURS_ARGS and PEER_ARGS are added to
+# one side's command each (the batches of varied lengths below).
 train_compare() {  # train_compare TYPE [--compile: the peer through torch.compile]
   local shape="${TRAIN_SHAPE:---batch 400 --src-len 63 --tgt-len 63} --vocab 37000 --steps 5 --warmup 2"
   local ours peer
-  ours=$(build/bench/train_bench $shape --device cuda --compute-type "$1" | tail -1) || return 1
-  if [ "$1" = bfloat16 ]; then autocast=bfloat16; else autocast=none; fi
-  peer=$(cd bench && python3 train_peer.py $shape --device cuda --autocast $autocast ${2:-} |
+  ours=$(build/bench/train_bench $shape ${OURS_ARGS:-} --device cuda --compute-type "$1" |
     tail -1) || return 1
+  if [ "$1" = bfloat16 ]; then autocast=bfloat16; else autocast=none; fi
+  peer=$(cd bench && python3 train_peer.py $shape ${PEER_ARGS:-} --device cuda \
+    --autocast $autocast ${2:-} | tail -1) || return 1
   echo "$ours" >>"$logs/train_compare.jsonl"
   echo "$peer" >>"$logs/train_compare.jsonl"
   python3 - "$ours" "$peer" "$1" <<'PY'
 import json, sys
 ours, peer = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print("training %s: ours %.0f target tokens/s (%.1f ms/step), PyTorch %s %.0f (%.1f ms/step):"
-      " ratio %.3f" % (sys.argv[3], ours["tokens_per_s"], 1e3 * ours["median_s"], peer["impl"],
-                       peer["tokens_per_s"], 1e3 * peer["median_s"],
+what, per, batches = sys.argv[3], "step", 1
+if "batch_shapes" in ours:  # a step is a pass over batches of varied lengths: times a batch
+    batches, per = ours["batches"], "batch"
+    what += ", %d batches of varied lengths (%s)" % (
+        batches, " ".join("%dx%dx%d" % tuple(b) for b in ours["batch_shapes"]))
+print("training %s: ours %.0f target tokens/s (%.1f ms/%s), PyTorch %s %.0f (%.1f ms/%s):"
+      " ratio %.3f" % (what, ours["tokens_per_s"], 1e3 * ours["median_s"] / batches, per,
+                       peer["impl"], peer["tokens_per_s"], 1e3 * peer["median_s"] / batches, per,
                        ours["tokens_per_s"] / peer["tokens_per_s"]))
 # The paper's base schedule at these rates: 100,000 steps of ~25,000 target tokens.
-print("the base schedule (100,000 steps of 25,000 target tokens) at these rates: ours %.2f h, "
-      "PyTorch's %.2f h" % (1e5 * 25000 / ours["tokens_per_s"] / 3600,
+print("the base schedule (100,000 steps of 25,000 target tokens) at these rates%s: ours %.2f h, "
+      "PyTorch's %.2f h" % (", varied lengths" if per == "batch" else "",
+                            1e5 * 25000 / ours["tokens_per_s"] / 3600,
                             1e5 * 25000 / peer["tokens_per_s"] / 3600))
 # Device memory at the same batch, peaks of each side's allocator (the issue's goal: ours <=);
 # ours counts the cuBLASLt workspace, not cuBLAS's own inside the library (PyTorch's are in its).
@@ -193,6 +201,8 @@ if ours.get("device_memory_peak_mib") and peer.get("gpu_memory_peak_mib"):
               sys.argv[3], ours["device_memory_peak_mib"], ours["device_memory_reserved_peak_mib"],
               peer["gpu_memory_peak_mib"], peer["gpu_memory_reserved_peak_mib"],
               ours["device_memory_peak_mib"] / peer["gpu_memory_peak_mib"]))
+if per == "batch" and ours["batch_shapes"] != peer.get("batch_shapes"):
+    sys.exit("error: the two sides ran different batches")
 PY
 }
 export -f train_compare
@@ -210,38 +220,9 @@ step train_vs_compile_bf16 120 train_compare bfloat16 --compile
 # by length into batches of 50,000 padded tokens, about 25,000 target tokens each, as the train
 # command's --batch-tokens 50000): ours writes the batches it timed and PyTorch (eager autocast)
 # runs the same ones padded and masked; a step is a pass over the 8 batches.
-train_varied() {
-  local shape="--vocab 37000 --steps 3 --warmup 1" ours peer
-  ours=$(build/bench/train_bench $shape --batch-tokens 50000 --lengths 10:100 --batches 8 \
-    --write-batches "$logs/varied_batches.jsonl" --device cuda --compute-type bfloat16 |
-    tail -1) || return 1
-  peer=$(cd bench && python3 train_peer.py $shape --device cuda --autocast bfloat16 \
-    --batches-file "$logs/varied_batches.jsonl" | tail -1) || return 1
-  echo "$ours" >>"$logs/train_compare.jsonl"
-  echo "$peer" >>"$logs/train_compare.jsonl"
-  python3 - "$ours" "$peer" <<'PY'
-import json, sys
-ours, peer = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-batches = ours["batches"]
-print("training bfloat16, %d batches of varied lengths (%s): ours %.0f target tokens/s "
-      "(%.1f ms a batch), PyTorch %s %.0f (%.1f ms): ratio %.3f" % (
-          batches, " ".join("%dx%dx%d" % tuple(b) for b in ours["batch_shapes"]),
-          ours["tokens_per_s"], 1e3 * ours["median_s"] / batches, peer["impl"],
-          peer["tokens_per_s"], 1e3 * peer["median_s"] / batches,
-          ours["tokens_per_s"] / peer["tokens_per_s"]))
-print("the base schedule (100,000 steps of 25,000 target tokens) at these rates, varied lengths: "
-      "ours %.2f h, PyTorch's %.2f h" % (1e5 * 25000 / ours["tokens_per_s"] / 3600,
-                                         1e5 * 25000 / peer["tokens_per_s"] / 3600))
-if ours.get("device_memory_peak_mib") and peer.get("gpu_memory_peak_mib"):
-    print("training bfloat16, varied lengths, device memory: ours %.0f MiB at peak, PyTorch %.0f "
-          "MiB: ratio %.3f" % (ours["device_memory_peak_mib"], peer["gpu_memory_peak_mib"],
-                               ours["device_memory_peak_mib"] / peer["gpu_memory_peak_mib"]))
-if ours["batch_shapes"] != peer["batch_shapes"]:
-    sys.exit("error: the two sides ran different batches")
-PY
-}
-export -f train_varied
-step train_varied_bf16 90 train_varied
+step train_varied_bf16 90 env \
+  OURS_ARGS="--batch-tokens 50000 --lengths 10:100 --batches 8 --write-batches $logs/varied_batches.jsonl" \
+  PEER_ARGS="--batches-file $logs/varied_batches.jsonl" bash -o pipefail -c 'train_compare bfloat16'
 # A newer training path against the one it replaced, whose switch (SWITCH=0) turns it off: the
 # speed ratio of whole bfloat16 steps of the base model, the first losses within 1% of each
 # other, and the last within a tenth of how far the losses moved (the backward's part). The attention on bfloat16 tensor cores (attention_tensor_cores.cu) against the float32
