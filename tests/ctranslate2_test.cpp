@@ -89,7 +89,7 @@ std::vector<int32_t> best_tokens(const Imported& m, const std::string& src,
   score_forward(m.model, batch, ws, unused);
   std::vector<int32_t> best;
   for (int64_t t = 0; t < batch.tgt_lengths[0]; ++t) {
-    const float* state = ws.cache.decoder_out.data() + t * c.d_model;
+    const float* state = ws.cache.decoder_output + t * c.d_model;
     int32_t arg = 0;
     double best_logit = -1e30;
     for (int64_t v = 0; v < c.tgt_vocab_size; ++v) {

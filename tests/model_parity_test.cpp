@@ -113,7 +113,7 @@ TEST_P(ModelParity, LayersAndLogProbsMatchPyTorch) {
   std::vector<float> logprobs;
   score_forward(f.model, batch, ws, logprobs);
   expect_valid_rows_near(ws.cache.memory.data(), S, memory, batch.src_lengths, 1e-4, "memory");
-  expect_valid_rows_near(ws.cache.decoder_out.data(), T, f.io.at("dec_output"), batch.tgt_lengths,
+  expect_valid_rows_near(ws.cache.decoder_output, T, f.io.at("dec_output"), batch.tgt_lengths,
                          1e-4, "dec_output");
   const Tensor& expected = f.io.at("token_logprobs");
   for (int64_t b = 0; b < B; ++b)

@@ -144,8 +144,10 @@ struct BackwardScratch {
   DeviceBuffer<uint16_t> rounded_d_hidden;
   DeviceBuffer<float> d_sublayer;  // [rows, D] gradient entering a sublayer's function
   DeviceBuffer<float> d_normed;    // [rows, D] gradient of a pre-norm sublayer's function input
-  DeviceBuffer<float> d_stream;    // [rows, D] gradient of the residual stream
-  DeviceBuffer<float> d_memory;    // [B, S, D] gradient of the encoder output (cross-attention)
+  // [rows, D] gradient of the residual stream below a pre-norm stack's final norm (post-norm's
+  // stacks run theirs in the gradients they are given: stacks_backward)
+  DeviceBuffer<float> d_stream;
+  DeviceBuffer<float> d_memory;  // [B, S, D] gradient of the encoder output (cross-attention)
   // [rows, out] a linear's output gradient rounded to bfloat16 (training in bfloat16), read by
   // both of its backward products: rounded by linear_backward, or written there by the kernel
   // that makes the gradient (a post-norm sublayer's norm backward)

@@ -119,15 +119,27 @@ void embed_with_dropout(const Backend& backend, const ModelConfig& config,
   dropout_forward(backend, x, n, dropout, key, mask);
 }
 
-// The buffers of a stack's final norm: its output and the statistics its backward reads.
+// Whether a stack's output is the value of its final norm rather than its last layer's output:
+// pre-norm's final norm; post-norm's is the identity. The encoder's memory is a value of its own
+// either way (a decoding step keeps it after the layers' caches are reused).
+bool output_is_final_norm(const ModelConfig& config) {
+  return config.norm == NormPosition::kPre;
+}
+
+// The buffers of a stack's final norm: its output (where `out` holds it; post-norm's encoder
+// copies the last layer's output there) and the statistics its backward reads.
 template <typename Sizer>
 void final_norm_buffers(const ModelConfig& config, int64_t rows, LayerNormCache& cache,
-                        DeviceBuffer<float>& out, Sizer& sizer) {
-  sizer.need(out, rows * config.d_model);  // [rows, D]
+                        DeviceBuffer<float>* out, Sizer& sizer) {
+  if (out) sizer.need(*out, rows * config.d_model);  // [rows, D]
   if (config.norm == NormPosition::kPre) {
     sizer.need(cache.mean, rows);
     sizer.need(cache.rstd, rows);
   }
+}
+// The decoder's final norm output where it has one (output_is_final_norm), else null.
+DeviceBuffer<float>* decoder_final_norm_output(const ModelConfig& config, StackCache& cache) {
+  return output_is_final_norm(config) ? &cache.decoder_out : nullptr;
 }
 
 // The host-computed index arrays each stack uploads: its token ids and the batch's lengths.
@@ -143,8 +155,9 @@ template <typename Sizer>
 void stacks_backward_buffers(const ModelConfig& config, int64_t batch, int64_t src_len,
                              int64_t tgt_len, BackwardScratch& scratch, Sizer& sizer) {
   const int64_t d = config.d_model;
-  sizer.need(scratch.d_stream, batch * std::max(src_len, tgt_len) * d);  // [rows, D]
-  sizer.need(scratch.d_memory, batch * src_len * d);                     // [B, S, D]
+  if (output_is_final_norm(config))
+    sizer.need(scratch.d_stream, batch * std::max(src_len, tgt_len) * d);  // [rows, D]
+  sizer.need(scratch.d_memory, batch * src_len * d);                       // [B, S, D]
 }
 
 // Planning records where each layer cache is, so the vector gets all its layers before the
@@ -195,7 +208,7 @@ void plan_encoder_forward(const Model& model, const TransformerWeights& w, const
     plan_feed_forward_forward(model.backend(), lw.ffn, config.activation, B * S,
                               dropout.relu_dropout, rounds, layer.ffn, plan);
   }
-  final_norm_buffers(config, B * S, cache.encoder_norm, cache.memory, plan);
+  final_norm_buffers(config, B * S, cache.encoder_norm, &cache.memory, plan);
 }
 
 void plan_decoder_forward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
@@ -235,7 +248,8 @@ void plan_decoder_forward(const Model& model, const TransformerWeights& w, const
     plan_feed_forward_forward(model.backend(), lw.ffn, config.activation, B * T,
                               dropout.relu_dropout, rounds, layer.ffn, plan);
   }
-  final_norm_buffers(config, B * T, cache.decoder_norm, cache.decoder_out, plan);
+  final_norm_buffers(config, B * T, cache.decoder_norm, decoder_final_norm_output(config, cache),
+                     plan);
 }
 
 void plan_stacks_backward(const Model& model, const TransformerWeights& w, const BatchShape& shape,
@@ -370,7 +384,7 @@ void encoder_forward(const Model& model, const TransformerWeights& w, const Toke
     x = layer.output_operand();
   }
   const int64_t rows = batch.batch * batch.src_len;
-  final_norm_buffers(config, rows, cache.encoder_norm, cache.memory, sizer);
+  final_norm_buffers(config, rows, cache.encoder_norm, &cache.memory, sizer);
   final_norm(backend, config, w.encoder_norm, x.values, rows, &cache.encoder_norm,
              cache.memory.data());  // [B, S, D]
   // Post-norm's final norm is a copy: the last sublayer's bfloat16 copy is the memory's.
@@ -401,9 +415,12 @@ void decoder_forward(const Model& model, const TransformerWeights& w, const Toke
     x = layer.output_operand();
   }
   const int64_t rows = batch.batch * batch.tgt_len;
-  final_norm_buffers(config, rows, cache.decoder_norm, cache.decoder_out, sizer);
-  final_norm(backend, config, w.decoder_norm, x.values, rows, &cache.decoder_norm,
-             cache.decoder_out.data());  // [B, T, D]
+  DeviceBuffer<float>* out = decoder_final_norm_output(config, cache);
+  final_norm_buffers(config, rows, cache.decoder_norm, out, sizer);
+  if (out)
+    final_norm(backend, config, w.decoder_norm, x.values, rows, &cache.decoder_norm,
+               out->data());                            // [B, T, D]
+  cache.decoder_output = out ? out->data() : x.values;  // [B, T, D]
 }
 
 namespace {
@@ -498,29 +515,29 @@ void decoder_layer_backward(const Backend& backend, const ModelConfig& config,
 
 void stacks_backward(const Model& model, const TransformerWeights& w, const TransformerGradients& g,
                      const TokenBatch& batch, const DropoutOptions& dropout, StackCache& cache,
-                     const float* d_decoder_out, BackwardScratch& scratch) {
+                     float* d_decoder_out, BackwardScratch& scratch) {
   const ModelConfig& config = model.config();
   const Backend& backend = model.backend();
   const int64_t d = config.d_model;
   const int64_t B = batch.batch, S = batch.src_len, T = batch.tgt_len;
   Allocate sizer{backend};
   stacks_backward_buffers(config, B, S, T, scratch, sizer);
-  // The gradient flowing down the residual stream, each layer's backward in place.
-  float* stream = scratch.d_stream.data();    // [rows, D]
   float* d_memory = scratch.d_memory.data();  // [B, S, D]
   backend.fill(d_memory, B * S * d, 0.f);
 
-  // Final norm (pre-norm) or identity, from the stack output to the last layer's output.
+  // The gradient flowing down a stack's residual stream, each layer's backward in place: below a
+  // final norm (pre-norm), in the scratch; else (identity) the stack output's gradient itself.
+  float* stream = nullptr;  // [rows, D]
   auto final_norm_backward = [&](const LayerNormWeights& norm, const LayerNormParams<float>& ng,
-                                 const float* last_output, LayerNormCache& norm_cache,
-                                 const float* d_out, int64_t rows) {
-    if (config.norm == NormPosition::kPre) {
-      backend.layer_norm_backward(d_out, last_output, norm_cache.mean.data(),
-                                  norm_cache.rstd.data(), norm.weight, stream, ng.weight, ng.bias,
-                                  rows, d, false);
-    } else {
-      backend.copy(d_out, rows * d, stream);
+                                 const float* last_output, LayerNormCache& norm_cache, float* d_out,
+                                 int64_t rows) {
+    if (!output_is_final_norm(config)) {
+      stream = d_out;
+      return;
     }
+    stream = scratch.d_stream.data();
+    backend.layer_norm_backward(d_out, last_output, norm_cache.mean.data(), norm_cache.rstd.data(),
+                                norm.weight, stream, ng.weight, ng.bias, rows, d, false);
   };
 
   // Decoder, top to bottom.

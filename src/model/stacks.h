@@ -92,7 +92,11 @@ struct StackCache {
   DeviceBuffer<uint8_t> decoder_input_mask;
   std::vector<DecoderLayerCache> decoder_layers;
   LayerNormCache decoder_norm;
-  DeviceBuffer<float> decoder_out;  // [B, T, D] decoder output
+  DeviceBuffer<float> decoder_out;  // [B, T, D] pre-norm's final norm output (post-norm: unused)
+  // [B, T, D] the decoder stack's output: decoder_out, or post-norm's last layer output read in
+  // place (its final norm is the identity; nothing writes that layer's output before the
+  // output head has read it)
+  const float* decoder_output = nullptr;
 };
 
 // out [rows, D] = LayerNorm(in) where the stack is pre-norm (its final norm; cache, when given,
@@ -153,7 +157,7 @@ void decoder_layer_backward(const Backend& backend, const ModelConfig& config,
                             DecoderLayerCache& cache, float* d_stream, float* d_memory,
                             BackwardScratch& scratch);
 
-// cache.memory = encoder stack output; cache.decoder_out = decoder stack output. w is
+// cache.memory = encoder stack output; cache.decoder_output = decoder stack output. w is
 // model.weights() (training) or the model's prepared weights (inference, model.prepared()).
 void encoder_forward(const Model& model, const TransformerWeights& w, const TokenBatch& batch,
                      const DropoutOptions& dropout, StackCache& cache);
@@ -171,9 +175,10 @@ void plan_stacks_backward(const Model& model, const TransformerWeights& w, const
                           WorkspacePlan& plan);
 
 // Backward through both stacks (cache from a training forward with the weights `w`) given
-// d_decoder_out [B, T, D]; accumulates every parameter gradient, embeddings included.
+// d_decoder_out [B, T, D], which it overwrites (post-norm: the decoder's residual-stream gradient
+// in place); accumulates every parameter gradient, embeddings included.
 void stacks_backward(const Model& model, const TransformerWeights& w, const TransformerGradients& g,
                      const TokenBatch& batch, const DropoutOptions& dropout, StackCache& cache,
-                     const float* d_decoder_out, BackwardScratch& scratch);
+                     float* d_decoder_out, BackwardScratch& scratch);
 
 }  // namespace tfm

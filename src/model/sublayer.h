@@ -22,7 +22,8 @@ inline bool sublayer_rounds_for(const ModelConfig& config, const LinearWeights& 
 // The buffers sublayer_forward uses (F's own aside), for `rows` rows: its one size table.
 // output_shared: the stack's products read bfloat16 copies (sublayer_rounds_for its layers'
 // readers), so the float32 output is read only by the next sublayer's forward (its residual
-// sum) or the stack's final copy, never by a backward: in a planned workspace it lies in the
+// sum), the encoder's final copy or the output head's gather of the decoder's output (straight
+// after the decoder's forward), never by a backward: in a planned workspace it lies in the
 // shared slot of its place in the layer (SublayerCache::output_slot).
 template <typename Sizer>
 void sublayer_forward_buffers(const Backend& backend, const ModelConfig& config, int64_t rows,

@@ -258,7 +258,7 @@ int64_t target_states(const Model& model, const TransformerWeights& w, const Tok
   target_state_buffers(d, shape_of(batch).target_tokens, cache, states, sizer);
   upload_target_positions(backend, batch, cache, rows, labels);
   const int64_t count = int64_t(rows.size());
-  backend.gather_rows(cache.decoder_out.data(), d, cache.target_rows.data(), count, d,
+  backend.gather_rows(cache.decoder_output, d, cache.target_rows.data(), count, d,
                       states.data(), d);  // [tokens, D]
   return count;
 }
