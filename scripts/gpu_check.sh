@@ -132,7 +132,7 @@ diagnose() {  # diagnose STEP
   echo "== $1 failed: $failed; again with each newer path off"
   for switch in TFM_CUDA_GRAPHS=0 TFM_CUDA_LT=0 TFM_CUDA_LT_TUNING=0 TFM_CUDA_TENSOR_CORE_ATTENTION=0 \
     TFM_CUDA_ATTENTION_IN_REGISTERS=0 TFM_CUDA_REBUILT_WEIGHTS=0 TFM_CUDA_BFLOAT16_QKV=0 TFM_CUDA_RELU_MASK=0 TFM_CUDA_ONE_PASS_NORM=0 \
-    TFM_STACKED_PROJECTIONS=0; do
+    TFM_STACKED_PROJECTIONS=0 TFM_CUDA_BIAS_GRADIENT_IN_PRODUCT=0; do
     if [ $SECONDS -gt 300 ]; then
       verdict="not tried (time)"
     else
@@ -305,6 +305,11 @@ step lt_tuning_train 60 path_against_switch TFM_CUDA_LT_TUNING \
 # byte an element: 420 MB of a base-model step), speed and memory (TFM_CUDA_DRAWN_DROPOUT).
 step drawn_dropout_train 60 path_against_switch TFM_CUDA_DRAWN_DROPOUT \
   "dropout decisions drawn again in the backward"
+# The weight-gradient products summing their bias gradients inside cuBLASLt's product (its
+# bias-gradient epilogue, BGRADB) against bias_backward's pass over dy after each (36 a base-model
+# step, 0.017 ms each at fe8bad6) (TFM_CUDA_BIAS_GRADIENT_IN_PRODUCT).
+step bias_gradient_train 60 path_against_switch TFM_CUDA_BIAS_GRADIENT_IN_PRODUCT \
+  "bias gradients inside the weight-gradient products"
 # Where a bfloat16 step's GPU time goes, per operation and shape (TFM_CUDA_PROFILE=shapes: events
 # around each).
 profile_step() {

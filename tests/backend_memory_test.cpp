@@ -102,15 +102,22 @@ class MemoryCheckingBackend : public Backend {
                                            {"rounded output", epilogue.rounded_output},
                                            {"relu mask", epilogue.relu_mask},
                                            {"relu output", epilogue.relu_output},
-                                           {"bias gradient", epilogue.bias_gradient}});
+                                           {"bias gradient", epilogue.bias_gradient},
+                                           {"column sums", epilogue.a_column_sums}});
     if (a.rounded || b.rounded) ++rounded_operands_;
     if (epilogue.relu_mask) ++relu_masks_;
+    const MatmulOperand given_a = a;
+    float* column_sums = nullptr;  // summed below from the given copy (a bias gradient's source)
     if (ignore_rounded_copies_) {  // each product rounds again, where the float values exist
       if (a.values) a.rounded = nullptr;
       if (b.values) b.rounded = nullptr;
+      std::swap(column_sums, epilogue.a_column_sums);
     }
     cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
                  epilogue);
+    if (column_sums)
+      cpu().bias_backward(given_a.values, given_a.rounded, k, m,
+                          given_a.rounded ? given_a.rounded_stride(m) : lda, column_sums);
   }
   void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
                         uint16_t* out) const override {

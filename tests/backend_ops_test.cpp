@@ -751,6 +751,84 @@ TEST_P(BackendOps, MatmulThroughAReluGivesTheGatedGradient) {
                std::invalid_argument);
 }
 
+// A weight gradient's product with its bias gradient (MatmulEpilogue::a_column_sums): C += Aᵀ·B
+// as without it, and the sums of A over its k rows added to the [m] given, from A's bfloat16 copy
+// where it comes with one (in its own row stride), else from its values: float32 and bfloat16,
+// tuned (a GPU library's bias-gradient epilogue inside the product) and not, odd sizes; and
+// refused where A is not read transposed or the product has a ReLU gate.
+TEST_P(BackendOps, MatmulSumsAWeightGradientsOperandIntoItsBiasGradient) {
+  uint64_t seed = 1500;
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    if (!be().supports(precision)) {
+      testing_support::skip_precision(be(), precision);
+      continue;
+    }
+    const bool bfloat16 = precision == Precision::kBFloat16;
+    for (auto [k, m, n] :
+         {std::tuple<int64_t, int64_t, int64_t>{7, 5, 9}, {65, 63, 33}, {130, 40, 24}, {1, 1, 1}})
+      for (bool given_copy : {false, true}) {
+        if (given_copy && !bfloat16) continue;
+        for (bool tuned : {false, true}) {
+          SCOPED_TRACE(testing::Message()
+                       << precision_name(precision) << " k=" << k << " m=" << m << " n=" << n
+                       << (given_copy ? " copy" : "") << (tuned ? " tuned" : ""));
+          const int64_t lda = m + 3, ldb = n + 2, ldc = n + 1;
+          const auto a = random_vector(k * lda, seed++), b = random_vector(k * ldb, seed++);
+          const auto c0 = random_vector(m * ldc, seed++);
+          const RoundedCopy a16 = rounded_copy(a, Precision::kBFloat16);
+          const RoundedCopy b16 = rounded_copy(b, Precision::kBFloat16);
+          const auto a_read = [&](int64_t p, int64_t i) {  // as the product reads A(p, i)
+            const size_t at = size_t(p * lda + i);
+            return bfloat16 ? double(a16.widened[at]) : double(a[at]);
+          };
+          std::vector<float> c = c0, sums(size_t(m), 0.5f);
+          MatmulEpilogue epilogue;
+          epilogue.may_tune = tuned;
+          epilogue.a_column_sums = sums.data();
+          be().matmul(true, false, m, n, k, 1.f,
+                      {a.data(), given_copy ? a16.bits.data() : nullptr, given_copy ? lda : 0}, lda,
+                      b.data(), ldb, 1.f, c.data(), ldc, precision, epilogue);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double sum = c0[size_t(i * ldc + j)], terms = 0;
+              for (int64_t p = 0; p < k; ++p) {
+                const size_t at = size_t(p * ldb + j);
+                const double y = bfloat16 ? double(b16.widened[at]) : double(b[at]);
+                sum += a_read(p, i) * y;
+                terms += std::abs(a_read(p, i) * y);
+              }
+              ASSERT_NEAR(c[size_t(i * ldc + j)], sum, 1e-5 * terms + 1e-5) << i << "," << j;
+            }
+            double sum = 0.5, absolute = 0.5;
+            for (int64_t p = 0; p < k; ++p) {
+              const size_t at = size_t(p * lda + i);
+              const double summed = given_copy ? double(a16.widened[at]) : double(a[at]);
+              sum += summed;
+              absolute += std::abs(summed);
+            }
+            ASSERT_NEAR(sums[size_t(i)], sum, 1e-6 * absolute + 1e-6) << "column " << i;
+          }
+        }
+      }
+  }
+  std::vector<float> one(4, 1.f), c(4), sums(2);
+  MatmulEpilogue not_transposed;
+  not_transposed.a_column_sums = sums.data();
+  EXPECT_THROW(be().matmul(false, false, 2, 2, 2, 1.f, one.data(), 2, one.data(), 2, 0.f, c.data(),
+                           2, Precision::kFloat32, not_transposed),
+               std::invalid_argument);
+  if (be().supports(Precision::kBFloat16)) {
+    std::vector<uint16_t> out16(4), relu16(4, 0x3f80);
+    MatmulEpilogue gated;
+    gated.rounded_output = out16.data();
+    gated.relu_output = relu16.data();
+    gated.a_column_sums = sums.data();
+    EXPECT_THROW(be().matmul(true, false, 2, 2, 2, 1.f, one.data(), 2, one.data(), 2, 0.f, nullptr,
+                             2, Precision::kBFloat16, gated),
+                 std::invalid_argument);
+  }
+}
+
 // A bfloat16 output flushes results below the smallest normal float to zero, as AVX512-BF16's
 // conversion does, on every path (the primitive's, and the float fallback inside a parallel
 // region); normal results stay.

@@ -365,9 +365,11 @@ bool has_bias(uint32_t epilogue) {
   return epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
          epilogue == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
 }
-// Whether the epilogue reads or writes the bias pointer's vector: the bias, or the bias gradient.
+// Whether the epilogue reads or writes the bias pointer's vector: the bias, or the bias gradient
+// (of the ReLU's gated output, or of B: its sums over k, one per column of D).
 bool uses_bias_vector(uint32_t epilogue) {
-  return has_bias(epilogue) || epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD;
+  return has_bias(epilogue) || epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD ||
+         epilogue == CUBLASLT_EPILOGUE_BGRADB;
 }
 bool writes_mask(uint32_t epilogue) {
   return epilogue == CUBLASLT_EPILOGUE_RELU_AUX || epilogue == CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
@@ -394,6 +396,7 @@ bool supported(const MatmulDesc& d, const MatrixLayout& a, const MatrixLayout& b
     case CUBLASLT_EPILOGUE_RELU_AUX_BIAS:
     case CUBLASLT_EPILOGUE_DRELU:
     case CUBLASLT_EPILOGUE_DRELU_BGRAD:
+    case CUBLASLT_EPILOGUE_BGRADB:
       break;
     default:
       return false;
@@ -525,6 +528,12 @@ cublasStatus_t lt_matmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void
   if (d.epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD)
     for (int64_t row = 0; row < m; ++row)
       store(const_cast<void*>(d.bias), bias_type, row, bias_gradient[size_t(row)]);
+  if (d.epilogue == CUBLASLT_EPILOGUE_BGRADB)  // op(B)'s sums over k, in float32, k in order
+    for (int64_t col = 0; col < n; ++col) {
+      float sum = 0.f;
+      for (int64_t p = 0; p < k; ++p) sum += sb.at(p, col);
+      store(const_cast<void*>(d.bias), bias_type, col, sum);
+    }
   advance_clock(m, n, k, algorithm);
   return CUBLAS_STATUS_SUCCESS;
 }

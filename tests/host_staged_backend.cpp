@@ -407,6 +407,7 @@ void HostStagedBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
                             : st.write(epilogue.rounded_output, c_extent, matrix_rows(m, n, ldc));
   const auto hrelu_output = st.read(epilogue.relu_output, m * n);
   const auto hbias_gradient = st.read_write(epilogue.bias_gradient, n);
+  const auto hcolumn_sums = st.read_write(epilogue.a_column_sums, m);
   // The device's ReLU record, kept as it left it (the forward may leave it unwritten).
   const auto hmask = st.read_write(static_cast<uint8_t*>(epilogue.relu_mask),
                                    epilogue.relu_mask ? device_.relu_mask_bytes(m, n) : 0);
@@ -417,6 +418,7 @@ void HostStagedBackend::matmul(bool trans_a, bool trans_b, int64_t m, int64_t n,
   e.rounded_output = st[hrounded];
   e.relu_output = st[hrelu_output];
   e.bias_gradient = st[hbias_gradient];
+  e.a_column_sums = st[hcolumn_sums];
   e.relu_mask = st[hmask];
   device_.matmul(trans_a, trans_b, m, n, k, alpha, {st[ha], st[ha16], a.rounded_ld}, lda,
                  {st[hb], st[hb16], b.rounded_ld}, ldb, beta, st[hc], ldc, precision, e);

@@ -124,6 +124,12 @@ struct MatmulEpilogue {
   // library's epilogue gives it).
   const uint16_t* relu_output = nullptr;
   float* bias_gradient = nullptr;
+  // A weight gradient's product (trans_a: A is a layer's output gradient dy, [k, m] rows lda
+  // apart): Σ over A's k rows added into this [m], the layer's bias gradient, as
+  // Backend::bias_backward sums it (in float32, from A's bfloat16 copy where it comes with one,
+  // else from its values). A backend may take the sums inside the product (a GPU library's
+  // epilogue reduces the operand as it loads it) instead of a pass over dy after it.
+  float* a_column_sums = nullptr;
   // Training's products: the backend may run this one on the algorithm it timed fastest for the
   // shape among several (a GPU library's), whose sums' last bits may then differ from another
   // process's. False (inference's): the algorithm the library names, the same in every run.
@@ -131,17 +137,28 @@ struct MatmulEpilogue {
 };
 
 // The epilogue of a product itself, without the ReLU's record or gate (relu_mask, relu_output,
-// bias_gradient), which a backend applies around it.
+// bias_gradient) or its operand's column sums (a_column_sums), which a backend applies around it.
 inline MatmulEpilogue product_epilogue(MatmulEpilogue e) {
   e.relu_mask = nullptr;
   e.relu_output = nullptr;
   e.bias_gradient = nullptr;
+  e.a_column_sums = nullptr;
   return e;
+}
+
+// A matmul's column sums of A (MatmulEpilogue::a_column_sums) where the product does not read A
+// as a weight gradient's dy: every backend refuses them alike.
+inline void check_column_sums(const MatmulEpilogue& e, bool trans_a) {
+  if (e.a_column_sums && !trans_a)
+    throw std::invalid_argument(
+        "matmul: the column sums of A are a weight gradient's (A read transposed)");
 }
 
 // A matmul's ReLU gate (MatmulEpilogue::relu_output) where its epilogue cannot have one: every
 // backend refuses it alike.
 inline void check_relu_gate(const MatmulEpilogue& e, float beta, int64_t ldc, int64_t n) {
+  if (e.a_column_sums && e.relu_output)
+    throw std::invalid_argument("matmul: a ReLU gate's product sums no column of its operand");
   if (e.bias_gradient && !e.relu_output)
     throw std::invalid_argument("matmul: a bias gradient comes with a ReLU gate");
   if (e.relu_output && (!e.rounded_output || beta != 0.f || ldc != n || e.bias || e.relu))

@@ -82,9 +82,9 @@ void linear_parameter_backward(const Backend& backend, const LinearWeights& w,
                                int64_t rows) {
   MatmulEpilogue tunable;
   tunable.may_tune = w.tuned_products;
+  tunable.a_column_sums = g.bias;  // the bias gradient, Σ_rows dy (inside the product where it can)
   backend.matmul(true, false, w.out, w.in, rows, 1.f, {dy, rounded_dy, ldy}, ldy, {x, rounded_x},
                  w.in, 1.f, g.weight, w.in, w.precision, tunable);
-  if (g.bias) backend.bias_backward(dy, rounded_dy, rows, w.out, ldy, g.bias);
 }
 
 void plan_linear_backward(const LinearWeights& w, int64_t rows, BackwardScratch& scratch,

@@ -76,8 +76,9 @@ class CpuBackend final : public Backend {
               MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta, float* c,
               int64_t ldc, Precision precision, MatmulEpilogue epilogue) const override {
     check_relu_gate(epilogue, beta, ldc, n);
+    check_column_sums(epilogue, trans_a);
     // A ReLU gate: the product, then the ReLU's backward over its output in place (the CPU keeps
-    // no record of the forward's ReLU: relu_mask_bytes 0).
+    // no record of the forward's ReLU: relu_mask_bytes 0). A's column sums: a pass after it.
     const MatmulEpilogue product = product_epilogue(epilogue);
     if (precision == Precision::kBFloat16)
       gemm_bfloat16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, product);
@@ -87,6 +88,9 @@ class CpuBackend final : public Backend {
     if (epilogue.relu_output)
       tfm::relu_backward_bfloat16(nullptr, epilogue.relu_output, m, n, epilogue.rounded_output,
                                   epilogue.bias_gradient);
+    if (epilogue.a_column_sums)
+      bias_backward(a.values, a.rounded, k, m, a.rounded ? a.rounded_stride(m) : lda,
+                    epilogue.a_column_sums);
   }
   void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
                         uint16_t* out) const override {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -51,11 +52,14 @@ struct PlanKey {
   bool transposed_x = false;  // x [k, m] read as its transpose (a weight gradient's dyᵀ)
   bool bias = false, bias_in_bfloat16 = false, relu = false;
   int mask = 0;  // ReluMaskUse
+  // x's sums over its k rows into the bias pointer's [m] (a weight gradient's bias gradient: x is
+  // cuBLASLt's B, so BGRADB), in the output's type
+  bool x_column_sums = false;
   uint32_t align_x = 0, align_w = 0, align_y = 0, align_bias = 0, align_mask = 0;
   auto tied() const {
     return std::tie(device, m, n, k, ldx, ldw, ldy, type, output_type, layout, transposed_x, bias,
-                    bias_in_bfloat16, relu, mask, align_x, align_w, align_y, align_bias,
-                    align_mask);
+                    bias_in_bfloat16, relu, mask, x_column_sums, align_x, align_w, align_y,
+                    align_bias, align_mask);
   }
   bool operator<(const PlanKey& o) const { return tied() < o.tied(); }
 };
@@ -95,6 +99,7 @@ void set(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttribut
 
 // The epilogue of a product: its bias and ReLU, or its ReLU mask's.
 cublasLtEpilogue_t epilogue_of(const PlanKey& key) {
+  if (key.x_column_sums) return CUBLASLT_EPILOGUE_BGRADB;  // x is the library's B
   switch (ReluMaskUse(key.mask)) {
     case ReluMaskUse::kWrite:
       return key.bias ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_AUX;
@@ -159,7 +164,7 @@ std::unique_ptr<Plan> make_plan(const Context& c, const PlanKey& key, const void
     set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, mask);
     set(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, mask_ld(key.n));
   }
-  if (ReluMaskUse(key.mask) == ReluMaskUse::kReadWithBiasGradient) {
+  if (ReluMaskUse(key.mask) == ReluMaskUse::kReadWithBiasGradient || key.x_column_sums) {
     set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);  // the gradient, the output's type
   } else if (key.bias) {
     set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
@@ -501,8 +506,11 @@ bool lt_product(const Context& c, int64_t m, int64_t n, int64_t k, const void* x
 
 bool lt_tuned_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                       float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
-                      float beta, float* out, int64_t ldc, cudaDataType_t type) {
+                      float beta, float* out, int64_t ldc, cudaDataType_t type,
+                      float* a_column_sums) {
   if (!lt_enabled()) return false;
+  if (a_column_sums && !trans_a)
+    throw std::invalid_argument("lt_tuned_product: column sums of A read transposed only");
   std::lock_guard<std::mutex> context_lock(c.blas_mutex);
   make_handle(c);
   PlanKey shape;  // a is x (transposed where trans_a), b is W
@@ -514,7 +522,8 @@ bool lt_tuned_product(const Context& c, bool trans_a, bool trans_b, int64_t m, i
   shape.layout = int(trans_b ? WeightLayout::kOutputsByInputs : WeightLayout::kInputsByOutputs);
   shape.transposed_x = trans_a;
   shape.mask = int(ReluMaskUse::kNone);
-  return run_product(c, shape, {a, b, out, nullptr, nullptr, alpha, beta}, true);
+  shape.x_column_sums = a_column_sums != nullptr;
+  return run_product(c, shape, {a, b, out, a_column_sums, nullptr, alpha, beta}, true);
 }
 
 }  // namespace cuda

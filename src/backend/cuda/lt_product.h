@@ -68,9 +68,13 @@ bool lt_tunes(int64_t m, int64_t n, int64_t k);
 // it for matmul.cu (A [m, k] or, transposed, [k, m] with row stride lda; B [k, n] or [n, k]; of
 // `type`, accumulated in float32), on cuBLASLt's algorithm tuned for the shape (lt_tunes). Returns
 // false, having enqueued nothing, where cuBLASLt has no algorithm for it or TFM_CUDA_LT=0 is set.
+// With a_column_sums (trans_a only: a weight gradient's dy), also a_column_sums[m] = Σ over A's k
+// rows, as read (float32 sums, written, not added), in the same product (cuBLASLt's bias-gradient
+// epilogue); false where it has no algorithm for that.
 bool lt_tuned_product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                       float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
-                      float beta, float* out, int64_t ldc, cudaDataType_t type);
+                      float beta, float* out, int64_t ldc, cudaDataType_t type,
+                      float* a_column_sums = nullptr);
 
 }  // namespace cuda
 }  // namespace tfm

@@ -262,12 +262,16 @@ bool relu_mask_written(const Context& c, const void* mask, int64_t m, int64_t n)
 
 // matmul's product and epilogue, the ReLU mask aside: `relu_mask` (LtReluMask) is written or read
 // where cuBLASLt's product rounding its own output takes it (*mask_used then true); else the
-// product goes as it would without it.
+// product goes as it would without it. With a_column_sums ([m], trans_a), where the product runs
+// on cuBLASLt's tuned algorithm with its bias-gradient epilogue, A's sums over its k rows (as the
+// product reads A) are written there too (*sums_written then true).
 bool product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
              float alpha, MatmulOperand a, int64_t lda, MatmulOperand b, int64_t ldb, float beta,
              float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue,
-             const LtReluMask& relu_mask, bool* mask_used) {
+             const LtReluMask& relu_mask, bool* mask_used, float* a_column_sums = nullptr,
+             bool* sums_written = nullptr) {
   *mask_used = false;
+  if (sums_written) *sums_written = false;
   if (precision == Precision::kInt8)
     throw std::invalid_argument("matmul: int8 is for prepared weights only");
   if (epilogue.rounded_output && (precision != Precision::kBFloat16 || beta != 0.f))
@@ -321,11 +325,19 @@ bool product(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n,
     }
     if (lt_rounds && lt_rounded({})) return true;
     // The product alone, its epilogue (if any) a pass after it: on cuBLASLt's tuned algorithm
-    // where training's shape is tuned, else cuBLAS's choice.
-    if (epilogue.may_tune && lt_tunes(m, n, k) &&
-        lt_tuned_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta,
-                         float_target(), ld_target, type))
-      return false;
+    // where training's shape is tuned (with A's column sums inside it where asked and cuBLASLt
+    // has an algorithm for that), else cuBLAS's choice.
+    if (epilogue.may_tune && lt_tunes(m, n, k)) {
+      if (a_column_sums &&
+          lt_tuned_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta,
+                           float_target(), ld_target, type, a_column_sums)) {
+        *sums_written = true;
+        return false;
+      }
+      if (lt_tuned_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta,
+                           float_target(), ld_target, type))
+        return false;
+    }
     blas_product(c, trans_a, trans_b, m, n, k, alpha, a_read, a_ld, b_read, b_ld, beta,
                  float_target(), ld_target, type);
     return false;
@@ -374,9 +386,30 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
             float* out, int64_t ldc, Precision precision, const MatmulEpilogue& epilogue,
             bool* relu_mask_used) {
   check_relu_gate(epilogue, beta, ldc, n);
+  check_column_sums(epilogue, trans_a);
   bool unused = false;
   bool& mask_used = relu_mask_used ? *relu_mask_used : unused;
   const MatmulEpilogue plain = product_epilogue(epilogue);
+  if (epilogue.a_column_sums) {
+    // A weight gradient's product with its bias gradient: the sums inside cuBLASLt's product
+    // where A is read as its given bfloat16 copy (what bias_backward sums too), into a scratch
+    // added after it (the epilogue writes); else bias_backward's pass over A after the product.
+    // TFM_CUDA_BIAS_GRADIENT_IN_PRODUCT=0 always takes the pass, to compare.
+    static const bool in_product = !turned_off("TFM_CUDA_BIAS_GRADIENT_IN_PRODUCT");
+    const bool fused =
+        in_product && precision == Precision::kBFloat16 && a.rounded && m > 0 && n > 0 && k > 0;
+    Scratch sums(c, fused ? m * int64_t(sizeof(float)) : 0);  // [m]
+    bool sums_written = false;
+    const bool on_lt =
+        product(c, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, out, ldc, precision,
+                plain, {}, &mask_used, fused ? sums.as<float>() : nullptr, &sums_written);
+    if (sums_written)
+      add(c.stream, epilogue.a_column_sums, sums.as<float>(), m);
+    else
+      bias_backward(c, a.values, a.rounded, k, m, a.rounded ? a.rounded_stride(m) : lda,
+                    epilogue.a_column_sums);
+    return on_lt;
+  }
   if (!epilogue.relu_output) {
     // fc1's product with its ReLU: the mask written inside cuBLASLt's product, where it takes it.
     const LtReluMask record{epilogue.relu ? epilogue.relu_mask : nullptr, true, nullptr};
