@@ -753,9 +753,9 @@ TEST_P(BackendOps, MatmulThroughAReluGivesTheGatedGradient) {
 
 // A weight gradient's product with its bias gradient (MatmulEpilogue::a_column_sums): C += Aᵀ·B
 // as without it, and the sums of A over its k rows added to the [m] given, from A's bfloat16 copy
-// where it comes with one (in its own row stride), else from its values: float32 and bfloat16,
-// tuned (a GPU library's bias-gradient epilogue inside the product) and not, odd sizes; and
-// refused where A is not read transposed or the product has a ReLU gate.
+// where it comes with one (in its own row stride), else from its values, never scaled by alpha:
+// float32 and bfloat16, tuned (a GPU library's bias-gradient epilogue inside the product) and
+// not, odd sizes; and refused where A is not read transposed or the product has a ReLU or its gate.
 TEST_P(BackendOps, MatmulSumsAWeightGradientsOperandIntoItsBiasGradient) {
   uint64_t seed = 1500;
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
@@ -768,10 +768,11 @@ TEST_P(BackendOps, MatmulSumsAWeightGradientsOperandIntoItsBiasGradient) {
          {std::tuple<int64_t, int64_t, int64_t>{7, 5, 9}, {65, 63, 33}, {130, 40, 24}, {1, 1, 1}})
       for (bool given_copy : {false, true}) {
         if (given_copy && !bfloat16) continue;
-        for (bool tuned : {false, true}) {
-          SCOPED_TRACE(testing::Message()
-                       << precision_name(precision) << " k=" << k << " m=" << m << " n=" << n
-                       << (given_copy ? " copy" : "") << (tuned ? " tuned" : ""));
+        for (auto [tuned, alpha] :
+             {std::pair{false, 1.f}, std::pair{true, 1.f}, std::pair{true, 0.75f}}) {
+          SCOPED_TRACE(testing::Message() << precision_name(precision) << " k=" << k << " m=" << m
+                                          << " n=" << n << (given_copy ? " copy" : "")
+                                          << (tuned ? " tuned" : "") << " alpha=" << alpha);
           const int64_t lda = m + 3, ldb = n + 2, ldc = n + 1;
           const auto a = random_vector(k * lda, seed++), b = random_vector(k * ldb, seed++);
           const auto c0 = random_vector(m * ldc, seed++);
@@ -785,19 +786,21 @@ TEST_P(BackendOps, MatmulSumsAWeightGradientsOperandIntoItsBiasGradient) {
           MatmulEpilogue epilogue;
           epilogue.may_tune = tuned;
           epilogue.a_column_sums = sums.data();
-          be().matmul(true, false, m, n, k, 1.f,
+          be().matmul(true, false, m, n, k, alpha,
                       {a.data(), given_copy ? a16.bits.data() : nullptr, given_copy ? lda : 0}, lda,
                       b.data(), ldb, 1.f, c.data(), ldc, precision, epilogue);
           for (int64_t i = 0; i < m; ++i) {
             for (int64_t j = 0; j < n; ++j) {
-              double sum = c0[size_t(i * ldc + j)], terms = 0;
+              double product = 0, terms = 0;
               for (int64_t p = 0; p < k; ++p) {
                 const size_t at = size_t(p * ldb + j);
                 const double y = bfloat16 ? double(b16.widened[at]) : double(b[at]);
-                sum += a_read(p, i) * y;
+                product += a_read(p, i) * y;
                 terms += std::abs(a_read(p, i) * y);
               }
-              ASSERT_NEAR(c[size_t(i * ldc + j)], sum, 1e-5 * terms + 1e-5) << i << "," << j;
+              ASSERT_NEAR(c[size_t(i * ldc + j)], c0[size_t(i * ldc + j)] + alpha * product,
+                          1e-5 * terms + 1e-5)
+                  << i << "," << j;
             }
             double sum = 0.5, absolute = 0.5;
             for (int64_t p = 0; p < k; ++p) {
@@ -827,6 +830,12 @@ TEST_P(BackendOps, MatmulSumsAWeightGradientsOperandIntoItsBiasGradient) {
                              2, Precision::kBFloat16, gated),
                  std::invalid_argument);
   }
+  MatmulEpilogue with_relu;
+  with_relu.relu = true;
+  with_relu.a_column_sums = sums.data();
+  EXPECT_THROW(be().matmul(true, false, 2, 2, 2, 1.f, one.data(), 2, one.data(), 2, 0.f, c.data(),
+                           2, Precision::kFloat32, with_relu),
+               std::invalid_argument);
 }
 
 // A bfloat16 output flushes results below the smallest normal float to zero, as AVX512-BF16's

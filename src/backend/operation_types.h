@@ -125,8 +125,8 @@ struct MatmulEpilogue {
   const uint16_t* relu_output = nullptr;
   float* bias_gradient = nullptr;
   // A weight gradient's product (trans_a: A is a layer's output gradient dy, [k, m] rows lda
-  // apart): Σ over A's k rows added into this [m], the layer's bias gradient, as
-  // Backend::bias_backward sums it (in float32, from A's bfloat16 copy where it comes with one,
+  // apart): Σ over A's k rows (not scaled by alpha) added into this [m], the layer's bias gradient,
+  // as Backend::bias_backward sums it (in float32, from A's bfloat16 copy where it comes with one,
   // else from its values). A backend may take the sums inside the product (a GPU library's
   // epilogue reduces the operand as it loads it) instead of a pass over dy after it.
   float* a_column_sums = nullptr;
@@ -152,6 +152,8 @@ inline void check_column_sums(const MatmulEpilogue& e, bool trans_a) {
   if (e.a_column_sums && !trans_a)
     throw std::invalid_argument(
         "matmul: the column sums of A are a weight gradient's (A read transposed)");
+  if (e.a_column_sums && (e.relu || e.relu_mask))
+    throw std::invalid_argument("matmul: a weight gradient's product has no ReLU");
 }
 
 // A matmul's ReLU gate (MatmulEpilogue::relu_output) where its epilogue cannot have one: every

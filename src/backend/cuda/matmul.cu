@@ -391,13 +391,15 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
   bool& mask_used = relu_mask_used ? *relu_mask_used : unused;
   const MatmulEpilogue plain = product_epilogue(epilogue);
   if (epilogue.a_column_sums) {
-    // A weight gradient's product with its bias gradient: the sums inside cuBLASLt's product
-    // where A is read as its given bfloat16 copy (what bias_backward sums too), into a scratch
-    // added after it (the epilogue writes); else bias_backward's pass over A after the product.
-    // TFM_CUDA_BIAS_GRADIENT_IN_PRODUCT=0 always takes the pass, to compare.
+    // A weight gradient's product with its bias gradient: the sums inside cuBLASLt's tuned
+    // product (training's large ones: lt_tunes) where A is read as its given bfloat16 copy (what
+    // bias_backward sums too) and unscaled (alpha 1: the epilogue sums the operand as it is), into
+    // a scratch added after it (the epilogue writes); else bias_backward's pass over A after the
+    // product. TFM_CUDA_BIAS_GRADIENT_IN_PRODUCT=0 always takes the pass, to compare.
     static const bool in_product = !turned_off("TFM_CUDA_BIAS_GRADIENT_IN_PRODUCT");
-    const bool fused =
-        in_product && precision == Precision::kBFloat16 && a.rounded && m > 0 && n > 0 && k > 0;
+    const bool fused = in_product && precision == Precision::kBFloat16 && a.rounded &&
+                       alpha == 1.f && epilogue.may_tune && m > 0 && n > 0 && k > 0 &&
+                       lt_tunes(m, n, k);
     Scratch sums(c, fused ? m * int64_t(sizeof(float)) : 0);  // [m]
     bool sums_written = false;
     const bool on_lt =
