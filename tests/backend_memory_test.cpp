@@ -116,8 +116,8 @@ class MemoryCheckingBackend : public Backend {
     cpu().matmul(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision,
                  epilogue);
     if (column_sums)
-      cpu().bias_backward(given_a.values, given_a.rounded, k, m,
-                          given_a.rounded ? given_a.rounded_stride(m) : lda, column_sums);
+      cpu().bias_backward(given_a.values, given_a.rounded, k, m, given_a.read_stride(m, lda),
+                          column_sums);
   }
   void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
                         uint16_t* out) const override {

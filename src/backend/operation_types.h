@@ -73,6 +73,11 @@ struct MatmulOperand {
   int64_t rounded_ld;       // the rounded copy's row stride; 0: its cols (dense)
   // The rounded copy's row stride for an operand stored with `cols` columns.
   int64_t rounded_stride(int64_t cols) const { return rounded_ld > 0 ? rounded_ld : cols; }
+  // The row stride of the array a pass over the operand reads (its rounded copy where given,
+  // else its values, ld apart): what MatmulEpilogue::a_column_sums sums.
+  int64_t read_stride(int64_t cols, int64_t ld) const {
+    return rounded ? rounded_stride(cols) : ld;
+  }
 };
 
 // One matrix of Backend::round_each_to_16_bits: `count` floats at x (dense) rounded into out.
@@ -154,13 +159,13 @@ inline void check_column_sums(const MatmulEpilogue& e, bool trans_a) {
         "matmul: the column sums of A are a weight gradient's (A read transposed)");
   if (e.a_column_sums && (e.relu || e.relu_mask))
     throw std::invalid_argument("matmul: a weight gradient's product has no ReLU");
+  if (e.a_column_sums && e.relu_output)
+    throw std::invalid_argument("matmul: a ReLU gate's product sums no column of its operand");
 }
 
 // A matmul's ReLU gate (MatmulEpilogue::relu_output) where its epilogue cannot have one: every
 // backend refuses it alike.
 inline void check_relu_gate(const MatmulEpilogue& e, float beta, int64_t ldc, int64_t n) {
-  if (e.a_column_sums && e.relu_output)
-    throw std::invalid_argument("matmul: a ReLU gate's product sums no column of its operand");
   if (e.bias_gradient && !e.relu_output)
     throw std::invalid_argument("matmul: a bias gradient comes with a ReLU gate");
   if (e.relu_output && (!e.rounded_output || beta != 0.f || ldc != n || e.bias || e.relu))

@@ -119,10 +119,10 @@ void embed_with_dropout(const Backend& backend, const ModelConfig& config,
   dropout_forward(backend, x, n, dropout, key, mask);
 }
 
-// Whether a stack's output is the value of its final norm rather than its last layer's output:
-// pre-norm's final norm; post-norm's is the identity. The encoder's memory is a value of its own
+// Whether a stack ends in a norm of its own, so that its output is that norm's value rather than
+// its last layer's output: pre-norm's final norm; post-norm's is the identity. The encoder's memory is a value of its own
 // either way (a decoding step keeps it after the layers' caches are reused).
-bool output_is_final_norm(const ModelConfig& config) {
+bool has_final_norm(const ModelConfig& config) {
   return config.norm == NormPosition::kPre;
 }
 
@@ -132,14 +132,14 @@ template <typename Sizer>
 void final_norm_buffers(const ModelConfig& config, int64_t rows, LayerNormCache& cache,
                         DeviceBuffer<float>* out, Sizer& sizer) {
   if (out) sizer.need(*out, rows * config.d_model);  // [rows, D]
-  if (config.norm == NormPosition::kPre) {
+  if (has_final_norm(config)) {
     sizer.need(cache.mean, rows);
     sizer.need(cache.rstd, rows);
   }
 }
-// The decoder's final norm output where it has one (output_is_final_norm), else null.
+// The decoder's final norm output where it has one (has_final_norm), else null.
 DeviceBuffer<float>* decoder_final_norm_output(const ModelConfig& config, StackCache& cache) {
-  return output_is_final_norm(config) ? &cache.decoder_out : nullptr;
+  return has_final_norm(config) ? &cache.decoder_out : nullptr;
 }
 
 // The host-computed index arrays each stack uploads: its token ids and the batch's lengths.
@@ -155,7 +155,7 @@ template <typename Sizer>
 void stacks_backward_buffers(const ModelConfig& config, int64_t batch, int64_t src_len,
                              int64_t tgt_len, BackwardScratch& scratch, Sizer& sizer) {
   const int64_t d = config.d_model;
-  if (output_is_final_norm(config))
+  if (has_final_norm(config))
     sizer.need(scratch.d_stream, batch * std::max(src_len, tgt_len) * d);  // [rows, D]
   sizer.need(scratch.d_memory, batch * src_len * d);                       // [B, S, D]
 }
@@ -172,7 +172,7 @@ void make_layer_caches(std::vector<LayerCache>& caches, int64_t layers) {
 void final_norm(const Backend& backend, const ModelConfig& config, const LayerNormWeights& norm,
                 const float* in, int64_t rows, LayerNormCache* cache, float* out) {
   const int64_t d = config.d_model;
-  if (config.norm == NormPosition::kPre) {
+  if (has_final_norm(config)) {
     backend.layer_norm(in, norm.weight, norm.bias, out, rows, d, float(config.layer_norm_eps),
                        cache ? cache->mean.data() : nullptr, cache ? cache->rstd.data() : nullptr);
   } else if (in != out) {
@@ -531,7 +531,7 @@ void stacks_backward(const Model& model, const TransformerWeights& w, const Tran
   auto final_norm_backward = [&](const LayerNormWeights& norm, const LayerNormParams<float>& ng,
                                  const float* last_output, LayerNormCache& norm_cache, float* d_out,
                                  int64_t rows) {
-    if (!output_is_final_norm(config)) {
+    if (!has_final_norm(config)) {
       stream = d_out;
       return;
     }

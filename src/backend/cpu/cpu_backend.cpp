@@ -89,8 +89,7 @@ class CpuBackend final : public Backend {
       tfm::relu_backward_bfloat16(nullptr, epilogue.relu_output, m, n, epilogue.rounded_output,
                                   epilogue.bias_gradient);
     if (epilogue.a_column_sums)
-      bias_backward(a.values, a.rounded, k, m, a.rounded ? a.rounded_stride(m) : lda,
-                    epilogue.a_column_sums);
+      bias_backward(a.values, a.rounded, k, m, a.read_stride(m, lda), epilogue.a_column_sums);
   }
   void round_to_16_bits(const float* x, int64_t rows, int64_t cols, int64_t ldx, Precision format,
                         uint16_t* out) const override {

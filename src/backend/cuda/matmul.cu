@@ -408,8 +408,7 @@ bool matmul(const Context& c, bool trans_a, bool trans_b, int64_t m, int64_t n, 
     if (sums_written)
       add(c.stream, epilogue.a_column_sums, sums.as<float>(), m);
     else
-      bias_backward(c, a.values, a.rounded, k, m, a.rounded ? a.rounded_stride(m) : lda,
-                    epilogue.a_column_sums);
+      bias_backward(c, a.values, a.rounded, k, m, a.read_stride(m, lda), epilogue.a_column_sums);
     return on_lt;
   }
   if (!epilogue.relu_output) {
