@@ -58,12 +58,11 @@ std::vector<PyTranslationResult> to_python(std::vector<tfm::TranslationResult> r
   return out;
 }
 
-tfm::TranslationOptions translation_options(int64_t beam_size, double length_penalty,
-                                            int64_t num_hypotheses, double max_decoding_length_a,
-                                            int64_t max_decoding_length_b,
-                                            int64_t max_decoding_length,
-                                            int64_t min_decoding_length, int64_t max_batch_tokens,
-                                            bool return_attention, bool replace_unknowns) {
+tfm::TranslationOptions translation_options(
+    int64_t beam_size, double length_penalty, int64_t num_hypotheses, double max_decoding_length_a,
+    int64_t max_decoding_length_b, int64_t max_decoding_length, int64_t min_decoding_length,
+    int64_t max_batch_tokens, bool return_attention, bool replace_unknowns, int64_t sampling_topk,
+    double sampling_topp, double sampling_temperature, uint64_t sampling_seed) {
   tfm::TranslationOptions o;
   o.beam_size = beam_size;
   o.length_penalty = length_penalty;
@@ -75,6 +74,10 @@ tfm::TranslationOptions translation_options(int64_t beam_size, double length_pen
   o.max_batch_tokens = max_batch_tokens;
   o.return_attention = return_attention;
   o.replace_unknowns = replace_unknowns;
+  o.sampling_topk = sampling_topk;
+  o.sampling_topp = sampling_topp;
+  o.sampling_temperature = sampling_temperature;
+  o.sampling_seed = sampling_seed;
   return o;
 }
 
@@ -269,11 +272,14 @@ PYBIND11_MODULE(transformer_cpp, m) {
              double max_decoding_length_a, int64_t max_decoding_length_b,
              int64_t max_decoding_length, int64_t min_decoding_length, int64_t max_batch_tokens,
              bool return_attention, bool replace_unknowns,
-             const std::optional<std::variant<Texts, TokenLists>>& target_prefix) {
+             const std::optional<std::variant<Texts, TokenLists>>& target_prefix,
+             int64_t sampling_topk, double sampling_topp, double sampling_temperature,
+             uint64_t sampling_seed) {
             const tfm::TranslationOptions options = translation_options(
                 beam_size, length_penalty, num_hypotheses, max_decoding_length_a,
                 max_decoding_length_b, max_decoding_length, min_decoding_length, max_batch_tokens,
-                return_attention, replace_unknowns);
+                return_attention, replace_unknowns, sampling_topk, sampling_topp,
+                sampling_temperature, sampling_seed);
             const bool as_tokens = std::holds_alternative<TokenLists>(source);
             if (target_prefix && std::holds_alternative<TokenLists>(*target_prefix) != as_tokens)
               throw tfm::UsageError(
@@ -302,10 +308,15 @@ PYBIND11_MODULE(transformer_cpp, m) {
           py::arg("max_batch_tokens") = defaults.max_batch_tokens,
           py::arg("return_attention") = defaults.return_attention,
           py::arg("replace_unknowns") = defaults.replace_unknowns,
-          py::arg("target_prefix") = py::none(),
+          py::arg("target_prefix") = py::none(), py::arg("sampling_topk") = defaults.sampling_topk,
+          py::arg("sampling_topp") = defaults.sampling_topp,
+          py::arg("sampling_temperature") = defaults.sampling_temperature,
+          py::arg("sampling_seed") = defaults.sampling_seed,
           "Translates a list of texts (or of token lists); returns one TranslationResult per "
           "input, in order. An empty input, or one longer than the model's positions, gets no "
-          "hypotheses.")
+          "hypotheses. sampling_topk other than 1 (0: the whole vocabulary) draws each token at "
+          "random instead (beam_size 1; num_hypotheses draws of each input; sampling_seed 0: a "
+          "new seed each call).")
       .def(
           "score_batch",
           [](const tfm::Translator& translator, const Texts& source, const Texts& target,

@@ -189,6 +189,37 @@ std::vector<float> token_logprobs(const Converted& m, const std::vector<int32_t>
   return logprobs;
 }
 
+// Sampling (SearchOptions::sampling) on this backend: the CPU's draws, each scored as the
+// teacher-forced log-probabilities (CTranslate2's, above) of its tokens and </s> add up,
+// untempered; from the backend's 10 best and from whole rows copied back.
+TEST_P(ConvertedModelOnDevice, SampledDrawsAreTheCpusAndScoreAsScoring) {
+  const Converted m(GetParam().fixture, testing_support::backend_of(GetParam()));
+  const Converted on_cpu(GetParam().fixture);
+  const nlohmann::json e = expected(GetParam().fixture)["translate"][0];
+  const std::vector<int32_t> source = m.source(e["source"]), prefix = m.target(e["target_prefix"]);
+  for (const SamplingOptions& sampling :
+       {SamplingOptions{10, 0.9, 1.5, 3}, SamplingOptions{0, 1, 2, 4}}) {
+    SCOPED_TRACE("topk " + std::to_string(sampling.topk));
+    SearchOptions o;
+    o.beam = 1;
+    o.nbest = 3;
+    o.max_length = 8;
+    o.sampling = sampling;
+    const std::vector<Hypothesis> drawn = search(m.model, {source}, {prefix}, o)[0];
+    const std::vector<Hypothesis> cpu = search(on_cpu.model, {source}, {prefix}, o)[0];
+    ASSERT_EQ(drawn.size(), 3u);
+    ASSERT_EQ(cpu.size(), 3u);
+    for (size_t i = 0; i < drawn.size(); ++i) {
+      EXPECT_EQ(drawn[i].tokens, cpu[i].tokens) << i;
+      const std::vector<float> lp = token_logprobs(m, source, drawn[i].tokens);
+      double sum = 0;
+      for (size_t t = 0; t < drawn[i].tokens.size() + (drawn[i].finished_with_eos ? 1 : 0); ++t)
+        sum += lp[t];
+      EXPECT_NEAR(drawn[i].logprob, sum, 1e-3) << i;
+    }
+  }
+}
+
 // translate_batch (m2m100: with a target_prefix), beam_size 1 / 2 / 4, length_penalty 0
 // (hypotheses ranked by their log-probability, as our alpha 0) and max_decoding_length 12 (the
 // prefix included). CTranslate2's score leaves out the forced prefix, which our

@@ -1175,6 +1175,33 @@ TEST(ServeRequest, ParserDefaultsAndOverrides) {
   }
 }
 
+// A server that samples (--sampling-topk): nbest and alternatives are draws with beam 1, and a
+// wider beam is refused with 400.
+TEST(ServeRequest, ASamplingServerDrawsNbestAndRefusesAWiderBeam) {
+  tfm::TranslationOptions defaults;
+  defaults.beam_size = 1;
+  defaults.sampling_topk = 0;
+  tfm::ServeLimits limits;
+  limits.decoder_layers = 6;
+  tfm::TranslateRequest r =
+      tfm::parse_translate_request(R"({"text": "a", "nbest": 8})", defaults, limits);
+  EXPECT_EQ(r.search.beam_size, 1);
+  EXPECT_EQ(r.search.num_hypotheses, 8);
+  EXPECT_EQ(tfm::hypotheses_per_source(r.search), 8);
+  const tfm::LibreTranslateRequest l = tfm::parse_libretranslate_request(
+      json{{"q", "a"}, {"source", "ar"}, {"target", "en"}, {"alternatives", 2}}, defaults, limits,
+      "", "");
+  EXPECT_EQ(l.translate.search.beam_size, 1);
+  EXPECT_EQ(l.translate.search.num_hypotheses, 3);
+  try {
+    tfm::parse_translate_request(R"({"text": "a", "beam": 2})", defaults, limits);
+    FAIL();
+  } catch (const tfm::RequestError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_NE(std::string(e.what()).find("beam must be 1"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 
 TEST(ServeRequest, LanguageNamesComeFromIcu) {

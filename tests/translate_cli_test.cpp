@@ -60,6 +60,28 @@ TEST(TranslateCli, NbestPrefixAndAttentionFormats) {
   EXPECT_EQ(std::count(attention.begin(), attention.end(), ','), 7 * 5);  // 6 source positions
 }
 
+// --sampling-topk draws --nbest outputs of each line; --seed repeats them whatever the batch;
+// a wider beam is a usage error naming both flags.
+TEST(TranslateCli, SamplingDrawsNbestAndASeedRepeatsThem) {
+  work.write_file("two.txt", "آ ت ز م و ن\nآ ت ش ي س و ن\n");
+  const std::string sample = "translate --model " + model_dir() + " -i " + work.path("two.txt") +
+                             " --sampling-topk 8 --sampling-temperature 2 --nbest 4 ";
+  const CliResult first = work.run_cli(sample + "--beam 1 --seed 11");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(std::count(first.out.begin(), first.out.end(), '\n'), 8) << first.out;
+  EXPECT_EQ(first.out.rfind("0 ||| ", 0), 0u) << first.out;
+  EXPECT_NE(first.out.find("\n1 ||| "), std::string::npos) << first.out;
+  const CliResult again = work.run_cli(sample + "--beam 1 --seed 11 --batch-tokens 8");
+  EXPECT_EQ(again.out, first.out);
+  const CliResult other = work.run_cli(sample + "--beam 1 --seed 12");
+  EXPECT_NE(other.out, first.out);
+  const CliResult wide = work.run_cli(sample + "--beam 3");
+  EXPECT_EQ(wide.exit_code, 2);
+  EXPECT_NE(wide.err.find("error: --sampling-topk 8 samples, which takes --beam 1"),
+            std::string::npos)
+      << wide.err;
+}
+
 TEST(TranslateCli, ReplaceUnknownsAndAttentionFile) {
   work.write_file("one.txt", "آ ت ز م و ن\n");
   // A forced <unk> first token is replaced by the source token it attends to most.

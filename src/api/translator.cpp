@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <random>
 
 #include "api/compute_type.h"
 #include "decode/hypothesis_text.h"
@@ -76,7 +77,16 @@ SearchOptions search_settings(const SearchOptions& defaults, const TranslationOp
       options.return_attention || options.return_attention_heads || options.replace_unknowns;
   settings.attention_per_head = options.return_attention_heads;
   settings.attention_layer = options.attention_layer;
+  settings.sampling = {options.sampling_topk, options.sampling_topp, options.sampling_temperature,
+                       options.sampling_seed};
   return settings;
+}
+
+// A seed for a call that asks for none: from the system's entropy, never 0.
+uint64_t fresh_sampling_seed() {
+  std::random_device entropy;
+  const uint64_t seed = (uint64_t(entropy()) << 32) ^ uint64_t(entropy());
+  return seed ? seed : 1;
 }
 
 // Every head's weights, [heads][steps][source], from a hypothesis that kept all of them.
@@ -121,11 +131,21 @@ const Vocabulary* Translator::target_vocabulary() const {
   return state_->bundle.target_vocabulary ? &*state_->bundle.target_vocabulary : nullptr;
 }
 
+int64_t hypotheses_per_source(const TranslationOptions& options) {
+  return hypotheses_per_sentence(search_settings({}, options));
+}
+
 void Translator::check_options(const TranslationOptions& o) const {
   auto bad = [](const std::string& what) { throw UsageError(what); };
   if (o.beam_size < 1) bad("beam_size must be at least 1");
-  if (o.num_hypotheses < 1 || o.num_hypotheses > o.beam_size)
+  const SearchOptions settings = search_settings(state_->defaults, o);
+  if (const std::string error = sampling_options_error(settings.sampling, o.beam_size);
+      !error.empty())
+    bad(error);
+  if (!is_sampling(settings.sampling) && (o.num_hypotheses < 1 || o.num_hypotheses > o.beam_size))
     bad("num_hypotheses must be between 1 and beam_size");
+  if (is_sampling(settings.sampling) && (o.num_hypotheses < 1 || o.num_hypotheses > (1 << 20)))
+    bad("num_hypotheses (draws of each input when sampling) must be between 1 and 1048576");
   if (!(o.length_penalty >= 0 && o.length_penalty <= 10)) bad("length_penalty must be in [0, 10]");
   if (!(o.max_decoding_length_a >= 0 && o.max_decoding_length_a <= 1000))
     bad("max_decoding_length_a must be in [0, 1000]");
@@ -162,7 +182,9 @@ std::vector<TranslationResult> Translator::translate_ids(
   if (!target_prefixes.empty() && target_prefixes.size() != sources.size())
     throw UsageError("target prefixes: " + std::to_string(target_prefixes.size()) + " for " +
                      std::to_string(sources.size()) + " sources");
-  const SearchOptions settings = search_settings(state_->defaults, options);
+  SearchOptions settings = search_settings(state_->defaults, options);
+  if (is_sampling(settings.sampling) && settings.sampling.seed == 0)
+    settings.sampling.seed = fresh_sampling_seed();
   const int64_t heads = settings.attention_per_head ? config.heads : 1;
   const Vocabulary* target_vocabulary = this->target_vocabulary();
 
@@ -176,16 +198,20 @@ std::vector<TranslationResult> Translator::translate_ids(
   for (size_t i = 0; i < sources.size(); ++i) results[i].source_tokens = int64_t(sources[i].size());
   std::lock_guard<std::mutex> lock(state_->busy);
   for (size_t next = 0; next < order.size();) {
-    const int64_t count = sentences_within_budget(
-        options.max_batch_tokens, int64_t(sources[order[next]].size()), settings.beam);
+    const int64_t count =
+        sentences_within_budget(options.max_batch_tokens, int64_t(sources[order[next]].size()),
+                                hypotheses_per_sentence(settings));
     std::vector<std::vector<int32_t>> batch_sources, batch_prefixes;
     std::vector<size_t> members;
+    std::vector<uint64_t> sampling_keys;  // each sentence's index in the call
     for (; next < order.size() && int64_t(members.size()) < count; ++next) {
       members.push_back(order[next]);
+      sampling_keys.push_back(uint64_t(order[next]));
       batch_sources.push_back(sources[order[next]]);
       if (!target_prefixes.empty()) batch_prefixes.push_back(target_prefixes[order[next]]);
     }
-    const auto found = search(state_->bundle.model, batch_sources, batch_prefixes, settings);
+    const auto found =
+        search(state_->bundle.model, batch_sources, batch_prefixes, settings, sampling_keys);
     for (size_t m = 0; m < members.size(); ++m) {
       for (const Hypothesis& h : found[m]) {
         TranslationHypothesis out;

@@ -42,7 +42,7 @@ inline constexpr int64_t kDefaultMaxBatchTokens = 4096;
 struct TranslationOptions {
   int64_t beam_size = 4;               // 1: greedy
   double length_penalty = 0.6;         // α of log p / ((5 + |Y|) / 6)^α
-  int64_t num_hypotheses = 1;          // the n best, at most beam_size
+  int64_t num_hypotheses = 1;          // the n best, at most beam_size; or n draws (sampling)
   double max_decoding_length_a = 1.0;  // at most a · source length + b tokens
   int64_t max_decoding_length_b = 50;
   int64_t max_decoding_length = 0;                    // hard cap; 0: the model's positions
@@ -52,10 +52,24 @@ struct TranslationOptions {
   bool return_attention_heads = false;  // and every head's, [heads][steps][source]
   int64_t attention_layer = -1;         // the decoder layer it comes from (-1: the last)
   bool replace_unknowns = false;        // each <unk> becomes the source piece it attends to most
+  // Random sampling instead of the best token (beam_size 1; decode/sampling.h): each token drawn
+  // from the sampling_topk most probable (0: the whole vocabulary; 1: no sampling), within the
+  // nucleus sampling_topp, after the log-probabilities are divided by sampling_temperature;
+  // num_hypotheses draws of each input, ranked by score.
+  int64_t sampling_topk = 1;
+  double sampling_topp = 1.0;
+  double sampling_temperature = 1.0;
+  // The same seed, inputs and options draw the same tokens (a sentence's draws depend on its
+  // index in the call, not on its batch); 0: a new seed for every call.
+  uint64_t sampling_seed = 0;
 
   // Sentences may share one search only when every option is the same (serve's batcher).
   bool operator==(const TranslationOptions&) const = default;
 };
+
+// How many hypotheses of each source a call holds at once (its batch budget's beam): beam_size,
+// or num_hypotheses when sampling.
+int64_t hypotheses_per_source(const TranslationOptions& options);
 
 struct TranslationHypothesis {
   std::string text;                 // the pieces decoded (empty without a target vocabulary)

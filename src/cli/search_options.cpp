@@ -25,8 +25,35 @@ void SearchFlags::add_to(CLI::App& app) {
   app.add_option("--min-length", search.min_decoding_length,
                  "At least this many output tokens before eos")
       ->check(in_range(0, 1 << 20));
+  app.add_option("--sampling-topk", search.sampling_topk,
+                 with_default("Random sampling instead of the best token: draw each token from the "
+                              "K most probable (0: the whole vocabulary); 1 is no sampling. Takes "
+                              "--beam 1",
+                              search.sampling_topk))
+      ->check(in_range(0, 1 << 30));
+  app.add_option("--sampling-topp", search.sampling_topp,
+                 with_default("When sampling: draw from the fewest most probable tokens whose "
+                              "probability reaches P (nucleus sampling)",
+                              search.sampling_topp))
+      ->check(in_range(0, 1, false));
+  app.add_option("--sampling-temperature", search.sampling_temperature,
+                 with_default("When sampling: divide the log-probabilities by T first (below 1 "
+                              "sharpens the distribution, above 1 flattens it)",
+                              search.sampling_temperature))
+      ->check(in_range(0, 1e6, false));
+  app.add_option("--seed", search.sampling_seed,
+                 "When sampling: the seed of the draws; the same seed, input and options give "
+                 "the same output (default: a new seed each run)")
+      ->check(at_least(1));
   device.add_to(app);
   compute_type.add_to(app);
+}
+
+void SearchFlags::check() const {
+  if (search.sampling_topk != 1 && search.beam_size != 1)
+    throw UsageError("--sampling-topk " + std::to_string(search.sampling_topk) +
+                     " samples, which takes --beam 1 (not " + std::to_string(search.beam_size) +
+                     ")");
 }
 
 TranslatorOptions SearchFlags::translator_options() const {

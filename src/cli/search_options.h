@@ -1,6 +1,6 @@
 // The decoding flags that `translate` and `serve` share (beam, length penalty, length limits,
-// device, compute type), registered once so both commands spell, bound and explain them the same
-// way.
+// sampling, device, compute type), registered once so both commands spell, bound and explain them
+// the same way.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -17,6 +17,8 @@ struct SearchFlags {
   ComputeTypeOption compute_type;
 
   void add_to(CLI::App& app);
+  // The flags' combinations (each flag's range is checked as it is parsed): UsageError.
+  void check() const;
   // Where and in which number format a Translator loads the model (--device, --compute-type).
   TranslatorOptions translator_options() const;
 };

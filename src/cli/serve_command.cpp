@@ -88,6 +88,7 @@ CommandRunner add_serve_command(CLI::App& app) {
     o->device = decoding->device.name;
     o->compute_type = decoding->compute_type.name;
     o->search = decoding->search;
+    decoding->check();
     if (o->search.beam_size > o->limits.max_beam)
       throw UsageError("--beam " + std::to_string(o->search.beam_size) + " exceeds --max-beam " +
                        std::to_string(o->limits.max_beam));

@@ -12,8 +12,8 @@
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "cli/search_options.h"
-#include "tensor/file_util.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 #include "text/corpus.h"
 #include "text/vocabulary.h"
 
@@ -53,7 +53,9 @@ class Translation {
   explicit Translation(TranslateOptions options)
       : o_(std::move(options)), translator_(o_.model, translator_options()) {
     t_ = o_.decoding.search;
-    if (o_.nbest > t_.beam_size) throw UsageError("--nbest cannot exceed --beam");
+    o_.decoding.check();
+    if (o_.nbest > t_.beam_size && t_.sampling_topk == 1)
+      throw UsageError("--nbest cannot exceed --beam (when sampling it is the draws of each line)");
     if (o_.replace_unknowns && o_.ids)
       throw UsageError("--replace-unknowns needs text input, not --ids");
     if (!o_.prefix.empty() && !o_.prefix_file.empty())

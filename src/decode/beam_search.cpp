@@ -1,9 +1,11 @@
 // Beam search: per step, every live hypothesis of every unfinished sentence is extended by the
 // decoder in one call; each sentence keeps its `beam` best continuations by cumulative
 // log-probability, moves those ending in eos to its finished list, and is done once it has
-// `beam` finished hypotheses or reaches its length limit. A BeamSearch runs one search() call in
-// named steps: plan_lengths, encode, then per step decode_step and select (candidates per
-// sentence, the beam kept), and best_finished at the end.
+// `beam` finished hypotheses or reaches its length limit. Sampling (sampling.h) runs the same
+// steps with each sentence's nbest draws as its live hypotheses, each extended by a token drawn
+// for it rather than the best. A BeamSearch runs one search() call in named steps:
+// plan_lengths, encode, then per step decode_step and select (candidates per sentence, the beam
+// kept), and best_finished at the end.
 #include "decode/beam_search.h"
 
 #include <algorithm>
@@ -36,7 +38,7 @@ int64_t search_memory_bytes(const ModelConfig& c, int64_t sentences, int64_t src
     for (int64_t f : factors) p *= (long double)std::max<int64_t>(f, 0);
     return p;
   };
-  const int64_t n = sentences, beam = o.beam;  // n · beam hypotheses at most
+  const int64_t n = sentences, beam = hypotheses_per_sentence(o);  // n · beam hypotheses at most
   const int64_t d = c.d_model, layers = c.decoder_layers, vocab = c.tgt_vocab_size;
   long double bytes = 0;
   bytes += mul({n, src_len, 12 * d + c.d_ff + c.heads * src_len, 4});               // encoder
@@ -44,7 +46,8 @@ int64_t search_memory_bytes(const ModelConfig& c, int64_t sentences, int64_t src
   bytes += mul({layers, n, src_len, 2 * d, 4});                                     // cross K, V
   bytes += mul({n, beam, 6 * d + c.d_ff + c.heads * std::max(steps, src_len), 4});  // scratch
   bytes += mul({n, beam, vocab, 4});                                                // log-probs
-  bytes += mul({beam, 2 * std::min<int64_t>(vocab, beam), 16});                     // candidates
+  if (is_sampling(o.sampling)) bytes += mul({n, beam, vocab, 4});  // their host copy, at most
+  bytes += mul({beam, 2 * std::min<int64_t>(vocab, beam), 16});    // candidates
   bytes += mul({n, beam, steps, 4, 4});  // tokens and histories, this step's and the next
   if (o.attention)
     bytes += mul({n, beam, steps, o.attention_per_head ? c.heads : 1, src_len, 4, 2});
@@ -56,14 +59,22 @@ int64_t search_memory_bytes(const ModelConfig& c, int64_t sentences, int64_t src
 class BeamSearch {
  public:
   BeamSearch(const Model& model, const std::vector<std::vector<int32_t>>& sources,
-             const std::vector<std::vector<int32_t>>& prefixes, const SearchOptions& options)
+             const std::vector<std::vector<int32_t>>& prefixes, const SearchOptions& options,
+             const std::vector<uint64_t>& sampling_keys)
       : model_(model),
         c_(model.config()),
         sources_(sources),
         prefixes_(prefixes),
         o_(options),
-        sentences_(int64_t(sources.size())) {
+        sentences_(int64_t(sources.size())),
+        sampling_(is_sampling(options.sampling)),
+        width_(hypotheses_per_sentence(options)),
+        sampling_keys_(sampling_keys) {
     if (o_.beam < 1) throw Error("the beam size must be at least 1");
+    if (const std::string error = sampling_options_error(o_.sampling, o_.beam); !error.empty())
+      throw Error(error);
+    if (!sampling_keys_.empty() && sampling_keys_.size() != sources_.size())
+      throw Error("one sampling key per source sentence is needed");
     if (o_.attention_layer >= c_.decoder_layers)
       throw Error("attention layer " + std::to_string(o_.attention_layer) +
                   " does not exist (the decoder has " + std::to_string(c_.decoder_layers) +
@@ -77,7 +88,7 @@ class BeamSearch {
     plan_lengths();
     encode();
     IncrementalDecoder decoder(model_, memory_.data(), sentences_, batch_.src_len,
-                               batch_.src_lengths.data(), longest_ + 1, sentences_ * o_.beam,
+                               batch_.src_lengths.data(), longest_ + 1, sentences_ * width_,
                                o_.precision, o_.cache);
     live_.resize(size_t(sentences_));
     live_sentence_.resize(size_t(sentences_));
@@ -97,11 +108,13 @@ class BeamSearch {
     std::vector<int32_t> tokens;
     double logprob = 0;
     std::vector<std::vector<float>> attention;
+    int64_t sample = 0;  // which of its sentence's draws, when sampling
   };
   struct Candidate {  // a continuation: cumulative log-prob, the hypothesis it extends, its token
     double logprob;
     int64_t hypothesis;
     int32_t token;
+    int64_t sample = 0;  // the draw it continues, when sampling
   };
 
   // Length limits per sentence (generated tokens, eos excluded), prefix lengths, and the
@@ -125,8 +138,10 @@ class BeamSearch {
     check_memory(search_memory_bytes(c_, sentences_, batch_.src_len, longest_ + 1, o_),
                  "decoding " + std::to_string(sentences_) + " sentence" +
                      (sentences_ > 1 ? "s" : "") + " of " + std::to_string(batch_.src_len) +
-                     " tokens with beam " + std::to_string(o_.beam) + " (up to " +
-                     std::to_string(longest_) + " steps)");
+                     " tokens with " +
+                     (sampling_ ? std::to_string(width_) + " draws each"
+                                : "beam " + std::to_string(width_)) +
+                     " (up to " + std::to_string(longest_) + " steps)");
   }
 
   // The encoder, once for the batch. Only its output outlives it: the layer buffers are freed
@@ -190,23 +205,78 @@ class BeamSearch {
   void rank_tokens(int64_t t) {
     const Backend& backend = model_.backend();
     const int64_t n = int64_t(live_.size()), vocab = c_.tgt_vocab_size;
-    keep_ = o_.beam == 1 ? 1 : std::min<int64_t>(vocab, 2 * o_.beam);
+    const int32_t banned = t >= o_.min_length ? -1 : int32_t(c_.eos_id);
+    if (sampling_ && !ranks_samples_on_backend()) return copy_rows_back(n, banned);
+    keep_ = sampling_      ? std::min(vocab, o_.sampling.topk)
+            : o_.beam == 1 ? 1
+                           : std::min<int64_t>(vocab, 2 * o_.beam);
     ranked_count_ = n * keep_;
     const int64_t words = 2 * ranked_count_ + n;
     int32_t* ranked = ensure_size(backend, best_ranked_, words);  // [2 · live · keep_ + live]
     float* values = reinterpret_cast<float*>(ranked);             // [live, keep_]
     int32_t* tokens = ranked + ranked_count_;                     // [live, keep_]
     float* log_sums = reinterpret_cast<float*>(tokens + ranked_count_);  // [live]
-    backend.best_tokens(logits_.data(), n, vocab, keep_,
-                        t >= o_.min_length ? -1 : int32_t(c_.eos_id), values, tokens, log_sums);
+    backend.best_tokens(logits_.data(), n, vocab, keep_, banned, values, tokens, log_sums);
     host_ranked_.resize(size_t(words));  // one copy back (one wait) for all three
     backend.copy_to_host(ranked, words * int64_t(sizeof(int32_t)), host_ranked_.data());
   }
+  // Sampling from the k best where the backend ranks them (k ≤ kBackendSamplingTopk): only
+  // they come back. Else (the whole vocabulary, or a larger k) the rows themselves do.
+  bool ranks_samples_on_backend() const {
+    return o_.sampling.topk > 0 && o_.sampling.topk <= kBackendSamplingTopk;
+  }
+  static constexpr int64_t kBackendSamplingTopk = 64;
+
+  // The live hypotheses' logits, copied back whole for sampling over whole rows, the banned
+  // token made impossible there, and each row's log Σ exp (over every entry, as best_tokens'
+  // log_sums) in host_log_sums_.
+  void copy_rows_back(int64_t n, int32_t banned) {
+    const int64_t vocab = c_.tgt_vocab_size;
+    host_rows_.resize(size_t(n * vocab));
+    model_.backend().copy_to_host(logits_.data(), n * vocab * int64_t(sizeof(float)),
+                                  host_rows_.data());
+    host_log_sums_.resize(size_t(n));
+    for (int64_t h = 0; h < n; ++h) {
+      float* row = host_rows_.data() + h * vocab;
+      double most = -INFINITY, sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) most = std::max(most, double(row[v]));
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - most);
+      host_log_sums_[size_t(h)] = most + std::log(sum);
+      if (banned >= 0) row[banned] = -INFINITY;
+    }
+  }
+
+  // Hypothesis h's token for draw `sample` of sentence s at step t, and its log-prob: from its
+  // ranked candidates, or from its whole row. false where every token is impossible.
+  bool draw(int32_t s, int64_t h, int64_t sample, int64_t t, Candidate& out) {
+    const uint64_t key = sampling_keys_.empty() ? uint64_t(s) : sampling_keys_[size_t(s)];
+    const double u = sampling_draw(o_.sampling.seed, key, uint64_t(sample), uint64_t(t));
+    const double base = live_[size_t(h)].logprob;
+    if (ranks_samples_on_backend()) {
+      ranked_scratch_.clear();
+      for (int64_t r = h * keep_; r < (h + 1) * keep_; ++r)
+        ranked_scratch_.push_back({ranked_logprob(r), ranked_token(r)});
+      const int64_t chosen = choose_ranked(ranked_scratch_.data(), keep_, o_.sampling.temperature,
+                                           o_.sampling.topp, 0, u);
+      if (chosen < 0 || !(ranked_scratch_[size_t(chosen)].logprob > -INFINITY)) return false;
+      out = {base + ranked_scratch_[size_t(chosen)].logprob, h,
+             ranked_scratch_[size_t(chosen)].token, sample};
+      return true;
+    }
+    const int64_t vocab = c_.tgt_vocab_size;
+    const float* row = host_rows_.data() + h * vocab;
+    const int32_t token = choose_in_row(row, vocab, o_.sampling, u, ranked_scratch_);
+    if (token < 0) return false;
+    out = {base + (double(row[token]) - host_log_sums_[size_t(h)]), h, token, sample};
+    return true;
+  }
+
   // Candidate r of rank_tokens' [live, keep_]: its log-prob and its token.
   float ranked_logprob(int64_t r) const { return std::bit_cast<float>(host_ranked_[size_t(r)]); }
   int32_t ranked_token(int64_t r) const { return host_ranked_[size_t(ranked_count_ + r)]; }
   // Hypothesis h's log Σ exp of its logits (its log-softmax's normaliser).
-  float log_sum(int64_t h) const {
+  double log_sum(int64_t h) const {
+    if (sampling_ && !ranks_samples_on_backend()) return host_log_sums_[size_t(h)];
     return std::bit_cast<float>(host_ranked_[size_t(2 * ranked_count_ + h)]);
   }
 
@@ -222,7 +292,17 @@ class BeamSearch {
         const int32_t token = prefixes_[size_t(s)][size_t(t)];
         float logit;  // its log-prob: the logit less the row's log Σ exp (log_softmax's)
         model_.backend().copy_to_host(logits_.data() + h * vocab + token, sizeof(float), &logit);
-        candidates_.push_back({base + (logit - log_sum(h)), h, token});
+        candidates_.push_back({base + (logit - log_sum(h)), h, token, live_[size_t(h)].sample});
+        continue;
+      }
+      if (sampling_) {
+        // The sentence's first free step fans its one hypothesis out into its draws; after it
+        // each draw continues itself.
+        const bool fan_out = t == prefix_len_[size_t(s)];
+        Candidate drawn;
+        for (int64_t sample = fan_out ? 0 : live_[size_t(h)].sample;
+             sample < (fan_out ? width_ : live_[size_t(h)].sample + 1); ++sample)
+          if (draw(s, h, sample, t, drawn)) candidates_.push_back(drawn);
         continue;
       }
       for (int64_t r = h * keep_; r < (h + 1) * keep_; ++r)
@@ -241,11 +321,12 @@ class BeamSearch {
     std::vector<Hypothesis>& finished = finished_[size_t(s)];
     int64_t kept = 0;
     for (const Candidate& candidate : candidates_) {
-      if (kept >= o_.beam || int64_t(finished.size()) >= o_.beam) break;
+      if (kept >= width_ || int64_t(finished.size()) >= width_) break;
       const Live& parent = live_[size_t(candidate.hypothesis)];
       Live extended;
       extended.tokens = parent.tokens;
       extended.logprob = candidate.logprob;
+      extended.sample = candidate.sample;
       if (o_.attention) {
         extended.attention = parent.attention;
         extended.attention.push_back(attention_row(s, candidate.hypothesis));
@@ -264,7 +345,7 @@ class BeamSearch {
       next_sentence_.push_back(s);
       ++kept;
     }
-    if (int64_t(finished.size()) >= o_.beam) {
+    if (int64_t(finished.size()) >= width_) {
       while (!next_sentence_.empty() && next_sentence_.back() == s) {
         next_sentence_.pop_back();
         parents_.pop_back();
@@ -298,7 +379,7 @@ class BeamSearch {
   // Each sentence's nbest finished hypotheses by score, best first (an empty one when every
   // continuation was impossible).
   std::vector<std::vector<Hypothesis>> best_finished() {
-    const int64_t nbest = std::min(std::max<int64_t>(o_.nbest, 1), o_.beam);
+    const int64_t nbest = std::min(std::max<int64_t>(o_.nbest, 1), width_);
     std::vector<std::vector<Hypothesis>> results(static_cast<size_t>(sentences_));
     for (int64_t s = 0; s < sentences_; ++s) {
       std::vector<Hypothesis>& f = finished_[size_t(s)];
@@ -317,6 +398,9 @@ class BeamSearch {
   const std::vector<std::vector<int32_t>>& prefixes_;  // empty, or one (maybe empty) per source
   const SearchOptions& o_;
   const int64_t sentences_;
+  const bool sampling_;                                 // drawing tokens (o_.sampling) instead
+  const int64_t width_;                                 // hypotheses_per_sentence: beam, or draws
+  const std::vector<uint64_t>& sampling_keys_;          // [sentences] or empty: s
   TokenBatch batch_;                                    // the sources, padded
   std::vector<int64_t> max_len_, prefix_len_;           // [sentences]
   int64_t longest_ = 0;                                 // the largest max_len_
@@ -338,6 +422,10 @@ class BeamSearch {
   DeviceBuffer<int32_t> best_ranked_;
   std::vector<int32_t> host_ranked_;  // its host copy
   int64_t ranked_count_ = 0;          // live · keep_ of the last rank_tokens
+  // Sampling over whole rows: the live hypotheses' logits and their log Σ exp on the host.
+  std::vector<float> host_rows_;                   // [live, V]
+  std::vector<double> host_log_sums_;              // [live]
+  std::vector<SamplingCandidate> ranked_scratch_;  // one hypothesis' candidates, best first
 };
 
 }  // namespace
@@ -355,9 +443,10 @@ int64_t generation_limit(const ModelConfig& config, const SearchOptions& options
 std::vector<std::vector<Hypothesis>> search(const Model& model,
                                             const std::vector<std::vector<int32_t>>& sources,
                                             const std::vector<std::vector<int32_t>>& prefixes,
-                                            const SearchOptions& options) {
+                                            const SearchOptions& options,
+                                            const std::vector<uint64_t>& sampling_keys) {
   if (sources.empty()) return {};
-  return BeamSearch(model, sources, prefixes, options).run();
+  return BeamSearch(model, sources, prefixes, options, sampling_keys).run();
 }
 
 }  // namespace tfm

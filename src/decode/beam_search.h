@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "decode/sampling.h"
 #include "model/transformer.h"
 
 namespace tfm {
@@ -19,7 +20,10 @@ struct SearchOptions {
   int64_t max_length_b = 50;
   int64_t max_length = 0;  // hard cap; 0: the model's positions limit
   int64_t min_length = 0;  // eos is not allowed before this many tokens
-  int64_t nbest = 1;
+  int64_t nbest = 1;       // with sampling: how many draws of each sentence
+  // Random sampling instead of the best token (sampling.h; beam 1 only): each sentence's nbest
+  // draws decode as its live hypotheses.
+  SamplingOptions sampling;
   bool attention = false;           // keep cross-attention weights of one decoder layer:
   int64_t attention_layer = -1;     // which (0-based; -1: the last)
   bool attention_per_head = false;  // every head, else the mean over heads
@@ -39,6 +43,11 @@ struct Hypothesis {
   std::vector<std::vector<float>> attention;
 };
 
+// How many hypotheses of one sentence a search holds at once: its beam, or its draws.
+inline int64_t hypotheses_per_sentence(const SearchOptions& o) {
+  return is_sampling(o.sampling) ? std::max<int64_t>(o.nbest, 1) : o.beam;
+}
+
 // How many sentences one search() call takes under a budget of batch_tokens, counted as
 // sentences × (longest source + eos) × beam; at least one.
 inline int64_t sentences_within_budget(int64_t batch_tokens, int64_t longest_source, int64_t beam) {
@@ -52,10 +61,13 @@ int64_t generation_limit(const ModelConfig& config, const SearchOptions& options
                          int64_t source_tokens, int64_t prefix_tokens = 0);
 
 // sources: raw ids (no eos); prefixes: forced target starts (empty vectors, or none at all).
-// Returns up to nbest hypotheses per sentence, best first.
+// Returns up to nbest hypotheses per sentence, best first. Sampling draws each sentence's tokens
+// by its key (sampling_keys[s], or s where none are given: a caller that batches sentences
+// passes each one's index in its input, so that its draws do not depend on its batch).
 std::vector<std::vector<Hypothesis>> search(const Model& model,
                                             const std::vector<std::vector<int32_t>>& sources,
                                             const std::vector<std::vector<int32_t>>& prefixes,
-                                            const SearchOptions& options);
+                                            const SearchOptions& options,
+                                            const std::vector<uint64_t>& sampling_keys = {});
 
 }  // namespace tfm

@@ -69,7 +69,8 @@ bool DynamicBatcher::budget_filled() const {
     if (!(e.ticket->search == key)) continue;
     ++count;
     longest = std::max<int64_t>(longest, int64_t(e.ticket->sources[e.sentence].size()));
-    if (count >= sentences_within_budget(settings_.batch_tokens, longest, key.beam_size))
+    if (count >=
+        sentences_within_budget(settings_.batch_tokens, longest, hypotheses_per_source(key)))
       return true;
   }
   return false;
@@ -83,11 +84,11 @@ std::vector<DynamicBatcher::Entry> DynamicBatcher::take_batch() {
   for (Entry& e : queue_) {
     // The oldest sentence always goes; others join while the batch stays within budget.
     const int64_t length = int64_t(e.ticket->sources[e.sentence].size());
-    const bool joins =
-        batch.empty() || (settings_.batching && e.ticket->search == key &&
-                          int64_t(batch.size()) + 1 <=
-                              sentences_within_budget(settings_.batch_tokens,
-                                                      std::max(longest, length), key.beam_size));
+    const bool joins = batch.empty() || (settings_.batching && e.ticket->search == key &&
+                                         int64_t(batch.size()) + 1 <=
+                                             sentences_within_budget(settings_.batch_tokens,
+                                                                     std::max(longest, length),
+                                                                     hypotheses_per_source(key)));
     if (joins) {
       longest = std::max(longest, length);
       batch.push_back(std::move(e));

@@ -75,7 +75,12 @@ void check_body_size(const std::string& body, const ServeLimits& limits) {
 }
 
 // nbest hypotheses: the beam grows to nbest when the request did not set it.
+// When the server samples (--sampling-topk), nbest draws of each text instead.
 void set_nbest(TranslateRequest& r, int64_t nbest, bool beam_given, const ServeLimits& limits) {
+  if (r.search.sampling_topk != 1) {
+    r.search.num_hypotheses = nbest;
+    return;
+  }
   if (!beam_given && r.search.beam_size < nbest) {
     if (nbest > limits.max_beam)
       throw RequestError(400, "nbest must be at most " + std::to_string(limits.max_beam) +
@@ -183,6 +188,9 @@ TranslateRequest parse_translate_request(const std::string& body,
   const bool beam_given = j.contains("beam");
   if (beam_given)
     r.search.beam_size = integer_field(j["beam"], "beam", 1, limits.max_beam, "--max-beam");
+  if (r.search.sampling_topk != 1 && r.search.beam_size != 1)
+    throw RequestError(400,
+                       "this server samples its translations (--sampling-topk): beam must be 1");
   if (j.contains("alpha")) {
     const nlohmann::json& a = j["alpha"];
     if (!a.is_number() || !(a.get<double>() >= 0 && a.get<double>() <= 10))

@@ -79,6 +79,30 @@ def test_score_batch_is_ctranslate2_score(translator):
     assert sum(scored.log_probs) == pytest.approx(scored.log_prob, abs=1e-5)
 
 
+def test_sampling_draws_repeat_for_a_seed_and_score_as_the_model_does(translator):
+    sources = [SOURCE, "آ ت ش ي س و ن"]
+    kwargs = dict(beam_size=1, sampling_topk=10, sampling_temperature=2.0, num_hypotheses=8)
+    first = translator.translate_batch(sources, sampling_seed=5, **kwargs)
+    again = translator.translate_batch(sources, sampling_seed=5, max_batch_tokens=1, **kwargs)
+    assert [r.hypotheses for r in first] == [r.hypotheses for r in again]
+    other = translator.translate_batch(sources, sampling_seed=6, **kwargs)
+    assert [r.hypotheses for r in other] != [r.hypotheses for r in first]
+    for result, source in zip(first, sources):
+        assert len(result.hypotheses) == 8
+        assert len(set(result.hypotheses)) > 1  # a flattened distribution draws varied outputs
+        # each draw's score is the model's own log p of it (+ eos), untempered, as scoring gives
+        # (a draw cut by the length limit, a · 7 + 50 tokens, has no eos to score)
+        for text, score in zip(result.hypotheses, result.scores):
+            if len(text.split()) >= len(source.split()) + 50:
+                continue
+            (scored,) = translator.score_batch([source], [text])
+            assert score == pytest.approx(scored.log_prob, abs=1e-3)
+    with pytest.raises(ValueError, match="beam_size 1"):
+        translator.translate_batch([SOURCE], beam_size=2, sampling_topk=5)
+    with pytest.raises(ValueError, match="sampling_topp"):
+        translator.translate_batch([SOURCE], beam_size=1, sampling_topk=5, sampling_topp=0)
+
+
 def test_properties(translator):
     assert translator.device == "cpu"
     assert translator.compute_type == "float32"
