@@ -34,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 
+from peer_python import peer_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "transformer")
 MAX_LENGTH = 60
@@ -111,7 +113,7 @@ def main():
             if not shutil.which(tool):
                 sys.exit("error: --quickstart needs %s (Debian: apt-get install sentencepiece)" % tool)
     if not args.peer_python:
-        args.peer_python = run(["bash", os.path.join(ROOT, "bench", "peers.sh")]).strip()
+        args.peer_python = peer_python()
     version = run([args.peer_python, "-c", "import ctranslate2; print(ctranslate2.__version__)"])
     work = tempfile.mkdtemp(prefix="ct2_compare_")
     results = []

@@ -34,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 
+from peer_python import peer_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 MODEL = os.path.join(ROOT, "..", "shared", "data", "ctranslate2-aren-transliteration",
@@ -187,11 +189,7 @@ def main():
     if not os.path.isdir(MODEL):
         fail("CTranslate2's test model is not at " + MODEL)
     if not args.peer_python:
-        peers = subprocess.run(["bash", os.path.join(ROOT, "bench", "peers.sh")],
-                               stdout=subprocess.PIPE, text=True)
-        if peers.returncode != 0:
-            fail("bench/peers.sh failed")
-        args.peer_python = peers.stdout.strip()
+        args.peer_python = peer_python()
     work = tempfile.mkdtemp(prefix="ct2_sampling.")
     ours = os.path.join(work, "model")
     imported = subprocess.run([args.transformer, "import-ctranslate2", MODEL, "-o", ours],

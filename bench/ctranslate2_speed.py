@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+from peer_python import peer_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "transformer")
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -147,11 +149,7 @@ def main():
     if not os.access(BIN, os.X_OK):
         fail(BIN + " is missing: run bash scripts/build.sh first")
     if not args.peer_python:
-        peers = subprocess.run(["bash", os.path.join(ROOT, "bench", "peers.sh")],
-                               stdout=subprocess.PIPE, text=True)
-        if peers.returncode != 0:
-            fail("bench/peers.sh could not install the peers")
-        args.peer_python = peers.stdout.strip()
+        args.peer_python = peer_python()
     work = args.work_dir or tempfile.mkdtemp(prefix="ct2_speed.")
     os.makedirs(work, exist_ok=True)
     ours, exports, source = prepare(work, args.seed)
