@@ -230,6 +230,7 @@ TEST(Serve, EndpointsAnswer) {
   EXPECT_EQ(m["source_vocabulary"]["size"].get<int64_t>(), config.src_vocab_size);
   EXPECT_EQ(m["target_vocabulary"]["size"].get<int64_t>(), config.tgt_vocab_size);
   EXPECT_EQ(m["defaults"]["beam"], 4);
+  EXPECT_EQ(m["defaults"]["sampling_topk"], 1);  // not sampling
 
   auto page = c.Get("/");
   ASSERT_TRUE(page);
