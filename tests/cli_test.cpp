@@ -268,6 +268,18 @@ TEST(Cli, ConfigJsonErrorsNameTheKey) {
   const std::string broken = work.write_file("broken.json", R"({"d_model": )");
   expect_error(work.run_cli("info --vocab 100 --config " + broken), 1,
                {broken + ": not valid JSON: parse error at line 1, column 13"});
+  // 100,000 nested objects overflowed the stack as the parsed config was copied (a crash in
+  // info, init and train); and a position_offset that leaves no positions was accepted.
+  std::string nested;
+  for (int i = 0; i < 100000; ++i) nested += "{\"a\": ";
+  nested += "1" + std::string(100000, '}');
+  const std::string deep = work.write_file("deep.json", nested);
+  expect_error(work.run_cli("info --vocab 100 --config " + deep), 1,
+               {deep + ": nested deeper than 256 levels"});
+  const std::string offset =
+      work.write_file("offset.json", R"({"max_positions": 8, "position_offset": 5000})");
+  expect_error(work.run_cli("info --vocab 100 --config " + offset), 1,
+               {"leaves fewer than the 2 positions a sequence needs"});
 }
 
 // Every command that takes a model path resolves it in one place (model_file_path) and says the
@@ -388,6 +400,32 @@ TEST(Cli, AverageRefusesWhatItCannotAverageAndAveragesTheRest) {
   for (const auto& [name, t] : tm)
     for (size_t i = 0; i < t.data.size(); ++i)
       ASSERT_EQ(t.data[i], (ta.at(name).data[i] + tb.at(name).data[i]) * 0.5f) << name << " " << i;
+
+  // Weights near the largest float: their sum overflows, their mean does not (an average that
+  // wrote infinities it then refused to load).
+  tfm::TensorMap large = a.parameters().to_host();
+  tfm::Tensor& first = large.begin()->second;
+  first.data[0] = first.data[1] = 3e38f;
+  const std::string large_path = work.path("large.safetensors");
+  tfm::save_model(tfm::Model(a.config(), std::move(large), "large", tfm::cpu_backend()),
+                  large_path);
+  const CliResult big = work.run_cli("average " + large_path + " " + large_path + " -o " + out);
+  ASSERT_EQ(big.exit_code, 0) << big.err;
+  const tfm::TensorMap averaged = tfm::load_model(out, tfm::cpu_backend()).parameters().to_host();
+  EXPECT_EQ(averaged.begin()->second.data[0], 3e38f);
+}
+
+// The sinusoid table a model builds as it loads counts against the memory limit: a 3 MB config
+// with max_positions 1,048,576 took 2 GB past --max-memory 1G.
+TEST(Cli, ThePositionTableCountsAgainstTheMemoryLimit) {
+  const std::string config = work.write_file(
+      "long_positions.json",
+      R"({"d_model": 256, "heads": 4, "d_ff": 1, "encoder_layers": 1, "decoder_layers": 1,
+          "max_positions": 1048576})");
+  expect_error(work.run_cli("--max-memory 256M init --vocab 8 --config " + config + " -o " +
+                            work.path("long_positions.safetensors")),
+               1, {"a model of this config", "--max-memory"});
+  EXPECT_FALSE(fs::exists(work.path("long_positions.safetensors")));
 }
 
 TEST(Cli, ImportCTranslate2AndScoreText) {

@@ -463,6 +463,26 @@ TEST(Train, BadDataIsAClearError) {
                    work.path("bad_run2"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("oov.tgt:2"), std::string::npos) << r.err;
+  // Empty training files (once a crash), and a validation set of no usable pair (once scored
+  // as a perfect model: loss 0, ppl 1).
+  work.write_file("empty.txt", "");
+  r = work.run_cli("train --preset tiny --vocab 32 --ids --train-src " + work.path("empty.txt") +
+                   " --train-tgt " + work.path("empty.txt") + " --model-dir " +
+                   work.path("bad_run3"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("error: " + work.path("empty.txt") + ": no training pairs (empty file)\n"),
+            std::string::npos)
+      << r.err;
+  write_reversal_data("good", 10, 2, 5, 5);
+  work.write_file("blank.txt", "\n\n");
+  r = work.run_cli("train --preset tiny --vocab 32 --ids --train-src " + work.path("good.src") +
+                   " --train-tgt " + work.path("good.tgt") + " --valid-src " +
+                   work.path("blank.txt") + " --valid-tgt " + work.path("blank.txt") +
+                   " --model-dir " + work.path("bad_run4") + " --max-steps 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("error: " + work.path("blank.txt") + ": no usable validation pairs"),
+            std::string::npos)
+      << r.err;
 }
 
 // 400 English–Spanish word-for-word pairs (text.en, text.es) and a 60-piece joint BPE

@@ -227,6 +227,18 @@ TEST(TranslateCli, BadInputIsAClearError) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "a z z a\n\na z z a\n");
   EXPECT_NE(r.err.find("warning: " + work.path("long.txt") + ":2"), std::string::npos) << r.err;
+  // A prefix longer than the model generates (once the decoder's internal "more steps than
+  // max_steps"), and one file named for both outputs (the attention replaced the translations).
+  std::string long_prefix;
+  for (int i = 0; i < 2000; ++i) long_prefix += "a ";
+  expect_error(work.run_cli("translate --model " + model_dir() + " -i " + work.path("ok.txt") +
+                            " --prefix '" + long_prefix + "'"),
+               1, "target prefix 0 has 2000 tokens; the model generates at most");
+  expect_error(
+      work.run_cli("translate --model " + model_dir() + " -i " + work.path("ok.txt") + " -o " +
+                   work.path("both.txt") + " --attention-file " + work.path("./both.txt")),
+      2, "--attention-file and -o name the same file");
+  EXPECT_FALSE(fs::exists(work.path("both.txt")));
 }
 
 }  // namespace

@@ -179,6 +179,12 @@ std::vector<TranslationResult> Translator::translate_ids(
   const ModelConfig& config = this->config();
   check_ids(sources, config.src_vocab_size, "source");
   check_ids(target_prefixes, config.tgt_vocab_size, "target prefix");
+  for (size_t i = 0; i < target_prefixes.size(); ++i)
+    if (int64_t(target_prefixes[i].size()) > max_target_tokens(config))
+      throw Error("target prefix " + std::to_string(i) + " has " +
+                  std::to_string(target_prefixes[i].size()) +
+                  " tokens; the model generates at most " +
+                  std::to_string(max_target_tokens(config)));
   if (!target_prefixes.empty() && target_prefixes.size() != sources.size())
     throw UsageError("target prefixes: " + std::to_string(target_prefixes.size()) + " for " +
                      std::to_string(sources.size()) + " sources");

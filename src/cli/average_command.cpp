@@ -39,6 +39,9 @@ CommandRunner add_average_command(CLI::App& app) {
                    snapshots.end());
     }
     if (files.empty()) throw UsageError("nothing to average: give model files or --model-dir");
+    // Σ x / n, each term scaled before it is added: a sum of large finite weights could
+    // overflow to infinity where their mean does not.
+    const float inv = 1.f / float(files.size());
     TensorMap sum;
     std::optional<ModelConfig> config;
     std::vector<float> add;  // a tensor being added, copied where the host cannot read it
@@ -47,6 +50,8 @@ CommandRunner add_average_command(CLI::App& app) {
       if (!config) {
         config = m.config();
         sum = m.parameters().to_host();
+        for (auto& [name, t] : sum)
+          for (float& x : t.data) x *= inv;
         continue;
       }
       if (config_to_json(*config) != config_to_json(m.config()))
@@ -54,12 +59,9 @@ CommandRunner add_average_command(CLI::App& app) {
       for (auto& [name, t] : sum) {
         const float* values =
             host_readable(m.backend(), m.parameters().at(name).ptr(), int64_t(t.data.size()), add);
-        for (size_t i = 0; i < t.data.size(); ++i) t.data[i] += values[i];
+        for (size_t i = 0; i < t.data.size(); ++i) t.data[i] += values[i] * inv;
       }
     }
-    const float inv = 1.f / float(files.size());
-    for (auto& [name, t] : sum)
-      for (float& x : t.data) x *= inv;
     save_model(Model(*config, std::move(sum), "average", cpu_backend()), o->output);
     std::printf("wrote %s: average of %zu models\n", o->output.c_str(), files.size());
   };

@@ -11,6 +11,7 @@
 #include "io/model_directory.h"
 #include "io/model_file.h"
 #include "io/safetensors.h"
+#include "model/positional_encoding.h"
 #include "train/checkpoint.h"
 
 namespace tfm {
@@ -54,10 +55,12 @@ void print_info(const ModelConfig& c) {
                                     tokens * sentence * double(c.heads));
   std::printf("memory (fp32):\n");
   std::printf("  weights:                                %10.1f MiB\n", 4.0 * double(total) / mib);
+  // The sinusoid table a model builds as it loads (no tensor of its file).
+  const double table = 4.0 * double(sinusoid_table_elements(c));
   std::printf("  inference, + activations of 4096 tokens: %9.1f MiB\n",
-              (4.0 * double(total) + activations) / mib);
+              (4.0 * double(total) + table + activations) / mib);
   std::printf("  training, weights + gradients + Adam:   %10.1f MiB (plus activations)\n",
-              16.0 * double(total) / mib);
+              (16.0 * double(total) + table) / mib);
 }
 
 // A checkpoint's training state; `where` names its file when that is not the file described.

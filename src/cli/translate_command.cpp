@@ -60,6 +60,9 @@ class Translation {
       throw UsageError("--replace-unknowns needs text input, not --ids");
     if (!o_.prefix.empty() && !o_.prefix_file.empty())
       throw UsageError("give --prefix or --prefix-file, not both");
+    if (!o_.attention_file.empty() && !o_.output.empty() && o_.output != "-" &&
+        same_file(o_.attention_file, o_.output))
+      throw UsageError("--attention-file and -o name the same file (" + o_.output + ")");
     t_.num_hypotheses = std::max<int64_t>(o_.nbest, 1);
     t_.max_batch_tokens = o_.batch_tokens;
     t_.return_attention = o_.attention;

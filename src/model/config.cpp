@@ -224,6 +224,9 @@ void validate_config(const ModelConfig& c, const std::string& where) {
   check_range("max_positions", c.max_positions, 1, 1 << 20);
   check_range("position_offset", c.position_offset, 0, 1 << 20);
   check_range("self_attention_window", c.self_attention_window, -1, 1 << 20);
+  if (sequence_positions(c) < 2)
+    fail("max_positions " + std::to_string(c.max_positions) + " less position_offset " +
+         std::to_string(c.position_offset) + " leaves fewer than the 2 positions a sequence needs");
   if (c.d_model % c.heads != 0)
     fail("d_model " + std::to_string(c.d_model) + " is not divisible by heads " +
          std::to_string(c.heads));

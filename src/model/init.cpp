@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "model/positional_encoding.h"
 #include "tensor/memory_budget.h"
 #include "tensor/random.h"
 
@@ -10,7 +11,8 @@ namespace tfm {
 
 Model init_model(const ModelConfig& config, uint64_t seed, const Backend& backend) {
   validate_config(config, "init");
-  check_memory(parameter_count(config) * int64_t(sizeof(float)), "a model of this config");
+  check_memory((parameter_count(config) + sinusoid_table_elements(config)) * int64_t(sizeof(float)),
+               "a model of this config");
   Random random(seed);
   TensorMap parameters;
   for (const auto& spec : parameter_specs(config)) {

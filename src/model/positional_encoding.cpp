@@ -5,6 +5,12 @@
 
 namespace tfm {
 
+int64_t sinusoid_table_elements(const ModelConfig& config) {
+  return config.position_encoding == PositionEncoding::kSinusoidal
+             ? config.max_positions * config.d_model
+             : 0;
+}
+
 void fill_sinusoid_table(const ModelConfig& config, float* table) {
   const int64_t d = config.d_model;
   for (int64_t p = 0; p < config.max_positions; ++p) {

@@ -11,4 +11,8 @@ namespace tfm {
 // table[max_positions, D].
 void fill_sinusoid_table(const ModelConfig& config, float* table);
 
+// The floats of that table, which a model with sinusoidal positions builds as it loads (its
+// file holds no such tensor), else 0: max_positions × D.
+int64_t sinusoid_table_elements(const ModelConfig& config);
+
 }  // namespace tfm

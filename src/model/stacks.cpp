@@ -120,8 +120,8 @@ void embed_with_dropout(const Backend& backend, const ModelConfig& config,
 }
 
 // Whether a stack ends in a norm of its own, so that its output is that norm's value rather than
-// its last layer's output: pre-norm's final norm; post-norm's is the identity. The encoder's memory is a value of its own
-// either way (a decoding step keeps it after the layers' caches are reused).
+// its last layer's output: pre-norm's final norm; post-norm's is the identity. The encoder's memory
+// is a value of its own either way (a decoding step keeps it after the layers' caches are reused).
 bool has_final_norm(const ModelConfig& config) {
   return config.norm == NormPosition::kPre;
 }

@@ -39,8 +39,11 @@ Model::Model(ModelConfig config, DeviceTensors parameters, const std::string& wh
       throw Error(where + ": tensor \"" + name + "\" holds no data");
   weights_ = bind_weights(config_, parameters_, where, &int8_weights_);
   if (holds_int8_weights()) inference_only_ = Precision::kInt8;
-  if (config_.position_encoding == PositionEncoding::kSinusoidal) {
-    std::vector<float> table(size_t(config_.max_positions * config_.d_model));
+  if (const int64_t elements = sinusoid_table_elements(config_); elements > 0) {
+    // Built on the host, then copied into the backend's memory: twice its bytes at once.
+    check_memory(2 * elements * int64_t(sizeof(float)),
+                 where + ": its sinusoid position table (max_positions × d_model)");
+    std::vector<float> table(static_cast<size_t>(elements));
     fill_sinusoid_table(config_, table.data());
     upload(*backend_, table.data(), int64_t(table.size()), sinusoids_);
   }
@@ -258,8 +261,8 @@ int64_t target_states(const Model& model, const TransformerWeights& w, const Tok
   target_state_buffers(d, shape_of(batch).target_tokens, cache, states, sizer);
   upload_target_positions(backend, batch, cache, rows, labels);
   const int64_t count = int64_t(rows.size());
-  backend.gather_rows(cache.decoder_output, d, cache.target_rows.data(), count, d,
-                      states.data(), d);  // [tokens, D]
+  backend.gather_rows(cache.decoder_output, d, cache.target_rows.data(), count, d, states.data(),
+                      d);  // [tokens, D]
   return count;
 }
 

@@ -244,6 +244,14 @@ void write_bytes_atomically(const std::string& path, const std::string& bytes) {
   write_file_atomically(path, [&](std::FILE* f) { write_text(f, bytes); });
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code error_a, error_b;
+  const std::filesystem::path canonical_a = std::filesystem::weakly_canonical(a, error_a);
+  const std::filesystem::path canonical_b = std::filesystem::weakly_canonical(b, error_b);
+  if (error_a || error_b) return a == b;
+  return canonical_a == canonical_b;
+}
+
 void write_output(const std::string& path, const std::function<void(std::FILE*)>& write) {
   if (path.empty() || path == "-") {
     try {

@@ -26,6 +26,11 @@ struct WriteFailed {
   int error_number;
 };
 
+// Whether two paths name the same file (after "." and "..", symbolic links and a relative
+// start are resolved; a file that does not exist yet by its would-be path): a command given one
+// file for two of its outputs would keep only the last it wrote.
+bool same_file(const std::string& a, const std::string& b);
+
 // Calls write(stream) on a temp file next to `path`, then renames it over `path`.
 // On any failure the temp file is removed and Error is thrown; `path` is untouched.
 void write_file_atomically(const std::string& path, const std::function<void(std::FILE*)>& write);

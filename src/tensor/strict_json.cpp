@@ -32,13 +32,19 @@ nlohmann::json parse_json_strictly(std::string_view text, int64_t max_values) {
   using Event = nlohmann::json::parse_event_t;
   std::vector<std::set<std::string>> keys_of_open_objects;
   std::string last_key;
-  int64_t values = 0;
+  int64_t values = 0, depth = 0;
   const nlohmann::json::parser_callback_t check_keys = [&](int, Event event,
                                                            nlohmann::json& parsed) {
     const bool starts_a_value =
         event == Event::object_start || event == Event::array_start || event == Event::value;
     if (starts_a_value && max_values > 0 && ++values > max_values)
       throw JsonTooLarge("more than " + std::to_string(max_values) + " values");
+    if (event == Event::object_start || event == Event::array_start) {
+      if (++depth > kMaxJsonDepth)
+        throw JsonError("nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    } else if (event == Event::object_end || event == Event::array_end) {
+      --depth;
+    }
     if (event == Event::object_start) {
       keys_of_open_objects.emplace_back();
     } else if (event == Event::object_end) {

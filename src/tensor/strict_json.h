@@ -23,11 +23,17 @@ struct JsonTooLarge : JsonError {
   using JsonError::JsonError;
 };
 
+// How deep objects and arrays may nest: no JSON this project reads nests more than a few
+// levels, and a copy of a parsed value recurses once a level (100,000 levels overflowed the
+// stack of the --config reader).
+inline constexpr int64_t kMaxJsonDepth = 256;
+
 // Parses `text`. Throws JsonError: "duplicate key \"k\"", "the number 1e999 (\"d_model\") is out
-// of range", or "not valid JSON: <the parser's reason>"; JsonTooLarge when it holds more than
-// `max_values` values (objects, arrays and scalars, nested ones included; 0: no limit), found
-// while parsing, before they are all built: a parsed value takes tens of times the bytes of its
-// text ("{}," is 3 bytes), so a request body's size alone does not bound its memory.
+// of range", "nested deeper than 256 levels", or "not valid JSON: <the parser's reason>";
+// JsonTooLarge when it holds more than `max_values` values (objects, arrays and scalars, nested
+// ones included; 0: no limit), found while parsing, before they are all built: a parsed value takes
+// tens of times the bytes of its text ("{}," is 3 bytes), so a request body's size alone does not
+// bound its memory.
 nlohmann::json parse_json_strictly(std::string_view text, int64_t max_values = 0);
 
 // The same for a file's JSON: throws Error("<where>: <what is wrong>").

@@ -338,6 +338,7 @@ class TrainingRun {
     if (o_.train_src.empty() || o_.train_tgt.empty())
       throw Error("--train-src and --train-tgt are required");
     train_text_ = read_parallel_text(o_.train_src, o_.train_tgt);
+    if (train_text_.sources.empty()) throw Error(o_.train_src + ": no training pairs (empty file)");
     encode_epoch();
     if (!o_.valid_src.empty() || !o_.valid_tgt.empty()) {
       if (o_.valid_src.empty() || o_.valid_tgt.empty())
@@ -345,6 +346,9 @@ class TrainingRun {
       CorpusEncoding one_best = encoding;  // validation: never sampled
       one_best.source_sampling_alpha = one_best.target_sampling_alpha = 0;
       valid_.emplace(load_parallel_corpus(o_.valid_src, o_.valid_tgt, one_best));
+      if (valid_->sources.empty())
+        throw Error(o_.valid_src + ": no usable validation pairs (" +
+                    std::to_string(valid_->lines) + " lines read)");
       for (const auto& members :
            plan_batches(*valid_, o_.batch_tokens, config.src_append_eos, 0, 0, false))
         valid_batches_.push_back(make_batch(config, valid_->sources, valid_->targets, members));
