@@ -523,6 +523,29 @@ TEST(Train, VocabTrainsSentencePieceAndTrainingUsesIt) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// vocab's input problems are one error line naming the file and line, not SentencePiece's
+// source lines (white space alone was a warning and an "Internal" error), and its option ranges
+// are SentencePiece's own (--character-coverage 0.5 and --max-sentences 1 failed inside it).
+TEST(Train, VocabInputProblemsAreClearErrors) {
+  write_word_pairs_and_vocab();
+  work.write_file("blank.txt", "   \n\t\n");
+  work.write_file("not_utf8.txt", "the house\n\xff\xfe\n");
+  const std::string out = work.path("bad_vocab.spm");
+  const std::pair<std::string, std::string> cases[] = {
+      {"--input " + work.path("blank.txt"), "no text to learn a vocabulary from"},
+      {"--input " + work.path("text.en") + " " + work.path("not_utf8.txt"), "not_utf8.txt:2:"},
+      {"--input " + work.path("text.en") + " --character-coverage 0.5", "--character-coverage"},
+      {"--input " + work.path("text.en") + " --max-sentences 1", "--max-sentences"}};
+  for (const auto& [arguments, fragment] : cases) {
+    const CliResult r = work.run_cli("vocab " + arguments + " --size 60 -o " + out);
+    EXPECT_NE(r.exit_code, 0) << arguments;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+}
+
 // Subword regularisation: a sampled segmentation spells the same text in other pieces, is the
 // same for the same seed and differs for another; a run that samples every epoch resumes bit
 // for bit across an epoch boundary (the checkpoint records the alpha) and trains differently

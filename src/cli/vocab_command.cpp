@@ -10,8 +10,9 @@
 
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
-#include "tensor/file_util.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
+#include "text/corpus.h"
 
 // Declared by SentencePiece's internal headers, which Debian does not install.
 namespace sentencepiece::logging {
@@ -19,6 +20,24 @@ void SetMinLogLevel(int level);
 }
 
 namespace tfm {
+
+namespace {
+
+// The inputs checked as every text command checks its lines (read_lines: UTF-8, no NUL, the
+// line-length cap, named by file and line) before SentencePiece reads them, whose own failures
+// name its source lines; and some line must hold more than white space.
+void check_vocabulary_text(const std::vector<std::string>& inputs) {
+  bool any_text = false;
+  for (const std::string& path : inputs)
+    for (const std::string& line : read_lines(path))
+      any_text = any_text || line.find_first_not_of(" \t\r\f\v") != std::string::npos;
+  if (!any_text)
+    throw Error(
+        "the inputs hold no text to learn a vocabulary from (no line with more than "
+        "white space)");
+}
+
+}  // namespace
 
 CommandRunner add_vocab_command(CLI::App& app) {
   struct Options {
@@ -40,12 +59,13 @@ CommandRunner add_vocab_command(CLI::App& app) {
   app.add_option("--character-coverage", o->character_coverage,
                  with_default("Share of characters covered by the vocabulary",
                               o->character_coverage, "0.9995 for CJK"))
-      ->check(in_range(0, 1, false, true));
+      ->check(in_range(0.98, 1));  // SentencePiece's own bounds
   app.add_option("--max-sentences", o->max_sentences,
                  with_default("Train on at most this many sentences, sampled", o->max_sentences))
-      ->check(at_least(1));
+      ->check(at_least(101));  // SentencePiece takes more than 100
   app.footer("Example:\n  transformer vocab --input train.en train.es --size 8000 -o vocab.spm");
   return [o] {
+    check_vocabulary_text(o->inputs);
     std::string inputs;
     for (const auto& f : o->inputs) inputs += (inputs.empty() ? "" : ",") + f;
     const std::string args =
@@ -53,8 +73,8 @@ CommandRunner add_vocab_command(CLI::App& app) {
         " --character_coverage=" + std::to_string(o->character_coverage) +
         " --pad_id=0 --bos_id=1 --eos_id=2 --unk_id=3 --pad_piece=<pad> --input_sentence_size=" +
         std::to_string(o->max_sentences) +
-        " --shuffle_input_sentence=true --num_threads=2 --minloglevel=1";
-    sentencepiece::logging::SetMinLogLevel(1);  // warnings and errors only
+        " --shuffle_input_sentence=true --num_threads=2 --minloglevel=2";
+    sentencepiece::logging::SetMinLogLevel(2);  // errors only: the status says what failed
     // The model comes back in memory (SentencePiece writes no file of its own, whose write
     // errors it would not report) and is written atomically and checked.
     std::string model;
