@@ -131,6 +131,10 @@ const Vocabulary* Translator::target_vocabulary() const {
   return state_->bundle.target_vocabulary ? &*state_->bundle.target_vocabulary : nullptr;
 }
 
+bool samples(const TranslationOptions& options) {
+  return is_sampling(search_settings({}, options).sampling);
+}
+
 int64_t hypotheses_per_source(const TranslationOptions& options) {
   return hypotheses_per_sentence(search_settings({}, options));
 }
@@ -142,9 +146,10 @@ void Translator::check_options(const TranslationOptions& o) const {
   if (const std::string error = sampling_options_error(settings.sampling, o.beam_size);
       !error.empty())
     bad(error);
-  if (!is_sampling(settings.sampling) && (o.num_hypotheses < 1 || o.num_hypotheses > o.beam_size))
+  const bool sampling = samples(o);
+  if (!sampling && (o.num_hypotheses < 1 || o.num_hypotheses > o.beam_size))
     bad("num_hypotheses must be between 1 and beam_size");
-  if (is_sampling(settings.sampling) && (o.num_hypotheses < 1 || o.num_hypotheses > (1 << 20)))
+  if (sampling && (o.num_hypotheses < 1 || o.num_hypotheses > (1 << 20)))
     bad("num_hypotheses (draws of each input when sampling) must be between 1 and 1048576");
   if (!(o.length_penalty >= 0 && o.length_penalty <= 10)) bad("length_penalty must be in [0, 10]");
   if (!(o.max_decoding_length_a >= 0 && o.max_decoding_length_a <= 1000))

@@ -67,6 +67,9 @@ struct TranslationOptions {
   bool operator==(const TranslationOptions&) const = default;
 };
 
+// Whether these options draw tokens at random (sampling_topk other than 1; is_sampling).
+bool samples(const TranslationOptions& options);
+
 // How many hypotheses of each source a call holds at once (its batch budget's beam): beam_size,
 // or num_hypotheses when sampling.
 int64_t hypotheses_per_source(const TranslationOptions& options);

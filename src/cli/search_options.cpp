@@ -50,7 +50,7 @@ void SearchFlags::add_to(CLI::App& app) {
 }
 
 void SearchFlags::check() const {
-  if (search.sampling_topk != 1 && search.beam_size != 1)
+  if (samples(search) && search.beam_size != 1)
     throw UsageError("--sampling-topk " + std::to_string(search.sampling_topk) +
                      " samples, which takes --beam 1 (not " + std::to_string(search.beam_size) +
                      ")");

@@ -54,7 +54,7 @@ class Translation {
       : o_(std::move(options)), translator_(o_.model, translator_options()) {
     t_ = o_.decoding.search;
     o_.decoding.check();
-    if (o_.nbest > t_.beam_size && t_.sampling_topk == 1)
+    if (o_.nbest > t_.beam_size && !samples(t_))
       throw UsageError("--nbest cannot exceed --beam (when sampling it is the draws of each line)");
     if (o_.replace_unknowns && o_.ids)
       throw UsageError("--replace-unknowns needs text input, not --ids");

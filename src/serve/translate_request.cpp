@@ -77,7 +77,7 @@ void check_body_size(const std::string& body, const ServeLimits& limits) {
 // nbest hypotheses: the beam grows to nbest when the request did not set it.
 // When the server samples (--sampling-topk), nbest draws of each text instead.
 void set_nbest(TranslateRequest& r, int64_t nbest, bool beam_given, const ServeLimits& limits) {
-  if (r.search.sampling_topk != 1) {
+  if (samples(r.search)) {
     r.search.num_hypotheses = nbest;
     return;
   }
@@ -188,7 +188,7 @@ TranslateRequest parse_translate_request(const std::string& body,
   const bool beam_given = j.contains("beam");
   if (beam_given)
     r.search.beam_size = integer_field(j["beam"], "beam", 1, limits.max_beam, "--max-beam");
-  if (r.search.sampling_topk != 1 && r.search.beam_size != 1)
+  if (samples(r.search) && r.search.beam_size != 1)
     throw RequestError(400,
                        "this server samples its translations (--sampling-topk): beam must be 1");
   if (j.contains("alpha")) {
