@@ -689,6 +689,14 @@ TEST(Serve, FullQueueTimeoutAndDisconnect) {
   EXPECT_EQ(full->status, 503);
   EXPECT_EQ(full->get_header_value("Retry-After"), "1");
   EXPECT_NE(full->body.find("queue is full"), std::string::npos) << full->body;
+  // More sentences than the queue ever holds: 413, not a 503 to retry forever.
+  auto never = server.client().Post("/v1/translate", R"({"text": ["آ ز ا", "آ ب", "آ", "ب"]})",
+                                    "application/json");
+  ASSERT_TRUE(never);
+  EXPECT_EQ(never->status, 413) << never->body;
+  EXPECT_NE(never->body.find("has 4 sentences to translate; this server's queue holds at most 3"),
+            std::string::npos)
+      << never->body;
   // The first request runs past --request-timeout while it waits: 504, its sentences dropped.
   EXPECT_EQ(first.get(), 504);
 
@@ -710,6 +718,47 @@ TEST(Serve, FullQueueTimeoutAndDisconnect) {
   EXPECT_NE(metrics.find("transformer_request_errors_total{code=\"503\"} 1\n"), std::string::npos);
   EXPECT_NE(metrics.find("transformer_request_errors_total{code=\"504\"} 1\n"), std::string::npos);
   EXPECT_NE(metrics.find("transformer_sentences_total 0\n"), std::string::npos) << metrics;
+
+  // A client that half-closes after its request (as `nc -N` does) has gone as far as the server
+  // can tell: its sentence is dropped, and the connection is closed without an answer (it got
+  // "499 Internal Server Error", httplib's phrase for a status it does not know); the 499 is
+  // counted.
+  const int half = connect_to(server);
+  ASSERT_GE(half, 0);
+  const std::string one = R"({"text": "آ ز ا"})";
+  const std::string one_request =
+      "POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(one.size()) + "\r\n\r\n" + one;
+  ASSERT_EQ(::send(half, one_request.data(), one_request.size(), 0), ssize_t(one_request.size()));
+  ASSERT_TRUE(wait_for_metric(server, "transformer_queue_sentences 1"));
+  ::shutdown(half, SHUT_WR);
+  EXPECT_EQ(exchange_until_closed(half, "", 10), "");
+  EXPECT_TRUE(wait_for_metric(server, "transformer_dropped_sentences_total 6"));
+  EXPECT_TRUE(wait_for_metric(server, "transformer_request_errors_total{code=\"499\"} 2"));
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// A batch whose every request timed out stops decoding at its next step: the server is free at
+// once for the next request, and the batch's sentences count as dropped. (It decoded on: a heavy
+// request within every limit held the server for minutes after its 504.)
+TEST(Serve, ABatchNobodyWaitsForStopsDecoding) {
+  Server server("--request-timeout 1 --max-sentence-tokens 1024");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  // 64 sentences, each forced through a 1000-token prefix at beam 16: tens of seconds of work.
+  json heavy = {{"text", json::array()}, {"prefix", json::array()}, {"beam", 16}};
+  std::string prefix;
+  for (int i = 0; i < 1000; ++i) prefix += "a ";
+  for (int i = 0; i < 64; ++i) {
+    heavy["text"].push_back("آ ز ا ب ت");
+    heavy["prefix"].push_back(prefix);
+  }
+  int status = 0;
+  const json answer = post_json(server, "/v1/translate", heavy.dump(), &status);
+  EXPECT_EQ(status, 504) << answer;
+  EXPECT_TRUE(wait_for_metric(server, "transformer_dropped_sentences_total 64", 10));
+  const json small = post_json(server, "/v1/translate", R"({"text": "آ ز ا"})", &status);
+  EXPECT_EQ(status, 200) << small;
   EXPECT_EQ(server.stop(), 0);
 }
 
@@ -840,6 +889,60 @@ TEST(Serve, AHeadWithoutAnEndIs431) {
   const json j = post_json(server, "/v1/translate", R"({"text": "آ ز ا"})", &status);
   EXPECT_EQ(status, 200) << j;
   EXPECT_TRUE(wait_for_metric(server, "transformer_request_errors_total{code=\"431\"} 2"));
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// A head that trickles in (a byte every 200 ms, never ending) is answered 408 once --io-timeout
+// has passed since it began, and its connection closed: each byte used to restart the timeout,
+// so a few such clients held every connection of the pool for as long as they liked.
+TEST(Serve, AHeadThatTricklesIs408) {
+  Server server("--io-timeout 1");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  const int fd = connect_to(server);
+  ASSERT_GE(fd, 0);
+  const auto started = std::chrono::steady_clock::now();
+  std::string answer;
+  char buffer[4096];
+  for (int i = 0; i < 50; ++i) {  // up to 10 s
+    ::send(fd, "X", 1, MSG_NOSIGNAL);
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 200) > 0) {
+      for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;)
+        answer.append(buffer, size_t(n));
+      break;
+    }
+  }
+  ::close(fd);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 408 ", 0), 0u) << answer;
+  EXPECT_NE(answer.find("did not arrive within --io-timeout"), std::string::npos) << answer;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
+  EXPECT_TRUE(wait_for_metric(server, "transformer_request_errors_total{code=\"408\"} 1"));
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// A request whose line or headers cannot be parsed, or whose Content-Length is not a number, is
+// answered 400 and its connection closed: where the next request would start is not known (a
+// Content-Length of "abc" was read as 0, and the body as the next request).
+TEST(Serve, AMalformedRequestIs400AndEndsItsConnection) {
+  Server server("");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  std::string answer = exchange_until_closed(connect_to(server), "GARBAGE\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 400 ", 0), 0u) << answer;
+  EXPECT_NE(answer.find("Connection: close\r\n"), std::string::npos) << answer;
+  EXPECT_NE(answer.find("malformed HTTP request"), std::string::npos) << answer;
+  const std::string body = R"({"text": "آ ز ا"})";
+  answer = exchange_until_closed(
+      connect_to(server),
+      "POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: abc\r\n\r\n" +
+          body);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 400 ", 0), 0u) << answer;
+  EXPECT_NE(answer.find("Content-Length must be a decimal number of bytes"), std::string::npos)
+      << answer;
+  EXPECT_EQ(answer.find("HTTP/1.1", 10), std::string::npos) << answer;  // one answer only
+  int status = 0;
+  post_json(server, "/v1/translate", body, &status);
+  EXPECT_EQ(status, 200);
   EXPECT_EQ(server.stop(), 0);
 }
 
@@ -1142,6 +1245,11 @@ TEST(Serve, BadStartIsOneErrorLine) {
   EXPECT_NE(r.err.find("error: cannot listen on 127.0.0.1:" + std::to_string(first.port())),
             std::string::npos)
       << r.err;
+  // A host that is no address: the resolver's reason (it was an unrelated errno's text).
+  r = work.run_cli("serve --model " + model_dir() + " --host 999.1.1.1 --port 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("error: cannot listen on 999.1.1.1: ", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.find("No such file"), std::string::npos) << r.err;
 }
 
 TEST(ServeRequest, ParserDefaultsAndOverrides) {

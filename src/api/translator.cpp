@@ -177,7 +177,8 @@ std::vector<TranslationResult> Translator::translate_ids(
     const std::vector<std::vector<int32_t>>& sources, const TranslationOptions& options,
     const std::vector<std::vector<int32_t>>& target_prefixes,
     const std::function<void(int64_t)>& progress,
-    const std::vector<std::vector<std::string>>* source_pieces) const {
+    const std::vector<std::vector<std::string>>* source_pieces,
+    const std::function<bool()>& cancelled) const {
   check_options(options);
   if (options.replace_unknowns && !source_pieces)
     throw UsageError("replace_unknowns needs the source pieces (text or token input)");
@@ -221,8 +222,8 @@ std::vector<TranslationResult> Translator::translate_ids(
       batch_sources.push_back(sources[order[next]]);
       if (!target_prefixes.empty()) batch_prefixes.push_back(target_prefixes[order[next]]);
     }
-    const auto found =
-        search(state_->bundle.model, batch_sources, batch_prefixes, settings, sampling_keys);
+    const auto found = search(state_->bundle.model, batch_sources, batch_prefixes, settings,
+                              sampling_keys, cancelled);
     for (size_t m = 0; m < members.size(); ++m) {
       for (const Hypothesis& h : found[m]) {
         TranslationHypothesis out;

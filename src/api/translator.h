@@ -128,12 +128,14 @@ class Translator {
       const std::vector<std::vector<std::string>>& target_prefixes = {}) const;
   // Token ids in; ids out, with their pieces and text where the model has a target vocabulary.
   // `progress`, when given, is told how many sentences are done. With replace_unknowns,
-  // `source_pieces` holds each source's pieces.
+  // `source_pieces` holds each source's pieces. `cancelled`, when given, is asked before every
+  // decoding step; once it says true the call throws SearchCancelled.
   std::vector<TranslationResult> translate_ids(
       const std::vector<std::vector<int32_t>>& sources, const TranslationOptions& options = {},
       const std::vector<std::vector<int32_t>>& target_prefixes = {},
       const std::function<void(int64_t)>& progress = {},
-      const std::vector<std::vector<std::string>>* source_pieces = nullptr) const;
+      const std::vector<std::vector<std::string>>* source_pieces = nullptr,
+      const std::function<bool()>& cancelled = {}) const;
 
   // log p(target + eos | source) per pair, teacher-forced.
   std::vector<ScoringResult> score_batch(const std::vector<std::string>& sources,

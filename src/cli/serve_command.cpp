@@ -39,7 +39,8 @@ CommandRunner add_serve_command(CLI::App& app) {
   app.add_flag("--no-batching", *no_batching,
                "Decode every sentence alone (for comparison; much slower under load)");
   app.add_option("--max-queued-sentences", o->batcher.max_queued_sentences,
-                 with_default("Sentences that may wait to be decoded; more get 503",
+                 with_default("Sentences that may wait to be decoded: a request that finds "
+                              "them taken gets 503, one with more sentences 413",
                               o->batcher.max_queued_sentences))
       ->check(at_least(1));
   app.add_option(
@@ -68,9 +69,15 @@ CommandRunner add_serve_command(CLI::App& app) {
                               o->limits.max_attention_cells))
       ->check(at_least(1));
   app.add_option("--request-timeout", o->request_timeout_seconds,
-                 with_default("Seconds a request may take; then 504 and its queued work is dropped",
+                 with_default("Seconds a request may take; then 504 and its work is dropped "
+                              "(a batch being decoded stops when none of its requests waits)",
                               o->request_timeout_seconds))
       ->check(in_range(0.001, 86400));
+  app.add_option("--io-timeout", o->io_timeout_seconds,
+                 with_default("Seconds a request's line and headers may take to arrive (then 408), "
+                              "and each read of its body or write of its answer may wait",
+                              o->io_timeout_seconds))
+      ->check(in_range(0.01, 3600));
   app.add_option("--source-language", o->source_language,
                  "Language code of the model's source, for LibreTranslate clients "
                  "(/languages; /translate then refuses other codes)");

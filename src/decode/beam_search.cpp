@@ -60,7 +60,7 @@ class BeamSearch {
  public:
   BeamSearch(const Model& model, const std::vector<std::vector<int32_t>>& sources,
              const std::vector<std::vector<int32_t>>& prefixes, const SearchOptions& options,
-             const std::vector<uint64_t>& sampling_keys)
+             const std::vector<uint64_t>& sampling_keys, const std::function<bool()>& cancelled)
       : model_(model),
         c_(model.config()),
         sources_(sources),
@@ -69,7 +69,8 @@ class BeamSearch {
         sentences_(int64_t(sources.size())),
         sampling_(is_sampling(options.sampling)),
         width_(hypotheses_per_sentence(options)),
-        sampling_keys_(sampling_keys) {
+        sampling_keys_(sampling_keys),
+        cancelled_(cancelled) {
     if (o_.beam < 1) throw Error("the beam size must be at least 1");
     if (const std::string error = sampling_options_error(o_.sampling, o_.beam); !error.empty())
       throw Error(error);
@@ -96,6 +97,7 @@ class BeamSearch {
     decoder.start(live_sentence_);
     finished_.resize(size_t(sentences_));
     for (int64_t t = 0; !live_.empty(); ++t) {
+      if (cancelled_ && cancelled_()) throw SearchCancelled();
       decode_step(decoder);
       select(t);
       if (!live_.empty()) decoder.reorder(parents_);
@@ -401,6 +403,7 @@ class BeamSearch {
   const bool sampling_;                                 // drawing tokens (o_.sampling) instead
   const int64_t width_;                                 // hypotheses_per_sentence: beam, or draws
   const std::vector<uint64_t>& sampling_keys_;          // [sentences] or empty: s
+  const std::function<bool()>& cancelled_;              // checked before every step; may be empty
   TokenBatch batch_;                                    // the sources, padded
   std::vector<int64_t> max_len_, prefix_len_;           // [sentences]
   int64_t longest_ = 0;                                 // the largest max_len_
@@ -444,9 +447,10 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
                                             const std::vector<std::vector<int32_t>>& sources,
                                             const std::vector<std::vector<int32_t>>& prefixes,
                                             const SearchOptions& options,
-                                            const std::vector<uint64_t>& sampling_keys) {
+                                            const std::vector<uint64_t>& sampling_keys,
+                                            const std::function<bool()>& cancelled) {
   if (sources.empty()) return {};
-  return BeamSearch(model, sources, prefixes, options, sampling_keys).run();
+  return BeamSearch(model, sources, prefixes, options, sampling_keys, cancelled).run();
 }
 
 }  // namespace tfm

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "backend/backend.h"
 #include "decode/sampling.h"
 #include "model/transformer.h"
+#include "tensor/error.h"
 
 namespace tfm {
 
@@ -60,6 +62,12 @@ inline int64_t sentences_within_budget(int64_t batch_tokens, int64_t longest_sou
 int64_t generation_limit(const ModelConfig& config, const SearchOptions& options,
                          int64_t source_tokens, int64_t prefix_tokens = 0);
 
+// What search() throws when its `cancelled` callback says so (checked before every step): the
+// caller no longer wants the answer (serve: every request of the batch timed out or left).
+struct SearchCancelled : Error {
+  SearchCancelled() : Error("the search was cancelled") {}
+};
+
 // sources: raw ids (no eos); prefixes: forced target starts (empty vectors, or none at all).
 // Returns up to nbest hypotheses per sentence, best first. Sampling draws each sentence's tokens
 // by its key (sampling_keys[s], or s where none are given: a caller that batches sentences
@@ -68,6 +76,7 @@ std::vector<std::vector<Hypothesis>> search(const Model& model,
                                             const std::vector<std::vector<int32_t>>& sources,
                                             const std::vector<std::vector<int32_t>>& prefixes,
                                             const SearchOptions& options,
-                                            const std::vector<uint64_t>& sampling_keys = {});
+                                            const std::vector<uint64_t>& sampling_keys = {},
+                                            const std::function<bool()>& cancelled = {});
 
 }  // namespace tfm

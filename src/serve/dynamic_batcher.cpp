@@ -53,6 +53,13 @@ int64_t DynamicBatcher::queued_sentences() const {
   return int64_t(queue_.size());
 }
 
+bool DynamicBatcher::all_cancelled(const std::vector<Entry>& batch) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Entry& e : batch)
+    if (!e.ticket->cancelled) return false;
+  return true;
+}
+
 void DynamicBatcher::drop_cancelled(const BatchTicket* ticket) {
   const size_t before = queue_.size();
   queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
@@ -146,7 +153,8 @@ void DynamicBatcher::decode(const std::vector<Entry>& batch) {
       any_prefix = any_prefix || !prefixes.back().empty();
     }
     if (!any_prefix) prefixes.clear();
-    auto results = translator_.translate_ids(sources, options, prefixes);
+    auto results = translator_.translate_ids(sources, options, prefixes, {}, nullptr,
+                                             [&] { return all_cancelled(batch); });
     // Results are written without the mutex: each (ticket, sentence) slot belongs to this
     // batch alone, and its waiter reads it only after `pending` drops under the mutex.
     for (size_t i = 0; i < members.size(); ++i) {
@@ -158,6 +166,10 @@ void DynamicBatcher::decode(const std::vector<Entry>& batch) {
   for (size_t i = 0; i < batch.size(); ++i) all[i] = i;
   try {
     translate(all);
+  } catch (const SearchCancelled&) {
+    // Every request of the batch timed out or went away: nobody reads its results.
+    metrics_.count_dropped(int64_t(batch.size()));
+    return;
   } catch (const std::exception& whole) {
     if (all.size() == 1) {
       batch.front().ticket->errors[batch.front().sentence] = whole.what();
@@ -166,6 +178,9 @@ void DynamicBatcher::decode(const std::vector<Entry>& batch) {
     for (size_t m : all) {  // find the sentence that fails; the others still get answers
       try {
         translate({m});
+      } catch (const SearchCancelled&) {
+        metrics_.count_dropped(int64_t(batch.size() - m));
+        return;
       } catch (const std::exception& alone) {
         batch[m].ticket->errors[batch[m].sentence] = alone.what();
       }

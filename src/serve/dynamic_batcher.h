@@ -3,7 +3,8 @@
 // per batch under a token budget (the rule of `translate --batch-tokens`). Sentences join a
 // batch only with sentences that asked for the same translation options. Results go
 // back to each request's ticket in its own order; a failing batch is retried one sentence at a
-// time, so one bad sentence fails only its own request.
+// time, so one bad sentence fails only its own request. A batch whose every request timed out
+// or went away stops decoding at its next step.
 #pragma once
 
 #include <chrono>
@@ -58,6 +59,8 @@ class DynamicBatcher {
   bool wait(const std::shared_ptr<BatchTicket>& ticket,
             std::chrono::steady_clock::time_point deadline, const std::function<bool()>& give_up);
   int64_t queued_sentences() const;
+  // The most sentences the queue holds (--max-queued-sentences): a ticket with more never fits.
+  int64_t queue_capacity() const { return settings_.max_queued_sentences; }
 
  private:
   struct Entry {
@@ -70,6 +73,8 @@ class DynamicBatcher {
   std::vector<Entry> take_batch();  // the next batch, removed from the queue (mutex held)
   void decode(const std::vector<Entry>& batch);    // without the mutex; fills results/errors
   void drop_cancelled(const BatchTicket* ticket);  // (mutex held)
+  // Whether every ticket of the batch gave up (its decoding then stops at the next step).
+  bool all_cancelled(const std::vector<Entry>& batch) const;  // (mutex not held)
 
   const Translator& translator_;
   const BatcherSettings settings_;

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <httplib.h>
+#include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
@@ -41,6 +42,9 @@ thread_local bool g_overflow_connection = false;
 // that went away), and whether the response being written ends that connection.
 thread_local int g_client_socket = -1;
 thread_local bool g_close_after_response = false;
+// Set by a handler whose client went away (499): the response is not sent (the status is only
+// counted, as nginx logs its 499), and the connection is closed.
+thread_local bool g_discard_response = false;
 // When the request on this thread arrived (set by the pre-routing handler).
 thread_local Clock::time_point g_request_start;
 
@@ -135,6 +139,14 @@ constexpr size_t kLargeBodyBytes = 64 << 10;
 constexpr const char* kFormContentType = "application/x-www-form-urlencoded";
 constexpr const char* kRenamedFormContentType = "application/x-transformer-form-urlencoded";
 
+// A header value of decimal digits only (Content-Length), at most 18 of them.
+bool is_decimal(std::string_view text) {
+  if (text.empty() || text.size() > 18) return false;
+  for (char c : text)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
 bool starts_with_ignoring_case(std::string_view text, std::string_view prefix) {
   return text.size() >= prefix.size() &&
          strncasecmp(text.data(), prefix.data(), prefix.size()) == 0;
@@ -167,6 +179,7 @@ class ConnectionStream : public httplib::Stream {
     return ssize_t(n);
   }
   ssize_t write(const char* ptr, size_t size) override {
+    if (g_discard_response) return ssize_t(size);
     if (!is_writable()) return -1;
     return send(fd_, ptr, size, MSG_NOSIGNAL);
   }
@@ -179,20 +192,26 @@ class ConnectionStream : public httplib::Stream {
   socket_t socket() const override { return fd_; }
 
   // What read_head found.
-  enum class Head { kComplete, kTooLarge, kEnded };
+  enum class Head { kComplete, kTooLarge, kTimedOut, kEnded };
   // The bytes a request's head (request line and headers) may take.
   static constexpr size_t kMaxHeadBytes = 64 << 10;
 
   // Reads the next request's head into the buffer and hands a form body to httplib under
   // kRenamedFormContentType. kTooLarge: no end of head within kMaxHeadBytes (httplib itself
   // would read a request line until its newline, however long: a client sending 1 GB without
-  // one made the server hold 1 GB); kEnded: the client closed or went quiet first (httplib then
-  // finds that itself).
+  // one made the server hold 1 GB); kTimedOut: the head began but did not end within the read
+  // timeout (a client sending a byte now and then held a connection for as long as it liked);
+  // kEnded: the client closed first, or sent nothing (httplib then finds that itself).
   Head read_head() {
+    const auto deadline = Clock::now() + read_timeout_;
     size_t head_end;
     while ((head_end = buffer_.find("\r\n\r\n", begin_)) == std::string::npos) {
       if (buffer_.size() - begin_ >= kMaxHeadBytes) return Head::kTooLarge;
-      if (!wait_readable(fd_, read_timeout_) || receive() <= 0) return Head::kEnded;
+      const auto left =
+          std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+      if (left.count() <= 0 || !wait_readable(fd_, left))
+        return has_buffered() ? Head::kTimedOut : Head::kEnded;
+      if (receive() <= 0) return Head::kEnded;
     }
     rename_form_content_type(head_end);
     return Head::kComplete;
@@ -275,7 +294,9 @@ void refuse_connection(int fd, const std::string& allow_origin) {
 // httplib::Server with its connection loop here instead of in the library (Debian's
 // libcpp-httplib 0.11 is compiled, so the loop cannot be patched), to: answer a connection
 // past the pool at once (refuse_connection); end a connection after an answer that leaves its
-// request unread (g_close_after_response: 411); give handlers their socket (g_client_socket).
+// request unread (g_close_after_response: 411) or whose client left (g_discard_response: 499);
+// answer a head that is too large (431) or too slow (408); give handlers their socket
+// (g_client_socket).
 // Otherwise as httplib's: keep-alive up to its count and timeout, a stream per connection.
 // Also a deeper listen backlog: Debian's libcpp-httplib is compiled with a backlog of 5, which
 // drops the connections of more than a handful of clients arriving at once.
@@ -284,7 +305,7 @@ class Server : public httplib::Server {
   // Calling listen() again on the bound socket only changes its backlog.
   bool deepen_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
   std::function<void()> on_refused_connection;  // counts a refuse_connection
-  std::function<void()> on_head_too_large;      // counts a 431
+  std::function<void(int)> on_unread_request;   // counts a 431 or 408 answered before routing
   std::string allow_origin;                     // --allow-origin, for refuse_connection
 
  private:
@@ -302,18 +323,25 @@ class Server : public httplib::Server {
       for (size_t count = keep_alive_max_count_; count > 0 && next_request_arrives(stream);
            --count) {
         bool connection_closed = false;
-        g_close_after_response = false;
-        if (stream.read_head() == ConnectionStream::Head::kTooLarge) {
-          answer_and_close(sock, "431 Request Header Fields Too Large",
-                           R"({"error":"the request line and headers take more than )" +
-                               std::to_string(ConnectionStream::kMaxHeadBytes) + R"( bytes"})",
-                           "", allow_origin, std::chrono::milliseconds(500));
-          if (on_head_too_large) on_head_too_large();
+        g_close_after_response = g_discard_response = false;
+        const ConnectionStream::Head head = stream.read_head();
+        if (head == ConnectionStream::Head::kTooLarge ||
+            head == ConnectionStream::Head::kTimedOut) {
+          const bool large = head == ConnectionStream::Head::kTooLarge;
+          answer_and_close(
+              sock, large ? "431 Request Header Fields Too Large" : "408 Request Timeout",
+              large ? R"({"error":"the request line and headers take more than )" +
+                          std::to_string(ConnectionStream::kMaxHeadBytes) + R"( bytes"})"
+                    : std::string(R"({"error":"the request line and headers did not arrive )"
+                                  R"(within --io-timeout"})"),
+              "", allow_origin, std::chrono::milliseconds(500));
+          if (on_unread_request) on_unread_request(large ? 431 : 408);
           g_client_socket = -1;
           return true;
         }
         answered = process_request(stream, count == 1, connection_closed, nullptr);
-        close_after = g_close_after_response;
+        close_after = g_close_after_response || g_discard_response;
+        g_discard_response = false;
         if (!answered || connection_closed || close_after) break;
       }
     } catch (const std::exception&) {
@@ -443,7 +471,7 @@ void run_server(const ServeSettings& settings) {
   std::atomic<uint64_t> answered{0};
 
   server.on_refused_connection = [&] { metrics.count_request("", 503, 0.0); };
-  server.on_head_too_large = [&] { metrics.count_request("", 431, 0.0); };
+  server.on_unread_request = [&](int status) { metrics.count_request("", status, 0.0); };
   server.new_task_queue = [&] {
     return new ConnectionPool(size_t(settings.max_connections), size_t(settings.max_connections));
   };
@@ -489,6 +517,14 @@ void run_server(const ServeSettings& settings) {
     // that may follow are not read, so the connection ends with this answer.
     const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
                              req.method == "DELETE" || req.method == "PRI";
+    // A Content-Length that is not a number (httplib reads "abc" as 0 and the body that follows
+    // as the next request): 400, and the connection ends with the answer.
+    if (req.has_header("Content-Length") && !is_decimal(req.get_header_value("Content-Length"))) {
+      g_close_after_response = true;
+      res.set_header("Connection", "close");
+      reply_error(res, 400, "Content-Length must be a decimal number of bytes");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (!body_method || req.has_header("Content-Length") ||
         strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") == 0)
       return httplib::Server::HandlerResponse::Unhandled;
@@ -512,9 +548,13 @@ void run_server(const ServeSettings& settings) {
                   req.path + " answers " + methods_of_path.at(req.path) + ", not " + req.method);
     } else if (res.status == 404)
       reply_error(res, 404, "no such endpoint: " + req.method + " " + req.path);
-    else if (res.status == 400)
+    else if (res.status == 400) {
+      // Where a request's line or headers could not be parsed, where the next one starts is
+      // not known either: the connection ends with this answer.
+      g_close_after_response = true;
+      res.set_header("Connection", "close");
       reply_error(res, 400, "malformed HTTP request");
-    else
+    } else
       reply_error(res, res.status, "HTTP status " + std::to_string(res.status));
   });
   server.set_logger([&](const httplib::Request& req, const httplib::Response& res) {
@@ -566,6 +606,9 @@ void run_server(const ServeSettings& settings) {
         handler(req, res);
       } catch (const RequestError& e) {
         reply_error(res, e.status(), e.what());
+        // The client closed its side: nothing is sent (half-closed or not), and the connection
+        // is closed; the status is counted.
+        if (e.status() == 499) g_discard_response = true;
       } catch (const std::bad_alloc&) {
         reply_error(res, 500, "out of memory");
       } catch (const std::exception& e) {
@@ -714,6 +757,18 @@ void run_server(const ServeSettings& settings) {
                   {"target", language(settings.target_language)}}}});
   });
 
+  // A host that names no address (999.1.1.1, a misspelt name) is told apart from a bind that
+  // fails: httplib reports both as a failed bind, with an errno that is not the reason.
+  {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* found = nullptr;
+    if (const int rc = getaddrinfo(settings.host.c_str(), nullptr, &hints, &found); rc != 0)
+      throw Error("cannot listen on " + settings.host + ": " + gai_strerror(rc));
+    freeaddrinfo(found);
+  }
   int port = settings.port;
   if (port == 0) {
     port = server.bind_to_any_port(settings.host);

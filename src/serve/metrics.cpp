@@ -99,8 +99,9 @@ std::string ServeMetrics::render(int64_t queued_sentences, int64_t requests_in_f
   header(out, "transformer_target_tokens_total", "counter",
          "Target tokens (subword pieces) of the best translations.");
   out += "transformer_target_tokens_total " + std::to_string(target_tokens_) + "\n";
-  header(out, "transformer_dropped_sentences_total", "counter",
-         "Queued sentences dropped because their client went away or timed out.");
+  header(
+      out, "transformer_dropped_sentences_total", "counter",
+      "Sentences dropped, queued or being decoded, because their client went away or timed out.");
   out += "transformer_dropped_sentences_total " + std::to_string(dropped_) + "\n";
   header(out, "transformer_queue_sentences", "gauge", "Sentences waiting to be decoded.");
   out += "transformer_queue_sentences " + std::to_string(queued_sentences) + "\n";

@@ -34,7 +34,7 @@ class ServeMetrics {
   void count_request(const std::string& path, int status, double seconds);
   void count_sentences(int64_t sentences, int64_t source_tokens, int64_t target_tokens);
   void count_batch(int64_t sentences);
-  void count_dropped(int64_t sentences);  // queued work of requests that went away
+  void count_dropped(int64_t sentences);  // queued or in-flight work of requests that went away
   // The whole exposition; the gauges are read by the caller at scrape time.
   std::string render(int64_t queued_sentences, int64_t requests_in_flight) const;
 

@@ -65,6 +65,11 @@ std::vector<SentenceResult> TranslationService::translate(
     results[i].translated = true;
   }
   if (!ticket->sources.empty()) {
+    if (int64_t(ticket->sources.size()) > batcher_.queue_capacity())
+      throw RequestError(413, "the request has " + std::to_string(ticket->sources.size()) +
+                                  " sentences to translate; this server's queue holds at most " +
+                                  std::to_string(batcher_.queue_capacity()) +
+                                  " (--max-queued-sentences)");
     if (!batcher_.submit(ticket))
       throw RequestError(503,
                          "the translation queue is full (--max-queued-sentences); retry later");

@@ -31,7 +31,8 @@ class TranslationService {
                      const ServeLimits& limits, ServeMetrics& metrics);
 
   // Encodes, queues and waits for every sentence of the request. Throws RequestError:
-  // 400 for a sentence or prefix over the limits, 503 when the queue is full, 504 past the
+  // 400 for a sentence or prefix over the limits, 413 for more sentences than the queue ever
+  // holds, 503 when the queue is full, 504 past the
   // deadline, 499 when give_up() says the client went away, 500 when decoding failed.
   std::vector<SentenceResult> translate(const TranslateRequest& request,
                                         std::chrono::steady_clock::time_point deadline,
