@@ -15,10 +15,10 @@
 #include <sstream>
 
 #include "cli_runner.h"
-#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "model/init.h"
 #include "model/transformer.h"
+#include "tensor/file_util.h"
 
 namespace {
 
@@ -72,6 +72,41 @@ TEST(NonFinite, WeightsWithNanOrInfAreRefusedAtLoadUnlessAllowed) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   r = work.run_cli("--allow-nonfinite translate --ids --model " + nan_model, input);
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// A model whose activations overflow (finite weights: 3e38 times sqrt(d_model) is inf) or that
+// was let hold NaN gives non-finite log-probabilities; translate and score refuse to print them
+// (an empty translation with log p 0, and "nan", with exit 0, before) and still work on
+// sentences that do not reach the bad row.
+TEST(NonFinite, OutputsThatAreNotFiniteAreAnErrorNotATranslation) {
+  const std::string huge_model = write_poisoned_model("huge.safetensors", 3e38f);
+  const std::string nan_model = write_poisoned_model("nan_used.safetensors", std::nanf(""));
+  const std::string reaches = work.write_file("reaches.txt", "4 5 6\n31 5 6\n");
+  const std::string avoids = work.write_file("avoids.txt", "4 5 6\n7 8\n");
+  for (const std::string& model : {huge_model + " ", nan_model + " --allow-nonfinite "}) {
+    for (const std::string& search :
+         {"--beam 1", "--beam 4", "--prefix 5", "--sampling-topk 0 --beam 1 --seed 3"}) {
+      CliResult r = work.run_cli("translate --ids --model " + model + search, reaches);
+      EXPECT_EQ(r.exit_code, 1) << model << search << r.out;
+      EXPECT_EQ(r.out, "");
+      EXPECT_EQ(r.err,
+                "error: the model's output at step 1 is not finite: its activations overflow "
+                "float32 or its weights hold NaN, so it cannot translate\n")
+          << model << search;
+      r = work.run_cli("translate --ids --model " + model + search, avoids);
+      EXPECT_EQ(r.exit_code, 0) << model << search << r.err;
+    }
+    CliResult r =
+        work.run_cli("score --ids --model " + model + "--src " + reaches + " --tgt " + avoids);
+    EXPECT_EQ(r.exit_code, 1) << model << r.out;
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err,
+              "error: the model's log-probability of pair 2 is not a number: its activations "
+              "overflow float32 or its weights hold NaN, so it cannot score\n")
+        << model;
+    r = work.run_cli("score --ids --model " + model + "--src " + avoids + " --tgt " + reaches);
+    EXPECT_EQ(r.exit_code, 0) << model << r.err;
+  }
 }
 
 TEST(NonFinite, BadStepsAreSkippedAndTooManyInARowStopWithTheCheckpointIntact) {

@@ -3,6 +3,7 @@
 #include "api/translator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <random>
 
@@ -345,6 +346,12 @@ std::vector<ScoringResult> Translator::score_ids(
       ScoringResult& r = results[size_t(members[m])];
       r.log_probs.assign(row, row + batch.tgt_lengths[m]);
       for (float v : r.log_probs) r.log_prob += v;
+      // NaN (or +inf) comes only from a model whose activations overflow float32 or that holds
+      // NaN; printed, it would pass for a score.
+      if (std::isnan(r.log_prob) || r.log_prob == INFINITY)
+        throw Error("the model's log-probability of pair " + std::to_string(members[m] + 1) +
+                    " is not a number: its activations overflow float32 or its weights hold "
+                    "NaN, so it cannot score");
     }
     done += int64_t(members.size());
     if (progress) progress(done);

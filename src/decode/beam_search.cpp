@@ -187,6 +187,13 @@ class BeamSearch {
     parents_.clear();
     next_sentence_.clear();
     rank_tokens(t);
+    // A row's log Σ exp is finite whenever its logits are; NaN or inf there would make every
+    // candidate impossible and end the sentence empty, as if that were a translation.
+    for (int64_t h = 0; h < n; ++h)
+      if (!std::isfinite(log_sum(h)))
+        throw Error("the model's output at step " + std::to_string(t + 1) +
+                    " is not finite: its activations overflow float32 or its weights hold NaN, "
+                    "so it cannot translate");
     for (int64_t begin = 0; begin < n;) {
       const int32_t s = live_sentence_[size_t(begin)];
       int64_t end = begin;
