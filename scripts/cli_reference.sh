@@ -17,8 +17,10 @@ generate() {
   echo "\`bash scripts/cli_reference.sh\`, and the test suite fails when the two differ. The"
   echo "options before the command (\`--threads\`, \`--max-memory\`, \`--max-line-bytes\`,"
   echo "\`--allow-nonfinite\`) may also follow it. Errors are one \`error:\` line and exit status 1;"
-  echo "usage errors exit 2. Guides: [training](training.md), [translating](translating.md),"
-  echo "[serving](serving.md), [CTranslate2](ctranslate2.md), [GPUs](gpu.md)."
+  echo "usage errors exit 2. Whole numbers (INT, UINT) are read in decimal: \`010\` is ten, and"
+  echo "\`0x10\`, \`1e3\` or a sign on a UINT are usage errors. Guides: [training](training.md),"
+  echo "[translating](translating.md), [serving](serving.md), [CTranslate2](ctranslate2.md),"
+  echo "[GPUs](gpu.md)."
   echo
   echo '```'
   "$bin" --help

@@ -3,6 +3,7 @@
 // exit 1 (2 for usage errors), never a crash.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -364,6 +365,35 @@ TEST(Cli, UsageErrorsExitWithTwo) {
                {"nothing to average"});
   expect_error(work.run_cli("init --vocab 20 -o " + work.path("none.safetensors")), 2,
                {"--preset or --config"});
+}
+
+// Integer options are read in decimal whatever CLI11 would make of them: "010" is ten (CLI11
+// read it as octal 8), a prefixed base or a fraction is refused, and an unsigned option refuses a
+// sign (--seed -1 was 2^64 - 1). Lengths that cannot both hold are refused before any work.
+TEST(Cli, IntegerOptionsAreDecimal) {
+  work.write_file("decimal_src.txt", "5 6\n");
+  const std::string translate =
+      "translate --model " + tiny_model() + " --ids -i " + work.path("decimal_src.txt");
+  CliResult ten = work.run_cli(translate + " --beam 010 --nbest 10");
+  EXPECT_EQ(ten.exit_code, 0) << ten.err;
+  CliResult plain = work.run_cli(translate + " --beam 10 --nbest 10");
+  EXPECT_EQ(ten.out, plain.out);
+  EXPECT_EQ(std::count(ten.out.begin(), ten.out.end(), '\n'), 10);
+  for (const std::string bad : {"0x10", "0b11", "1e1", "2.5"})
+    expect_error(work.run_cli(translate + " --beam " + bad), 2,
+                 {"--beam: must be a whole number in decimal digits, not " + bad});
+  expect_error(
+      work.run_cli("init --preset tiny --vocab 20 --seed -1 -o " + work.path("s.safetensors")), 2,
+      {"--seed: must be a whole number at least 0, not -1"});
+  EXPECT_FALSE(std::filesystem::exists(work.path("s.safetensors")));
+  const std::string seven = work.path("seven.safetensors"), again = work.path("007.safetensors");
+  ASSERT_EQ(work.run_cli("init --preset tiny --vocab 20 --seed 7 -o " + seven).exit_code, 0);
+  ASSERT_EQ(
+      work.run_cli("--threads 01 init --preset tiny --vocab 20 --seed 007 -o " + again).exit_code,
+      0);
+  EXPECT_EQ(tfm::read_file_bytes(seven), tfm::read_file_bytes(again));
+  expect_error(work.run_cli(translate + " --min-length 6 --max-length 5"), 2,
+               {"--min-length 6 is greater than --max-length 5"});
 }
 
 // average refuses what it cannot average, with one error line and no output file: models of

@@ -1274,6 +1274,19 @@ TEST(ServeRequest, ParserDefaultsAndOverrides) {
   EXPECT_TRUE(r.attention && r.search.return_attention_heads);
   EXPECT_EQ(r.search.attention_layer, 2);
   EXPECT_EQ(r.prefixes, std::vector<std::string>{"p"});
+  // A max_length below the server's --min-length cannot be met: 400, not the library's 500.
+  defaults.min_decoding_length = 4;
+  try {
+    tfm::parse_translate_request(R"({"text": "a", "max_length": 3})", defaults, limits);
+    FAIL();
+  } catch (const tfm::RequestError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_STREQ(e.what(), "max_length 3 is less than this server's --min-length 4");
+  }
+  EXPECT_EQ(tfm::parse_translate_request(R"({"text": "a", "max_length": 4})", defaults, limits)
+                .search.max_decoding_length,
+            4);
+  defaults.min_decoding_length = 0;
   // Integers beyond int64 are refused as out of range, not wrapped.
   try {
     tfm::parse_translate_request(R"({"text": "a", "beam": 18446744073709551615})", defaults,

@@ -157,6 +157,9 @@ void Translator::check_options(const TranslationOptions& o) const {
     bad("max_decoding_length_a must be in [0, 1000]");
   if (o.max_decoding_length_b < 0 || o.max_decoding_length < 0 || o.min_decoding_length < 0)
     bad("decoding lengths cannot be negative");
+  if (o.max_decoding_length > 0 && o.min_decoding_length > o.max_decoding_length)
+    bad("min_decoding_length " + std::to_string(o.min_decoding_length) +
+        " is greater than max_decoding_length " + std::to_string(o.max_decoding_length));
   if (o.max_batch_tokens < 1) bad("max_batch_tokens must be at least 1");
   const int64_t layers = config().decoder_layers;
   if (o.attention_layer < -1 || o.attention_layer >= layers)

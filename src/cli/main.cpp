@@ -10,10 +10,10 @@
 #include "cli/build_info.h"
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
-#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 #include "tensor/memory_budget.h"
 #include "tensor/thread_limit.h"
 #include "text/corpus.h"
@@ -95,6 +95,8 @@ int main(int argc, char** argv) {
       tfm::add_import_ctranslate2_command);
   add("export-ctranslate2", "Write a model directory as a CTranslate2 model directory",
       tfm::add_export_ctranslate2_command);
+
+  tfm::read_integers_as_decimal(app);
 
   bool known_command = argc < 2 || argv[1][0] == '-';
   for (const auto& [sub, runner] : runners)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +65,43 @@ std::string with_default(const std::string& text, Number value, const std::strin
 // A finite number ≥ low (or > low when `closed` is false).
 inline CLI::Validator at_least(double low, bool closed = true) {
   return in_range(low, INFINITY, closed);
+}
+
+// Every integer option of `app` and its commands (type INT or UINT) read in decimal, as users
+// of other tools expect: CLI11 reads "010" as octal 8 and "0x10" as 16, and an unsigned option
+// takes "-1" as 2^64 - 1. Leading zeros are dropped; a prefixed base, or a sign on an unsigned
+// option, or a number that is not whole (1e3), is a usage error naming the option. Anything else
+// is left to the option's own checks.
+// Call once every option has been added.
+inline void read_integers_as_decimal(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name().substr(0, option->get_type_name().find(':'));
+    if (type != "INT" && type != "UINT") continue;
+    const bool is_unsigned = type == "UINT";
+    option->transform(CLI::Validator(
+        [is_unsigned](std::string& input) -> std::string {
+          size_t digits = input.find_first_not_of("+-") == 1 ? 1 : 0;
+          if (input.size() > digits + 1 && input[digits] == '0' &&
+              std::string("xXbBoO").find(input[digits + 1]) != std::string::npos)
+            return "must be a whole number in decimal digits, not " + input;
+          if (input.size() == digits ||
+              input.find_first_not_of("0123456789", digits) != std::string::npos) {
+            char* end = nullptr;  // a number, but not a whole one: 1e3, 2.5
+            std::strtod(input.c_str(), &end);
+            if (end != input.c_str() && *end == '\0')
+              return "must be a whole number in decimal digits, not " + input;
+            return std::string();  // not a number: the option's checks name the problem
+          }
+          if (is_unsigned && input[0] == '-')
+            return "must be a whole number at least 0, not " + input;
+          const size_t first = std::min(input.find_first_not_of('0', digits), input.size() - 1);
+          input.erase(digits, first - digits);
+          return std::string();
+        },
+        ""));
+  }
+  for (CLI::App* command : app.get_subcommands([](CLI::App*) { return true; }))
+    read_integers_as_decimal(*command);
 }
 
 }  // namespace tfm

@@ -54,6 +54,9 @@ void SearchFlags::check() const {
     throw UsageError("--sampling-topk " + std::to_string(search.sampling_topk) +
                      " samples, which takes --beam 1 (not " + std::to_string(search.beam_size) +
                      ")");
+  if (search.max_decoding_length > 0 && search.min_decoding_length > search.max_decoding_length)
+    throw UsageError("--min-length " + std::to_string(search.min_decoding_length) +
+                     " is greater than --max-length " + std::to_string(search.max_decoding_length));
 }
 
 TranslatorOptions SearchFlags::translator_options() const {

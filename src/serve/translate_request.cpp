@@ -206,6 +206,11 @@ TranslateRequest parse_translate_request(const std::string& body,
   if (j.contains("max_length"))
     r.search.max_decoding_length = integer_field(j["max_length"], "max_length", 1,
                                                  limits.max_length, "model's position limit");
+  if (r.search.max_decoding_length > 0 &&
+      r.search.max_decoding_length < r.search.min_decoding_length)
+    throw RequestError(400, "max_length " + std::to_string(r.search.max_decoding_length) +
+                                " is less than this server's --min-length " +
+                                std::to_string(r.search.min_decoding_length));
   if (j.contains("prefix")) {
     const nlohmann::json& p = j["prefix"];
     if (p.is_string()) {

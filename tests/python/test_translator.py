@@ -113,6 +113,8 @@ def test_properties(translator):
 def test_errors_are_python_exceptions(model_dir, translator):
     with pytest.raises(ValueError, match="num_hypotheses"):
         translator.translate_batch([SOURCE], beam_size=2, num_hypotheses=3)
+    with pytest.raises(ValueError, match="min_decoding_length 6 is greater than max_decoding_length 5"):
+        translator.translate_batch([SOURCE], min_decoding_length=6, max_decoding_length=5)
     with pytest.raises(ValueError, match="compute-type"):
         transformer_cpp.Translator(model_dir, compute_type="int4")
     with pytest.raises(RuntimeError, match="nowhere"):
