@@ -18,7 +18,9 @@ generate() {
   echo "options before the command (\`--threads\`, \`--max-memory\`, \`--max-line-bytes\`,"
   echo "\`--allow-nonfinite\`) may also follow it. Errors are one \`error:\` line and exit status 1;"
   echo "usage errors exit 2. Whole numbers (INT, UINT) are read in decimal: \`010\` is ten, and"
-  echo "\`0x10\`, \`1e3\` or a sign on a UINT are usage errors. Guides: [training](training.md),"
+  echo "\`0x10\`, \`1e3\` or a sign on a UINT are usage errors. Commands that write a model or a"
+  echo "vocabulary (init, average, vocab, quantize, import-ctranslate2) refuse to replace an existing"
+  echo "output unless given \`--force\`. Guides: [training](training.md),"
   echo "[translating](translating.md), [serving](serving.md), [CTranslate2](ctranslate2.md),"
   echo "[GPUs](gpu.md)."
   echo

@@ -214,7 +214,7 @@ if [ -f "$averaged/model.safetensors" ] && [ "$averaged/model.safetensors" -nt "
   echo "$averaged is up to date"
 else
   mkdir -p "$averaged"
-  $bin average --model-dir "$run" --last "$average" -o "$averaged/model.safetensors"
+  $bin average --force --model-dir "$run" --last "$average" -o "$averaged/model.safetensors"
   cp "$run/vocab.spm" "$averaged/vocab.spm"
 fi
 

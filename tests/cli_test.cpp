@@ -396,6 +396,50 @@ TEST(Cli, IntegerOptionsAreDecimal) {
                {"--min-length 6 is greater than --max-length 5"});
 }
 
+// Every command that writes a model or a vocabulary keeps an existing output unless --force
+// (init, average, vocab and import-ctranslate2 replaced it silently, quantize refused it): the
+// refusal is one error line before any work, the file stays byte for byte, and --force replaces
+// it. An empty directory is not an existing output.
+TEST(Cli, ModelsAndVocabulariesAreOverwrittenOnlyWithForce) {
+  const std::string ct2 = std::string(TFM_FIXTURE_DIR) +
+                          "/../data/ctranslate2-aren-transliteration/aren-transliteration";
+  const std::string text = work.write_file("force_text.txt", "a b c d e f g h i j k l m n o\n");
+  const std::string model = work.path("force_model.safetensors");
+  ASSERT_EQ(work.run_cli("init --preset tiny --vocab 20 --seed 5 -o " + model).exit_code, 0);
+  struct Case {
+    std::string command, output;
+  };
+  const std::vector<Case> cases = {
+      {"init --preset tiny --vocab 20 --seed 6", work.path("force_init.safetensors")},
+      {"average " + model + " " + model, work.path("force_average.safetensors")},
+      {"vocab --input " + text + " --size 20", work.path("force.spm")},
+      {"import-ctranslate2 " + ct2, work.path("force_import")},
+      {"quantize --model " + model, work.path("force_quantized.safetensors")},
+  };
+  for (const Case& c : cases) {
+    fs::remove_all(c.output);
+    fs::create_directories(c.output);  // empty: written into
+    CliResult r = work.run_cli(c.command + " -o " + c.output);
+    if (fs::is_directory(c.output) && fs::is_empty(c.output)) {
+      // A file output cannot take an empty directory's place: that fails while writing.
+      EXPECT_EQ(r.exit_code, 1) << c.command;
+      EXPECT_EQ(r.err.find("already exists"), std::string::npos) << r.err;
+      fs::remove_all(c.output);
+      r = work.run_cli(c.command + " -o " + c.output);
+    }
+    ASSERT_EQ(r.exit_code, 0) << c.command << r.err;
+    const bool directory = fs::is_directory(c.output);
+    const std::string file = directory ? c.output + "/model.safetensors" : c.output;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << "precious";
+    expect_error(work.run_cli(c.command + " -o " + c.output), 1,
+                 {c.output + ": already exists (use --force to overwrite it)"});
+    EXPECT_TRUE(tfm::read_file_bytes(file) == "precious") << c.command;
+    r = work.run_cli(c.command + " --force -o " + c.output);
+    ASSERT_EQ(r.exit_code, 0) << c.command << r.err;
+    EXPECT_TRUE(tfm::read_file_bytes(file).size() > 100) << c.command;
+  }
+}
+
 // average refuses what it cannot average, with one error line and no output file: models of
 // different configs, model files beside --model-dir, a run directory without snapshots, a file
 // that is not a model. The average of two models is their mean, element for element.

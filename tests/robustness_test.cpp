@@ -165,7 +165,7 @@ TEST(FullDisk, VocabFailsNamingTheFileAndKeepsTheOldOne) {
     while (filler.write(block.data(), long(block.size())) && filler.flush()) {
     }
   }
-  r = work.run_cli("vocab --input " + work.path("text.en") + " --size 50 -o " + target);
+  r = work.run_cli("vocab --force --input " + work.path("text.en") + " --size 50 -o " + target);
   expect_error(r, 1, {target, "No space left on device"});
   EXPECT_EQ(tfm::read_file_bytes(target), old);
   EXPECT_TRUE(temp_files_in(disk).empty());

@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
+#include "cli/output_overwrite.h"
 #include "io/model_file.h"
 #include "model/transformer.h"
 #include "tensor/error.h"
@@ -18,6 +19,7 @@ CommandRunner add_average_command(CLI::App& app) {
     std::string model_dir;
     int64_t last = 5;
     std::string output;
+    bool force = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("MODELS", o->models, "Model files to average");
@@ -26,6 +28,7 @@ CommandRunner add_average_command(CLI::App& app) {
   app.add_option("--last", o->last, with_default("How many snapshots with --model-dir", o->last))
       ->check(at_least(1));
   app.add_option("-o,--output", o->output, "Model file to write")->required();
+  add_force_flag(app, o->force, "file");
   app.footer(
       "Examples:\n  transformer average --model-dir run --last 5 -o run/model.avg.safetensors\n"
       "  transformer average a.safetensors b.safetensors -o avg.safetensors");
@@ -39,6 +42,7 @@ CommandRunner add_average_command(CLI::App& app) {
                    snapshots.end());
     }
     if (files.empty()) throw UsageError("nothing to average: give model files or --model-dir");
+    refuse_existing_output(o->output, o->force);
     // Σ x / n, each term scaled before it is added: a sum of large finite weights could
     // overflow to infinity where their mean does not.
     const float inv = 1.f / float(files.size());

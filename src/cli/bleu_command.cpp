@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "tensor/file_util.h"
 #include "metrics/bleu.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 #include "text/corpus.h"
 #include "text/vocabulary.h"
 

@@ -66,8 +66,7 @@ std::string cpu_instruction_sets() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)))
     sets.push_back("AVX-VNNI");
-  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx & (1u << 22)))
-    sets.push_back("AMX");
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx & (1u << 22))) sets.push_back("AMX");
   return joined(sets);
 #else
   return "not an x86 CPU";

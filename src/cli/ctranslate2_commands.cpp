@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/output_overwrite.h"
 #include "io/ctranslate2.h"
 #include "io/model_directory.h"
 #include "io/model_file.h"
@@ -16,11 +17,15 @@ CommandRunner add_import_ctranslate2_command(CLI::App& app) {
   struct Options {
     std::string input;
     std::string output;
+    bool force = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("DIR", o->input, "CTranslate2 model directory (model.bin + vocabularies)")
       ->required();
   app.add_option("-o,--output", o->output, "Model directory to write")->required();
+  add_force_flag(app, o->force,
+                 "model directory (as a whole, once the new one is complete; a directory "
+                 "holding other files is refused)");
   app.footer(
       "Reads TransformerSpec models as CTranslate2's converters write them (model.bin binary\n"
       "versions 1-6, spec revisions 1-7), config.json (special tokens, add_source_eos,\n"
@@ -32,6 +37,7 @@ CommandRunner add_import_ctranslate2_command(CLI::App& app) {
       "float32); other weights (int16, float16, bfloat16) are converted to float32.\n"
       "Example:\n  transformer import-ctranslate2 ende_ctranslate2 -o ende");
   return [o] {
+    refuse_existing_output(o->output, o->force);
     ImportedModel imported = import_ctranslate2(o->input);
     check_finite_parameters(imported.parameters, o->input + "/model.bin");
     for (const auto& [name, q] : imported.int8_parameters)  // held in int8 only

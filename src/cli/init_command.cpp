@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/config_options.h"
+#include "cli/output_overwrite.h"
 #include "io/model_file.h"
 #include "model/init.h"
 #include "tensor/error.h"
@@ -16,15 +17,18 @@ CommandRunner add_init_command(CLI::App& app) {
     ConfigOptions config;
     uint64_t seed = 1;
     std::string output;
+    bool force = false;
   };
   auto options = std::make_shared<Options>();
   options->config.add_to(app);
   app.add_option("--seed", options->seed, "Random seed (same seed, same model on every machine)");
   app.add_option("-o,--output", options->output, "Model file to write (.safetensors)")->required();
+  add_force_flag(app, options->force, "file");
   app.footer(
       "Example:\n  transformer init --preset tiny --src-vocab 1000 --tgt-vocab 1000 --seed 7 -o "
       "model.safetensors");
   return [options] {
+    refuse_existing_output(options->output, options->force);
     const ModelConfig config = options->config.resolve();
     Model model = init_model(config, options->seed, cpu_backend());
     save_model(model, options->output);

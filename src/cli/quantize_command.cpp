@@ -8,10 +8,11 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "tensor/file_util.h"
+#include "cli/output_overwrite.h"
 #include "io/model_directory.h"
 #include "io/model_file.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 
 namespace tfm {
 
@@ -49,9 +50,7 @@ CommandRunner add_quantize_command(CLI::App& app) {
     std::error_code ec;
     const std::string model_path = model_file_path(o->model);
     const bool directory = fs::is_directory(o->model, ec);
-    if (!o->force && fs::exists(o->output, ec) &&
-        !(fs::is_directory(o->output, ec) && fs::is_empty(o->output, ec)))
-      throw Error(o->output + ": already exists (use --force to overwrite it)");
+    refuse_existing_output(o->output, o->force);
     const ModelWeights weights = o->type == "int8" ? ModelWeights::kInt8 : ModelWeights::kFloat32;
     const Model model = load_model(model_path, cpu_backend(), weights);
     std::string output_path = o->output;

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
+#include "cli/output_overwrite.h"
 #include "tensor/error.h"
 #include "tensor/file_util.h"
 #include "text/corpus.h"
@@ -44,6 +45,7 @@ CommandRunner add_vocab_command(CLI::App& app) {
     std::vector<std::string> inputs;
     int64_t size = 8000;
     std::string output;
+    bool force = false;
     double character_coverage = 1.0;
     int64_t max_sentences = 2000000;
   };
@@ -56,6 +58,7 @@ CommandRunner add_vocab_command(CLI::App& app) {
       ->check(in_range(8, 1 << 22));
   app.add_option("-o,--output", o->output, "SentencePiece model file to write (e.g. vocab.spm)")
       ->required();
+  add_force_flag(app, o->force, "file");
   app.add_option("--character-coverage", o->character_coverage,
                  with_default("Share of characters covered by the vocabulary",
                               o->character_coverage, "0.9995 for CJK"))
@@ -65,6 +68,7 @@ CommandRunner add_vocab_command(CLI::App& app) {
       ->check(at_least(101));  // SentencePiece takes more than 100
   app.footer("Example:\n  transformer vocab --input train.en train.es --size 8000 -o vocab.spm");
   return [o] {
+    refuse_existing_output(o->output, o->force);
     check_vocabulary_text(o->inputs);
     std::string inputs;
     for (const auto& f : o->inputs) inputs += (inputs.empty() ? "" : ",") + f;
