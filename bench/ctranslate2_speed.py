@@ -101,7 +101,7 @@ def prepare(work, seed):
         with open(os.path.join(ours, side + "_vocabulary.txt"), "w") as f:
             f.write("\n".join(tokens) + "\n")
     run_checked([BIN, "init", "--preset", "base", "--vocab", str(VOCAB), "--seed", str(seed),
-                 "-o", os.path.join(ours, "model.safetensors")])
+                 "--force", "-o", os.path.join(ours, "model.safetensors")])
     exports = {}
     for quantization in ("float32", "int8"):
         exports[quantization] = os.path.join(work, "ct2_" + quantization)
