@@ -103,7 +103,8 @@ class CliWorkDir {
 inline std::string import_transliteration_model(const CliWorkDir& work) {
   const std::string data = std::string(TFM_FIXTURE_DIR) +
                            "/../data/ctranslate2-aren-transliteration/aren-transliteration";
-  EXPECT_EQ(work.run_cli("import-ctranslate2 " + data + " -o " + work.path("aren")).exit_code, 0);
+  EXPECT_EQ(
+      work.run_cli("import-ctranslate2 --force " + data + " -o " + work.path("aren")).exit_code, 0);
   return work.path("aren");
 }
 

@@ -483,7 +483,8 @@ TEST(Cli, AverageRefusesWhatItCannotAverageAndAveragesTheRest) {
   const std::string large_path = work.path("large.safetensors");
   tfm::save_model(tfm::Model(a.config(), std::move(large), "large", tfm::cpu_backend()),
                   large_path);
-  const CliResult big = work.run_cli("average " + large_path + " " + large_path + " -o " + out);
+  const CliResult big =
+      work.run_cli("average --force " + large_path + " " + large_path + " -o " + out);
   ASSERT_EQ(big.exit_code, 0) << big.err;
   const tfm::TensorMap averaged = tfm::load_model(out, tfm::cpu_backend()).parameters().to_host();
   EXPECT_EQ(averaged.begin()->second.data[0], 3e38f);

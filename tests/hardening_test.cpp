@@ -84,9 +84,9 @@ TEST(NonFinite, OutputsThatAreNotFiniteAreAnErrorNotATranslation) {
   const std::string reaches = work.write_file("reaches.txt", "4 5 6\n31 5 6\n");
   const std::string avoids = work.write_file("avoids.txt", "4 5 6\n7 8\n");
   for (const std::string& model : {huge_model + " ", nan_model + " --allow-nonfinite "}) {
-    for (const std::string& search :
+    for (const char* search :
          {"--beam 1", "--beam 4", "--prefix 5", "--sampling-topk 0 --beam 1 --seed 3"}) {
-      CliResult r = work.run_cli("translate --ids --model " + model + search, reaches);
+      CliResult r = work.run_cli("translate --ids --model " + model + std::string(search), reaches);
       EXPECT_EQ(r.exit_code, 1) << model << search << r.out;
       EXPECT_EQ(r.out, "");
       EXPECT_EQ(r.err,

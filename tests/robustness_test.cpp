@@ -220,7 +220,7 @@ TEST(FullDisk, AReplacedDirectoryStaysWholeWhenTheNewOneCannotBeWritten) {
       {"export-ctranslate2 --force --model " + model + " -o " + export_dir,
        export_dir,
        {"model.bin", "config.json", "shared_vocabulary.json"}},
-      {"import-ctranslate2 " + aren + " -o " + import_dir,
+      {"import-ctranslate2 --force " + aren + " -o " + import_dir,
        import_dir,
        {"model.safetensors", "source_vocabulary.txt", "target_vocabulary.txt"}},
       {"quantize --force --type float32 --model " + model + " -o " + quantize_dir,
@@ -431,6 +431,42 @@ TEST(Resume, AnEmptyDirectorySaysItStartsFresh) {
   r = work.run_cli("train --ids --train-src " + work.path("rev.src") + " --train-tgt " +
                    work.path("rev.tgt") + " --model-dir " + work.path("nothing") + " --resume");
   expect_error(r, 1, {"holds no checkpoint to continue"});
+  // The same command line continues the run it started; one describing another model does not.
+  r = work.run_cli(train_flags(dir) + " --max-steps 2 --resume");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::string other = train_flags(dir);
+  other.replace(other.find("--vocab 32"), 10, "--vocab 40");
+  expect_error(work.run_cli(other + " --max-steps 3 --resume"), 1,
+               {"--resume: the run in " + dir +
+                " has src_vocab_size 32, not the 40 of --preset/--config; leave them out to "
+                "continue it, or choose another --model-dir"});
+  // Its checkpoint is not a model: translate says which file is.
+  expect_error(work.run_cli("translate --ids --model " + dir + "/checkpoint.safetensors",
+                            work.path("rev.src")),
+               1,
+               {dir + "/checkpoint.safetensors: a training checkpoint (the model with its "
+                      "optimizer state) is for train --resume; the model is the model.safetensors "
+                      "beside it"});
+}
+
+// A bare model file has no vocabulary: translate and score point to --ids, which they have;
+// serve and export-ctranslate2, which do not have it, do not.
+TEST(MissingVocabulary, OnlyCommandsWithIdsSuggestIt) {
+  const std::string bare = ids_model();
+  const std::string message =
+      bare + ": a bare model file has no vocabulary; pass its model directory";
+  CliResult r = work.run_cli("translate --model " + bare, work.path("rev.src"));
+  expect_error(r, 1, {message + ", or use --ids for token ids"});
+  r = work.run_cli("score --model " + bare + " --src " + work.path("rev.src") + " --tgt " +
+                   work.path("rev.tgt"));
+  expect_error(r, 1, {message + ", or use --ids for token ids"});
+  for (const std::string& command :
+       {"serve --port 0 --model " + bare,
+        "export-ctranslate2 --model " + bare + " -o " + work.path("no_vocabulary_ct2")}) {
+    r = work.run_cli(command);
+    expect_error(r, 1, {message});
+    EXPECT_EQ(r.err.find("--ids"), std::string::npos) << r.err;
+  }
 }
 
 TEST(LineReading, LongLinesAndEndlessInputAreCapped) {

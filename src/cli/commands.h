@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 namespace tfm {
 
@@ -21,5 +22,12 @@ CommandRunner add_quantize_command(CLI::App& app);
 CommandRunner add_translate_command(CLI::App& app);
 CommandRunner add_bleu_command(CLI::App& app);
 CommandRunner add_serve_command(CLI::App& app);
+
+class Translator;
+struct TranslatorOptions;
+// translate and score's --model, loaded: a model without the vocabulary text needs is an error
+// that points to --ids, which those two commands have.
+Translator open_translator_for_text_or_ids(const std::string& model,
+                                           const TranslatorOptions& options);
 
 }  // namespace tfm

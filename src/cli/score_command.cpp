@@ -37,7 +37,7 @@ void run_score(const ScoreOptions& o) {
   loading.device = o.device.name;
   loading.compute_type = o.compute_type.name;
   loading.need_vocabulary = !o.ids;
-  const Translator translator(o.model, loading);
+  const Translator translator = open_translator_for_text_or_ids(o.model, loading);
   const ModelConfig& config = translator.config();
   const std::vector<std::string> src_lines = read_lines(o.src);
   const std::vector<std::string> tgt_lines = read_lines(o.tgt);

@@ -12,12 +12,22 @@
 #include "cli/option_ranges.h"
 #include "cli/progress.h"
 #include "cli/search_options.h"
+#include "io/model_directory.h"
 #include "tensor/error.h"
 #include "tensor/file_util.h"
 #include "text/corpus.h"
 #include "text/vocabulary.h"
 
 namespace tfm {
+
+Translator open_translator_for_text_or_ids(const std::string& model,
+                                           const TranslatorOptions& options) {
+  try {
+    return Translator(model, options);
+  } catch (const MissingVocabulary& e) {
+    throw Error(std::string(e.what()) + ", or use --ids for token ids");
+  }
+}
 
 namespace {
 
@@ -51,7 +61,8 @@ std::string format_attention(const TranslationHypothesis& h) {
 class Translation {
  public:
   explicit Translation(TranslateOptions options)
-      : o_(std::move(options)), translator_(o_.model, translator_options()) {
+      : o_(std::move(options)),
+        translator_(open_translator_for_text_or_ids(o_.model, translator_options())) {
     t_ = o_.decoding.search;
     o_.decoding.check();
     if (o_.nbest > t_.beam_size && !samples(t_))

@@ -7,9 +7,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "tensor/file_util.h"
 #include "io/model_file.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 
 namespace tfm {
 
@@ -42,8 +42,8 @@ ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary, con
   const std::string model_path = model_file_path(path);
   const bool directory = fs::is_directory(path, ec);
   if (!directory && need_vocabulary)
-    throw Error(path +
-                ": a bare model file has no vocabulary; pass a model directory or use --ids");
+    throw MissingVocabulary(path +
+                            ": a bare model file has no vocabulary; pass its model directory");
   ModelBundle bundle{
       load_model(model_path, backend,
                  inference_only ? model_weights_for(*inference_only) : ModelWeights::kFloat32),
@@ -62,9 +62,9 @@ ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary, con
     bundle.source_vocabulary = Vocabulary::from_token_list(file("source_vocabulary.txt"));
     bundle.target_vocabulary = Vocabulary::from_token_list(file("target_vocabulary.txt"));
   } else if (need_vocabulary) {
-    throw Error(path +
-                ": no vocabulary (vocab.spm, source.spm + target.spm, or "
-                "source_vocabulary.txt + target_vocabulary.txt); use --ids for token ids");
+    throw MissingVocabulary(path +
+                            ": no vocabulary (vocab.spm, source.spm + target.spm, or "
+                            "source_vocabulary.txt + target_vocabulary.txt)");
   }
   const ModelConfig& c = bundle.model.config();
   if (bundle.source_vocabulary && bundle.source_vocabulary->size() != c.src_vocab_size)

@@ -7,6 +7,7 @@
 
 #include "io/model_file.h"
 #include "model/transformer.h"
+#include "tensor/error.h"
 #include "text/vocabulary.h"
 
 namespace tfm {
@@ -17,12 +18,19 @@ struct ModelBundle {
   std::optional<Vocabulary> target_vocabulary;
 };
 
+// What load_model_bundle throws when a vocabulary it needs is not there; a command that can
+// work on token ids instead (translate and score's --ids) says so.
+struct MissingVocabulary : Error {
+  explicit MissingVocabulary(const std::string& message) : Error(message) {}
+};
+
 // `path`: a directory or a .safetensors file. Vocabularies are looked up as vocab.spm,
 // source.spm + target.spm, or source_vocabulary.txt + target_vocabulary.txt; their sizes must
-// match the model's. With need_vocabulary, a missing vocabulary is an error. The model runs on
-// `backend`. With `inference_only` (translate, score, serve) it runs inference in that precision
-// only: int8 reads its linear weights as int8 (model_weights_for), and every precision frees the
-// float weights once packed (Model::set_inference_only); without, all weights are float32.
+// match the model's. With need_vocabulary, a missing vocabulary is MissingVocabulary. The model
+// runs on `backend`. With `inference_only` (translate, score, serve) it runs inference in that
+// precision only: int8 reads its linear weights as int8 (model_weights_for), and every precision
+// frees the float weights once packed (Model::set_inference_only); without, all weights are
+// float32.
 ModelBundle load_model_bundle(const std::string& path, bool need_vocabulary, const Backend& backend,
                               std::optional<Precision> inference_only = std::nullopt);
 

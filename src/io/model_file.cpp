@@ -167,6 +167,10 @@ Model load_model(const std::string& path, const Backend& backend, ModelWeights w
   read_safetensors(
       path,
       [&](const SafetensorsHeader& header) {
+        if (header.metadata.count("training_state"))  // train's checkpoint.safetensors
+          throw Error(path +
+                      ": a training checkpoint (the model with its optimizer state) is for "
+                      "train --resume; the model is the model.safetensors beside it");
         config = model_config_of_header(header, path);
         roles = parameter_roles(config);
         std::map<std::string, Shape> shapes = header.shapes;

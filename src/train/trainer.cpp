@@ -213,6 +213,20 @@ class TrainingRun {
     return true;
   }
 
+  // `--resume --preset/--config` starts a run where there is none and continues the one there
+  // otherwise, so one command line serves both; a run of another shape than the options describe
+  // is refused instead of being continued as if they had not been given. Names the first key
+  // that differs.
+  void check_resumed_config(const ModelConfig& run) const {
+    const nlohmann::json ran = config_to_json(run), given = config_to_json(o_.config);
+    for (const auto& [key, value] : given.items())
+      if (!ran.contains(key) || ran[key] != value)
+        throw Error("--resume: the run in " + o_.model_dir + " has " + key + " " +
+                    (ran.contains(key) ? ran[key].dump() : "unset") + ", not the " + value.dump() +
+                    " of --preset/--config; leave them out to continue it, or "
+                    "choose another --model-dir");
+  }
+
   // The model: resumed, given, or new, and the compute type it trains in. One run per
   // directory: rank 0 locks it.
   void open_model() {
@@ -245,6 +259,7 @@ class TrainingRun {
                      o_.model_dir.c_str());
     }
     if (resumed_) {
+      if (o_.has_config) check_resumed_config(resumed_->model.config());
       model_.emplace(std::move(resumed_->model));
     } else if (!o_.init_path.empty()) {
       model_.emplace(load_model(o_.init_path, backend_));
