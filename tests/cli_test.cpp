@@ -421,9 +421,11 @@ TEST(Cli, ModelsAndVocabulariesAreOverwrittenOnlyWithForce) {
     fs::create_directories(c.output);  // empty: written into
     CliResult r = work.run_cli(c.command + " -o " + c.output);
     if (fs::is_directory(c.output) && fs::is_empty(c.output)) {
-      // A file output cannot take an empty directory's place: that fails while writing.
-      EXPECT_EQ(r.exit_code, 1) << c.command;
-      EXPECT_EQ(r.err.find("already exists"), std::string::npos) << r.err;
+      // A file output cannot take an empty directory's place: refused before any work, with
+      // or without --force (it failed at the end, after the work, on the rename).
+      expect_error(r, 1, {c.output + ": is a directory; -o names the file to write"});
+      expect_error(work.run_cli(c.command + " --force -o " + c.output), 1,
+                   {c.output + ": is a directory; -o names the file to write"});
       fs::remove_all(c.output);
       r = work.run_cli(c.command + " -o " + c.output);
     }

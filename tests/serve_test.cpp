@@ -740,8 +740,8 @@ TEST(Serve, FullQueueTimeoutAndDisconnect) {
 }
 
 // A batch whose every request timed out stops decoding at its next step: the server is free at
-// once for the next request, and the batch's sentences count as dropped. (It decoded on: a heavy
-// request within every limit held the server for minutes after its 504.)
+// once for the next request, and the batch's sentences count as dropped, not as a decoded batch.
+// (It decoded on: a heavy request within every limit held the server for minutes after its 504.)
 TEST(Serve, ABatchNobodyWaitsForStopsDecoding) {
   Server server("--request-timeout 1 --max-sentence-tokens 1024");
   ASSERT_GT(server.port(), 0) << server.stderr_text();
@@ -759,6 +759,9 @@ TEST(Serve, ABatchNobodyWaitsForStopsDecoding) {
   EXPECT_TRUE(wait_for_metric(server, "transformer_dropped_sentences_total 64", 10));
   const json small = post_json(server, "/v1/translate", R"({"text": "آ ز ا"})", &status);
   EXPECT_EQ(status, 200) << small;
+  // The stopped batch is not counted as a decoded one.
+  const std::string metrics = server.client().Get("/metrics")->body;
+  EXPECT_NE(metrics.find("transformer_batch_sentences_count 1\n"), std::string::npos) << metrics;
   EXPECT_EQ(server.stop(), 0);
 }
 
@@ -940,9 +943,42 @@ TEST(Serve, AMalformedRequestIs400AndEndsItsConnection) {
   EXPECT_NE(answer.find("Content-Length must be a decimal number of bytes"), std::string::npos)
       << answer;
   EXPECT_EQ(answer.find("HTTP/1.1", 10), std::string::npos) << answer;  // one answer only
+  // A length past any body is 413, not 400, however many leading zeros a small one has.
+  const std::string huge = "POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: ";
+  answer = exchange_until_closed(connect_to(server), huge + "10000000000000000000\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 413 ", 0), 0u) << answer;
+  EXPECT_NE(answer.find("--max-body-bytes"), std::string::npos) << answer;
+  answer = exchange_until_closed(
+      connect_to(server), huge + "0000000000000000000000" + std::to_string(body.size()) +
+                              "\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" +
+                              body);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200 ", 0), 0u) << answer;
   int status = 0;
   post_json(server, "/v1/translate", body, &status);
   EXPECT_EQ(status, 200);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+// Lines that end in a bare LF (a request typed into nc, or written by a sloppy client) are read
+// as CRLF ones, as RFC 9112 allows and nginx does: httplib answered such a request line 400,
+// and took headers so ended for no end of the head at all (408 after --io-timeout).
+TEST(Serve, LinesEndingInABareLineFeedAreRead) {
+  Server server("--io-timeout 5");
+  ASSERT_GT(server.port(), 0) << server.stderr_text();
+  const auto started = std::chrono::steady_clock::now();
+  std::string answer =
+      exchange_until_closed(connect_to(server), "GET /health HTTP/1.1\nConnection: close\n\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200 ", 0), 0u) << answer;
+  const std::string body = R"({"text": "آ ز ا"})";
+  answer = exchange_until_closed(
+      connect_to(server),
+      "POST /v1/translate HTTP/1.1\r\nContent-Type: application/json\nContent-Length: " +
+          std::to_string(body.size()) + "\nConnection: close\r\n\n" + body);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200 ", 0), 0u) << answer;
+  const json translated = json::parse(answer.substr(answer.find("\r\n\r\n") + 4));
+  int status = 0;
+  EXPECT_EQ(translated, post_json(server, "/v1/translate", body, &status));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(3));
   EXPECT_EQ(server.stop(), 0);
 }
 

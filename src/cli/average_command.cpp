@@ -42,7 +42,7 @@ CommandRunner add_average_command(CLI::App& app) {
                    snapshots.end());
     }
     if (files.empty()) throw UsageError("nothing to average: give model files or --model-dir");
-    refuse_existing_output(o->output, o->force);
+    refuse_existing_output(o->output, OutputKind::kFile, o->force);
     // Σ x / n, each term scaled before it is added: a sum of large finite weights could
     // overflow to infinity where their mean does not.
     const float inv = 1.f / float(files.size());

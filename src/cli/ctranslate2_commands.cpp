@@ -37,7 +37,7 @@ CommandRunner add_import_ctranslate2_command(CLI::App& app) {
       "float32); other weights (int16, float16, bfloat16) are converted to float32.\n"
       "Example:\n  transformer import-ctranslate2 ende_ctranslate2 -o ende");
   return [o] {
-    refuse_existing_output(o->output, o->force);
+    refuse_existing_output(o->output, OutputKind::kDirectory, o->force);
     ImportedModel imported = import_ctranslate2(o->input);
     check_finite_parameters(imported.parameters, o->input + "/model.bin");
     for (const auto& [name, q] : imported.int8_parameters)  // held in int8 only

@@ -28,7 +28,7 @@ CommandRunner add_init_command(CLI::App& app) {
       "Example:\n  transformer init --preset tiny --src-vocab 1000 --tgt-vocab 1000 --seed 7 -o "
       "model.safetensors");
   return [options] {
-    refuse_existing_output(options->output, options->force);
+    refuse_existing_output(options->output, OutputKind::kFile, options->force);
     const ModelConfig config = options->config.resolve();
     Model model = init_model(config, options->seed, cpu_backend());
     save_model(model, options->output);

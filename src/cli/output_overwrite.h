@@ -2,7 +2,7 @@
 // import-ctranslate2): an output that exists is replaced only with --force, so that a mistyped
 // -o cannot destroy a trained model or the vocabulary it was trained with (CTranslate2's
 // converters refuse an existing output directory the same way). An empty directory counts as
-// absent. Checked before any work, so the refusal costs nothing.
+// absent where a directory is written. Checked before any work, so the refusal costs nothing.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -18,13 +18,20 @@ inline void add_force_flag(CLI::App& app, bool& force, const std::string& what) 
   app.add_flag("--force", force, "Overwrite an existing output " + what);
 }
 
-// Throws Error naming `output` when it exists (other than as an empty directory) and `force`
-// is false.
-inline void refuse_existing_output(const std::string& output, bool force) {
+// What a command writes at its -o: one file (init, average, vocab) or a directory of files
+// (quantize, import-ctranslate2).
+enum class OutputKind { kFile, kDirectory };
+
+// Throws Error naming `output` when it exists (other than as an empty directory where a
+// directory is written) and `force` is false, and whatever `force` when a file is to be written
+// where a directory is (the rename at the end would fail after all the work).
+inline void refuse_existing_output(const std::string& output, OutputKind kind, bool force) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!force && fs::exists(output, ec) &&
-      !(fs::is_directory(output, ec) && fs::is_empty(output, ec)))
+  const bool directory = fs::is_directory(output, ec);
+  if (kind == OutputKind::kFile && directory)
+    throw Error(output + ": is a directory; -o names the file to write");
+  if (!force && fs::exists(output, ec) && !(directory && fs::is_empty(output, ec)))
     throw Error(output + ": already exists (use --force to overwrite it)");
 }
 

@@ -50,7 +50,8 @@ CommandRunner add_quantize_command(CLI::App& app) {
     std::error_code ec;
     const std::string model_path = model_file_path(o->model);
     const bool directory = fs::is_directory(o->model, ec);
-    refuse_existing_output(o->output, o->force);
+    refuse_existing_output(o->output, directory ? OutputKind::kDirectory : OutputKind::kFile,
+                           o->force);
     const ModelWeights weights = o->type == "int8" ? ModelWeights::kInt8 : ModelWeights::kFloat32;
     const Model model = load_model(model_path, cpu_backend(), weights);
     std::string output_path = o->output;

@@ -68,7 +68,7 @@ CommandRunner add_vocab_command(CLI::App& app) {
       ->check(at_least(101));  // SentencePiece takes more than 100
   app.footer("Example:\n  transformer vocab --input train.en train.es --size 8000 -o vocab.spm");
   return [o] {
-    refuse_existing_output(o->output, o->force);
+    refuse_existing_output(o->output, OutputKind::kFile, o->force);
     check_vocabulary_text(o->inputs);
     std::string inputs;
     for (const auto& f : o->inputs) inputs += (inputs.empty() ? "" : ",") + f;

@@ -129,15 +129,14 @@ void DynamicBatcher::run() {
     }
     std::vector<Entry> batch = take_batch();
     lock.unlock();
-    decode(batch);
-    metrics_.count_batch(int64_t(batch.size()));
+    if (decode(batch)) metrics_.count_batch(int64_t(batch.size()));
     lock.lock();
     for (const Entry& e : batch) --e.ticket->pending;
     done_.notify_all();
   }
 }
 
-void DynamicBatcher::decode(const std::vector<Entry>& batch) {
+bool DynamicBatcher::decode(const std::vector<Entry>& batch) {
   // One translate_ids call: it orders the batch longest first, and under the batcher's budget
   // (the rule take_batch applied) decodes it in one search.
   TranslationOptions options = batch.front().ticket->search;
@@ -169,23 +168,24 @@ void DynamicBatcher::decode(const std::vector<Entry>& batch) {
   } catch (const SearchCancelled&) {
     // Every request of the batch timed out or went away: nobody reads its results.
     metrics_.count_dropped(int64_t(batch.size()));
-    return;
+    return false;
   } catch (const std::exception& whole) {
     if (all.size() == 1) {
       batch.front().ticket->errors[batch.front().sentence] = whole.what();
-      return;
+      return true;
     }
     for (size_t m : all) {  // find the sentence that fails; the others still get answers
       try {
         translate({m});
       } catch (const SearchCancelled&) {
         metrics_.count_dropped(int64_t(batch.size() - m));
-        return;
+        return false;
       } catch (const std::exception& alone) {
         batch[m].ticket->errors[batch[m].sentence] = alone.what();
       }
     }
   }
+  return true;
 }
 
 }  // namespace tfm

@@ -71,7 +71,9 @@ class DynamicBatcher {
   void run();
   bool budget_filled() const;       // the queue already holds a full batch (mutex held)
   std::vector<Entry> take_batch();  // the next batch, removed from the queue (mutex held)
-  void decode(const std::vector<Entry>& batch);    // without the mutex; fills results/errors
+  // Without the mutex; fills results/errors. False when the batch stopped because no request
+  // waits for it any more (its sentences are counted as dropped, not as a decoded batch).
+  bool decode(const std::vector<Entry>& batch);
   void drop_cancelled(const BatchTicket* ticket);  // (mutex held)
   // Whether every ticket of the batch gave up (its decoding then stops at the next step).
   bool all_cancelled(const std::vector<Entry>& batch) const;  // (mutex not held)

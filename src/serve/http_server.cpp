@@ -139,12 +139,19 @@ constexpr size_t kLargeBodyBytes = 64 << 10;
 constexpr const char* kFormContentType = "application/x-www-form-urlencoded";
 constexpr const char* kRenamedFormContentType = "application/x-transformer-form-urlencoded";
 
-// A header value of decimal digits only (Content-Length), at most 18 of them.
+// A header value of decimal digits only (Content-Length).
 bool is_decimal(std::string_view text) {
-  if (text.empty() || text.size() > 18) return false;
+  if (text.empty()) return false;
   for (char c : text)
     if (c < '0' || c > '9') return false;
   return true;
+}
+
+// Whether decimal digits name a number past any body size (more than 18 digits without the
+// leading zeros; httplib would read it past 2^64 as 2^64 - 1).
+bool exceeds_any_body(std::string_view digits) {
+  const size_t first = digits.find_first_not_of('0');
+  return first != std::string_view::npos && digits.size() - first > 18;
 }
 
 bool starts_with_ignoring_case(std::string_view text, std::string_view prefix) {
@@ -204,8 +211,8 @@ class ConnectionStream : public httplib::Stream {
   // kEnded: the client closed first, or sent nothing (httplib then finds that itself).
   Head read_head() {
     const auto deadline = Clock::now() + read_timeout_;
-    size_t head_end;
-    while ((head_end = buffer_.find("\r\n\r\n", begin_)) == std::string::npos) {
+    size_t scanned = begin_, head_end;
+    while ((head_end = find_head_end(scanned)) == std::string::npos) {
       if (buffer_.size() - begin_ >= kMaxHeadBytes) return Head::kTooLarge;
       const auto left =
           std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
@@ -218,6 +225,21 @@ class ConnectionStream : public httplib::Stream {
   }
 
  private:
+  // Where the head's closing CRLF CRLF begins, or npos while it has not arrived; `scanned`: how
+  // far the buffer has been looked at. A bare LF on the way becomes CRLF: RFC 9112 (2.2) lets a
+  // server take a lone LF for a line's end, as nginx does, and httplib reads CRLF only (it
+  // answered such a request line 400 and skipped such headers, waiting for a CRLF CRLF that
+  // never came).
+  size_t find_head_end(size_t& scanned) {
+    for (; scanned < buffer_.size(); ++scanned) {
+      if (buffer_[scanned] != '\n') continue;
+      if (scanned == begin_ || buffer_[scanned - 1] != '\r') buffer_.insert(scanned++, 1, '\r');
+      if (scanned >= begin_ + 3 && buffer_.compare(scanned - 3, 4, "\r\n\r\n") == 0)
+        return scanned - 3;
+    }
+    return std::string::npos;
+  }
+
   void rename_form_content_type(size_t head_end) {
     for (size_t line = buffer_.find("\r\n", begin_); line < head_end;
          line = buffer_.find("\r\n", line + 2)) {
@@ -509,6 +531,9 @@ void run_server(const ServeSettings& settings) {
     server.Post(path, std::move(handler));
   };
 
+  const std::string body_too_large = "the request body is larger than " +
+                                     std::to_string(limits.max_body_bytes) +
+                                     " bytes (--max-body-bytes)";
   server.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
     g_request_start = Clock::now();
     ++in_flight;
@@ -519,10 +544,14 @@ void run_server(const ServeSettings& settings) {
                              req.method == "DELETE" || req.method == "PRI";
     // A Content-Length that is not a number (httplib reads "abc" as 0 and the body that follows
     // as the next request): 400, and the connection ends with the answer.
-    if (req.has_header("Content-Length") && !is_decimal(req.get_header_value("Content-Length"))) {
+    const std::string length = req.get_header_value("Content-Length");
+    if (req.has_header("Content-Length") && (!is_decimal(length) || exceeds_any_body(length))) {
       g_close_after_response = true;
       res.set_header("Connection", "close");
-      reply_error(res, 400, "Content-Length must be a decimal number of bytes");
+      if (is_decimal(length))
+        reply_error(res, 413, body_too_large);
+      else
+        reply_error(res, 400, "Content-Length must be a decimal number of bytes");
       return httplib::Server::HandlerResponse::Handled;
     }
     if (!body_method || req.has_header("Content-Length") ||
@@ -539,9 +568,7 @@ void run_server(const ServeSettings& settings) {
   server.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 413)
-      reply_error(res, 413,
-                  "the request body is larger than " + std::to_string(limits.max_body_bytes) +
-                      " bytes (--max-body-bytes)");
+      reply_error(res, 413, body_too_large);
     else if (res.status == 404 && methods_of_path.count(req.path)) {
       res.set_header("Allow", methods_of_path.at(req.path));
       reply_error(res, 405,
