@@ -20,7 +20,9 @@ generate() {
   echo "usage errors exit 2. Whole numbers (INT, UINT) are read in decimal: \`010\` is ten, and"
   echo "\`0x10\`, \`1e3\` or a sign on a UINT are usage errors. Commands that write a model or a"
   echo "vocabulary (init, average, vocab, quantize, import-ctranslate2) refuse to replace an existing"
-  echo "output unless given \`--force\`. Guides: [training](training.md),"
+  echo "output unless given \`--force\`. Every output file is written whole (a temporary file"
+  echo "renamed over it); one reached through a symbolic link replaces the link's target, and one"
+  echo "that is also an input of the command is a usage error. Guides: [training](training.md),"
   echo "[translating](translating.md), [serving](serving.md), [CTranslate2](ctranslate2.md),"
   echo "[GPUs](gpu.md)."
   echo

@@ -385,6 +385,16 @@ TEST(Cli, IntegerOptionsAreDecimal) {
   expect_error(
       work.run_cli("init --preset tiny --vocab 20 --seed -1 -o " + work.path("s.safetensors")), 2,
       {"--seed: must be a whole number at least 0, not -1"});
+  // Past 64 bits is out of range (CLI11 read it as the largest value).
+  expect_error(work.run_cli("init --preset tiny --vocab 20 --seed 18446744073709551616 -o " +
+                            work.path("s.safetensors")),
+               2, {"--seed: is out of range (64 bits): 18446744073709551616"});
+  expect_error(work.run_cli(translate + " --beam -000009223372036854775809"), 2,
+               {"--beam: is out of range (64 bits): -9223372036854775809"});
+  EXPECT_EQ(work.run_cli("init --preset tiny --vocab 20 --seed 18446744073709551615 -o " +
+                         work.path("largest_seed.safetensors"))
+                .exit_code,
+            0);
   EXPECT_FALSE(std::filesystem::exists(work.path("s.safetensors")));
   const std::string seven = work.path("seven.safetensors"), again = work.path("007.safetensors");
   ASSERT_EQ(work.run_cli("init --preset tiny --vocab 20 --seed 7 -o " + seven).exit_code, 0);

@@ -94,6 +94,12 @@ TEST(Safetensors, RejectsCorruptFiles) {
                          R"("y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                          12),
                "overlap");
+  // Bytes no tensor holds, which the safetensors library refuses too (InvalidOffset,
+  // MetadataIncompleteBuffer): a gap, and bytes after the last tensor (e.g. appended).
+  expect_error(make_file(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+               "no tensor holds bytes 0 to 4 of the data section");
+  expect_error(make_file(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 9),
+               "the data section has 1 bytes after its last tensor");
   expect_error(make_file(R"({"x":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8),
                "unsupported dtype");
   expect_error(make_file(R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),

@@ -440,6 +440,15 @@ TEST(Resume, AnEmptyDirectorySaysItStartsFresh) {
                {"--resume: the run in " + dir +
                 " has src_vocab_size 32, not the 40 of --preset/--config; leave them out to "
                 "continue it, or choose another --model-dir"});
+  // So is an --init model of another shape; one of the same shape trains.
+  const std::string init = " --init " + ids_model() + " --max-steps 1";
+  EXPECT_EQ(work.run_cli(train_flags(work.path("init_run")) + init).exit_code, 0);
+  std::string init_other = train_flags(work.path("init_run_2")) + init;
+  init_other.replace(init_other.find("--vocab 32"), 10, "--vocab 40");
+  expect_error(work.run_cli(init_other), 1,
+               {"--init " + ids_model() +
+                " has src_vocab_size 32, not the 40 of --preset/--config; leave them out to "
+                "train it as it is"});
   // Its checkpoint is not a model: translate says which file is.
   expect_error(work.run_cli("translate --ids --model " + dir + "/checkpoint.safetensors",
                             work.path("rev.src")),
@@ -467,6 +476,53 @@ TEST(MissingVocabulary, OnlyCommandsWithIdsSuggestIt) {
     expect_error(r, 1, {message});
     EXPECT_EQ(r.err.find("--ids"), std::string::npos) << r.err;
   }
+}
+
+// An output that is a symbolic link is written through it: the link stays and its target is
+// replaced (a rename onto the link replaced the link, and -o /dev/stdout with standard output in
+// a file replaced the system's /dev/stdout); a link to an open descriptor is written into. An
+// output that is one of the command's inputs, however named, is refused before any work.
+TEST(Outputs, ALinkIsWrittenThroughAndAnInputIsNeverTheOutput) {
+  const std::string ref = work.write_file("links_ref.txt", "a b c d\n");
+  const std::string target = work.write_file("links_target.txt", "old\n");
+  const std::string bleu = "bleu -r " + ref + " -i " + ref + " -o ";
+  const std::vector<std::pair<std::string, std::string>> links = {
+      {work.path("link_to_file"), target},                         // an existing file
+      {work.path("link_to_nothing"), work.path("links_new.txt")},  // a file to create
+  };
+  for (const auto& [link, file] : links) {
+    fs::remove(link);
+    fs::create_symlink(file, link);
+    CliResult r = work.run_cli(bleu + link);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(fs::is_symlink(link)) << link;
+    EXPECT_EQ(tfm::read_file_bytes(file).rfind("BLEU = 100.00", 0), 0u) << file;
+  }
+  const std::string descriptor = work.path("link_to_stdout"), out = work.path("links_out.txt");
+  fs::remove(descriptor);
+  fs::create_symlink("/proc/self/fd/1", descriptor);
+  ASSERT_EQ(work.run_cli(bleu + descriptor + " >" + out).exit_code, 0);
+  EXPECT_TRUE(fs::is_symlink(descriptor));
+  EXPECT_EQ(tfm::read_file_bytes(out).rfind("BLEU = 100.00", 0), 0u);
+
+  const std::string input = work.write_file("links_input.txt", "4 5 6\n");
+  const std::string input_link = work.path("link_to_input");
+  fs::remove(input_link);
+  fs::create_symlink(input, input_link);
+  const std::string translate = "translate --ids --model " + ids_model() + " -i " + input;
+  for (const std::string& output : {input, input_link})
+    expect_error(work.run_cli(translate + " -o " + output), 2,
+                 {"-o " + output + " is also an input (" + input + "); it would be replaced"});
+  expect_error(work.run_cli(translate + " --attention-file " + input), 2,
+               {"--attention-file " + input + " is also an input"});
+  expect_error(work.run_cli("score --ids --model " + ids_model() + " --src " + input + " --tgt " +
+                            input + " -o " + input_link),
+               2, {"-o " + input_link + " is also an input"});
+  expect_error(work.run_cli(bleu + ref), 2, {"-o " + ref + " is also an input"});
+  expect_error(work.run_cli("vocab --force --size 8 --input " + ref + " -o " + ref), 2,
+               {"-o " + ref + " is also an input"});
+  EXPECT_EQ(tfm::read_file_bytes(input), "4 5 6\n");
+  EXPECT_EQ(tfm::read_file_bytes(ref), "a b c d\n");
 }
 
 TEST(LineReading, LongLinesAndEndlessInputAreCapped) {
@@ -613,6 +669,7 @@ TEST(Options, OutOfRangeNumbersAreUsageErrorsNamingTheOption) {
       {train + "--max-minutes -5", "--max-minutes"},
       {train + "--valid-every -1", "--valid-every"},
       {train + "--max-length 0", "--max-length"},
+      {train + "--accumulate 1025", "--accumulate"},
       {"vocab --input " + work.path("rev.src") + " -o x --character-coverage 0",
        "--character-coverage"},
       {"vocab --input " + work.path("rev.src") + " -o x --size 7", "--size"},

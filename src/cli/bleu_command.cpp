@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/output_overwrite.h"
 #include "metrics/bleu.h"
 #include "tensor/error.h"
 #include "tensor/file_util.h"
@@ -45,6 +46,9 @@ void run_bleu(const BleuCommandOptions& o) {
   for (const auto& ref : o.refs) stdin_uses += ref == "-" ? 1 : 0;
   if (stdin_uses > 1)
     throw UsageError("stdin (-) can be read only once: give the hypotheses with --input FILE");
+  std::vector<std::string> inputs = o.refs;
+  inputs.push_back(o.input);
+  refuse_output_over_input("-o", o.output, inputs);
   const bool want_bleu = std::find(o.metrics.begin(), o.metrics.end(), "bleu") != o.metrics.end();
   const bool want_chrf = std::find(o.metrics.begin(), o.metrics.end(), "chrf") != o.metrics.end();
 

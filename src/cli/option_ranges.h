@@ -96,6 +96,14 @@ inline void read_integers_as_decimal(CLI::App& app) {
             return "must be a whole number at least 0, not " + input;
           const size_t first = std::min(input.find_first_not_of('0', digits), input.size() - 1);
           input.erase(digits, first - digits);
+          // CLI11 reads past 64 bits as the largest value (--seed 2^64 was 2^64 - 1).
+          const std::string largest = is_unsigned       ? "18446744073709551615"
+                                      : input[0] == '-' ? "9223372036854775808"
+                                                        : "9223372036854775807";
+          const std::string magnitude = input.substr(digits);
+          if (magnitude.size() > largest.size() ||
+              (magnitude.size() == largest.size() && magnitude > largest))
+            return "is out of range (64 bits): " + input;
           return std::string();
         },
         ""));

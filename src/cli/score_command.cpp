@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/device_options.h"
 #include "cli/option_ranges.h"
+#include "cli/output_overwrite.h"
 #include "cli/progress.h"
 #include "tensor/error.h"
 #include "tensor/file_util.h"
@@ -33,6 +34,7 @@ struct ScoreOptions {
 
 void run_score(const ScoreOptions& o) {
   if (o.src == "-" && o.tgt == "-") throw UsageError("--src and --tgt cannot both be stdin");
+  refuse_output_over_input("-o", o.output, {o.src, o.tgt});
   TranslatorOptions loading;
   loading.device = o.device.name;
   loading.compute_type = o.compute_type.name;

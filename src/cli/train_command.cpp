@@ -55,7 +55,7 @@ CommandRunner add_train_command(CLI::App& app) {
       ->check(at_least(1));
   app.add_option("--accumulate", t.accumulate,
                  "Batches per optimizer step (gradient accumulation; default 1)")
-      ->check(at_least(1));
+      ->check(in_range(1, double(kMaxAccumulate)));
   app.add_option("--sentencepiece-alphas", o->sentencepiece_alphas,
                  "Subword regularisation (Marian's option of the same name): every epoch the "
                  "training pairs are encoded with a segmentation sampled from the SentencePiece "

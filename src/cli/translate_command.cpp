@@ -10,6 +10,7 @@
 #include "api/translator.h"
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
+#include "cli/output_overwrite.h"
 #include "cli/progress.h"
 #include "cli/search_options.h"
 #include "io/model_directory.h"
@@ -74,6 +75,8 @@ class Translation {
     if (!o_.attention_file.empty() && !o_.output.empty() && o_.output != "-" &&
         same_file(o_.attention_file, o_.output))
       throw UsageError("--attention-file and -o name the same file (" + o_.output + ")");
+    refuse_output_over_input("-o", o_.output, {o_.input, o_.prefix_file});
+    refuse_output_over_input("--attention-file", o_.attention_file, {o_.input, o_.prefix_file});
     t_.num_hypotheses = std::max<int64_t>(o_.nbest, 1);
     t_.max_batch_tokens = o_.batch_tokens;
     t_.return_attention = o_.attention;

@@ -69,6 +69,7 @@ CommandRunner add_vocab_command(CLI::App& app) {
   app.footer("Example:\n  transformer vocab --input train.en train.es --size 8000 -o vocab.spm");
   return [o] {
     refuse_existing_output(o->output, OutputKind::kFile, o->force);
+    refuse_output_over_input("-o", o->output, o->inputs);
     check_vocabulary_text(o->inputs);
     std::string inputs;
     for (const auto& f : o->inputs) inputs += (inputs.empty() ? "" : ",") + f;

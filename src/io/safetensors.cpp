@@ -15,8 +15,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "tensor/file_util.h"
 #include "tensor/error.h"
+#include "tensor/file_util.h"
 #include "tensor/float16.h"
 #include "tensor/memory_budget.h"
 #include "tensor/thread_limit.h"
@@ -145,6 +145,18 @@ SafetensorsFile parse(const std::string& head, uint64_t file_size, const DataRea
     if (ranges[i].begin < ranges[i - 1].end)
       fail("tensors " + quoted_for_message(ranges[i - 1].name) + " and " +
            quoted_for_message(ranges[i].name) + " overlap");
+  // The tensors fill the data section, end to end, as the format's own library requires (bytes
+  // that no tensor holds are a damaged file: two files joined, or a tensor lost from the header).
+  uint64_t filled = 0;
+  for (const Range& range : ranges) {
+    if (range.begin != filled)
+      fail("no tensor holds bytes " + std::to_string(filled) + " to " +
+           std::to_string(range.begin) + " of the data section");
+    filled = range.end;
+  }
+  if (filled != data_size)
+    fail("the data section has " + std::to_string(data_size - filled) +
+         " bytes after its last tensor");
 
   if (check) {
     SafetensorsHeader declared;

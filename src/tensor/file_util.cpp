@@ -171,15 +171,43 @@ void write_text(std::FILE* f, std::string_view text) {
     throw WriteFailed{errno};
 }
 
+namespace {
+
+// The path a write to `path` lands on: `path` with its symbolic links followed, so that the
+// file replaced is the link's target and the link stays (a rename onto the link replaced the
+// link itself, and -o /dev/stdout replaced the system's /dev/stdout). `through_proc` is set
+// where the way leads through /proc: a descriptor's link (/dev/stdout is /proc/self/fd/1), the
+// stream someone opened, which is written into as it is.
+std::string follow_links(const std::string& path, bool& through_proc) {
+  namespace fs = std::filesystem;
+  fs::path at = path;
+  through_proc = path.rfind("/proc/", 0) == 0;
+  for (int hops = 0; hops < 40; ++hops) {  // as many as the kernel follows
+    std::error_code ec;
+    if (!fs::is_symlink(fs::symlink_status(at, ec))) return at.string();
+    const fs::path target = fs::read_symlink(at, ec);
+    if (ec) return at.string();
+    at = target.is_absolute() ? target : at.parent_path() / target;
+    through_proc = through_proc || at.string().rfind("/proc/", 0) == 0;
+  }
+  throw Error(path + ": cannot write (" + reason(ELOOP) + ")");
+}
+
+}  // namespace
+
 void write_file_atomically(const std::string& path, const std::function<void(std::FILE*)>& write) {
   auto failed = [&](int error_number) {
     return Error(path + ": write failed (" + reason(error_number) + ")");
   };
+  bool through_proc = false;
+  const std::string file = follow_links(path, through_proc);
   std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (!ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
-      !std::filesystem::is_directory(status)) {
-    // A device or pipe (e.g. /dev/null, a FIFO): write straight into it, never replace it.
+  const auto status = std::filesystem::status(file, ec);
+  if (through_proc ||
+      (!ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+       !std::filesystem::is_directory(status))) {
+    // A device, a pipe or an open descriptor (/dev/null, a FIFO, /dev/stdout): write straight
+    // into it, never replace it.
     std::FILE* f = std::fopen(path.c_str(), "wb");
     if (!f) throw Error(path + ": cannot write (" + reason(errno) + ")");
     try {
@@ -199,10 +227,10 @@ void write_file_atomically(const std::string& path, const std::function<void(std
     if (std::fclose(f) != 0) throw failed(errno);
     return;
   }
-  const std::filesystem::path target(path);
+  const std::filesystem::path target(file);
   const std::string dir = target.parent_path().empty() ? "." : target.parent_path().string();
   remove_stale_temp_files(dir, target.filename().string() + ".tmp.");
-  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  const std::string temp = file + ".tmp." + std::to_string(::getpid());
   const int slot = register_temp_file(temp);
   std::FILE* f = std::fopen(temp.c_str(), "wb");
   if (!f) {
@@ -232,7 +260,7 @@ void write_file_atomically(const std::string& path, const std::function<void(std
     discard();
     throw failed(error_number);
   }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+  if (std::rename(temp.c_str(), file.c_str()) != 0) {
     const int error_number = errno;
     discard();
     throw Error(path + ": cannot replace (" + reason(error_number) + ")");

@@ -61,7 +61,8 @@ std::string options_every_rank_shares(const TrainOptions& o, const ModelConfig& 
 // Options no run could use, refused before anything is read.
 void check_options(const TrainOptions& o) {
   if (o.model_dir.empty()) throw Error("--model-dir is required");
-  if (o.accumulate < 1) throw Error("--accumulate must be at least 1");
+  if (o.accumulate < 1 || o.accumulate > kMaxAccumulate)
+    throw Error("--accumulate must be in [1, " + std::to_string(kMaxAccumulate) + "]");
   if (o.batch_tokens < 1) throw Error("--batch-tokens must be at least 1");
   if (o.max_length < 1) throw Error("--max-length must be at least 1");
   const OptimizerOptions& opt = o.optimizer;
@@ -215,16 +216,15 @@ class TrainingRun {
 
   // `--resume --preset/--config` starts a run where there is none and continues the one there
   // otherwise, so one command line serves both; a run of another shape than the options describe
-  // is refused instead of being continued as if they had not been given. Names the first key
-  // that differs.
-  void check_resumed_config(const ModelConfig& run) const {
-    const nlohmann::json ran = config_to_json(run), given = config_to_json(o_.config);
+  // is refused instead of being continued as if they had not been given. So is an --init model
+  // of another shape. Names the first key that differs; `whose`: "--resume: the run in DIR".
+  void check_given_config(const ModelConfig& model, const std::string& whose,
+                          const std::string& remedy) const {
+    const nlohmann::json has = config_to_json(model), given = config_to_json(o_.config);
     for (const auto& [key, value] : given.items())
-      if (!ran.contains(key) || ran[key] != value)
-        throw Error("--resume: the run in " + o_.model_dir + " has " + key + " " +
-                    (ran.contains(key) ? ran[key].dump() : "unset") + ", not the " + value.dump() +
-                    " of --preset/--config; leave them out to continue it, or "
-                    "choose another --model-dir");
+      if (!has.contains(key) || has[key] != value)
+        throw Error(whose + " has " + key + " " + (has.contains(key) ? has[key].dump() : "unset") +
+                    ", not the " + value.dump() + " of --preset/--config; " + remedy);
   }
 
   // The model: resumed, given, or new, and the compute type it trains in. One run per
@@ -259,10 +259,15 @@ class TrainingRun {
                      o_.model_dir.c_str());
     }
     if (resumed_) {
-      if (o_.has_config) check_resumed_config(resumed_->model.config());
+      if (o_.has_config)
+        check_given_config(resumed_->model.config(), "--resume: the run in " + o_.model_dir,
+                           "leave them out to continue it, or choose another --model-dir");
       model_.emplace(std::move(resumed_->model));
     } else if (!o_.init_path.empty()) {
       model_.emplace(load_model(o_.init_path, backend_));
+      if (o_.has_config)
+        check_given_config(model_->config(), "--init " + o_.init_path,
+                           "leave them out to train it as it is");
     } else if (o_.has_config) {
       model_.emplace(init_model(o_.config, o_.seed, backend_));
     } else {

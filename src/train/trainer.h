@@ -14,6 +14,10 @@
 
 namespace tfm {
 
+// The most batches one optimizer step accumulates: a step holds all of them at once, and a
+// signal is answered between steps.
+constexpr int64_t kMaxAccumulate = 1024;
+
 struct TrainOptions {
   std::string model_dir;
   std::string train_src, train_tgt, valid_src, valid_tgt;
@@ -21,7 +25,7 @@ struct TrainOptions {
   std::vector<std::string> vocabularies;  // one joint, or source + target (.spm or token .txt)
   int64_t max_length = 256;
   int64_t batch_tokens = 4096;
-  int64_t accumulate = 1;
+  int64_t accumulate = 1;  // batches per optimizer step, at most kMaxAccumulate
 
   bool has_config = false;  // config below is used for a new model (not --init / --resume)
   ModelConfig config;
