@@ -525,6 +525,32 @@ TEST(Outputs, ALinkIsWrittenThroughAndAnInputIsNeverTheOutput) {
   EXPECT_EQ(tfm::read_file_bytes(ref), "a b c d\n");
 }
 
+// The sizes SentencePiece cannot train are said with this command's options and SentencePiece's
+// own numbers (its message named --vocab_size, --character_coverage and its source lines).
+TEST(Vocab, SizesTheTextCannotTakeAreSaidInTheCommandsTerms) {
+  const std::string one = work.write_file("vocab_one.txt", "a\n");
+  const std::string two = work.write_file("vocab_two.txt", "a b\nb a\n");
+  std::string chars;
+  for (char32_t c = 0x4e00; c < 0x4e00 + 200; ++c) {
+    chars += char(0xe0 | (c >> 12));
+    chars += char(0x80 | ((c >> 6) & 0x3f));
+    chars += char(0x80 | (c & 0x3f));
+    chars += ' ';
+  }
+  const std::string cjk = work.write_file("vocab_cjk.txt", chars + "\n");
+  const std::string out = " -o " + work.path("vocab_sizes.spm");
+  expect_error(work.run_cli("vocab --size 8 --input " + one + out), 1,
+               {"--size 8: the text yields only 7 pieces (its characters, their merges and the 4 "
+                "special tokens); give more text"});
+  expect_error(work.run_cli("vocab --size 50 --input " + two + out), 1,
+               {"--size 50: the text yields only 9 pieces (its characters, their merges and the "
+                "4 special tokens); give more text or a --size of at most 9"});
+  expect_error(work.run_cli("vocab --size 20 --input " + cjk + out), 1,
+               {"--size 20 is smaller than the 205 pieces the text's characters and the 4 "
+                "special tokens need; raise --size or lower --character-coverage"});
+  EXPECT_FALSE(fs::exists(work.path("vocab_sizes.spm")));
+}
+
 TEST(LineReading, LongLinesAndEndlessInputAreCapped) {
   const std::string ref = work.write_file("short_ref.txt", "a b\n");
   const auto start = Clock::now();

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <regex>
+#include <string>
 
 #include "cli/commands.h"
 #include "cli/option_ranges.h"
@@ -36,6 +38,23 @@ void check_vocabulary_text(const std::vector<std::string>& inputs) {
     throw Error(
         "the inputs hold no text to learn a vocabulary from (no line with more than "
         "white space)");
+}
+
+// SentencePiece's failure in this command's terms: its messages for a --size the text cannot
+// fill, or one too small for the text's characters, name its own flags (--vocab_size,
+// --character_coverage) and source lines. Anything else is passed on as it says it.
+std::string vocabulary_failure(const std::string& status) {
+  std::smatch m;
+  if (std::regex_search(status, m,
+                        std::regex(R"(Vocabulary size too high \((\d+)\)\. .*<= (\d+))")))
+    return "--size " + m[1].str() + ": the text yields only " + m[2].str() +
+           " pieces (its characters, their merges and the 4 special tokens); give more text" +
+           (std::stoll(m[2].str()) >= 8 ? " or a --size of at most " + m[2].str() : "");
+  if (std::regex_search(status, m, std::regex(R"(smaller than required_chars\. (\d+) vs (\d+))")))
+    return "--size " + m[1].str() + " is smaller than the " + m[2].str() +
+           " pieces the text's characters and the 4 special tokens need; raise --size or lower "
+           "--character-coverage";
+  return "SentencePiece training failed: " + status;
 }
 
 }  // namespace
@@ -84,7 +103,7 @@ CommandRunner add_vocab_command(CLI::App& app) {
     // errors it would not report) and is written atomically and checked.
     std::string model;
     const auto status = sentencepiece::SentencePieceTrainer::Train(args, nullptr, &model);
-    if (!status.ok()) throw Error("SentencePiece training failed: " + status.ToString());
+    if (!status.ok()) throw Error(vocabulary_failure(status.ToString()));
     write_bytes_atomically(o->output, model);
     std::printf("wrote %s: %lld-token BPE vocabulary\n", o->output.c_str(), (long long)o->size);
   };
