@@ -99,6 +99,15 @@ TEST(TranslateCli, ReplaceUnknownsAndAttentionFile) {
   EXPECT_NE(json.find("\"target\":[\"a\",\"t\",\"z\",\"m\",\"o\",\"n\",\"</s>\"]"),
             std::string::npos)
       << json.substr(0, 300);
+  // -1, the default, is the last layer (its help said so and its check refused it).
+  for (const std::string layer : {"-1", "5"})
+    ASSERT_EQ(work.run_cli("translate --model " + model_dir() + " -i " + work.path("one.txt") +
+                           " --attention-layer " + layer + " --attention-file " +
+                           work.path("att" + layer + ".jsonl"))
+                  .exit_code,
+              0);
+  EXPECT_EQ(tfm::read_file_bytes(work.path("att-1.jsonl")),
+            tfm::read_file_bytes(work.path("att5.jsonl")));
   // A layer the model does not have is a usage error, named before anything is translated.
   r = work.run_cli("translate --model " + model_dir() + " -i " + work.path("one.txt") +
                    " --attention-layer 6");

@@ -254,8 +254,8 @@ CommandRunner add_translate_command(CLI::App& app) {
   app.add_option(
          "--attention-layer", o->decoding.search.attention_layer,
          "Decoder layer (0-based) whose cross-attention --attention / --attention-file report "
-         "(default: the last)")
-      ->check(at_least(0));
+         "(default -1: the last)")
+      ->check(at_least(-1));
   app.add_option(
       "--attention-file", o->attention_file,
       "Write JSON lines {line, source, target, layer, attention[head][target][source]} with "
