@@ -551,6 +551,18 @@ TEST(Vocab, SizesTheTextCannotTakeAreSaidInTheCommandsTerms) {
   EXPECT_FALSE(fs::exists(work.path("vocab_sizes.spm")));
 }
 
+// Validation options that cannot work are refused before any data is read: half a validation
+// set (it was found after the training data had been read and encoded), and --early-stopping
+// without one (it was ignored).
+TEST(EarlyChecks, AValidationSetIsWholeAndEarlyStoppingNeedsOne) {
+  const std::string dir = work.path("validation_checks_run");
+  expect_error(work.run_cli(train_flags(dir) + " --valid-src " + work.path("rev.src")), 1,
+               {"give both --valid-src and --valid-tgt"});
+  expect_error(work.run_cli(train_flags(dir) + " --early-stopping 2"), 1,
+               {"--early-stopping needs a validation set: --valid-src and --valid-tgt"});
+  EXPECT_FALSE(fs::exists(dir));
+}
+
 TEST(LineReading, LongLinesAndEndlessInputAreCapped) {
   const std::string ref = work.write_file("short_ref.txt", "a b\n");
   const auto start = Clock::now();

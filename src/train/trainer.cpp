@@ -97,6 +97,10 @@ void check_options(const TrainOptions& o) {
   if (!(o.replica_timeout > 0)) throw Error("--replica-timeout must be positive");
   if (o.optimizer.cooldown > 0 && o.max_steps <= 0 && o.max_minutes <= 0)
     throw Error("--lr-cooldown needs the run's length: --max-steps or --max-minutes");
+  if (o.valid_src.empty() != o.valid_tgt.empty())
+    throw Error("give both --valid-src and --valid-tgt");
+  if (o.early_stopping > 0 && o.valid_src.empty())
+    throw Error("--early-stopping needs a validation set: --valid-src and --valid-tgt");
   if (o.sentencepiece_alphas)
     for (double alpha : *o.sentencepiece_alphas)
       if (!(alpha >= 0 && alpha <= 1)) throw Error("--sentencepiece-alphas must be in [0, 1]");
@@ -360,9 +364,7 @@ class TrainingRun {
     train_text_ = read_parallel_text(o_.train_src, o_.train_tgt);
     if (train_text_.sources.empty()) throw Error(o_.train_src + ": no training pairs (empty file)");
     encode_epoch();
-    if (!o_.valid_src.empty() || !o_.valid_tgt.empty()) {
-      if (o_.valid_src.empty() || o_.valid_tgt.empty())
-        throw Error("give both --valid-src and --valid-tgt");
+    if (!o_.valid_src.empty()) {           // and --valid-tgt (check_options)
       CorpusEncoding one_best = encoding;  // validation: never sampled
       one_best.source_sampling_alpha = one_best.target_sampling_alpha = 0;
       valid_.emplace(load_parallel_corpus(o_.valid_src, o_.valid_tgt, one_best));
