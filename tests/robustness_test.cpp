@@ -708,6 +708,9 @@ TEST(Options, OutOfRangeNumbersAreUsageErrorsNamingTheOption) {
       {train + "--valid-every -1", "--valid-every"},
       {train + "--max-length 0", "--max-length"},
       {train + "--accumulate 1025", "--accumulate"},
+      {train + "--lr 1e39", "--lr"},                  // inf as a float
+      {train + "--adam-eps 1e-50", "--adam-eps"},     // 0 as a float
+      {train + "--dropout 0.99999999", "--dropout"},  // 1 as a float
       {"vocab --input " + work.path("rev.src") + " -o x --character-coverage 0",
        "--character-coverage"},
       {"vocab --input " + work.path("rev.src") + " -o x --size 7", "--size"},
@@ -720,6 +723,10 @@ TEST(Options, OutOfRangeNumbersAreUsageErrorsNamingTheOption) {
     expect_error(r, 2, {"error: " + option + ": must be "});
     EXPECT_EQ(r.err.find("1797693"), std::string::npos) << r.err;
   }
+  expect_error(work.run_cli(train + "--dropout 0.99999999"), 2,
+               {"--dropout: must be in [0, 1), not 0.99999999 (1 as a 32-bit float)"});
+  expect_error(work.run_cli("--max-memory 99999999999999999999G info --preset tiny --vocab 8"), 2,
+               {"--max-memory: \"99999999999999999999G\" is more than 8 EiB"});
   EXPECT_FALSE(fs::exists(work.path("options_run")));
 }
 

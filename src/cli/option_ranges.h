@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,7 +15,8 @@
 
 namespace tfm {
 
-// A finite number in the interval from `low` to `high`; each end open or closed.
+// A finite number in the interval from `low` to `high`, also once rounded to a 32-bit float;
+// each end open or closed.
 inline CLI::Validator in_range(double low, double high, bool low_closed = true,
                                bool high_closed = true) {
   auto number = [](double v) {
@@ -36,9 +38,17 @@ inline CLI::Validator in_range(double low, double high, bool low_closed = true,
         const double v = std::strtod(begin, &end);
         if (end == begin || *end != '\0' || !std::isfinite(v))
           return "must be a finite number " + words + ", not \"" + input + "\"";
-        const bool above = low_closed ? v >= low : v > low;
-        const bool below = high_closed ? v <= high : v < high;
-        if (!above || !below) return "must be " + words + ", not " + input;
+        auto inside = [&](double x) {
+          return (low_closed ? x >= low : x > low) && (high_closed ? x <= high : x < high);
+        };
+        if (!inside(v)) return "must be " + words + ", not " + input;
+        // The options are kept as 32-bit floats: the value as kept must be in range too
+        // (--lr 1e39 became inf, --adam-eps 1e-50 became 0, --dropout 0.99999999 became 1,
+        // each refused later with a message that did not fit what was typed).
+        const double kept = std::fabs(v) > FLT_MAX ? v * INFINITY : double(float(v));
+        if (!inside(kept) || std::isinf(kept))
+          return "must be " + words + ", not " + input + " (" + number(kept) +
+                 " as a 32-bit float)";
         return std::string();
       },
       words);

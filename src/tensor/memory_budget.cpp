@@ -67,8 +67,10 @@ int64_t parse_memory_size(const std::string& text) {
   else if (!unit.empty())
     throw UsageError("--max-memory: unknown unit in \"" + text + "\" (use e.g. 512M or 8G)");
   if (text.empty() || end == text.c_str() || !std::isfinite(value) || value <= 0 ||
-      value * scale < 1 || value * scale >= 9.2e18)
+      value * scale < 1)
     throw UsageError("--max-memory: \"" + text + "\" is not a positive size (use e.g. 512M or 8G)");
+  if (value * scale >= 9.2e18)
+    throw UsageError("--max-memory: \"" + text + "\" is more than 8 EiB");
   return int64_t(value * scale);
 }
 
