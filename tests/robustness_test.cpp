@@ -383,10 +383,10 @@ TEST(Checkpoint, NonFiniteOptimizerStateAndBadStateFieldsAreRefusedAtResume) {
   expect_error(r, 1, {"checkpoint.safetensors", name, "NaN"});
   tfm::write_bytes_atomically(dir + "/checkpoint.safetensors", good);
 
-  // A finite run whose weights overflow (a learning rate of 1e39: infinite in float) never saves
-  // them over the last finite checkpoint.
+  // A finite run whose weights overflow (a learning rate of 3e38, near the largest float: one
+  // update takes the weights there) never saves them over the last finite checkpoint.
   r = work.run_cli(train_flags(dir) +
-                   " --max-steps 10 --save-every 1 --resume --lr-schedule constant --lr 1e39");
+                   " --max-steps 10 --save-every 1 --resume --lr-schedule constant --lr 3e38");
   expect_error(r, 1, {"step 6", "NaN or Inf", "not saved", "last checkpoint"});
   EXPECT_TRUE(tfm::read_file_bytes(dir + "/checkpoint.safetensors") == good);
 
